@@ -1,0 +1,89 @@
+# kvr - build, test, bench, install. Plain GNU make; dependencies come from Debian's packages
+# (see README.md): OpenBLAS, stb, and for the optional parts OpenMPI and the CUDA toolkit.
+#
+#   make              library and tools into build/
+#   make test         every test (plus a second build under ASan+UBSan and a bounded fuzz run)
+#   make bench        the benchmarks (long; not part of make test)
+#   make install PREFIX=/usr/local
+
+CC        ?= cc
+CLANG     ?= clang
+ARCHFLAGS ?= -march=native
+OPT       ?= -O2
+WARN      := -Wall -Wextra -Werror -Wno-unused-function
+CFLAGS    += -std=c11 $(OPT) $(ARCHFLAGS) $(WARN) -pthread -I. -fno-math-errno
+LDLIBS    += -lopenblas -lm -lpthread
+PREFIX    ?= /usr/local
+SHARED    ?= ../shared
+# sources linked into every program during development of separate pieces (normally empty)
+EXTRA_SRCS ?=
+
+BUILD     := build
+ASAN      := build/asan
+LIB_SRCS  := kvr.c
+LIB_DEPS  := kvr.h kvr.c $(wildcard models/*.c) $(EXTRA_SRCS)
+TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
+TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
+ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
+SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+
+.PHONY: all tools tests test test-fast test-asan fuzz bench install clean help
+
+all: $(BUILD)/libkvr.a tools
+
+help:
+	@sed -n '1,10p' Makefile
+
+$(BUILD) $(ASAN):
+	mkdir -p $@
+
+$(BUILD)/kvr.o: $(LIB_DEPS) | $(BUILD)
+	$(CC) $(CFLAGS) -c kvr.c -o $@
+
+$(BUILD)/libkvr.a: $(BUILD)/kvr.o
+	ar rcs $@ $^
+
+tools: $(TOOLS)
+
+$(BUILD)/%: tools/%.c $(LIB_DEPS) | $(BUILD)
+	$(CC) $(CFLAGS) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+$(BUILD)/test-%: tests/test-%.c $(LIB_DEPS) | $(BUILD)
+	$(CC) $(CFLAGS) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+$(ASAN)/test-%: tests/test-%.c $(LIB_DEPS) | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+$(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(LIB_DEPS) | $(BUILD)
+	$(CLANG) -std=c11 -O1 -g -I. -pthread -fsanitize=fuzzer,address,undefined $(WARN) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+tests: $(TESTS) $(BUILD)/simple
+
+# simple.c is the smallest embedding: it must build from kvr.h and kvr.c alone
+$(BUILD)/simple: tools/simple.c kvr.h kvr.c | $(BUILD)
+	$(CC) $(CFLAGS) tools/simple.c kvr.c $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+test: all tests $(ASAN_TESTS)
+	SHARED=$(SHARED) sh tests/run-tests.sh $(BUILD) $(ASAN)
+
+test-fast: all tests
+	SHARED=$(SHARED) sh tests/run-tests.sh $(BUILD)
+
+fuzz: $(BUILD)/fuzz-gguf
+	mkdir -p $(BUILD)/fuzz-corpus
+	$(BUILD)/test-gguf --write-corpus $(BUILD)/fuzz-corpus >/dev/null
+	$(BUILD)/fuzz-gguf -max_total_time=60 -rss_limit_mb=2048 $(BUILD)/fuzz-corpus
+
+bench: all
+	SHARED=$(SHARED) sh tests/bench.sh $(BUILD)
+
+install: all
+	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	cp kvr.h $(DESTDIR)$(PREFIX)/include/
+	cp $(BUILD)/libkvr.a $(DESTDIR)$(PREFIX)/lib/
+	for t in $(TOOLS); do cp $$t $(DESTDIR)$(PREFIX)/bin/; done
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvr\nDescription: parallel-prefill LLM inference runtime\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvr -lopenblas -lm -lpthread\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvr.pc
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,637 @@
+// kvr.h - the whole public API of kvr, a small inference runtime for causal language models
+// whose headline job is cutting the time to the first token of a long prompt.
+//
+// Read this file top to bottom as the manual:
+//
+//   1. errors         every call that can fail on user input returns an error code and leaves a
+//                     message naming what was wrong and where in kvr_last_error()
+//   2. types          element types; the numbering is GGUF's, so a tensor's stored type maps 1:1
+//   3. tensors        struct kvr_tensor: ne[4] element counts, nb[4] byte strides, ne[0] fastest
+//   4. contexts       arenas that own tensor structs (and optionally their data)
+//   5. ops            the op enum and the op constructors; constructors only edit the graph
+//   6. graphs         depth-first build from the outputs, liveness-based memory planning
+//   7. backends       the executor interface (CPU now; CUDA fits the same vtable)
+//   8. GGUF           reader for versions 2 and 3, every metadata type, mmap'ed tensor data
+//   9. vocab          SPM tokenizer (llama) with byte fallback; detokenization
+//  10. models         load a GGUF model, build the transformer graph of a batch of tokens
+//  11. sessions       a model + KV cache + threads: prefill and decode
+//  12. sampling       greedy, temperature, top-k, top-p; seeded and reproducible
+//
+// A prefill, end to end (tools/simple.c is the same thing as a program):
+//
+//   struct kvr_model   * model = kvr_model_load("model.gguf", NULL);
+//   struct kvr_session * sess  = kvr_session_new(model, &(struct kvr_session_params){ .n_ctx = 512 });
+//   int32_t ids[512]; int n = kvr_tokenize(kvr_model_vocab(model), "Hello", ids, 512, true, false);
+//   const float * logits = kvr_session_eval(sess, ids, n);        // logits of the last token
+//
+// Conventions: prefix kvr_/KVR_, plain structs (no typedef'd pointers), every enum ends in _COUNT.
+
+#ifndef KVR_H
+#define KVR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVR_VERSION "0.1.0"
+
+//
+// 1. errors
+//
+
+enum kvr_status {
+    KVR_OK          =  0,
+    KVR_ERR_IO      = -1, // a file could not be opened, mapped or read
+    KVR_ERR_FORMAT  = -2, // a file is malformed (the message names the field and the offset)
+    KVR_ERR_UNSUPP  = -3, // well-formed but not supported (an architecture, a type, a metadata key)
+    KVR_ERR_ARG     = -4, // a bad argument (a flag, a prompt longer than the context, ...)
+    KVR_ERR_NOMEM   = -5, // an allocation failed
+    KVR_ERR_COMM    = -6, // a peer was lost or timed out
+    KVR_ERR_STATUS_COUNT_ = 7,
+};
+
+// The message of the last error on this thread ("" when there was none). Thread-local.
+const char * kvr_last_error(void);
+// Set the message (printf-style) and return code; used by every module and by the tools.
+int          kvr_error(int code, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+// Programmer errors only: never for user input.
+#define KVR_ASSERT(x) do { if (!(x)) kvr_abort(__FILE__, __LINE__, #x); } while (0)
+void kvr_abort(const char * file, int line, const char * expr);
+
+//
+// 2. types (values are GGUF's ggml_type ids)
+//
+
+enum kvr_type {
+    KVR_TYPE_F32   = 0,
+    KVR_TYPE_F16   = 1,
+    KVR_TYPE_Q4_0  = 2,
+    KVR_TYPE_Q4_1  = 3,
+    KVR_TYPE_Q5_0  = 6,
+    KVR_TYPE_Q5_1  = 7,
+    KVR_TYPE_Q8_0  = 8,
+    KVR_TYPE_Q8_1  = 9,
+    KVR_TYPE_Q2_K  = 10,
+    KVR_TYPE_Q3_K  = 11,
+    KVR_TYPE_Q4_K  = 12,
+    KVR_TYPE_Q5_K  = 13,
+    KVR_TYPE_Q6_K  = 14,
+    KVR_TYPE_Q8_K  = 15,
+    KVR_TYPE_I8    = 24,
+    KVR_TYPE_I16   = 25,
+    KVR_TYPE_I32   = 26,
+    KVR_TYPE_I64   = 27,
+    KVR_TYPE_F64   = 28,
+    KVR_TYPE_BF16  = 30,
+    KVR_TYPE_COUNT = 40,
+};
+
+// Elements per block and bytes per block (1 and the element size for plain types).
+// A type kvr does not know has blck_size 0.
+int64_t      kvr_blck_size(enum kvr_type type);
+size_t       kvr_type_size(enum kvr_type type);
+const char * kvr_type_name(enum kvr_type type);     // "f32", "q4_K", ...; "?" if unknown
+// Whether rows of this type can be turned into f32 (the matmul and get_rows paths need it).
+bool         kvr_type_supported(enum kvr_type type);
+// Bytes of a row of ne0 elements (ne0 must be a multiple of the block size).
+size_t       kvr_row_size(enum kvr_type type, int64_t ne0);
+
+// Half-precision conversion (IEEE binary16 and bfloat16, round to nearest even).
+float    kvr_fp16_to_fp32(uint16_t h);
+uint16_t kvr_fp32_to_fp16(float f);
+float    kvr_bf16_to_fp32(uint16_t h);
+uint16_t kvr_fp32_to_bf16(float f);
+
+// Convert n elements (a multiple of the block size) of a row of `type` to f32.
+void kvr_to_float(enum kvr_type type, const void * src, float * dst, int64_t n);
+// Convert n f32 elements to `type` (f32, f16, bf16, and the quantized types that kvr-gen writes).
+// Returns bytes written, or 0 if the type cannot be written.
+size_t kvr_from_float(enum kvr_type type, const float * src, void * dst, int64_t n);
+
+//
+// 3. tensors
+//
+
+#define KVR_MAX_DIMS      4
+#define KVR_MAX_SRC       6
+#define KVR_MAX_OP_PARAMS 16
+#define KVR_MAX_NAME      64
+
+enum kvr_tensor_flag {
+    KVR_FLAG_INPUT  = 1, // filled by the caller before compute (token ids, positions)
+    KVR_FLAG_OUTPUT = 2, // read by the caller after compute: its memory is never reused
+    KVR_FLAG_PARAM  = 4, // a weight: data lives in the model file mapping
+};
+
+struct kvr_tensor {
+    enum kvr_type type;
+    int           op;                     // enum kvr_op
+    int           flags;                  // enum kvr_tensor_flag
+    int64_t       ne[KVR_MAX_DIMS];       // number of elements, ne[0] fastest
+    size_t        nb[KVR_MAX_DIMS];       // stride in bytes: nb[0] = type size, nb[1] = row size, ...
+
+    int32_t       op_params[KVR_MAX_OP_PARAMS]; // op arguments (floats stored bit-wise)
+    struct kvr_tensor * src[KVR_MAX_SRC];
+
+    struct kvr_tensor * view_src;         // views share view_src's memory at view_offs
+    size_t              view_offs;
+
+    void * data;                          // host memory (CPU backend), NULL until allocated
+    void * extra;                         // backend-private (device pointer, ...)
+    const char * why;                     // for nodes a pass inserted: the reason (--dump-graph)
+    char   name[KVR_MAX_NAME];
+};
+
+int64_t kvr_nelements(const struct kvr_tensor * t);
+int64_t kvr_nrows(const struct kvr_tensor * t);   // ne[1]*ne[2]*ne[3]
+size_t  kvr_nbytes(const struct kvr_tensor * t);  // extent in bytes, views included
+bool    kvr_is_contiguous(const struct kvr_tensor * t);
+struct kvr_tensor * kvr_set_name(struct kvr_tensor * t, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+float   kvr_get_f32_1d(const struct kvr_tensor * t, int64_t i); // host tensors, tests and tools
+
+//
+// 4. contexts: an arena of tensor structs; with no_alloc = false also their data
+//
+
+struct kvr_context;
+
+struct kvr_context * kvr_init(size_t mem_size, bool no_alloc); // NULL on allocation failure
+void                 kvr_free(struct kvr_context * ctx);
+size_t               kvr_used_mem(const struct kvr_context * ctx);
+
+struct kvr_tensor * kvr_new_tensor(struct kvr_context * ctx, enum kvr_type type, int n_dims, const int64_t * ne);
+struct kvr_tensor * kvr_new_tensor_1d(struct kvr_context * ctx, enum kvr_type type, int64_t ne0);
+struct kvr_tensor * kvr_new_tensor_2d(struct kvr_context * ctx, enum kvr_type type, int64_t ne0, int64_t ne1);
+struct kvr_tensor * kvr_new_tensor_3d(struct kvr_context * ctx, enum kvr_type type, int64_t ne0, int64_t ne1, int64_t ne2);
+
+// Views: the same memory seen with other counts and strides, starting `offset` bytes in.
+struct kvr_tensor * kvr_view_1d(struct kvr_context * ctx, struct kvr_tensor * a, int64_t ne0, size_t offset);
+struct kvr_tensor * kvr_view_2d(struct kvr_context * ctx, struct kvr_tensor * a, int64_t ne0, int64_t ne1,
+                                size_t nb1, size_t offset);
+struct kvr_tensor * kvr_view_3d(struct kvr_context * ctx, struct kvr_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                                size_t nb1, size_t nb2, size_t offset);
+// a contiguous tensor with new counts (same number of elements)
+struct kvr_tensor * kvr_reshape_3d(struct kvr_context * ctx, struct kvr_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2);
+struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor * a, int64_t ne0, int64_t ne1);
+
+//
+// 5. ops
+//
+// The X-macro is the one list of ops: the enum and the name table are both generated from it,
+// so they cannot drift apart.
+
+#define KVR_OPS(X) \
+    X(NONE)        /* a leaf: weight, input, cache                                           */ \
+    X(VIEW)        /* no compute: another shape over src0's memory                           */ \
+    X(GET_ROWS)    /* rows of src0 [n, rows] (any supported type) picked by src1 i32 [T]     */ \
+    X(ADD)         /* src0 + src1, src1 broadcast over rows                                  */ \
+    X(MUL)         /* src0 * src1, src1 broadcast over rows                                  */ \
+    X(SCALE)       /* src0 * s                                                               */ \
+    X(RMS_NORM)    /* x / sqrt(mean(x^2) + eps) per row                                      */ \
+    X(NORM)        /* (x - mean) / sqrt(var + eps) per row                                   */ \
+    X(MUL_MAT)     /* src0 [K, N] (weight, any supported type) x src1 [K, T] f32 -> [N, T]   */ \
+    X(ROPE)        /* rotary embedding at absolute positions src1 i32                        */ \
+    X(SILU)        /* x * sigmoid(x)                                                         */ \
+    X(GELU)        /* tanh approximation, as GGML                                            */ \
+    X(CPY)         /* copy src0 into src1's memory (f32 -> f32/f16); result is a view of src1 */ \
+    X(ATTN_BLOCK)  /* high level: causal attention of q over every key up to it. A strategy  */ \
+                   /* pass rewrites it; it never reaches a backend                           */ \
+    X(KV_STORE)    /* write new K or V rows (src0) into the cache view src1                  */ \
+    X(ATTN)        /* attention of q over k/v at absolute positions; output O and LSE        */ \
+    X(MERGE_ATTN)  /* combine partial attention outputs by their log-sum-exp                 */
+
+enum kvr_op {
+#define KVR_OP_ENUM(name) KVR_OP_##name,
+    KVR_OPS(KVR_OP_ENUM)
+#undef KVR_OP_ENUM
+    KVR_OP_COUNT
+};
+
+const char * kvr_op_name(enum kvr_op op);
+
+enum kvr_rope_mode {
+    KVR_ROPE_NORM = 0, // rotate adjacent pairs (x[2i], x[2i+1]): llama
+    KVR_ROPE_NEOX = 2, // rotate halves (x[i], x[i + n_rot/2]): falcon, gpt-neox (GGML's value)
+};
+
+enum kvr_attn_mode {
+    KVR_ATTN_CAUSAL = 0, // skip tiles where every key is after every query
+    KVR_ATTN_DENSE  = 1, // compute the whole rectangle, then mask (the KV-Runahead paper's setting)
+};
+
+struct kvr_tensor * kvr_get_rows (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * ids);
+struct kvr_tensor * kvr_add      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
+struct kvr_tensor * kvr_mul      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
+struct kvr_tensor * kvr_scale    (struct kvr_context * ctx, struct kvr_tensor * a, float s);
+struct kvr_tensor * kvr_rms_norm (struct kvr_context * ctx, struct kvr_tensor * a, float eps);
+struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * a, float eps);
+// w: [K, N] any supported type (rows of K contiguous); x: [K, T, ...] f32 with contiguous rows
+// (row stride may be larger than K). result: [N, T, ...] f32.
+struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x);
+// a: [head_dim, n_head, T] f32; pos: [T] i32 absolute positions. Rotates the first n_rot dims.
+struct kvr_tensor * kvr_rope     (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
+                                  int n_rot, enum kvr_rope_mode mode, float freq_base, float freq_scale);
+struct kvr_tensor * kvr_silu     (struct kvr_context * ctx, struct kvr_tensor * a);
+struct kvr_tensor * kvr_gelu     (struct kvr_context * ctx, struct kvr_tensor * a);
+struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
+
+// High-level attention of layer il: q [head_dim, n_head, T], k/v [head_dim, n_head_kv, T] of the
+// same tokens, at positions pos [T]. The strategy pass (kvr_pass_single, or those of kvr-comm.c)
+// replaces it by cache writes, transfers and ATTN nodes.
+struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
+                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il);
+
+// Store new rows into a cache view: a [kv_dim, T] f32, dst a view [kv_dim, T] of the cache.
+// The result is dst itself seen as a node, so readers of the cache can depend on the store.
+struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * dst);
+
+// Attention with an online softmax, tiled.
+//   q    [head_dim, n_head,    Tq] f32 (rows may be strided)
+//   k, v [head_dim, n_head_kv, Tk] f32 (n_head % n_head_kv == 0: MHA, GQA, MQA)
+//   qpos [Tq] i32, kpos [Tk] i32: absolute positions; key j is seen by query i iff kpos[j] <= qpos[i]
+//   dep  optional: a node that must run first (the KV_STORE that filled k and v)
+// result: [head_dim*n_head + n_head, Tq] f32: per query row, the output of each head, then the
+// natural log of each head's softmax denominator (log-sum-exp of the scaled scores) that a later
+// MERGE_ATTN needs. A row whose keys are all masked has O = 0 and LSE = -INFINITY.
+struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
+                             struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
+                             struct kvr_tensor * dep, float scale, enum kvr_attn_mode mode);
+// Merge n partial ATTN results of the same queries (same layout as kvr_attn's result):
+// O = sum_i exp(lse_i - lse) O_i, lse = log(sum_i exp(lse_i)). Empty partials (lse -inf) drop out.
+struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head);
+// The output part of an ATTN or MERGE_ATTN result: a view [head_dim*n_head, Tq].
+struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * attn, int n_head);
+
+//
+// 6. graphs
+//
+
+struct kvr_graph {
+    int                  n_nodes;
+    int                  n_leafs;
+    int                  size;
+    struct kvr_tensor ** nodes;  // in execution order (a depth-first post-order from the outputs)
+    struct kvr_tensor ** leafs;
+    void *               plan;   // memory plan between kvr_graph_plan and kvr_graph_place
+    struct kvr_context * ctx;    // where the graph lives (buffers of kvr_graph_compute_cpu too)
+};
+
+// A graph with room for `size` nodes and `size` leafs, allocated in ctx.
+struct kvr_graph * kvr_graph_new(struct kvr_context * ctx, int size);
+// Add t and everything it depends on (depth first, each tensor once).
+void               kvr_graph_expand(struct kvr_graph * g, struct kvr_tensor * t);
+void               kvr_graph_reset(struct kvr_graph * g);
+void               kvr_graph_print(const struct kvr_graph * g, FILE * f); // one line per node, with causes
+struct kvr_tensor * kvr_graph_get(const struct kvr_graph * g, const char * name); // node or leaf by name
+
+// Plan memory for every node and input without data: a node's buffer is reused once its last
+// reader has run (outputs and inputs keep theirs). Returns the bytes needed.
+size_t kvr_graph_plan(struct kvr_graph * g);
+// Assign addresses inside buf (of at least kvr_graph_plan() bytes).
+void   kvr_graph_place(struct kvr_graph * g, void * buf);
+
+// The single-rank strategy: every ATTN_BLOCK becomes KV_STORE(k), KV_STORE(v) into the cache at
+// positions [n_past, n_past + T) and ATTN(q, cache[0 : n_past + T]). kpos must hold 0..n_past+T-1.
+struct kvr_kv_cache;
+void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * cache,
+                     int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode);
+
+//
+// 7. backends
+//
+// A backend executes a planned graph. The CPU backend runs every op on a pool of n_threads.
+// A device backend (kvr-cuda.cu) implements the same vtable: it owns buffers in its memory,
+// copies tensors in and out, and says which ops it can run.
+
+struct kvr_backend;
+
+struct kvr_backend_i {
+    const char * (*name)        (struct kvr_backend * be);
+    void         (*free)        (struct kvr_backend * be);
+    bool         (*supports_op) (struct kvr_backend * be, const struct kvr_tensor * op);
+    void *       (*buf_alloc)   (struct kvr_backend * be, size_t size);
+    void         (*buf_free)    (struct kvr_backend * be, void * buf);
+    void         (*tensor_set)  (struct kvr_backend * be, struct kvr_tensor * t, const void * src, size_t off, size_t n);
+    void         (*tensor_get)  (struct kvr_backend * be, const struct kvr_tensor * t, void * dst, size_t off, size_t n);
+    int          (*graph_compute)(struct kvr_backend * be, struct kvr_graph * g);
+    void         (*synchronize) (struct kvr_backend * be);
+};
+
+struct kvr_backend {
+    struct kvr_backend_i iface;
+    void *               context;
+};
+
+#define KVR_MAX_THREADS 256
+
+struct kvr_backend * kvr_backend_cpu_new(int n_threads); // n_threads <= 0: all cores
+void                 kvr_backend_cpu_set_threads(struct kvr_backend * be, int n_threads);
+void                 kvr_backend_free(struct kvr_backend * be);
+int                  kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g);
+bool                 kvr_backend_supports_op(struct kvr_backend * be, const struct kvr_tensor * op);
+
+// Counters the CPU executor keeps (the papers' claims are checked against them).
+struct kvr_counters {
+    int64_t attn_dot_dense;   // query-key pairs computed (one head, one layer counts 1 per pair)
+    int64_t attn_dot_causal;  // query-key pairs causality needs
+    int64_t matmul_flops;     // 2*K*N*T per MUL_MAT
+    double  compute_ms;
+};
+void kvr_backend_cpu_counters(struct kvr_backend * be, struct kvr_counters * out, bool reset);
+
+// Run one graph on the CPU with n_threads (allocation and compute): handy for tests.
+int kvr_graph_compute_cpu(struct kvr_graph * g, int n_threads);
+
+//
+// 8. GGUF
+//
+
+enum kvr_gguf_type {
+    KVR_GGUF_UINT8   = 0,
+    KVR_GGUF_INT8    = 1,
+    KVR_GGUF_UINT16  = 2,
+    KVR_GGUF_INT16   = 3,
+    KVR_GGUF_UINT32  = 4,
+    KVR_GGUF_INT32   = 5,
+    KVR_GGUF_FLOAT32 = 6,
+    KVR_GGUF_BOOL    = 7,
+    KVR_GGUF_STRING  = 8,
+    KVR_GGUF_ARRAY   = 9,
+    KVR_GGUF_UINT64  = 10,
+    KVR_GGUF_INT64   = 11,
+    KVR_GGUF_FLOAT64 = 12,
+    KVR_GGUF_TYPE_COUNT,
+};
+
+struct kvr_gguf_str {
+    uint64_t     len;
+    const char * s;        // points into the mapping: NOT zero-terminated
+};
+
+struct kvr_gguf_kv {
+    struct kvr_gguf_str key;
+    enum kvr_gguf_type  type;
+    enum kvr_gguf_type  arr_type; // for arrays
+    uint64_t            n;        // array length (1 for scalars)
+    const void *        data;     // scalars and arrays of numbers: the raw little-endian values
+    struct kvr_gguf_str * strs;   // strings and arrays of strings
+};
+
+struct kvr_gguf_tensor {
+    char          name[KVR_MAX_NAME];
+    int           n_dims;
+    int64_t       ne[KVR_MAX_DIMS];
+    enum kvr_type type;
+    uint64_t      offset;      // relative to the start of the data section
+    size_t        size;        // bytes
+    const void *  data;        // inside the mapping
+};
+
+struct kvr_gguf {
+    uint32_t                 version;
+    uint64_t                 n_kv;
+    uint64_t                 n_tensors;
+    struct kvr_gguf_kv     * kv;
+    struct kvr_gguf_tensor * tensors;
+    size_t                   alignment;
+    size_t                   data_offset; // start of the tensor data section in the file
+    const uint8_t          * base;        // the mapping (or buffer)
+    size_t                   size;
+    bool                     mapped;
+};
+
+// Open and validate a GGUF file (mmap). NULL on error, with a message naming the field and offset.
+struct kvr_gguf * kvr_gguf_open(const char * path);
+// The same over a caller-owned buffer (fuzzing, tests); the buffer must outlive the result.
+struct kvr_gguf * kvr_gguf_open_mem(const void * buf, size_t size);
+void              kvr_gguf_close(struct kvr_gguf * g);
+
+int64_t                        kvr_gguf_find_key(const struct kvr_gguf * g, const char * key); // -1 if absent
+const struct kvr_gguf_kv     * kvr_gguf_get_kv(const struct kvr_gguf * g, const char * key);   // NULL if absent
+const struct kvr_gguf_tensor * kvr_gguf_get_tensor(const struct kvr_gguf * g, const char * name);
+// Typed getters: return KVR_OK, or an error naming the key if it is missing or of another type.
+// Integer getters accept any integer type whose value fits.
+int kvr_gguf_get_u32 (const struct kvr_gguf * g, const char * key, uint32_t * out);
+int kvr_gguf_get_f32 (const struct kvr_gguf * g, const char * key, float * out);
+int kvr_gguf_get_bool(const struct kvr_gguf * g, const char * key, bool * out);
+// A string copied into out (zero-terminated, truncated to cap-1).
+int kvr_gguf_get_str (const struct kvr_gguf * g, const char * key, char * out, size_t cap);
+const char * kvr_gguf_type_name(enum kvr_gguf_type t);
+
+// A writer, used by kvr-gen and the tests. Tensor data is written in the order added.
+struct kvr_gguf_writer;
+struct kvr_gguf_writer * kvr_gguf_writer_new(void);
+void kvr_gguf_writer_free(struct kvr_gguf_writer * w);
+void kvr_gguf_set_u32 (struct kvr_gguf_writer * w, const char * key, uint32_t v);
+void kvr_gguf_set_i32 (struct kvr_gguf_writer * w, const char * key, int32_t v);
+void kvr_gguf_set_f32 (struct kvr_gguf_writer * w, const char * key, float v);
+void kvr_gguf_set_bool(struct kvr_gguf_writer * w, const char * key, bool v);
+void kvr_gguf_set_str (struct kvr_gguf_writer * w, const char * key, const char * v);
+// Arrays: of numbers (raw little-endian values of elem_type) and of strings.
+void kvr_gguf_set_arr (struct kvr_gguf_writer * w, const char * key, enum kvr_gguf_type elem_type, const void * data, uint64_t n);
+void kvr_gguf_set_arr_str(struct kvr_gguf_writer * w, const char * key, const char * const * strs, const uint64_t * lens, uint64_t n);
+// Copy every metadata entry of src whose key starts with prefix (e.g. "tokenizer.").
+void kvr_gguf_copy_kv(struct kvr_gguf_writer * w, const struct kvr_gguf * src, const char * prefix);
+// data must stay valid until kvr_gguf_writer_save; size must equal the type's row size times rows.
+void kvr_gguf_add_tensor(struct kvr_gguf_writer * w, const char * name, enum kvr_type type, int n_dims,
+                         const int64_t * ne, const void * data);
+int  kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path);
+
+//
+// 9. vocab
+//
+
+enum kvr_vocab_kind {
+    KVR_VOCAB_NONE = 0,
+    KVR_VOCAB_SPM  = 1,  // tokenizer.ggml.model = "llama"
+    KVR_VOCAB_BPE  = 2,  // tokenizer.ggml.model = "gpt2"
+    KVR_VOCAB_KIND_COUNT,
+};
+
+enum kvr_token_attr {      // tokenizer.ggml.token_type values
+    KVR_TOKEN_NORMAL       = 1,
+    KVR_TOKEN_UNKNOWN      = 2,
+    KVR_TOKEN_CONTROL      = 3,
+    KVR_TOKEN_USER_DEFINED = 4,
+    KVR_TOKEN_UNUSED       = 5,
+    KVR_TOKEN_BYTE         = 6,
+};
+
+struct kvr_vocab;
+
+// Load the tokenizer from a GGUF (a model or a vocab-only file). NULL on error.
+struct kvr_vocab * kvr_vocab_load(const struct kvr_gguf * g);
+void               kvr_vocab_free(struct kvr_vocab * v);
+int                kvr_vocab_n_tokens(const struct kvr_vocab * v);
+enum kvr_vocab_kind kvr_vocab_kind(const struct kvr_vocab * v);
+int32_t            kvr_vocab_bos(const struct kvr_vocab * v);   // -1 if none
+int32_t            kvr_vocab_eos(const struct kvr_vocab * v);
+bool               kvr_vocab_add_bos(const struct kvr_vocab * v); // the model's metadata says so
+bool               kvr_vocab_is_eog(const struct kvr_vocab * v, int32_t id); // end of generation
+
+// Tokenize text. add_bos: prepend BOS; parse_special: text like "<s>" becomes the control token.
+// Returns the number of tokens; if it exceeds n_max, nothing past n_max is written and the
+// return is the count needed. Negative on error.
+int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, int n_max,
+                 bool add_bos, bool parse_special);
+// The text of one token as it appears in output (byte tokens become their byte, "▁" a space).
+// Writes at most cap bytes (no terminator); returns the length, or -needed if cap is too small.
+int kvr_token_to_piece(const struct kvr_vocab * v, int32_t id, char * buf, int cap, bool special);
+
+//
+// 10. models
+//
+
+enum kvr_arch {
+    KVR_ARCH_LLAMA  = 0,
+    KVR_ARCH_FALCON = 1,
+    KVR_ARCH_COUNT,
+};
+
+struct kvr_hparams {
+    enum kvr_arch arch;
+    char     arch_name[32];
+    uint32_t n_vocab;
+    uint32_t n_ctx_train;
+    uint32_t n_embd;
+    uint32_t n_layer;
+    uint32_t n_head;
+    uint32_t n_head_kv;
+    uint32_t n_ff;
+    uint32_t head_dim;      // n_embd / n_head unless the file says otherwise
+    uint32_t n_rot;         // dims rotated by RoPE
+    float    rope_freq_base;
+    float    rope_freq_scale;
+    enum kvr_rope_mode rope_mode;
+    float    norm_eps;      // rms norm or layer norm epsilon
+};
+
+struct kvr_layer {
+    struct kvr_tensor * attn_norm, * attn_norm_b;
+    struct kvr_tensor * attn_norm2, * attn_norm2_b;   // falcon 40B-style second norm
+    struct kvr_tensor * wq, * wk, * wv, * wqkv, * wo;
+    struct kvr_tensor * bq, * bk, * bv, * bqkv, * bo;
+    struct kvr_tensor * ffn_norm, * ffn_norm_b;
+    struct kvr_tensor * ffn_gate, * ffn_up, * ffn_down;
+    struct kvr_tensor * ffn_up_b, * ffn_down_b;
+};
+
+struct kvr_model {
+    struct kvr_hparams   hp;
+    struct kvr_gguf    * gguf;
+    struct kvr_vocab   * vocab;
+    struct kvr_context * ctx;        // weight tensor structs (data in the mapping)
+    struct kvr_tensor  * tok_embd;
+    struct kvr_tensor  * output_norm, * output_norm_b;
+    struct kvr_tensor  * output;     // tok_embd when the file ties them
+    struct kvr_layer   * layers;
+    char                 path[512];
+};
+
+struct kvr_model_params {
+    bool vocab_only;      // load the tokenizer alone (vocab-only GGUF files)
+};
+
+struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_params * params);
+void               kvr_model_free(struct kvr_model * m);
+const struct kvr_vocab * kvr_model_vocab(const struct kvr_model * m);
+// One line of the model's shape for logs: arch, layers, width, heads, types, size.
+void               kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap);
+
+// What an architecture's builder is given: the tokens of this batch and where their positions are.
+struct kvr_build {
+    struct kvr_context * ctx;
+    struct kvr_tensor  * tokens;   // [T] i32 input
+    struct kvr_tensor  * pos;      // [T] i32 input: absolute positions
+    int                  n_tokens;
+    int                  n_outputs; // logits for the last n_outputs tokens only (0: none)
+};
+// Build the forward graph up to the logits [n_vocab, n_outputs] (or the final hidden state when
+// n_outputs is 0). Attention is left as ATTN_BLOCK nodes for a strategy pass to rewrite.
+struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b);
+
+//
+// KV cache: contiguous per-layer K and V, f32, [head_dim*n_head_kv, n_ctx] each.
+//
+
+struct kvr_kv_cache {
+    int                  n_layer;
+    int                  n_ctx;
+    int                  kv_dim;
+    struct kvr_context * ctx;
+    struct kvr_tensor ** k;
+    struct kvr_tensor ** v;
+};
+
+struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx);
+void                  kvr_kv_cache_free(struct kvr_kv_cache * c);
+
+//
+// 11. sessions: one model, one cache, one backend. Tokens are appended at n_past.
+//
+
+struct kvr_session_params {
+    int                n_ctx;      // 0: the model's training context (capped at 4096)
+    int                n_threads;  // 0: all cores
+    enum kvr_attn_mode attn_mode;
+    FILE *             graph_out;  // if set, the first eval prints its rewritten graph here
+};
+
+struct kvr_session;
+
+struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kvr_session_params * p);
+void                 kvr_session_free(struct kvr_session * s);
+// Evaluate n tokens after the ones already in the cache; returns the last token's logits
+// (n_vocab floats, valid until the next call) or NULL with kvr_last_error() set.
+const float *        kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
+int                  kvr_session_n_past(const struct kvr_session * s);
+int                  kvr_session_n_ctx(const struct kvr_session * s);
+struct kvr_kv_cache * kvr_session_cache(struct kvr_session * s);
+struct kvr_backend  * kvr_session_backend(struct kvr_session * s);
+void                 kvr_session_reset(struct kvr_session * s); // forget the cache
+
+//
+// 12. sampling
+//
+
+struct kvr_sampler_params {
+    float    temp;    // <= 0: greedy
+    int      top_k;   // <= 0: all
+    float    top_p;   // >= 1: all
+    uint64_t seed;
+};
+
+struct kvr_sampler {
+    struct kvr_sampler_params p;
+    uint64_t rng;
+    void   * probs;   // scratch: (probability, id) pairs
+    int      n_alloc;
+};
+
+void    kvr_sampler_init(struct kvr_sampler * s, const struct kvr_sampler_params * p);
+void    kvr_sampler_free(struct kvr_sampler * s);
+int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab);
+int32_t kvr_argmax(const float * x, int n);
+
+// Milliseconds from a monotonic clock.
+double kvr_time_ms(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // KVR_H

@@ -1,0 +1,49 @@
+#!/bin/sh
+# tests/run-tests.sh BUILD [ASAN_BUILD] - run every test program of a build (and again the
+# sanitizer build when given), then the end-to-end checks and a bounded fuzz run. Each program
+# prints its own "N passed, M failed" line; this script adds them up and ends with the total.
+# A test that cannot find ../shared says so and counts as skipped, never as passed.
+
+build=${1:-build}
+asan=${2:-}
+shared=${SHARED:-../shared}
+pass=0
+fail=0
+skip=0
+failed_names=""
+
+run() { # name, command...
+    name=$1; shift
+    out=$("$@" 2>&1)
+    rc=$?
+    line=$(printf '%s\n' "$out" | grep -E '^[A-Za-z-]*:? ?[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    p=$(printf '%s' "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+')
+    f=$(printf '%s' "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+')
+    s=$(printf '%s' "$line" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+')
+    [ -n "$p" ] || p=0
+    [ -n "$f" ] || f=0
+    [ -n "$s" ] || s=0
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+    if [ -z "$line" ] && [ $rc -eq 0 ]; then p=1; fi
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    if [ $rc -ne 0 ] || [ "$f" -ne 0 ]; then
+        failed_names="$failed_names $name"
+        printf '%s\n' "$out" | tail -n 30
+        echo "FAIL $name (exit $rc)"
+    else
+        echo "ok   $name: $p passed${s:+, $s skipped}"
+    fi
+}
+
+for dir in $build $asan; do
+    for t in "$dir"/test-*; do
+        [ -x "$t" ] || continue
+        run "$t" "$t" "$shared"
+    done
+done
+
+[ -x tests/e2e.sh ] || chmod +x tests/e2e.sh 2>/dev/null
+[ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]

@@ -1,0 +1,523 @@
+// test-quant.c - the quantized block types (Q4_0 ... Q8_K) against an independent reference.
+//
+// For every quantized type: blocks of seeded random bytes with sane half-precision scales are
+// dequantized through kvr_to_float and compared, exactly, with a reference written here in another
+// way (each element's bits are picked out of the block by its index, scales decoded by hand); a row
+// of such blocks dotted with a random vector, and the same row multiplied through a kvr_mul_mat
+// graph, must match the reference within 1e-4 relative. The quantizers (kvr_from_float) must
+// round-trip within each format's error bound. On the llama.cpp-made tiny-llama files of
+// ../shared/reference, every quantized tensor must agree with the Q8_0 file's copy of the same
+// weights within the format's error, and Q4_0/Q5_0/Q8_0 blocks must requantize to llama.cpp's bytes.
+//
+// Build with -DQUANT_STANDALONE (and the parts directory on the include path) to test the
+// quantization fragment alone, before kvr.c links it: the graph and GGUF checks are then left out.
+
+#include "kvr.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef QUANT_STANDALONE
+#include "quant.c"
+
+// Stand-ins for the few kvr.c functions the fragment and this test call.
+float kvr_fp16_to_fp32(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float v = e == 0 ? ldexpf((float)m, -24) : e < 31 ? ldexpf((float)(1024 + m), e - 25)
+                  : m ? NAN : INFINITY;
+    return (h & 0x8000) ? -v : v;
+}
+uint16_t kvr_fp32_to_fp16(float f) { // round to nearest even, through double (exact for floats)
+    const uint16_t s = signbit(f) ? 0x8000 : 0;
+    double a = fabs((double)f);
+    if (isnan(f)) return s | 0x7e00;
+    if (a >= 65520.0) return s | 0x7c00;
+    int e;
+    frexp(a, &e);                          // a = r * 2^e, r in [0.5, 1)
+    int ex = e - 1 < -14 ? -14 : e - 1;    // exponent of the half, subnormals share -14
+    double q = nearbyint(ldexp(a, 10 - ex)); // mantissa with 10 fraction bits, ties to even
+    if (q >= 2048) { q /= 2; ex++; }
+    if (q < 1024) return (uint16_t)(s | (uint16_t)q);              // subnormal (or zero)
+    return (uint16_t)(s | (uint16_t)((ex + 15) << 10) | (uint16_t)((int)q - 1024));
+}
+int64_t kvr_blck_size(enum kvr_type t) { const struct quant_traits * q = quant_get(t); return q ? q->blck_size : 0; }
+size_t  kvr_type_size(enum kvr_type t) { const struct quant_traits * q = quant_get(t); return q ? q->type_size : 0; }
+void kvr_to_float(enum kvr_type t, const void * src, float * dst, int64_t n) {
+    quant_to_float_fn(t)(src, dst, n);
+}
+size_t kvr_from_float(enum kvr_type t, const float * src, void * dst, int64_t n) {
+    size_t (*f)(const float *, void *, int64_t) = quant_from_float_fn(t);
+    return f ? f(src, dst, n) : 0;
+}
+#endif
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void check(int ok, const char * fmt, ...) {
+    if (ok) {
+        n_pass++;
+        return;
+    }
+    n_fail++;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FAIL: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+// splitmix64: small, seeded, the same on every machine
+static uint64_t rng_state;
+static uint64_t rng_u64(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_uniform(void) { return (float)(rng_u64() >> 40) / (float)(1 << 24) * 2.0f - 1.0f; } // [-1, 1)
+static float rng_normal(void) { // Irwin-Hall: mean 0, variance 1
+    float s = 0;
+    for (int i = 0; i < 12; i++) s += (rng_uniform() + 1.0f) * 0.5f;
+    return s - 6.0f;
+}
+
+//
+// the reference: element e of a block, read bit by bit from the byte layout
+//
+
+// n bits (n <= 32) of the little-endian bit stream p, starting at bit pos
+static uint32_t bits(const uint8_t * p, int pos, int n) {
+    uint32_t v = 0;
+    for (int k = 0; k < n; k++) {
+        v |= (uint32_t)((p[(pos + k) / 8] >> ((pos + k) % 8)) & 1) << k;
+    }
+    return v;
+}
+static int sbits8(const uint8_t * p, int byte) { // an int8 at a byte offset
+    const int v = (int)bits(p, 8*byte, 8);
+    return v >= 128 ? v - 256 : v;
+}
+static float ref_half(const uint8_t * p) {      // IEEE binary16, decoded from its fields
+    const int m = (int)bits(p, 0, 10), e = (int)bits(p, 10, 5), s = (int)bits(p, 15, 1);
+    float v;
+    if (e == 0)       v = ldexpf((float)m, -24);
+    else if (e < 31)  v = ldexpf((float)(m + 1024), e - 25);
+    else              v = m ? NAN : INFINITY;
+    return s ? -v : v;
+}
+// nibble or 2-bit field number `which` of byte `byte`
+static int field(const uint8_t * p, int byte, int which, int width) {
+    return (int)bits(p, 8*byte + width*which, width);
+}
+
+static float ref_q4_0(const uint8_t * b, int e) {
+    const int q = field(b, 2 + e%16, e/16, 4);
+    return (float)(q - 8) * ref_half(b);
+}
+static float ref_q4_1(const uint8_t * b, int e) {
+    const int q = field(b, 4 + e%16, e/16, 4);
+    return (float)q * ref_half(b) + ref_half(b + 2);
+}
+static float ref_q5_0(const uint8_t * b, int e) {
+    const int q = field(b, 6 + e%16, e/16, 4) + 16*(int)bits(b, 16 + e, 1);
+    return (float)(q - 16) * ref_half(b);
+}
+static float ref_q5_1(const uint8_t * b, int e) {
+    const int q = field(b, 8 + e%16, e/16, 4) + 16*(int)bits(b, 32 + e, 1);
+    return (float)q * ref_half(b) + ref_half(b + 2);
+}
+static float ref_q8_0(const uint8_t * b, int e) { return (float)sbits8(b, 2 + e) * ref_half(b); }
+static float ref_q8_1(const uint8_t * b, int e) { return (float)sbits8(b, 4 + e) * ref_half(b); }
+
+// Q2_K/Q3_K 2-bit planes: element e is in 128-half e/128, byte e%32 of that half, plane (e%128)/32
+static int plane2(const uint8_t * b, int qs_off, int e) {
+    return field(b, qs_off + (e/128)*32 + e%32, (e%128)/32, 2);
+}
+static float ref_q2_K(const uint8_t * b, int e) {
+    const float dl = ref_half(b + 80) * (float)field(b, e/16, 0, 4);
+    const float ml = ref_half(b + 82) * (float)field(b, e/16, 1, 4);
+    return dl * (float)plane2(b, 16, e) - ml;
+}
+static float ref_q3_K(const uint8_t * b, int e) {
+    const int j   = e/16;
+    const int sc  = field(b, 96 + j%8, j/8, 4) | field(b, 104 + j%4, j/4, 2) << 4;
+    const int q   = plane2(b, 32, e) + 4*(int)bits(b, 8*(e%32) + e/32, 1) - 4;
+    const float dl = ref_half(b + 108) * (float)(sc - 32);
+    return dl * (float)q;
+}
+// Q4_K/Q5_K: scale and min of sub-block j from the 12 bytes at offset 4
+static void ref_k4(const uint8_t * b, int j, int * sc, int * m) {
+    const uint8_t * s = b + 4;
+    if (j < 4) {
+        *sc = (int)bits(s, 8*j, 6);
+        *m  = (int)bits(s, 8*(j + 4), 6);
+    } else {
+        *sc = (int)(bits(s, 8*(j + 4), 4)     | bits(s, 8*(j - 4) + 6, 2) << 4);
+        *m  = (int)(bits(s, 8*(j + 4) + 4, 4) | bits(s, 8*j + 6, 2) << 4);
+    }
+}
+static float ref_q4_K(const uint8_t * b, int e) {
+    int sc, m;
+    ref_k4(b, e/32, &sc, &m);
+    const int q = field(b, 16 + (e/64)*32 + e%32, (e/32)%2, 4);
+    const float dl = ref_half(b) * (float)sc, ml = ref_half(b + 2) * (float)m;
+    return dl * (float)q - ml;
+}
+static float ref_q5_K(const uint8_t * b, int e) {
+    int sc, m;
+    ref_k4(b, e/32, &sc, &m);
+    const int q = field(b, 48 + (e/64)*32 + e%32, (e/32)%2, 4) + 16*(int)bits(b, 8*(16 + e%32) + e/32, 1);
+    const float dl = ref_half(b) * (float)sc, ml = ref_half(b + 2) * (float)m;
+    return dl * (float)q - ml;
+}
+static float ref_q6_K(const uint8_t * b, int e) {
+    const int h = e/128, k = (e%128)/32, l = e%32;
+    const int q = field(b, h*64 + (k%2)*32 + l, k/2, 4) | field(b, 128 + h*32 + l, k, 2) << 4;
+    const float ds = ref_half(b + 208) * (float)sbits8(b, 192 + e/16);
+    return ds * (float)(q - 32);
+}
+static float ref_q8_K(const uint8_t * b, int e) {
+    const uint32_t u = bits(b, 0, 32);
+    float d;
+    memcpy(&d, &u, 4);
+    return d * (float)sbits8(b, 4 + e);
+}
+
+struct qtype {
+    enum kvr_type type;
+    const char *  name;
+    int           blck, size;       // elements and bytes per block
+    int           half[2], n_half;  // byte offsets of the fp16 scales
+    int           f32;              // byte offset of an f32 scale, or -1
+    float       (*ref)(const uint8_t * b, int e);
+    double        rt_rms;           // round-trip: max relative RMS error of a quantizer, 0 if none
+};
+
+static const struct qtype qtypes[] = {
+    { KVR_TYPE_Q4_0, "q4_0",  32,  18, { 0,   0 }, 1, -1, ref_q4_0, 0.12 },
+    { KVR_TYPE_Q4_1, "q4_1",  32,  20, { 0,   2 }, 2, -1, ref_q4_1, 0.12 },
+    { KVR_TYPE_Q5_0, "q5_0",  32,  22, { 0,   0 }, 1, -1, ref_q5_0, 0.06 },
+    { KVR_TYPE_Q5_1, "q5_1",  32,  24, { 0,   2 }, 2, -1, ref_q5_1, 0.06 },
+    { KVR_TYPE_Q8_0, "q8_0",  32,  34, { 0,   0 }, 1, -1, ref_q8_0, 0.01 },
+    { KVR_TYPE_Q8_1, "q8_1",  32,  36, { 0,   2 }, 2, -1, ref_q8_1, 0    },
+    { KVR_TYPE_Q2_K, "q2_K", 256,  84, { 80, 82 }, 2, -1, ref_q2_K, 0    },
+    { KVR_TYPE_Q3_K, "q3_K", 256, 110, { 108, 0 }, 1, -1, ref_q3_K, 0    },
+    { KVR_TYPE_Q4_K, "q4_K", 256, 144, { 0,   2 }, 2, -1, ref_q4_K, 0.11 },
+    { KVR_TYPE_Q5_K, "q5_K", 256, 176, { 0,   2 }, 2, -1, ref_q5_K, 0    },
+    { KVR_TYPE_Q6_K, "q6_K", 256, 210, { 208, 0 }, 1, -1, ref_q6_K, 0.03 },
+    { KVR_TYPE_Q8_K, "q8_K", 256, 292, { 0,   0 }, 0,  0, ref_q8_K, 0    },
+};
+#define N_QTYPES ((int)(sizeof qtypes / sizeof qtypes[0]))
+
+// Random blocks: random bytes, then scales replaced by finite values of a sane range (half
+// exponents 0..18, so subnormal scales are covered too).
+static void random_blocks(const struct qtype * qt, uint8_t * buf, int nblocks) {
+    for (int i = 0; i < nblocks * qt->size; i++) {
+        buf[i] = (uint8_t)rng_u64();
+    }
+    for (int i = 0; i < nblocks; i++) {
+        uint8_t * b = buf + (size_t)i * qt->size;
+        for (int k = 0; k < qt->n_half; k++) {
+            const uint16_t h = (uint16_t)((rng_u64() & 0x8000) | ((rng_u64() % 19) << 10) | (rng_u64() & 0x3ff));
+            b[qt->half[k]]     = (uint8_t)(h & 0xff);
+            b[qt->half[k] + 1] = (uint8_t)(h >> 8);
+        }
+        if (qt->f32 >= 0) {
+            const float d = rng_uniform() * 0.01f;
+            memcpy(b + qt->f32, &d, 4);
+        }
+    }
+}
+
+static void ref_row(const struct qtype * qt, const uint8_t * buf, float * out, int64_t n) {
+    for (int64_t e = 0; e < n; e++) {
+        out[e] = qt->ref(buf + (e / qt->blck) * qt->size, (int)(e % qt->blck));
+    }
+}
+
+static int same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+// exact dequantization of random blocks, at an aligned and at an odd address
+static void test_dequant(const struct qtype * qt) {
+    enum { NB = 16 };
+    const int64_t n = (int64_t)NB * qt->blck;
+    uint8_t * buf  = malloc((size_t)NB * qt->size + 1);
+    float   * got  = malloc(sizeof(float) * (size_t)n);
+    float   * want = malloc(sizeof(float) * (size_t)n);
+    for (int round = 0; round < 24; round++) {
+        random_blocks(qt, buf, NB);
+        ref_row(qt, buf, want, n);
+        for (int odd = 0; odd < 2; odd++) {
+            if (odd) {
+                memmove(buf + 1, buf, (size_t)NB * qt->size);
+            }
+            memset(got, 0xff, sizeof(float) * (size_t)n);
+            kvr_to_float(qt->type, buf + odd, got, n);
+            int64_t bad = -1;
+            for (int64_t e = 0; e < n && bad < 0; e++) {
+                if (!same_float(got[e], want[e])) bad = e;
+            }
+            check(bad < 0, "%s dequant round %d%s: element %lld is %.9g, reference %.9g", qt->name, round,
+                  odd ? " (odd address)" : "", (long long)bad, bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : want[bad]);
+        }
+    }
+    free(buf); free(got); free(want);
+}
+
+// a dequantized row dotted with a random vector, against the reference in double
+static void test_row_dot(const struct qtype * qt) {
+    const int64_t K = 1024;
+    const int nb = (int)(K / qt->blck);
+    uint8_t * buf  = malloc((size_t)nb * qt->size);
+    float   * row  = malloc(sizeof(float) * K);
+    float   * want = malloc(sizeof(float) * K);
+    float   * x    = malloc(sizeof(float) * K);
+    for (int round = 0; round < 8; round++) {
+        random_blocks(qt, buf, nb);
+        for (int64_t i = 0; i < K; i++) x[i] = rng_uniform();
+        kvr_to_float(qt->type, buf, row, K);
+        ref_row(qt, buf, want, K);
+        float  dot = 0;
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < K; i++) {
+            dot += row[i] * x[i];
+            ref += (double)want[i] * x[i];
+            mag += fabs((double)want[i] * x[i]);
+        }
+        check(fabs(dot - ref) <= 1e-4 * mag + 1e-30, "%s row dot round %d: %.9g vs reference %.9g",
+              qt->name, round, (double)dot, ref);
+    }
+    free(buf); free(row); free(want); free(x);
+}
+
+// the largest error of rounding v to half precision (subnormal halves have a fixed step of 2^-24)
+static double half_err(double v) { return fmax(fabs(v) * ldexp(1, -11), ldexp(1, -25)); }
+
+// Quantize then dequantize: every element within the format's bound (legacy types), the relative
+// RMS error within the expected one (all quantizers), and all-zero and constant blocks exact.
+static void test_round_trip(const struct qtype * qt) {
+    enum { NB = 64 };
+    const int64_t n = (int64_t)NB * qt->blck;
+    float   * x   = malloc(sizeof(float) * (size_t)n);
+    float   * y   = malloc(sizeof(float) * (size_t)n);
+    uint8_t * buf = malloc((size_t)NB * qt->size);
+
+    if (qt->rt_rms == 0) {
+        check(kvr_from_float(qt->type, x, buf, qt->blck) == 0, "%s: from_float should be unsupported", qt->name);
+        free(x); free(y); free(buf);
+        return;
+    }
+    for (int round = 0; round < 4; round++) {
+        for (int b = 0; b < NB; b++) {
+            const float scale = ldexpf(1.0f, (int)(rng_u64() % 16) - 10);
+            const float shift = round == 3 ? scale * rng_uniform() * 2 : 0; // offset blocks for the *_1 types
+            for (int i = 0; i < qt->blck; i++) x[b*qt->blck + i] = rng_normal() * scale + shift;
+        }
+        const size_t wrote = kvr_from_float(qt->type, x, buf, n);
+        check(wrote == (size_t)NB * qt->size, "%s from_float wrote %zu bytes, expected %zu", qt->name, wrote,
+              (size_t)NB * qt->size);
+        kvr_to_float(qt->type, buf, y, n);
+        double err2 = 0, sum2 = 0;
+        int64_t worst = -1;
+        double worst_ratio = 0;
+        for (int b = 0; b < NB; b++) {
+            const float * xb = x + b*qt->blck, * yb = y + b*qt->blck;
+            float mn = xb[0], mx = xb[0], amax = 0;
+            for (int i = 0; i < qt->blck; i++) {
+                mn = fminf(mn, xb[i]); mx = fmaxf(mx, xb[i]); amax = fmaxf(amax, fabsf(xb[i]));
+            }
+            // per element, from the format: half a step (a whole step where the top value clamps),
+            // plus what rounding the scale (and min) to half precision costs
+            double bound = 0;
+            switch (qt->type) {
+                case KVR_TYPE_Q8_0: bound = 0.5 * amax / 127 + 127 * half_err(amax / 127); break;
+                case KVR_TYPE_Q4_0: bound = 1.0 * amax /   8 +   8 * half_err(amax /   8); break;
+                case KVR_TYPE_Q5_0: bound = 1.0 * amax /  16 +  16 * half_err(amax /  16); break;
+                case KVR_TYPE_Q4_1: bound = 0.5 * (mx - mn) / 15 + 15 * half_err((mx - mn) / 15) + half_err(mn); break;
+                case KVR_TYPE_Q5_1: bound = 0.5 * (mx - mn) / 31 + 31 * half_err((mx - mn) / 31) + half_err(mn); break;
+                default: break;
+            }
+            bound *= 1.0001;
+            for (int i = 0; i < qt->blck; i++) {
+                const double e = fabs((double)xb[i] - yb[i]);
+                err2 += e*e; sum2 += (double)xb[i]*xb[i];
+                if (bound > 0 && e / bound > worst_ratio) { worst_ratio = e / bound; worst = b*qt->blck + i; }
+            }
+        }
+        const double rms = sqrt(err2 / sum2);
+        check(rms <= qt->rt_rms, "%s round trip %d: relative RMS error %.4g > %.4g", qt->name, round, rms, qt->rt_rms);
+        if (qt->type == KVR_TYPE_Q8_0 || qt->type == KVR_TYPE_Q4_0 || qt->type == KVR_TYPE_Q5_0 ||
+            qt->type == KVR_TYPE_Q4_1 || qt->type == KVR_TYPE_Q5_1) {
+            check(worst_ratio <= 1.0, "%s round trip %d: element %lld off by %.3g of its bound", qt->name, round,
+                  (long long)worst, worst_ratio);
+        }
+    }
+    // edge blocks: zeros stay zeros (no NaN from a zero scale); a constant block comes back close
+    const int64_t nk = qt->blck;
+    memset(x, 0, sizeof(float) * (size_t)nk);
+    kvr_from_float(qt->type, x, buf, nk);
+    kvr_to_float(qt->type, buf, y, nk);
+    int zeros_ok = 1;
+    for (int64_t i = 0; i < nk; i++) zeros_ok &= y[i] == 0.0f;
+    check(zeros_ok, "%s: an all-zero block does not come back as zeros", qt->name);
+    for (int64_t i = 0; i < nk; i++) x[i] = 0.75f;
+    kvr_from_float(qt->type, x, buf, nk);
+    kvr_to_float(qt->type, buf, y, nk);
+    int const_ok = 1;
+    for (int64_t i = 0; i < nk; i++) const_ok &= fabsf(y[i] - 0.75f) <= 0.75f * 0.02f;
+    check(const_ok, "%s: a constant block comes back as %g", qt->name, (double)y[0]);
+
+    free(x); free(y); free(buf);
+}
+
+#ifndef QUANT_STANDALONE
+
+// W [K, N] of type qt times X [K, T] f32 through a graph, against the reference in double.
+static void test_mul_mat(const struct qtype * qt) {
+    const int64_t K = 512, N = 7, T = 3;
+    if (!kvr_type_supported(qt->type)) {
+        check(0, "%s: kvr_type_supported says no", qt->name);
+        return;
+    }
+    struct kvr_context * ctx = kvr_init(8u << 20, false);
+    check(ctx != NULL, "kvr_init");
+    if (!ctx) return;
+    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
+    struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+    random_blocks(qt, w->data, (int)(K / qt->blck * N));
+    for (int64_t i = 0; i < K*T; i++) ((float *)x->data)[i] = rng_uniform();
+    struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+    y->flags |= KVR_FLAG_OUTPUT;
+    struct kvr_graph * g = kvr_graph_new(ctx, 16);
+    kvr_graph_expand(g, y);
+    const int rc = kvr_graph_compute_cpu(g, 2);
+    check(rc == KVR_OK, "%s mul_mat: compute returned %d (%s)", qt->name, rc, kvr_last_error());
+    if (rc == KVR_OK) {
+        float * wr = malloc(sizeof(float) * (size_t)K);
+        double worst = 0;
+        for (int64_t nn = 0; nn < N; nn++) {
+            ref_row(qt, (const uint8_t *)w->data + nn * w->nb[1], wr, K);
+            for (int64_t t = 0; t < T; t++) {
+                const float * xt = (const float *)((const char *)x->data + t * x->nb[1]);
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < K; i++) { ref += (double)wr[i] * xt[i]; mag += fabs((double)wr[i] * xt[i]); }
+                const float got = *(const float *)((const char *)y->data + nn * y->nb[0] + t * y->nb[1]);
+                const double r = fabs(got - ref) / (mag + 1e-30);
+                if (r > worst) worst = r;
+            }
+        }
+        check(worst <= 1e-4, "%s mul_mat: worst relative error %.3g", qt->name, worst);
+        free(wr);
+    }
+    kvr_free(ctx);
+}
+
+// The tiny-llama files hold one set of random weights quantized to several types: each quantized
+// tensor must match the Q8_0 file's copy within its format's error (a wrong bit layout gives an
+// error near sqrt(2)), and the Q4_0/Q5_0/Q8_0 blocks llama.cpp wrote must come back byte for byte
+// when their dequantized values are quantized again.
+static const char * const tiny_files[] = { "Q8_0", "Q4_0", "Q5_0", "Q6_K", "Q4_K_M" };
+
+static float * dequant_tensor(const struct kvr_gguf_tensor * t, int64_t * n_out) {
+    const int64_t n = t->ne[0] * (t->n_dims > 1 ? t->ne[1] : 1);
+    float * f = malloc(sizeof(float) * (size_t)n);
+    kvr_to_float(t->type, t->data, f, n);
+    *n_out = n;
+    return f;
+}
+
+static void test_tiny_llama(void) {
+    char path[256];
+    snprintf(path, sizeof path, "../shared/reference/tiny-llama-%s.gguf", tiny_files[0]);
+    struct kvr_gguf * q8 = kvr_gguf_open(path);
+    if (!q8) {
+        printf("skipped: %s not readable (%s)\n", path, kvr_last_error());
+        return;
+    }
+    for (size_t f = 0; f < sizeof tiny_files / sizeof tiny_files[0]; f++) {
+        snprintf(path, sizeof path, "../shared/reference/tiny-llama-%s.gguf", tiny_files[f]);
+        struct kvr_gguf * g = kvr_gguf_open(path);
+        check(g != NULL, "open %s: %s", path, kvr_last_error());
+        if (!g) continue;
+        int n_tensors = 0;
+        for (uint64_t i = 0; i < g->n_tensors; i++) {
+            const struct kvr_gguf_tensor * t = &g->tensors[i];
+            const struct kvr_gguf_tensor * r = kvr_gguf_get_tensor(q8, t->name);
+            if (kvr_blck_size(t->type) <= 1 || !r) continue;
+            n_tensors++;
+            int64_t n, nr;
+            float * a = dequant_tensor(t, &n);
+            float * b = dequant_tensor(r, &nr);
+            double err2 = 0, sum2 = 0;
+            int finite = 1;
+            for (int64_t e = 0; e < n && n == nr; e++) {
+                finite &= isfinite(a[e]);
+                err2 += ((double)a[e] - b[e]) * ((double)a[e] - b[e]);
+                sum2 += (double)b[e] * b[e];
+            }
+            const double rel = sqrt(err2 / sum2);
+            double tol = 0.0;
+            switch (t->type) {
+                case KVR_TYPE_Q8_0: tol = 0.0;  break; // the same file: identical
+                case KVR_TYPE_Q6_K: tol = 0.03; break;
+                case KVR_TYPE_Q5_0: tol = 0.07; break;
+                case KVR_TYPE_Q4_K: tol = 0.12; break;
+                case KVR_TYPE_Q4_0: tol = 0.15; break;
+                default:            tol = 0.3;  break;
+            }
+            check(n == nr && finite && rel <= tol, "%s %s (%s): relative RMS difference to the q8_0 copy %.4g > %.3g",
+                  tiny_files[f], t->name, kvr_type_name(t->type), rel, tol);
+
+            if (t->type == KVR_TYPE_Q8_0 || t->type == KVR_TYPE_Q4_0 || t->type == KVR_TYPE_Q5_0) {
+                const size_t bytes = kvr_row_size(t->type, n);
+                uint8_t * re = malloc(bytes);
+                const size_t wrote = kvr_from_float(t->type, a, re, n);
+                int64_t diff_blocks = 0;
+                for (size_t o = 0; o < bytes; o += kvr_type_size(t->type)) {
+                    diff_blocks += memcmp(re + o, (const uint8_t *)t->data + o, kvr_type_size(t->type)) != 0;
+                }
+                check(wrote == bytes && diff_blocks == 0, "%s %s: %lld of %lld blocks requantize differently",
+                      tiny_files[f], t->name, (long long)diff_blocks, (long long)(bytes / kvr_type_size(t->type)));
+                free(re);
+            }
+            free(a); free(b);
+        }
+        check(n_tensors > 0, "%s: no quantized tensors", tiny_files[f]);
+        kvr_gguf_close(g);
+    }
+    kvr_gguf_close(q8);
+}
+#endif
+
+int main(void) {
+    rng_state = 0x5eed0000u;
+
+    for (int i = 0; i < N_QTYPES; i++) {
+        const struct qtype * qt = &qtypes[i];
+        check(kvr_blck_size(qt->type) == qt->blck && kvr_type_size(qt->type) == (size_t)qt->size,
+              "%s: block %lld x %zu bytes, expected %d x %d", qt->name, (long long)kvr_blck_size(qt->type),
+              kvr_type_size(qt->type), qt->blck, qt->size);
+        test_dequant(qt);
+        test_row_dot(qt);
+        test_round_trip(qt);
+#ifndef QUANT_STANDALONE
+        test_mul_mat(qt);
+#endif
+    }
+#ifndef QUANT_STANDALONE
+    test_tiny_llama();
+#endif
+
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,746 @@
+// kvr-gen.c - writes random-weight GGUF models with the shapes of real architectures, for tests
+// and benchmarks: the same tensor names, shapes and metadata keys as llama.cpp's convert script,
+// so the files load in kvr and in llama.cpp alike.
+//
+// Weights are uniform with the spread of a N(0, 1/fan_in) initialisation, so the residual stream
+// and the logits stay of order one through any number of layers; norm weights are 1 plus a little
+// noise. Every row of every tensor has its own random stream, seeded from --seed, the tensor's
+// name and the row, so a file is the same for any --threads, and a tensor keeps its values when
+// the other dimensions (layers, vocabulary) change.
+//
+// The file is written in two passes so that models larger than memory can be generated: the
+// writer lays out the header and reserves every tensor (NULL data), then each tensor is generated
+// a slab of rows at a time and written in place. The tokenizer is either copied from a GGUF
+// (--vocab: every tokenizer.* key) or a small byte-fallback SPM vocabulary made up here.
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <stb/stb_ds.h>
+
+static const char * usage_line =
+    "usage: kvr-gen --preset NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|...] [--seed S]\n"
+    "               [--vocab GGUF] [--arch llama|falcon] [--layers N] [--ctx N] [--heads N]\n"
+    "               [--kv-heads N] [--embd N] [--ff N] [--vocab-size N] [--threads N] [--quiet]\n";
+
+static void usage_full(FILE * f) {
+    fputs(usage_line, f);
+    fputs("\n"
+          "Writes a GGUF model with random weights and a real architecture's shape.\n"
+          "\n"
+          "  --preset NAME     llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\n"
+          "                    falcon: falcon-7b, tiny (MQA; both need --vocab)\n"
+          "  -o, --output FILE the GGUF file to write\n"
+          "  --type T          type of the weight matrices (default f32); norms are always f32\n"
+          "  --seed S          random seed (default 42); the same seed gives the same file\n"
+          "  --vocab GGUF      copy the tokenizer (every tokenizer.* key) from this GGUF and take\n"
+          "                    the vocabulary size from it; without it a byte-fallback SPM\n"
+          "                    vocabulary is made up\n"
+          "  --arch A          llama (default) or falcon\n"
+          "  --layers --ctx --heads --kv-heads --embd --ff --vocab-size N\n"
+          "                    override the preset's shape\n"
+          "  --threads N       generator threads (default: the cores, at most 8)\n"
+          "  --quiet           no progress on stderr\n", f);
+}
+
+static void usage_error(const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2), noreturn))
+#endif
+    ;
+
+static void usage_error(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvr-gen: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n%s", usage_line);
+    va_end(ap);
+    exit(2);
+}
+
+//
+// presets
+//
+
+struct gen_shape {
+    const char * name;
+    const char * arch;       // "llama" or "falcon"
+    uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    float    rope_base, norm_eps;
+};
+
+static const struct gen_shape presets[] = {
+    // name              arch     embd  layers heads kv  ff     vocab  ctx   rope    eps
+    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f },
+    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f },
+    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f },
+    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f },
+    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f },
+    // falcon: the vocabulary comes from --vocab (a BPE one: ggml-vocab-falcon.gguf)
+    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f },
+    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f },
+};
+
+//
+// random numbers: splitmix64, one stream per row
+//
+
+static uint64_t splitmix64(uint64_t * state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t hash_name(const char * s) {
+    uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
+    for (; *s; s++) {
+        h = (h ^ (uint8_t) *s) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+// What the values of a tensor are: center + uniform(-spread, spread).
+struct gen_dist {
+    float center;
+    float spread;
+};
+
+static void gen_row(float * out, int64_t n, uint64_t seed, uint64_t tensor_hash, int64_t row,
+                    struct gen_dist d) {
+    uint64_t s = seed ^ tensor_hash;
+    s = splitmix64(&s) ^ (uint64_t) row;
+    s = splitmix64(&s);
+    const float scale = d.spread * (2.0f / 16777216.0f);
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        const uint64_t x = splitmix64(&s);
+        out[i]     = d.center + ((float) (x >> 40)              * scale - d.spread);
+        out[i + 1] = d.center + ((float) ((x >> 16) & 0xffffff) * scale - d.spread);
+    }
+    if (i < n) {
+        out[i] = d.center + ((float) (splitmix64(&s) >> 40) * scale - d.spread);
+    }
+}
+
+//
+// tensors to generate
+//
+
+struct gen_tensor {
+    char            name[KVR_MAX_NAME];
+    enum kvr_type   type;
+    int             n_dims;
+    int64_t         ne[2];
+    struct gen_dist dist;
+    uint64_t        file_offset; // where its data goes, from the reopened file
+};
+
+static void add_tensor(struct gen_tensor ** ts, const char * name, enum kvr_type type, int n_dims,
+                       int64_t ne0, int64_t ne1, struct gen_dist dist) {
+    struct gen_tensor t = { .type = type, .n_dims = n_dims, .ne = { ne0, ne1 }, .dist = dist };
+    snprintf(t.name, sizeof(t.name), "%s", name);
+    arrput(*ts, t);
+}
+
+static struct gen_dist matrix_dist(int64_t fan_in) {
+    // uniform(-a, a) has variance a^2/3: a = sqrt(3/fan_in) gives variance 1/fan_in
+    return (struct gen_dist) { 0.0f, sqrtf(3.0f / (float) fan_in) };
+}
+
+static const struct gen_dist norm_dist = { 1.0f, 0.05f };
+static const struct gen_dist bias_dist = { 0.0f, 0.02f };
+
+static struct gen_tensor * llama_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+    struct gen_tensor * ts = NULL;
+    const int64_t embd   = s->n_embd;
+    const int64_t embd_k = (int64_t) s->n_embd / s->n_head * s->n_head_kv;
+    char name[KVR_MAX_NAME];
+
+    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, (struct gen_dist) { 0.0f, 1.0f });
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
+        add_tensor(&ts, BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("attn_q.weight"),      wtype, 2, embd, embd,   matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_k.weight"),      wtype, 2, embd, embd_k, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_v.weight"),      wtype, 2, embd, embd_k, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, embd, embd,   matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_norm.weight"),    KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("ffn_gate.weight"),    wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+#undef BLK
+    }
+    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
+    add_tensor(&ts, "output.weight",      wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+    return ts;
+}
+
+// Falcon (7B layout): parallel attention and MLP after one layer norm, fused QKV, GELU MLP, the
+// output tied to the token embedding (no output.weight, as the convert script writes falcon-7b).
+static struct gen_tensor * falcon_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+    struct gen_tensor * ts = NULL;
+    const int64_t embd   = s->n_embd;
+    const int64_t embd_k = (int64_t) s->n_embd / s->n_head * s->n_head_kv;
+    char name[KVR_MAX_NAME];
+
+    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
+        add_tensor(&ts, BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("attn_norm.bias"),     KVR_TYPE_F32, 1, embd, 1, bias_dist);
+        add_tensor(&ts, BLK("attn_qkv.weight"),    wtype, 2, embd, embd + 2*embd_k, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, embd, embd,    matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+#undef BLK
+    }
+    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
+    add_tensor(&ts, "output_norm.bias",   KVR_TYPE_F32, 1, embd, 1, bias_dist);
+    return ts;
+}
+
+// llama.cpp's llama_ftype of a file whose matrices are all of one type.
+static uint32_t file_type_of(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_F32:  return 0;
+        case KVR_TYPE_F16:  return 1;
+        case KVR_TYPE_Q4_0: return 2;
+        case KVR_TYPE_Q4_1: return 3;
+        case KVR_TYPE_Q8_0: return 7;
+        case KVR_TYPE_Q5_0: return 8;
+        case KVR_TYPE_Q5_1: return 9;
+        case KVR_TYPE_Q2_K: return 10;
+        case KVR_TYPE_Q3_K: return 11; // Q3_K_S
+        case KVR_TYPE_Q4_K: return 14; // Q4_K_S
+        case KVR_TYPE_Q5_K: return 16; // Q5_K_S
+        case KVR_TYPE_Q6_K: return 18;
+        case KVR_TYPE_BF16: return 32;
+        default:            return 0;
+    }
+}
+
+//
+// the made-up SPM vocabulary
+//
+
+struct gen_vocab {
+    char ** pieces;  // stb_ds array of malloc'ed strings
+    float * scores;
+    int32_t * types;
+    struct { char * key; int value; } * seen; // stb_ds string hash
+};
+
+static bool vocab_add(struct gen_vocab * v, const char * piece, float score, int32_t type) {
+    if (shgeti(v->seen, piece) >= 0) {
+        return false;
+    }
+    shput(v->seen, piece, 1);
+    const size_t n = strlen(piece) + 1;
+    char * p = malloc(n);
+    if (!p) {
+        fprintf(stderr, "kvr-gen: out of memory\n");
+        exit(1);
+    }
+    memcpy(p, piece, n);
+    arrput(v->pieces, p);
+    arrput(v->scores, score);
+    arrput(v->types, type);
+    return true;
+}
+
+#define SPM_SPACE "\xe2\x96\x81" // U+2581, the piece of a space
+
+// A piece and every prefix of it, shortest first, so that SPM's pairwise merges can reach it.
+static void vocab_add_word(struct gen_vocab * v, const char * word, int n_vocab) {
+    char buf[64];
+    const size_t len = strlen(word);
+    const size_t start = strncmp(word, SPM_SPACE, 3) == 0 ? 3 : 0;
+    for (size_t k = start + 1; k <= len && k < sizeof(buf) && arrlen(v->pieces) < n_vocab; k++) {
+        memcpy(buf, word, k);
+        buf[k] = '\0';
+        vocab_add(v, buf, -(float) arrlen(v->pieces), KVR_TOKEN_NORMAL);
+    }
+}
+
+static const char * common_words =
+    "the of and to a in is it you that he was for on are with as I his they be at one have this "
+    "from or had by not word but what some we can out other were all there when up use your how "
+    "said an each she which do their time if will way about many then them write would like so "
+    "these her long make thing see him two has look more day could go come did number sound no "
+    "most people my over know water than call first who may down side been now find any new work "
+    "part take get place made live where after back little only round man year came show every "
+    "good me give our under name very through just form sentence great think say help low line "
+    "differ turn cause much mean before move right boy old too same tell does set three want air "
+    "well also play small end put home read hand port large spell add even land here must big "
+    "high such follow act why ask men change went light kind off need house picture try us again "
+    "animal point mother world near build self earth father once upon story happy girl dog cat";
+
+static const char * common_pieces[] = {
+    "ing", "ed", "er", "es", "ly", "tion", "en", "al", "an", "in", "on", "re", "st", "nd", "th",
+    "ou", "or", "at", "it", "is", "ar", "le", "se", "ve", "ch", "ll", "ss", "ent", "ter", "est",
+    "'s", "n't", ",", ".", "!", "?", "'", "\"", ":", ";", "-", "(", ")",
+};
+
+static struct gen_vocab make_vocab(int n_vocab) {
+    struct gen_vocab v = { 0 };
+    sh_new_strdup(v.seen);
+    char buf[32];
+
+    vocab_add(&v, "<unk>", 0.0f, KVR_TOKEN_UNKNOWN);
+    vocab_add(&v, "<s>",   0.0f, KVR_TOKEN_CONTROL);
+    vocab_add(&v, "</s>",  0.0f, KVR_TOKEN_CONTROL);
+    for (int b = 0; b < 256; b++) {
+        snprintf(buf, sizeof(buf), "<0x%02X>", b);
+        vocab_add(&v, buf, 0.0f, KVR_TOKEN_BYTE);
+    }
+    // the space piece and every printable ASCII character, then a space before each letter
+    vocab_add_word(&v, SPM_SPACE, n_vocab);
+    for (int c = '!'; c <= '~'; c++) {
+        buf[0] = (char) c;
+        buf[1] = '\0';
+        vocab_add_word(&v, buf, n_vocab);
+    }
+    for (int c = 'a'; c <= 'z'; c++) {
+        snprintf(buf, sizeof(buf), SPM_SPACE "%c", c);
+        vocab_add_word(&v, buf, n_vocab);
+    }
+    for (size_t i = 0; i < sizeof(common_pieces) / sizeof(common_pieces[0]); i++) {
+        vocab_add_word(&v, common_pieces[i], n_vocab);
+    }
+    // common words, with a leading space (and their prefixes)
+    for (const char * p = common_words; *p && arrlen(v.pieces) < n_vocab; ) {
+        const size_t len = strcspn(p, " ");
+        if (len > 0 && len < 20) {
+            snprintf(buf, sizeof(buf), SPM_SPACE "%.*s", (int) len, p);
+            vocab_add_word(&v, buf, n_vocab);
+        }
+        p += len + (p[len] == ' ');
+    }
+    // then letter pairs and triples (inside words and after a space), then numbered fillers
+    for (int a = 'a'; a <= 'z' && arrlen(v.pieces) < n_vocab; a++) {
+        for (int b = 'a'; b <= 'z' && arrlen(v.pieces) < n_vocab; b++) {
+            snprintf(buf, sizeof(buf), "%c%c", a, b);
+            vocab_add_word(&v, buf, n_vocab);
+            snprintf(buf, sizeof(buf), SPM_SPACE "%c%c", a, b);
+            vocab_add_word(&v, buf, n_vocab);
+        }
+    }
+    for (int a = 'a'; a <= 'z' && arrlen(v.pieces) < n_vocab; a++) {
+        for (int b = 'a'; b <= 'z' && arrlen(v.pieces) < n_vocab; b++) {
+            for (int c = 'a'; c <= 'z' && arrlen(v.pieces) < n_vocab; c++) {
+                snprintf(buf, sizeof(buf), "%c%c%c", a, b, c);
+                vocab_add_word(&v, buf, n_vocab);
+                snprintf(buf, sizeof(buf), SPM_SPACE "%c%c%c", a, b, c);
+                vocab_add_word(&v, buf, n_vocab);
+            }
+        }
+    }
+    for (int i = 0; arrlen(v.pieces) < n_vocab; i++) {
+        snprintf(buf, sizeof(buf), "<filler%d>", i);
+        vocab_add(&v, buf, -(float) arrlen(v.pieces), KVR_TOKEN_NORMAL);
+    }
+    return v;
+}
+
+static void free_vocab(struct gen_vocab * v) {
+    for (ptrdiff_t i = 0; i < arrlen(v->pieces); i++) {
+        free(v->pieces[i]);
+    }
+    arrfree(v->pieces);
+    arrfree(v->scores);
+    arrfree(v->types);
+    shfree(v->seen);
+}
+
+//
+// generation: a slab of rows at a time, rows split over threads
+//
+
+struct gen_job {
+    const struct gen_tensor * t;
+    uint64_t  seed;
+    uint64_t  tensor_hash;
+    int64_t   row0, row1;    // this thread's rows
+    int64_t   slab_row0;     // the first row of the slab (out is the slab's buffer)
+    float   * scratch;       // ne0 floats
+    uint8_t * out;
+    size_t    row_size;
+    bool      ok;
+    bool      started;       // on a thread of its own
+};
+
+static void * gen_rows(void * arg) {
+    struct gen_job * j = arg;
+    const int64_t ne0 = j->t->ne[0];
+    for (int64_t r = j->row0; r < j->row1; r++) {
+        gen_row(j->scratch, ne0, j->seed, j->tensor_hash, r, j->t->dist);
+        uint8_t * dst = j->out + (size_t) (r - j->slab_row0) * j->row_size;
+        if (kvr_from_float(j->t->type, j->scratch, dst, ne0) != j->row_size) {
+            j->ok = false;
+            return NULL;
+        }
+    }
+    j->ok = true;
+    return NULL;
+}
+
+static bool parse_u32(const char * s, uint32_t * out) {
+    char * end;
+    errno = 0;
+    const unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-') {
+        return false;
+    }
+    *out = (uint32_t) v;
+    return true;
+}
+
+static bool parse_type(const char * s, enum kvr_type * out) {
+    for (int t = 0; t < KVR_TYPE_COUNT; t++) {
+        const char * name = kvr_type_name((enum kvr_type) t);
+        if (kvr_blck_size((enum kvr_type) t) == 0 || strlen(name) != strlen(s)) {
+            continue;
+        }
+        bool eq = true;
+        for (size_t i = 0; s[i]; i++) {
+            eq = eq && tolower((unsigned char) s[i]) == tolower((unsigned char) name[i]);
+        }
+        if (eq) {
+            *out = (enum kvr_type) t;
+            return true;
+        }
+    }
+    return false;
+}
+
+int main(int argc, char ** argv) {
+    const char * preset = NULL, * out_path = NULL, * vocab_path = NULL, * arch = "llama";
+    const char * type_name = "f32";
+    uint64_t seed = 42;
+    uint32_t o_layers = 0, o_ctx = 0, o_heads = 0, o_kv_heads = 0, o_embd = 0, o_ff = 0, o_vocab = 0;
+    uint32_t n_threads = 0;
+    bool quiet = false;
+
+    for (int i = 1; i < argc; i++) {
+        const char * a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage_full(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
+            quiet = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            usage_error("%s needs a value (or is unknown)", a);
+        }
+        const char * v = argv[++i];
+        uint32_t * num = NULL;
+        if      (strcmp(a, "--preset") == 0)                         preset = v;
+        else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) out_path = v;
+        else if (strcmp(a, "--vocab") == 0)                          vocab_path = v;
+        else if (strcmp(a, "--arch") == 0)                           arch = v;
+        else if (strcmp(a, "--type") == 0)                           type_name = v;
+        else if (strcmp(a, "--seed") == 0) {
+            char * end;
+            errno = 0;
+            seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') {
+                usage_error("bad --seed '%s'", v);
+            }
+        }
+        else if (strcmp(a, "--layers") == 0)     num = &o_layers;
+        else if (strcmp(a, "--ctx") == 0)        num = &o_ctx;
+        else if (strcmp(a, "--heads") == 0)      num = &o_heads;
+        else if (strcmp(a, "--kv-heads") == 0)   num = &o_kv_heads;
+        else if (strcmp(a, "--embd") == 0)       num = &o_embd;
+        else if (strcmp(a, "--ff") == 0)         num = &o_ff;
+        else if (strcmp(a, "--vocab-size") == 0) num = &o_vocab;
+        else if (strcmp(a, "--threads") == 0)    num = &n_threads;
+        else {
+            usage_error("unknown option '%s'", a);
+        }
+        if (num && (!parse_u32(v, num) || *num == 0)) {
+            usage_error("%s wants a positive integer, not '%s'", a, v);
+        }
+    }
+    if (!preset) {
+        usage_error("--preset is required");
+    }
+    if (!out_path) {
+        usage_error("-o FILE is required");
+    }
+    enum kvr_type wtype;
+    if (!parse_type(type_name, &wtype)) {
+        usage_error("unknown --type '%s'", type_name);
+    }
+    if (strcmp(arch, "llama") != 0 && strcmp(arch, "falcon") != 0) {
+        usage_error("unknown --arch '%s' (llama or falcon)", arch);
+    }
+    const bool falcon = strcmp(arch, "falcon") == 0;
+
+    struct gen_shape s = { 0 };
+    bool found = false;
+    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+        if (strcmp(presets[i].arch, arch) == 0 && strcmp(presets[i].name, preset) == 0) {
+            s = presets[i];
+            found = true;
+        }
+    }
+    if (!found) {
+        usage_error("unknown %s preset '%s' (%s)", arch, preset,
+                    falcon ? "falcon-7b, tiny" : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
+    }
+    if (falcon && !vocab_path) {
+        usage_error("falcon models need --vocab (a BPE vocabulary such as ggml-vocab-falcon.gguf)");
+    }
+    if (o_layers)   s.n_layer   = o_layers;
+    if (o_ctx)      s.n_ctx     = o_ctx;
+    if (o_heads)    s.n_head    = o_heads;
+    if (o_kv_heads) s.n_head_kv = o_kv_heads;
+    if (o_embd)     s.n_embd    = o_embd;
+    if (o_ff)       s.n_ff      = o_ff;
+    if (o_vocab)    s.n_vocab   = o_vocab;
+
+    // the tokenizer first: it decides the vocabulary size
+    struct kvr_gguf * vocab_src = NULL;
+    if (vocab_path) {
+        if (o_vocab) {
+            usage_error("--vocab-size and --vocab exclude each other");
+        }
+        vocab_src = kvr_gguf_open(vocab_path);
+        if (!vocab_src) {
+            fprintf(stderr, "kvr-gen: %s\n", kvr_last_error());
+            return 1;
+        }
+        const struct kvr_gguf_kv * toks = kvr_gguf_get_kv(vocab_src, "tokenizer.ggml.tokens");
+        if (!toks || toks->type != KVR_GGUF_ARRAY || toks->arr_type != KVR_GGUF_STRING || toks->n == 0 ||
+            toks->n > INT32_MAX) {
+            fprintf(stderr, "kvr-gen: %s has no tokenizer.ggml.tokens array of strings\n", vocab_path);
+            return 1;
+        }
+        s.n_vocab = (uint32_t) toks->n;
+    } else if (s.n_vocab < 300) {
+        usage_error("the made-up vocabulary needs at least 300 tokens, not %u", s.n_vocab);
+    }
+
+    // shape checks: what llama.cpp and kvr need of it
+    const int64_t blck = kvr_blck_size(wtype);
+    if (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0) {
+        usage_error("n_embd %u is not an even head size times %u heads", s.n_embd, s.n_head);
+    }
+    if (s.n_head_kv > s.n_head || s.n_head % s.n_head_kv != 0) {
+        usage_error("%u heads cannot share %u kv heads", s.n_head, s.n_head_kv);
+    }
+    if (s.n_embd % blck != 0 || s.n_ff % blck != 0) {
+        usage_error("type %s needs n_embd (%u) and n_ff (%u) to be multiples of %lld",
+                    kvr_type_name(wtype), s.n_embd, s.n_ff, (long long) blck);
+    }
+    {
+        float   zeros[256] = { 0 };
+        uint8_t probe[512];
+        if (blck > 256 || kvr_type_size(wtype) > sizeof(probe) ||
+            kvr_from_float(wtype, zeros, probe, blck) == 0) {
+            fprintf(stderr, "kvr-gen: type %s cannot be written yet\n", kvr_type_name(wtype));
+            return 1;
+        }
+    }
+    if (n_threads == 0) {
+        const long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = nc < 1 ? 1 : nc > 8 ? 8 : (uint32_t) nc;
+    }
+
+    // metadata, in the order llama.cpp's convert script writes it
+    struct kvr_gguf_writer * w = kvr_gguf_writer_new();
+    if (!w) {
+        fprintf(stderr, "kvr-gen: %s\n", kvr_last_error());
+        return 1;
+    }
+    char general_name[128];
+    snprintf(general_name, sizeof(general_name), "kvr-gen %s seed %llu", preset, (unsigned long long) seed);
+    char key[96];
+#define ARCH_KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
+    kvr_gguf_set_str(w, "general.architecture", arch);
+    kvr_gguf_set_str(w, "general.name", general_name);
+    kvr_gguf_set_u32(w, ARCH_KEY("block_count"), s.n_layer);
+    kvr_gguf_set_u32(w, ARCH_KEY("context_length"), s.n_ctx);
+    kvr_gguf_set_u32(w, ARCH_KEY("embedding_length"), s.n_embd);
+    kvr_gguf_set_u32(w, ARCH_KEY("feed_forward_length"), s.n_ff);
+    kvr_gguf_set_u32(w, ARCH_KEY("attention.head_count"), s.n_head);
+    kvr_gguf_set_u32(w, ARCH_KEY("attention.head_count_kv"), s.n_head_kv);
+    kvr_gguf_set_f32(w, ARCH_KEY("rope.freq_base"), s.rope_base);
+    if (falcon) {
+        kvr_gguf_set_f32(w, ARCH_KEY("attention.layer_norm_epsilon"), s.norm_eps);
+    } else {
+        kvr_gguf_set_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), s.norm_eps);
+    }
+    kvr_gguf_set_u32(w, "general.file_type", file_type_of(wtype));
+    kvr_gguf_set_u32(w, ARCH_KEY("vocab_size"), s.n_vocab);
+    kvr_gguf_set_u32(w, ARCH_KEY("rope.dimension_count"), s.n_embd / s.n_head);
+#undef ARCH_KEY
+
+    struct gen_vocab gv = { 0 };
+    if (vocab_src) {
+        kvr_gguf_copy_kv(w, vocab_src, "tokenizer.");
+    } else {
+        gv = make_vocab((int) s.n_vocab);
+        uint64_t n = (uint64_t) arrlen(gv.pieces);
+        kvr_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+        kvr_gguf_set_arr_str(w, "tokenizer.ggml.tokens", (const char * const *) gv.pieces, NULL, n);
+        kvr_gguf_set_arr(w, "tokenizer.ggml.scores", KVR_GGUF_FLOAT32, gv.scores, n);
+        kvr_gguf_set_arr(w, "tokenizer.ggml.token_type", KVR_GGUF_INT32, gv.types, n);
+        kvr_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+        kvr_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+        kvr_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+        kvr_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+        kvr_gguf_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+    }
+    kvr_gguf_set_u32(w, "general.quantization_version", 2);
+
+    // pass 1: the header, every tensor reserved
+    struct gen_tensor * ts = falcon ? falcon_tensors(&s, wtype) : llama_tensors(&s, wtype);
+    const int n_tensors = (int) arrlen(ts);
+    for (int i = 0; i < n_tensors; i++) {
+        kvr_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
+    }
+    const double t_start = kvr_time_ms();
+    int rc = kvr_gguf_writer_save(w, out_path);
+    kvr_gguf_writer_free(w);
+    free_vocab(&gv);
+    if (vocab_src) {
+        kvr_gguf_close(vocab_src);
+    }
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvr-gen: %s\n", kvr_last_error());
+        arrfree(ts);
+        return 1;
+    }
+
+    // where the writer put each tensor, as a reader sees it
+    struct kvr_gguf * g = kvr_gguf_open(out_path);
+    if (!g) {
+        fprintf(stderr, "kvr-gen: reopening %s: %s\n", out_path, kvr_last_error());
+        arrfree(ts);
+        return 1;
+    }
+    size_t max_row = 0, total = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        const struct kvr_gguf_tensor * gt = kvr_gguf_get_tensor(g, ts[i].name);
+        KVR_ASSERT(gt != NULL && gt->type == ts[i].type);
+        ts[i].file_offset = (uint64_t) g->data_offset + gt->offset;
+        const size_t row = kvr_row_size(ts[i].type, ts[i].ne[0]);
+        max_row = row > max_row ? row : max_row;
+        total += row * (size_t) ts[i].ne[1];
+    }
+    kvr_gguf_close(g);
+
+    // pass 2: generate and write each tensor in place, a slab of rows at a time
+    FILE * f = fopen(out_path, "r+b");
+    if (!f) {
+        fprintf(stderr, "kvr-gen: cannot open %s for writing: %s\n", out_path, strerror(errno));
+        arrfree(ts);
+        return 1;
+    }
+    const size_t slab_bytes = (size_t) 32 << 20;
+    uint8_t * slab = malloc(slab_bytes > max_row ? slab_bytes : max_row);
+    int64_t max_ne0 = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        max_ne0 = ts[i].ne[0] > max_ne0 ? ts[i].ne[0] : max_ne0;
+    }
+    float * scratch = malloc((size_t) max_ne0 * n_threads * sizeof(float));
+    pthread_t * threads = malloc(n_threads * sizeof(pthread_t));
+    struct gen_job * jobs = malloc(n_threads * sizeof(struct gen_job));
+    if (!slab || !scratch || !threads || !jobs) {
+        fprintf(stderr, "kvr-gen: out of memory\n");
+        return 1;
+    }
+    const bool tty = isatty(fileno(stderr));
+    bool ok = true;
+    size_t done = 0;
+    double last_report = kvr_time_ms();
+    for (int i = 0; i < n_tensors && ok; i++) {
+        const struct gen_tensor * t = &ts[i];
+        // on a terminal every tensor, one line rewritten; in a log a line a second at most
+        const double now = kvr_time_ms();
+        if (!quiet && (tty || now - last_report >= 1000.0)) {
+            fprintf(stderr, "%stensor %d/%d %-28s %5.1f%%%s", tty ? "\r" : "", i + 1, n_tensors, t->name,
+                    total ? 100.0 * (double) done / (double) total : 100.0, tty ? "\033[K" : "\n");
+            fflush(stderr);
+            last_report = now;
+        }
+        const size_t  row_size = kvr_row_size(t->type, t->ne[0]);
+        const int64_t rows     = t->ne[1];
+        const int64_t slab_rows = (int64_t) (slab_bytes / row_size) > 0 ? (int64_t) (slab_bytes / row_size) : 1;
+        const uint64_t th = hash_name(t->name);
+        if (fseeko(f, (off_t) t->file_offset, SEEK_SET) != 0) {
+            ok = false;
+            break;
+        }
+        for (int64_t r0 = 0; r0 < rows && ok; r0 += slab_rows) {
+            const int64_t r1 = r0 + slab_rows < rows ? r0 + slab_rows : rows;
+            const int64_t nt = (int64_t) n_threads < r1 - r0 ? (int64_t) n_threads : r1 - r0;
+            for (int64_t k = 0; k < nt; k++) {
+                jobs[k] = (struct gen_job) {
+                    .t = t, .seed = seed, .tensor_hash = th,
+                    .row0 = r0 + (r1 - r0) * k / nt, .row1 = r0 + (r1 - r0) * (k + 1) / nt,
+                    .slab_row0 = r0, .scratch = scratch + (size_t) k * (size_t) max_ne0,
+                    .out = slab, .row_size = row_size, .ok = false, .started = false,
+                };
+            }
+            for (int64_t k = 1; k < nt; k++) {
+                jobs[k].started = pthread_create(&threads[k], NULL, gen_rows, &jobs[k]) == 0;
+                if (!jobs[k].started) {
+                    gen_rows(&jobs[k]); // no thread to be had: do its share here
+                }
+            }
+            gen_rows(&jobs[0]);
+            for (int64_t k = 1; k < nt; k++) {
+                if (jobs[k].started) {
+                    pthread_join(threads[k], NULL);
+                }
+            }
+            for (int64_t k = 0; k < nt; k++) {
+                if (!jobs[k].ok) {
+                    fprintf(stderr, "\nkvr-gen: type %s cannot be written yet\n", kvr_type_name(t->type));
+                    ok = false;
+                }
+            }
+            const size_t n = (size_t) (r1 - r0) * row_size;
+            if (ok && fwrite(slab, 1, n, f) != n) {
+                ok = false;
+            }
+            done += n;
+        }
+    }
+    if (fclose(f) != 0) {
+        ok = false;
+    }
+    if (!ok) {
+        fprintf(stderr, "\nkvr-gen: writing %s failed: %s\n", out_path, errno ? strerror(errno) : "?");
+        remove(out_path);
+    } else if (!quiet) {
+        const double secs = (kvr_time_ms() - t_start) / 1000.0;
+        fprintf(stderr, "%swrote %s: %s, %d tensors, %.1f MB of weights in %.1f s\n", tty ? "\r\033[K" : "",
+                out_path, kvr_type_name(wtype), n_tensors, (double) total / 1e6, secs);
+    }
+    free(slab);
+    free(scratch);
+    free(threads);
+    free(jobs);
+    arrfree(ts);
+    return ok ? 0 : 1;
+}
