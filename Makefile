@@ -20,8 +20,13 @@ EXTRA_SRCS ?=
 
 BUILD     := build
 ASAN      := build/asan
-LIB_SRCS  := kvr.c
-LIB_DEPS  := kvr.h kvr.c $(wildcard models/*.c) $(EXTRA_SRCS)
+LIB_SRCS  := kvr.c kvr-comm.c
+LIB_DEPS  := kvr.h kvr.c kvr-comm.c $(wildcard models/*.c) $(EXTRA_SRCS)
+# make KVR_MPI=1: ranks as MPI processes (Debian's OpenMPI)
+ifeq ($(KVR_MPI),1)
+CC        := mpicc
+CFLAGS    += -DKVR_MPI
+endif
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
@@ -40,7 +45,10 @@ $(BUILD) $(ASAN):
 $(BUILD)/kvr.o: $(LIB_DEPS) | $(BUILD)
 	$(CC) $(CFLAGS) -c kvr.c -o $@
 
-$(BUILD)/libkvr.a: $(BUILD)/kvr.o
+$(BUILD)/kvr-comm.o: $(LIB_DEPS) | $(BUILD)
+	$(CC) $(CFLAGS) -c kvr-comm.c -o $@
+
+$(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o
 	ar rcs $@ $^
 
 tools: $(TOOLS)

@@ -128,7 +128,8 @@ uint16_t kvr_fp32_to_fp16(float f) {
         a += 0.5f;
         uint32_t ab;
         memcpy(&ab, &a, 4);
-        return (uint16_t)(sign | ((ab - 0x3f000000u) & 0x3ff));
+        // no mask: a value that rounds up to 2^-14 becomes the smallest normal (0x400)
+        return (uint16_t)(sign | (ab - 0x3f000000u));
     }
     const uint32_t mant_odd = (absx >> 13) & 1;
     uint32_t v = absx + 0xc8000fffu + mant_odd; // rebias exponent (-112 << 23) and round to nearest even
@@ -485,6 +486,11 @@ const char * kvr_op_name(enum kvr_op op) {
     return (unsigned)op < KVR_OP_COUNT ? op_names[op] : "?";
 }
 
+// the tensor that owns t's memory (views point at it)
+static struct kvr_tensor * mem_owner(struct kvr_tensor * t) {
+    return t->view_src ? t->view_src : t;
+}
+
 static void set_param_f32(struct kvr_tensor * t, int i, float v) { memcpy(&t->op_params[i], &v, 4); }
 static float get_param_f32(const struct kvr_tensor * t, int i) { float v; memcpy(&v, &t->op_params[i], 4); return v; }
 
@@ -653,6 +659,65 @@ struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * a
     return kvr_view_2d(ctx, attn, attn->ne[0] - n_head, attn->ne[1], attn->nb[1], 0);
 }
 
+static const char * const tag_kind_names[KVR_TAG_KIND_COUNT] = {
+    "K", "V", "key positions", "Q", "query positions", "partial attention", "logits",
+};
+
+const char * kvr_tag_kind_name(int kind) {
+    return kind >= 0 && kind < KVR_TAG_KIND_COUNT ? tag_kind_names[kind] : "?";
+}
+
+// Memory a transfer reads must outlive the graph (sends complete at its end): never reuse it.
+static void keep_alive(struct kvr_tensor * t) {
+    mem_owner(t)->flags |= KVR_FLAG_OUTPUT;
+}
+
+struct kvr_tensor * kvr_send(struct kvr_context * ctx, struct kvr_tensor * src, int peer, int tag) {
+    KVR_ASSERT(kvr_is_contiguous(src));
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_SEND, KVR_TYPE_I32, 1, 1, 1, 1);
+    t->src[0] = src;
+    t->op_params[0] = peer;
+    t->op_params[1] = tag;
+    keep_alive(src);
+    return t;
+}
+
+struct kvr_tensor * kvr_recv(struct kvr_context * ctx, struct kvr_tensor * dst, int peer, int tag) {
+    const int64_t ne[4] = { dst->ne[0], dst->ne[1], dst->ne[2], dst->ne[3] };
+    struct kvr_tensor * t = new_tensor_impl(ctx, dst->type, 4, ne, dst, 0);
+    memcpy(t->nb, dst->nb, sizeof(t->nb));
+    t->op     = KVR_OP_RECV;
+    t->src[0] = dst;
+    t->op_params[0] = peer;
+    t->op_params[1] = tag;
+    return t;
+}
+
+struct kvr_tensor * kvr_all_gather(struct kvr_context * ctx, struct kvr_tensor * src, struct kvr_tensor * dst,
+                                   int n_ranks, int64_t total, int tag) {
+    KVR_ASSERT(src->ne[0] == dst->ne[0] && dst->ne[1] == total && src->type == dst->type);
+    struct kvr_tensor * t = kvr_recv(ctx, dst, -1, tag);
+    t->op     = KVR_OP_ALL_GATHER;
+    t->src[0] = src;
+    t->src[1] = dst;
+    t->op_params[2] = n_ranks;
+    memcpy(&t->op_params[3], &total, sizeof(total));
+    keep_alive(src);
+    return t;
+}
+
+struct kvr_tensor * kvr_all_to_all(struct kvr_context * ctx, struct kvr_tensor * src, int n_ranks, int64_t total, int tag) {
+    KVR_ASSERT(src->ne[2] == n_ranks && kvr_is_contiguous(src));
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_ALL_TO_ALL, src->type, src->ne[0], src->ne[1], src->ne[2], 1);
+    t->src[0] = src;
+    t->flags |= KVR_FLAG_INPUT; // placed before the graph runs, never reused
+    t->op_params[1] = tag;
+    t->op_params[2] = n_ranks;
+    memcpy(&t->op_params[3], &total, sizeof(total));
+    keep_alive(src);
+    return t;
+}
+
 //
 // graphs
 //
@@ -674,21 +739,44 @@ void kvr_graph_reset(struct kvr_graph * g) {
     g->n_leafs = 0;
 }
 
-static bool graph_has(const struct kvr_graph * g, const struct kvr_tensor * t) {
-    // Graphs are a few thousand nodes; a linear scan per visit would be quadratic, so the
-    // visit mark lives in the tensor's flags during the build (bit 30).
-    (void)g;
-    return (t->flags & (1 << 30)) != 0;
+// The set of tensors a depth-first build has seen. Marks cannot live in the tensors: weights
+// are shared by every rank's graph, and ranks build their graphs at the same time. (stb_ds's
+// hash of a pointer shifts a signed int, which UBSan reports; open addressing is a few lines.)
+struct ptr_set {
+    const void ** keys;
+    size_t        cap, n;
+};
+
+static size_t ptr_hash(const void * p, size_t cap) {
+    return (size_t)(((uintptr_t)p >> 4) * 0x9e3779b97f4a7c15ull) & (cap - 1);
 }
 
-static void graph_visit(struct kvr_graph * g, struct kvr_tensor * t) {
-    if (graph_has(g, t)) {
+static bool ptr_set_insert(struct ptr_set * s, const void * p) { // false if p was there
+    if (2 * (s->n + 1) > s->cap) {
+        struct ptr_set bigger = { kvr_calloc(s->cap ? 2 * s->cap : 1024, sizeof(void *)), s->cap ? 2 * s->cap : 1024, 0 };
+        for (size_t i = 0; i < s->cap; i++) {
+            if (s->keys[i]) ptr_set_insert(&bigger, s->keys[i]);
+        }
+        free(s->keys);
+        *s = bigger;
+    }
+    size_t i = ptr_hash(p, s->cap);
+    while (s->keys[i]) {
+        if (s->keys[i] == p) return false;
+        i = (i + 1) & (s->cap - 1);
+    }
+    s->keys[i] = p;
+    s->n++;
+    return true;
+}
+
+static void graph_visit(struct kvr_graph * g, struct ptr_set * seen, struct kvr_tensor * t) {
+    if (!ptr_set_insert(seen, t)) {
         return;
     }
-    t->flags |= 1 << 30;
     for (int i = 0; i < KVR_MAX_SRC; i++) {
         if (t->src[i]) {
-            graph_visit(g, t->src[i]);
+            graph_visit(g, seen, t->src[i]);
         }
     }
     if (t->op == KVR_OP_NONE) {
@@ -700,17 +788,13 @@ static void graph_visit(struct kvr_graph * g, struct kvr_tensor * t) {
     }
 }
 
-static void graph_clear_marks(struct kvr_graph * g) {
-    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->flags &= ~(1 << 30);
-    for (int i = 0; i < g->n_leafs; i++) g->leafs[i]->flags &= ~(1 << 30);
-}
-
 void kvr_graph_expand(struct kvr_graph * g, struct kvr_tensor * t) {
-    // marks of earlier expansions are still set, so a second output shares their nodes
-    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->flags |= 1 << 30;
-    for (int i = 0; i < g->n_leafs; i++) g->leafs[i]->flags |= 1 << 30;
-    graph_visit(g, t);
-    graph_clear_marks(g);
+    // what earlier expansions added is seen already, so a second output shares their nodes
+    struct ptr_set seen = { 0 };
+    for (int i = 0; i < g->n_nodes; i++) ptr_set_insert(&seen, g->nodes[i]);
+    for (int i = 0; i < g->n_leafs; i++) ptr_set_insert(&seen, g->leafs[i]);
+    graph_visit(g, &seen, t);
+    free(seen.keys);
 }
 
 struct kvr_tensor * kvr_graph_get(const struct kvr_graph * g, const char * name) {
@@ -754,12 +838,23 @@ struct plan_block {
 };
 
 struct plan_state {
-    struct plan_entry * map;    // stb_ds hash map: tensor -> offset, pending readers
+    struct plan_entry * map;    // sorted by tensor address, looked up by bisection
+    int                 n_map;
     struct plan_block * free;   // stb_ds array, sorted by offset
     size_t              top;    // high-water mark
 };
 
 #define PLAN_ALIGN 64
+
+static int plan_cmp(const void * a, const void * b) {
+    const uintptr_t x = (uintptr_t)((const struct plan_entry *)a)->key, y = (uintptr_t)((const struct plan_entry *)b)->key;
+    return x < y ? -1 : x > y;
+}
+
+static struct plan_entry * plan_find(struct plan_state * ps, const struct kvr_tensor * t) {
+    struct plan_entry key = { (struct kvr_tensor *)t, 0, 0 };
+    return bsearch(&key, ps->map, (size_t)ps->n_map, sizeof(key), plan_cmp);
+}
 
 static size_t plan_alloc(struct plan_state * ps, size_t size) {
     size = (size + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
@@ -808,82 +903,102 @@ static void plan_release(struct plan_state * ps, size_t offs, size_t size) {
     }
 }
 
-static struct kvr_tensor * mem_owner(struct kvr_tensor * t) {
-    return t->view_src ? t->view_src : t;
-}
-
 static bool needs_alloc(const struct kvr_tensor * t) {
     return t->data == NULL && t->view_src == NULL;
 }
 
+// a planned buffer that is never released: inputs (and receive buffers) and outputs
+static bool plan_pinned(const struct kvr_tensor * t) {
+    return (t->flags & (KVR_FLAG_INPUT | KVR_FLAG_OUTPUT)) != 0;
+}
+
 size_t kvr_graph_plan(struct kvr_graph * g) {
     struct plan_state ps = { 0 };
-    // inputs without data are allocated first and never released
+    // a view read as an output keeps its owner's memory too
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (t->view_src && (t->flags & KVR_FLAG_OUTPUT)) t->view_src->flags |= KVR_FLAG_OUTPUT;
+    }
+    ps.map = kvr_malloc(sizeof(struct plan_entry) * (size_t)(g->n_nodes + g->n_leafs + 1));
+    for (int i = 0; i < g->n_leafs; i++) {
+        if (needs_alloc(g->leafs[i])) ps.map[ps.n_map++] = (struct plan_entry) { g->leafs[i], 0, 0 };
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (needs_alloc(g->nodes[i])) ps.map[ps.n_map++] = (struct plan_entry) { g->nodes[i], 0, 0 };
+    }
+    qsort(ps.map, (size_t)ps.n_map, sizeof(struct plan_entry), plan_cmp);
+    // inputs (leafs without data, receive buffers) are placed first and never released
     for (int i = 0; i < g->n_leafs; i++) {
         struct kvr_tensor * t = g->leafs[i];
-        if (needs_alloc(t)) {
-            struct plan_entry e = { t, plan_alloc(&ps, kvr_nbytes(t)), 0 };
-            hmputs(ps.map, e);
-        }
+        if (needs_alloc(t)) plan_find(&ps, t)->offs = plan_alloc(&ps, kvr_nbytes(t));
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (needs_alloc(t) && (t->flags & KVR_FLAG_INPUT)) plan_find(&ps, t)->offs = plan_alloc(&ps, kvr_nbytes(t));
     }
     // count the readers of every planned buffer
     for (int i = 0; i < g->n_nodes; i++) {
-        struct kvr_tensor * t = g->nodes[i];
-        if (needs_alloc(t) && hmgeti(ps.map, t) < 0) {
-            struct plan_entry e = { t, 0, 0 };
-            hmputs(ps.map, e);
-        }
-    }
-    for (int i = 0; i < g->n_nodes; i++) {
         for (int j = 0; j < KVR_MAX_SRC; j++) {
             struct kvr_tensor * s = g->nodes[i]->src[j];
-            ptrdiff_t k = s ? hmgeti(ps.map, mem_owner(s)) : -1;
-            if (k >= 0) ps.map[k].readers++;
+            struct plan_entry * e = s ? plan_find(&ps, mem_owner(s)) : NULL;
+            if (e) e->readers++;
         }
     }
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
-        if (needs_alloc(t)) {
-            ptrdiff_t k = hmgeti(ps.map, t);
-            ps.map[k].offs = plan_alloc(&ps, kvr_nbytes(t));
+        if (needs_alloc(t) && !(t->flags & KVR_FLAG_INPUT)) {
+            plan_find(&ps, t)->offs = plan_alloc(&ps, kvr_nbytes(t));
         }
         for (int j = 0; j < KVR_MAX_SRC; j++) {
             struct kvr_tensor * s = t->src[j];
             if (!s) continue;
             struct kvr_tensor * o = mem_owner(s);
-            ptrdiff_t k = hmgeti(ps.map, o);
-            if (k < 0 || o->op == KVR_OP_NONE || (o->flags & KVR_FLAG_OUTPUT)) continue;
+            struct plan_entry * e = plan_find(&ps, o);
+            if (!e || o->op == KVR_OP_NONE || plan_pinned(o)) continue;
             // a tensor read twice by the same node is counted twice above; release once at zero
-            if (--ps.map[k].readers == 0) {
-                plan_release(&ps, ps.map[k].offs, kvr_nbytes(o));
+            if (--e->readers == 0) {
+                plan_release(&ps, e->offs, kvr_nbytes(o));
             }
         }
     }
     arrfree(ps.free);
-    if (g->plan) {
-        hmfree(*(struct plan_entry **)g->plan);
-        free(g->plan);
-    }
-    g->plan = kvr_malloc(sizeof(struct plan_entry *));
-    *(struct plan_entry **)g->plan = ps.map;
+    if (g->plan) free(g->plan);
+    // keep the placements for kvr_graph_place: a count, then the entries
+    struct plan_entry * keep = kvr_malloc(sizeof(struct plan_entry) * (size_t)(ps.n_map + 1));
+    keep[0].offs = (size_t)ps.n_map;
+    memcpy(keep + 1, ps.map, sizeof(struct plan_entry) * (size_t)ps.n_map);
+    free(ps.map);
+    g->plan = keep;
     return ps.top ? ps.top : PLAN_ALIGN;
 }
 
 void kvr_graph_place(struct kvr_graph * g, void * buf) {
     KVR_ASSERT(g->plan != NULL && ((uintptr_t)buf % PLAN_ALIGN) == 0);
-    struct plan_entry * map = *(struct plan_entry **)g->plan;
-    for (ptrdiff_t i = 0; i < hmlen(map); i++) {
+    struct plan_entry * map = g->plan;
+    const size_t n = map[0].offs;
+    for (size_t i = 1; buf && i <= n; i++) {
         map[i].key->data = (uint8_t *)buf + map[i].offs;
     }
-    for (int i = 0; i < g->n_nodes; i++) { // views see their owner's memory
+    for (int i = 0; buf && i < g->n_nodes; i++) { // views see their owner's memory
         struct kvr_tensor * t = g->nodes[i];
         if (t->view_src) {
             t->data = (uint8_t *)t->view_src->data + t->view_offs;
         }
     }
-    hmfree(map);
     free(g->plan);
     g->plan = NULL;
+}
+
+void kvr_replace_node(struct kvr_tensor * node, const struct kvr_tensor * by, const char * why) {
+    char name[KVR_MAX_NAME];
+    snprintf(name, sizeof(name), "%s", node->name[0] ? node->name : "attn");
+    const int flags = node->flags;
+    void * data = node->data;
+    *node = *by;
+    snprintf(node->name, sizeof(node->name), "%s", name);
+    node->flags = flags | by->flags;
+    if (data) node->data = data; // the caller placed it: keep it
+    node->why = why;
 }
 
 //
@@ -914,12 +1029,7 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n_past + T, D * sizeof(float), row, 0);
         struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kpos, vs, 1.0f / sqrtf((float)D), mode);
         // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
-        const char * name = t->name[0] ? t->name : "attn";
-        char saved[KVR_MAX_NAME];
-        snprintf(saved, sizeof(saved), "%s", name);
-        *t = *a;
-        snprintf(t->name, sizeof(t->name), "%s", saved);
-        t->why = "single: causal attention over cache[0, n_past+T)";
+        kvr_replace_node(t, a, "single: causal attention over cache[0, n_past+T)");
     }
 }
 
@@ -950,6 +1060,11 @@ struct cpu_backend {
     size_t              wsize;
     struct kvr_counters counters;
     struct kvr_counters thread_counters[KVR_MAX_THREADS];
+    struct kvr_comm   * comm;
+    atomic_int          status;       // first error of a comm node; every thread stops on it
+    bool                trace;
+    struct kvr_span   * spans;        // stb_ds array
+    int                 span_layer;   // layer of the open compute span (-1: none)
 };
 
 static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t);
@@ -972,14 +1087,65 @@ static bool node_is_noop(const struct kvr_tensor * t) {
     return t->op == KVR_OP_NONE || t->op == KVR_OP_VIEW;
 }
 
+static bool node_is_comm(const struct kvr_tensor * t) {
+    return t->op == KVR_OP_SEND || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
+}
+
+// the layer a node belongs to, from its name ("blk.12.ffn_up"), or -1
+static int node_layer(const struct kvr_tensor * t) {
+    if (strncmp(t->name, "blk.", 4) != 0) return -1;
+    return atoi(t->name + 4);
+}
+
+static void trace_node(struct cpu_backend * cb, const struct kvr_tensor * t, double t0, double t1) {
+    if (node_is_comm(t)) {
+        struct kvr_span sp = { .t0 = t0, .t1 = t1, .cat = 'c' };
+        const int tag = t->op_params[1];
+        const char * kind = kvr_tag_kind_name(kvr_tag_kind(tag));
+        if (t->op == KVR_OP_SEND || t->op == KVR_OP_RECV) {
+            snprintf(sp.name, sizeof(sp.name), "%s %s L%d s%d %s %d", t->op == KVR_OP_SEND ? "send" : "recv", kind,
+                     kvr_tag_layer(tag), kvr_tag_step(tag), t->op == KVR_OP_SEND ? "to" : "from", t->op_params[0]);
+        } else {
+            snprintf(sp.name, sizeof(sp.name), "%s %s L%d", t->op == KVR_OP_ALL_GATHER ? "all-gather" : "all-to-all",
+                     kind, kvr_tag_layer(tag));
+        }
+        arrput(cb->spans, sp);
+        cb->span_layer = -1;
+        return;
+    }
+    const int il = node_layer(t);
+    const int n = (int)arrlen(cb->spans);
+    if (il >= 0 && cb->span_layer == il && n > 0 && cb->spans[n - 1].cat == 'l') {
+        cb->spans[n - 1].t1 = t1; // extend the open layer span
+        return;
+    }
+    struct kvr_span sp = { .t0 = t0, .t1 = t1, .cat = 'l' };
+    if (il >= 0) snprintf(sp.name, sizeof(sp.name), "layer %d", il);
+    else snprintf(sp.name, sizeof(sp.name), "%.40s", t->name[0] ? t->name : kvr_op_name(t->op));
+    arrput(cb->spans, sp);
+    cb->span_layer = il;
+}
+
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
     struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith] };
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
         if (node_is_noop(t)) continue;
-        cpu_compute_node(&p, t);
+        const double t0 = ith == 0 && cb->trace ? kvr_time_ms() : 0.0;
+        if (node_is_comm(t)) {
+            // transfers run on one thread; the others wait at the barrier
+            if (ith == 0) {
+                int rc = cb->comm ? cb->comm->iface.exec(cb->comm, t)
+                                  : kvr_error(KVR_ERR_ARG, "graph node '%s' (%s) needs a communicator", t->name, kvr_op_name(t->op));
+                if (rc != KVR_OK) atomic_store(&cb->status, rc);
+            }
+        } else {
+            cpu_compute_node(&p, t);
+        }
         cpu_barrier(cb);
+        if (ith == 0 && cb->trace) trace_node(cb, t, t0, kvr_time_ms());
+        if (atomic_load(&cb->status) != KVR_OK) break;
     }
 }
 
@@ -1045,6 +1211,15 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     }
     cpu_ensure_scratch(cb, cpu_scratch_floats(g));
     const double t0 = kvr_time_ms();
+    atomic_store(&cb->status, KVR_OK);
+    cb->span_layer = -1;
+    // receives are posted before anything runs, so transfers overlap the compute before them
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->op != KVR_OP_RECV) continue;
+        if (!cb->comm) return kvr_error(KVR_ERR_ARG, "graph node '%s' (RECV) needs a communicator", g->nodes[i]->name);
+        int rc = cb->comm->iface.post_recv(cb->comm, g->nodes[i]);
+        if (rc != KVR_OK) return rc;
+    }
     cb->graph = g;
     if (cb->n_threads > 1) {
         atomic_store(&cb->done_count, 0);
@@ -1065,7 +1240,16 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
         memset(&cb->thread_counters[i], 0, sizeof(cb->thread_counters[i]));
     }
     cb->counters.compute_ms += kvr_time_ms() - t0;
-    return KVR_OK;
+    int rc = atomic_load(&cb->status);
+    if (cb->comm) {
+        // outstanding sends complete (or time out) even when the graph failed
+        char msg[sizeof(kvr_errbuf)];
+        snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
+        int rc2 = cb->comm->iface.finish(cb->comm);
+        if (rc != KVR_OK) kvr_error(rc, "%s", msg);
+        else rc = rc2;
+    }
+    return rc;
 }
 
 static const char * cpu_name(struct kvr_backend * be) { (void)be; return "cpu"; }
@@ -1137,6 +1321,7 @@ static void cpu_free(struct kvr_backend * be) {
     for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
     free(cb->wdata);
     free(cb->threads);
+    arrfree(cb->spans);
     pthread_mutex_destroy(&cb->mu);
     pthread_cond_destroy(&cb->cv);
     free(cb);
@@ -1179,6 +1364,21 @@ void kvr_backend_cpu_set_threads(struct kvr_backend * be, int n_threads) {
     cpu_stop_threads(cb);
     for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
     cpu_start_threads(cb, n_threads);
+}
+
+void kvr_backend_cpu_set_comm(struct kvr_backend * be, struct kvr_comm * comm) {
+    ((struct cpu_backend *)be->context)->comm = comm;
+}
+
+void kvr_backend_cpu_set_trace(struct kvr_backend * be, bool on) {
+    ((struct cpu_backend *)be->context)->trace = on;
+}
+
+const struct kvr_span * kvr_backend_cpu_spans(struct kvr_backend * be, int * n, bool reset) {
+    struct cpu_backend * cb = be->context;
+    *n = (int)arrlen(cb->spans);
+    if (reset) arrsetlen(cb->spans, 0);
+    return cb->spans;
 }
 
 void kvr_backend_free(struct kvr_backend * be) {
@@ -1586,6 +1786,10 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_MERGE_ATTN: cpu_op_merge_attn(p, t); break;
         case KVR_OP_NONE:
         case KVR_OP_VIEW:                                break;
+        case KVR_OP_SEND:
+        case KVR_OP_RECV:
+        case KVR_OP_ALL_GATHER:
+        case KVR_OP_ALL_TO_ALL:
         case KVR_OP_ATTN_BLOCK:
         case KVR_OP_COUNT:      KVR_ASSERT(!"op cannot run on the CPU backend");
     }
@@ -2426,14 +2630,723 @@ int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab) {
 // quantized types: block layouts and their conversion to f32
 //
 
-static to_float_fn quant_to_float_fn(enum kvr_type t) {
-    (void)t;
-    return NULL; // no block-quantized type is computed yet: kvr_type_supported() says false
+// quant.c - the quantized GGUF block formats (a fragment pasted verbatim into kvr.c).
+//
+// What lives here: the byte layouts of GGML's block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and
+// the k-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K; their dequantization to f32, written as plain
+// scalar loops with fixed trip counts so the compiler vectorizes them (a matmul dequantizes each
+// weight row once and reuses it over every token); the reference quantizers for the types kvr
+// writes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), which reproduce ggml's *_ref quantizers
+// decision for decision so that the files we write read the same in llama.cpp; and one table,
+// quant_traits_table, that the type functions of kvr.c dispatch to through quant_get().
+//
+// Layouts and math follow ggml (ggml-common.h, ggml-quants.c); the code is our own. Every block
+// struct is made of bytes only, so a block may sit at any address (GGUF views need not be aligned)
+// and the half-precision fields are read little-endian by hand. Dequantization multiplies in the
+// same order as ggml so results are bit-identical to ggml built with the same contraction flags.
+
+#include "kvr.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum {
+    QUANT_QK   = 32,   // elements per block of the legacy formats
+    QUANT_QK_K = 256,  // elements per super-block of the k-quants
+};
+
+// Blocks. Field order and sizes are GGML's; comments give the element each bit belongs to.
+
+struct quant_block_q4_0 {      // x = d * (q - 8)
+    uint8_t d[2];              // fp16 scale
+    uint8_t qs[QUANT_QK/2];    // element j: low nibble of qs[j]; element j+16: high nibble
+};
+struct quant_block_q4_1 {      // x = d * q + m
+    uint8_t d[2], m[2];        // fp16 scale and min
+    uint8_t qs[QUANT_QK/2];    // as q4_0
+};
+struct quant_block_q5_0 {      // x = d * (q - 16)
+    uint8_t d[2];
+    uint8_t qh[4];             // bit j of this little-endian u32: the 5th bit of element j
+    uint8_t qs[QUANT_QK/2];    // low 4 bits as q4_0
+};
+struct quant_block_q5_1 {      // x = d * q + m
+    uint8_t d[2], m[2];
+    uint8_t qh[4];
+    uint8_t qs[QUANT_QK/2];
+};
+struct quant_block_q8_0 {      // x = d * q
+    uint8_t d[2];
+    int8_t  qs[QUANT_QK];
+};
+struct quant_block_q8_1 {      // x = d * q (s = d * sum(q) serves dot products only)
+    uint8_t d[2], s[2];
+    int8_t  qs[QUANT_QK];
+};
+// k-quants: a super-block of 256 elements in sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32 (Q4_K, Q5_K).
+// The 2-bit planes of Q2_K/Q3_K and the nibbles of Q4_K..Q6_K are laid out in 128- or 64-element
+// halves: element e of half h reads byte h*32 + e%32 at bit offset 2*((e%128)/32) (2-bit planes).
+struct quant_block_q2_K {      // x = d*sc * q - dmin*m, q in 0..3
+    uint8_t scales[QUANT_QK_K/16]; // per 16 elements: low nibble scale, high nibble min
+    uint8_t qs[QUANT_QK_K/4];
+    uint8_t d[2], dmin[2];
+};
+struct quant_block_q3_K {      // x = d*(sc - 32) * (q - 4), q in 0..7
+    uint8_t hmask[QUANT_QK_K/8];   // bit e/32 of hmask[e%32]: the 3rd bit of element e
+    uint8_t qs[QUANT_QK_K/4];      // low 2 bits, as q2_K
+    uint8_t scales[12];            // 16 6-bit scales: low nibbles in bytes 0..7, high pairs in 8..11
+    uint8_t d[2];
+};
+struct quant_block_q4_K {      // x = d*sc * q - dmin*m, q in 0..15, per 32 elements
+    uint8_t d[2], dmin[2];
+    uint8_t scales[12];            // 8 6-bit scales and 8 6-bit mins (see quant_unpack_k4)
+    uint8_t qs[QUANT_QK_K/2];      // element e: byte (e/64)*32 + e%32, high nibble if (e%64) >= 32
+};
+struct quant_block_q5_K {      // x = d*sc * q - dmin*m, q in 0..31, per 32 elements
+    uint8_t d[2], dmin[2];
+    uint8_t scales[12];
+    uint8_t qh[QUANT_QK_K/8];      // bit e/32 of qh[e%32]: the 5th bit of element e
+    uint8_t qs[QUANT_QK_K/2];      // low 4 bits as q4_K
+};
+struct quant_block_q6_K {      // x = d*sc * (q - 32), q in 0..63, per 16 elements
+    uint8_t ql[QUANT_QK_K/2];      // low 4 bits: half h, quarter k of the half, index l:
+                                   //   ql[h*64 + (k&1)*32 + l], high nibble if k >= 2
+    uint8_t qh[QUANT_QK_K/4];      // high 2 bits: qh[h*32 + l] >> 2*k
+    int8_t  scales[QUANT_QK_K/16];
+    uint8_t d[2];
+};
+struct quant_block_q8_K {      // x = d * q (intermediate type of ggml's k-quant dot products)
+    uint8_t d[4];                  // f32 scale
+    int8_t  qs[QUANT_QK_K];
+    uint8_t bsums[QUANT_QK_K/16*2];// int16 sums of 16 quants
+};
+
+_Static_assert(sizeof(struct quant_block_q4_0) ==  18, "q4_0 size");
+_Static_assert(sizeof(struct quant_block_q4_1) ==  20, "q4_1 size");
+_Static_assert(sizeof(struct quant_block_q5_0) ==  22, "q5_0 size");
+_Static_assert(sizeof(struct quant_block_q5_1) ==  24, "q5_1 size");
+_Static_assert(sizeof(struct quant_block_q8_0) ==  34, "q8_0 size");
+_Static_assert(sizeof(struct quant_block_q8_1) ==  36, "q8_1 size");
+_Static_assert(sizeof(struct quant_block_q2_K) ==  84, "q2_K size");
+_Static_assert(sizeof(struct quant_block_q3_K) == 110, "q3_K size");
+_Static_assert(sizeof(struct quant_block_q4_K) == 144, "q4_K size");
+_Static_assert(sizeof(struct quant_block_q5_K) == 176, "q5_K size");
+_Static_assert(sizeof(struct quant_block_q6_K) == 210, "q6_K size");
+_Static_assert(sizeof(struct quant_block_q8_K) == 292, "q8_K size");
+
+static inline float q_half(const uint8_t * p) {
+    return kvr_fp16_to_fp32((uint16_t)(p[0] | (p[1] << 8)));
 }
 
-static from_float_fn quant_from_float_fn(enum kvr_type t) {
-    (void)t;
+static inline void q_set_half(uint8_t * p, float f) {
+    const uint16_t h = kvr_fp32_to_fp16(f);
+    p[0] = (uint8_t)(h & 0xff);
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static inline uint32_t q_u32le(const uint8_t * p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+//
+// dequantization
+//
+
+static void q_to_float_q4_0(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q4_0 * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
+        const float d = q_half(b->d);
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            dst[j]              = (float)((b->qs[j] & 0x0f) - 8) * d;
+            dst[j + QUANT_QK/2] = (float)((b->qs[j] >>   4) - 8) * d;
+        }
+    }
+}
+
+static void q_to_float_q4_1(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q4_1 * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
+        const float d = q_half(b->d);
+        const float m = q_half(b->m);
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            dst[j]              = (float)(b->qs[j] & 0x0f) * d + m;
+            dst[j + QUANT_QK/2] = (float)(b->qs[j] >>   4) * d + m;
+        }
+    }
+}
+
+static void q_to_float_q5_0(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q5_0 * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
+        const float    d  = q_half(b->d);
+        const uint32_t qh = q_u32le(b->qh);
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            // the 5th bit lands at bit 4: from bit j for the low half, bit j+16 for the high half
+            const int lo = (b->qs[j] & 0x0f) | (int)(((qh >> j) << 4) & 0x10);
+            const int hi = (b->qs[j] >>   4) | (int)((qh >> 12 >> j) & 0x10);
+            dst[j]              = (float)(lo - 16) * d;
+            dst[j + QUANT_QK/2] = (float)(hi - 16) * d;
+        }
+    }
+}
+
+static void q_to_float_q5_1(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q5_1 * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
+        const float    d  = q_half(b->d);
+        const float    m  = q_half(b->m);
+        const uint32_t qh = q_u32le(b->qh);
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            const int lo = (b->qs[j] & 0x0f) | (int)(((qh >> j) << 4) & 0x10);
+            const int hi = (b->qs[j] >>   4) | (int)((qh >> 12 >> j) & 0x10);
+            dst[j]              = (float)lo * d + m;
+            dst[j + QUANT_QK/2] = (float)hi * d + m;
+        }
+    }
+}
+
+static void q_to_float_q8_0(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q8_0 * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
+        const float d = q_half(b->d);
+        for (int j = 0; j < QUANT_QK; j++) {
+            dst[j] = (float)b->qs[j] * d;
+        }
+    }
+}
+
+static void q_to_float_q8_1(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q8_1 * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
+        const float d = q_half(b->d);
+        for (int j = 0; j < QUANT_QK; j++) {
+            dst[j] = (float)b->qs[j] * d;
+        }
+    }
+}
+
+static void q_to_float_q2_K(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q2_K * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
+        const float d    = q_half(b->d);
+        const float dmin = q_half(b->dmin);
+        // 16 runs of 16 elements; run r is half r/8, bit plane (r%8)/2, bytes 16*(r%2) .. +15
+        for (int r = 0; r < QUANT_QK_K/16; r++, dst += 16) {
+            const uint8_t * restrict q = b->qs + (r/8)*32 + (r%2)*16;
+            const int   shift = 2*((r%8)/2);
+            const float dl = d    * (float)(b->scales[r] & 0x0f);
+            const float ml = dmin * (float)(b->scales[r] >>   4);
+            for (int l = 0; l < 16; l++) {
+                dst[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+            }
+        }
+    }
+}
+
+// Q3_K's 16 scales, 6 bits each, stored as 12 bytes: the low nibble of scale j is byte j (j < 8)
+// or the high nibble of byte j-8; its top 2 bits are bits 2*(j/4) of byte 8 + j%4.
+static inline void quant_unpack_q3_scales(const uint8_t * s, int sc[16]) {
+    for (int j = 0; j < 8; j++) {
+        sc[j]     = (s[j] & 0x0f) | (((s[8 + j%4] >> (2*(j/4)))       & 3) << 4);
+        sc[j + 8] = (s[j] >>   4) | (((s[8 + j%4] >> (2*((j + 8)/4))) & 3) << 4);
+    }
+}
+
+static void q_to_float_q3_K(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q3_K * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
+        const float d = q_half(b->d);
+        int sc[16];
+        quant_unpack_q3_scales(b->scales, sc);
+        for (int r = 0; r < QUANT_QK_K/16; r++, dst += 16) {
+            const uint8_t * restrict q  = b->qs + (r/8)*32 + (r%2)*16;
+            const uint8_t * restrict hm = b->hmask + (r%2)*16;
+            const int   shift = 2*((r%8)/2);
+            const int   hbit  = r/2;              // element e's high bit is bit e/32 = r/2
+            const float dl = d * (float)(sc[r] - 32);
+            for (int l = 0; l < 16; l++) {
+                // q - 4 when the high bit is clear, q when it is set (no branch)
+                const int v = (int)(((q[l] >> shift) & 3) | (((hm[l] >> hbit) & 1) << 2)) - 4;
+                dst[l] = dl * (float)v;
+            }
+        }
+    }
+}
+
+// The 8 scales and 8 mins (6 bits each) of Q4_K and Q5_K in 12 bytes: for j < 4 they are the low
+// 6 bits of bytes j and j+4; for j >= 4 the low 4 bits come from byte j+4 (scale: low nibble,
+// min: high nibble) and the top 2 bits from the top of bytes j-4 (scale) and j (min).
+static inline void quant_unpack_k4(const uint8_t * s, float d, float dmin, float dl[8], float ml[8]) {
+    for (int j = 0; j < 4; j++) {
+        dl[j]     = d    * (float)(s[j]     & 63);
+        ml[j]     = dmin * (float)(s[j + 4] & 63);
+        dl[j + 4] = d    * (float)((s[j + 8] & 0x0f) | ((s[j]     >> 6) << 4));
+        ml[j + 4] = dmin * (float)((s[j + 8] >>   4) | ((s[j + 4] >> 6) << 4));
+    }
+}
+
+static void q_to_float_q4_K(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q4_K * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
+        float dl[8], ml[8];
+        quant_unpack_k4(b->scales, q_half(b->d), q_half(b->dmin), dl, ml);
+        for (int g = 0; g < 4; g++, dst += 64) {
+            const uint8_t * restrict q = b->qs + 32*g;
+            const float d1 = dl[2*g],     m1 = ml[2*g];
+            const float d2 = dl[2*g + 1], m2 = ml[2*g + 1];
+            for (int l = 0; l < 32; l++) {
+                dst[l]      = d1 * (float)(q[l] & 0x0f) - m1;
+                dst[l + 32] = d2 * (float)(q[l] >>   4) - m2;
+            }
+        }
+    }
+}
+
+static void q_to_float_q5_K(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q5_K * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
+        float dl[8], ml[8];
+        quant_unpack_k4(b->scales, q_half(b->d), q_half(b->dmin), dl, ml);
+        for (int g = 0; g < 4; g++, dst += 64) {
+            const uint8_t * restrict q  = b->qs + 32*g;
+            const uint8_t * restrict qh = b->qh;
+            const float d1 = dl[2*g],     m1 = ml[2*g];
+            const float d2 = dl[2*g + 1], m2 = ml[2*g + 1];
+            for (int l = 0; l < 32; l++) {
+                const int lo = (q[l] & 0x0f) | (((qh[l] >> (2*g))     & 1) << 4);
+                const int hi = (q[l] >>   4) | (((qh[l] >> (2*g + 1)) & 1) << 4);
+                dst[l]      = d1 * (float)lo - m1;
+                dst[l + 32] = d2 * (float)hi - m2;
+            }
+        }
+    }
+}
+
+static void q_to_float_q6_K(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q6_K * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
+        const float d = q_half(b->d);
+        float ds[16];
+        for (int j = 0; j < 16; j++) {
+            ds[j] = d * (float)b->scales[j];
+        }
+        for (int h = 0; h < 2; h++, dst += 128) {
+            const uint8_t * restrict ql = b->ql + 64*h;
+            const uint8_t * restrict qh = b->qh + 32*h;
+            const float * s = ds + 8*h;
+            for (int l = 0; l < 32; l++) {
+                const int q1 = ((ql[l]      & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l]      >>   4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >>   4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                const int is = l/16;
+                dst[l]      = s[is + 0] * (float)q1;
+                dst[l + 32] = s[is + 2] * (float)q2;
+                dst[l + 64] = s[is + 4] * (float)q3;
+                dst[l + 96] = s[is + 6] * (float)q4;
+            }
+        }
+    }
+}
+
+static void q_to_float_q8_K(const void * src, float * restrict dst, int64_t n) {
+    const struct quant_block_q8_K * restrict b = src;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++, dst += QUANT_QK_K) {
+        float d;
+        memcpy(&d, b->d, sizeof d);
+        for (int j = 0; j < QUANT_QK_K; j++) {
+            dst[j] = d * (float)b->qs[j];
+        }
+    }
+}
+
+//
+// quantization (ggml's reference quantizers, the ones llama.cpp uses without an importance matrix)
+//
+
+static inline float q_maxf(float a, float b) { return a > b ? a : b; }
+
+// Round to nearest, ties to even, for |f| < 2^22: adding 1.5*2^23 leaves the integer in the
+// mantissa. Same rounding as ggml's helper, so quantizer decisions match bit for bit.
+static inline int q_nearest_int(float f) {
+    const float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static inline int q_clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static size_t q_from_float_q8_0(const float * x, void * dst, int64_t n) {
+    struct quant_block_q8_0 * y = dst;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < QUANT_QK; j++) {
+            amax = q_maxf(amax, fabsf(x[j]));
+        }
+        const float d  = amax / 127;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        q_set_half(y->d, d);
+        for (int j = 0; j < QUANT_QK; j++) {
+            y->qs[j] = (int8_t)roundf(x[j]*id);
+        }
+    }
+    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q8_0);
+}
+
+// The value of largest magnitude, with its sign (the first one on ties).
+static inline float q_signed_absmax(const float * x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max  = x[j];
+        }
+    }
+    return max;
+}
+
+static size_t q_from_float_q4_0(const float * x, void * dst, int64_t n) {
+    struct quant_block_q4_0 * y = dst;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+        // the extreme value maps to -8, so the full range [-8, 7] is used on the wider side
+        const float d  = q_signed_absmax(x, QUANT_QK) / -8;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        q_set_half(y->d, d);
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            // truncation of v + 8.5 (v >= -8) is rounding half up; 16 clamps to 15
+            const int q0 = (int8_t)(x[j]*id + 8.5f);
+            const int q1 = (int8_t)(x[j + QUANT_QK/2]*id + 8.5f);
+            y->qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+        }
+    }
+    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q4_0);
+}
+
+static inline void q_minmax(const float * x, int n, float * mn, float * mx) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    *mn = lo; *mx = hi;
+}
+
+static size_t q_from_float_q4_1(const float * x, void * dst, int64_t n) {
+    struct quant_block_q4_1 * y = dst;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+        float mn, mx;
+        q_minmax(x, QUANT_QK, &mn, &mx);
+        const float d  = (mx - mn) / 15;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        q_set_half(y->d, d);
+        q_set_half(y->m, mn);
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            const int q0 = (int8_t)((x[j] - mn)*id + 0.5f);
+            const int q1 = (int8_t)((x[j + QUANT_QK/2] - mn)*id + 0.5f);
+            y->qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+        }
+    }
+    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q4_1);
+}
+
+static inline void q_store_u32le(uint8_t * p, uint32_t v) {
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+
+static size_t q_from_float_q5_0(const float * x, void * dst, int64_t n) {
+    struct quant_block_q5_0 * y = dst;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+        const float d  = q_signed_absmax(x, QUANT_QK) / -16;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        q_set_half(y->d, d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            int q0 = (int8_t)(x[j]*id + 16.5f);
+            int q1 = (int8_t)(x[j + QUANT_QK/2]*id + 16.5f);
+            q0 = q0 < 31 ? q0 : 31;
+            q1 = q1 < 31 ? q1 : 31;
+            y->qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)((q0 >> 4) & 1) << j;
+            qh |= (uint32_t)((q1 >> 4) & 1) << (j + QUANT_QK/2);
+        }
+        q_store_u32le(y->qh, qh);
+    }
+    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q5_0);
+}
+
+static size_t q_from_float_q5_1(const float * x, void * dst, int64_t n) {
+    struct quant_block_q5_1 * y = dst;
+    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+        float mn, mx;
+        q_minmax(x, QUANT_QK, &mn, &mx);
+        const float d  = (mx - mn) / 31;
+        const float id = d != 0.0f ? 1.0f/d : 0.0f;
+        q_set_half(y->d, d);
+        q_set_half(y->m, mn);
+        uint32_t qh = 0;
+        for (int j = 0; j < QUANT_QK/2; j++) {
+            const int q0 = (uint8_t)((x[j] - mn)*id + 0.5f);
+            const int q1 = (uint8_t)((x[j + QUANT_QK/2] - mn)*id + 0.5f);
+            y->qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)((q0 >> 4) & 1) << j;
+            qh |= (uint32_t)((q1 >> 4) & 1) << (j + QUANT_QK/2);
+        }
+        q_store_u32le(y->qh, qh);
+    }
+    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q5_1);
+}
+
+// Fit x ~ scale*L - min (L in 0..nmax, min >= 0) minimizing the weighted squared error: start from
+// the full range, then try nstep+1 other grids and keep the best least-squares fit (ggml's
+// make_qkx2_quants with use_mad = false). Returns the scale; *the_min gets the min.
+static float quant_fit_scale_min(int n, int nmax, const float * x, const float * w, uint8_t * L,
+                                 float * the_min, uint8_t * Laux, float rmin, float rdelta, int nstep) {
+    float mn = x[0], mx = x[0];
+    float sum_w = w[0];
+    float sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (mn > 0) mn = 0;
+    if (mx == mn) {
+        memset(L, 0, (size_t)n);
+        *the_min = -mn;
+        return 0.0f;
+    }
+    float iscale = nmax/(mx - mn);
+    float scale  = 1/iscale;
+    float best_err = 0;
+    for (int i = 0; i < n; i++) {
+        L[i] = (uint8_t)q_clampi(q_nearest_int(iscale*(x[i] - mn)), 0, nmax);
+        float diff = scale * L[i] + mn - x[i];
+        diff = diff * diff;
+        best_err += w[i] * diff;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta*is + nmax)/(mx - mn);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = q_clampi(q_nearest_int(iscale*(x[i] - mn)), 0, nmax);
+            Laux[i] = (uint8_t)l;
+            sum_l  += w[i]*l;
+            sum_l2 += w[i]*l*l;
+            sum_xl += w[i]*l*x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l)/D;
+            float this_min   = (sum_l2 * sum_x - sum_l * sum_xl)/D;
+            if (this_min > 0) {
+                this_min   = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * Laux[i] + this_min - x[i];
+                diff = diff * diff;
+                err += w[i] * diff;
+            }
+            if (err < best_err) {
+                memcpy(L, Laux, (size_t)n);
+                best_err = err;
+                scale    = this_scale;
+                mn       = this_min;
+            }
+        }
+    }
+    *the_min = -mn;
+    return scale;
+}
+
+static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
+    struct quant_block_q4_K * y = dst;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, y++, x += QUANT_QK_K) {
+        uint8_t L[QUANT_QK_K], Laux[32];
+        float   w[32], scales[8], mins[8];
+        float   max_scale = 0, max_min = 0;
+        for (int j = 0; j < 8; j++) {
+            const float * xs = x + 32*j;
+            float sum_x2 = 0;
+            for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+            const float av_x = sqrtf(sum_x2/32);
+            for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+            scales[j] = quant_fit_scale_min(32, 15, xs, w, L + 32*j, &mins[j], Laux, -1.0f, 0.1f, 20);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j]   > max_min)   max_min   = mins[j];
+        }
+        const float inv_scale = max_scale > 0 ? 63.f/max_scale : 0.f;
+        const float inv_min   = max_min   > 0 ? 63.f/max_min   : 0.f;
+        for (int j = 0; j < 8; j++) {
+            uint8_t ls = (uint8_t)q_nearest_int(inv_scale*scales[j]);
+            uint8_t lm = (uint8_t)q_nearest_int(inv_min*mins[j]);
+            ls = ls < 63 ? ls : 63;
+            lm = lm < 63 ? lm : 63;
+            if (j < 4) {
+                y->scales[j]     = ls;
+                y->scales[j + 4] = lm;
+            } else {
+                y->scales[j + 4]  = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
+                y->scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                y->scales[j]     |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        q_set_half(y->d,    max_scale/63.f);
+        q_set_half(y->dmin, max_min/63.f);
+        // requantize against the rounded scales that will actually be stored
+        float dl[8], ml[8];
+        quant_unpack_k4(y->scales, q_half(y->d), q_half(y->dmin), dl, ml);
+        for (int j = 0; j < 8; j++) {
+            if (dl[j] == 0.0f) continue;
+            for (int l = 0; l < 32; l++) {
+                L[32*j + l] = (uint8_t)q_clampi(q_nearest_int((x[32*j + l] + ml[j])/dl[j]), 0, 15);
+            }
+        }
+        for (int g = 0; g < 4; g++) {
+            for (int l = 0; l < 32; l++) {
+                y->qs[32*g + l] = (uint8_t)(L[64*g + l] | (L[64*g + 32 + l] << 4));
+            }
+        }
+    }
+    return (size_t)(n/QUANT_QK_K) * sizeof(struct quant_block_q4_K);
+}
+
+// Symmetric fit x ~ scale*(L - nmax), L in 0..2*nmax-1, weighted by x^2: the naive scale and 18
+// perturbations of it, keeping the best least-squares one (ggml's make_qx_quants, rmse_type 1).
+static float quant_fit_scale_sym(int n, int nmax, const float * x, int8_t * L) {
+    const float max = q_signed_absmax(x, n);
+    if (fabsf(max) < 1e-15f) {
+        memset(L, 0, (size_t)n);
+        return 0.0f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = q_clampi(q_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = (int8_t)(l + nmax);
+        const float w = x[i]*x[i];
+        sumlx += w*x[i]*l;
+        suml2 += w*l*l;
+    }
+    float scale = suml2 != 0.0f ? sumlx/suml2 : 0.0f;
+    float best  = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f*is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = q_clampi(q_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            const float w = x[i]*x[i];
+            sumlx += w*x[i]*l;
+            suml2 += w*l*l;
+        }
+        if (suml2 > 0 && sumlx*sumlx > best*suml2) {
+            for (int i = 0; i < n; i++) {
+                L[i] = (int8_t)(nmax + q_clampi(q_nearest_int(iscale * x[i]), -nmax, nmax - 1));
+            }
+            scale = sumlx/suml2;
+            best  = scale*sumlx;
+        }
+    }
+    return scale;
+}
+
+static size_t q_from_float_q6_K(const float * x, void * dst, int64_t n) {
+    struct quant_block_q6_K * y = dst;
+    for (int64_t i = 0; i < n/QUANT_QK_K; i++, y++, x += QUANT_QK_K) {
+        int8_t L[QUANT_QK_K];
+        float  scales[16];
+        float  max_scale = 0, max_abs_scale = 0;
+        for (int ib = 0; ib < 16; ib++) {
+            scales[ib] = quant_fit_scale_sym(16, 32, x + 16*ib, L + 16*ib);
+            if (fabsf(scales[ib]) > max_abs_scale) {
+                max_abs_scale = fabsf(scales[ib]);
+                max_scale     = scales[ib];
+            }
+        }
+        if (max_abs_scale < 1e-15f) {
+            memset(y, 0, sizeof *y);
+            continue;
+        }
+        const float iscale = -128.f/max_scale;
+        q_set_half(y->d, 1/iscale);
+        for (int ib = 0; ib < 16; ib++) {
+            const int l = q_nearest_int(iscale*scales[ib]);
+            y->scales[ib] = (int8_t)(l < 127 ? l : 127);
+        }
+        const float dh = q_half(y->d);
+        for (int j = 0; j < 16; j++) {
+            const float d = dh * y->scales[j];
+            if (d == 0.0f) continue;
+            for (int l = 0; l < 16; l++) {
+                L[16*j + l] = (int8_t)(q_clampi(q_nearest_int(x[16*j + l]/d), -32, 31) + 32);
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const int8_t * Lh = L + 128*h;
+            uint8_t * ql = y->ql + 64*h;
+            uint8_t * qh = y->qh + 32*h;
+            for (int l = 0; l < 32; l++) {
+                ql[l]      = (uint8_t)((Lh[l]      & 0x0f) | ((Lh[l + 64] & 0x0f) << 4));
+                ql[l + 32] = (uint8_t)((Lh[l + 32] & 0x0f) | ((Lh[l + 96] & 0x0f) << 4));
+                qh[l]      = (uint8_t)((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) |
+                                       ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
+            }
+        }
+    }
+    return (size_t)(n/QUANT_QK_K) * sizeof(struct quant_block_q6_K);
+}
+
+//
+// the table kvr.c dispatches through
+//
+
+static const struct quant_traits {
+    enum kvr_type type;
+    const char *  name;       // as ggml_type_name
+    int64_t       blck_size;  // elements per block
+    size_t        type_size;  // bytes per block
+    void   (*to_float)  (const void * src, float * dst, int64_t n);   // n: a multiple of blck_size
+    size_t (*from_float)(const float * src, void * dst, int64_t n);   // NULL: kvr does not write it
+} quant_traits_table[] = {
+    { KVR_TYPE_Q4_0, "q4_0", QUANT_QK,   sizeof(struct quant_block_q4_0), q_to_float_q4_0, q_from_float_q4_0 },
+    { KVR_TYPE_Q4_1, "q4_1", QUANT_QK,   sizeof(struct quant_block_q4_1), q_to_float_q4_1, q_from_float_q4_1 },
+    { KVR_TYPE_Q5_0, "q5_0", QUANT_QK,   sizeof(struct quant_block_q5_0), q_to_float_q5_0, q_from_float_q5_0 },
+    { KVR_TYPE_Q5_1, "q5_1", QUANT_QK,   sizeof(struct quant_block_q5_1), q_to_float_q5_1, q_from_float_q5_1 },
+    { KVR_TYPE_Q8_0, "q8_0", QUANT_QK,   sizeof(struct quant_block_q8_0), q_to_float_q8_0, q_from_float_q8_0 },
+    { KVR_TYPE_Q8_1, "q8_1", QUANT_QK,   sizeof(struct quant_block_q8_1), q_to_float_q8_1, NULL },
+    { KVR_TYPE_Q2_K, "q2_K", QUANT_QK_K, sizeof(struct quant_block_q2_K), q_to_float_q2_K, NULL },
+    { KVR_TYPE_Q3_K, "q3_K", QUANT_QK_K, sizeof(struct quant_block_q3_K), q_to_float_q3_K, NULL },
+    { KVR_TYPE_Q4_K, "q4_K", QUANT_QK_K, sizeof(struct quant_block_q4_K), q_to_float_q4_K, q_from_float_q4_K },
+    { KVR_TYPE_Q5_K, "q5_K", QUANT_QK_K, sizeof(struct quant_block_q5_K), q_to_float_q5_K, NULL },
+    { KVR_TYPE_Q6_K, "q6_K", QUANT_QK_K, sizeof(struct quant_block_q6_K), q_to_float_q6_K, q_from_float_q6_K },
+    { KVR_TYPE_Q8_K, "q8_K", QUANT_QK_K, sizeof(struct quant_block_q8_K), q_to_float_q8_K, NULL },
+};
+
+// The traits of a quantized type; NULL for the plain types (f32, f16, bf16, integers) and unknowns.
+static const struct quant_traits * quant_get(enum kvr_type t) {
+    for (size_t i = 0; i < sizeof quant_traits_table / sizeof quant_traits_table[0]; i++) {
+        if (quant_traits_table[i].type == t) {
+            return &quant_traits_table[i];
+        }
+    }
     return NULL;
+}
+
+// The hooks kvr.c's type functions call (it declares them with its to_float_fn / from_float_fn
+// typedefs, which name these same function pointer types).
+static void (*quant_to_float_fn(enum kvr_type t))(const void * src, float * dst, int64_t n) {
+    const struct quant_traits * q = quant_get(t);
+    return q ? q->to_float : NULL;
+}
+
+static size_t (*quant_from_float_fn(enum kvr_type t))(const float * src, void * dst, int64_t n) {
+    const struct quant_traits * q = quant_get(t);
+    return q ? q->from_float : NULL;
 }
 
 //

@@ -212,7 +212,11 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
                    /* pass rewrites it; it never reaches a backend                           */ \
     X(KV_STORE)    /* write new K or V rows (src0) into the cache view src1                  */ \
     X(ATTN)        /* attention of q over k/v at absolute positions; output O and LSE        */ \
-    X(MERGE_ATTN)  /* combine partial attention outputs by their log-sum-exp                 */
+    X(MERGE_ATTN)  /* combine partial attention outputs by their log-sum-exp                 */ \
+    X(SEND)        /* send src0 to a peer rank (asynchronous; completes by the graph's end)  */ \
+    X(RECV)        /* receive into src0's memory from a peer (posted when the graph starts)  */ \
+    X(ALL_GATHER)  /* every rank's block of rows lands in every rank's copy (src1's memory)  */ \
+    X(ALL_TO_ALL)  /* slice s of src0 goes to rank s; slice s of the result comes from s     */
 
 enum kvr_op {
 #define KVR_OP_ENUM(name) KVR_OP_##name,
@@ -276,6 +280,32 @@ struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor *
 // The output part of an ATTN or MERGE_ATTN result: a view [head_dim*n_head, Tq].
 struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * attn, int n_head);
 
+// Communication nodes (executed through the backend's struct kvr_comm; see section 13).
+// tag: what the message is (layer, kind, step): kvr_tag() packs it, and errors name it.
+//   send:       src goes to rank peer. Its memory is kept alive until the graph ends.
+//   recv:       dst (a view, e.g. of the cache) is filled from rank peer; the result is dst as a
+//               node, so readers depend on the receive. Posted as soon as the graph starts.
+//   all_gather: dst [n, total] gets the rows of every rank; rank q owns rows
+//               [total*q/n_ranks, total*(q+1)/n_ranks) and contributes src [n, its rows].
+//   all_to_all: src [n, rows_max, n_ranks]: slice s (its first rows_of(s) rows) goes to rank s;
+//               the result [n, rows_max, n_ranks] holds in slice s the first rows_of(me) rows
+//               from rank s. rows_of(s) = ring_rows(total, n_ranks, s) (kvr_ring_shard).
+struct kvr_tensor * kvr_send      (struct kvr_context * ctx, struct kvr_tensor * src, int peer, int tag);
+struct kvr_tensor * kvr_recv      (struct kvr_context * ctx, struct kvr_tensor * dst, int peer, int tag);
+struct kvr_tensor * kvr_all_gather(struct kvr_context * ctx, struct kvr_tensor * src, struct kvr_tensor * dst,
+                                   int n_ranks, int64_t total, int tag);
+struct kvr_tensor * kvr_all_to_all(struct kvr_context * ctx, struct kvr_tensor * src, int n_ranks, int64_t total, int tag);
+
+enum kvr_tag_kind {
+    KVR_TAG_K = 0, KVR_TAG_V, KVR_TAG_KPOS, KVR_TAG_Q, KVR_TAG_QPOS, KVR_TAG_PARTIAL, KVR_TAG_LOGITS,
+    KVR_TAG_KIND_COUNT,
+};
+static inline int kvr_tag(int layer, enum kvr_tag_kind kind, int step) { return (layer << 12) | ((int)kind << 8) | (step & 0xff); }
+static inline int kvr_tag_layer(int tag) { return tag >> 12; }
+static inline int kvr_tag_kind(int tag)  { return (tag >> 8) & 0xf; }
+static inline int kvr_tag_step(int tag)  { return tag & 0xff; }
+const char * kvr_tag_kind_name(int kind); // "K", "V", "key positions", ...
+
 //
 // 6. graphs
 //
@@ -304,6 +334,13 @@ size_t kvr_graph_plan(struct kvr_graph * g);
 // Assign addresses inside buf (of at least kvr_graph_plan() bytes).
 void   kvr_graph_place(struct kvr_graph * g, void * buf);
 
+// What a strategy pass does to a node: `node` becomes `by` (op, sources, shape) and keeps its
+// name, flags and placed memory, so its readers need no rewiring; why says what the pass did.
+void kvr_replace_node(struct kvr_tensor * node, const struct kvr_tensor * by, const char * why);
+
+// A pass rewrites nodes in place and adds new ones that only the outputs reach: afterwards,
+// kvr_graph_reset the graph and kvr_graph_expand its outputs again.
+//
 // The single-rank strategy: every ATTN_BLOCK becomes KV_STORE(k), KV_STORE(v) into the cache at
 // positions [n_past, n_past + T) and ATTN(q, cache[0 : n_past + T]). kpos must hold 0..n_past+T-1.
 struct kvr_kv_cache;
@@ -338,7 +375,34 @@ struct kvr_backend {
 
 #define KVR_MAX_THREADS 256
 
+// A rank's endpoint for communication nodes. kvr-comm.c implements it (threads of one process,
+// MPI); a backend calls it for SEND/RECV/ALL_GATHER/ALL_TO_ALL, so kvr.c needs no transport.
+struct kvr_comm;
+struct kvr_comm_i {
+    int  (*post_recv)(struct kvr_comm * c, struct kvr_tensor * node); // graph start: RECV nodes
+    int  (*exec)     (struct kvr_comm * c, struct kvr_tensor * node); // in order: every comm node
+    int  (*finish)   (struct kvr_comm * c);                           // graph end: outstanding sends
+};
+struct kvr_comm {
+    struct kvr_comm_i iface;
+    int               rank;
+    int               n_ranks;
+    void *            context;
+};
+
+// A trace span: what ran from t0 to t1 (ms) on a rank.
+struct kvr_span {
+    char   name[48];
+    double t0, t1;
+    char   cat;      // 'l' layer compute, 'c' communication
+};
+
 struct kvr_backend * kvr_backend_cpu_new(int n_threads); // n_threads <= 0: all cores
+void                 kvr_backend_cpu_set_comm(struct kvr_backend * be, struct kvr_comm * comm);
+// With trace on, every graph records one span per layer and one per communication node.
+void                 kvr_backend_cpu_set_trace(struct kvr_backend * be, bool on);
+// The spans recorded so far (stb-free: a pointer and a count); cleared by reset.
+const struct kvr_span * kvr_backend_cpu_spans(struct kvr_backend * be, int * n, bool reset);
 void                 kvr_backend_cpu_set_threads(struct kvr_backend * be, int n_threads);
 void                 kvr_backend_free(struct kvr_backend * be);
 int                  kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g);
@@ -626,6 +690,111 @@ void    kvr_sampler_init(struct kvr_sampler * s, const struct kvr_sampler_params
 void    kvr_sampler_free(struct kvr_sampler * s);
 int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab);
 int32_t kvr_argmax(const float * x, int n);
+
+//
+// 13. ranks: parallel prefill (kvr-comm.c)
+//
+// A prompt is spread over ranks; each rank builds the single-rank graph of its own tokens and a
+// strategy pass rewrites its ATTN_BLOCK nodes into cache writes, transfers and ATTN nodes:
+//
+//   single   one rank
+//   tsp      even contiguous split; ALL_GATHER of K and V every layer (every rank holds all)
+//   kvr      KV-Runahead: contiguous split (even or given); rank r RECVs the cache [0, s_r) from
+//            r-1, appends its rows and SENDs [0, e_r) to r+1; the last rank holds everything
+//   ring-kv  2N-chunk load-balanced shards (rank i: chunks i and 2N-1-i); K/V blocks travel the
+//            ring, partial attention per block, merged by log-sum-exp
+//   ring-q   the same shards; queries travel, K/V stay; partial outputs return by ALL_TO_ALL
+//   auto     ring-kv or ring-q by the Context Parallelism paper's Algorithm 5 (see kvr_auto_pick)
+//
+// After a prefill, tsp and kvr continue (decode, later turns) on the last rank, which holds the
+// whole cache; ring-kv, ring-q and auto keep the cache sharded: later turns use the ring again
+// and decode attends over every shard (each rank computes a partial, ALL_GATHER, merge).
+
+enum kvr_strategy {
+    KVR_STRATEGY_SINGLE = 0,
+    KVR_STRATEGY_TSP,
+    KVR_STRATEGY_KVR,
+    KVR_STRATEGY_RING_KV,
+    KVR_STRATEGY_RING_Q,
+    KVR_STRATEGY_AUTO,
+    KVR_STRATEGY_COUNT,
+};
+
+const char * kvr_strategy_name(enum kvr_strategy s);
+int          kvr_strategy_parse(const char * name, enum kvr_strategy * out); // KVR_OK or KVR_ERR_ARG
+
+// Load-balanced sharding of T new tokens after P cached ones over n ranks: 2n chunks (sizes
+// differ by at most one), rank i takes chunks i and 2n-1-i. Writes rank i's absolute positions
+// in order into pos (may be NULL) and returns their count.
+int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos);
+
+// The choice of auto (the CP paper's Algorithm 5): pass-KV if T >= N*C*NKV*e/(2*NH*BW) or
+// T/(T+P) >= 2*NKV/NH - 4*T*BW/(N*C*e), else pass-Q. C: attention FLOP/s of one rank, BW: link
+// bytes/s, e: bytes per element. why (may be NULL) receives the rule with the numbers.
+enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
+                                double flops, double bw, char * why, size_t cap);
+
+enum kvr_comm_kind {
+    KVR_COMM_LOCAL = 0, // ranks are threads of this process (the default)
+    KVR_COMM_MPI   = 1, // ranks are MPI processes (build with make KVR_MPI=1, run under mpirun)
+    KVR_COMM_KIND_COUNT,
+};
+
+struct kvr_dist_params {
+    enum kvr_strategy  strategy;
+    enum kvr_comm_kind comm;
+    int                n_ranks;      // local: how many; MPI: from the communicator (0 here)
+    int                n_threads;    // per rank (0: all cores / ranks)
+    int                n_ctx;        // per rank cache length (0: the model's, at most 4096)
+    const int        * partition;    // kvr: tokens per rank (n_ranks entries), NULL: even
+    const double     * fractions;    // kvr: or fractions of the prompt per rank (sum 1)
+    enum kvr_attn_mode attn_mode;
+    double             timeout_s;    // every wait (0: 60 s)
+    double             link_gbps;    // local: emulated link bandwidth (0: none)
+    double             link_latency_us;
+    bool               trace;        // record spans for kvr_dist_write_trace
+    int                stall_rank;   // test hook: this rank stops before its first transfer of
+    int                stall_layer;  //   stall_layer and never sends again (-1: off)
+    FILE *             graph_out;    // print every rank's rewritten graph of the next eval
+    double             auto_flops;   // auto's C (0: 1e11)
+    double             auto_bw;      // auto's BW in bytes/s (0: the link, else 1e10)
+    FILE *             log;          // auto's choice and rule (NULL: quiet)
+};
+
+// Per-rank counters of the last eval (the papers' claims are checked against them). Pairs and
+// rows are per KV head and per layer: a dot product of one query and one key of one head in one
+// layer counts 1, a transfer of K and V for c tokens of one layer counts 2c rows.
+struct kvr_rank_stats {
+    int     rank;
+    int     tokens;           // new tokens this rank computed
+    int64_t attn_dot_dense;   // pairs computed (whole tiles, masked or not)
+    int64_t attn_dot_causal;  // pairs causality needs
+    int64_t kv_rows_sent;
+    int64_t kv_rows_recv;
+    int64_t bytes_sent;
+    int64_t bytes_recv;
+    double  wait_ms;          // blocked in transfers
+    double  ttft_ms;          // this rank's eval, start to end
+};
+
+struct kvr_dist;
+
+struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p); // NULL + error
+void              kvr_dist_free(struct kvr_dist * d);
+// Evaluate n new tokens (a prompt, a later turn or one decode token) after those already
+// cached; returns the last token's logits in every process, or NULL with kvr_last_error().
+const float *     kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n);
+int               kvr_dist_rank(const struct kvr_dist * d);    // this process's rank (local: 0)
+int               kvr_dist_n_ranks(const struct kvr_dist * d);
+int               kvr_dist_n_past(const struct kvr_dist * d);
+enum kvr_strategy kvr_dist_last_strategy(const struct kvr_dist * d); // what the last eval used
+// Stats of the last eval for the ranks of this process (local: all); returns how many.
+int               kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int cap);
+// The rows a rank of this process holds: their absolute positions and the cache.
+int               kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos,
+                                 const struct kvr_kv_cache ** cache);
+// Chrome trace JSON of every eval since the start (one track per rank of this process).
+int               kvr_dist_write_trace(const struct kvr_dist * d, const char * path);
 
 // Milliseconds from a monotonic clock.
 double kvr_time_ms(void);

@@ -11,7 +11,7 @@
 // and says so; cases llama.cpp accepts but kvr may reasonably refuse are "either" cases (no crash,
 // a message if refused, sane values if accepted).
 //
-//   test-gguf [--write-corpus DIR] [-v]
+//   test-gguf [--write-corpus DIR] [-v] [SHARED_DIR (ignored: everything is made here)]
 //
 // --write-corpus DIR also writes every image (valid and malformed) into DIR as seeds for
 // fuzz-gguf. The last line printed is "N passed, M failed"; the exit status is non-zero on failure.
@@ -941,8 +941,10 @@ int main(int argc, char ** argv) {
             }
         } else if (strcmp(argv[i], "-v") == 0) {
             verbose = true;
+        } else if (argv[i][0] != '-') {
+            // the shared-data directory every test is given (tests/run-tests.sh): not needed here
         } else {
-            fprintf(stderr, "usage: %s [--write-corpus DIR] [-v]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--write-corpus DIR] [-v] [SHARED_DIR]\n", argv[0]);
             return 2;
         }
     }

@@ -7,7 +7,10 @@
 // graph, must match the reference within 1e-4 relative. The quantizers (kvr_from_float) must
 // round-trip within each format's error bound. On the llama.cpp-made tiny-llama files of
 // ../shared/reference, every quantized tensor must agree with the Q8_0 file's copy of the same
-// weights within the format's error, and Q4_0/Q5_0/Q8_0 blocks must requantize to llama.cpp's bytes.
+// weights within the format's error, and the Q4_0/Q5_0/Q8_0/Q4_K blocks must requantize to
+// llama.cpp's bytes (its reference quantizers are stable on their own output).
+//
+//   test-quant [SHARED]      (default ../shared; without the files those checks count as skipped)
 //
 // Build with -DQUANT_STANDALONE (and the parts directory on the include path) to test the
 // quantization fragment alone, before kvr.c links it: the graph and GGUF checks are then left out.
@@ -55,7 +58,7 @@ size_t kvr_from_float(enum kvr_type t, const float * src, void * dst, int64_t n)
 }
 #endif
 
-static int n_pass, n_fail;
+static int n_pass, n_fail, n_skip;
 
 static void check(int ok, const char * fmt, ...)
 #if defined(__GNUC__)
@@ -380,6 +383,83 @@ static void test_round_trip(const struct qtype * qt) {
     free(x); free(y); free(buf);
 }
 
+// ggml's reference quantizers of the legacy types, restated per element: the block's bytes are
+// built bit by bit and must equal kvr_from_float's exactly (this is what makes our files read the
+// same in llama.cpp). The float operations are ggml's, in its order.
+static void set_bits(uint8_t * p, int pos, int n, uint32_t v) {
+    for (int k = 0; k < n; k++) {
+        const int bit = pos + k;
+        p[bit / 8] = (uint8_t)((p[bit / 8] & ~(1u << (bit % 8))) | (((v >> k) & 1u) << (bit % 8)));
+    }
+}
+static void set_half(uint8_t * p, float f) { set_bits(p, 0, 16, kvr_fp32_to_fp16(f)); }
+
+static void ref_quantize_block(enum kvr_type type, const float * x, uint8_t * b) {
+    float amax = 0, max = 0, mn = x[0], mx = x[0];
+    for (int i = 0; i < 32; i++) {
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
+        mn = fminf(mn, x[i]);
+        mx = fmaxf(mx, x[i]);
+    }
+    switch (type) {
+        case KVR_TYPE_Q8_0: {
+            const float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+            set_half(b, d);
+            for (int e = 0; e < 32; e++) set_bits(b, 16 + 8*e, 8, (uint32_t)(int)roundf(x[e] * id) & 0xff);
+            break;
+        }
+        case KVR_TYPE_Q4_0: case KVR_TYPE_Q5_0: {
+            const int bits5 = type == KVR_TYPE_Q5_0, half = bits5 ? 16 : 8, top = 2*half - 1;
+            const float d = max / (float)-half, id = d != 0 ? 1.0f / d : 0.0f;
+            set_half(b, d);
+            for (int e = 0; e < 32; e++) {
+                int q = (int)(x[e] * id + ((float)half + 0.5f));
+                if (q > top) q = top;
+                set_bits(b, 8*(2 + 4*bits5 + e%16) + 4*(e/16), 4, (uint32_t)q & 15);
+                if (bits5) set_bits(b, 16 + e, 1, (uint32_t)q >> 4);
+            }
+            break;
+        }
+        case KVR_TYPE_Q4_1: case KVR_TYPE_Q5_1: {
+            const int bits5 = type == KVR_TYPE_Q5_1, top = bits5 ? 31 : 15;
+            const float d = (mx - mn) / (float)top, id = d != 0 ? 1.0f / d : 0.0f;
+            set_half(b, d);
+            set_half(b + 2, mn);
+            for (int e = 0; e < 32; e++) {
+                int q = (int)((x[e] - mn) * id + 0.5f);
+                if (q > top) q = top;
+                set_bits(b, 8*(4 + 4*bits5 + e%16) + 4*(e/16), 4, (uint32_t)q & 15);
+                if (bits5) set_bits(b, 32 + e, 1, (uint32_t)q >> 4);
+            }
+            break;
+        }
+        default: break;
+    }
+}
+
+static void test_quantize_exact(const struct qtype * qt) {
+    enum { NB = 256 };
+    if (qt->blck != 32 || qt->rt_rms == 0) return;
+    float   * x    = malloc(sizeof(float) * NB * 32);
+    uint8_t * got  = calloc(NB, (size_t)qt->size);
+    uint8_t * want = calloc(NB, (size_t)qt->size);
+    for (int b = 0; b < NB; b++) {
+        const float scale = ldexpf(1.0f, (int)(rng_u64() % 24) - 14), shift = b % 3 ? 0 : scale * rng_uniform() * 3;
+        for (int i = 0; i < 32; i++) {
+            float v = rng_normal() * scale + shift;
+            if (b % 5 == 1) v = roundf(v / scale * 2) * scale / 2; // ties
+            if (b % 7 == 2 && i % 4) v = 0;                        // sparse
+            x[b*32 + i] = v;
+        }
+        ref_quantize_block(qt->type, x + b*32, want + (size_t)b * qt->size);
+    }
+    kvr_from_float(qt->type, x, got, NB * 32);
+    int bad = 0;
+    for (int b = 0; b < NB; b++) bad += memcmp(got + (size_t)b * qt->size, want + (size_t)b * qt->size, (size_t)qt->size) != 0;
+    check(bad == 0, "%s quantizer: %d of %d blocks differ from ggml's reference rule", qt->name, bad, NB);
+    free(x); free(got); free(want);
+}
+
 #ifndef QUANT_STANDALONE
 
 // W [K, N] of type qt times X [K, T] f32 through a graph, against the reference in double.
@@ -424,8 +504,8 @@ static void test_mul_mat(const struct qtype * qt) {
 
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
 // tensor must match the Q8_0 file's copy within its format's error (a wrong bit layout gives an
-// error near sqrt(2)), and the Q4_0/Q5_0/Q8_0 blocks llama.cpp wrote must come back byte for byte
-// when their dequantized values are quantized again.
+// error near sqrt(2)), and the Q4_0/Q5_0/Q8_0/Q4_K blocks llama.cpp wrote must come back byte for
+// byte when their dequantized values are quantized again.
 static const char * const tiny_files[] = { "Q8_0", "Q4_0", "Q5_0", "Q6_K", "Q4_K_M" };
 
 static float * dequant_tensor(const struct kvr_gguf_tensor * t, int64_t * n_out) {
@@ -436,16 +516,17 @@ static float * dequant_tensor(const struct kvr_gguf_tensor * t, int64_t * n_out)
     return f;
 }
 
-static void test_tiny_llama(void) {
-    char path[256];
-    snprintf(path, sizeof path, "../shared/reference/tiny-llama-%s.gguf", tiny_files[0]);
+static void test_tiny_llama(const char * shared) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/reference/tiny-llama-%s.gguf", shared, tiny_files[0]);
     struct kvr_gguf * q8 = kvr_gguf_open(path);
     if (!q8) {
-        printf("skipped: %s not readable (%s)\n", path, kvr_last_error());
+        printf("skipped: the tiny-llama checks (%s)\n", kvr_last_error());
+        n_skip++;
         return;
     }
     for (size_t f = 0; f < sizeof tiny_files / sizeof tiny_files[0]; f++) {
-        snprintf(path, sizeof path, "../shared/reference/tiny-llama-%s.gguf", tiny_files[f]);
+        snprintf(path, sizeof path, "%s/reference/tiny-llama-%s.gguf", shared, tiny_files[f]);
         struct kvr_gguf * g = kvr_gguf_open(path);
         check(g != NULL, "open %s: %s", path, kvr_last_error());
         if (!g) continue;
@@ -478,7 +559,8 @@ static void test_tiny_llama(void) {
             check(n == nr && finite && rel <= tol, "%s %s (%s): relative RMS difference to the q8_0 copy %.4g > %.3g",
                   tiny_files[f], t->name, kvr_type_name(t->type), rel, tol);
 
-            if (t->type == KVR_TYPE_Q8_0 || t->type == KVR_TYPE_Q4_0 || t->type == KVR_TYPE_Q5_0) {
+            if (t->type == KVR_TYPE_Q8_0 || t->type == KVR_TYPE_Q4_0 || t->type == KVR_TYPE_Q5_0 ||
+                t->type == KVR_TYPE_Q4_K) {
                 const size_t bytes = kvr_row_size(t->type, n);
                 uint8_t * re = malloc(bytes);
                 const size_t wrote = kvr_from_float(t->type, a, re, n);
@@ -499,7 +581,9 @@ static void test_tiny_llama(void) {
 }
 #endif
 
-int main(void) {
+int main(int argc, char ** argv) {
+    const char * shared = argc > 1 ? argv[1] : "../shared";
+    (void)shared;
     rng_state = 0x5eed0000u;
 
     for (int i = 0; i < N_QTYPES; i++) {
@@ -510,14 +594,19 @@ int main(void) {
         test_dequant(qt);
         test_row_dot(qt);
         test_round_trip(qt);
+        test_quantize_exact(qt);
 #ifndef QUANT_STANDALONE
         test_mul_mat(qt);
 #endif
     }
 #ifndef QUANT_STANDALONE
-    test_tiny_llama();
+    test_tiny_llama(shared);
 #endif
 
-    printf("%d passed, %d failed\n", n_pass, n_fail);
+    if (n_skip) {
+        printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    } else {
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+    }
     return n_fail ? 1 : 0;
 }

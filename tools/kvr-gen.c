@@ -1,6 +1,8 @@
 // kvr-gen.c - writes random-weight GGUF models with the shapes of real architectures, for tests
 // and benchmarks: the same tensor names, shapes and metadata keys as llama.cpp's convert script,
-// so the files load in kvr and in llama.cpp alike.
+// so the files load in kvr and in llama.cpp alike. Llama presets: tinyllama-1.1b, llama-7b and
+// the few-MB tiny (GQA), tiny-mha, tiny-mqa; falcon presets (7B layout, BPE vocabulary from
+// --vocab): falcon-7b and tiny.
 //
 // Weights are uniform with the spread of a N(0, 1/fan_in) initialisation, so the residual stream
 // and the logits stay of order one through any number of layers; norm weights are 1 plus a little
@@ -269,7 +271,7 @@ static void vocab_add_word(struct gen_vocab * v, const char * word, int n_vocab)
     char buf[64];
     const size_t len = strlen(word);
     const size_t start = strncmp(word, SPM_SPACE, 3) == 0 ? 3 : 0;
-    for (size_t k = start + 1; k <= len && k < sizeof(buf) && arrlen(v->pieces) < n_vocab; k++) {
+    for (size_t k = start < len ? start + 1 : len; k <= len && k < sizeof(buf) && arrlen(v->pieces) < n_vocab; k++) {
         memcpy(buf, word, k);
         buf[k] = '\0';
         vocab_add(v, buf, -(float) arrlen(v->pieces), KVR_TOKEN_NORMAL);

@@ -29,7 +29,19 @@ struct run_args {
     bool         seed_set;
     bool         verbose;
     bool         dump_graph;
+    bool         stats;
+    bool         strategy_set;
     enum kvr_attn_mode attn_mode;
+    // parallel prefill
+    int          n_ranks;
+    enum kvr_strategy strategy;
+    enum kvr_comm_kind comm;
+    bool         comm_set;
+    const char * partition;
+    double       timeout_s;
+    const char * trace;
+    double       link_gbps;
+    double       link_latency_us;
 };
 
 static void usage(FILE * f) {
@@ -48,8 +60,20 @@ static void usage(FILE * f) {
         "  --seed N           sampling seed (default: random, printed with -v)\n"
         "  --attn causal|dense  attention kernel mode (default causal)\n"
         "  --dump-logits FILE the last prompt token's logits, one per line\n"
-        "  --dump-graph       print the rewritten graph of the prefill on stderr\n"
+        "  --dump-graph       print every rank's rewritten graph of the prefill on stderr\n"
         "  -v                 prompt and generated ids, model shape, seed on stderr\n"
+        "parallel prefill:\n"
+        "  --ranks N          ranks (default 1; under mpirun: the MPI size)\n"
+        "  --strategy S       single|tsp|kvr|ring-kv|ring-q|auto (default: single for 1 rank, kvr otherwise)\n"
+        "  --partition P      kvr: even, token counts (5,3,2,1) or fractions (0.4,0.3,0.2,0.1)\n"
+        "  --comm local|mpi   ranks as threads of this process or as MPI processes (default local;\n"
+        "                     mpi when started by mpirun in a KVR_MPI=1 build)\n"
+        "  -t N               threads per rank\n"
+        "  --comm-timeout S   seconds any transfer may wait before the run fails (default 60)\n"
+        "  --link-gbps X      local: emulate a link of X Gbit/s between ranks\n"
+        "  --link-latency-us X  local: emulated latency per transfer\n"
+        "  --stats            one JSON object of counters per rank on stderr after the prefill\n"
+        "  --trace FILE       Chrome trace JSON of every rank's layers and transfers (Perfetto)\n"
         "  -h, --help         this text\n");
 }
 
@@ -88,6 +112,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         else if (!strcmp(f, "-v") || !strcmp(f, "--verbose")) { a->verbose = true; takes = false; }
         else if (!strcmp(f, "--dump-graph")) { a->dump_graph = true; takes = false; }
+        else if (!strcmp(f, "--stats")) { a->stats = true; takes = false; }
         else if (!v) return bad_arg("flag %s needs a value", f);
         else if (!strcmp(f, "-m") || !strcmp(f, "--model")) a->model = v;
         else if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) a->prompt = v;
@@ -107,6 +132,19 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
             if (errno || end == v || *end) return bad_arg("bad --seed value '%s'", v);
             a->seed_set = true;
         }
+        else if (!strcmp(f, "--ranks")) { if (!parse_int(v, 1, 256, &a->n_ranks)) return bad_arg("bad --ranks value '%s' (1 to 256)", v); }
+        else if (!strcmp(f, "--strategy")) { if (kvr_strategy_parse(v, &a->strategy)) return bad_arg("%s", kvr_last_error()); a->strategy_set = true; }
+        else if (!strcmp(f, "--partition")) a->partition = v;
+        else if (!strcmp(f, "--trace")) a->trace = v;
+        else if (!strcmp(f, "--comm")) {
+            if (!strcmp(v, "local")) a->comm = KVR_COMM_LOCAL;
+            else if (!strcmp(v, "mpi")) a->comm = KVR_COMM_MPI;
+            else return bad_arg("bad --comm value '%s' (local or mpi)", v);
+            a->comm_set = true;
+        }
+        else if (!strcmp(f, "--comm-timeout")) { float x; if (!parse_float(v, &x) || x <= 0) return bad_arg("bad --comm-timeout value '%s'", v); a->timeout_s = x; }
+        else if (!strcmp(f, "--link-gbps")) { float x; if (!parse_float(v, &x) || x < 0) return bad_arg("bad --link-gbps value '%s'", v); a->link_gbps = x; }
+        else if (!strcmp(f, "--link-latency-us")) { float x; if (!parse_float(v, &x) || x < 0) return bad_arg("bad --link-latency-us value '%s'", v); a->link_latency_us = x; }
         else if (!strcmp(f, "--attn")) {
             if (!strcmp(v, "causal")) a->attn_mode = KVR_ATTN_CAUSAL;
             else if (!strcmp(v, "dense")) a->attn_mode = KVR_ATTN_DENSE;
@@ -116,6 +154,9 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         if (takes) i++;
     }
     if (!a->model) return bad_arg("%s", "no model: give -m FILE");
+    if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
+    if (a->n_ranks == 0) a->n_ranks = 1;
+    if (!a->strategy_set) a->strategy = a->n_ranks > 1 || a->comm == KVR_COMM_MPI ? KVR_STRATEGY_KVR : KVR_STRATEGY_SINGLE;
     if (!!a->prompt + !!a->prompt_file + !!a->tokens != 1) return bad_arg("%s", "give exactly one of -p, -f and --tokens");
     return 0;
 }
@@ -177,6 +218,53 @@ static void print_piece(const struct kvr_vocab * v, int32_t id, bool * first) {
     fwrite(s, 1, (size_t)n, stdout);
 }
 
+// "5,3,2,1" (token counts) or "0.4,0.3,0.2,0.1" (fractions), one entry per rank
+static int parse_partition(const char * s, int n_ranks, int ** counts, double ** fracs) {
+    double * v = calloc((size_t)n_ranks + 1, sizeof(double));
+    bool frac = strchr(s, '.') != NULL;
+    int n = 0;
+    const char * p = s;
+    while (*p) {
+        char * end;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (errno || end == p || x < 0 || (*end && *end != ',') || n == n_ranks + 1) {
+            fprintf(stderr, "kvr-run: --partition: bad entry at character %d of '%s'\n", (int)(p - s) + 1, s);
+            free(v);
+            return -1;
+        }
+        if (!frac && x != (double)(long)x) frac = true;
+        v[n++] = x;
+        p = *end ? end + 1 : end;
+    }
+    if (n != n_ranks) {
+        fprintf(stderr, "kvr-run: --partition has %d entries for %d ranks\n", n, n_ranks);
+        free(v);
+        return -1;
+    }
+    if (frac) {
+        *fracs = v;
+    } else {
+        *counts = calloc((size_t)n_ranks, sizeof(int));
+        for (int i = 0; i < n_ranks; i++) (*counts)[i] = (int)v[i];
+        free(v);
+    }
+    return 0;
+}
+
+static void print_stats(const struct kvr_dist * d) {
+    struct kvr_rank_stats st[256];
+    const int n = kvr_dist_stats(d, st, 256);
+    for (int i = 0; i < n; i++) {
+        fprintf(stderr, "{\"rank\":%d,\"strategy\":\"%s\",\"tokens\":%d,\"attn_dot_dense\":%lld,\"attn_dot_causal\":%lld,"
+                "\"kv_rows_sent\":%lld,\"kv_rows_recv\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
+                "\"wait_ms\":%.3f,\"ttft_ms\":%.3f}\n",
+                st[i].rank, kvr_strategy_name(kvr_dist_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
+                (long long)st[i].attn_dot_causal, (long long)st[i].kv_rows_sent, (long long)st[i].kv_rows_recv,
+                (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms);
+    }
+}
+
 static void print_ids(const char * label, const int32_t * ids, int n) {
     fprintf(stderr, "%s: ", label);
     for (int i = 0; i < n; i++) fprintf(stderr, "%s%d", i ? "," : "", ids[i]);
@@ -227,33 +315,54 @@ int main(int argc, char ** argv) {
     }
     if (a.verbose) print_ids("prompt ids", ids, n_prompt);
 
-    struct kvr_session_params sp = { .n_ctx = a.n_ctx, .n_threads = a.n_threads, .attn_mode = a.attn_mode,
-                                     .graph_out = a.dump_graph ? stderr : NULL };
-    if (sp.n_ctx == 0) {
-        // the default context fits the prompt and the continuation when the model allows
-        sp.n_ctx = n_prompt + a.n_predict;
-        if (sp.n_ctx < 512) sp.n_ctx = 512;
+    int n_ctx = a.n_ctx;
+    if (n_ctx == 0) {
+        // the default context fits the prompt and the continuation
+        n_ctx = n_prompt + a.n_predict;
+        if (n_ctx < 512) n_ctx = 512;
     }
-    if (n_prompt + a.n_predict > sp.n_ctx) {
+    if (n_prompt + a.n_predict > n_ctx) {
         fprintf(stderr, "kvr-run: %d prompt tokens + %d to generate exceed the context of %d (raise -c)\n",
-                n_prompt, a.n_predict, sp.n_ctx);
+                n_prompt, a.n_predict, n_ctx);
         free(text); free(ids); kvr_model_free(model);
         return 2;
     }
-    struct kvr_session * sess = kvr_session_new(model, &sp);
-    if (!sess) {
-        fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
-        free(text); free(ids); kvr_model_free(model);
-        return 1;
+    int * counts = NULL;
+    double * fracs = NULL;
+    if (a.partition && strcmp(a.partition, "even") != 0) {
+        if (parse_partition(a.partition, a.n_ranks, &counts, &fracs) != 0) {
+            free(text); free(ids); kvr_model_free(model);
+            return 2;
+        }
     }
+    struct kvr_dist_params dp = {
+        .strategy = a.strategy, .comm = a.comm, .n_ranks = a.n_ranks, .n_threads = a.n_threads, .n_ctx = n_ctx,
+        .partition = counts, .fractions = fracs, .attn_mode = a.attn_mode, .timeout_s = a.timeout_s,
+        .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us, .trace = a.trace != NULL,
+        .stall_rank = -1, .stall_layer = -1, .graph_out = a.dump_graph ? stderr : NULL,
+        .log = a.verbose ? stderr : NULL,
+    };
+    if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers
+        if (sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) != 2) dp.stall_rank = -1;
+    }
+    struct kvr_dist * dist = kvr_dist_new(model, &dp);
+    if (!dist) {
+        fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
+        free(text); free(ids); free(counts); free(fracs); kvr_model_free(model);
+        return 2;
+    }
+    // under MPI every rank runs this program; rank 0 speaks for all
+    const bool speaker = kvr_dist_rank(dist) == 0;
 
     if (!a.seed_set) a.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    if (a.verbose) fprintf(stderr, "seed: %llu\n", (unsigned long long)a.seed);
+    if (a.verbose && speaker) fprintf(stderr, "seed: %llu\n", (unsigned long long)a.seed);
     struct kvr_sampler smp;
     kvr_sampler_init(&smp, &(struct kvr_sampler_params) { a.temp, a.top_k, a.top_p, a.seed });
 
     // the prompt as text first
-    if (text) {
+    if (!speaker) {
+        // quiet
+    } else if (text) {
         fputs(text, stdout);
     } else {
         bool first = true;
@@ -265,14 +374,16 @@ int main(int argc, char ** argv) {
     fflush(stdout);
 
     const double t0 = kvr_time_ms();
-    const float * logits = kvr_session_eval(sess, ids, n_prompt);
+    const float * logits = kvr_dist_eval(dist, ids, n_prompt);
+    const double t_prefill = kvr_time_ms();
+    if (a.stats) print_stats(dist);
     if (!logits) {
         fprintf(stderr, "\nkvr-run: prefill failed: %s\n", kvr_last_error());
         rc = 1;
         goto done;
     }
     const int n_vocab = kvr_vocab_n_tokens(vocab);
-    if (a.dump_logits) {
+    if (a.dump_logits && speaker) {
         FILE * f = fopen(a.dump_logits, "w");
         if (!f) {
             fprintf(stderr, "kvr-run: %s: cannot write: %s\n", a.dump_logits, strerror(errno));
@@ -292,10 +403,10 @@ int main(int argc, char ** argv) {
         if (n_gen == 0) t_first = kvr_time_ms();
         gen[n_gen++] = id;
         if (kvr_vocab_is_eog(vocab, id)) break;
-        print_piece(vocab, id, &first_piece);
+        if (speaker) print_piece(vocab, id, &first_piece);
         fflush(stdout);
         if (n_gen == a.n_predict) break;
-        logits = kvr_session_eval(sess, &id, 1);
+        logits = kvr_dist_eval(dist, &id, 1);
         if (!logits) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
@@ -304,16 +415,24 @@ int main(int argc, char ** argv) {
         }
     }
     t_end = kvr_time_ms();
-    if (isatty(1)) putchar('\n');
+    if (isatty(1) && speaker) putchar('\n');
     fflush(stdout);
-    if (a.verbose) print_ids("generated ids", gen, n_gen);
+    if (a.verbose && speaker) print_ids("generated ids", gen, n_gen);
     const double ttft = t_first - t0;
-    fprintf(stderr, "timing: prompt_tokens=%d ttft_ms=%.3f prefill_tok_s=%.2f decode_ms_per_tok=%.3f\n",
-            n_prompt, ttft, n_prompt / (ttft / 1e3), n_gen > 1 ? (t_end - t_first) / (n_gen - 1) : 0.0);
+    if (speaker) {
+        fprintf(stderr, "timing: prompt_tokens=%d ttft_ms=%.3f prefill_tok_s=%.2f decode_ms_per_tok=%.3f\n",
+                n_prompt, ttft, n_prompt / ((t_prefill - t0) / 1e3), n_gen > 1 ? (t_end - t_first) / (n_gen - 1) : 0.0);
+    }
     free(gen);
 done:
+    if (a.trace && kvr_dist_write_trace(dist, a.trace) != KVR_OK) {
+        fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
+        if (rc == 0) rc = 1;
+    }
     kvr_sampler_free(&smp);
-    kvr_session_free(sess);
+    kvr_dist_free(dist);
+    free(counts);
+    free(fracs);
     kvr_model_free(model);
     free(text);
     free(ids);

@@ -1,0 +1,1449 @@
+// kvr-comm.c - ranks: the transports (threads of one process, MPI processes), the endpoint the
+// backend calls for communication nodes, the strategy passes that rewrite a rank's graph
+// (tsp, KV-Runahead, ring pass-KV, ring pass-Q, the ring decode), and the driver that runs one
+// eval on every rank: kvr_dist_eval.
+//
+// Reading order: kvr_dist_eval -> plan_eval (who holds which tokens) -> rank_eval (build the
+// rank's graph, run its pass, plan memory, compute) -> pass_* -> comm_exec (the transfers).
+
+#define _GNU_SOURCE
+#include "kvr.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef KVR_MPI
+#include <mpi.h>
+#endif
+
+//
+// strategies and sharding
+//
+
+static const char * const strategy_names[KVR_STRATEGY_COUNT] = {
+    "single", "tsp", "kvr", "ring-kv", "ring-q", "auto",
+};
+
+const char * kvr_strategy_name(enum kvr_strategy s) {
+    return (unsigned)s < KVR_STRATEGY_COUNT ? strategy_names[s] : "?";
+}
+
+int kvr_strategy_parse(const char * name, enum kvr_strategy * out) {
+    for (int i = 0; i < KVR_STRATEGY_COUNT; i++) {
+        if (strcmp(name, strategy_names[i]) == 0) {
+            *out = (enum kvr_strategy)i;
+            return KVR_OK;
+        }
+    }
+    return kvr_error(KVR_ERR_ARG, "unknown strategy '%s' (single, tsp, kvr, ring-kv, ring-q, auto)", name);
+}
+
+// chunk c of 2n chunks over T tokens: [T*c/(2n), T*(c+1)/(2n))
+static int chunk_begin(int T, int n_chunks, int c) {
+    return (int)((int64_t)T * c / n_chunks);
+}
+
+int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos) {
+    const int nc = 2 * n_ranks;
+    const int chunks[2] = { rank, nc - 1 - rank };
+    int n = 0;
+    for (int k = 0; k < 2; k++) {
+        for (int t = chunk_begin(T, nc, chunks[k]); t < chunk_begin(T, nc, chunks[k] + 1); t++) {
+            if (pos) pos[n] = P + t;
+            n++;
+        }
+    }
+    return n;
+}
+
+enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
+                                double flops, double bw, char * why, size_t cap) {
+    (void)head_dim; // D cancels in both sides of the paper's inequalities
+    const double N = n_ranks, e = sizeof(float);
+    const double t_min = N * flops * n_head_kv * e / (2.0 * n_head * bw);
+    const double miss = (double)T / (double)(T + P);
+    const double miss_min = 2.0 * n_head_kv / n_head - 4.0 * T * bw / (N * flops * e);
+    const enum kvr_strategy pick = (T >= t_min || miss >= miss_min) ? KVR_STRATEGY_RING_KV : KVR_STRATEGY_RING_Q;
+    if (why) {
+        snprintf(why, cap, "auto: %s (Algorithm 5: T=%d >= %.0f is %s; T/(T+P)=%.4f >= 2*NKV/NH - 4*T*BW/(N*C*e) = %.4f is %s;"
+                 " N=%d NH=%d NKV=%d C=%.3g FLOP/s BW=%.3g B/s e=4)",
+                 kvr_strategy_name(pick), T, t_min, T >= t_min ? "true" : "false", miss, miss_min,
+                 miss >= miss_min ? "true" : "false", n_ranks, n_head, n_head_kv, flops, bw);
+    }
+    return pick;
+}
+
+//
+// transports: isend / irecv / wait with a deadline; a failed rank tells the others
+//
+
+struct tr_req {
+    void *       buf;
+    size_t       n;
+    int          me, peer, tag;
+    bool         is_send;
+    bool         done;
+    double       ready_at;  // link emulation: the data may not be used before this time (ms)
+    double       t_post;
+#ifdef KVR_MPI
+    MPI_Request  mpi;
+#endif
+};
+
+struct transport {
+    int  (*isend)(struct transport * t, struct tr_req * r);
+    int  (*irecv)(struct transport * t, struct tr_req * r);
+    // KVR_OK when done; KVR_ERR_COMM on timeout or when another rank failed (message set)
+    int  (*wait) (struct transport * t, struct tr_req * r, double deadline_ms, double timeout_s);
+    void (*fail) (struct transport * t, int rank, const char * msg);
+    void (*cancel)(struct transport * t, struct tr_req * r); // the request will never be waited for
+    void (*free) (struct transport * t);
+    int          n_ranks;
+    double       link_gbps;
+    double       link_latency_us;
+};
+
+static int wait_error(const struct tr_req * r, double timeout_s) {
+    const int tag = r->tag;
+    if (r->is_send) {
+        return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for rank %d to take %s of layer %d (step %d)",
+                         r->me, timeout_s, r->peer, kvr_tag_kind_name(kvr_tag_kind(tag)), kvr_tag_layer(tag), kvr_tag_step(tag));
+    }
+    return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for %s of layer %d (step %d) from rank %d",
+                     r->me, timeout_s, kvr_tag_kind_name(kvr_tag_kind(tag)), kvr_tag_layer(tag), kvr_tag_step(tag), r->peer);
+}
+
+// the local transport: ranks are threads; a send is matched with a posted receive and copied
+// once, straight from the sender's memory into the receiver's (the sender keeps its memory
+// alive until the graph ends, so a send that finds no receive yet just waits to be taken)
+
+struct local_world {
+    struct transport   tr;
+    pthread_mutex_t    mu;
+    pthread_cond_t     cv;
+    struct tr_req   ** sends;   // unmatched sends
+    int                n_sends, cap_sends;
+    struct tr_req   ** recvs;   // unmatched receives
+    int                n_recvs, cap_recvs;
+    double           * link_free; // [src*n + dst]: when the emulated link is free again (ms)
+    bool               failed;
+    char               fail_msg[512];
+};
+
+static void req_list_add(struct tr_req *** list, int * n, int * cap, struct tr_req * r) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 16;
+        *list = realloc(*list, sizeof(**list) * (size_t)*cap);
+        KVR_ASSERT(*list != NULL);
+    }
+    (*list)[(*n)++] = r;
+}
+
+static void req_list_del(struct tr_req ** list, int * n, int i) {
+    memmove(&list[i], &list[i + 1], sizeof(*list) * (size_t)(*n - i - 1));
+    (*n)--;
+}
+
+// called with the lock held: copy and complete both sides
+static int local_deliver(struct local_world * w, struct tr_req * s, struct tr_req * r) {
+    if (s->n != r->n) {
+        return kvr_error(KVR_ERR_COMM, "rank %d: %s of layer %d from rank %d has %zu bytes, expected %zu (the ranks disagree on the plan)",
+                         r->me, kvr_tag_kind_name(kvr_tag_kind(r->tag)), kvr_tag_layer(r->tag), s->me, s->n, r->n);
+    }
+    if (s->n) memcpy(r->buf, s->buf, s->n);
+    double ready = kvr_time_ms();
+    if (w->tr.link_gbps > 0 || w->tr.link_latency_us > 0) {
+        // the link serializes transfers between one pair; the copy itself stands for no time
+        double * busy = &w->link_free[s->me * w->tr.n_ranks + r->me];
+        double start = s->t_post > *busy ? s->t_post : *busy;
+        double xfer = w->tr.link_gbps > 0 ? (double)s->n * 8.0 / (w->tr.link_gbps * 1e9) * 1e3 : 0.0;
+        *busy = start + xfer;
+        ready = start + xfer + w->tr.link_latency_us * 1e-3;
+    }
+    s->ready_at = r->ready_at = ready;
+    s->done = r->done = true;
+    pthread_cond_broadcast(&w->cv);
+    return KVR_OK;
+}
+
+static int local_isend(struct transport * t, struct tr_req * r) {
+    struct local_world * w = (struct local_world *)t;
+    int rc = KVR_OK;
+    pthread_mutex_lock(&w->mu);
+    r->t_post = kvr_time_ms();
+    int i = 0;
+    for (; i < w->n_recvs; i++) {
+        struct tr_req * q = w->recvs[i];
+        if (q->peer == r->me && q->me == r->peer && q->tag == r->tag) break;
+    }
+    if (i < w->n_recvs) {
+        struct tr_req * q = w->recvs[i];
+        req_list_del(w->recvs, &w->n_recvs, i);
+        rc = local_deliver(w, r, q);
+    } else {
+        req_list_add(&w->sends, &w->n_sends, &w->cap_sends, r);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+static int local_irecv(struct transport * t, struct tr_req * r) {
+    struct local_world * w = (struct local_world *)t;
+    int rc = KVR_OK;
+    pthread_mutex_lock(&w->mu);
+    r->t_post = kvr_time_ms();
+    int i = 0;
+    for (; i < w->n_sends; i++) {
+        struct tr_req * s = w->sends[i];
+        if (s->me == r->peer && s->peer == r->me && s->tag == r->tag) break;
+    }
+    if (i < w->n_sends) {
+        struct tr_req * s = w->sends[i];
+        req_list_del(w->sends, &w->n_sends, i);
+        rc = local_deliver(w, s, r);
+    } else {
+        req_list_add(&w->recvs, &w->n_recvs, &w->cap_recvs, r);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+static void local_forget(struct local_world * w, struct tr_req * r) {
+    for (int i = 0; i < w->n_sends; i++) if (w->sends[i] == r) { req_list_del(w->sends, &w->n_sends, i); return; }
+    for (int i = 0; i < w->n_recvs; i++) if (w->recvs[i] == r) { req_list_del(w->recvs, &w->n_recvs, i); return; }
+}
+
+static int local_wait(struct transport * t, struct tr_req * r, double deadline, double timeout_s) {
+    struct local_world * w = (struct local_world *)t;
+    pthread_mutex_lock(&w->mu);
+    while (!r->done && !w->failed) {
+        double now = kvr_time_ms();
+        if (now >= deadline) break;
+        double until = deadline < now + 100.0 ? deadline : now + 100.0;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double add = until - now;
+        ts.tv_sec  += (time_t)(add / 1e3);
+        ts.tv_nsec += (long)(fmod(add, 1e3) * 1e6);
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    int rc = KVR_OK;
+    if (!r->done) {
+        local_forget(w, r); // the peer must not copy into memory we are about to give up
+        if (w->failed) rc = kvr_error(KVR_ERR_COMM, "rank %d: aborted: %s", r->me, w->fail_msg);
+        else rc = wait_error(r, timeout_s);
+    }
+    const double ready = r->ready_at;
+    pthread_mutex_unlock(&w->mu);
+    if (rc == KVR_OK && !r->is_send) {
+        double now = kvr_time_ms();
+        if (ready > now) usleep((useconds_t)((ready - now) * 1e3));
+    }
+    return rc;
+}
+
+static void local_cancel(struct transport * t, struct tr_req * r) {
+    struct local_world * w = (struct local_world *)t;
+    pthread_mutex_lock(&w->mu);
+    local_forget(w, r);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void local_fail(struct transport * t, int rank, const char * msg) {
+    struct local_world * w = (struct local_world *)t;
+    pthread_mutex_lock(&w->mu);
+    if (!w->failed) {
+        w->failed = true;
+        snprintf(w->fail_msg, sizeof(w->fail_msg), "%s", msg);
+    }
+    (void)rank;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void local_free(struct transport * t) {
+    struct local_world * w = (struct local_world *)t;
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->sends);
+    free(w->recvs);
+    free(w->link_free);
+    free(w);
+}
+
+static struct transport * local_new(int n_ranks, double gbps, double latency_us) {
+    struct local_world * w = calloc(1, sizeof(*w));
+    KVR_ASSERT(w != NULL);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->link_free = calloc((size_t)n_ranks * (size_t)n_ranks, sizeof(double));
+    w->tr = (struct transport) { local_isend, local_irecv, local_wait, local_fail, local_cancel, local_free, n_ranks, gbps, latency_us };
+    return &w->tr;
+}
+
+// starting a new eval forgets an earlier failure
+static void local_reset(struct transport * t) {
+    struct local_world * w = (struct local_world *)t;
+    pthread_mutex_lock(&w->mu);
+    w->failed = false;
+    w->fail_msg[0] = 0;
+    w->n_sends = w->n_recvs = 0;
+    pthread_mutex_unlock(&w->mu);
+}
+
+#ifdef KVR_MPI
+// the MPI transport: ranks are processes. A failure cannot be undone: the rank that sees it
+// prints the message and aborts the job, which ends every other rank with it.
+
+static int mpi_isend(struct transport * t, struct tr_req * r) {
+    (void)t;
+    KVR_ASSERT(r->n <= (size_t)INT_MAX);
+    r->t_post = kvr_time_ms();
+    int rc = MPI_Isend(r->buf, (int)r->n, MPI_BYTE, r->peer, r->tag, MPI_COMM_WORLD, &r->mpi);
+    return rc == MPI_SUCCESS ? KVR_OK : kvr_error(KVR_ERR_COMM, "rank %d: MPI_Isend to rank %d failed (%d)", r->me, r->peer, rc);
+}
+
+static int mpi_irecv(struct transport * t, struct tr_req * r) {
+    (void)t;
+    KVR_ASSERT(r->n <= (size_t)INT_MAX);
+    r->t_post = kvr_time_ms();
+    int rc = MPI_Irecv(r->buf, (int)r->n, MPI_BYTE, r->peer, r->tag, MPI_COMM_WORLD, &r->mpi);
+    return rc == MPI_SUCCESS ? KVR_OK : kvr_error(KVR_ERR_COMM, "rank %d: MPI_Irecv from rank %d failed (%d)", r->me, r->peer, rc);
+}
+
+static int mpi_wait(struct transport * t, struct tr_req * r, double deadline, double timeout_s) {
+    (void)t;
+    for (int spins = 0; ; spins++) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&r->mpi, &flag, &st) != MPI_SUCCESS) {
+            return kvr_error(KVR_ERR_COMM, "rank %d: MPI_Test failed", r->me);
+        }
+        if (flag) {
+            if (!r->is_send) {
+                int count = 0;
+                MPI_Get_count(&st, MPI_BYTE, &count);
+                if ((size_t)count != r->n) {
+                    return kvr_error(KVR_ERR_COMM, "rank %d: %s of layer %d from rank %d has %d bytes, expected %zu (the ranks disagree on the plan)",
+                                     r->me, kvr_tag_kind_name(kvr_tag_kind(r->tag)), kvr_tag_layer(r->tag), r->peer, count, r->n);
+                }
+            }
+            r->done = true;
+            return KVR_OK;
+        }
+        if (kvr_time_ms() >= deadline) return wait_error(r, timeout_s);
+        if (spins > 1000) usleep(50);
+    }
+}
+
+static void mpi_fail(struct transport * t, int rank, const char * msg) {
+    (void)t;
+    fprintf(stderr, "kvr: rank %d: %s\n", rank, msg);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+static void mpi_cancel(struct transport * t, struct tr_req * r) {
+    (void)t;
+    if (!r->done) {
+        MPI_Cancel(&r->mpi);
+        MPI_Request_free(&r->mpi);
+    }
+}
+
+static void mpi_free(struct transport * t) {
+    free(t);
+}
+#endif
+
+//
+// the endpoint a backend calls: communication nodes of one rank's graph
+//
+
+struct rank_comm {
+    struct kvr_comm    base;
+    struct transport * tr;
+    double             timeout_s;
+    struct tr_req   ** posted;      // receives posted at graph start, in node order
+    struct kvr_tensor ** posted_node;
+    int                n_posted, cap_posted;
+    struct tr_req   ** sends;       // outstanding sends
+    int                n_sends, cap_sends;
+    int                stall_layer; // test hook (-1: off)
+    bool               stalled;
+    struct kvr_rank_stats st;
+};
+
+static struct tr_req * req_new(int me, int peer, int tag, void * buf, size_t n, bool is_send) {
+    struct tr_req * r = calloc(1, sizeof(*r));
+    KVR_ASSERT(r != NULL);
+    *r = (struct tr_req) { .buf = buf, .n = n, .me = me, .peer = peer, .tag = tag, .is_send = is_send };
+    return r;
+}
+
+static bool tag_is_kv(int tag) {
+    return kvr_tag_kind(tag) == KVR_TAG_K || kvr_tag_kind(tag) == KVR_TAG_V;
+}
+
+static int comm_fail(struct rank_comm * c, int rc) {
+    c->tr->fail(c->tr, c->base.rank, kvr_last_error());
+    return rc;
+}
+
+static int comm_wait(struct rank_comm * c, struct tr_req * r) {
+    const double t0 = kvr_time_ms();
+    int rc = c->tr->wait(c->tr, r, t0 + c->timeout_s * 1e3, c->timeout_s);
+    c->st.wait_ms += kvr_time_ms() - t0;
+    return rc;
+}
+
+static int comm_send(struct rank_comm * c, const void * buf, size_t n, int peer, int tag, int64_t rows) {
+    struct tr_req * r = req_new(c->base.rank, peer, tag, (void *)buf, n, true);
+    req_list_add(&c->sends, &c->n_sends, &c->cap_sends, r);
+    c->st.bytes_sent += (int64_t)n;
+    if (tag_is_kv(tag)) c->st.kv_rows_sent += rows;
+    return c->tr->isend(c->tr, r);
+}
+
+static int comm_post_recv(struct kvr_comm * base, struct kvr_tensor * node) {
+    struct rank_comm * c = (struct rank_comm *)base;
+    struct tr_req * r = req_new(base->rank, node->op_params[0], node->op_params[1], node->data, kvr_nbytes(node), false);
+    if (c->n_posted == c->cap_posted) {
+        c->cap_posted = c->cap_posted ? 2 * c->cap_posted : 64;
+        c->posted = realloc(c->posted, sizeof(*c->posted) * (size_t)c->cap_posted);
+        c->posted_node = realloc(c->posted_node, sizeof(*c->posted_node) * (size_t)c->cap_posted);
+        KVR_ASSERT(c->posted && c->posted_node);
+    }
+    c->posted[c->n_posted] = r;
+    c->posted_node[c->n_posted] = node;
+    c->n_posted++;
+    int rc = c->tr->irecv(c->tr, r);
+    return rc == KVR_OK ? rc : comm_fail(c, rc);
+}
+
+// wait for a list of requests, then count what they brought
+static int comm_wait_recv(struct rank_comm * c, struct tr_req * r, int64_t rows) {
+    int rc = comm_wait(c, r);
+    if (rc != KVR_OK) return rc;
+    c->st.bytes_recv += (int64_t)r->n;
+    if (tag_is_kv(r->tag)) c->st.kv_rows_recv += rows;
+    return KVR_OK;
+}
+
+// the stall hook: this rank stops before its first transfer at or after the layer, as a lost
+// process would; it comes back only when another rank gave up (or after two timeouts)
+static int comm_stall(struct rank_comm * c, int tag) {
+    if (c->stall_layer < 0 || kvr_tag_layer(tag) < c->stall_layer) return KVR_OK;
+    if (!c->stalled) {
+        c->stalled = true;
+        struct tr_req never = { .me = c->base.rank, .peer = c->base.rank, .tag = -1 };
+        const double t0 = kvr_time_ms();
+        c->tr->wait(c->tr, &never, t0 + 2e3 * c->timeout_s, c->timeout_s);
+    }
+    return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
+}
+
+static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
+    struct rank_comm * c = (struct rank_comm *)base;
+    const int me = base->rank, N = base->n_ranks;
+    const int tag = node->op_params[1];
+    int rc = comm_stall(c, tag);
+    if (rc != KVR_OK) return rc; // a stalled rank says nothing more to anyone
+    switch (node->op) {
+        case KVR_OP_SEND: {
+            const struct kvr_tensor * s = node->src[0];
+            rc = comm_send(c, s->data, kvr_nbytes(s), node->op_params[0], tag, kvr_nrows(s));
+        } break;
+        case KVR_OP_RECV: {
+            int i = 0;
+            while (i < c->n_posted && c->posted_node[i] != node) i++;
+            KVR_ASSERT(i < c->n_posted && "RECV node was not posted");
+            rc = comm_wait_recv(c, c->posted[i], kvr_nrows(node));
+        } break;
+        case KVR_OP_ALL_GATHER: {
+            const struct kvr_tensor * src = node->src[0];
+            int64_t total;
+            memcpy(&total, &node->op_params[3], sizeof(total));
+            const size_t row = node->nb[1];
+            uint8_t * dst = node->data;
+            struct tr_req * reqs[256];
+            KVR_ASSERT(N <= 256);
+            for (int q = 0; q < N && rc == KVR_OK; q++) {
+                const int64_t r0 = total * q / N, r1 = total * (q + 1) / N;
+                reqs[q] = NULL;
+                if (q == me) {
+                    KVR_ASSERT(src->ne[1] == r1 - r0);
+                    if ((r1 - r0) && (const uint8_t *)src->data != dst + r0 * row) {
+                        memcpy(dst + r0 * row, src->data, (size_t)(r1 - r0) * row);
+                    }
+                    continue;
+                }
+                reqs[q] = req_new(me, q, tag, dst + r0 * row, (size_t)(r1 - r0) * row, false);
+                rc = c->tr->irecv(c->tr, reqs[q]);
+            }
+            for (int q = 0; q < N && rc == KVR_OK; q++) {
+                if (q != me) rc = comm_send(c, src->data, kvr_nbytes(src), q, tag, src->ne[1]);
+            }
+            for (int q = 0; q < N; q++) {
+                if (q == me || !reqs[q]) continue;
+                if (rc == KVR_OK) rc = comm_wait_recv(c, reqs[q], total * (q + 1) / N - total * q / N);
+                if (!reqs[q]->done) c->tr->cancel(c->tr, reqs[q]);
+                free(reqs[q]);
+            }
+        } break;
+        case KVR_OP_ALL_TO_ALL: {
+            const struct kvr_tensor * src = node->src[0];
+            int64_t total;
+            memcpy(&total, &node->op_params[3], sizeof(total));
+            const size_t row = node->nb[1], slice = node->nb[2];
+            const int mine = kvr_ring_shard((int)total, 0, N, me, NULL);
+            struct tr_req * reqs[256];
+            KVR_ASSERT(N <= 256);
+            for (int s = 0; s < N && rc == KVR_OK; s++) {
+                reqs[s] = NULL;
+                uint8_t * dst = (uint8_t *)node->data + s * slice;
+                if (s == me) {
+                    memcpy(dst, (const uint8_t *)src->data + s * slice, (size_t)mine * row);
+                    continue;
+                }
+                reqs[s] = req_new(me, s, tag, dst, (size_t)mine * row, false);
+                rc = c->tr->irecv(c->tr, reqs[s]);
+            }
+            for (int s = 0; s < N && rc == KVR_OK; s++) {
+                if (s == me) continue;
+                const int rows = kvr_ring_shard((int)total, 0, N, s, NULL);
+                rc = comm_send(c, (const uint8_t *)src->data + s * slice, (size_t)rows * row, s, tag, rows);
+            }
+            for (int s = 0; s < N; s++) {
+                if (s == me || !reqs[s]) continue;
+                if (rc == KVR_OK) rc = comm_wait_recv(c, reqs[s], mine);
+                if (!reqs[s]->done) c->tr->cancel(c->tr, reqs[s]);
+                free(reqs[s]);
+            }
+        } break;
+        default:
+            KVR_ASSERT(!"not a communication node");
+    }
+    return rc == KVR_OK ? rc : comm_fail(c, rc);
+}
+
+static int comm_finish(struct kvr_comm * base) {
+    struct rank_comm * c = (struct rank_comm *)base;
+    int rc = KVR_OK;
+    for (int i = 0; i < c->n_sends; i++) {
+        if (rc == KVR_OK && !c->stalled) rc = comm_wait(c, c->sends[i]);
+        if (!c->sends[i]->done) c->tr->cancel(c->tr, c->sends[i]);
+        free(c->sends[i]);
+    }
+    c->n_sends = 0;
+    for (int i = 0; i < c->n_posted; i++) {
+        // after a failure some receives were never waited for: the peer must not write them
+        if (!c->posted[i]->done) c->tr->cancel(c->tr, c->posted[i]);
+        free(c->posted[i]);
+    }
+    c->n_posted = 0;
+    if (rc != KVR_OK) comm_fail(c, rc);
+    return rc;
+}
+
+static struct rank_comm * rank_comm_new(struct transport * tr, int rank, int n_ranks, double timeout_s) {
+    struct rank_comm * c = calloc(1, sizeof(*c));
+    KVR_ASSERT(c != NULL);
+    c->base.iface   = (struct kvr_comm_i) { comm_post_recv, comm_exec, comm_finish };
+    c->base.rank    = rank;
+    c->base.n_ranks = n_ranks;
+    c->base.context = c;
+    c->tr           = tr;
+    c->timeout_s    = timeout_s;
+    c->stall_layer  = -1;
+    return c;
+}
+
+static void rank_comm_free(struct rank_comm * c) {
+    if (!c) return;
+    free(c->posted);
+    free(c->posted_node);
+    free(c->sends);
+    free(c);
+}
+
+//
+// the plan of one eval: which rank computes which new tokens
+//
+
+enum layout {
+    LAYOUT_CHAIN = 0, // single, tsp, kvr: the last rank ends with the whole cache
+    LAYOUT_RING  = 1, // ring-kv, ring-q, auto: the cache stays sharded
+};
+
+struct eval_plan {
+    enum kvr_strategy strat;     // what runs: never auto
+    int               T, P, N;
+    int             * cnt;       // new tokens per rank
+    int32_t        ** pos;       // their absolute positions
+    int               owner;     // the rank whose logits are returned
+    int               store;     // ring decode: the rank that keeps the new token's K/V
+    bool              active[256];
+};
+
+struct dist_rank {
+    int                   rank;
+    struct kvr_kv_cache * cache;
+    int32_t             * cache_pos;  // absolute position of every cache row
+    int                   n_rows;
+    struct kvr_backend  * be;
+    struct rank_comm    * comm;
+    void                * buf;
+    size_t                buf_size;
+    float               * logits;
+    struct kvr_span     * spans;      // every eval's spans, times relative to the dist's start
+    int                   n_spans, cap_spans;
+    char                * graph_text; // --dump-graph output of the last eval
+    size_t                graph_len;
+    int                   rc;
+    char                  err[1024];
+};
+
+struct kvr_dist {
+    const struct kvr_model * m;
+    struct kvr_dist_params   p;
+    enum layout              layout;
+    int                      n_ranks;
+    int                      n_local;     // ranks in this process
+    struct dist_rank       * ranks;       // n_local of them
+    int                    * rows;        // cache rows of every rank (all processes keep it)
+    struct transport       * tr;
+    int                      n_past;
+    int                      n_decode;    // ring decode steps so far (the round-robin store)
+    enum kvr_strategy        last;
+    float                  * logits;
+    double                   t_base;
+    int                    * partition;   // resolved counts for the kvr chain
+    struct eval_plan         plan;
+    const int32_t          * tokens;
+};
+
+static void plan_free(struct eval_plan * pl) {
+    if (pl->pos) {
+        for (int r = 0; r < pl->N; r++) free(pl->pos[r]);
+    }
+    free(pl->pos);
+    free(pl->cnt);
+    memset(pl, 0, sizeof(*pl));
+}
+
+// contiguous split of [P, P+T) with counts per rank
+static void plan_contiguous(struct eval_plan * pl, const int * counts) {
+    int s = 0;
+    for (int r = 0; r < pl->N; r++) {
+        pl->cnt[r] = counts[r];
+        pl->pos[r] = malloc(sizeof(int32_t) * (size_t)(counts[r] ? counts[r] : 1));
+        for (int i = 0; i < counts[r]; i++) pl->pos[r][i] = pl->P + s + i;
+        s += counts[r];
+        if (counts[r]) pl->owner = r;
+    }
+}
+
+static int resolve_partition(struct kvr_dist * d, int T, int * counts) {
+    const int N = d->n_ranks;
+    if (d->p.partition) {
+        int sum = 0;
+        for (int r = 0; r < N; r++) {
+            if (d->p.partition[r] < 0) return kvr_error(KVR_ERR_ARG, "partition: rank %d has a negative count", r);
+            sum += d->p.partition[r];
+            counts[r] = d->p.partition[r];
+        }
+        if (sum != T) return kvr_error(KVR_ERR_ARG, "partition: the counts add up to %d, but the prompt has %d tokens", sum, T);
+        return KVR_OK;
+    }
+    if (d->p.fractions) {
+        double cum = 0.0;
+        int prev = 0;
+        for (int r = 0; r < N; r++) {
+            if (!(d->p.fractions[r] >= 0.0)) return kvr_error(KVR_ERR_ARG, "partition: fraction %d is negative", r);
+            cum += d->p.fractions[r];
+            int e = r == N - 1 ? T : (int)lround(cum * T);
+            if (e > T) e = T;
+            if (e < prev) e = prev;
+            counts[r] = e - prev;
+            prev = e;
+        }
+        if (fabs(cum - 1.0) > 1e-3) return kvr_error(KVR_ERR_ARG, "partition: the fractions add up to %g, not 1", cum);
+        return KVR_OK;
+    }
+    for (int r = 0; r < N; r++) counts[r] = (int)((int64_t)T * (r + 1) / N - (int64_t)T * r / N);
+    return KVR_OK;
+}
+
+static int plan_eval(struct kvr_dist * d, int T) {
+    struct eval_plan * pl = &d->plan;
+    plan_free(pl);
+    const int N = d->n_ranks;
+    pl->T = T;
+    pl->P = d->n_past;
+    pl->N = N;
+    pl->cnt = calloc((size_t)N, sizeof(int));
+    pl->pos = calloc((size_t)N, sizeof(int32_t *));
+    pl->store = -1;
+    int * counts = calloc((size_t)N, sizeof(int));
+    int rc = KVR_OK;
+    if (d->layout == LAYOUT_CHAIN) {
+        if (pl->P == 0 && N > 1 && d->p.strategy != KVR_STRATEGY_SINGLE) {
+            pl->strat = d->p.strategy;
+            if (pl->strat == KVR_STRATEGY_KVR) {
+                rc = resolve_partition(d, T, counts);
+            } else { // tsp: the even split ALL_GATHER assumes
+                for (int r = 0; r < N; r++) counts[r] = (int)((int64_t)T * (r + 1) / N - (int64_t)T * r / N);
+            }
+        } else { // single, or a later eval: the last rank holds the whole cache
+            pl->strat = KVR_STRATEGY_SINGLE;
+            counts[N - 1] = T;
+        }
+        if (rc == KVR_OK) plan_contiguous(pl, counts);
+        for (int r = 0; r < N; r++) pl->active[r] = pl->strat != KVR_STRATEGY_SINGLE || r == N - 1;
+    } else {
+        for (int r = 0; r < N; r++) pl->active[r] = true;
+        if (T == 1 && pl->P > 0) {
+            // decode: every rank computes the token; one keeps its K/V (round robin)
+            pl->strat = KVR_STRATEGY_RING_Q;
+            pl->store = d->n_decode % N;
+            pl->owner = 0;
+            for (int r = 0; r < N; r++) {
+                pl->cnt[r] = 1;
+                pl->pos[r] = malloc(sizeof(int32_t));
+                pl->pos[r][0] = pl->P;
+            }
+        } else {
+            pl->strat = d->p.strategy;
+            if (pl->strat == KVR_STRATEGY_AUTO) {
+                const struct kvr_hparams * hp = &d->m->hp;
+                char why[512];
+                const double bw = d->p.auto_bw > 0 ? d->p.auto_bw : d->p.link_gbps > 0 ? d->p.link_gbps * 1e9 / 8 : 1e10;
+                pl->strat = kvr_auto_pick(T, pl->P, N, (int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim,
+                                          d->p.auto_flops > 0 ? d->p.auto_flops : 1e11, bw, why, sizeof(why));
+                if (d->p.log && kvr_dist_rank(d) == 0) fprintf(d->p.log, "%s\n", why);
+            }
+            for (int r = 0; r < N; r++) {
+                pl->cnt[r] = kvr_ring_shard(T, pl->P, N, r, NULL);
+                pl->pos[r] = malloc(sizeof(int32_t) * (size_t)(pl->cnt[r] ? pl->cnt[r] : 1));
+                kvr_ring_shard(T, pl->P, N, r, pl->pos[r]);
+                // the last token sits at the end of chunk 2N-1, which rank 0 holds
+                if (pl->cnt[r] && pl->pos[r][pl->cnt[r] - 1] == pl->P + T - 1) pl->owner = r;
+            }
+        }
+    }
+    free(counts);
+    return rc;
+}
+
+//
+// the passes: each rewrites every ATTN_BLOCK of one rank's graph and lists the nodes that must
+// run even when no output depends on them (cache stores, sends, collectives)
+//
+
+struct pass_ctx {
+    struct kvr_dist     * d;
+    struct dist_rank    * dr;
+    struct kvr_context  * ctx;
+    struct eval_plan    * pl;
+    int                   rank, N;
+    int                   n_old;     // cache rows before this eval
+    struct kvr_tensor   * kpos;      // positions of this rank's cache rows after the store
+    struct kvr_tensor  ** sinks;
+    int                   n_sinks, cap_sinks;
+    struct kvr_tensor  ** step_pos;  // ring: positions received at step j (layer 0), reused
+    float                 scale;
+};
+
+static struct kvr_tensor * sink(struct pass_ctx * pc, struct kvr_tensor * t, const char * why) {
+    if (pc->n_sinks == pc->cap_sinks) {
+        pc->cap_sinks = pc->cap_sinks ? 2 * pc->cap_sinks : 64;
+        pc->sinks = realloc(pc->sinks, sizeof(*pc->sinks) * (size_t)pc->cap_sinks);
+        KVR_ASSERT(pc->sinks != NULL);
+    }
+    pc->sinks[pc->n_sinks++] = t;
+    t->why = why;
+    return t;
+}
+
+// rows [r0, r0+n) of a cache tensor as [kv_dim, n]
+static struct kvr_tensor * cache_rows(struct pass_ctx * pc, struct kvr_tensor * c, int r0, int n) {
+    return kvr_view_2d(pc->ctx, c, c->ne[0], n, c->nb[1], (size_t)r0 * c->nb[1]);
+}
+
+// a [kv_dim, n] block seen as [head_dim, n_head_kv, n] for attention
+static struct kvr_tensor * as_heads(struct pass_ctx * pc, struct kvr_tensor * t) {
+    const struct kvr_hparams * hp = &pc->d->m->hp;
+    return kvr_view_3d(pc->ctx, t, hp->head_dim, hp->n_head_kv, t->ne[1], hp->head_dim * sizeof(float), t->nb[1], 0);
+}
+
+// new rows of this eval into this rank's cache; returns the V store (which depends on the K store)
+static struct kvr_tensor * store_new(struct pass_ctx * pc, int il, struct kvr_tensor * k, struct kvr_tensor * v, int row0) {
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int n = (int)k->ne[2];
+    struct kvr_tensor * ks = kvr_kv_store(pc->ctx, kvr_reshape_2d(pc->ctx, k, c->kv_dim, n), cache_rows(pc, c->k[il], row0, n));
+    struct kvr_tensor * vs = kvr_kv_store(pc->ctx, kvr_reshape_2d(pc->ctx, v, c->kv_dim, n), cache_rows(pc, c->v[il], row0, n));
+    kvr_set_name(ks, "blk.%d.k_store", il);
+    kvr_set_name(vs, "blk.%d.v_store", il);
+    vs->src[2] = ks;
+    sink(pc, ks, "store this rank's new K rows in its cache");
+    sink(pc, vs, "store this rank's new V rows in its cache");
+    return vs;
+}
+
+// merge partial attentions in groups the node's source slots allow
+static struct kvr_tensor * merge_all(struct pass_ctx * pc, struct kvr_tensor ** parts, int n, int n_head, int il) {
+    struct kvr_tensor * acc = parts[0];
+    int i = 1;
+    while (i < n) {
+        struct kvr_tensor * grp[KVR_MAX_SRC];
+        int g = 0;
+        grp[g++] = acc;
+        while (g < KVR_MAX_SRC && i < n) grp[g++] = parts[i++];
+        acc = kvr_set_name(kvr_merge_attn(pc->ctx, grp, g, n_head), "blk.%d.attn_merge", il);
+        acc->why = "merge the partial attentions by their log-sum-exp";
+    }
+    return acc;
+}
+
+static void pass_tsp(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int T = pc->pl->T, n = (int)k->ne[2];
+    struct kvr_tensor * ks = kvr_all_gather(pc->ctx, kvr_reshape_2d(pc->ctx, k, c->kv_dim, n), cache_rows(pc, c->k[il], 0, T),
+                                            pc->N, T, kvr_tag(il, KVR_TAG_K, 0));
+    struct kvr_tensor * vs = kvr_all_gather(pc->ctx, kvr_reshape_2d(pc->ctx, v, c->kv_dim, n), cache_rows(pc, c->v[il], 0, T),
+                                            pc->N, T, kvr_tag(il, KVR_TAG_V, 0));
+    kvr_set_name(ks, "blk.%d.k_gather", il);
+    kvr_set_name(vs, "blk.%d.v_gather", il);
+    vs->src[2] = ks;
+    sink(pc, ks, "tsp: every rank's K rows into every rank's cache");
+    sink(pc, vs, "tsp: every rank's V rows into every rank's cache");
+    struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, T)), as_heads(pc, cache_rows(pc, c->v[il], 0, T)),
+                                     pos, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
+    kvr_replace_node(t, a, "tsp: attention over the gathered cache");
+}
+
+static void pass_kvr(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int r = pc->rank;
+    int s = 0;
+    for (int i = 0; i < r; i++) s += pc->pl->cnt[i];
+    const int e = s + pc->pl->cnt[r];
+    struct kvr_tensor * vs = store_new(pc, il, k, v, s);
+    struct kvr_tensor * ks = vs->src[2];
+    if (r > 0 && s > 0) {
+        // the cache of every earlier token comes down the chain from rank r-1
+        struct kvr_tensor * rk = kvr_recv(pc->ctx, cache_rows(pc, c->k[il], 0, s), r - 1, kvr_tag(il, KVR_TAG_K, 0));
+        struct kvr_tensor * rv = kvr_recv(pc->ctx, cache_rows(pc, c->v[il], 0, s), r - 1, kvr_tag(il, KVR_TAG_V, 0));
+        kvr_set_name(rk, "blk.%d.k_recv", il);
+        kvr_set_name(rv, "blk.%d.v_recv", il);
+        rk->why = rv->why = "kvr: K/V of tokens [0, s_r) from rank r-1";
+        ks->src[2] = rk;
+        ks->src[3] = rv;
+    }
+    if (r < pc->N - 1 && e > 0) {
+        struct kvr_tensor * sk = kvr_send(pc->ctx, cache_rows(pc, c->k[il], 0, e), r + 1, kvr_tag(il, KVR_TAG_K, 0));
+        struct kvr_tensor * sv = kvr_send(pc->ctx, cache_rows(pc, c->v[il], 0, e), r + 1, kvr_tag(il, KVR_TAG_V, 0));
+        sk->src[1] = vs;
+        sv->src[1] = vs;
+        kvr_set_name(sk, "blk.%d.k_send", il);
+        kvr_set_name(sv, "blk.%d.v_send", il);
+        sink(pc, sk, "kvr: K of tokens [0, e_r) on to rank r+1");
+        sink(pc, sv, "kvr: V of tokens [0, e_r) on to rank r+1");
+    }
+    struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, e)), as_heads(pc, cache_rows(pc, c->v[il], 0, e)),
+                                     pos, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
+    kvr_replace_node(t, a, "kvr: attention over cache [0, e_r)");
+}
+
+// an input buffer a receive is posted into: allocated before the graph runs
+static struct kvr_tensor * recv_buf(struct pass_ctx * pc, enum kvr_type type, int64_t ne0, int64_t ne1, int64_t ne2) {
+    struct kvr_tensor * b = kvr_new_tensor_3d(pc->ctx, type, ne0, ne1, ne2);
+    b->flags |= KVR_FLAG_INPUT;
+    return b;
+}
+
+static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int i = pc->rank, N = pc->N, n_i = pc->n_old + (int)k->ne[2];
+    const int next = (i + 1) % N, prev = (i + N - 1) % N;
+    const int H = (int)q->ne[1];
+    struct kvr_tensor * vs = store_new(pc, il, k, v, pc->n_old);
+    struct kvr_tensor * parts[256];
+    struct kvr_tensor * bk = cache_rows(pc, c->k[il], 0, n_i), * bv = cache_rows(pc, c->v[il], 0, n_i), * bp = pc->kpos;
+    parts[0] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, vs, pc->scale, pc->d->p.attn_mode);
+    kvr_set_name(parts[0], "blk.%d.attn_part0", il);
+    parts[0]->why = "ring-kv: partial attention over this rank's own K/V";
+    for (int j = 1; j < N; j++) {
+        // step j: pass on the block held at step j-1, take the block of rank (i-j) mod N
+        struct kvr_tensor * sk = kvr_send(pc->ctx, bk, next, kvr_tag(il, KVR_TAG_K, j));
+        struct kvr_tensor * sv = kvr_send(pc->ctx, bv, next, kvr_tag(il, KVR_TAG_V, j));
+        sk->src[1] = vs;
+        sv->src[1] = vs;
+        kvr_set_name(sk, "blk.%d.k_send%d", il, j);
+        kvr_set_name(sv, "blk.%d.v_send%d", il, j);
+        sink(pc, sk, "ring-kv: K block on to the next rank");
+        sink(pc, sv, "ring-kv: V block on to the next rank");
+        if (il == 0) {
+            struct kvr_tensor * sp = kvr_send(pc->ctx, bp, next, kvr_tag(0, KVR_TAG_KPOS, j));
+            kvr_set_name(sp, "kpos_send%d", j);
+            sink(pc, sp, "ring-kv: positions of the K/V block (once, all layers share them)");
+        }
+        const int src = (i + N - j) % N;
+        const int rows = pc->d->rows[src] + pc->pl->cnt[src];
+        bk = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, rows, 1), prev, kvr_tag(il, KVR_TAG_K, j));
+        bv = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, rows, 1), prev, kvr_tag(il, KVR_TAG_V, j));
+        kvr_set_name(bk, "blk.%d.k_recv%d", il, j);
+        kvr_set_name(bv, "blk.%d.v_recv%d", il, j);
+        // every block that is sent is received, even where only the output would need it
+        sink(pc, bk, "ring-kv: K block of rank (i-j) mod N from the previous rank");
+        sink(pc, bv, "ring-kv: V block of rank (i-j) mod N from the previous rank");
+        if (il == 0) {
+            pc->step_pos[j] = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_I32, rows, 1, 1), prev, kvr_tag(0, KVR_TAG_KPOS, j));
+            kvr_set_name(pc->step_pos[j], "kpos_recv%d", j);
+            sink(pc, pc->step_pos[j], "ring-kv: positions of the K/V block of step j");
+        }
+        bp = pc->step_pos[j];
+        parts[j] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, NULL, pc->scale, pc->d->p.attn_mode);
+        kvr_set_name(parts[j], "blk.%d.attn_part%d", il, j);
+        parts[j]->why = "ring-kv: partial attention over the visiting K/V block";
+    }
+    kvr_replace_node(t, merge_all(pc, parts, N, H, il), "ring-kv: partials merged by log-sum-exp");
+}
+
+static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int i = pc->rank, N = pc->N, n_i = pc->n_old + (int)k->ne[2];
+    const int next = (i + 1) % N, prev = (i + N - 1) % N;
+    const int H = (int)q->ne[1], D = (int)q->ne[0], row = D * H + H;
+    struct kvr_tensor * vs = store_new(pc, il, k, v, pc->n_old);
+    struct kvr_tensor * kl = as_heads(pc, cache_rows(pc, c->k[il], 0, n_i)), * vl = as_heads(pc, cache_rows(pc, c->v[il], 0, n_i));
+    int rows_max = 0;
+    for (int s = 0; s < N; s++) rows_max = pc->pl->cnt[s] > rows_max ? pc->pl->cnt[s] : rows_max;
+    // partial outputs for every rank's queries, slice s for rank s, sent home by one all-to-all
+    struct kvr_tensor * stack = kvr_new_tensor_3d(pc->ctx, KVR_TYPE_F32, row, rows_max, N);
+    struct kvr_tensor * last = NULL;
+    struct kvr_tensor * bq = q, * bp = pos;
+    for (int j = 0; j < N; j++) {
+        const int s = (i + N - j) % N, cs = pc->pl->cnt[s];
+        if (j > 0) {
+            struct kvr_tensor * sq = kvr_send(pc->ctx, bq, next, kvr_tag(il, KVR_TAG_Q, j));
+            kvr_set_name(sq, "blk.%d.q_send%d", il, j);
+            sink(pc, sq, "ring-q: queries on to the next rank");
+            if (il == 0) {
+                struct kvr_tensor * sp = kvr_send(pc->ctx, bp, next, kvr_tag(0, KVR_TAG_QPOS, j));
+                kvr_set_name(sp, "qpos_send%d", j);
+                sink(pc, sp, "ring-q: positions of the queries (once, all layers share them)");
+            }
+            bq = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, D, H, cs), prev, kvr_tag(il, KVR_TAG_Q, j));
+            kvr_set_name(bq, "blk.%d.q_recv%d", il, j);
+            sink(pc, bq, "ring-q: queries of rank (i-j) mod N from the previous rank");
+            if (il == 0) {
+                pc->step_pos[j] = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_I32, cs, 1, 1), prev, kvr_tag(0, KVR_TAG_QPOS, j));
+                kvr_set_name(pc->step_pos[j], "qpos_recv%d", j);
+                sink(pc, pc->step_pos[j], "ring-q: positions of the visiting queries");
+            }
+            bp = pc->step_pos[j];
+        }
+        struct kvr_tensor * part = kvr_attn(pc->ctx, bq, kl, vl, bp, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
+        kvr_set_name(part, "blk.%d.attn_part%d", il, j);
+        part->why = "ring-q: partial attention of the visiting queries over this rank's K/V";
+        if (cs > 0) {
+            struct kvr_tensor * dst = kvr_view_2d(pc->ctx, stack, row, cs, stack->nb[1], (size_t)s * stack->nb[2]);
+            struct kvr_tensor * cp = kvr_cpy(pc->ctx, part, dst);
+            cp->src[2] = last;
+            last = cp;
+        }
+    }
+    struct kvr_tensor * a2a = kvr_all_to_all(pc->ctx, stack, N, pc->pl->T, kvr_tag(il, KVR_TAG_PARTIAL, 0));
+    a2a->src[1] = last;
+    kvr_set_name(a2a, "blk.%d.partials", il);
+    sink(pc, a2a, "ring-q: partial outputs back to the ranks that own the queries");
+    struct kvr_tensor * parts[256];
+    const int ci = pc->pl->cnt[i];
+    for (int s = 0; s < N; s++) {
+        parts[s] = kvr_view_2d(pc->ctx, a2a, row, ci, a2a->nb[1], (size_t)s * a2a->nb[2]);
+    }
+    kvr_replace_node(t, merge_all(pc, parts, N, H, il), "ring-q: partials merged by log-sum-exp");
+}
+
+// decode over a sharded cache: every rank computes the token, attends over its own shard, and
+// the partials are gathered by every rank and merged
+static void pass_ring_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int N = pc->N, H = (int)q->ne[1], row = (int)q->ne[0] * H + H;
+    const bool keep = pc->rank == pc->pl->store;
+    const int n_i = pc->n_old + (keep ? 1 : 0);
+    struct kvr_tensor * vs = keep ? store_new(pc, il, k, v, pc->n_old) : NULL;
+    struct kvr_tensor * part = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, n_i)),
+                                        as_heads(pc, cache_rows(pc, c->v[il], 0, n_i)), pos, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
+    kvr_set_name(part, "blk.%d.attn_part", il);
+    part->why = "ring decode: partial attention of the token over this rank's shard";
+    struct kvr_tensor * all = recv_buf(pc, KVR_TYPE_F32, row, N, 1);
+    struct kvr_tensor * g = kvr_all_gather(pc->ctx, part, kvr_view_2d(pc->ctx, all, row, N, all->nb[1], 0), N, N,
+                                           kvr_tag(il, KVR_TAG_PARTIAL, 0));
+    kvr_set_name(g, "blk.%d.partials", il);
+    sink(pc, g, "ring decode: every rank's partial to every rank");
+    struct kvr_tensor * parts[256];
+    for (int s = 0; s < N; s++) parts[s] = kvr_view_2d(pc->ctx, g, row, 1, g->nb[1], (size_t)s * g->nb[1]);
+    kvr_replace_node(t, merge_all(pc, parts, N, H, il), "ring decode: partials merged by log-sum-exp");
+}
+
+static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
+    const int n_nodes = g->n_nodes;
+    struct kvr_tensor ** blocks = malloc(sizeof(*blocks) * (size_t)(n_nodes ? n_nodes : 1));
+    int nb = 0;
+    for (int i = 0; i < n_nodes; i++) {
+        if (g->nodes[i]->op == KVR_OP_ATTN_BLOCK) blocks[nb++] = g->nodes[i];
+    }
+    const bool decode = pc->pl->store >= 0;
+    for (int b = 0; b < nb; b++) {
+        struct kvr_tensor * t = blocks[b];
+        const int il = t->op_params[0];
+        switch (pc->pl->strat) {
+            case KVR_STRATEGY_TSP:     pass_tsp(pc, t, il); break;
+            case KVR_STRATEGY_KVR:     pass_kvr(pc, t, il); break;
+            case KVR_STRATEGY_RING_KV: pass_ring_kv(pc, t, il); break;
+            case KVR_STRATEGY_RING_Q:  if (decode) pass_ring_decode(pc, t, il); else pass_ring_q(pc, t, il); break;
+            default:                   KVR_ASSERT(!"no pass for this strategy");
+        }
+    }
+    free(blocks);
+}
+
+//
+// one rank's eval: build its graph, rewrite it, plan memory, compute
+//
+
+static int rank_fail(struct dist_rank * dr, int rc) {
+    dr->rc = rc;
+    snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
+    return rc;
+}
+
+static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
+    const struct kvr_model * m = d->m;
+    struct eval_plan * pl = &d->plan;
+    const int r = dr->rank, c = pl->cnt[r];
+    const double t0 = kvr_time_ms();
+    dr->rc = KVR_OK;
+    dr->err[0] = 0;
+    memset(&dr->comm->st, 0, sizeof(dr->comm->st));
+    dr->comm->stalled = false;
+    dr->comm->stall_layer = r == d->p.stall_rank ? d->p.stall_layer : -1;
+    kvr_backend_cpu_counters(dr->be, NULL, true);
+
+    const bool ring = d->layout == LAYOUT_RING;
+    const bool keep = !ring || pl->store < 0 || pl->store == r; // does this rank store the new rows?
+    const int n_old = dr->n_rows, n_new = keep ? c : 0;
+    if (n_old + n_new > dr->cache->n_ctx) {
+        return rank_fail(dr, kvr_error(KVR_ERR_ARG, "rank %d: %d cached + %d new rows exceed its context of %d (raise -c)",
+                                       r, n_old, n_new, dr->cache->n_ctx));
+    }
+    const int n_layer = (int)m->hp.n_layer;
+    const int gsize = n_layer * (64 + 24 * pl->N) + 256;
+    struct kvr_context * ctx = kvr_init((size_t)gsize * (2 * sizeof(struct kvr_tensor) + 3 * sizeof(void *)) + (1 << 20), true);
+    if (!ctx) return rank_fail(dr, kvr_error(KVR_ERR_NOMEM, "rank %d: cannot allocate its graph context", r));
+
+    struct kvr_build b = { 0 };
+    b.ctx       = ctx;
+    b.n_tokens  = c;
+    b.n_outputs = r == pl->owner ? 1 : 0;
+    b.tokens    = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, c), "tokens");
+    b.pos       = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, c), "pos");
+    b.tokens->flags |= KVR_FLAG_INPUT;
+    b.pos->flags    |= KVR_FLAG_INPUT;
+    // the cache rows this rank attends over after its store; tsp's cover the whole prompt
+    int e_r = 0; // kvr: the end of this rank's slice
+    for (int q = 0; q <= r; q++) e_r += pl->cnt[q];
+    const int n_kpos = pl->strat == KVR_STRATEGY_TSP ? pl->T : pl->strat == KVR_STRATEGY_KVR ? e_r : n_old + n_new;
+    struct kvr_tensor * kpos = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n_kpos), "kpos");
+    kpos->flags |= KVR_FLAG_INPUT;
+    struct kvr_tensor * out = kvr_model_build(m, &b);
+
+    struct kvr_graph * g = kvr_graph_new(ctx, gsize);
+    kvr_graph_expand(g, out);
+    struct pass_ctx pc = { .d = d, .dr = dr, .ctx = ctx, .pl = pl, .rank = r, .N = pl->N, .n_old = n_old, .kpos = kpos,
+                           .scale = 1.0f / sqrtf((float)m->hp.head_dim) };
+    struct kvr_tensor * step_pos[256] = { 0 };
+    pc.step_pos = step_pos;
+    if (pl->strat == KVR_STRATEGY_SINGLE) {
+        kvr_pass_single(ctx, g, dr->cache, n_old, kpos, d->p.attn_mode);
+    } else {
+        run_pass(&pc, g);
+    }
+    // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
+    // the whole model (a peer may be waiting for it to go on)
+    kvr_graph_reset(g);
+    for (int i = 0; i < pc.n_sinks; i++) kvr_graph_expand(g, pc.sinks[i]);
+    if (b.n_outputs) {
+        out->flags |= KVR_FLAG_OUTPUT;
+        kvr_graph_expand(g, out);
+    }
+    free(pc.sinks);
+    if (d->p.graph_out) {
+        FILE * f = open_memstream(&dr->graph_text, &dr->graph_len);
+        if (f) {
+            fprintf(f, "rank %d (%s, %d tokens):\n", r, kvr_strategy_name(pl->strat), c);
+            kvr_graph_print(g, f);
+            fclose(f);
+        }
+    }
+    size_t need = kvr_graph_plan(g);
+    if (need > dr->buf_size) {
+        free(dr->buf);
+        dr->buf = NULL;
+        if (posix_memalign(&dr->buf, 64, need) != 0) {
+            dr->buf = NULL;
+            dr->buf_size = 0;
+            kvr_graph_place(g, NULL);
+            kvr_free(ctx);
+            return rank_fail(dr, kvr_error(KVR_ERR_NOMEM, "rank %d: cannot allocate %zu MiB of activations", r, need >> 20));
+        }
+        dr->buf_size = need;
+    }
+    kvr_graph_place(g, dr->buf);
+    for (int i = 0; i < c; i++) {
+        ((int32_t *)b.tokens->data)[i] = d->tokens[pl->pos[r][i] - pl->P];
+        ((int32_t *)b.pos->data)[i] = pl->pos[r][i];
+    }
+    // the positions of this rank's cache rows after the eval
+    for (int i = 0; i < n_new; i++) dr->cache_pos[n_old + i] = pl->pos[r][i];
+    for (int i = 0; i < n_kpos; i++) ((int32_t *)kpos->data)[i] = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR ? i : dr->cache_pos[i];
+
+    int rc = kvr_backend_graph_compute(dr->be, g);
+    if (rc == KVR_OK && b.n_outputs) {
+        memcpy(dr->logits, out->data, sizeof(float) * m->hp.n_vocab);
+    }
+    if (rc == KVR_OK) {
+        // what the cache now holds: tsp and kvr ranks keep the prefix they saw
+        int rows = n_old + n_new;
+        if (pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR) {
+            rows = n_kpos;
+            for (int i = 0; i < rows; i++) dr->cache_pos[i] = i;
+        }
+        dr->n_rows = rows;
+    }
+    struct kvr_counters cn;
+    kvr_backend_cpu_counters(dr->be, &cn, true);
+    dr->comm->st.rank = r;
+    dr->comm->st.tokens = c;
+    dr->comm->st.attn_dot_dense  = cn.attn_dot_dense / n_layer;
+    dr->comm->st.attn_dot_causal = cn.attn_dot_causal / n_layer;
+    dr->comm->st.kv_rows_sent /= n_layer;
+    dr->comm->st.kv_rows_recv /= n_layer;
+    dr->comm->st.ttft_ms = kvr_time_ms() - t0;
+    if (d->p.trace) {
+        int ns;
+        const struct kvr_span * sp = kvr_backend_cpu_spans(dr->be, &ns, false);
+        for (int i = 0; i < ns; i++) {
+            if (dr->n_spans == dr->cap_spans) {
+                dr->cap_spans = dr->cap_spans ? 2 * dr->cap_spans : 256;
+                dr->spans = realloc(dr->spans, sizeof(*dr->spans) * (size_t)dr->cap_spans);
+                KVR_ASSERT(dr->spans != NULL);
+            }
+            dr->spans[dr->n_spans] = sp[i];
+            dr->spans[dr->n_spans].t0 -= d->t_base;
+            dr->spans[dr->n_spans].t1 -= d->t_base;
+            dr->n_spans++;
+        }
+        kvr_backend_cpu_spans(dr->be, &ns, true);
+    }
+    kvr_free(ctx);
+    return rc == KVR_OK ? rc : rank_fail(dr, rc);
+}
+
+static void * rank_thread(void * arg) {
+    void ** a = arg;
+    rank_eval(a[0], a[1]);
+    return NULL;
+}
+
+//
+// the driver
+//
+
+struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p) {
+    struct kvr_dist * d = calloc(1, sizeof(*d));
+    KVR_ASSERT(d != NULL);
+    d->m = m;
+    d->p = *p;
+    d->t_base = kvr_time_ms();
+    if (d->p.timeout_s <= 0) d->p.timeout_s = 60.0;
+    if ((unsigned)p->strategy >= KVR_STRATEGY_COUNT) {
+        kvr_error(KVR_ERR_ARG, "unknown strategy %d", (int)p->strategy);
+        free(d);
+        return NULL;
+    }
+    d->layout = p->strategy == KVR_STRATEGY_RING_KV || p->strategy == KVR_STRATEGY_RING_Q || p->strategy == KVR_STRATEGY_AUTO
+                    ? LAYOUT_RING : LAYOUT_CHAIN;
+    int my_rank = 0;
+    if (p->comm == KVR_COMM_MPI) {
+#ifdef KVR_MPI
+        int inited = 0, provided = 0;
+        MPI_Initialized(&inited);
+        if (!inited) MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
+        MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+        void * ub = NULL;
+        int flag = 0;
+        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+        if (flag && *(int *)ub < kvr_tag((int)m->hp.n_layer, KVR_TAG_KIND_COUNT, 255)) {
+            kvr_error(KVR_ERR_UNSUPP, "MPI_TAG_UB %d is too small for %u layers", *(int *)ub, m->hp.n_layer);
+            free(d);
+            return NULL;
+        }
+        struct transport * t = calloc(1, sizeof(*t));
+        *t = (struct transport) { mpi_isend, mpi_irecv, mpi_wait, mpi_fail, mpi_cancel, mpi_free, d->n_ranks, 0, 0 };
+        d->tr = t;
+        d->n_local = 1;
+#else
+        kvr_error(KVR_ERR_UNSUPP, "this build has no MPI transport (build with make KVR_MPI=1)");
+        free(d);
+        return NULL;
+#endif
+    } else {
+        d->n_ranks = p->n_ranks > 0 ? p->n_ranks : 1;
+        d->n_local = d->n_ranks;
+        d->tr = local_new(d->n_ranks, p->link_gbps, p->link_latency_us);
+    }
+    if (d->n_ranks > 256) {
+        kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", d->n_ranks);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : (int)(m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
+    if (n_ctx <= 0) n_ctx = 2048;
+    int n_threads = p->n_threads;
+    if (n_threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = (int)(cores > 0 ? cores : 1) / (p->comm == KVR_COMM_LOCAL ? d->n_ranks : 1);
+        if (n_threads < 1) n_threads = 1;
+    }
+    d->rows = calloc((size_t)d->n_ranks, sizeof(int));
+    d->ranks = calloc((size_t)d->n_local, sizeof(struct dist_rank));
+    d->logits = calloc(m->hp.n_vocab, sizeof(float));
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        dr->rank = p->comm == KVR_COMM_MPI ? my_rank : i;
+        dr->cache = kvr_kv_cache_new(&m->hp, n_ctx);
+        if (!dr->cache) {
+            kvr_dist_free(d);
+            return NULL;
+        }
+        dr->cache_pos = calloc((size_t)n_ctx, sizeof(int32_t));
+        dr->be = kvr_backend_cpu_new(n_threads);
+        dr->comm = rank_comm_new(d->tr, dr->rank, d->n_ranks, d->p.timeout_s);
+        kvr_backend_cpu_set_comm(dr->be, &dr->comm->base);
+        kvr_backend_cpu_set_trace(dr->be, p->trace);
+        dr->logits = calloc(m->hp.n_vocab, sizeof(float));
+    }
+    d->last = p->strategy;
+    return d;
+}
+
+void kvr_dist_free(struct kvr_dist * d) {
+    if (!d) return;
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        kvr_kv_cache_free(dr->cache);
+        free(dr->cache_pos);
+        kvr_backend_free(dr->be);
+        rank_comm_free(dr->comm);
+        free(dr->buf);
+        free(dr->logits);
+        free(dr->spans);
+        free(dr->graph_text);
+    }
+    free(d->ranks);
+    free(d->rows);
+    free(d->logits);
+    plan_free(&d->plan);
+    if (d->tr) d->tr->free(d->tr);
+    free(d);
+}
+
+int kvr_dist_rank(const struct kvr_dist * d) { return d->ranks[0].rank; }
+int kvr_dist_n_ranks(const struct kvr_dist * d) { return d->n_ranks; }
+int kvr_dist_n_past(const struct kvr_dist * d) { return d->n_past; }
+enum kvr_strategy kvr_dist_last_strategy(const struct kvr_dist * d) { return d->last; }
+
+int kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int cap) {
+    int n = 0;
+    for (int i = 0; i < d->n_local && n < cap; i++) {
+        if (!d->plan.active[d->ranks[i].rank]) continue;
+        out[n++] = d->ranks[i].comm->st;
+    }
+    return n;
+}
+
+int kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos, const struct kvr_kv_cache ** cache) {
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank != rank) continue;
+        *pos = d->ranks[i].cache_pos;
+        *cache = d->ranks[i].cache;
+        return d->ranks[i].n_rows;
+    }
+    return -1;
+}
+
+const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
+    const struct kvr_model * m = d->m;
+    if (n <= 0) {
+        kvr_error(KVR_ERR_ARG, "eval: no tokens");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+            kvr_error(KVR_ERR_ARG, "eval: token %d at index %d is outside the vocabulary of %u", tokens[i], i, m->hp.n_vocab);
+            return NULL;
+        }
+    }
+    if (plan_eval(d, n) != KVR_OK) return NULL;
+    struct eval_plan * pl = &d->plan;
+    d->tokens = tokens;
+    d->last = pl->strat;
+    if (d->p.comm == KVR_COMM_LOCAL) local_reset(d->tr);
+
+    // local: one thread per active rank; MPI: this process's rank, if active
+    pthread_t th[256];
+    void * args[256][2];
+    bool started[256] = { false };
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        dr->rc = KVR_OK;
+        if (!pl->active[dr->rank]) continue;
+        if (d->n_local == 1) {
+            rank_eval(d, dr);
+            continue;
+        }
+        args[i][0] = d;
+        args[i][1] = dr;
+        if (pthread_create(&th[i], NULL, rank_thread, args[i]) != 0) {
+            dr->rc = kvr_error(KVR_ERR_NOMEM, "cannot start the thread of rank %d", dr->rank);
+            snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
+            d->tr->fail(d->tr, dr->rank, dr->err);
+            continue;
+        }
+        started[i] = true;
+    }
+    for (int i = 0; i < d->n_local; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+    }
+    if (d->p.graph_out) {
+        for (int i = 0; i < d->n_local; i++) {
+            struct dist_rank * dr = &d->ranks[i];
+            if (dr->graph_text) fwrite(dr->graph_text, 1, dr->graph_len, d->p.graph_out);
+            free(dr->graph_text);
+            dr->graph_text = NULL;
+        }
+        d->p.graph_out = NULL;
+    }
+    // the first error, preferring one that is not just the echo of another rank's
+    const char * err = NULL;
+    int rc = KVR_OK;
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        if (dr->rc == KVR_OK) continue;
+        if (!err || (strstr(err, "aborted:") && !strstr(dr->err, "aborted:"))) {
+            err = dr->err;
+            rc = dr->rc;
+        }
+    }
+    if (rc != KVR_OK) {
+        kvr_error(rc, "%s", err);
+        return NULL;
+    }
+    // logits: local ranks share memory; MPI ranks get them from the owner
+    const float * logits = NULL;
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank == pl->owner) logits = d->ranks[i].logits;
+    }
+#ifdef KVR_MPI
+    if (d->p.comm == KVR_COMM_MPI) {
+        struct rank_comm * c = d->ranks[0].comm;
+        const size_t bytes = sizeof(float) * m->hp.n_vocab;
+        const int tag = kvr_tag(0, KVR_TAG_LOGITS, 0);
+        int rc2 = KVR_OK;
+        if (c->base.rank == pl->owner) {
+            for (int q = 0; q < d->n_ranks && rc2 == KVR_OK; q++) {
+                if (q != c->base.rank) rc2 = comm_send(c, logits, bytes, q, tag, 0);
+            }
+            for (int i = 0; i < c->n_sends; i++) {
+                if (rc2 == KVR_OK) rc2 = comm_wait(c, c->sends[i]);
+                free(c->sends[i]);
+            }
+            c->n_sends = 0;
+        } else {
+            struct tr_req r = { .buf = d->logits, .n = bytes, .me = c->base.rank, .peer = pl->owner, .tag = tag };
+            rc2 = c->tr->irecv(c->tr, &r);
+            // the owner may be computing a long prefill alone: allow it ten timeouts
+            if (rc2 == KVR_OK) rc2 = c->tr->wait(c->tr, &r, kvr_time_ms() + 10e3 * c->timeout_s, 10 * c->timeout_s);
+            logits = d->logits;
+        }
+        if (rc2 != KVR_OK) {
+            comm_fail(c, rc2);
+            return NULL;
+        }
+    }
+#endif
+    KVR_ASSERT(logits != NULL);
+    if (logits != d->logits) memcpy(d->logits, logits, sizeof(float) * m->hp.n_vocab);
+    // every process keeps every rank's row count (the ring needs the block sizes)
+    for (int r = 0; r < d->n_ranks; r++) {
+        if (pl->strat == KVR_STRATEGY_TSP || (pl->strat == KVR_STRATEGY_KVR)) {
+            int e = 0;
+            for (int q = 0; q <= r; q++) e += pl->cnt[q];
+            d->rows[r] = pl->strat == KVR_STRATEGY_TSP ? pl->T : e;
+        } else if (pl->strat == KVR_STRATEGY_SINGLE) {
+            if (r == d->n_ranks - 1) d->rows[r] += n;
+        } else if (pl->store >= 0) {
+            if (r == pl->store) d->rows[r] += 1;
+        } else {
+            d->rows[r] += pl->cnt[r];
+        }
+    }
+    if (pl->store >= 0) d->n_decode++;
+    d->n_past += n;
+    return d->logits;
+}
+
+int kvr_dist_write_trace(const struct kvr_dist * d, const char * path) {
+    FILE * f = fopen(path, "w");
+    if (!f) return kvr_error(KVR_ERR_IO, "%s: cannot write the trace: %s", path, strerror(errno));
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    bool first = true;
+    for (int i = 0; i < d->n_local; i++) {
+        const struct dist_rank * dr = &d->ranks[i];
+        fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+                first ? "" : ",\n", dr->rank, dr->rank);
+        first = false;
+        for (int k = 0; k < dr->n_spans; k++) {
+            const struct kvr_span * s = &dr->spans[k];
+            fprintf(f, ",\n{\"name\":\"");
+            for (const char * c = s->name; *c; c++) { // names are ours, but keep the JSON valid
+                if (*c == '"' || *c == '\\') fputc('\\', f);
+                fputc(*c, f);
+            }
+            fprintf(f, "\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+                    s->cat == 'c' ? "comm" : "compute", dr->rank, s->t0 * 1e3, (s->t1 - s->t0) * 1e3);
+        }
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0) return kvr_error(KVR_ERR_IO, "%s: cannot write the trace", path);
+    return KVR_OK;
+}

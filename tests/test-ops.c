@@ -1,0 +1,1996 @@
+// tests/test-ops.c - every op of the CPU backend checked against a naive scalar reference.
+//
+// Each case is a tiny graph, as in ggml's test-backend-ops: seeded random inputs, one op (or a
+// short chain of ops, or ATTN_BLOCK nodes rewritten by kvr_pass_single over a KV cache), run by
+// kvr_graph_compute_cpu with 1, 2 and 3 threads, and compared element by element with a
+// double-precision reference written here from the op's definition in kvr.h (half-precision
+// conversions included: the test has its own). Every input lives in its own exactly sized
+// allocation, so AddressSanitizer sees a read past it; every output is pre-filled with NaN, so an
+// element left unwritten fails, and has 64 guard bytes on each side, so a write past it fails.
+// Nodes are built in a no_alloc context: the memory planner places every intermediate.
+// Element i passes when |got - ref| <= tol * max(1, |ref|) (+ a per-element allowance where f32
+// cannot do better: the ROPE angle); NaN never passes and infinities must match exactly.
+// To cover a new op: copy t_binary (build, tc_output, tc_compute, reference, tc_check), loop it
+// over shapes and 1..3 threads in a grp_ function, and list that in GROUPS at the end.
+//
+// usage: test-ops [-v] [-o GROUP[,GROUP...]] [-s SEED] [SHARED_DIR (ignored: no data needed)]
+//   -v  print every case     -o  run only these groups (names as printed)     -s  input seed
+// Prints one line per group and "N passed, M failed"; exits 1 if a case failed.
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+// One tolerance per kind of op (relative, with an absolute floor of the same size near zero).
+#define TOL_EXACT 0.0    // copies, and conversions to f32: bit-exact
+#define TOL_ELEM  1e-5   // elementwise ops and per-row norms of O(1) data
+#define TOL_RED   1e-4   // long f32 reductions: matmul, attention, merges of them, chains of ops
+// NORM of rows with a large offset: even a two-pass f32 mean is off by ~|mean|*sqrt(n)*2^-24
+// (~2e-5 at offset 30), while a one-pass E[x^2] - E[x]^2 in f32 is off by ~1e-3.
+#define TOL_NORM_OFFSET 1e-4
+
+#define GUARD      64
+#define GUARD_BYTE 0xA5
+#define MAX_BUFS   160
+#define CTX_MEM    (4u << 20)
+#define GRAPH_SIZE 1024
+
+static struct {
+    bool         verbose;
+    uint64_t     seed;
+    const char * only;    // comma-separated group names, or NULL for all
+} g_opt = { false, 20240601, NULL };
+
+static int  g_pass, g_fail;     // cases, over all groups
+static int  g_grp_pass, g_grp_fail;
+static char g_case[256];        // the running case, printed if kvr aborts
+
+static void on_abort(int sig) {
+    static const char pre[] = "test-ops: aborted in case ";
+    ssize_t r = write(2, pre, sizeof(pre) - 1);
+    r = write(2, g_case, strlen(g_case));
+    r = write(2, "\n", 1);
+    (void) r;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+//
+// random numbers (splitmix64): every case seeds from its own id, so a case reproduces alone
+//
+
+static uint64_t g_rng;
+
+static uint64_t rng_u64(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_f(float lo, float hi) {
+    return lo + (hi - lo) * (float) ((double) (rng_u64() >> 40) / 16777216.0);
+}
+
+static int rng_int(int n) {
+    return (int) (rng_u64() % (uint64_t) n);
+}
+
+static uint64_t hash_str(const char * s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) {
+        h = (h ^ (uint8_t) *s) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+//
+// half-precision references, independent of kvr's (round to nearest even)
+//
+
+static uint16_t ref_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    const uint32_t ax   = x & 0x7fffffff;
+    if (ax > 0x7f800000) {
+        return (uint16_t) (sign | 0x7e00);                 // NaN
+    }
+    if (ax >= 0x477ff000) {
+        return (uint16_t) (sign | 0x7c00);                 // >= 65520 rounds to inf
+    }
+    if (ax < 0x38800000) {                                  // below 2^-14: subnormal or zero
+        float a;
+        memcpy(&a, &ax, 4);
+        return (uint16_t) (sign | (uint32_t) nearbyint((double) a * 16777216.0));
+    }
+    uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | ((ax & 0x7fffff) >> 13);
+    const uint32_t rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) {
+        h++;                                                // a carry into the exponent is right
+    }
+    return (uint16_t) (sign | h);
+}
+
+static float ref_f16_to_f32(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0) {
+        v = ldexp(m, -24);
+    } else if (e == 31) {
+        v = m ? NAN : INFINITY;
+    } else {
+        v = ldexp(m + 1024, e - 25);
+    }
+    return (float) ((h & 0x8000) ? -v : v);
+}
+
+static uint16_t ref_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) {
+        return (uint16_t) ((x >> 16) | 0x40);
+    }
+    return (uint16_t) ((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+static float ref_bf16_to_f32(uint16_t h) {
+    const uint32_t x = (uint32_t) h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static const char * type_str(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_F32:  return "f32";
+        case KVR_TYPE_F16:  return "f16";
+        case KVR_TYPE_BF16: return "bf16";
+        case KVR_TYPE_I32:  return "i32";
+        default:            return "?";
+    }
+}
+
+static const char * mode_str(enum kvr_attn_mode m) {
+    return m == KVR_ATTN_DENSE ? "dense" : "causal";
+}
+
+//
+// a case: its buffers, its context, its verdict
+//
+
+struct tbuf {
+    uint8_t *    base;
+    uint8_t *    data;
+    size_t       n;
+    bool         guarded;
+    const char * what;
+};
+
+struct tcase {
+    struct kvr_context * ctx;
+    int         nt;
+    int         n_fail;        // failed checks
+    char        msg[1536];     // the first failures
+    double      err;           // the largest |got - ref| over every check
+    struct tbuf buf[MAX_BUFS];
+    int         n_buf;
+};
+
+static void tc_fail(struct tcase * tc, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+// Up to three failures of a case are kept for its report, one a line.
+static void tc_fail(struct tcase * tc, const char * fmt, ...) {
+    if (tc->n_fail++ < 3) {
+        const size_t len = strlen(tc->msg);
+        if (len > 0 && len + 8 < sizeof(tc->msg)) {
+            snprintf(tc->msg + len, sizeof(tc->msg) - len, "\n       ");
+        }
+        const size_t at = strlen(tc->msg);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(tc->msg + at, sizeof(tc->msg) - at, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static void tc_begin(struct tcase * tc, int nt, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static void tc_begin(struct tcase * tc, int nt, const char * fmt, ...) {
+    memset(tc, 0, sizeof(*tc));
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_case, sizeof(g_case), fmt, ap);
+    va_end(ap);
+    g_rng  = g_opt.seed ^ hash_str(g_case);   // the same inputs for every thread count
+    tc->nt = nt;
+    tc->ctx = kvr_init(CTX_MEM, true);
+    if (!tc->ctx) {
+        fprintf(stderr, "test-ops: kvr_init failed: %s\n", kvr_last_error());
+        exit(2);
+    }
+}
+
+// n bytes that live until the end of the case. Outputs are guarded and pre-filled (0xFF: NaN);
+// inputs and scratch are exactly sized so that AddressSanitizer sees a read past them.
+static void * tc_alloc(struct tcase * tc, size_t n, bool guarded, int fill, const char * what) {
+    if (tc->n_buf == MAX_BUFS) {
+        fprintf(stderr, "test-ops: too many buffers in case %s\n", g_case);
+        exit(2);
+    }
+    struct tbuf * b = &tc->buf[tc->n_buf++];
+    const size_t g = guarded ? GUARD : 0;
+    void * p = NULL;
+    if (posix_memalign(&p, 64, n + 2 * g + (n + 2 * g == 0)) != 0) {
+        fprintf(stderr, "test-ops: out of memory\n");
+        exit(2);
+    }
+    b->base = p;
+    b->data = b->base + g;
+    b->n = n;
+    b->guarded = guarded;
+    b->what = what;
+    memset(b->base, GUARD_BYTE, g);
+    memset(b->data, fill, n);
+    memset(b->data + n, GUARD_BYTE, g);
+    return b->data;
+}
+
+static float * tc_floats(struct tcase * tc, int64_t n) {
+    return tc_alloc(tc, (size_t) n * sizeof(float), false, 0, "scratch");
+}
+
+static double * tc_doubles(struct tcase * tc, int64_t n) {
+    return tc_alloc(tc, (size_t) n * sizeof(double), false, 0, "scratch");
+}
+
+static void tc_end(struct tcase * tc) {
+    for (int i = 0; i < tc->n_buf; i++) {
+        const struct tbuf * b = &tc->buf[i];
+        if (!b->guarded) {
+            continue;
+        }
+        for (size_t j = 0; j < GUARD; j++) {
+            if (b->base[j] != GUARD_BYTE) {
+                tc_fail(tc, "write before '%s': guard byte %d before its start is 0x%02x",
+                        b->what, (int) (GUARD - j), b->base[j]);
+                break;
+            }
+        }
+        for (size_t j = 0; j < GUARD; j++) {
+            if (b->data[b->n + j] != GUARD_BYTE) {
+                tc_fail(tc, "write past '%s' (%zu bytes): guard byte %zu after its end is 0x%02x",
+                        b->what, b->n, j, b->data[b->n + j]);
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < tc->n_buf; i++) {
+        free(tc->buf[i].base);
+    }
+    kvr_free(tc->ctx);
+    const bool ok = tc->n_fail == 0;
+    ok ? (g_pass++, g_grp_pass++) : (g_fail++, g_grp_fail++);
+    if (!ok) {
+        printf("  FAIL %s nt=%d: %s\n", g_case, tc->nt, tc->msg);
+    } else if (g_opt.verbose) {
+        printf("  ok   %s nt=%d  max|err| %.2e\n", g_case, tc->nt, tc->err);
+    }
+    fflush(stdout);
+    g_case[0] = '\0';
+}
+
+//
+// tensors of a case
+//
+
+static size_t elem_size(enum kvr_type t) {
+    return t == KVR_TYPE_F16 || t == KVR_TYPE_BF16 ? 2 : 4;
+}
+
+// An input leaf with its own exactly sized memory.
+static struct kvr_tensor * tc_input(struct tcase * tc, enum kvr_type type, int n_dims,
+                                    int64_t ne0, int64_t ne1, int64_t ne2) {
+    const int64_t ne[3] = { ne0, ne1, ne2 };
+    struct kvr_tensor * t = kvr_new_tensor(tc->ctx, type, n_dims, ne);
+    t->data = tc_alloc(tc, (size_t) (ne0 * ne1 * ne2) * elem_size(type), false, 0, "input");
+    t->flags |= KVR_FLAG_INPUT;
+    return t;
+}
+
+static void fill(float * p, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = rng_f(lo, hi);
+    }
+}
+
+static struct kvr_tensor * tc_input_f32(struct tcase * tc, int n_dims, int64_t ne0, int64_t ne1, int64_t ne2,
+                                        float amp) {
+    struct kvr_tensor * t = tc_input(tc, KVR_TYPE_F32, n_dims, ne0, ne1, ne2);
+    fill(t->data, ne0 * ne1 * ne2, -amp, amp);
+    return t;
+}
+
+static struct kvr_tensor * tc_input_i32(struct tcase * tc, int64_t n, const int32_t * v) {
+    struct kvr_tensor * t = tc_input(tc, KVR_TYPE_I32, 1, n, 1, 1);
+    memcpy(t->data, v, (size_t) n * sizeof(int32_t));
+    return t;
+}
+
+// A [K, N] matrix of `type` with values in [-1, 1); *ref receives the values it holds, in f32.
+static struct kvr_tensor * tc_weight(struct tcase * tc, enum kvr_type type, int64_t K, int64_t N, float ** ref) {
+    struct kvr_tensor * w = tc_input(tc, type, 2, K, N, 1);
+    float * r = tc_floats(tc, K * N);
+    for (int64_t i = 0; i < K * N; i++) {
+        const float x = rng_f(-1.0f, 1.0f);
+        if (type == KVR_TYPE_F16) {
+            ((uint16_t *) w->data)[i] = ref_f32_to_f16(x);
+            r[i] = ref_f16_to_f32(ref_f32_to_f16(x));
+        } else if (type == KVR_TYPE_BF16) {
+            ((uint16_t *) w->data)[i] = ref_f32_to_bf16(x);
+            r[i] = ref_bf16_to_f32(ref_f32_to_bf16(x));
+        } else {
+            ((float *) w->data)[i] = x;
+            r[i] = x;
+        }
+    }
+    *ref = r;
+    return w;
+}
+
+// The result must have this type and shape before anything is computed into it.
+static bool tc_shape(struct tcase * tc, const struct kvr_tensor * t, enum kvr_type type,
+                     int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    if (!t) {
+        tc_fail(tc, "the constructor returned NULL");
+        return false;
+    }
+    if (t->type != type || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2 || t->ne[3] != ne3) {
+        tc_fail(tc, "result is %s [%lld,%lld,%lld,%lld], expected %s [%lld,%lld,%lld,%lld]",
+                type_str(t->type), (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
+                (long long) t->ne[3], type_str(type), (long long) ne0, (long long) ne1, (long long) ne2,
+                (long long) ne3);
+        return false;
+    }
+    return true;
+}
+
+// Give a node guarded, NaN-filled memory of its own and keep it past the compute.
+static void tc_output(struct tcase * tc, struct kvr_tensor * t, const char * what) {
+    t->data = tc_alloc(tc, kvr_nbytes(t), true, 0xFF, what);
+    t->flags |= KVR_FLAG_OUTPUT;
+}
+
+static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) {
+    struct kvr_graph * g = kvr_graph_new(tc->ctx, GRAPH_SIZE);
+    for (int i = 0; i < n_out; i++) {
+        kvr_graph_expand(g, outs[i]);
+    }
+    const int rc = kvr_graph_compute_cpu(g, tc->nt);
+    if (rc != KVR_OK) {
+        tc_fail(tc, "kvr_graph_compute_cpu returned %d: %s", rc, kvr_last_error());
+        return false;
+    }
+    return true;
+}
+
+// A dense copy of an f32 tensor read through its strides.
+static float * tc_read(struct tcase * tc, const struct kvr_tensor * t) {
+    float * out = tc_floats(tc, kvr_nelements(t));
+    if (!t->data) {
+        tc_fail(tc, "result '%s' has no data after compute", t->name);
+        for (int64_t i = 0; i < kvr_nelements(t); i++) {
+            out[i] = NAN;
+        }
+        return out;
+    }
+    int64_t k = 0;
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
+            for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
+                const char * row = (const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+                for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+                    memcpy(&out[k++], row + i0 * t->nb[0], sizeof(float));
+                }
+            }
+        }
+    }
+    return out;
+}
+
+// Element i passes when |got - ref| <= tol * max(1, |ref|) + extra[i]. ne0 only shapes the message.
+static void tc_check(struct tcase * tc, const char * what, const float * got, const double * ref, int64_t n,
+                     int64_t ne0, double tol, const double * extra) {
+    int64_t worst = -1;
+    double  worst_r = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double g = got[i], r = ref[i];
+        double ratio;
+        if (isnan(g) || isnan(r)) {
+            ratio = INFINITY;
+        } else if (isinf(g) || isinf(r)) {
+            ratio = g == r ? 0.0 : INFINITY;
+        } else {
+            const double d = fabs(g - r);
+            const double allowed = tol * fmax(1.0, fabs(r)) + (extra ? extra[i] : 0.0);
+            tc->err = fmax(tc->err, d);
+            ratio = d == 0.0 ? 0.0 : (allowed > 0.0 ? d / allowed : INFINITY);
+        }
+        if (ratio > worst_r) {
+            worst_r = ratio;
+            worst = i;
+        }
+    }
+    if (worst_r > 1.0) {
+        const double allowed = tol * fmax(1.0, fabs(ref[worst])) + (extra ? extra[worst] : 0.0);
+        tc_fail(tc, "%s: worst element [%lld,%lld] (flat %lld): got %.9g expected %.9g, |err| %.3g > %.3g",
+                what, (long long) (worst % ne0), (long long) (worst / ne0), (long long) worst, got[worst],
+                ref[worst], fabs((double) got[worst] - ref[worst]), allowed);
+    }
+}
+
+//
+// references
+//
+
+struct attn_ref {
+    int hd, H, Hkv, Tq, Tk;
+    const float * q;     int64_t q_tok;    // q of token i, head h: q + i*q_tok + h*hd
+    const float * k;                       // k and v of token j, kv head g: k + j*kv_tok + g*hd
+    const float * v;     int64_t kv_tok;
+    const int32_t * qpos, * kpos;
+    double scale;
+};
+
+// out: per query row, O of each head then the LSE of each head (kvr_attn's layout)
+static void ref_attn(const struct attn_ref * a, double * out) {
+    const int64_t row = (int64_t) a->hd * a->H + a->H;
+    const int rep = a->H / a->Hkv;
+    double * s = malloc(sizeof(double) * (size_t) (a->Tk > 0 ? a->Tk : 1));
+    for (int i = 0; i < a->Tq; i++) {
+        for (int h = 0; h < a->H; h++) {
+            const float * q = a->q + i * a->q_tok + (int64_t) h * a->hd;
+            const int64_t g = h / rep;
+            double * o = out + i * row + (int64_t) h * a->hd;
+            double m = -INFINITY;
+            for (int j = 0; j < a->Tk; j++) {
+                if (a->kpos[j] > a->qpos[i]) {
+                    continue;
+                }
+                const float * k = a->k + j * a->kv_tok + g * a->hd;
+                double dot = 0.0;
+                for (int d = 0; d < a->hd; d++) {
+                    dot += (double) q[d] * k[d];
+                }
+                s[j] = a->scale * dot;
+                m = fmax(m, s[j]);
+            }
+            for (int d = 0; d < a->hd; d++) {
+                o[d] = 0.0;
+            }
+            if (m == -INFINITY) {
+                out[i * row + (int64_t) a->hd * a->H + h] = -INFINITY;
+                continue;
+            }
+            double sum = 0.0;
+            for (int j = 0; j < a->Tk; j++) {
+                if (a->kpos[j] > a->qpos[i]) {
+                    continue;
+                }
+                const double w = exp(s[j] - m);
+                const float * v = a->v + j * a->kv_tok + g * a->hd;
+                sum += w;
+                for (int d = 0; d < a->hd; d++) {
+                    o[d] += w * v[d];
+                }
+            }
+            for (int d = 0; d < a->hd; d++) {
+                o[d] /= sum;
+            }
+            out[i * row + (int64_t) a->hd * a->H + h] = m + log(sum);
+        }
+    }
+    free(s);
+}
+
+// y = x rotated; extra = the allowance of an f32 angle: whatever the method (one powf, or ggml's
+// running product theta *= theta_scale), theta_i carries up to ~(3i + 4) ulps of itself, and an
+// error e in the angle moves the pair by e * |(x0, x1)|.
+static void ref_rope(const float * x, double * y, double * extra, int hd, int H, int T, const int32_t * pos,
+                     int n_rot, enum kvr_rope_mode mode, double base, double fs) {
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < H; h++) {
+            const float * xr = x + ((int64_t) t * H + h) * hd;
+            double * yr = y + ((int64_t) t * H + h) * hd;
+            double * er = extra + ((int64_t) t * H + h) * hd;
+            for (int d = n_rot; d < hd; d++) {
+                yr[d] = xr[d];
+                er[d] = 0.0;
+            }
+            for (int i = 0; i < n_rot / 2; i++) {
+                const double theta = pos[t] * fs * pow(base, -2.0 * i / n_rot);
+                const int i0 = mode == KVR_ROPE_NEOX ? i : 2 * i;
+                const int i1 = mode == KVR_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
+                const double x0 = xr[i0], x1 = xr[i1], c = cos(theta), s = sin(theta);
+                yr[i0] = x0 * c - x1 * s;
+                yr[i1] = x0 * s + x1 * c;
+                er[i0] = er[i1] = (3.0 * i + 4.0) * 0x1p-24 * fabs(theta) * hypot(x0, x1);
+            }
+        }
+    }
+}
+
+static double ref_gelu(double x) {
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+}
+
+static double ref_silu(double x) {
+    return x / (1.0 + exp(-x));
+}
+
+static void ref_rms_norm(const float * x, double * y, int64_t n, int64_t rows, double eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            ss += (double) x[r * n + i] * x[r * n + i];
+        }
+        const double s = 1.0 / sqrt(ss / n + eps);
+        for (int64_t i = 0; i < n; i++) {
+            y[r * n + i] = x[r * n + i] * s;
+        }
+    }
+}
+
+static void ref_norm(const double * x, double * y, int64_t n, int64_t rows, double eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        double mean = 0.0, var = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            mean += x[r * n + i];
+        }
+        mean /= n;
+        for (int64_t i = 0; i < n; i++) {
+            var += (x[r * n + i] - mean) * (x[r * n + i] - mean);
+        }
+        const double s = 1.0 / sqrt(var / n + eps);
+        for (int64_t i = 0; i < n; i++) {
+            y[r * n + i] = (x[r * n + i] - mean) * s;
+        }
+    }
+}
+
+// y[t][n] = sum_k w[n][k] x[t][k], x rows x_row floats apart
+static void ref_mul_mat(const float * w, const float * x, int64_t x_row, double * y, int64_t K, int64_t N, int64_t T) {
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                s += (double) w[n * K + k] * x[t * x_row + k];
+            }
+            y[t * N + n] = s;
+        }
+    }
+}
+
+static void ref_mul_mat_d(const float * w, const double * x, double * y, int64_t K, int64_t N, int64_t T) {
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                s += (double) w[n * K + k] * x[t * K + k];
+            }
+            y[t * N + n] = s;
+        }
+    }
+}
+
+//
+// GET_ROWS
+//
+
+static void t_get_rows(enum kvr_type type, int n, int rows, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "GET_ROWS(type=%s,n=%d,rows=%d,T=%d)", type_str(type), n, rows, T);
+    float * ar;
+    struct kvr_tensor * a = tc_weight(&tc, type, n, rows, &ar);
+    // the first elements (row 0 is always picked): subnormals, extremes, infinities, signed zero
+    static const uint16_t f16[] = { 0x0001, 0x03ff, 0x0400, 0x7bff, 0x8001, 0x7c00, 0xfc00, 0x8000, 0x3c00, 0x3555 };
+    static const uint16_t bf16[] = { 0x0001, 0x007f, 0x0080, 0x7f7f, 0x7f80, 0xff80, 0x8000, 0x3f80, 0xc2f7 };
+    for (int i = 0; type != KVR_TYPE_F32 && i < n * rows && i < (type == KVR_TYPE_F16 ? 10 : 9); i++) {
+        const uint16_t h = type == KVR_TYPE_F16 ? f16[i] : bf16[i];
+        ((uint16_t *) a->data)[i] = h;
+        ar[i] = type == KVR_TYPE_F16 ? ref_f16_to_f32(h) : ref_bf16_to_f32(h);
+    }
+    int32_t * ids = (int32_t *) tc_floats(&tc, T);
+    for (int i = 0; i < T; i++) {
+        ids[i] = rng_int(rows);
+    }
+    ids[0] = rows - 1;
+    ids[T - 1] = 0;
+    struct kvr_tensor * y = kvr_get_rows(tc.ctx, a, tc_input_i32(&tc, T, ids));
+    if (tc_shape(&tc, y, KVR_TYPE_F32, n, T, 1, 1)) {
+        tc_output(&tc, y, "get_rows");
+        if (tc_compute(&tc, &y, 1)) {
+            double * ref = tc_doubles(&tc, (int64_t) n * T);
+            for (int t = 0; t < T; t++) {
+                for (int i = 0; i < n; i++) {
+                    ref[(int64_t) t * n + i] = ar[(int64_t) ids[t] * n + i];
+                }
+            }
+            tc_check(&tc, "get_rows", tc_read(&tc, y), ref, (int64_t) n * T, n, TOL_EXACT, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_get_rows(void) {
+    static const int shapes[][3] = { {1, 1, 1}, {7, 7, 7}, {33, 130, 33}, {130, 33, 1}, {64, 5, 130} };
+    static const enum kvr_type types[] = { KVR_TYPE_F32, KVR_TYPE_F16, KVR_TYPE_BF16 };
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_get_rows(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], nt);
+            }
+        }
+    }
+}
+
+//
+// ADD, MUL: b the same shape as a, or one row ([n] or [n,1]) broadcast over a's rows
+//
+
+static void t_binary(bool add, int n, int r, int r2, int bmode, int nt) {
+    static const char * bname[] = { "same", "[n]", "[n,1]" };
+    struct tcase tc;
+    tc_begin(&tc, nt, "%s(ne=[%d,%d,%d],b=%s)", add ? "ADD" : "MUL", n, r, r2, bname[bmode]);
+    const int nd = r2 > 1 ? 3 : 2;
+    struct kvr_tensor * a = tc_input_f32(&tc, nd, n, r, r2, 1.0f);
+    struct kvr_tensor * b = bmode == 0 ? tc_input_f32(&tc, nd, n, r, r2, 1.0f)
+                                       : tc_input_f32(&tc, bmode, n, 1, 1, 1.0f);
+    struct kvr_tensor * y = add ? kvr_add(tc.ctx, a, b) : kvr_mul(tc.ctx, a, b);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, n, r, r2, 1)) {
+        tc_output(&tc, y, "y");
+        if (tc_compute(&tc, &y, 1)) {
+            const int64_t N = (int64_t) n * r * r2;
+            const float * A = a->data, * B = b->data;
+            double * ref = tc_doubles(&tc, N);
+            for (int64_t i = 0; i < N; i++) {
+                const double bv = B[bmode ? i % n : i];
+                ref[i] = add ? A[i] + bv : A[i] * bv;
+            }
+            tc_check(&tc, "y", tc_read(&tc, y), ref, N, n, TOL_ELEM, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static const int g_bin_shapes[][3] = { {1, 1, 1}, {7, 1, 1}, {1, 7, 1}, {33, 7, 1}, {130, 33, 1}, {7, 130, 1}, {33, 5, 3} };
+
+static void grp_binary(bool add) {
+    for (size_t s = 0; s < sizeof(g_bin_shapes) / sizeof(g_bin_shapes[0]); s++) {
+        for (int bmode = 0; bmode < 3; bmode++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_binary(add, g_bin_shapes[s][0], g_bin_shapes[s][1], g_bin_shapes[s][2], bmode, nt);
+            }
+        }
+    }
+}
+
+static void grp_add(void) { grp_binary(true); }
+static void grp_mul(void) { grp_binary(false); }
+
+//
+// SCALE, SILU, GELU
+//
+
+enum unary_op { U_SCALE, U_SILU, U_GELU };
+
+static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) {
+    static const char * name[] = { "SCALE", "SILU", "GELU" };
+    struct tcase tc;
+    if (op == U_SCALE) {
+        tc_begin(&tc, nt, "SCALE(ne=[%d,%d],s=%g)", n, r, s);
+    } else {
+        tc_begin(&tc, nt, "%s(ne=[%d,%d],x in +-%g)", name[op], n, r, amp);
+    }
+    struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, amp);
+    struct kvr_tensor * y = op == U_SCALE ? kvr_scale(tc.ctx, a, s)
+                          : op == U_SILU  ? kvr_silu(tc.ctx, a) : kvr_gelu(tc.ctx, a);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, n, r, 1, 1)) {
+        tc_output(&tc, y, "y");
+        if (tc_compute(&tc, &y, 1)) {
+            const int64_t N = (int64_t) n * r;
+            const float * A = a->data;
+            double * ref = tc_doubles(&tc, N);
+            for (int64_t i = 0; i < N; i++) {
+                ref[i] = op == U_SCALE ? (double) A[i] * s : op == U_SILU ? ref_silu(A[i]) : ref_gelu(A[i]);
+            }
+            tc_check(&tc, "y", tc_read(&tc, y), ref, N, n, TOL_ELEM, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static const int g_un_shapes[][2] = { {1, 1}, {7, 33}, {130, 7}, {33, 130} };
+
+static void grp_scale(void) {
+    static const float s[] = { 0.5f, -3.25f, 0.0f, 0.125f };
+    for (size_t i = 0; i < sizeof(g_un_shapes) / sizeof(g_un_shapes[0]); i++) {
+        for (size_t j = 0; j < sizeof(s) / sizeof(s[0]); j++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_unary(U_SCALE, g_un_shapes[i][0], g_un_shapes[i][1], 1.0f, s[j], nt);
+            }
+        }
+    }
+}
+
+static void grp_act(enum unary_op op) {
+    static const float amp[] = { 1.0f, 8.0f, 100.0f };
+    for (size_t i = 0; i < sizeof(g_un_shapes) / sizeof(g_un_shapes[0]); i++) {
+        for (size_t j = 0; j < sizeof(amp) / sizeof(amp[0]); j++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_unary(op, g_un_shapes[i][0], g_un_shapes[i][1], amp[j], 1.0f, nt);
+            }
+        }
+    }
+}
+
+static void grp_silu(void) { grp_act(U_SILU); }
+static void grp_gelu(void) { grp_act(U_GELU); }
+
+//
+// RMS_NORM, NORM. kind 0: random rows; 1: special rows (zero, constant, one-hot) among random
+// ones; 2: random rows around +30 (cancellation in the variance)
+//
+
+static void t_norm(bool rms, int n, int r, float eps, int kind, int nt) {
+    static const char * kname[] = { "random", "special rows", "offset 30" };
+    struct tcase tc;
+    tc_begin(&tc, nt, "%s(ne=[%d,%d],eps=%g,x=%s)", rms ? "RMS_NORM" : "NORM", n, r, eps, kname[kind]);
+    struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, 1.0f);
+    float * A = a->data;
+    const int64_t N = (int64_t) n * r;
+    if (kind == 1) {
+        for (int i = 0; i < n; i++) {
+            A[i] = 0.0f;                                       // row 0: zero
+            if (r > 1) A[n + i] = 3.0f;                        // row 1: constant
+            if (r > 2) A[2 * n + i] = i == n / 2 ? -2.0f : 0;  // row 2: one-hot
+        }
+    } else if (kind == 2) {
+        for (int64_t i = 0; i < N; i++) {
+            A[i] += 30.0f;
+        }
+    }
+    struct kvr_tensor * y = rms ? kvr_rms_norm(tc.ctx, a, eps) : kvr_norm(tc.ctx, a, eps);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, n, r, 1, 1)) {
+        tc_output(&tc, y, "y");
+        if (tc_compute(&tc, &y, 1)) {
+            double * ref = tc_doubles(&tc, N);
+            if (rms) {
+                ref_rms_norm(A, ref, n, r, eps);
+            } else {
+                double * x = tc_doubles(&tc, N);
+                for (int64_t i = 0; i < N; i++) {
+                    x[i] = A[i];
+                }
+                ref_norm(x, ref, n, r, eps);
+            }
+            tc_check(&tc, "y", tc_read(&tc, y), ref, N, n, kind == 2 ? TOL_NORM_OFFSET : TOL_ELEM, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_norms(bool rms) {
+    static const int shapes[][2] = { {1, 1}, {7, 7}, {33, 33}, {130, 7}, {1, 130}, {4096, 2} };
+    static const float eps[] = { 1e-5f, 1e-6f };
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        for (size_t e = 0; e < 2; e++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_norm(rms, shapes[s][0], shapes[s][1], eps[e], 0, nt);
+            }
+        }
+    }
+    for (int nt = 1; nt <= 3; nt++) {
+        t_norm(rms, 33, 5, 1e-5f, 1, nt);
+        t_norm(rms, 130, 7, 1e-5f, 2, nt);
+    }
+}
+
+static void grp_rms_norm(void) { grp_norms(true); }
+static void grp_norm(void)     { grp_norms(false); }
+
+//
+// MUL_MAT: w [K, N] of f32/f16/bf16, x [K, T, T2] f32 (xpad > 0: rows of K + xpad floats,
+// starting xpad/2 floats in) -> y [N, T, T2]
+//
+
+static void t_mul_mat(enum kvr_type type, int K, int N, int T, int T2, int xpad, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "MUL_MAT(type=%s,K=%d,N=%d,T=%d,T2=%d%s)", type_str(type), K, N, T, T2,
+             xpad ? ",x=strided view" : "");
+    float * wr;
+    struct kvr_tensor * w = tc_weight(&tc, type, K, N, &wr);
+    struct kvr_tensor * x;
+    const float * xd;
+    int64_t x_row = K;
+    if (xpad) {
+        struct kvr_tensor * xb = tc_input_f32(&tc, 2, K + xpad, T, 1, 1.0f);
+        x = kvr_view_2d(tc.ctx, xb, K, T, xb->nb[1], (size_t) (xpad / 2) * sizeof(float));
+        xd = (const float *) xb->data + xpad / 2;
+        x_row = K + xpad;
+    } else {
+        x = tc_input_f32(&tc, T2 > 1 ? 3 : 2, K, T, T2, 1.0f);
+        xd = x->data;
+    }
+    struct kvr_tensor * y = kvr_mul_mat(tc.ctx, w, x);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, N, T, T2, 1)) {
+        tc_output(&tc, y, "y");
+        if (tc_compute(&tc, &y, 1)) {
+            double * ref = tc_doubles(&tc, (int64_t) N * T * T2);
+            ref_mul_mat(wr, xd, x_row, ref, K, N, (int64_t) T * T2);
+            tc_check(&tc, "y", tc_read(&tc, y), ref, (int64_t) N * T * T2, N, TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_mul_mat(void) {
+    static const int shapes[][4] = {
+        {1, 1, 1, 1}, {7, 1, 7, 1}, {33, 7, 1, 1}, {7, 33, 33, 1}, {130, 33, 7, 1}, {64, 130, 33, 1},
+        {256, 130, 33, 1}, {33, 1, 130, 1}, {16, 7, 5, 3},
+        {256, 1100, 7, 1}, {4100, 70, 3, 1},   // more than one block of converted weight rows
+    };
+    static const enum kvr_type types[] = { KVR_TYPE_F32, KVR_TYPE_F16, KVR_TYPE_BF16 };
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_mul_mat(types[ti], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 0, nt);
+            }
+        }
+        for (int nt = 1; nt <= 3; nt++) {
+            t_mul_mat(types[ti], 33, 7, 7, 1, 6, nt);
+            t_mul_mat(types[ti], 64, 33, 40, 1, 16, nt);
+        }
+    }
+}
+
+//
+// ROPE
+//
+
+struct rope_case {
+    int hd, H, T, n_rot;
+    float base, fs;
+    const char * pos;   // "seq" 0.., "offset" 1000+3i, "large" up to 2^21
+    bool strided;       // a: a view one head into rows of hd*(H + 2) floats (a fused qkv)
+};
+
+static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "ROPE(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s,base=%g,freq_scale=%g,pos=%s%s)", rc->hd, rc->H,
+             rc->T, rc->n_rot, mode == KVR_ROPE_NEOX ? "neox" : "norm", rc->base, rc->fs, rc->pos,
+             rc->strided ? ",a=strided view" : "");
+    const int64_t N = (int64_t) rc->hd * rc->H * rc->T;
+    struct kvr_tensor * a;
+    float * x;   // a's values, dense
+    if (rc->strided) {
+        const int64_t row = (int64_t) rc->hd * (rc->H + 2);
+        struct kvr_tensor * fused = tc_input_f32(&tc, 2, row, rc->T, 1, 1.0f);
+        a = kvr_view_3d(tc.ctx, fused, rc->hd, rc->H, rc->T, (size_t) rc->hd * sizeof(float), fused->nb[1],
+                        (size_t) rc->hd * sizeof(float));
+        x = tc_floats(&tc, N);
+        for (int t = 0; t < rc->T; t++) {
+            memcpy(x + (int64_t) t * rc->hd * rc->H, (const float *) fused->data + t * row + rc->hd,
+                   sizeof(float) * (size_t) (rc->hd * rc->H));
+        }
+    } else {
+        a = tc_input_f32(&tc, 3, rc->hd, rc->H, rc->T, 1.0f);
+        x = a->data;
+    }
+    int32_t * pos = (int32_t *) tc_floats(&tc, rc->T);
+    static const int32_t large[] = { 65535, 100000, 1048576, 2097151, 32767, 4096 };
+    for (int i = 0; i < rc->T; i++) {
+        if (!strcmp(rc->pos, "seq")) {
+            pos[i] = i;
+        } else if (!strcmp(rc->pos, "offset")) {
+            pos[i] = 1000 + 3 * i;
+        } else {
+            pos[i] = i < 6 ? large[i] : rng_int(1 << 21);
+        }
+    }
+    struct kvr_tensor * y = kvr_rope(tc.ctx, a, tc_input_i32(&tc, rc->T, pos), rc->n_rot, mode, rc->base, rc->fs);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, rc->hd, rc->H, rc->T, 1)) {
+        tc_output(&tc, y, "y");
+        if (tc_compute(&tc, &y, 1)) {
+            double * ref = tc_doubles(&tc, N), * extra = tc_doubles(&tc, N);
+            ref_rope(x, ref, extra, rc->hd, rc->H, rc->T, pos, rc->n_rot, mode, rc->base, rc->fs);
+            tc_check(&tc, "y", tc_read(&tc, y), ref, N, rc->hd, TOL_ELEM, extra);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_rope(void) {
+    static const struct rope_case cases[] = {
+        { 16, 1, 1, 16, 10000.0f, 1.0f, "seq", false },
+        { 64, 4, 7, 64, 10000.0f, 1.0f, "seq", false },
+        { 64, 2, 33, 32, 10000.0f, 1.0f, "seq", false },
+        { 80, 3, 7, 80, 10000.0f, 1.0f, "offset", false },
+        { 80, 2, 7, 20, 10000.0f, 1.0f, "offset", false },
+        { 32, 4, 7, 24, 1e6f, 0.5f, "offset", false },
+        { 128, 2, 33, 128, 500000.0f, 0.25f, "large", false },
+        { 64, 3, 130, 64, 10000.0f, 1.0f, "large", false },
+        { 64, 4, 7, 64, 10000.0f, 1.0f, "offset", true },
+        { 80, 2, 33, 32, 10000.0f, 1.0f, "seq", true },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int m = 0; m < 2; m++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_rope(&cases[c], m ? KVR_ROPE_NEOX : KVR_ROPE_NORM, nt);
+            }
+        }
+    }
+}
+
+//
+// CPY: a f32 into b (f32 or f16; into_view: b is rows [2, 2 + r) of a larger leaf)
+//
+
+static void t_cpy(enum kvr_type type, int n, int r, bool into_view, int nt) {
+    static const float specials[] = {
+        0.0f, -0.0f, 1.0f, -2.0f, 65504.0f, 65519.0f, 65520.0f, -1e5f, 6.103515625e-05f, 5.9604645e-08f,
+        2.9802322e-08f, 4.4703484e-08f, 1.00048828125f, 1.00146484375f, 0.33333334f, INFINITY, -INFINITY,
+        NAN,
+        // around the smallest normal 2^-14: the largest subnormal, and values that round up to 2^-14
+        6.0975552e-05f, 6.102e-05f, -6.1005353927612305e-05f, 6.1035e-05f,
+    };
+    const int n_spec = (int) (sizeof(specials) / sizeof(specials[0]));
+    struct tcase tc;
+    tc_begin(&tc, nt, "CPY(f32->%s,ne=[%d,%d]%s)", type_str(type), n, r, into_view ? ",b=view" : "");
+    struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, 2.0f);
+    float * A = a->data;
+    if (type == KVR_TYPE_F16) {
+        for (int i = 0; i < n_spec && i < n * r; i++) {
+            A[i] = specials[i];
+        }
+    }
+    const size_t es = elem_size(type), row = (size_t) n * es;
+    const int pad = into_view ? 3 : 0;
+    struct kvr_tensor * big = kvr_new_tensor_2d(tc.ctx, type, n, r + pad);
+    big->data = tc_alloc(&tc, row * (size_t) (r + pad), true, 0x5A, "cpy dst");
+    struct kvr_tensor * b = into_view ? kvr_view_2d(tc.ctx, big, n, r, big->nb[1], 2 * row) : big;
+    // into a view, copy a computed node (planned memory) rather than a leaf
+    struct kvr_tensor * src = into_view ? kvr_scale(tc.ctx, a, 1.0f) : a;
+    struct kvr_tensor * y = kvr_cpy(tc.ctx, src, b);
+    if (tc_shape(&tc, y, type, n, r, 1, 1)) {
+        y->flags |= KVR_FLAG_OUTPUT;
+        if (tc_compute(&tc, &y, 1)) {
+            const uint8_t * base = big->data;
+            for (int64_t row_i = 0; row_i < r + pad; row_i++) {
+                const bool inside = !into_view || (row_i >= 2 && row_i < 2 + r);
+                for (int64_t i = 0; i < n && tc.n_fail == 0; i++) {
+                    const uint8_t * p = base + (size_t) row_i * row + (size_t) i * es;
+                    if (!inside) {
+                        for (size_t k = 0; k < es; k++) {
+                            if (p[k] != 0x5A) {
+                                tc_fail(&tc, "row %lld outside the view [2,%d) was written", (long long) row_i, 2 + r);
+                            }
+                        }
+                        continue;
+                    }
+                    const float x = A[(row_i - (into_view ? 2 : 0)) * n + i];
+                    if (type == KVR_TYPE_F16) {
+                        uint16_t got, exp = ref_f32_to_f16(x);
+                        memcpy(&got, p, 2);
+                        const bool both_nan = isnan(x) && (got & 0x7c00) == 0x7c00 && (got & 0x3ff);
+                        if (got != exp && !both_nan) {
+                            tc_fail(&tc, "[%lld,%lld]: %.9g -> f16 0x%04x, expected 0x%04x", (long long) i,
+                                    (long long) row_i, x, got, exp);
+                        }
+                    } else {
+                        float got;
+                        memcpy(&got, p, 4);
+                        if (memcmp(&got, &x, 4) != 0) {
+                            tc_fail(&tc, "[%lld,%lld]: got %.9g expected %.9g", (long long) i, (long long) row_i,
+                                    got, x);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_cpy(void) {
+    static const int shapes[][2] = { {1, 1}, {7, 7}, {33, 33}, {130, 7} };
+    for (int f16 = 0; f16 < 2; f16++) {
+        for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+            for (int v = 0; v < 2; v++) {
+                for (int nt = 1; nt <= 3; nt++) {
+                    t_cpy(f16 ? KVR_TYPE_F16 : KVR_TYPE_F32, shapes[s][0], shapes[s][1], v, nt);
+                }
+            }
+        }
+    }
+}
+
+//
+// KV_STORE: T new rows (a computed node, 0.5 * x) into cache rows [p, p + T), then ATTN of the
+// T queries over cache rows [0, p + T) that depends on the stores
+//
+
+static void t_kv_store(int hd, int Hkv, int H, int n_ctx, int p, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "KV_STORE(hd=%d,Hkv=%d,n_ctx=%d,rows=[%d,%d)) + ATTN(H=%d)", hd, Hkv, n_ctx, p, p + T, H);
+    const int64_t kv_dim = (int64_t) hd * Hkv;
+    const size_t  row = (size_t) kv_dim * sizeof(float);
+    struct kvr_tensor * cache[2], * store[2];
+    float * hist[2], * xin[2];
+    for (int c = 0; c < 2; c++) {
+        cache[c] = kvr_new_tensor_2d(tc.ctx, KVR_TYPE_F32, kv_dim, n_ctx);
+        cache[c]->data = tc_alloc(&tc, row * (size_t) n_ctx, true, 0xFF, c ? "cache v" : "cache k");
+        hist[c] = cache[c]->data;
+        fill(hist[c], kv_dim * p, -1.0f, 1.0f);   // rows before p: earlier tokens
+        struct kvr_tensor * x = tc_input_f32(&tc, 2, kv_dim, T, 1, 1.0f);
+        xin[c] = x->data;
+        struct kvr_tensor * dst = kvr_view_2d(tc.ctx, cache[c], kv_dim, T, cache[c]->nb[1], (size_t) p * row);
+        store[c] = kvr_kv_store(tc.ctx, kvr_scale(tc.ctx, x, 0.5f), dst);
+    }
+    float * hist_copy = tc_floats(&tc, kv_dim * p * 2 + 1);
+    memcpy(hist_copy, hist[0], row * (size_t) p);
+    memcpy(hist_copy + kv_dim * p, hist[1], row * (size_t) p);
+
+    struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, H, T, 1.0f);
+    int32_t * qpos = (int32_t *) tc_floats(&tc, T), * kpos = (int32_t *) tc_floats(&tc, p + T);
+    for (int i = 0; i < T; i++) qpos[i] = p + i;
+    for (int j = 0; j < p + T; j++) kpos[j] = j;
+    struct kvr_tensor * kv[2];
+    for (int c = 0; c < 2; c++) {
+        kv[c] = kvr_view_3d(tc.ctx, cache[c], hd, Hkv, p + T, (size_t) hd * sizeof(float), row, 0);
+    }
+    const float scale = 1.0f / sqrtf((float) hd);
+    struct kvr_tensor * attn = kvr_attn(tc.ctx, q, kv[0], kv[1], tc_input_i32(&tc, T, qpos),
+                                        tc_input_i32(&tc, p + T, kpos), store[0], scale, KVR_ATTN_CAUSAL);
+    if (tc_shape(&tc, store[0], KVR_TYPE_F32, kv_dim, T, 1, 1) && tc_shape(&tc, store[1], KVR_TYPE_F32, kv_dim, T, 1, 1) &&
+        tc_shape(&tc, attn, KVR_TYPE_F32, (int64_t) hd * H + H, T, 1, 1)) {
+        tc_output(&tc, attn, "attn");
+        struct kvr_tensor * outs[3] = { store[1], store[0], attn };   // the V store first, then ATTN after its dep
+        if (tc_compute(&tc, outs, 3)) {
+            for (int c = 0; c < 2; c++) {
+                const uint32_t * bits = (const uint32_t *) hist[c];
+                for (int64_t j = 0; j < n_ctx && tc.n_fail == 0; j++) {
+                    for (int64_t i = 0; i < kv_dim; i++) {
+                        const float got = hist[c][j * kv_dim + i];
+                        if (j < p) {
+                            if (memcmp(&got, &hist_copy[c * kv_dim * p + j * kv_dim + i], 4)) {
+                                tc_fail(&tc, "cache %c row %lld (before the store) changed", "kv"[c], (long long) j);
+                                break;
+                            }
+                        } else if (j < p + T) {
+                            const float exp = 0.5f * xin[c][(j - p) * kv_dim + i];
+                            if (got != exp) {
+                                tc_fail(&tc, "cache %c [%lld,%lld]: got %.9g expected %.9g", "kv"[c], (long long) i,
+                                        (long long) j, got, exp);
+                                break;
+                            }
+                        } else if (bits[j * kv_dim + i] != 0xFFFFFFFFu) {
+                            tc_fail(&tc, "cache %c row %lld (after the store) was written", "kv"[c], (long long) j);
+                            break;
+                        }
+                    }
+                }
+            }
+            const struct attn_ref ar = {
+                .hd = hd, .H = H, .Hkv = Hkv, .Tq = T, .Tk = p + T,
+                .q = q->data, .q_tok = (int64_t) hd * H, .k = hist[0], .v = hist[1], .kv_tok = kv_dim,
+                .qpos = qpos, .kpos = kpos, .scale = scale,
+            };
+            double * ref = tc_doubles(&tc, ((int64_t) hd * H + H) * T);
+            ref_attn(&ar, ref);
+            tc_check(&tc, "attn", tc_read(&tc, attn), ref, ((int64_t) hd * H + H) * T, (int64_t) hd * H + H,
+                     TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_kv_store(void) {
+    static const int cases[][6] = {
+        // hd, Hkv, H, n_ctx, p, T
+        { 16, 2, 4, 48, 0, 7 }, { 16, 2, 4, 48, 13, 1 }, { 64, 1, 4, 80, 40, 33 }, { 80, 2, 2, 48, 47, 1 },
+        { 16, 4, 8, 130, 0, 130 },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int nt = 1; nt <= 3; nt++) {
+            t_kv_store(cases[c][0], cases[c][1], cases[c][2], cases[c][3], cases[c][4], cases[c][5], nt);
+        }
+    }
+}
+
+//
+// ATTN
+//
+
+struct attn_case {
+    int hd, H, Hkv, Tq, Tk;
+    const char * pos;
+    bool q_strided;   // q: a view into rows of hd*(H + 3) floats, one head in (a fused qkv)
+    bool hot;         // q in +-16 and scale 1: scores in the hundreds (exp overflows if unshifted)
+};
+
+// Rank r's tokens of a zigzag shard over 4 ranks: chunks r and 7 - r of c tokens each.
+static void zigzag(int32_t * pos, int r, int c) {
+    for (int i = 0; i < c; i++) {
+        pos[i] = r * c + i;
+        pos[c + i] = (7 - r) * c + i;
+    }
+}
+
+static void attn_positions(const char * kind, int Tq, int Tk, int32_t * qpos, int32_t * kpos) {
+    if (!strcmp(kind, "causal")) {            // the queries are the last Tq of the Tk keys
+        for (int j = 0; j < Tk; j++) kpos[j] = j;
+        for (int i = 0; i < Tq; i++) qpos[i] = Tk - Tq + i;
+    } else if (!strcmp(kind, "mid")) {        // later keys exist and are masked for every query
+        for (int j = 0; j < Tk; j++) kpos[j] = j;
+        for (int i = 0; i < Tq; i++) qpos[i] = (Tk - Tq) / 2 + i;
+    } else if (!strcmp(kind, "masked")) {     // every key is after every query
+        for (int j = 0; j < Tk; j++) kpos[j] = 1000 + j;
+        for (int i = 0; i < Tq; i++) qpos[i] = i;
+    } else if (!strcmp(kind, "zz-1-2") || !strcmp(kind, "zz-2-1") || !strcmp(kind, "zz-1-1")) {
+        zigzag(qpos, kind[3] - '0', Tq / 2);  // a ring step: queries of rank a, keys of rank b
+        zigzag(kpos, kind[5] - '0', Tk / 2);
+    } else {                                  // "shuffled": keys in any order, queries anywhere
+        for (int j = 0; j < Tk; j++) kpos[j] = j;
+        for (int j = Tk - 1; j > 0; j--) {
+            const int k = rng_int(j + 1), t = kpos[j];
+            kpos[j] = kpos[k];
+            kpos[k] = t;
+        }
+        for (int i = 0; i < Tq; i++) qpos[i] = rng_int(Tk + 2) - 1;
+    }
+}
+
+static void t_attn(const struct attn_case * ac, enum kvr_attn_mode mode, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s%s%s)", ac->hd, ac->H, ac->Hkv, ac->Tq,
+             ac->Tk, ac->pos, mode_str(mode), ac->q_strided ? ",q=strided" : "", ac->hot ? ",hot" : "");
+    const int hd = ac->hd, H = ac->H, Tq = ac->Tq, Tk = ac->Tk;
+    const float amp = ac->hot ? 16.0f : 1.0f;
+    struct kvr_tensor * q;
+    const float * qd;
+    int64_t q_tok = (int64_t) hd * H;
+    if (ac->q_strided) {
+        q_tok = (int64_t) hd * (H + 3);
+        struct kvr_tensor * qb = tc_input_f32(&tc, 2, q_tok, Tq, 1, amp);
+        q = kvr_view_3d(tc.ctx, qb, hd, H, Tq, (size_t) hd * sizeof(float), qb->nb[1], (size_t) hd * sizeof(float));
+        qd = (const float *) qb->data + hd;
+    } else {
+        q = tc_input_f32(&tc, 3, hd, H, Tq, amp);
+        qd = q->data;
+    }
+    struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, ac->Hkv, Tk, 1.0f);
+    struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, ac->Hkv, Tk, 1.0f);
+    int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
+    attn_positions(ac->pos, Tq, Tk, qpos, kpos);
+    const float scale = ac->hot ? 1.0f : 1.0f / sqrtf((float) hd);
+    struct kvr_tensor * y = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos), NULL,
+                                     scale, mode);
+    const int64_t row = (int64_t) hd * H + H;
+    if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1)) {
+        tc_output(&tc, y, "attn");
+        if (tc_compute(&tc, &y, 1)) {
+            const struct attn_ref ar = {
+                .hd = hd, .H = H, .Hkv = ac->Hkv, .Tq = Tq, .Tk = Tk, .q = qd, .q_tok = q_tok,
+                .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * ac->Hkv,
+                .qpos = qpos, .kpos = kpos, .scale = scale,
+            };
+            double * ref = tc_doubles(&tc, row * Tq);
+            ref_attn(&ar, ref);
+            tc_check(&tc, "attn", tc_read(&tc, y), ref, row * Tq, row, TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_attn(void) {
+    static const struct attn_case cases[] = {
+        { 16, 4, 4, 1, 1, "causal", false, false },
+        { 16, 2, 2, 7, 7, "causal", false, false },
+        { 64, 4, 4, 33, 33, "causal", false, false },      // MHA
+        { 64, 8, 2, 33, 33, "causal", false, false },      // GQA
+        { 64, 4, 1, 7, 40, "causal", false, false },       // MQA, Tq < Tk
+        { 80, 4, 2, 33, 130, "mid", false, false },
+        { 80, 2, 1, 130, 130, "causal", false, false },
+        { 64, 4, 2, 1, 67, "causal", false, false },       // one decode step
+        { 128, 2, 1, 17, 65, "causal", false, false },
+        { 16, 4, 2, 10, 10, "zz-1-2", false, false },      // rank 1's first chunk sees nothing
+        { 16, 4, 2, 10, 10, "zz-2-1", false, false },
+        { 80, 2, 2, 14, 14, "zz-1-1", false, false },
+        { 64, 6, 3, 66, 66, "zz-1-2", false, false },
+        { 64, 4, 4, 7, 9, "masked", false, false },
+        { 64, 4, 2, 33, 33, "shuffled", false, false },
+        { 64, 4, 2, 33, 33, "causal", false, true },
+        { 80, 6, 3, 7, 33, "causal", true, false },
+        { 16, 4, 1, 33, 130, "mid", true, false },
+        // more than one key tile (and query tile) of the CPU kernel
+        { 16, 2, 1, 300, 300, "causal", false, true },
+        { 64, 4, 2, 7, 600, "mid", false, false },
+        { 16, 2, 2, 520, 520, "zz-2-1", false, false },
+        { 32, 4, 1, 1, 777, "causal", true, false },
+        { 16, 2, 1, 40, 700, "shuffled", false, false },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int m = 0; m < 2; m++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_attn(&cases[c], m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+            }
+        }
+    }
+}
+
+//
+// MERGE_ATTN: of given partials, and of ATTN over chunks of the keys against ATTN over all keys
+//
+
+static void ref_merge(float * const * parts, int n, int hd, int H, int Tq, double * out) {
+    const int64_t row = (int64_t) hd * H + H;
+    for (int i = 0; i < Tq; i++) {
+        for (int h = 0; h < H; h++) {
+            const int64_t lo = i * row + (int64_t) h * hd, li = i * row + (int64_t) hd * H + h;
+            double m = -INFINITY;
+            for (int p = 0; p < n; p++) {
+                m = fmax(m, parts[p][li]);
+            }
+            for (int d = 0; d < hd; d++) {
+                out[lo + d] = 0.0;
+            }
+            if (m == -INFINITY) {
+                out[li] = -INFINITY;
+                continue;
+            }
+            double sum = 0.0;
+            for (int p = 0; p < n; p++) {
+                sum += exp(parts[p][li] - m);
+            }
+            const double lse = m + log(sum);
+            for (int p = 0; p < n; p++) {
+                const double w = exp(parts[p][li] - lse);
+                for (int d = 0; d < hd; d++) {
+                    out[lo + d] += w * parts[p][lo + d];
+                }
+            }
+            out[li] = lse;
+        }
+    }
+}
+
+// kind: "rand" LSE in +-4, a quarter empty; "big" LSE around +-100; "empty" every third row
+// empty in every partial. Empty partials carry random O: they must drop out whatever it is.
+static void t_merge(int hd, int H, int Tq, int n, const char * kind, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "MERGE_ATTN(hd=%d,H=%d,Tq=%d,n=%d,lse=%s)", hd, H, Tq, n, kind);
+    const int64_t row = (int64_t) hd * H + H;
+    struct kvr_tensor * parts[KVR_MAX_SRC];
+    float * pd[KVR_MAX_SRC];
+    for (int p = 0; p < n; p++) {
+        parts[p] = tc_input_f32(&tc, 2, row, Tq, 1, 1.0f);
+        pd[p] = parts[p]->data;
+        for (int i = 0; i < Tq; i++) {
+            for (int h = 0; h < H; h++) {
+                float * l = &pd[p][i * row + (int64_t) hd * H + h];
+                if (!strcmp(kind, "big")) {
+                    *l = (rng_int(2) ? 1.0f : -1.0f) * rng_f(80.0f, 120.0f);
+                } else if (!strcmp(kind, "empty") && i % 3 == 0) {
+                    *l = -INFINITY;
+                } else {
+                    *l = rng_int(4) == 0 ? -INFINITY : rng_f(-4.0f, 4.0f);
+                }
+            }
+        }
+    }
+    struct kvr_tensor * y = kvr_merge_attn(tc.ctx, parts, n, H);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1)) {
+        tc_output(&tc, y, "merged");
+        if (tc_compute(&tc, &y, 1)) {
+            double * ref = tc_doubles(&tc, row * Tq);
+            ref_merge(pd, n, hd, H, Tq, ref);
+            tc_check(&tc, "merged", tc_read(&tc, y), ref, row * Tq, row, TOL_ELEM, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+// Keys [0, Tk) in n_chunks contiguous chunks, one ATTN each (views of k, v and kpos), merged;
+// queries: every token ("causal") or rank 1's zigzag shard over 4 ranks ("zz"), so some
+// partials are empty for some queries, as in a ring step.
+static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const char * qkind,
+                           enum kvr_attn_mode mode, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "MERGE_ATTN(ATTN over %d key chunks,hd=%d,H=%d,Hkv=%d,Tk=%d,q=%s,mode=%s)", n_chunks, hd, H,
+             Hkv, Tk, qkind, mode_str(mode));
+    const int Tq = !strcmp(qkind, "zz") ? Tk / 4 : Tk;
+    int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
+    for (int j = 0; j < Tk; j++) kpos[j] = j;
+    if (Tq == Tk) {
+        for (int i = 0; i < Tq; i++) qpos[i] = i;
+    } else {
+        zigzag(qpos, 1, Tk / 8);
+    }
+    struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, H, Tq, 1.0f);
+    struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, Hkv, Tk, 1.0f);
+    struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, Hkv, Tk, 1.0f);
+    struct kvr_tensor * qp = tc_input_i32(&tc, Tq, qpos), * kp = tc_input_i32(&tc, Tk, kpos);
+    const float scale = 1.0f / sqrtf((float) hd);
+    struct kvr_tensor * parts[KVR_MAX_SRC];
+    for (int c = 0; c < n_chunks; c++) {
+        const int j0 = Tk * c / n_chunks, j1 = Tk * (c + 1) / n_chunks;
+        struct kvr_tensor * kc = kvr_view_3d(tc.ctx, k, hd, Hkv, j1 - j0, k->nb[1], k->nb[2], (size_t) j0 * k->nb[2]);
+        struct kvr_tensor * vc = kvr_view_3d(tc.ctx, v, hd, Hkv, j1 - j0, v->nb[1], v->nb[2], (size_t) j0 * v->nb[2]);
+        struct kvr_tensor * pc = kvr_view_1d(tc.ctx, kp, j1 - j0, (size_t) j0 * sizeof(int32_t));
+        parts[c] = kvr_attn(tc.ctx, q, kc, vc, qp, pc, NULL, scale, mode);
+    }
+    const int64_t row = (int64_t) hd * H + H;
+    struct kvr_tensor * y = kvr_merge_attn(tc.ctx, parts, n_chunks, H);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1)) {
+        tc_output(&tc, y, "merged");
+        if (tc_compute(&tc, &y, 1)) {
+            const struct attn_ref ar = {
+                .hd = hd, .H = H, .Hkv = Hkv, .Tq = Tq, .Tk = Tk, .q = q->data, .q_tok = (int64_t) hd * H,
+                .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * Hkv, .qpos = qpos, .kpos = kpos, .scale = scale,
+            };
+            double * ref = tc_doubles(&tc, row * Tq);
+            ref_attn(&ar, ref);
+            tc_check(&tc, "merged", tc_read(&tc, y), ref, row * Tq, row, TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_merge_attn(void) {
+    static const struct { int hd, H, Tq, n; const char * kind; } cases[] = {
+        { 16, 4, 7, 1, "rand" }, { 16, 4, 7, 2, "rand" }, { 64, 2, 33, 3, "empty" }, { 80, 3, 5, 4, "big" },
+        { 16, 1, 1, 2, "empty" }, { 64, 4, 130, 2, "rand" }, { 16, 2, 9, KVR_MAX_SRC, "empty" },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int nt = 1; nt <= 3; nt++) {
+            t_merge(cases[c].hd, cases[c].H, cases[c].Tq, cases[c].n, cases[c].kind, nt);
+        }
+    }
+    static const struct { int hd, H, Hkv, Tk, n; const char * q; } chunks[] = {
+        { 16, 4, 2, 40, 4, "zz" }, { 64, 4, 1, 33, 3, "causal" }, { 80, 2, 2, 130, 2, "causal" },
+        { 64, 2, 1, 80, KVR_MAX_SRC, "zz" }, { 16, 2, 1, 600, 3, "causal" },
+    };
+    for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+        for (int m = 0; m < 2; m++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_merge_chunks(chunks[c].hd, chunks[c].H, chunks[c].Hkv, chunks[c].Tk, chunks[c].n, chunks[c].q,
+                               m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+            }
+        }
+    }
+}
+
+//
+// VIEW: the metadata of views, and views (of leaves and of planned intermediates) feeding ops
+//
+
+static void t_view_meta(void) {
+    struct tcase tc;
+    tc_begin(&tc, 1, "VIEW(metadata: view_1d/2d/3d, reshape_2d/3d, nbytes, is_contiguous)");
+    struct kvr_tensor * a = kvr_new_tensor_3d(tc.ctx, KVR_TYPE_F32, 10, 6, 3);
+    struct {
+        const char * what;
+        struct kvr_tensor * t;
+        int64_t ne[4];
+        size_t nb[4], offs, nbytes;
+        bool contiguous;
+    } v[] = {
+        { "view_1d(a, 7, 8)", kvr_view_1d(tc.ctx, a, 7, 8), {7, 1, 1, 1}, {4, 28, 28, 28}, 8, 28, true },
+        { "view_2d(a, 4, 5, 40, 12)", kvr_view_2d(tc.ctx, a, 4, 5, 40, 12), {4, 5, 1, 1}, {4, 40, 200, 200}, 12,
+          16 + 4 * 40, false },
+        { "view_2d(a, 10, 5, 40, 80)", kvr_view_2d(tc.ctx, a, 10, 5, 40, 80), {10, 5, 1, 1}, {4, 40, 200, 200}, 80,
+          200, true },
+        { "view_3d(a, 2, 3, 4, 8, 40, 4)", kvr_view_3d(tc.ctx, a, 2, 3, 4, 8, 40, 4), {2, 3, 4, 1}, {4, 8, 40, 160},
+          4, 8 + 2 * 8 + 3 * 40, false },
+        { "reshape_2d(a, 30, 6)", kvr_reshape_2d(tc.ctx, a, 30, 6), {30, 6, 1, 1}, {4, 120, 720, 720}, 0, 720, true },
+        { "reshape_3d(a, 5, 4, 9)", kvr_reshape_3d(tc.ctx, a, 5, 4, 9), {5, 4, 9, 1}, {4, 20, 80, 720}, 0, 720, true },
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        const struct kvr_tensor * t = v[i].t;
+        if (!t) {
+            tc_fail(&tc, "%s returned NULL", v[i].what);
+            continue;
+        }
+        bool ok = t->type == KVR_TYPE_F32 && t->view_src == a && t->view_offs == v[i].offs;
+        for (int d = 0; d < 4; d++) {
+            // nb of a dimension of size 1 above the last is not part of the contract
+            ok = ok && t->ne[d] == v[i].ne[d] && (t->ne[d] == 1 || t->nb[d] == v[i].nb[d]);
+        }
+        if (!ok) {
+            tc_fail(&tc, "%s: ne [%lld,%lld,%lld,%lld] nb [%zu,%zu,%zu,%zu] view_src %s offs %zu; expected ne "
+                    "[%lld,%lld,%lld,%lld] nb [%zu,%zu,%zu,%zu] offs %zu", v[i].what, (long long) t->ne[0],
+                    (long long) t->ne[1], (long long) t->ne[2], (long long) t->ne[3], t->nb[0], t->nb[1], t->nb[2],
+                    t->nb[3], t->view_src == a ? "a" : "not a", t->view_offs, (long long) v[i].ne[0],
+                    (long long) v[i].ne[1], (long long) v[i].ne[2], (long long) v[i].ne[3], v[i].nb[0], v[i].nb[1],
+                    v[i].nb[2], v[i].nb[3], v[i].offs);
+        }
+        if (kvr_nbytes(t) != v[i].nbytes) {
+            tc_fail(&tc, "kvr_nbytes(%s) = %zu, expected %zu", v[i].what, kvr_nbytes(t), v[i].nbytes);
+        }
+        if (kvr_is_contiguous(t) != v[i].contiguous) {
+            tc_fail(&tc, "kvr_is_contiguous(%s) = %d, expected %d", v[i].what, kvr_is_contiguous(t), v[i].contiguous);
+        }
+    }
+    if (kvr_nbytes(a) != 720 || !kvr_is_contiguous(a) || kvr_nelements(a) != 180 || kvr_nrows(a) != 18) {
+        tc_fail(&tc, "a [10,6,3] f32: nbytes %zu nelements %lld nrows %lld contiguous %d", kvr_nbytes(a),
+                (long long) kvr_nelements(a), (long long) kvr_nrows(a), kvr_is_contiguous(a));
+    }
+    tc_end(&tc);
+}
+
+// t = a + b [hd*H, T] (planned); y1 = t[rows 0..T/2) * t[rows T/2..T); y2 = 0.5 * t[3 .. end) as
+// 1d; y3 = ROPE(reshape_3d(t, hd, H, T))
+static void t_view_ops(int hd, int H, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "VIEW(of a planned node: view_2d x2 -> MUL, view_1d -> SCALE, reshape_3d -> ROPE; hd=%d,H=%d,T=%d)",
+             hd, H, T);
+    const int n = hd * H, half = T / 2;
+    struct kvr_tensor * a = tc_input_f32(&tc, 2, n, T, 1, 1.0f);
+    struct kvr_tensor * b = tc_input_f32(&tc, 2, n, T, 1, 1.0f);
+    int32_t * pos = (int32_t *) tc_floats(&tc, T);
+    for (int i = 0; i < T; i++) pos[i] = 7 * i;
+    struct kvr_tensor * t = kvr_add(tc.ctx, a, b);
+    struct kvr_tensor * v1 = kvr_view_2d(tc.ctx, t, n, half, t->nb[1], 0);
+    struct kvr_tensor * v2 = kvr_view_2d(tc.ctx, t, n, half, t->nb[1], (size_t) half * t->nb[1]);
+    struct kvr_tensor * y[3] = {
+        kvr_mul(tc.ctx, v1, v2),
+        kvr_scale(tc.ctx, kvr_view_1d(tc.ctx, t, (int64_t) n * T - 3, 3 * sizeof(float)), 0.5f),
+        kvr_rope(tc.ctx, kvr_reshape_3d(tc.ctx, t, hd, H, T), tc_input_i32(&tc, T, pos), hd, KVR_ROPE_NORM, 10000.0f,
+                 1.0f),
+    };
+    if (tc_shape(&tc, y[0], KVR_TYPE_F32, n, half, 1, 1) && tc_shape(&tc, y[1], KVR_TYPE_F32, (int64_t) n * T - 3, 1, 1, 1) &&
+        tc_shape(&tc, y[2], KVR_TYPE_F32, hd, H, T, 1)) {
+        tc_output(&tc, y[0], "mul");
+        tc_output(&tc, y[1], "scale");
+        tc_output(&tc, y[2], "rope");
+        if (tc_compute(&tc, y, 3)) {
+            const int64_t N = (int64_t) n * T;
+            float * s = tc_floats(&tc, N);   // a + b as f32 computes it
+            for (int64_t i = 0; i < N; i++) {
+                s[i] = ((float *) a->data)[i] + ((float *) b->data)[i];
+            }
+            double * r0 = tc_doubles(&tc, N), * r1 = tc_doubles(&tc, N), * r2 = tc_doubles(&tc, N), * ex = tc_doubles(&tc, N);
+            for (int64_t i = 0; i < (int64_t) n * half; i++) {
+                r0[i] = (double) s[i] * s[(int64_t) half * n + i];
+            }
+            for (int64_t i = 0; i < N - 3; i++) {
+                r1[i] = 0.5 * s[i + 3];
+            }
+            ref_rope(s, r2, ex, hd, H, T, pos, hd, KVR_ROPE_NORM, 10000.0, 1.0);
+            tc_check(&tc, "mul of views", tc_read(&tc, y[0]), r0, (int64_t) n * half, n, TOL_ELEM, NULL);
+            tc_check(&tc, "scale of view_1d", tc_read(&tc, y[1]), r1, N - 3, N - 3, TOL_ELEM, NULL);
+            tc_check(&tc, "rope of reshape", tc_read(&tc, y[2]), r2, N, hd, TOL_ELEM, ex);
+        }
+    }
+    tc_end(&tc);
+}
+
+// ATTN (a planned node) -> kvr_attn_out -> MUL_MAT(wo): the O part read through its row stride
+static void t_attn_out(int hd, int H, int Hkv, int T, int N, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "VIEW(kvr_attn_out -> MUL_MAT; hd=%d,H=%d,Hkv=%d,T=%d,N=%d)", hd, H, Hkv, T, N);
+    struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, H, T, 1.0f);
+    struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, Hkv, T, 1.0f);
+    struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, Hkv, T, 1.0f);
+    int32_t * pos = (int32_t *) tc_floats(&tc, T);
+    for (int i = 0; i < T; i++) pos[i] = i;
+    struct kvr_tensor * p = tc_input_i32(&tc, T, pos);
+    const float scale = 1.0f / sqrtf((float) hd);
+    struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, p, p, NULL, scale, KVR_ATTN_CAUSAL);
+    struct kvr_tensor * o = kvr_attn_out(tc.ctx, attn, H);
+    float * wr;
+    struct kvr_tensor * wo = tc_weight(&tc, KVR_TYPE_F32, (int64_t) hd * H, N, &wr);
+    const int64_t row = (int64_t) hd * H + H;
+    if (o && (o->ne[0] != (int64_t) hd * H || o->ne[1] != T || o->nb[1] != (size_t) row * sizeof(float))) {
+        tc_fail(&tc, "kvr_attn_out: ne [%lld,%lld] nb1 %zu, expected [%d,%d] nb1 %zu", (long long) o->ne[0],
+                (long long) o->ne[1], o->nb[1], hd * H, T, (size_t) row * sizeof(float));
+    } else if (tc_shape(&tc, o, KVR_TYPE_F32, (int64_t) hd * H, T, 1, 1)) {
+        struct kvr_tensor * y = kvr_mul_mat(tc.ctx, wo, o);
+        if (tc_shape(&tc, y, KVR_TYPE_F32, N, T, 1, 1)) {
+            tc_output(&tc, y, "y");
+            if (tc_compute(&tc, &y, 1)) {
+                const struct attn_ref ar = {
+                    .hd = hd, .H = H, .Hkv = Hkv, .Tq = T, .Tk = T, .q = q->data, .q_tok = (int64_t) hd * H,
+                    .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * Hkv, .qpos = pos, .kpos = pos, .scale = scale,
+                };
+                double * ra = tc_doubles(&tc, row * T), * ro = tc_doubles(&tc, (int64_t) hd * H * T);
+                double * ref = tc_doubles(&tc, (int64_t) N * T);
+                ref_attn(&ar, ra);
+                for (int t = 0; t < T; t++) {
+                    memcpy(ro + (int64_t) t * hd * H, ra + t * row, sizeof(double) * (size_t) (hd * H));
+                }
+                ref_mul_mat_d(wr, ro, ref, (int64_t) hd * H, N, T);
+                tc_check(&tc, "y", tc_read(&tc, y), ref, (int64_t) N * T, N, TOL_RED, NULL);
+            }
+        }
+    }
+    tc_end(&tc);
+}
+
+// The planner reuses a node's memory after its last reader, but not when the node or a view of
+// it is flagged OUTPUT. t = a + b is read only through v, a view flagged OUTPUT; u = a * b is
+// an OUTPUT itself; s1 = 2c, s2 = 3 s1 follow and would take their memory if it were free.
+// v and u keep the memory the planner gave them (no buffer of the test's own).
+static void t_view_output(int n, int r, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "VIEW(planned outputs: a view of a node, and a node, flagged OUTPUT; ne=[%d,%d])", n, r);
+    struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, 1.0f);
+    struct kvr_tensor * b = tc_input_f32(&tc, 2, n, r, 1, 1.0f);
+    struct kvr_tensor * c = tc_input_f32(&tc, 2, n, r, 1, 1.0f);
+    struct kvr_tensor * t = kvr_add(tc.ctx, a, b);
+    struct kvr_tensor * v = kvr_view_2d(tc.ctx, t, n, r - 1, t->nb[1], t->nb[1]);
+    struct kvr_tensor * u = kvr_mul(tc.ctx, a, b);
+    struct kvr_tensor * s2 = kvr_scale(tc.ctx, kvr_scale(tc.ctx, c, 2.0f), 3.0f);
+    v->flags |= KVR_FLAG_OUTPUT;
+    u->flags |= KVR_FLAG_OUTPUT;
+    tc_output(&tc, s2, "s2");
+    struct kvr_tensor * outs[3] = { v, u, s2 };
+    if (tc_compute(&tc, outs, 3)) {
+        const int64_t N = (int64_t) n * r;
+        const float * A = a->data, * B = b->data, * C = c->data;
+        double * rv = tc_doubles(&tc, N), * ru = tc_doubles(&tc, N), * rs = tc_doubles(&tc, N);
+        for (int64_t i = 0; i < N; i++) {
+            rv[i] = (double) A[i] + B[i];
+            ru[i] = (double) A[i] * B[i];
+            rs[i] = (double) C[i] * 6.0;
+        }
+        tc_check(&tc, "view of a + b", tc_read(&tc, v), rv + n, N - n, n, TOL_ELEM, NULL);
+        tc_check(&tc, "a * b", tc_read(&tc, u), ru, N, n, TOL_ELEM, NULL);
+        tc_check(&tc, "6c", tc_read(&tc, s2), rs, N, n, TOL_ELEM, NULL);
+    }
+    tc_end(&tc);
+}
+
+static void grp_view(void) {
+    t_view_meta();
+    for (int nt = 1; nt <= 3; nt++) {
+        t_view_ops(8, 2, 6, nt);
+        t_view_ops(16, 3, 11, nt);
+        t_attn_out(16, 4, 2, 7, 33, nt);
+        t_attn_out(64, 2, 1, 33, 7, nt);
+        t_view_output(7, 5, nt);
+        t_view_output(64, 33, nt);
+    }
+}
+
+//
+// GRAPH: a llama-like block, so that the planner reuses memory while values are still read
+//   x = x_in + bias; h = rms_norm(x) * wn; f = silu(W1 h) * (W3 h); y = x + W2 f;
+//   outputs norm(y) and gelu(y)
+//
+
+static void t_chain(int n, int n_ff, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "GRAPH(llama-like block: n=%d,n_ff=%d,T=%d; W1 f16, W3 bf16, W2 f32)", n, n_ff, T);
+    struct kvr_tensor * x_in = tc_input_f32(&tc, 2, n, T, 1, 1.0f);
+    struct kvr_tensor * bias = tc_input_f32(&tc, 1, n, 1, 1, 1.0f);
+    struct kvr_tensor * wn = tc_input_f32(&tc, 1, n, 1, 1, 1.0f);
+    float * w1r, * w3r, * w2r;
+    struct kvr_tensor * w1 = tc_weight(&tc, KVR_TYPE_F16, n, n_ff, &w1r);
+    struct kvr_tensor * w3 = tc_weight(&tc, KVR_TYPE_BF16, n, n_ff, &w3r);
+    struct kvr_tensor * w2 = tc_weight(&tc, KVR_TYPE_F32, n_ff, n, &w2r);
+    struct kvr_context * c = tc.ctx;
+    struct kvr_tensor * x = kvr_add(c, x_in, bias);
+    struct kvr_tensor * h = kvr_mul(c, kvr_rms_norm(c, x, 1e-5f), wn);
+    struct kvr_tensor * f = kvr_mul(c, kvr_silu(c, kvr_mul_mat(c, w1, h)), kvr_mul_mat(c, w3, h));
+    struct kvr_tensor * y = kvr_add(c, x, kvr_mul_mat(c, w2, f));
+    struct kvr_tensor * out[2] = { kvr_norm(c, y, 1e-5f), kvr_gelu(c, y) };
+    if (tc_shape(&tc, out[0], KVR_TYPE_F32, n, T, 1, 1) && tc_shape(&tc, out[1], KVR_TYPE_F32, n, T, 1, 1)) {
+        tc_output(&tc, out[0], "norm");
+        tc_output(&tc, out[1], "gelu");
+        if (tc_compute(&tc, out, 2)) {
+            const int64_t N = (int64_t) n * T, F = (int64_t) n_ff * T;
+            double * rx = tc_doubles(&tc, N), * rh = tc_doubles(&tc, N), * r1 = tc_doubles(&tc, F);
+            double * r3 = tc_doubles(&tc, F), * rd = tc_doubles(&tc, N), * ry = tc_doubles(&tc, N);
+            double * rn = tc_doubles(&tc, N), * rg = tc_doubles(&tc, N);
+            const float * X = x_in->data, * B = bias->data, * WN = wn->data;
+            for (int64_t i = 0; i < N; i++) rx[i] = (double) X[i] + B[i % n];
+            for (int t = 0; t < T; t++) {
+                double ss = 0.0;
+                for (int i = 0; i < n; i++) ss += rx[(int64_t) t * n + i] * rx[(int64_t) t * n + i];
+                const double s = 1.0 / sqrt(ss / n + 1e-5);
+                for (int i = 0; i < n; i++) rh[(int64_t) t * n + i] = rx[(int64_t) t * n + i] * s * WN[i];
+            }
+            ref_mul_mat_d(w1r, rh, r1, n, n_ff, T);
+            ref_mul_mat_d(w3r, rh, r3, n, n_ff, T);
+            for (int64_t i = 0; i < F; i++) r1[i] = ref_silu(r1[i]) * r3[i];
+            ref_mul_mat_d(w2r, r1, rd, n_ff, n, T);
+            for (int64_t i = 0; i < N; i++) {
+                ry[i] = rx[i] + rd[i];
+                rg[i] = ref_gelu(ry[i]);
+            }
+            ref_norm(ry, rn, n, T, 1e-5);
+            tc_check(&tc, "norm(y)", tc_read(&tc, out[0]), rn, N, n, TOL_RED, NULL);
+            tc_check(&tc, "gelu(y)", tc_read(&tc, out[1]), rg, N, n, TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_graph(void) {
+    for (int nt = 1; nt <= 3; nt++) {
+        t_chain(16, 16, 1, nt);
+        t_chain(32, 88, 7, nt);
+        t_chain(64, 130, 33, nt);
+    }
+}
+
+//
+// PASS: kvr_pass_single rewrites the ATTN_BLOCK of two layers over a KV cache; two steps (a
+// prompt of T1 tokens, then T2 more at n_past = T1), each checked against scalar causal
+// attention over every token so far, and the cache rows written (and only those). Each block
+// is flagged OUTPUT and read twice: through its own memory, and through blk -> MUL_MAT(I) ->
+// SCALE(2) -> SCALE(0.5), whose middle node would take the block's memory if it were free.
+// as_is: compute g as the pass left it; otherwise reset and expand g again from the outputs,
+// as kvr_session_eval does.
+//
+
+static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_attn_mode mode, bool as_is, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "PASS(kvr_pass_single, 2 layers: hd=%d,H=%d,Hkv=%d,n_ctx=%d,T=%d then %d,mode=%s%s)", hd, H,
+             Hkv, n_ctx, T1, T2, mode_str(mode), as_is ? ",graph as the pass leaves it" : "");
+    struct kvr_hparams hp;
+    memset(&hp, 0, sizeof(hp));
+    hp.arch = KVR_ARCH_LLAMA;
+    hp.n_layer = 2;
+    hp.n_head = (uint32_t) H;
+    hp.n_head_kv = (uint32_t) Hkv;
+    hp.head_dim = (uint32_t) hd;
+    hp.n_embd = (uint32_t) (hd * H);
+    hp.n_rot = (uint32_t) hd;
+    hp.n_ff = (uint32_t) (4 * hd * H);
+    hp.n_vocab = 32;
+    hp.n_ctx_train = (uint32_t) n_ctx;
+    hp.rope_freq_base = 10000.0f;
+    hp.rope_freq_scale = 1.0f;
+    hp.norm_eps = 1e-5f;
+    struct kvr_kv_cache * cache = kvr_kv_cache_new(&hp, n_ctx);
+    const int64_t kv_dim = (int64_t) hd * Hkv, row = (int64_t) hd * H + H;
+    if (!cache) {
+        tc_fail(&tc, "kvr_kv_cache_new returned NULL: %s", kvr_last_error());
+        tc_end(&tc);
+        return;
+    }
+    if (cache->n_layer != 2 || cache->n_ctx != n_ctx || cache->kv_dim != kv_dim) {
+        tc_fail(&tc, "cache: n_layer %d n_ctx %d kv_dim %d, expected 2 %d %lld", cache->n_layer, cache->n_ctx,
+                cache->kv_dim, n_ctx, (long long) kv_dim);
+        goto done;
+    }
+    for (int il = 0; il < 2; il++) {
+        for (int c = 0; c < 2; c++) {
+            struct kvr_tensor * t = c ? cache->v[il] : cache->k[il];
+            if (!t || !t->data || t->type != KVR_TYPE_F32 || t->ne[0] != kv_dim || t->ne[1] != n_ctx) {
+                tc_fail(&tc, "cache %c[%d] is not an f32 [%lld, %d] tensor with data", "kv"[c], il, (long long) kv_dim,
+                        n_ctx);
+                goto done;
+            }
+            memset(t->data, 0xFF, kvr_nbytes(t));   // NaN: a read of a row never written shows
+        }
+    }
+    float * allk[2], * allv[2];   // every token's k and v so far, per layer
+    for (int il = 0; il < 2; il++) {
+        allk[il] = tc_floats(&tc, kv_dim * n_ctx);
+        allv[il] = tc_floats(&tc, kv_dim * n_ctx);
+    }
+    for (int step = 0; step < 2 && tc.n_fail == 0; step++) {
+        const int n_past = step ? T1 : 0, T = step ? T2 : T1, e = n_past + T;
+        struct kvr_context * ctx = tc.ctx;
+        int32_t * pos = (int32_t *) tc_floats(&tc, T), * kpos = (int32_t *) tc_floats(&tc, e);
+        for (int i = 0; i < T; i++) pos[i] = n_past + i;
+        for (int j = 0; j < e; j++) kpos[j] = j;
+        struct kvr_tensor * tpos = tc_input_i32(&tc, T, pos);
+        struct kvr_tensor * tkpos = tc_input_i32(&tc, e, kpos);
+        struct kvr_tensor * q[2], * blk[2], * out[2];
+        struct kvr_graph * g = kvr_graph_new(ctx, GRAPH_SIZE);
+        for (int il = 0; il < 2; il++) {
+            q[il] = tc_input_f32(&tc, 3, hd, H, T, 1.0f);
+            struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, Hkv, T, 1.0f);
+            struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, Hkv, T, 1.0f);
+            memcpy(allk[il] + n_past * kv_dim, k->data, sizeof(float) * (size_t) (kv_dim * T));
+            memcpy(allv[il] + n_past * kv_dim, v->data, sizeof(float) * (size_t) (kv_dim * T));
+            blk[il] = kvr_attn_block(ctx, q[il], k, v, tpos, il);
+            if (!tc_shape(&tc, blk[il], KVR_TYPE_F32, row, T, 1, 1)) {
+                goto done;
+            }
+            kvr_set_name(blk[il], "test.attn_block.%d", il);
+            blk[il]->flags |= KVR_FLAG_OUTPUT;
+            float * ir;
+            struct kvr_tensor * id = tc_weight(&tc, KVR_TYPE_F32, row, row, &ir);
+            for (int64_t i = 0; i < row * row; i++) {
+                ((float *) id->data)[i] = (i / row == i % row) ? 1.0f : 0.0f;
+            }
+            struct kvr_tensor * y = kvr_scale(ctx, kvr_mul_mat(ctx, id, blk[il]), 2.0f);
+            out[il] = kvr_scale(ctx, y, 0.5f);
+            tc_output(&tc, out[il], "block out");
+            kvr_graph_expand(g, out[il]);
+        }
+        kvr_pass_single(ctx, g, cache, n_past, tkpos, mode);
+        if (as_is) {
+            // the graph must now hold the stores, or the ATTN reads cache rows nobody wrote
+            int n_op[KVR_OP_COUNT] = { 0 };
+            for (int i = 0; i < g->n_nodes; i++) {
+                const int op = g->nodes[i]->op;
+                if (op >= 0 && op < KVR_OP_COUNT) n_op[op]++;
+            }
+            if (n_op[KVR_OP_ATTN_BLOCK] != 0 || n_op[KVR_OP_KV_STORE] != 4 || n_op[KVR_OP_ATTN] != 2) {
+                tc_fail(&tc, "step %d: after kvr_pass_single g has %d ATTN_BLOCK, %d KV_STORE, %d ATTN nodes "
+                        "(expected 0, 4, 2): computing it would read cache rows never stored", step,
+                        n_op[KVR_OP_ATTN_BLOCK], n_op[KVR_OP_KV_STORE], n_op[KVR_OP_ATTN]);
+                break;
+            }
+        } else {
+            kvr_graph_reset(g);
+            kvr_graph_expand(g, out[0]);
+            kvr_graph_expand(g, out[1]);
+        }
+        for (int il = 0; il < 2; il++) {
+            if (blk[il]->op != KVR_OP_ATTN_BLOCK && !(blk[il]->flags & KVR_FLAG_OUTPUT)) {
+                tc_fail(&tc, "step %d: kvr_pass_single dropped the OUTPUT flag of ATTN_BLOCK '%s' (rewritten in "
+                        "place): its memory may be reused before the caller reads it", step, blk[il]->name);
+            }
+        }
+        const int rc = kvr_graph_compute_cpu(g, nt);
+        if (rc != KVR_OK) {
+            tc_fail(&tc, "step %d: kvr_graph_compute_cpu returned %d: %s", step, rc, kvr_last_error());
+            break;
+        }
+        for (int il = 0; il < 2; il++) {
+            for (int c = 0; c < 2; c++) {
+                const float * got = c ? cache->v[il]->data : cache->k[il]->data;
+                const float * exp = c ? allv[il] : allk[il];
+                for (int64_t i = 0; i < kv_dim * n_ctx; i++) {
+                    const bool written = i < kv_dim * e;
+                    uint32_t bits;
+                    memcpy(&bits, &got[i], 4);
+                    if (written ? memcmp(&got[i], &exp[i], 4) != 0 : bits != 0xFFFFFFFFu) {
+                        tc_fail(&tc, "step %d: cache %c[%d] [%lld,%lld] is %.9g, expected %s", step, "kv"[c], il,
+                                (long long) (i % kv_dim), (long long) (i / kv_dim), got[i],
+                                written ? "the stored value" : "unwritten");
+                        break;
+                    }
+                }
+            }
+            const struct attn_ref ar = {
+                .hd = hd, .H = H, .Hkv = Hkv, .Tq = T, .Tk = e, .q = q[il]->data, .q_tok = (int64_t) hd * H,
+                .k = allk[il], .v = allv[il], .kv_tok = kv_dim, .qpos = pos, .kpos = kpos,
+                .scale = 1.0 / sqrt((double) hd),
+            };
+            double * ref = tc_doubles(&tc, row * T);
+            ref_attn(&ar, ref);
+            char what[64];
+            snprintf(what, sizeof(what), "step %d layer %d (via matmul)", step, il);
+            tc_check(&tc, what, tc_read(&tc, out[il]), ref, row * T, row, TOL_RED, NULL);
+            snprintf(what, sizeof(what), "step %d layer %d (block's memory)", step, il);
+            tc_check(&tc, what, tc_read(&tc, blk[il]), ref, row * T, row, TOL_RED, NULL);
+        }
+    }
+done:
+    kvr_kv_cache_free(cache);
+    tc_end(&tc);
+}
+
+static void grp_pass(void) {
+    static const int cases[][6] = {
+        // hd, H, Hkv, n_ctx, T1, T2
+        { 16, 4, 2, 64, 33, 7 }, { 64, 4, 1, 128, 67, 1 }, { 80, 2, 2, 40, 1, 1 }, { 16, 2, 2, 600, 300, 270 },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int m = 0; m < 2; m++) {
+            for (int nt = 1; nt <= 3; nt++) {
+                t_pass(cases[c][0], cases[c][1], cases[c][2], cases[c][3], cases[c][4], cases[c][5],
+                       m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, false, nt);
+            }
+        }
+    }
+    t_pass(16, 4, 2, 64, 33, 7, KVR_ATTN_CAUSAL, true, 1);
+}
+
+//
+// COUNTERS: the CPU backend's counters after kvr_graph_plan, kvr_graph_place and
+// kvr_backend_graph_compute (also checked: supports_op, and the results of that path).
+// Pairs are counted once per ATTN node, whatever its number of heads.
+//
+
+static void t_counters(int hd, int H, int Tq, int Tk, const char * pos, enum kvr_attn_mode mode, int K, int N, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "COUNTERS(ATTN hd=%d,H=%d,Tq=%d,Tk=%d,pos=%s,mode=%s; MUL_MAT K=%d,N=%d)", hd, H, Tq, Tk, pos,
+             mode_str(mode), K, N);
+    struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, H, Tq, 1.0f);
+    struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, 1, Tk, 1.0f);
+    struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, 1, Tk, 1.0f);
+    int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
+    attn_positions(pos, Tq, Tk, qpos, kpos);
+    const float scale = 1.0f / sqrtf((float) hd);
+    struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos),
+                                        NULL, scale, mode);
+    float * wr;
+    struct kvr_tensor * w = tc_weight(&tc, KVR_TYPE_F16, K, N, &wr);
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, K, Tq, 1, 1.0f);
+    struct kvr_tensor * y = kvr_mul_mat(tc.ctx, w, x);
+    tc_output(&tc, attn, "attn");
+    tc_output(&tc, y, "y");
+    struct kvr_graph * g = kvr_graph_new(tc.ctx, GRAPH_SIZE);
+    kvr_graph_expand(g, attn);
+    kvr_graph_expand(g, y);
+    struct kvr_backend * be = kvr_backend_cpu_new(nt);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!kvr_backend_supports_op(be, g->nodes[i])) {
+            tc_fail(&tc, "the CPU backend does not support node %d (%s)", i, kvr_op_name(g->nodes[i]->op));
+        }
+    }
+    const size_t size = kvr_graph_plan(g);
+    void * buf = NULL;
+    if (posix_memalign(&buf, 64, size) != 0) {
+        fprintf(stderr, "test-ops: out of memory\n");
+        exit(2);
+    }
+    kvr_graph_place(g, buf);
+    struct kvr_counters cnt;
+    kvr_backend_cpu_counters(be, NULL, true);
+    const int rc = kvr_backend_graph_compute(be, g);
+    kvr_backend_cpu_counters(be, &cnt, true);
+    kvr_backend_free(be);
+    free(buf);
+    if (rc != KVR_OK) {
+        tc_fail(&tc, "kvr_backend_graph_compute returned %d: %s", rc, kvr_last_error());
+    } else {
+        int64_t visible = 0;
+        for (int i = 0; i < Tq; i++) {
+            for (int j = 0; j < Tk; j++) visible += kpos[j] <= qpos[i];
+        }
+        const int64_t rect = (int64_t) Tq * Tk;
+        if (cnt.attn_dot_causal != visible) {
+            tc_fail(&tc, "attn_dot_causal %lld, expected %lld (visible query-key pairs)", (long long) cnt.attn_dot_causal,
+                    (long long) visible);
+        }
+        if (mode == KVR_ATTN_DENSE ? cnt.attn_dot_dense != rect : (cnt.attn_dot_dense < visible || cnt.attn_dot_dense > rect)) {
+            tc_fail(&tc, "attn_dot_dense %lld, expected %s %lld", (long long) cnt.attn_dot_dense,
+                    mode == KVR_ATTN_DENSE ? "Tq*Tk =" : "between the visible pairs and Tq*Tk =", (long long) rect);
+        }
+        if (cnt.matmul_flops != 2LL * K * N * Tq) {
+            tc_fail(&tc, "matmul_flops %lld, expected 2*K*N*T = %lld", (long long) cnt.matmul_flops, 2LL * K * N * Tq);
+        }
+        const int64_t row = (int64_t) hd * H + H;
+        const struct attn_ref ar = {
+            .hd = hd, .H = H, .Hkv = 1, .Tq = Tq, .Tk = Tk, .q = q->data, .q_tok = (int64_t) hd * H,
+            .k = k->data, .v = v->data, .kv_tok = hd, .qpos = qpos, .kpos = kpos, .scale = scale,
+        };
+        double * ra = tc_doubles(&tc, row * Tq), * ry = tc_doubles(&tc, (int64_t) N * Tq);
+        ref_attn(&ar, ra);
+        ref_mul_mat(wr, x->data, K, ry, K, N, Tq);
+        tc_check(&tc, "attn", tc_read(&tc, attn), ra, row * Tq, row, TOL_RED, NULL);
+        tc_check(&tc, "mul_mat", tc_read(&tc, y), ry, (int64_t) N * Tq, N, TOL_RED, NULL);
+    }
+    tc_end(&tc);
+}
+
+static void grp_counters(void) {
+    for (int m = 0; m < 2; m++) {
+        const enum kvr_attn_mode mode = m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
+        for (int nt = 1; nt <= 3; nt++) {
+            t_counters(16, 3, 300, 300, "causal", mode, 33, 7, nt);
+            t_counters(16, 2, 66, 66, "zz-1-2", mode, 7, 130, nt);
+            t_counters(16, 2, 7, 600, "mid", mode, 64, 33, nt);
+        }
+    }
+}
+
+//
+// main
+//
+
+static const struct group {
+    const char * name;
+    void (*run)(void);
+} GROUPS[] = {
+    { "GET_ROWS", grp_get_rows }, { "ADD", grp_add }, { "MUL", grp_mul }, { "SCALE", grp_scale },
+    { "RMS_NORM", grp_rms_norm }, { "NORM", grp_norm }, { "MUL_MAT", grp_mul_mat }, { "ROPE", grp_rope },
+    { "SILU", grp_silu }, { "GELU", grp_gelu }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
+    { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
+    { "PASS", grp_pass }, { "COUNTERS", grp_counters },
+};
+
+// Whether name is in the comma-separated list (case-insensitive).
+static bool in_list(const char * list, const char * name) {
+    const size_t n = strlen(name);
+    for (const char * p = list; *p; ) {
+        const char * end = strchr(p, ',');
+        const size_t len = end ? (size_t) (end - p) : strlen(p);
+        bool eq = len == n;
+        for (size_t i = 0; eq && i < n; i++) {
+            eq = (p[i] | 0x20) == (name[i] | 0x20);
+        }
+        if (eq) {
+            return true;
+        }
+        p += len + (end != NULL);
+    }
+    return false;
+}
+
+static void usage(FILE * f) {
+    fprintf(f, "usage: test-ops [-v] [-o GROUP[,GROUP...]] [-s SEED] [SHARED_DIR (ignored)]\ngroups:");
+    for (size_t i = 0; i < sizeof(GROUPS) / sizeof(GROUPS[0]); i++) {
+        fprintf(f, " %s", GROUPS[i].name);
+    }
+    fprintf(f, "\n");
+}
+
+int main(int argc, char ** argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-v")) {
+            g_opt.verbose = true;
+        } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
+            g_opt.only = argv[++i];
+        } else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
+            g_opt.seed = strtoull(argv[++i], NULL, 0);
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (argv[i][0] != '-') {
+            // the shared data directory that tests/run-tests.sh passes to every test: none needed
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (g_opt.only) {
+        // every name asked for must exist: a typo must not pass as "0 failed"
+        for (const char * p = g_opt.only; *p; ) {
+            const char * end = strchr(p, ',');
+            const size_t len = end ? (size_t) (end - p) : strlen(p);
+            char name[32];
+            snprintf(name, sizeof(name), "%.*s", (int) len, p);
+            bool found = false;
+            for (size_t g = 0; g < sizeof(GROUPS) / sizeof(GROUPS[0]); g++) {
+                found = found || in_list(name, GROUPS[g].name);
+            }
+            if (!found) {
+                fprintf(stderr, "test-ops: no group '%s'\n", name);
+                usage(stderr);
+                return 2;
+            }
+            p += len + (end != NULL);
+        }
+    }
+    signal(SIGABRT, on_abort);
+    printf("test-ops: seed %llu, threads 1 2 3\n", (unsigned long long) g_opt.seed);
+    const double t0 = kvr_time_ms();
+    for (size_t g = 0; g < sizeof(GROUPS) / sizeof(GROUPS[0]); g++) {
+        if (g_opt.only && !in_list(g_opt.only, GROUPS[g].name)) {
+            continue;
+        }
+        g_grp_pass = g_grp_fail = 0;
+        GROUPS[g].run();
+        printf("%-10s %4d passed %4d failed\n", GROUPS[g].name, g_grp_pass, g_grp_fail);
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed (%.1f s)\n", g_pass, g_fail, (kvr_time_ms() - t0) / 1000.0);
+    return g_fail ? 1 : 0;
+}
