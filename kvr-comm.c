@@ -10,6 +10,7 @@
 #include "kvr.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -104,6 +105,7 @@ struct transport {
     int  (*wait) (struct transport * t, struct tr_req * r, double deadline_ms, double timeout_s);
     void (*fail) (struct transport * t, int rank, const char * msg);
     void (*cancel)(struct transport * t, struct tr_req * r); // the request will never be waited for
+    void (*idle) (struct transport * t, double deadline_ms); // sleep until then or a failure
     void (*free) (struct transport * t);
     int          n_ranks;
     double       link_gbps;
@@ -257,6 +259,11 @@ static void local_cancel(struct transport * t, struct tr_req * r) {
     pthread_mutex_unlock(&w->mu);
 }
 
+static void local_idle(struct transport * t, double deadline) {
+    struct tr_req never = { .tag = -1 };
+    local_wait(t, &never, deadline, 0);
+}
+
 static void local_fail(struct transport * t, int rank, const char * msg) {
     struct local_world * w = (struct local_world *)t;
     pthread_mutex_lock(&w->mu);
@@ -285,7 +292,7 @@ static struct transport * local_new(int n_ranks, double gbps, double latency_us)
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->link_free = calloc((size_t)n_ranks * (size_t)n_ranks, sizeof(double));
-    w->tr = (struct transport) { local_isend, local_irecv, local_wait, local_fail, local_cancel, local_free, n_ranks, gbps, latency_us };
+    w->tr = (struct transport) { local_isend, local_irecv, local_wait, local_fail, local_cancel, local_idle, local_free, n_ranks, gbps, latency_us };
     return &w->tr;
 }
 
@@ -346,7 +353,8 @@ static int mpi_wait(struct transport * t, struct tr_req * r, double deadline, do
 
 static void mpi_fail(struct transport * t, int rank, const char * msg) {
     (void)t;
-    fprintf(stderr, "kvr: rank %d: %s\n", rank, msg);
+    (void)rank; // the message names it
+    fprintf(stderr, "kvr: %s\n", msg);
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 3);
 }
@@ -357,6 +365,11 @@ static void mpi_cancel(struct transport * t, struct tr_req * r) {
         MPI_Cancel(&r->mpi);
         MPI_Request_free(&r->mpi);
     }
+}
+
+static void mpi_idle(struct transport * t, double deadline) {
+    (void)t;
+    while (kvr_time_ms() < deadline) usleep(10000);
 }
 
 static void mpi_free(struct transport * t) {
@@ -444,9 +457,7 @@ static int comm_stall(struct rank_comm * c, int tag) {
     if (c->stall_layer < 0 || kvr_tag_layer(tag) < c->stall_layer) return KVR_OK;
     if (!c->stalled) {
         c->stalled = true;
-        struct tr_req never = { .me = c->base.rank, .peer = c->base.rank, .tag = -1 };
-        const double t0 = kvr_time_ms();
-        c->tr->wait(c->tr, &never, t0 + 2e3 * c->timeout_s, c->timeout_s);
+        c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
     }
     return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
 }
@@ -622,6 +633,7 @@ struct kvr_dist {
     int                    * rows;        // cache rows of every rank (all processes keep it)
     struct transport       * tr;
     int                      n_past;
+    bool                     mpi_owned;   // we called MPI_Init, so we finalize
     int                      n_decode;    // ring decode steps so far (the round-robin store)
     enum kvr_strategy        last;
     float                  * logits;
@@ -1195,7 +1207,10 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
 #ifdef KVR_MPI
         int inited = 0, provided = 0;
         MPI_Initialized(&inited);
-        if (!inited) MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        if (!inited) {
+            MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+            d->mpi_owned = true;
+        }
         MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
         MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
         void * ub = NULL;
@@ -1207,7 +1222,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
             return NULL;
         }
         struct transport * t = calloc(1, sizeof(*t));
-        *t = (struct transport) { mpi_isend, mpi_irecv, mpi_wait, mpi_fail, mpi_cancel, mpi_free, d->n_ranks, 0, 0 };
+        *t = (struct transport) { mpi_isend, mpi_irecv, mpi_wait, mpi_fail, mpi_cancel, mpi_idle, mpi_free, d->n_ranks, 0, 0 };
         d->tr = t;
         d->n_local = 1;
 #else
@@ -1274,6 +1289,12 @@ void kvr_dist_free(struct kvr_dist * d) {
     free(d->logits);
     plan_free(&d->plan);
     if (d->tr) d->tr->free(d->tr);
+#ifdef KVR_MPI
+    if (d->mpi_owned) {
+        MPI_Barrier(MPI_COMM_WORLD); // nobody leaves while a peer may still talk to it
+        MPI_Finalize();
+    }
+#endif
     free(d);
 }
 

@@ -600,6 +600,13 @@ struct kvr_tensor * kvr_cpy(struct kvr_context * ctx, struct kvr_tensor * a, str
     return t;
 }
 
+struct kvr_tensor * kvr_cont(struct kvr_context * ctx, struct kvr_tensor * a) {
+    KVR_ASSERT(a->type == KVR_TYPE_F32);
+    struct kvr_tensor * t = new_node_like(ctx, KVR_OP_CPY, a);
+    t->src[0] = a;
+    return t;
+}
+
 struct kvr_tensor * kvr_kv_store(struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * dst) {
     struct kvr_tensor * t = kvr_cpy(ctx, a, dst);
     t->op = KVR_OP_KV_STORE;
@@ -2187,6 +2194,427 @@ int kvr_gguf_get_str(const struct kvr_gguf * g, const char * key, char * out, si
     return KVR_OK;
 }
 
+// gguf-writer.c - the GGUF writer of kvr (kvr.h section 8, "A writer"): metadata entries of
+// every type, tensor infos, and a save that streams tensor data from the callers' buffers.
+//
+// Values are serialized when they are set (the bytes that follow the type tag in the file), so
+// save is a plain walk. Files are GGUF version 3 with the data section and every tensor aligned
+// to 32 bytes (or to general.alignment, when a caller or kvr_gguf_copy_kv set one). Each tensor is
+// padded to the alignment, the last one too, as llama.cpp writes them.
+//
+// Tensor data is never copied: the pointer given to kvr_gguf_add_tensor is written out by save.
+// A NULL data pointer reserves the tensor's bytes without writing them (a hole that reads as
+// zeros): kvr-gen fills such tensors afterwards, one at a time, so a model larger than memory
+// can be generated.
+//
+// Mistakes in what is added (an unknown type, a row that is not whole blocks, a name too long or
+// used twice, an array of arrays) are remembered and reported by kvr_gguf_writer_save.
+//
+// This is a fragment of kvr.c: it needs kvr.h and stb_ds (STB_DS_IMPLEMENTATION lives in kvr.c,
+// which defines KVR_AMALGAMATED before its includes).
+
+#include "kvr.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// kvr.c includes stb_ds once, with its implementation: including it again there would repeat it
+#ifndef KVR_AMALGAMATED
+#include <stb/stb_ds.h>
+#endif
+
+#define GW_VERSION           3u
+#define GW_DEFAULT_ALIGNMENT 32u
+
+struct gw_kv {
+    char *             key;      // malloc'ed, zero-terminated
+    enum kvr_gguf_type type;     // a scalar type or KVR_GGUF_ARRAY
+    enum kvr_gguf_type arr_type; // for arrays
+    uint64_t           n;        // array length (1 for scalars)
+    uint8_t *          val;      // stb_ds array: the serialized value (after the type tags)
+};
+
+struct gw_tensor {
+    char          name[KVR_MAX_NAME];
+    int           n_dims;
+    int64_t       ne[KVR_MAX_DIMS];
+    enum kvr_type type;
+    size_t        size;   // bytes, unpadded
+    uint64_t      offset; // in the data section, set by save
+    const void *  data;   // NULL: reserve the bytes only
+};
+
+struct gw_name { char * key; int value; };
+
+struct kvr_gguf_writer {
+    struct gw_kv     * kv;       // stb_ds array, in the order first set
+    struct gw_tensor * tensors;  // stb_ds array, in the order added
+    struct gw_name   * names;    // stb_ds string hash: tensor names already used
+    int                err;      // the first mistake, reported by save
+    char               errmsg[256];
+};
+
+static size_t gw_scalar_size(enum kvr_gguf_type t) {
+    switch (t) {
+        case KVR_GGUF_UINT8:   case KVR_GGUF_INT8:  case KVR_GGUF_BOOL:    return 1;
+        case KVR_GGUF_UINT16:  case KVR_GGUF_INT16:                        return 2;
+        case KVR_GGUF_UINT32:  case KVR_GGUF_INT32: case KVR_GGUF_FLOAT32: return 4;
+        case KVR_GGUF_UINT64:  case KVR_GGUF_INT64: case KVR_GGUF_FLOAT64: return 8;
+        default:                                                           return 0;
+    }
+}
+
+// Remember the first mistake; the later ones are usually its consequences.
+static void gw_fail(struct kvr_gguf_writer * w, const char * what, const char * name, size_t len) {
+    if (w->err) {
+        return;
+    }
+    w->err = KVR_ERR_ARG;
+    if (len > 100) {
+        len = 100;
+    }
+    snprintf(w->errmsg, sizeof(w->errmsg), "gguf writer: %s '%.*s'", what, (int) len, name);
+}
+
+// GGUF is little-endian; kvr runs on little-endian hosts only, so values are copied as they are.
+static void gw_put(uint8_t ** buf, const void * src, size_t n) {
+    if (n == 0) {
+        return;
+    }
+    uint8_t * dst = arraddnptr(*buf, n);
+    memcpy(dst, src, n);
+}
+
+static void gw_put_u32(uint8_t ** buf, uint32_t v) { gw_put(buf, &v, sizeof(v)); }
+static void gw_put_u64(uint8_t ** buf, uint64_t v) { gw_put(buf, &v, sizeof(v)); }
+
+static void gw_put_str(uint8_t ** buf, const char * s, uint64_t len) {
+    gw_put_u64(buf, len);
+    gw_put(buf, s, (size_t) len);
+}
+
+// The entry of key (created at the end if new, emptied if it exists: a key is written once,
+// llama.cpp rejects files with duplicate keys).
+static struct gw_kv * gw_kv_slot(struct kvr_gguf_writer * w, const char * key, size_t key_len) {
+    for (ptrdiff_t i = 0; i < arrlen(w->kv); i++) {
+        if (strlen(w->kv[i].key) == key_len && memcmp(w->kv[i].key, key, key_len) == 0) {
+            arrsetlen(w->kv[i].val, 0);
+            return &w->kv[i];
+        }
+    }
+    char * k = malloc(key_len + 1);
+    KVR_ASSERT(k != NULL);
+    memcpy(k, key, key_len);
+    k[key_len] = '\0';
+    struct gw_kv kv = { .key = k, .type = KVR_GGUF_UINT8, .arr_type = KVR_GGUF_UINT8, .n = 1, .val = NULL };
+    arrput(w->kv, kv);
+    return &arrlast(w->kv);
+}
+
+static void gw_set_scalar(struct kvr_gguf_writer * w, const char * key, size_t key_len,
+                          enum kvr_gguf_type type, const void * v) {
+    struct gw_kv * kv = gw_kv_slot(w, key, key_len);
+    kv->type = type;
+    kv->n    = 1;
+    gw_put(&kv->val, v, gw_scalar_size(type));
+}
+
+static void gw_set_arr(struct kvr_gguf_writer * w, const char * key, size_t key_len,
+                       enum kvr_gguf_type elem_type, const void * data, uint64_t n) {
+    const size_t es = gw_scalar_size(elem_type);
+    if (es == 0) {
+        gw_fail(w, "arrays of strings go through kvr_gguf_set_arr_str, arrays of arrays are not supported:", key, key_len);
+        return;
+    }
+    KVR_ASSERT(n == 0 || data != NULL);
+    KVR_ASSERT(n <= SIZE_MAX / es);
+    struct gw_kv * kv = gw_kv_slot(w, key, key_len);
+    kv->type     = KVR_GGUF_ARRAY;
+    kv->arr_type = elem_type;
+    kv->n        = n;
+    gw_put(&kv->val, data, (size_t) n * es);
+}
+
+struct kvr_gguf_writer * kvr_gguf_writer_new(void) {
+    struct kvr_gguf_writer * w = calloc(1, sizeof(*w));
+    if (!w) {
+        kvr_error(KVR_ERR_NOMEM, "gguf writer: out of memory");
+        return NULL;
+    }
+    sh_new_strdup(w->names);
+    return w;
+}
+
+void kvr_gguf_writer_free(struct kvr_gguf_writer * w) {
+    if (!w) {
+        return;
+    }
+    for (ptrdiff_t i = 0; i < arrlen(w->kv); i++) {
+        free(w->kv[i].key);
+        arrfree(w->kv[i].val);
+    }
+    arrfree(w->kv);
+    arrfree(w->tensors);
+    shfree(w->names);
+    free(w);
+}
+
+void kvr_gguf_set_u32(struct kvr_gguf_writer * w, const char * key, uint32_t v) {
+    gw_set_scalar(w, key, strlen(key), KVR_GGUF_UINT32, &v);
+}
+
+void kvr_gguf_set_i32(struct kvr_gguf_writer * w, const char * key, int32_t v) {
+    gw_set_scalar(w, key, strlen(key), KVR_GGUF_INT32, &v);
+}
+
+void kvr_gguf_set_f32(struct kvr_gguf_writer * w, const char * key, float v) {
+    gw_set_scalar(w, key, strlen(key), KVR_GGUF_FLOAT32, &v);
+}
+
+void kvr_gguf_set_bool(struct kvr_gguf_writer * w, const char * key, bool v) {
+    const uint8_t b = v ? 1 : 0;
+    gw_set_scalar(w, key, strlen(key), KVR_GGUF_BOOL, &b);
+}
+
+void kvr_gguf_set_str(struct kvr_gguf_writer * w, const char * key, const char * v) {
+    struct gw_kv * kv = gw_kv_slot(w, key, strlen(key));
+    kv->type = KVR_GGUF_STRING;
+    kv->n    = 1;
+    gw_put_str(&kv->val, v, strlen(v));
+}
+
+void kvr_gguf_set_arr(struct kvr_gguf_writer * w, const char * key, enum kvr_gguf_type elem_type,
+                      const void * data, uint64_t n) {
+    gw_set_arr(w, key, strlen(key), elem_type, data, n);
+}
+
+void kvr_gguf_set_arr_str(struct kvr_gguf_writer * w, const char * key, const char * const * strs,
+                          const uint64_t * lens, uint64_t n) {
+    KVR_ASSERT(n == 0 || strs != NULL);
+    struct gw_kv * kv = gw_kv_slot(w, key, strlen(key));
+    kv->type     = KVR_GGUF_ARRAY;
+    kv->arr_type = KVR_GGUF_STRING;
+    kv->n        = n;
+    for (uint64_t i = 0; i < n; i++) {
+        gw_put_str(&kv->val, strs[i], lens ? lens[i] : strlen(strs[i]));
+    }
+}
+
+void kvr_gguf_copy_kv(struct kvr_gguf_writer * w, const struct kvr_gguf * src, const char * prefix) {
+    const size_t plen = strlen(prefix);
+    for (uint64_t i = 0; i < src->n_kv; i++) {
+        const struct kvr_gguf_kv * e = &src->kv[i];
+        const char * key     = e->key.s;
+        const size_t key_len = (size_t) e->key.len;
+        if (key_len < plen || memcmp(key, prefix, plen) != 0) {
+            continue;
+        }
+        if (e->type == KVR_GGUF_STRING) {
+            struct gw_kv * kv = gw_kv_slot(w, key, key_len);
+            kv->type = KVR_GGUF_STRING;
+            kv->n    = 1;
+            gw_put_str(&kv->val, e->strs[0].s, e->strs[0].len);
+        } else if (e->type == KVR_GGUF_ARRAY && e->arr_type == KVR_GGUF_STRING) {
+            struct gw_kv * kv = gw_kv_slot(w, key, key_len);
+            kv->type     = KVR_GGUF_ARRAY;
+            kv->arr_type = KVR_GGUF_STRING;
+            kv->n        = e->n;
+            for (uint64_t j = 0; j < e->n; j++) {
+                gw_put_str(&kv->val, e->strs[j].s, e->strs[j].len);
+            }
+        } else if (e->type == KVR_GGUF_ARRAY) {
+            gw_set_arr(w, key, key_len, e->arr_type, e->data, e->n);
+        } else if (gw_scalar_size(e->type) != 0) {
+            gw_set_scalar(w, key, key_len, e->type, e->data);
+        } else {
+            gw_fail(w, "cannot copy the value type of key", key, key_len);
+        }
+    }
+}
+
+void kvr_gguf_add_tensor(struct kvr_gguf_writer * w, const char * name, enum kvr_type type, int n_dims,
+                         const int64_t * ne, const void * data) {
+    const size_t name_len = strlen(name);
+    if (name_len >= KVR_MAX_NAME) {
+        gw_fail(w, "tensor name too long:", name, name_len);
+        return;
+    }
+    if (shgeti(w->names, name) >= 0) {
+        gw_fail(w, "duplicate tensor name", name, name_len);
+        return;
+    }
+    if (n_dims < 1 || n_dims > KVR_MAX_DIMS) {
+        gw_fail(w, "bad number of dimensions of tensor", name, name_len);
+        return;
+    }
+    const int64_t blck = kvr_blck_size(type);
+    if (blck <= 0) {
+        gw_fail(w, "unknown type of tensor", name, name_len);
+        return;
+    }
+    struct gw_tensor t = { .n_dims = n_dims, .type = type, .data = data };
+    memcpy(t.name, name, name_len + 1);
+    int64_t rows = 1;
+    for (int i = 0; i < KVR_MAX_DIMS; i++) {
+        t.ne[i] = i < n_dims ? ne[i] : 1;
+        if (t.ne[i] < 0 || (i > 0 && t.ne[i] > 0 && rows > INT64_MAX / t.ne[i])) {
+            gw_fail(w, "bad shape of tensor", name, name_len);
+            return;
+        }
+        if (i > 0) {
+            rows *= t.ne[i];
+        }
+    }
+    if (t.ne[0] % blck != 0) {
+        gw_fail(w, "row length is not a whole number of blocks in tensor", name, name_len);
+        return;
+    }
+    const size_t row = kvr_row_size(type, t.ne[0]);
+    if (rows > 0 && row > SIZE_MAX / (size_t) rows) {
+        gw_fail(w, "tensor too large:", name, name_len);
+        return;
+    }
+    t.size = row * (size_t) rows;
+    arrput(w->tensors, t);
+    shput(w->names, name, 1);
+}
+
+static size_t gw_pad(size_t x, size_t align) {
+    return (x + align - 1) / align * align;
+}
+
+// The alignment of the data section: general.alignment when set, else GGUF's default.
+static size_t gw_alignment(const struct kvr_gguf_writer * w) {
+    for (ptrdiff_t i = 0; i < arrlen(w->kv); i++) {
+        if (strcmp(w->kv[i].key, "general.alignment") == 0 && w->kv[i].type == KVR_GGUF_UINT32) {
+            uint32_t a;
+            memcpy(&a, w->kv[i].val, sizeof(a));
+            return a;
+        }
+    }
+    return GW_DEFAULT_ALIGNMENT;
+}
+
+static const uint8_t gw_zeros[256];
+
+// Writes out and counts; the first failure sticks (checked once, at the end of each part).
+struct gw_out {
+    FILE *   f;
+    uint64_t pos;  // where the next byte goes
+    uint64_t end;  // the end of what was written (pos is past it after a trailing hole)
+    bool     ok;
+};
+
+static void gw_write(struct gw_out * o, const void * p, size_t n) {
+    if (o->ok && n > 0 && fwrite(p, 1, n, o->f) != n) {
+        o->ok = false;
+    }
+    o->pos += n;
+    o->end  = o->pos;
+}
+
+static void gw_write_pad(struct gw_out * o, size_t align) {
+    size_t n = (size_t) (gw_pad((size_t) o->pos, align) - o->pos);
+    while (n > 0) {
+        const size_t k = n < sizeof(gw_zeros) ? n : sizeof(gw_zeros);
+        gw_write(o, gw_zeros, k);
+        n -= k;
+    }
+}
+
+// Leave n bytes unwritten (a hole if the file system makes one; zeros either way).
+static void gw_skip(struct gw_out * o, uint64_t n) {
+    if (n == 0) {
+        return;
+    }
+    if (o->ok && (o->pos + n > (uint64_t) LONG_MAX || fseek(o->f, (long) (o->pos + n), SEEK_SET) != 0)) {
+        o->ok = false;
+    }
+    o->pos += n;
+}
+
+int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
+    if (w->err) {
+        return kvr_error(w->err, "%s (writing %s)", w->errmsg, path);
+    }
+    const size_t align = gw_alignment(w);
+    if (align == 0 || (align & (align - 1)) != 0) {
+        return kvr_error(KVR_ERR_ARG, "gguf writer: general.alignment %zu is not a power of two (writing %s)", align, path);
+    }
+
+    const ptrdiff_t n_tensors = arrlen(w->tensors);
+    uint64_t offset = 0;
+    for (ptrdiff_t i = 0; i < n_tensors; i++) {
+        w->tensors[i].offset = offset;
+        offset += gw_pad(w->tensors[i].size, align);
+    }
+
+    FILE * f = fopen(path, "wb");
+    if (!f) {
+        return kvr_error(KVR_ERR_IO, "cannot open %s for writing: %s", path, strerror(errno));
+    }
+    struct gw_out o = { .f = f, .pos = 0, .end = 0, .ok = true };
+
+    // header and metadata: small, gathered in one buffer
+    uint8_t * head = NULL;
+    gw_put(&head, "GGUF", 4);
+    gw_put_u32(&head, GW_VERSION);
+    gw_put_u64(&head, (uint64_t) n_tensors);
+    gw_put_u64(&head, (uint64_t) arrlen(w->kv));
+    for (ptrdiff_t i = 0; i < arrlen(w->kv); i++) {
+        const struct gw_kv * kv = &w->kv[i];
+        gw_put_str(&head, kv->key, strlen(kv->key));
+        gw_put_u32(&head, (uint32_t) kv->type);
+        if (kv->type == KVR_GGUF_ARRAY) {
+            gw_put_u32(&head, (uint32_t) kv->arr_type);
+            gw_put_u64(&head, kv->n);
+        }
+        gw_put(&head, kv->val, (size_t) arrlen(kv->val));
+    }
+    for (ptrdiff_t i = 0; i < n_tensors; i++) {
+        const struct gw_tensor * t = &w->tensors[i];
+        gw_put_str(&head, t->name, strlen(t->name));
+        gw_put_u32(&head, (uint32_t) t->n_dims);
+        for (int d = 0; d < t->n_dims; d++) {
+            gw_put_u64(&head, (uint64_t) t->ne[d]);
+        }
+        gw_put_u32(&head, (uint32_t) t->type);
+        gw_put_u64(&head, t->offset);
+    }
+    gw_write(&o, head, (size_t) arrlen(head));
+    arrfree(head);
+    gw_write_pad(&o, align);
+
+    // tensor data, straight from the callers' buffers
+    for (ptrdiff_t i = 0; i < n_tensors && o.ok; i++) {
+        const struct gw_tensor * t = &w->tensors[i];
+        if (t->data) {
+            gw_write(&o, t->data, t->size);
+            gw_write_pad(&o, align);
+        } else {
+            gw_skip(&o, gw_pad(t->size, align));
+        }
+    }
+    // a trailing hole does not make the file longer: end it with a written byte
+    if (o.ok && o.end < o.pos) {
+        if (fseek(f, (long) (o.pos - 1), SEEK_SET) != 0 || fwrite(gw_zeros, 1, 1, f) != 1) {
+            o.ok = false;
+        }
+    }
+
+    const int saved_errno = errno;
+    const bool closed = fclose(f) == 0;
+    if (!o.ok || !closed) {
+        const int e = !o.ok ? saved_errno : errno;
+        remove(path);
+        return kvr_error(KVR_ERR_IO, "cannot write %s: %s", path, e ? strerror(e) : "write error");
+    }
+    return KVR_OK;
+}
+
 //
 // KV cache
 //
@@ -2234,9 +2662,12 @@ struct arch_info {
 
 static int llama_load(struct kvr_model * m);
 static struct kvr_tensor * llama_build(const struct kvr_model * m, const struct kvr_build * b);
+static int falcon_load(struct kvr_model * m);
+static struct kvr_tensor * falcon_build(const struct kvr_model * m, const struct kvr_build * b);
 
 static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_LLAMA]  = { "llama",  KVR_ARCH_LLAMA,  llama_load,  llama_build  },
+    [KVR_ARCH_FALCON] = { "falcon", KVR_ARCH_FALCON, falcon_load, falcon_build },
 };
 
 // "%s.key" of the model's architecture
@@ -3354,3 +3785,4 @@ static size_t (*quant_from_float_fn(enum kvr_type t))(const float * src, void * 
 //
 
 #include "models/llama.c"
+#include "models/falcon.c"

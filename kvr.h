@@ -252,6 +252,8 @@ struct kvr_tensor * kvr_rope     (struct kvr_context * ctx, struct kvr_tensor * 
 struct kvr_tensor * kvr_silu     (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_gelu     (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
+// a contiguous f32 copy of a (for instance of a strided view into a fused QKV projection)
+struct kvr_tensor * kvr_cont     (struct kvr_context * ctx, struct kvr_tensor * a);
 
 // High-level attention of layer il: q [head_dim, n_head, T], k/v [head_dim, n_head_kv, T] of the
 // same tokens, at positions pos [T]. The strategy pass (kvr_pass_single, or those of kvr-comm.c)
@@ -511,6 +513,7 @@ void kvr_gguf_set_arr_str(struct kvr_gguf_writer * w, const char * key, const ch
 // Copy every metadata entry of src whose key starts with prefix (e.g. "tokenizer.").
 void kvr_gguf_copy_kv(struct kvr_gguf_writer * w, const struct kvr_gguf * src, const char * prefix);
 // data must stay valid until kvr_gguf_writer_save; size must equal the type's row size times rows.
+// data NULL reserves the bytes (they read as zeros) for the caller to write in place after saving.
 void kvr_gguf_add_tensor(struct kvr_gguf_writer * w, const char * name, enum kvr_type type, int n_dims,
                          const int64_t * ne, const void * data);
 int  kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path);

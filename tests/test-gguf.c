@@ -2,7 +2,7 @@
 // writer of its own, not the library's): a valid v3 image with every metadata type,
 // general.alignment and three tensors must come back exactly (through the kv/tensor structs, the
 // typed getters and the data pointers); v2, vocab-only, zero-KV and empty files must load; and
-// ~90 malformed variants (truncated in every section and mid-field, bad magic and version, absurd
+// ~150 malformed variants (truncated in every section and mid-field, bad magic and version, absurd
 // counts and lengths, counts whose byte size wraps, unknown or nested types, bad dimensions and
 // element counts, misaligned, overlapping or out-of-file tensors, duplicate names and keys, bad
 // alignment) must each be rejected with a message by kvr_gguf_open_mem, and a few of them (plus a

@@ -620,7 +620,11 @@ int main(int argc, char ** argv) {
         kvr_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
     }
     const double t_start = kvr_time_ms();
-    int rc = kvr_gguf_writer_save(w, out_path);
+    // under a temporary name until every tensor is in: an interrupted run leaves no half-zero model
+    char * tmp_path = malloc(strlen(out_path) + 8);
+    KVR_ASSERT(tmp_path != NULL);
+    sprintf(tmp_path, "%s.part", out_path);
+    int rc = kvr_gguf_writer_save(w, tmp_path);
     kvr_gguf_writer_free(w);
     free_vocab(&gv);
     if (vocab_src) {
@@ -629,14 +633,17 @@ int main(int argc, char ** argv) {
     if (rc != KVR_OK) {
         fprintf(stderr, "kvr-gen: %s\n", kvr_last_error());
         arrfree(ts);
+        free(tmp_path);
         return 1;
     }
 
     // where the writer put each tensor, as a reader sees it
-    struct kvr_gguf * g = kvr_gguf_open(out_path);
+    struct kvr_gguf * g = kvr_gguf_open(tmp_path);
     if (!g) {
-        fprintf(stderr, "kvr-gen: reopening %s: %s\n", out_path, kvr_last_error());
+        fprintf(stderr, "kvr-gen: reopening %s: %s\n", tmp_path, kvr_last_error());
+        remove(tmp_path);
         arrfree(ts);
+        free(tmp_path);
         return 1;
     }
     size_t max_row = 0, total = 0;
@@ -651,10 +658,12 @@ int main(int argc, char ** argv) {
     kvr_gguf_close(g);
 
     // pass 2: generate and write each tensor in place, a slab of rows at a time
-    FILE * f = fopen(out_path, "r+b");
+    FILE * f = fopen(tmp_path, "r+b");
     if (!f) {
-        fprintf(stderr, "kvr-gen: cannot open %s for writing: %s\n", out_path, strerror(errno));
+        fprintf(stderr, "kvr-gen: cannot open %s for writing: %s\n", tmp_path, strerror(errno));
+        remove(tmp_path);
         arrfree(ts);
+        free(tmp_path);
         return 1;
     }
     const size_t slab_bytes = (size_t) 32 << 20;
@@ -732,13 +741,18 @@ int main(int argc, char ** argv) {
         ok = false;
     }
     if (!ok) {
-        fprintf(stderr, "\nkvr-gen: writing %s failed: %s\n", out_path, errno ? strerror(errno) : "?");
-        remove(out_path);
+        fprintf(stderr, "\nkvr-gen: writing %s failed: %s\n", tmp_path, errno ? strerror(errno) : "?");
+        remove(tmp_path);
+    } else if (rename(tmp_path, out_path) != 0) {
+        fprintf(stderr, "kvr-gen: cannot rename %s to %s: %s\n", tmp_path, out_path, strerror(errno));
+        remove(tmp_path);
+        ok = false;
     } else if (!quiet) {
         const double secs = (kvr_time_ms() - t_start) / 1000.0;
         fprintf(stderr, "%swrote %s: %s, %d tensors, %.1f MB of weights in %.1f s\n", tty ? "\r\033[K" : "",
                 out_path, kvr_type_name(wtype), n_tensors, (double) total / 1e6, secs);
     }
+    free(tmp_path);
     free(slab);
     free(scratch);
     free(threads);
