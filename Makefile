@@ -83,7 +83,7 @@ fuzz: $(BUILD)/fuzz-gguf
 	$(BUILD)/fuzz-gguf -max_total_time=60 -rss_limit_mb=2048 $(BUILD)/fuzz-corpus
 
 bench: all
-	SHARED=$(SHARED) sh tests/bench.sh $(BUILD)
+	sh tests/bench.sh $(BUILD)
 
 install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

@@ -1,0 +1,1228 @@
+// tests/test-parallel.c - the acceptance tests of parallel prefill (kvr-comm.c): every strategy
+// against the single-rank reference, on ranks that are threads of this process (KVR_COMM_LOCAL).
+//
+//   matrix    tsp, kvr (even, and three uneven partitions with 1-token and empty slices),
+//             ring-kv, ring-q and auto x 1..8 ranks x {stories260K (GQA 8/4), a random MHA and a
+//             random MQA Llama} x prompts of 1, 7, 64 and 300 tokens: the last token's logits
+//             within 1e-4 of kvr_session's, the same 16-token greedy continuation, and every
+//             cache row every rank holds equal to the reference's row at its position (1e-5),
+//             the rows covering the prompt as the strategy promises (kvr: the last rank holds
+//             all; tsp: every rank does; ring: the shards partition the positions), after the
+//             prefill and again after the decode
+//   partial   a second turn of 1, 16 or 200 tokens after 300 cached ones (ring-kv, ring-q, auto,
+//             and tsp/kvr, which continue on the last rank), then a short decode
+//   counters  kvr_dist_stats in dense mode against the closed forms: for an even split of C
+//             tokens over p ranks TSP moves 2(p-1)C KV rows and KV-Runahead (p-1)C; dense pairs
+//             per rank are (C/p)*C and c_r*e_r; causal pairs and bytes agree; sent == received
+//   stall     the stall hook stops one rank: the eval fails within 3 timeouts with an error that
+//             names the rank, the layer and the transfer; a new dist then works normally
+//   trace     the Chrome trace parses as JSON (a strict parser written here) with one named
+//             track per rank, "X" spans with valid fields, layer spans, and comm spans
+//
+// The random models are written here with the GGUF writer (seeded, f32, the keys and tensor
+// names llama.cpp writes) into a temporary directory, with the tokenizer of stories260K (or a
+// made-up byte-fallback vocabulary when the shared directory lacks it: then the stories260K
+// cases count as skipped, never as passed).
+//
+// usage: test-parallel [SHARED_DIR (default ../shared)] [--quick] [--full] [-v]
+//   --quick  a reduced matrix (about a minute under ASan+UBSan); the default of sanitizer builds
+//   --full   the whole matrix even in a sanitizer build
+//   -v       one line per case
+// Prints one line per group and "N passed, M failed" (", K skipped"); exits 1 on a failure.
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define TOL_LOGITS 1e-4
+#define TOL_CACHE  1e-5
+#define N_DECODE   16
+#define N_CTX      512     // per rank: 300 + 200 tokens of the partial prefill fit
+#define MAX_RANKS  8
+#define WATCHDOG_S 1500    // the last resort; every wait in kvr has its own timeout
+
+static int          n_pass, n_fail, n_skip;
+static bool         verbose, quick;
+static const char * shared_dir = "../shared";
+static char         tmp_dir[512];
+static char         g_case[256];   // the running case, printed if the watchdog fires
+
+#define CHECK(cond, ...) do {                                              \
+    if (cond) { n_pass++; } else {                                         \
+        n_fail++;                                                          \
+        fprintf(stderr, "FAIL %s:%d: [%s] ", __FILE__, __LINE__, g_case);  \
+        fprintf(stderr, __VA_ARGS__);                                      \
+        fprintf(stderr, "\n");                                             \
+    }                                                                      \
+} while (0)
+
+static void set_case(const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void set_case(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_case, sizeof(g_case), fmt, ap);
+    va_end(ap);
+}
+
+static void on_alarm(int sig) {
+    static const char pre[] = "test-parallel: watchdog: no end after the time limit, in case ";
+    ssize_t r = write(2, pre, sizeof(pre) - 1);
+    r = write(2, g_case, strlen(g_case));
+    r = write(2, "\n", 1);
+    (void)r;
+    (void)sig;
+    _exit(2);
+}
+
+static void * xcalloc(size_t n, size_t size) {
+    void * p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) { perror("calloc"); exit(2); }
+    return p;
+}
+
+//
+// random numbers: splitmix64; normals by Box-Muller
+//
+
+static uint64_t rng_next(uint64_t * s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unif(uint64_t * s) { // (0, 1)
+    return ((double)(rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static float rng_normal(uint64_t * s, float sd) {
+    const double u = rng_unif(s), v = rng_unif(s);
+    return (float)(sd * sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+//
+// models: stories260K from the shared directory, and two random Llamas written here
+//
+
+struct tmodel {
+    const char       * name;
+    struct kvr_model * m;       // NULL: skipped
+};
+
+// a byte-fallback SPM vocabulary of n tokens, for when stories260K (whose tokenizer the random
+// models normally borrow) is missing
+static void made_up_vocab(struct kvr_gguf_writer * w, int n) {
+    char ** strs = xcalloc((size_t)n, sizeof(char *));
+    float * scores = xcalloc((size_t)n, sizeof(float));
+    int32_t * types = xcalloc((size_t)n, sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        strs[i] = xcalloc(16, 1);
+        if (i == 0) { snprintf(strs[i], 16, "<unk>"); types[i] = KVR_TOKEN_UNKNOWN; }
+        else if (i == 1) { snprintf(strs[i], 16, "<s>"); types[i] = KVR_TOKEN_CONTROL; }
+        else if (i == 2) { snprintf(strs[i], 16, "</s>"); types[i] = KVR_TOKEN_CONTROL; }
+        else if (i < 3 + 256) { snprintf(strs[i], 16, "<0x%02X>", i - 3); types[i] = KVR_TOKEN_BYTE; }
+        else { // "\u2581" followed by a base-26 name: unique pieces
+            int k = i - 259, o = snprintf(strs[i], 16, "\xe2\x96\x81");
+            do { strs[i][o++] = (char)('a' + k % 26); k /= 26; } while (k && o < 14);
+            types[i] = KVR_TOKEN_NORMAL;
+            scores[i] = -(float)i;
+        }
+    }
+    kvr_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    kvr_gguf_set_arr_str(w, "tokenizer.ggml.tokens", (const char * const *)strs, NULL, (uint64_t)n);
+    kvr_gguf_set_arr(w, "tokenizer.ggml.scores", KVR_GGUF_FLOAT32, scores, (uint64_t)n);
+    kvr_gguf_set_arr(w, "tokenizer.ggml.token_type", KVR_GGUF_INT32, types, (uint64_t)n);
+    kvr_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    kvr_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    kvr_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    for (int i = 0; i < n; i++) free(strs[i]);
+    free(strs);
+    free(scores);
+    free(types);
+}
+
+// A random Llama with llama.cpp's metadata and tensor names: width 64, 2 layers, 8 heads of 8,
+// n_kv KV heads. Weights ~N(0, 0.05), except the embeddings (N(0, 1), so a token's identity stays
+// visible in the residual stream) and the Q/K projections (N(0, 0.2), so attention is peaked
+// rather than nearly uniform: a wrong key set then moves the logits far beyond the tolerance).
+static int write_random_llama(const char * path, int n_kv, uint64_t seed, const struct kvr_gguf * vocab_src) {
+    const int E = 64, L = 2, H = 8, D = E / H, F = 176, KV = D * n_kv;
+    int V = 512;
+    struct kvr_gguf_writer * w = kvr_gguf_writer_new();
+    kvr_gguf_set_str(w, "general.architecture", "llama");
+    kvr_gguf_set_str(w, "general.name", n_kv == H ? "test-parallel random MHA" : "test-parallel random MQA");
+    kvr_gguf_set_u32(w, "llama.context_length", 2048);
+    kvr_gguf_set_u32(w, "llama.embedding_length", (uint32_t)E);
+    kvr_gguf_set_u32(w, "llama.block_count", (uint32_t)L);
+    kvr_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)F);
+    kvr_gguf_set_u32(w, "llama.attention.head_count", (uint32_t)H);
+    kvr_gguf_set_u32(w, "llama.attention.head_count_kv", (uint32_t)n_kv);
+    kvr_gguf_set_u32(w, "llama.rope.dimension_count", (uint32_t)D);
+    kvr_gguf_set_f32(w, "llama.rope.freq_base", 10000.0f);
+    kvr_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    kvr_gguf_set_u32(w, "general.file_type", 0);
+    if (vocab_src) {
+        kvr_gguf_copy_kv(w, vocab_src, "tokenizer.");
+        const struct kvr_gguf_kv * toks = kvr_gguf_get_kv(vocab_src, "tokenizer.ggml.tokens");
+        if (toks) V = (int)toks->n;
+    } else {
+        made_up_vocab(w, V);
+    }
+
+    struct { const char * name; int64_t ne0, ne1; float center, sd; } specs[9 * 2 + 4];
+    int n_specs = 0;
+#define SPEC(nm, a, b, c, s) do { specs[n_specs].name = (nm); specs[n_specs].ne0 = (a); specs[n_specs].ne1 = (b); \
+                                  specs[n_specs].center = (c); specs[n_specs].sd = (s); n_specs++; } while (0)
+    static const char * const blk_names[2][9] = {
+        { "blk.0.attn_norm.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
+          "blk.0.ffn_norm.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight" },
+        { "blk.1.attn_norm.weight", "blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.1.attn_v.weight", "blk.1.attn_output.weight",
+          "blk.1.ffn_norm.weight", "blk.1.ffn_gate.weight", "blk.1.ffn_up.weight", "blk.1.ffn_down.weight" },
+    };
+    SPEC("token_embd.weight", E, V, 0.0f, 1.0f);
+    for (int il = 0; il < L; il++) {
+        SPEC(blk_names[il][0], E, 1, 1.0f, 0.05f);
+        SPEC(blk_names[il][1], E, E, 0.0f, 0.2f);
+        SPEC(blk_names[il][2], E, KV, 0.0f, 0.2f);
+        SPEC(blk_names[il][3], E, KV, 0.0f, 0.05f);
+        SPEC(blk_names[il][4], E, E, 0.0f, 0.05f);
+        SPEC(blk_names[il][5], E, 1, 1.0f, 0.05f);
+        SPEC(blk_names[il][6], E, F, 0.0f, 0.05f);
+        SPEC(blk_names[il][7], E, F, 0.0f, 0.05f);
+        SPEC(blk_names[il][8], F, E, 0.0f, 0.05f);
+    }
+    SPEC("output_norm.weight", E, 1, 1.0f, 0.05f);
+    SPEC("output.weight", E, V, 0.0f, 0.05f);
+#undef SPEC
+    float * data[9 * 2 + 4];
+    uint64_t s = seed;
+    for (int i = 0; i < n_specs; i++) {
+        const int64_t n = specs[i].ne0 * specs[i].ne1;
+        data[i] = xcalloc((size_t)n, sizeof(float));
+        for (int64_t j = 0; j < n; j++) data[i][j] = specs[i].center + rng_normal(&s, specs[i].sd);
+        const int64_t ne[2] = { specs[i].ne0, specs[i].ne1 };
+        kvr_gguf_add_tensor(w, specs[i].name, KVR_TYPE_F32, specs[i].ne1 == 1 ? 1 : 2, ne, data[i]);
+    }
+    int rc = kvr_gguf_writer_save(w, path);
+    kvr_gguf_writer_free(w);
+    for (int i = 0; i < n_specs; i++) free(data[i]);
+    return rc;
+}
+
+//
+// the reference: kvr_session (one rank, no strategy pass of kvr-comm.c)
+//
+
+struct ref {
+    int       n_total;            // rows in the cache at the end (turns + decode)
+    int       n_vocab, n_layer, kv_dim;
+    float   * logits;             // after the last turn
+    int32_t   cont[N_DECODE];     // greedy continuation: argmax of the turn, then of each step
+    float   * dec_logits;         // after the last decode step
+    float  ** k, ** v;            // [layer][n_total * kv_dim]
+};
+
+static void ref_free(struct ref * r) {
+    if (!r->k) return;
+    for (int il = 0; il < r->n_layer; il++) { free(r->k[il]); free(r->v[il]); }
+    free(r->k); free(r->v); free(r->logits); free(r->dec_logits);
+    memset(r, 0, sizeof(*r));
+}
+
+// turns[i] tokens at a time from toks, then n_dec greedy steps
+static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * toks, const int * turns, int n_turns, int n_dec) {
+    memset(r, 0, sizeof(*r));
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = N_CTX, .n_threads = 1 });
+    if (!s) { CHECK(false, "kvr_session_new: %s", kvr_last_error()); return false; }
+    r->n_vocab = (int)m->hp.n_vocab;
+    const float * lg = NULL;
+    int at = 0;
+    for (int t = 0; t < n_turns; t++) {
+        lg = kvr_session_eval(s, toks + at, turns[t]);
+        at += turns[t];
+        if (!lg) { CHECK(false, "reference eval of %d tokens: %s", turns[t], kvr_last_error()); kvr_session_free(s); return false; }
+    }
+    r->logits = xcalloc((size_t)r->n_vocab, sizeof(float));
+    memcpy(r->logits, lg, sizeof(float) * (size_t)r->n_vocab);
+    for (int i = 0; i < n_dec; i++) {
+        r->cont[i] = kvr_argmax(lg, r->n_vocab);
+        lg = kvr_session_eval(s, &r->cont[i], 1);
+        if (!lg) { CHECK(false, "reference decode: %s", kvr_last_error()); kvr_session_free(s); return false; }
+    }
+    r->dec_logits = xcalloc((size_t)r->n_vocab, sizeof(float));
+    memcpy(r->dec_logits, lg, sizeof(float) * (size_t)r->n_vocab);
+    const struct kvr_kv_cache * c = kvr_session_cache(s);
+    r->n_total = kvr_session_n_past(s);
+    r->n_layer = c->n_layer;
+    r->kv_dim = c->kv_dim;
+    r->k = xcalloc((size_t)c->n_layer, sizeof(float *));
+    r->v = xcalloc((size_t)c->n_layer, sizeof(float *));
+    for (int il = 0; il < c->n_layer; il++) {
+        r->k[il] = xcalloc((size_t)r->n_total * (size_t)c->kv_dim, sizeof(float));
+        r->v[il] = xcalloc((size_t)r->n_total * (size_t)c->kv_dim, sizeof(float));
+        for (int p = 0; p < r->n_total; p++) {
+            memcpy(r->k[il] + (size_t)p * c->kv_dim, (const char *)c->k[il]->data + (size_t)p * c->k[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
+            memcpy(r->v[il] + (size_t)p * c->kv_dim, (const char *)c->v[il]->data + (size_t)p * c->v[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
+        }
+    }
+    kvr_session_free(s);
+    return true;
+}
+
+static double max_abs_diff(const float * a, const float * b, int n, int * at) {
+    double mx = 0.0;
+    *at = 0;
+    for (int i = 0; i < n; i++) {
+        const double dd = fabs((double)a[i] - (double)b[i]);
+        if (!(dd <= mx)) { mx = dd; *at = i; } // NaN is the largest difference
+        if (isnan(dd)) return INFINITY;
+    }
+    return mx;
+}
+
+//
+// what a dist's caches hold, against the reference
+//
+
+enum cover {
+    COVER_LAST,      // the last rank holds every position once (single, kvr, tsp/kvr after a prefill)
+    COVER_EVERY,     // every rank holds every position once (tsp right after its prefill)
+    COVER_PARTITION, // every position is on exactly one rank (ring)
+};
+
+static const char * cover_name(enum cover c) {
+    return c == COVER_LAST ? "the last rank holds all" : c == COVER_EVERY ? "every rank holds all" : "the shards partition";
+}
+
+// n_pos: positions [0, n_pos) must be covered; rows at positions >= n_pos are errors
+static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_pos, enum cover cov) {
+    const int N = kvr_dist_n_ranks(d);
+    int * seen = xcalloc((size_t)N * (size_t)n_pos, sizeof(int));
+    double worst = 0.0;
+    char where[160] = "";
+    int bad_pos = 0, n_dup = 0;
+    char first_bad[160] = "";
+    for (int q = 0; q < N; q++) {
+        const int32_t * pos = NULL;
+        const struct kvr_kv_cache * c = NULL;
+        const int n = kvr_dist_cache(d, q, &pos, &c);
+        if (n < 0 || !c || (n > 0 && !pos)) { CHECK(false, "kvr_dist_cache(rank %d) returned %d", q, n); continue; }
+        if (c->n_layer != r->n_layer || c->kv_dim != r->kv_dim) {
+            CHECK(false, "rank %d: cache of %d layers x %d, reference %d x %d", q, c->n_layer, c->kv_dim, r->n_layer, r->kv_dim);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            const int p = pos[i];
+            if (p < 0 || p >= n_pos) {
+                if (!bad_pos++) snprintf(first_bad, sizeof(first_bad), "rank %d row %d has position %d outside [0, %d)", q, i, p, n_pos);
+                continue;
+            }
+            if (seen[(size_t)q * n_pos + p]++) {
+                if (!n_dup++ && !first_bad[0]) snprintf(first_bad, sizeof(first_bad), "rank %d holds position %d twice", q, p);
+            }
+            for (int il = 0; il < c->n_layer; il++) {
+                for (int kv = 0; kv < 2; kv++) {
+                    const struct kvr_tensor * t = kv ? c->v[il] : c->k[il];
+                    const float * got = (const float *)((const char *)t->data + (size_t)i * t->nb[1]);
+                    const float * want = (kv ? r->v[il] : r->k[il]) + (size_t)p * r->kv_dim;
+                    int at;
+                    const double dd = max_abs_diff(got, want, r->kv_dim, &at);
+                    if (dd > worst) {
+                        worst = dd;
+                        snprintf(where, sizeof(where), "rank %d row %d (position %d) %s of layer %d, element %d: %g vs %g",
+                                 q, i, p, kv ? "V" : "K", il, at, got[at], want[at]);
+                    }
+                }
+            }
+        }
+    }
+    CHECK(bad_pos == 0 && n_dup == 0, "%s (%d rows out of range, %d duplicates)", first_bad, bad_pos, n_dup);
+    CHECK(worst <= TOL_CACHE, "cache rows differ from the reference by %.3g: %s", worst, where);
+    int missing = 0, first_missing = -1, first_rank = -1, first_count = 0;
+    for (int p = 0; p < n_pos; p++) {
+        int sum = 0;
+        for (int q = 0; q < N; q++) {
+            const int cnt = seen[(size_t)q * n_pos + p];
+            sum += cnt;
+            bool ok = true;
+            if (cov == COVER_EVERY) ok = cnt == 1;
+            if (cov == COVER_LAST && q == N - 1) ok = cnt == 1;
+            if (!ok) {
+                if (!missing++) { first_missing = p; first_rank = q; first_count = cnt; }
+            }
+        }
+        if (cov == COVER_PARTITION && sum != 1) {
+            if (!missing++) { first_missing = p; first_rank = -1; first_count = sum; }
+        }
+    }
+    CHECK(missing == 0, "coverage (%s) of positions [0, %d): %d violations, first at position %d (rank %d holds it %d times)",
+          cover_name(cov), n_pos, missing, first_missing, first_rank, first_count);
+    free(seen);
+}
+
+static bool is_ring(enum kvr_strategy s) {
+    return s == KVR_STRATEGY_RING_KV || s == KVR_STRATEGY_RING_Q || s == KVR_STRATEGY_AUTO;
+}
+
+// the coverage promised after a prefill (first = true) or after later evals
+static enum cover cover_of(enum kvr_strategy s, int N, bool first) {
+    if (N == 1) return COVER_LAST;
+    if (is_ring(s)) return COVER_PARTITION;
+    if (s == KVR_STRATEGY_TSP && first) return COVER_EVERY;
+    return COVER_LAST;
+}
+
+static struct kvr_dist_params dist_params(enum kvr_strategy s, int N) {
+    return (struct kvr_dist_params){
+        .strategy = s, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = N_CTX,
+        .timeout_s = 30.0, .stall_rank = -1, .stall_layer = -1,
+    };
+}
+
+// A whole conversation on a dist: turns (the first with the given partition), checks after the
+// first and the last turn, then n_dec greedy steps; everything against the reference.
+static void run_dist(const struct kvr_model * m, const struct ref * r, const int32_t * toks, const int * turns, int n_turns,
+                     int n_dec, const struct kvr_dist_params * p) {
+    struct kvr_dist * d = kvr_dist_new(m, p);
+    CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+    if (!d) return;
+    const int V = (int)m->hp.n_vocab, N = p->n_ranks;
+    const float * lg = NULL;
+    int at = 0;
+    for (int t = 0; t < n_turns; t++) {
+        lg = kvr_dist_eval(d, toks + at, turns[t]);
+        CHECK(lg != NULL, "eval of turn %d (%d tokens after %d): %s", t + 1, turns[t], at, kvr_last_error());
+        if (!lg) { kvr_dist_free(d); return; }
+        at += turns[t];
+        CHECK(kvr_dist_n_past(d) == at, "n_past %d after turn %d, want %d", kvr_dist_n_past(d), t + 1, at);
+        if (p->strategy == KVR_STRATEGY_AUTO && N > 1) {
+            const enum kvr_strategy ls = kvr_dist_last_strategy(d);
+            CHECK(ls == KVR_STRATEGY_RING_KV || ls == KVR_STRATEGY_RING_Q, "auto ran %s", kvr_strategy_name(ls));
+        }
+        if (t == 0 || t == n_turns - 1) check_cache(d, r, at, cover_of(p->strategy, N, t == 0));
+    }
+    int i_max;
+    double dd = max_abs_diff(lg, r->logits, V, &i_max);
+    CHECK(dd <= TOL_LOGITS, "last-token logits differ by %.3g (token %d: %g vs %g)", dd, i_max, lg[i_max], r->logits[i_max]);
+    if (n_dec == 0) { kvr_dist_free(d); return; }
+    int32_t cont[N_DECODE];
+    int n_ok = 0;
+    for (int i = 0; i < n_dec; i++) {
+        cont[i] = kvr_argmax(lg, V);
+        lg = kvr_dist_eval(d, &cont[i], 1);
+        if (!lg) { CHECK(false, "decode step %d: %s", i + 1, kvr_last_error()); break; }
+        n_ok++;
+    }
+    if (n_ok == n_dec) {
+        int diverge = -1;
+        for (int i = 0; i < n_dec && diverge < 0; i++) if (cont[i] != r->cont[i]) diverge = i;
+        CHECK(diverge < 0, "greedy continuation differs at step %d: token %d, reference %d", diverge + 1,
+              diverge >= 0 ? cont[diverge] : 0, diverge >= 0 ? r->cont[diverge] : 0);
+        if (diverge < 0) {
+            dd = max_abs_diff(lg, r->dec_logits, V, &i_max);
+            CHECK(dd <= TOL_LOGITS, "logits after %d decode steps differ by %.3g (token %d: %g vs %g)", n_dec, dd, i_max,
+                  lg[i_max], r->dec_logits[i_max]);
+            check_cache(d, r, at + n_dec, cover_of(p->strategy, N, false));
+        }
+    }
+    kvr_dist_free(d);
+}
+
+static void make_prompt(int32_t * out, int n, int n_vocab, uint64_t seed) {
+    uint64_t s = seed;
+    for (int i = 0; i < n; i++) out[i] = 3 + (int32_t)(rng_next(&s) % (uint64_t)(n_vocab - 3));
+}
+
+//
+// 1. the matrix
+//
+
+// uneven kvr partitions of T over N ranks: 0 head-heavy [T-(N-1), 1, ..., 1], 1 tail-heavy
+// [1, ..., 1, T-(N-1)] (when T < N these become runs of 1-token slices with empty ranks at the
+// end or at the start), 2 decreasing fractions (N-r)^2 / sum, as KV-Runahead's tuned splits are
+static const char * const part_names[4] = { "even", "head-heavy", "tail-heavy", "fractions" };
+
+static void make_partition(int kind, int T, int N, int * counts, double * fr) {
+    for (int r = 0; r < N; r++) counts[r] = 0;
+    if (kind == 1) {
+        int left = T;
+        for (int r = 1; r < N && left > 1; r++) { counts[r] = 1; left--; }
+        counts[0] += left;
+        if (T < N) { // runs of single tokens from rank 0, the tail empty
+            for (int r = 0; r < N; r++) counts[r] = r < T ? 1 : 0;
+        }
+    } else if (kind == 2) {
+        int left = T;
+        for (int r = N - 2; r >= 0 && left > 1; r--) { counts[r] = 1; left--; }
+        counts[N - 1] += left;
+        if (T < N) {
+            for (int r = 0; r < N; r++) counts[r] = r >= N - T ? 1 : 0;
+        }
+    } else if (kind == 3) {
+        double sum = 0.0;
+        for (int r = 0; r < N; r++) sum += (double)(N - r) * (N - r);
+        for (int r = 0; r < N; r++) fr[r] = (double)(N - r) * (N - r) / sum;
+    }
+}
+
+static double group_t0;
+static int    group_pass0, group_fail0;
+
+static void group_begin(void) {
+    group_t0 = kvr_time_ms();
+    group_pass0 = n_pass;
+    group_fail0 = n_fail;
+}
+
+static void group_end(const char * name, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void group_end(const char * name, const char * fmt, ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    printf("%-9s %s: %d checks passed, %d failed (%.1f s)\n", name, what, n_pass - group_pass0, n_fail - group_fail0,
+           (kvr_time_ms() - group_t0) / 1e3);
+    fflush(stdout);
+}
+
+static void test_matrix(const struct tmodel * models, int n_models) {
+    group_begin();
+    static const int prompts_full[] = { 1, 7, 64, 300 };
+    static const int ranks_full[] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+    static const int ranks_quick[] = { 1, 2, 3, 8 };
+    const int * ranks = quick ? ranks_quick : ranks_full;
+    const int n_ranks = quick ? 4 : 8;
+    static const enum kvr_strategy strats[] = { KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO };
+    int runs = 0;
+    for (int mi = 0; mi < n_models; mi++) {
+        const struct tmodel * tm = &models[mi];
+        if (!tm->m) continue;
+        for (int pi = 0; pi < 4; pi++) {
+            const int T = prompts_full[pi];
+            int32_t prompt[300 + N_DECODE];
+            make_prompt(prompt, T, (int)tm->m->hp.n_vocab, 1000 + 17 * (uint64_t)mi + (uint64_t)T);
+            struct ref r;
+            set_case("matrix %s T=%d reference", tm->name, T);
+            if (!ref_run(&r, tm->m, prompt, &T, 1, N_DECODE)) continue;
+            for (int ni = 0; ni < n_ranks; ni++) {
+                const int N = ranks[ni];
+                for (int si = 0; si < 5; si++) {
+                    const enum kvr_strategy s = strats[si];
+                    const int n_parts = s == KVR_STRATEGY_KVR && N > 1 ? 4 : 1;
+                    for (int part = 0; part < n_parts; part++) {
+                        // quick: the uneven kvr splits on the 64-token prompt only
+                        if (quick && part > 0 && T != 64) continue;
+                        int counts[MAX_RANKS];
+                        double fr[MAX_RANKS];
+                        make_partition(part, T, N, counts, fr);
+                        struct kvr_dist_params p = dist_params(s, N);
+                        if (part == 1 || part == 2) p.partition = counts;
+                        if (part == 3) p.fractions = fr;
+                        set_case("matrix %s T=%d %s N=%d%s%s", tm->name, T, kvr_strategy_name(s), N,
+                                 s == KVR_STRATEGY_KVR ? " partition " : "", s == KVR_STRATEGY_KVR ? part_names[part] : "");
+                        const double t0 = kvr_time_ms();
+                        const int f0 = n_fail;
+                        run_dist(tm->m, &r, prompt, &T, 1, N_DECODE, &p);
+                        runs++;
+                        if (verbose || n_fail != f0) {
+                            printf("  %s: %s (%.0f ms)\n", g_case, n_fail == f0 ? "ok" : "FAILED", kvr_time_ms() - t0);
+                        }
+                    }
+                }
+            }
+            ref_free(&r);
+        }
+    }
+    group_end("matrix", "%d runs (prefill, %d greedy steps)", runs, N_DECODE);
+}
+
+//
+// 3. partial prefill: a second turn after 300 cached tokens
+//
+
+static void test_partial(const struct tmodel * models, int n_models) {
+    group_begin();
+    static const int Ts[] = { 1, 16, 200 };
+    static const int ranks_full[] = { 2, 3, 4, 8 };
+    static const int ranks_quick[] = { 3 };
+    const int * ranks = quick ? ranks_quick : ranks_full;
+    const int n_ranks = quick ? 1 : 4;
+    static const enum kvr_strategy strats[] = { KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO, KVR_STRATEGY_TSP, KVR_STRATEGY_KVR };
+    const int P = 300, n_dec = 4;
+    int runs = 0;
+    for (int mi = 0; mi < n_models; mi++) {
+        const struct tmodel * tm = &models[mi];
+        if (!tm->m) continue;
+        for (int ti = 0; ti < 3; ti++) {
+            const int T = Ts[ti];
+            int32_t toks[300 + 200];
+            make_prompt(toks, P + T, (int)tm->m->hp.n_vocab, 5000 + 31 * (uint64_t)mi + (uint64_t)T);
+            const int turns[2] = { P, T };
+            struct ref r;
+            set_case("partial %s P=%d T=%d reference", tm->name, P, T);
+            if (!ref_run(&r, tm->m, toks, turns, 2, n_dec)) continue;
+            for (int ni = 0; ni < n_ranks; ni++) {
+                for (int si = 0; si < 5; si++) {
+                    if (quick && si >= 3) continue;
+                    const int N = ranks[ni];
+                    struct kvr_dist_params p = dist_params(strats[si], N);
+                    set_case("partial %s P=%d T=%d %s N=%d", tm->name, P, T, kvr_strategy_name(strats[si]), N);
+                    const double t0 = kvr_time_ms();
+                    const int f0 = n_fail;
+                    run_dist(tm->m, &r, toks, turns, 2, n_dec, &p);
+                    runs++;
+                    if (verbose || n_fail != f0) {
+                        printf("  %s: %s (%.0f ms)\n", g_case, n_fail == f0 ? "ok" : "FAILED", kvr_time_ms() - t0);
+                    }
+                }
+            }
+            ref_free(&r);
+        }
+    }
+    group_end("partial", "%d runs (second turn after %d cached, %d greedy steps)", runs, P, n_dec);
+}
+
+//
+// 4. counters against the closed forms
+//
+
+static void test_counters(const struct tmodel * tm) {
+    group_begin();
+    static const int ps_full[] = { 2, 3, 4, 5, 8 };
+    static const int ps_quick[] = { 2, 3, 4 };
+    const int * ps = quick ? ps_quick : ps_full;
+    const int n_ps = quick ? 3 : 5;
+    const struct kvr_model * m = tm->m;
+    const int n_layer = (int)m->hp.n_layer, kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    int runs = 0;
+    for (int pi = 0; pi < n_ps; pi++) {
+        const int p = ps[pi], C = 40 * p;
+        int32_t toks[40 * MAX_RANKS];
+        make_prompt(toks, C, (int)m->hp.n_vocab, 777 + (uint64_t)p);
+        // strategy 0 tsp, 1 kvr even, 2 kvr uneven (head-heavy), 3 ring-kv, 4 ring-q
+        for (int k = 0; k < 5; k++) {
+            static const enum kvr_strategy ks[5] = { KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q };
+            int counts[MAX_RANKS];
+            double fr[MAX_RANKS];
+            make_partition(k == 2 ? 1 : 0, C, p, counts, fr);
+            if (k != 2) for (int r = 0; r < p; r++) counts[r] = C / p;
+            struct kvr_dist_params dp = dist_params(ks[k], p);
+            dp.attn_mode = KVR_ATTN_DENSE;
+            if (k == 2) dp.partition = counts;
+            set_case("counters %s C=%d p=%d %s", tm->name, C, p, k == 2 ? "kvr uneven" : kvr_strategy_name(ks[k]));
+            struct kvr_dist * d = kvr_dist_new(m, &dp);
+            CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+            if (!d) continue;
+            const float * lg = kvr_dist_eval(d, toks, C);
+            CHECK(lg != NULL, "eval: %s", kvr_last_error());
+            runs++;
+            if (!lg) { kvr_dist_free(d); continue; }
+            struct kvr_rank_stats st[MAX_RANKS];
+            const int n = kvr_dist_stats(d, st, MAX_RANKS);
+            CHECK(n == p, "stats of %d ranks, want %d", n, p);
+            int64_t sent = 0, recv = 0, bsent = 0, brecv = 0;
+            int s = 0;
+            for (int i = 0; i < n; i++) {
+                const struct kvr_rank_stats * q = &st[i];
+                const int r = q->rank;
+                sent += q->kv_rows_sent; recv += q->kv_rows_recv;
+                bsent += q->bytes_sent;  brecv += q->bytes_recv;
+                CHECK(r == i, "stats entry %d is of rank %d", i, r);
+                if (ks[k] == KVR_STRATEGY_TSP || ks[k] == KVR_STRATEGY_KVR) {
+                    const int64_t c = counts[r], e = s + c;
+                    CHECK(q->tokens == c, "rank %d computed %d tokens, want %lld", r, q->tokens, (long long)c);
+                    // tsp: queries [s, e) over the whole prompt; kvr: over [0, e_r)
+                    const int64_t keys = ks[k] == KVR_STRATEGY_TSP ? C : e;
+                    CHECK(q->attn_dot_dense == c * keys, "rank %d: %lld dense pairs, closed form %s = %lld", r,
+                          (long long)q->attn_dot_dense, ks[k] == KVR_STRATEGY_TSP ? "(C/p)*C" : "c_r*e_r", (long long)(c * keys));
+                    const int64_t causal = c * s + c * (c + 1) / 2;
+                    CHECK(q->attn_dot_causal == causal, "rank %d: %lld causal pairs, want %lld", r, (long long)q->attn_dot_causal,
+                          (long long)causal);
+                    s += (int)c;
+                }
+            }
+            CHECK(sent == recv, "%lld KV rows sent, %lld received", (long long)sent, (long long)recv);
+            CHECK(bsent == brecv, "%lld bytes sent, %lld received", (long long)bsent, (long long)brecv);
+            int64_t want = -1;
+            const char * form = "";
+            if (k == 0) { want = 2LL * (p - 1) * C; form = "2(p-1)C"; }
+            if (k == 1) { want = (int64_t)(p - 1) * C; form = "(p-1)C"; }
+            if (k == 2) { // every rank but the last sends K and V of [0, e_r)
+                int e = 0;
+                want = 0;
+                for (int r = 0; r < p - 1; r++) { e += counts[r]; want += 2LL * e; }
+                form = "2*sum e_r";
+            }
+            if (k == 3) { want = 2LL * (p - 1) * C; form = "2(p-1)C (every block visits every other rank)"; }
+            if (k == 4) { want = 0; form = "0 (queries travel)"; }
+            CHECK(sent == want, "%lld KV rows moved, closed form %s = %lld", (long long)sent, form, (long long)want);
+            if (k <= 2) { // only K and V travel: bytes are rows x kv_dim floats x layers
+                CHECK(bsent == sent * kv_dim * (int64_t)sizeof(float) * n_layer, "%lld bytes sent for %lld rows of %d floats x %d layers",
+                      (long long)bsent, (long long)sent, kv_dim, n_layer);
+            }
+            kvr_dist_free(d);
+        }
+    }
+    group_end("counters", "%d runs (tsp, kvr even and uneven, ring-kv, ring-q; dense attention)", runs);
+}
+
+//
+// 5. a stalled rank
+//
+
+static void test_stall(const struct tmodel * tm, const struct ref * r64, const int32_t * prompt) {
+    group_begin();
+    const double timeout = 1.0;
+    struct { enum kvr_strategy s; int N, rank, layer; } cases[] = {
+        { KVR_STRATEGY_KVR,     3, 1, 0 },
+        { KVR_STRATEGY_KVR,     4, 2, 1 },
+        { KVR_STRATEGY_TSP,     3, 1, 0 },
+        { KVR_STRATEGY_TSP,     4, 0, 1 },
+        { KVR_STRATEGY_RING_KV, 4, 2, 0 },
+        { KVR_STRATEGY_RING_KV, 3, 0, 1 },
+        { KVR_STRATEGY_RING_Q,  3, 1, 0 },
+        { KVR_STRATEGY_RING_Q,  4, 3, 1 },
+    };
+    const int n_cases = quick ? 4 : (int)(sizeof(cases) / sizeof(cases[0]));
+    for (int ci = 0; ci < n_cases; ci++) {
+        // quick: one case per strategy
+        const int c = quick ? 2 * ci : ci;
+        struct kvr_dist_params p = dist_params(cases[c].s, cases[c].N);
+        p.timeout_s = timeout;
+        p.stall_rank = cases[c].rank;
+        p.stall_layer = cases[c].layer;
+        set_case("stall %s %s N=%d rank %d layer %d", tm->name, kvr_strategy_name(cases[c].s), cases[c].N, cases[c].rank, cases[c].layer);
+        struct kvr_dist * d = kvr_dist_new(tm->m, &p);
+        CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+        if (!d) continue;
+        const double t0 = kvr_time_ms();
+        const float * lg = kvr_dist_eval(d, prompt, 64);
+        const double ms = kvr_time_ms() - t0;
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+        CHECK(lg == NULL, "the eval succeeded with rank %d stalled", cases[c].rank);
+        CHECK(ms <= 3e3 * timeout, "the eval took %.0f ms to fail, more than 3 timeouts of %.1f s", ms, timeout);
+        char want_layer[32], want_rank[32];
+        snprintf(want_layer, sizeof(want_layer), "layer %d", cases[c].layer);
+        snprintf(want_rank, sizeof(want_rank), "rank %d", cases[c].rank);
+        const bool names_transfer = strstr(msg, "waiting for") &&
+                                    (strstr(msg, " K of") || strstr(msg, " V of") || strstr(msg, " Q of") || strstr(msg, "positions"));
+        CHECK(strstr(msg, "timed out") && names_transfer && strstr(msg, want_layer) && strstr(msg, want_rank),
+              "the error should say which transfer of %s from the stalled %s timed out; it is: \"%s\"", want_layer, want_rank, msg);
+        if (verbose) printf("  %s: %.0f ms: %s\n", g_case, ms, msg);
+        kvr_dist_free(d);
+
+        // a new dist has nothing left of the failed one
+        p.stall_rank = p.stall_layer = -1;
+        p.timeout_s = 30.0;
+        d = kvr_dist_new(tm->m, &p);
+        CHECK(d != NULL, "kvr_dist_new after the stall: %s", kvr_last_error());
+        if (!d) continue;
+        lg = kvr_dist_eval(d, prompt, 64);
+        CHECK(lg != NULL, "eval of a new dist after the stall: %s", kvr_last_error());
+        if (lg) {
+            int at;
+            const double dd = max_abs_diff(lg, r64->logits, (int)tm->m->hp.n_vocab, &at);
+            CHECK(dd <= TOL_LOGITS, "logits of a new dist after the stall differ by %.3g", dd);
+            check_cache(d, r64, 64, cover_of(cases[c].s, cases[c].N, true));
+        }
+        kvr_dist_free(d);
+    }
+    group_end("stall", "%d cases (timeout %.1f s, bound %.1f s)", n_cases, timeout, 3 * timeout);
+}
+
+//
+// 6. the trace: a strict JSON parser (RFC 8259) and the structure of the Chrome trace
+//
+
+enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
+
+struct jv {
+    enum jtype   t;
+    bool         b;
+    double       num;
+    char       * str;     // J_STR (UTF-8, escapes decoded)
+    int          n;       // J_ARR, J_OBJ
+    struct jv  * items;
+    char      ** keys;    // J_OBJ
+};
+
+struct jparser {
+    const char * s;
+    size_t       i, n;
+    int          depth;
+    char         err[160];
+};
+
+static bool jfail(struct jparser * p, const char * what) {
+    if (!p->err[0]) snprintf(p->err, sizeof(p->err), "%s at byte %zu", what, p->i);
+    return false;
+}
+
+static void jskip_ws(struct jparser * p) {
+    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r')) p->i++;
+}
+
+static void jv_free(struct jv * v) {
+    if (v->t == J_STR) free(v->str);
+    if (v->t == J_ARR || v->t == J_OBJ) {
+        for (int i = 0; i < v->n; i++) {
+            jv_free(&v->items[i]);
+            if (v->keys) free(v->keys[i]);
+        }
+        free(v->items);
+        free(v->keys);
+    }
+    memset(v, 0, sizeof(*v));
+}
+
+static int jhex(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static bool jparse_string(struct jparser * p, char ** out) {
+    if (p->i >= p->n || p->s[p->i] != '"') return jfail(p, "expected a string");
+    p->i++;
+    size_t cap = 16, len = 0;
+    char * b = xcalloc(cap, 1);
+    for (;;) {
+        if (p->i >= p->n) { free(b); return jfail(p, "unterminated string"); }
+        unsigned char c = (unsigned char)p->s[p->i++];
+        uint32_t cp = c;
+        if (c == '"') break;
+        if (c < 0x20) { free(b); return jfail(p, "control character in a string"); }
+        if (c == '\\') {
+            if (p->i >= p->n) { free(b); return jfail(p, "unterminated escape"); }
+            const char e = p->s[p->i++];
+            switch (e) {
+                case '"': cp = '"'; break;
+                case '\\': cp = '\\'; break;
+                case '/': cp = '/'; break;
+                case 'b': cp = '\b'; break;
+                case 'f': cp = '\f'; break;
+                case 'n': cp = '\n'; break;
+                case 'r': cp = '\r'; break;
+                case 't': cp = '\t'; break;
+                case 'u': {
+                    if (p->i + 4 > p->n) { free(b); return jfail(p, "short \\u escape"); }
+                    cp = 0;
+                    for (int k = 0; k < 4; k++) {
+                        const int h = jhex(p->s[p->i++]);
+                        if (h < 0) { free(b); return jfail(p, "bad \\u escape"); }
+                        cp = cp * 16 + (uint32_t)h;
+                    }
+                    if (cp >= 0xd800 && cp < 0xdc00) { // a high surrogate needs its low half
+                        uint32_t lo = 0;
+                        if (p->i + 6 > p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') { free(b); return jfail(p, "lone surrogate"); }
+                        p->i += 2;
+                        for (int k = 0; k < 4; k++) {
+                            const int h = jhex(p->s[p->i++]);
+                            if (h < 0) { free(b); return jfail(p, "bad \\u escape"); }
+                            lo = lo * 16 + (uint32_t)h;
+                        }
+                        if (lo < 0xdc00 || lo >= 0xe000) { free(b); return jfail(p, "bad surrogate pair"); }
+                        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                    } else if (cp >= 0xdc00 && cp < 0xe000) {
+                        free(b);
+                        return jfail(p, "lone surrogate");
+                    }
+                } break;
+                default: free(b); return jfail(p, "bad escape");
+            }
+        }
+        if (len + 5 > cap) { cap *= 2; b = realloc(b, cap); if (!b) { perror("realloc"); exit(2); } }
+        if (c == '\\' && cp >= 0x80) { // an escaped code point, as UTF-8
+            if (cp < 0x800) { b[len++] = (char)(0xc0 | (cp >> 6)); }
+            else if (cp < 0x10000) { b[len++] = (char)(0xe0 | (cp >> 12)); b[len++] = (char)(0x80 | ((cp >> 6) & 0x3f)); }
+            else { b[len++] = (char)(0xf0 | (cp >> 18)); b[len++] = (char)(0x80 | ((cp >> 12) & 0x3f)); b[len++] = (char)(0x80 | ((cp >> 6) & 0x3f)); }
+            b[len++] = (char)(0x80 | (cp & 0x3f));
+        } else {
+            b[len++] = (char)cp;
+        }
+    }
+    b[len] = 0;
+    *out = b;
+    return true;
+}
+
+static bool jparse_number(struct jparser * p, double * out) {
+    const size_t start = p->i;
+    if (p->i < p->n && p->s[p->i] == '-') p->i++;
+    if (p->i >= p->n) return jfail(p, "bad number");
+    if (p->s[p->i] == '0') {
+        p->i++;
+    } else if (p->s[p->i] >= '1' && p->s[p->i] <= '9') {
+        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++;
+    } else {
+        return jfail(p, "bad number");
+    }
+    if (p->i < p->n && p->s[p->i] == '.') {
+        p->i++;
+        if (p->i >= p->n || !(p->s[p->i] >= '0' && p->s[p->i] <= '9')) return jfail(p, "bad fraction");
+        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++;
+    }
+    if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
+        p->i++;
+        if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-')) p->i++;
+        if (p->i >= p->n || !(p->s[p->i] >= '0' && p->s[p->i] <= '9')) return jfail(p, "bad exponent");
+        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++;
+    }
+    char tmp[64];
+    const size_t len = p->i - start;
+    if (len >= sizeof(tmp)) return jfail(p, "number too long");
+    memcpy(tmp, p->s + start, len);
+    tmp[len] = 0;
+    *out = strtod(tmp, NULL);
+    return true;
+}
+
+static bool jparse_value(struct jparser * p, struct jv * v);
+
+static bool jpush(struct jparser * p, struct jv * v, int * cap, char * key) {
+    (void)p;
+    if (v->n == *cap) {
+        *cap = *cap ? 2 * *cap : 8;
+        v->items = realloc(v->items, sizeof(*v->items) * (size_t)*cap);
+        if (!v->items) { perror("realloc"); exit(2); }
+        if (v->t == J_OBJ) {
+            v->keys = realloc(v->keys, sizeof(*v->keys) * (size_t)*cap);
+            if (!v->keys) { perror("realloc"); exit(2); }
+        }
+    }
+    memset(&v->items[v->n], 0, sizeof(v->items[0]));
+    if (v->t == J_OBJ) v->keys[v->n] = key;
+    v->n++;
+    return true;
+}
+
+static bool jparse_value(struct jparser * p, struct jv * v) {
+    memset(v, 0, sizeof(*v));
+    jskip_ws(p);
+    if (p->i >= p->n) return jfail(p, "expected a value");
+    const char c = p->s[p->i];
+    if (c == '{' || c == '[') {
+        if (++p->depth > 64) return jfail(p, "nested too deeply");
+        const bool obj = c == '{';
+        v->t = obj ? J_OBJ : J_ARR;
+        p->i++;
+        int cap = 0;
+        jskip_ws(p);
+        if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) { p->i++; p->depth--; return true; }
+        for (;;) {
+            char * key = NULL;
+            if (obj) {
+                jskip_ws(p);
+                if (!jparse_string(p, &key)) return false;
+                jskip_ws(p);
+                if (p->i >= p->n || p->s[p->i] != ':') { free(key); return jfail(p, "expected ':'"); }
+                p->i++;
+            }
+            jpush(p, v, &cap, key);
+            if (!jparse_value(p, &v->items[v->n - 1])) return false;
+            jskip_ws(p);
+            if (p->i < p->n && p->s[p->i] == ',') { p->i++; continue; }
+            if (p->i < p->n && p->s[p->i] == (obj ? '}' : ']')) { p->i++; break; }
+            return jfail(p, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+        p->depth--;
+        return true;
+    }
+    if (c == '"') { v->t = J_STR; return jparse_string(p, &v->str); }
+    if (c == '-' || (c >= '0' && c <= '9')) { v->t = J_NUM; return jparse_number(p, &v->num); }
+    static const struct { const char * w; enum jtype t; bool b; } lits[] = {
+        { "true", J_BOOL, true }, { "false", J_BOOL, false }, { "null", J_NULL, false },
+    };
+    for (int k = 0; k < 3; k++) {
+        const size_t len = strlen(lits[k].w);
+        if (p->i + len <= p->n && memcmp(p->s + p->i, lits[k].w, len) == 0) {
+            p->i += len;
+            v->t = lits[k].t;
+            v->b = lits[k].b;
+            return true;
+        }
+    }
+    return jfail(p, "unexpected character");
+}
+
+// the whole text is one value (with whitespace around it); err set on failure
+static bool json_parse(const char * s, size_t n, struct jv * out, char * err, size_t cap) {
+    struct jparser p = { .s = s, .n = n };
+    bool ok = jparse_value(&p, out);
+    if (ok) {
+        jskip_ws(&p);
+        if (p.i != p.n) ok = jfail(&p, "text after the value");
+    }
+    if (!ok) {
+        jv_free(out);
+        snprintf(err, cap, "%s", p.err);
+    }
+    return ok;
+}
+
+static const struct jv * jget(const struct jv * o, const char * key) {
+    if (o->t != J_OBJ) return NULL;
+    for (int i = 0; i < o->n; i++) if (strcmp(o->keys[i], key) == 0) return &o->items[i];
+    return NULL;
+}
+
+static void test_json_parser(void) {
+    static const char * const good[] = {
+        "{}", "[]", " [1, -2.5e+3, 0, 0.25, 1E2, true, false, null] ", "{\"a\":{\"b\":[\"\\u00e9\\n\\\"\",{}]}}",
+        "\"\\ud83d\\ude00\"", "-0", "[[[]]]",
+    };
+    static const char * const bad[] = {
+        "", "[1,]", "{\"a\":1,}", "{a:1}", "[01]", "[1.]", "[.5]", "[1e]", "\"abc", "\"a\tb\"", "[\"\\x\"]",
+        "tru", "[1] 2", "{\"a\" 1}", "[\"\\ud800\"]", "[+1]", "[NaN]", "{\"a\":1}}",
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct jv v;
+        char err[160];
+        set_case("json parser on '%s'", good[i]);
+        CHECK(json_parse(good[i], strlen(good[i]), &v, err, sizeof(err)), "rejected: %s", err);
+        jv_free(&v);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct jv v;
+        char err[160];
+        set_case("json parser on '%s'", bad[i]);
+        const bool ok = json_parse(bad[i], strlen(bad[i]), &v, err, sizeof(err));
+        CHECK(!ok, "accepted invalid JSON");
+        if (ok) jv_free(&v);
+    }
+    struct jv v;
+    char err[160];
+    const char * sample = "{\"x\":[1,{\"y\":\"\\u00e9\"}],\"n\":-12.5e-1}";
+    set_case("json parser values");
+    if (json_parse(sample, strlen(sample), &v, err, sizeof(err))) {
+        const struct jv * x = jget(&v, "x"), * n = jget(&v, "n");
+        CHECK(x && x->t == J_ARR && x->n == 2 && x->items[0].t == J_NUM && x->items[0].num == 1.0, "array x");
+        const struct jv * y = x && x->n == 2 ? jget(&x->items[1], "y") : NULL;
+        CHECK(y && y->t == J_STR && strcmp(y->str, "\xc3\xa9") == 0, "string y");
+        CHECK(n && n->t == J_NUM && n->num == -1.25, "number n");
+        jv_free(&v);
+    } else {
+        CHECK(false, "rejected: %s", err);
+    }
+}
+
+static char * read_file(const char * path, size_t * n) {
+    FILE * f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char * b = xcalloc(cap, 1);
+    size_t got;
+    while ((got = fread(b + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) { cap *= 2; b = realloc(b, cap); if (!b) { perror("realloc"); exit(2); } }
+    }
+    fclose(f);
+    *n = len;
+    return b;
+}
+
+static bool is_integer(const struct jv * v) {
+    return v && v->t == J_NUM && v->num == floor(v->num);
+}
+
+static void check_trace(const char * path, int N) {
+    size_t len = 0;
+    char * text = read_file(path, &len);
+    CHECK(text != NULL, "cannot read %s", path);
+    if (!text) return;
+    struct jv root;
+    char err[160];
+    const bool ok = json_parse(text, len, &root, err, sizeof(err));
+    CHECK(ok, "the trace is not valid JSON: %s", err);
+    free(text);
+    if (!ok) return;
+    const struct jv * ev = jget(&root, "traceEvents");
+    CHECK(root.t == J_OBJ && ev && ev->t == J_ARR, "no traceEvents array");
+    if (!(ev && ev->t == J_ARR)) { jv_free(&root); return; }
+    int names[MAX_RANKS] = { 0 }, layers[MAX_RANKS] = { 0 }, comms[MAX_RANKS] = { 0 };
+    int bad = 0, n_x = 0;
+    char first_bad[200] = "";
+#define BAD(...) do { if (!bad++) snprintf(first_bad, sizeof(first_bad), __VA_ARGS__); } while (0)
+    for (int i = 0; i < ev->n; i++) {
+        const struct jv * e = &ev->items[i];
+        const struct jv * ph = jget(e, "ph"), * name = jget(e, "name"), * tid = jget(e, "tid");
+        if (e->t != J_OBJ || !ph || ph->t != J_STR || !name || name->t != J_STR) { BAD("event %d: no ph or name", i); continue; }
+        if (!is_integer(tid) || tid->num < 0 || tid->num >= N) { BAD("event %d (%s): tid not a rank in [0, %d)", i, name->str, N); continue; }
+        const int r = (int)tid->num;
+        if (strcmp(ph->str, "M") == 0) {
+            if (strcmp(name->str, "thread_name") == 0) {
+                const struct jv * args = jget(e, "args");
+                const struct jv * an = args ? jget(args, "name") : NULL;
+                if (!an || an->t != J_STR) BAD("event %d: thread_name without args.name", i);
+                else names[r]++;
+            }
+        } else if (strcmp(ph->str, "X") == 0) {
+            n_x++;
+            const struct jv * ts = jget(e, "ts"), * dur = jget(e, "dur"), * cat = jget(e, "cat");
+            if (!ts || ts->t != J_NUM || !(ts->num >= 0)) { BAD("event %d (%s): ts missing or negative", i, name->str); continue; }
+            if (!dur || dur->t != J_NUM || !(dur->num >= 0)) { BAD("event %d (%s): dur missing or negative", i, name->str); continue; }
+            if (!name->str[0]) { BAD("event %d: empty name", i); continue; }
+            int il = -1, used = 0;
+            if (sscanf(name->str, "layer %d%n", &il, &used) == 1 && used == (int)strlen(name->str) && il >= 0) layers[r]++;
+            if (cat && cat->t == J_STR && strcmp(cat->str, "comm") == 0) comms[r]++;
+        } else {
+            BAD("event %d: phase '%s' (only M and X are written)", i, ph->str);
+        }
+    }
+#undef BAD
+    CHECK(bad == 0, "%d malformed events; first: %s", bad, first_bad);
+    CHECK(n_x > 0, "no X events");
+    for (int r = 0; r < N; r++) {
+        CHECK(names[r] == 1, "rank %d has %d thread_name events, want 1", r, names[r]);
+        CHECK(layers[r] > 0, "rank %d has no \"layer N\" span", r);
+        if (N > 1) CHECK(comms[r] > 0, "rank %d has no comm span", r);
+    }
+    jv_free(&root);
+}
+
+static void test_trace(const struct tmodel * tm, const int32_t * prompt) {
+    group_begin();
+    test_json_parser();
+    static const struct { enum kvr_strategy s; int N; } cases[] = {
+        { KVR_STRATEGY_KVR, 3 }, { KVR_STRATEGY_TSP, 4 }, { KVR_STRATEGY_RING_KV, 3 }, { KVR_STRATEGY_RING_Q, 4 },
+        { KVR_STRATEGY_AUTO, 2 }, { KVR_STRATEGY_SINGLE, 1 },
+    };
+    const int n_cases = (int)(sizeof(cases) / sizeof(cases[0]));
+    for (int ci = 0; ci < n_cases; ci++) {
+        struct kvr_dist_params p = dist_params(cases[ci].s, cases[ci].N);
+        p.trace = true;
+        set_case("trace %s %s N=%d", tm->name, kvr_strategy_name(cases[ci].s), cases[ci].N);
+        struct kvr_dist * d = kvr_dist_new(tm->m, &p);
+        CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+        if (!d) continue;
+        const float * lg = kvr_dist_eval(d, prompt, 64);
+        CHECK(lg != NULL, "eval: %s", kvr_last_error());
+        if (lg) { // and a decode step, so the trace spans two evals
+            const int32_t tok = kvr_argmax(lg, (int)tm->m->hp.n_vocab);
+            lg = kvr_dist_eval(d, &tok, 1);
+            CHECK(lg != NULL, "decode: %s", kvr_last_error());
+        }
+        char path[600];
+        snprintf(path, sizeof(path), "%s/trace-%s-%d.json", tmp_dir, kvr_strategy_name(cases[ci].s), cases[ci].N);
+        const int rc = kvr_dist_write_trace(d, path);
+        CHECK(rc == KVR_OK, "kvr_dist_write_trace: %s", kvr_last_error());
+        if (rc == KVR_OK) check_trace(path, cases[ci].N);
+        remove(path);
+        kvr_dist_free(d);
+    }
+    group_end("trace", "%d traces and the JSON parser", n_cases);
+}
+
+//
+// main
+//
+
+int main(int argc, char ** argv) {
+    bool full = false;
+    quick = SANITIZED;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = true;
+        else if (strcmp(argv[i], "--full") == 0) full = true;
+        else if (strcmp(argv[i], "-v") == 0) verbose = true;
+        else if (argv[i][0] == '-') { fprintf(stderr, "usage: test-parallel [SHARED_DIR] [--quick] [--full] [-v]\n"); return 2; }
+        else shared_dir = argv[i];
+    }
+    if (full) quick = false;
+    signal(SIGALRM, on_alarm);
+    alarm(WATCHDOG_S);
+    const double t_start = kvr_time_ms();
+
+    const char * tmp = getenv("TMPDIR");
+    snprintf(tmp_dir, sizeof(tmp_dir), "%s/kvr-test-parallel-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    if (!mkdtemp(tmp_dir)) { perror("mkdtemp"); return 2; }
+
+    char stories_path[600], mha_path[600], mqa_path[600];
+    snprintf(stories_path, sizeof(stories_path), "%s/models/stories260K.gguf", shared_dir);
+    snprintf(mha_path, sizeof(mha_path), "%s/random-mha.gguf", tmp_dir);
+    snprintf(mqa_path, sizeof(mqa_path), "%s/random-mqa.gguf", tmp_dir);
+
+    struct tmodel models[3] = { { "stories260K", NULL }, { "random-mha", NULL }, { "random-mqa", NULL } };
+    struct kvr_gguf * stories_gguf = NULL;
+    if (access(stories_path, R_OK) == 0) {
+        set_case("load %s", stories_path);
+        stories_gguf = kvr_gguf_open(stories_path);
+        CHECK(stories_gguf != NULL, "%s", kvr_last_error());
+        models[0].m = kvr_model_load(stories_path, NULL);
+        CHECK(models[0].m != NULL, "%s", kvr_last_error());
+    } else {
+        printf("skip: %s is missing: the stories260K cases are skipped (the random models get a made-up vocabulary)\n", stories_path);
+        n_skip++;
+    }
+    set_case("write the random models");
+    CHECK(write_random_llama(mha_path, 8, 0x5eed0001, stories_gguf) == KVR_OK, "writing %s: %s", mha_path, kvr_last_error());
+    CHECK(write_random_llama(mqa_path, 1, 0x5eed0002, stories_gguf) == KVR_OK, "writing %s: %s", mqa_path, kvr_last_error());
+    kvr_gguf_close(stories_gguf);
+    models[1].m = kvr_model_load(mha_path, NULL);
+    CHECK(models[1].m != NULL, "loading %s: %s", mha_path, kvr_last_error());
+    models[2].m = kvr_model_load(mqa_path, NULL);
+    CHECK(models[2].m != NULL, "loading %s: %s", mqa_path, kvr_last_error());
+    for (int i = 0; i < 3; i++) {
+        if (!models[i].m) continue;
+        char desc[256];
+        kvr_model_describe(models[i].m, desc, sizeof(desc));
+        printf("model %-11s %s\n", models[i].name, desc);
+    }
+    if (quick) printf("quick: a reduced matrix%s\n", SANITIZED ? " (sanitizer build; --full for all of it)" : "");
+    fflush(stdout);
+
+    if (models[1].m && models[2].m) {
+        test_matrix(models, 3);
+        test_partial(models, 3);
+        test_counters(&models[1]);
+        // stall and trace: the MQA model and a 64-token prompt
+        int32_t prompt[64];
+        make_prompt(prompt, 64, (int)models[2].m->hp.n_vocab, 4242);
+        struct ref r64;
+        const int T64 = 64;
+        set_case("stall reference");
+        if (ref_run(&r64, models[2].m, prompt, &T64, 1, 0)) {
+            test_stall(&models[2], &r64, prompt);
+            ref_free(&r64);
+        }
+        test_trace(&models[2], prompt);
+    }
+
+    for (int i = 0; i < 3; i++) kvr_model_free(models[i].m);
+    remove(mha_path);
+    remove(mqa_path);
+    rmdir(tmp_dir);
+    printf("total time %.1f s%s\n", (kvr_time_ms() - t_start) / 1e3, quick ? " (quick)" : "");
+    if (n_skip) printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    else printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

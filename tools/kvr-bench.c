@@ -1,0 +1,268 @@
+// tools/kvr-bench.c - time-to-first-token benchmarks: sweeps prompt lengths x strategies x
+// ranks, runs every point r times, and prints a markdown table (median TTFT, min-max, prefill
+// tokens/s, the FLOP rate it implies, speedups against single and tsp), or CSV / JSON.
+// --sgemm also measures what OpenBLAS sgemm reaches on the model's prefill shapes, so the table
+// can say which fraction of that peak the prefill turns into useful FLOPs.
+//
+// Prompts are random token ids (seeded), so no tokenizer work is timed.
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern void openblas_set_num_threads(int n);
+
+struct bench_args {
+    const char * model;
+    int          ctx[32], n_ctx;
+    enum kvr_strategy strat[16];
+    int          n_strat;
+    int          ranks[16], n_ranks;
+    int          threads;        // per rank (0: cores / ranks)
+    int          reps;
+    uint64_t     seed;
+    bool         sgemm;
+    bool         causal_only;
+    enum kvr_attn_mode attn;
+    double       link_gbps;
+    const char * format;         // md, csv, json
+};
+
+static void usage(FILE * f) {
+    fprintf(f,
+        "usage: kvr-bench -m MODEL.gguf [options]\n"
+        "  --ctx LIST         prompt lengths (default 512,2048; k suffix allowed: 1k,4k)\n"
+        "  --strategy LIST    single,tsp,kvr,ring-kv,ring-q,auto (default single)\n"
+        "  --ranks LIST       rank counts for the parallel strategies (default 2)\n"
+        "  -t N               threads per rank (default: cores / ranks; single uses all cores)\n"
+        "  -r N               runs per point (default 3); the table shows the median and the range\n"
+        "  --attn causal|dense\n"
+        "  --link-gbps X      emulated link between ranks (default: none)\n"
+        "  --sgemm            also measure OpenBLAS sgemm on the model's shapes and report the fraction\n"
+        "  -o md|csv|json     output format (default md)\n"
+        "  --seed N           prompt token seed (default 1)\n");
+}
+
+static int parse_list(const char * s, int * out, int cap) {
+    int n = 0;
+    const char * p = s;
+    while (*p && n < cap) {
+        char * end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v <= 0) return -1;
+        if (*end == 'k' || *end == 'K') { v *= 1024; end++; }
+        if (*end && *end != ',') return -1;
+        out[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return *p ? -1 : n;
+}
+
+static int parse_args(int argc, char ** argv, struct bench_args * a) {
+    *a = (struct bench_args) { .reps = 3, .seed = 1, .format = "md" };
+    a->ctx[0] = 512; a->ctx[1] = 2048; a->n_ctx = 2;
+    a->strat[0] = KVR_STRATEGY_SINGLE; a->n_strat = 1;
+    a->ranks[0] = 2; a->n_ranks = 1;
+    for (int i = 1; i < argc; i++) {
+        const char * f = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
+        if (!strcmp(f, "--sgemm")) { a->sgemm = true; continue; }
+        if (!v) { fprintf(stderr, "kvr-bench: %s needs a value\n", f); usage(stderr); return 2; }
+        i++;
+        if (!strcmp(f, "-m")) a->model = v;
+        else if (!strcmp(f, "--ctx")) { if ((a->n_ctx = parse_list(v, a->ctx, 32)) <= 0) goto bad; }
+        else if (!strcmp(f, "--ranks")) { if ((a->n_ranks = parse_list(v, a->ranks, 16)) <= 0) goto bad; }
+        else if (!strcmp(f, "-t")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->threads = t[0]; }
+        else if (!strcmp(f, "-r")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->reps = t[0]; }
+        else if (!strcmp(f, "--seed")) a->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(f, "--link-gbps")) a->link_gbps = atof(v);
+        else if (!strcmp(f, "-o")) {
+            if (strcmp(v, "md") && strcmp(v, "csv") && strcmp(v, "json")) goto bad;
+            a->format = v;
+        }
+        else if (!strcmp(f, "--attn")) {
+            if (!strcmp(v, "causal")) a->attn = KVR_ATTN_CAUSAL;
+            else if (!strcmp(v, "dense")) a->attn = KVR_ATTN_DENSE;
+            else goto bad;
+        }
+        else if (!strcmp(f, "--strategy")) {
+            a->n_strat = 0;
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", v);
+            for (char * tok = strtok(buf, ","); tok && a->n_strat < 16; tok = strtok(NULL, ",")) {
+                if (kvr_strategy_parse(tok, &a->strat[a->n_strat++])) { fprintf(stderr, "kvr-bench: %s\n", kvr_last_error()); return 2; }
+            }
+        }
+        else { fprintf(stderr, "kvr-bench: unknown flag %s\n", f); usage(stderr); return 2; }
+        continue;
+bad:
+        fprintf(stderr, "kvr-bench: bad value '%s' for %s\n", v, f);
+        usage(stderr);
+        return 2;
+    }
+    if (!a->model) { fprintf(stderr, "kvr-bench: no model: give -m FILE\n"); usage(stderr); return 2; }
+    return 0;
+}
+
+static int cmp_double(const void * x, const void * y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+// useful FLOPs of a prefill of T tokens: the projections and the FFN of every token, the
+// attention pairs causality needs (QK and PV), and the logits of the last token
+static double prefill_flops(const struct kvr_hparams * hp, int T) {
+    const double E = hp->n_embd, kv = (double)hp->head_dim * hp->n_head_kv, F = hp->n_ff;
+    const double per_tok = hp->arch == KVR_ARCH_FALCON ? 2.0 * (E * (E + 2 * kv) + E * E + 2 * E * F)
+                                                       : 2.0 * (2 * E * E + 2 * E * kv + 3 * E * F);
+    const double pairs = (double)T * (T + 1) / 2.0;
+    const double attn = 4.0 * pairs * hp->head_dim * hp->n_head;
+    return hp->n_layer * (per_tok * T + attn) + 2.0 * E * hp->n_vocab;
+}
+
+// what sgemm reaches on the biggest prefill shapes (x W^T with T rows), all cores, best of 3
+static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
+    const int shapes[2][2] = { { (int)hp->n_ff, (int)hp->n_embd }, { (int)hp->n_embd, (int)hp->n_ff } };
+    double best = 0.0;
+    openblas_set_num_threads(threads);
+    for (int s = 0; s < 2; s++) {
+        const int N = shapes[s][0], K = shapes[s][1];
+        float * X = malloc(sizeof(float) * (size_t)T * K);
+        float * W = malloc(sizeof(float) * (size_t)N * K);
+        float * Y = malloc(sizeof(float) * (size_t)T * N);
+        for (size_t i = 0; i < (size_t)T * K; i++) X[i] = (float)((i * 7919) % 1000) * 1e-3f;
+        for (size_t i = 0; i < (size_t)N * K; i++) W[i] = (float)((i * 104729) % 1000) * 1e-3f;
+        for (int r = 0; r < 3; r++) {
+            double t0 = kvr_time_ms();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
+            double gf = 2.0 * T * N * K / ((kvr_time_ms() - t0) * 1e6);
+            if (gf > best) best = gf;
+        }
+        free(X); free(W); free(Y);
+    }
+    openblas_set_num_threads(1);
+    return best;
+}
+
+struct point {
+    enum kvr_strategy strat;
+    int    ranks, ctx;
+    double med, lo, hi;   // TTFT ms
+    double flops;
+    bool   ok;
+    char   err[256];
+};
+
+int main(int argc, char ** argv) {
+    struct bench_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc;
+    struct kvr_model * m = kvr_model_load(a.model, NULL);
+    if (!m) { fprintf(stderr, "kvr-bench: %s\n", kvr_last_error()); return 2; }
+    char desc[512];
+    kvr_model_describe(m, desc, sizeof(desc));
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+
+    struct point pts[1024];
+    int np = 0;
+    for (int c = 0; c < a.n_ctx; c++) {
+        const int T = a.ctx[c];
+        int32_t * ids = malloc(sizeof(int32_t) * (size_t)T);
+        uint64_t x = a.seed * 0x9e3779b97f4a7c15ull + 1;
+        for (int i = 0; i < T; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            ids[i] = 3 + (int32_t)(x % (m->hp.n_vocab - 3));
+        }
+        for (int s = 0; s < a.n_strat; s++) {
+            const int nr = a.strat[s] == KVR_STRATEGY_SINGLE ? 1 : a.n_ranks;
+            for (int ri = 0; ri < nr && np < 1024; ri++) {
+                struct point * p = &pts[np++];
+                *p = (struct point) { .strat = a.strat[s], .ranks = a.strat[s] == KVR_STRATEGY_SINGLE ? 1 : a.ranks[ri], .ctx = T, .ok = true };
+                p->flops = prefill_flops(&m->hp, T);
+                int threads = a.threads > 0 ? a.threads : (int)(cores / p->ranks > 0 ? cores / p->ranks : 1);
+                double * t = calloc((size_t)a.reps, sizeof(double));
+                for (int r = 0; r < a.reps && p->ok; r++) {
+                    struct kvr_dist_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = threads,
+                                                  .n_ctx = T + 16, .attn_mode = a.attn, .link_gbps = a.link_gbps,
+                                                  .stall_rank = -1, .stall_layer = -1, .timeout_s = 600 };
+                    struct kvr_dist * d = kvr_dist_new(m, &dp);
+                    const double t0 = kvr_time_ms();
+                    const float * logits = d ? kvr_dist_eval(d, ids, T) : NULL;
+                    t[r] = kvr_time_ms() - t0;
+                    if (!logits) {
+                        p->ok = false;
+                        snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
+                    }
+                    kvr_dist_free(d);
+                    fprintf(stderr, "kvr-bench: %s x%d, %d tokens, run %d/%d: %.1f ms\n", kvr_strategy_name(p->strat),
+                            p->ranks, T, r + 1, a.reps, t[r]);
+                }
+                qsort(t, (size_t)a.reps, sizeof(double), cmp_double);
+                p->med = t[a.reps / 2];
+                p->lo = t[0];
+                p->hi = t[a.reps - 1];
+                free(t);
+            }
+        }
+        free(ids);
+    }
+
+    const bool md = !strcmp(a.format, "md"), csv = !strcmp(a.format, "csv");
+    if (md) {
+        printf("model: %s\n\n", desc);
+        printf("| strategy | ranks | threads/rank | prompt | TTFT ms (median) | min-max | prefill tok/s | GFLOP/s | vs single | vs tsp |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    } else if (csv) {
+        printf("strategy,ranks,prompt,ttft_ms_median,ttft_ms_min,ttft_ms_max,tok_s,gflop_s,speedup_single,speedup_tsp\n");
+    } else {
+        printf("[\n");
+    }
+    for (int i = 0; i < np; i++) {
+        const struct point * p = &pts[i];
+        double single = 0, tsp = 0;
+        for (int j = 0; j < np; j++) {
+            if (pts[j].ctx != p->ctx || !pts[j].ok) continue;
+            if (pts[j].strat == KVR_STRATEGY_SINGLE) single = pts[j].med;
+            if (pts[j].strat == KVR_STRATEGY_TSP && pts[j].ranks == p->ranks) tsp = pts[j].med;
+        }
+        const int threads = a.threads > 0 ? a.threads : (int)(cores / p->ranks > 0 ? cores / p->ranks : 1);
+        const double toks = p->ctx / (p->med / 1e3), gf = p->flops / (p->med * 1e6);
+        if (!p->ok) {
+            if (md) printf("| %s | %d | %d | %d | failed: %s | | | | | |\n", kvr_strategy_name(p->strat), p->ranks, threads, p->ctx, p->err);
+            else fprintf(stderr, "kvr-bench: %s x%d %d: %s\n", kvr_strategy_name(p->strat), p->ranks, p->ctx, p->err);
+            continue;
+        }
+        if (md) {
+            printf("| %s | %d | %d | %d | %.1f | %.1f-%.1f | %.1f | %.1f | %s%.2fx | ", kvr_strategy_name(p->strat), p->ranks, threads,
+                   p->ctx, p->med, p->lo, p->hi, toks, gf, "", single > 0 ? single / p->med : 0.0);
+            if (tsp > 0) printf("%.2fx |\n", tsp / p->med); else printf("- |\n");
+        } else if (csv) {
+            printf("%s,%d,%d,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f\n", kvr_strategy_name(p->strat), p->ranks, p->ctx, p->med, p->lo, p->hi,
+                   toks, gf, single > 0 ? single / p->med : 0.0, tsp > 0 ? tsp / p->med : 0.0);
+        } else {
+            printf("  {\"strategy\":\"%s\",\"ranks\":%d,\"prompt\":%d,\"ttft_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f}%s\n",
+                   kvr_strategy_name(p->strat), p->ranks, p->ctx, p->med, p->lo, p->hi, toks, gf, i + 1 < np ? "," : "");
+        }
+    }
+    if (!md && !csv) printf("]\n");
+    if (a.sgemm) {
+        for (int c = 0; c < a.n_ctx; c++) {
+            const double peak = sgemm_peak(&m->hp, a.ctx[c], (int)cores);
+            double best = 0;
+            for (int i = 0; i < np; i++) {
+                if (pts[i].ctx == a.ctx[c] && pts[i].ok && pts[i].flops / (pts[i].med * 1e6) > best) best = pts[i].flops / (pts[i].med * 1e6);
+            }
+            printf("%ssgemm peak at %d tokens (%ld threads, the model's FFN shapes): %.1f GFLOP/s; best prefill above: %.1f GFLOP/s = %.0f%% of it\n",
+                   md ? "\n" : "", a.ctx[c], cores, peak, best, 100.0 * best / peak);
+        }
+    }
+    kvr_model_free(m);
+    return 0;
+}
