@@ -14,6 +14,7 @@ WARN      := -Wall -Wextra -Werror -Wno-unused-function
 CFLAGS    += -std=c11 $(OPT) $(ARCHFLAGS) $(WARN) -pthread -I. -fno-math-errno
 LDLIBS    += -lopenblas -lm -lpthread
 PREFIX    ?= /usr/local
+FUZZ_SECONDS ?= 30
 SHARED    ?= ../shared
 # sources linked into every program during development of separate pieces (normally empty)
 EXTRA_SRCS ?=
@@ -32,7 +33,7 @@ TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildc
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all tools tests test test-fast test-asan fuzz bench install clean help
+.PHONY: all tools tests test test-fast test-asan fuzz bench install clean help demo mpi
 
 all: $(BUILD)/libkvr.a tools
 
@@ -53,14 +54,21 @@ $(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o
 
 tools: $(TOOLS)
 
-$(BUILD)/%: tools/%.c $(LIB_DEPS) | $(BUILD)
-	$(CC) $(CFLAGS) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+$(BUILD)/%: tools/%.c kvr.h $(BUILD)/libkvr.a | $(BUILD)
+	$(CC) $(CFLAGS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
-$(BUILD)/test-%: tests/test-%.c $(LIB_DEPS) | $(BUILD)
-	$(CC) $(CFLAGS) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+$(BUILD)/test-%: tests/test-%.c kvr.h $(BUILD)/libkvr.a | $(BUILD)
+	$(CC) $(CFLAGS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
-$(ASAN)/test-%: tests/test-%.c $(LIB_DEPS) | $(ASAN)
-	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+# the sanitizer build: the library compiled again with ASan + UBSan
+$(ASAN)/kvr.o: $(LIB_DEPS) | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) -c kvr.c -o $@
+
+$(ASAN)/kvr-comm.o: $(LIB_DEPS) | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) -c kvr-comm.c -o $@
+
+$(ASAN)/test-%: tests/test-%.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 $(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(LIB_DEPS) | $(BUILD)
 	$(CLANG) -std=c11 -O1 -g -I. -pthread -fsanitize=fuzzer,address,undefined $(WARN) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
@@ -71,8 +79,21 @@ tests: $(TESTS) $(BUILD)/simple
 $(BUILD)/simple: tools/simple.c kvr.h kvr.c | $(BUILD)
 	$(CC) $(CFLAGS) tools/simple.c kvr.c $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
-test: all tests $(ASAN_TESTS)
-	SHARED=$(SHARED) sh tests/run-tests.sh $(BUILD) $(ASAN)
+# the MPI build of kvr-run, when OpenMPI's compiler is installed (tests/e2e.sh runs it under mpirun)
+MPICC := $(shell command -v mpicc 2>/dev/null)
+MPI_RUN := $(if $(MPICC),$(BUILD)/mpi/kvr-run,)
+mpi: $(MPI_RUN)
+
+$(BUILD)/mpi/kvr-run: tools/kvr-run.c $(LIB_DEPS)
+	mkdir -p $(BUILD)/mpi
+	$(MPICC) $(CFLAGS) -DKVR_MPI tools/kvr-run.c $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf
+	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)
+
+# the main job on an embedded default: parallel prefill of a story on 2 ranks
+demo: all
+	sh tools/demo.sh $(BUILD) $(SHARED)
 
 test-fast: all tests
 	SHARED=$(SHARED) sh tests/run-tests.sh $(BUILD)

@@ -20,4 +20,4 @@ for t in $types; do
 done
 model=$dir/tinyllama-1.1b-f32.gguf
 echo "## parallel prefill: 2 ranks x 1 thread against single x 2 threads"
-"$build/kvr-bench" -m "$model" --ctx "$par_ctx" --strategy single,tsp,kvr,ring-kv,ring-q --ranks 2 -r 3 -t 1 2>/dev/null
+"$build/kvr-bench" -m "$model" --ctx "$par_ctx" --strategy single,tsp,kvr,ring-kv,ring-q --ranks 2 -r 3 2>/dev/null

@@ -42,8 +42,14 @@ for dir in $build $asan; do
     done
 done
 
-[ -x tests/e2e.sh ] || chmod +x tests/e2e.sh 2>/dev/null
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
+
+# the GGUF loader under libFuzzer for a bounded time, seeded with test-gguf's corpus
+if [ -x "$build/fuzz-gguf" ] && [ -x "$build/test-gguf" ]; then
+    mkdir -p "$build/fuzz-corpus"
+    "$build/test-gguf" --write-corpus "$build/fuzz-corpus" > /dev/null 2>&1
+    run "fuzz-gguf (${FUZZ_SECONDS:-30} s)" "$build/fuzz-gguf" -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 "$build/fuzz-corpus"
+fi
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -24,10 +24,11 @@
 // made-up byte-fallback vocabulary when the shared directory lacks it: then the stories260K
 // cases count as skipped, never as passed).
 //
-// usage: test-parallel [SHARED_DIR (default ../shared)] [--quick] [--full] [-v]
+// usage: test-parallel [SHARED_DIR (default ../shared)] [--quick] [--full] [-v] [-o GROUP[,GROUP...]]
 //   --quick  a reduced matrix (about a minute under ASan+UBSan); the default of sanitizer builds
 //   --full   the whole matrix even in a sanitizer build
 //   -v       one line per case
+//   -o       run only these groups (matrix, partial, counters, stall, trace)
 // Prints one line per group and "N passed, M failed" (", K skipped"); exits 1 on a failure.
 
 #define _POSIX_C_SOURCE 200809L
@@ -62,6 +63,7 @@
 
 static int          n_pass, n_fail, n_skip;
 static bool         verbose, quick;
+static const char * only;          // -o: comma-separated groups to run (NULL: all)
 static const char * shared_dir = "../shared";
 static char         tmp_dir[512];
 static char         g_case[256];   // the running case, printed if the watchdog fires
@@ -297,8 +299,22 @@ static double max_abs_diff(const float * a, const float * b, int n, int * at) {
     *at = 0;
     for (int i = 0; i < n; i++) {
         const double dd = fabs((double)a[i] - (double)b[i]);
-        if (!(dd <= mx)) { mx = dd; *at = i; } // NaN is the largest difference
-        if (isnan(dd)) return INFINITY;
+        if (isnan(dd)) { *at = i; return INFINITY; } // NaN is the largest difference
+        if (dd > mx) { mx = dd; *at = i; }
+    }
+    return mx;
+}
+
+// the same, relative to the reference where it exceeds 1 (as test-ops does): stories260K's K
+// rows reach |20|, where one float ulp is 2e-6 and a different summation order moves a few ulps
+static double max_rel_diff(const float * got, const float * ref, int n, int * at) {
+    double mx = 0.0;
+    *at = 0;
+    for (int i = 0; i < n; i++) {
+        const double scale = fabs((double)ref[i]) > 1.0 ? fabs((double)ref[i]) : 1.0;
+        const double dd = fabs((double)got[i] - (double)ref[i]) / scale;
+        if (isnan(dd)) { *at = i; return INFINITY; }
+        if (dd > mx) { mx = dd; *at = i; }
     }
     return mx;
 }
@@ -349,7 +365,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
                     const float * got = (const float *)((const char *)t->data + (size_t)i * t->nb[1]);
                     const float * want = (kv ? r->v[il] : r->k[il]) + (size_t)p * r->kv_dim;
                     int at;
-                    const double dd = max_abs_diff(got, want, r->kv_dim, &at);
+                    const double dd = max_rel_diff(got, want, r->kv_dim, &at);
                     if (dd > worst) {
                         worst = dd;
                         snprintf(where, sizeof(where), "rank %d row %d (position %d) %s of layer %d, element %d: %g vs %g",
@@ -360,7 +376,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
         }
     }
     CHECK(bad_pos == 0 && n_dup == 0, "%s (%d rows out of range, %d duplicates)", first_bad, bad_pos, n_dup);
-    CHECK(worst <= TOL_CACHE, "cache rows differ from the reference by %.3g: %s", worst, where);
+    CHECK(worst <= TOL_CACHE, "cache rows differ from the reference by %.3g (relative above 1): %s", worst, where);
     int missing = 0, first_missing = -1, first_rank = -1, first_count = 0;
     for (int p = 0; p < n_pos; p++) {
         int sum = 0;
@@ -486,6 +502,19 @@ static void make_partition(int kind, int T, int N, int * counts, double * fr) {
         for (int r = 0; r < N; r++) sum += (double)(N - r) * (N - r);
         for (int r = 0; r < N; r++) fr[r] = (double)(N - r) * (N - r) / sum;
     }
+}
+
+static bool want_group(const char * name) {
+    if (!only) return true;
+    const size_t n = strlen(name);
+    for (const char * p = only; *p; ) {
+        const char * e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
 }
 
 static double group_t0;
@@ -733,10 +762,16 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
         char want_layer[32], want_rank[32];
         snprintf(want_layer, sizeof(want_layer), "layer %d", cases[c].layer);
         snprintf(want_rank, sizeof(want_rank), "rank %d", cases[c].rank);
-        const bool names_transfer = strstr(msg, "waiting for") &&
-                                    (strstr(msg, " K of") || strstr(msg, " V of") || strstr(msg, " Q of") || strstr(msg, "positions"));
-        CHECK(strstr(msg, "timed out") && names_transfer && strstr(msg, want_layer) && strstr(msg, want_rank),
-              "the error should say which transfer of %s from the stalled %s timed out; it is: \"%s\"", want_layer, want_rank, msg);
+        const bool names_transfer = strstr(msg, "timed out") && strstr(msg, "waiting for") &&
+                                    (strstr(msg, " K of") || strstr(msg, " V of") || strstr(msg, " Q of") || strstr(msg, "positions of") ||
+                                     strstr(msg, "partial"));
+        CHECK(names_transfer && strstr(msg, want_layer), "the error should name the transfer of %s that timed out; it is: \"%s\"",
+              want_layer, msg);
+        // the peer named is the rank that stopped: "... from rank S" or "... for rank S to take ..."
+        char from[48], take[48];
+        snprintf(from, sizeof(from), "from %s", want_rank);
+        snprintf(take, sizeof(take), "for %s to take", want_rank);
+        CHECK(strstr(msg, from) || strstr(msg, take), "the error should name the stalled %s as the peer; it is: \"%s\"", want_rank, msg);
         if (verbose) printf("  %s: %.0f ms: %s\n", g_case, ms, msg);
         kvr_dist_free(d);
 
@@ -1154,7 +1189,8 @@ int main(int argc, char ** argv) {
         if (strcmp(argv[i], "--quick") == 0) quick = true;
         else if (strcmp(argv[i], "--full") == 0) full = true;
         else if (strcmp(argv[i], "-v") == 0) verbose = true;
-        else if (argv[i][0] == '-') { fprintf(stderr, "usage: test-parallel [SHARED_DIR] [--quick] [--full] [-v]\n"); return 2; }
+        else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) only = argv[++i];
+        else if (argv[i][0] == '-') { fprintf(stderr, "usage: test-parallel [SHARED_DIR] [--quick] [--full] [-v] [-o GROUP[,GROUP...]]\n"); return 2; }
         else shared_dir = argv[i];
     }
     if (full) quick = false;
@@ -1201,20 +1237,20 @@ int main(int argc, char ** argv) {
     fflush(stdout);
 
     if (models[1].m && models[2].m) {
-        test_matrix(models, 3);
-        test_partial(models, 3);
-        test_counters(&models[1]);
+        if (want_group("matrix")) test_matrix(models, 3);
+        if (want_group("partial")) test_partial(models, 3);
+        if (want_group("counters")) test_counters(&models[1]);
         // stall and trace: the MQA model and a 64-token prompt
         int32_t prompt[64];
         make_prompt(prompt, 64, (int)models[2].m->hp.n_vocab, 4242);
         struct ref r64;
         const int T64 = 64;
         set_case("stall reference");
-        if (ref_run(&r64, models[2].m, prompt, &T64, 1, 0)) {
+        if (want_group("stall") && ref_run(&r64, models[2].m, prompt, &T64, 1, 0)) {
             test_stall(&models[2], &r64, prompt);
             ref_free(&r64);
         }
-        test_trace(&models[2], prompt);
+        if (want_group("trace")) test_trace(&models[2], prompt);
     }
 
     for (int i = 0; i < 3; i++) kvr_model_free(models[i].m);

@@ -1,0 +1,72 @@
+#!/bin/sh
+# tests/e2e.sh BUILD SHARED - end-to-end checks of the tools against llama.cpp's outputs in
+# SHARED/reference: the greedy text and logits of stories260K, the parallel strategies through
+# kvr-run, the MPI transport under mpirun (when the MPI build exists), usage errors, a stalled
+# rank, and the smallest embedding (simple). Ends with "N passed, M failed, K skipped".
+build=${1:-build}
+shared=${2:-../shared}
+pass=0; fail=0; skip=0
+ok()   { pass=$((pass + 1)); echo "ok   $1"; }
+bad()  { fail=$((fail + 1)); echo "FAIL $1"; }
+skp()  { skip=$((skip + 1)); echo "SKIP $1"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# max |a-b| over two files of one number per line, or "n/a" when the lengths differ
+maxdiff() {
+    awk 'NR==FNR { a[FNR]=$1; n=FNR; next } { if (FNR > n) { bad=1 } d=$1-a[FNR]; if (d<0) d=-d; if (d>m) m=d; k=FNR }
+         END { if (bad || k != n) print "n/a"; else printf "%.3g\n", m }' "$1" "$2"
+}
+within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d != "n/a" && d + 0 <= t + 0) }'; }
+
+model=$shared/models/stories260K.gguf
+ref=$shared/reference
+if [ -f "$model" ] && [ -f "$ref/stories260K-greedy.txt" ]; then
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --dump-logits "$tmp/logits.txt" > "$tmp/out.txt" 2> "$tmp/err.txt"
+    if cmp -s "$tmp/out.txt" "$ref/stories260K-greedy.txt"; then ok "stories260K greedy text equals llama.cpp's"; else bad "stories260K greedy text differs"; fi
+    d=$(maxdiff "$tmp/logits.txt" "$ref/stories260K-logits.txt")
+    if within "$d" 1e-4; then ok "stories260K logits within 1e-4 (max $d)"; else bad "stories260K logits differ (max $d)"; fi
+    grep -q '^timing: prompt_tokens=5 ttft_ms=[0-9.]* prefill_tok_s=[0-9.]* decode_ms_per_tok=[0-9.]*$' "$tmp/err.txt" \
+        && ok "timing line" || bad "timing line missing or malformed"
+    for s in tsp kvr ring-kv ring-q auto; do
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy "$s" > "$tmp/par.txt" 2>/dev/null
+        if cmp -s "$tmp/par.txt" "$ref/stories260K-greedy.txt"; then ok "kvr-run --ranks 3 --strategy $s: same text"; else bad "kvr-run --ranks 3 --strategy $s: text differs"; fi
+    done
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 2 --strategy kvr --stats -n 0 > /dev/null 2> "$tmp/stats.txt"
+    [ "$(grep -c '^{"rank":' "$tmp/stats.txt")" -eq 2 ] && ok "--stats prints one JSON object per rank" || bad "--stats output"
+    start=$(date +%s)
+    KVR_TEST_STALL=1:1 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
+    rc=$?; el=$(( $(date +%s) - start ))
+    if [ $rc -ne 0 ] && [ $el -le 4 ] && grep -q "timed out after 1.0 s waiting for K of layer 1 (step 0) from rank 1" "$tmp/stall.txt"; then
+        ok "a stalled rank fails the run within the timeout, naming peer, layer and transfer"
+    else
+        bad "stalled rank: rc=$rc after ${el}s: $(tail -n 1 "$tmp/stall.txt")"
+    fi
+    if [ -x "$build/simple" ]; then
+        "$build/simple" "$model" "Once upon a time" > "$tmp/simple.txt" 2>&1
+        head -c 40 "$ref/stories260K-greedy.txt" > "$tmp/want.txt"
+        if [ "$(head -c 40 "$tmp/simple.txt")" = "$(cat "$tmp/want.txt")" ]; then ok "simple: greedy text"; else bad "simple: $(head -c 80 "$tmp/simple.txt")"; fi
+    fi
+    if [ -x "$build/mpi/kvr-run" ] && command -v mpirun >/dev/null 2>&1; then
+        for np in 2 4; do
+            for s in tsp kvr ring-kv ring-q auto; do
+                timeout 120 mpirun --allow-run-as-root --oversubscribe -np $np "$build/mpi/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 \
+                    --strategy "$s" --comm-timeout 30 > "$tmp/mpi.txt" 2> "$tmp/mpi-err.txt"
+                if cmp -s "$tmp/mpi.txt" "$ref/stories260K-greedy.txt"; then ok "mpirun -np $np --strategy $s: same text"; else bad "mpirun -np $np --strategy $s: $(tail -n 2 "$tmp/mpi-err.txt")"; fi
+            done
+        done
+    else
+        skp "MPI transport (no MPI build or no mpirun)"
+    fi
+else
+    skp "stories260K end to end ($model or $ref missing)"
+fi
+
+# usage errors: exit 2 and a usage line
+"$build/kvr-run" --bogus > /dev/null 2> "$tmp/u.txt"; rc=$?
+[ $rc -eq 2 ] && grep -q usage "$tmp/u.txt" && ok "unknown flag: usage and exit 2" || bad "unknown flag: exit $rc"
+"$build/kvr-run" -m "$tmp/missing.gguf" -p hi > /dev/null 2> "$tmp/u.txt"; rc=$?
+[ $rc -eq 2 ] && grep -q "missing.gguf" "$tmp/u.txt" && ok "missing model: message names the file, exit 2" || bad "missing model: exit $rc"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
