@@ -135,6 +135,8 @@ struct local_world {
     struct tr_req   ** recvs;   // unmatched receives
     int                n_recvs, cap_recvs;
     double           * link_free; // [src*n + dst]: when the emulated link is free again (ms)
+    int              * wait_peer; // [rank]: whom a rank is blocked on now (-1: nobody), and for what
+    int              * wait_tag;  //   (a timeout follows this chain to the rank that stopped)
     bool               failed;
     char               fail_msg[512];
 };
@@ -222,9 +224,30 @@ static void local_forget(struct local_world * w, struct tr_req * r) {
     for (int i = 0; i < w->n_recvs; i++) if (w->recvs[i] == r) { req_list_del(w->recvs, &w->n_recvs, i); return; }
 }
 
+// called with the lock held, after r timed out: who is the peer waiting for, and so on
+static void local_explain(struct local_world * w, const struct tr_req * r, char * buf, size_t cap) {
+    buf[0] = 0;
+    int p = r->peer, hops = 0;
+    size_t n = 0;
+    while (p >= 0 && p < w->tr.n_ranks && w->wait_peer[p] >= 0 && hops < w->tr.n_ranks && n < cap) {
+        const int q = w->wait_peer[p], tag = w->wait_tag[p];
+        n += (size_t)snprintf(buf + n, cap - n, "; rank %d is itself waiting for %s of layer %d (step %d) from rank %d",
+                              p, kvr_tag_kind_name(kvr_tag_kind(tag)), kvr_tag_layer(tag), kvr_tag_step(tag), q);
+        p = q;
+        hops++;
+    }
+    if (hops > 0 && n < cap && p >= 0 && p < w->tr.n_ranks && w->wait_peer[p] < 0) {
+        snprintf(buf + n, cap - n, "; rank %d waits for nobody: it stopped", p);
+    }
+}
+
 static int local_wait(struct transport * t, struct tr_req * r, double deadline, double timeout_s) {
     struct local_world * w = (struct local_world *)t;
     pthread_mutex_lock(&w->mu);
+    if (r->tag >= 0 && !r->is_send) {
+        w->wait_peer[r->me] = r->peer;
+        w->wait_tag[r->me] = r->tag;
+    }
     while (!r->done && !w->failed) {
         double now = kvr_time_ms();
         if (now >= deadline) break;
@@ -240,9 +263,18 @@ static int local_wait(struct transport * t, struct tr_req * r, double deadline, 
     int rc = KVR_OK;
     if (!r->done) {
         local_forget(w, r); // the peer must not copy into memory we are about to give up
-        if (w->failed) rc = kvr_error(KVR_ERR_COMM, "rank %d: aborted: %s", r->me, w->fail_msg);
-        else rc = wait_error(r, timeout_s);
+        if (w->failed) {
+            rc = kvr_error(KVR_ERR_COMM, "rank %d: aborted: %s", r->me, w->fail_msg);
+        } else {
+            char chain[512];
+            local_explain(w, r, chain, sizeof(chain));
+            wait_error(r, timeout_s);
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+            rc = kvr_error(KVR_ERR_COMM, "%s%s", msg, chain);
+        }
     }
+    if (r->tag >= 0 && !r->is_send) w->wait_peer[r->me] = -1;
     const double ready = r->ready_at;
     pthread_mutex_unlock(&w->mu);
     if (rc == KVR_OK && !r->is_send) {
@@ -283,6 +315,8 @@ static void local_free(struct transport * t) {
     free(w->sends);
     free(w->recvs);
     free(w->link_free);
+    free(w->wait_peer);
+    free(w->wait_tag);
     free(w);
 }
 
@@ -292,6 +326,9 @@ static struct transport * local_new(int n_ranks, double gbps, double latency_us)
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->link_free = calloc((size_t)n_ranks * (size_t)n_ranks, sizeof(double));
+    w->wait_peer = malloc(sizeof(int) * (size_t)n_ranks);
+    w->wait_tag  = calloc((size_t)n_ranks, sizeof(int));
+    for (int i = 0; i < n_ranks; i++) w->wait_peer[i] = -1;
     w->tr = (struct transport) { local_isend, local_irecv, local_wait, local_fail, local_cancel, local_idle, local_free, n_ranks, gbps, latency_us };
     return &w->tr;
 }
@@ -303,6 +340,7 @@ static void local_reset(struct transport * t) {
     w->failed = false;
     w->fail_msg[0] = 0;
     w->n_sends = w->n_recvs = 0;
+    for (int i = 0; i < w->tr.n_ranks; i++) w->wait_peer[i] = -1;
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -392,6 +430,7 @@ struct rank_comm {
     int                n_sends, cap_sends;
     int                stall_layer; // test hook (-1: off)
     bool               stalled;
+    int                timeout_peer; // the peer a wait of the last eval timed out on (-1: none)
     struct kvr_rank_stats st;
 };
 
@@ -415,6 +454,7 @@ static int comm_wait(struct rank_comm * c, struct tr_req * r) {
     const double t0 = kvr_time_ms();
     int rc = c->tr->wait(c->tr, r, t0 + c->timeout_s * 1e3, c->timeout_s);
     c->st.wait_ms += kvr_time_ms() - t0;
+    if (rc != KVR_OK && strstr(kvr_last_error(), "timed out") && c->timeout_peer < 0) c->timeout_peer = r->peer;
     return rc;
 }
 
@@ -575,6 +615,7 @@ static struct rank_comm * rank_comm_new(struct transport * tr, int rank, int n_r
     c->tr           = tr;
     c->timeout_s    = timeout_s;
     c->stall_layer  = -1;
+    c->timeout_peer = -1;
     return c;
 }
 
@@ -1055,6 +1096,7 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     dr->err[0] = 0;
     memset(&dr->comm->st, 0, sizeof(dr->comm->st));
     dr->comm->stalled = false;
+    dr->comm->timeout_peer = -1;
     dr->comm->stall_layer = r == d->p.stall_rank ? d->p.stall_layer : -1;
     kvr_backend_cpu_counters(dr->be, NULL, true);
 
@@ -1136,6 +1178,18 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     for (int i = 0; i < n_new; i++) dr->cache_pos[n_old + i] = pl->pos[r][i];
     for (int i = 0; i < n_kpos; i++) ((int32_t *)kpos->data)[i] = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR ? i : dr->cache_pos[i];
 
+    // attention pairs are reported per layer: count the layers whose attention ran here (a rank
+    // without the output skips the last layer's)
+    int attn_layers = 0;
+    {
+        bool seen[4096] = { false };
+        for (int i = 0; i < g->n_nodes; i++) {
+            const struct kvr_tensor * t = g->nodes[i];
+            if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
+            const int il = atoi(t->name + 4);
+            if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; attn_layers++; }
+        }
+    }
     int rc = kvr_backend_graph_compute(dr->be, g);
     if (rc == KVR_OK && b.n_outputs) {
         memcpy(dr->logits, out->data, sizeof(float) * m->hp.n_vocab);
@@ -1153,8 +1207,8 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     kvr_backend_cpu_counters(dr->be, &cn, true);
     dr->comm->st.rank = r;
     dr->comm->st.tokens = c;
-    dr->comm->st.attn_dot_dense  = cn.attn_dot_dense / n_layer;
-    dr->comm->st.attn_dot_causal = cn.attn_dot_causal / n_layer;
+    dr->comm->st.attn_dot_dense  = attn_layers ? cn.attn_dot_dense / attn_layers : 0;
+    dr->comm->st.attn_dot_causal = attn_layers ? cn.attn_dot_causal / attn_layers : 0;
     dr->comm->st.kv_rows_sent /= n_layer;
     dr->comm->st.kv_rows_recv /= n_layer;
     dr->comm->st.ttft_ms = kvr_time_ms() - t0;
@@ -1374,13 +1428,29 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         }
         d->p.graph_out = NULL;
     }
-    // the first error, preferring one that is not just the echo of another rank's
+    // report the root cause: a timeout on a peer that did not time out itself (it was lost or
+    // stalled) beats a timeout on a peer that was waiting too, which beats the echo of another
+    // rank's failure; a rank that the test hook stopped speaks last
     const char * err = NULL;
-    int rc = KVR_OK;
+    int rc = KVR_OK, best = -1;
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         if (dr->rc == KVR_OK) continue;
-        if (!err || (strstr(err, "aborted:") && !strstr(dr->err, "aborted:"))) {
+        int score = 1;
+        const int peer = dr->comm->timeout_peer;
+        if (peer >= 0) {
+            bool peer_timed_out = false;
+            for (int j = 0; j < d->n_local; j++) {
+                if (d->ranks[j].rank == peer) peer_timed_out = d->ranks[j].comm->timeout_peer >= 0;
+            }
+            score = peer_timed_out ? 3 : 4;
+        } else if (strstr(dr->err, "aborted:")) {
+            score = 2;
+        } else if (dr->comm->stalled) {
+            score = 0;
+        }
+        if (score > best) {
+            best = score;
             err = dr->err;
             rc = dr->rc;
         }

@@ -285,7 +285,7 @@ int kvr_tune_model_from(const struct kvr_model * mdl, struct kvr_tune_model * ou
     }
     m.weight_bytes = elems > 0 ? bytes / elems : 0.0;
     // the table key: the file's own name for itself, else the file name
-    char name[64] = "";
+    char name[sizeof(mdl->path)] = "";
     if (mdl->gguf && kvr_gguf_get_str(mdl->gguf, "general.name", name, sizeof(name)) != KVR_OK) name[0] = 0;
     if (!name[0]) {
         const char * base = strrchr(mdl->path, '/');
@@ -296,7 +296,10 @@ int kvr_tune_model_from(const struct kvr_model * mdl, struct kvr_tune_model * ou
     }
     // a table line is split on white space
     for (char * c = name; *c; c++) if (isspace((unsigned char)*c) || *c == '#') *c = '-';
-    snprintf(m.name, sizeof(m.name), "%s", name[0] ? name : "model");
+    if (!name[0]) snprintf(name, sizeof(name), "model");
+    const size_t len = strlen(name) < sizeof(m.name) - 1 ? strlen(name) : sizeof(m.name) - 1;
+    memcpy(m.name, name, len);
+    m.name[len] = 0;
     *out = m;
     return KVR_OK;
 }
@@ -685,7 +688,7 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
         }
         if (rc == KVR_OK && sum != T) rc = kvr_error(KVR_ERR_ARG, "simulate: the counts add up to %d, not %d tokens", sum, T);
     } else if (plan->strategy == KVR_STRATEGY_RING_KV || plan->strategy == KVR_STRATEGY_RING_Q) {
-        for (int r = 0; r < N; r++) S->cnt[r] = runs_total(&(struct runs){ 0 }) + kvr_ring_shard(T, 0, N, r, NULL);
+        for (int r = 0; r < N; r++) S->cnt[r] = kvr_ring_shard(T, 0, N, r, NULL);
     } else { // single, tsp, kvr-e: the even split kvr_dist makes
         for (int r = 0; r < N; r++) S->cnt[r] = (int)((int64_t)T * (r + 1) / N - (int64_t)T * r / N);
     }
@@ -793,11 +796,13 @@ static double search_eval(struct searcher * s, const int * counts) {
 
 // 2 ranks: golden-section search of the split on the lattice lo + k*stride (TTFT is unimodal in
 // it: more for rank 0 shortens rank 1's attention but delays its cache)
+static double golden_at(struct searcher * s, int k) {
+    const int c[2] = { s->min_tokens + k * s->stride, s->T - (s->min_tokens + k * s->stride) };
+    return search_eval(s, c);
+}
+
 static void search_golden(struct searcher * s) {
-    const int S = s->stride, lo = s->min_tokens, hi = s->T - s->min_tokens;
-    const int K = (hi - lo) / S;
-    int c[2];
-    #define AT(k) (c[0] = lo + (k) * S, c[1] = s->T - c[0], search_eval(s, c))
+    const int K = (s->T - 2 * s->min_tokens) / s->stride; // lattice points 0..K
     int a = 0, b = K;
     s->total_est = (int64_t)(log((double)K + 1.0) / log(1.618034)) + 4;
     const double inv_phi = 0.6180339887498949;
@@ -806,11 +811,11 @@ static void search_golden(struct searcher * s) {
         if (x1 <= a) x1 = a + 1;
         if (x2 >= b) x2 = b - 1;
         if (x1 >= x2) x1 = x2 - 1;
-        if (AT(x1) <= AT(x2)) b = x2;
+        const double f1 = golden_at(s, x1), f2 = golden_at(s, x2);
+        if (f1 <= f2) b = x2;
         else a = x1;
     }
-    for (int k = a; k <= b && s->rc == KVR_OK; k++) AT(k);
-    #undef AT
+    for (int k = a; k <= b && s->rc == KVR_OK; k++) golden_at(s, k);
 }
 
 // more ranks: the paper's hierarchical grid search over the boundaries b_1 < ... < b_{N-1}:
@@ -933,21 +938,14 @@ int kvr_tune_bounds(const struct kvr_tune_model * m, const struct kvr_tune_profi
     if (!sim) return kvr_error(KVR_ERR_NOMEM, "bounds: out of memory");
     const struct kvr_tune_plan one = { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 1, .n_tokens = n_tokens, .attn_mode = mode };
     int rc = kvr_tune_simulate(m, hw, &one, sim);
+    const double ttft_1 = sim->ttft;
     free(sim);
     if (rc != KVR_OK) return rc;
     memset(out, 0, sizeof(*out));
-    // Eq. (3): TTFT(1) = alpha*C^2 spread over p ranks as in Fig. 2(d), perfectly balanced
+    // Eq. (3): TTFT(1) = alpha*C^2 cut as in Fig. 2(d) over p ranks, perfectly balanced
     const double p = n_ranks;
-    out->ttft_1 = 0;
-    {
-        struct kvr_tune_sim * s1 = malloc(sizeof(*s1));
-        if (!s1) return kvr_error(KVR_ERR_NOMEM, "bounds: out of memory");
-        rc = kvr_tune_simulate(m, hw, &one, s1);
-        out->ttft_1 = s1->ttft;
-        free(s1);
-        if (rc != KVR_OK) return rc;
-    }
-    out->ttft_star = out->ttft_1 / 2.0 * (1.0 / p + 1.0 / (p * p));
+    out->ttft_1 = ttft_1;
+    out->ttft_star = ttft_1 / 2.0 * (1.0 / p + 1.0 / (p * p));
     // TTFT(p): KVR-S where communication costs nothing
     struct kvr_tune_profile free_hw = *hw;
     free_hw.link_bw = INFINITY;

@@ -67,6 +67,7 @@ static const char * only;          // -o: comma-separated groups to run (NULL: a
 static const char * shared_dir = "../shared";
 static char         tmp_dir[512];
 static char         g_case[256];   // the running case, printed if the watchdog fires
+static double       worst_logits, worst_cache; // the largest differences that passed, per group
 
 #define CHECK(cond, ...) do {                                              \
     if (cond) { n_pass++; } else {                                         \
@@ -377,6 +378,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
     }
     CHECK(bad_pos == 0 && n_dup == 0, "%s (%d rows out of range, %d duplicates)", first_bad, bad_pos, n_dup);
     CHECK(worst <= TOL_CACHE, "cache rows differ from the reference by %.3g (relative above 1): %s", worst, where);
+    if (worst <= TOL_CACHE && worst > worst_cache) worst_cache = worst;
     int missing = 0, first_missing = -1, first_rank = -1, first_count = 0;
     for (int p = 0; p < n_pos; p++) {
         int sum = 0;
@@ -443,6 +445,7 @@ static void run_dist(const struct kvr_model * m, const struct ref * r, const int
     int i_max;
     double dd = max_abs_diff(lg, r->logits, V, &i_max);
     CHECK(dd <= TOL_LOGITS, "last-token logits differ by %.3g (token %d: %g vs %g)", dd, i_max, lg[i_max], r->logits[i_max]);
+    if (dd <= TOL_LOGITS && dd > worst_logits) worst_logits = dd;
     if (n_dec == 0) { kvr_dist_free(d); return; }
     int32_t cont[N_DECODE];
     int n_ok = 0;
@@ -461,6 +464,7 @@ static void run_dist(const struct kvr_model * m, const struct ref * r, const int
             dd = max_abs_diff(lg, r->dec_logits, V, &i_max);
             CHECK(dd <= TOL_LOGITS, "logits after %d decode steps differ by %.3g (token %d: %g vs %g)", n_dec, dd, i_max,
                   lg[i_max], r->dec_logits[i_max]);
+            if (dd <= TOL_LOGITS && dd > worst_logits) worst_logits = dd;
             check_cache(d, r, at + n_dec, cover_of(p->strategy, N, false));
         }
     }
@@ -521,6 +525,7 @@ static double group_t0;
 static int    group_pass0, group_fail0;
 
 static void group_begin(void) {
+    worst_logits = worst_cache = 0.0;
     group_t0 = kvr_time_ms();
     group_pass0 = n_pass;
     group_fail0 = n_fail;
@@ -590,7 +595,8 @@ static void test_matrix(const struct tmodel * models, int n_models) {
             ref_free(&r);
         }
     }
-    group_end("matrix", "%d runs (prefill, %d greedy steps)", runs, N_DECODE);
+    group_end("matrix", "%d runs (prefill, %d greedy steps; worst passing logits %.1e, cache %.1e)", runs, N_DECODE,
+              worst_logits, worst_cache);
 }
 
 //
@@ -636,7 +642,8 @@ static void test_partial(const struct tmodel * models, int n_models) {
             ref_free(&r);
         }
     }
-    group_end("partial", "%d runs (second turn after %d cached, %d greedy steps)", runs, P, n_dec);
+    group_end("partial", "%d runs (second turn after %d cached, %d greedy steps; worst passing logits %.1e, cache %.1e)",
+              runs, P, n_dec, worst_logits, worst_cache);
 }
 
 //

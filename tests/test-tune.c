@@ -1,0 +1,452 @@
+// tests/test-tune.c - the tuning module (kvr-tune.c): the partition search finds the known optimum
+// of synthetic objectives within one minimum stride, partition tables round-trip and interpolate
+// as the paper's example does (8k and 12k breakdowns -> 10k gives their average), profiles and
+// presets load and reject bad input with a message, the simulator keeps the papers' invariants,
+// and its per-rank counters equal those of a real kvr_dist prefill of the same plan
+// (stories260K from SHARED_DIR/models; skipped, never passed, when the file is missing).
+//
+// usage: test-tune [SHARED_DIR]      (default ../shared)
+// Prints a line per failed check (-v: every check) and "N passed, M failed[, K skipped]".
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+#ifndef KVR_TUNE_MAX_RANKS  // until section 14 is pasted into kvr.h
+#include "tune-api.h"
+#endif
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int  g_pass, g_fail, g_skip;
+static bool g_verbose;
+
+static void check(bool ok, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (!ok || g_verbose) {
+        printf("%s ", ok ? "ok  " : "FAIL");
+        vprintf(fmt, ap);
+        printf("\n");
+    }
+    va_end(ap);
+    if (ok) g_pass++;
+    else g_fail++;
+}
+
+// a scratch file path under $TMPDIR (or /tmp), removed at the end
+static char g_tmp[8][512];
+static int  g_n_tmp;
+static const char * tmp_path(const char * tag) {
+    const char * dir = getenv("TMPDIR");
+    char tmpl[512];
+    snprintf(tmpl, sizeof(tmpl), "%s/test-tune-%s-XXXXXX", dir && *dir ? dir : "/tmp", tag);
+    int fd = mkstemp(tmpl);
+    if (fd < 0) return NULL;
+    close(fd);
+    char * p = g_tmp[g_n_tmp++ % 8];
+    snprintf(p, 512, "%s", tmpl);
+    return p;
+}
+
+static void write_file(const char * path, const char * text) {
+    FILE * f = fopen(path, "w");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+//
+// search on synthetic objectives
+//
+
+struct synth {
+    int    kind;          // 0: bowl around target boundaries; 1: max_r w_r*c_r; 2: max_r (b_r^2 - b_{r-1}^2)
+    int    T;
+    double target[KVR_TUNE_MAX_RANKS + 1]; // bowl: boundaries b_1..b_{N-1}
+    double w[KVR_TUNE_MAX_RANKS];
+    int    evals;
+};
+
+static double synth_obj(const int * c, int n, void * user) {
+    struct synth * s = user;
+    s->evals++;
+    double v = 0.0, b = 0.0, prev = 0.0;
+    for (int r = 0; r < n; r++) {
+        b += c[r];
+        switch (s->kind) {
+            case 0: if (r < n - 1) v += (b - s->target[r + 1]) * (b - s->target[r + 1]) * (1.0 + 0.3 * r); break;
+            case 1: v = fmax(v, s->w[r] * c[r]); break;
+            case 2: v = fmax(v, b * b - prev * prev); break;
+        }
+        prev = b;
+    }
+    return v;
+}
+
+// every boundary of got within tol tokens of want (boundaries b_1..b_{N-1})
+static bool near_bounds(const int * got, const double * want, int n, double tol, char * msg, size_t cap) {
+    int b = 0, o = 0;
+    bool ok = true;
+    msg[0] = 0;
+    for (int r = 0; r < n - 1; r++) {
+        b += got[r];
+        if (fabs(b - want[r + 1]) > tol) ok = false;
+        o += snprintf(msg + o, cap - (size_t)o, "%s%d/%.1f", r ? " " : "", b, want[r + 1]);
+    }
+    return ok;
+}
+
+static void test_search(void) {
+    struct { int kind, N, T, stride; } cases[] = {
+        { 0, 2, 1000, 1 }, { 0, 2, 1000, 8 }, { 0, 3, 1000, 4 }, { 0, 4, 1000, 4 }, { 0, 5, 2000, 16 },
+        { 1, 2, 1200, 1 }, { 1, 2, 1200, 16 }, { 1, 3, 1200, 4 }, { 1, 4, 1200, 4 }, { 1, 4, 12000, 32 },
+        { 2, 2, 1000, 1 }, { 2, 3, 3000, 8 }, { 2, 4, 4096, 16 }, { 2, 5, 4096, 16 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const int N = cases[i].N, T = cases[i].T, S = cases[i].stride;
+        struct synth sy = { .kind = cases[i].kind, .T = T };
+        double want[KVR_TUNE_MAX_RANKS + 1] = { 0 };
+        if (sy.kind == 0) {
+            // an off-lattice optimum well away from the even split
+            for (int r = 1; r < N; r++) want[r] = sy.target[r] = T * (0.6 * r / N + 0.4 * (double)r * r / ((double)N * N)) + 3.7;
+        } else if (sy.kind == 1) {
+            // rank r costs w_r per token: the best split gives c_r proportional to 1/w_r
+            double inv = 0.0;
+            for (int r = 0; r < N; r++) { sy.w[r] = 1.0 + r; inv += 1.0 / sy.w[r]; }
+            for (int r = 1; r < N; r++) want[r] = want[r - 1] + T / sy.w[r - 1] / inv;
+        } else {
+            // equal causal attention work per rank: b_r = T*sqrt(r/N)
+            for (int r = 1; r < N; r++) want[r] = T * sqrt((double)r / N);
+        }
+        struct kvr_tune_search_params p = { .n_ranks = N, .n_tokens = T, .min_stride = S, .objective = synth_obj, .user = &sy };
+        struct kvr_tune_search_result res;
+        int rc = kvr_tune_search(&p, &res);
+        char msg[512] = "";
+        const bool ok = rc == KVR_OK && near_bounds(res.counts, want, N, S, msg, sizeof(msg));
+        check(ok, "search: %s objective, %d ranks, %d tokens, stride %d: boundaries got/want %s (%lld evaluations)%s%s",
+              sy.kind == 0 ? "bowl" : sy.kind == 1 ? "chain w*c" : "chain b^2", N, T, S, msg, (long long)res.n_evals,
+              rc ? ": " : "", rc ? kvr_last_error() : "");
+        if (rc == KVR_OK) check(res.n_evals == sy.evals, "search: %lld distinct evaluations reported, %d made", (long long)res.n_evals, sy.evals);
+    }
+    // errors are reported, not asserted
+    struct synth sy = { .kind = 0, .T = 3 };
+    struct kvr_tune_search_params p = { .n_ranks = 4, .n_tokens = 3, .objective = synth_obj, .user = &sy };
+    struct kvr_tune_search_result res;
+    check(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "3 tokens"),
+          "search: 3 tokens over 4 ranks is an error: %s", kvr_last_error());
+    p = (struct kvr_tune_search_params) { .n_ranks = 12, .n_tokens = 100000, .objective = synth_obj, .user = &sy };
+    check(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "grid"),
+          "search: a 5^11 grid is refused up front: %s", kvr_last_error());
+}
+
+//
+// partition tables
+//
+
+static void test_table(void) {
+    const char * path = tmp_path("table");
+    if (!path) { check(false, "table: no temporary file"); return; }
+    struct kvr_tune_table t = { 0 };
+    snprintf(t.profile, sizeof(t.profile), "a100-nvlink");
+    // the paper's Fig. 10 setting: Llama 7B on 4 GPUs, breakdowns at 8k and 12k whose average is
+    // the 10k partition it reports, [0.350, 0.255, 0.210, 0.185]
+    const struct kvr_tune_entry e8  = { "llama-7b", 4, 8192,  { 0.330, 0.260, 0.220, 0.190 }, 0.41 };
+    const struct kvr_tune_entry e12 = { "llama-7b", 4, 12288, { 0.370, 0.250, 0.200, 0.180 }, 0.76 };
+    const struct kvr_tune_entry e2  = { "llama-7b", 2, 8192,  { 0.58, 0.42 }, 0 };
+    const struct kvr_tune_entry ef  = { "falcon-7b", 4, 4096, { 0.4, 0.3, 0.2, 0.1 }, 0.21 };
+    int rc = kvr_tune_table_add(&t, &e12);
+    rc |= kvr_tune_table_add(&t, &ef);
+    rc |= kvr_tune_table_add(&t, &e8);
+    rc |= kvr_tune_table_add(&t, &e2);
+    rc |= kvr_tune_table_add(&t, &e8); // replaces, does not duplicate
+    check(rc == KVR_OK && t.n_entries == 4, "table: 4 entries after 5 adds (one replaced): %d", t.n_entries);
+    rc = kvr_tune_table_save(&t, path);
+    struct kvr_tune_table u = { 0 };
+    if (rc == KVR_OK) rc = kvr_tune_table_load(path, &u);
+    bool same = rc == KVR_OK && u.n_entries == t.n_entries && !strcmp(u.profile, t.profile);
+    for (int i = 0; same && i < t.n_entries; i++) {
+        const struct kvr_tune_entry * a = &t.entries[i], * b = &u.entries[i];
+        same = !strcmp(a->model, b->model) && a->n_ranks == b->n_ranks && a->n_tokens == b->n_tokens && fabs(a->ttft - b->ttft) < 1e-9;
+        for (int r = 0; same && r < a->n_ranks; r++) same = fabs(a->fractions[r] - b->fractions[r]) < 1e-6;
+    }
+    check(same, "table: save + load round-trips every entry%s%s", rc ? ": " : "", rc ? kvr_last_error() : "");
+
+    double f[KVR_TUNE_MAX_RANKS];
+    const double want10[4] = { 0.350, 0.255, 0.210, 0.185 };
+    rc = kvr_tune_table_partition(path, "llama-7b", 4, 10240, f);
+    bool ok = rc == KVR_OK;
+    for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - want10[r]) < 1e-9;
+    check(ok, "table: KVR-P at 10k from 8k and 12k is the paper's [0.350 0.255 0.210 0.185]: [%.4f %.4f %.4f %.4f]",
+          f[0], f[1], f[2], f[3]);
+    rc = kvr_tune_table_partition(path, "llama-7b", 4, 9216, f); // a quarter of the way
+    ok = rc == KVR_OK;
+    for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - (0.75 * e8.fractions[r] + 0.25 * e12.fractions[r])) < 1e-9;
+    check(ok, "table: KVR-P at 9k is 3/4 of 8k + 1/4 of 12k");
+    rc = kvr_tune_table_partition(path, "llama-7b", 4, 2048, f);
+    ok = rc == KVR_OK;
+    for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - e8.fractions[r]) < 1e-9;
+    check(ok, "table: below the shortest entry the shortest's partition holds");
+    rc = kvr_tune_table_partition(path, "llama-7b", 4, 65536, f);
+    ok = rc == KVR_OK;
+    for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - e12.fractions[r]) < 1e-9;
+    check(ok, "table: above the longest entry the longest's partition holds");
+    rc = kvr_tune_table_partition(path, "llama-7b", 2, 8192, f);
+    check(rc == KVR_OK && fabs(f[0] - 0.58) < 1e-9, "table: an exact length returns its entry");
+    rc = kvr_tune_table_partition(path, "llama-7b", 8, 8192, f);
+    check(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "8 ranks") && strstr(kvr_last_error(), "llama-7b/4"),
+          "table: a missing rank count names what the table has: %s", kvr_last_error());
+    rc = kvr_tune_table_partition(path, NULL, 4, 8192, f);
+    check(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "several"), "table: no model name with two models is an error: %s", kvr_last_error());
+    kvr_tune_table_free(&u);
+    kvr_tune_table_free(&t);
+
+    // malformed files: the message names the line
+    struct { const char * text; const char * want; } bad[] = {
+        { "llama-7b 2 1024 0.5 0.5\n", ":1: expected the header" },
+        { "profile x\nllama-7b 2 1024 0.5\n", ":2: field 5" },
+        { "profile x\n# comment\nllama-7b 2 1024 0.5 0.6\n", ":3: the fractions add up" },
+        { "profile x\nllama-7b two 1024 0.5 0.5\n", ":2: field 2 (ranks)" },
+        { "profile x\nllama-7b 2 1024 0.5 0.5 extra\n", ":2: unexpected 'extra'" },
+        { "profile x\nm 2 1024 0.5 0.5\nm 2 1024 0.4 0.6\n", ":3: repeats model m, 2 ranks, 1024 tokens of line 2" },
+        { "# nothing\n", "no 'profile NAME' header" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        write_file(path, bad[i].text);
+        struct kvr_tune_table v;
+        rc = kvr_tune_table_load(path, &v);
+        check(rc == KVR_ERR_FORMAT && strstr(kvr_last_error(), bad[i].want), "table: malformed file %zu rejected: %s", i, kvr_last_error());
+    }
+    check(kvr_tune_table_partition("/nonexistent/table.txt", "m", 2, 10, f) == KVR_ERR_IO, "table: a missing file is KVR_ERR_IO");
+}
+
+//
+// profiles and presets
+//
+
+static bool same_profile(const struct kvr_tune_profile * a, const struct kvr_tune_profile * b) {
+    return !strcmp(a->name, b->name) && a->matmul_flops == b->matmul_flops && a->matmul_eff == b->matmul_eff &&
+           a->attn_flops == b->attn_flops && a->attn_eff == b->attn_eff && a->mem_bw == b->mem_bw && a->link_bw == b->link_bw &&
+           a->link_latency == b->link_latency && a->links == b->links && a->elem_bytes == b->elem_bytes &&
+           a->weight_bytes == b->weight_bytes && a->attn_tile_q == b->attn_tile_q && a->attn_tile_k == b->attn_tile_k &&
+           a->attn_mode == b->attn_mode && a->layer_overhead == b->layer_overhead;
+}
+
+static void test_profiles(void) {
+    const char * names[] = { "a100-nvlink", "a100-10g", "h100-nvlink", "cpu" };
+    const char * path = tmp_path("profile");
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        struct kvr_tune_profile p, q;
+        int rc = kvr_tune_profile_builtin(names[i], &p);
+        if (rc == KVR_OK && path) rc = kvr_tune_profile_save(&p, path);
+        if (rc == KVR_OK && path) rc = kvr_tune_profile_load(path, &q);
+        check(rc == KVR_OK && same_profile(&p, &q), "profile %s: built in, saved and loaded back unchanged", names[i]);
+        // the shipped files (tools/profiles/, when the test runs from the project root)
+        char ship[256];
+        snprintf(ship, sizeof(ship), "tools/profiles/%s.txt", names[i]);
+        if (access(ship, R_OK) == 0) {
+            rc = kvr_tune_profile_load(ship, &q);
+            check(rc == KVR_OK && same_profile(&p, &q), "profile %s: %s equals the built-in", names[i], ship);
+        }
+    }
+    struct kvr_tune_profile p;
+    check(kvr_tune_profile_get("v100-nvlink", &p) == KVR_ERR_ARG && strstr(kvr_last_error(), "v100-nvlink"),
+          "profile: an unknown name is an error naming it: %s", kvr_last_error());
+    if (path) {
+        write_file(path, "name x\nmatmul_flops 1e12\nlink_bw fast\n");
+        check(kvr_tune_profile_load(path, &p) == KVR_ERR_FORMAT && strstr(kvr_last_error(), ":3: bad value 'fast' for link_bw"),
+              "profile: a bad value names line and key: %s", kvr_last_error());
+        write_file(path, "name x\nmatmul_flop 1e12\n");
+        check(kvr_tune_profile_load(path, &p) == KVR_ERR_FORMAT && strstr(kvr_last_error(), ":2: unknown key 'matmul_flop'"),
+              "profile: an unknown key names line and key: %s", kvr_last_error());
+        write_file(path, "name x\nmatmul_eff 1.5\n");
+        check(kvr_tune_profile_load(path, &p) == KVR_ERR_ARG && strstr(kvr_last_error(), "matmul_eff"),
+              "profile: an efficiency above 1 is refused: %s", kvr_last_error());
+        write_file(path, "# only a comment\nname slow-net\nlink_bw 1e9\nlink_latency 5e-5\n");
+        check(kvr_tune_profile_load(path, &p) == KVR_OK && p.link_bw == 1e9 && p.attn_tile_k == 256 && !strcmp(p.name, "slow-net"),
+              "profile: keys not in the file keep the cpu profile's values");
+    }
+
+    struct kvr_tune_model m;
+    check(kvr_tune_model_preset("llama-7b", &m) == KVR_OK && m.n_layer == 32 && m.n_head_kv == 32 && m.n_ffn_mats == 3,
+          "preset llama-7b: 32 layers, MHA");
+    check(kvr_tune_model_preset("llama-7b-gqa8", &m) == KVR_OK && m.n_head_kv == 8 && !strcmp(m.name, "llama-7b-gqa8"), "preset llama-7b-gqa8: 8 KV heads");
+    check(kvr_tune_model_preset("llama-7b-mqa", &m) == KVR_OK && m.n_head_kv == 1, "preset llama-7b-mqa: 1 KV head");
+    check(kvr_tune_model_preset("falcon-7b", &m) == KVR_OK && m.n_head == 71 && m.n_head_kv == 1 && m.n_ffn_mats == 2, "preset falcon-7b: MQA");
+    check(kvr_tune_model_preset("tinyllama-1.1b", &m) == KVR_OK && m.n_head_kv == 4, "preset tinyllama-1.1b: GQA 32/4");
+    check(kvr_tune_model_preset("llama-7b-gqa5", &m) == KVR_ERR_ARG && strstr(kvr_last_error(), "gqa5"),
+          "preset: a KV head count not dividing the heads is refused: %s", kvr_last_error());
+    check(kvr_tune_model_preset("gpt-2", &m) == KVR_ERR_ARG && strstr(kvr_last_error(), "gpt-2"), "preset: an unknown name is refused");
+}
+
+//
+// simulator invariants
+//
+
+static void test_sim_model(void) {
+    struct kvr_tune_model m;
+    struct kvr_tune_profile hw;
+    kvr_tune_model_preset("llama-7b", &m);
+    kvr_tune_profile_builtin("a100-nvlink", &hw);
+    static struct kvr_tune_sim s1, st, se, sk;
+    const int C = 16384, p = 4;
+    struct kvr_tune_plan pl = { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 1, .n_tokens = C, .attn_mode = KVR_ATTN_DENSE };
+    int rc = kvr_tune_simulate(&m, &hw, &pl, &s1);
+    pl = (struct kvr_tune_plan) { .strategy = KVR_STRATEGY_TSP, .n_ranks = p, .n_tokens = C, .attn_mode = KVR_ATTN_DENSE };
+    rc |= kvr_tune_simulate(&m, &hw, &pl, &st);
+    pl.strategy = KVR_STRATEGY_KVR;
+    rc |= kvr_tune_simulate(&m, &hw, &pl, &se);
+    check(rc == KVR_OK, "sim: single, tsp, kvr-e of llama-7b 16k on 4 A100s run");
+    // the paper's traffic: KV-Runahead moves (p-1)C/2 K/V entries, TSP (p-1)C
+    int64_t kvr_rows = 0, tsp_rows = 0;
+    for (int r = 0; r < p; r++) { kvr_rows += se.ranks[r].kv_rows_sent; tsp_rows += st.ranks[r].kv_rows_sent; }
+    check(kvr_rows == (int64_t)(p - 1) * C && tsp_rows == 2 * (int64_t)(p - 1) * C,
+          "sim: K/V rows sent: kvr %lld = (p-1)C, tsp %lld = 2(p-1)C (K and V count one row each)", (long long)kvr_rows, (long long)tsp_rows);
+    // dense single-rank attention: the whole C x C rectangle
+    check(s1.ranks[0].attn_dot_dense == (int64_t)C * C && s1.ranks[0].attn_dot_causal == (int64_t)C * (C + 1) / 2,
+          "sim: single dense attention computes C^2 pairs, needs C(C+1)/2");
+    check(s1.ttft > 1.0 && se.ttft < st.ttft && st.ttft < s1.ttft, "sim: 16k on 4 GPUs: single %.2f s > tsp %.2f s > kvr-e %.2f s",
+          s1.ttft, st.ttft, se.ttft);
+    for (int r = 0; r < p; r++) {
+        const struct kvr_tune_rank * R = &se.ranks[r];
+        check(fabs(R->compute + R->wait - R->finish) < 1e-9 * R->finish, "sim: kvr rank %d: compute %.4f + wait %.4f = finish %.4f",
+              r, R->compute, R->wait, R->finish);
+    }
+    struct kvr_tune_bounds b;
+    rc = kvr_tune_bounds(&m, &hw, p, C, KVR_ATTN_DENSE, 64, &b);
+    check(rc == KVR_OK && fabs(b.ttft_star - s1.ttft / 2 * (1.0 / p + 1.0 / (p * p))) < 1e-12,
+          "sim: TTFT*(4) = TTFT(1)/2 (1/4 + 1/16) = %.3f s (Eq. 3)", b.ttft_star);
+    struct kvr_tune_sim_objective o = { &m, &hw, C, KVR_ATTN_DENSE };
+    struct kvr_tune_search_params sp = { .n_ranks = p, .n_tokens = C, .min_stride = 64, .objective = kvr_tune_objective_sim, .user = &o };
+    struct kvr_tune_search_result res;
+    rc = kvr_tune_search(&sp, &res);
+    check(rc == KVR_OK && res.cost < se.ttft && b.ttft_free <= res.cost + 1e-12 && b.ttft_star <= b.ttft_free,
+          "sim: TTFT*(p) %.3f <= TTFT(p) %.3f <= KVR-S %.3f < KVR-E %.3f < TSP %.3f", b.ttft_star, b.ttft_free, res.cost, se.ttft, st.ttft);
+    check(res.counts[0] > res.counts[1] && res.counts[1] > res.counts[2] && res.counts[2] > res.counts[3],
+          "sim: KVR-S gives earlier ranks more tokens: %d %d %d %d", res.counts[0], res.counts[1], res.counts[2], res.counts[3]);
+    // a slower link only makes everything later
+    struct kvr_tune_profile slow = hw;
+    slow.link_bw = 10e9;
+    pl.counts = res.counts;
+    rc = kvr_tune_simulate(&m, &slow, &pl, &sk);
+    check(rc == KVR_OK && sk.ttft >= res.cost, "sim: the same partition at 10 GB/s: %.3f s >= %.3f s", sk.ttft, res.cost);
+    // bad plans are errors
+    int bad[4] = { 100, 100, 100, 100 };
+    pl.counts = bad;
+    check(kvr_tune_simulate(&m, &hw, &pl, &sk) == KVR_ERR_ARG && strstr(kvr_last_error(), "add up"),
+          "sim: counts that do not add up are refused: %s", kvr_last_error());
+    pl = (struct kvr_tune_plan) { .strategy = KVR_STRATEGY_AUTO, .n_ranks = 2, .n_tokens = 100 };
+    check(kvr_tune_simulate(&m, &hw, &pl, &sk) == KVR_ERR_ARG, "sim: auto is refused: %s", kvr_last_error());
+}
+
+//
+// the simulator's counters against a real run
+//
+
+static void test_counters(const char * shared) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
+    if (access(path, R_OK) != 0) {
+        printf("skip: %s not found: the simulator-vs-run counter checks are skipped\n", path);
+        g_skip++;
+        return;
+    }
+    struct kvr_model * model = kvr_model_load(path, NULL);
+    if (!model) { check(false, "load %s: %s", path, kvr_last_error()); return; }
+    struct kvr_tune_model tm;
+    struct kvr_tune_profile hw;
+    kvr_tune_profile_builtin("cpu", &hw); // the CPU kernel's tiles
+    check(kvr_tune_model_from(model, &tm) == KVR_OK && !strcmp(tm.name, "stories260K") && tm.n_head_kv == (int)model->hp.n_head_kv,
+          "model_from: stories260K shape and table name '%s'", tm.name);
+    const int T = 500; // crosses the kernel's 64-query and 256-key tiles
+    int32_t * tokens = malloc(sizeof(int32_t) * T);
+    uint64_t seed = 42;
+    for (int i = 0; i < T; i++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        tokens[i] = (int32_t)((seed >> 33) % model->hp.n_vocab);
+    }
+    struct { enum kvr_strategy s; int N; const double * frac; } cases[] = {
+        { KVR_STRATEGY_TSP, 2, NULL }, { KVR_STRATEGY_TSP, 3, NULL }, { KVR_STRATEGY_TSP, 4, NULL },
+        { KVR_STRATEGY_KVR, 2, NULL }, { KVR_STRATEGY_KVR, 3, NULL }, { KVR_STRATEGY_KVR, 4, NULL },
+        { KVR_STRATEGY_KVR, 2, (const double[]){ 0.61, 0.39 } },
+        { KVR_STRATEGY_KVR, 3, (const double[]){ 0.45, 0.33, 0.22 } },
+        { KVR_STRATEGY_KVR, 4, (const double[]){ 0.350, 0.255, 0.210, 0.185 } },
+        { KVR_STRATEGY_RING_KV, 2, NULL }, { KVR_STRATEGY_RING_KV, 3, NULL }, { KVR_STRATEGY_RING_Q, 3, NULL },
+    };
+    for (int mode = 0; mode < 2; mode++) {
+        const enum kvr_attn_mode am = mode ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+            const int N = cases[i].N;
+            int counts[KVR_TUNE_MAX_RANKS];
+            if (cases[i].frac) kvr_tune_counts_from_fractions(cases[i].frac, N, T, counts);
+            struct kvr_dist_params dp = { .strategy = cases[i].s, .n_ranks = N, .n_threads = 1, .n_ctx = T,
+                                          .partition = cases[i].frac ? counts : NULL, .attn_mode = am, .timeout_s = 30,
+                                          .stall_rank = -1, .stall_layer = -1 };
+            char what[128];
+            snprintf(what, sizeof(what), "%s %d ranks %s%s", kvr_strategy_name(cases[i].s), N, am == KVR_ATTN_DENSE ? "dense" : "causal",
+                     cases[i].frac ? " uneven" : "");
+            struct kvr_dist * d = kvr_dist_new(model, &dp);
+            const float * logits = d ? kvr_dist_eval(d, tokens, T) : NULL;
+            if (!logits) {
+                check(false, "counters %s: the real run failed: %s", what, kvr_last_error());
+                kvr_dist_free(d);
+                continue;
+            }
+            struct kvr_rank_stats st[KVR_TUNE_MAX_RANKS];
+            const int n = kvr_dist_stats(d, st, KVR_TUNE_MAX_RANKS);
+            static struct kvr_tune_sim sim;
+            const struct kvr_tune_plan pl = { .strategy = cases[i].s, .n_ranks = N, .n_tokens = T,
+                                              .counts = cases[i].frac ? counts : NULL, .attn_mode = am };
+            int rc = kvr_tune_simulate(&tm, &hw, &pl, &sim);
+            bool ok = rc == KVR_OK && n == N && sim.n_ranks == N;
+            char diff[512] = "";
+            for (int r = 0; ok && r < N; r++) {
+                const struct kvr_rank_stats * a = &st[r];
+                const struct kvr_tune_rank * b = &sim.ranks[a->rank];
+                ok = a->tokens == b->tokens && a->attn_dot_dense == b->attn_dot_dense && a->attn_dot_causal == b->attn_dot_causal &&
+                     a->kv_rows_sent == b->kv_rows_sent && a->kv_rows_recv == b->kv_rows_recv;
+                if (!ok) {
+                    snprintf(diff, sizeof(diff), ": rank %d run/sim tokens %d/%d dense %lld/%lld causal %lld/%lld sent %lld/%lld recv %lld/%lld",
+                             a->rank, a->tokens, b->tokens, (long long)a->attn_dot_dense, (long long)b->attn_dot_dense,
+                             (long long)a->attn_dot_causal, (long long)b->attn_dot_causal, (long long)a->kv_rows_sent,
+                             (long long)b->kv_rows_sent, (long long)a->kv_rows_recv, (long long)b->kv_rows_recv);
+                }
+            }
+            check(ok, "counters %s: the simulator's attn_dot_dense/causal and kv_rows_sent/recv equal the run's%s%s", what,
+                  rc ? kvr_last_error() : "", diff);
+            // bytes too, when the simulated elements are f32 like the run's
+            bool bok = ok;
+            for (int r = 0; bok && r < N; r++) {
+                bok = st[r].bytes_sent == sim.ranks[st[r].rank].bytes_sent && st[r].bytes_recv == sim.ranks[st[r].rank].bytes_recv;
+                if (!bok) {
+                    snprintf(diff, sizeof(diff), ": rank %d run/sim sent %lld/%lld recv %lld/%lld", st[r].rank, (long long)st[r].bytes_sent,
+                             (long long)sim.ranks[st[r].rank].bytes_sent, (long long)st[r].bytes_recv, (long long)sim.ranks[st[r].rank].bytes_recv);
+                }
+            }
+            check(bok, "counters %s: bytes sent/received equal the run's%s", what, bok ? "" : diff);
+            kvr_dist_free(d);
+        }
+    }
+    free(tokens);
+    kvr_model_free(model);
+}
+
+int main(int argc, char ** argv) {
+    const char * shared = "../shared";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-v")) g_verbose = true;
+        else shared = argv[i];
+    }
+    const double t0 = kvr_time_ms();
+    test_search();
+    test_table();
+    test_profiles();
+    test_sim_model();
+    test_counters(shared);
+    for (int i = 0; i < g_n_tmp && i < 8; i++) remove(g_tmp[i]);
+    printf("test-tune: %.1f s\n", (kvr_time_ms() - t0) / 1e3);
+    if (g_skip) printf("%d passed, %d failed, %d skipped\n", g_pass, g_fail, g_skip);
+    else printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
