@@ -284,16 +284,13 @@ int kvr_tune_model_from(const struct kvr_model * mdl, struct kvr_tune_model * ou
         if (!l->ffn_gate) m.n_ffn_mats = 2;
     }
     m.weight_bytes = elems > 0 ? bytes / elems : 0.0;
-    // the table key: the file's own name for itself, else the file name
-    char name[sizeof(mdl->path)] = "";
-    if (mdl->gguf && kvr_gguf_get_str(mdl->gguf, "general.name", name, sizeof(name)) != KVR_OK) name[0] = 0;
-    if (!name[0]) {
-        const char * base = strrchr(mdl->path, '/');
-        base = base ? base + 1 : mdl->path;
-        snprintf(name, sizeof(name), "%s", base);
-        char * dot = strstr(name, ".gguf");
-        if (dot && dot[5] == 0) *dot = 0;
-    }
+    // the table key: the file name (general.name is often just the architecture, "llama")
+    char name[sizeof(mdl->path)];
+    const char * base = strrchr(mdl->path, '/');
+    base = base ? base + 1 : mdl->path;
+    snprintf(name, sizeof(name), "%s", base);
+    char * dot = strstr(name, ".gguf");
+    if (dot && dot[5] == 0) *dot = 0;
     // a table line is split on white space
     for (char * c = name; *c; c++) if (isspace((unsigned char)*c) || *c == '#') *c = '-';
     if (!name[0]) snprintf(name, sizeof(name), "model");
@@ -414,7 +411,9 @@ struct tok_costs {
     double pre_kv;  // norm, K and V projections, RoPE of K: what the cache store waits for
     double store;   // K and V rows into the cache
     double q;       // Q projection and its RoPE
-    double post;    // out-projection, residuals, FFN norm, FFN
+    double oproj;   // out-projection and the residual
+    double ffn;     // FFN norm, FFN, residual
+    double ffn1;    // the same for one token (the owner's last layer keeps only the last row)
     double logits;  // final norm and output row of one token (the owner, once)
 };
 
@@ -431,17 +430,24 @@ static double mm_time(const struct kvr_tune_model * m, const struct kvr_tune_pro
     return maxd(flops, bytes);
 }
 
+static double ffn_time(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, double T) {
+    if (T <= 0) return 0.0;
+    return elem_time(hw, T * (7.0 * m->n_embd + 5.0 * m->n_ff)) + m->n_ffn_mats * mm_time(m, hw, T, m->n_embd, m->n_ff);
+}
+
 static void token_costs(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, int tokens, struct tok_costs * c) {
-    const double T = tokens, E = m->n_embd, F = m->n_ff;
+    const double T = tokens, E = m->n_embd;
     const double qd = (double)m->n_head * m->head_dim, kvd = (double)m->n_head_kv * m->head_dim;
     memset(c, 0, sizeof(*c));
     c->logits = elem_time(hw, 4 * E) + mm_time(m, hw, 1, E, m->n_vocab);
+    c->ffn1   = ffn_time(m, hw, 1);
     if (tokens <= 0) return;
     c->embed  = elem_time(hw, 2 * T * E);
     c->pre_kv = elem_time(hw, T * (4 * E + 2 * kvd)) + 2 * mm_time(m, hw, T, E, kvd);
     c->store  = elem_time(hw, 4 * T * kvd);
     c->q      = mm_time(m, hw, T, E, qd) + elem_time(hw, 2 * T * qd);
-    c->post   = mm_time(m, hw, T, qd, E) + elem_time(hw, T * (10 * E + 5 * F)) + m->n_ffn_mats * mm_time(m, hw, T, E, F);
+    c->oproj  = mm_time(m, hw, T, qd, E) + elem_time(hw, 3 * T * E);
+    c->ffn    = ffn_time(m, hw, T);
 }
 
 static double attn_time(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, int64_t pairs) {
@@ -483,12 +489,27 @@ struct sim {
     const struct kvr_tune_plan    * plan;
     struct kvr_tune_sim           * out;
     struct links                    L;
-    int                             N, T;
+    int                             N, T, owner;
     int                             cnt[KVR_TUNE_MAX_RANKS];
     struct tok_costs                tc[KVR_TUNE_MAX_RANKS];
     double                          cur[KVR_TUNE_MAX_RANKS];
     double                          kvd;     // K (or V) elements per token
 };
+
+// What a rank runs of layer l after its attention inputs. The graph is pruned from its outputs:
+// a rank that does not produce the logits has nothing that needs its last layer's attention
+// output (only the K/V stores and transfers are kept), and the owner's last FFN runs for the last
+// token only. So the last layer is partial, for the time and for the counters alike.
+static bool layer_full(const struct sim * S, int r, int l) {
+    return l < S->m->n_layer - 1 || r == S->owner;
+}
+static double layer_post(const struct sim * S, int r, int l) {
+    return S->tc[r].oproj + (l < S->m->n_layer - 1 ? S->tc[r].ffn : S->tc[r].ffn1);
+}
+// per-layer counters as kvr_dist reports them: summed over the layers that ran, / n_layer
+static int64_t per_layer(int64_t x, int layers_run, int n_layer) {
+    return x * layers_run / n_layer;
+}
 
 // single, tsp, kvr: contiguous slices; rank r attends over keys [0, kend(r))
 static void sim_chain(struct sim * S) {
@@ -504,8 +525,12 @@ static void sim_chain(struct sim * S) {
         acc += S->cnt[r];
         const int kend = tsp ? S->T : acc;
         struct runs q = runs_range(s[r], S->cnt[r]), k = runs_range(0, kend);
-        attn_pairs(&q, &k, S->hw->attn_tile_q, S->hw->attn_tile_k, P->attn_mode, &R->attn_dot_dense, &R->attn_dot_causal);
-        at[r] = attn_time(S->m, S->hw, R->attn_dot_dense); // the kernel's time follows what it computes
+        int64_t d, c;
+        attn_pairs(&q, &k, S->hw->attn_tile_q, S->hw->attn_tile_k, P->attn_mode, &d, &c);
+        at[r] = attn_time(S->m, S->hw, d); // the kernel's time follows what it computes
+        const int ran = r == S->owner ? L : L - 1;
+        R->attn_dot_dense = per_layer(d, ran, L);
+        R->attn_dot_causal = per_layer(c, ran, L);
         if (tsp) {
             R->kv_rows_sent = 2LL * (N - 1) * S->cnt[r];
             R->kv_rows_recv = 2LL * (S->T - S->cnt[r]);
@@ -542,7 +567,8 @@ static void sim_chain(struct sim * S) {
                 for (int r = 0; r < N; r++) wait_until(&S->out->ranks[r], &S->cur[r], done[r]);
             }
             for (int r = 0; r < N; r++) {
-                run_for(&S->out->ranks[r], &S->cur[r], S->tc[r].store + S->tc[r].q + at[r] + S->tc[r].post);
+                run_for(&S->out->ranks[r], &S->cur[r], S->tc[r].store);
+                if (layer_full(S, r, l)) run_for(&S->out->ranks[r], &S->cur[r], S->tc[r].q + at[r] + layer_post(S, r, l));
             }
         } else {
             // the chain: rank r's store of layer l waits for [0, s_r) of layer l from r-1, which
@@ -556,7 +582,7 @@ static void sim_chain(struct sim * S) {
                 run_for(R, cur, S->tc[r].store);
                 const int e = s[r] + S->cnt[r];
                 if (r < N - 1 && e > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, *cur, 2.0 * e * S->kvd * eb);
-                run_for(R, cur, S->tc[r].q + at[r] + S->tc[r].post);
+                if (layer_full(S, r, l)) run_for(R, cur, S->tc[r].q + at[r] + layer_post(S, r, l));
             }
         }
     }
@@ -578,15 +604,20 @@ static void sim_ring(struct sim * S) {
     KVR_ASSERT(at && ready);
     for (int i = 0; i < N; i++) {
         struct kvr_tune_rank * R = &S->out->ranks[i];
+        int64_t dsum = 0, csum = 0;
         for (int j = 0; j < N; j++) {
             const int src = (i + N - j) % N;
             int64_t d, c;
             attn_pairs(passq ? &sh[src] : &sh[i], passq ? &sh[i] : &sh[src], S->hw->attn_tile_q, S->hw->attn_tile_k,
                        P->attn_mode, &d, &c);
-            R->attn_dot_dense += d;
-            R->attn_dot_causal += c;
+            dsum += d;
+            csum += c;
             at[i * N + j] = attn_time(S->m, S->hw, d);
         }
+        // pass-Q: the all-to-all needs every partial, so every rank attends in every layer
+        const int ran = passq || i == S->owner ? L : L - 1;
+        R->attn_dot_dense = per_layer(dsum, ran, L);
+        R->attn_dot_causal = per_layer(csum, ran, L);
         // what crosses the wires (the totals kvr_rank_stats keeps, positions included)
         for (int j = 1; j < N; j++) {
             const int sent = S->cnt[(i + N - j + 1) % N], got = S->cnt[(i + N - j) % N];
@@ -628,11 +659,15 @@ static void sim_ring(struct sim * S) {
         for (int i = 0; i < N; i++) {
             struct kvr_tune_rank * R = &S->out->ranks[i];
             double * cur = &S->cur[i];
-            if (!passq) run_for(R, cur, S->tc[i].q);
-            // each step's attention overlaps the next block's transfer
-            for (int j = 0; j < N; j++) {
-                wait_until(R, cur, ready[i * N + j]);
-                run_for(R, cur, at[i * N + j]);
+            if (passq || layer_full(S, i, l)) {
+                if (!passq) run_for(R, cur, S->tc[i].q);
+                // each step's attention overlaps the next block's transfer
+                for (int j = 0; j < N; j++) {
+                    wait_until(R, cur, ready[i * N + j]);
+                    run_for(R, cur, at[i * N + j]);
+                }
+            } else {
+                wait_until(R, cur, ready[i * N + N - 1]); // it still forwards every block
             }
             done[i] = *cur;
         }
@@ -649,9 +684,10 @@ static void sim_ring(struct sim * S) {
             for (int i = 0; i < N; i++) wait_until(&S->out->ranks[i], &S->cur[i], arrive[i]);
         }
         for (int i = 0; i < N; i++) {
+            if (!layer_full(S, i, l)) continue;
             // merge N partials (read each, write one), then the rest of the layer
             const double merge = elem_time(S->hw, (N + 1.0) * S->cnt[i] * (qd + H));
-            run_for(&S->out->ranks[i], &S->cur[i], merge + S->tc[i].post);
+            run_for(&S->out->ranks[i], &S->cur[i], merge + layer_post(S, i, l));
         }
     }
     free(at);
@@ -679,6 +715,7 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
         KVR_ASSERT(S->L.pair != NULL);
     }
     int rc = KVR_OK;
+    const bool ring = plan->strategy == KVR_STRATEGY_RING_KV || plan->strategy == KVR_STRATEGY_RING_Q;
     if (plan->strategy == KVR_STRATEGY_KVR && plan->counts) {
         int sum = 0;
         for (int r = 0; r < N; r++) {
@@ -687,12 +724,18 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
             S->cnt[r] = plan->counts[r];
         }
         if (rc == KVR_OK && sum != T) rc = kvr_error(KVR_ERR_ARG, "simulate: the counts add up to %d, not %d tokens", sum, T);
-    } else if (plan->strategy == KVR_STRATEGY_RING_KV || plan->strategy == KVR_STRATEGY_RING_Q) {
+    } else if (ring) {
         for (int r = 0; r < N; r++) S->cnt[r] = kvr_ring_shard(T, 0, N, r, NULL);
     } else { // single, tsp, kvr-e: the even split kvr_dist makes
         for (int r = 0; r < N; r++) S->cnt[r] = (int)((int64_t)T * (r + 1) / N - (int64_t)T * r / N);
     }
     if (rc == KVR_OK) {
+        // who computes the logits: the last rank with tokens, or in the ring the holder of the
+        // last position (chunk 2N-1: rank 0)
+        for (int r = 0; r < N; r++) {
+            const struct runs sh = runs_ring(T, N, r);
+            if (ring ? sh.n > 0 && runs_pos(&sh, runs_total(&sh) - 1) == T - 1 : S->cnt[r] > 0) S->owner = r;
+        }
         memset(out, 0, sizeof(*out));
         out->n_ranks = N;
         for (int r = 0; r < N; r++) {
@@ -700,17 +743,12 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
             out->ranks[r].tokens = S->cnt[r];
             token_costs(m, hw, S->cnt[r], &S->tc[r]);
         }
-        const bool ring = plan->strategy == KVR_STRATEGY_RING_KV || plan->strategy == KVR_STRATEGY_RING_Q;
         if (ring) sim_ring(S);
         else sim_chain(S);
-        // who computes the logits: the last rank with tokens, or in the ring the holder of
-        // chunk 2N-1 (rank 0)
-        int owner = 0;
-        if (!ring) for (int r = 0; r < N; r++) if (S->cnt[r] > 0) owner = r;
-        run_for(&out->ranks[owner], &S->cur[owner], S->tc[owner].logits);
+        run_for(&out->ranks[S->owner], &S->cur[S->owner], S->tc[S->owner].logits);
         for (int r = 0; r < N; r++) out->ranks[r].finish = S->cur[r];
-        out->owner = owner;
-        out->ttft = S->cur[owner];
+        out->owner = S->owner;
+        out->ttft = S->cur[S->owner];
     }
     free(S->L.pair);
     free(S);
