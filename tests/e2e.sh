@@ -64,6 +64,26 @@ else
     skp "stories260K end to end ($model or $ref missing)"
 fi
 
+# every other reference model (quantized tiny Llamas, the tiny Falcon): logits of the prompt's
+# last token within 1e-4 of llama.cpp's (of the dequantized twin for quantized files) and the
+# same greedy continuation
+found=0
+for lg in "$ref"/*.logits; do
+    [ -f "$lg" ] || continue
+    name=$(basename "$lg" .logits)
+    [ -f "$ref/$name.gguf" ] && [ -f "$ref/$name.tokens" ] && [ -f "$ref/$name.greedy" ] || continue
+    found=1
+    want=$(cat "$ref/$name.greedy")
+    n=$(printf '%s' "$want" | tr ',' '\n' | grep -c .)
+    "$build/kvr-run" -m "$ref/$name.gguf" --tokens "$(cat "$ref/$name.tokens")" -n "$n" --temp 0 -v \
+        --dump-logits "$tmp/$name.txt" > /dev/null 2> "$tmp/$name.err"
+    d=$(maxdiff "$tmp/$name.txt" "$lg")
+    if within "$d" 1e-4; then ok "$name: logits within 1e-4 (max $d)"; else bad "$name: logits (max $d): $(tail -n 1 "$tmp/$name.err")"; fi
+    got=$(sed -n 's/^generated ids: //p' "$tmp/$name.err")
+    if [ "$got" = "$want" ]; then ok "$name: greedy ids"; else bad "$name: greedy ids $got, want $want"; fi
+done
+[ $found -eq 1 ] || skp "reference models ($ref missing)"
+
 # usage errors: exit 2 and a usage line
 "$build/kvr-run" --bogus > /dev/null 2> "$tmp/u.txt"; rc=$?
 [ $rc -eq 2 ] && grep -q usage "$tmp/u.txt" && ok "unknown flag: usage and exit 2" || bad "unknown flag: exit $rc"

@@ -55,7 +55,9 @@
 #endif
 
 #define TOL_LOGITS 1e-4
+#ifndef TOL_CACHE
 #define TOL_CACHE  1e-5
+#endif
 #define N_DECODE   16
 #define N_CTX      512     // per rank: 300 + 200 tokens of the partial prefill fit
 #define MAX_RANKS  8
