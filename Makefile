@@ -28,9 +28,9 @@ ifeq ($(KVR_MPI),1)
 CC        := mpicc
 CFLAGS    += -DKVR_MPI
 endif
-TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
-TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
-ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
+TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(filter-out tools/kvr-tune.c,$(wildcard tools/*.c)))
+TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c tests/test-tune.c,$(wildcard tests/test-*.c)))
+ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c tests/test-tune.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
 .PHONY: all tools tests test test-fast test-asan fuzz bench install clean help demo mpi
@@ -71,7 +71,7 @@ $(ASAN)/test-%: tests/test-%.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o | $(ASAN)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 $(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(LIB_DEPS) | $(BUILD)
-	$(CLANG) -std=c11 -O1 -g -I. -pthread -fsanitize=fuzzer,address,undefined $(WARN) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+	$(CLANG) -std=c11 -O1 -g -I. -pthread -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 tests: $(TESTS) $(BUILD)/simple
 
@@ -101,7 +101,7 @@ test-fast: all tests
 fuzz: $(BUILD)/fuzz-gguf
 	mkdir -p $(BUILD)/fuzz-corpus
 	$(BUILD)/test-gguf --write-corpus $(BUILD)/fuzz-corpus >/dev/null
-	$(BUILD)/fuzz-gguf -max_total_time=60 -rss_limit_mb=2048 $(BUILD)/fuzz-corpus
+	$(BUILD)/fuzz-gguf -max_total_time=60 -timeout=10 -rss_limit_mb=2048 -artifact_prefix=$(BUILD)/ $(BUILD)/fuzz-corpus
 
 bench: all
 	sh tests/bench.sh $(BUILD)

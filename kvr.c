@@ -207,12 +207,34 @@ static void f32_to_float(const void * src, float * dst, int64_t n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
+// F16 weights are converted block by block inside every matmul: the conversion must run at
+// memory speed. x86 with F16C converts 8 at a time; elsewhere a 256 KiB table built once does it.
+#if defined(__F16C__)
+#include <immintrin.h>
 static void f16_to_float(const void * src, float * dst, int64_t n) {
     const uint16_t * s = src;
-    for (int64_t i = 0; i < n; i++) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    }
+    for (; i < n; i++) {
         dst[i] = kvr_fp16_to_fp32(s[i]);
     }
 }
+#else
+static float f16_table[1 << 16];
+static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
+static void f16_table_init(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++) f16_table[i] = kvr_fp16_to_fp32((uint16_t)i);
+}
+static void f16_to_float(const void * src, float * dst, int64_t n) {
+    pthread_once(&f16_table_once, f16_table_init);
+    const uint16_t * s = src;
+    for (int64_t i = 0; i < n; i++) {
+        dst[i] = f16_table[s[i]];
+    }
+}
+#endif
 
 static void bf16_to_float(const void * src, float * dst, int64_t n) {
     const uint16_t * s = src;
@@ -804,6 +826,25 @@ void kvr_graph_expand(struct kvr_graph * g, struct kvr_tensor * t) {
     free(seen.keys);
 }
 
+void kvr_graph_rebuild(struct kvr_graph * g) {
+    // the outputs are the nodes nothing in the graph reads; expand them again, in their order
+    struct ptr_set used = { 0 };
+    for (int i = 0; i < g->n_nodes; i++) {
+        for (int j = 0; j < KVR_MAX_SRC; j++) {
+            if (g->nodes[i]->src[j]) ptr_set_insert(&used, g->nodes[i]->src[j]);
+        }
+    }
+    int n_out = 0;
+    struct kvr_tensor ** outs = kvr_malloc(sizeof(*outs) * (size_t)(g->n_nodes + 1));
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (ptr_set_insert(&used, g->nodes[i])) outs[n_out++] = g->nodes[i];
+    }
+    free(used.keys);
+    kvr_graph_reset(g);
+    for (int i = 0; i < n_out; i++) kvr_graph_expand(g, outs[i]);
+    free(outs);
+}
+
 struct kvr_tensor * kvr_graph_get(const struct kvr_graph * g, const char * name) {
     for (int i = 0; i < g->n_nodes; i++) {
         if (strcmp(g->nodes[i]->name, name) == 0) return g->nodes[i];
@@ -1038,6 +1079,7 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
         kvr_replace_node(t, a, "single: causal attention over cache[0, n_past+T)");
     }
+    kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
 }
 
 //
@@ -2044,7 +2086,8 @@ static int gguf_parse(struct kvr_gguf * g) {
         r.off = g->size;
         return gguf_fail(&r, "padding before the tensor data", "file ends before the data section (truncated)");
     }
-    g->data_offset = data;
+    // a file without tensors ends with its metadata: there is no padded data section
+    g->data_offset = g->n_tensors ? data : r.off;
     const size_t avail = g->size - (data < g->size ? data : g->size);
     struct kvr_gguf_tensor ** order = kvr_malloc(sizeof(*order) * (size_t)(g->n_tensors ? g->n_tensors : 1));
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -2185,6 +2228,7 @@ int kvr_gguf_get_bool(const struct kvr_gguf * g, const char * key, bool * out) {
 }
 
 int kvr_gguf_get_str(const struct kvr_gguf * g, const char * key, char * out, size_t cap) {
+    if (cap == 0) return kvr_error(KVR_ERR_ARG, "gguf: no room to copy metadata '%s'", key);
     const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(g, key);
     if (!kv) return kvr_error(KVR_ERR_FORMAT, "gguf: metadata '%s' is missing", key);
     if (kv->type != KVR_GGUF_STRING) return kvr_error(KVR_ERR_FORMAT, "gguf: metadata '%s' is a %s, expected a string", key, kvr_gguf_type_name(kv->type));
@@ -5015,8 +5059,6 @@ const float * kvr_session_eval(struct kvr_session * s, const int32_t * tokens, i
     struct kvr_graph * g = kvr_graph_new(ctx, gsize);
     kvr_graph_expand(g, out);
     kvr_pass_single(ctx, g, s->cache, s->n_past, kpos, s->attn_mode);
-    kvr_graph_reset(g);
-    kvr_graph_expand(g, out);
     if (s->graph_out) {
         kvr_graph_print(g, s->graph_out);
         s->graph_out = NULL;

@@ -340,8 +340,9 @@ void   kvr_graph_place(struct kvr_graph * g, void * buf);
 // name, flags and placed memory, so its readers need no rewiring; why says what the pass did.
 void kvr_replace_node(struct kvr_tensor * node, const struct kvr_tensor * by, const char * why);
 
-// A pass rewrites nodes in place and adds new ones that only the outputs reach: afterwards,
-// kvr_graph_reset the graph and kvr_graph_expand its outputs again.
+// A pass rewrites nodes in place and adds new ones that only the outputs reach; it ends by
+// rebuilding the graph from its outputs (the nodes nothing else in it reads).
+void kvr_graph_rebuild(struct kvr_graph * g);
 //
 // The single-rank strategy: every ATTN_BLOCK becomes KV_STORE(k), KV_STORE(v) into the cache at
 // positions [n_past, n_past + T) and ATTN(q, cache[0 : n_past + T]). kpos must hold 0..n_past+T-1.

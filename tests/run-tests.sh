@@ -48,7 +48,7 @@ done
 if [ -x "$build/fuzz-gguf" ] && [ -x "$build/test-gguf" ]; then
     mkdir -p "$build/fuzz-corpus"
     "$build/test-gguf" --write-corpus "$build/fuzz-corpus" > /dev/null 2>&1
-    run "fuzz-gguf (${FUZZ_SECONDS:-30} s)" "$build/fuzz-gguf" -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 "$build/fuzz-corpus"
+    run "fuzz-gguf (${FUZZ_SECONDS:-30} s)" "$build/fuzz-gguf" -max_total_time="${FUZZ_SECONDS:-30}" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/" "$build/fuzz-corpus"
 fi
 
 echo "$pass passed, $fail failed, $skip skipped"
