@@ -110,7 +110,7 @@ install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	cp kvr.h $(DESTDIR)$(PREFIX)/include/
 	cp $(BUILD)/libkvr.a $(DESTDIR)$(PREFIX)/lib/
-	for t in $(TOOLS); do cp $$t $(DESTDIR)$(PREFIX)/bin/; done
+	for t in $(filter-out $(BUILD)/simple,$(TOOLS)); do cp $$t $(DESTDIR)$(PREFIX)/bin/; done
 	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: kvr\nDescription: parallel-prefill LLM inference runtime\nVersion: 0.1.0\nLibs: -L$${libdir} -lkvr -lopenblas -lm -lpthread\nCflags: -I$${includedir}\n' \
 		'$(PREFIX)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvr.pc
 

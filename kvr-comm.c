@@ -135,6 +135,9 @@ struct local_world {
     struct tr_req   ** recvs;   // unmatched receives
     int                n_recvs, cap_recvs;
     double           * link_free; // [src*n + dst]: when the emulated link is free again (ms)
+    double             noise;     // slowdown of the noisy pair (1: none)
+    int                noisy_a;   // the noisy pair of this eval: noisy_a and noisy_a+1 (mod n)
+    uint64_t           noise_rng;
     int              * wait_peer; // [rank]: whom a rank is blocked on now (-1: nobody), and for what
     int              * wait_tag;  //   (a timeout follows this chain to the rank that stopped)
     bool               failed;
@@ -168,6 +171,10 @@ static int local_deliver(struct local_world * w, struct tr_req * s, struct tr_re
         double * busy = &w->link_free[s->me * w->tr.n_ranks + r->me];
         double start = s->t_post > *busy ? s->t_post : *busy;
         double xfer = w->tr.link_gbps > 0 ? (double)s->n * 8.0 / (w->tr.link_gbps * 1e9) * 1e3 : 0.0;
+        const int n = w->tr.n_ranks, b = (w->noisy_a + 1) % n;
+        if (w->noise > 1.0 && n > 1 && ((s->me == w->noisy_a && r->me == b) || (s->me == b && r->me == w->noisy_a))) {
+            xfer *= w->noise;
+        }
         *busy = start + xfer;
         ready = start + xfer + w->tr.link_latency_us * 1e-3;
     }
@@ -320,9 +327,11 @@ static void local_free(struct transport * t) {
     free(w);
 }
 
-static struct transport * local_new(int n_ranks, double gbps, double latency_us) {
+static struct transport * local_new(int n_ranks, double gbps, double latency_us, double noise, uint64_t seed) {
     struct local_world * w = calloc(1, sizeof(*w));
     KVR_ASSERT(w != NULL);
+    w->noise = noise;
+    w->noise_rng = seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->link_free = calloc((size_t)n_ranks * (size_t)n_ranks, sizeof(double));
@@ -341,6 +350,13 @@ static void local_reset(struct transport * t) {
     w->fail_msg[0] = 0;
     w->n_sends = w->n_recvs = 0;
     for (int i = 0; i < w->tr.n_ranks; i++) w->wait_peer[i] = -1;
+    for (int i = 0; i < w->tr.n_ranks * w->tr.n_ranks; i++) w->link_free[i] = 0.0;
+    if (w->noise > 1.0) { // xorshift: a new noisy pair every eval
+        w->noise_rng ^= w->noise_rng << 13;
+        w->noise_rng ^= w->noise_rng >> 7;
+        w->noise_rng ^= w->noise_rng << 17;
+        w->noisy_a = (int)(w->noise_rng % (uint64_t)w->tr.n_ranks);
+    }
     pthread_mutex_unlock(&w->mu);
 }
 
@@ -1287,7 +1303,12 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     } else {
         d->n_ranks = p->n_ranks > 0 ? p->n_ranks : 1;
         d->n_local = d->n_ranks;
-        d->tr = local_new(d->n_ranks, p->link_gbps, p->link_latency_us);
+        if (p->link_noise > 1.0 && p->link_gbps <= 0) {
+            kvr_error(KVR_ERR_ARG, "a noisy link (%g times slower) needs an emulated bandwidth (link_gbps)", p->link_noise);
+            free(d);
+            return NULL;
+        }
+        d->tr = local_new(d->n_ranks, p->link_gbps, p->link_latency_us, p->link_noise, p->link_seed);
     }
     if (d->n_ranks > 256) {
         kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", d->n_ranks);

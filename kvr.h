@@ -756,6 +756,10 @@ struct kvr_dist_params {
     double             timeout_s;    // every wait (0: 60 s)
     double             link_gbps;    // local: emulated link bandwidth (0: none)
     double             link_latency_us;
+    double             link_noise;   // local: each eval, one random pair of neighbouring ranks gets
+                                     //   a link this many times slower (the KV-Runahead paper's
+                                     //   noisy sidecar); needs link_gbps; 0: off
+    uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_dist_write_trace
     int                stall_rank;   // test hook: this rank stops before its first transfer of
     int                stall_layer;  //   stall_layer and never sends again (-1: off)

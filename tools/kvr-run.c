@@ -42,6 +42,7 @@ struct run_args {
     const char * trace;
     double       link_gbps;
     double       link_latency_us;
+    double       link_noise;
 };
 
 static void usage(FILE * f) {
@@ -72,6 +73,7 @@ static void usage(FILE * f) {
         "  --comm-timeout S   seconds any transfer may wait before the run fails (default 60)\n"
         "  --link-gbps X      local: emulate a link of X Gbit/s between ranks\n"
         "  --link-latency-us X  local: emulated latency per transfer\n"
+        "  --link-noise X     local: each prefill, a random pair of neighbours gets an X times slower link\n"
         "  --stats            one JSON object of counters per rank on stderr after the prefill\n"
         "  --trace FILE       Chrome trace JSON of every rank's layers and transfers (Perfetto)\n"
         "  -h, --help         this text\n");
@@ -144,6 +146,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         }
         else if (!strcmp(f, "--comm-timeout")) { float x; if (!parse_float(v, &x) || x <= 0) return bad_arg("bad --comm-timeout value '%s'", v); a->timeout_s = x; }
         else if (!strcmp(f, "--link-gbps")) { float x; if (!parse_float(v, &x) || x < 0) return bad_arg("bad --link-gbps value '%s'", v); a->link_gbps = x; }
+        else if (!strcmp(f, "--link-noise")) { float x; if (!parse_float(v, &x) || x < 1) return bad_arg("bad --link-noise value '%s' (a slowdown factor >= 1)", v); a->link_noise = x; }
         else if (!strcmp(f, "--link-latency-us")) { float x; if (!parse_float(v, &x) || x < 0) return bad_arg("bad --link-latency-us value '%s'", v); a->link_latency_us = x; }
         else if (!strcmp(f, "--attn")) {
             if (!strcmp(v, "causal")) a->attn_mode = KVR_ATTN_CAUSAL;
@@ -338,7 +341,8 @@ int main(int argc, char ** argv) {
     struct kvr_dist_params dp = {
         .strategy = a.strategy, .comm = a.comm, .n_ranks = a.n_ranks, .n_threads = a.n_threads, .n_ctx = n_ctx,
         .partition = counts, .fractions = fracs, .attn_mode = a.attn_mode, .timeout_s = a.timeout_s,
-        .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us, .trace = a.trace != NULL,
+        .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
+        .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
         .stall_rank = -1, .stall_layer = -1, .graph_out = a.dump_graph ? stderr : NULL,
         .log = a.verbose ? stderr : NULL,
     };
