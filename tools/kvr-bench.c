@@ -30,8 +30,11 @@ struct bench_args {
     bool         sgemm;
     bool         causal_only;
     enum kvr_attn_mode attn;
-    double       link_gbps;
+    double       links[8];       // emulated link Gbit/s to sweep (0: none)
+    int          n_links;
+    double       link_noise;
     const char * format;         // md, csv, json
+    const char * svg;
 };
 
 static void usage(FILE * f) {
@@ -43,7 +46,9 @@ static void usage(FILE * f) {
         "  -t N               threads per rank (default: cores / ranks; single uses all cores)\n"
         "  -r N               runs per point (default 3); the table shows the median and the range\n"
         "  --attn causal|dense\n"
-        "  --link-gbps X      emulated link between ranks (default: none)\n"
+        "  --link-gbps LIST   emulated links between ranks to sweep, 0 for none (default 0)\n"
+        "  --link-noise X     with a link: one random neighbour pair per run is X times slower\n"
+        "  --svg FILE         draw TTFT against prompt length, one line per strategy (and ranks, link)\n"
         "  --sgemm            also measure OpenBLAS sgemm on the model's shapes and report the fraction\n"
         "  -o md|csv|json     output format (default md)\n"
         "  --seed N           prompt token seed (default 1)\n");
@@ -70,6 +75,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
     a->ctx[0] = 512; a->ctx[1] = 2048; a->n_ctx = 2;
     a->strat[0] = KVR_STRATEGY_SINGLE; a->n_strat = 1;
     a->ranks[0] = 2; a->n_ranks = 1;
+    a->n_links = 1;
     for (int i = 1; i < argc; i++) {
         const char * f = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
@@ -82,7 +88,19 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
         else if (!strcmp(f, "-t")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->threads = t[0]; }
         else if (!strcmp(f, "-r")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->reps = t[0]; }
         else if (!strcmp(f, "--seed")) a->seed = strtoull(v, NULL, 10);
-        else if (!strcmp(f, "--link-gbps")) a->link_gbps = atof(v);
+        else if (!strcmp(f, "--link-gbps")) {
+            a->n_links = 0;
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", v);
+            for (char * tok = strtok(buf, ","); tok && a->n_links < 8; tok = strtok(NULL, ",")) {
+                char * end;
+                a->links[a->n_links] = strtod(tok, &end);
+                if (*end || a->links[a->n_links] < 0) goto bad;
+                a->n_links++;
+            }
+        }
+        else if (!strcmp(f, "--link-noise")) { a->link_noise = atof(v); if (a->link_noise < 1) goto bad; }
+        else if (!strcmp(f, "--svg")) a->svg = v;
         else if (!strcmp(f, "-o")) {
             if (strcmp(v, "md") && strcmp(v, "csv") && strcmp(v, "json")) goto bad;
             a->format = v;
@@ -154,11 +172,79 @@ static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
 struct point {
     enum kvr_strategy strat;
     int    ranks, ctx;
+    double link;
     double med, lo, hi;   // TTFT ms
     double flops;
     bool   ok;
     char   err[256];
 };
+
+// TTFT (ms) against prompt length, one polyline per (strategy, ranks, link), with axes, ticks,
+// labels and a legend. Plain SVG 1.1: it opens in any browser.
+static int write_svg(const char * path, const struct point * pts, int np, const char * title) {
+    FILE * f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "kvr-bench: %s: cannot write: %s\n", path, strerror(errno));
+        return -1;
+    }
+    const double W = 760, H = 460, L = 80, R = 200, T = 50, B = 60;
+    double xmax = 1, ymax = 1;
+    for (int i = 0; i < np; i++) {
+        if (!pts[i].ok) continue;
+        if (pts[i].ctx > xmax) xmax = pts[i].ctx;
+        if (pts[i].med > ymax) ymax = pts[i].med;
+    }
+    ymax *= 1.1;
+    static const char * colors[] = { "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf" };
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
+    fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    fprintf(f, "<text x=\"%.0f\" y=\"25\" font-size=\"14\">TTFT against prompt length</text>\n", L);
+    fprintf(f, "<text x=\"%.0f\" y=\"40\" font-size=\"10\" fill=\"#555\">", L);
+    for (const char * c = title; *c; c++) {
+        if (*c == '<') fputs("&lt;", f); else if (*c == '&') fputs("&amp;", f); else fputc(*c, f);
+    }
+    fprintf(f, "</text>\n");
+    const double x0 = L, x1 = W - R, y0 = H - B, y1 = T;
+    fprintf(f, "<g id=\"axes\" stroke=\"black\"><line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\"/>"
+               "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\"/></g>\n", x0, y0, x1, y0, x0, y0, x0, y1);
+    for (int k = 0; k <= 5; k++) {
+        const double xv = xmax * k / 5, yv = ymax * k / 5;
+        const double xp = x0 + (x1 - x0) * k / 5, yp = y0 - (y0 - y1) * k / 5;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"black\"/><text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n",
+                xp, y0, xp, y0 + 5, xp, y0 + 20, xv);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n",
+                x0, yp, x1, yp, x0 - 8, yp + 4, yv);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">prompt tokens</text>\n", (x0 + x1) / 2, H - 15);
+    fprintf(f, "<text x=\"20\" y=\"%.0f\" text-anchor=\"middle\" transform=\"rotate(-90 20 %.0f)\">TTFT (ms)</text>\n", (y0 + y1) / 2, (y0 + y1) / 2);
+    int series = 0;
+    bool done[1024] = { false };
+    for (int i = 0; i < np; i++) {
+        if (done[i] || !pts[i].ok) continue;
+        const char * col = colors[series % 8];
+        char label[96];
+        snprintf(label, sizeof(label), "%s x%d%s", kvr_strategy_name(pts[i].strat), pts[i].ranks, pts[i].link > 0 ? " (link)" : "");
+        if (pts[i].link > 0) snprintf(label + strlen(label) - 7, sizeof(label) - strlen(label) + 7, " %g Gb/s", pts[i].link);
+        fprintf(f, "<g class=\"series\" data-strategy=\"%s\"><polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
+                kvr_strategy_name(pts[i].strat), col);
+        for (int j = i; j < np; j++) {
+            if (pts[j].strat != pts[i].strat || pts[j].ranks != pts[i].ranks || pts[j].link != pts[i].link || !pts[j].ok) continue;
+            done[j] = true;
+            fprintf(f, "%.1f,%.1f ", x0 + (x1 - x0) * pts[j].ctx / xmax, y0 - (y0 - y1) * pts[j].med / ymax);
+        }
+        fprintf(f, "\"/>\n");
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%d\" x2=\"%.0f\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"/><text x=\"%.0f\" y=\"%d\">%s</text></g>\n",
+                x1 + 15, 60 + 18 * series, x1 + 40, 60 + 18 * series, col, x1 + 45, 64 + 18 * series, label);
+        series++;
+    }
+    fprintf(f, "</svg>\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "kvr-bench: %s: cannot write\n", path);
+        return -1;
+    }
+    return 0;
+}
 
 int main(int argc, char ** argv) {
     struct bench_args a;
@@ -181,16 +267,20 @@ int main(int argc, char ** argv) {
             ids[i] = 3 + (int32_t)(x % (m->hp.n_vocab - 3));
         }
         for (int s = 0; s < a.n_strat; s++) {
-            const int nr = a.strat[s] == KVR_STRATEGY_SINGLE ? 1 : a.n_ranks;
+            const bool one = a.strat[s] == KVR_STRATEGY_SINGLE;
+            const int nr = one ? 1 : a.n_ranks;
+            for (int li = 0; li < (one ? 1 : a.n_links); li++)
             for (int ri = 0; ri < nr && np < 1024; ri++) {
                 struct point * p = &pts[np++];
-                *p = (struct point) { .strat = a.strat[s], .ranks = a.strat[s] == KVR_STRATEGY_SINGLE ? 1 : a.ranks[ri], .ctx = T, .ok = true };
+                *p = (struct point) { .strat = a.strat[s], .ranks = one ? 1 : a.ranks[ri], .ctx = T, .ok = true,
+                                      .link = one ? 0 : a.links[li] };
                 p->flops = prefill_flops(&m->hp, T);
                 int threads = a.threads > 0 ? a.threads : (int)(cores / p->ranks > 0 ? cores / p->ranks : 1);
                 double * t = calloc((size_t)a.reps, sizeof(double));
                 for (int r = 0; r < a.reps && p->ok; r++) {
                     struct kvr_dist_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = threads,
-                                                  .n_ctx = T + 16, .attn_mode = a.attn, .link_gbps = a.link_gbps,
+                                                  .n_ctx = T + 16, .attn_mode = a.attn, .link_gbps = p->link,
+                                                  .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = (uint64_t)r + 1,
                                                   .stall_rank = -1, .stall_layer = -1, .timeout_s = 600 };
                     struct kvr_dist * d = kvr_dist_new(m, &dp);
                     const double t0 = kvr_time_ms();
@@ -217,10 +307,10 @@ int main(int argc, char ** argv) {
     const bool md = !strcmp(a.format, "md"), csv = !strcmp(a.format, "csv");
     if (md) {
         printf("model: %s\n\n", desc);
-        printf("| strategy | ranks | threads/rank | prompt | TTFT ms (median) | min-max | prefill tok/s | GFLOP/s | vs single | vs tsp |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|\n");
+        printf("| strategy | ranks | threads/rank | link | prompt | TTFT ms (median) | min-max | prefill tok/s | GFLOP/s | vs single | vs tsp |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     } else if (csv) {
-        printf("strategy,ranks,prompt,ttft_ms_median,ttft_ms_min,ttft_ms_max,tok_s,gflop_s,speedup_single,speedup_tsp\n");
+        printf("strategy,ranks,link_gbps,prompt,ttft_ms_median,ttft_ms_min,ttft_ms_max,tok_s,gflop_s,speedup_single,speedup_tsp\n");
     } else {
         printf("[\n");
     }
@@ -230,25 +320,28 @@ int main(int argc, char ** argv) {
         for (int j = 0; j < np; j++) {
             if (pts[j].ctx != p->ctx || !pts[j].ok) continue;
             if (pts[j].strat == KVR_STRATEGY_SINGLE) single = pts[j].med;
-            if (pts[j].strat == KVR_STRATEGY_TSP && pts[j].ranks == p->ranks) tsp = pts[j].med;
+            if (pts[j].strat == KVR_STRATEGY_TSP && pts[j].ranks == p->ranks && pts[j].link == p->link) tsp = pts[j].med;
         }
         const int threads = a.threads > 0 ? a.threads : (int)(cores / p->ranks > 0 ? cores / p->ranks : 1);
         const double toks = p->ctx / (p->med / 1e3), gf = p->flops / (p->med * 1e6);
+        char link[32];
+        if (p->link > 0) snprintf(link, sizeof(link), "%g Gb/s%s", p->link, a.link_noise > 1 ? " noisy" : "");
+        else snprintf(link, sizeof(link), "-");
         if (!p->ok) {
-            if (md) printf("| %s | %d | %d | %d | failed: %s | | | | | |\n", kvr_strategy_name(p->strat), p->ranks, threads, p->ctx, p->err);
+            if (md) printf("| %s | %d | %d | %s | %d | failed: %s | | | | | |\n", kvr_strategy_name(p->strat), p->ranks, threads, link, p->ctx, p->err);
             else fprintf(stderr, "kvr-bench: %s x%d %d: %s\n", kvr_strategy_name(p->strat), p->ranks, p->ctx, p->err);
             continue;
         }
         if (md) {
-            printf("| %s | %d | %d | %d | %.1f | %.1f-%.1f | %.1f | %.1f | %s%.2fx | ", kvr_strategy_name(p->strat), p->ranks, threads,
-                   p->ctx, p->med, p->lo, p->hi, toks, gf, "", single > 0 ? single / p->med : 0.0);
+            printf("| %s | %d | %d | %s | %d | %.1f | %.1f-%.1f | %.1f | %.1f | %s%.2fx | ", kvr_strategy_name(p->strat), p->ranks, threads,
+                   link, p->ctx, p->med, p->lo, p->hi, toks, gf, "", single > 0 ? single / p->med : 0.0);
             if (tsp > 0) printf("%.2fx |\n", tsp / p->med); else printf("- |\n");
         } else if (csv) {
-            printf("%s,%d,%d,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f\n", kvr_strategy_name(p->strat), p->ranks, p->ctx, p->med, p->lo, p->hi,
+            printf("%s,%d,%g,%d,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f\n", kvr_strategy_name(p->strat), p->ranks, p->link, p->ctx, p->med, p->lo, p->hi,
                    toks, gf, single > 0 ? single / p->med : 0.0, tsp > 0 ? tsp / p->med : 0.0);
         } else {
-            printf("  {\"strategy\":\"%s\",\"ranks\":%d,\"prompt\":%d,\"ttft_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f}%s\n",
-                   kvr_strategy_name(p->strat), p->ranks, p->ctx, p->med, p->lo, p->hi, toks, gf, i + 1 < np ? "," : "");
+            printf("  {\"strategy\":\"%s\",\"ranks\":%d,\"link_gbps\":%g,\"prompt\":%d,\"ttft_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f}%s\n",
+                   kvr_strategy_name(p->strat), p->ranks, p->link, p->ctx, p->med, p->lo, p->hi, toks, gf, i + 1 < np ? "," : "");
         }
     }
     if (!md && !csv) printf("]\n");
@@ -262,6 +355,10 @@ int main(int argc, char ** argv) {
             printf("%ssgemm peak at %d tokens (%ld threads, the model's FFN shapes): %.1f GFLOP/s; best prefill above: %.1f GFLOP/s = %.0f%% of it\n",
                    md ? "\n" : "", a.ctx[c], cores, peak, best, 100.0 * best / peak);
         }
+    }
+    if (a.svg && write_svg(a.svg, pts, np, desc) != 0) {
+        kvr_model_free(m);
+        return 1;
     }
     kvr_model_free(m);
     return 0;
