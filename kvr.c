@@ -1219,6 +1219,16 @@ static void * cpu_worker(void * arg) {
     }
 }
 
+// Attention tiles. The query heads that share one KV head (GQA/MQA) are processed together,
+// so each key tile is multiplied by up to ATTN_ROWS query rows at once (one sgemm) and read
+// once per group instead of once per head. A query tile is ATTN_ROWS / group tokens.
+#define ATTN_ROWS 256
+#define ATTN_BK   256
+
+static int64_t attn_tile_tokens(int64_t group) {
+    return group >= ATTN_ROWS ? 1 : ATTN_ROWS / group;
+}
+
 static size_t cpu_scratch_floats(const struct kvr_graph * g) {
     // matmul converts up to MM_BLOCK_BYTES of weight rows at a time; attention keeps a query
     // tile, a score tile and an output tile
@@ -1230,8 +1240,9 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g) {
             if (n > need) need = n;
         }
         if (t->op == KVR_OP_ATTN) {
-            size_t D = (size_t)t->src[0]->ne[0];
-            size_t n = 64 * D * 2 + 64 * 256 + 4 * 64 + 1024;
+            const int64_t D = t->src[0]->ne[0], G = t->src[0]->ne[1] / t->src[1]->ne[1];
+            const size_t rows = (size_t)(attn_tile_tokens(G) * G);
+            size_t n = rows * (size_t)(2 * D + ATTN_BK + 2) + 1024;
             if (n > need) need = n;
         }
     }
@@ -1675,43 +1686,45 @@ static void cpu_op_cpy(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
 }
 
-// Attention tile sizes: a query tile is processed against key tiles with an online softmax.
-#define ATTN_BQ 64
-#define ATTN_BK 256
-
 static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
     const int mode = dst->op_params[0];
     const float scale = get_param_f32(dst, 2);
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], Tk = k->ne[2];
-    const int64_t group = H / Hkv;
-    const int64_t row_len = dst->ne[0]; // D*H + H
-    const int64_t n_qt = (Tq + ATTN_BQ - 1) / ATTN_BQ;
-    const int ldq = (int)(q->nb[2] / sizeof(float));
+    const int64_t G = H / Hkv;                 // query heads per KV head
+    const int64_t BT = attn_tile_tokens(G);    // tokens per query tile
+    const int64_t row_len = dst->ne[0];        // D*H + H
+    const int64_t n_qt = (Tq + BT - 1) / BT;
     const int ldk = (int)(k->nb[2] / sizeof(float));
     const int ldv = (int)(v->nb[2] / sizeof(float));
+    const int64_t R = BT * G;                  // rows of a tile: (token, head) token-major
 
-    float * S   = p->wdata;                    // [BQ, BK] scores, then probabilities
-    float * O   = S + ATTN_BQ * ATTN_BK;       // [BQ, D] running output
-    float * M   = O + ATTN_BQ * D;             // [BQ] running max
-    float * L   = M + ATTN_BQ;                 // [BQ] running sum
-    KVR_ASSERT((size_t)(ATTN_BQ * ATTN_BK + ATTN_BQ * D + 2 * ATTN_BQ) <= p->wsize);
+    float * Q = p->wdata;                      // [R, D] the tile's queries, gathered
+    float * S = Q + R * D;                     // [R, BK] scores, then probabilities
+    float * O = S + R * ATTN_BK;               // [R, D] running output
+    float * M = O + R * D;                     // [R] running max
+    float * L = M + R;                         // [R] running sum
+    KVR_ASSERT((size_t)(R * (2 * D + ATTN_BK + 2)) <= p->wsize);
 
     int64_t dot_dense = 0, dot_causal = 0;
-    // work items are (head, query tile), dealt round-robin so causal tiles of all lengths mix
-    for (int64_t item = p->ith; item < H * n_qt; item += p->nth) {
-        const int64_t h = item % H, qt = item / H;
-        const int64_t g = h / group;
-        const int64_t i0 = qt * ATTN_BQ, bq = (i0 + ATTN_BQ <= Tq) ? ATTN_BQ : Tq - i0;
+    // work items are (KV head, query tile), dealt round-robin so causal tiles of all lengths mix
+    for (int64_t item = p->ith; item < Hkv * n_qt; item += p->nth) {
+        const int64_t g = item % Hkv, qt = item / Hkv;
+        const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0, rows = bt * G;
         int32_t qmin = INT32_MAX, qmax = INT32_MIN;
-        for (int64_t i = 0; i < bq; i++) {
+        for (int64_t i = 0; i < bt; i++) {
             if (qpos[i0 + i] < qmin) qmin = qpos[i0 + i];
             if (qpos[i0 + i] > qmax) qmax = qpos[i0 + i];
         }
-        for (int64_t i = 0; i < bq; i++) { M[i] = -INFINITY; L[i] = 0.0f; }
-        memset(O, 0, sizeof(float) * (size_t)(bq * D));
-        const float * Q = (const float *)((const uint8_t *)q->data + h * q->nb[1] + i0 * q->nb[2]);
+        for (int64_t i = 0; i < bt; i++) { // the G heads of one token are adjacent in q's rows
+            const float * src = (const float *)((const uint8_t *)q->data + (g * G) * q->nb[1] + (i0 + i) * q->nb[2]);
+            for (int64_t hh = 0; hh < G; hh++) {
+                memcpy(Q + (i * G + hh) * D, (const uint8_t *)src + hh * q->nb[1], sizeof(float) * (size_t)D);
+            }
+        }
+        for (int64_t r = 0; r < rows; r++) { M[r] = -INFINITY; L[r] = 0.0f; }
+        memset(O, 0, sizeof(float) * (size_t)(rows * D));
 
         for (int64_t j0 = 0; j0 < Tk; j0 += ATTN_BK) {
             const int64_t bk = (j0 + ATTN_BK <= Tk) ? ATTN_BK : Tk - j0;
@@ -1724,13 +1737,12 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
             const bool need_mask = kmax > qmin;
             const float * Kt = (const float *)((const uint8_t *)k->data + g * k->nb[1] + j0 * k->nb[2]);
             const float * Vt = (const float *)((const uint8_t *)v->data + g * v->nb[1] + j0 * v->nb[2]);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bq, (int)bk, (int)D,
-                        scale, Q, ldq, Kt, ldk, 0.0f, S, (int)bk);
-            if (h == 0) dot_dense += bq * bk;
-            for (int64_t i = 0; i < bq; i++) {
-                float * s = S + i * bk;
-                const int32_t qp = qpos[i0 + i];
-                float mx = -INFINITY;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)bk, (int)D,
+                        scale, Q, (int)D, Kt, ldk, 0.0f, S, (int)bk);
+            if (g == 0) dot_dense += bt * bk;
+            for (int64_t r = 0; r < rows; r++) {
+                float * s = S + r * bk;
+                const int32_t qp = qpos[i0 + r / G];
                 int64_t seen = bk;
                 if (need_mask) {
                     seen = 0;
@@ -1739,37 +1751,39 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
                         else seen++;
                     }
                 }
-                if (h == 0) dot_causal += seen;
+                if (g == 0 && r % G == 0) dot_causal += seen;
+                float mx = -INFINITY;
                 for (int64_t j = 0; j < bk; j++) mx = s[j] > mx ? s[j] : mx;
                 if (mx == -INFINITY) { // nothing visible for this row in this tile
                     memset(s, 0, sizeof(float) * (size_t)bk);
                     continue;
                 }
-                const float m_new = mx > M[i] ? mx : M[i];
-                const float corr = expf(M[i] - m_new); // 0 when M[i] is -inf
+                const float m_new = mx > M[r] ? mx : M[r];
+                const float corr = expf(M[r] - m_new); // 0 when M[r] is -inf
                 float sum = 0.0f;
                 for (int64_t j = 0; j < bk; j++) {
                     const float e = expf(s[j] - m_new);
                     s[j] = e;
                     sum += e;
                 }
-                L[i] = L[i] * corr + sum;
-                M[i] = m_new;
+                L[r] = L[r] * corr + sum;
+                M[r] = m_new;
                 if (corr != 1.0f) {
-                    float * o = O + i * D;
+                    float * o = O + r * D;
                     for (int64_t d = 0; d < D; d++) o[d] *= corr;
                 }
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)D, (int)bk,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)D, (int)bk,
                         1.0f, S, (int)bk, Vt, ldv, 1.0f, O, (int)D);
         }
-        for (int64_t i = 0; i < bq; i++) {
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t i = r / G, h = g * G + r % G;
             float * out = (float *)dst->data + (i0 + i) * row_len;
             float * lse = out + D * H + h;
-            if (L[i] > 0.0f) {
-                const float inv = 1.0f / L[i];
-                for (int64_t d = 0; d < D; d++) out[h * D + d] = O[i * D + d] * inv;
-                *lse = M[i] + logf(L[i]);
+            if (L[r] > 0.0f) {
+                const float inv = 1.0f / L[r];
+                for (int64_t d = 0; d < D; d++) out[h * D + d] = O[r * D + d] * inv;
+                *lse = M[r] + logf(L[r]);
             } else {
                 for (int64_t d = 0; d < D; d++) out[h * D + d] = 0.0f;
                 *lse = -INFINITY;
