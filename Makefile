@@ -10,7 +10,7 @@ CC        ?= cc
 CLANG     ?= clang
 ARCHFLAGS ?= -march=native
 OPT       ?= -O2
-WARN      := -Wall -Wextra -Werror -Wno-unused-function
+WARN      := -Wall -Wextra -Werror
 CFLAGS    += -std=c11 $(OPT) $(ARCHFLAGS) $(WARN) -pthread -I. -fno-math-errno
 LDLIBS    += -lopenblas -lm -lpthread
 PREFIX    ?= /usr/local
