@@ -81,12 +81,22 @@ $(BUILD)/simple: tools/simple.c kvr.h kvr.c | $(BUILD)
 
 # the MPI build of kvr-run, when OpenMPI's compiler is installed (tests/e2e.sh runs it under mpirun)
 MPICC := $(shell command -v mpicc 2>/dev/null)
-MPI_RUN := $(if $(MPICC),$(BUILD)/mpi/kvr-run,)
+MPI_RUN := $(if $(MPICC),$(BUILD)/mpi/kvr-run $(BUILD)/mpi/test-parallel,)
 mpi: $(MPI_RUN)
 
-$(BUILD)/mpi/kvr-run: tools/kvr-run.c $(LIB_DEPS)
+$(BUILD)/mpi/kvr.o: $(LIB_DEPS)
 	mkdir -p $(BUILD)/mpi
-	$(MPICC) $(CFLAGS) -DKVR_MPI tools/kvr-run.c $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+	$(MPICC) $(CFLAGS) -DKVR_MPI -c kvr.c -o $@
+
+$(BUILD)/mpi/kvr-comm.o: $(LIB_DEPS)
+	mkdir -p $(BUILD)/mpi
+	$(MPICC) $(CFLAGS) -DKVR_MPI -c kvr-comm.c -o $@
+
+$(BUILD)/mpi/%: tools/%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o
+	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o -o $@ $(LDLIBS)
+
+$(BUILD)/mpi/test-%: tests/test-%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o
+	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o -o $@ $(LDLIBS)
 
 test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)

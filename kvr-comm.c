@@ -426,6 +426,14 @@ static void mpi_idle(struct transport * t, double deadline) {
     while (kvr_time_ms() < deadline) usleep(10000);
 }
 
+static void mpi_finalize(void) {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (done) return;
+    MPI_Barrier(MPI_COMM_WORLD); // nobody leaves while a peer may still talk to it
+    MPI_Finalize();
+}
+
 static void mpi_free(struct transport * t) {
     free(t);
 }
@@ -690,7 +698,6 @@ struct kvr_dist {
     int                    * rows;        // cache rows of every rank (all processes keep it)
     struct transport       * tr;
     int                      n_past;
-    bool                     mpi_owned;   // we called MPI_Init, so we finalize
     int                      n_decode;    // ring decode steps so far (the round-robin store)
     enum kvr_strategy        last;
     float                  * logits;
@@ -1113,7 +1120,7 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     memset(&dr->comm->st, 0, sizeof(dr->comm->st));
     dr->comm->stalled = false;
     dr->comm->timeout_peer = -1;
-    dr->comm->stall_layer = r == d->p.stall_rank ? d->p.stall_layer : -1;
+    dr->comm->stall_layer = d->p.stall && r == d->p.stall_rank ? d->p.stall_layer : -1;
     kvr_backend_cpu_counters(dr->be, NULL, true);
 
     const bool ring = d->layout == LAYOUT_RING;
@@ -1279,7 +1286,8 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         MPI_Initialized(&inited);
         if (!inited) {
             MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-            d->mpi_owned = true;
+            // MPI cannot be started twice in a process: it ends with the process, not the dist
+            atexit(mpi_finalize);
         }
         MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
         MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
@@ -1364,12 +1372,6 @@ void kvr_dist_free(struct kvr_dist * d) {
     free(d->logits);
     plan_free(&d->plan);
     if (d->tr) d->tr->free(d->tr);
-#ifdef KVR_MPI
-    if (d->mpi_owned) {
-        MPI_Barrier(MPI_COMM_WORLD); // nobody leaves while a peer may still talk to it
-        MPI_Finalize();
-    }
-#endif
     free(d);
 }
 

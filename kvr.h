@@ -761,8 +761,9 @@ struct kvr_dist_params {
                                      //   noisy sidecar); needs link_gbps; 0: off
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_dist_write_trace
-    int                stall_rank;   // test hook: this rank stops before its first transfer of
-    int                stall_layer;  //   stall_layer and never sends again (-1: off)
+    bool               stall;        // test hook: rank stall_rank stops before its first transfer
+    int                stall_rank;   //   of layer stall_layer and never sends again, as a lost
+    int                stall_layer;  //   process would (off unless stall is set)
     FILE *             graph_out;    // print every rank's rewritten graph of the next eval
     double             auto_flops;   // auto's C (0: 1e11)
     double             auto_bw;      // auto's BW in bytes/s (0: the link, else 1e10)

@@ -44,6 +44,17 @@ done
 
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
 
+# the parallel-prefill matrix again with ranks as MPI processes, when OpenMPI is installed
+if [ -x "$build/mpi/test-parallel" ] && command -v mpirun > /dev/null 2>&1; then
+    for np in 2 4; do
+        run "mpirun -np $np test-parallel --mpi" timeout 600 mpirun --allow-run-as-root --oversubscribe -np $np \
+            "$build/mpi/test-parallel" "$shared" --mpi
+    done
+else
+    echo "skip MPI tests (no MPI build or no mpirun)"
+    skip=$((skip + 1))
+fi
+
 # the GGUF loader under libFuzzer for a bounded time, seeded with test-gguf's corpus
 if [ -x "$build/fuzz-gguf" ] && [ -x "$build/test-gguf" ]; then
     mkdir -p "$build/fuzz-corpus"

@@ -5,12 +5,15 @@
 //             ring-kv, ring-q and auto x 1..8 ranks x {stories260K (GQA 8/4), a random MHA and a
 //             random MQA Llama} x prompts of 1, 7, 64 and 300 tokens: the last token's logits
 //             within 1e-4 of kvr_session's, the same 16-token greedy continuation, and every
-//             cache row every rank holds equal to the reference's row at its position (1e-5),
+//             cache row every rank holds equal to the reference's row at its position (1e-5,
+//             relative where the value exceeds 1),
 //             the rows covering the prompt as the strategy promises (kvr: the last rank holds
 //             all; tsp: every rank does; ring: the shards partition the positions), after the
 //             prefill and again after the decode
 //   partial   a second turn of 1, 16 or 200 tokens after 300 cached ones (ring-kv, ring-q, auto,
 //             and tsp/kvr, which continue on the last rank), then a short decode
+//   variants  the same checks with dense attention, emulated links (bandwidth and latency, and a
+//             noisy one: other interleavings of transfers and compute) and two threads per rank
 //   counters  kvr_dist_stats in dense mode against the closed forms: for an even split of C
 //             tokens over p ranks TSP moves 2(p-1)C KV rows and KV-Runahead (p-1)C; dense pairs
 //             per rank are (C/p)*C and c_r*e_r; causal pairs and bytes agree; sent == received
@@ -24,11 +27,17 @@
 // made-up byte-fallback vocabulary when the shared directory lacks it: then the stories260K
 // cases count as skipped, never as passed).
 //
-// usage: test-parallel [SHARED_DIR (default ../shared)] [--quick] [--full] [-v] [-o GROUP[,GROUP...]]
+// Under mpirun (an MPI build, --mpi) the ranks are the MPI processes: the matrix and partial
+// groups run with the MPI transport for the strategies at the MPI size, every process checking
+// the logits, the continuation and the rows of its own rank against its own single-rank
+// reference (the other groups need ranks of one process and are not run there).
+//
+// usage: test-parallel [SHARED_DIR (default ../shared)] [--quick] [--full] [--mpi] [-v] [-o GROUP[,GROUP...]]
 //   --quick  a reduced matrix (about a minute under ASan+UBSan); the default of sanitizer builds
+//   --mpi    ranks are the processes of mpirun (build with -DKVR_MPI)
 //   --full   the whole matrix even in a sanitizer build
 //   -v       one line per case
-//   -o       run only these groups (matrix, partial, counters, stall, trace)
+//   -o       run only these groups (matrix, partial, variants, counters, stall, trace)
 // Prints one line per group and "N passed, M failed" (", K skipped"); exits 1 on a failure.
 
 #define _POSIX_C_SOURCE 200809L
@@ -55,16 +64,18 @@
 #endif
 
 #define TOL_LOGITS 1e-4
-#ifndef TOL_CACHE
+#ifndef TOL_CACHE          // -DTOL_CACHE=... to see how close the caches are
 #define TOL_CACHE  1e-5
 #endif
 #define N_DECODE   16
 #define N_CTX      512     // per rank: 300 + 200 tokens of the partial prefill fit
 #define MAX_RANKS  8
-#define WATCHDOG_S 1500    // the last resort; every wait in kvr has its own timeout
+#define WATCHDOG_S 900     // the last resort; every wait in kvr has its own timeout
 
 static int          n_pass, n_fail, n_skip;
 static bool         verbose, quick;
+static bool         mpi;           // --mpi: ranks are MPI processes
+static int          mpi_size;      //   how many (from a first dist)
 static const char * only;          // -o: comma-separated groups to run (NULL: all)
 static const char * shared_dir = "../shared";
 static char         tmp_dir[512];
@@ -347,6 +358,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
     for (int q = 0; q < N; q++) {
         const int32_t * pos = NULL;
         const struct kvr_kv_cache * c = NULL;
+        if (mpi && q != kvr_dist_rank(d)) continue; // another process holds that rank
         const int n = kvr_dist_cache(d, q, &pos, &c);
         if (n < 0 || !c || (n > 0 && !pos)) { CHECK(false, "kvr_dist_cache(rank %d) returned %d", q, n); continue; }
         if (c->n_layer != r->n_layer || c->kv_dim != r->kv_dim) {
@@ -382,7 +394,14 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
     CHECK(worst <= TOL_CACHE, "cache rows differ from the reference by %.3g (relative above 1): %s", worst, where);
     if (worst <= TOL_CACHE && worst > worst_cache) worst_cache = worst;
     int missing = 0, first_missing = -1, first_rank = -1, first_count = 0;
-    for (int p = 0; p < n_pos; p++) {
+    // under MPI a process sees one rank: it checks what that rank must hold, the union is not known
+    const int me = mpi ? kvr_dist_rank(d) : -1;
+    if (mpi && cov == COVER_PARTITION) { free(seen); return; }
+    if (mpi && cov == COVER_LAST && me != N - 1) { free(seen); return; }
+    for (int p = 0; p < n_pos && mpi; p++) {
+        if (seen[(size_t)me * n_pos + p] != 1 && !missing++) { first_missing = p; first_rank = me; first_count = seen[(size_t)me * n_pos + p]; }
+    }
+    for (int p = 0; p < n_pos && !mpi; p++) {
         int sum = 0;
         for (int q = 0; q < N; q++) {
             const int cnt = seen[(size_t)q * n_pos + p];
@@ -417,8 +436,8 @@ static enum cover cover_of(enum kvr_strategy s, int N, bool first) {
 
 static struct kvr_dist_params dist_params(enum kvr_strategy s, int N) {
     return (struct kvr_dist_params){
-        .strategy = s, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = N_CTX,
-        .timeout_s = 30.0, .stall_rank = -1, .stall_layer = -1,
+        .strategy = s, .comm = mpi ? KVR_COMM_MPI : KVR_COMM_LOCAL, .n_ranks = mpi ? 0 : N, .n_threads = 1, .n_ctx = N_CTX,
+        .timeout_s = 30.0,
     };
 }
 
@@ -429,7 +448,7 @@ static void run_dist(const struct kvr_model * m, const struct ref * r, const int
     struct kvr_dist * d = kvr_dist_new(m, p);
     CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
     if (!d) return;
-    const int V = (int)m->hp.n_vocab, N = p->n_ranks;
+    const int V = (int)m->hp.n_vocab, N = kvr_dist_n_ranks(d);
     const float * lg = NULL;
     int at = 0;
     for (int t = 0; t < n_turns; t++) {
@@ -554,8 +573,8 @@ static void test_matrix(const struct tmodel * models, int n_models) {
     static const int prompts_full[] = { 1, 7, 64, 300 };
     static const int ranks_full[] = { 1, 2, 3, 4, 5, 6, 7, 8 };
     static const int ranks_quick[] = { 1, 2, 3, 8 };
-    const int * ranks = quick ? ranks_quick : ranks_full;
-    const int n_ranks = quick ? 4 : 8;
+    const int * ranks = mpi ? &mpi_size : quick ? ranks_quick : ranks_full;
+    const int n_ranks = mpi ? 1 : quick ? 4 : 8;
     static const enum kvr_strategy strats[] = { KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO };
     int runs = 0;
     for (int mi = 0; mi < n_models; mi++) {
@@ -610,8 +629,8 @@ static void test_partial(const struct tmodel * models, int n_models) {
     static const int Ts[] = { 1, 16, 200 };
     static const int ranks_full[] = { 2, 3, 4, 8 };
     static const int ranks_quick[] = { 3 };
-    const int * ranks = quick ? ranks_quick : ranks_full;
-    const int n_ranks = quick ? 1 : 4;
+    const int * ranks = mpi ? &mpi_size : quick ? ranks_quick : ranks_full;
+    const int n_ranks = mpi ? 1 : quick ? 1 : 4;
     static const enum kvr_strategy strats[] = { KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO, KVR_STRATEGY_TSP, KVR_STRATEGY_KVR };
     const int P = 300, n_dec = 4;
     int runs = 0;
@@ -646,6 +665,52 @@ static void test_partial(const struct tmodel * models, int n_models) {
     }
     group_end("partial", "%d runs (second turn after %d cached, %d greedy steps; worst passing logits %.1e, cache %.1e)",
               runs, P, n_dec, worst_logits, worst_cache);
+}
+
+//
+// the matrix's checks under other settings: dense attention, emulated links, 2 threads a rank
+//
+
+static void test_variants(const struct tmodel * models, int n_models) {
+    group_begin();
+    static const enum kvr_strategy strats[] = { KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO };
+    static const char * const names[4] = { "dense attention", "link 2 Gb/s + 50 us", "2 threads a rank", "noisy link" };
+    static const int Ts[2] = { 64, 300 };
+    const int n_dec = 4;
+    int runs = 0;
+    for (int mi = 0; mi < n_models; mi++) {
+        const struct tmodel * tm = &models[mi];
+        if (!tm->m || (quick && mi != 2)) continue;
+        for (int ti = 0; ti < 2; ti++) {
+            const int T = Ts[ti];
+            int32_t prompt[300];
+            make_prompt(prompt, T, (int)tm->m->hp.n_vocab, 9000 + 13 * (uint64_t)mi + (uint64_t)T);
+            struct ref r;
+            set_case("variants %s T=%d reference", tm->name, T);
+            if (!ref_run(&r, tm->m, prompt, &T, 1, n_dec)) continue;
+            for (int v = 0; v < 4; v++) {
+                for (int si = 0; si < 5; si++) {
+                    const int N = 3 + (si + v) % 2; // 3 and 4 ranks, alternating
+                    struct kvr_dist_params p = dist_params(strats[si], N);
+                    if (v == 0) p.attn_mode = KVR_ATTN_DENSE;
+                    if (v == 1) { p.link_gbps = 2.0; p.link_latency_us = 50.0; }
+                    if (v == 2) p.n_threads = 2;
+                    if (v == 3) { p.link_gbps = 2.0; p.link_noise = 8.0; p.link_seed = 7 + (uint64_t)si; }
+                    set_case("variants %s T=%d %s N=%d %s", tm->name, T, kvr_strategy_name(strats[si]), N, names[v]);
+                    const double t0 = kvr_time_ms();
+                    const int f0 = n_fail;
+                    run_dist(tm->m, &r, prompt, &T, 1, n_dec, &p);
+                    runs++;
+                    if (verbose || n_fail != f0) {
+                        printf("  %s: %s (%.0f ms)\n", g_case, n_fail == f0 ? "ok" : "FAILED", kvr_time_ms() - t0);
+                    }
+                }
+            }
+            ref_free(&r);
+        }
+    }
+    group_end("variants", "%d runs (dense attention, emulated links, 2 threads a rank; worst passing logits %.1e, cache %.1e)",
+              runs, worst_logits, worst_cache);
 }
 
 //
@@ -755,6 +820,7 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
         const int c = quick ? 2 * ci : ci;
         struct kvr_dist_params p = dist_params(cases[c].s, cases[c].N);
         p.timeout_s = timeout;
+        p.stall = true;
         p.stall_rank = cases[c].rank;
         p.stall_layer = cases[c].layer;
         set_case("stall %s %s N=%d rank %d layer %d", tm->name, kvr_strategy_name(cases[c].s), cases[c].N, cases[c].rank, cases[c].layer);
@@ -785,7 +851,7 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
         kvr_dist_free(d);
 
         // a new dist has nothing left of the failed one
-        p.stall_rank = p.stall_layer = -1;
+        p.stall = false;
         p.timeout_s = 30.0;
         d = kvr_dist_new(tm->m, &p);
         CHECK(d != NULL, "kvr_dist_new after the stall: %s", kvr_last_error());
@@ -1198,8 +1264,9 @@ int main(int argc, char ** argv) {
         if (strcmp(argv[i], "--quick") == 0) quick = true;
         else if (strcmp(argv[i], "--full") == 0) full = true;
         else if (strcmp(argv[i], "-v") == 0) verbose = true;
+        else if (strcmp(argv[i], "--mpi") == 0) mpi = true;
         else if (strcmp(argv[i], "-o") == 0 && i + 1 < argc) only = argv[++i];
-        else if (argv[i][0] == '-') { fprintf(stderr, "usage: test-parallel [SHARED_DIR] [--quick] [--full] [-v] [-o GROUP[,GROUP...]]\n"); return 2; }
+        else if (argv[i][0] == '-') { fprintf(stderr, "usage: test-parallel [SHARED_DIR] [--quick] [--full] [--mpi] [-v] [-o GROUP[,GROUP...]]\n"); return 2; }
         else shared_dir = argv[i];
     }
     if (full) quick = false;
@@ -1236,6 +1303,9 @@ int main(int argc, char ** argv) {
     CHECK(models[1].m != NULL, "loading %s: %s", mha_path, kvr_last_error());
     models[2].m = kvr_model_load(mqa_path, NULL);
     CHECK(models[2].m != NULL, "loading %s: %s", mqa_path, kvr_last_error());
+    // the models are mapped: their files can go now, so a killed run leaves no large files
+    remove(mha_path);
+    remove(mqa_path);
     for (int i = 0; i < 3; i++) {
         if (!models[i].m) continue;
         char desc[256];
@@ -1243,11 +1313,24 @@ int main(int argc, char ** argv) {
         printf("model %-11s %s\n", models[i].name, desc);
     }
     if (quick) printf("quick: a reduced matrix%s\n", SANITIZED ? " (sanitizer build; --full for all of it)" : "");
+    if (mpi && models[1].m) {
+        struct kvr_dist_params p = dist_params(KVR_STRATEGY_KVR, 0);
+        struct kvr_dist * d = kvr_dist_new(models[1].m, &p);
+        CHECK(d != NULL, "an MPI dist: %s", kvr_last_error());
+        if (!d) return 1;
+        mpi_size = kvr_dist_n_ranks(d);
+        printf("mpi: rank %d of %d\n", kvr_dist_rank(d), mpi_size);
+        kvr_dist_free(d);
+    }
     fflush(stdout);
 
-    if (models[1].m && models[2].m) {
+    if (mpi && models[1].m && models[2].m) {
         if (want_group("matrix")) test_matrix(models, 3);
         if (want_group("partial")) test_partial(models, 3);
+    } else if (models[1].m && models[2].m) {
+        if (want_group("matrix")) test_matrix(models, 3);
+        if (want_group("partial")) test_partial(models, 3);
+        if (want_group("variants")) test_variants(models, 3);
         if (want_group("counters")) test_counters(&models[1]);
         // stall and trace: the MQA model and a 64-token prompt
         int32_t prompt[64];
@@ -1263,8 +1346,6 @@ int main(int argc, char ** argv) {
     }
 
     for (int i = 0; i < 3; i++) kvr_model_free(models[i].m);
-    remove(mha_path);
-    remove(mqa_path);
     rmdir(tmp_dir);
     printf("total time %.1f s%s\n", (kvr_time_ms() - t_start) / 1e3, quick ? " (quick)" : "");
     if (n_skip) printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);

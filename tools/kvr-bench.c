@@ -281,7 +281,7 @@ int main(int argc, char ** argv) {
                     struct kvr_dist_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = threads,
                                                   .n_ctx = T + 16, .attn_mode = a.attn, .link_gbps = p->link,
                                                   .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = (uint64_t)r + 1,
-                                                  .stall_rank = -1, .stall_layer = -1, .timeout_s = 600 };
+                                                  .timeout_s = 600 };
                     struct kvr_dist * d = kvr_dist_new(m, &dp);
                     const double t0 = kvr_time_ms();
                     const float * logits = d ? kvr_dist_eval(d, ids, T) : NULL;

@@ -343,11 +343,11 @@ int main(int argc, char ** argv) {
         .partition = counts, .fractions = fracs, .attn_mode = a.attn_mode, .timeout_s = a.timeout_s,
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
-        .stall_rank = -1, .stall_layer = -1, .graph_out = a.dump_graph ? stderr : NULL,
+.graph_out = a.dump_graph ? stderr : NULL,
         .log = a.verbose ? stderr : NULL,
     };
     if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers
-        if (sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) != 2) dp.stall_rank = -1;
+        dp.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) == 2;
     }
     struct kvr_dist * dist = kvr_dist_new(model, &dp);
     if (!dist) {
