@@ -1527,7 +1527,28 @@ static void cpu_op_binary(const struct cpu_params * p, struct kvr_tensor * dst) 
     }
 }
 
+// GELU as GGML computes it on the CPU, because llama.cpp's outputs are our reference: the input
+// rounded to fp16, the tanh approximation looked up in a table of fp16 results, and the tails
+// (x <= -10: 0, x >= 10: x) passed through. The table is built once.
+static uint16_t gelu_table[1 << 16];
+static pthread_once_t gelu_table_once = PTHREAD_ONCE_INIT;
+
+static void gelu_table_init(void) {
+    const float c = 0.79788456080286535588f; // sqrt(2/pi)
+    for (uint32_t i = 0; i < (1u << 16); i++) {
+        const float v = kvr_fp16_to_fp32((uint16_t)i);
+        gelu_table[i] = kvr_fp32_to_fp16(0.5f * v * (1.0f + tanhf(c * v * (1.0f + 0.044715f * v * v))));
+    }
+}
+
+static inline float gelu_ggml(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return kvr_fp16_to_fp32(gelu_table[kvr_fp32_to_fp16(x)]);
+}
+
 static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
+    if (dst->op == KVR_OP_GELU) pthread_once(&gelu_table_once, gelu_table_init);
     const struct kvr_tensor * a = dst->src[0];
     const int64_t n = a->ne[0];
     const float s = get_param_f32(dst, 0);
@@ -1543,13 +1564,9 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
             case KVR_OP_SILU:
                 for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
                 break;
-            case KVR_OP_GELU: {
-                const float c = 0.79788456080286535588f; // sqrt(2/pi)
-                for (int64_t i = 0; i < n; i++) {
-                    const float v = x[i];
-                    y[i] = 0.5f * v * (1.0f + tanhf(c * v * (1.0f + 0.044715f * v * v)));
-                }
-            } break;
+            case KVR_OP_GELU:
+                for (int64_t i = 0; i < n; i++) y[i] = gelu_ggml(x[i]);
+                break;
             default:
                 KVR_ASSERT(!"not a unary op");
         }

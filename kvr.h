@@ -206,7 +206,7 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
     X(MUL_MAT)     /* src0 [K, N] (weight, any supported type) x src1 [K, T] f32 -> [N, T]   */ \
     X(ROPE)        /* rotary embedding at absolute positions src1 i32                        */ \
     X(SILU)        /* x * sigmoid(x)                                                         */ \
-    X(GELU)        /* tanh approximation, as GGML                                            */ \
+    X(GELU)        /* tanh approximation as GGML's CPU path: fp16 in, fp16 table out         */ \
     X(CPY)         /* copy src0 into src1's memory (f32 -> f32/f16); result is a view of src1 */ \
     X(ATTN_BLOCK)  /* high level: causal attention of q over every key up to it. A strategy  */ \
                    /* pass rewrites it; it never reaches a backend                           */ \

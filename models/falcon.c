@@ -23,11 +23,12 @@ static bool falcon_known_tensor(const struct kvr_model * m, const char * name) {
     for (size_t i = 0; i < sizeof(top) / sizeof(top[0]); i++) {
         if (strcmp(name, top[i]) == 0) return true;
     }
-    unsigned il = 0;
-    int n = 0;
-    if (sscanf(name, "blk.%u.%n", &il, &n) != 1 || n == 0 || il >= m->hp.n_layer) return false;
+    if (strncmp(name, "blk.", 4) != 0 || name[4] < '0' || name[4] > '9') return false;
+    char * end = NULL;
+    const unsigned long il = strtoul(name + 4, &end, 10);
+    if (*end != '.' || il >= m->hp.n_layer) return false;
     for (size_t i = 0; i < sizeof(per_layer) / sizeof(per_layer[0]); i++) {
-        if (strcmp(name + n, per_layer[i]) == 0) return true;
+        if (strcmp(end + 1, per_layer[i]) == 0) return true;
     }
     return false;
 }

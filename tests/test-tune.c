@@ -233,8 +233,8 @@ static bool same_profile(const struct kvr_tune_profile * a, const struct kvr_tun
     return !strcmp(a->name, b->name) && a->matmul_flops == b->matmul_flops && a->matmul_eff == b->matmul_eff &&
            a->attn_flops == b->attn_flops && a->attn_eff == b->attn_eff && a->mem_bw == b->mem_bw && a->link_bw == b->link_bw &&
            a->link_latency == b->link_latency && a->links == b->links && a->elem_bytes == b->elem_bytes &&
-           a->weight_bytes == b->weight_bytes && a->attn_tile_q == b->attn_tile_q && a->attn_tile_k == b->attn_tile_k &&
-           a->attn_mode == b->attn_mode && a->layer_overhead == b->layer_overhead;
+           a->weight_bytes == b->weight_bytes && a->attn_tile_q == b->attn_tile_q && a->attn_tile_k == b->attn_tile_k && a->attn_tile_group == b->attn_tile_group &&
+           a->attn_mode == b->attn_mode && a->layer_overhead == b->layer_overhead && a->attn_pair_s == b->attn_pair_s;
 }
 
 static void test_profiles(void) {
@@ -385,8 +385,7 @@ static void test_counters(const char * shared) {
             int counts[KVR_TUNE_MAX_RANKS];
             if (cases[i].frac) kvr_tune_counts_from_fractions(cases[i].frac, N, T, counts);
             struct kvr_dist_params dp = { .strategy = cases[i].s, .n_ranks = N, .n_threads = 1, .n_ctx = T,
-                                          .partition = cases[i].frac ? counts : NULL, .attn_mode = am, .timeout_s = 30,
-                                          .stall_rank = -1, .stall_layer = -1 };
+                                          .partition = cases[i].frac ? counts : NULL, .attn_mode = am, .timeout_s = 30, };
             char what[128];
             snprintf(what, sizeof(what), "%s %d ranks %s%s", kvr_strategy_name(cases[i].s), N, am == KVR_ATTN_DENSE ? "dense" : "causal",
                      cases[i].frac ? " uneven" : "");
