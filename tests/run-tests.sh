@@ -44,6 +44,11 @@ done
 
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
 
+# the tokenizer's Unicode table is what its generator makes from this Python's unicodedata
+if command -v python3 > /dev/null 2>&1 && [ "$(python3 -c 'import unicodedata; print(unicodedata.unidata_version)')" = "14.0.0" ]; then
+    run "unicode table" python3 tests/gen-unicode.py --check kvr.c
+fi
+
 # the parallel-prefill matrix again with ranks as MPI processes, when OpenMPI is installed
 if [ -x "$build/mpi/test-parallel" ] && command -v mpirun > /dev/null 2>&1; then
     for np in 2 4; do
