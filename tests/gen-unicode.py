@@ -6,15 +6,32 @@
 # points count as \p{C}) plus a White_Space bit (\s). This script prints that classification as
 # compact ranges: each entry is (first code point << 8) | flags, and a range lasts until the next
 # entry starts. The table is pasted into the tokenizer between the BEGIN/END marker lines.
+# (llama.cpp flags unassigned code points "undefined" rather than \p{C}; none of the
+# pre-tokenizer regexes tells the two apart.)
 #
-#   python3 tests/gen-unicode.py                  # print the block
-#   python3 tests/gen-unicode.py --update FILE    # replace the block inside FILE
-#   python3 tests/gen-unicode.py --check FILE     # exit 1 if the block in FILE is not current
+#   python3.13 tests/gen-unicode.py                  # print the block
+#   python3.13 tests/gen-unicode.py --update FILE    # replace the block inside FILE
+#   python3.13 tests/gen-unicode.py --check FILE     # exit 1 if the block in FILE is not current
 #
-# The Unicode version is that of this Python's unicodedata (Python 3.11: Unicode 14.0.0).
+# The table must come from Unicode 15.1.0, the version of llama.cpp's own tables, so that the
+# pre-tokenizers split exactly as llama.cpp's do: run it with Python 3.13 (whose unicodedata is
+# 15.1.0), or with an older Python that has the backport installed (pip install
+# unicodedata2==15.1.0). Another version is refused unless --any-version is given (Python 3.11
+# alone has 14.0.0: code points assigned since then would count as unassigned); --check then
+# reports itself skipped. --check prints one "N passed, M failed, K skipped" line.
 
 import sys
 import unicodedata
+
+UNICODE_VERSION = "15.1.0"
+
+if unicodedata.unidata_version != UNICODE_VERSION:
+    try:
+        import unicodedata2
+        if unicodedata2.unidata_version == UNICODE_VERSION:
+            unicodedata = unicodedata2
+    except ImportError:
+        pass
 
 MAX_CODEPOINT = 0x110000
 
@@ -94,6 +111,20 @@ def replace_block(text, new_block):
 
 
 def main(argv):
+    argv = list(argv)
+    any_version = "--any-version" in argv
+    if any_version:
+        argv.remove("--any-version")
+    if unicodedata.unidata_version != UNICODE_VERSION and not any_version:
+        msg = ("gen-unicode.py: this Python's unicodedata is Unicode %s; the table is made from %s "
+               "(llama.cpp's version): run it with Python 3.13, or pass --any-version"
+               % (unicodedata.unidata_version, UNICODE_VERSION))
+        if len(argv) == 3 and argv[1] == "--check":
+            print("SKIP " + msg)
+            print("gen-unicode: 0 passed, 0 failed, 1 skipped")
+            return 0
+        sys.stderr.write(msg + "\n")
+        return 2
     if len(argv) == 1:
         sys.stdout.write(block())
         return 0
@@ -104,14 +135,16 @@ def main(argv):
         new_text = replace_block(text, block())
         if argv[1] == "--check":
             if new_text != text:
-                print("gen-unicode.py: the table in %s is not current" % path)
+                print("gen-unicode.py: the table in %s is not what Unicode %s gives" % (path, UNICODE_VERSION))
+                print("gen-unicode: 0 passed, 1 failed")
                 return 1
-            print("gen-unicode.py: the table in %s is current" % path)
+            print("gen-unicode.py: the table in %s is current (Unicode %s)" % (path, UNICODE_VERSION))
+            print("gen-unicode: 1 passed, 0 failed")
             return 0
         with open(path, "w", encoding="utf-8") as f:
             f.write(new_text)
         return 0
-    sys.stderr.write("usage: gen-unicode.py [--update FILE | --check FILE]\n")
+    sys.stderr.write("usage: gen-unicode.py [--any-version] [--update FILE | --check FILE]\n")
     return 2
 
 

@@ -385,6 +385,31 @@ static void test_api(const char * dir) {
     check(kvr_token_to_piece(v, 220, buf, 16, false) == 1 && buf[0] == ' ', "api: BPE piece of 220 is a space");
     kvr_vocab_free(v);
     kvr_gguf_close(g);
+
+    // deepseek-coder: user-defined tokens are split out even without parse_special, but the FIM
+    // tokens llama.cpp recognizes by their text ("<｜fim▁hole｜>") are control tokens and are not
+    path_fmt(path, sizeof path, "%s/ggml-vocab-deepseek-coder.gguf", dir);
+    if (!file_exists(path)) {
+        printf("SKIP api (user-defined): %s not found\n", path);
+        n_skip++;
+        return;
+    }
+    v = load_vocab(path, &g);
+    check(v != NULL, "api: load %s: %s", path, kvr_last_error());
+    if (v == NULL) {
+        return;
+    }
+    static const char hole[] = "a<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>b";
+    n = kvr_tokenize(v, "a<pad>b", ids, 64, false, false);
+    check(n == 3 && ids[0] == 64 && ids[1] == 32018 && ids[2] == 65, "api: user-defined '<pad>' split out (got %d)", n);
+    n = kvr_tokenize(v, hole, ids, 64, false, false);
+    check(n == 15 && ids[1] == 27, "api: FIM token kept as text without parse_special (got %d)", n);
+    n = kvr_tokenize(v, hole, ids, 64, false, true);
+    check(n == 3 && ids[1] == 32015, "api: FIM token with parse_special (got %d)", n);
+    n = kvr_tokenize(v, "Hello", ids, 64, kvr_vocab_add_bos(v), false);
+    check(n == 2 && ids[0] == 32013 && ids[1] == 17535, "api: deepseek-coder adds its BOS (got %d)", n);
+    kvr_vocab_free(v);
+    kvr_gguf_close(g);
 }
 
 //
