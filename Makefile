@@ -21,16 +21,16 @@ EXTRA_SRCS ?=
 
 BUILD     := build
 ASAN      := build/asan
-LIB_SRCS  := kvr.c kvr-comm.c
-LIB_DEPS  := kvr.h kvr.c kvr-comm.c $(wildcard models/*.c) $(EXTRA_SRCS)
+LIB_SRCS  := kvr.c kvr-comm.c kvr-tune.c
+LIB_DEPS  := kvr.h kvr.c kvr-comm.c kvr-tune.c $(wildcard models/*.c) $(EXTRA_SRCS)
 # make KVR_MPI=1: ranks as MPI processes (Debian's OpenMPI)
 ifeq ($(KVR_MPI),1)
 CC        := mpicc
 CFLAGS    += -DKVR_MPI
 endif
-TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(filter-out tools/kvr-tune.c,$(wildcard tools/*.c)))
-TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c tests/test-tune.c,$(wildcard tests/test-*.c)))
-ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c tests/test-tune.c,$(wildcard tests/test-*.c)))
+TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
+TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
+ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
 .PHONY: all tools tests test test-fast test-asan fuzz bench install clean help demo mpi
@@ -49,7 +49,10 @@ $(BUILD)/kvr.o: $(LIB_DEPS) | $(BUILD)
 $(BUILD)/kvr-comm.o: $(LIB_DEPS) | $(BUILD)
 	$(CC) $(CFLAGS) -c kvr-comm.c -o $@
 
-$(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o
+$(BUILD)/kvr-tune.o: $(LIB_DEPS) | $(BUILD)
+	$(CC) $(CFLAGS) -c kvr-tune.c -o $@
+
+$(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o $(BUILD)/kvr-tune.o
 	ar rcs $@ $^
 
 tools: $(TOOLS)
@@ -67,8 +70,11 @@ $(ASAN)/kvr.o: $(LIB_DEPS) | $(ASAN)
 $(ASAN)/kvr-comm.o: $(LIB_DEPS) | $(ASAN)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) -c kvr-comm.c -o $@
 
-$(ASAN)/test-%: tests/test-%.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o | $(ASAN)
-	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
+$(ASAN)/kvr-tune.o: $(LIB_DEPS) | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) -c kvr-tune.c -o $@
+
+$(ASAN)/test-%: tests/test-%.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 $(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(LIB_DEPS) | $(BUILD)
 	$(CLANG) -std=c11 -O1 -g -I. -pthread -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
@@ -92,11 +98,11 @@ $(BUILD)/mpi/kvr-comm.o: $(LIB_DEPS)
 	mkdir -p $(BUILD)/mpi
 	$(MPICC) $(CFLAGS) -DKVR_MPI -c kvr-comm.c -o $@
 
-$(BUILD)/mpi/%: tools/%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o
-	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o -o $@ $(LDLIBS)
+$(BUILD)/mpi/%: tools/%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o
+	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o -o $@ $(LDLIBS)
 
-$(BUILD)/mpi/test-%: tests/test-%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o
-	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o -o $@ $(LDLIBS)
+$(BUILD)/mpi/test-%: tests/test-%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o
+	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o -o $@ $(LDLIBS)
 
 test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)

@@ -946,6 +946,7 @@ static void pass_kvr(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
 static struct kvr_tensor * recv_buf(struct pass_ctx * pc, enum kvr_type type, int64_t ne0, int64_t ne1, int64_t ne2) {
     struct kvr_tensor * b = kvr_new_tensor_3d(pc->ctx, type, ne0, ne1, ne2);
     b->flags |= KVR_FLAG_INPUT;
+    kvr_set_name(b, "receive buffer");
     return b;
 }
 
@@ -976,6 +977,9 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             kvr_set_name(sp, "kpos_send%d", j);
             sink(pc, sp, "ring-kv: positions of the K/V block (once, all layers share them)");
         }
+        // the executor runs nodes in order: the attention over the block held now goes between
+        // this send and the next receive, so the transfer overlaps it
+        sink(pc, parts[j - 1], "ring-kv: partial attention over the block held at this step");
         const int src = (i + N - j) % N;
         const int rows = pc->d->rows[src] + pc->pl->cnt[src];
         bk = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, rows, 1), prev, kvr_tag(il, KVR_TAG_K, j));
@@ -1012,6 +1016,7 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * stack = kvr_new_tensor_3d(pc->ctx, KVR_TYPE_F32, row, rows_max, N);
     struct kvr_tensor * last = NULL;
     struct kvr_tensor * bq = q, * bp = pos;
+    struct kvr_tensor * prev_cp = NULL;
     for (int j = 0; j < N; j++) {
         const int s = (i + N - j) % N, cs = pc->pl->cnt[s];
         if (j > 0) {
@@ -1023,6 +1028,8 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
                 kvr_set_name(sp, "qpos_send%d", j);
                 sink(pc, sp, "ring-q: positions of the queries (once, all layers share them)");
             }
+            // the partial of the queries held now runs between this send and the next receive
+            if (prev_cp) sink(pc, prev_cp, "ring-q: partial attention of the queries held at this step");
             bq = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, D, H, cs), prev, kvr_tag(il, KVR_TAG_Q, j));
             kvr_set_name(bq, "blk.%d.q_recv%d", il, j);
             sink(pc, bq, "ring-q: queries of rank (i-j) mod N from the previous rank");
@@ -1036,11 +1043,13 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         struct kvr_tensor * part = kvr_attn(pc->ctx, bq, kl, vl, bp, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
         kvr_set_name(part, "blk.%d.attn_part%d", il, j);
         part->why = "ring-q: partial attention of the visiting queries over this rank's K/V";
+        prev_cp = NULL;
         if (cs > 0) {
             struct kvr_tensor * dst = kvr_view_2d(pc->ctx, stack, row, cs, stack->nb[1], (size_t)s * stack->nb[2]);
             struct kvr_tensor * cp = kvr_cpy(pc->ctx, part, dst);
             cp->src[2] = last;
             last = cp;
+            prev_cp = cp;
         }
     }
     struct kvr_tensor * a2a = kvr_all_to_all(pc->ctx, stack, N, pc->pl->T, kvr_tag(il, KVR_TAG_PARTIAL, 0));

@@ -15,9 +15,6 @@
 #include <stb/stb_ds.h>   // the implementation lives in kvr.c
 
 #include "kvr.h"
-#ifndef KVR_TUNE_MAX_RANKS  // until section 14 is pasted into kvr.h
-#include "tune-api.h"
-#endif
 
 #include <ctype.h>
 #include <errno.h>
@@ -37,14 +34,24 @@ static double maxd(double a, double b) { return a > b ? a : b; }
 // 8k 1.95, 12k 3.95 s), which follow a*C + b*C^2 with a = 81 us/token (projections and FFN:
 // 53% of peak) and b = 20.3 ns/token^2 (HF eager dense attention, score matrix in memory: 8.3%).
 // H100 SXM: 989 TFLOP/s, 3.35 TB/s, NVLink 450 GB/s per direction; same framework efficiencies.
-// cpu: the shape of kvr's CPU kernel (tiles of kvr.c's ATTN_BQ x ATTN_BK, f32, causal, one link
-// per pair as the local transport emulates) with round speeds; --calibrate measures real ones.
+// cpu: the shape of kvr's CPU kernel (kvr.c's ATTN_ROWS query rows, the heads sharing a KV head
+// packed together, by ATTN_BK keys; f32; causal; one link per pair as the local transport
+// emulates) with the round speeds of one core of a small x86 machine; --calibrate measures them.
+#define GPU_PROFILE(NAME, FLOPS, MEM, LINK, LAT)                                                        \
+    { .name = NAME, .matmul_flops = FLOPS, .matmul_eff = 0.53, .attn_flops = FLOPS, .attn_eff = 0.083,  \
+      .mem_bw = MEM, .link_bw = LINK, .link_latency = LAT, .links = KVR_TUNE_LINKS_PORT, .elem_bytes = 2, \
+      .weight_bytes = 2.0, .attn_tile_q = 128, .attn_tile_k = 128, .attn_tile_group = 0,                \
+      .attn_mode = KVR_ATTN_DENSE, .layer_overhead = 0.0, .attn_pair_s = 0.0 }
 static const struct kvr_tune_profile builtin_profiles[] = {
-    { "a100-nvlink", 312e12, 0.53, 312e12, 0.083, 1.555e12, 300e9, 10e-6, KVR_TUNE_LINKS_PORT, 2, 2.0, 128, 128, KVR_ATTN_DENSE, 0.0 },
-    { "a100-10g",    312e12, 0.53, 312e12, 0.083, 1.555e12,  10e9, 25e-6, KVR_TUNE_LINKS_PORT, 2, 2.0, 128, 128, KVR_ATTN_DENSE, 0.0 },
-    { "h100-nvlink", 989e12, 0.53, 989e12, 0.083, 3.35e12,  450e9, 10e-6, KVR_TUNE_LINKS_PORT, 2, 2.0, 128, 128, KVR_ATTN_DENSE, 0.0 },
-    { "cpu",         5e10,   1.0,  1e10,   1.0,   1e10,      1e10, 20e-6, KVR_TUNE_LINKS_PAIR, 4, 4.0,  64, 256, KVR_ATTN_CAUSAL, 0.0 },
+    GPU_PROFILE("a100-nvlink", 312e12, 1.555e12, 300e9, 10e-6),
+    GPU_PROFILE("a100-10g",    312e12, 1.555e12,  10e9, 25e-6),
+    GPU_PROFILE("h100-nvlink", 989e12, 3.35e12,  450e9, 10e-6),
+    { .name = "cpu", .matmul_flops = 4e10, .matmul_eff = 1.0, .attn_flops = 5e10, .attn_eff = 1.0, .mem_bw = 1e10,
+      .link_bw = 5e9, .link_latency = 10e-6, .links = KVR_TUNE_LINKS_PAIR, .elem_bytes = 4, .weight_bytes = 4.0,
+      .attn_tile_q = 256, .attn_tile_k = 256, .attn_tile_group = 1, .attn_mode = KVR_ATTN_CAUSAL, .layer_overhead = 0.0,
+      .attn_pair_s = 15e-9 },
 };
+#undef GPU_PROFILE
 #define N_BUILTIN_PROFILES ((int)(sizeof(builtin_profiles) / sizeof(builtin_profiles[0])))
 
 int kvr_tune_profile_builtin(const char * name, struct kvr_tune_profile * out) {
@@ -59,10 +66,10 @@ int kvr_tune_profile_builtin(const char * name, struct kvr_tune_profile * out) {
 
 // the keys of a profile file, in the order they are written
 enum pkey { PK_NAME, PK_MM_FLOPS, PK_MM_EFF, PK_AT_FLOPS, PK_AT_EFF, PK_MEM_BW, PK_LINK_BW, PK_LINK_LAT,
-            PK_LINKS, PK_ELEM, PK_WEIGHT, PK_TILE_Q, PK_TILE_K, PK_ATTN_MODE, PK_OVERHEAD, PK_COUNT };
+            PK_LINKS, PK_ELEM, PK_WEIGHT, PK_TILE_Q, PK_TILE_K, PK_TILE_GROUP, PK_ATTN_MODE, PK_OVERHEAD, PK_PAIR, PK_COUNT };
 static const char * const pkey_names[PK_COUNT] = {
     "name", "matmul_flops", "matmul_eff", "attn_flops", "attn_eff", "mem_bw", "link_bw", "link_latency",
-    "links", "elem_bytes", "weight_bytes", "attn_tile_q", "attn_tile_k", "attn_mode", "layer_overhead",
+    "links", "elem_bytes", "weight_bytes", "attn_tile_q", "attn_tile_k", "attn_tile_group", "attn_mode", "layer_overhead", "attn_pair_s",
 };
 static const char * const pkey_help[PK_COUNT] = {
     "profile name",
@@ -76,10 +83,12 @@ static const char * const pkey_help[PK_COUNT] = {
     "port: one egress/ingress port per rank; pair: a link per pair of ranks",
     "bytes per activation and K/V element (2: fp16, 4: f32)",
     "bytes per weight element for presets",
-    "attention tile: queries",
+    "attention tile: query rows (tokens, or token-heads with attn_tile_group 1)",
     "attention tile: keys (causal mode skips tiles whose keys all follow their queries)",
+    "1: a tile packs the query heads sharing a KV head (attn_tile_q/group tokens); 0: tokens",
     "causal or dense: the kernel's default mode",
     "seconds per layer and rank no op accounts for",
+    "seconds per query-key pair and head besides its FLOPs (softmax: exp, max, sum)",
 };
 
 static char * trim(char * s) {
@@ -115,8 +124,8 @@ static int profile_check(const struct kvr_tune_profile * p, const char * where) 
     if (!(p->matmul_eff > 0 && p->matmul_eff <= 1) || !(p->attn_eff > 0 && p->attn_eff <= 1)) {
         return kvr_error(KVR_ERR_ARG, "%s: matmul_eff and attn_eff must be in (0, 1]", where);
     }
-    if (!(p->link_latency >= 0) || !(p->layer_overhead >= 0) || !(p->weight_bytes > 0) || p->elem_bytes <= 0 ||
-        p->attn_tile_q <= 0 || p->attn_tile_k <= 0) {
+    if (!(p->link_latency >= 0) || !(p->layer_overhead >= 0) || !(p->attn_pair_s >= 0) || !(p->weight_bytes > 0) || p->elem_bytes <= 0 ||
+        p->attn_tile_q <= 0 || p->attn_tile_k <= 0 || (p->attn_tile_group != 0 && p->attn_tile_group != 1)) {
         return kvr_error(KVR_ERR_ARG, "%s: latency and overhead must be >= 0; element sizes and tiles positive", where);
     }
     return KVR_OK;
@@ -159,10 +168,12 @@ int kvr_tune_profile_load(const char * path, struct kvr_tune_profile * out) {
             case PK_LINK_BW:  bad = parse_double(val, &d) != 0; p.link_bw = d; break;
             case PK_LINK_LAT: bad = parse_double(val, &d) != 0; p.link_latency = d; break;
             case PK_OVERHEAD: bad = parse_double(val, &d) != 0; p.layer_overhead = d; break;
+            case PK_PAIR:     bad = parse_double(val, &d) != 0; p.attn_pair_s = d; break;
             case PK_WEIGHT:   bad = parse_double(val, &d) != 0; p.weight_bytes = d; break;
             case PK_ELEM:     bad = parse_int(val, &i) != 0; p.elem_bytes = i; break;
             case PK_TILE_Q:   bad = parse_int(val, &i) != 0; p.attn_tile_q = i; break;
             case PK_TILE_K:   bad = parse_int(val, &i) != 0; p.attn_tile_k = i; break;
+            case PK_TILE_GROUP: bad = parse_int(val, &i) != 0 || (i != 0 && i != 1); p.attn_tile_group = i; break;
             case PK_LINKS:
                 if (!strcmp(val, "port")) p.links = KVR_TUNE_LINKS_PORT;
                 else if (!strcmp(val, "pair")) p.links = KVR_TUNE_LINKS_PAIR;
@@ -191,6 +202,7 @@ int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path) 
         [PK_MM_FLOPS] = p->matmul_flops, [PK_MM_EFF] = p->matmul_eff, [PK_AT_FLOPS] = p->attn_flops,
         [PK_AT_EFF] = p->attn_eff, [PK_MEM_BW] = p->mem_bw, [PK_LINK_BW] = p->link_bw,
         [PK_LINK_LAT] = p->link_latency, [PK_WEIGHT] = p->weight_bytes, [PK_OVERHEAD] = p->layer_overhead,
+        [PK_PAIR] = p->attn_pair_s,
     };
     for (int k = 0; k < PK_COUNT; k++) {
         char v[80];
@@ -201,9 +213,10 @@ int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path) 
             case PK_ELEM:      snprintf(v, sizeof(v), "%d", p->elem_bytes); break;
             case PK_TILE_Q:    snprintf(v, sizeof(v), "%d", p->attn_tile_q); break;
             case PK_TILE_K:    snprintf(v, sizeof(v), "%d", p->attn_tile_k); break;
+            case PK_TILE_GROUP: snprintf(v, sizeof(v), "%d", p->attn_tile_group); break;
             default:           if (isinf(dv[k])) snprintf(v, sizeof(v), "inf"); else snprintf(v, sizeof(v), "%.9g", dv[k]); break;
         }
-        fprintf(f, "%-15s %-12s # %s\n", pkey_names[k], v, pkey_help[k]);
+        fprintf(f, "%-15s %-16s # %s\n", pkey_names[k], v, pkey_help[k]);
     }
     if (fclose(f) != 0) return kvr_error(KVR_ERR_IO, "cannot write hardware profile '%s': %s", path, strerror(errno));
     return KVR_OK;
@@ -450,8 +463,15 @@ static void token_costs(const struct kvr_tune_model * m, const struct kvr_tune_p
     c->ffn    = ffn_time(m, hw, T);
 }
 
+// tokens per query tile: a GQA-packing kernel fills its rows with the heads of fewer tokens
+static int tile_tokens(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw) {
+    const int group = m->n_head / m->n_head_kv;
+    if (!hw->attn_tile_group) return hw->attn_tile_q;
+    return group >= hw->attn_tile_q ? 1 : hw->attn_tile_q / group;
+}
+
 static double attn_time(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, int64_t pairs) {
-    return (double)pairs * 4.0 * m->head_dim * m->n_head / (hw->attn_flops * hw->attn_eff);
+    return (double)pairs * m->n_head * (4.0 * m->head_dim / (hw->attn_flops * hw->attn_eff) + hw->attn_pair_s);
 }
 
 // the wires: a message from a to b starts when it is issued and its wire(s) are free, occupies
@@ -506,9 +526,10 @@ static bool layer_full(const struct sim * S, int r, int l) {
 static double layer_post(const struct sim * S, int r, int l) {
     return S->tc[r].oproj + (l < S->m->n_layer - 1 ? S->tc[r].ffn : S->tc[r].ffn1);
 }
-// per-layer counters as kvr_dist reports them: summed over the layers that ran, / n_layer
-static int64_t per_layer(int64_t x, int layers_run, int n_layer) {
-    return x * layers_run / n_layer;
+// attention pairs as kvr_dist reports them: per layer whose attention ran on the rank (none ran
+// on a rank without the output when the model has a single layer)
+static int64_t per_layer(int64_t x, int layers_run) {
+    return layers_run > 0 ? x : 0;
 }
 
 // single, tsp, kvr: contiguous slices; rank r attends over keys [0, kend(r))
@@ -526,11 +547,11 @@ static void sim_chain(struct sim * S) {
         const int kend = tsp ? S->T : acc;
         struct runs q = runs_range(s[r], S->cnt[r]), k = runs_range(0, kend);
         int64_t d, c;
-        attn_pairs(&q, &k, S->hw->attn_tile_q, S->hw->attn_tile_k, P->attn_mode, &d, &c);
+        attn_pairs(&q, &k, tile_tokens(S->m, S->hw), S->hw->attn_tile_k, P->attn_mode, &d, &c);
         at[r] = attn_time(S->m, S->hw, d); // the kernel's time follows what it computes
         const int ran = r == S->owner ? L : L - 1;
-        R->attn_dot_dense = per_layer(d, ran, L);
-        R->attn_dot_causal = per_layer(c, ran, L);
+        R->attn_dot_dense = per_layer(d, ran);
+        R->attn_dot_causal = per_layer(c, ran);
         if (tsp) {
             R->kv_rows_sent = 2LL * (N - 1) * S->cnt[r];
             R->kv_rows_recv = 2LL * (S->T - S->cnt[r]);
@@ -608,7 +629,7 @@ static void sim_ring(struct sim * S) {
         for (int j = 0; j < N; j++) {
             const int src = (i + N - j) % N;
             int64_t d, c;
-            attn_pairs(passq ? &sh[src] : &sh[i], passq ? &sh[i] : &sh[src], S->hw->attn_tile_q, S->hw->attn_tile_k,
+            attn_pairs(passq ? &sh[src] : &sh[i], passq ? &sh[i] : &sh[src], tile_tokens(S->m, S->hw), S->hw->attn_tile_k,
                        P->attn_mode, &d, &c);
             dsum += d;
             csum += c;
@@ -616,8 +637,8 @@ static void sim_ring(struct sim * S) {
         }
         // pass-Q: the all-to-all needs every partial, so every rank attends in every layer
         const int ran = passq || i == S->owner ? L : L - 1;
-        R->attn_dot_dense = per_layer(dsum, ran, L);
-        R->attn_dot_causal = per_layer(csum, ran, L);
+        R->attn_dot_dense = per_layer(dsum, ran);
+        R->attn_dot_causal = per_layer(csum, ran);
         // what crosses the wires (the totals kvr_rank_stats keeps, positions included)
         for (int j = 1; j < N; j++) {
             const int sent = S->cnt[(i + N - j + 1) % N], got = S->cnt[(i + N - j) % N];
@@ -819,9 +840,13 @@ static double search_eval(struct searcher * s, const int * counts) {
     }
     const double v = s->p->objective(counts, s->N, s->p->user);
     s->n_evals++;
-    if (!(v >= 0.0)) { // negative or NaN: the objective failed
-        if (!kvr_last_error()[0]) kvr_error(KVR_ERR_ARG, "search: the objective returned %g", v);
-        s->rc = KVR_ERR_ARG;
+    if (!(v >= 0.0)) { // negative or NaN: the objective failed, and said why
+        char why[1024];
+        snprintf(why, sizeof(why), "%s", kvr_last_error());
+        char part[256];
+        int o = 0;
+        for (int r = 0; r < s->N && o < (int)sizeof(part) - 16; r++) o += snprintf(part + o, sizeof(part) - (size_t)o, "%s%d", r ? "," : "", counts[r]);
+        s->rc = kvr_error(KVR_ERR_ARG, "search: the objective failed at [%s] (returned %g): %s", part, v, why[0] ? why : "no reason given");
         return INFINITY;
     }
     hmput(s->memo, key, v);
@@ -962,10 +987,10 @@ int kvr_tune_search(const struct kvr_tune_search_params * p, struct kvr_tune_sea
         }
         search_grid(&s, start, min_stride, K);
     }
+    if (N == 2) search_progress(&s, true); // the grid reports at the end of every level
     hmfree(s.memo);
     if (s.rc != KVR_OK) return s.rc;
     if (!isfinite(s.best)) return kvr_error(KVR_ERR_ARG, "search: no partition could be evaluated");
-    search_progress(&s, true);
     memset(out, 0, sizeof(*out));
     memcpy(out->counts, s.best_counts, sizeof(int) * (size_t)N);
     out->cost = s.best;
@@ -1300,9 +1325,13 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, F
     }
     if (rc == KVR_OK) p.matmul_flops = flops / secs;
 
-    // attention: the last 256 queries of a 1024-token prompt over all of it (a kvr rank's shape)
-    if (rc == KVR_OK) {
-        const int D = 64, H = 4, Tq = 256, Tk = 1024;
+    // attention: the last 256 queries of a 1024-token prompt over all of it (a kvr rank's shape),
+    // at two head dims: time per pair and head = 4*D/attn_flops + attn_pair_s, so the FLOP rate
+    // and the softmax's own cost (which a small head dim cannot hide) come apart
+    double per_pair[2] = { 0, 0 };
+    const int dims[2] = { 64, 8 };
+    for (int di = 0; di < 2 && rc == KVR_OK; di++) {
+        const int D = dims[di], H = 4, Tq = 256, Tk = 1024;
         struct kvr_tensor * q = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
         struct kvr_tensor * k = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tk), * v = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tk);
         struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq), * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
@@ -1312,18 +1341,26 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, F
         for (int i = 0; i < Tq; i++) ((int32_t *)qp->data)[i] = Tk - Tq + i;
         for (int i = 0; i < Tk; i++) ((int32_t *)kp->data)[i] = i;
         struct kvr_graph * g = kvr_graph_new(ctx, 16);
-        kvr_graph_expand(g, kvr_attn(ctx, q, k, v, qp, kp, NULL, 0.125f, mode));
+        kvr_graph_expand(g, kvr_attn(ctx, q, k, v, qp, kp, NULL, 1.0f / sqrtf((float)D), mode));
         const double t = time_graph(g, 3);
-        if (t <= 0) {
-            rc = KVR_ERR_ARG;
-        } else {
-            int64_t dense, causal;
-            struct runs rq = runs_range(Tk - Tq, Tq), rk = runs_range(0, Tk);
-            attn_pairs(&rq, &rk, p.attn_tile_q, p.attn_tile_k, mode, &dense, &causal);
-            p.attn_flops = (double)dense * 4.0 * D * H / t;
-            if (log) fprintf(log, "calibrate: ATTN %d queries x %d keys (%s, %lld pairs per head): %.2f ms, %.2f GFLOP/s\n", Tq, Tk,
-                             mode == KVR_ATTN_DENSE ? "dense" : "causal", (long long)dense, t * 1e3, p.attn_flops / 1e9);
+        if (t <= 0) { rc = KVR_ERR_ARG; break; }
+        int64_t dense, causal;
+        struct runs rq = runs_range(Tk - Tq, Tq), rk = runs_range(0, Tk);
+        attn_pairs(&rq, &rk, p.attn_tile_q, p.attn_tile_k, mode, &dense, &causal); // MHA: attn_tile_q tokens a tile
+        per_pair[di] = t / ((double)dense * H);
+        if (log) fprintf(log, "calibrate: ATTN head_dim %d, %d queries x %d keys (%s, %lld pairs per head): %.2f ms, %.2f ns per pair and head\n",
+                         D, Tq, Tk, mode == KVR_ATTN_DENSE ? "dense" : "causal", (long long)dense, t * 1e3, per_pair[di] * 1e9);
+    }
+    if (rc == KVR_OK) {
+        const double slope = (per_pair[0] - per_pair[1]) / (4.0 * (dims[0] - dims[1])); // s per FLOP
+        if (slope > 0 && per_pair[1] - slope * 4.0 * dims[1] >= 0) {
+            p.attn_flops = 1.0 / slope;
+            p.attn_pair_s = per_pair[1] - slope * 4.0 * dims[1];
+        } else { // timing noise: all of it FLOPs
+            p.attn_flops = 4.0 * dims[0] / per_pair[0];
+            p.attn_pair_s = 0.0;
         }
+        if (log) fprintf(log, "calibrate: attention %.2f GFLOP/s plus %.2f ns per pair and head\n", p.attn_flops / 1e9, p.attn_pair_s * 1e9);
     }
     kvr_free(ctx);
     if (rc != KVR_OK) return kvr_error(KVR_ERR_ARG, "calibrate: a benchmark graph failed: %s", kvr_last_error());

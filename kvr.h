@@ -16,6 +16,8 @@
 //  10. models         load a GGUF model, build the transformer graph of a batch of tokens
 //  11. sessions       a model + KV cache + threads: prefill and decode
 //  12. sampling       greedy, temperature, top-k, top-p; seeded and reproducible
+//  13. ranks          parallel prefill: strategies, transports, the driver (kvr-comm.c)
+//  14. tuning         partition search, lookup tables, cost model and simulator (kvr-tune.c)
 //
 // A prefill, end to end (tools/simple.c is the same thing as a program):
 //
@@ -804,6 +806,249 @@ int               kvr_dist_cache(const struct kvr_dist * d, int rank, const int3
                                  const struct kvr_kv_cache ** cache);
 // Chrome trace JSON of every eval since the start (one track per rank of this process).
 int               kvr_dist_write_trace(const struct kvr_dist * d, const char * path);
+
+//
+// 14. tuning: partition search, lookup table, cost model (kvr-tune.c)
+//
+// KV-Runahead needs an uneven split of the prompt: early ranks take more tokens (their attention
+// is short), later ranks fewer (they wait for the cache and attend over more of it). This section
+// finds that split and remembers it:
+//
+//   search     KVR-S: the partition that minimizes an objective (a measured or a modeled TTFT).
+//              2 ranks: golden-section search on the integer split (TTFT is unimodal in it);
+//              more: the paper's hierarchical grid search (coarse stride, zoom on the best cell,
+//              halve the stride, down to a minimum stride).
+//   table      KVR-P: a text file of searched partitions per model / ranks / prompt length, read
+//              back and interpolated linearly between the two nearest lengths (clamped outside).
+//   model      a cost model and simulator: per-op costs from a hardware profile, model shapes
+//              from a GGUF file or a preset, every rank's timeline with the real dependencies of
+//              each strategy, the paper's lower bounds, and the same per-rank counters a real
+//              kvr_dist run reports (struct kvr_rank_stats), so the simulator is checkable.
+//
+// Finding a table for a model on this machine, then using it:
+//
+//   kvr-tune --search -m model.gguf --ranks 4 --ctx 1024,2048 --measured -r 3 -o parts.txt
+//   kvr-run  -m model.gguf --ranks 4 --strategy kvr --partition table:parts.txt -f prompt.txt
+//
+// or, in C:
+//
+//   double frac[4];
+//   if (kvr_tune_table_partition("parts.txt", "stories260K", 4, n_prompt, frac) == KVR_OK)
+//       params.fractions = frac;                               // struct kvr_dist_params
+//
+// Times in this section are seconds, sizes bytes, rates per second.
+
+#define KVR_TUNE_MAX_RANKS 64   // the search, the table and the simulator handle up to this many
+
+// How transfers share the wires. PORT: a rank has one egress and one ingress port (a GPU's
+// NVLink or NIC): its messages to different peers queue behind each other. PAIR: every ordered
+// pair of ranks has its own link (kvr's local transport with --link-gbps emulates this).
+enum kvr_tune_links {
+    KVR_TUNE_LINKS_PORT = 0,
+    KVR_TUNE_LINKS_PAIR = 1,
+    KVR_TUNE_LINKS_COUNT,
+};
+
+// A hardware profile: what one rank can do and what connects the ranks. Text files of
+// "key value" lines (tools/profiles/*.txt; '#' starts a comment) or built in by name.
+struct kvr_tune_profile {
+    char   name[64];
+    double matmul_flops;     // peak FLOP/s of one rank on the projection and FFN matmuls
+    double matmul_eff;       // the fraction of that peak prefill shapes reach (0..1]
+    double attn_flops;       // peak FLOP/s on attention (4*head_dim FLOPs per query-key pair and head)
+    double attn_eff;         // the fraction the attention kernel reaches (0..1]
+    double mem_bw;           // bytes/s of a rank's memory: a matmul streams its weights at least once;
+                             // norms, RoPE, activations and cache stores are charged here
+    double link_bw;          // bytes/s of one direction of a link (INFINITY: communication is free)
+    double link_latency;     // s added to every message
+    enum kvr_tune_links links;
+    int    elem_bytes;       // bytes per element of activations and of K/V on the wire (2: fp16, 4: f32)
+    double weight_bytes;     // bytes per weight element for presets (a GGUF file brings its own types)
+    int    attn_tile_q;      // the attention kernel's tile: in causal mode a tile whose keys all lie
+    int    attn_tile_k;      //   after its queries is skipped, so computed pairs come in tiles
+    int    attn_tile_group;  // 1: attn_tile_q counts query rows, and the heads sharing a KV head are
+                             //   packed into one tile (attn_tile_q / group tokens); 0: tokens
+    enum kvr_attn_mode attn_mode; // the mode this kernel runs by default (tools use it unless told)
+    double layer_overhead;   // s per layer and rank that no op accounts for (launches, framework)
+    double attn_pair_s;      // s per query-key pair and head besides its FLOPs: the softmax's exp, max
+                             //   and sum, which small head dims do not hide (0 on the GPU profiles)
+};
+
+// Built-in profiles: "a100-nvlink" and "a100-10g" (the KV-Runahead paper's 8x A100 node at
+// 300 GB/s and 10 GB/s; efficiencies fitted to its single-GPU Llama 7B TTFTs, Table 3),
+// "h100-nvlink", and "cpu" (kvr's CPU kernel shape with generic speeds; --calibrate measures
+// the real ones). Returns KVR_ERR_ARG naming the known profiles if name is not one of them.
+int kvr_tune_profile_builtin(const char * name, struct kvr_tune_profile * out);
+// Read / write a profile file. Unknown keys and bad values are errors naming file, line and key;
+// keys not in the file keep the values of the "cpu" profile.
+int kvr_tune_profile_load(const char * path, struct kvr_tune_profile * out);
+int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path);
+// A built-in name, or else a file path.
+int kvr_tune_profile_get(const char * name_or_path, struct kvr_tune_profile * out);
+// Measure this machine with kvr's own ops on 1 thread: MUL_MAT of prefill shapes, the ATTN kernel
+// in the mode given at head dims 64 and 8 (which separates its FLOP rate from the softmax's cost
+// per pair), a large memcpy (memory and, since local ranks copy, the link), and a two-thread
+// hand-off (the link latency). Takes about a second; log (may be NULL) gets one line per
+// measurement. Peaks are set to what was reached, efficiencies to 1, the rest as in "cpu".
+int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, FILE * log);
+
+// The shape of a model as the cost model needs it.
+struct kvr_tune_model {
+    char   name[64];         // the key of the model in a partition table
+    int    n_layer;
+    int    n_embd;
+    int    n_head;
+    int    n_head_kv;        // n_head: MHA; fewer: GQA; 1: MQA
+    int    head_dim;
+    int    n_ff;
+    int    n_vocab;
+    int    n_ffn_mats;       // 3: gated FFN (llama: gate, up, down); 2: up, down (falcon)
+    double weight_bytes;     // bytes per weight element; 0: the profile's
+};
+
+// Presets: "llama-7b", "llama-13b", "falcon-7b" (MQA), "tinyllama-1.1b" (GQA 32/4), optionally
+// with an attention variant suffix: "-mha", "-mqa", "-gqaN" (N KV heads), e.g. "llama-7b-gqa8".
+int kvr_tune_model_preset(const char * name, struct kvr_tune_model * out);
+// The shape of a loaded model. Its name is the file name without directory and ".gguf" (what
+// tools write into tables and look up with; general.name is often just the architecture).
+int kvr_tune_model_from(const struct kvr_model * m, struct kvr_tune_model * out);
+
+// What to simulate: the same choices a kvr_dist run makes.
+struct kvr_tune_plan {
+    enum kvr_strategy  strategy;   // single, tsp, kvr, ring-kv or ring-q (auto: not here)
+    int                n_ranks;
+    int                n_tokens;   // the prompt (a first prefill: nothing cached)
+    const int        * counts;     // kvr: tokens per rank (n_ranks entries, sum n_tokens); NULL: even
+    enum kvr_attn_mode attn_mode;
+};
+
+// One rank of a simulated prefill. The counters mean exactly what struct kvr_rank_stats's do:
+// per layer, per head; a query-key pair counts 1, K and V of c tokens count 2c rows. With the
+// "cpu" profile's tiles the four attn_dot/kv_rows fields equal a real kvr_dist run's of the same
+// plan (tests/test-tune.c checks it), the pruned last layer of a rank without the logits included.
+struct kvr_tune_rank {
+    int     rank;
+    int     tokens;
+    double  finish;            // when its last op ends (its TTFT if it produces the first token)
+    double  compute;           // busy computing
+    double  comm;              // link time of the messages it sent and received (overlapped or not)
+    double  wait;              // idle, blocked on a transfer (finish = compute + wait)
+    int64_t attn_dot_dense;
+    int64_t attn_dot_causal;
+    int64_t kv_rows_sent;
+    int64_t kv_rows_recv;
+    int64_t bytes_sent;        // the whole prefill, as kvr_rank_stats counts them (the ring's position
+    int64_t bytes_recv;        //   messages included); equal to the run's when elem_bytes is 4
+};
+
+struct kvr_tune_sim {
+    double ttft;               // the finish of the rank that computes the last token's logits
+    int    owner;              // that rank
+    int    n_ranks;
+    struct kvr_tune_rank ranks[KVR_TUNE_MAX_RANKS];
+};
+
+// Simulate one prefill: every rank's per-layer timeline (projections, transfers with their link
+// and latency, attention over the pairs the kernel computes, out-projection and FFN) with the
+// dependencies of the strategy: tsp waits for the all-gather; kvr's rank r waits for layer l of
+// the cache [0, s_r) from r-1, which sent it as soon as its own store of layer l was done; ring
+// steps overlap a block's transfer with the previous block's attention. KVR_ERR_ARG on a bad plan.
+int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw,
+                      const struct kvr_tune_plan * plan, struct kvr_tune_sim * out);
+
+// The search. The objective returns the cost (TTFT in s) of the partition counts[n_ranks], or a
+// negative value to stop the search with an error (its message left in kvr_last_error()). Every
+// partition is evaluated once (memoized), so a measured objective runs no prefill twice. The
+// result lies on the lattice of min_stride; both searches are local, and where lowering the
+// slowest rank takes every later boundary moving by a different amount (a max of many pieces),
+// the grid can stop short of the optimum: on simulated TTFTs it lands within 0.4% of a long
+// random polish (llama-7b, 16k tokens, 4 and 8 ranks).
+struct kvr_tune_search_params {
+    int          n_ranks;
+    int          n_tokens;
+    int          min_stride;   // the finest step of a boundary, in tokens (0: 1)
+    int          min_tokens;   // every rank gets at least this many tokens (0: 1)
+    int          grid_half;    // grid points per boundary and level: 2*grid_half+1 (0: 2, the paper's 5)
+    int          coarse_stride;// grid: the first level's stride (0: one rank's even share / grid_half,
+                               //   rounded to min_stride times a power of two)
+    const int  * start;        // grid: counts to center the first level on (NULL: the even split);
+                               //   2 ranks search the whole range
+    int64_t      max_evals;    // stop with an error after this many, and refuse up front a grid
+                               //   that would need more (0: 10 million)
+    double     (*objective)(const int * counts, int n_ranks, void * user);
+    void       * user;
+    FILE       * progress;     // done/total, best so far and ETA every 2 s and per level (NULL: quiet)
+    const char * label;        // prefixes the progress lines ("llama-7b 4 ranks 8192")
+};
+
+struct kvr_tune_search_result {
+    int     counts[KVR_TUNE_MAX_RANKS];
+    double  cost;              // the objective at counts
+    int64_t n_evals;           // distinct partitions evaluated
+    double  seconds;
+};
+
+int kvr_tune_search(const struct kvr_tune_search_params * p, struct kvr_tune_search_result * out);
+
+// The modeled objective: kvr_tune_simulate's TTFT of the kvr strategy. user points to this.
+struct kvr_tune_sim_objective {
+    const struct kvr_tune_model   * model;
+    const struct kvr_tune_profile * hw;
+    int                             n_tokens;
+    enum kvr_attn_mode              attn_mode;
+};
+double kvr_tune_objective_sim(const int * counts, int n_ranks, void * user);
+
+// The paper's lower bounds for p ranks (its Fig. 8(d)):
+//   ttft_1     the single-rank TTFT (simulated)
+//   ttft_star  TTFT*(p) = TTFT(1)/2 * (1/p + 1/p^2), Eq. (3): perfect balance of the dense
+//              attention map cut as in Fig. 2(d), nothing else costs; TTFT(1) = alpha*C^2
+//   ttft_free  TTFT(p): KVR-S with free communication (link_bw infinite, no latency)
+struct kvr_tune_bounds {
+    double ttft_1;
+    double ttft_star;
+    double ttft_free;
+    int    counts_free[KVR_TUNE_MAX_RANKS]; // the partition that reaches ttft_free
+};
+int kvr_tune_bounds(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, int n_ranks,
+                    int n_tokens, enum kvr_attn_mode mode, int min_stride, struct kvr_tune_bounds * out);
+
+// Partition tables. The file:
+//
+//   # kvr partition table: model ranks tokens, then each rank's fraction of the prompt
+//   profile a100-nvlink
+//   llama-7b 4 8192 0.340000 0.260000 0.215000 0.185000 # ttft 0.4100
+//
+// "profile NAME" comes first (the hardware the entries were searched on); '#' starts a comment.
+struct kvr_tune_entry {
+    char   model[64];
+    int    n_ranks;
+    int    n_tokens;
+    double fractions[KVR_TUNE_MAX_RANKS]; // sum 1
+    double ttft;                          // what the search reached (0: unknown)
+};
+
+struct kvr_tune_table {
+    char                    profile[64];
+    int                     n_entries;
+    struct kvr_tune_entry * entries;      // kept sorted by model, ranks, tokens
+};
+
+int  kvr_tune_table_load(const char * path, struct kvr_tune_table * out);   // errors name line and field
+int  kvr_tune_table_save(const struct kvr_tune_table * t, const char * path);
+// Add an entry, replacing one with the same model, ranks and tokens.
+int  kvr_tune_table_add(struct kvr_tune_table * t, const struct kvr_tune_entry * e);
+void kvr_tune_table_free(struct kvr_tune_table * t);
+// KVR-P: the fractions for n_tokens, linear between the entries of the two nearest lengths for this
+// model and rank count (the nearest one's outside them). model NULL: the table's only model.
+int  kvr_tune_table_lookup(const struct kvr_tune_table * t, const char * model, int n_ranks, int n_tokens,
+                           double * fractions_out);
+// Load + lookup + free, for kvr-run --partition table:FILE.
+int  kvr_tune_table_partition(const char * path, const char * model_name, int n_ranks, int n_tokens,
+                              double * fractions_out);
+// Token counts from fractions, rounded as kvr_dist rounds them (cumulative, lround), so a
+// simulated plan is the plan the run executes.
+void kvr_tune_counts_from_fractions(const double * fractions, int n_ranks, int n_tokens, int * counts);
 
 // Milliseconds from a monotonic clock.
 double kvr_time_ms(void);

@@ -11,9 +11,6 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
-#ifndef KVR_TUNE_MAX_RANKS  // until section 14 is pasted into kvr.h
-#include "tune-api.h"
-#endif
 
 #include <math.h>
 #include <stdarg.h>
@@ -85,6 +82,13 @@ static double synth_obj(const int * c, int n, void * user) {
     return v;
 }
 
+// fails on its fifth call, as a measured prefill whose rank times out would
+static double failing_obj(const int * c, int n, void * user) {
+    struct synth * s = user;
+    if (++s->evals == 5) return kvr_error(KVR_ERR_COMM, "rank 2 fell over");
+    return synth_obj(c, n, user);
+}
+
 // every boundary of got within tol tokens of want (boundaries b_1..b_{N-1})
 static bool near_bounds(const int * got, const double * want, int n, double tol, char * msg, size_t cap) {
     int b = 0, o = 0;
@@ -133,6 +137,19 @@ static void test_search(void) {
               sy.kind == 0 ? "bowl" : sy.kind == 1 ? "chain w*c" : "chain b^2", N, T, S, msg, (long long)res.n_evals,
               rc ? ": " : "", rc ? kvr_last_error() : "");
         if (rc == KVR_OK) check(res.n_evals == sy.evals, "search: %lld distinct evaluations reported, %d made", (long long)res.n_evals, sy.evals);
+    }
+    // a start point is honored, and an objective's failure stops the search with its reason
+    {
+        struct synth sy = { .kind = 1, .T = 1200, .w = { 1, 2, 3, 4 } };
+        const int start[4] = { 500, 300, 250, 150 };
+        struct kvr_tune_search_params p = { .n_ranks = 4, .n_tokens = 1200, .min_stride = 4, .start = start, .objective = synth_obj, .user = &sy };
+        struct kvr_tune_search_result res;
+        check(kvr_tune_search(&p, &res) == KVR_OK && abs(res.counts[0] - 576) <= 4 && abs(res.counts[3] - 144) <= 4,
+              "search: from a start point: %d %d %d %d (want 576 288 192 144)", res.counts[0], res.counts[1], res.counts[2], res.counts[3]);
+        p.objective = failing_obj;
+        sy.evals = 0;
+        check(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "objective failed") && strstr(kvr_last_error(), "rank 2 fell over"),
+              "search: a failing objective stops it with its reason: %s", kvr_last_error());
     }
     // errors are reported, not asserted
     struct synth sy = { .kind = 0, .T = 3 };
@@ -348,9 +365,9 @@ static void test_sim_model(void) {
 // the simulator's counters against a real run
 //
 
-static void test_counters(const char * shared) {
+static void test_counters(const char * shared, const char * rel, const char * want_name) {
     char path[1024];
-    snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
+    snprintf(path, sizeof(path), "%s/%s", shared, rel);
     if (access(path, R_OK) != 0) {
         printf("skip: %s not found: the simulator-vs-run counter checks are skipped\n", path);
         g_skip++;
@@ -361,8 +378,8 @@ static void test_counters(const char * shared) {
     struct kvr_tune_model tm;
     struct kvr_tune_profile hw;
     kvr_tune_profile_builtin("cpu", &hw); // the CPU kernel's tiles
-    check(kvr_tune_model_from(model, &tm) == KVR_OK && !strcmp(tm.name, "stories260K") && tm.n_head_kv == (int)model->hp.n_head_kv,
-          "model_from: stories260K shape and table name '%s'", tm.name);
+    check(kvr_tune_model_from(model, &tm) == KVR_OK && !strcmp(tm.name, want_name) && tm.n_head_kv == (int)model->hp.n_head_kv,
+          "model_from: %s shape and table name '%s'", want_name, tm.name);
     const int T = 500; // crosses the kernel's 64-query and 256-key tiles
     int32_t * tokens = malloc(sizeof(int32_t) * T);
     uint64_t seed = 42;
@@ -384,10 +401,14 @@ static void test_counters(const char * shared) {
             const int N = cases[i].N;
             int counts[KVR_TUNE_MAX_RANKS];
             if (cases[i].frac) kvr_tune_counts_from_fractions(cases[i].frac, N, T, counts);
+            // the run gets token counts, or (2 and 4 ranks) the fractions themselves, so that its
+            // rounding of fractions is checked against kvr_tune_counts_from_fractions
+            const bool by_frac = cases[i].frac && N != 3;
             struct kvr_dist_params dp = { .strategy = cases[i].s, .n_ranks = N, .n_threads = 1, .n_ctx = T,
-                                          .partition = cases[i].frac ? counts : NULL, .attn_mode = am, .timeout_s = 30, };
+                                          .partition = cases[i].frac && !by_frac ? counts : NULL,
+                                          .fractions = by_frac ? cases[i].frac : NULL, .attn_mode = am, .timeout_s = 30 };
             char what[128];
-            snprintf(what, sizeof(what), "%s %d ranks %s%s", kvr_strategy_name(cases[i].s), N, am == KVR_ATTN_DENSE ? "dense" : "causal",
+            snprintf(what, sizeof(what), "%s: %s %d ranks %s%s", want_name, kvr_strategy_name(cases[i].s), N, am == KVR_ATTN_DENSE ? "dense" : "causal",
                      cases[i].frac ? " uneven" : "");
             struct kvr_dist * d = kvr_dist_new(model, &dp);
             const float * logits = d ? kvr_dist_eval(d, tokens, T) : NULL;
@@ -446,7 +467,8 @@ int main(int argc, char ** argv) {
     test_table();
     test_profiles();
     test_sim_model();
-    test_counters(shared);
+    test_counters(shared, "models/stories260K.gguf", "stories260K");          // llama, GQA 8/4
+    test_counters(shared, "reference/tiny-falcon-mqa.gguf", "tiny-falcon-mqa"); // falcon, MQA 4/1
     for (int i = 0; i < g_n_tmp && i < 8; i++) remove(g_tmp[i]);
     printf("test-tune: %.1f s\n", (kvr_time_ms() - t0) / 1e3);
     if (g_skip) printf("%d passed, %d failed, %d skipped\n", g_pass, g_fail, g_skip);

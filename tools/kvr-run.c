@@ -66,7 +66,8 @@ static void usage(FILE * f) {
         "parallel prefill:\n"
         "  --ranks N          ranks (default 1; under mpirun: the MPI size)\n"
         "  --strategy S       single|tsp|kvr|ring-kv|ring-q|auto (default: single for 1 rank, kvr otherwise)\n"
-        "  --partition P      kvr: even, token counts (5,3,2,1) or fractions (0.4,0.3,0.2,0.1)\n"
+        "  --partition P      kvr: even, token counts (5,3,2,1), fractions (0.4,0.3,0.2,0.1), or\n"
+        "                     table:FILE (KVR-P: interpolated from a kvr-tune --search table)\n"
         "  --comm local|mpi   ranks as threads of this process or as MPI processes (default local;\n"
         "                     mpi when started by mpirun in a KVR_MPI=1 build)\n"
         "  -t N               threads per rank\n"
@@ -332,7 +333,22 @@ int main(int argc, char ** argv) {
     }
     int * counts = NULL;
     double * fracs = NULL;
-    if (a.partition && strcmp(a.partition, "even") != 0) {
+    if (a.partition && strncmp(a.partition, "table:", 6) == 0) {
+        // KVR-P: fractions interpolated from a lookup table written by kvr-tune --search
+        struct kvr_tune_model tm;
+        fracs = calloc((size_t)a.n_ranks, sizeof(double));
+        if (kvr_tune_model_from(model, &tm) != KVR_OK ||
+            kvr_tune_table_partition(a.partition + 6, tm.name, a.n_ranks, n_prompt, fracs) != KVR_OK) {
+            fprintf(stderr, "kvr-run: --partition %s: %s\n", a.partition, kvr_last_error());
+            free(text); free(ids); free(fracs); kvr_model_free(model);
+            return 2;
+        }
+        if (a.verbose) {
+            fprintf(stderr, "partition (KVR-P from %s, model %s):", a.partition + 6, tm.name);
+            for (int i = 0; i < a.n_ranks; i++) fprintf(stderr, " %.4f", fracs[i]);
+            fprintf(stderr, "\n");
+        }
+    } else if (a.partition && strcmp(a.partition, "even") != 0) {
         if (parse_partition(a.partition, a.n_ranks, &counts, &fracs) != 0) {
             free(text); free(ids); kvr_model_free(model);
             return 2;
