@@ -209,8 +209,10 @@ static void f32_to_float(const void * src, float * dst, int64_t n) {
 
 // F16 weights are converted block by block inside every matmul: the conversion must run at
 // memory speed. x86 with F16C converts 8 at a time; elsewhere a 256 KiB table built once does it.
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if defined(__F16C__)
 static void f16_to_float(const void * src, float * dst, int64_t n) {
     const uint16_t * s = src;
     int64_t i = 0;
@@ -1181,7 +1183,7 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
         if (node_is_noop(t)) continue;
-        const double t0 = ith == 0 && cb->trace ? kvr_time_ms() : 0.0;
+        const double t0 = ith == 0 ? kvr_time_ms() : 0.0;
         if (node_is_comm(t)) {
             // transfers run on one thread; the others wait at the barrier
             if (ith == 0) {
@@ -1193,7 +1195,11 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
             cpu_compute_node(&p, t);
         }
         cpu_barrier(cb);
-        if (ith == 0 && cb->trace) trace_node(cb, t, t0, kvr_time_ms());
+        if (ith == 0) {
+            const double t1 = kvr_time_ms();
+            p.counters->op_ms[t->op] += t1 - t0;
+            if (cb->trace) trace_node(cb, t, t0, t1);
+        }
         if (atomic_load(&cb->status) != KVR_OK) break;
     }
 }
@@ -1297,6 +1303,7 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
         cb->counters.attn_dot_dense  += cb->thread_counters[i].attn_dot_dense;
         cb->counters.attn_dot_causal += cb->thread_counters[i].attn_dot_causal;
         cb->counters.matmul_flops    += cb->thread_counters[i].matmul_flops;
+        for (int k = 0; k < KVR_OP_COUNT; k++) cb->counters.op_ms[k] += cb->thread_counters[i].op_ms[k];
         memset(&cb->thread_counters[i], 0, sizeof(cb->thread_counters[i]));
     }
     cb->counters.compute_ms += kvr_time_ms() - t0;
@@ -1527,6 +1534,80 @@ static void cpu_op_binary(const struct cpu_params * p, struct kvr_tensor * dst) 
     }
 }
 
+// exp of many values, the hot spot of the softmax and of SiLU. With AVX2+FMA: 8 at a time,
+// n = round(x*log2(e)), r = x - n*ln2 in two parts (Cody-Waite), Cephes' degree-6 polynomial for
+// e^r (about 1 ulp), scaled by 2^n through the exponent bits; x below -87.3 (and -inf) gives 0.
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 exp256(__m256 x) {
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3365478515625f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f)), _mm256_set1_ps(88.3762626647949f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+#endif
+
+// s[j] = exp(s[j] - m); returns the sum (in f32, in order of 8-lane partial sums)
+static float vec_exp_sub_sum(float * s, int64_t n, float m) {
+    int64_t j = 0;
+    float sum = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 vm = _mm256_set1_ps(m);
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int k = 0; k < 8; k++) sum += lanes[k];
+#endif
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    return sum;
+}
+
+static float vec_max(const float * s, int64_t n) {
+    int64_t j = 0;
+    float mx = -INFINITY;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_set1_ps(-INFINITY);
+    for (; j + 8 <= n; j += 8) acc = _mm256_max_ps(acc, _mm256_loadu_ps(s + j));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int k = 0; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+#endif
+    for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
+static void vec_silu(const float * x, float * y, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+    }
+#endif
+    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
 // GELU as GGML computes it on the CPU, because llama.cpp's outputs are our reference: the input
 // rounded to fp16, the tanh approximation looked up in a table of fp16 results, and the tails
 // (x <= -10: 0, x >= 10: x) passed through. The table is built once.
@@ -1562,7 +1643,7 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 for (int64_t i = 0; i < n; i++) y[i] = x[i] * s;
                 break;
             case KVR_OP_SILU:
-                for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+                vec_silu(x, y, n);
                 break;
             case KVR_OP_GELU:
                 for (int64_t i = 0; i < n; i++) y[i] = gelu_ggml(x[i]);
@@ -1769,20 +1850,14 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
                     }
                 }
                 if (g == 0 && r % G == 0) dot_causal += seen;
-                float mx = -INFINITY;
-                for (int64_t j = 0; j < bk; j++) mx = s[j] > mx ? s[j] : mx;
+                const float mx = vec_max(s, bk);
                 if (mx == -INFINITY) { // nothing visible for this row in this tile
                     memset(s, 0, sizeof(float) * (size_t)bk);
                     continue;
                 }
                 const float m_new = mx > M[r] ? mx : M[r];
                 const float corr = expf(M[r] - m_new); // 0 when M[r] is -inf
-                float sum = 0.0f;
-                for (int64_t j = 0; j < bk; j++) {
-                    const float e = expf(s[j] - m_new);
-                    s[j] = e;
-                    sum += e;
-                }
+                const float sum = vec_exp_sub_sum(s, bk, m_new);
                 L[r] = L[r] * corr + sum;
                 M[r] = m_new;
                 if (corr != 1.0f) {
@@ -2172,7 +2247,9 @@ struct kvr_gguf * kvr_gguf_open(const char * path) {
         kvr_error(KVR_ERR_FORMAT, "%s: gguf: magic at offset 0: file is %lld bytes, too short to be GGUF", path, (long long)st.st_size);
         return NULL;
     }
-    void * p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    // MAP_POPULATE: the pages are mapped now, at load, instead of faulting one by one inside the
+    // first prefill's matmuls (where they would count against the time to the first token)
+    void * p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
         kvr_error(KVR_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
@@ -4915,6 +4992,9 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx)
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         c->k[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, KVR_TYPE_F32, kv_dim, n_ctx), "cache_k.%u", il);
         c->v[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, KVR_TYPE_F32, kv_dim, n_ctx), "cache_v.%u", il);
+        // cleared now, so the first prefill does not pay for faulting the cache's pages in
+        memset(c->k[il]->data, 0, kvr_nbytes(c->k[il]));
+        memset(c->v[il]->data, 0, kvr_nbytes(c->v[il]));
     }
     return c;
 }

@@ -419,6 +419,7 @@ struct kvr_counters {
     int64_t attn_dot_causal;  // query-key pairs causality needs
     int64_t matmul_flops;     // 2*K*N*T per MUL_MAT
     double  compute_ms;
+    double  op_ms[KVR_OP_COUNT]; // wall time per op kind (thread 0's view, barrier included)
 };
 void kvr_backend_cpu_counters(struct kvr_backend * be, struct kvr_counters * out, bool reset);
 

@@ -11,6 +11,7 @@
 #include "kvr.h"
 
 #include <cblas.h>
+#include <pthread.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,11 +146,25 @@ static double prefill_flops(const struct kvr_hparams * hp, int T) {
     return hp->n_layer * (per_tok * T + attn) + 2.0 * E * hp->n_vocab;
 }
 
-// what sgemm reaches on the biggest prefill shapes (x W^T with T rows), all cores, best of 3
+// what sgemm reaches on the biggest prefill shapes (x W^T with T rows), best of 3: each of the
+// `threads` threads runs single-threaded sgemm on its share of the weight rows at the same time,
+// which is how kvr's matmul (and OpenBLAS's own threading) splits the work
+struct sgemm_job {
+    int T, N, K;
+    const float * X, * W;
+    float * Y;
+};
+
+static void * sgemm_thread(void * arg) {
+    const struct sgemm_job * j = arg;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, j->N, j->K, 1.0f, j->X, j->K, j->W, j->K, 0.0f, j->Y, j->N);
+    return NULL;
+}
+
 static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
     const int shapes[2][2] = { { (int)hp->n_ff, (int)hp->n_embd }, { (int)hp->n_embd, (int)hp->n_ff } };
     double best = 0.0;
-    openblas_set_num_threads(threads);
+    openblas_set_num_threads(1);
     for (int s = 0; s < 2; s++) {
         const int N = shapes[s][0], K = shapes[s][1];
         float * X = malloc(sizeof(float) * (size_t)T * K);
@@ -158,14 +173,22 @@ static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
         for (size_t i = 0; i < (size_t)T * K; i++) X[i] = (float)((i * 7919) % 1000) * 1e-3f;
         for (size_t i = 0; i < (size_t)N * K; i++) W[i] = (float)((i * 104729) % 1000) * 1e-3f;
         for (int r = 0; r < 3; r++) {
+            pthread_t th[64];
+            struct sgemm_job jobs[64];
+            const int nt = threads < 64 ? threads : 64;
+            for (int t = 0; t < nt; t++) { // each thread writes its own block of rows (touched first)
+                const int n0 = N * t / nt, n1 = N * (t + 1) / nt;
+                jobs[t] = (struct sgemm_job) { T, n1 - n0, K, X, W + (size_t)n0 * K, calloc((size_t)T * (n1 - n0), sizeof(float)) };
+            }
             double t0 = kvr_time_ms();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
+            for (int t = 0; t < nt; t++) pthread_create(&th[t], NULL, sgemm_thread, &jobs[t]);
+            for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
             double gf = 2.0 * T * N * K / ((kvr_time_ms() - t0) * 1e6);
+            for (int t = 0; t < nt; t++) free(jobs[t].Y);
             if (gf > best) best = gf;
         }
         free(X); free(W); free(Y);
     }
-    openblas_set_num_threads(1);
     return best;
 }
 
