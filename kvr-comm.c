@@ -1384,6 +1384,13 @@ void kvr_dist_free(struct kvr_dist * d) {
     free(d);
 }
 
+void kvr_dist_reset(struct kvr_dist * d) {
+    d->n_past = 0;
+    d->n_decode = 0;
+    for (int r = 0; r < d->n_ranks; r++) d->rows[r] = 0;
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = 0;
+}
+
 int kvr_dist_rank(const struct kvr_dist * d) { return d->ranks[0].rank; }
 int kvr_dist_n_ranks(const struct kvr_dist * d) { return d->n_ranks; }
 int kvr_dist_n_past(const struct kvr_dist * d) { return d->n_past; }

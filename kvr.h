@@ -796,6 +796,8 @@ void              kvr_dist_free(struct kvr_dist * d);
 // Evaluate n new tokens (a prompt, a later turn or one decode token) after those already
 // cached; returns the last token's logits in every process, or NULL with kvr_last_error().
 const float *     kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n);
+// Forget every cached token (a new conversation); buffers and threads stay.
+void              kvr_dist_reset(struct kvr_dist * d);
 int               kvr_dist_rank(const struct kvr_dist * d);    // this process's rank (local: 0)
 int               kvr_dist_n_ranks(const struct kvr_dist * d);
 int               kvr_dist_n_past(const struct kvr_dist * d);
