@@ -1235,14 +1235,22 @@ static int64_t attn_tile_tokens(int64_t group) {
     return group >= ATTN_ROWS ? 1 : ATTN_ROWS / group;
 }
 
-static size_t cpu_scratch_floats(const struct kvr_graph * g) {
+static size_t mm_block_bytes(int64_t T);
+
+static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads) {
     // matmul converts up to MM_BLOCK_BYTES of weight rows at a time; attention keeps a query
     // tile, a score tile and an output tile
     size_t need = 1 << 16;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
         if (t->op == KVR_OP_MUL_MAT || t->op == KVR_OP_GET_ROWS) {
-            size_t n = (size_t)t->src[0]->ne[0] * 2 + (1u << 18);
+            const struct kvr_tensor * w = t->src[0];
+            const int64_t T = t->src[1]->ne[1] * t->src[1]->ne[2] * t->src[1]->ne[3];
+            int64_t rows = (w->ne[1] + n_threads - 1) / n_threads;
+            const int64_t cap = (int64_t)(mm_block_bytes(T) / ((size_t)w->ne[0] * sizeof(float)));
+            if (rows > cap) rows = cap > 0 ? cap : 1;
+            size_t n = w->type == KVR_TYPE_F32 || t->op != KVR_OP_MUL_MAT ? 0 : (size_t)(rows * w->ne[0]);
+            if ((size_t)w->ne[0] * 2 > n) n = (size_t)w->ne[0] * 2;
             if (n > need) need = n;
         }
         if (t->op == KVR_OP_ATTN) {
@@ -1275,7 +1283,7 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
             return kvr_error(KVR_ERR_ARG, "graph node '%s' has no memory: plan and place the graph first", t->name);
         }
     }
-    cpu_ensure_scratch(cb, cpu_scratch_floats(g));
+    cpu_ensure_scratch(cb, cpu_scratch_floats(g, cb->n_threads));
     const double t0 = kvr_time_ms();
     atomic_store(&cb->status, KVR_OK);
     cb->span_layer = -1;
@@ -1685,9 +1693,17 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
 }
 
-// Bytes of weight rows converted to f32 per sgemm call: large enough for sgemm to reach its
-// peak, small enough to stay in L2/L3 while all the tokens stream past it.
-#define MM_BLOCK_BYTES (1u << 20)
+// Bytes of weight rows converted to f32 per sgemm call. A prefill converts a thread's whole
+// share at once (up to 32 MiB): every sgemm call packs all of the activations again, so few big
+// calls beat many small ones. Decode (a few rows) converts 1 MiB at a time, which stays in cache
+// between the conversion and the product.
+#define MM_BLOCK_BYTES_PREFILL ((size_t)32 << 20)
+#define MM_BLOCK_BYTES_DECODE  ((size_t)1 << 20)
+#define MM_PREFILL_ROWS 32
+
+static size_t mm_block_bytes(int64_t T) {
+    return T >= MM_PREFILL_ROWS ? MM_BLOCK_BYTES_PREFILL : MM_BLOCK_BYTES_DECODE;
+}
 
 static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * w = dst->src[0], * x = dst->src[1];
@@ -1709,7 +1725,7 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
                     1.0f, X, lda, W, (int)(w->nb[1] / sizeof(float)), 0.0f, Y + n0, (int)N);
     } else {
         const to_float_fn to_float = type_to_float(w->type);
-        int64_t rows = (int64_t)(MM_BLOCK_BYTES / (K * sizeof(float)));
+        int64_t rows = (int64_t)(mm_block_bytes(T) / ((size_t)K * sizeof(float)));
         if (rows < 1) rows = 1;
         if ((size_t)(rows * K) > p->wsize) rows = (int64_t)p->wsize / K;
         KVR_ASSERT(rows >= 1);
