@@ -978,8 +978,11 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             sink(pc, sp, "ring-kv: positions of the K/V block (once, all layers share them)");
         }
         // the executor runs nodes in order: the attention over the block held now goes between
-        // this send and the next receive, so the transfer overlaps it
-        sink(pc, parts[j - 1], "ring-kv: partial attention over the block held at this step");
+        // this send and the next receive, so the transfer overlaps it (not in the last layer of
+        // a rank without the output: nothing reads those partials)
+        if (il < (int)pc->d->m->hp.n_layer - 1 || pc->rank == pc->pl->owner) {
+            sink(pc, parts[j - 1], "ring-kv: partial attention over the block held at this step");
+        }
         const int src = (i + N - j) % N;
         const int rows = pc->d->rows[src] + pc->pl->cnt[src];
         bk = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, rows, 1), prev, kvr_tag(il, KVR_TAG_K, j));

@@ -47,6 +47,28 @@ if [ -f "$model" ] && [ -f "$ref/stories260K-greedy.txt" ]; then
         head -c 40 "$ref/stories260K-greedy.txt" > "$tmp/want.txt"
         if [ "$(head -c 40 "$tmp/simple.txt")" = "$(cat "$tmp/want.txt")" ]; then ok "simple: greedy text"; else bad "simple: $(head -c 80 "$tmp/simple.txt")"; fi
     fi
+    # kvr-bench --svg: valid SVG with axes, axis labels and one line per strategy
+    if "$build/kvr-bench" -m "$model" --ctx 16,32,48 --strategy single,tsp,kvr --ranks 2 -r 1 --svg "$tmp/b.svg" > /dev/null 2>&1 \
+        && command -v python3 > /dev/null 2>&1; then
+        if python3 - "$tmp/b.svg" <<'PY'
+import sys, xml.etree.ElementTree as ET
+ns = "{http://www.w3.org/2000/svg}"
+root = ET.parse(sys.argv[1]).getroot()
+assert root.tag == ns + "svg", root.tag
+axes = [g for g in root.iter(ns + "g") if g.get("id") == "axes"]
+assert len(axes) == 1 and len(list(axes[0].iter(ns + "line"))) == 2, "two axis lines"
+texts = [t.text or "" for t in root.iter(ns + "text")]
+assert "prompt tokens" in texts and "TTFT (ms)" in texts, "axis labels"
+series = [g for g in root.iter(ns + "g") if g.get("class") == "series"]
+assert sorted(g.get("data-strategy") for g in series) == ["kvr", "single", "tsp"], "one line per strategy"
+for g in series:
+    pts = list(g.iter(ns + "polyline"))[0].get("points").split()
+    assert len(pts) == 3, "a point per prompt length"
+PY
+        then ok "kvr-bench --svg: axes, labels, one line per strategy"; else bad "kvr-bench --svg structure"; fi
+    else
+        bad "kvr-bench --svg did not run"
+    fi
     if [ -x "$build/mpi/kvr-run" ] && command -v mpirun >/dev/null 2>&1; then
         for np in 2 4; do
             for s in tsp kvr ring-kv ring-q auto; do
