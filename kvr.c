@@ -4219,43 +4219,64 @@ static void vocab_partition(const struct kvr_vocab * v, const char * text, size_
 // none is left; characters that are no token come out as byte tokens.
 //
 
-// Whether a comes out of the queue before b: higher score, then the leftmost.
-static bool spm_bigram_first(const struct spm_bigram * a, const struct spm_bigram * b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
+// The merge queues of both tokenizers: a binary heap over a stb_ds array of small elements,
+// ordered by first(a, b), "a comes out before b".
+typedef bool (*vocab_heap_first_fn)(const void * a, const void * b);
+
+static void vocab_heap_swap(uint8_t * a, uint8_t * b, size_t size) {
+    uint8_t t[32];
+    memcpy(t, a, size);
+    memcpy(a, b, size);
+    memcpy(b, t, size);
 }
 
-static void spm_heap_push(struct vocab_scratch * sc, struct spm_bigram b) {
-    stbds_arrput(sc->spm_heap, b);
-    struct spm_bigram * h = sc->spm_heap;
-    size_t i = stbds_arrlenu(h) - 1;
-    while (i > 0) {
+// the last of n elements was just appended: move it up to its place
+static void vocab_heap_sift_up(void * base, size_t n, size_t size, vocab_heap_first_fn first) {
+    uint8_t * h = base;
+    for (size_t i = n - 1; i > 0; ) {
         const size_t parent = (i - 1) / 2;
-        if (!spm_bigram_first(&h[i], &h[parent])) {
-            break;
-        }
-        const struct spm_bigram t = h[i]; h[i] = h[parent]; h[parent] = t;
+        if (!first(h + i * size, h + parent * size)) break;
+        vocab_heap_swap(h + i * size, h + parent * size, size);
         i = parent;
     }
 }
 
-static struct spm_bigram spm_heap_pop(struct vocab_scratch * sc) {
-    struct spm_bigram * h = sc->spm_heap;
-    const struct spm_bigram top = h[0];
-    const size_t n = stbds_arrlenu(h) - 1;
-    h[0] = h[n];
-    stbds_arrsetlen(sc->spm_heap, n);
-    size_t i = 0;
-    for (;;) {
+// copy the first of n elements to out and restore the heap over the n-1 that remain (the
+// caller shortens its array)
+static void vocab_heap_pop(void * base, size_t n, size_t size, vocab_heap_first_fn first, void * out) {
+    uint8_t * h = base;
+    memcpy(out, h, size);
+    n--;
+    if (n == 0) return;
+    memcpy(h, h + n * size, size);
+    for (size_t i = 0; ; ) {
         const size_t l = 2 * i + 1, r = l + 1;
         size_t best = i;
-        if (l < n && spm_bigram_first(&h[l], &h[best])) best = l;
-        if (r < n && spm_bigram_first(&h[r], &h[best])) best = r;
-        if (best == i) {
-            break;
-        }
-        const struct spm_bigram t = h[i]; h[i] = h[best]; h[best] = t;
+        if (l < n && first(h + l * size, h + best * size)) best = l;
+        if (r < n && first(h + r * size, h + best * size)) best = r;
+        if (best == i) break;
+        vocab_heap_swap(h + i * size, h + best * size, size);
         i = best;
     }
+}
+
+// Whether a comes out of the queue before b: higher score, then the leftmost.
+static bool spm_bigram_first(const void * pa, const void * pb) {
+    const struct spm_bigram * a = pa, * b = pb;
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void spm_heap_push(struct vocab_scratch * sc, struct spm_bigram b) {
+    static_assert(sizeof(struct spm_bigram) <= 32, "vocab_heap_swap's buffer");
+    stbds_arrput(sc->spm_heap, b);
+    vocab_heap_sift_up(sc->spm_heap, stbds_arrlenu(sc->spm_heap), sizeof(b), spm_bigram_first);
+}
+
+static struct spm_bigram spm_heap_pop(struct vocab_scratch * sc) {
+    struct spm_bigram top;
+    const size_t n = stbds_arrlenu(sc->spm_heap);
+    vocab_heap_pop(sc->spm_heap, n, sizeof(top), spm_bigram_first, &top);
+    stbds_arrsetlen(sc->spm_heap, n - 1);
     return top;
 }
 
@@ -4793,42 +4814,22 @@ static void bpe_pretokenize(const struct kvr_vocab * v, struct vocab_scratch * s
 // lowest rank until none is left.
 //
 
-static bool bpe_bigram_first(const struct bpe_bigram * a, const struct bpe_bigram * b) {
+static bool bpe_bigram_first(const void * pa, const void * pb) {
+    const struct bpe_bigram * a = pa, * b = pb;
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
 static void bpe_heap_push(struct vocab_scratch * sc, struct bpe_bigram b) {
+    static_assert(sizeof(struct bpe_bigram) <= 32, "vocab_heap_swap's buffer");
     stbds_arrput(sc->bpe_heap, b);
-    struct bpe_bigram * h = sc->bpe_heap;
-    size_t i = stbds_arrlenu(h) - 1;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!bpe_bigram_first(&h[i], &h[parent])) {
-            break;
-        }
-        const struct bpe_bigram t = h[i]; h[i] = h[parent]; h[parent] = t;
-        i = parent;
-    }
+    vocab_heap_sift_up(sc->bpe_heap, stbds_arrlenu(sc->bpe_heap), sizeof(b), bpe_bigram_first);
 }
 
 static struct bpe_bigram bpe_heap_pop(struct vocab_scratch * sc) {
-    struct bpe_bigram * h = sc->bpe_heap;
-    const struct bpe_bigram top = h[0];
-    const size_t n = stbds_arrlenu(h) - 1;
-    h[0] = h[n];
-    stbds_arrsetlen(sc->bpe_heap, n);
-    size_t i = 0;
-    for (;;) {
-        const size_t l = 2 * i + 1, r = l + 1;
-        size_t best = i;
-        if (l < n && bpe_bigram_first(&h[l], &h[best])) best = l;
-        if (r < n && bpe_bigram_first(&h[r], &h[best])) best = r;
-        if (best == i) {
-            break;
-        }
-        const struct bpe_bigram t = h[i]; h[i] = h[best]; h[best] = t;
-        i = best;
-    }
+    struct bpe_bigram top;
+    const size_t n = stbds_arrlenu(sc->bpe_heap);
+    vocab_heap_pop(sc->bpe_heap, n, sizeof(top), bpe_bigram_first, &top);
+    stbds_arrsetlen(sc->bpe_heap, n - 1);
     return top;
 }
 
