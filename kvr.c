@@ -2426,13 +2426,8 @@ struct kvr_gguf_writer {
 };
 
 static size_t gw_scalar_size(enum kvr_gguf_type t) {
-    switch (t) {
-        case KVR_GGUF_UINT8:   case KVR_GGUF_INT8:  case KVR_GGUF_BOOL:    return 1;
-        case KVR_GGUF_UINT16:  case KVR_GGUF_INT16:                        return 2;
-        case KVR_GGUF_UINT32:  case KVR_GGUF_INT32: case KVR_GGUF_FLOAT32: return 4;
-        case KVR_GGUF_UINT64:  case KVR_GGUF_INT64: case KVR_GGUF_FLOAT64: return 8;
-        default:                                                           return 0;
-    }
+    // the reader's table: strings and arrays have no fixed size (0)
+    return (unsigned)t < KVR_GGUF_TYPE_COUNT ? gguf_type_size[t] : 0;
 }
 
 // Remember the first mistake; the later ones are usually its consequences.
@@ -5151,6 +5146,26 @@ static int model_tensor(struct kvr_model * m, struct kvr_tensor ** out, bool req
     t->flags = KVR_FLAG_PARAM;
     snprintf(t->name, sizeof(t->name), "%s", name);
     *out = t;
+    return KVR_OK;
+}
+
+// What every architecture's file has around its layers: the token embedding, the final norm
+// (with a bias where norm_bias), the output matrix (tied to the embedding when absent), and the
+// FFN width, taken from blk.0.ffn_up.weight when the metadata lacks it.
+static int load_embeddings(struct kvr_model * m, bool norm_bias) {
+    struct kvr_hparams * hp = &m->hp;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    if (model_tensor(m, &m->tok_embd, true, 2, E, V, "token_embd.weight") ||
+        model_tensor(m, &m->output_norm, true, 1, E, 1, "output_norm.weight") ||
+        (norm_bias && model_tensor(m, &m->output_norm_b, true, 1, E, 1, "output_norm.bias")) ||
+        model_tensor(m, &m->output, false, 2, E, V, "output.weight")) {
+        return KVR_ERR_FORMAT;
+    }
+    if (!m->output) m->output = m->tok_embd; // tied embeddings
+    if (hp->n_ff == 0) {
+        const struct kvr_gguf_tensor * t = kvr_gguf_get_tensor(m->gguf, "blk.0.ffn_up.weight");
+        hp->n_ff = t ? (uint32_t)t->ne[1] : 0;
+    }
     return KVR_OK;
 }
 

@@ -49,19 +49,9 @@ static int falcon_load(struct kvr_model * m) {
         }
     }
 
-    const int64_t E = hp->n_embd, V = hp->n_vocab, kv = (int64_t)hp->head_dim * hp->n_head_kv;
+    const int64_t E = hp->n_embd, kv = (int64_t)hp->head_dim * hp->n_head_kv;
     const int64_t QKV = (int64_t)hp->head_dim * hp->n_head + 2 * kv;
-    if (model_tensor(m, &m->tok_embd, true, 2, E, V, "token_embd.weight") ||
-        model_tensor(m, &m->output_norm, true, 1, E, 1, "output_norm.weight") ||
-        model_tensor(m, &m->output_norm_b, true, 1, E, 1, "output_norm.bias") ||
-        model_tensor(m, &m->output, false, 2, E, V, "output.weight")) {
-        return KVR_ERR_FORMAT;
-    }
-    if (!m->output) m->output = m->tok_embd; // tied embeddings
-    if (hp->n_ff == 0) {
-        const struct kvr_gguf_tensor * t = kvr_gguf_get_tensor(m->gguf, "blk.0.ffn_up.weight");
-        hp->n_ff = t ? (uint32_t)t->ne[1] : 0;
-    }
+    if (load_embeddings(m, true)) return KVR_ERR_FORMAT;
     const int64_t F = hp->n_ff;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         struct kvr_layer * l = &m->layers[il];
