@@ -3,7 +3,7 @@
 #
 #   make              library and tools into build/
 #   make test         every test (plus a second build under ASan+UBSan and a bounded fuzz run)
-#   make bench        the benchmarks (long; not part of make test)
+#   make bench        the benchmarks (long: about an hour; not part of make test)
 #   make install PREFIX=/usr/local
 
 CC        ?= cc
@@ -121,6 +121,8 @@ fuzz: $(BUILD)/fuzz-gguf
 
 bench: all
 	sh tests/bench.sh $(BUILD)
+	python3 tests/paper-tables.py $(BUILD) $(BUILD)/bench/paper-tables.md
+	@echo "the simulated paper setting: $(BUILD)/bench/paper-tables.md"
 
 install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

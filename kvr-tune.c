@@ -1257,12 +1257,14 @@ void kvr_tune_counts_from_fractions(const double * fractions, int n_ranks, int n
 // calibration: this machine, measured with kvr's own ops on one thread
 //
 
-// best of n runs of a graph, in seconds
-static double time_graph(struct kvr_graph * g, int n) {
+// best of n runs of a graph on n_threads threads after one to warm up, in seconds (the best, since
+// whatever else the machine does only ever adds time)
+static double time_graph(struct kvr_graph * g, int n, int n_threads) {
     double best = INFINITY;
+    if (kvr_graph_compute_cpu(g, n_threads) != KVR_OK) return -1.0;
     for (int i = 0; i < n; i++) {
         const double t0 = kvr_time_ms();
-        if (kvr_graph_compute_cpu(g, 1) != KVR_OK) return -1.0;
+        if (kvr_graph_compute_cpu(g, n_threads) != KVR_OK) return -1.0;
         best = fmin(best, (kvr_time_ms() - t0) / 1e3);
     }
     return best;
@@ -1295,74 +1297,179 @@ static void * pong(void * arg) {
     return NULL;
 }
 
-int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, FILE * log) {
+// One MUL_MAT of weight [K x N] over T tokens, timed; seconds (negative on failure).
+static double time_mul_mat(int64_t K, int64_t N, int64_t T, int n_threads, uint64_t seed) {
+    const size_t mem = (size_t)(K * N + K * T + N * T) * sizeof(float) + (1u << 20);
+    struct kvr_context * ctx = kvr_init(mem, false);
+    if (!ctx) { kvr_error(KVR_ERR_NOMEM, "calibrate: cannot allocate %zu MiB", mem >> 20); return -1.0; }
+    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, N), * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+    fill_random(w, seed);
+    fill_random(x, seed + 7);
+    struct kvr_graph * g = kvr_graph_new(ctx, 16);
+    kvr_graph_expand(g, kvr_mul_mat(ctx, w, x));
+    const double t = time_graph(g, 5, n_threads);
+    kvr_free(ctx);
+    return t;
+}
+
+// One ATTN of Tq queries (the last of a Tk-token prompt) over all Tk keys, H query heads sharing
+// Hkv key/value heads of dimension D; seconds (negative on failure).
+static double time_attn(int D, int H, int Hkv, int Tq, int Tk, enum kvr_attn_mode mode, int n_threads) {
+    const size_t mem = ((size_t)D * H * Tq + 2u * D * Hkv * Tk + (size_t)(D + 1) * H * Tq) * sizeof(float) +
+                       (size_t)(Tq + Tk) * 4 + (1u << 20);
+    struct kvr_context * ctx = kvr_init(mem, false);
+    if (!ctx) { kvr_error(KVR_ERR_NOMEM, "calibrate: cannot allocate %zu MiB", mem >> 20); return -1.0; }
+    struct kvr_tensor * q = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
+    struct kvr_tensor * k = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk), * v = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+    struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq), * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
+    fill_random(q, 11);
+    fill_random(k, 12);
+    fill_random(v, 13);
+    for (int i = 0; i < Tq; i++) ((int32_t *)qp->data)[i] = Tk - Tq + i;
+    for (int i = 0; i < Tk; i++) ((int32_t *)kp->data)[i] = i;
+    struct kvr_graph * g = kvr_graph_new(ctx, 16);
+    kvr_graph_expand(g, kvr_attn(ctx, q, k, v, qp, kp, NULL, 1.0f / sqrtf((float)D), mode));
+    const double t = time_graph(g, 5, n_threads);
+    kvr_free(ctx);
+    return t;
+}
+
+// One measurement, run by several copies at once: n_copies ranks of a local run share the memory
+// system and the caches, and a rank measured alone on an idle machine is faster than one that
+// runs beside others.
+struct cal_job {
+    bool               attn;
+    int64_t            K, N, T;        // MUL_MAT
+    int                D, H, Hkv, Tq, Tk; // ATTN
+    enum kvr_attn_mode mode;
+    int                n_threads;
+    uint64_t           seed;
+    double             t;              // seconds, negative on failure
+};
+
+static void * cal_job_run(void * arg) {
+    struct cal_job * j = arg;
+    j->t = j->attn ? time_attn(j->D, j->H, j->Hkv, j->Tq, j->Tk, j->mode, j->n_threads)
+                   : time_mul_mat(j->K, j->N, j->T, j->n_threads, j->seed);
+    return NULL;
+}
+
+// the mean time of the copies, in seconds (negative on failure)
+static double time_copies(const struct cal_job * job, int n_copies) {
+    struct cal_job jobs[KVR_TUNE_MAX_RANKS];
+    pthread_t th[KVR_TUNE_MAX_RANKS];
+    int started = 1;
+    for (int c = 0; c < n_copies; c++) {
+        jobs[c] = *job;
+        jobs[c].seed += (uint64_t)c * 101;
+    }
+    for (int c = 1; c < n_copies; c++, started++) {
+        if (pthread_create(&th[c], NULL, cal_job_run, &jobs[c]) != 0) break;
+    }
+    cal_job_run(&jobs[0]);
+    double sum = 0.0;
+    bool ok = started == n_copies;
+    for (int c = 0; c < started; c++) {
+        if (c > 0) pthread_join(th[c], NULL);
+        ok = ok && jobs[c].t > 0;
+        sum += jobs[c].t;
+    }
+    if (started < n_copies) kvr_error(KVR_ERR_NOMEM, "calibrate: cannot start %d threads", n_copies);
+    return ok ? sum / n_copies : -1.0;
+}
+
+int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, const struct kvr_tune_model * shape,
+                       int n_threads, int n_ranks, FILE * log) {
     struct kvr_tune_profile p;
     kvr_tune_profile_builtin("cpu", &p);
-    snprintf(p.name, sizeof(p.name), "calibrated");
+    if (n_threads < 1) n_threads = 1;
+    if (n_ranks < 1) n_ranks = 1;
+    if (n_ranks > KVR_TUNE_MAX_RANKS) return kvr_error(KVR_ERR_ARG, "calibrate: at most %d ranks", KVR_TUNE_MAX_RANKS);
+    if (shape) snprintf(p.name, sizeof(p.name), "calibrated-%.30s-%dx%d", shape->name, n_ranks & 0xff, n_threads & 0xffff);
+    else snprintf(p.name, sizeof(p.name), "calibrated-%dx%d", n_ranks, n_threads);
     p.attn_mode = mode;
     p.matmul_eff = p.attn_eff = 1.0; // peaks are what was reached
-    const size_t mem = 96u << 20;
-    struct kvr_context * ctx = kvr_init(mem, false);
-    if (!ctx) return kvr_error(KVR_ERR_NOMEM, "calibrate: cannot allocate %zu MiB", mem >> 20);
     int rc = KVR_OK;
 
-    // matmuls of prefill shapes: a projection and an FFN matrix over a few hundred tokens
-    const int64_t shapes[][3] = { { 768, 768, 256 }, { 768, 2048, 256 }, { 2048, 768, 128 } }; // K, N, T
+    // matmuls of prefill shapes. With a model: each projection and FFN matrix of one layer over
+    // 512 tokens, weighted as a layer runs them (the simulator has one rate for all of them);
+    // without: small generic shapes
+    int64_t shapes[8][4]; // K, N, T, how many per layer
+    int n_shapes = 0;
+    if (shape) {
+        const int64_t E = shape->n_embd, qd = (int64_t)shape->n_head * shape->head_dim,
+                      kvd = (int64_t)shape->n_head_kv * shape->head_dim, F = shape->n_ff;
+        const int64_t s[][4] = { { E, qd, 512, 1 }, { E, kvd, 512, 2 }, { qd, E, 512, 1 },
+                                 { E, F, 512, shape->n_ffn_mats - 1 }, { F, E, 512, 1 } };
+        for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++) memcpy(shapes[n_shapes++], s[i], sizeof(s[i]));
+    } else {
+        const int64_t s[][4] = { { 768, 768, 256, 1 }, { 768, 2048, 256, 1 }, { 2048, 768, 128, 1 } };
+        for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++) memcpy(shapes[n_shapes++], s[i], sizeof(s[i]));
+    }
     double flops = 0.0, secs = 0.0;
-    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]) && rc == KVR_OK; i++) {
-        const int64_t K = shapes[i][0], N = shapes[i][1], T = shapes[i][2];
-        struct kvr_tensor * w = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, N), * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
-        fill_random(w, 1 + i);
-        fill_random(x, 7 + i);
-        struct kvr_graph * g = kvr_graph_new(ctx, 16);
-        kvr_graph_expand(g, kvr_mul_mat(ctx, w, x));
-        const double t = time_graph(g, 3);
+    for (int i = 0; i < n_shapes && rc == KVR_OK; i++) {
+        const int64_t K = shapes[i][0], N = shapes[i][1], T = shapes[i][2], mult = shapes[i][3];
+        const struct cal_job job = { .K = K, .N = N, .T = T, .n_threads = n_threads, .seed = 1 + (uint64_t)i };
+        const double t = time_copies(&job, n_ranks);
         if (t <= 0) { rc = KVR_ERR_ARG; break; }
-        flops += 2.0 * K * N * T;
-        secs += t;
-        if (log) fprintf(log, "calibrate: MUL_MAT [%lld x %lld] x %lld tokens: %.2f ms, %.2f GFLOP/s\n", (long long)K, (long long)N,
-                         (long long)T, t * 1e3, 2.0 * K * N * T / t / 1e9);
+        flops += 2.0 * K * N * T * mult;
+        secs += t * mult;
+        if (log) fprintf(log, "calibrate: MUL_MAT [%lld x %lld] x %lld tokens, %d rank%s x %d thread%s: %.2f ms, %.2f GFLOP/s a rank\n",
+                         (long long)K, (long long)N, (long long)T, n_ranks, n_ranks > 1 ? "s" : "", n_threads, n_threads > 1 ? "s" : "",
+                         t * 1e3, 2.0 * K * N * T / t / 1e9);
     }
     if (rc == KVR_OK) p.matmul_flops = flops / secs;
 
-    // attention: the last 256 queries of a 1024-token prompt over all of it (a kvr rank's shape),
-    // at two head dims: time per pair and head = 4*D/attn_flops + attn_pair_s, so the FLOP rate
-    // and the softmax's own cost (which a small head dim cannot hide) come apart
-    double per_pair[2] = { 0, 0 };
-    const int dims[2] = { 64, 8 };
-    for (int di = 0; di < 2 && rc == KVR_OK; di++) {
-        const int D = dims[di], H = 4, Tq = 256, Tk = 1024;
-        struct kvr_tensor * q = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
-        struct kvr_tensor * k = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tk), * v = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tk);
-        struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq), * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
-        fill_random(q, 11);
-        fill_random(k, 12);
-        fill_random(v, 13);
-        for (int i = 0; i < Tq; i++) ((int32_t *)qp->data)[i] = Tk - Tq + i;
-        for (int i = 0; i < Tk; i++) ((int32_t *)kp->data)[i] = i;
-        struct kvr_graph * g = kvr_graph_new(ctx, 16);
-        kvr_graph_expand(g, kvr_attn(ctx, q, k, v, qp, kp, NULL, 1.0f / sqrtf((float)D), mode));
-        const double t = time_graph(g, 3);
-        if (t <= 0) { rc = KVR_ERR_ARG; break; }
-        int64_t dense, causal;
-        struct runs rq = runs_range(Tk - Tq, Tq), rk = runs_range(0, Tk);
-        attn_pairs(&rq, &rk, p.attn_tile_q, p.attn_tile_k, mode, &dense, &causal); // MHA: attn_tile_q tokens a tile
-        per_pair[di] = t / ((double)dense * H);
-        if (log) fprintf(log, "calibrate: ATTN head_dim %d, %d queries x %d keys (%s, %lld pairs per head): %.2f ms, %.2f ns per pair and head\n",
-                         D, Tq, Tk, mode == KVR_ATTN_DENSE ? "dense" : "causal", (long long)dense, t * 1e3, per_pair[di] * 1e9);
-    }
-    if (rc == KVR_OK) {
-        const double slope = (per_pair[0] - per_pair[1]) / (4.0 * (dims[0] - dims[1])); // s per FLOP
-        if (slope > 0 && per_pair[1] - slope * 4.0 * dims[1] >= 0) {
-            p.attn_flops = 1.0 / slope;
-            p.attn_pair_s = per_pair[1] - slope * 4.0 * dims[1];
-        } else { // timing noise: all of it FLOPs
-            p.attn_flops = 4.0 * dims[0] / per_pair[0];
+    if (shape && rc == KVR_OK) {
+        // attention as the model runs it: the last 512 queries of a 2048-token prompt, the model's
+        // head dim and grouping (the kernel packs the heads of a KV head into one tile), all of its
+        // time charged as FLOPs at this head dim
+        const int D = shape->head_dim, Tq = 512, Tk = 2048;
+        const struct cal_job job = { .attn = true, .D = D, .H = shape->n_head, .Hkv = shape->n_head_kv, .Tq = Tq, .Tk = Tk,
+                                     .mode = mode, .n_threads = n_threads };
+        const double t = time_copies(&job, n_ranks);
+        if (t <= 0) rc = KVR_ERR_ARG;
+        else {
+            int64_t dense, causal;
+            struct runs rq = runs_range(Tk - Tq, Tq), rk = runs_range(0, Tk);
+            attn_pairs(&rq, &rk, tile_tokens(shape, &p), p.attn_tile_k, mode, &dense, &causal);
+            const double per_pair = t / ((double)dense * shape->n_head);
+            p.attn_flops = 4.0 * D / per_pair;
             p.attn_pair_s = 0.0;
+            if (log) fprintf(log, "calibrate: ATTN head_dim %d, %d/%d heads, %d queries x %d keys (%s, %lld pairs per head): %.2f ms, "
+                             "%.2f ns per pair and head = %.2f GFLOP/s\n", D, shape->n_head, shape->n_head_kv, Tq, Tk,
+                             mode == KVR_ATTN_DENSE ? "dense" : "causal", (long long)dense, t * 1e3, per_pair * 1e9, p.attn_flops / 1e9);
         }
-        if (log) fprintf(log, "calibrate: attention %.2f GFLOP/s plus %.2f ns per pair and head\n", p.attn_flops / 1e9, p.attn_pair_s * 1e9);
+    } else if (rc == KVR_OK) {
+        // attention without a model: the last 256 queries of a 1024-token prompt over all of it
+        // (MHA), at two head dims: time per pair and head = 4*D/attn_flops + attn_pair_s, so the
+        // FLOP rate and the softmax's own cost (which a small head dim cannot hide) come apart
+        double per_pair[2] = { 0, 0 };
+        const int dims[2] = { 64, 8 };
+        for (int di = 0; di < 2 && rc == KVR_OK; di++) {
+            const int D = dims[di], H = 4, Tq = 256, Tk = 1024;
+            const struct cal_job job = { .attn = true, .D = D, .H = H, .Hkv = H, .Tq = Tq, .Tk = Tk, .mode = mode, .n_threads = n_threads };
+            const double t = time_copies(&job, n_ranks);
+            if (t <= 0) { rc = KVR_ERR_ARG; break; }
+            int64_t dense, causal;
+            struct runs rq = runs_range(Tk - Tq, Tq), rk = runs_range(0, Tk);
+            attn_pairs(&rq, &rk, p.attn_tile_q, p.attn_tile_k, mode, &dense, &causal); // MHA: attn_tile_q tokens a tile
+            per_pair[di] = t / ((double)dense * H);
+            if (log) fprintf(log, "calibrate: ATTN head_dim %d, %d queries x %d keys (%s, %lld pairs per head): %.2f ms, %.2f ns per pair and head\n",
+                             D, Tq, Tk, mode == KVR_ATTN_DENSE ? "dense" : "causal", (long long)dense, t * 1e3, per_pair[di] * 1e9);
+        }
+        if (rc == KVR_OK) {
+            const double slope = (per_pair[0] - per_pair[1]) / (4.0 * (dims[0] - dims[1])); // s per FLOP
+            if (slope > 0 && per_pair[1] - slope * 4.0 * dims[1] >= 0) {
+                p.attn_flops = 1.0 / slope;
+                p.attn_pair_s = per_pair[1] - slope * 4.0 * dims[1];
+            } else { // timing noise: all of it FLOPs
+                p.attn_flops = 4.0 * dims[0] / per_pair[0];
+                p.attn_pair_s = 0.0;
+            }
+            if (log) fprintf(log, "calibrate: attention %.2f GFLOP/s plus %.2f ns per pair and head\n", p.attn_flops / 1e9, p.attn_pair_s * 1e9);
+        }
     }
-    kvr_free(ctx);
     if (rc != KVR_OK) return kvr_error(KVR_ERR_ARG, "calibrate: a benchmark graph failed: %s", kvr_last_error());
 
     // memory: a copy larger than the caches; local ranks pass messages by the same copy

@@ -1678,17 +1678,31 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
             const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
             for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
         } else {
+            // GGML's order: the mean is a float division of the rounded sum; the squares are
+            // summed in float by groups of 8 lanes (lane i with i+4, then (0+2)+(1+3)) and the
+            // group sums in double, the tail one by one
             double sum = 0.0;
             for (int64_t i = 0; i < n; i++) sum += (double)x[i];
-            const float mean = (float)(sum / n);
+            const float mean = (float)sum / (float)n;
             double var = 0.0;
-            for (int64_t i = 0; i < n; i++) {
+            int64_t i = 0;
+            for (; i + 7 < n; i += 8) {
+                float sq[8];
+                for (int j = 0; j < 8; j++) {
+                    const float d = x[i + j] - mean;
+                    y[i + j] = d;
+                    sq[j] = d * d;
+                }
+                const float a0 = sq[0] + sq[4], a1 = sq[1] + sq[5], a2 = sq[2] + sq[6], a3 = sq[3] + sq[7];
+                var += (double)((a0 + a2) + (a1 + a3));
+            }
+            for (; i < n; i++) {
                 const float d = x[i] - mean;
                 y[i] = d;
                 var += (double)(d * d);
             }
             const float scale = 1.0f / sqrtf((float)(var / n) + eps);
-            for (int64_t i = 0; i < n; i++) y[i] *= scale;
+            for (int64_t k = 0; k < n; k++) y[k] *= scale;
         }
     }
 }
@@ -1700,6 +1714,46 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
 #define MM_BLOCK_BYTES_PREFILL ((size_t)32 << 20)
 #define MM_BLOCK_BYTES_DECODE  ((size_t)1 << 20)
 #define MM_PREFILL_ROWS 32
+
+// F32 matrices of at most this many weights (1 MiB) are multiplied by one dot product per output
+// instead of sgemm. For such small products sgemm's packing is a large share of the work anyway,
+// and the dots sum in GGML's order (dot_f32_ggml), so small models (the outside references in
+// ../shared/reference among them, made by llama.cpp's CPU backend) agree with llama.cpp to the
+// last bits instead of to ~1e-6: which matters where an fp16 rounding (GELU's table) turns a
+// last-bit difference into a whole fp16 step.
+#define MM_DOT_MAX_WEIGHTS ((int64_t)1 << 18)
+
+// x.y summed as ggml_vec_dot_f32 sums on AVX2: four 8-lane FMA accumulators over blocks of 32,
+// added pairwise (0+2, 1+3, then the two), the 128-bit halves added, two horizontal adds, then the
+// tail (n mod 32) one product at a time in float.
+static float dot_f32_ggml(const float * x, const float * y, int64_t n) {
+    const int64_t np = n & ~(int64_t)31;
+    float sum;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i < np; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i),      _mm256_loadu_ps(y + i),      s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8),  _mm256_loadu_ps(y + i + 8),  s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);
+    }
+    s0 = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_hadd_ps(h, h);
+    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+#else
+    float acc[32] = { 0 };
+    for (int64_t i = 0; i < np; i += 32) {
+        for (int j = 0; j < 32; j++) acc[j] = fmaf(x[i + j], y[i + j], acc[j]);
+    }
+    float l[8];
+    for (int j = 0; j < 8; j++) l[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j]);
+    const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
+    sum = (h0 + h1) + (h2 + h3);
+#endif
+    for (int64_t i = np; i < n; i++) sum += x[i] * y[i];
+    return sum;
+}
 
 static size_t mm_block_bytes(int64_t T) {
     return T >= MM_PREFILL_ROWS ? MM_BLOCK_BYTES_PREFILL : MM_BLOCK_BYTES_DECODE;
@@ -1719,7 +1773,14 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     int64_t n0, n1;
     row_range(N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return;
-    if (w->type == KVR_TYPE_F32) {
+    if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) {
+        for (int64_t t = 0; t < T; t++) {
+            const float * xt = X + t * lda;
+            for (int64_t n = n0; n < n1; n++) {
+                Y[t * N + n] = dot_f32_ggml((const float *)((const uint8_t *)w->data + n * w->nb[1]), xt, K);
+            }
+        }
+    } else if (w->type == KVR_TYPE_F32) {
         const float * W = (const float *)((const uint8_t *)w->data + n0 * w->nb[1]);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)(n1 - n0), (int)K,
                     1.0f, X, lda, W, (int)(w->nb[1] / sizeof(float)), 0.0f, Y + n0, (int)N);

@@ -2,15 +2,23 @@
 # tests/bench.sh BUILD - what `make bench` runs: prefill speed of a tinyllama-1.1b-shaped model
 # (random weights from kvr-gen, written once into BUILD/bench/) at 512 and 2048 prompt tokens
 # with 2 threads, beside what OpenBLAS sgemm reaches on the same shapes; then the parallel
-# prefill strategies on 2 ranks x 1 thread against single x 2 threads. Long: minutes, not seconds.
-# KVR_BENCH_TYPES (default "f32") and KVR_BENCH_CTX / KVR_BENCH_PAR_CTX choose what runs.
+# prefill table of KV-Runahead's kind on 2 ranks x 1 thread: single (2 threads and 1), tsp,
+# kvr-e (even), kvr-s (searched), kvr-p (interpolated from the other lengths), ring-kv, with no
+# link emulation and with a 10 Gb/s link, each beside the simulator's prediction (calibrated here).
+# Long: the parallel table at 1k..8k takes over an hour on 2 cores (3 runs a point up to 2k, one
+# beyond: an 8k prefill takes minutes).
+# KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX and
+# KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 2k, 1 beyond) choose what runs;
+# KVR_BENCH_PAR_OUT (default BUILD/bench/parallel.md) collects the parallel table.
 set -e
 build=${1:-build}
 dir=$build/bench
 mkdir -p "$dir"
 types=${KVR_BENCH_TYPES:-f32}
+[ "$types" = none ] && types=
 ctx=${KVR_BENCH_CTX:-512,2048}
-par_ctx=${KVR_BENCH_PAR_CTX:-1k,2k,4k}
+par_ctx=${KVR_BENCH_PAR_CTX:-1k 2k 4k 8k}
+out=${KVR_BENCH_PAR_OUT:-$dir/parallel.md}
 for t in $types; do
     model=$dir/tinyllama-1.1b-$t.gguf
     [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type "$t" --seed 1 -o "$model"
@@ -19,5 +27,24 @@ for t in $types; do
     echo
 done
 model=$dir/tinyllama-1.1b-f32.gguf
-echo "## parallel prefill: 2 ranks x 1 thread against single x 2 threads"
-"$build/kvr-bench" -m "$model" --ctx "$par_ctx" --strategy single,tsp,kvr,ring-kv,ring-q --ranks 2 -r 3 2>/dev/null
+[ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type f32 --seed 1 -o "$model"
+
+# KVR-S tables: the simulator calibrated here for 2 ranks x 1 thread searches every length (and
+# 512 and 16k, so that kvr-p can interpolate every measured length from its neighbours)
+"$build/kvr-tune" --calibrate -m "$model" --ranks 2 -t 1 -o "$dir/profile-2x1.txt"
+rm -f "$dir/parts.txt" "$dir/parts-10g.txt"
+"$build/kvr-tune" --search -m "$model" --profile "$dir/profile-2x1.txt" --ranks 2 --ctx 512,1k,2k,4k,8k,16k -o "$dir/parts.txt"
+"$build/kvr-tune" --search -m "$model" --profile "$dir/profile-2x1.txt" --link-gbps 10 --ranks 2 --ctx 512,1k,2k,4k,8k,16k -o "$dir/parts-10g.txt"
+
+echo "## parallel prefill: 2 ranks x 1 thread against single x 2 and x 1 threads, measured and predicted"
+: > "$out"
+first=1
+for c in $par_ctx; do
+    case $c in 1k|2k|512|1024|2048) runs=${KVR_BENCH_PAR_RUNS:-3} ;; *) runs=${KVR_BENCH_PAR_RUNS:-1} ;; esac
+    "$build/kvr-bench" -m "$model" --ctx "$c" --strategy single,tsp,kvr-e,kvr-s,kvr-p,ring-kv --single-threads 2,1 \
+        --ranks 2 -t 1 --link-gbps 0,10 --table "$dir/parts.txt,$dir/parts-10g.txt" --predict -r "$runs" --warmup 0 \
+        2>> "$dir/parallel.log" > "$dir/parallel-$c.md"
+    if [ $first = 1 ]; then cat "$dir/parallel-$c.md"; else grep '^| [a-z]' "$dir/parallel-$c.md" | grep -v '^| strategy'; fi >> "$out"
+    first=0
+done
+cat "$out"

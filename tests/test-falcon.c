@@ -27,13 +27,12 @@
 #include <unistd.h>
 
 #ifndef LOGIT_TOL
-// The reference README asks for 1e-4; Falcon cannot be held to it. GGML's GELU rounds its input
-// to fp16, so a last-bit difference in the matmul before it (OpenBLAS's summation order against
-// GGML's) moves that element by a whole fp16 step, and this random-weight model amplifies the
-// step about 15-fold: kvr is 2.1e-4 off at worst (3.9e-5 on average), as is GGML itself when
-// built with its default llamafile matmul. 5e-4 still fails a GELU computed without the fp16
-// rounding (1.2e-3) or any wrong layer.
-#define LOGIT_TOL 5e-4
+// The reference README's tolerance. Falcon is the hard case: GGML's GELU rounds its input to
+// fp16, so a last-bit difference in the matmul or norm before it moves an element by a whole fp16
+// step, which this random-weight model amplifies about 15-fold (2.1e-4 with OpenBLAS's summation
+// order). kvr sums small F32 matmuls and layer norms in GGML's order (kvr.c: dot_f32_ggml), and
+// is ~1e-6 off.
+#define LOGIT_TOL 1e-4
 #endif
 #define MAX_IDS   4096
 

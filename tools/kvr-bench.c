@@ -1,8 +1,13 @@
 // tools/kvr-bench.c - time-to-first-token benchmarks: sweeps prompt lengths x strategies x
-// ranks, runs every point r times, and prints a markdown table (median TTFT, min-max, prefill
-// tokens/s, the FLOP rate it implies, speedups against single and tsp), or CSV / JSON.
-// --sgemm also measures what OpenBLAS sgemm reaches on the model's prefill shapes, so the table
-// can say which fraction of that peak the prefill turns into useful FLOPs.
+// ranks (x emulated links), runs every point r times, and prints a markdown table (median TTFT,
+// min-max, prefill tokens/s, the FLOP rate it implies, speedups against single and tsp), or CSV /
+// JSON, and --svg draws it. kvr comes with three partitions: kvr-e (even), kvr-s (the searched
+// partition of this length from a kvr-tune table) and kvr-p (interpolated from the table's other
+// lengths, as a length never searched would be). --predict puts the simulator's TTFT beside every
+// measured one (calibrated here, in-process, for each thread count), --simulate PROFILE fills the
+// table from the simulator alone. --sgemm also measures what OpenBLAS sgemm reaches on the
+// model's prefill shapes, so the table can say which fraction of that peak the prefill turns into
+// useful FLOPs.
 //
 // Prompts are random token ids (seeded), so no tokenizer work is timed.
 
@@ -13,27 +18,41 @@
 #include <cblas.h>
 #include <pthread.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 extern void openblas_set_num_threads(int n);
 
+// a strategy as the bench names it: kvr splits into its three partition sources
+enum part_src { PART_EVEN, PART_S, PART_P };
+struct bstrat {
+    char              name[16];
+    enum kvr_strategy strat;
+    enum part_src     part;
+};
+
 struct bench_args {
     const char * model;
     int          ctx[32], n_ctx;
-    enum kvr_strategy strat[16];
+    struct bstrat strat[16];
     int          n_strat;
     int          ranks[16], n_ranks;
     int          threads;        // per rank (0: cores / ranks)
-    int          reps;
+    int          single_threads[4], n_single_threads; // single's thread counts (default: all cores)
+    int          reps, warmup;
     uint64_t     seed;
     bool         sgemm;
-    bool         causal_only;
     enum kvr_attn_mode attn;
     double       links[8];       // emulated link Gbit/s to sweep (0: none)
     int          n_links;
     double       link_noise;
+    const char * tables[8];      // kvr-s / kvr-p: one kvr-tune table per link (or one for all)
+    int          n_tables;
+    bool         predict;        // the simulator's TTFT beside the measured one
+    const char * profile;        // --predict with this profile instead of calibrating here
+    const char * simulate;       // no runs: the simulator with this profile fills the table
     const char * format;         // md, csv, json
     const char * svg;
 };
@@ -42,13 +61,21 @@ static void usage(FILE * f) {
     fprintf(f,
         "usage: kvr-bench -m MODEL.gguf [options]\n"
         "  --ctx LIST         prompt lengths (default 512,2048; k suffix allowed: 1k,4k)\n"
-        "  --strategy LIST    single,tsp,kvr,ring-kv,ring-q,auto (default single)\n"
+        "  --strategy LIST    single,tsp,kvr (= kvr-e, even),kvr-s,kvr-p,ring-kv,ring-q,auto (default single)\n"
+        "  --table LIST       kvr-tune --search tables for kvr-s (the entry of this very length) and kvr-p\n"
+        "                     (interpolated from the other lengths only); one per --link-gbps value, or one\n"
         "  --ranks LIST       rank counts for the parallel strategies (default 2)\n"
-        "  -t N               threads per rank (default: cores / ranks; single uses all cores)\n"
+        "  -t N               threads per rank (default: cores / ranks)\n"
+        "  --single-threads L single's thread counts, e.g. 2,1 (default: all cores)\n"
         "  -r N               runs per point (default 3); the table shows the median and the range\n"
+        "  --warmup N         untimed prefills before each point's runs (default 1)\n"
         "  --attn causal|dense\n"
         "  --link-gbps LIST   emulated links between ranks to sweep, 0 for none (default 0)\n"
         "  --link-noise X     with a link: one random neighbour pair per run is X times slower\n"
+        "  --predict          also the simulator's TTFT of every point, calibrated here on the model's shapes\n"
+        "                     for each ranks x threads (kvr-tune --calibrate), with the point's emulated link\n"
+        "  --profile FILE     --predict with this hardware profile instead\n"
+        "  --simulate P       run nothing: the simulator with profile P (a file or a built-in name) fills the table\n"
         "  --svg FILE         draw TTFT against prompt length, one line per strategy (and ranks, link)\n"
         "  --sgemm            also measure OpenBLAS sgemm on the model's shapes and report the fraction\n"
         "  -o md|csv|json     output format (default md)\n"
@@ -71,23 +98,44 @@ static int parse_list(const char * s, int * out, int cap) {
     return *p ? -1 : n;
 }
 
+static int parse_strategy(const char * tok, struct bstrat * b) {
+    memset(b, 0, sizeof(*b));
+    snprintf(b->name, sizeof(b->name), "%s", tok);
+    if (!strcmp(tok, "kvr-e") || !strcmp(tok, "kvr")) { b->strat = KVR_STRATEGY_KVR; snprintf(b->name, sizeof(b->name), "kvr-e"); return 0; }
+    if (!strcmp(tok, "kvr-s")) { b->strat = KVR_STRATEGY_KVR; b->part = PART_S; return 0; }
+    if (!strcmp(tok, "kvr-p")) { b->strat = KVR_STRATEGY_KVR; b->part = PART_P; return 0; }
+    if (kvr_strategy_parse(tok, &b->strat) != KVR_OK) {
+        fprintf(stderr, "kvr-bench: --strategy: %s (or kvr-e, kvr-s, kvr-p)\n", kvr_last_error());
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_args(int argc, char ** argv, struct bench_args * a) {
-    *a = (struct bench_args) { .reps = 3, .seed = 1, .format = "md" };
+    *a = (struct bench_args) { .reps = 3, .warmup = 1, .seed = 1, .format = "md" };
     a->ctx[0] = 512; a->ctx[1] = 2048; a->n_ctx = 2;
-    a->strat[0] = KVR_STRATEGY_SINGLE; a->n_strat = 1;
+    parse_strategy("single", &a->strat[0]); a->n_strat = 1;
     a->ranks[0] = 2; a->n_ranks = 1;
     a->n_links = 1;
     for (int i = 1; i < argc; i++) {
         const char * f = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--sgemm")) { a->sgemm = true; continue; }
+        if (!strcmp(f, "--predict")) { a->predict = true; continue; }
         if (!v) { fprintf(stderr, "kvr-bench: %s needs a value\n", f); usage(stderr); return 2; }
         i++;
         if (!strcmp(f, "-m")) a->model = v;
         else if (!strcmp(f, "--ctx")) { if ((a->n_ctx = parse_list(v, a->ctx, 32)) <= 0) goto bad; }
         else if (!strcmp(f, "--ranks")) { if ((a->n_ranks = parse_list(v, a->ranks, 16)) <= 0) goto bad; }
+        else if (!strcmp(f, "--single-threads")) { if ((a->n_single_threads = parse_list(v, a->single_threads, 4)) <= 0) goto bad; }
         else if (!strcmp(f, "-t")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->threads = t[0]; }
         else if (!strcmp(f, "-r")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->reps = t[0]; }
+        else if (!strcmp(f, "--warmup")) {
+            char * end;
+            long w = strtol(v, &end, 10);
+            if (*end || end == v || w < 0 || w > 100) goto bad;
+            a->warmup = (int)w;
+        }
         else if (!strcmp(f, "--seed")) a->seed = strtoull(v, NULL, 10);
         else if (!strcmp(f, "--link-gbps")) {
             a->n_links = 0;
@@ -100,6 +148,14 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
                 a->n_links++;
             }
         }
+        else if (!strcmp(f, "--table")) {
+            static char buf[1024];
+            snprintf(buf, sizeof(buf), "%s", v);
+            a->n_tables = 0;
+            for (char * tok = strtok(buf, ","); tok && a->n_tables < 8; tok = strtok(NULL, ",")) a->tables[a->n_tables++] = tok;
+        }
+        else if (!strcmp(f, "--profile")) { a->profile = v; a->predict = true; }
+        else if (!strcmp(f, "--simulate")) a->simulate = v;
         else if (!strcmp(f, "--link-noise")) { a->link_noise = atof(v); if (a->link_noise < 1) goto bad; }
         else if (!strcmp(f, "--svg")) a->svg = v;
         else if (!strcmp(f, "-o")) {
@@ -116,7 +172,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
             char buf[256];
             snprintf(buf, sizeof(buf), "%s", v);
             for (char * tok = strtok(buf, ","); tok && a->n_strat < 16; tok = strtok(NULL, ",")) {
-                if (kvr_strategy_parse(tok, &a->strat[a->n_strat++])) { fprintf(stderr, "kvr-bench: %s\n", kvr_last_error()); return 2; }
+                if (parse_strategy(tok, &a->strat[a->n_strat++])) return 2;
             }
         }
         else { fprintf(stderr, "kvr-bench: unknown flag %s\n", f); usage(stderr); return 2; }
@@ -127,6 +183,20 @@ bad:
         return 2;
     }
     if (!a->model) { fprintf(stderr, "kvr-bench: no model: give -m FILE\n"); usage(stderr); return 2; }
+    for (int s = 0; s < a->n_strat; s++) {
+        if (a->strat[s].part != PART_EVEN && a->n_tables == 0) {
+            fprintf(stderr, "kvr-bench: %s takes its partitions from a table: give --table FILE (kvr-tune --search writes one)\n", a->strat[s].name);
+            return 2;
+        }
+    }
+    if (a->n_tables > 1 && a->n_tables != a->n_links) {
+        fprintf(stderr, "kvr-bench: --table has %d files for %d --link-gbps values: give one, or one per link\n", a->n_tables, a->n_links);
+        return 2;
+    }
+    if (a->simulate && a->predict) {
+        fprintf(stderr, "kvr-bench: --simulate runs nothing, so there is nothing to --predict beside\n");
+        return 2;
+    }
     return 0;
 }
 
@@ -193,14 +263,23 @@ static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
 }
 
 struct point {
+    const char * name;        // the bench's strategy name (kvr-e, kvr-s, ...)
     enum kvr_strategy strat;
-    int    ranks, ctx;
+    enum part_src part;
+    int    ranks, threads, ctx;
     double link;
-    double med, lo, hi;   // TTFT ms
+    double fractions[16];     // kvr-s / kvr-p: each rank's share
+    bool   has_fractions;
+    double med, lo, hi;       // TTFT ms
+    double pred;              // the simulator's TTFT ms (0: not asked)
     double flops;
     bool   ok;
     char   err[256];
 };
+
+static bool same_series(const struct point * a, const struct point * b) {
+    return !strcmp(a->name, b->name) && a->ranks == b->ranks && a->threads == b->threads && a->link == b->link;
+}
 
 // TTFT (ms) against prompt length, one polyline per (strategy, ranks, link), with axes, ticks,
 // labels and a legend. Plain SVG 1.1: it opens in any browser.
@@ -247,12 +326,13 @@ static int write_svg(const char * path, const struct point * pts, int np, const 
         if (done[i] || !pts[i].ok) continue;
         const char * col = colors[series % 8];
         char label[96];
-        snprintf(label, sizeof(label), "%s x%d%s", kvr_strategy_name(pts[i].strat), pts[i].ranks, pts[i].link > 0 ? " (link)" : "");
-        if (pts[i].link > 0) snprintf(label + strlen(label) - 7, sizeof(label) - strlen(label) + 7, " %g Gb/s", pts[i].link);
+        int o = snprintf(label, sizeof(label), "%s x%d", pts[i].name, pts[i].ranks);
+        if (pts[i].ranks == 1) o += snprintf(label + o, sizeof(label) - (size_t)o, " (%d thread%s)", pts[i].threads, pts[i].threads > 1 ? "s" : "");
+        if (pts[i].link > 0) snprintf(label + o, sizeof(label) - (size_t)o, " %g Gb/s", pts[i].link);
         fprintf(f, "<g class=\"series\" data-strategy=\"%s\"><polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
-                kvr_strategy_name(pts[i].strat), col);
+                pts[i].name, col);
         for (int j = i; j < np; j++) {
-            if (pts[j].strat != pts[i].strat || pts[j].ranks != pts[i].ranks || pts[j].link != pts[i].link || !pts[j].ok) continue;
+            if (!same_series(&pts[i], &pts[j]) || !pts[j].ok) continue;
             done[j] = true;
             fprintf(f, "%.1f,%.1f ", x0 + (x1 - x0) * pts[j].ctx / xmax, y0 - (y0 - y1) * pts[j].med / ymax);
         }
@@ -269,6 +349,94 @@ static int write_svg(const char * path, const struct point * pts, int np, const 
     return 0;
 }
 
+// The partition of a kvr-s / kvr-p point from its table: kvr-s takes the entry of exactly this
+// length; kvr-p interpolates between the table's other lengths (this one left out), which is what
+// KVR-P does for a length nobody searched.
+static int point_fractions(struct point * p, const char * table, const char * model) {
+    struct kvr_tune_table t;
+    if (kvr_tune_table_load(table, &t) != KVR_OK) {
+        snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
+        return -1;
+    }
+    int rc = 0;
+    if (p->part == PART_S) {
+        int k = 0;
+        while (k < t.n_entries && !(!strcmp(t.entries[k].model, model) && t.entries[k].n_ranks == p->ranks && t.entries[k].n_tokens == p->ctx)) k++;
+        if (k == t.n_entries) {
+            snprintf(p->err, sizeof(p->err), "%s has no entry for %s, %d ranks, %d tokens (kvr-tune --search -m ... --ranks %d --ctx %d)",
+                     table, model, p->ranks, p->ctx, p->ranks, p->ctx);
+            rc = -1;
+        } else {
+            memcpy(p->fractions, t.entries[k].fractions, sizeof(double) * (size_t)p->ranks);
+        }
+    } else {
+        struct kvr_tune_table rest = t;
+        rest.entries = malloc(sizeof(*rest.entries) * (size_t)(t.n_entries > 0 ? t.n_entries : 1));
+        rest.n_entries = 0;
+        for (int k = 0; k < t.n_entries; k++) {
+            if (!strcmp(t.entries[k].model, model) && t.entries[k].n_ranks == p->ranks && t.entries[k].n_tokens == p->ctx) continue;
+            rest.entries[rest.n_entries++] = t.entries[k];
+        }
+        if (kvr_tune_table_lookup(&rest, model, p->ranks, p->ctx, p->fractions) != KVR_OK) {
+            snprintf(p->err, sizeof(p->err), "%s without its %d-token entry: %s", table, p->ctx, kvr_last_error());
+            rc = -1;
+        }
+        free(rest.entries);
+    }
+    kvr_tune_table_free(&t);
+    p->has_fractions = rc == 0;
+    return rc;
+}
+
+// The profile a point is predicted with: calibrated here for its ranks and threads (once per
+// pair: the ranks run their measurements at the same time, as they share the machine), or the
+// one given; with the link the point emulates (pair links, as the local transport).
+struct profiles {
+    const struct kvr_tune_model * shape;
+    enum kvr_attn_mode            attn;
+    const char                  * fixed;
+    int                           threads[8], ranks[8];
+    struct kvr_tune_profile       prof[8];
+    int                           n;
+};
+
+static int point_profile(struct profiles * P, const struct point * p, struct kvr_tune_profile * out) {
+    if (P->fixed) {
+        if (kvr_tune_profile_get(P->fixed, out) != KVR_OK) return -1;
+    } else {
+        int k = 0;
+        while (k < P->n && !(P->threads[k] == p->threads && P->ranks[k] == p->ranks)) k++;
+        if (k == P->n) {
+            if (k == 8) return kvr_error(KVR_ERR_ARG, "more than 8 rank and thread counts to calibrate");
+            fprintf(stderr, "kvr-bench: calibrating the simulator for %d rank%s x %d thread%s\n", p->ranks, p->ranks > 1 ? "s" : "",
+                    p->threads, p->threads > 1 ? "s" : "");
+            if (kvr_tune_calibrate(&P->prof[k], P->attn, P->shape, p->threads, p->ranks, stderr) != KVR_OK) return -1;
+            P->threads[k] = p->threads;
+            P->ranks[k] = p->ranks;
+            P->n++;
+        }
+        *out = P->prof[k];
+    }
+    if (p->link > 0) {
+        out->link_bw = p->link * 1e9 / 8.0;
+        out->links = KVR_TUNE_LINKS_PAIR;
+    }
+    out->attn_mode = P->attn;
+    return 0;
+}
+
+static double predict(struct profiles * P, const struct point * p) {
+    struct kvr_tune_profile hw;
+    if (point_profile(P, p, &hw) != 0) return -1.0;
+    int counts[16];
+    if (p->has_fractions) kvr_tune_counts_from_fractions(p->fractions, p->ranks, p->ctx, counts);
+    struct kvr_tune_plan plan = { .strategy = p->strat, .n_ranks = p->ranks, .n_tokens = p->ctx,
+                                  .counts = p->has_fractions ? counts : NULL, .attn_mode = P->attn };
+    struct kvr_tune_sim sim;
+    if (kvr_tune_simulate(P->shape, &hw, &plan, &sim) != KVR_OK) return -1.0;
+    return sim.ttft * 1e3;
+}
+
 int main(int argc, char ** argv) {
     struct bench_args a;
     int rc = parse_args(argc, argv, &a);
@@ -277,9 +445,14 @@ int main(int argc, char ** argv) {
     if (!m) { fprintf(stderr, "kvr-bench: %s\n", kvr_last_error()); return 2; }
     char desc[512];
     kvr_model_describe(m, desc, sizeof(desc));
+    struct kvr_tune_model shape;
+    if (kvr_tune_model_from(m, &shape) != KVR_OK) { fprintf(stderr, "kvr-bench: %s\n", kvr_last_error()); return 2; }
     const long cores = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
+    if (a.n_single_threads == 0) { a.single_threads[0] = (int)cores; a.n_single_threads = 1; }
+    const enum kvr_attn_mode attn = a.attn;
+    struct profiles profs = { .shape = &shape, .attn = attn, .fixed = a.simulate ? a.simulate : a.profile };
 
-    struct point pts[1024];
+    static struct point pts[1024];
     int np = 0;
     for (int c = 0; c < a.n_ctx; c++) {
         const int T = a.ctx[c];
@@ -290,26 +463,53 @@ int main(int argc, char ** argv) {
             ids[i] = 3 + (int32_t)(x % (m->hp.n_vocab - 3));
         }
         for (int s = 0; s < a.n_strat; s++) {
-            const bool one = a.strat[s] == KVR_STRATEGY_SINGLE;
-            const int nr = one ? 1 : a.n_ranks;
-            for (int li = 0; li < (one ? 1 : a.n_links); li++)
-            for (int ri = 0; ri < nr && np < 1024; ri++) {
+            const struct bstrat * bs = &a.strat[s];
+            const bool one = bs->strat == KVR_STRATEGY_SINGLE;
+            const int n_var = one ? a.n_single_threads : a.n_ranks * a.n_links;
+            for (int vi = 0; vi < n_var && np < 1024; vi++) {
+                const int ranks = one ? 1 : a.ranks[vi % a.n_ranks], li = one ? 0 : vi / a.n_ranks;
                 struct point * p = &pts[np++];
-                *p = (struct point) { .strat = a.strat[s], .ranks = one ? 1 : a.ranks[ri], .ctx = T, .ok = true,
+                *p = (struct point) { .name = bs->name, .strat = bs->strat, .part = bs->part, .ranks = ranks, .ctx = T, .ok = true,
                                       .link = one ? 0 : a.links[li] };
+                p->threads = one ? a.single_threads[vi] : a.threads > 0 ? a.threads : (int)(cores / ranks > 0 ? cores / ranks : 1);
                 p->flops = prefill_flops(&m->hp, T);
-                int threads = a.threads > 0 ? a.threads : (int)(cores / p->ranks > 0 ? cores / p->ranks : 1);
+                if (ranks > 16) { p->ok = false; snprintf(p->err, sizeof(p->err), "more than 16 ranks"); continue; }
+                if (bs->part != PART_EVEN && point_fractions(p, a.tables[a.n_tables > 1 ? li : 0], shape.name) != 0) {
+                    p->ok = false;
+                    fprintf(stderr, "kvr-bench: %s x%d, %d tokens: %s\n", p->name, p->ranks, T, p->err);
+                    continue;
+                }
+                if (a.predict || a.simulate) {
+                    p->pred = predict(&profs, p);
+                    if (p->pred < 0) {
+                        p->ok = false;
+                        snprintf(p->err, sizeof(p->err), "simulator: %s", kvr_last_error());
+                        continue;
+                    }
+                }
+                if (a.simulate) {
+                    p->med = p->lo = p->hi = p->pred;
+                    continue;
+                }
                 double * t = calloc((size_t)a.reps, sizeof(double));
-                // one dist per point, as llama-bench keeps one context: a warm-up prefill, then
+                // one dist per point, as llama-bench keeps one context: warm-up prefills, then
                 // the timed ones, the cache forgotten in between
-                struct kvr_dist_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = threads,
-                                              .n_ctx = T + 16, .attn_mode = a.attn, .link_gbps = p->link,
+                struct kvr_dist_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = p->threads,
+                                              .n_ctx = T + 16, .attn_mode = attn, .link_gbps = p->link,
+                                              .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
-                                              .timeout_s = 600 };
+                                              .timeout_s = 3600 };
                 struct kvr_dist * d = kvr_dist_new(m, &dp);
-                if (!d || !kvr_dist_eval(d, ids, T)) {
+                if (!d) {
                     p->ok = false;
                     snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
+                }
+                for (int w = 0; w < a.warmup && p->ok; w++) {
+                    kvr_dist_reset(d);
+                    if (!kvr_dist_eval(d, ids, T)) {
+                        p->ok = false;
+                        snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
+                    }
                 }
                 for (int r = 0; r < a.reps && p->ok; r++) {
                     kvr_dist_reset(d);
@@ -320,8 +520,10 @@ int main(int argc, char ** argv) {
                         p->ok = false;
                         snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
                     }
-                    fprintf(stderr, "kvr-bench: %s x%d, %d tokens, run %d/%d: %.1f ms\n", kvr_strategy_name(p->strat),
-                            p->ranks, T, r + 1, a.reps, t[r]);
+                    fprintf(stderr, "kvr-bench: %s x%d (%d thread%s)%s, %d tokens, run %d/%d: %.1f ms", p->name, p->ranks, p->threads,
+                            p->threads > 1 ? "s" : "", p->link > 0 ? " link" : "", T, r + 1, a.reps, t[r]);
+                    if (p->pred > 0) fprintf(stderr, " (predicted %.1f ms)", p->pred);
+                    fputc('\n', stderr);
                 }
                 kvr_dist_free(d);
                 qsort(t, (size_t)a.reps, sizeof(double), cmp_double);
@@ -335,43 +537,50 @@ int main(int argc, char ** argv) {
     }
 
     const bool md = !strcmp(a.format, "md"), csv = !strcmp(a.format, "csv");
+    const bool pred_col = a.predict && !a.simulate;
     if (md) {
-        printf("model: %s\n\n", desc);
-        printf("| strategy | ranks | threads/rank | link | prompt | TTFT ms (median) | min-max | prefill tok/s | GFLOP/s | vs single | vs tsp |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        printf("model: %s%s%s\n\n", desc, a.simulate ? "; simulated with profile " : "", a.simulate ? a.simulate : "");
+        printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |\n",
+               a.simulate ? "simulated" : "median", pred_col ? " predicted ms | predicted/measured |" : "");
+        printf("|---|---|---|---|---|---|---|---|%s---|---|---|---|\n", pred_col ? "---|---|" : "");
     } else if (csv) {
-        printf("strategy,ranks,link_gbps,prompt,ttft_ms_median,ttft_ms_min,ttft_ms_max,tok_s,gflop_s,speedup_single,speedup_tsp\n");
+        printf("strategy,ranks,threads,link_gbps,prompt,partition,ttft_ms_median,ttft_ms_min,ttft_ms_max,predicted_ms,tok_s,gflop_s,speedup_single,speedup_tsp\n");
     } else {
         printf("[\n");
     }
     for (int i = 0; i < np; i++) {
         const struct point * p = &pts[i];
         double single = 0, tsp = 0;
-        for (int j = 0; j < np; j++) {
+        for (int j = 0; j < np; j++) { // against the best single and the tsp of the same ranks and link
             if (pts[j].ctx != p->ctx || !pts[j].ok) continue;
-            if (pts[j].strat == KVR_STRATEGY_SINGLE) single = pts[j].med;
+            if (pts[j].strat == KVR_STRATEGY_SINGLE && (single == 0 || pts[j].med < single)) single = pts[j].med;
             if (pts[j].strat == KVR_STRATEGY_TSP && pts[j].ranks == p->ranks && pts[j].link == p->link) tsp = pts[j].med;
         }
-        const int threads = a.threads > 0 ? a.threads : (int)(cores / p->ranks > 0 ? cores / p->ranks : 1);
         const double toks = p->ctx / (p->med / 1e3), gf = p->flops / (p->med * 1e6);
-        char link[32];
+        char link[32], part[160] = "-";
         if (p->link > 0) snprintf(link, sizeof(link), "%g Gb/s%s", p->link, a.link_noise > 1 ? " noisy" : "");
         else snprintf(link, sizeof(link), "-");
+        if (p->has_fractions) {
+            int o = 0;
+            for (int r = 0; r < p->ranks && o < (int)sizeof(part) - 12; r++) o += snprintf(part + o, sizeof(part) - (size_t)o, "%s%.3f", r ? "/" : "", p->fractions[r]);
+        }
         if (!p->ok) {
-            if (md) printf("| %s | %d | %d | %s | %d | failed: %s | | | | | |\n", kvr_strategy_name(p->strat), p->ranks, threads, link, p->ctx, p->err);
-            else fprintf(stderr, "kvr-bench: %s x%d %d: %s\n", kvr_strategy_name(p->strat), p->ranks, p->ctx, p->err);
+            if (md) printf("| %s | %d | %d | %s | %d | %s | failed: %s | |%s | | | |\n", p->name, p->ranks, p->threads, link, p->ctx, part, p->err, pred_col ? " | |" : "");
+            else fprintf(stderr, "kvr-bench: %s x%d %d: %s\n", p->name, p->ranks, p->ctx, p->err);
             continue;
         }
         if (md) {
-            printf("| %s | %d | %d | %s | %d | %.1f | %.1f-%.1f | %.1f | %.1f | %s%.2fx | ", kvr_strategy_name(p->strat), p->ranks, threads,
-                   link, p->ctx, p->med, p->lo, p->hi, toks, gf, "", single > 0 ? single / p->med : 0.0);
+            printf("| %s | %d | %d | %s | %d | %s | %.1f | %.1f-%.1f |", p->name, p->ranks, p->threads, link, p->ctx, part, p->med, p->lo, p->hi);
+            if (pred_col) printf(" %.1f | %.2f |", p->pred, p->pred / p->med);
+            printf(" %.1f | %.1f | %.2fx | ", toks, gf, single > 0 ? single / p->med : 0.0);
             if (tsp > 0) printf("%.2fx |\n", tsp / p->med); else printf("- |\n");
         } else if (csv) {
-            printf("%s,%d,%g,%d,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f\n", kvr_strategy_name(p->strat), p->ranks, p->link, p->ctx, p->med, p->lo, p->hi,
-                   toks, gf, single > 0 ? single / p->med : 0.0, tsp > 0 ? tsp / p->med : 0.0);
+            printf("%s,%d,%d,%g,%d,%s,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f\n", p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi,
+                   p->pred, toks, gf, single > 0 ? single / p->med : 0.0, tsp > 0 ? tsp / p->med : 0.0);
         } else {
-            printf("  {\"strategy\":\"%s\",\"ranks\":%d,\"link_gbps\":%g,\"prompt\":%d,\"ttft_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f}%s\n",
-                   kvr_strategy_name(p->strat), p->ranks, p->link, p->ctx, p->med, p->lo, p->hi, toks, gf, i + 1 < np ? "," : "");
+            printf("  {\"strategy\":\"%s\",\"ranks\":%d,\"threads\":%d,\"link_gbps\":%g,\"prompt\":%d,\"partition\":\"%s\",\"ttft_ms\":%.3f,\"min_ms\":%.3f,"
+                   "\"max_ms\":%.3f,\"predicted_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f}%s\n",
+                   p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi, p->pred, toks, gf, i + 1 < np ? "," : "");
         }
     }
     if (!md && !csv) printf("]\n");

@@ -23,15 +23,16 @@
 
 static void usage(FILE * f) {
     fprintf(f,
-        "usage: kvr-tune --calibrate [-o FILE] [--attn causal|dense]\n"
+        "usage: kvr-tune --calibrate [-m MODEL.gguf | --preset NAME] [--ranks N] [-t THREADS] [-o FILE] [--attn causal|dense]\n"
         "       kvr-tune --search (-m MODEL.gguf | --preset NAME) --ranks N[,N...] --ctx LIST\n"
         "                (--measured [-r RUNS] [-t THREADS] | --profile FILE|NAME) [--min-stride S] -o TABLE\n"
         "       kvr-tune --simulate (-m MODEL.gguf | --preset NAME) --profile FILE|NAME --ranks N[,N...] --ctx LIST\n"
         "                [--strategy LIST] [--table FILE] [--breakdown]\n"
         "       kvr-tune --show-profile NAME [-o FILE]\n"
         "\n"
-        "  --calibrate        time kvr's matmul and attention on 1 thread, a memcpy and a thread hand-off;\n"
-        "                     write the profile (default: stdout)\n"
+        "  --calibrate        time kvr's matmul and attention (on the model's shapes if one is given) as N ranks\n"
+        "                     (default 1) of THREADS threads (default 1) see them, all running at once; a memcpy\n"
+        "                     and a thread hand-off; write the profile (default: stdout)\n"
         "  --search           KVR-S: golden-section for 2 ranks, hierarchical grid search beyond; one table\n"
         "                     line per rank count and length (an existing TABLE of the same profile is updated)\n"
         "  --simulate         TTFT of each strategy by the cost model, with TTFT*(p) (Eq. 3) and TTFT(p) (KVR-S,\n"
@@ -50,6 +51,7 @@ static void usage(FILE * f) {
         "  --min-stride S     finest partition step in tokens (default: ctx/64 measured, ctx/512 modeled)\n"
         "  --grid-half K      grid points per boundary and level: 2K+1 (default 2: the paper's 5)\n"
         "  --breakdown        --simulate: also every rank's finish, compute, comm and wait\n"
+        "  --link-gbps G      --search, --simulate: the profile's link at G Gbit/s (kvr-bench / kvr-run --link-gbps)\n"
         "  -o FILE            output file\n"
         "  -h, --help         this text\n");
 }
@@ -86,6 +88,7 @@ struct args {
     int          min_stride;
     int          grid_half;
     bool         breakdown;
+    double       link_gbps;
 };
 
 // a count with an optional k (x1024) suffix
@@ -137,7 +140,7 @@ static int parse_args(int argc, char ** argv, struct args * a) {
         if (!strcmp(f, "--measured"))  { a->measured = true; continue; }
         if (!strcmp(f, "--breakdown")) { a->breakdown = true; continue; }
         static const char * const with_value[] = { "-m", "--preset", "--profile", "-o", "--table", "--show-profile", "--ranks", "--ctx",
-                                                   "--strategy", "--attn", "-r", "-t", "--min-stride", "--grid-half" };
+                                                   "--strategy", "--attn", "-r", "-t", "--min-stride", "--grid-half", "--link-gbps" };
         bool known = false;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) known = known || !strcmp(f, with_value[k]);
         if (!known) return usage_error("unknown option '%s'", f);
@@ -150,6 +153,11 @@ static int parse_args(int argc, char ** argv, struct args * a) {
         else if (!strcmp(f, "-o")) a->out = v;
         else if (!strcmp(f, "--table")) a->table = v;
         else if (!strcmp(f, "--show-profile")) { a->mode = MODE_SHOW; a->show = v; }
+        else if (!strcmp(f, "--link-gbps")) {
+            char * e;
+            a->link_gbps = strtod(v, &e);
+            if (*e || e == v || !(a->link_gbps > 0)) return usage_error("--link-gbps: '%s' is not a positive Gbit/s", v);
+        }
         else if (!strcmp(f, "--ranks")) {
             if (parse_list(v, a->ranks, &a->n_ranks, false)) return usage_error("--ranks: bad list '%s' (e.g. 2,4,8)", v);
             for (int k = 0; k < a->n_ranks; k++) {
@@ -250,15 +258,6 @@ static int write_profile(const struct kvr_tune_profile * p, const char * out) {
     return 0;
 }
 
-static int do_calibrate(const struct args * a) {
-    struct kvr_tune_profile p;
-    if (kvr_tune_calibrate(&p, a->attn_set ? a->attn : KVR_ATTN_CAUSAL, stderr) != KVR_OK) {
-        fprintf(stderr, "kvr-tune: %s\n", kvr_last_error());
-        return 1;
-    }
-    return write_profile(&p, a->out);
-}
-
 //
 // the model of --search and --simulate
 //
@@ -280,6 +279,20 @@ static int load_model(const struct args * a, struct model_src * ms) {
         return 1;
     }
     return 0;
+}
+
+static int do_calibrate(const struct args * a) {
+    struct model_src ms = { 0 };
+    if ((a->model || a->preset) && load_model(a, &ms)) return 1;
+    struct kvr_tune_profile p;
+    const int rc = kvr_tune_calibrate(&p, a->attn_set ? a->attn : KVR_ATTN_CAUSAL, a->model || a->preset ? &ms.tm : NULL,
+                                      a->threads > 0 ? a->threads : 1, a->n_ranks > 0 ? a->ranks[0] : 1, stderr);
+    if (ms.model) kvr_model_free(ms.model);
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvr-tune: %s\n", kvr_last_error());
+        return 1;
+    }
+    return write_profile(&p, a->out);
 }
 
 //
@@ -319,6 +332,18 @@ static double measured_objective(const int * counts, int n_ranks, void * user) {
     return runs % 2 ? t[runs / 2] : 0.5 * (t[runs / 2 - 1] + t[runs / 2]);
 }
 
+// --profile, with --link-gbps replacing its link bandwidth (the name says so: tables name it)
+static int get_profile(const struct args * a, struct kvr_tune_profile * hw) {
+    if (kvr_tune_profile_get(a->profile, hw) != KVR_OK) return KVR_ERR_ARG;
+    if (a->link_gbps > 0) {
+        hw->link_bw = a->link_gbps * 1e9 / 8.0;
+        char name[64];
+        snprintf(name, sizeof(name), "%.40s+%glink", hw->name, a->link_gbps);
+        snprintf(hw->name, sizeof(hw->name), "%s", name);
+    }
+    return KVR_OK;
+}
+
 static int do_search(const struct args * a) {
     struct model_src ms;
     int rc = load_model(a, &ms);
@@ -326,7 +351,7 @@ static int do_search(const struct args * a) {
     struct kvr_tune_profile hw;
     const char * profile_name = "measured";
     if (!a->measured) {
-        if (kvr_tune_profile_get(a->profile, &hw) != KVR_OK) {
+        if (get_profile(a, &hw) != KVR_OK) {
             kvr_model_free(ms.model);
             return usage_error("%s", kvr_last_error());
         }
@@ -431,7 +456,7 @@ static int do_simulate(const struct args * a) {
     int rc = load_model(a, &ms);
     if (rc) return rc;
     struct kvr_tune_profile hw;
-    if (kvr_tune_profile_get(a->profile, &hw) != KVR_OK) {
+    if (get_profile(a, &hw) != KVR_OK) {
         kvr_model_free(ms.model);
         return usage_error("%s", kvr_last_error());
     }
