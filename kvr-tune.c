@@ -41,7 +41,7 @@ static double maxd(double a, double b) { return a > b ? a : b; }
     { .name = NAME, .matmul_flops = FLOPS, .matmul_eff = 0.53, .attn_flops = FLOPS, .attn_eff = 0.083,  \
       .mem_bw = MEM, .link_bw = LINK, .link_latency = LAT, .links = KVR_TUNE_LINKS_PORT, .elem_bytes = 2, \
       .weight_bytes = 2.0, .attn_tile_q = 128, .attn_tile_k = 128, .attn_tile_group = 0,                \
-      .attn_mode = KVR_ATTN_DENSE, .layer_overhead = 0.0, .attn_pair_s = 0.0 }
+      .attn_mode = KVR_ATTN_DENSE, .layer_overhead = 0.0, .attn_pair_s = 0.0, .solo_speedup = 1.0 }
 static const struct kvr_tune_profile builtin_profiles[] = {
     GPU_PROFILE("a100-nvlink", 312e12, 1.555e12, 300e9, 10e-6),
     GPU_PROFILE("a100-10g",    312e12, 1.555e12,  10e9, 25e-6),
@@ -49,7 +49,7 @@ static const struct kvr_tune_profile builtin_profiles[] = {
     { .name = "cpu", .matmul_flops = 4e10, .matmul_eff = 1.0, .attn_flops = 5e10, .attn_eff = 1.0, .mem_bw = 1e10,
       .link_bw = 5e9, .link_latency = 10e-6, .links = KVR_TUNE_LINKS_PAIR, .elem_bytes = 4, .weight_bytes = 4.0,
       .attn_tile_q = 256, .attn_tile_k = 256, .attn_tile_group = 1, .attn_mode = KVR_ATTN_CAUSAL, .layer_overhead = 0.0,
-      .attn_pair_s = 15e-9 },
+      .attn_pair_s = 15e-9, .solo_speedup = 1.0 },
 };
 #undef GPU_PROFILE
 #define N_BUILTIN_PROFILES ((int)(sizeof(builtin_profiles) / sizeof(builtin_profiles[0])))
@@ -66,10 +66,11 @@ int kvr_tune_profile_builtin(const char * name, struct kvr_tune_profile * out) {
 
 // the keys of a profile file, in the order they are written
 enum pkey { PK_NAME, PK_MM_FLOPS, PK_MM_EFF, PK_AT_FLOPS, PK_AT_EFF, PK_MEM_BW, PK_LINK_BW, PK_LINK_LAT,
-            PK_LINKS, PK_ELEM, PK_WEIGHT, PK_TILE_Q, PK_TILE_K, PK_TILE_GROUP, PK_ATTN_MODE, PK_OVERHEAD, PK_PAIR, PK_COUNT };
+            PK_LINKS, PK_ELEM, PK_WEIGHT, PK_TILE_Q, PK_TILE_K, PK_TILE_GROUP, PK_ATTN_MODE, PK_OVERHEAD, PK_PAIR, PK_SOLO, PK_COUNT };
 static const char * const pkey_names[PK_COUNT] = {
     "name", "matmul_flops", "matmul_eff", "attn_flops", "attn_eff", "mem_bw", "link_bw", "link_latency",
     "links", "elem_bytes", "weight_bytes", "attn_tile_q", "attn_tile_k", "attn_tile_group", "attn_mode", "layer_overhead", "attn_pair_s",
+    "solo_speedup",
 };
 static const char * const pkey_help[PK_COUNT] = {
     "profile name",
@@ -89,6 +90,7 @@ static const char * const pkey_help[PK_COUNT] = {
     "causal or dense: the kernel's default mode",
     "seconds per layer and rank no op accounts for",
     "seconds per query-key pair and head besides its FLOPs (softmax: exp, max, sum)",
+    "ranks sharing one machine: a rank alone computes this much faster (1: own devices)",
 };
 
 static char * trim(char * s) {
@@ -124,6 +126,7 @@ static int profile_check(const struct kvr_tune_profile * p, const char * where) 
     if (!(p->matmul_eff > 0 && p->matmul_eff <= 1) || !(p->attn_eff > 0 && p->attn_eff <= 1)) {
         return kvr_error(KVR_ERR_ARG, "%s: matmul_eff and attn_eff must be in (0, 1]", where);
     }
+    if (!(p->solo_speedup >= 1)) return kvr_error(KVR_ERR_ARG, "%s: solo_speedup must be >= 1", where);
     if (!(p->link_latency >= 0) || !(p->layer_overhead >= 0) || !(p->attn_pair_s >= 0) || !(p->weight_bytes > 0) || p->elem_bytes <= 0 ||
         p->attn_tile_q <= 0 || p->attn_tile_k <= 0 || (p->attn_tile_group != 0 && p->attn_tile_group != 1)) {
         return kvr_error(KVR_ERR_ARG, "%s: latency and overhead must be >= 0; element sizes and tiles positive", where);
@@ -169,6 +172,7 @@ int kvr_tune_profile_load(const char * path, struct kvr_tune_profile * out) {
             case PK_LINK_LAT: bad = parse_double(val, &d) != 0; p.link_latency = d; break;
             case PK_OVERHEAD: bad = parse_double(val, &d) != 0; p.layer_overhead = d; break;
             case PK_PAIR:     bad = parse_double(val, &d) != 0; p.attn_pair_s = d; break;
+            case PK_SOLO:     bad = parse_double(val, &d) != 0; p.solo_speedup = d; break;
             case PK_WEIGHT:   bad = parse_double(val, &d) != 0; p.weight_bytes = d; break;
             case PK_ELEM:     bad = parse_int(val, &i) != 0; p.elem_bytes = i; break;
             case PK_TILE_Q:   bad = parse_int(val, &i) != 0; p.attn_tile_q = i; break;
@@ -202,7 +206,7 @@ int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path) 
         [PK_MM_FLOPS] = p->matmul_flops, [PK_MM_EFF] = p->matmul_eff, [PK_AT_FLOPS] = p->attn_flops,
         [PK_AT_EFF] = p->attn_eff, [PK_MEM_BW] = p->mem_bw, [PK_LINK_BW] = p->link_bw,
         [PK_LINK_LAT] = p->link_latency, [PK_WEIGHT] = p->weight_bytes, [PK_OVERHEAD] = p->layer_overhead,
-        [PK_PAIR] = p->attn_pair_s,
+        [PK_PAIR] = p->attn_pair_s, [PK_SOLO] = p->solo_speedup,
     };
     for (int k = 0; k < PK_COUNT; k++) {
         char v[80];
@@ -497,10 +501,44 @@ static double link_xfer(struct links * L, struct kvr_tune_sim * out, int a, int 
     return end + L->hw->link_latency;
 }
 
-// a rank's clock: busy for dt, or idle until t
-static void run_for(struct kvr_tune_rank * r, double * cur, double dt) { *cur += dt; r->compute += dt; }
+// a rank's clock: idle until t
 static void wait_until(struct kvr_tune_rank * r, double * cur, double t) {
     if (t > *cur) { r->wait += t - *cur; *cur = t; }
+}
+
+// When ranks share one machine (solo_speedup > 1) a rank computes faster while the others wait.
+// Who waits when is what the simulation finds out, so it runs to a fixed point: each pass times
+// a rank's work against the other ranks' busy intervals of the pass before (the first pass: all
+// of them busy all the time, the profile's rates as calibrated with every rank running).
+struct busy {
+    double * t;     // [start, end) pairs, in time order
+    int      n, cap;
+};
+
+static void busy_add(struct busy * b, double t0, double t1) {
+    if (t1 <= t0) return;
+    if (b->n > 0 && b->t[2 * b->n - 1] >= t0) { b->t[2 * b->n - 1] = t1; return; } // adjoining: extend
+    if (b->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 256;
+        b->t = realloc(b->t, sizeof(double) * 2 * (size_t)b->cap);
+        KVR_ASSERT(b->t != NULL);
+    }
+    b->t[2 * b->n] = t0;
+    b->t[2 * b->n + 1] = t1;
+    b->n++;
+}
+
+// is b busy at t; *next gets the next time that answer may change
+static bool busy_at(const struct busy * b, double t, double * next) {
+    int lo = 0, hi = b->n; // the first interval that ends after t
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (b->t[2 * mid + 1] <= t) lo = mid + 1; else hi = mid;
+    }
+    if (lo == b->n) { *next = INFINITY; return false; }
+    if (b->t[2 * lo] <= t) { *next = b->t[2 * lo + 1]; return true; }
+    *next = b->t[2 * lo];
+    return false;
 }
 
 struct sim {
@@ -514,7 +552,42 @@ struct sim {
     struct tok_costs                tc[KVR_TUNE_MAX_RANKS];
     double                          cur[KVR_TUNE_MAX_RANKS];
     double                          kvd;     // K (or V) elements per token
+    double                          solo;    // the profile's solo_speedup (1: no sharing)
+    bool                            first;   // the first pass: every other rank counts as busy
+    struct busy                     prev[KVR_TUNE_MAX_RANKS], now[KVR_TUNE_MAX_RANKS];
 };
+
+// passes of the fixed point when ranks share a machine (each pass moves the busy intervals less)
+#define SIM_PASSES 4
+
+// rank r computes work that takes dt with every rank busy
+static void run_for(struct sim * S, int r, double dt) {
+    struct kvr_tune_rank * R = &S->out->ranks[r];
+    double * cur = &S->cur[r];
+    double t = *cur;
+    if (S->solo <= 1.0 || S->first || S->N == 1) {
+        t += dt;
+    } else {
+        double left = dt;
+        while (left > 0) {
+            bool others = false;
+            double change = INFINITY;
+            for (int q = 0; q < S->N; q++) {
+                if (q == r) continue;
+                double nx;
+                others = busy_at(&S->prev[q], t, &nx) || others;
+                if (nx < change) change = nx;
+            }
+            const double rate = others ? 1.0 : S->solo;
+            if (!(change > t) || t + left / rate <= change) { t += left / rate; break; }
+            left -= (change - t) * rate;
+            t = change;
+        }
+    }
+    busy_add(&S->now[r], *cur, t);
+    R->compute += t - *cur;
+    *cur = t;
+}
 
 // What a rank runs of layer l after its attention inputs. The graph is pruned from its outputs:
 // a rank that does not produce the logits has nothing that needs its last layer's attention
@@ -561,11 +634,11 @@ static void sim_chain(struct sim * S) {
         }
         R->bytes_sent = (int64_t)(R->kv_rows_sent * S->kvd * eb) * L;
         R->bytes_recv = (int64_t)(R->kv_rows_recv * S->kvd * eb) * L;
-        run_for(R, &S->cur[r], S->tc[r].embed);
+        run_for(S, r, S->tc[r].embed);
     }
     for (int l = 0; l < L; l++) {
         if (tsp) {
-            for (int r = 0; r < N; r++) run_for(&S->out->ranks[r], &S->cur[r], S->hw->layer_overhead + S->tc[r].pre_kv);
+            for (int r = 0; r < N; r++) run_for(S, r, S->hw->layer_overhead + S->tc[r].pre_kv);
             // two collectives, K then V: every rank sends its rows to every other as soon as it
             // reaches the collective, and leaves it when every peer's rows have arrived
             for (int phase = 0; phase < 2; phase++) {
@@ -588,8 +661,8 @@ static void sim_chain(struct sim * S) {
                 for (int r = 0; r < N; r++) wait_until(&S->out->ranks[r], &S->cur[r], done[r]);
             }
             for (int r = 0; r < N; r++) {
-                run_for(&S->out->ranks[r], &S->cur[r], S->tc[r].store);
-                if (layer_full(S, r, l)) run_for(&S->out->ranks[r], &S->cur[r], S->tc[r].q + at[r] + layer_post(S, r, l));
+                run_for(S, r, S->tc[r].store);
+                if (layer_full(S, r, l)) run_for(S, r, S->tc[r].q + at[r] + layer_post(S, r, l));
             }
         } else {
             // the chain: rank r's store of layer l waits for [0, s_r) of layer l from r-1, which
@@ -598,12 +671,12 @@ static void sim_chain(struct sim * S) {
             for (int r = 0; r < N; r++) {
                 struct kvr_tune_rank * R = &S->out->ranks[r];
                 double * cur = &S->cur[r];
-                run_for(R, cur, S->hw->layer_overhead + S->tc[r].pre_kv);
+                run_for(S, r, S->hw->layer_overhead + S->tc[r].pre_kv);
                 if (r > 0 && s[r] > 0) wait_until(R, cur, arrive);
-                run_for(R, cur, S->tc[r].store);
+                run_for(S, r, S->tc[r].store);
                 const int e = s[r] + S->cnt[r];
                 if (r < N - 1 && e > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, *cur, 2.0 * e * S->kvd * eb);
-                if (layer_full(S, r, l)) run_for(R, cur, S->tc[r].q + at[r] + layer_post(S, r, l));
+                if (layer_full(S, r, l)) run_for(S, r, S->tc[r].q + at[r] + layer_post(S, r, l));
             }
         }
     }
@@ -660,12 +733,11 @@ static void sim_ring(struct sim * S) {
                 R->bytes_recv += (int64_t)(S->cnt[i] * row) * L;
             }
         }
-        run_for(R, &S->cur[i], S->tc[i].embed);
+        run_for(S, i, S->tc[i].embed);
     }
     for (int l = 0; l < L; l++) {
         for (int i = 0; i < N; i++) {
-            struct kvr_tune_rank * R = &S->out->ranks[i];
-            run_for(R, &S->cur[i], S->hw->layer_overhead + S->tc[i].pre_kv + S->tc[i].store + (passq ? S->tc[i].q : 0.0));
+            run_for(S, i, S->hw->layer_overhead + S->tc[i].pre_kv + S->tc[i].store + (passq ? S->tc[i].q : 0.0));
             ready[i * N + 0] = S->cur[i];
         }
         // step j: every rank passes on the block it holds since step j-1 (its own at step 1)
@@ -681,11 +753,11 @@ static void sim_ring(struct sim * S) {
             struct kvr_tune_rank * R = &S->out->ranks[i];
             double * cur = &S->cur[i];
             if (passq || layer_full(S, i, l)) {
-                if (!passq) run_for(R, cur, S->tc[i].q);
+                if (!passq) run_for(S, i, S->tc[i].q);
                 // each step's attention overlaps the next block's transfer
                 for (int j = 0; j < N; j++) {
                     wait_until(R, cur, ready[i * N + j]);
-                    run_for(R, cur, at[i * N + j]);
+                    run_for(S, i, at[i * N + j]);
                 }
             } else {
                 wait_until(R, cur, ready[i * N + N - 1]); // it still forwards every block
@@ -708,7 +780,7 @@ static void sim_ring(struct sim * S) {
             if (!layer_full(S, i, l)) continue;
             // merge N partials (read each, write one), then the rest of the layer
             const double merge = elem_time(S->hw, (N + 1.0) * S->cnt[i] * (qd + H));
-            run_for(&S->out->ranks[i], &S->cur[i], merge + layer_post(S, i, l));
+            run_for(S, i, merge + layer_post(S, i, l));
         }
     }
     free(at);
@@ -757,20 +829,33 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
             const struct runs sh = runs_ring(T, N, r);
             if (ring ? sh.n > 0 && runs_pos(&sh, runs_total(&sh) - 1) == T - 1 : S->cnt[r] > 0) S->owner = r;
         }
-        memset(out, 0, sizeof(*out));
-        out->n_ranks = N;
-        for (int r = 0; r < N; r++) {
-            out->ranks[r].rank = r;
-            out->ranks[r].tokens = S->cnt[r];
-            token_costs(m, hw, S->cnt[r], &S->tc[r]);
+        for (int r = 0; r < N; r++) token_costs(m, hw, S->cnt[r], &S->tc[r]);
+        S->solo = hw->solo_speedup > 1.0 ? hw->solo_speedup : 1.0;
+        const int passes = S->solo > 1.0 && N > 1 ? SIM_PASSES : 1;
+        for (int pass = 0; pass < passes; pass++) {
+            S->first = pass == 0;
+            memset(out, 0, sizeof(*out));
+            out->n_ranks = N;
+            for (int r = 0; r < N; r++) {
+                out->ranks[r].rank = r;
+                out->ranks[r].tokens = S->cnt[r];
+                S->cur[r] = 0.0;
+                S->L.egress[r] = S->L.ingress[r] = 0.0;
+                struct busy b = S->prev[r]; // the pass before becomes prev, its storage is reused
+                S->prev[r] = S->now[r];
+                S->now[r] = b;
+                S->now[r].n = 0;
+            }
+            if (S->L.pair) memset(S->L.pair, 0, sizeof(double) * (size_t)N * N);
+            if (ring) sim_ring(S);
+            else sim_chain(S);
+            run_for(S, S->owner, S->tc[S->owner].logits);
         }
-        if (ring) sim_ring(S);
-        else sim_chain(S);
-        run_for(&out->ranks[S->owner], &S->cur[S->owner], S->tc[S->owner].logits);
         for (int r = 0; r < N; r++) out->ranks[r].finish = S->cur[r];
         out->owner = S->owner;
         out->ttft = S->cur[S->owner];
     }
+    for (int r = 0; r < N; r++) { free(S->prev[r].t); free(S->now[r].t); }
     free(S->L.pair);
     free(S);
     return rc;
@@ -1257,17 +1342,28 @@ void kvr_tune_counts_from_fractions(const double * fractions, int n_ranks, int n
 // calibration: this machine, measured with kvr's own ops on one thread
 //
 
-// best of n runs of a graph on n_threads threads after one to warm up, in seconds (the best, since
-// whatever else the machine does only ever adds time)
+static int cmp_dbl(const void * a, const void * b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double * v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_dbl);
+    return v[n / 2];
+}
+
+// the median of n runs of a graph on n_threads threads after one to warm up, in seconds: a
+// prefill runs for minutes, so the typical speed is the one to model, not the best moment
 static double time_graph(struct kvr_graph * g, int n, int n_threads) {
-    double best = INFINITY;
+    double t[16];
+    if (n > 16) n = 16;
     if (kvr_graph_compute_cpu(g, n_threads) != KVR_OK) return -1.0;
     for (int i = 0; i < n; i++) {
         const double t0 = kvr_time_ms();
         if (kvr_graph_compute_cpu(g, n_threads) != KVR_OK) return -1.0;
-        best = fmin(best, (kvr_time_ms() - t0) / 1e3);
+        t[i] = (kvr_time_ms() - t0) / 1e3;
     }
-    return best;
+    return median(t, n);
 }
 
 static void fill_random(struct kvr_tensor * t, uint64_t seed) {
@@ -1298,27 +1394,26 @@ static void * pong(void * arg) {
 }
 
 // One MUL_MAT of weight [K x N] over T tokens, timed; seconds (negative on failure).
-static double time_mul_mat(int64_t K, int64_t N, int64_t T, int n_threads, uint64_t seed) {
-    const size_t mem = (size_t)(K * N + K * T + N * T) * sizeof(float) + (1u << 20);
-    struct kvr_context * ctx = kvr_init(mem, false);
-    if (!ctx) { kvr_error(KVR_ERR_NOMEM, "calibrate: cannot allocate %zu MiB", mem >> 20); return -1.0; }
+static size_t mem_mul_mat(int64_t K, int64_t N, int64_t T) {
+    return (size_t)(K * N + K * T + N * T) * sizeof(float) + (64u << 10);
+}
+
+static struct kvr_graph * graph_mul_mat(struct kvr_context * ctx, int64_t K, int64_t N, int64_t T, uint64_t seed) {
     struct kvr_tensor * w = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, N), * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
     fill_random(w, seed);
     fill_random(x, seed + 7);
     struct kvr_graph * g = kvr_graph_new(ctx, 16);
     kvr_graph_expand(g, kvr_mul_mat(ctx, w, x));
-    const double t = time_graph(g, 5, n_threads);
-    kvr_free(ctx);
-    return t;
+    return g;
 }
 
-// One ATTN of Tq queries (the last of a Tk-token prompt) over all Tk keys, H query heads sharing
-// Hkv key/value heads of dimension D; seconds (negative on failure).
-static double time_attn(int D, int H, int Hkv, int Tq, int Tk, enum kvr_attn_mode mode, int n_threads) {
-    const size_t mem = ((size_t)D * H * Tq + 2u * D * Hkv * Tk + (size_t)(D + 1) * H * Tq) * sizeof(float) +
-                       (size_t)(Tq + Tk) * 4 + (1u << 20);
-    struct kvr_context * ctx = kvr_init(mem, false);
-    if (!ctx) { kvr_error(KVR_ERR_NOMEM, "calibrate: cannot allocate %zu MiB", mem >> 20); return -1.0; }
+static size_t mem_attn(int D, int H, int Hkv, int Tq, int Tk) {
+    return ((size_t)D * H * Tq + 2u * D * Hkv * Tk + (size_t)(D + 1) * H * Tq) * sizeof(float) + (size_t)(Tq + Tk) * 4 + (64u << 10);
+}
+
+// ATTN of Tq queries (the last of a Tk-token prompt) over all Tk keys, H query heads sharing Hkv
+// key/value heads of dimension D
+static struct kvr_graph * graph_attn(struct kvr_context * ctx, int D, int H, int Hkv, int Tq, int Tk, enum kvr_attn_mode mode) {
     struct kvr_tensor * q = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
     struct kvr_tensor * k = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk), * v = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
     struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq), * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
@@ -1329,32 +1424,77 @@ static double time_attn(int D, int H, int Hkv, int Tq, int Tk, enum kvr_attn_mod
     for (int i = 0; i < Tk; i++) ((int32_t *)kp->data)[i] = i;
     struct kvr_graph * g = kvr_graph_new(ctx, 16);
     kvr_graph_expand(g, kvr_attn(ctx, q, k, v, qp, kp, NULL, 1.0f / sqrtf((float)D), mode));
-    const double t = time_graph(g, 5, n_threads);
-    kvr_free(ctx);
-    return t;
+    return g;
 }
+
+#define CAL_ROUNDS 3
 
 // One measurement, run by several copies at once: n_copies ranks of a local run share the memory
 // system and the caches, and a rank measured alone on an idle machine is faster than one that
 // runs beside others.
 struct cal_job {
-    bool               attn;
+    int                kind;           // CAL_MUL_MAT, CAL_ATTN, or CAL_LAYER: every matmul of `shapes`
+                                       //   (each as often as a layer runs it) and the ATTN, in turn
     int64_t            K, N, T;        // MUL_MAT
     int                D, H, Hkv, Tq, Tk; // ATTN
+    const int64_t   (* shapes)[4];     // LAYER: K, N, T, how many
+    int                n_shapes;
+    int                rot;            // LAYER: start at this op (copies start at different ones)
     enum kvr_attn_mode mode;
     int                n_threads;
     uint64_t           seed;
     double             t;              // seconds, negative on failure
 };
+enum { CAL_MUL_MAT, CAL_ATTN, CAL_LAYER };
 
 static void * cal_job_run(void * arg) {
     struct cal_job * j = arg;
-    j->t = j->attn ? time_attn(j->D, j->H, j->Hkv, j->Tq, j->Tk, j->mode, j->n_threads)
-                   : time_mul_mat(j->K, j->N, j->T, j->n_threads, j->seed);
+    size_t mem = 1u << 20;
+    if (j->kind != CAL_MUL_MAT) mem += mem_attn(j->D, j->H, j->Hkv, j->Tq, j->Tk);
+    if (j->kind == CAL_MUL_MAT) mem += mem_mul_mat(j->K, j->N, j->T);
+    for (int i = 0; j->kind == CAL_LAYER && i < j->n_shapes; i++) mem += mem_mul_mat(j->shapes[i][0], j->shapes[i][1], j->shapes[i][2]);
+    struct kvr_context * ctx = kvr_init(mem, false);
+    if (!ctx) { kvr_error(KVR_ERR_NOMEM, "calibrate: cannot allocate %zu MiB", mem >> 20); j->t = -1.0; return NULL; }
+    if (j->kind == CAL_MUL_MAT) {
+        j->t = time_graph(graph_mul_mat(ctx, j->K, j->N, j->T, j->seed), 5, j->n_threads);
+    } else if (j->kind == CAL_ATTN) {
+        j->t = time_graph(graph_attn(ctx, j->D, j->H, j->Hkv, j->Tq, j->Tk, j->mode), 5, j->n_threads);
+    } else {
+        struct kvr_graph * g[16];
+        int n = 0;
+        for (int i = 0; i < j->n_shapes; i++) {
+            struct kvr_graph * gm = graph_mul_mat(ctx, j->shapes[i][0], j->shapes[i][1], j->shapes[i][2], j->seed + (uint64_t)i);
+            for (int k = 0; k < j->shapes[i][3] && n < 15; k++) g[n++] = gm;
+        }
+        g[n++] = graph_attn(ctx, j->D, j->H, j->Hkv, j->Tq, j->Tk, j->mode);
+        double t[3];
+        j->t = 1.0;
+        for (int rep = -1; rep < 3 && j->t > 0; rep++) { // one pass to warm up
+            const double t0 = kvr_time_ms();
+            for (int k = 0; k < n; k++) {
+                if (kvr_graph_compute_cpu(g[(k + j->rot) % n], j->n_threads) != KVR_OK) { j->t = -1.0; break; }
+            }
+            if (rep >= 0) t[rep] = (kvr_time_ms() - t0) / 1e3;
+        }
+        if (j->t > 0) j->t = median(t, 3);
+    }
+    kvr_free(ctx);
     return NULL;
 }
 
 // the mean time of the copies, in seconds (negative on failure)
+static double time_copies(const struct cal_job * job, int n_copies);
+
+// the median of CAL_ROUNDS rounds of time_copies
+static double time_rounds(const struct cal_job * job, int n_copies) {
+    double tr[CAL_ROUNDS];
+    for (int round = 0; round < CAL_ROUNDS; round++) {
+        tr[round] = time_copies(job, n_copies);
+        if (tr[round] <= 0) return -1.0;
+    }
+    return median(tr, CAL_ROUNDS);
+}
+
 static double time_copies(const struct cal_job * job, int n_copies) {
     struct cal_job jobs[KVR_TUNE_MAX_RANKS];
     pthread_t th[KVR_TUNE_MAX_RANKS];
@@ -1362,6 +1502,11 @@ static double time_copies(const struct cal_job * job, int n_copies) {
     for (int c = 0; c < n_copies; c++) {
         jobs[c] = *job;
         jobs[c].seed += (uint64_t)c * 101;
+        if (job->kind == CAL_LAYER) { // the ranks of a run are at different ops at any time
+            int n = 1;
+            for (int i = 0; i < job->n_shapes; i++) n += (int)job->shapes[i][3];
+            jobs[c].rot = c * n / n_copies;
+        }
     }
     for (int c = 1; c < n_copies; c++, started++) {
         if (pthread_create(&th[c], NULL, cal_job_run, &jobs[c]) != 0) break;
@@ -1406,28 +1551,39 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, c
         const int64_t s[][4] = { { 768, 768, 256, 1 }, { 768, 2048, 256, 1 }, { 2048, 768, 128, 1 } };
         for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++) memcpy(shapes[n_shapes++], s[i], sizeof(s[i]));
     }
+    // Each op alone first (one rank on the machine); with more ranks the rates are divided by
+    // what sharing the machine costs (below). CAL_ROUNDS rounds over all shapes, each shape's
+    // median round kept: a burst of load from elsewhere then spoils one round of a shape, not all.
+    double rounds[8][CAL_ROUNDS];
+    for (int round = 0; round < CAL_ROUNDS && rc == KVR_OK; round++) {
+        for (int i = 0; i < n_shapes && rc == KVR_OK; i++) {
+            const struct cal_job job = { .kind = CAL_MUL_MAT, .K = shapes[i][0], .N = shapes[i][1], .T = shapes[i][2],
+                                         .n_threads = n_threads, .seed = 1 + (uint64_t)i };
+            rounds[i][round] = time_copies(&job, 1);
+            if (rounds[i][round] <= 0) rc = KVR_ERR_ARG;
+        }
+    }
     double flops = 0.0, secs = 0.0;
     for (int i = 0; i < n_shapes && rc == KVR_OK; i++) {
         const int64_t K = shapes[i][0], N = shapes[i][1], T = shapes[i][2], mult = shapes[i][3];
-        const struct cal_job job = { .K = K, .N = N, .T = T, .n_threads = n_threads, .seed = 1 + (uint64_t)i };
-        const double t = time_copies(&job, n_ranks);
-        if (t <= 0) { rc = KVR_ERR_ARG; break; }
+        const double t = median(rounds[i], CAL_ROUNDS);
         flops += 2.0 * K * N * T * mult;
         secs += t * mult;
-        if (log) fprintf(log, "calibrate: MUL_MAT [%lld x %lld] x %lld tokens, %d rank%s x %d thread%s: %.2f ms, %.2f GFLOP/s a rank\n",
-                         (long long)K, (long long)N, (long long)T, n_ranks, n_ranks > 1 ? "s" : "", n_threads, n_threads > 1 ? "s" : "",
-                         t * 1e3, 2.0 * K * N * T / t / 1e9);
+        if (log) fprintf(log, "calibrate: MUL_MAT [%lld x %lld] x %lld tokens, %d thread%s alone: %.2f ms, %.2f GFLOP/s\n",
+                         (long long)K, (long long)N, (long long)T, n_threads, n_threads > 1 ? "s" : "", t * 1e3, 2.0 * K * N * T / t / 1e9);
     }
     if (rc == KVR_OK) p.matmul_flops = flops / secs;
+    struct cal_job attn_job = { 0 };
 
     if (shape && rc == KVR_OK) {
         // attention as the model runs it: the last 512 queries of a 2048-token prompt, the model's
         // head dim and grouping (the kernel packs the heads of a KV head into one tile), all of its
         // time charged as FLOPs at this head dim
         const int D = shape->head_dim, Tq = 512, Tk = 2048;
-        const struct cal_job job = { .attn = true, .D = D, .H = shape->n_head, .Hkv = shape->n_head_kv, .Tq = Tq, .Tk = Tk,
+        const struct cal_job job = { .kind = CAL_ATTN, .D = D, .H = shape->n_head, .Hkv = shape->n_head_kv, .Tq = Tq, .Tk = Tk,
                                      .mode = mode, .n_threads = n_threads };
-        const double t = time_copies(&job, n_ranks);
+        attn_job = job;
+        const double t = time_rounds(&job, 1);
         if (t <= 0) rc = KVR_ERR_ARG;
         else {
             int64_t dense, causal;
@@ -1448,8 +1604,10 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, c
         const int dims[2] = { 64, 8 };
         for (int di = 0; di < 2 && rc == KVR_OK; di++) {
             const int D = dims[di], H = 4, Tq = 256, Tk = 1024;
-            const struct cal_job job = { .attn = true, .D = D, .H = H, .Hkv = H, .Tq = Tq, .Tk = Tk, .mode = mode, .n_threads = n_threads };
-            const double t = time_copies(&job, n_ranks);
+            const struct cal_job job = { .kind = CAL_ATTN, .D = D, .H = H, .Hkv = H, .Tq = Tq, .Tk = Tk, .mode = mode,
+                                         .n_threads = n_threads };
+            const double t = time_copies(&job, 1);
+            if (di == 0) attn_job = job;
             if (t <= 0) { rc = KVR_ERR_ARG; break; }
             int64_t dense, causal;
             struct runs rq = runs_range(Tk - Tq, Tq), rk = runs_range(0, Tk);
@@ -1468,6 +1626,28 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, c
                 p.attn_pair_s = 0.0;
             }
             if (log) fprintf(log, "calibrate: attention %.2f GFLOP/s plus %.2f ns per pair and head\n", p.attn_flops / 1e9, p.attn_pair_s * 1e9);
+        }
+    }
+    if (rc == KVR_OK && n_ranks > 1) {
+        // What sharing the machine costs: a layer's mix of ops (its matmuls, then the attention),
+        // run alone and by n_ranks copies at once, each copy starting at a different op as the
+        // ranks of a run are at different ops at any moment (copies running the same op together
+        // would overstate it: two attentions at once contend more than an attention beside an
+        // FFN). The rates become those of a rank among busy ranks; the ratio is solo_speedup.
+        struct cal_job layer = attn_job;
+        layer.kind = CAL_LAYER;
+        layer.shapes = (const int64_t (*)[4])shapes;
+        layer.n_shapes = n_shapes;
+        layer.seed = 1;
+        const double alone = time_rounds(&layer, 1), shared = alone > 0 ? time_rounds(&layer, n_ranks) : -1.0;
+        if (alone <= 0 || shared <= 0) rc = KVR_ERR_ARG;
+        else {
+            p.solo_speedup = fmax(1.0, shared / alone);
+            p.matmul_flops /= p.solo_speedup;
+            p.attn_flops /= p.solo_speedup;
+            p.attn_pair_s *= p.solo_speedup;
+            if (log) fprintf(log, "calibrate: a layer's ops alone %.2f ms, beside %d other rank%s %.2f ms: the rates above / %.3f "
+                             "(solo_speedup)\n", alone * 1e3, n_ranks - 1, n_ranks > 2 ? "s" : "", shared * 1e3, p.solo_speedup);
         }
     }
     if (rc != KVR_OK) return kvr_error(KVR_ERR_ARG, "calibrate: a benchmark graph failed: %s", kvr_last_error());

@@ -875,6 +875,9 @@ struct kvr_tune_profile {
     double layer_overhead;   // s per layer and rank that no op accounts for (launches, framework)
     double attn_pair_s;      // s per query-key pair and head besides its FLOPs: the softmax's exp, max
                              //   and sum, which small head dims do not hide (0 on the GPU profiles)
+    double solo_speedup;     // ranks sharing one machine (local ranks on CPU cores): how much faster a
+                             //   rank computes while every other rank waits than while they compute
+                             //   too (the rates above are the latter); 1: devices of their own
 };
 
 // Built-in profiles: "a100-nvlink" and "a100-10g" (the KV-Runahead paper's 8x A100 node at

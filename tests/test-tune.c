@@ -251,7 +251,8 @@ static bool same_profile(const struct kvr_tune_profile * a, const struct kvr_tun
            a->attn_flops == b->attn_flops && a->attn_eff == b->attn_eff && a->mem_bw == b->mem_bw && a->link_bw == b->link_bw &&
            a->link_latency == b->link_latency && a->links == b->links && a->elem_bytes == b->elem_bytes &&
            a->weight_bytes == b->weight_bytes && a->attn_tile_q == b->attn_tile_q && a->attn_tile_k == b->attn_tile_k && a->attn_tile_group == b->attn_tile_group &&
-           a->attn_mode == b->attn_mode && a->layer_overhead == b->layer_overhead && a->attn_pair_s == b->attn_pair_s;
+           a->attn_mode == b->attn_mode && a->layer_overhead == b->layer_overhead && a->attn_pair_s == b->attn_pair_s &&
+           a->solo_speedup == b->solo_speedup;
 }
 
 static void test_profiles(void) {
@@ -352,6 +353,28 @@ static void test_sim_model(void) {
     pl.counts = res.counts;
     rc = kvr_tune_simulate(&m, &slow, &pl, &sk);
     check(rc == KVR_OK && sk.ttft >= res.cost, "sim: the same partition at 10 GB/s: %.3f s >= %.3f s", sk.ttft, res.cost);
+    // ranks sharing a machine (solo_speedup s): a rank that computes while the others wait runs
+    // s times faster. TSP's even split leaves the earlier ranks idle at every all-gather, so its
+    // last rank gains, but by less than s; single (one rank) does not change; the counters do not
+    {
+        struct kvr_tune_model tm;
+        struct kvr_tune_profile cpu, shared;
+        kvr_tune_model_preset("tinyllama-1.1b", &tm);
+        kvr_tune_profile_builtin("cpu", &cpu);
+        shared = cpu;
+        shared.solo_speedup = 1.5;
+        static struct kvr_tune_sim a, c, one_a, one_c;
+        struct kvr_tune_plan tp = { .strategy = KVR_STRATEGY_TSP, .n_ranks = 2, .n_tokens = 8192, .attn_mode = KVR_ATTN_CAUSAL };
+        rc = kvr_tune_simulate(&tm, &cpu, &tp, &a) | kvr_tune_simulate(&tm, &shared, &tp, &c);
+        check(rc == KVR_OK && c.ttft < a.ttft && c.ttft > a.ttft / 1.5 && c.ranks[0].wait < a.ranks[0].wait,
+              "sim: solo_speedup 1.5, tsp 8k on 2 ranks: %.2f s < %.2f s, > %.2f s; rank 0 waits %.2f s < %.2f s", c.ttft, a.ttft,
+              a.ttft / 1.5, c.ranks[0].wait, a.ranks[0].wait);
+        check(a.ranks[1].attn_dot_dense == c.ranks[1].attn_dot_dense && a.ranks[0].kv_rows_sent == c.ranks[0].kv_rows_sent,
+              "sim: solo_speedup changes times, not counters");
+        tp = (struct kvr_tune_plan) { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 1, .n_tokens = 8192, .attn_mode = KVR_ATTN_CAUSAL };
+        rc = kvr_tune_simulate(&tm, &cpu, &tp, &one_a) | kvr_tune_simulate(&tm, &shared, &tp, &one_c);
+        check(rc == KVR_OK && one_a.ttft == one_c.ttft, "sim: one rank has nobody to share with: %.3f s = %.3f s", one_a.ttft, one_c.ttft);
+    }
     // bad plans are errors
     int bad[4] = { 100, 100, 100, 100 };
     pl.counts = bad;
