@@ -891,15 +891,16 @@ int kvr_tune_profile_load(const char * path, struct kvr_tune_profile * out);
 int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path);
 // A built-in name, or else a file path.
 int kvr_tune_profile_get(const char * name_or_path, struct kvr_tune_profile * out);
-// Measure this machine with kvr's own ops as n_ranks ranks of n_threads threads each see it: every
-// measurement runs in n_ranks copies at once (ranks sharing the machine are slower than one rank
-// alone), the rates are a rank's. With a model shape: MUL_MAT of each of its projection and FFN
-// matrices over 512 tokens (weighted as a layer runs them) and its ATTN (its head dim and
-// grouping, 512 queries over 2048 keys). Without (NULL): small generic matmuls and an MHA
-// attention at head dims 64 and 8 (which separates the FLOP rate from the softmax's cost per
-// pair). Then a large memcpy (memory and, since local ranks copy, the link) and a two-thread
-// hand-off (the link latency). Takes seconds; log (may be NULL) gets one line per measurement.
-// Peaks are set to what was reached, efficiencies to 1, the rest as in "cpu".
+// Measure this machine with kvr's own ops for ranks of n_threads threads, n_ranks of them sharing
+// it. With a model shape: MUL_MAT of each of its projection and FFN matrices over 512 tokens
+// (weighted as a layer runs them) and its ATTN (its head dim and grouping, 512 queries over 2048
+// keys), each alone, as the median over rounds spread in time. Without (NULL): small generic
+// matmuls and an MHA attention at head dims 64 and 8 (which separates the FLOP rate from the
+// softmax's cost per pair). With n_ranks > 1, a layer's op mix is also run by n_ranks copies at
+// once, each at a different op: the rates are divided by that slowdown, which becomes
+// solo_speedup. Then a large memcpy (memory and, since local ranks copy, the link) and a
+// two-thread hand-off (the link latency). Takes seconds; log (may be NULL) gets a line per
+// measurement. Peaks are set to what was reached, efficiencies to 1, the rest as in "cpu".
 struct kvr_tune_model;
 int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, const struct kvr_tune_model * shape,
                        int n_threads, int n_ranks, FILE * log);
