@@ -1483,18 +1483,6 @@ static void * cal_job_run(void * arg) {
 }
 
 // the mean time of the copies, in seconds (negative on failure)
-static double time_copies(const struct cal_job * job, int n_copies);
-
-// the median of CAL_ROUNDS rounds of time_copies
-static double time_rounds(const struct cal_job * job, int n_copies) {
-    double tr[CAL_ROUNDS];
-    for (int round = 0; round < CAL_ROUNDS; round++) {
-        tr[round] = time_copies(job, n_copies);
-        if (tr[round] <= 0) return -1.0;
-    }
-    return median(tr, CAL_ROUNDS);
-}
-
 static double time_copies(const struct cal_job * job, int n_copies) {
     struct cal_job jobs[KVR_TUNE_MAX_RANKS];
     pthread_t th[KVR_TUNE_MAX_RANKS];
@@ -1523,6 +1511,16 @@ static double time_copies(const struct cal_job * job, int n_copies) {
     return ok ? sum / n_copies : -1.0;
 }
 
+// the median of CAL_ROUNDS rounds of time_copies
+static double time_rounds(const struct cal_job * job, int n_copies) {
+    double tr[CAL_ROUNDS];
+    for (int round = 0; round < CAL_ROUNDS; round++) {
+        tr[round] = time_copies(job, n_copies);
+        if (tr[round] <= 0) return -1.0;
+    }
+    return median(tr, CAL_ROUNDS);
+}
+
 int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, const struct kvr_tune_model * shape,
                        int n_threads, int n_ranks, FILE * log) {
     struct kvr_tune_profile p;
@@ -1530,8 +1528,9 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, c
     if (n_threads < 1) n_threads = 1;
     if (n_ranks < 1) n_ranks = 1;
     if (n_ranks > KVR_TUNE_MAX_RANKS) return kvr_error(KVR_ERR_ARG, "calibrate: at most %d ranks", KVR_TUNE_MAX_RANKS);
-    if (shape) snprintf(p.name, sizeof(p.name), "calibrated-%.30s-%dx%d", shape->name, n_ranks & 0xff, n_threads & 0xffff);
-    else snprintf(p.name, sizeof(p.name), "calibrated-%dx%d", n_ranks, n_threads);
+    char shape_name[40] = "";
+    if (shape) snprintf(shape_name, sizeof(shape_name), "-%.30s", shape->name);
+    snprintf(p.name, sizeof(p.name), "calibrated%s-%dx%d", shape_name, n_ranks, n_threads);
     p.attn_mode = mode;
     p.matmul_eff = p.attn_eff = 1.0; // peaks are what was reached
     int rc = KVR_OK;
