@@ -1360,6 +1360,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         dr->comm = rank_comm_new(d->tr, dr->rank, d->n_ranks, d->p.timeout_s);
         kvr_backend_cpu_set_comm(dr->be, &dr->comm->base);
         kvr_backend_cpu_set_trace(dr->be, p->trace);
+        kvr_backend_cpu_set_q8_activations(dr->be, p->q8_activations);
         dr->logits = calloc(m->hp.n_vocab, sizeof(float));
     }
     d->last = p->strategy;

@@ -409,6 +409,11 @@ void                 kvr_backend_cpu_set_trace(struct kvr_backend * be, bool on)
 // The spans recorded so far (stb-free: a pointer and a count); cleared by reset.
 const struct kvr_span * kvr_backend_cpu_spans(struct kvr_backend * be, int * n, bool reset);
 void                 kvr_backend_cpu_set_threads(struct kvr_backend * be, int n_threads);
+// Prefill matmuls (32 rows or more) over Q4_K weights quantize the activations to 8 bits per 256
+// values and multiply in integers, as llama.cpp does for k-quants: faster, but the logits move by
+// ~1e-2 against the exact math of the file, which the default (off) computes: each block of the
+// weights dequantized to f32 and multiplied in f32. Other types always take the exact path.
+void                 kvr_backend_cpu_set_q8_activations(struct kvr_backend * be, bool on);
 void                 kvr_backend_free(struct kvr_backend * be);
 int                  kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g);
 bool                 kvr_backend_supports_op(struct kvr_backend * be, const struct kvr_tensor * op);
@@ -660,6 +665,7 @@ struct kvr_session_params {
     int                n_threads;  // 0: all cores
     enum kvr_attn_mode attn_mode;
     FILE *             graph_out;  // if set, the first eval prints its rewritten graph here
+    bool               q8_activations; // see kvr_backend_cpu_set_q8_activations (off: exact)
 };
 
 struct kvr_session;
@@ -764,6 +770,7 @@ struct kvr_dist_params {
                                      //   noisy sidecar); needs link_gbps; 0: off
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_dist_write_trace
+    bool               q8_activations; // see kvr_backend_cpu_set_q8_activations (off: exact)
     bool               stall;        // test hook: rank stall_rank stops before its first transfer
     int                stall_rank;   //   of layer stall_layer and never sends again, as a lost
     int                stall_layer;  //   process would (off unless stall is set)

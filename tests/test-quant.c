@@ -502,6 +502,90 @@ static void test_mul_mat(const struct qtype * qt) {
     kvr_free(ctx);
 }
 
+// The integer prefill path (kvr_backend_cpu_set_q8_activations) for Q4_K: every token's 256
+// values quantized to int8 by ggml's Q8_K rule (largest magnitude -> -127, round half to even), then
+// per super-block d*d_a*sum_j sc_j*sum(q*a) - dmin*d_a*sum_j m_j*sum(a), all written out here from
+// the bit layout. 37 tokens (prefill-sized, not a multiple of the kernel's 4), 13 rows (not a
+// multiple of 8), with 1, 2 and 3 threads.
+static void ref_act_q8(const float * x, int8_t * q, float * d) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 256; j++) if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+    if (amax == 0) { memset(q, 0, 256); *d = 0; return; }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < 256; j++) {
+        const float v = nearbyintf(iscale * x[j]);
+        q[j] = (int8_t)(v > 127 ? 127 : v);
+    }
+    *d = 1.0f / iscale;
+}
+
+static void test_mul_mat_q8(void) {
+    const int64_t K = 512, N = 13, T = 37;
+    const struct qtype * qt = NULL;
+    for (int i = 0; i < N_QTYPES; i++) if (qtypes[i].type == KVR_TYPE_Q4_K) qt = &qtypes[i];
+    for (int nth = 1; nth <= 3; nth++) {
+        struct kvr_context * ctx = kvr_init(8u << 20, false);
+        struct kvr_tensor * w = kvr_new_tensor_2d(ctx, KVR_TYPE_Q4_K, K, N);
+        struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+        random_blocks(qt, w->data, (int)(K / 256 * N));
+        for (int64_t i = 0; i < K*T; i++) ((float *)x->data)[i] = rng_normal();
+        struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+        y->flags |= KVR_FLAG_OUTPUT;
+        struct kvr_graph * g = kvr_graph_new(ctx, 16);
+        kvr_graph_expand(g, y);
+        void * buf = aligned_alloc(64, (kvr_graph_plan(g) + 63) / 64 * 64);
+        if (!buf) { check(0, "q8 mul_mat: no memory"); kvr_free(ctx); return; }
+        kvr_graph_place(g, buf);
+        struct kvr_backend * be = kvr_backend_cpu_new(nth);
+        kvr_backend_cpu_set_q8_activations(be, true);
+        const int rc = kvr_backend_graph_compute(be, g);
+        check(rc == KVR_OK, "q4_K q8 mul_mat, %d threads: compute returned %d (%s)", nth, rc, kvr_last_error());
+        double worst_int = 0, worst_exact = 0;
+        for (int64_t t = 0; t < T && rc == KVR_OK; t++) {
+            const float * xt = (const float *)x->data + t * K;
+            int8_t qa[512];
+            float da[2];
+            for (int b = 0; b < 2; b++) ref_act_q8(xt + 256 * b, qa + 256 * b, &da[b]);
+            for (int64_t nn = 0; nn < N; nn++) {
+                const uint8_t * row = (const uint8_t *)w->data + nn * w->nb[1];
+                double ref = 0, exact = 0, mag = 0;
+                for (int b = 0; b < 2; b++) {
+                    const uint8_t * blk = row + 144 * b;
+                    long sumi = 0, summ = 0;
+                    for (int j = 0; j < 8; j++) {
+                        int sc, m;
+                        ref_k4(blk, j, &sc, &m);
+                        long s = 0, sa = 0;
+                        for (int l = 0; l < 32; l++) {
+                            const int e = 32 * j + l;
+                            s += field(blk, 16 + (e/64)*32 + e%32, (e/32)%2, 4) * qa[256 * b + e];
+                            sa += qa[256 * b + e];
+                        }
+                        sumi += sc * s;
+                        summ += m * sa;
+                    }
+                    ref += (double)ref_half(blk) * da[b] * (double)sumi - (double)ref_half(blk + 2) * da[b] * (double)summ;
+                    for (int e = 0; e < 256; e++) {
+                        const double p = (double)ref_q4_K(blk, e) * xt[256 * b + e];
+                        exact += p;
+                        mag += fabs(p);
+                    }
+                }
+                const float got = ((const float *)y->data)[t * N + nn];
+                if (fabs(got - ref) / (mag + 1e-30) > worst_int) worst_int = fabs(got - ref) / (mag + 1e-30);
+                if (fabs(got - exact) / (mag + 1e-30) > worst_exact) worst_exact = fabs(got - exact) / (mag + 1e-30);
+            }
+        }
+        check(worst_int <= 1e-5, "q4_K q8 mul_mat, %d threads: worst relative error %.3g against the integer reference", nth, worst_int);
+        // the activations' rounding shows against the exact product (so the integer path ran), but
+        // stays within its bound: half a step of 1/127 of the largest value per 256
+        check(worst_exact > 1e-5 && worst_exact < 0.02, "q4_K q8 mul_mat, %d threads: relative error %.3g against the exact product", nth, worst_exact);
+        kvr_backend_free(be);
+        free(buf);
+        kvr_free(ctx);
+    }
+}
+
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
 // tensor must match the Q8_0 file's copy within its format's error (a wrong bit layout gives an
 // error near sqrt(2)), and the Q4_0/Q5_0/Q8_0/Q4_K blocks llama.cpp wrote must come back byte for
@@ -600,6 +684,7 @@ int main(int argc, char ** argv) {
 #endif
     }
 #ifndef QUANT_STANDALONE
+    test_mul_mat_q8();
     test_tiny_llama(shared);
 #endif
 

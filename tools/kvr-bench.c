@@ -44,6 +44,7 @@ struct bench_args {
     int          reps, warmup;
     uint64_t     seed;
     bool         sgemm;
+    bool         q8_act;         // Q4_K prefill matmuls with 8-bit activations
     enum kvr_attn_mode attn;
     double       links[8];       // emulated link Gbit/s to sweep (0: none)
     int          n_links;
@@ -77,6 +78,8 @@ static void usage(FILE * f) {
         "  --profile FILE     --predict with this hardware profile instead\n"
         "  --simulate P       run nothing: the simulator with profile P (a file or a built-in name) fills the table\n"
         "  --svg FILE         draw TTFT against prompt length, one line per strategy (and ranks, link)\n"
+        "  --q8-act           Q4_K weights: quantize the activations to 8 bits and multiply in integers, as\n"
+        "                     llama.cpp does (faster; logits ~1e-2 from the exact math of the file)\n"
         "  --sgemm            also measure OpenBLAS sgemm on the model's shapes and report the fraction\n"
         "  -o md|csv|json     output format (default md)\n"
         "  --seed N           prompt token seed (default 1)\n");
@@ -121,6 +124,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
         const char * f = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         if (!strcmp(f, "--sgemm")) { a->sgemm = true; continue; }
+        if (!strcmp(f, "--q8-act")) { a->q8_act = true; continue; }
         if (!strcmp(f, "--predict")) { a->predict = true; continue; }
         if (!v) { fprintf(stderr, "kvr-bench: %s needs a value\n", f); usage(stderr); return 2; }
         i++;
@@ -498,7 +502,7 @@ int main(int argc, char ** argv) {
                                               .n_ctx = T + 16, .attn_mode = attn, .link_gbps = p->link,
                                               .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
-                                              .timeout_s = 3600 };
+                                              .timeout_s = 3600, .q8_activations = a.q8_act };
                 struct kvr_dist * d = kvr_dist_new(m, &dp);
                 if (!d) {
                     p->ok = false;

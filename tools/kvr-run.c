@@ -29,6 +29,7 @@ struct run_args {
     bool         seed_set;
     bool         verbose;
     bool         dump_graph;
+    bool         q8_act;
     bool         stats;
     bool         strategy_set;
     enum kvr_attn_mode attn_mode;
@@ -62,6 +63,8 @@ static void usage(FILE * f) {
         "  --attn causal|dense  attention kernel mode (default causal)\n"
         "  --dump-logits FILE the last prompt token's logits, one per line\n"
         "  --dump-graph       print every rank's rewritten graph of the prefill on stderr\n"
+        "  --q8-act           Q4_K weights: prefill with 8-bit activations and integer products, as\n"
+        "                     llama.cpp does (faster; logits ~1e-2 from the exact math of the file)\n"
         "  -v                 prompt and generated ids, model shape, seed on stderr\n"
         "parallel prefill:\n"
         "  --ranks N          ranks (default 1; under mpirun: the MPI size)\n"
@@ -115,6 +118,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
         else if (!strcmp(f, "-v") || !strcmp(f, "--verbose")) { a->verbose = true; takes = false; }
         else if (!strcmp(f, "--dump-graph")) { a->dump_graph = true; takes = false; }
+        else if (!strcmp(f, "--q8-act")) { a->q8_act = true; takes = false; }
         else if (!strcmp(f, "--stats")) { a->stats = true; takes = false; }
         else if (!v) return bad_arg("flag %s needs a value", f);
         else if (!strcmp(f, "-m") || !strcmp(f, "--model")) a->model = v;
@@ -359,7 +363,7 @@ int main(int argc, char ** argv) {
         .partition = counts, .fractions = fracs, .attn_mode = a.attn_mode, .timeout_s = a.timeout_s,
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
-.graph_out = a.dump_graph ? stderr : NULL,
+        .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act,
         .log = a.verbose ? stderr : NULL,
     };
     if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers
