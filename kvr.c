@@ -6313,12 +6313,13 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
 }
 
 // out[t][i] = row i . token t over nb super-blocks, for 4 tokens (a[t] their activations). The
-// tile is written out by hand: 4 int16 sums of a sub-block, 4 int32 sums of a super-block and 4 f32
-// sums fill 12 of AVX2's 16 registers, and each weight vector loaded serves all 4 tokens.
+// tile is written out by hand: 4 int16 sums of a sub-block and 4 int32 sums of a super-block take 8
+// of AVX2's 16 registers, each weight vector loaded serves all 4 tokens, and the f32 sums, touched
+// once a super-block, stay in out.
 static __attribute__((noinline)) void quant_q4_K_x8_dot4(const struct quant_q4_K_x8 * restrict w, const struct quant_act_q8 * const a[4],
                                int64_t nb, float out[4][8]) {
 #if defined(__AVX2__) && defined(__FMA__)
-    __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], _mm256_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         const struct quant_q4_K_x8 * restrict wb = w + b;
         const struct quant_act_q8 * a0 = a[0] + b, * a1 = a[1] + b, * a2 = a[2] + b, * a3 = a[3] + b;
@@ -6344,11 +6345,6 @@ static __attribute__((noinline)) void quant_q4_K_x8_dot4(const struct quant_q4_K
             s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(p2, sc));
             s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(p3, sc));
         }
-        const __m256 dw = _mm256_loadu_ps(wb->d), dm = _mm256_loadu_ps(wb->dmin);
-        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(dw, _mm256_set1_ps(a0->d)), f0);
-        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(dw, _mm256_set1_ps(a1->d)), f1);
-        f2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dw, _mm256_set1_ps(a2->d)), f2);
-        f3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s3), _mm256_mul_ps(dw, _mm256_set1_ps(a3->d)), f3);
         // the mins: sum_j m_j * (sum of the token's quants in sub-block j), two sub-blocks a madd
         __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
         for (int pp = 0; pp < 4; pp++) {
@@ -6361,15 +6357,16 @@ static __attribute__((noinline)) void quant_q4_K_x8_dot4(const struct quant_q4_K
             m2 = _mm256_add_epi32(m2, _mm256_madd_epi16(mn, _mm256_set1_epi32(v2)));
             m3 = _mm256_add_epi32(m3, _mm256_madd_epi16(mn, _mm256_set1_epi32(v3)));
         }
-        f0 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m0), _mm256_mul_ps(dm, _mm256_set1_ps(a0->d)), f0);
-        f1 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m1), _mm256_mul_ps(dm, _mm256_set1_ps(a1->d)), f1);
-        f2 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m2), _mm256_mul_ps(dm, _mm256_set1_ps(a2->d)), f2);
-        f3 = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m3), _mm256_mul_ps(dm, _mm256_set1_ps(a3->d)), f3);
+        const __m256 dw = _mm256_loadu_ps(wb->d), dm = _mm256_loadu_ps(wb->dmin);
+        const __m256i si[4] = { s0, s1, s2, s3 }, mi[4] = { m0, m1, m2, m3 };
+        for (int t = 0; t < 4; t++) {
+            const __m256 da = _mm256_set1_ps(a[t][b].d);
+            __m256 f = _mm256_loadu_ps(out[t]);
+            f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(dw, da), f);
+            f = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi[t]), _mm256_mul_ps(dm, da), f);
+            _mm256_storeu_ps(out[t], f);
+        }
     }
-    _mm256_storeu_ps(out[0], f0);
-    _mm256_storeu_ps(out[1], f1);
-    _mm256_storeu_ps(out[2], f2);
-    _mm256_storeu_ps(out[3], f3);
 #else
     for (int t = 0; t < 4; t++) {
         for (int i = 0; i < 8; i++) out[t][i] = 0.0f;

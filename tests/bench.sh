@@ -26,6 +26,11 @@ for t in $types; do
     echo "## prefill, single rank, 2 threads, $t"
     "$build/kvr-bench" -m "$model" --ctx "$ctx" -t 2 -r 3 --sgemm
     echo
+    if [ "$t" = q4_K ]; then
+        echo "## prefill, single rank, 2 threads, $t with 8-bit activations (--q8-act)"
+        "$build/kvr-bench" -m "$model" --ctx "$ctx" -t 2 -r 3 --q8-act
+        echo
+    fi
 done
 model=$dir/tinyllama-1.1b-f32.gguf
 [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type f32 --seed 1 -o "$model"

@@ -543,7 +543,8 @@ int main(int argc, char ** argv) {
     const bool md = !strcmp(a.format, "md"), csv = !strcmp(a.format, "csv");
     const bool pred_col = a.predict && !a.simulate;
     if (md) {
-        printf("model: %s%s%s\n\n", desc, a.simulate ? "; simulated with profile " : "", a.simulate ? a.simulate : "");
+        printf("model: %s%s%s%s\n\n", desc, a.simulate ? "; simulated with profile " : "", a.simulate ? a.simulate : "",
+               a.q8_act ? "; Q4_K prefill with 8-bit activations (--q8-act)" : "");
         printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |\n",
                a.simulate ? "simulated" : "median", pred_col ? " predicted ms | predicted/measured |" : "");
         printf("|---|---|---|---|---|---|---|---|%s---|---|---|---|\n", pred_col ? "---|---|" : "");
