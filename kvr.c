@@ -1239,7 +1239,7 @@ static int64_t attn_tile_tokens(int64_t group) {
 
 static size_t mm_block_bytes(int64_t T);
 static bool mm_uses_q8(const struct kvr_tensor * w, int64_t T, bool q8_act);
-static size_t quant_mm_q4_K_q8_scratch(int64_t K, int64_t nt);
+static size_t quant_mm_q4_K_q8_scratch(int64_t K);
 
 static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool q8_act) {
     // matmul converts up to MM_BLOCK_BYTES of weight rows at a time; attention keeps a query
@@ -1256,7 +1256,7 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             size_t n = w->type == KVR_TYPE_F32 || t->op != KVR_OP_MUL_MAT ? 0 : (size_t)(rows * w->ne[0]);
             if ((size_t)w->ne[0] * 2 > n) n = (size_t)w->ne[0] * 2;
             if (t->op == KVR_OP_MUL_MAT && mm_uses_q8(w, T, q8_act)) {
-                n = quant_mm_q4_K_q8_scratch(w->ne[0], (T + n_threads - 1) / n_threads + 4) / sizeof(float) + 1;
+                n = quant_mm_q4_K_q8_scratch(w->ne[0]) / sizeof(float) + 1;
             }
             if (n > need) need = n;
         }
@@ -1770,8 +1770,8 @@ static size_t mm_block_bytes(int64_t T) {
     return T >= MM_PREFILL_ROWS ? MM_BLOCK_BYTES_PREFILL : MM_BLOCK_BYTES_DECODE;
 }
 
-static void quant_mm_q4_K_q8(const void * W, size_t row_bytes, int64_t K, int64_t N,
-                             const float * X, int64_t ldx, int64_t t0, int64_t t1,
+static void quant_mm_q4_K_q8(const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                             const float * X, int64_t ldx, int64_t T,
                              float * Y, int64_t ldy, void * scratch, size_t scratch_bytes);
 
 // The integer path (quantized activations) when asked for, for Q4_K weights over a prefill's rows.
@@ -1791,13 +1791,13 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     const float * X = x->data;
     float * Y = dst->data;
     if (mm_uses_q8(w, T, p->q8_act)) {
-        // threads split the tokens (in fours, the kernel's tile), so each quantizes only its own
-        int64_t t0, t1;
-        row_range((T + 3) / 4, p->ith, p->nth, &t0, &t1);
-        t0 *= 4;
-        t1 = t1 * 4 < T ? t1 * 4 : T;
-        quant_mm_q4_K_q8(w->data, w->nb[1], K, N, X, lda, t0, t1, Y, N, p->wdata, p->wsize * sizeof(float));
-        if (t1 > t0) p->counters->matmul_flops += 2 * K * N * (t1 - t0);
+        // threads split the rows in groups of 8 (the kernel's interleave); each quantizes all the
+        // tokens, which costs less than interleaving every row twice would
+        int64_t g0, g1;
+        row_range((N + 7) / 8, p->ith, p->nth, &g0, &g1);
+        const int64_t r0 = 8 * g0, r1 = 8 * g1 < N ? 8 * g1 : N;
+        quant_mm_q4_K_q8(w->data, w->nb[1], K, r0, r1, X, lda, T, Y, N, p->wdata, p->wsize * sizeof(float));
+        if (r1 > r0) p->counters->matmul_flops += 2 * K * (r1 - r0) * T;
         return;
     }
     int64_t n0, n1;
@@ -6270,6 +6270,28 @@ static void quant_act_from_float(const float * restrict x, struct quant_act_q8 *
     }
 }
 
+#if defined(__AVX2__)
+// out[g] = the g-th 4-byte group of v[0], ..., v[7]: an 8x8 transpose of 32-bit elements
+static inline void quant_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
+    __m256i a[8], b[8];
+    for (int k = 0; k < 4; k++) {
+        a[2 * k]     = _mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]); // r0g0 r1g0 r0g1 r1g1 | g4 g5
+        a[2 * k + 1] = _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]); // g2 g3 | g6 g7
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int h = 0; h < 2; h++) {
+            b[4 * k + 2 * h]     = _mm256_unpacklo_epi64(a[4 * k + h], a[4 * k + 2 + h]);
+            b[4 * k + 2 * h + 1] = _mm256_unpackhi_epi64(a[4 * k + h], a[4 * k + 2 + h]);
+        }
+    }
+    // b[0..3]: rows 0-3 of groups (0,4), (1,5), (2,6), (3,7); b[4..7]: rows 4-7 of the same
+    for (int g = 0; g < 4; g++) {
+        _mm256_storeu_si256((__m256i *)out[g],     _mm256_permute2x128_si256(b[g], b[4 + g], 0x20));
+        _mm256_storeu_si256((__m256i *)out[g + 4], _mm256_permute2x128_si256(b[g], b[4 + g], 0x31));
+    }
+}
+#endif
+
 // Rows r0..r0+7 of a Q4_K matrix (rows at or past n_rows are zero) into nb interleaved super-blocks.
 static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                   int64_t nb, struct quant_q4_K_x8 * restrict out) {
@@ -6283,7 +6305,7 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
                     for (int g = 0; g < 8; g++) memset(&o->q[j][g][4 * i], 0, 4);
                 }
                 for (int p = 0; p < 4; p++) o->mn[p][2 * i] = o->mn[p][2 * i + 1] = 0;
-                continue;
+                continue; // (its quants: zero vectors below, or the memset above)
             }
             const struct quant_block_q4_K * blk = (const struct quant_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b;
             o->d[i]    = q_half(blk->d);
@@ -6301,6 +6323,7 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
                 o->mn[p][2 * i]     = (int16_t)mn[2 * p];
                 o->mn[p][2 * i + 1] = (int16_t)mn[2 * p + 1];
             }
+#if !defined(__AVX2__)
             for (int j = 0; j < 8; j++) {
                 const uint8_t * qs = blk->qs + 32 * (j / 2);
                 const int shift = 4 * (j & 1);
@@ -6308,7 +6331,25 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
                     for (int l = 0; l < 4; l++) o->q[j][g][4 * i + l] = (uint8_t)((qs[4 * g + l] >> shift) & 0x0f);
                 }
             }
+#endif
         }
+#if defined(__AVX2__)
+        // the quants: per 64 values, each row's 32 bytes split into low and high nibbles (sub-blocks
+        // 2c and 2c+1), then an 8x8 transpose of 4-byte groups puts group g of all 8 rows in q[j][g]
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        for (int c = 0; c < 4; c++) {
+            __m256i lo[8], hi[8];
+            for (int i = 0; i < 8; i++) {
+                if (r0 + i >= n_rows) { lo[i] = hi[i] = _mm256_setzero_si256(); continue; }
+                const struct quant_block_q4_K * blk = (const struct quant_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b;
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
+                lo[i] = _mm256_and_si256(v, m4);
+                hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            quant_transpose8x32(lo, o->q[2 * c]);
+            quant_transpose8x32(hi, o->q[2 * c + 1]);
+        }
+#endif
     }
 }
 
@@ -6393,41 +6434,46 @@ static __attribute__((noinline)) void quant_q4_K_x8_dot4(const struct quant_q4_K
 }
 
 // Rows per interleaved block: 4 groups of 8, about 40 KiB per 1024 values of K, so a block stays in
-// L2 while every token of the thread passes over it.
-#define QUANT_MM_ROWS 32
+// L2 while every token of the chunk passes over it. Tokens are quantized a chunk at a time (a few
+// MiB), so the scratch stays bounded however long the prompt.
+#define QUANT_MM_ROWS   32
+#define QUANT_MM_TOKENS 512
 
-// Bytes of scratch quant_mm_q4_K_q8 needs for nt tokens of K values.
-static size_t quant_mm_q4_K_q8_scratch(int64_t K, int64_t nt) {
+// Bytes of scratch quant_mm_q4_K_q8 needs for K values.
+static size_t quant_mm_q4_K_q8_scratch(int64_t K) {
     const int64_t nb = K / QUANT_QK_K;
-    return (size_t)(nt * nb) * sizeof(struct quant_act_q8) + (size_t)(QUANT_MM_ROWS / 8 * nb) * sizeof(struct quant_q4_K_x8) + 64;
+    return (size_t)(QUANT_MM_TOKENS * nb) * sizeof(struct quant_act_q8) + (size_t)(QUANT_MM_ROWS / 8 * nb) * sizeof(struct quant_q4_K_x8);
 }
 
-// Y[t][n] = sum_k W[n][k] X[t][k] for tokens t0..t1 and every row n of W (N rows of K values in
-// Q4_K, row_bytes apart): this thread's tokens are quantized once, each block of 32 rows is
-// interleaved once, and every 4 tokens meet every row of the block.
-static void quant_mm_q4_K_q8(const void * W, size_t row_bytes, int64_t K, int64_t N,
-                             const float * X, int64_t ldx, int64_t t0, int64_t t1,
+// Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (Q4_K, K values a row, row_bytes apart) and
+// all T tokens. Per chunk of tokens: quantize them, then for each block of 32 rows interleave it
+// once and let every 4 tokens meet every row of the block.
+static void quant_mm_q4_K_q8(const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                             const float * X, int64_t ldx, int64_t T,
                              float * Y, int64_t ldy, void * scratch, size_t scratch_bytes) {
-    const int64_t nb = K / QUANT_QK_K, nt = t1 - t0;
-    if (nt <= 0) return;
-    KVR_ASSERT(K % QUANT_QK_K == 0 && quant_mm_q4_K_q8_scratch(K, nt) <= scratch_bytes);
+    const int64_t nb = K / QUANT_QK_K;
+    if (n1 <= n0) return;
+    KVR_ASSERT(K % QUANT_QK_K == 0 && quant_mm_q4_K_q8_scratch(K) <= scratch_bytes);
     struct quant_act_q8 * act = scratch;
-    struct quant_q4_K_x8 * wx = (struct quant_q4_K_x8 *)(act + nt * nb);
-    for (int64_t t = 0; t < nt; t++) quant_act_from_float(X + (t0 + t) * ldx, act + t * nb, K);
-    for (int64_t r0 = 0; r0 < N; r0 += QUANT_MM_ROWS) {
-        const int64_t groups = (N - r0 + 7) / 8 < QUANT_MM_ROWS / 8 ? (N - r0 + 7) / 8 : QUANT_MM_ROWS / 8;
-        for (int64_t gi = 0; gi < groups; gi++) {
-            quant_q4_K_interleave(W, row_bytes, r0 + 8 * gi, N, nb, wx + gi * nb);
-        }
-        for (int64_t t = 0; t < nt; t += 4) {
-            const int n = nt - t >= 4 ? 4 : (int)(nt - t);
-            const struct quant_act_q8 * a[4];
-            for (int k = 0; k < 4; k++) a[k] = act + (t + (k < n ? k : n - 1)) * nb; // a short tile repeats its last token
+    struct quant_q4_K_x8 * wx = (struct quant_q4_K_x8 *)(act + QUANT_MM_TOKENS * nb);
+    for (int64_t c0 = 0; c0 < T; c0 += QUANT_MM_TOKENS) {
+        const int64_t nt = T - c0 < QUANT_MM_TOKENS ? T - c0 : QUANT_MM_TOKENS;
+        for (int64_t t = 0; t < nt; t++) quant_act_from_float(X + (c0 + t) * ldx, act + t * nb, K);
+        for (int64_t r0 = n0; r0 < n1; r0 += QUANT_MM_ROWS) {
+            const int64_t groups = (n1 - r0 + 7) / 8 < QUANT_MM_ROWS / 8 ? (n1 - r0 + 7) / 8 : QUANT_MM_ROWS / 8;
             for (int64_t gi = 0; gi < groups; gi++) {
-                float out[4][8];
-                quant_q4_K_x8_dot4(wx + gi * nb, a, nb, out);
-                const int64_t n0 = r0 + 8 * gi, rows = N - n0 < 8 ? N - n0 : 8;
-                for (int k = 0; k < n; k++) memcpy(Y + (t0 + t + k) * ldy + n0, out[k], (size_t)rows * sizeof(float));
+                quant_q4_K_interleave(W, row_bytes, r0 + 8 * gi, n1, nb, wx + gi * nb);
+            }
+            for (int64_t t = 0; t < nt; t += 4) {
+                const int n = nt - t >= 4 ? 4 : (int)(nt - t);
+                const struct quant_act_q8 * a[4];
+                for (int k = 0; k < 4; k++) a[k] = act + (t + (k < n ? k : n - 1)) * nb; // a short tile repeats its last token
+                for (int64_t gi = 0; gi < groups; gi++) {
+                    float out[4][8];
+                    quant_q4_K_x8_dot4(wx + gi * nb, a, nb, out);
+                    const int64_t r = r0 + 8 * gi, rows = n1 - r < 8 ? n1 - r : 8;
+                    for (int k = 0; k < n; k++) memcpy(Y + (c0 + t + k) * ldy + r, out[k], (size_t)rows * sizeof(float));
+                }
             }
         }
     }

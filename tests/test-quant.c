@@ -505,7 +505,7 @@ static void test_mul_mat(const struct qtype * qt) {
 // The integer prefill path (kvr_backend_cpu_set_q8_activations) for Q4_K: every token's 256
 // values quantized to int8 by ggml's Q8_K rule (largest magnitude -> -127, round half to even), then
 // per super-block d*d_a*sum_j sc_j*sum(q*a) - dmin*d_a*sum_j m_j*sum(a), all written out here from
-// the bit layout. 37 tokens (prefill-sized, not a multiple of the kernel's 4), 13 rows (not a
+// the bit layout. 601 tokens (more than one chunk of 512; not a multiple of the kernel's 4), 13 rows (not a
 // multiple of 8), with 1, 2 and 3 threads.
 static void ref_act_q8(const float * x, int8_t * q, float * d) {
     float amax = 0, max = 0;
@@ -520,7 +520,7 @@ static void ref_act_q8(const float * x, int8_t * q, float * d) {
 }
 
 static void test_mul_mat_q8(void) {
-    const int64_t K = 512, N = 13, T = 37;
+    const int64_t K = 512, N = 13, T = 601;
     const struct qtype * qt = NULL;
     for (int i = 0; i < N_QTYPES; i++) if (qtypes[i].type == KVR_TYPE_Q4_K) qt = &qtypes[i];
     for (int nth = 1; nth <= 3; nth++) {
