@@ -6243,29 +6243,62 @@ struct quant_q4_K_x8 {
     uint8_t q[8][8][32];           // sub-block j, group g: bytes 4i..4i+3 are row i's quants 32j+4g..+3
 };
 
-// ggml's quantize_row_q8_K_ref rule: the value of largest magnitude maps to -127, the rest round to
-// nearest at that scale.
+// ggml's quantize_row_q8_K_ref rule: the value of largest magnitude (the first, if tied) maps to
+// -127, the rest round to nearest (ties to even) at that scale. The AVX2 version computes the same
+// numbers (the same products, the same rounding); a prefill quantizes every matmul's input, so
+// this runs over millions of values a layer.
 static void quant_act_from_float(const float * restrict x, struct quant_act_q8 * restrict y, int64_t n) {
     for (int64_t b = 0; b < n / QUANT_QK_K; b++, x += QUANT_QK_K, y++) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < QUANT_QK_K; j++) {
-            const float ax = fabsf(x[j]);
-            if (ax > amax) { amax = ax; max = x[j]; }
-        }
+        float amax = 0.0f;
+#if defined(__AVX2__)
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 vm = _mm256_setzero_ps();
+        for (int j = 0; j < QUANT_QK_K; j += 8) vm = _mm256_max_ps(vm, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        amax = _mm_cvtss_f32(h);
+#else
+        for (int j = 0; j < QUANT_QK_K; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+#endif
         if (amax == 0.0f) {
             memset(y, 0, sizeof(*y));
             continue;
         }
+        float max = 0.0f;
+        for (int j = 0; j < QUANT_QK_K; j++) {
+            if (fabsf(x[j]) == amax) { max = x[j]; break; }
+        }
         const float iscale = -127.0f / max;
+#if defined(__AVX2__)
+        const __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i lim = _mm256_set1_epi32(127), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (int sb = 0; sb < 8; sb++) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256 v = _mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * sb + 8 * k));
+                q[k] = _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            }
+            const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i hs = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0x4e));
+            hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0xb1));
+            y->bsum[sb] = (int16_t)_mm_cvtsi128_si32(hs);
+            // packs interleave the 128-bit lanes: 4-byte groups come out as 0,2,4,6,1,3,5,7
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(y->qs + 32 * sb), _mm256_permutevar8x32_epi32(p, order));
+        }
+#else
         for (int j = 0; j < QUANT_QK_K; j++) {
             const int v = q_nearest_int(iscale * x[j]);
             y->qs[j] = (int8_t)(v > 127 ? 127 : v);
         }
-        for (int s = 0; s < 8; s++) {
+        for (int sb = 0; sb < 8; sb++) {
             int sum = 0;
-            for (int j = 0; j < 32; j++) sum += y->qs[32 * s + j];
-            y->bsum[s] = (int16_t)sum;
+            for (int j = 0; j < 32; j++) sum += y->qs[32 * sb + j];
+            y->bsum[sb] = (int16_t)sum;
         }
+#endif
         y->d = 1.0f / iscale;
     }
 }
