@@ -66,11 +66,12 @@ int kvr_tune_profile_builtin(const char * name, struct kvr_tune_profile * out) {
 
 // the keys of a profile file, in the order they are written
 enum pkey { PK_NAME, PK_MM_FLOPS, PK_MM_EFF, PK_AT_FLOPS, PK_AT_EFF, PK_MEM_BW, PK_LINK_BW, PK_LINK_LAT,
-            PK_LINKS, PK_ELEM, PK_WEIGHT, PK_TILE_Q, PK_TILE_K, PK_TILE_GROUP, PK_ATTN_MODE, PK_OVERHEAD, PK_PAIR, PK_SOLO, PK_COUNT };
+            PK_LINKS, PK_ELEM, PK_WEIGHT, PK_TILE_Q, PK_TILE_K, PK_TILE_GROUP, PK_ATTN_MODE, PK_OVERHEAD, PK_PAIR, PK_SOLO,
+            PK_MM_WEIGHT, PK_COUNT };
 static const char * const pkey_names[PK_COUNT] = {
     "name", "matmul_flops", "matmul_eff", "attn_flops", "attn_eff", "mem_bw", "link_bw", "link_latency",
     "links", "elem_bytes", "weight_bytes", "attn_tile_q", "attn_tile_k", "attn_tile_group", "attn_mode", "layer_overhead", "attn_pair_s",
-    "solo_speedup",
+    "solo_speedup", "matmul_weight_s",
 };
 static const char * const pkey_help[PK_COUNT] = {
     "profile name",
@@ -91,6 +92,7 @@ static const char * const pkey_help[PK_COUNT] = {
     "seconds per layer and rank no op accounts for",
     "seconds per query-key pair and head besides its FLOPs (softmax: exp, max, sum)",
     "ranks sharing one machine: a rank alone computes this much faster (1: own devices)",
+    "seconds per weight element a matmul call spends besides its FLOPs, whatever its tokens (packing)",
 };
 
 static char * trim(char * s) {
@@ -127,6 +129,7 @@ static int profile_check(const struct kvr_tune_profile * p, const char * where) 
         return kvr_error(KVR_ERR_ARG, "%s: matmul_eff and attn_eff must be in (0, 1]", where);
     }
     if (!(p->solo_speedup >= 1)) return kvr_error(KVR_ERR_ARG, "%s: solo_speedup must be >= 1", where);
+    if (!(p->matmul_weight_s >= 0)) return kvr_error(KVR_ERR_ARG, "%s: matmul_weight_s must be >= 0", where);
     if (!(p->link_latency >= 0) || !(p->layer_overhead >= 0) || !(p->attn_pair_s >= 0) || !(p->weight_bytes > 0) || p->elem_bytes <= 0 ||
         p->attn_tile_q <= 0 || p->attn_tile_k <= 0 || (p->attn_tile_group != 0 && p->attn_tile_group != 1)) {
         return kvr_error(KVR_ERR_ARG, "%s: latency and overhead must be >= 0; element sizes and tiles positive", where);
@@ -173,6 +176,7 @@ int kvr_tune_profile_load(const char * path, struct kvr_tune_profile * out) {
             case PK_OVERHEAD: bad = parse_double(val, &d) != 0; p.layer_overhead = d; break;
             case PK_PAIR:     bad = parse_double(val, &d) != 0; p.attn_pair_s = d; break;
             case PK_SOLO:     bad = parse_double(val, &d) != 0; p.solo_speedup = d; break;
+            case PK_MM_WEIGHT: bad = parse_double(val, &d) != 0; p.matmul_weight_s = d; break;
             case PK_WEIGHT:   bad = parse_double(val, &d) != 0; p.weight_bytes = d; break;
             case PK_ELEM:     bad = parse_int(val, &i) != 0; p.elem_bytes = i; break;
             case PK_TILE_Q:   bad = parse_int(val, &i) != 0; p.attn_tile_q = i; break;
@@ -206,7 +210,7 @@ int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path) 
         [PK_MM_FLOPS] = p->matmul_flops, [PK_MM_EFF] = p->matmul_eff, [PK_AT_FLOPS] = p->attn_flops,
         [PK_AT_EFF] = p->attn_eff, [PK_MEM_BW] = p->mem_bw, [PK_LINK_BW] = p->link_bw,
         [PK_LINK_LAT] = p->link_latency, [PK_WEIGHT] = p->weight_bytes, [PK_OVERHEAD] = p->layer_overhead,
-        [PK_PAIR] = p->attn_pair_s, [PK_SOLO] = p->solo_speedup,
+        [PK_PAIR] = p->attn_pair_s, [PK_SOLO] = p->solo_speedup, [PK_MM_WEIGHT] = p->matmul_weight_s,
     };
     for (int k = 0; k < PK_COUNT; k++) {
         char v[80];
@@ -438,11 +442,12 @@ static double elem_time(const struct kvr_tune_profile * hw, double n) {
     return n * hw->elem_bytes / hw->mem_bw;
 }
 
-// a matmul is bound by its FLOPs or by streaming its weights and activations
+// a matmul is bound by its FLOPs (plus what a call costs per weight whatever its tokens) or by
+// streaming its weights and activations
 static double mm_time(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, double T, double K, double N) {
     if (T <= 0) return 0.0;
     const double wb = m->weight_bytes > 0 ? m->weight_bytes : hw->weight_bytes;
-    const double flops = 2.0 * T * K * N / (hw->matmul_flops * hw->matmul_eff);
+    const double flops = 2.0 * T * K * N / (hw->matmul_flops * hw->matmul_eff) + K * N * hw->matmul_weight_s;
     const double bytes = (K * N * wb + T * (K + N) * hw->elem_bytes) / hw->mem_bw;
     return maxd(flops, bytes);
 }
@@ -1428,6 +1433,7 @@ static struct kvr_graph * graph_attn(struct kvr_context * ctx, int D, int H, int
 }
 
 #define CAL_ROUNDS 3
+#define CAL_LONG   2048 // tokens of the second matmul length
 
 // One measurement, run by several copies at once: n_copies ranks of a local run share the memory
 // system and the caches, and a rank measured alone on an idle machine is faster than one that
@@ -1553,25 +1559,53 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, c
     // Each op alone first (one rank on the machine); with more ranks the rates are divided by
     // what sharing the machine costs (below). CAL_ROUNDS rounds over all shapes, each shape's
     // median round kept: a burst of load from elsewhere then spoils one round of a shape, not all.
-    double rounds[8][CAL_ROUNDS];
+    // With a model, every shape also over CAL_LONG tokens: a matmul call costs a part per weight
+    // whatever its tokens (sgemm packs its weights), which the two lengths separate from the
+    // per-token FLOPs; 2 threads on 512 tokens run the FFN's down projection ~15% slower per FLOP
+    // than on 2048.
+    const int n_len = shape ? 2 : 1;
+    double rounds[2][8][CAL_ROUNDS];
     for (int round = 0; round < CAL_ROUNDS && rc == KVR_OK; round++) {
-        for (int i = 0; i < n_shapes && rc == KVR_OK; i++) {
-            const struct cal_job job = { .kind = CAL_MUL_MAT, .K = shapes[i][0], .N = shapes[i][1], .T = shapes[i][2],
-                                         .n_threads = n_threads, .seed = 1 + (uint64_t)i };
-            rounds[i][round] = time_copies(&job, 1);
-            if (rounds[i][round] <= 0) rc = KVR_ERR_ARG;
+        for (int li = 0; li < n_len && rc == KVR_OK; li++) {
+            for (int i = 0; i < n_shapes && rc == KVR_OK; i++) {
+                const struct cal_job job = { .kind = CAL_MUL_MAT, .K = shapes[i][0], .N = shapes[i][1],
+                                             .T = li ? CAL_LONG : shapes[i][2], .n_threads = n_threads, .seed = 1 + (uint64_t)i };
+                rounds[li][i][round] = time_copies(&job, 1);
+                if (rounds[li][i][round] <= 0) rc = KVR_ERR_ARG;
+            }
         }
     }
-    double flops = 0.0, secs = 0.0;
-    for (int i = 0; i < n_shapes && rc == KVR_OK; i++) {
-        const int64_t K = shapes[i][0], N = shapes[i][1], T = shapes[i][2], mult = shapes[i][3];
-        const double t = median(rounds[i], CAL_ROUNDS);
-        flops += 2.0 * K * N * T * mult;
-        secs += t * mult;
-        if (log) fprintf(log, "calibrate: MUL_MAT [%lld x %lld] x %lld tokens, %d thread%s alone: %.2f ms, %.2f GFLOP/s\n",
-                         (long long)K, (long long)N, (long long)T, n_threads, n_threads > 1 ? "s" : "", t * 1e3, 2.0 * K * N * T / t / 1e9);
+    double flops = 0.0, secs[2] = { 0.0, 0.0 }, weights = 0.0;
+    for (int li = 0; li < n_len && rc == KVR_OK; li++) {
+        for (int i = 0; i < n_shapes; i++) {
+            const int64_t K = shapes[i][0], N = shapes[i][1], T = li ? CAL_LONG : shapes[i][2], mult = shapes[i][3];
+            const double t = median(rounds[li][i], CAL_ROUNDS);
+            if (li == 0) {
+                flops += 2.0 * K * N * T * mult;
+                weights += (double)K * N * mult;
+            }
+            secs[li] += t * mult;
+            if (log) fprintf(log, "calibrate: MUL_MAT [%lld x %lld] x %lld tokens, %d thread%s alone: %.2f ms, %.2f GFLOP/s\n",
+                             (long long)K, (long long)N, (long long)T, n_threads, n_threads > 1 ? "s" : "", t * 1e3, 2.0 * K * N * T / t / 1e9);
+        }
     }
-    if (rc == KVR_OK) p.matmul_flops = flops / secs;
+    if (rc == KVR_OK) {
+        p.matmul_flops = flops / secs[0];
+        p.matmul_weight_s = 0.0;
+        if (shape) {
+            // t(T) = T * per_token + weights * matmul_weight_s, through both lengths (the 512 of
+            // every shape above is what T0 stands for)
+            const double T0 = (double)shapes[0][2], per_token = (secs[1] - secs[0]) / (CAL_LONG - T0);
+            const double fixed = secs[0] - T0 * per_token;
+            if (per_token > 0 && fixed > 0) {
+                p.matmul_flops = flops / T0 / per_token;
+                p.matmul_weight_s = fixed / weights;
+            }
+            if (log) fprintf(log, "calibrate: a layer's matmuls: %.2f ms over %.0f tokens, %.2f ms over %d: %.2f GFLOP/s plus %.3f ns "
+                             "per weight and call\n", secs[0] * 1e3, T0, secs[1] * 1e3, CAL_LONG, p.matmul_flops / 1e9,
+                             p.matmul_weight_s * 1e9);
+        }
+    }
     struct cal_job attn_job = { 0 };
 
     if (shape && rc == KVR_OK) {
@@ -1643,6 +1677,7 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, c
         else {
             p.solo_speedup = fmax(1.0, shared / alone);
             p.matmul_flops /= p.solo_speedup;
+            p.matmul_weight_s *= p.solo_speedup;
             p.attn_flops /= p.solo_speedup;
             p.attn_pair_s *= p.solo_speedup;
             if (log) fprintf(log, "calibrate: a layer's ops alone %.2f ms, beside %d other rank%s %.2f ms: the rates above / %.3f "

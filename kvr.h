@@ -885,6 +885,9 @@ struct kvr_tune_profile {
     double solo_speedup;     // ranks sharing one machine (local ranks on CPU cores): how much faster a
                              //   rank computes while every other rank waits than while they compute
                              //   too (the rates above are the latter); 1: devices of their own
+    double matmul_weight_s;  // s per weight element a matmul call spends besides its FLOPs, whatever
+                             //   its token count (sgemm packing the weights): why a long prompt's
+                             //   matmuls run faster per FLOP than 512 tokens' (0 on the GPU profiles)
 };
 
 // Built-in profiles: "a100-nvlink" and "a100-10g" (the KV-Runahead paper's 8x A100 node at
@@ -899,8 +902,9 @@ int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path);
 // A built-in name, or else a file path.
 int kvr_tune_profile_get(const char * name_or_path, struct kvr_tune_profile * out);
 // Measure this machine with kvr's own ops for ranks of n_threads threads, n_ranks of them sharing
-// it. With a model shape: MUL_MAT of each of its projection and FFN matrices over 512 tokens
-// (weighted as a layer runs them) and its ATTN (its head dim and grouping, 512 queries over 2048
+// it. With a model shape: MUL_MAT of each of its projection and FFN matrices over 512 and 2048
+// tokens (weighted as a layer runs them; the two lengths split a call's time into FLOPs and a cost
+// per weight, matmul_weight_s) and its ATTN (its head dim and grouping, 512 queries over 2048
 // keys), each alone, as the median over rounds spread in time. Without (NULL): small generic
 // matmuls and an MHA attention at head dims 64 and 8 (which separates the FLOP rate from the
 // softmax's cost per pair). With n_ranks > 1, a layer's op mix is also run by n_ranks copies at

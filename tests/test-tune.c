@@ -252,7 +252,7 @@ static bool same_profile(const struct kvr_tune_profile * a, const struct kvr_tun
            a->link_latency == b->link_latency && a->links == b->links && a->elem_bytes == b->elem_bytes &&
            a->weight_bytes == b->weight_bytes && a->attn_tile_q == b->attn_tile_q && a->attn_tile_k == b->attn_tile_k && a->attn_tile_group == b->attn_tile_group &&
            a->attn_mode == b->attn_mode && a->layer_overhead == b->layer_overhead && a->attn_pair_s == b->attn_pair_s &&
-           a->solo_speedup == b->solo_speedup;
+           a->solo_speedup == b->solo_speedup && a->matmul_weight_s == b->matmul_weight_s;
 }
 
 static void test_profiles(void) {
@@ -374,6 +374,18 @@ static void test_sim_model(void) {
         tp = (struct kvr_tune_plan) { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 1, .n_tokens = 8192, .attn_mode = KVR_ATTN_CAUSAL };
         rc = kvr_tune_simulate(&tm, &cpu, &tp, &one_a) | kvr_tune_simulate(&tm, &shared, &tp, &one_c);
         check(rc == KVR_OK && one_a.ttft == one_c.ttft, "sim: one rank has nobody to share with: %.3f s = %.3f s", one_a.ttft, one_c.ttft);
+        // matmul_weight_s is a cost per matmul call, whatever its tokens: single's TTFT grows by
+        // the same seconds at 1k and at 8k tokens (each layer's matmuls run once either way)
+        struct kvr_tune_profile packing = cpu;
+        packing.matmul_weight_s = 1e-10;
+        static struct kvr_tune_sim p8, a1, p1;
+        tp.n_tokens = 1024;
+        rc = kvr_tune_simulate(&tm, &packing, &tp, &p1) | kvr_tune_simulate(&tm, &cpu, &tp, &a1);
+        tp.n_tokens = 8192;
+        rc |= kvr_tune_simulate(&tm, &packing, &tp, &p8);
+        const double d1 = p1.ttft - a1.ttft, d8 = p8.ttft - one_a.ttft;
+        check(rc == KVR_OK && d1 > 0 && fabs(d8 - d1) <= 1e-9 * p8.ttft,
+              "sim: matmul_weight_s 0.1 ns adds %.6f s at 1k and %.6f s at 8k", d1, d8);
     }
     // bad plans are errors
     int bad[4] = { 100, 100, 100, 100 };
