@@ -6219,7 +6219,7 @@ static size_t q_from_float_q6_K(const float * x, void * dst, int64_t n) {
 // (kvr_backend_cpu_set_q8_activations): the activations are quantized per 256 values to int8 with
 // one f32 scale (ggml's Q8_K rule), the weights' 4-bit quants are multiplied by them in 8/16/32-bit
 // integers, and the scales are applied once per super-block. Exact in its integers, it differs from
-// the dequantize-and-sgemm path only by the rounding of the activations (logits move by ~1e-2);
+// the dequantize-and-sgemm path only by the rounding of the activations (logits move by up to ~0.1);
 // that path stays the default and the one the outside references check.
 //
 // Why it is faster: AVX2's vpmaddubsw does 32 byte products per instruction against 8 f32 FMAs, and

@@ -411,7 +411,7 @@ const struct kvr_span * kvr_backend_cpu_spans(struct kvr_backend * be, int * n, 
 void                 kvr_backend_cpu_set_threads(struct kvr_backend * be, int n_threads);
 // Prefill matmuls (32 rows or more) over Q4_K weights quantize the activations to 8 bits per 256
 // values and multiply in integers, as llama.cpp does for k-quants: faster, but the logits move by
-// ~1e-2 against the exact math of the file, which the default (off) computes: each block of the
+// up to ~0.1 against the exact math of the file, which the default (off) computes: each block of the
 // weights dequantized to f32 and multiplied in f32. Other types always take the exact path.
 void                 kvr_backend_cpu_set_q8_activations(struct kvr_backend * be, bool on);
 void                 kvr_backend_free(struct kvr_backend * be);

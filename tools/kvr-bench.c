@@ -79,7 +79,7 @@ static void usage(FILE * f) {
         "  --simulate P       run nothing: the simulator with profile P (a file or a built-in name) fills the table\n"
         "  --svg FILE         draw TTFT against prompt length, one line per strategy (and ranks, link)\n"
         "  --q8-act           Q4_K weights: quantize the activations to 8 bits and multiply in integers, as\n"
-        "                     llama.cpp does (faster; logits ~1e-2 from the exact math of the file)\n"
+        "                     llama.cpp does (faster; logits move up to ~0.1 from the exact math)\n"
         "  --sgemm            also measure OpenBLAS sgemm on the model's shapes and report the fraction\n"
         "  -o md|csv|json     output format (default md)\n"
         "  --seed N           prompt token seed (default 1)\n");

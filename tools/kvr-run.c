@@ -64,7 +64,7 @@ static void usage(FILE * f) {
         "  --dump-logits FILE the last prompt token's logits, one per line\n"
         "  --dump-graph       print every rank's rewritten graph of the prefill on stderr\n"
         "  --q8-act           Q4_K weights: prefill with 8-bit activations and integer products, as\n"
-        "                     llama.cpp does (faster; logits ~1e-2 from the exact math of the file)\n"
+        "                     llama.cpp does (faster; logits move up to ~0.1 from the exact math)\n"
         "  -v                 prompt and generated ids, model shape, seed on stderr\n"
         "parallel prefill:\n"
         "  --ranks N          ranks (default 1; under mpirun: the MPI size)\n"
