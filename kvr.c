@@ -5788,12 +5788,22 @@ static void q_to_float_q3_K(const void * src, float * restrict dst, int64_t n) {
 // The 8 scales and 8 mins (6 bits each) of Q4_K and Q5_K in 12 bytes: for j < 4 they are the low
 // 6 bits of bytes j and j+4; for j >= 4 the low 4 bits come from byte j+4 (scale: low nibble,
 // min: high nibble) and the top 2 bits from the top of bytes j-4 (scale) and j (min).
-static inline void quant_unpack_k4(const uint8_t * s, float d, float dmin, float dl[8], float ml[8]) {
+static inline void quant_k4_scales(const uint8_t * s, int sc[8], int mn[8]) {
     for (int j = 0; j < 4; j++) {
-        dl[j]     = d    * (float)(s[j]     & 63);
-        ml[j]     = dmin * (float)(s[j + 4] & 63);
-        dl[j + 4] = d    * (float)((s[j + 8] & 0x0f) | ((s[j]     >> 6) << 4));
-        ml[j + 4] = dmin * (float)((s[j + 8] >>   4) | ((s[j + 4] >> 6) << 4));
+        sc[j]     = s[j]     & 63;
+        mn[j]     = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j]     >> 6) << 4);
+        mn[j + 4] = (s[j + 8] >>   4) | ((s[j + 4] >> 6) << 4);
+    }
+}
+
+// the same, times the super-block's d and dmin
+static inline void quant_unpack_k4(const uint8_t * s, float d, float dmin, float dl[8], float ml[8]) {
+    int sc[8], mn[8];
+    quant_k4_scales(s, sc, mn);
+    for (int j = 0; j < 8; j++) {
+        dl[j] = d    * (float)sc[j];
+        ml[j] = dmin * (float)mn[j];
     }
 }
 
@@ -6331,26 +6341,13 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
     for (int64_t b = 0; b < nb; b++) {
         struct quant_q4_K_x8 * o = out + b;
         for (int i = 0; i < 8; i++) {
-            if (r0 + i >= n_rows) {
-                o->d[i] = o->dmin[i] = 0.0f;
-                for (int j = 0; j < 8; j++) {
-                    o->sc[j][2 * i] = o->sc[j][2 * i + 1] = 0;
-                    for (int g = 0; g < 8; g++) memset(&o->q[j][g][4 * i], 0, 4);
-                }
-                for (int p = 0; p < 4; p++) o->mn[p][2 * i] = o->mn[p][2 * i + 1] = 0;
-                continue; // (its quants: zero vectors below, or the memset above)
-            }
-            const struct quant_block_q4_K * blk = (const struct quant_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b;
-            o->d[i]    = q_half(blk->d);
-            o->dmin[i] = q_half(blk->dmin);
-            const uint8_t * s = blk->scales;
-            int sc[8], mn[8];
-            for (int j = 0; j < 4; j++) {
-                sc[j]     = s[j] & 63;
-                mn[j]     = s[j + 4] & 63;
-                sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
-                mn[j + 4] = (s[j + 8] >> 4)   | ((s[j + 4] >> 6) << 4);
-            }
+            // a padding row (past n_rows) is all zeros
+            const struct quant_block_q4_K * blk =
+                r0 + i < n_rows ? (const struct quant_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b : NULL;
+            int sc[8] = { 0 }, mn[8] = { 0 };
+            if (blk) quant_k4_scales(blk->scales, sc, mn);
+            o->d[i]    = blk ? q_half(blk->d) : 0.0f;
+            o->dmin[i] = blk ? q_half(blk->dmin) : 0.0f;
             for (int j = 0; j < 8; j++) o->sc[j][2 * i] = o->sc[j][2 * i + 1] = (int16_t)sc[j];
             for (int p = 0; p < 4; p++) {
                 o->mn[p][2 * i]     = (int16_t)mn[2 * p];
@@ -6358,10 +6355,11 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
             }
 #if !defined(__AVX2__)
             for (int j = 0; j < 8; j++) {
-                const uint8_t * qs = blk->qs + 32 * (j / 2);
                 const int shift = 4 * (j & 1);
                 for (int g = 0; g < 8; g++) {
-                    for (int l = 0; l < 4; l++) o->q[j][g][4 * i + l] = (uint8_t)((qs[4 * g + l] >> shift) & 0x0f);
+                    for (int l = 0; l < 4; l++) {
+                        o->q[j][g][4 * i + l] = blk ? (uint8_t)((blk->qs[32 * (j / 2) + 4 * g + l] >> shift) & 0x0f) : 0;
+                    }
                 }
             }
 #endif
