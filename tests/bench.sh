@@ -5,11 +5,12 @@
 # prefill table of KV-Runahead's kind on 2 ranks x 1 thread: single (2 threads and 1), tsp,
 # kvr-e (even), kvr-s (searched), kvr-p (interpolated from the other lengths), ring-kv, with no
 # link emulation and with a 10 Gb/s link, each beside the simulator's prediction (calibrated here
-# right after the runs; tests/bench-table.py sets the two side by side).
-# Long: the parallel table at 1k..8k takes over an hour on 2 cores (3 runs a point up to 2k, one
-# beyond: an 8k prefill takes minutes).
+# right before and right after the runs, the two predictions averaged; tests/bench-table.py sets
+# measured and predicted side by side).
+# Long: the parallel table at 1k..8k takes about an hour and a half on 2 cores (3 runs a point up
+# to 4k, one at 8k: an 8k prefill takes minutes).
 # KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX and
-# KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 2k, 1 beyond) choose what runs;
+# KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 4k, 1 beyond) choose what runs;
 # KVR_BENCH_PAR_OUT (default BUILD/bench/parallel.md) collects the parallel table.
 set -e
 build=${1:-build}
@@ -35,9 +36,18 @@ done
 model=$dir/tinyllama-1.1b-f32.gguf
 [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type f32 --seed 1 -o "$model"
 
-# KVR-S tables: the simulator calibrated here for 2 ranks x 1 thread searches every length (and
-# 512 and 16k, so that kvr-p can interpolate every measured length from its neighbours)
-"$build/kvr-tune" --calibrate -m "$model" --ranks 2 -t 1 -o "$dir/profile-search.txt"
+# The simulator calibrated here for every rank x thread shape of the table (single x 2, single
+# x 1, 2 ranks x 1, the last with what sharing the machine costs), once before the runs and once
+# after (the machine's speed drifts by a few percent over an hour; the predictions from the two
+# are averaged). The one before, for 2 ranks x 1 thread, searches the KVR-S tables at every length
+# (and 512 and 16k, so that kvr-p can interpolate every measured length from its neighbours).
+calibrate() { # SUFFIX
+    "$build/kvr-tune" --calibrate -m "$model" --ranks 1 -t 2 -o "$dir/profile-1x2$1.txt"
+    "$build/kvr-tune" --calibrate -m "$model" --ranks 1 -t 1 -o "$dir/profile-1x1$1.txt"
+    "$build/kvr-tune" --calibrate -m "$model" --ranks 2 -t 1 -o "$dir/profile-2x1$1.txt"
+}
+calibrate -before
+cp "$dir/profile-2x1-before.txt" "$dir/profile-search.txt"
 rm -f "$dir/parts.txt" "$dir/parts-10g.txt"
 "$build/kvr-tune" --search -m "$model" --profile "$dir/profile-search.txt" --ranks 2 --ctx 512,1k,2k,4k,8k,16k -o "$dir/parts.txt"
 "$build/kvr-tune" --search -m "$model" --profile "$dir/profile-search.txt" --link-gbps 10 --ranks 2 --ctx 512,1k,2k,4k,8k,16k -o "$dir/parts-10g.txt"
@@ -46,7 +56,7 @@ echo "## parallel prefill: 2 ranks x 1 thread against single x 2 and x 1 threads
 : > "$out"
 first=1
 for c in $par_ctx; do
-    case $c in 1k|2k|512|1024|2048) runs=${KVR_BENCH_PAR_RUNS:-3} ;; *) runs=${KVR_BENCH_PAR_RUNS:-1} ;; esac
+    case $c in 512|1k|2k|4k|1024|2048|4096) runs=${KVR_BENCH_PAR_RUNS:-3} ;; *) runs=${KVR_BENCH_PAR_RUNS:-1} ;; esac
     "$build/kvr-bench" -m "$model" --ctx "$c" --strategy single,tsp,kvr-e,kvr-s,kvr-p,ring-kv --single-threads 2,1 \
         --ranks 2 -t 1 --link-gbps 0,10 --table "$dir/parts.txt,$dir/parts-10g.txt" -r "$runs" --warmup 0 \
         2>> "$dir/parallel.log" > "$dir/parallel-$c.md"
@@ -55,15 +65,17 @@ for c in $par_ctx; do
 done
 cat "$out"
 
-# the simulator's prediction of every point: calibrated here right after the runs, one profile
-# per rank x thread shape (single x 2, single x 1, 2 ranks x 1, the last with what sharing the
-# machine costs), then the same points simulated and set beside the measured ones
+# the simulator's prediction of every point, from each calibration, set beside the measured ones
+calibrate -after
 ctxs=$(echo $par_ctx | tr ' ' ',')
-"$build/kvr-tune" --calibrate -m "$model" --ranks 1 -t 2 -o "$dir/profile-1x2.txt"
-"$build/kvr-tune" --calibrate -m "$model" --ranks 1 -t 1 -o "$dir/profile-1x1.txt"
-"$build/kvr-tune" --calibrate -m "$model" --ranks 2 -t 1 -o "$dir/profile-2x1.txt"
-"$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 2 --simulate "$dir/profile-1x2.txt" -o csv > "$dir/sim-1x2.csv"
-"$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 1 --simulate "$dir/profile-1x1.txt" -o csv > "$dir/sim-1x1.csv"
-"$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy tsp,kvr-e,kvr-s,kvr-p,ring-kv --ranks 2 -t 1 --link-gbps 0,10 \
-    --table "$dir/parts.txt,$dir/parts-10g.txt" --simulate "$dir/profile-2x1.txt" -o csv > "$dir/sim-2x1.csv"
-python3 tests/bench-table.py "$out" "$dir/sim-1x2.csv" "$dir/sim-1x1.csv" "$dir/sim-2x1.csv" | tee "$dir/parallel-table.md"
+sims=
+for when in -before -after; do
+    "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 2 --simulate "$dir/profile-1x2$when.txt" \
+        -o csv > "$dir/sim-1x2$when.csv"
+    "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 1 --simulate "$dir/profile-1x1$when.txt" \
+        -o csv > "$dir/sim-1x1$when.csv"
+    "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy tsp,kvr-e,kvr-s,kvr-p,ring-kv --ranks 2 -t 1 --link-gbps 0,10 \
+        --table "$dir/parts.txt,$dir/parts-10g.txt" --simulate "$dir/profile-2x1$when.txt" -o csv > "$dir/sim-2x1$when.csv"
+    sims="$sims $dir/sim-1x2$when.csv $dir/sim-1x1$when.csv $dir/sim-2x1$when.csv"
+done
+python3 tests/bench-table.py "$out" $sims | tee "$dir/parallel-table.md"
