@@ -16,10 +16,12 @@ run() { # name, command...
     name=$1; shift
     out=$("$@" 2>&1)
     rc=$?
-    line=$(printf '%s\n' "$out" | grep -E '^[A-Za-z-]*:? ?[0-9]+ passed, [0-9]+ failed' | tail -n 1)
-    p=$(printf '%s' "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+')
-    f=$(printf '%s' "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+')
-    s=$(printf '%s' "$line" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+')
+    # the last summary line; under mpirun every process prints its own (each checks what its
+    # rank holds), and all of them count
+    line=$(printf '%s\n' "$out" | grep -E '^[A-Za-z-]*:? ?[0-9]+ passed, [0-9]+ failed' | tail -n "${lines:-1}")
+    p=$(printf '%s\n' "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' | awk '{ n += $1 } END { if (NR) print n }')
+    f=$(printf '%s\n' "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+' | awk '{ n += $1 } END { if (NR) print n }')
+    s=$(printf '%s\n' "$line" | grep -oE '[0-9]+ skipped' | grep -oE '[0-9]+' | awk '{ n += $1 } END { if (NR) print n }')
     [ -n "$p" ] || p=0
     [ -n "$f" ] || f=0
     [ -n "$s" ] || s=0
@@ -55,9 +57,10 @@ fi
 # the parallel-prefill matrix again with ranks as MPI processes, when OpenMPI is installed
 if [ -x "$build/mpi/test-parallel" ] && command -v mpirun > /dev/null 2>&1; then
     for np in 2 4; do
-        run "mpirun -np $np test-parallel --mpi" timeout 600 mpirun --allow-run-as-root --oversubscribe -np $np \
+        lines=$np run "mpirun -np $np test-parallel --mpi" timeout 600 mpirun --allow-run-as-root --oversubscribe -np $np \
             "$build/mpi/test-parallel" "$shared" --mpi
     done
+    unset lines
 else
     echo "skip MPI tests (no MPI build or no mpirun)"
     skip=$((skip + 1))
