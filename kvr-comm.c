@@ -1244,6 +1244,13 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     dr->comm->st.tokens = c;
     dr->comm->st.attn_dot_dense  = attn_layers ? cn.attn_dot_dense / attn_layers : 0;
     dr->comm->st.attn_dot_causal = attn_layers ? cn.attn_dot_causal / attn_layers : 0;
+    dr->comm->st.matmul_ms = cn.op_ms[KVR_OP_MUL_MAT];
+    dr->comm->st.attn_ms = cn.op_ms[KVR_OP_ATTN];
+    dr->comm->st.compute_ms = 0.0;
+    for (int k = 0; k < KVR_OP_COUNT; k++) {
+        const bool comm = k == KVR_OP_SEND || k == KVR_OP_RECV || k == KVR_OP_ALL_GATHER || k == KVR_OP_ALL_TO_ALL;
+        if (!comm) dr->comm->st.compute_ms += cn.op_ms[k]; // the transfers' nodes wait: wait_ms
+    }
     dr->comm->st.kv_rows_sent /= n_layer;
     dr->comm->st.kv_rows_recv /= n_layer;
     dr->comm->st.ttft_ms = kvr_time_ms() - t0;

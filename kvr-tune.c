@@ -565,8 +565,8 @@ struct sim {
 // passes of the fixed point when ranks share a machine (each pass moves the busy intervals less)
 #define SIM_PASSES 4
 
-// rank r computes work that takes dt with every rank busy
-static void run_for(struct sim * S, int r, double dt) {
+// rank r computes work that takes dt with every rank busy (attention: counted in its attn too)
+static void run_op(struct sim * S, int r, double dt, bool attn) {
     struct kvr_tune_rank * R = &S->out->ranks[r];
     double * cur = &S->cur[r];
     double t = *cur;
@@ -591,8 +591,11 @@ static void run_for(struct sim * S, int r, double dt) {
     }
     busy_add(&S->now[r], *cur, t);
     R->compute += t - *cur;
+    if (attn) R->attn += t - *cur;
     *cur = t;
 }
+
+static void run_for(struct sim * S, int r, double dt) { run_op(S, r, dt, false); }
 
 // What a rank runs of layer l after its attention inputs. The graph is pruned from its outputs:
 // a rank that does not produce the logits has nothing that needs its last layer's attention
@@ -667,7 +670,11 @@ static void sim_chain(struct sim * S) {
             }
             for (int r = 0; r < N; r++) {
                 run_for(S, r, S->tc[r].store);
-                if (layer_full(S, r, l)) run_for(S, r, S->tc[r].q + at[r] + layer_post(S, r, l));
+                if (layer_full(S, r, l)) {
+                    run_for(S, r, S->tc[r].q);
+                    run_op(S, r, at[r], true);
+                    run_for(S, r, layer_post(S, r, l));
+                }
             }
         } else {
             // the chain: rank r's store of layer l waits for [0, s_r) of layer l from r-1, which
@@ -681,7 +688,11 @@ static void sim_chain(struct sim * S) {
                 run_for(S, r, S->tc[r].store);
                 const int e = s[r] + S->cnt[r];
                 if (r < N - 1 && e > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, *cur, 2.0 * e * S->kvd * eb);
-                if (layer_full(S, r, l)) run_for(S, r, S->tc[r].q + at[r] + layer_post(S, r, l));
+                if (layer_full(S, r, l)) {
+                    run_for(S, r, S->tc[r].q);
+                    run_op(S, r, at[r], true);
+                    run_for(S, r, layer_post(S, r, l));
+                }
             }
         }
     }
@@ -762,7 +773,7 @@ static void sim_ring(struct sim * S) {
                 // each step's attention overlaps the next block's transfer
                 for (int j = 0; j < N; j++) {
                     wait_until(R, cur, ready[i * N + j]);
-                    run_for(S, i, at[i * N + j]);
+                    run_op(S, i, at[i * N + j], true);
                 }
             } else {
                 wait_until(R, cur, ready[i * N + N - 1]); // it still forwards every block

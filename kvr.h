@@ -794,6 +794,10 @@ struct kvr_rank_stats {
     int64_t bytes_recv;
     double  wait_ms;          // blocked in transfers
     double  ttft_ms;          // this rank's eval, start to end
+    double  matmul_ms;        // wall time in MUL_MAT nodes (the first thread's view, barriers included)
+    double  attn_ms;          // in ATTN nodes, the same way
+    double  compute_ms;       // in all the nodes of its graphs but the transfers' (the rest of it: norms,
+                              //   RoPE, copies, ...)
 };
 
 struct kvr_dist;
@@ -955,6 +959,7 @@ struct kvr_tune_rank {
     int     tokens;
     double  finish;            // when its last op ends (its TTFT if it produces the first token)
     double  compute;           // busy computing
+    double  attn;              //   of which in attention (kvr_rank_stats's attn_ms, in seconds)
     double  comm;              // link time of the messages it sent and received (overlapped or not)
     double  wait;              // idle, blocked on a transfer (finish = compute + wait)
     int64_t attn_dot_dense;

@@ -266,10 +266,11 @@ static void print_stats(const struct kvr_dist * d) {
     for (int i = 0; i < n; i++) {
         fprintf(stderr, "{\"rank\":%d,\"strategy\":\"%s\",\"tokens\":%d,\"attn_dot_dense\":%lld,\"attn_dot_causal\":%lld,"
                 "\"kv_rows_sent\":%lld,\"kv_rows_recv\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
-                "\"wait_ms\":%.3f,\"ttft_ms\":%.3f}\n",
+                "\"wait_ms\":%.3f,\"ttft_ms\":%.3f,\"matmul_ms\":%.3f,\"attn_ms\":%.3f,\"compute_ms\":%.3f}\n",
                 st[i].rank, kvr_strategy_name(kvr_dist_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
                 (long long)st[i].attn_dot_causal, (long long)st[i].kv_rows_sent, (long long)st[i].kv_rows_recv,
-                (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms);
+                (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms,
+                st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms);
     }
 }
 

@@ -50,7 +50,7 @@ static void usage(FILE * f) {
         "  -t N               threads per rank when measuring (default: cores / ranks)\n"
         "  --min-stride S     finest partition step in tokens (default: ctx/64 measured, ctx/512 modeled)\n"
         "  --grid-half K      grid points per boundary and level: 2K+1 (default 2: the paper's 5)\n"
-        "  --breakdown        --simulate: also every rank's finish, compute, comm and wait\n"
+        "  --breakdown        --simulate: also every rank's finish, compute (and of it attention), comm, wait\n"
         "  --link-gbps G      --search, --simulate: the profile's link at G Gbit/s (kvr-bench / kvr-run --link-gbps)\n"
         "  -o FILE            output file\n"
         "  -h, --help         this text\n");
@@ -552,14 +552,14 @@ static int do_simulate(const struct args * a) {
         }
     }
     if (!rc && a->breakdown) {
-        printf("\n| ranks | ctx | strategy | rank | tokens | finish (s) | compute | comm | wait | attn pairs | kv rows sent | kv rows recv |\n");
-        printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        printf("\n| ranks | ctx | strategy | rank | tokens | finish (s) | compute | of it attention | comm | wait | attn pairs | kv rows sent | kv rows recv |\n");
+        printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for (int i = 0; i < n_rows; i++) {
             const struct row * w = &rows[i];
             for (int r = 0; r < w->sim.n_ranks; r++) {
                 const struct kvr_tune_rank * k = &w->sim.ranks[r];
-                printf("| %d | %d | %s | %d | %d | %.4f | %.4f | %.4f | %.4f | %lld | %lld | %lld |\n", w->N, w->T, ss_names[w->strat], r,
-                       k->tokens, k->finish, k->compute, k->comm, k->wait, (long long)k->attn_dot_dense, (long long)k->kv_rows_sent,
+                printf("| %d | %d | %s | %d | %d | %.4f | %.4f | %.4f | %.4f | %.4f | %lld | %lld | %lld |\n", w->N, w->T, ss_names[w->strat],
+                       r, k->tokens, k->finish, k->compute, k->attn, k->comm, k->wait, (long long)k->attn_dot_dense, (long long)k->kv_rows_sent,
                        (long long)k->kv_rows_recv);
             }
         }
