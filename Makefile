@@ -3,7 +3,7 @@
 #
 #   make              library and tools into build/
 #   make test         every test (plus a second build under ASan+UBSan and a bounded fuzz run)
-#   make bench        the benchmarks (long: about an hour; not part of make test)
+#   make bench        the benchmarks (long: about two hours; not part of make test)
 #   make install PREFIX=/usr/local
 
 CC        ?= cc
