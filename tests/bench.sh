@@ -5,8 +5,9 @@
 # prefill table of KV-Runahead's kind on 2 ranks x 1 thread: single (2 threads and 1), tsp,
 # kvr-e (even), kvr-s (searched), kvr-p (interpolated from the other lengths), ring-kv, with no
 # link emulation and with a 10 Gb/s link, each beside the simulator's prediction (calibrated here
-# right before and right after the runs, the two predictions averaged; tests/bench-table.py sets
-# measured and predicted side by side).
+# right after the runs; tests/bench-table.py sets measured and predicted side by side). The same
+# calibrations are also made before the runs, and the table ends with how far the machine's rates
+# moved between the two: this shared machine drifts (16% slower matmuls over one two-hour sitting).
 # Long: the parallel table at 1k..8k takes about an hour and a half on 2 cores (3 runs a point up
 # to 4k, one at 8k: an 8k prefill takes minutes).
 # KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX and
@@ -38,9 +39,9 @@ model=$dir/tinyllama-1.1b-f32.gguf
 
 # The simulator calibrated here for every rank x thread shape of the table (single x 2, single
 # x 1, 2 ranks x 1, the last with what sharing the machine costs), once before the runs and once
-# after (the machine's speed drifts by a few percent over an hour; the predictions from the two
-# are averaged). The one before, for 2 ranks x 1 thread, searches the KVR-S tables at every length
-# (and 512 and 16k, so that kvr-p can interpolate every measured length from its neighbours).
+# after: the predictions come from the one after, as in the earlier sittings; the one before, for
+# 2 ranks x 1 thread, searches the KVR-S tables at every length (and 512 and 16k, so that kvr-p
+# can interpolate every measured length from its neighbours), and the two show the drift.
 calibrate() { # SUFFIX
     "$build/kvr-tune" --calibrate -m "$model" --ranks 1 -t 2 -o "$dir/profile-1x2$1.txt"
     "$build/kvr-tune" --calibrate -m "$model" --ranks 1 -t 1 -o "$dir/profile-1x1$1.txt"
@@ -65,10 +66,10 @@ for c in $par_ctx; do
 done
 cat "$out"
 
-# the simulator's prediction of every point, from each calibration, set beside the measured ones
+# the simulator's prediction of every point (from the calibration after the runs) set beside the
+# measured ones, then the drift: the rates of the calibrations before and after
 calibrate -after
 ctxs=$(echo $par_ctx | tr ' ' ',')
-sims=
 for when in -before -after; do
     "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 2 --simulate "$dir/profile-1x2$when.txt" \
         -o csv > "$dir/sim-1x2$when.csv"
@@ -76,6 +77,17 @@ for when in -before -after; do
         -o csv > "$dir/sim-1x1$when.csv"
     "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy tsp,kvr-e,kvr-s,kvr-p,ring-kv --ranks 2 -t 1 --link-gbps 0,10 \
         --table "$dir/parts.txt,$dir/parts-10g.txt" --simulate "$dir/profile-2x1$when.txt" -o csv > "$dir/sim-2x1$when.csv"
-    sims="$sims $dir/sim-1x2$when.csv $dir/sim-1x1$when.csv $dir/sim-2x1$when.csv"
 done
-python3 tests/bench-table.py "$out" $sims | tee "$dir/parallel-table.md"
+{
+    python3 tests/bench-table.py "$out" "$dir/sim-1x2-after.csv" "$dir/sim-1x1-after.csv" "$dir/sim-2x1-after.csv"
+    echo
+    for s in 1x2 1x1 2x1; do
+        # matmul: the rate over 2048 tokens, the cost per weight and call included
+        awk -v s="$s" '$1 == "matmul_flops" { f[FILENAME] = $2 } $1 == "matmul_weight_s" { w[FILENAME] = $2 }
+            $1 == "attn_flops" { a[FILENAME] = $2 }
+            END { b = ARGV[1]; e = ARGV[2]; mb = 4096 / (4096 / f[b] + w[b]); me = 4096 / (4096 / f[e] + w[e])
+                  printf "drift %s, before -> after the runs: matmul %.1f -> %.1f GFLOP/s (%+.0f%%), attention %.1f -> %.1f (%+.0f%%)\n",
+                         s, mb / 1e9, me / 1e9, 100 * (me / mb - 1), a[b] / 1e9, a[e] / 1e9, 100 * (a[e] / a[b] - 1) }' \
+            "$dir/profile-$s-before.txt" "$dir/profile-$s-after.txt"
+    done
+} | tee "$dir/parallel-table.md"
