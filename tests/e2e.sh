@@ -34,6 +34,15 @@ if [ -f "$model" ] && [ -f "$ref/stories260K-greedy.txt" ]; then
     done
     "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 2 --strategy kvr --stats -n 0 > /dev/null 2> "$tmp/stats.txt"
     [ "$(grep -c '^{"rank":' "$tmp/stats.txt")" -eq 2 ] && ok "--stats prints one JSON object per rank" || bad "--stats output"
+    # the time split: matmuls and attention are parts of the compute, the compute part of the TTFT
+    if python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    if not line.startswith("{"): continue
+    s = json.loads(line)
+    assert 0 < s["matmul_ms"] and 0 < s["attn_ms"], s
+    assert s["matmul_ms"] + s["attn_ms"] <= s["compute_ms"] <= s["ttft_ms"], s
+' "$tmp/stats.txt"; then ok "--stats: matmul + attention <= compute <= TTFT per rank"; else bad "--stats time split"; fi
     start=$(date +%s)
     KVR_TEST_STALL=1:1 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
     rc=$?; el=$(( $(date +%s) - start ))
