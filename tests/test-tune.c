@@ -387,6 +387,27 @@ static void test_sim_model(void) {
         check(rc == KVR_OK && d1 > 0 && fabs(d8 - d1) <= 1e-9 * p8.ttft,
               "sim: matmul_weight_s 0.1 ns adds %.6f s at 1k and %.6f s at 8k", d1, d8);
     }
+    // the attention share of each rank's compute (what --stats's attn_ms is compared with): twice
+    // the attention rate halves it and leaves the rest alone, for the chain (tsp) and the ring
+    {
+        static struct kvr_tune_sim a[2][2];
+        const enum kvr_strategy strat[2] = { KVR_STRATEGY_TSP, KVR_STRATEGY_RING_KV };
+        struct kvr_tune_profile fast = hw;
+        fast.attn_flops *= 2;
+        int rcs = KVR_OK;
+        bool ok = true;
+        for (int i = 0; i < 2; i++) {
+            struct kvr_tune_plan ap = { .strategy = strat[i], .n_ranks = p, .n_tokens = C, .attn_mode = KVR_ATTN_CAUSAL };
+            rcs |= kvr_tune_simulate(&m, &hw, &ap, &a[i][0]);
+            rcs |= kvr_tune_simulate(&m, &fast, &ap, &a[i][1]);
+            for (int r = 0; r < p && rcs == KVR_OK; r++) {
+                const struct kvr_tune_rank * x = &a[i][0].ranks[r], * y = &a[i][1].ranks[r];
+                ok = ok && x->attn > 0 && x->attn < x->compute && fabs(y->attn - x->attn / 2) <= 1e-9 * x->attn &&
+                     fabs((y->compute - y->attn) - (x->compute - x->attn)) <= 1e-9 * x->compute;
+            }
+        }
+        check(rcs == KVR_OK && ok, "sim: per rank, attention is part of compute and scales with 1/attn_flops alone (tsp, ring-kv)");
+    }
     // bad plans are errors
     int bad[4] = { 100, 100, 100, 100 };
     pl.counts = bad;
