@@ -2,9 +2,8 @@
 # tests/bench-table.py MEASURED.md SIMULATED.csv... - the parallel prefill table of the README:
 # the measured points of kvr-bench's markdown tables (one or more concatenated) beside the
 # simulator's predictions for the same points (kvr-bench --simulate PROFILE -o csv, one file per
-# calibrated profile; a point in several files, as from calibrations before and after the runs,
-# gets the mean of its predictions), one row per prompt length and strategy, the emulated link in its own
-# columns. tests/bench.sh runs it; the README's table is its output.
+# calibrated profile; a point found in several files gets the mean of its predictions), one row
+# per prompt length and strategy, the emulated link in its own columns. tests/bench.sh runs it; the README's table is its output.
 import csv
 import sys
 
@@ -27,7 +26,7 @@ for line in open(sys.argv[1]):
     measured[k] = {"part": c[5], "med": float(c[6]) / 1e3, "lo": float(lo) / 1e3, "hi": float(hi) / 1e3}
     order.append(k)
 
-# a point predicted from several calibrations (before and after the runs): the mean
+# a point predicted from several calibrations: the mean
 preds = {}
 for path in sys.argv[2:]:
     for r in csv.DictReader(open(path)):

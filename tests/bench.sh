@@ -70,16 +70,14 @@ cat "$out"
 # measured ones, then the drift: the rates of the calibrations before and after
 calibrate -after
 ctxs=$(echo $par_ctx | tr ' ' ',')
-for when in -before -after; do
-    "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 2 --simulate "$dir/profile-1x2$when.txt" \
-        -o csv > "$dir/sim-1x2$when.csv"
-    "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 1 --simulate "$dir/profile-1x1$when.txt" \
-        -o csv > "$dir/sim-1x1$when.csv"
-    "$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy tsp,kvr-e,kvr-s,kvr-p,ring-kv --ranks 2 -t 1 --link-gbps 0,10 \
-        --table "$dir/parts.txt,$dir/parts-10g.txt" --simulate "$dir/profile-2x1$when.txt" -o csv > "$dir/sim-2x1$when.csv"
-done
+"$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 2 --simulate "$dir/profile-1x2-after.txt" \
+    -o csv > "$dir/sim-1x2.csv"
+"$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy single --single-threads 1 --simulate "$dir/profile-1x1-after.txt" \
+    -o csv > "$dir/sim-1x1.csv"
+"$build/kvr-bench" -m "$model" --ctx "$ctxs" --strategy tsp,kvr-e,kvr-s,kvr-p,ring-kv --ranks 2 -t 1 --link-gbps 0,10 \
+    --table "$dir/parts.txt,$dir/parts-10g.txt" --simulate "$dir/profile-2x1-after.txt" -o csv > "$dir/sim-2x1.csv"
 {
-    python3 tests/bench-table.py "$out" "$dir/sim-1x2-after.csv" "$dir/sim-1x1-after.csv" "$dir/sim-2x1-after.csv"
+    python3 tests/bench-table.py "$out" "$dir/sim-1x2.csv" "$dir/sim-1x1.csv" "$dir/sim-2x1.csv"
     echo
     for s in 1x2 1x1 2x1; do
         # matmul: the rate over 2048 tokens, the cost per weight and call included
