@@ -3,7 +3,8 @@
 # the measured points of kvr-bench's markdown tables (one or more concatenated) beside the
 # simulator's predictions for the same points (kvr-bench --simulate PROFILE -o csv, one file per
 # calibrated profile; a point found in several files gets the mean of its predictions), one row
-# per prompt length and strategy, the emulated link in its own columns. tests/bench.sh runs it; the README's table is its output.
+# per prompt length and strategy, the emulated link in its own columns. tests/bench.sh runs it;
+# the README's table is its output.
 import csv
 import sys
 
