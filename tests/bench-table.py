@@ -2,9 +2,8 @@
 # tests/bench-table.py MEASURED.md SIMULATED.csv... - the parallel prefill table of the README:
 # the measured points of kvr-bench's markdown tables (one or more concatenated) beside the
 # simulator's predictions for the same points (kvr-bench --simulate PROFILE -o csv, one file per
-# calibrated profile; a point found in several files gets the mean of its predictions), one row
-# per prompt length and strategy, the emulated link in its own columns. tests/bench.sh runs it;
-# the README's table is its output.
+# calibrated profile), one row per prompt length and strategy, the emulated link in its own
+# columns. tests/bench.sh runs it; the README's table is its output.
 import csv
 import sys
 
@@ -27,13 +26,11 @@ for line in open(sys.argv[1]):
     measured[k] = {"part": c[5], "med": float(c[6]) / 1e3, "lo": float(lo) / 1e3, "hi": float(hi) / 1e3}
     order.append(k)
 
-# a point predicted from several calibrations: the mean
-preds = {}
+predicted = {}
 for path in sys.argv[2:]:
     for r in csv.DictReader(open(path)):
         k = key(r["strategy"], r["ranks"], r["threads"], r["link_gbps"], r["prompt"])
-        preds.setdefault(k, []).append(float(r["predicted_ms"]) / 1e3)
-predicted = {k: sum(v) / len(v) for k, v in preds.items()}
+        predicted[k] = float(r["predicted_ms"]) / 1e3
 
 
 def cells(k):

@@ -8,7 +8,7 @@
 # right after the runs; tests/bench-table.py sets measured and predicted side by side). The same
 # calibrations are also made before the runs, and the table ends with how far the machine's rates
 # moved between the two: this shared machine drifts (16% slower matmuls over one two-hour sitting).
-# Long: the parallel table at 1k..8k takes about an hour and a half on 2 cores (3 runs a point up
+# Long: the parallel table at 1k..8k takes about two hours on 2 cores (3 runs a point up
 # to 4k, one at 8k: an 8k prefill takes minutes).
 # KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX and
 # KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 4k, 1 beyond) choose what runs;
