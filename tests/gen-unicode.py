@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# gen-unicode.py - generates the Unicode code point table of the tokenizer (vocab.c in kvr.c).
+# gen-unicode.py - generates the Unicode code point table of the tokenizer (kvr.c, its appendix).
 #
 # The BPE pre-tokenizers classify code points the way llama.cpp's unicode tables do: one general
 # category class per code point (\p{N}, \p{L}, \p{Z}, \p{M}, \p{P}, \p{S}, \p{C}; unassigned code
@@ -86,9 +86,6 @@ def block():
     r = ranges()
     lines = []
     lines.append("%s (Unicode %s); do not edit by hand ----" % (BEGIN, unicodedata.unidata_version))
-    for name, bit, cats in FLAGS:
-        lines.append("#define %-22s 0x%02X // %s" % (name, bit, " ".join(cats)))
-    lines.append("#define %-22s 0x%02X // White_Space" % ("VOCAB_CPT_WHITESPACE", WHITESPACE_BIT))
     lines.append("#define VOCAB_UCD_N_RANGES %d" % len(r))
     lines.append("// (first code point << 8) | flags; a range lasts until the next one starts")
     lines.append("static const uint32_t vocab_ucd_ranges[VOCAB_UCD_N_RANGES] = {")
@@ -99,6 +96,18 @@ def block():
     lines.append("};")
     lines.append(END + " ----")
     return "\n".join(lines) + "\n"
+
+
+def flag_defines():
+    """The flag bits as the tokenizer must define them (by hand, before its first use)."""
+    out = ["#define %-22s 0x%02X // %s" % (name, bit, " ".join(cats)) for name, bit, cats in FLAGS]
+    out.append("#define %-22s 0x%02X // White_Space" % ("VOCAB_CPT_WHITESPACE", WHITESPACE_BIT))
+    return out
+
+
+def missing_defines(text):
+    """The flag definitions the table's bits need that the file does not have, word for word."""
+    return [d for d in flag_defines() if d not in text.split("\n")]
 
 
 def replace_block(text, new_block):
@@ -133,6 +142,12 @@ def main(argv):
         with open(path, encoding="utf-8") as f:
             text = f.read()
         new_text = replace_block(text, block())
+        missing = missing_defines(text)
+        if missing:
+            print("gen-unicode.py: %s must define the flag bits the table uses; missing: %s"
+                  % (path, "; ".join(missing)))
+            print("gen-unicode: 0 passed, 1 failed")
+            return 1
         if argv[1] == "--check":
             if new_text != text:
                 print("gen-unicode.py: the table in %s is not what Unicode %s gives" % (path, UNICODE_VERSION))

@@ -46,6 +46,9 @@ done
 
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
 
+# the shape of the source a reader relies on (kvr.c's contents, no pasted-file seams)
+run "source checks" sh tests/check-source.sh
+
 # the tokenizer's Unicode table is what its generator makes (it needs Unicode 15.1: Python 3.13,
 # or unicodedata2; without them the check says it is skipped)
 if command -v python3 > /dev/null 2>&1; then
