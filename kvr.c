@@ -1,6 +1,6 @@
 // kvr.c - the single-rank runtime: everything an application needs to load a GGUF model and run
 // it on the CPU, in dependency order (each section uses only those above it). The architecture
-// recipes live in models/*.c and are compiled as part of this file (section 15), so an
+// recipes live in models/*.c and are compiled as part of this file (section 16), so an
 // application embeds kvr.h + kvr.c (+ models/) and nothing else. The sections mirror kvr.h's:
 //
 //    1. errors                      the thread's last error message
@@ -17,12 +17,13 @@
 //   12. GGUF writer                 metadata and tensors out (kvr-gen, tests)
 //   13. tokenizers                  SPM and byte-level BPE, exactly as llama.cpp's
 //   14. KV cache                    per-layer K and V of a session or rank
-//   15. models                      hyper-parameters, weights, the architectures' recipes (models/)
-//   16. sessions                    a model, a cache and a backend: prefill and decode
-//   17. sampling                    greedy, temperature, top-k, top-p
-//   18. appendix: generated tables  the Unicode classes the BPE pre-tokenizers need
+//   15. KV cache files              the cache on disk: a writer fed layer by layer, a reader that checks all
+//   16. models                      hyper-parameters, weights, the architectures' recipes (models/)
+//   17. sessions                    a model, a cache and a backend: prefill and decode
+//   18. sampling                    greedy, temperature, top-k, top-p
+//   19. appendix: generated tables  the Unicode classes the BPE pre-tokenizers need
 //
-// Reading order for one prefill: kvr_session_eval (16) -> kvr_model_build (15, models/llama.c) ->
+// Reading order for one prefill: kvr_session_eval (17) -> kvr_model_build (16, models/llama.c) ->
 // kvr_pass_single (8) -> kvr_graph_plan (8) -> cpu_graph_compute (10) -> cpu_compute_node (9) ->
 // cpu_op_* (9).
 
@@ -5802,8 +5803,583 @@ void kvr_kv_cache_free(struct kvr_kv_cache * c) {
     free(c);
 }
 
+// rows [row0, row0+n) of a layer are contiguous in K and in V: one transfer each, never one per row
+void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n,
+                           float * k, float * v) {
+    KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
+    const size_t row = sizeof(float) * (size_t)c->kv_dim;
+    if (k) be->iface.tensor_get(be, c->k[il], k, row * (size_t)row0, row * (size_t)n);
+    if (v) be->iface.tensor_get(be, c->v[il], v, row * (size_t)row0, row * (size_t)n);
+}
+
+void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
+                           const float * k, const float * v) {
+    KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
+    const size_t row = sizeof(float) * (size_t)c->kv_dim;
+    if (k) be->iface.tensor_set(be, c->k[il], k, row * (size_t)row0, row * (size_t)n);
+    if (v) be->iface.tensor_set(be, c->v[il], v, row * (size_t)row0, row * (size_t)n);
+}
+
+
 //
-// 15. models: hyper-parameters and weights from GGUF, then the architectures' recipes
+// 15. KV cache files (kvr.h, "KV cache files"): the writer a save or a stream feeds layer by layer,
+// and the reader that checks every field, CRC and position before anything reaches a cache
+//
+
+// CRC32C, reflected polynomial 0x82F63B78, eight table lookups per 8 bytes (slice-by-8): a
+// 2k-token cache of a 1B model is ~90 MB, which a byte at a time would take long to check
+static uint32_t crc32c_table[8][256];
+static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
+
+static void crc32c_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc32c_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        for (int t = 1; t < 8; t++) crc32c_table[t][i] = (crc32c_table[t - 1][i] >> 8) ^ crc32c_table[0][crc32c_table[t - 1][i] & 0xff];
+    }
+}
+
+uint32_t kvr_crc32c(uint32_t crc, const void * data, size_t n) {
+    pthread_once(&crc32c_once, crc32c_init);
+    const uint8_t * p = data;
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= crc;
+        crc = crc32c_table[7][lo & 0xff] ^ crc32c_table[6][(lo >> 8) & 0xff] ^ crc32c_table[5][(lo >> 16) & 0xff] ^
+              crc32c_table[4][lo >> 24] ^ crc32c_table[3][hi & 0xff] ^ crc32c_table[2][(hi >> 8) & 0xff] ^
+              crc32c_table[1][(hi >> 16) & 0xff] ^ crc32c_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ crc32c_table[0][(crc ^ *p++) & 0xff];
+    return ~crc;
+}
+
+static uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
+    const uint8_t * p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+uint64_t kvr_model_weights_hash(const struct kvr_model * m) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const struct kvr_gguf * g = m->gguf;
+    for (uint64_t i = 0; g && i < g->n_tensors; i++) {
+        const struct kvr_gguf_tensor * t = &g->tensors[i];
+        const uint64_t f[7] = { (uint64_t)t->n_dims, (uint64_t)t->ne[0], (uint64_t)t->ne[1], (uint64_t)t->ne[2],
+                                (uint64_t)t->ne[3], (uint64_t)t->type, t->offset };
+        h = fnv1a(h, t->name, strlen(t->name) + 1);
+        h = fnv1a(h, f, sizeof(f));
+    }
+    return h;
+}
+
+static void put_u32(uint8_t * p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get_u32(const uint8_t * p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static float u32_as_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f32_as_u32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+// the header's fields, in file order from offset 16
+enum {
+    KVH_ARCH, KVH_LAYERS, KVH_HEADS_KV, KVH_HEAD_DIM, KVH_TYPE, KVH_ROT, KVH_ROPE_MODE, KVH_ROPE_BASE, KVH_ROPE_SCALE,
+    KVH_VOCAB, KVH_HASH_LO, KVH_HASH_HI, KVH_TOKENS, KVH_RANKS, KVH_SHARDS, KVH_CHUNK, KVH_RING_NEXT, KVH_ZERO0,
+    KVH_ZERO1, KVH_CRC, KVH_COUNT,
+};
+static const char * const kvh_names[KVH_COUNT] = {
+    "architecture", "layers", "KV heads", "head size", "cache type", "RoPE dims", "RoPE mode", "RoPE base",
+    "RoPE scale", "vocabulary size", "weights hash", "weights hash", "tokens", "ranks", "shards", "rows per chunk",
+    "ring's next shard", "reserved", "reserved", "header CRC32C",
+};
+#define KVH_OFFSET(f) (16 + 4 * (f))
+
+// the fingerprint of a model as the header holds it (f32 fields bit-wise)
+static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
+    const struct kvr_hparams * hp = &m->hp;
+    fp[KVH_ARCH]       = (uint32_t)hp->arch;
+    fp[KVH_LAYERS]     = hp->n_layer;
+    fp[KVH_HEADS_KV]   = hp->n_head_kv;
+    fp[KVH_HEAD_DIM]   = hp->head_dim;
+    fp[KVH_TYPE]       = KVR_TYPE_F32; // struct kvr_kv_cache's rows
+    fp[KVH_ROT]        = hp->n_rot;
+    fp[KVH_ROPE_MODE]  = (uint32_t)hp->rope_mode;
+    fp[KVH_ROPE_BASE]  = f32_as_u32(hp->rope_freq_base);
+    fp[KVH_ROPE_SCALE] = f32_as_u32(hp->rope_freq_scale);
+    fp[KVH_VOCAB]      = hp->n_vocab;
+    const uint64_t h   = kvr_model_weights_hash(m);
+    fp[KVH_HASH_LO]    = (uint32_t)h;
+    fp[KVH_HASH_HI]    = (uint32_t)(h >> 32);
+}
+
+struct kvr_kv_writer {
+    FILE    * f;
+    char    * path;
+    char    * part;
+    int       n_layer, kv_dim, n_shards, chunk_rows;
+    int     * rows;       // per shard
+    int       next_layer, next_shard;
+    bool      logits;
+    int       n_vocab;
+    int64_t   bytes;
+    int       rc;         // the first write error, kept until close
+};
+
+static int kvw_write(struct kvr_kv_writer * w, const void * data, size_t n) {
+    if (w->rc != KVR_OK) return w->rc;
+    if (n && fwrite(data, 1, n, w->f) != n) {
+        w->rc = kvr_error(KVR_ERR_IO, "%s: cannot write the KV cache at offset %lld: %s", w->part, (long long)w->bytes, strerror(errno));
+        return w->rc;
+    }
+    w->bytes += (int64_t)n;
+    return KVR_OK;
+}
+
+static int kvw_write_crc(struct kvr_kv_writer * w, uint32_t crc) {
+    uint8_t b[4];
+    put_u32(b, crc);
+    return kvw_write(w, b, 4);
+}
+
+// i32 values little-endian; returns the CRC continued over them
+static uint32_t kvw_write_i32s(struct kvr_kv_writer * w, const int32_t * v, int n, uint32_t crc) {
+    uint8_t buf[4096];
+    for (int i = 0; i < n; ) {
+        int k = 0;
+        for (; k < (int)sizeof(buf) / 4 && i < n; k++, i++) put_u32(buf + 4 * k, (uint32_t)v[i]);
+        crc = kvr_crc32c(crc, buf, 4 * (size_t)k);
+        kvw_write(w, buf, 4 * (size_t)k);
+    }
+    return crc;
+}
+
+int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const struct kvr_model * m,
+                       const struct kvr_kv_layout * lay) {
+    *out = NULL;
+    const int kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    if (lay->n_tokens < 0 || lay->n_ranks < 1 || lay->n_ranks > 256 || (lay->n_shards != 1 && lay->n_shards != lay->n_ranks) ||
+        lay->ring_next < 0 || lay->ring_next >= lay->n_ranks) {
+        return kvr_error(KVR_ERR_ARG, "%s: a cache of %d tokens as %d of %d shards (ring next %d) cannot be written",
+                         path, lay->n_tokens, lay->n_shards, lay->n_ranks, lay->ring_next);
+    }
+    struct kvr_kv_writer * w = kvr_calloc(1, sizeof(*w));
+    w->path = strdup(path);
+    w->part = kvr_malloc(strlen(path) + 6);
+    sprintf(w->part, "%s.part", path);
+    w->f = fopen(w->part, "wb");
+    if (!w->f) {
+        int rc = kvr_error(KVR_ERR_IO, "%s: cannot write the KV cache: %s", w->part, strerror(errno));
+        free(w->path); free(w->part); free(w);
+        return rc;
+    }
+    setvbuf(w->f, NULL, _IOFBF, 1 << 20);
+    w->n_layer  = (int)m->hp.n_layer;
+    w->kv_dim   = kv_dim;
+    w->n_shards = lay->n_shards;
+    w->chunk_rows = lay->chunk_rows > 0 ? lay->chunk_rows : (int)((1 << 20) / ((size_t)kv_dim * sizeof(float)));
+    if (w->chunk_rows < 1) w->chunk_rows = 1;
+    w->logits   = lay->logits;
+    w->n_vocab  = (int)m->hp.n_vocab;
+    w->rows     = kvr_calloc((size_t)lay->n_shards, sizeof(int));
+
+    uint8_t h[KVR_KV_FILE_HEADER] = { 0 };
+    memcpy(h, "KVRCACHE", 8);
+    put_u32(h + 8, KVR_KV_FILE_VERSION);
+    put_u32(h + 12, lay->logits ? KVR_KV_FILE_LOGITS : 0);
+    uint32_t fp[KVH_COUNT] = { 0 };
+    kv_fingerprint(m, fp);
+    fp[KVH_TOKENS]    = (uint32_t)lay->n_tokens;
+    fp[KVH_RANKS]     = (uint32_t)lay->n_ranks;
+    fp[KVH_SHARDS]    = (uint32_t)lay->n_shards;
+    fp[KVH_CHUNK]     = (uint32_t)w->chunk_rows;
+    fp[KVH_RING_NEXT] = (uint32_t)lay->ring_next;
+    for (int i = 0; i < KVH_CRC; i++) put_u32(h + KVH_OFFSET(i), fp[i]);
+    put_u32(h + KVH_OFFSET(KVH_CRC), kvr_crc32c(0, h, KVH_OFFSET(KVH_CRC)));
+    kvw_write(w, h, sizeof(h));
+
+    kvw_write_crc(w, kvw_write_i32s(w, lay->tokens, lay->n_tokens, 0));
+
+    uint32_t crc = 0;
+    for (int s = 0; s < lay->n_shards; s++) {
+        const int32_t pair[2] = { lay->shards[s].rank, lay->shards[s].n_rows };
+        crc = kvw_write_i32s(w, pair, 2, crc);
+        w->rows[s] = lay->shards[s].n_rows;
+    }
+    for (int s = 0; s < lay->n_shards; s++) crc = kvw_write_i32s(w, lay->shards[s].pos, lay->shards[s].n_rows, crc);
+    kvw_write_crc(w, crc);
+    if (w->rc != KVR_OK) {
+        const int rc = w->rc;
+        kvr_kv_writer_abort(w);
+        return rc;
+    }
+    *out = w;
+    return KVR_OK;
+}
+
+static void kvw_rows(struct kvr_kv_writer * w, int il, int shard, int kind, const float * x) {
+    const int n = w->rows[shard];
+    for (int r0 = 0; r0 < n; r0 += w->chunk_rows) {
+        const int c = n - r0 < w->chunk_rows ? n - r0 : w->chunk_rows;
+        uint8_t ch[20];
+        put_u32(ch, (uint32_t)il);
+        put_u32(ch + 4, (uint32_t)shard);
+        put_u32(ch + 8, (uint32_t)kind);
+        put_u32(ch + 12, (uint32_t)r0);
+        put_u32(ch + 16, (uint32_t)c);
+        const float * data = x + (size_t)r0 * w->kv_dim;
+        const size_t nb = (size_t)c * w->kv_dim * sizeof(float);
+        kvw_write(w, ch, sizeof(ch));
+        kvw_write(w, data, nb);
+        kvw_write_crc(w, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), data, nb));
+    }
+}
+
+int kvr_kv_writer_layer(struct kvr_kv_writer * w, int il, int shard, const float * k, const float * v) {
+    KVR_ASSERT(il == w->next_layer && shard == w->next_shard); // layers in order, shards in order
+    kvw_rows(w, il, shard, 0, k);
+    kvw_rows(w, il, shard, 1, v);
+    if (++w->next_shard == w->n_shards) {
+        w->next_shard = 0;
+        w->next_layer++;
+    }
+    return w->rc;
+}
+
+int64_t kvr_kv_writer_bytes(const struct kvr_kv_writer * w) { return w->bytes; }
+
+void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
+    if (!w) return;
+    if (w->f) fclose(w->f);
+    remove(w->part);
+    free(w->rows);
+    free(w->path);
+    free(w->part);
+    free(w);
+}
+
+int kvr_kv_writer_close(struct kvr_kv_writer * w, const float * logits) {
+    KVR_ASSERT(w->next_layer == w->n_layer); // every layer written
+    KVR_ASSERT(!w->logits || logits != NULL);
+    if (w->logits) {
+        const size_t nb = sizeof(float) * (size_t)w->n_vocab;
+        kvw_write(w, logits, nb);
+        kvw_write_crc(w, kvr_crc32c(0, logits, nb));
+    }
+    int rc = w->rc;
+    if (fclose(w->f) != 0 && rc == KVR_OK) rc = kvr_error(KVR_ERR_IO, "%s: cannot write the KV cache: %s", w->part, strerror(errno));
+    w->f = NULL;
+    if (rc == KVR_OK && rename(w->part, w->path) != 0) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot rename to %s: %s", w->part, w->path, strerror(errno));
+    }
+    if (rc != KVR_OK) {
+        kvr_kv_writer_abort(w);
+        return rc;
+    }
+    free(w->rows);
+    free(w->path);
+    free(w->part);
+    free(w);
+    return KVR_OK;
+}
+
+// the reader: one pass over the file, every byte checked before anything is returned
+
+struct kvr_reader {
+    FILE       * f;
+    const char * path;
+    int64_t      off;
+};
+
+// n bytes or a "truncated" error naming what was being read and where
+static int kvrd_read(struct kvr_reader * r, void * dst, size_t n, const char * what) {
+    const size_t got = n ? fread(dst, 1, n, r->f) : 0;
+    if (got != n) {
+        if (ferror(r->f)) return kvr_error(KVR_ERR_IO, "%s: cannot read %s at offset %lld: %s", r->path, what, (long long)r->off, strerror(errno));
+        return kvr_error(KVR_ERR_FORMAT, "%s: truncated: %s at offset %lld needs %zu bytes, the file ends after %zu",
+                         r->path, what, (long long)r->off, n, got);
+    }
+    r->off += (int64_t)n;
+    return KVR_OK;
+}
+
+static int kvrd_crc(struct kvr_reader * r, uint32_t want, const char * what) {
+    uint8_t b[4];
+    const int64_t at = r->off;
+    int rc = kvrd_read(r, b, 4, what);
+    if (rc != KVR_OK) return rc;
+    if (get_u32(b) != want) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: the CRC32C of %s is 0x%08x, the data gives 0x%08x: the file is damaged",
+                         r->path, (long long)at, what, get_u32(b), want);
+    }
+    return KVR_OK;
+}
+
+static int kvrd_i32s(struct kvr_reader * r, int32_t * v, int n, uint32_t * crc, const char * what) {
+    uint8_t buf[4096];
+    for (int i = 0; i < n; ) {
+        const int k = n - i < (int)sizeof(buf) / 4 ? n - i : (int)sizeof(buf) / 4;
+        int rc = kvrd_read(r, buf, 4 * (size_t)k, what);
+        if (rc != KVR_OK) return rc;
+        *crc = kvr_crc32c(*crc, buf, 4 * (size_t)k);
+        for (int j = 0; j < k; j++) v[i + j] = (int32_t)get_u32(buf + 4 * j);
+        i += k;
+    }
+    return KVR_OK;
+}
+
+void kvr_kv_file_free(struct kvr_kv_file * f) {
+    if (!f) return;
+    for (int s = 0; f->shards && s < f->n_shards; s++) {
+        struct kvr_kv_file_shard * sh = &f->shards[s];
+        for (int il = 0; il < f->n_layer; il++) {
+            if (sh->k) free(sh->k[il]);
+            if (sh->v) free(sh->v[il]);
+        }
+        free(sh->k);
+        free(sh->v);
+        free(sh->pos);
+    }
+    free(f->shards);
+    free(f->tokens);
+    free(f->logits);
+    free(f);
+}
+
+static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, struct kvr_kv_file * f) {
+    const char * path = r->path;
+    uint8_t h[KVR_KV_FILE_HEADER];
+    const size_t got = fread(h, 1, sizeof(h), r->f);
+    if (got < 8 || memcmp(h, "KVRCACHE", 8) != 0) {
+        if (got < 8 && ferror(r->f)) return kvr_error(KVR_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+        if (got == 0) return kvr_error(KVR_ERR_FORMAT, "%s: empty file: not a kvr cache file", path);
+        if (got < 8 && memcmp(h, "KVRCACHE", got) == 0) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: truncated: the magic at offset 0 needs 8 bytes, the file ends after %zu", path, got);
+        }
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 0: not a kvr cache file (magic \"KVRCACHE\" expected)", path);
+    }
+    if (got < 12) return kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header at offset 0 needs %d bytes, the file ends after %zu", path, KVR_KV_FILE_HEADER, got);
+    const uint32_t version = get_u32(h + 8);
+    if (version > KVR_KV_FILE_VERSION) {
+        return kvr_error(KVR_ERR_UNSUPP, "%s: offset 8: version %u is newer than this kvr reads (%d)", path, version, KVR_KV_FILE_VERSION);
+    }
+    if (version != KVR_KV_FILE_VERSION) return kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr cache version", path, version);
+    if (got < sizeof(h)) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header at offset 0 needs %d bytes, the file ends after %zu", path, KVR_KV_FILE_HEADER, got);
+    }
+    r->off = sizeof(h);
+    const uint32_t crc = kvr_crc32c(0, h, KVH_OFFSET(KVH_CRC));
+    if (get_u32(h + KVH_OFFSET(KVH_CRC)) != crc) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the header's CRC32C is 0x%08x, the header gives 0x%08x: the header is damaged",
+                         path, KVH_OFFSET(KVH_CRC), get_u32(h + KVH_OFFSET(KVH_CRC)), crc);
+    }
+    f->flags = get_u32(h + 12);
+    if (f->flags & ~(uint32_t)KVR_KV_FILE_LOGITS) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know (0x%x)", path, f->flags,
+                         f->flags & ~(uint32_t)KVR_KV_FILE_LOGITS);
+    }
+    uint32_t fp[KVH_COUNT] = { 0 }, hv[KVH_COUNT];
+    kv_fingerprint(m, fp);
+    for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
+    for (int i = KVH_ARCH; i <= KVH_HASH_HI; i++) {
+        if (hv[i] == fp[i]) continue;
+        char a[64], b[64];
+        if (i == KVH_ROPE_BASE || i == KVH_ROPE_SCALE) {
+            snprintf(a, sizeof(a), "%g", u32_as_f32(hv[i]));
+            snprintf(b, sizeof(b), "%g", u32_as_f32(fp[i]));
+        } else if (i == KVH_HASH_LO || i == KVH_HASH_HI) {
+            snprintf(a, sizeof(a), "%016llx", (unsigned long long)hv[KVH_HASH_LO] | (unsigned long long)hv[KVH_HASH_HI] << 32);
+            snprintf(b, sizeof(b), "%016llx", (unsigned long long)fp[KVH_HASH_LO] | (unsigned long long)fp[KVH_HASH_HI] << 32);
+        } else if (i == KVH_TYPE) {
+            snprintf(a, sizeof(a), "%s", kvr_type_name((enum kvr_type)hv[i]));
+            snprintf(b, sizeof(b), "%s", kvr_type_name((enum kvr_type)fp[i]));
+        } else {
+            snprintf(a, sizeof(a), "%u", hv[i]);
+            snprintf(b, sizeof(b), "%u", fp[i]);
+        }
+        return kvr_error(KVR_ERR_ARG, "%s: offset %d: the cache is of another model: %s %s, the model %s has %s",
+                         path, KVH_OFFSET(i == KVH_HASH_HI ? KVH_HASH_LO : i), kvh_names[i], a, m->path, b);
+    }
+    const uint32_t lim[][2] = { { KVH_TOKENS, 1u << 24 }, { KVH_RANKS, 256 }, { KVH_CHUNK, 1u << 24 } };
+    for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
+        const int fi = (int)lim[i][0];
+        if (hv[fi] > lim[i][1] || (fi != KVH_TOKENS && hv[fi] == 0)) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: %s %u is out of range (%s%u)", path, KVH_OFFSET(fi), kvh_names[fi],
+                             hv[fi], fi == KVH_TOKENS ? "at most " : "1 to ", lim[i][1]);
+        }
+    }
+    if (hv[KVH_SHARDS] != 1 && hv[KVH_SHARDS] != hv[KVH_RANKS]) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: %u shards of a cache over %u ranks (1 or %u expected)", path,
+                         KVH_OFFSET(KVH_SHARDS), hv[KVH_SHARDS], hv[KVH_RANKS], hv[KVH_RANKS]);
+    }
+    if (hv[KVH_RING_NEXT] >= hv[KVH_RANKS]) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the ring's next shard %u is not one of %u ranks", path,
+                         KVH_OFFSET(KVH_RING_NEXT), hv[KVH_RING_NEXT], hv[KVH_RANKS]);
+    }
+    if (hv[KVH_ZERO0] || hv[KVH_ZERO1]) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: reserved field is %u, 0 expected", path,
+                         KVH_OFFSET(hv[KVH_ZERO0] ? KVH_ZERO0 : KVH_ZERO1), hv[KVH_ZERO0] ? hv[KVH_ZERO0] : hv[KVH_ZERO1]);
+    }
+    f->n_tokens   = (int)hv[KVH_TOKENS];
+    f->n_ranks    = (int)hv[KVH_RANKS];
+    f->n_shards   = (int)hv[KVH_SHARDS];
+    f->chunk_rows = (int)hv[KVH_CHUNK];
+    f->ring_next  = (int)hv[KVH_RING_NEXT];
+    f->n_layer    = (int)m->hp.n_layer;
+    f->kv_dim     = (int)(m->hp.head_dim * m->hp.n_head_kv);
+
+    // tokens
+    f->tokens = kvr_malloc(sizeof(int32_t) * (size_t)f->n_tokens);
+    const int64_t tok_off = r->off;
+    uint32_t c = 0;
+    int rc = kvrd_i32s(r, f->tokens, f->n_tokens, &c, "the token ids");
+    if (rc == KVR_OK) rc = kvrd_crc(r, c, "the token ids");
+    if (rc != KVR_OK) return rc;
+    for (int i = 0; i < f->n_tokens; i++) {
+        if (f->tokens[i] < 0 || (uint32_t)f->tokens[i] >= m->hp.n_vocab) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: token %d is %d, outside the vocabulary of %u", path,
+                             (long long)(tok_off + 4 * i), i, f->tokens[i], m->hp.n_vocab);
+        }
+    }
+
+    // shard table and positions: read (the row counts bounded first, they size the reads), the
+    // CRC (damage is named as damage), then the values
+    const int64_t tab_off = r->off;
+    int32_t * tab = kvr_malloc(sizeof(int32_t) * 2 * (size_t)f->n_shards);
+    c = 0;
+    rc = kvrd_i32s(r, tab, 2 * f->n_shards, &c, "the shard table");
+    f->shards = kvr_calloc((size_t)f->n_shards, sizeof(*f->shards));
+    for (int s = 0; s < f->n_shards && rc == KVR_OK; s++) {
+        f->shards[s].rank = tab[2 * s];
+        if (tab[2 * s + 1] < 0 || tab[2 * s + 1] > f->n_tokens) {
+            rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: shard %d has %d rows, the cache %d tokens", path,
+                           (long long)(tab_off + 8 * s + 4), s, tab[2 * s + 1], f->n_tokens);
+        }
+    }
+    int64_t * pos_off = kvr_calloc((size_t)f->n_shards, sizeof(int64_t));
+    for (int s = 0; s < f->n_shards && rc == KVR_OK; s++) {
+        struct kvr_kv_file_shard * sh = &f->shards[s];
+        pos_off[s] = r->off;
+        sh->pos = kvr_malloc(sizeof(int32_t) * (size_t)tab[2 * s + 1]);
+        rc = kvrd_i32s(r, sh->pos, tab[2 * s + 1], &c, "the row positions");
+        if (rc == KVR_OK) sh->n_rows = tab[2 * s + 1];
+    }
+    free(tab);
+    if (rc == KVR_OK) rc = kvrd_crc(r, c, "the shard table");
+    int64_t total_rows = 0;
+    for (int s = 0; s < f->n_shards && rc == KVR_OK; s++) {
+        const struct kvr_kv_file_shard * sh = &f->shards[s];
+        if (sh->rank < 0 || sh->rank >= f->n_ranks || (f->n_shards > 1 && sh->rank != s)) {
+            rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: shard %d has rank %d (%s)", path, (long long)(tab_off + 8 * s), s,
+                           sh->rank, f->n_shards > 1 ? "its index expected" : "not one of the cache's ranks");
+        }
+        total_rows += sh->n_rows;
+    }
+    if (rc == KVR_OK && f->n_shards == f->n_ranks && total_rows != f->n_tokens) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: the shards hold %lld rows, the cache %d tokens", path,
+                       (long long)tab_off, (long long)total_rows, f->n_tokens);
+    }
+    uint8_t * seen = kvr_calloc((size_t)f->n_tokens + 1, 1);
+    for (int s = 0; s < f->n_shards && rc == KVR_OK; s++) {
+        const struct kvr_kv_file_shard * sh = &f->shards[s];
+        for (int i = 0; i < sh->n_rows && rc == KVR_OK; i++) {
+            const int32_t p = sh->pos[i];
+            if (p < 0 || p >= f->n_tokens || (i > 0 && p <= sh->pos[i - 1]) || seen[p]) {
+                rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: row %d of shard %d is at position %d (%s)", path,
+                               (long long)(pos_off[s] + 4 * i), i, s, p,
+                               p < 0 || p >= f->n_tokens ? "outside the cache's tokens" : seen[p] ? "a position held twice" : "positions must increase");
+            } else {
+                seen[p] = 1;
+            }
+        }
+    }
+    free(seen);
+    free(pos_off);
+    if (rc != KVR_OK) return rc;
+
+    // the size the rest must have: refuse a truncated or overlong file before reading its rows
+    int64_t need = r->off;
+    for (int s = 0; s < f->n_shards; s++) {
+        const int64_t n = f->shards[s].n_rows, chunks = (n + f->chunk_rows - 1) / f->chunk_rows;
+        need += (int64_t)f->n_layer * 2 * (chunks * 24 + n * f->kv_dim * (int64_t)sizeof(float));
+    }
+    if (f->flags & KVR_KV_FILE_LOGITS) need += 4 * (int64_t)m->hp.n_vocab + 4;
+    struct stat st;
+    if (fstat(fileno(r->f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size != need) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: %s: the file has %lld bytes, its header and shard table make %lld", path,
+                         st.st_size < need ? "truncated" : "trailing bytes", (long long)st.st_size, (long long)need);
+    }
+
+    // the rows, chunk by chunk
+    for (int s = 0; s < f->n_shards; s++) {
+        f->shards[s].k = kvr_calloc((size_t)f->n_layer, sizeof(float *));
+        f->shards[s].v = kvr_calloc((size_t)f->n_layer, sizeof(float *));
+    }
+    for (int il = 0; il < f->n_layer; il++) {
+        for (int s = 0; s < f->n_shards; s++) {
+            struct kvr_kv_file_shard * sh = &f->shards[s];
+            for (int kind = 0; kind < 2; kind++) {
+                float * x = kvr_malloc(sizeof(float) * (size_t)f->kv_dim * (size_t)sh->n_rows);
+                (kind ? sh->v : sh->k)[il] = x;
+                for (int r0 = 0; r0 < sh->n_rows; r0 += f->chunk_rows) {
+                    const int n = sh->n_rows - r0 < f->chunk_rows ? sh->n_rows - r0 : f->chunk_rows;
+                    const int64_t at = r->off;
+                    uint8_t ch[20];
+                    char what[96];
+                    snprintf(what, sizeof(what), "the chunk of layer %d, shard %d, %s rows [%d, %d)", il, s, kind ? "V" : "K", r0, r0 + n);
+                    rc = kvrd_read(r, ch, sizeof(ch), what);
+                    if (rc != KVR_OK) return rc;
+                    const uint32_t want[5] = { (uint32_t)il, (uint32_t)s, (uint32_t)kind, (uint32_t)r0, (uint32_t)n };
+                    static const char * const field[5] = { "layer", "shard", "kind (0 K, 1 V)", "first row", "rows" };
+                    for (int j = 0; j < 5; j++) {
+                        if (get_u32(ch + 4 * j) != want[j]) {
+                            return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: %s: %s is %u, %u expected", path, (long long)(at + 4 * j),
+                                             what, field[j], get_u32(ch + 4 * j), want[j]);
+                        }
+                    }
+                    float * data = x + (size_t)r0 * f->kv_dim;
+                    const size_t nb = sizeof(float) * (size_t)n * f->kv_dim;
+                    rc = kvrd_read(r, data, nb, what);
+                    if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), data, nb), what);
+                    if (rc != KVR_OK) return rc;
+                }
+            }
+        }
+    }
+    if (f->flags & KVR_KV_FILE_LOGITS) {
+        f->logits = kvr_malloc(sizeof(float) * m->hp.n_vocab);
+        const size_t nb = sizeof(float) * m->hp.n_vocab;
+        rc = kvrd_read(r, f->logits, nb, "the logits");
+        if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(0, f->logits, nb), "the logits");
+        if (rc != KVR_OK) return rc;
+    }
+    if (fgetc(r->f) != EOF) return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: trailing bytes after the cache", path, (long long)r->off);
+    f->bytes = r->off;
+    return KVR_OK;
+}
+
+int kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out) {
+    *out = NULL;
+    struct kvr_reader r = { .f = fopen(path, "rb"), .path = path };
+    if (!r.f) return kvr_error(KVR_ERR_IO, "%s: cannot open the KV cache: %s", path, strerror(errno));
+    setvbuf(r.f, NULL, _IOFBF, 1 << 20);
+    struct kvr_kv_file * f = kvr_calloc(1, sizeof(*f));
+    const int rc = kv_file_parse(&r, m, f);
+    fclose(r.f);
+    if (rc != KVR_OK) {
+        f->n_shards = f->shards ? f->n_shards : 0;
+        kvr_kv_file_free(f);
+        return rc;
+    }
+    *out = f;
+    return KVR_OK;
+}
+
+//
+// 16. models: hyper-parameters and weights from GGUF, then the architectures' recipes
 //
 
 struct arch_info {
@@ -6031,7 +6607,7 @@ struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr
 }
 
 //
-// 16. sessions: the model, its cache and a backend; each eval builds the graph of one batch
+// 17. sessions: the model, its cache and a backend; each eval builds the graph of one batch
 //
 
 struct kvr_session {
@@ -6042,8 +6618,14 @@ struct kvr_session {
     enum kvr_attn_mode       attn_mode;
     FILE                   * graph_out;
     float                  * logits;
+    bool                     has_logits; // logits hold the last token's (an eval or a load since the reset)
+    int32_t                * tokens;     // the n_past tokens in the cache (what a saved file names)
     void                   * buf;        // compute buffer, grown as needed
     size_t                   buf_size;
+    int                      n_ctx;
+    float                 ** swap_k;     // swapped out to host memory: per layer, n_past rows
+    float                 ** swap_v;
+    char                   * swap_path;  //   or to this file
 };
 
 struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kvr_session_params * p) {
@@ -6063,7 +6645,22 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
     s->be = kvr_backend_cpu_new(p->n_threads);
     kvr_backend_cpu_set_q8_activations(s->be, p->q8_activations);
     s->logits = kvr_calloc(m->hp.n_vocab, sizeof(float));
+    s->tokens = kvr_calloc((size_t)n_ctx, sizeof(int32_t));
+    s->n_ctx = n_ctx;
     return s;
+}
+
+static void session_swap_drop(struct kvr_session * s) {
+    for (int il = 0; s->swap_k && il < (int)s->m->hp.n_layer; il++) {
+        free(s->swap_k[il]);
+        free(s->swap_v[il]);
+    }
+    free(s->swap_k);
+    free(s->swap_v);
+    if (s->swap_path) remove(s->swap_path);
+    free(s->swap_path);
+    s->swap_k = s->swap_v = NULL;
+    s->swap_path = NULL;
 }
 
 void kvr_session_free(struct kvr_session * s) {
@@ -6072,14 +6669,19 @@ void kvr_session_free(struct kvr_session * s) {
     kvr_backend_free(s->be);
     free(s->buf);
     free(s->logits);
+    free(s->tokens);
+    session_swap_drop(s);
     free(s);
 }
 
 int kvr_session_n_past(const struct kvr_session * s) { return s->n_past; }
-int kvr_session_n_ctx(const struct kvr_session * s) { return s->cache->n_ctx; }
+int kvr_session_n_ctx(const struct kvr_session * s) { return s->n_ctx; }
 struct kvr_kv_cache * kvr_session_cache(struct kvr_session * s) { return s->cache; }
 struct kvr_backend * kvr_session_backend(struct kvr_session * s) { return s->be; }
-void kvr_session_reset(struct kvr_session * s) { s->n_past = 0; }
+void kvr_session_reset(struct kvr_session * s) {
+    s->n_past = 0;
+    s->has_logits = false;
+}
 
 // Enough room in a graph context for the tensor structs of a forward pass.
 static size_t graph_ctx_size(const struct kvr_model * m, int * graph_size) {
@@ -6091,6 +6693,10 @@ const float * kvr_session_eval(struct kvr_session * s, const int32_t * tokens, i
     const struct kvr_model * m = s->m;
     if (n <= 0) {
         kvr_error(KVR_ERR_ARG, "eval: no tokens");
+        return NULL;
+    }
+    if (!s->cache) {
+        kvr_error(KVR_ERR_ARG, "eval: the session's cache is swapped out (kvr_session_kv_swap_in first)");
         return NULL;
     }
     if (s->n_past + n > s->cache->n_ctx) {
@@ -6150,14 +6756,158 @@ const float * kvr_session_eval(struct kvr_session * s, const int32_t * tokens, i
     int rc = kvr_backend_graph_compute(s->be, g);
     if (rc == KVR_OK) {
         memcpy(s->logits, (const float *)out->data, sizeof(float) * m->hp.n_vocab);
+        memcpy(s->tokens + s->n_past, tokens, sizeof(int32_t) * (size_t)n);
         s->n_past += n;
+        s->has_logits = true;
     }
     kvr_free(ctx);
     return rc == KVR_OK ? s->logits : NULL;
 }
 
+// Saving, restoring and swapping a session's cache: the file of section 15 with one shard at
+// positions 0..n_past-1, the session's tokens and its last logits; rows go through the backend.
+
+const int32_t * kvr_session_tokens(const struct kvr_session * s) { return s->tokens; }
+const float * kvr_session_logits(const struct kvr_session * s) { return s->has_logits ? s->logits : NULL; }
+
+int kvr_session_truncate(struct kvr_session * s, int n) {
+    if (n < 0 || n > s->n_past) return kvr_error(KVR_ERR_ARG, "truncate: %d tokens, but the cache holds %d", n, s->n_past);
+    if (n < s->n_past) s->has_logits = false; // the logits of token n-1 were not kept
+    s->n_past = n;
+    return KVR_OK;
+}
+
+static int session_write(struct kvr_session * s, const char * path, int chunk_rows) {
+    const int n = s->n_past, n_layer = (int)s->m->hp.n_layer;
+    const size_t bytes = sizeof(float) * (size_t)s->cache->kv_dim * (size_t)n;
+    int32_t * pos = kvr_malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) pos[i] = i;
+    const struct kvr_kv_shard sh = { .rank = 0, .n_rows = n, .pos = pos };
+    const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = s->tokens, .n_ranks = 1, .n_shards = 1, .shards = &sh,
+                                       .logits = s->has_logits, .chunk_rows = chunk_rows };
+    struct kvr_kv_writer * w;
+    int rc = kvr_kv_writer_open(&w, path, s->m, &lay);
+    float * k = kvr_malloc(bytes), * v = kvr_malloc(bytes);
+    for (int il = 0; il < n_layer && rc == KVR_OK; il++) {
+        kvr_kv_cache_get_rows(s->be, s->cache, il, 0, n, k, v);
+        rc = kvr_kv_writer_layer(w, il, 0, k, v);
+    }
+    if (rc == KVR_OK) rc = kvr_kv_writer_close(w, s->logits);
+    else if (w) kvr_kv_writer_abort(w);
+    free(k);
+    free(v);
+    free(pos);
+    return rc;
+}
+
+// a checked file into the session's cache: the rows by their positions, one transfer per layer
+static int session_take(struct kvr_session * s, struct kvr_kv_cache * c, const struct kvr_kv_file * f, const char * path) {
+    if (f->n_shards != f->n_ranks) {
+        return kvr_error(KVR_ERR_ARG, "%s: holds the shard of rank %d of a cache over %d ranks; a session needs the whole cache",
+                         path, f->shards[0].rank, f->n_ranks);
+    }
+    if (f->n_tokens > c->n_ctx) {
+        return kvr_error(KVR_ERR_ARG, "%s: %d tokens do not fit the session's context of %d (raise -c)", path, f->n_tokens, c->n_ctx);
+    }
+    const int n = f->n_tokens, kv_dim = c->kv_dim;
+    if (f->n_shards == 1) {
+        for (int il = 0; il < f->n_layer; il++) kvr_kv_cache_set_rows(s->be, c, il, 0, n, f->shards[0].k[il], f->shards[0].v[il]);
+    } else { // a gathered sharded cache: its rows interleave
+        const size_t row = sizeof(float) * (size_t)kv_dim;
+        float * k = kvr_malloc(row * (size_t)n), * v = kvr_malloc(row * (size_t)n);
+        for (int il = 0; il < f->n_layer; il++) {
+            for (int sh = 0; sh < f->n_shards; sh++) {
+                const struct kvr_kv_file_shard * fs = &f->shards[sh];
+                for (int i = 0; i < fs->n_rows; i++) {
+                    memcpy(k + (size_t)fs->pos[i] * kv_dim, fs->k[il] + (size_t)i * kv_dim, row);
+                    memcpy(v + (size_t)fs->pos[i] * kv_dim, fs->v[il] + (size_t)i * kv_dim, row);
+                }
+            }
+            kvr_kv_cache_set_rows(s->be, c, il, 0, n, k, v);
+        }
+        free(k);
+        free(v);
+    }
+    memcpy(s->tokens, f->tokens, sizeof(int32_t) * (size_t)n);
+    s->n_past = n;
+    s->has_logits = f->logits != NULL;
+    if (f->logits) memcpy(s->logits, f->logits, sizeof(float) * s->m->hp.n_vocab);
+    return KVR_OK;
+}
+
+int kvr_session_kv_save(struct kvr_session * s, const char * path) {
+    if (!s->cache) return kvr_error(KVR_ERR_ARG, "%s: the session's cache is swapped out", path);
+    return session_write(s, path, 0);
+}
+
+int kvr_session_kv_load(struct kvr_session * s, const char * path) {
+    if (!s->cache) return kvr_error(KVR_ERR_ARG, "%s: the session's cache is swapped out", path);
+    struct kvr_kv_file * f;
+    int rc = kvr_kv_file_read(path, s->m, &f); // checked whole before the cache is touched
+    if (rc != KVR_OK) return rc;
+    rc = session_take(s, s->cache, f, path);
+    kvr_kv_file_free(f);
+    return rc;
+}
+
+int kvr_session_kv_swap_out(struct kvr_session * s, const char * path) {
+    if (!s->cache) return kvr_error(KVR_ERR_ARG, "swap out: the session's cache is swapped out already");
+    const int n = s->n_past, n_layer = (int)s->m->hp.n_layer;
+    if (path) {
+        // one chunk per layer and K or V: the file is the transfer, one per layer
+        int rc = session_write(s, path, n > 0 ? n : 1);
+        if (rc != KVR_OK) return rc;
+        s->swap_path = kvr_malloc(strlen(path) + 1);
+        strcpy(s->swap_path, path);
+    } else {
+        s->swap_k = kvr_calloc((size_t)n_layer, sizeof(float *));
+        s->swap_v = kvr_calloc((size_t)n_layer, sizeof(float *));
+        const size_t bytes = sizeof(float) * (size_t)s->cache->kv_dim * (size_t)n;
+        for (int il = 0; il < n_layer; il++) {
+            s->swap_k[il] = malloc(bytes ? bytes : 1);
+            s->swap_v[il] = malloc(bytes ? bytes : 1);
+            if (!s->swap_k[il] || !s->swap_v[il]) {
+                session_swap_drop(s);
+                return kvr_error(KVR_ERR_NOMEM, "swap out: cannot allocate %zu MiB of host memory", (2 * bytes * n_layer) >> 20);
+            }
+            kvr_kv_cache_get_rows(s->be, s->cache, il, 0, n, s->swap_k[il], s->swap_v[il]);
+        }
+    }
+    kvr_kv_cache_free(s->cache);
+    s->cache = NULL;
+    return KVR_OK;
+}
+
+int kvr_session_kv_swap_in(struct kvr_session * s) {
+    if (s->cache) return kvr_error(KVR_ERR_ARG, "swap in: the session's cache is not swapped out");
+    struct kvr_kv_cache * c = kvr_kv_cache_new(&s->m->hp, s->n_ctx);
+    if (!c) return KVR_ERR_NOMEM;
+    int rc = KVR_OK;
+    if (s->swap_path) {
+        struct kvr_kv_file * f;
+        rc = kvr_kv_file_read(s->swap_path, s->m, &f);
+        if (rc == KVR_OK) {
+            rc = f->n_tokens == s->n_past ? session_take(s, c, f, s->swap_path)
+                                          : kvr_error(KVR_ERR_FORMAT, "%s: the swap file holds %d tokens, the session had %d",
+                                                      s->swap_path, f->n_tokens, s->n_past);
+            kvr_kv_file_free(f);
+        }
+    } else {
+        for (int il = 0; il < (int)s->m->hp.n_layer; il++) kvr_kv_cache_set_rows(s->be, c, il, 0, s->n_past, s->swap_k[il], s->swap_v[il]);
+    }
+    if (rc != KVR_OK) { // still swapped out: the file stays for another try
+        kvr_kv_cache_free(c);
+        return rc;
+    }
+    s->cache = c;
+    session_swap_drop(s);
+    return KVR_OK;
+}
+
+bool kvr_session_kv_swapped(const struct kvr_session * s) { return s->cache == NULL; }
+
 //
-// 17. sampling
+// 18. sampling
 //
 
 static uint64_t rng_next(uint64_t * state) { // splitmix64: tiny, seedable, good enough to sample
@@ -6236,7 +6986,7 @@ int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab) {
 
 
 //
-// 18. appendix: generated tables
+// 19. appendix: generated tables
 //
 
 // Unicode classification of code points (the tokenizers' \p{L}, \p{N}, \s, ...): generated ranges

@@ -655,6 +655,117 @@ struct kvr_kv_cache {
 
 struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx);
 void                  kvr_kv_cache_free(struct kvr_kv_cache * c);
+// Rows [row0, row0 + n) of layer il's K and V (either may be NULL), [kv_dim x n] f32, through the
+// backend that owns the cache: one contiguous transfer for K and one for V.
+struct kvr_backend;
+void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n,
+                           float * k, float * v);
+void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
+                           const float * k, const float * v);
+
+//
+// KV cache files: a cache (or the shards of a sharded one) and its tokens, on disk.
+//
+// What kvr_session_kv_save, kvr_dist_kv_save and the streaming sinks write. Little-endian; a file
+// is refused whole (nothing is loaded) when anything in it does not match: the message names the
+// field, what was found, what was expected, and the offset.
+//
+//   offset  bytes  field
+//        0      8  magic "KVRCACHE"
+//        8      4  version (KVR_KV_FILE_VERSION)
+//       12      4  flags (enum kvr_kv_file_flag; unknown bits are refused)
+//       16     40  the model's fingerprint: architecture, layers, KV heads, head size, cache type,
+//                  RoPE dims, RoPE mode, RoPE base (f32), RoPE scale (f32), vocabulary size, each
+//                  u32; then (at 56) u64 a hash of the weights' metadata (every tensor's name,
+//                  type, shape and offset in the GGUF file, FNV-1a)
+//       64     24  tokens, ranks, shards, rows per chunk, the ring's next decode shard, 0 (u32 each)
+//       88      8  0 (u32), CRC32C of bytes [0, 92) (u32)
+//       96         tokens: n_tokens i32, then their CRC32C
+//                  shards: (rank, rows) u32 pairs, then each shard's row positions (i32), then
+//                  one CRC32C over both
+//                  layers: layer by layer, shard by shard, K rows then V rows in chunks of at most
+//                  "rows per chunk" rows: (layer, shard, 0 = K | 1 = V, first row, rows) u32,
+//                  rows x kv_dim f32, then a CRC32C over the chunk's header and data
+//                  flag LOGITS: the last token's logits, n_vocab f32, then their CRC32C
+//
+// A whole cache has 1 rank and 1 shard whose positions are 0..n_tokens-1. A sharded one (the
+// ring strategies) has n ranks and either every shard (gathered to one file; the positions of
+// all shards together are 0..n_tokens-1, each once) or one rank's shard (each rank its file).
+
+#define KVR_KV_FILE_VERSION 1
+#define KVR_KV_FILE_HEADER  96
+
+enum kvr_kv_file_flag {
+    KVR_KV_FILE_LOGITS = 1, // the logits of the last token follow the layers
+};
+
+// CRC32C (Castagnoli), the checksum of the file's sections: crc = kvr_crc32c(0, data, n), or
+// continued over more data by passing the previous value.
+uint32_t kvr_crc32c(uint32_t crc, const void * data, size_t n);
+// The hash of the weights' metadata in a file's fingerprint.
+uint64_t kvr_model_weights_hash(const struct kvr_model * m);
+
+// One shard of a cache: its rank and the absolute position of each of its rows.
+struct kvr_kv_shard {
+    int             rank;
+    int             n_rows;
+    const int32_t * pos;
+};
+
+// What a file will hold, given before its layers are written.
+struct kvr_kv_layout {
+    int                         n_tokens;   // the sequence the cache is of
+    const int32_t             * tokens;
+    int                         n_ranks;    // 1: a whole cache; n: shards of a cache over n ranks
+    int                         n_shards;   // n_ranks (gathered) or 1 (one rank's shard)
+    const struct kvr_kv_shard * shards;
+    int                         ring_next;  // the shard that stores the next decoded token (ring decode; 0 else)
+    bool                        logits;     // a logits section follows the layers
+    int                         chunk_rows; // rows per chunk (0: about 1 MiB of a layer's K or V)
+};
+
+// A file written layer by layer (what streaming during a prefill needs): open writes the header,
+// the tokens and the shard table; then kvr_kv_writer_layer for every layer in order and within a
+// layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous); then
+// close writes the logits (when the layout has them) and renames the file into place. Until then
+// the file is PATH.part, so a reader never sees half a file under PATH; abort removes it.
+struct kvr_kv_writer;
+int  kvr_kv_writer_open (struct kvr_kv_writer ** out, const char * path, const struct kvr_model * m,
+                         const struct kvr_kv_layout * lay);
+int  kvr_kv_writer_layer(struct kvr_kv_writer * w, int il, int shard, const float * k, const float * v);
+int  kvr_kv_writer_close(struct kvr_kv_writer * w, const float * logits); // frees w
+void kvr_kv_writer_abort(struct kvr_kv_writer * w);                        // frees w
+// Bytes written so far (the stream's size for --stats).
+int64_t kvr_kv_writer_bytes(const struct kvr_kv_writer * w);
+
+// A file read whole and checked against a model: every field, every CRC, the positions.
+struct kvr_kv_file_shard {
+    int       rank;
+    int       n_rows;
+    int32_t * pos;
+    float  ** k;        // per layer: [kv_dim x n_rows] f32
+    float  ** v;
+};
+
+struct kvr_kv_file {
+    uint32_t                   flags;
+    int                        n_tokens;
+    int32_t                  * tokens;
+    int                        n_ranks;
+    int                        n_shards;
+    int                        ring_next;
+    int                        chunk_rows;
+    int                        n_layer;
+    int                        kv_dim;
+    struct kvr_kv_file_shard * shards;
+    float                    * logits;  // n_vocab floats, or NULL without the LOGITS flag
+    int64_t                    bytes;   // the file's size
+};
+
+// KVR_ERR_IO (cannot open or read), KVR_ERR_FORMAT (malformed, damaged or truncated),
+// KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (a cache of another model); nothing is returned then.
+int  kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out);
+void kvr_kv_file_free(struct kvr_kv_file * f);
 
 //
 // 11. sessions: one model, one cache, one backend. Tokens are appended at n_past.
@@ -680,6 +791,24 @@ int                  kvr_session_n_ctx(const struct kvr_session * s);
 struct kvr_kv_cache * kvr_session_cache(struct kvr_session * s);
 struct kvr_backend  * kvr_session_backend(struct kvr_session * s);
 void                 kvr_session_reset(struct kvr_session * s); // forget the cache
+// The tokens in the cache (kvr_session_n_past of them) and the logits of the last one (NULL
+// after a reset or a truncation); e.g. to find the prefix a new prompt shares with the cache.
+const int32_t *      kvr_session_tokens(const struct kvr_session * s);
+const float *        kvr_session_logits(const struct kvr_session * s);
+// Keep only the first n tokens of the cache (n <= n_past).
+int                  kvr_session_truncate(struct kvr_session * s, int n);
+// Save the cache, its tokens and the last logits to a KV cache file; load one back. The file is
+// read and checked whole against the model first: on any error the session is as it was. Loading
+// then continuing gives the same logits, bit for bit, as never having stopped.
+int                  kvr_session_kv_save(struct kvr_session * s, const char * path);
+int                  kvr_session_kv_load(struct kvr_session * s, const char * path);
+// Swap: move the cache out of the backend's memory, to host memory (path NULL) or to a KV cache
+// file with one chunk per layer and K/V (one contiguous transfer per layer, not one per row), and
+// free it there; swap it back in before the next eval (evals fail while it is out; a swap file is
+// checked as any cache file and removed once back).
+int                  kvr_session_kv_swap_out(struct kvr_session * s, const char * path);
+int                  kvr_session_kv_swap_in(struct kvr_session * s);
+bool                 kvr_session_kv_swapped(const struct kvr_session * s);
 
 //
 // 12. sampling

@@ -7,7 +7,7 @@
 //
 // With a second norm (the converter maps ln_attn to attn_norm_2 and ln_mlp to attn_norm), the
 // attention reads attn_norm_2 and the MLP attn_norm, as llama.cpp's build_falcon does.
-// Compiled as part of kvr.c (included in its section 15, before the table of architectures), so it
+// Compiled as part of kvr.c (included in its section 16, before the table of architectures), so it
 // uses kvr.c's internal helpers.
 
 // Whether the file's tensor `name` is one this builder reads; anything else belongs to a variant

@@ -1,6 +1,6 @@
 // models/llama.c - the Llama family graph (Llama 1/2/3, TinyLlama, Mistral shapes; MHA, GQA, MQA)
 // as GGUF stores it: RMS norm, RoPE on adjacent pairs, SwiGLU FFN, optional tied output.
-// Compiled as part of kvr.c (included in its section 15, before the table of architectures), so it
+// Compiled as part of kvr.c (included in its section 16, before the table of architectures), so it
 // uses kvr.c's internal helpers.
 // Attention is left as ATTN_BLOCK nodes: the strategy pass decides where keys and values live.
 

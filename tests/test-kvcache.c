@@ -1,0 +1,466 @@
+// tests/test-kvcache.c - KV cache files, save/restore, swap and streaming (kvr.h "KV cache files",
+// kvr_session_kv_*, kvr_dist_kv_*), on stories260K from the shared directory:
+//
+//   crc        CRC32C against the standard check values
+//   session    a session saved after a prompt and 8 decoded tokens, loaded into a new session,
+//              continues with the same logits, bit for bit, and the same ids as the one that never
+//              stopped; saving twice gives the same bytes; truncation forgets the logits
+//   swap       swapped out to host memory and to a file, then back: the same continuation; evals
+//              fail while the cache is out; the swap file is gone once back
+//   shards     a cache written as three ring shards gathered into one file loads into a session
+//              as the whole cache; one rank's shard alone is refused by a session
+//   malformed  every way a file can be wrong (truncations, bit flips, patched fields with their
+//              CRC mended, another model, a newer version, ...): each refused with KVR_ERR_*,
+//              a message naming what and where, and the session left exactly as it was
+//   dist       restore-and-continue through kvr_dist for single, tsp, kvr, ring-kv and ring-q on
+//              1..4 ranks: the logits of every continued step equal, bit for bit, those of the
+//              dist that never stopped; a gathered file loads across rank counts
+//
+// usage: test-kvcache [SHARED_DIR (default ../shared)] [-v]
+// Prints "N passed, M failed" (", K skipped"); exits 1 on a failure.
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int          n_pass, n_fail, n_skip;
+static bool         verbose;
+static char         tmp_dir[512];
+static char         g_case[256];
+
+#define CHECK(cond, ...) do {                                              \
+    if (cond) { n_pass++; } else {                                         \
+        n_fail++;                                                          \
+        fprintf(stderr, "FAIL %s:%d: [%s] ", __FILE__, __LINE__, g_case);  \
+        fprintf(stderr, __VA_ARGS__);                                      \
+        fprintf(stderr, "\n");                                             \
+    }                                                                      \
+} while (0)
+
+static void set_case(const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+static void set_case(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_case, sizeof(g_case), fmt, ap);
+    va_end(ap);
+    if (verbose) printf("case %s\n", g_case);
+}
+
+static char * tmp_path(const char * name) {
+    static char buf[8][640];
+    static int k;
+    char * p = buf[k++ % 8];
+    snprintf(p, 640, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+static uint8_t * read_all(const char * path, size_t * n) {
+    FILE * f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t * b = malloc((size_t)sz + 1);
+    *n = fread(b, 1, (size_t)sz, f);
+    fclose(f);
+    return b;
+}
+
+static void write_all(const char * path, const void * b, size_t n) {
+    FILE * f = fopen(path, "wb");
+    if (!f) { perror(path); exit(2); }
+    if (n && fwrite(b, 1, n, f) != n) { perror(path); exit(2); }
+    fclose(f);
+}
+
+static bool same_file(const char * a, const char * b) {
+    size_t na, nb;
+    uint8_t * x = read_all(a, &na), * y = read_all(b, &nb);
+    const bool same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void put32(uint8_t * p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get32(const uint8_t * p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+//
+// crc
+//
+
+static void test_crc(void) {
+    set_case("crc");
+    // the check values of CRC-32C (RFC 3720, B.4): "123456789", 32 zeros, 32 0xff, 0..31
+    CHECK(kvr_crc32c(0, "123456789", 9) == 0xe3069283u, "crc32c(123456789) = %08x", kvr_crc32c(0, "123456789", 9));
+    uint8_t b[32];
+    memset(b, 0, 32);
+    CHECK(kvr_crc32c(0, b, 32) == 0x8a9136aau, "crc32c(32 zeros)");
+    memset(b, 0xff, 32);
+    CHECK(kvr_crc32c(0, b, 32) == 0x62a8ab43u, "crc32c(32 x ff)");
+    for (int i = 0; i < 32; i++) b[i] = (uint8_t)i;
+    CHECK(kvr_crc32c(0, b, 32) == 0x46dd794eu, "crc32c(0..31)");
+    // continued over pieces of any alignment = over the whole
+    CHECK(kvr_crc32c(kvr_crc32c(0, b, 13), b + 13, 19) == 0x46dd794eu, "crc32c continued");
+}
+
+//
+// sessions
+//
+
+static const int32_t prompt[] = { 1, 403, 407, 261, 378, 6, 8, 391, 153, 289, 327, 372, 260, 284, 320, 261 };
+#define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
+
+static struct kvr_session * new_session(const struct kvr_model * m, int n_ctx) {
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_ctx, .n_threads = 1 });
+    if (!s) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
+    return s;
+}
+
+// greedy steps from the session's logits; ids and every step's logits out
+static bool run_greedy(struct kvr_session * s, int n, int32_t * ids, float * logits_out, int n_vocab) {
+    for (int i = 0; i < n; i++) {
+        const float * l = kvr_session_logits(s);
+        if (!l) return false;
+        memcpy(logits_out + (size_t)i * n_vocab, l, sizeof(float) * (size_t)n_vocab);
+        ids[i] = kvr_argmax(l, n_vocab);
+        if (!kvr_session_eval(s, &ids[i], 1)) return false;
+    }
+    return true;
+}
+
+static void test_session(const struct kvr_model * m) {
+    const int n_vocab = (int)m->hp.n_vocab, N = 16;
+    set_case("session save after prompt + 8 tokens, load, continue 16");
+    struct kvr_session * a = new_session(m, 128);
+    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+    int32_t pre[8];
+    float * scratch = malloc(sizeof(float) * (size_t)n_vocab * 32);
+    CHECK(run_greedy(a, 8, pre, scratch, n_vocab), "decode");
+    char f1[640], f2[640];
+    snprintf(f1, sizeof(f1), "%s", tmp_path("s1.kv"));
+    snprintf(f2, sizeof(f2), "%s", tmp_path("s2.kv"));
+    CHECK(kvr_session_kv_save(a, f1) == KVR_OK, "save: %s", kvr_last_error());
+    CHECK(kvr_session_kv_save(a, f2) == KVR_OK, "save again: %s", kvr_last_error());
+    CHECK(same_file(f1, f2), "two saves of one cache differ");
+    CHECK(access(tmp_path("s1.kv.part"), F_OK) != 0, "the .part file is left behind");
+
+    struct kvr_session * b = new_session(m, 128);
+    CHECK(kvr_session_eval(b, prompt, 3) != NULL, "b's own tokens first"); // overwritten by the load
+    CHECK(kvr_session_kv_load(b, f1) == KVR_OK, "load: %s", kvr_last_error());
+    CHECK(kvr_session_n_past(b) == N_PROMPT + 8, "n_past %d after the load, %d expected", kvr_session_n_past(b), N_PROMPT + 8);
+    CHECK(memcmp(kvr_session_tokens(b), kvr_session_tokens(a), sizeof(int32_t) * (N_PROMPT + 8)) == 0, "tokens differ");
+    int32_t ia[N], ib[N];
+    float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lb = malloc(sizeof(float) * (size_t)n_vocab * N);
+    CHECK(run_greedy(a, N, ia, la, n_vocab), "a continues");
+    CHECK(run_greedy(b, N, ib, lb, n_vocab), "b continues");
+    CHECK(memcmp(ia, ib, sizeof(ia)) == 0, "restored ids differ");
+    CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "restored logits differ (not bit-identical)");
+
+    set_case("session truncate");
+    CHECK(kvr_session_truncate(b, 5) == KVR_OK && kvr_session_logits(b) == NULL, "truncate keeps logits");
+    CHECK(kvr_session_truncate(b, 6) != KVR_OK, "truncate past n_past accepted");
+
+    set_case("session swap to host memory and to a file");
+    for (int k = 0; k < 2; k++) {
+        struct kvr_session * c = new_session(m, 128);
+        CHECK(kvr_session_kv_load(c, f1) == KVR_OK, "load: %s", kvr_last_error());
+        const char * sp = k ? tmp_path("swap.kv") : NULL;
+        CHECK(kvr_session_kv_swap_out(c, sp) == KVR_OK, "swap out: %s", kvr_last_error());
+        CHECK(kvr_session_kv_swapped(c), "not swapped");
+        CHECK(kvr_session_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while swapped out: %s", kvr_last_error());
+        CHECK(kvr_session_kv_swap_out(c, sp) != KVR_OK, "swapped out twice");
+        if (sp) CHECK(access(sp, F_OK) == 0, "no swap file");
+        CHECK(kvr_session_kv_swap_in(c) == KVR_OK, "swap in: %s", kvr_last_error());
+        if (sp) CHECK(access(sp, F_OK) != 0, "the swap file is left behind");
+        int32_t ic[N];
+        float * lc = malloc(sizeof(float) * (size_t)n_vocab * N);
+        CHECK(run_greedy(c, N, ic, lc, n_vocab), "continues after the swap");
+        CHECK(memcmp(ia, ic, sizeof(ia)) == 0 && memcmp(la, lc, sizeof(float) * (size_t)n_vocab * N) == 0,
+              "swap %s: the continuation differs", k ? "file" : "memory");
+        free(lc);
+        kvr_session_free(c);
+    }
+    free(la);
+    free(lb);
+    free(scratch);
+    kvr_session_free(a);
+    kvr_session_free(b);
+}
+
+// a session's cache written as ring shards over 3 ranks (gathered), and as one rank's shard
+static void test_shards(const struct kvr_model * m) {
+    set_case("shards");
+    struct kvr_session * a = new_session(m, 64);
+    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+    const struct kvr_kv_cache * c = kvr_session_cache(a);
+    const int n = N_PROMPT, R = 3, kv_dim = c->kv_dim;
+    int32_t pos[3][N_PROMPT];
+    struct kvr_kv_shard sh[3];
+    for (int r = 0; r < R; r++) {
+        sh[r].rank = r;
+        sh[r].n_rows = kvr_ring_shard(n, 0, R, r, pos[r]);
+        sh[r].pos = pos[r];
+    }
+    const float * logits = kvr_session_logits(a);
+    for (int one = 0; one < 2; one++) {
+        const char * path = tmp_path(one ? "shard1.kv" : "gathered.kv");
+        struct kvr_kv_layout lay = { .n_tokens = n, .tokens = kvr_session_tokens(a), .n_ranks = R, .n_shards = one ? 1 : R,
+                                     .shards = one ? &sh[1] : sh, .ring_next = 2, .logits = true, .chunk_rows = 3 };
+        struct kvr_kv_writer * w;
+        CHECK(kvr_kv_writer_open(&w, path, m, &lay) == KVR_OK, "open: %s", kvr_last_error());
+        float * k = malloc(sizeof(float) * (size_t)kv_dim * n), * v = malloc(sizeof(float) * (size_t)kv_dim * n);
+        for (int il = 0; il < c->n_layer; il++) {
+            for (int s = 0; s < lay.n_shards; s++) {
+                const struct kvr_kv_shard * x = &lay.shards[s];
+                for (int i = 0; i < x->n_rows; i++) {
+                    kvr_kv_cache_get_rows(kvr_session_backend(a), c, il, x->pos[i], 1, k + (size_t)i * kv_dim, v + (size_t)i * kv_dim);
+                }
+                CHECK(kvr_kv_writer_layer(w, il, s, k, v) == KVR_OK, "layer");
+            }
+        }
+        CHECK(kvr_kv_writer_close(w, logits) == KVR_OK, "close: %s", kvr_last_error());
+        free(k);
+        free(v);
+        struct kvr_kv_file * f;
+        CHECK(kvr_kv_file_read(path, m, &f) == KVR_OK, "read: %s", kvr_last_error());
+        if (f) {
+            CHECK(f->n_ranks == R && f->n_shards == lay.n_shards && f->ring_next == 2 && f->chunk_rows == 3, "header fields");
+            CHECK(f->shards[0].rank == (one ? 1 : 0) && f->shards[0].n_rows == sh[one].n_rows, "shard table");
+            kvr_kv_file_free(f);
+        }
+        struct kvr_session * b = new_session(m, 64);
+        const int rc = kvr_session_kv_load(b, path);
+        if (one) {
+            CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "shard of rank 1") && kvr_session_n_past(b) == 0,
+                  "one shard loaded into a session: %d %s", rc, kvr_last_error());
+        } else {
+            CHECK(rc == KVR_OK, "gathered load: %s", kvr_last_error());
+            // the rows land at their positions: the cache equals a's
+            bool same = kvr_session_n_past(b) == n;
+            float * x = malloc(sizeof(float) * (size_t)kv_dim * n), * y = malloc(sizeof(float) * (size_t)kv_dim * n);
+            for (int il = 0; same && il < c->n_layer; il++) {
+                kvr_kv_cache_get_rows(kvr_session_backend(a), c, il, 0, n, x, NULL);
+                kvr_kv_cache_get_rows(kvr_session_backend(b), kvr_session_cache(b), il, 0, n, y, NULL);
+                same = memcmp(x, y, sizeof(float) * (size_t)kv_dim * n) == 0;
+                kvr_kv_cache_get_rows(kvr_session_backend(a), c, il, 0, n, NULL, x);
+                kvr_kv_cache_get_rows(kvr_session_backend(b), kvr_session_cache(b), il, 0, n, NULL, y);
+                same = same && memcmp(x, y, sizeof(float) * (size_t)kv_dim * n) == 0;
+            }
+            CHECK(same, "the gathered shards do not restore the cache");
+            free(x);
+            free(y);
+        }
+        kvr_session_free(b);
+    }
+    kvr_session_free(a);
+}
+
+//
+// malformed files
+//
+
+struct mutation {
+    const char * name;
+    int          rc;        // the status expected
+    const char * expect;    // a substring of the message
+};
+
+// header offsets (kvr.h's table)
+#define OFF_VERSION 8
+#define OFF_FLAGS   12
+#define OFF_FIELD(i) (16 + 4 * (i))
+#define OFF_CRC     92
+
+static void mend_header(uint8_t * b) { put32(b + OFF_CRC, kvr_crc32c(0, b, OFF_CRC)); }
+
+static void test_malformed(const struct kvr_model * m, const char * other_model_path) {
+    const int n_vocab = (int)m->hp.n_vocab;
+    set_case("malformed: setup");
+    struct kvr_session * a = new_session(m, 64);
+    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+    char good[640];
+    snprintf(good, sizeof(good), "%s", tmp_path("good.kv"));
+    CHECK(kvr_session_kv_save(a, good) == KVR_OK, "save: %s", kvr_last_error());
+    size_t n;
+    uint8_t * g = read_all(good, &n);
+    const uint32_t n_tok = get32(g + OFF_FIELD(12)), kv_dim = m->hp.head_dim * m->hp.n_head_kv;
+    const size_t tok_off = 96, tab_off = tok_off + 4 * n_tok + 4, pos_off = tab_off + 8, rows_off = pos_off + 4 * n_tok + 4;
+    const size_t chunk = 20 + 4 * (size_t)kv_dim * n_tok + 4; // chunk_rows holds the whole prompt
+    CHECK(get32(g + OFF_FIELD(15)) >= n_tok, "the test assumes one chunk per layer and kind");
+    const size_t logits_off = n - 4 - 4 * (size_t)n_vocab;
+
+    // the session that must stay as it is: other tokens, other logits
+    struct kvr_session * s = new_session(m, 64);
+    CHECK(kvr_session_eval(s, prompt + 2, 5) != NULL, "victim prefill");
+    float * want_logits = malloc(sizeof(float) * (size_t)n_vocab);
+    memcpy(want_logits, kvr_session_logits(s), sizeof(float) * (size_t)n_vocab);
+    const size_t kb = sizeof(float) * kv_dim * 64;
+    float * want_k = malloc(kb), * got_k = malloc(kb);
+    kvr_kv_cache_get_rows(kvr_session_backend(s), kvr_session_cache(s), 0, 0, 64, want_k, NULL);
+
+    int n_cases = 0;
+    for (int v = 0; ; v++) {
+        uint8_t * b = malloc(n + 4096);
+        memcpy(b, g, n);
+        size_t len = n;
+        struct mutation mu = { 0 };
+        switch (v) {
+        case 0:  mu = (struct mutation) { "empty file", KVR_ERR_FORMAT, "empty file" }; len = 0; break;
+        case 1:  mu = (struct mutation) { "cut in the magic", KVR_ERR_FORMAT, "truncated" }; len = 5; break;
+        case 2:  mu = (struct mutation) { "cut in the header", KVR_ERR_FORMAT, "truncated: the header at offset 0" }; len = 50; break;
+        case 3:  mu = (struct mutation) { "another magic", KVR_ERR_FORMAT, "not a kvr cache file" }; memcpy(b, "GGUF", 4); break;
+        case 4:  mu = (struct mutation) { "a newer version", KVR_ERR_UNSUPP, "offset 8: version 2 is newer" }; put32(b + OFF_VERSION, 2); mend_header(b); break;
+        case 5:  mu = (struct mutation) { "version 0", KVR_ERR_FORMAT, "version 0" }; put32(b + OFF_VERSION, 0); mend_header(b); break;
+        case 6:  mu = (struct mutation) { "a bit flipped in the header", KVR_ERR_FORMAT, "offset 92: the header's CRC32C" }; b[30] ^= 0x10; break;
+        case 7:  mu = (struct mutation) { "unknown flags", KVR_ERR_FORMAT, "offset 12: flags 0x5" }; put32(b + OFF_FLAGS, 5); mend_header(b); break;
+        case 8:  mu = (struct mutation) { "another architecture", KVR_ERR_ARG, "offset 16: the cache is of another model: architecture 1" }; put32(b + OFF_FIELD(0), 1); mend_header(b); break;
+        case 9:  mu = (struct mutation) { "other layers", KVR_ERR_ARG, "offset 20: the cache is of another model: layers 9" }; put32(b + OFF_FIELD(1), 9); mend_header(b); break;
+        case 10: mu = (struct mutation) { "other KV heads", KVR_ERR_ARG, "offset 24: the cache is of another model: KV heads 7" }; put32(b + OFF_FIELD(2), 7); mend_header(b); break;
+        case 11: mu = (struct mutation) { "another head size", KVR_ERR_ARG, "offset 28: the cache is of another model: head size 16" }; put32(b + OFF_FIELD(3), 16); mend_header(b); break;
+        case 12: mu = (struct mutation) { "another cache type", KVR_ERR_ARG, "offset 32: the cache is of another model: cache type f16" }; put32(b + OFF_FIELD(4), KVR_TYPE_F16); mend_header(b); break;
+        case 13: mu = (struct mutation) { "another RoPE base", KVR_ERR_ARG, "offset 44: the cache is of another model: RoPE base 500000" }; {
+                     float x = 500000.0f; uint32_t u; memcpy(&u, &x, 4); put32(b + OFF_FIELD(7), u); mend_header(b); } break;
+        case 14: mu = (struct mutation) { "another RoPE mode", KVR_ERR_ARG, "offset 40: the cache is of another model: RoPE mode 2" }; put32(b + OFF_FIELD(6), 2); mend_header(b); break;
+        case 15: mu = (struct mutation) { "other weights", KVR_ERR_ARG, "offset 56: the cache is of another model: weights hash" }; b[57] ^= 1; mend_header(b); break;
+        case 16: mu = (struct mutation) { "another vocabulary", KVR_ERR_ARG, "offset 52: the cache is of another model: vocabulary size" }; put32(b + OFF_FIELD(9), 32000); mend_header(b); break;
+        case 17: mu = (struct mutation) { "more tokens than the context", KVR_ERR_FORMAT, "tokens" }; put32(b + OFF_FIELD(12), 1u << 25); mend_header(b); break;
+        case 18: mu = (struct mutation) { "shards of more ranks", KVR_ERR_FORMAT, "offset 72: 3 shards of a cache over 2 ranks" }; put32(b + OFF_FIELD(13), 2); put32(b + OFF_FIELD(14), 3); mend_header(b); break;
+        case 19: mu = (struct mutation) { "ring's next shard outside", KVR_ERR_FORMAT, "offset 80: the ring's next shard 4" }; put32(b + OFF_FIELD(16), 4); mend_header(b); break;
+        case 20: mu = (struct mutation) { "reserved field set", KVR_ERR_FORMAT, "offset 84: reserved" }; put32(b + OFF_FIELD(17), 1); mend_header(b); break;
+        case 21: mu = (struct mutation) { "a token's bit flipped", KVR_ERR_FORMAT, "the CRC32C of the token ids" }; b[tok_off + 5] ^= 0x40; break;
+        case 22: mu = (struct mutation) { "a token outside the vocabulary", KVR_ERR_FORMAT, "token 2 is 100000, outside the vocabulary" }; {
+                     put32(b + tok_off + 8, 100000); put32(b + tok_off + 4 * n_tok, kvr_crc32c(0, b + tok_off, 4 * n_tok)); } break;
+        case 23: mu = (struct mutation) { "a shard of another rank", KVR_ERR_FORMAT, "shard 0 has rank 3" }; {
+                     put32(b + tab_off, 3); put32(b + pos_off + 4 * n_tok, kvr_crc32c(0, b + tab_off, 8 + 4 * n_tok)); } break;
+        case 24: mu = (struct mutation) { "a shard with fewer rows", KVR_ERR_FORMAT, "the shards hold 15 rows, the cache 16 tokens" }; {
+                     // the last position dropped, the table's CRC mended
+                     put32(b + tab_off + 4, n_tok - 1);
+                     memmove(b + pos_off + 4 * (n_tok - 1), b + pos_off + 4 * n_tok, n - (pos_off + 4 * n_tok));
+                     len = n - 4;
+                     put32(b + pos_off + 4 * (n_tok - 1), kvr_crc32c(0, b + tab_off, 8 + 4 * (n_tok - 1))); } break;
+        case 25: mu = (struct mutation) { "a position twice", KVR_ERR_FORMAT, "row 3 of shard 0 is at position 2 (a position held twice)" }; {
+                     put32(b + pos_off + 12, 2); put32(b + pos_off + 4 * n_tok, kvr_crc32c(0, b + tab_off, 8 + 4 * n_tok)); } break;
+        case 26: mu = (struct mutation) { "a position outside", KVR_ERR_FORMAT, "is at position 99 (outside the cache's tokens)" }; {
+                     put32(b + pos_off + 4 * (n_tok - 1), 99); put32(b + pos_off + 4 * n_tok, kvr_crc32c(0, b + tab_off, 8 + 4 * n_tok)); } break;
+        case 27: mu = (struct mutation) { "a position's bit flipped", KVR_ERR_FORMAT, "the CRC32C of the shard table" }; b[pos_off + 9] ^= 0x04; break;
+        case 28: mu = (struct mutation) { "a K value's bit flipped", KVR_ERR_FORMAT, "the CRC32C of the chunk of layer 0, shard 0, K rows [0, 16)" }; b[rows_off + 20 + 100] ^= 0x01; break;
+        case 29: mu = (struct mutation) { "a V value of the last layer flipped", KVR_ERR_FORMAT, "layer 4, shard 0, V rows [0, 16)" }; b[rows_off + chunk * (2 * m->hp.n_layer - 1) + 30] ^= 0x80; break;
+        case 30: mu = (struct mutation) { "a chunk of another layer", KVR_ERR_FORMAT, "the chunk of layer 1, shard 0, K rows [0, 16): layer is 0, 1 expected" }; {
+                     // the chunks of layer 0 copied over layer 1: each chunk's own CRC holds
+                     memcpy(b + rows_off + 2 * chunk, b + rows_off, 2 * chunk); } break;
+        case 31: mu = (struct mutation) { "V before K", KVR_ERR_FORMAT, "kind (0 K, 1 V) is 1, 0 expected" }; {
+                     uint8_t * t = malloc(chunk); memcpy(t, b + rows_off, chunk); memmove(b + rows_off, b + rows_off + chunk, chunk);
+                     memcpy(b + rows_off + chunk, t, chunk); free(t); } break;
+        case 32: mu = (struct mutation) { "cut in the rows", KVR_ERR_FORMAT, "truncated: the file has" }; len = rows_off + chunk + 77; break;
+        case 33: mu = (struct mutation) { "cut before the logits", KVR_ERR_FORMAT, "truncated: the file has" }; len = logits_off; break;
+        case 34: mu = (struct mutation) { "a byte too many", KVR_ERR_FORMAT, "trailing bytes: the file has" }; b[n] = 0; len = n + 1; break;
+        case 35: mu = (struct mutation) { "a logit's bit flipped", KVR_ERR_FORMAT, "the CRC32C of the logits" }; b[logits_off + 8] ^= 2; break;
+        case 36: mu = (struct mutation) { "no logits flag, logits there", KVR_ERR_FORMAT, "trailing bytes" }; put32(b + OFF_FLAGS, 0); mend_header(b); break;
+        case 37: mu = (struct mutation) { "zero rows per chunk", KVR_ERR_FORMAT, "offset 76: rows per chunk 0 is out of range" }; put32(b + OFF_FIELD(15), 0); mend_header(b); break;
+        case 38: mu = (struct mutation) { "smaller chunks than written", KVR_ERR_FORMAT, "rows is 16, 4 expected" }; {
+                     // the size check is bypassed by a file of the size smaller chunks make: the chunk header tells
+                     put32(b + OFF_FIELD(15), 4); mend_header(b); len = n + (size_t)2 * m->hp.n_layer * 3 * 24; memset(b + n, 0, len - n); } break;
+        default: break;
+        }
+        if (!mu.name) { free(b); break; }
+        n_cases++;
+        set_case("malformed %d: %s", v, mu.name);
+        const char * path = tmp_path("bad.kv");
+        write_all(path, b, len);
+        free(b);
+        const int rc = kvr_session_kv_load(s, path);
+        const char * msg = kvr_last_error();
+        CHECK(rc == mu.rc, "status %d, %d expected (%s)", rc, mu.rc, msg);
+        CHECK(strstr(msg, mu.expect) != NULL && strstr(msg, path) != NULL, "message '%s' lacks '%s' or the path", msg, mu.expect);
+        if (verbose) printf("  -> %s\n", msg);
+        // nothing half-loaded: the session is as it was
+        CHECK(kvr_session_n_past(s) == 5 && memcmp(kvr_session_tokens(s), prompt + 2, 5 * sizeof(int32_t)) == 0, "tokens changed");
+        CHECK(kvr_session_logits(s) && memcmp(kvr_session_logits(s), want_logits, sizeof(float) * (size_t)n_vocab) == 0, "logits changed");
+        kvr_kv_cache_get_rows(kvr_session_backend(s), kvr_session_cache(s), 0, 0, 64, got_k, NULL);
+        CHECK(memcmp(got_k, want_k, kb) == 0, "the cache changed");
+    }
+    set_case("malformed: count");
+    CHECK(n_cases >= 15, "%d malformed variants", n_cases);
+
+    set_case("malformed: a missing file, another model's cache");
+    CHECK(kvr_session_kv_load(s, tmp_path("none.kv")) == KVR_ERR_IO && strstr(kvr_last_error(), "cannot open"), "missing file: %s", kvr_last_error());
+    struct kvr_model * om = other_model_path ? kvr_model_load(other_model_path, NULL) : NULL;
+    if (om) {
+        struct kvr_session * o = new_session(om, 32);
+        const int rc = kvr_session_kv_load(o, good);
+        CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "the cache is of another model"), "another model's cache: %d %s", rc, kvr_last_error());
+        if (verbose) printf("  -> %s\n", kvr_last_error());
+        kvr_session_free(o);
+        kvr_model_free(om);
+    } else {
+        n_skip++;
+    }
+    // the same shapes, other weights (Q4_0 against Q8_0 of one model): only the hash tells them apart
+    char q4[1100];
+    snprintf(q4, sizeof(q4), "%s", other_model_path ? other_model_path : "");
+    char * dot = strstr(q4, "Q8_0");
+    struct kvr_model * m8 = other_model_path ? kvr_model_load(other_model_path, NULL) : NULL;
+    struct kvr_model * m4 = dot ? (memcpy(dot, "Q4_0", 4), kvr_model_load(q4, NULL)) : NULL;
+    if (m8 && m4) {
+        struct kvr_session * s8 = new_session(m8, 32), * s4 = new_session(m4, 32);
+        CHECK(kvr_session_eval(s8, prompt, 4) != NULL, "Q8_0 prefill");
+        CHECK(kvr_session_kv_save(s8, tmp_path("q8.kv")) == KVR_OK, "Q8_0 save");
+        const int rc = kvr_session_kv_load(s4, tmp_path("q8.kv"));
+        CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "offset 56: the cache is of another model: weights hash"),
+              "a cache of other weights of the same shape: %d %s", rc, kvr_last_error());
+        if (verbose) printf("  -> %s\n", kvr_last_error());
+        kvr_session_free(s8);
+        kvr_session_free(s4);
+    } else {
+        n_skip++;
+    }
+    kvr_model_free(m8);
+    kvr_model_free(m4);
+    free(want_logits);
+    free(want_k);
+    free(got_k);
+    free(g);
+    kvr_session_free(s);
+    kvr_session_free(a);
+}
+
+int main(int argc, char ** argv) {
+    const char * shared = "../shared";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-v")) verbose = true;
+        else shared = argv[i];
+    }
+    snprintf(tmp_dir, sizeof(tmp_dir), "%s/kvr-test-kvcache-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(tmp_dir)) { perror("mkdtemp"); return 2; }
+    test_crc();
+    char path[1024], other[1024];
+    snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
+    snprintf(other, sizeof(other), "%s/reference/tiny-llama-Q8_0.gguf", shared);
+    struct kvr_model * m = access(path, R_OK) == 0 ? kvr_model_load(path, NULL) : NULL;
+    if (!m) {
+        printf("skip: %s is missing: the model cases are skipped\n", path);
+        n_skip++;
+    } else {
+        test_session(m);
+        test_shards(m);
+        test_malformed(m, access(other, R_OK) == 0 ? other : NULL);
+        kvr_model_free(m);
+    }
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmp_dir);
+    if (n_skip) printf("kvcache: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    else printf("kvcache: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
