@@ -57,7 +57,7 @@ $(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o $(BUILD)/kvr-tune.o
 
 tools: $(TOOLS)
 
-$(BUILD)/%: tools/%.c kvr.h $(BUILD)/libkvr.a | $(BUILD)
+$(BUILD)/%: tools/%.c kvr.h $(wildcard tools/*.h) $(BUILD)/libkvr.a | $(BUILD)
 	$(CC) $(CFLAGS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 $(BUILD)/test-%: tests/test-%.c kvr.h $(BUILD)/libkvr.a | $(BUILD)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/run-tests.sh BUILD [ASAN_BUILD] - run every test program of a build (and again the
-# sanitizer build when given), then the end-to-end checks and a bounded fuzz run. Each program
-# prints its own "N passed, M failed" line; this script adds them up and ends with the total.
+# sanitizer build when given), then the end-to-end and command-line checks and the bounded fuzz
+# runs. Each program prints its own "N passed, M failed" line; this script adds them up and ends
+# with the total.
 # A test that cannot find ../shared says so and counts as skipped, never as passed.
 
 build=${1:-build}
@@ -45,6 +46,8 @@ for dir in $build $asan; do
 done
 
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
+# the command-line contract of every tool: flags, ranges, paths, context, prompt files
+[ -f tests/cli.sh ] && run "cli" sh tests/cli.sh "$build" "$shared"
 
 # the shape of the source a reader relies on (kvr.c's contents, no pasted-file seams)
 run "source checks" sh tests/check-source.sh

@@ -14,6 +14,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "kvr-cli.h"
 
 #include <cblas.h>
 #include <pthread.h>
@@ -58,148 +59,132 @@ struct bench_args {
     const char * svg;
 };
 
-static void usage(FILE * f) {
-    fprintf(f,
-        "usage: kvr-bench -m MODEL.gguf [options]\n"
-        "  --ctx LIST         prompt lengths (default 512,2048; k suffix allowed: 1k,4k)\n"
-        "  --strategy LIST    single,tsp,kvr (= kvr-e, even),kvr-s,kvr-p,ring-kv,ring-q,auto (default single)\n"
-        "  --table LIST       kvr-tune --search tables for kvr-s (the entry of this very length) and kvr-p\n"
-        "                     (interpolated from the other lengths only); one per --link-gbps value, or one\n"
-        "  --ranks LIST       rank counts for the parallel strategies (default 2)\n"
-        "  -t N               threads per rank (default: cores / ranks)\n"
-        "  --single-threads L single's thread counts, e.g. 2,1 (default: all cores)\n"
-        "  -r N               runs per point (default 3); the table shows the median and the range\n"
-        "  --warmup N         untimed prefills before each point's runs (default 1)\n"
-        "  --attn causal|dense\n"
-        "  --link-gbps LIST   emulated links between ranks to sweep, 0 for none (default 0)\n"
-        "  --link-noise X     with a link: one random neighbour pair per run is X times slower\n"
-        "  --predict          also the simulator's TTFT of every point, calibrated here on the model's shapes\n"
-        "                     for each ranks x threads (kvr-tune --calibrate), with the point's emulated link\n"
-        "  --profile FILE     --predict with this hardware profile instead\n"
-        "  --simulate P       run nothing: the simulator with profile P (a file or a built-in name) fills the table\n"
-        "  --svg FILE         draw TTFT against prompt length, one line per strategy (and ranks, link)\n"
-        "  --q8-act           Q4_K weights: quantize the activations to 8 bits and multiply in integers, as\n"
-        "                     llama.cpp does (faster; logits move up to ~0.1 from the exact math)\n"
-        "  --sgemm            also measure OpenBLAS sgemm on the model's shapes and report the fraction\n"
-        "  -o md|csv|json     output format (default md)\n"
-        "  --seed N           prompt token seed (default 1)\n");
-}
+static const char * const bench_synopsis = "usage: kvr-bench -m MODEL.gguf [options]";
 
-static int parse_list(const char * s, int * out, int cap) {
-    int n = 0;
-    const char * p = s;
-    while (*p && n < cap) {
-        char * end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || v <= 0) return -1;
-        if (*end == 'k' || *end == 'K') { v *= 1024; end++; }
-        if (*end && *end != ',') return -1;
-        out[n++] = (int)v;
-        p = *end ? end + 1 : end;
-    }
-    return *p ? -1 : n;
-}
-
-static int parse_strategy(const char * tok, struct bstrat * b) {
+static int parse_strategy(const char * tok, struct bstrat * b, char * why, size_t cap) {
     memset(b, 0, sizeof(*b));
     snprintf(b->name, sizeof(b->name), "%s", tok);
     if (!strcmp(tok, "kvr-e") || !strcmp(tok, "kvr")) { b->strat = KVR_STRATEGY_KVR; snprintf(b->name, sizeof(b->name), "kvr-e"); return 0; }
     if (!strcmp(tok, "kvr-s")) { b->strat = KVR_STRATEGY_KVR; b->part = PART_S; return 0; }
     if (!strcmp(tok, "kvr-p")) { b->strat = KVR_STRATEGY_KVR; b->part = PART_P; return 0; }
     if (kvr_strategy_parse(tok, &b->strat) != KVR_OK) {
-        fprintf(stderr, "kvr-bench: --strategy: %s (or kvr-e, kvr-s, kvr-p)\n", kvr_last_error());
+        snprintf(why, cap, "%s (or kvr-e, kvr-s, kvr-p)", kvr_last_error());
         return -1;
     }
     return 0;
 }
 
+// --strategy single,tsp,kvr-s: into a->strat
+static int parse_strategies(const char * v, void * dst, char * why, size_t cap) {
+    struct bench_args * a = dst;
+    char buf[256];
+    if (strlen(v) >= sizeof(buf)) { snprintf(why, cap, "too long"); return -1; }
+    snprintf(buf, sizeof(buf), "%s", v);
+    a->n_strat = 0;
+    char * save = NULL;
+    for (char * tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (a->n_strat == 16) { snprintf(why, cap, "more than 16 strategies"); return -1; }
+        if (parse_strategy(tok, &a->strat[a->n_strat++], why, cap)) return -1;
+    }
+    if (a->n_strat == 0) { snprintf(why, cap, "no strategy"); return -1; }
+    return 0;
+}
+
+// --table A.txt,B.txt: files that exist, into a->tables
+static int parse_tables(const char * v, void * dst, char * why, size_t cap) {
+    struct bench_args * a = dst;
+    static char buf[4096];
+    if (strlen(v) >= sizeof(buf)) { snprintf(why, cap, "too long"); return -1; }
+    snprintf(buf, sizeof(buf), "%s", v);
+    a->n_tables = 0;
+    char * save = NULL;
+    for (char * tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char sub[256];
+        if (a->n_tables == 8) { snprintf(why, cap, "more than 8 tables"); return -1; }
+        if (kvr_cli_check_in(tok, sub, sizeof(sub))) { snprintf(why, cap, "%.200s: %s", tok, sub); return -1; }
+        a->tables[a->n_tables++] = tok;
+    }
+    if (a->n_tables == 0) { snprintf(why, cap, "no table"); return -1; }
+    return 0;
+}
+
+// --profile, --simulate: a built-in profile's name or a profile file
+static int parse_profile(const char * v, void * dst, char * why, size_t cap) {
+    struct kvr_tune_profile p;
+    if (kvr_tune_profile_get(v, &p) != KVR_OK) { snprintf(why, cap, "%s", kvr_last_error()); return -1; }
+    *(const char **)dst = v;
+    return 0;
+}
+
 static int parse_args(int argc, char ** argv, struct bench_args * a) {
     *a = (struct bench_args) { .reps = 3, .warmup = 1, .seed = 1, .format = "md" };
-    a->ctx[0] = 512; a->ctx[1] = 2048; a->n_ctx = 2;
-    parse_strategy("single", &a->strat[0]); a->n_strat = 1;
-    a->ranks[0] = 2; a->n_ranks = 1;
-    a->n_links = 1;
-    for (int i = 1; i < argc; i++) {
-        const char * f = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
-        if (!strcmp(f, "--sgemm")) { a->sgemm = true; continue; }
-        if (!strcmp(f, "--q8-act")) { a->q8_act = true; continue; }
-        if (!strcmp(f, "--predict")) { a->predict = true; continue; }
-        if (!v) { fprintf(stderr, "kvr-bench: %s needs a value\n", f); usage(stderr); return 2; }
-        i++;
-        if (!strcmp(f, "-m")) a->model = v;
-        else if (!strcmp(f, "--ctx")) { if ((a->n_ctx = parse_list(v, a->ctx, 32)) <= 0) goto bad; }
-        else if (!strcmp(f, "--ranks")) { if ((a->n_ranks = parse_list(v, a->ranks, 16)) <= 0) goto bad; }
-        else if (!strcmp(f, "--single-threads")) { if ((a->n_single_threads = parse_list(v, a->single_threads, 4)) <= 0) goto bad; }
-        else if (!strcmp(f, "-t")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->threads = t[0]; }
-        else if (!strcmp(f, "-r")) { int t[1]; if (parse_list(v, t, 1) != 1) goto bad; a->reps = t[0]; }
-        else if (!strcmp(f, "--warmup")) {
-            char * end;
-            long w = strtol(v, &end, 10);
-            if (*end || end == v || w < 0 || w > 100) goto bad;
-            a->warmup = (int)w;
-        }
-        else if (!strcmp(f, "--seed")) a->seed = strtoull(v, NULL, 10);
-        else if (!strcmp(f, "--link-gbps")) {
-            a->n_links = 0;
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            for (char * tok = strtok(buf, ","); tok && a->n_links < 8; tok = strtok(NULL, ",")) {
-                char * end;
-                a->links[a->n_links] = strtod(tok, &end);
-                if (*end || a->links[a->n_links] < 0) goto bad;
-                a->n_links++;
-            }
-        }
-        else if (!strcmp(f, "--table")) {
-            static char buf[1024];
-            snprintf(buf, sizeof(buf), "%s", v);
-            a->n_tables = 0;
-            for (char * tok = strtok(buf, ","); tok && a->n_tables < 8; tok = strtok(NULL, ",")) a->tables[a->n_tables++] = tok;
-        }
-        else if (!strcmp(f, "--profile")) { a->profile = v; a->predict = true; }
-        else if (!strcmp(f, "--simulate")) a->simulate = v;
-        else if (!strcmp(f, "--link-noise")) { a->link_noise = atof(v); if (a->link_noise < 1) goto bad; }
-        else if (!strcmp(f, "--svg")) a->svg = v;
-        else if (!strcmp(f, "-o")) {
-            if (strcmp(v, "md") && strcmp(v, "csv") && strcmp(v, "json")) goto bad;
-            a->format = v;
-        }
-        else if (!strcmp(f, "--attn")) {
-            if (!strcmp(v, "causal")) a->attn = KVR_ATTN_CAUSAL;
-            else if (!strcmp(v, "dense")) a->attn = KVR_ATTN_DENSE;
-            else goto bad;
-        }
-        else if (!strcmp(f, "--strategy")) {
-            a->n_strat = 0;
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            for (char * tok = strtok(buf, ","); tok && a->n_strat < 16; tok = strtok(NULL, ",")) {
-                if (parse_strategy(tok, &a->strat[a->n_strat++])) return 2;
-            }
-        }
-        else { fprintf(stderr, "kvr-bench: unknown flag %s\n", f); usage(stderr); return 2; }
-        continue;
-bad:
-        fprintf(stderr, "kvr-bench: bad value '%s' for %s\n", v, f);
-        usage(stderr);
-        return 2;
-    }
-    if (!a->model) { fprintf(stderr, "kvr-bench: no model: give -m FILE\n"); usage(stderr); return 2; }
+    parse_strategy("single", &a->strat[0], NULL, 0); a->n_strat = 1;
+    struct kvr_cli_ints ctx = { 2, { 512, 2048 } }, ranks = { 1, { 2 } }, single = { 0, { 0 } };
+    struct kvr_cli_reals links = { 1, { 0 } };
+    int format = 0, attn = 0;
+    const struct kvr_cli_flag flags[] = {
+        { .name = "-m", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF)" },
+        { .name = "--ctx", .kind = KVR_CLI_INTS, .dst = &ctx, .meta = "LIST", .lo = 1, .hi = 1 << 24, .k_suffix = true, .max_n = 32,
+          .help = "prompt lengths (default 512,2048; k suffix allowed: 1k,4k)" },
+        { .name = "--strategy", .kind = KVR_CLI_CUSTOM, .dst = a, .meta = "LIST", .parse = parse_strategies,
+          .help = "single,tsp,kvr (= kvr-e, even),kvr-s,kvr-p,ring-kv,ring-q,auto (default single)" },
+        { .name = "--table", .kind = KVR_CLI_CUSTOM, .dst = a, .meta = "LIST", .parse = parse_tables,
+          .help = "kvr-tune --search tables for kvr-s (the entry of this very length) and kvr-p\n(interpolated from the other lengths only); one per --link-gbps value, or one" },
+        { .name = "--ranks", .kind = KVR_CLI_INTS, .dst = &ranks, .meta = "LIST", .lo = 1, .hi = 16, .max_n = 16,
+          .help = "rank counts for the parallel strategies (default 2)" },
+        { .name = "-t", .kind = KVR_CLI_INT, .dst = &a->threads, .meta = "N", .lo = 1, .hi = KVR_MAX_THREADS, .help = "threads per rank (default: cores / ranks)" },
+        { .name = "--single-threads", .kind = KVR_CLI_INTS, .dst = &single, .meta = "L", .lo = 1, .hi = KVR_MAX_THREADS, .max_n = 4,
+          .help = "single's thread counts, e.g. 2,1 (default: all cores)" },
+        { .name = "-r", .kind = KVR_CLI_INT, .dst = &a->reps, .meta = "N", .lo = 1, .hi = 1000, .help = "runs per point (default 3); the table shows the median and the range" },
+        { .name = "--warmup", .kind = KVR_CLI_INT, .dst = &a->warmup, .meta = "N", .lo = 0, .hi = 100, .help = "untimed prefills before each point's runs (default 1)" },
+        { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &attn, .meta = "causal|dense", .choices = "causal|dense", .help = "attention kernel mode (default causal)" },
+        { .name = "--link-gbps", .kind = KVR_CLI_REALS, .dst = &links, .meta = "LIST", .lo = 0, .hi = 1e6, .max_n = 8,
+          .help = "emulated links between ranks to sweep, 0 for none (default 0)" },
+        { .name = "--link-noise", .kind = KVR_CLI_REAL, .dst = &a->link_noise, .meta = "X", .lo = 1, .hi = 1e6,
+          .help = "with a link: one random neighbour pair per run is X times slower" },
+        { .name = "--predict", .kind = KVR_CLI_SWITCH, .dst = &a->predict,
+          .help = "also the simulator's TTFT of every point, calibrated here on the model's shapes\nfor each ranks x threads (kvr-tune --calibrate), with the point's emulated link" },
+        { .name = "--profile", .kind = KVR_CLI_CUSTOM, .dst = &a->profile, .meta = "FILE", .parse = parse_profile,
+          .help = "--predict with this hardware profile instead" },
+        { .name = "--simulate", .kind = KVR_CLI_CUSTOM, .dst = &a->simulate, .meta = "P", .parse = parse_profile,
+          .help = "run nothing: the simulator with profile P (a file or a built-in name) fills the table" },
+        { .name = "--svg", .kind = KVR_CLI_OUT, .dst = &a->svg, .meta = "FILE", .help = "draw TTFT against prompt length, one line per strategy (and ranks, link)" },
+        { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
+          .help = "Q4_K weights: quantize the activations to 8 bits and multiply in integers, as\nllama.cpp does (faster; logits move up to ~0.1 from the exact math)" },
+        { .name = "--sgemm", .kind = KVR_CLI_SWITCH, .dst = &a->sgemm, .help = "also measure OpenBLAS sgemm on the model's shapes and report the fraction" },
+        { .name = "-o", .kind = KVR_CLI_CHOICE, .dst = &format, .meta = "md|csv|json", .choices = "md|csv|json", .help = "output format (default md)" },
+        { .name = "--seed", .kind = KVR_CLI_U64, .dst = &a->seed, .meta = "N", .help = "prompt token seed (default 1)" },
+    };
+    const struct kvr_cli cli = { "kvr-bench", bench_synopsis, NULL, flags, (int)(sizeof(flags) / sizeof(flags[0])), NULL };
+    int rc = kvr_cli_parse(&cli, argc, argv);
+    if (rc) return rc;
+    a->n_ctx = ctx.n;
+    memcpy(a->ctx, ctx.v, sizeof(int) * (size_t)ctx.n);
+    a->n_ranks = ranks.n;
+    memcpy(a->ranks, ranks.v, sizeof(int) * (size_t)ranks.n);
+    a->n_single_threads = single.n;
+    memcpy(a->single_threads, single.v, sizeof(int) * (size_t)single.n);
+    a->n_links = links.n;
+    memcpy(a->links, links.v, sizeof(double) * (size_t)links.n);
+    a->format = format == 0 ? "md" : format == 1 ? "csv" : "json";
+    a->attn = (enum kvr_attn_mode)attn;
+    if (a->profile) a->predict = true;
+    if (!a->model) return kvr_cli_fail(&cli, "no model: give -m FILE");
     for (int s = 0; s < a->n_strat; s++) {
         if (a->strat[s].part != PART_EVEN && a->n_tables == 0) {
-            fprintf(stderr, "kvr-bench: %s takes its partitions from a table: give --table FILE (kvr-tune --search writes one)\n", a->strat[s].name);
-            return 2;
+            return kvr_cli_fail(&cli, "%s takes its partitions from a table: give --table FILE (kvr-tune --search writes one)", a->strat[s].name);
         }
     }
     if (a->n_tables > 1 && a->n_tables != a->n_links) {
-        fprintf(stderr, "kvr-bench: --table has %d files for %d --link-gbps values: give one, or one per link\n", a->n_tables, a->n_links);
-        return 2;
+        return kvr_cli_fail(&cli, "--table has %d files for %d --link-gbps values: give one, or one per link", a->n_tables, a->n_links);
     }
     if (a->simulate && a->predict) {
-        fprintf(stderr, "kvr-bench: --simulate runs nothing, so there is nothing to --predict beside\n");
-        return 2;
+        return kvr_cli_fail(&cli, "--simulate runs nothing, so there is nothing to --predict beside");
+    }
+    if (a->link_noise > 0) {
+        bool link = false;
+        for (int i = 0; i < a->n_links; i++) link = link || a->links[i] > 0;
+        if (!link) return kvr_cli_fail(&cli, "--link-noise slows an emulated link: give --link-gbps too");
     }
     return 0;
 }
@@ -444,7 +429,7 @@ static double predict(struct profiles * P, const struct point * p) {
 int main(int argc, char ** argv) {
     struct bench_args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;
     struct kvr_model * m = kvr_model_load(a.model, NULL);
     if (!m) { fprintf(stderr, "kvr-bench: %s\n", kvr_last_error()); return 2; }
     char desc[512];

@@ -18,6 +18,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "kvr-cli.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -35,27 +36,7 @@
 static const char * usage_line =
     "usage: kvr-gen --preset NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|...] [--seed S]\n"
     "               [--vocab GGUF] [--arch llama|falcon] [--layers N] [--ctx N] [--heads N]\n"
-    "               [--kv-heads N] [--embd N] [--ff N] [--vocab-size N] [--threads N] [--quiet]\n";
-
-static void usage_full(FILE * f) {
-    fputs(usage_line, f);
-    fputs("\n"
-          "Writes a GGUF model with random weights and a real architecture's shape.\n"
-          "\n"
-          "  --preset NAME     llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\n"
-          "                    falcon: falcon-7b, tiny (MQA; both need --vocab)\n"
-          "  -o, --output FILE the GGUF file to write\n"
-          "  --type T          type of the weight matrices (default f32); norms are always f32\n"
-          "  --seed S          random seed (default 42); the same seed gives the same file\n"
-          "  --vocab GGUF      copy the tokenizer (every tokenizer.* key) from this GGUF and take\n"
-          "                    the vocabulary size from it; without it a byte-fallback SPM\n"
-          "                    vocabulary is made up\n"
-          "  --arch A          llama (default) or falcon\n"
-          "  --layers --ctx --heads --kv-heads --embd --ff --vocab-size N\n"
-          "                    override the preset's shape\n"
-          "  --threads N       generator threads (default: the cores, at most 8)\n"
-          "  --quiet           no progress on stderr\n", f);
-}
+    "               [--kv-heads N] [--embd N] [--ff N] [--vocab-size N] [--threads N] [--quiet]";
 
 static void usage_error(const char * fmt, ...)
 #if defined(__GNUC__)
@@ -68,7 +49,7 @@ static void usage_error(const char * fmt, ...) {
     va_start(ap, fmt);
     fprintf(stderr, "kvr-gen: ");
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n%s", usage_line);
+    fprintf(stderr, "\n%s\n(kvr-gen -h for every option)\n", usage_line);
     va_end(ap);
     exit(2);
 }
@@ -400,17 +381,6 @@ static void * gen_rows(void * arg) {
     return NULL;
 }
 
-static bool parse_u32(const char * s, uint32_t * out) {
-    char * end;
-    errno = 0;
-    const unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-') {
-        return false;
-    }
-    *out = (uint32_t) v;
-    return true;
-}
-
 static bool parse_type(const char * s, enum kvr_type * out) {
     for (int t = 0; t < KVR_TYPE_COUNT; t++) {
         const char * name = kvr_type_name((enum kvr_type) t);
@@ -429,69 +399,53 @@ static bool parse_type(const char * s, enum kvr_type * out) {
     return false;
 }
 
-int main(int argc, char ** argv) {
-    const char * preset = NULL, * out_path = NULL, * vocab_path = NULL, * arch = "llama";
-    const char * type_name = "f32";
-    uint64_t seed = 42;
-    uint32_t o_layers = 0, o_ctx = 0, o_heads = 0, o_kv_heads = 0, o_embd = 0, o_ff = 0, o_vocab = 0;
-    uint32_t n_threads = 0;
-    bool quiet = false;
+static int parse_type_flag(const char * v, void * dst, char * why, size_t cap) {
+    if (parse_type(v, dst)) return 0;
+    snprintf(why, cap, "not a type kvr knows (f32, f16, bf16, q8_0, q4_0, q4_k, ...)");
+    return -1;
+}
 
-    for (int i = 1; i < argc; i++) {
-        const char * a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage_full(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--quiet") == 0 || strcmp(a, "-q") == 0) {
-            quiet = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            usage_error("%s needs a value (or is unknown)", a);
-        }
-        const char * v = argv[++i];
-        uint32_t * num = NULL;
-        if      (strcmp(a, "--preset") == 0)                         preset = v;
-        else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) out_path = v;
-        else if (strcmp(a, "--vocab") == 0)                          vocab_path = v;
-        else if (strcmp(a, "--arch") == 0)                           arch = v;
-        else if (strcmp(a, "--type") == 0)                           type_name = v;
-        else if (strcmp(a, "--seed") == 0) {
-            char * end;
-            errno = 0;
-            seed = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-') {
-                usage_error("bad --seed '%s'", v);
-            }
-        }
-        else if (strcmp(a, "--layers") == 0)     num = &o_layers;
-        else if (strcmp(a, "--ctx") == 0)        num = &o_ctx;
-        else if (strcmp(a, "--heads") == 0)      num = &o_heads;
-        else if (strcmp(a, "--kv-heads") == 0)   num = &o_kv_heads;
-        else if (strcmp(a, "--embd") == 0)       num = &o_embd;
-        else if (strcmp(a, "--ff") == 0)         num = &o_ff;
-        else if (strcmp(a, "--vocab-size") == 0) num = &o_vocab;
-        else if (strcmp(a, "--threads") == 0)    num = &n_threads;
-        else {
-            usage_error("unknown option '%s'", a);
-        }
-        if (num && (!parse_u32(v, num) || *num == 0)) {
-            usage_error("%s wants a positive integer, not '%s'", a, v);
-        }
+int main(int argc, char ** argv) {
+    const char * preset = NULL, * out_path = NULL, * vocab_path = NULL;
+    enum kvr_type wtype = KVR_TYPE_F32;
+    int arch_i = 0;
+    uint64_t seed = 42;
+    int o_layers = 0, o_ctx = 0, o_heads = 0, o_kv_heads = 0, o_embd = 0, o_ff = 0, o_vocab = 0;
+    int n_threads = 0;
+    bool quiet = false;
+    const struct kvr_cli_flag flags[] = {
+        { .name = "--preset", .kind = KVR_CLI_TEXT, .dst = &preset, .meta = "NAME",
+          .help = "llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\nfalcon: falcon-7b, tiny (MQA; both need --vocab)" },
+        { .name = "-o", .alt = "--output", .kind = KVR_CLI_OUT, .dst = &out_path, .meta = "FILE", .help = "the GGUF file to write" },
+        { .name = "--type", .kind = KVR_CLI_CUSTOM, .dst = &wtype, .meta = "T", .parse = parse_type_flag,
+          .help = "type of the weight matrices (default f32); norms are always f32" },
+        { .name = "--seed", .kind = KVR_CLI_U64, .dst = &seed, .meta = "S", .help = "random seed (default 42); the same seed gives the same file" },
+        { .name = "--vocab", .kind = KVR_CLI_IN, .dst = &vocab_path, .meta = "GGUF",
+          .help = "copy the tokenizer (every tokenizer.* key) from this GGUF and take\nthe vocabulary size from it; without it a byte-fallback SPM\nvocabulary is made up" },
+        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon", .help = "llama (default) or falcon" },
+        { .name = "--layers", .kind = KVR_CLI_INT, .dst = &o_layers, .meta = "N", .lo = 1, .hi = 4096, .help = "override the preset's layer count" },
+        { .name = "--ctx", .kind = KVR_CLI_INT, .dst = &o_ctx, .meta = "N", .lo = 1, .hi = 1 << 24, .k_suffix = true, .help = "... its trained context length" },
+        { .name = "--heads", .kind = KVR_CLI_INT, .dst = &o_heads, .meta = "N", .lo = 1, .hi = 4096, .help = "... its attention heads" },
+        { .name = "--kv-heads", .kind = KVR_CLI_INT, .dst = &o_kv_heads, .meta = "N", .lo = 1, .hi = 4096, .help = "... its KV heads" },
+        { .name = "--embd", .kind = KVR_CLI_INT, .dst = &o_embd, .meta = "N", .lo = 1, .hi = 1 << 20, .help = "... its width" },
+        { .name = "--ff", .kind = KVR_CLI_INT, .dst = &o_ff, .meta = "N", .lo = 1, .hi = 1 << 22, .help = "... its FFN width" },
+        { .name = "--vocab-size", .kind = KVR_CLI_INT, .dst = &o_vocab, .meta = "N", .lo = 300, .hi = 1 << 22,
+          .help = "... the size of the made-up vocabulary" },
+        { .name = "--threads", .kind = KVR_CLI_INT, .dst = &n_threads, .meta = "N", .lo = 1, .hi = 256, .help = "generator threads (default: the cores, at most 8)" },
+        { .name = "-q", .alt = "--quiet", .kind = KVR_CLI_SWITCH, .dst = &quiet, .help = "no progress on stderr" },
+    };
+    const struct kvr_cli cli = { "kvr-gen", usage_line, "Writes a GGUF model with random weights and a real architecture's shape.",
+                                 flags, (int)(sizeof(flags) / sizeof(flags[0])), NULL };
+    const int prc = kvr_cli_parse(&cli, argc, argv);
+    if (prc) {
+        return prc < 0 ? 0 : prc;
     }
+    const char * arch = arch_i == 1 ? "falcon" : "llama";
     if (!preset) {
         usage_error("--preset is required");
     }
     if (!out_path) {
         usage_error("-o FILE is required");
-    }
-    enum kvr_type wtype;
-    if (!parse_type(type_name, &wtype)) {
-        usage_error("unknown --type '%s'", type_name);
-    }
-    if (strcmp(arch, "llama") != 0 && strcmp(arch, "falcon") != 0) {
-        usage_error("unknown --arch '%s' (llama or falcon)", arch);
     }
     const bool falcon = strcmp(arch, "falcon") == 0;
 
@@ -510,13 +464,13 @@ int main(int argc, char ** argv) {
     if (falcon && !vocab_path) {
         usage_error("falcon models need --vocab (a BPE vocabulary such as ggml-vocab-falcon.gguf)");
     }
-    if (o_layers)   s.n_layer   = o_layers;
-    if (o_ctx)      s.n_ctx     = o_ctx;
-    if (o_heads)    s.n_head    = o_heads;
-    if (o_kv_heads) s.n_head_kv = o_kv_heads;
-    if (o_embd)     s.n_embd    = o_embd;
-    if (o_ff)       s.n_ff      = o_ff;
-    if (o_vocab)    s.n_vocab   = o_vocab;
+    if (o_layers)   s.n_layer   = (uint32_t) o_layers;
+    if (o_ctx)      s.n_ctx     = (uint32_t) o_ctx;
+    if (o_heads)    s.n_head    = (uint32_t) o_heads;
+    if (o_kv_heads) s.n_head_kv = (uint32_t) o_kv_heads;
+    if (o_embd)     s.n_embd    = (uint32_t) o_embd;
+    if (o_ff)       s.n_ff      = (uint32_t) o_ff;
+    if (o_vocab)    s.n_vocab   = (uint32_t) o_vocab;
 
     // the tokenizer first: it decides the vocabulary size
     struct kvr_gguf * vocab_src = NULL;
@@ -563,7 +517,7 @@ int main(int argc, char ** argv) {
     }
     if (n_threads == 0) {
         const long nc = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = nc < 1 ? 1 : nc > 8 ? 8 : (uint32_t) nc;
+        n_threads = nc < 1 ? 1 : nc > 8 ? 8 : (int) nc;
     }
 
     // metadata, in the order llama.cpp's convert script writes it
@@ -672,9 +626,9 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < n_tensors; i++) {
         max_ne0 = ts[i].ne[0] > max_ne0 ? ts[i].ne[0] : max_ne0;
     }
-    float * scratch = malloc((size_t) max_ne0 * n_threads * sizeof(float));
-    pthread_t * threads = malloc(n_threads * sizeof(pthread_t));
-    struct gen_job * jobs = malloc(n_threads * sizeof(struct gen_job));
+    float * scratch = malloc((size_t) max_ne0 * (size_t) n_threads * sizeof(float));
+    pthread_t * threads = malloc((size_t) n_threads * sizeof(pthread_t));
+    struct gen_job * jobs = malloc((size_t) n_threads * sizeof(struct gen_job));
     if (!slab || !scratch || !threads || !jobs) {
         fprintf(stderr, "kvr-gen: out of memory\n");
         return 1;

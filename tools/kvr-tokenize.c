@@ -5,106 +5,51 @@
 //
 //   kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--special] [--pieces]
 //
-// Exit status: 0 done, 1 the tokenizer failed, 2 bad flags or a file that cannot be read.
+// Exit status: 0 done, 1 the tokenizer failed, 2 bad flags, a file that cannot be read, or text
+// that is not UTF-8 (a NUL byte or an invalid sequence; see tools/kvr-cli.h).
 
 #include "kvr.h"
+#include "kvr-cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char * const usage =
-    "usage: kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--special] [--pieces]\n";
-
-static int fail_usage(const char * fmt, const char * arg) {
-    fprintf(stderr, "kvr-tokenize: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n%s", usage);
-    return 2;
-}
-
-// The whole file, zero-terminated, or NULL.
-static char * read_text(const char * path) {
-    FILE * f = fopen(path, "rb");
-    if (f == NULL) {
-        return NULL;
-    }
-    size_t cap = 1 << 16, len = 0;
-    char * buf = malloc(cap);
-    while (buf != NULL) {
-        if (len + 1 >= cap) {
-            char * p = realloc(buf, cap * 2);
-            if (p == NULL) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-        const size_t got = fread(buf + len, 1, cap - len - 1, f);
-        if (got == 0) {
-            break;
-        }
-        len += got;
-    }
-    const bool err = ferror(f) != 0;
-    fclose(f);
-    if (buf == NULL || err) {
-        free(buf);
-        return NULL;
-    }
-    buf[len] = '\0';
-    if (strlen(buf) != len) {
-        fprintf(stderr, "kvr-tokenize: warning: %s contains a NUL byte; the text ends there\n", path);
-    }
-    return buf;
-}
-
 int main(int argc, char ** argv) {
     const char * model = NULL, * prompt = NULL, * prompt_file = NULL;
     bool bos = false, special = false, pieces = false;
-    for (int i = 1; i < argc; i++) {
-        const char * a = argv[i];
-        if ((strcmp(a, "-m") == 0 || strcmp(a, "-p") == 0 || strcmp(a, "-f") == 0) && i + 1 >= argc) {
-            return fail_usage("%s needs a value", a);
-        }
-        if (strcmp(a, "-m") == 0) {
-            model = argv[++i];
-        } else if (strcmp(a, "-p") == 0) {
-            prompt = argv[++i];
-        } else if (strcmp(a, "-f") == 0) {
-            prompt_file = argv[++i];
-        } else if (strcmp(a, "--bos") == 0) {
-            bos = true;
-        } else if (strcmp(a, "--special") == 0) {
-            special = true;
-        } else if (strcmp(a, "--pieces") == 0) {
-            pieces = true;
-        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(usage, stdout);
-            return 0;
-        } else {
-            return fail_usage("unknown argument '%s'", a);
-        }
+    const struct kvr_cli_flag flags[] = {
+        { .name = "-m", .kind = KVR_CLI_IN, .dst = &model, .meta = "FILE", .help = "a GGUF model or vocab-only file" },
+        { .name = "-p", .kind = KVR_CLI_TEXT, .dst = &prompt, .meta = "TEXT", .empty_ok = true, .help = "the text" },
+        { .name = "-f", .kind = KVR_CLI_IN, .dst = &prompt_file, .meta = "FILE",
+          .help = "read the text from a file (UTF-8; a NUL byte or invalid UTF-8 is an error, as in kvr-run)" },
+        { .name = "--bos", .kind = KVR_CLI_SWITCH, .dst = &bos, .help = "add BOS (and EOS) as the model's tokenizer says" },
+        { .name = "--special", .kind = KVR_CLI_SWITCH, .dst = &special, .help = "text like \"<s>\" becomes its special token" },
+        { .name = "--pieces", .kind = KVR_CLI_SWITCH, .dst = &pieces, .help = "one \"id 'piece'\" per line" },
+    };
+    const struct kvr_cli cli = { "kvr-tokenize", "usage: kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--special] [--pieces]",
+                                 NULL, flags, (int)(sizeof(flags) / sizeof(flags[0])), NULL };
+    int rc = kvr_cli_parse(&cli, argc, argv);
+    if (rc) {
+        return rc < 0 ? 0 : rc;
     }
     if (model == NULL) {
-        return fail_usage("%s", "no model given (-m FILE)");
+        return kvr_cli_fail(&cli, "no model given (-m FILE)");
     }
     if ((prompt == NULL) == (prompt_file == NULL)) {
-        return fail_usage("%s", "give the text with exactly one of -p TEXT and -f FILE");
+        return kvr_cli_fail(&cli, "give the text with exactly one of -p TEXT and -f FILE");
+    }
+    if (prompt != NULL && kvr_cli_check_text("kvr-tokenize", "-p", prompt, strlen(prompt)) != 0) {
+        return 2;
     }
 
     char * text = NULL;
-    if (prompt_file != NULL) {
-        text = read_text(prompt_file);
-        if (text == NULL) {
-            return fail_usage("cannot read the text file '%s'", prompt_file);
-        }
+    if (prompt_file != NULL && kvr_cli_read_text("kvr-tokenize", prompt_file, &text, NULL) != 0) {
+        return 2;
     }
     struct kvr_gguf * g = kvr_gguf_open(model);
     if (g == NULL) {
-        fprintf(stderr, "kvr-tokenize: %s\n%s", kvr_last_error(), usage);  // the message names the file
+        fprintf(stderr, "kvr-tokenize: %s\n", kvr_last_error());  // the message names the file
         free(text);
         return 2;
     }
@@ -117,7 +62,7 @@ int main(int argc, char ** argv) {
     }
 
     const char * t = text ? text : prompt;
-    int rc = 0;
+    rc = 0;
     const int n = kvr_tokenize(v, t, NULL, 0, bos, special);
     int32_t * ids = n > 0 ? malloc((size_t) n * sizeof *ids) : NULL;
     if (n < 0) {

@@ -12,6 +12,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "kvr-cli.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,48 +21,6 @@
 #include <unistd.h>
 
 #define MAX_LIST 64
-
-static void usage(FILE * f) {
-    fprintf(f,
-        "usage: kvr-tune --calibrate [-m MODEL.gguf | --preset NAME] [--ranks N] [-t THREADS] [-o FILE] [--attn causal|dense]\n"
-        "       kvr-tune --search (-m MODEL.gguf | --preset NAME) --ranks N[,N...] --ctx LIST\n"
-        "                (--measured [-r RUNS] [-t THREADS] | --profile FILE|NAME) [--min-stride S] -o TABLE\n"
-        "       kvr-tune --simulate (-m MODEL.gguf | --preset NAME) --profile FILE|NAME --ranks N[,N...] --ctx LIST\n"
-        "                [--strategy LIST] [--table FILE] [--breakdown]\n"
-        "       kvr-tune --show-profile NAME [-o FILE]\n"
-        "\n"
-        "  --calibrate        time kvr's matmul and attention (on the model's shapes if one is given) as N ranks\n"
-        "                     (default 1) of THREADS threads (default 1) see them, all running at once; a memcpy\n"
-        "                     and a thread hand-off; write the profile (default: stdout)\n"
-        "  --search           KVR-S: golden-section for 2 ranks, hierarchical grid search beyond; one table\n"
-        "                     line per rank count and length (an existing TABLE of the same profile is updated)\n"
-        "  --simulate         TTFT of each strategy by the cost model, with TTFT*(p) (Eq. 3) and TTFT(p) (KVR-S,\n"
-        "                     free communication), as a markdown table\n"
-        "  --show-profile N   print a built-in profile as a file (a100-nvlink, a100-10g, h100-nvlink, cpu)\n"
-        "  -m FILE            model (GGUF): its shapes, and for --measured the model that runs\n"
-        "  --preset NAME      llama-7b, llama-13b, falcon-7b, tinyllama-1.1b [-mha|-mqa|-gqaN]\n"
-        "  --profile P        a built-in profile name or a profile file\n"
-        "  --ranks LIST       rank counts, e.g. 2,4,8\n"
-        "  --ctx LIST         prompt lengths: 1024,2048, 1k..16k (doubling), 4k..16k:4k (step); k = 1024\n"
-        "  --strategy LIST    single,tsp,kvr-e,kvr-s,kvr-p,ring-kv,ring-q (default tsp,kvr-e,kvr-s,ring-kv);\n"
-        "                     kvr-p interpolates --table\n"
-        "  --attn MODE        causal or dense (default: the profile's kernel; --measured: causal)\n"
-        "  --measured         the objective is real prefills (kvr_dist, strategy kvr), median of RUNS (default 3)\n"
-        "  -t N               threads per rank when measuring (default: cores / ranks)\n"
-        "  --min-stride S     finest partition step in tokens (default: ctx/64 measured, ctx/512 modeled)\n"
-        "  --grid-half K      grid points per boundary and level: 2K+1 (default 2: the paper's 5)\n"
-        "  --breakdown        --simulate: also every rank's finish, compute (and of it attention), comm, wait\n"
-        "  --link-gbps G      --search, --simulate: the profile's link at G Gbit/s (kvr-bench / kvr-run --link-gbps)\n"
-        "  -o FILE            output file\n"
-        "  -h, --help         this text\n");
-}
-
-static int usage_error(const char * fmt, const char * what) {
-    fprintf(stderr, "kvr-tune: ");
-    fprintf(stderr, fmt, what);
-    fprintf(stderr, "\nusage: kvr-tune --calibrate | --search | --simulate | --show-profile ... (kvr-tune -h for all options)\n");
-    return 2;
-}
 
 enum mode { MODE_NONE, MODE_CALIBRATE, MODE_SEARCH, MODE_SIMULATE, MODE_SHOW };
 
@@ -95,6 +54,7 @@ struct args {
 static int parse_count(const char * s, const char * end, int * out) {
     char * e;
     errno = 0;
+    if (s == end || *s < '0' || *s > '9') return -1; // strtol would take spaces and signs
     long v = strtol(s, &e, 10);
     if (e == s || errno) return -1;
     if (e < end && (*e == 'k' || *e == 'K')) { v *= 1024; e++; }
@@ -125,76 +85,115 @@ static int parse_list(const char * s, int * out, int * n, bool ranges) {
             (*n)++;
         }
         s = comma ? comma + 1 : end;
+        if (comma && !*s) return -1; // "1k," ends with an empty entry
     }
     return *n > 0 ? 0 : -1;
 }
 
+static int check_args(struct args * a);
+
+static const char * const tune_synopsis =
+    "usage: kvr-tune --calibrate [-m MODEL.gguf | --preset NAME] [--ranks N] [-t THREADS] [-o FILE] [--attn causal|dense]\n"
+    "       kvr-tune --search (-m MODEL.gguf | --preset NAME) --ranks N[,N...] --ctx LIST\n"
+    "                (--measured [-r RUNS] [-t THREADS] | --profile FILE|NAME) [--min-stride S] -o TABLE\n"
+    "       kvr-tune --simulate (-m MODEL.gguf | --preset NAME) --profile FILE|NAME --ranks N[,N...] --ctx LIST\n"
+    "                [--strategy LIST] [--table FILE] [--breakdown]\n"
+    "       kvr-tune --show-profile NAME [-o FILE]";
+
+static int usage_error(const char * fmt, const char * what) {
+    fprintf(stderr, "kvr-tune: ");
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n%s\n(kvr-tune -h for every option)\n", tune_synopsis);
+    return 2;
+}
+
+static int parse_ctx(const char * v, void * dst, char * why, size_t cap) {
+    struct args * a = dst;
+    if (parse_list(v, a->ctx, &a->n_ctx, true)) {
+        snprintf(why, cap, "bad list (e.g. 1024,2048 or 1k..16k or 4k..16k:4k; lengths from 1 to 16M, at most %d)", MAX_LIST);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_strategies(const char * v, void * dst, char * why, size_t cap) {
+    struct args * a = dst;
+    char buf[256];
+    if (strlen(v) >= sizeof(buf)) { snprintf(why, cap, "too long"); return -1; }
+    snprintf(buf, sizeof(buf), "%s", v);
+    a->n_strat = 0;
+    char * save = NULL;
+    for (char * t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        if (!strcmp(t, "kvr")) t = "kvr-e";
+        while (k < SS_COUNT && strcmp(t, ss_names[k])) k++;
+        if (k == SS_COUNT) { snprintf(why, cap, "unknown '%.100s' (single, tsp, kvr-e, kvr-s, kvr-p, ring-kv, ring-q)", t); return -1; }
+        if (a->n_strat < SS_COUNT) a->strat[a->n_strat++] = k;
+    }
+    if (a->n_strat == 0) { snprintf(why, cap, "no strategy"); return -1; }
+    return 0;
+}
+
+static int parse_profile(const char * v, void * dst, char * why, size_t cap) {
+    struct kvr_tune_profile p;
+    if (kvr_tune_profile_get(v, &p) != KVR_OK) { snprintf(why, cap, "%s", kvr_last_error()); return -1; }
+    *(const char **)dst = v;
+    return 0;
+}
+
 static int parse_args(int argc, char ** argv, struct args * a) {
     *a = (struct args) { .runs = 3 };
-    for (int i = 1; i < argc; i++) {
-        const char * f = argv[i];
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { usage(stdout); exit(0); }
-        if (!strcmp(f, "--calibrate")) { a->mode = MODE_CALIBRATE; continue; }
-        if (!strcmp(f, "--search"))    { a->mode = MODE_SEARCH; continue; }
-        if (!strcmp(f, "--simulate"))  { a->mode = MODE_SIMULATE; continue; }
-        if (!strcmp(f, "--measured"))  { a->measured = true; continue; }
-        if (!strcmp(f, "--breakdown")) { a->breakdown = true; continue; }
-        static const char * const with_value[] = { "-m", "--preset", "--profile", "-o", "--table", "--show-profile", "--ranks", "--ctx",
-                                                   "--strategy", "--attn", "-r", "-t", "--min-stride", "--grid-half", "--link-gbps" };
-        bool known = false;
-        for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) known = known || !strcmp(f, with_value[k]);
-        if (!known) return usage_error("unknown option '%s'", f);
-        if (i + 1 >= argc) return usage_error("%s needs a value", f);
-        const char * v = argv[++i];
-        int x;
-        if (!strcmp(f, "-m")) a->model = v;
-        else if (!strcmp(f, "--preset")) a->preset = v;
-        else if (!strcmp(f, "--profile")) a->profile = v;
-        else if (!strcmp(f, "-o")) a->out = v;
-        else if (!strcmp(f, "--table")) a->table = v;
-        else if (!strcmp(f, "--show-profile")) { a->mode = MODE_SHOW; a->show = v; }
-        else if (!strcmp(f, "--link-gbps")) {
-            char * e;
-            a->link_gbps = strtod(v, &e);
-            if (*e || e == v || !(a->link_gbps > 0)) return usage_error("--link-gbps: '%s' is not a positive Gbit/s", v);
-        }
-        else if (!strcmp(f, "--ranks")) {
-            if (parse_list(v, a->ranks, &a->n_ranks, false)) return usage_error("--ranks: bad list '%s' (e.g. 2,4,8)", v);
-            for (int k = 0; k < a->n_ranks; k++) {
-                if (a->ranks[k] > KVR_TUNE_MAX_RANKS) return usage_error("--ranks: at most 64 ranks ('%s')", v);
-            }
-        } else if (!strcmp(f, "--ctx")) {
-            if (parse_list(v, a->ctx, &a->n_ctx, true)) return usage_error("--ctx: bad list '%s' (e.g. 1024,2048 or 1k..16k or 4k..16k:4k)", v);
-        } else if (!strcmp(f, "--strategy")) {
-            a->n_strat = 0;
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            char * save = NULL;
-            for (char * t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                int k = 0;
-                if (!strcmp(t, "kvr")) t = "kvr-e";
-                while (k < SS_COUNT && strcmp(t, ss_names[k])) k++;
-                if (k == SS_COUNT) return usage_error("--strategy: unknown '%s' (single, tsp, kvr-e, kvr-s, kvr-p, ring-kv, ring-q)", t);
-                if (a->n_strat < SS_COUNT) a->strat[a->n_strat++] = k;
-            }
-        } else if (!strcmp(f, "--attn")) {
-            a->attn_set = true;
-            if (!strcmp(v, "causal")) a->attn = KVR_ATTN_CAUSAL;
-            else if (!strcmp(v, "dense")) a->attn = KVR_ATTN_DENSE;
-            else return usage_error("--attn: '%s' is neither causal nor dense", v);
-        } else if (!strcmp(f, "-r") || !strcmp(f, "-t") || !strcmp(f, "--min-stride") || !strcmp(f, "--grid-half")) {
-            char * e;
-            long n = strtol(v, &e, 10);
-            if (*e || e == v || n < 1 || n > 1000000) return usage_error("bad number '%s'", v);
-            x = (int)n;
-            if (!strcmp(f, "-r")) a->runs = x;
-            else if (!strcmp(f, "-t")) a->threads = x;
-            else if (!strcmp(f, "--min-stride")) a->min_stride = x;
-            else a->grid_half = x;
-        } else {
-            return usage_error("unknown option '%s'", f);
-        }
+    bool calibrate = false, search = false, simulate = false;
+    struct kvr_cli_ints ranks = { 0, { 0 } };
+    int attn = 0;
+    const struct kvr_cli_flag flags[] = {
+        { .name = "--calibrate", .kind = KVR_CLI_SWITCH, .dst = &calibrate,
+          .help = "time kvr's matmul and attention (on the model's shapes if one is given) as N ranks\n(default 1) of THREADS threads (default 1) see them, all running at once; a memcpy\nand a thread hand-off; write the profile (default: stdout)" },
+        { .name = "--search", .kind = KVR_CLI_SWITCH, .dst = &search,
+          .help = "KVR-S: golden-section for 2 ranks, hierarchical grid search beyond; one table\nline per rank count and length (an existing TABLE of the same profile is updated)" },
+        { .name = "--simulate", .kind = KVR_CLI_SWITCH, .dst = &simulate,
+          .help = "TTFT of each strategy by the cost model, with TTFT*(p) (Eq. 3) and TTFT(p) (KVR-S,\nfree communication), as a markdown table" },
+        { .name = "--show-profile", .kind = KVR_CLI_TEXT, .dst = &a->show, .meta = "N",
+          .help = "print a built-in profile as a file (a100-nvlink, a100-10g, h100-nvlink, cpu)" },
+        { .name = "-m", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF): its shapes, and for --measured the model that runs" },
+        { .name = "--preset", .kind = KVR_CLI_TEXT, .dst = &a->preset, .meta = "NAME", .help = "llama-7b, llama-13b, falcon-7b, tinyllama-1.1b [-mha|-mqa|-gqaN]" },
+        { .name = "--profile", .kind = KVR_CLI_CUSTOM, .dst = &a->profile, .meta = "P", .parse = parse_profile, .help = "a built-in profile name or a profile file" },
+        { .name = "--ranks", .kind = KVR_CLI_INTS, .dst = &ranks, .meta = "LIST", .lo = 1, .hi = KVR_TUNE_MAX_RANKS, .help = "rank counts, e.g. 2,4,8" },
+        { .name = "--ctx", .kind = KVR_CLI_CUSTOM, .dst = a, .meta = "LIST", .parse = parse_ctx, .numeric = true, .lo = 1, .hi = 1 << 24,
+          .help = "prompt lengths: 1024,2048, 1k..16k (doubling), 4k..16k:4k (step); k = 1024" },
+        { .name = "--strategy", .kind = KVR_CLI_CUSTOM, .dst = a, .meta = "LIST", .parse = parse_strategies,
+          .help = "single,tsp,kvr-e,kvr-s,kvr-p,ring-kv,ring-q (default tsp,kvr-e,kvr-s,ring-kv);\nkvr-p interpolates --table" },
+        { .name = "--table", .kind = KVR_CLI_IN, .dst = &a->table, .meta = "FILE", .help = "--simulate: the table kvr-p interpolates" },
+        { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &attn, .meta = "MODE", .choices = "causal|dense", .given = &a->attn_set,
+          .help = "causal or dense (default: the profile's kernel; --measured: causal)" },
+        { .name = "--measured", .kind = KVR_CLI_SWITCH, .dst = &a->measured,
+          .help = "the objective is real prefills (kvr_dist, strategy kvr), median of RUNS (default 3)" },
+        { .name = "-r", .kind = KVR_CLI_INT, .dst = &a->runs, .meta = "RUNS", .lo = 1, .hi = 1000000, .help = "runs per measured point (default 3)" },
+        { .name = "-t", .kind = KVR_CLI_INT, .dst = &a->threads, .meta = "N", .lo = 1, .hi = KVR_MAX_THREADS, .help = "threads per rank when measuring (default: cores / ranks)" },
+        { .name = "--min-stride", .kind = KVR_CLI_INT, .dst = &a->min_stride, .meta = "S", .lo = 1, .hi = 1000000,
+          .help = "finest partition step in tokens (default: ctx/64 measured, ctx/512 modeled)" },
+        { .name = "--grid-half", .kind = KVR_CLI_INT, .dst = &a->grid_half, .meta = "K", .lo = 1, .hi = 1000000,
+          .help = "grid points per boundary and level: 2K+1 (default 2: the paper's 5)" },
+        { .name = "--breakdown", .kind = KVR_CLI_SWITCH, .dst = &a->breakdown,
+          .help = "--simulate: also every rank's finish, compute (and of it attention), comm, wait" },
+        { .name = "--link-gbps", .kind = KVR_CLI_REAL, .dst = &a->link_gbps, .meta = "G", .lo = 0, .hi = 1e6, .open = KVR_CLI_LO_OPEN,
+          .help = "--search, --simulate: the profile's link at G Gbit/s (kvr-bench / kvr-run --link-gbps)" },
+        { .name = "-o", .kind = KVR_CLI_OUT, .dst = &a->out, .meta = "FILE", .help = "output file" },
+    };
+    const struct kvr_cli cli = { "kvr-tune", tune_synopsis, NULL, flags, (int)(sizeof(flags) / sizeof(flags[0])), NULL };
+    int rc = kvr_cli_parse(&cli, argc, argv);
+    if (rc) return rc;
+    a->n_ranks = ranks.n;
+    memcpy(a->ranks, ranks.v, sizeof(int) * (size_t)ranks.n);
+    a->attn = (enum kvr_attn_mode)attn;
+    if (calibrate + search + simulate + !!a->show > 1) {
+        return usage_error("%s", "one thing at a time: --calibrate, --search, --simulate or --show-profile");
     }
+    a->mode = calibrate ? MODE_CALIBRATE : search ? MODE_SEARCH : simulate ? MODE_SIMULATE : a->show ? MODE_SHOW : MODE_NONE;
+    return check_args(a);
+}
+
+static int check_args(struct args * a) {
     if (a->mode == MODE_NONE) return usage_error("%s", "say what to do: --calibrate, --search, --simulate or --show-profile");
     if (a->mode == MODE_SEARCH || a->mode == MODE_SIMULATE) {
         if (!a->model == !a->preset) return usage_error("%s", "give a model: -m MODEL.gguf or --preset NAME (one of them)");
@@ -573,7 +572,7 @@ static int do_simulate(const struct args * a) {
 int main(int argc, char ** argv) {
     struct args a;
     int rc = parse_args(argc, argv, &a);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;
     switch (a.mode) {
         case MODE_CALIBRATE: return do_calibrate(&a);
         case MODE_SEARCH:    return do_search(&a);

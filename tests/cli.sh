@@ -1,0 +1,126 @@
+#!/bin/sh
+# tests/cli.sh BUILD SHARED - the command-line contract of every tool (tools/kvr-cli.h): each
+# tool's flag list (--list-flags) is walked, and every numeric flag is given NaN, infinities,
+# overflow, junk, an empty value and values just outside its range: each must exit 2 before any
+# work, print nothing on stdout and name the flag and the value on stderr; a value inside the
+# range must pass. Then the checks of kvr-run around the flags: bad combinations and paths, the
+# default context and a prompt longer than it, prompt files with a NUL byte or invalid UTF-8 (the
+# same in kvr-run and kvr-tokenize). Ends with "N passed, M failed, K skipped".
+build=${1:-build}
+shared=${2:-../shared}
+pass=0; fail=0; skip=0
+ok()  { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+model=$shared/models/stories260K.gguf
+if [ ! -f "$model" ]; then
+    model=$tmp/tiny.gguf
+    "$build/kvr-gen" --preset tiny --layers 2 --seed 1 -q -o "$model" || { echo "cannot make a model"; exit 1; }
+fi
+
+# every tool with a command line that is valid without the flag under test
+walk() { # tool, base arguments...
+    tool=$1; shift
+    "$build/$tool" --list-flags > "$tmp/flags" 2> "$tmp/err" || { bad "$tool --list-flags: $(head -n 1 "$tmp/err")"; return; }
+    n_flags=0
+    while read -r name alt kind lo hi open; do
+        case $kind in int|u64|real|ints|reals|custom-num) ;; *) continue ;; esac
+        n_flags=$((n_flags + 1))
+        if [ "$kind" = u64 ]; then
+            good=0; out="-1 18446744073709551616 1.5"
+        else
+            # a value inside the range, and the ones just outside it (an open bound is outside itself)
+            good=$(awk -v lo="$lo" -v hi="$hi" -v o="$open" -v k="$kind" 'BEGIN {
+                if (o % 2 == 0) v = lo; else if (hi != "inf") v = (o >= 2 ? (lo + hi) / 2 : hi); else v = lo + 1;
+                if (k == "int" || k == "ints" || k == "custom-num") printf "%d\n", v; else printf "%.17g\n", v }')
+            out=$(awk -v lo="$lo" -v hi="$hi" -v o="$open" -v k="$kind" 'BEGIN {
+                step = (k == "real" || k == "reals") ? 0.5 : 1
+                if (lo != "-inf") printf "%.17g ", (o % 2 == 1) ? lo : lo - step
+                if (hi != "inf") printf "%.17g", (o >= 2) ? hi : hi + step }')
+        fi
+        for v in nan NaN -nan inf -inf infinity 1e999 "" 1x " 1" $out "$good,nan" "$good,"; do
+            "$build/$tool" "$@" "$name" "$v" --list-flags > "$tmp/out" 2> "$tmp/err"
+            rc=$?
+            first=$(head -n 1 "$tmp/err")
+            case $first in
+                "$tool: $name '$v': "*) named=1 ;;
+                *) named=0 ;;
+            esac
+            if [ $rc -eq 2 ] && [ ! -s "$tmp/out" ] && [ $named -eq 1 ]; then ok; else bad "$tool $name '$v': exit $rc, stdout $(wc -c < "$tmp/out") bytes: $first"; fi
+        done
+        "$build/$tool" "$@" "$name" "$good" --list-flags > /dev/null 2> "$tmp/err"
+        rc=$?
+        if [ $rc -eq 0 ]; then ok; else bad "$tool $name '$good' (inside the range) refused: $(head -n 1 "$tmp/err")"; fi
+        [ -n "$alt" ] && [ "$alt" != "-" ] && {
+            "$build/$tool" "$@" "$alt" nan --list-flags > /dev/null 2> "$tmp/err"
+            rc=$?
+            if [ $rc -eq 2 ] && grep -q "^$tool: $alt 'nan': " "$tmp/err"; then ok; else bad "$tool $alt nan: exit $rc"; fi
+        }
+    done < "$tmp/flags"
+    if [ $n_flags -gt 0 ]; then echo "ok   $tool: $n_flags numeric flags walked"; else bad "$tool: no numeric flag listed"; fi
+}
+
+walk kvr-run -m "$model" -p "Once upon a time" -n 1 --temp 0
+walk kvr-bench -m "$model" --ctx 16 -r 1 --warmup 0
+walk kvr-gen --preset tiny -o "$tmp/gen.gguf"
+walk kvr-tune --simulate --preset llama-7b --profile cpu --ranks 2 --ctx 1k
+# kvr-tokenize has no numeric flag; its list must still be there
+"$build/kvr-tokenize" --list-flags | grep -q '^-f - in ' && ok || bad "kvr-tokenize --list-flags"
+[ -e "$tmp/gen.gguf" ] && bad "kvr-gen wrote its file although its command line was refused"
+
+# status 2, nothing on stdout, stderr's first line matching a pattern
+refused() { # description, pattern, command...
+    what=$1; pat=$2; shift 2
+    "$@" > "$tmp/out" 2> "$tmp/err"
+    rc=$?
+    if [ $rc -eq 2 ] && [ ! -s "$tmp/out" ] && head -n 1 "$tmp/err" | grep -q -- "$pat"; then
+        ok; echo "ok   $what"
+    else
+        bad "$what: exit $rc, stdout $(wc -c < "$tmp/out") bytes, stderr: $(head -n 1 "$tmp/err")"
+    fi
+}
+run="$build/kvr-run -m $model -n 4 --temp 0"
+refused "--comm-timeout nan refused" "^kvr-run: --comm-timeout 'nan': not a finite number" $run -p hi --ranks 2 --comm-timeout nan
+refused "--comm-timeout inf refused" "^kvr-run: --comm-timeout 'inf': not a finite number" $run -p hi --ranks 2 --comm-timeout inf
+refused "--partition nan,nan refused as not finite" "^kvr-run: --partition 'nan,nan': entry 1 'nan': not a finite number" $run -p hi --ranks 2 --partition nan,nan
+refused "--partition with ring-kv is an error" "ring-kv takes no partition" $run -p hi --ranks 2 --strategy ring-kv --partition 0.5,0.5
+refused "--partition with too many entries" "3 entries for 2 ranks" $run -p hi --ranks 2 --partition 1,1,1
+refused "--partition fractions not adding to 1" "add up to 0.9" $run -p hi --ranks 2 --partition 0.5,0.4
+refused "--partition counts not adding up to the prompt" "the counts add up to 3, but the prompt has" $run -p "Once upon a time" --ranks 2 --partition 1,2
+refused "--trace into a missing directory, before the run" "^kvr-run: --trace '$tmp/no/t.json': cannot write" $run -p hi --trace "$tmp/no/t.json"
+refused "--dump-logits onto a directory" "is a directory" $run -p hi --dump-logits "$tmp"
+refused "-f of a missing file" "^kvr-run: -f '$tmp/none.txt': cannot open" $run -f "$tmp/none.txt"
+refused "-p and -f together" "exactly one of -p, -f and --tokens" $run -p hi -f "$model"
+refused "--link-noise without --link-gbps" "give --link-gbps too" $run -p hi --ranks 2 --link-noise 2
+refused "a malformed KVR_TEST_STALL" "KVR_TEST_STALL='x'" env KVR_TEST_STALL=x $run -p hi
+refused "--tokens with an id outside the vocabulary" "not in the vocabulary" $run --tokens 1,99999999
+refused "a stray argument" "unexpected argument 'stray'" $run -p hi stray
+
+# the default context is what -h says, and a prompt longer than it is refused before any output
+if "$build/kvr-run" -h | grep -q "default 0: the model's trained context, at most 4096"; then ok; echo "ok   -h states the default context"; else bad "-h: the default context"; fi
+n_train=$("$build/kvr-run" -m "$model" --tokens 1 -n 0 -c 65536 2>&1 >/dev/null | sed -n 's/.*above the \([0-9]*\) tokens the model was trained on.*/\1/p')
+if [ -n "$n_train" ]; then
+    ctx=$n_train; [ "$ctx" -gt 4096 ] && ctx=4096
+    ids=$(awk -v n="$ctx" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", 1 + i % 200 }')
+    "$build/kvr-run" -m "$model" --tokens "$ids" -n 0 > "$tmp/out" 2> "$tmp/err"
+    if [ $? -eq 0 ] && grep -q "prompt_tokens=$ctx " "$tmp/err"; then ok; echo "ok   a prompt of the default context ($ctx) runs"; else bad "a prompt of $ctx tokens: $(head -n 1 "$tmp/err")"; fi
+    refused "a prompt of $((ctx + 1)) tokens is refused before output" "the prompt has $((ctx + 1)) tokens, more than the context of $ctx" \
+        "$build/kvr-run" -m "$model" --tokens "$ids,7" -n 0
+    "$build/kvr-run" -m "$model" --tokens 1,2,3 -n 1 -c $((n_train + 1)) > /dev/null 2> "$tmp/err"
+    if [ $? -eq 0 ] && grep -q "warning: -c $((n_train + 1)) is above the $n_train tokens the model was trained on" "$tmp/err"; then ok; echo "ok   -c above the trained context warns"; else bad "-c above the trained context: $(head -n 1 "$tmp/err")"; fi
+else
+    bad "no warning naming the trained context for -c 65536"
+fi
+
+# prompt files: a NUL byte or invalid UTF-8 is the same error in kvr-run and kvr-tokenize
+printf 'Once upon\na time\0there' > "$tmp/nul.txt"
+printf 'Once upon a time\n\n caf\303\251 \303(' > "$tmp/bad.txt"
+for t in kvr-run kvr-tokenize; do
+    refused "$t -f with a NUL byte" "^$t: $tmp/nul.txt: a NUL byte at byte 16 (line 2): prompts must be UTF-8 text" "$build/$t" -m "$model" -f "$tmp/nul.txt"
+    refused "$t -f with invalid UTF-8" "^$t: $tmp/bad.txt: invalid UTF-8 at byte 25 (line 3): prompts must be UTF-8 text" "$build/$t" -m "$model" -f "$tmp/bad.txt"
+done
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
