@@ -248,9 +248,13 @@ struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * 
 // w: [K, N] any supported type (rows of K contiguous); x: [K, T, ...] f32 with contiguous rows
 // (row stride may be larger than K). result: [N, T, ...] f32.
 struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x);
-// a: [head_dim, n_head, T] f32; pos: [T] i32 absolute positions. Rotates the first n_rot dims.
+// a: [head_dim, n_head, T] f32; pos: [T] i32 absolute positions. Rotates the first n_rot dims:
+// pair i turns by the angle freq_scale * pos * freq_base^(-2i/n_rot) / freqs[i].
+// freqs: optional f32 [n_rot/2] per-pair frequency divisors (Llama 3's rope_freqs.weight), src[2];
+// NULL divides by 1. op_params: [0] n_rot, [1] mode, [2] freq_base, [3] freq_scale (f32 bits).
 struct kvr_tensor * kvr_rope     (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
-                                  int n_rot, enum kvr_rope_mode mode, float freq_base, float freq_scale);
+                                  struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode,
+                                  float freq_base, float freq_scale);
 struct kvr_tensor * kvr_silu     (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_gelu     (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
@@ -258,10 +262,14 @@ struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * 
 struct kvr_tensor * kvr_cont     (struct kvr_context * ctx, struct kvr_tensor * a);
 
 // High-level attention of layer il: q [head_dim, n_head, T], k/v [head_dim, n_head_kv, T] of the
-// same tokens, at positions pos [T]. The strategy pass (kvr_pass_single, or those of kvr-comm.c)
-// replaces it by cache writes, transfers and ATTN nodes.
+// same tokens, at positions pos [T], scores scaled by scale, each query seeing the keys of the last
+// `window` positions up to its own (0: every earlier key; see kvr_attn). The strategy pass
+// (kvr_pass_single, or those of kvr-comm.c) replaces it by cache writes, transfers and ATTN nodes;
+// it reads op_params [0] il, [1] window, [2] scale (f32 bits).
 struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
-                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il);
+                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il, float scale, int window);
+float kvr_attn_block_scale(const struct kvr_tensor * block);
+int   kvr_attn_block_window(const struct kvr_tensor * block);
 
 // Store new rows into a cache view: a [kv_dim, T] f32, dst a view [kv_dim, T] of the cache.
 // The result is dst itself seen as a node, so readers of the cache can depend on the store.
@@ -270,14 +278,21 @@ struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * 
 // Attention with an online softmax, tiled.
 //   q    [head_dim, n_head,    Tq] f32 (rows may be strided)
 //   k, v [head_dim, n_head_kv, Tk] f32 (n_head % n_head_kv == 0: MHA, GQA, MQA)
-//   qpos [Tq] i32, kpos [Tk] i32: absolute positions; key j is seen by query i iff kpos[j] <= qpos[i]
+//   qpos [Tq] i32, kpos [Tk] i32: absolute positions; key j is seen by query i iff
+//        kpos[j] <= qpos[i] and, with window > 0, qpos[i] - kpos[j] < window (sliding-window
+//        attention as llama.cpp's standard SWA: a query sees itself and the window-1 keys before it).
+//        Masking from positions, not indices, is what keeps every strategy and sharding correct.
 //   dep  optional: a node that must run first (the KV_STORE that filled k and v)
+//   scale multiplies q.k; window: 0 for full causal attention
+// op_params (a device kernel reads the same): [0] mode, [1] n_head, [2] scale (f32 bits), [3] window.
+// In causal mode a tile is skipped when every key is after every query or, with a window, more
+// than window-1 positions before every query; the counters count the pairs the mask lets through.
 // result: [head_dim*n_head + n_head, Tq] f32: per query row, the output of each head, then the
 // natural log of each head's softmax denominator (log-sum-exp of the scaled scores) that a later
 // MERGE_ATTN needs. A row whose keys are all masked has O = 0 and LSE = -INFINITY.
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
-                             struct kvr_tensor * dep, float scale, enum kvr_attn_mode mode);
+                             struct kvr_tensor * dep, float scale, int window, enum kvr_attn_mode mode);
 // Merge n partial ATTN results of the same queries (same layout as kvr_attn's result):
 // O = sum_i exp(lse_i - lse) O_i, lse = log(sum_i exp(lse_i)). Empty partials (lse -inf) drop out.
 struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head);
@@ -573,8 +588,11 @@ int kvr_token_to_piece(const struct kvr_vocab * v, int32_t id, char * buf, int c
 //
 
 enum kvr_arch {
-    KVR_ARCH_LLAMA  = 0,
+    KVR_ARCH_LLAMA  = 0, // Llama 1/2/3 (3.1+ with rope_freqs), Mistral, TinyLlama, SmolLM2
     KVR_ARCH_FALCON = 1,
+    KVR_ARCH_QWEN2  = 2, // Qwen2, Qwen2.5: Q/K/V biases
+    KVR_ARCH_QWEN3  = 3, // per-head q/k RMS norms
+    KVR_ARCH_GEMMA3 = 4, // sliding-window layers, q/k norms, post norms, GELU FFN
     KVR_ARCH_COUNT,
 };
 
@@ -588,12 +606,13 @@ struct kvr_hparams {
     uint32_t n_head;
     uint32_t n_head_kv;
     uint32_t n_ff;
-    uint32_t head_dim;      // n_embd / n_head unless the file says otherwise
+    uint32_t head_dim;      // n_embd / n_head unless the file says otherwise (attention.key_length)
     uint32_t n_rot;         // dims rotated by RoPE
     float    rope_freq_base;
     float    rope_freq_scale;
     enum kvr_rope_mode rope_mode;
     float    norm_eps;      // rms norm or layer norm epsilon
+    uint32_t n_swa;         // the sliding window of the local layers (0: none); see kvr_layer.window
 };
 
 struct kvr_layer {
@@ -604,6 +623,11 @@ struct kvr_layer {
     struct kvr_tensor * ffn_norm, * ffn_norm_b;
     struct kvr_tensor * ffn_gate, * ffn_up, * ffn_down;
     struct kvr_tensor * ffn_up_b, * ffn_down_b;
+    struct kvr_tensor * attn_q_norm, * attn_k_norm;     // per-head RMS norms of Q and K (qwen3, gemma3)
+    struct kvr_tensor * attn_post_norm, * ffn_post_norm; // norms of each branch's output (gemma3)
+    // what differs between layers of one model (gemma3: local and global layers)
+    uint32_t window;        // sliding-window attention: the last `window` positions (0: all)
+    float    rope_base, rope_scale;
 };
 
 struct kvr_model {
@@ -614,6 +638,7 @@ struct kvr_model {
     struct kvr_tensor  * tok_embd;
     struct kvr_tensor  * output_norm, * output_norm_b;
     struct kvr_tensor  * output;     // tok_embd when the file ties them
+    struct kvr_tensor  * rope_freqs; // Llama 3.1+: per-pair RoPE frequency divisors [n_rot/2], or NULL
     struct kvr_layer   * layers;
     char                 path[512];
 };
@@ -944,7 +969,9 @@ int               kvr_dist_n_past(const struct kvr_dist * d);
 enum kvr_strategy kvr_dist_last_strategy(const struct kvr_dist * d); // what the last eval used
 // Stats of the last eval for the ranks of this process (local: all); returns how many.
 int               kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int cap);
-// The rows a rank of this process holds: their absolute positions and the cache.
+// The rows a rank of this process holds: their absolute positions and the cache. In a layer with
+// a sliding window W, rows more than W-1 positions before the rank's last row may be stale: no query
+// of that rank sees them, so KV-Runahead hands down only the last W-1 rows of such a layer.
 int               kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos,
                                  const struct kvr_kv_cache ** cache);
 // Chrome trace JSON of every eval since the start (one track per rank of this process).

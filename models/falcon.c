@@ -7,8 +7,7 @@
 //
 // With a second norm (the converter maps ln_attn to attn_norm_2 and ln_mlp to attn_norm), the
 // attention reads attn_norm_2 and the MLP attn_norm, as llama.cpp's build_falcon does.
-// Compiled as part of kvr.c (included in its section 16, before the table of architectures), so it
-// uses kvr.c's internal helpers.
+// Compiled as part of kvr.c, over the helpers of models/build.c.
 
 // Whether the file's tensor `name` is one this builder reads; anything else belongs to a variant
 // kvr would compute wrongly by ignoring it (a sequential residual's ffn_norm, ...).
@@ -78,76 +77,30 @@ static int falcon_load(struct kvr_model * m) {
     return KVR_OK;
 }
 
-// Layer norm with its affine part: norm(x) * w (+ b). Names "<stem>_ln", "<stem>_normed",
-// "<stem>_normed_b", with stem "blk.N.attn", "blk.N.attn2" or "out".
-static struct kvr_tensor * falcon_layer_norm(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * w,
-                                             struct kvr_tensor * b, float eps, const char * stem) {
-    struct kvr_tensor * h = kvr_set_name(kvr_norm(ctx, x, eps), "%s_ln", stem);
-    h = kvr_set_name(kvr_mul(ctx, h, w), "%s_normed", stem);
-    if (b) h = kvr_set_name(kvr_add(ctx, h, b), "%s_normed_b", stem);
-    return h;
-}
-
-// the last n of the T rows of a [ne0, T] tensor
-static struct kvr_tensor * falcon_last_rows(struct kvr_context * ctx, struct kvr_tensor * t, int64_t T, int64_t n) {
-    return kvr_view_2d(ctx, t, t->ne[0], n, t->nb[1], (size_t)(T - n) * t->nb[1]);
-}
-
 static struct kvr_tensor * falcon_build(const struct kvr_model * m, const struct kvr_build * b) {
-    const struct kvr_hparams * hp = &m->hp;
-    struct kvr_context * ctx = b->ctx;
-    const int64_t T = b->n_tokens, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
+    struct mb g = mb_init(m, b);
+    const int64_t T = b->n_tokens, D = m->hp.head_dim, H = m->hp.n_head, Hkv = m->hp.n_head_kv;
     const size_t  fs = sizeof(float);
-    char stem[32];
-
-    struct kvr_tensor * x = kvr_set_name(kvr_get_rows(ctx, m->tok_embd, b->tokens), "inp_embd");
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
+    struct kvr_tensor * x = build_inp_embd(&g);
+    for (int il = 0; il < (int)m->hp.n_layer; il++) {
         const struct kvr_layer * l = &m->layers[il];
-        snprintf(stem, sizeof(stem), "blk.%u.attn", il);
-        struct kvr_tensor * h_mlp = falcon_layer_norm(ctx, x, l->attn_norm, l->attn_norm_b, hp->norm_eps, stem);
-        struct kvr_tensor * h_att = h_mlp;
-        if (l->attn_norm2) {
-            snprintf(stem, sizeof(stem), "blk.%u.attn2", il);
-            h_att = falcon_layer_norm(ctx, x, l->attn_norm2, l->attn_norm2_b, hp->norm_eps, stem);
-        }
+        struct kvr_tensor * h_mlp = build_norm(&g, x, l->attn_norm, l->attn_norm_b, MB_NORM_LAYER, "attn_norm", il);
+        struct kvr_tensor * h_att = l->attn_norm2 ? build_norm(&g, x, l->attn_norm2, l->attn_norm2_b, MB_NORM_LAYER, "attn_norm_2", il)
+                                                  : h_mlp;
+        // fused projection: rows [0, D*H) are the queries, then D*Hkv rows of keys, then of values
+        struct kvr_tensor * qkv = cb(kvr_mul_mat(g.ctx, l->wqkv, h_att), "qkv", il);
+        if (l->bqkv) qkv = cb(kvr_add(g.ctx, qkv, l->bqkv), "qkv_b", il);
+        struct kvr_tensor * q = cb(kvr_view_3d(g.ctx, qkv, D, H, T, D * fs, qkv->nb[1], 0), "q", il);
+        struct kvr_tensor * k = cb(kvr_view_3d(g.ctx, qkv, D, Hkv, T, D * fs, qkv->nb[1], (size_t)(D * H) * fs), "k", il);
+        struct kvr_tensor * v = cb(kvr_view_3d(g.ctx, qkv, D, Hkv, T, D * fs, qkv->nb[1], (size_t)(D * (H + Hkv)) * fs), "v", il);
+        v = cb(kvr_cont(g.ctx, v), "v_cont", il); // the strategy passes reshape k and v (k: RoPE's output)
+        struct kvr_tensor * o = build_last_rows(&g, build_attn(&g, l, q, k, v, 1.0f / sqrtf((float)D), il), il);
 
-        // fused projection: rows [0, E) are the queries, then kv_dim rows of keys, then of values
-        struct kvr_tensor * qkv = kvr_set_name(kvr_mul_mat(ctx, l->wqkv, h_att), "blk.%u.qkv", il);
-        if (l->bqkv) qkv = kvr_set_name(kvr_add(ctx, qkv, l->bqkv), "blk.%u.qkv_b", il);
-        struct kvr_tensor * q = kvr_set_name(kvr_view_3d(ctx, qkv, D, H, T, D * fs, qkv->nb[1], 0), "blk.%u.q", il);
-        struct kvr_tensor * k = kvr_set_name(kvr_view_3d(ctx, qkv, D, Hkv, T, D * fs, qkv->nb[1], (size_t)(D * H) * fs),
-                                             "blk.%u.k", il);
-        struct kvr_tensor * v = kvr_set_name(kvr_view_3d(ctx, qkv, D, Hkv, T, D * fs, qkv->nb[1], (size_t)(D * (H + Hkv)) * fs),
-                                             "blk.%u.v", il);
-        q = kvr_set_name(kvr_rope(ctx, q, b->pos, (int)hp->n_rot, hp->rope_mode, hp->rope_freq_base, hp->rope_freq_scale),
-                         "blk.%u.q_rope", il);
-        k = kvr_set_name(kvr_rope(ctx, k, b->pos, (int)hp->n_rot, hp->rope_mode, hp->rope_freq_base, hp->rope_freq_scale),
-                         "blk.%u.k_rope", il);
-        v = kvr_set_name(kvr_cont(ctx, v), "blk.%u.v_cont", il); // the strategy passes reshape k and v
-
-        struct kvr_tensor * a = kvr_set_name(kvr_attn_block(ctx, q, k, v, b->pos, (int)il), "blk.%u.attn", il);
-        struct kvr_tensor * o = kvr_set_name(kvr_mul_mat(ctx, l->wo, kvr_attn_out(ctx, a, (int)H)), "blk.%u.attn_proj", il);
-        if (l->bo) o = kvr_set_name(kvr_add(ctx, o, l->bo), "blk.%u.attn_proj_b", il);
-
-        if (il == hp->n_layer - 1 && b->n_outputs > 0 && b->n_outputs < T) {
-            // only the rows whose logits are wanted go through the last MLP and residual
-            const int64_t n = b->n_outputs;
-            o     = falcon_last_rows(ctx, o, T, n);
-            x     = falcon_last_rows(ctx, x, T, n);
-            h_mlp = falcon_last_rows(ctx, h_mlp, T, n);
-        }
-
-        struct kvr_tensor * up = kvr_set_name(kvr_mul_mat(ctx, l->ffn_up, h_mlp), "blk.%u.ffn_up", il);
-        if (l->ffn_up_b) up = kvr_set_name(kvr_add(ctx, up, l->ffn_up_b), "blk.%u.ffn_up_b", il);
-        up = kvr_set_name(kvr_gelu(ctx, up), "blk.%u.ffn_gelu", il);
-        struct kvr_tensor * down = kvr_set_name(kvr_mul_mat(ctx, l->ffn_down, up), "blk.%u.ffn_down", il);
-        if (l->ffn_down_b) down = kvr_set_name(kvr_add(ctx, down, l->ffn_down_b), "blk.%u.ffn_down_b", il);
-
+        // the MLP reads the layer's input, beside the attention
+        h_mlp = build_last_rows(&g, h_mlp, il);
+        struct kvr_tensor * f = build_ffn(&g, h_mlp, l->ffn_up, l->ffn_up_b, NULL, l->ffn_down, l->ffn_down_b, MB_ACT_GELU, il);
         // the order of llama.cpp's sums: (mlp + attn) + x
-        struct kvr_tensor * s = kvr_set_name(kvr_add(ctx, down, o), "blk.%u.ffn_attn", il);
-        x = kvr_set_name(kvr_add(ctx, s, x), "blk.%u.out", il);
+        x = cb(kvr_add(g.ctx, cb(kvr_add(g.ctx, f, o), "ffn_attn", il), build_last_rows(&g, x, il)), "out", il);
     }
-    if (b->n_outputs == 0) return x;
-    x = falcon_layer_norm(ctx, x, m->output_norm, m->output_norm_b, hp->norm_eps, "out");
-    return kvr_set_name(kvr_mul_mat(ctx, m->output, x), "logits");
+    return build_output(&g, x, MB_NORM_LAYER);
 }

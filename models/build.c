@@ -1,0 +1,189 @@
+// models/build.c - the helper layer the architectures' recipes are written in, in the manner of
+// llama.cpp's build_norm / build_ffn / build_attn: a recipe (models/llama.c, ...) says which
+// pieces a layer has and in what order, the helpers here say how each piece becomes ops.
+//
+//   load_layer_attn / load_layer_ffn   find and shape-check a layer's weights
+//   load_rope_freqs                    Llama 3's per-pair RoPE frequency divisors, if present
+//   cb                                 names a node "blk.<il>.<name>" (or "<name>" for il < 0)
+//   build_norm                         RMS or layer norm x weight (+ bias)
+//   build_rope                         RoPE with the model's mode, the layer's base and scale, and
+//                                      the model's per-pair frequency factors (Llama 3)
+//   build_qkv                          separate Q/K/V projections (+ biases), as heads
+//   build_attn                         q/k norms, RoPE, the ATTN_BLOCK a strategy pass rewrites
+//                                      (with the layer's window), the output projection (+ bias)
+//   build_ffn                          gated (act(gate x) * up x) or plain (act(up x)) FFN
+//   build_last_rows                    in the last layer, only the rows whose logits are wanted
+//   build_output                       final norm and the output matrix
+//
+// Compiled as part of kvr.c (included before the recipes), so it uses kvr.c's internal helpers.
+
+// What every recipe builds with.
+struct mb {
+    const struct kvr_model   * m;
+    const struct kvr_hparams * hp;
+    const struct kvr_build   * b;
+    struct kvr_context       * ctx;
+    int64_t                    T;     // tokens of this batch
+};
+
+static struct mb mb_init(const struct kvr_model * m, const struct kvr_build * b) {
+    return (struct mb) { .m = m, .hp = &m->hp, .b = b, .ctx = b->ctx, .T = b->n_tokens };
+}
+
+enum mb_norm { MB_NORM_RMS, MB_NORM_LAYER };
+enum mb_act  { MB_ACT_SILU, MB_ACT_GELU };
+
+//
+// loading
+//
+
+// What a layer's attention must have beyond the norm and the four projections: the others are
+// loaded when the file has them and left NULL when it does not.
+enum {
+    NEED_QKV_BIAS  = 1, // attn_q/k/v.bias (qwen2)
+    NEED_QK_NORM   = 2, // attn_q_norm/attn_k_norm.weight [head_dim] (qwen3, gemma3)
+    NEED_POST_NORM = 4, // post_attention_norm/post_ffw_norm.weight (gemma3)
+};
+
+// A layer with separate Q/K/V projections (llama, qwen, gemma). Q is head_dim*n_head wide, which
+// need not be n_embd (qwen3, gemma3).
+static int load_layer_attn(struct kvr_model * m, uint32_t il, unsigned need) {
+    const struct kvr_hparams * hp = &m->hp;
+    struct kvr_layer * l = &m->layers[il];
+    const int64_t E = hp->n_embd, D = hp->head_dim, q = D * hp->n_head, kv = D * hp->n_head_kv;
+    const bool bias = need & NEED_QKV_BIAS, qkn = need & NEED_QK_NORM, post = need & NEED_POST_NORM;
+    if (model_tensor(m, &l->attn_norm, true, 1, E, 1, "blk.%u.attn_norm.weight", il) ||
+        model_tensor(m, &l->wq, true, 2, E, q, "blk.%u.attn_q.weight", il) ||
+        model_tensor(m, &l->wk, true, 2, E, kv, "blk.%u.attn_k.weight", il) ||
+        model_tensor(m, &l->wv, true, 2, E, kv, "blk.%u.attn_v.weight", il) ||
+        model_tensor(m, &l->wo, true, 2, q, E, "blk.%u.attn_output.weight", il) ||
+        model_tensor(m, &l->bq, bias, 1, q, 1, "blk.%u.attn_q.bias", il) ||
+        model_tensor(m, &l->bk, bias, 1, kv, 1, "blk.%u.attn_k.bias", il) ||
+        model_tensor(m, &l->bv, bias, 1, kv, 1, "blk.%u.attn_v.bias", il) ||
+        model_tensor(m, &l->bo, false, 1, E, 1, "blk.%u.attn_output.bias", il) ||
+        model_tensor(m, &l->attn_q_norm, qkn, 1, D, 1, "blk.%u.attn_q_norm.weight", il) ||
+        model_tensor(m, &l->attn_k_norm, qkn, 1, D, 1, "blk.%u.attn_k_norm.weight", il) ||
+        model_tensor(m, &l->attn_post_norm, post, 1, E, 1, "blk.%u.post_attention_norm.weight", il)) {
+        return KVR_ERR_FORMAT;
+    }
+    if (!l->attn_q_norm != !l->attn_k_norm) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: layer %u has only one of attn_q_norm and attn_k_norm", m->path, il);
+    }
+    return KVR_OK;
+}
+
+// The FFN norm and matrices: gated (gate, up, down) or plain (up, down), with optional biases.
+static int load_layer_ffn(struct kvr_model * m, uint32_t il, bool gated, unsigned need) {
+    const struct kvr_hparams * hp = &m->hp;
+    struct kvr_layer * l = &m->layers[il];
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    if (model_tensor(m, &l->ffn_norm, true, 1, E, 1, "blk.%u.ffn_norm.weight", il) ||
+        (gated && model_tensor(m, &l->ffn_gate, true, 2, E, F, "blk.%u.ffn_gate.weight", il)) ||
+        model_tensor(m, &l->ffn_up, true, 2, E, F, "blk.%u.ffn_up.weight", il) ||
+        model_tensor(m, &l->ffn_down, true, 2, F, E, "blk.%u.ffn_down.weight", il) ||
+        model_tensor(m, &l->ffn_post_norm, need & NEED_POST_NORM, 1, E, 1, "blk.%u.post_ffw_norm.weight", il)) {
+        return KVR_ERR_FORMAT;
+    }
+    return KVR_OK;
+}
+
+// Llama 3.1+: rope_freqs.weight, the per-pair divisors of RoPE's frequencies (f32 [n_rot/2]);
+// every layer uses them (build_rope)
+static int load_rope_freqs(struct kvr_model * m) {
+    if (model_tensor(m, &m->rope_freqs, false, 1, m->hp.n_rot / 2, 1, "rope_freqs.weight")) return KVR_ERR_FORMAT;
+    if (m->rope_freqs && m->rope_freqs->type != KVR_TYPE_F32) {
+        return kvr_error(KVR_ERR_UNSUPP, "%s: tensor 'rope_freqs.weight' has type %s; kvr reads it as f32 only",
+                         m->path, kvr_type_name(m->rope_freqs->type));
+    }
+    return KVR_OK;
+}
+
+//
+// building
+//
+
+static struct kvr_tensor * cb(struct kvr_tensor * t, const char * name, int il) {
+    return il >= 0 ? kvr_set_name(t, "blk.%d.%s", il, name) : kvr_set_name(t, "%s", name);
+}
+
+// norm(x) * w (+ b); the result is named `name`, the bare norm "<name>_raw"
+static struct kvr_tensor * build_norm(struct mb * g, struct kvr_tensor * x, struct kvr_tensor * w, struct kvr_tensor * b,
+                                      enum mb_norm kind, const char * name, int il) {
+    char raw[KVR_MAX_NAME];
+    snprintf(raw, sizeof(raw), "%s_raw", name);
+    x = kind == MB_NORM_RMS ? kvr_rms_norm(g->ctx, x, g->hp->norm_eps) : kvr_norm(g->ctx, x, g->hp->norm_eps);
+    if (!w) return cb(x, name, il);
+    x = cb(kvr_mul(g->ctx, cb(x, raw, il), w), name, il);
+    return b ? cb(kvr_add(g->ctx, x, b), name, il) : x;
+}
+
+// x: [head_dim, heads, T], rotated at the batch's positions with the layer's parameters
+static struct kvr_tensor * build_rope(struct mb * g, struct kvr_tensor * x, const char * name, int il) {
+    const struct kvr_layer * l = &g->m->layers[il];
+    return cb(kvr_rope(g->ctx, x, g->b->pos, g->m->rope_freqs, (int)g->hp->n_rot, g->hp->rope_mode, l->rope_base, l->rope_scale),
+              name, il);
+}
+
+// the separate projections of h, with their biases, as heads: q [D, H, T], k and v [D, Hkv, T]
+static void build_qkv(struct mb * g, const struct kvr_layer * l, struct kvr_tensor * h, int il,
+                      struct kvr_tensor ** q, struct kvr_tensor ** k, struct kvr_tensor ** v) {
+    const int64_t D = g->hp->head_dim, H = g->hp->n_head, Hkv = g->hp->n_head_kv;
+    *q = cb(kvr_mul_mat(g->ctx, l->wq, h), "q", il);
+    *k = cb(kvr_mul_mat(g->ctx, l->wk, h), "k", il);
+    *v = cb(kvr_mul_mat(g->ctx, l->wv, h), "v", il);
+    if (l->bq) *q = cb(kvr_add(g->ctx, *q, l->bq), "q_b", il);
+    if (l->bk) *k = cb(kvr_add(g->ctx, *k, l->bk), "k_b", il);
+    if (l->bv) *v = cb(kvr_add(g->ctx, *v, l->bv), "v_b", il);
+    *q = kvr_reshape_3d(g->ctx, *q, D, H, g->T);
+    *k = kvr_reshape_3d(g->ctx, *k, D, Hkv, g->T);
+    *v = kvr_reshape_3d(g->ctx, *v, D, Hkv, g->T);
+}
+
+// The attention of layer il over q, k, v (as heads): the per-head q/k norms where the layer has
+// them, RoPE, the ATTN_BLOCK node with the layer's window and the given score scale, then the
+// output projection (+ bias). k and v must be contiguous: the strategy passes reshape them.
+static struct kvr_tensor * build_attn(struct mb * g, const struct kvr_layer * l, struct kvr_tensor * q,
+                                      struct kvr_tensor * k, struct kvr_tensor * v, float scale, int il) {
+    if (l->attn_q_norm) q = build_norm(g, q, l->attn_q_norm, NULL, MB_NORM_RMS, "q_norm", il);
+    if (l->attn_k_norm) k = build_norm(g, k, l->attn_k_norm, NULL, MB_NORM_RMS, "k_norm", il);
+    q = build_rope(g, q, "q_rope", il);
+    k = build_rope(g, k, "k_rope", il);
+    struct kvr_tensor * a = cb(kvr_attn_block(g->ctx, q, k, v, g->b->pos, il, scale, (int)l->window), "attn", il);
+    struct kvr_tensor * o = cb(kvr_mul_mat(g->ctx, l->wo, kvr_attn_out(g->ctx, a, (int)g->hp->n_head)), "attn_proj", il);
+    return l->bo ? cb(kvr_add(g->ctx, o, l->bo), "attn_proj_b", il) : o;
+}
+
+// down(act(gate x) * up x) when gate is given, else down(act(up x)); biases where given
+static struct kvr_tensor * build_ffn(struct mb * g, struct kvr_tensor * x, struct kvr_tensor * up, struct kvr_tensor * up_b,
+                                     struct kvr_tensor * gate, struct kvr_tensor * down, struct kvr_tensor * down_b,
+                                     enum mb_act act, int il) {
+    struct kvr_context * ctx = g->ctx;
+    struct kvr_tensor * u = cb(kvr_mul_mat(ctx, up, x), "ffn_up", il);
+    if (up_b) u = cb(kvr_add(ctx, u, up_b), "ffn_up_b", il);
+    struct kvr_tensor * a = gate ? cb(kvr_mul_mat(ctx, gate, x), "ffn_gate", il) : u;
+    a = cb(act == MB_ACT_SILU ? kvr_silu(ctx, a) : kvr_gelu(ctx, a), act == MB_ACT_SILU ? "ffn_silu" : "ffn_gelu", il);
+    if (gate) a = cb(kvr_mul(ctx, a, u), "ffn_gated", il);
+    struct kvr_tensor * d = cb(kvr_mul_mat(ctx, down, a), "ffn_down", il);
+    return down_b ? cb(kvr_add(ctx, d, down_b), "ffn_down_b", il) : d;
+}
+
+// In the last layer, after the attention, only the rows whose logits are wanted go on: the last
+// n_outputs of the T rows of t [ne0, T]. Elsewhere t itself.
+static struct kvr_tensor * build_last_rows(struct mb * g, struct kvr_tensor * t, int il) {
+    const int64_t n = g->b->n_outputs;
+    if (il != (int)g->hp->n_layer - 1 || n <= 0 || n >= g->T) return t;
+    return kvr_view_2d(g->ctx, t, t->ne[0], n, t->nb[1], (size_t)(g->T - n) * t->nb[1]);
+}
+
+// the token embeddings of the batch
+static struct kvr_tensor * build_inp_embd(struct mb * g) {
+    return cb(kvr_get_rows(g->ctx, g->m->tok_embd, g->b->tokens), "inp_embd", -1);
+}
+
+// the final norm and the output matrix: the logits [n_vocab, n_outputs]; with no outputs wanted,
+// the last layer's state itself
+static struct kvr_tensor * build_output(struct mb * g, struct kvr_tensor * x, enum mb_norm kind) {
+    if (g->b->n_outputs == 0) return x;
+    x = build_norm(g, x, g->m->output_norm, g->m->output_norm_b, kind, "out_norm", -1);
+    return cb(kvr_mul_mat(g->ctx, g->m->output, x), "logits", -1);
+}
