@@ -836,7 +836,8 @@ struct pass_ctx {
     struct kvr_tensor  ** sinks;
     int                   n_sinks, cap_sinks;
     struct kvr_tensor  ** step_pos;  // ring: positions received at step j (layer 0), reused
-    float                 scale;
+    float                 scale;     // of the ATTN_BLOCK being rewritten: its score scale
+    int                   window;    //   and its sliding window (0: none)
 };
 
 static struct kvr_tensor * sink(struct pass_ctx * pc, struct kvr_tensor * t, const char * why) {
@@ -904,42 +905,47 @@ static void pass_tsp(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     sink(pc, ks, "tsp: every rank's K rows into every rank's cache");
     sink(pc, vs, "tsp: every rank's V rows into every rank's cache");
     struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, T)), as_heads(pc, cache_rows(pc, c->v[il], 0, T)),
-                                     pos, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
+                                     pos, pc->kpos, vs, pc->scale, pc->window, pc->d->p.attn_mode);
     kvr_replace_node(t, a, "tsp: attention over the gathered cache");
 }
 
 static void pass_kvr(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
     struct kvr_kv_cache * c = pc->dr->cache;
-    const int r = pc->rank;
+    const int r = pc->rank, W = pc->window;
     int s = 0;
     for (int i = 0; i < r; i++) s += pc->pl->cnt[i];
     const int e = s + pc->pl->cnt[r];
+    // a sliding-window layer hands down only the rows the next rank's queries can see: the last
+    // W-1 before its slice (rank r+1 computes the same bound from s_{r+1} = e_r)
+    const int lo_in = W > 0 && s - W + 1 > 0 ? s - W + 1 : 0, lo_out = W > 0 && e - W + 1 > 0 ? e - W + 1 : 0;
     struct kvr_tensor * vs = store_new(pc, il, k, v, s);
     struct kvr_tensor * ks = vs->src[2];
-    if (r > 0 && s > 0) {
-        // the cache of every earlier token comes down the chain from rank r-1
-        struct kvr_tensor * rk = kvr_recv(pc->ctx, cache_rows(pc, c->k[il], 0, s), r - 1, kvr_tag(il, KVR_TAG_K, 0));
-        struct kvr_tensor * rv = kvr_recv(pc->ctx, cache_rows(pc, c->v[il], 0, s), r - 1, kvr_tag(il, KVR_TAG_V, 0));
+    if (r > 0 && s > lo_in) {
+        // the cache of the earlier tokens this rank needs comes down the chain from rank r-1
+        struct kvr_tensor * rk = kvr_recv(pc->ctx, cache_rows(pc, c->k[il], lo_in, s - lo_in), r - 1, kvr_tag(il, KVR_TAG_K, 0));
+        struct kvr_tensor * rv = kvr_recv(pc->ctx, cache_rows(pc, c->v[il], lo_in, s - lo_in), r - 1, kvr_tag(il, KVR_TAG_V, 0));
         kvr_set_name(rk, "blk.%d.k_recv", il);
         kvr_set_name(rv, "blk.%d.v_recv", il);
-        rk->why = rv->why = "kvr: K/V of tokens [0, s_r) from rank r-1";
+        rk->why = rv->why = W ? "kvr: K/V of the window's tokens before s_r from rank r-1" : "kvr: K/V of tokens [0, s_r) from rank r-1";
         ks->src[2] = rk;
         ks->src[3] = rv;
     }
-    if (r < pc->N - 1 && e > 0) {
-        struct kvr_tensor * sk = kvr_send(pc->ctx, cache_rows(pc, c->k[il], 0, e), r + 1, kvr_tag(il, KVR_TAG_K, 0));
-        struct kvr_tensor * sv = kvr_send(pc->ctx, cache_rows(pc, c->v[il], 0, e), r + 1, kvr_tag(il, KVR_TAG_V, 0));
+    if (r < pc->N - 1 && e > lo_out) {
+        struct kvr_tensor * sk = kvr_send(pc->ctx, cache_rows(pc, c->k[il], lo_out, e - lo_out), r + 1, kvr_tag(il, KVR_TAG_K, 0));
+        struct kvr_tensor * sv = kvr_send(pc->ctx, cache_rows(pc, c->v[il], lo_out, e - lo_out), r + 1, kvr_tag(il, KVR_TAG_V, 0));
         sk->src[1] = vs;
         sv->src[1] = vs;
         kvr_set_name(sk, "blk.%d.k_send", il);
         kvr_set_name(sv, "blk.%d.v_send", il);
-        sink(pc, sk, "kvr: K of tokens [0, e_r) on to rank r+1");
-        sink(pc, sv, "kvr: V of tokens [0, e_r) on to rank r+1");
+        sink(pc, sk, W ? "kvr: K of the window's tokens before e_r on to rank r+1" : "kvr: K of tokens [0, e_r) on to rank r+1");
+        sink(pc, sv, W ? "kvr: V of the window's tokens before e_r on to rank r+1" : "kvr: V of tokens [0, e_r) on to rank r+1");
     }
-    struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, e)), as_heads(pc, cache_rows(pc, c->v[il], 0, e)),
-                                     pos, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
-    kvr_replace_node(t, a, "kvr: attention over cache [0, e_r)");
+    struct kvr_tensor * kp = kvr_view_1d(pc->ctx, pc->kpos, e - lo_in, (size_t)lo_in * sizeof(int32_t));
+    struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], lo_in, e - lo_in)),
+                                     as_heads(pc, cache_rows(pc, c->v[il], lo_in, e - lo_in)), pos, kp, vs, pc->scale, W,
+                                     pc->d->p.attn_mode);
+    kvr_replace_node(t, a, W ? "kvr: sliding-window attention over cache [s_r-W+1, e_r)" : "kvr: attention over cache [0, e_r)");
 }
 
 // an input buffer a receive is posted into: allocated before the graph runs
@@ -948,6 +954,43 @@ static struct kvr_tensor * recv_buf(struct pass_ctx * pc, enum kvr_type type, in
     b->flags |= KVR_FLAG_INPUT;
     kvr_set_name(b, "receive buffer");
     return b;
+}
+
+// Ring-KV with a sliding window W: which rows of rank s's block travel on hop j (from rank s+j-1
+// to rank s+j): those some query of the ranks still ahead, s+j .. s+N-1, can see, as one range
+// [*a, *b) of the block (its cache rows: the old ones, then this eval's new ones, in position
+// order). Sender and receiver compute it alike from the plan. A row at p is seen by a query at q
+// iff p <= q < p+W. Old rows are all before the first new position P; their own positions are not
+// kept here, so they travel whenever the window of some query ahead reaches back before P. The
+// ranges shrink hop by hop (fewer ranks ahead), so each hop sends a slice of what it received.
+static void ring_kv_rows(const struct pass_ctx * pc, int s, int j, int * a, int * b) {
+    const struct eval_plan * pl = pc->pl;
+    const int N = pc->N, W = pc->window, n_old = pc->d->rows[s], n_new = pl->cnt[s];
+    *a = 0;
+    *b = n_old + n_new;
+    if (W <= 0) return;
+    int first = -1, last = -1;           // the needed new rows
+    int32_t q_min = INT32_MAX;           // the earliest query ahead
+    for (int h = j; h < N; h++) {
+        const int r = (s + h) % N, nq = pl->cnt[r];
+        const int32_t * qp = pl->pos[r]; // sorted
+        if (nq > 0 && qp[0] < q_min) q_min = qp[0];
+        for (int i = 0; i < n_new; i++) {
+            const int32_t p = pl->pos[s][i];
+            int lo = 0, hi = nq;         // the first query at or after p
+            while (lo < hi) {
+                const int mid = (lo + hi) / 2;
+                if (qp[mid] < p) lo = mid + 1; else hi = mid;
+            }
+            if (lo < nq && (int64_t)qp[lo] - p < W) {
+                if (first < 0 || i < first) first = i;
+                if (i > last) last = i;
+            }
+        }
+    }
+    const bool old = n_old > 0 && q_min != INT32_MAX && (int64_t)q_min - W + 1 < pl->P;
+    *a = old ? 0 : first >= 0 ? n_old + first : 0;
+    *b = first >= 0 ? n_old + last + 1 : old ? n_old : *a;
 }
 
 static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
@@ -959,23 +1002,29 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * vs = store_new(pc, il, k, v, pc->n_old);
     struct kvr_tensor * parts[256];
     struct kvr_tensor * bk = cache_rows(pc, c->k[il], 0, n_i), * bv = cache_rows(pc, c->v[il], 0, n_i), * bp = pc->kpos;
-    parts[0] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, vs, pc->scale, pc->d->p.attn_mode);
+    parts[0] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, vs, pc->scale, pc->window, pc->d->p.attn_mode);
     kvr_set_name(parts[0], "blk.%d.attn_part0", il);
     parts[0]->why = "ring-kv: partial attention over this rank's own K/V";
+    int held = 0; // the block held now is rows [held, ...) of its origin's block
     for (int j = 1; j < N; j++) {
-        // step j: pass on the block held at step j-1, take the block of rank (i-j) mod N
-        struct kvr_tensor * sk = kvr_send(pc->ctx, bk, next, kvr_tag(il, KVR_TAG_K, j));
-        struct kvr_tensor * sv = kvr_send(pc->ctx, bv, next, kvr_tag(il, KVR_TAG_V, j));
+        // step j: pass on (the part still needed of) the block held at step j-1, take the block of
+        // rank (i-j) mod N
+        int a, b;
+        ring_kv_rows(pc, (i - j + 1 + N) % N, j, &a, &b);
+        KVR_ASSERT(a == b || (a >= held && b - held <= bk->ne[1]));
+        const size_t off = a < b ? (size_t)(a - held) * bk->nb[1] : 0;
+        struct kvr_tensor * sk = kvr_send(pc->ctx, kvr_view_2d(pc->ctx, bk, bk->ne[0], b - a, bk->nb[1], off), next, kvr_tag(il, KVR_TAG_K, j));
+        struct kvr_tensor * sv = kvr_send(pc->ctx, kvr_view_2d(pc->ctx, bv, bv->ne[0], b - a, bv->nb[1], off), next, kvr_tag(il, KVR_TAG_V, j));
         sk->src[1] = vs;
         sv->src[1] = vs;
         kvr_set_name(sk, "blk.%d.k_send%d", il, j);
         kvr_set_name(sv, "blk.%d.v_send%d", il, j);
-        sink(pc, sk, "ring-kv: K block on to the next rank");
-        sink(pc, sv, "ring-kv: V block on to the next rank");
+        sink(pc, sk, pc->window ? "ring-kv: the K rows the ranks ahead can see, on to the next rank" : "ring-kv: K block on to the next rank");
+        sink(pc, sv, pc->window ? "ring-kv: the V rows the ranks ahead can see, on to the next rank" : "ring-kv: V block on to the next rank");
         if (il == 0) {
             struct kvr_tensor * sp = kvr_send(pc->ctx, bp, next, kvr_tag(0, KVR_TAG_KPOS, j));
             kvr_set_name(sp, "kpos_send%d", j);
-            sink(pc, sp, "ring-kv: positions of the K/V block (once, all layers share them)");
+            sink(pc, sp, "ring-kv: positions of the whole K/V block (once, all layers share them)");
         }
         // the executor runs nodes in order: the attention over the block held now goes between
         // this send and the next receive, so the transfer overlaps it (not in the last layer of
@@ -985,8 +1034,10 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         }
         const int src = (i + N - j) % N;
         const int rows = pc->d->rows[src] + pc->pl->cnt[src];
-        bk = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, rows, 1), prev, kvr_tag(il, KVR_TAG_K, j));
-        bv = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, rows, 1), prev, kvr_tag(il, KVR_TAG_V, j));
+        ring_kv_rows(pc, src, j, &a, &b);
+        held = a;
+        bk = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, b - a, 1), prev, kvr_tag(il, KVR_TAG_K, j));
+        bv = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, b - a, 1), prev, kvr_tag(il, KVR_TAG_V, j));
         kvr_set_name(bk, "blk.%d.k_recv%d", il, j);
         kvr_set_name(bv, "blk.%d.v_recv%d", il, j);
         // every block that is sent is received, even where only the output would need it
@@ -998,7 +1049,8 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             sink(pc, pc->step_pos[j], "ring-kv: positions of the K/V block of step j");
         }
         bp = pc->step_pos[j];
-        parts[j] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, NULL, pc->scale, pc->d->p.attn_mode);
+        struct kvr_tensor * kp = a == 0 && b == rows ? bp : kvr_view_1d(pc->ctx, bp, b - a, (size_t)a * sizeof(int32_t));
+        parts[j] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, kp, NULL, pc->scale, pc->window, pc->d->p.attn_mode);
         kvr_set_name(parts[j], "blk.%d.attn_part%d", il, j);
         parts[j]->why = "ring-kv: partial attention over the visiting K/V block";
     }
@@ -1043,7 +1095,7 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             }
             bp = pc->step_pos[j];
         }
-        struct kvr_tensor * part = kvr_attn(pc->ctx, bq, kl, vl, bp, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
+        struct kvr_tensor * part = kvr_attn(pc->ctx, bq, kl, vl, bp, pc->kpos, vs, pc->scale, pc->window, pc->d->p.attn_mode);
         kvr_set_name(part, "blk.%d.attn_part%d", il, j);
         part->why = "ring-q: partial attention of the visiting queries over this rank's K/V";
         prev_cp = NULL;
@@ -1077,7 +1129,8 @@ static void pass_ring_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il
     const int n_i = pc->n_old + (keep ? 1 : 0);
     struct kvr_tensor * vs = keep ? store_new(pc, il, k, v, pc->n_old) : NULL;
     struct kvr_tensor * part = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, n_i)),
-                                        as_heads(pc, cache_rows(pc, c->v[il], 0, n_i)), pos, pc->kpos, vs, pc->scale, pc->d->p.attn_mode);
+                                        as_heads(pc, cache_rows(pc, c->v[il], 0, n_i)), pos, pc->kpos, vs, pc->scale, pc->window,
+                                        pc->d->p.attn_mode);
     kvr_set_name(part, "blk.%d.attn_part", il);
     part->why = "ring decode: partial attention of the token over this rank's shard";
     struct kvr_tensor * all = recv_buf(pc, KVR_TYPE_F32, row, N, 1);
@@ -1101,6 +1154,8 @@ static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
     for (int b = 0; b < nb; b++) {
         struct kvr_tensor * t = blocks[b];
         const int il = t->op_params[0];
+        pc->scale  = kvr_attn_block_scale(t);
+        pc->window = kvr_attn_block_window(t);
         switch (pc->pl->strat) {
             case KVR_STRATEGY_TSP:     pass_tsp(pc, t, il); break;
             case KVR_STRATEGY_KVR:     pass_kvr(pc, t, il); break;
@@ -1165,8 +1220,7 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
 
     struct kvr_graph * g = kvr_graph_new(ctx, gsize);
     kvr_graph_expand(g, out);
-    struct pass_ctx pc = { .d = d, .dr = dr, .ctx = ctx, .pl = pl, .rank = r, .N = pl->N, .n_old = n_old, .kpos = kpos,
-                           .scale = 1.0f / sqrtf((float)m->hp.head_dim) };
+    struct pass_ctx pc = { .d = d, .dr = dr, .ctx = ctx, .pl = pl, .rank = r, .N = pl->N, .n_old = n_old, .kpos = kpos };
     struct kvr_tensor * step_pos[256] = { 0 };
     pc.step_pos = step_pos;
     if (pl->strat == KVR_STRATEGY_SINGLE) {

@@ -1344,12 +1344,14 @@ struct kvr_tensor * kvr_mul_mat(struct kvr_context * ctx, struct kvr_tensor * w,
 }
 
 struct kvr_tensor * kvr_rope(struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
-                             int n_rot, enum kvr_rope_mode mode, float freq_base, float freq_scale) {
+                             struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode, float freq_base, float freq_scale) {
     KVR_ASSERT(a->type == KVR_TYPE_F32 && pos->type == KVR_TYPE_I32 && pos->ne[0] == a->ne[2]);
     KVR_ASSERT(n_rot > 0 && n_rot % 2 == 0 && n_rot <= a->ne[0]);
+    KVR_ASSERT(!freqs || (freqs->type == KVR_TYPE_F32 && kvr_nelements(freqs) >= n_rot / 2));
     struct kvr_tensor * t = new_node_like(ctx, KVR_OP_ROPE, a);
     t->src[0] = a;
     t->src[1] = pos;
+    t->src[2] = freqs;
     t->op_params[0] = n_rot;
     t->op_params[1] = mode;
     set_param_f32(t, 2, freq_base);
@@ -1383,7 +1385,7 @@ struct kvr_tensor * kvr_kv_store(struct kvr_context * ctx, struct kvr_tensor * a
 }
 
 struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
-                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il) {
+                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il, float scale, int window) {
     KVR_ASSERT(q->ne[2] == k->ne[2] && k->ne[2] == v->ne[2] && pos->ne[0] == q->ne[2]);
     KVR_ASSERT(q->ne[0] == k->ne[0] && k->ne[0] == v->ne[0] && k->ne[1] == v->ne[1]);
     KVR_ASSERT(q->ne[1] % k->ne[1] == 0);
@@ -1394,12 +1396,17 @@ struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor *
     t->src[2] = v;
     t->src[3] = pos;
     t->op_params[0] = il;
+    t->op_params[1] = window > 0 ? window : 0;
+    set_param_f32(t, 2, scale);
     return t;
 }
 
+float kvr_attn_block_scale(const struct kvr_tensor * block) { return get_param_f32(block, 2); }
+int   kvr_attn_block_window(const struct kvr_tensor * block) { return block->op_params[1]; }
+
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
-                             struct kvr_tensor * dep, float scale, enum kvr_attn_mode mode) {
+                             struct kvr_tensor * dep, float scale, int window, enum kvr_attn_mode mode) {
     KVR_ASSERT(q->type == KVR_TYPE_F32 && k->type == KVR_TYPE_F32 && v->type == KVR_TYPE_F32);
     KVR_ASSERT(q->ne[0] == k->ne[0] && k->ne[0] == v->ne[0] && k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2]);
     KVR_ASSERT(q->ne[1] % k->ne[1] == 0 && q->nb[0] == 4 && k->nb[0] == 4 && v->nb[0] == 4);
@@ -1416,6 +1423,7 @@ struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, st
     t->op_params[0] = mode;
     t->op_params[1] = (int32_t)n_head;
     set_param_f32(t, 2, scale);
+    t->op_params[3] = window > 0 ? window : 0;
     return t;
 }
 
@@ -1820,11 +1828,16 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         ks->why = vs->why = "single: append this batch's K/V at [n_past, n_past+T)";
         // the ATTN reads the cache through views that depend on both stores
         vs->src[2] = ks;
-        struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n_past + T, D * sizeof(float), row, 0);
-        struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n_past + T, D * sizeof(float), row, 0);
-        struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kpos, vs, 1.0f / sqrtf((float)D), mode);
+        // a sliding-window layer reads only the rows its first query can still see
+        const int W = kvr_attn_block_window(t);
+        const int64_t lo = W > 0 && n_past - W + 1 > 0 ? n_past - W + 1 : 0, n = n_past + T - lo;
+        struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
+        struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
+        struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
+        struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t), W, mode);
         // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
-        kvr_replace_node(t, a, "single: causal attention over cache[0, n_past+T)");
+        kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
+                                 : "single: causal attention over cache[0, n_past+T)");
     }
     kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
 }
@@ -2472,11 +2485,13 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
 
 static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * a = dst->src[0], * pos = dst->src[1];
+    const float * ff = dst->src[2] ? (const float *)dst->src[2]->data : NULL; // per-pair divisors
     const int n_rot = dst->op_params[0];
     const int mode = dst->op_params[1];
     const float freq_base = get_param_f32(dst, 2), freq_scale = get_param_f32(dst, 3);
     const int64_t D = a->ne[0], H = a->ne[1], T = a->ne[2];
-    // theta_i = pos * base^(-2i/n_rot), stepped by repeated multiplication as GGML does
+    // theta_i = pos * base^(-2i/n_rot), stepped by repeated multiplication as GGML does; then
+    // divided by the pair's frequency factor and scaled, in GGML's order (rope_yarn)
     const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
     int64_t r0, r1;
     row_range(T, p->ith, p->nth, &r0, &r1);
@@ -2485,7 +2500,7 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     for (int64_t t = r0; t < r1; t++) {
         float theta = (float)((const int32_t *)pos->data)[t];
         for (int i = 0; i < n_rot / 2; i++) {
-            const float th = theta * freq_scale;
+            const float th = (ff ? theta / ff[i] : theta) * freq_scale;
             cs[2 * i]     = cosf(th);
             cs[2 * i + 1] = sinf(th);
             theta *= theta_scale;
@@ -2534,6 +2549,7 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
     const int mode = dst->op_params[0];
     const float scale = get_param_f32(dst, 2);
+    const int64_t W = dst->op_params[3];       // sliding window (0: none): key j seen iff qp-W < kp <= qp
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], Tk = k->ne[2];
     const int64_t G = H / Hkv;                 // query heads per KV head
     const int64_t BT = attn_tile_tokens(G);    // tokens per query tile
@@ -2576,8 +2592,9 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
                 if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
                 if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
             }
-            if (mode == KVR_ATTN_CAUSAL && kmin > qmax) continue; // every key is after every query
-            const bool need_mask = kmax > qmin;
+            // skipped: every key is after every query, or before the window of every query
+            if (mode == KVR_ATTN_CAUSAL && (kmin > qmax || (W > 0 && (int64_t)qmin - kmax >= W))) continue;
+            const bool need_mask = kmax > qmin || (W > 0 && (int64_t)qmax - kmin >= W);
             const float * Kt = (const float *)((const uint8_t *)k->data + g * k->nb[1] + j0 * k->nb[2]);
             const float * Vt = (const float *)((const uint8_t *)v->data + g * v->nb[1] + j0 * v->nb[2]);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)bk, (int)D,
@@ -2590,7 +2607,8 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
                 if (need_mask) {
                     seen = 0;
                     for (int64_t j = 0; j < bk; j++) {
-                        if (kpos[j0 + j] > qp) s[j] = -INFINITY;
+                        const int32_t kp = kpos[j0 + j];
+                        if (kp > qp || (W > 0 && (int64_t)qp - kp >= W)) s[j] = -INFINITY;
                         else seen++;
                     }
                 }
@@ -6432,14 +6450,20 @@ static int load_common_hparams(struct kvr_model * m) {
     }
     if (hp_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, hp->n_head)) return KVR_ERR_FORMAT;
     if (hp->n_embd == 0 || hp->n_layer == 0 || hp->n_head == 0 || hp->n_head_kv == 0 ||
-        hp->n_layer > 4096 || hp->n_head > 4096 || hp->n_embd % hp->n_head != 0 || hp->n_head % hp->n_head_kv != 0) {
+        hp->n_layer > 4096 || hp->n_head > 4096 || hp->n_head % hp->n_head_kv != 0 ||
+        (hp->n_embd % hp->n_head != 0 && !kvr_gguf_get_kv(m->gguf, arch_key(m, "attention.key_length")))) {
         return kvr_error(KVR_ERR_FORMAT, "%s: inconsistent shape: embedding_length %u, block_count %u, head_count %u, head_count_kv %u",
                          m->path, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv);
     }
-    if (hp_u32(m, "attention.key_length", &hp->head_dim, false, hp->n_embd / hp->n_head)) return KVR_ERR_FORMAT;
-    if (hp->head_dim != hp->n_embd / hp->n_head) {
-        return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = %u differs from embedding_length/head_count; not supported",
-                         m->path, arch_key(m, "attention.key_length"), hp->head_dim);
+    // the head size may differ from n_embd/n_head (qwen3, gemma3): Q is then head_dim*n_head wide
+    uint32_t v_len = 0;
+    if (hp_u32(m, "attention.key_length", &hp->head_dim, false, hp->n_embd / hp->n_head) ||
+        hp_u32(m, "attention.value_length", &v_len, false, hp->head_dim)) {
+        return KVR_ERR_FORMAT;
+    }
+    if (hp->head_dim == 0 || hp->head_dim > 4096 || v_len != hp->head_dim) {
+        return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = %u with '%s' = %u: kvr needs keys and values of one head size (1 to 4096)",
+                         m->path, arch_key(m, "attention.key_length"), hp->head_dim, arch_key(m, "attention.value_length"), v_len);
     }
     if (hp_u32(m, "rope.dimension_count", &hp->n_rot, false, hp->head_dim)) return KVR_ERR_FORMAT;
     if (hp->n_rot == 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0 || hp->n_rot > 1024) {
@@ -6460,9 +6484,6 @@ static int load_common_hparams(struct kvr_model * m) {
         hp->rope_freq_scale = 1.0f / factor;
     } else if (strcmp(stype, "none") != 0) {
         return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = '%s' is not supported (none and linear are)", m->path, arch_key(m, "rope.scaling.type"), stype);
-    }
-    if (kvr_gguf_get_tensor(m->gguf, "rope_freqs.weight")) {
-        return kvr_error(KVR_ERR_UNSUPP, "%s: tensor 'rope_freqs.weight' (per-dimension RoPE frequency factors) is not supported", m->path);
     }
     return KVR_OK;
 }
@@ -6524,13 +6545,18 @@ static int load_embeddings(struct kvr_model * m, bool norm_bias) {
 // architectures: each models/<arch>.c defines <arch>_load and <arch>_build
 //
 
+#include "models/build.c"
 #include "models/llama.c"
+#include "models/qwen.c"
 #include "models/falcon.c"
-
+#include "models/gemma3.c"
 
 static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_LLAMA]  = { "llama",  KVR_ARCH_LLAMA,  llama_load,  llama_build  },
     [KVR_ARCH_FALCON] = { "falcon", KVR_ARCH_FALCON, falcon_load, falcon_build },
+    [KVR_ARCH_QWEN2]  = { "qwen2",  KVR_ARCH_QWEN2,  qwen2_load,  llama_build  },
+    [KVR_ARCH_QWEN3]  = { "qwen3",  KVR_ARCH_QWEN3,  qwen3_load,  llama_build  },
+    [KVR_ARCH_GEMMA3] = { "gemma3", KVR_ARCH_GEMMA3, gemma3_load, gemma3_build },
 };
 
 struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_params * params) {
@@ -6566,7 +6592,16 @@ struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_para
     m->hp.n_vocab = (uint32_t)kvr_vocab_n_tokens(m->vocab);
     m->ctx = kvr_init((size_t)(m->hp.n_layer * 24 + 16) * (sizeof(struct kvr_tensor) + 64), true);
     m->layers = kvr_calloc(m->hp.n_layer, sizeof(struct kvr_layer));
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) { // a recipe's load changes what differs per layer
+        m->layers[il].rope_base  = m->hp.rope_freq_base;
+        m->layers[il].rope_scale = m->hp.rope_freq_scale;
+    }
     if (ai->load(m)) goto fail;
+    if (!m->rope_freqs && kvr_gguf_get_tensor(m->gguf, "rope_freqs.weight")) {
+        kvr_error(KVR_ERR_UNSUPP, "%s: tensor 'rope_freqs.weight' (per-pair RoPE frequency factors) is not part of the %s graph kvr knows",
+                  path, m->hp.arch_name);
+        goto fail;
+    }
     return m;
 fail:
     kvr_model_free(m);

@@ -456,7 +456,12 @@ struct attn_ref {
     const float * v;     int64_t kv_tok;
     const int32_t * qpos, * kpos;
     double scale;
+    int window;          // 0: none; else key j is seen by query i only if qpos[i] - kpos[j] < window
 };
+
+static bool ref_masked(const struct attn_ref * a, int i, int j) {
+    return a->kpos[j] > a->qpos[i] || (a->window > 0 && (int64_t) a->qpos[i] - a->kpos[j] >= a->window);
+}
 
 // out: per query row, O of each head then the LSE of each head (kvr_attn's layout)
 static void ref_attn(const struct attn_ref * a, double * out) {
@@ -470,7 +475,7 @@ static void ref_attn(const struct attn_ref * a, double * out) {
             double * o = out + i * row + (int64_t) h * a->hd;
             double m = -INFINITY;
             for (int j = 0; j < a->Tk; j++) {
-                if (a->kpos[j] > a->qpos[i]) {
+                if (ref_masked(a, i, j)) {
                     continue;
                 }
                 const float * k = a->k + j * a->kv_tok + g * a->hd;
@@ -490,7 +495,7 @@ static void ref_attn(const struct attn_ref * a, double * out) {
             }
             double sum = 0.0;
             for (int j = 0; j < a->Tk; j++) {
-                if (a->kpos[j] > a->qpos[i]) {
+                if (ref_masked(a, i, j)) {
                     continue;
                 }
                 const double w = exp(s[j] - m);
@@ -513,7 +518,7 @@ static void ref_attn(const struct attn_ref * a, double * out) {
 // running product theta *= theta_scale), theta_i carries up to ~(3i + 4) ulps of itself, and an
 // error e in the angle moves the pair by e * |(x0, x1)|.
 static void ref_rope(const float * x, double * y, double * extra, int hd, int H, int T, const int32_t * pos,
-                     int n_rot, enum kvr_rope_mode mode, double base, double fs) {
+                     const float * ff, int n_rot, enum kvr_rope_mode mode, double base, double fs) {
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
             const float * xr = x + ((int64_t) t * H + h) * hd;
@@ -524,7 +529,7 @@ static void ref_rope(const float * x, double * y, double * extra, int hd, int H,
                 er[d] = 0.0;
             }
             for (int i = 0; i < n_rot / 2; i++) {
-                const double theta = pos[t] * fs * pow(base, -2.0 * i / n_rot);
+                const double theta = pos[t] * fs * pow(base, -2.0 * i / n_rot) / (ff ? ff[i] : 1.0);
                 const int i0 = mode == KVR_ROPE_NEOX ? i : 2 * i;
                 const int i1 = mode == KVR_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
                 const double x0 = xr[i0], x1 = xr[i1], c = cos(theta), s = sin(theta);
@@ -897,11 +902,12 @@ struct rope_case {
     bool strided;       // a: a view one head into rows of hd*(H + 2) floats (a fused qkv)
 };
 
-static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, int nt) {
+// freqs: with per-pair frequency divisors (Llama 3's rope_freqs: 1, a ramp, then 8)
+static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, bool freqs, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "ROPE(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s,base=%g,freq_scale=%g,pos=%s%s)", rc->hd, rc->H,
+    tc_begin(&tc, nt, "ROPE(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s,base=%g,freq_scale=%g,pos=%s%s%s)", rc->hd, rc->H,
              rc->T, rc->n_rot, mode == KVR_ROPE_NEOX ? "neox" : "norm", rc->base, rc->fs, rc->pos,
-             rc->strided ? ",a=strided view" : "");
+             rc->strided ? ",a=strided view" : "", freqs ? ",freq factors" : "");
     const int64_t N = (int64_t) rc->hd * rc->H * rc->T;
     struct kvr_tensor * a;
     float * x;   // a's values, dense
@@ -930,12 +936,18 @@ static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, int nt)
             pos[i] = i < 6 ? large[i] : rng_int(1 << 21);
         }
     }
-    struct kvr_tensor * y = kvr_rope(tc.ctx, a, tc_input_i32(&tc, rc->T, pos), rc->n_rot, mode, rc->base, rc->fs);
+    struct kvr_tensor * ff = NULL;
+    if (freqs) {
+        ff = tc_input_f32(&tc, 1, rc->n_rot / 2, 1, 1, 1.0f);
+        float * f = ff->data;
+        for (int i = 0; i < rc->n_rot / 2; i++) f[i] = i < rc->n_rot / 8 ? 1.0f : i < rc->n_rot / 4 ? 1.0f + 7.0f * (float) i / (float) rc->n_rot : 8.0f;
+    }
+    struct kvr_tensor * y = kvr_rope(tc.ctx, a, tc_input_i32(&tc, rc->T, pos), ff, rc->n_rot, mode, rc->base, rc->fs);
     if (tc_shape(&tc, y, KVR_TYPE_F32, rc->hd, rc->H, rc->T, 1)) {
         tc_output(&tc, y, "y");
         if (tc_compute(&tc, &y, 1)) {
             double * ref = tc_doubles(&tc, N), * extra = tc_doubles(&tc, N);
-            ref_rope(x, ref, extra, rc->hd, rc->H, rc->T, pos, rc->n_rot, mode, rc->base, rc->fs);
+            ref_rope(x, ref, extra, rc->hd, rc->H, rc->T, pos, ff ? ff->data : NULL, rc->n_rot, mode, rc->base, rc->fs);
             tc_check(&tc, "y", tc_read(&tc, y), ref, N, rc->hd, TOL_ELEM, extra);
         }
     }
@@ -958,8 +970,9 @@ static void grp_rope(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int m = 0; m < 2; m++) {
             for (int nt = 1; nt <= 3; nt++) {
-                t_rope(&cases[c], m ? KVR_ROPE_NEOX : KVR_ROPE_NORM, nt);
+                t_rope(&cases[c], m ? KVR_ROPE_NEOX : KVR_ROPE_NORM, false, nt);
             }
+            if (cases[c].n_rot >= 16) t_rope(&cases[c], m ? KVR_ROPE_NEOX : KVR_ROPE_NORM, true, 2);
         }
     }
 }
@@ -1083,7 +1096,7 @@ static void t_kv_store(int hd, int Hkv, int H, int n_ctx, int p, int T, int nt) 
     }
     const float scale = 1.0f / sqrtf((float) hd);
     struct kvr_tensor * attn = kvr_attn(tc.ctx, q, kv[0], kv[1], tc_input_i32(&tc, T, qpos),
-                                        tc_input_i32(&tc, p + T, kpos), store[0], scale, KVR_ATTN_CAUSAL);
+                                        tc_input_i32(&tc, p + T, kpos), store[0], scale, 0, KVR_ATTN_CAUSAL);
     if (tc_shape(&tc, store[0], KVR_TYPE_F32, kv_dim, T, 1, 1) && tc_shape(&tc, store[1], KVR_TYPE_F32, kv_dim, T, 1, 1) &&
         tc_shape(&tc, attn, KVR_TYPE_F32, (int64_t) hd * H + H, T, 1, 1)) {
         tc_output(&tc, attn, "attn");
@@ -1183,10 +1196,10 @@ static void attn_positions(const char * kind, int Tq, int Tk, int32_t * qpos, in
     }
 }
 
-static void t_attn(const struct attn_case * ac, enum kvr_attn_mode mode, int nt) {
+static void t_attn(const struct attn_case * ac, int window, enum kvr_attn_mode mode, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s%s%s)", ac->hd, ac->H, ac->Hkv, ac->Tq,
-             ac->Tk, ac->pos, mode_str(mode), ac->q_strided ? ",q=strided" : "", ac->hot ? ",hot" : "");
+    tc_begin(&tc, nt, "ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s%s%s,window=%d)", ac->hd, ac->H, ac->Hkv, ac->Tq,
+             ac->Tk, ac->pos, mode_str(mode), ac->q_strided ? ",q=strided" : "", ac->hot ? ",hot" : "", window);
     const int hd = ac->hd, H = ac->H, Tq = ac->Tq, Tk = ac->Tk;
     const float amp = ac->hot ? 16.0f : 1.0f;
     struct kvr_tensor * q;
@@ -1207,7 +1220,7 @@ static void t_attn(const struct attn_case * ac, enum kvr_attn_mode mode, int nt)
     attn_positions(ac->pos, Tq, Tk, qpos, kpos);
     const float scale = ac->hot ? 1.0f : 1.0f / sqrtf((float) hd);
     struct kvr_tensor * y = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos), NULL,
-                                     scale, mode);
+                                     scale, window, mode);
     const int64_t row = (int64_t) hd * H + H;
     if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1)) {
         tc_output(&tc, y, "attn");
@@ -1215,7 +1228,7 @@ static void t_attn(const struct attn_case * ac, enum kvr_attn_mode mode, int nt)
             const struct attn_ref ar = {
                 .hd = hd, .H = H, .Hkv = ac->Hkv, .Tq = Tq, .Tk = Tk, .q = qd, .q_tok = q_tok,
                 .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * ac->Hkv,
-                .qpos = qpos, .kpos = kpos, .scale = scale,
+                .qpos = qpos, .kpos = kpos, .scale = scale, .window = window,
             };
             double * ref = tc_doubles(&tc, row * Tq);
             ref_attn(&ar, ref);
@@ -1255,7 +1268,30 @@ static void grp_attn(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int m = 0; m < 2; m++) {
             for (int nt = 1; nt <= 3; nt++) {
-                t_attn(&cases[c], m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+                t_attn(&cases[c], 0, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+            }
+        }
+    }
+    // sliding windows (gemma3's local layers): shorter and longer than a key tile, 1 (a query sees
+    // only itself), over zigzag shards (a ring step), shuffled keys, a decode step far from the keys
+    static const struct { struct attn_case c; int window; } wcases[] = {
+        { { 16, 2, 2, 7, 7, "causal", false, false }, 3 },
+        { { 64, 8, 2, 33, 33, "causal", false, false }, 1 },
+        { { 64, 4, 1, 7, 40, "causal", false, false }, 16 },
+        { { 80, 4, 2, 33, 130, "mid", false, false }, 20 },
+        { { 16, 4, 2, 10, 10, "zz-1-2", false, false }, 4 },
+        { { 64, 6, 3, 66, 66, "zz-2-1", false, false }, 9 },
+        { { 64, 4, 2, 33, 33, "shuffled", false, false }, 8 },
+        { { 64, 4, 2, 1, 67, "causal", false, false }, 16 },
+        { { 16, 2, 1, 300, 300, "causal", false, true }, 100 },
+        { { 16, 2, 1, 40, 700, "shuffled", false, false }, 300 },
+        { { 16, 2, 2, 520, 520, "zz-2-1", false, false }, 50 },
+        { { 32, 4, 1, 1, 777, "causal", true, false }, 1000 },
+    };
+    for (size_t c = 0; c < sizeof(wcases) / sizeof(wcases[0]); c++) {
+        for (int m = 0; m < 2; m++) {
+            for (int nt = 1; nt <= 3; nt += 2) {
+                t_attn(&wcases[c].c, wcases[c].window, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
             }
         }
     }
@@ -1360,7 +1396,7 @@ static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const c
         struct kvr_tensor * kc = kvr_view_3d(tc.ctx, k, hd, Hkv, j1 - j0, k->nb[1], k->nb[2], (size_t) j0 * k->nb[2]);
         struct kvr_tensor * vc = kvr_view_3d(tc.ctx, v, hd, Hkv, j1 - j0, v->nb[1], v->nb[2], (size_t) j0 * v->nb[2]);
         struct kvr_tensor * pc = kvr_view_1d(tc.ctx, kp, j1 - j0, (size_t) j0 * sizeof(int32_t));
-        parts[c] = kvr_attn(tc.ctx, q, kc, vc, qp, pc, NULL, scale, mode);
+        parts[c] = kvr_attn(tc.ctx, q, kc, vc, qp, pc, NULL, scale, 0, mode);
     }
     const int64_t row = (int64_t) hd * H + H;
     struct kvr_tensor * y = kvr_merge_attn(tc.ctx, parts, n_chunks, H);
@@ -1478,7 +1514,7 @@ static void t_view_ops(int hd, int H, int T, int nt) {
     struct kvr_tensor * y[3] = {
         kvr_mul(tc.ctx, v1, v2),
         kvr_scale(tc.ctx, kvr_view_1d(tc.ctx, t, (int64_t) n * T - 3, 3 * sizeof(float)), 0.5f),
-        kvr_rope(tc.ctx, kvr_reshape_3d(tc.ctx, t, hd, H, T), tc_input_i32(&tc, T, pos), hd, KVR_ROPE_NORM, 10000.0f,
+        kvr_rope(tc.ctx, kvr_reshape_3d(tc.ctx, t, hd, H, T), tc_input_i32(&tc, T, pos), NULL, hd, KVR_ROPE_NORM, 10000.0f,
                  1.0f),
     };
     if (tc_shape(&tc, y[0], KVR_TYPE_F32, n, half, 1, 1) && tc_shape(&tc, y[1], KVR_TYPE_F32, (int64_t) n * T - 3, 1, 1, 1) &&
@@ -1499,7 +1535,7 @@ static void t_view_ops(int hd, int H, int T, int nt) {
             for (int64_t i = 0; i < N - 3; i++) {
                 r1[i] = 0.5 * s[i + 3];
             }
-            ref_rope(s, r2, ex, hd, H, T, pos, hd, KVR_ROPE_NORM, 10000.0, 1.0);
+            ref_rope(s, r2, ex, hd, H, T, pos, NULL, hd, KVR_ROPE_NORM, 10000.0, 1.0);
             tc_check(&tc, "mul of views", tc_read(&tc, y[0]), r0, (int64_t) n * half, n, TOL_ELEM, NULL);
             tc_check(&tc, "scale of view_1d", tc_read(&tc, y[1]), r1, N - 3, N - 3, TOL_ELEM, NULL);
             tc_check(&tc, "rope of reshape", tc_read(&tc, y[2]), r2, N, hd, TOL_ELEM, ex);
@@ -1519,7 +1555,7 @@ static void t_attn_out(int hd, int H, int Hkv, int T, int N, int nt) {
     for (int i = 0; i < T; i++) pos[i] = i;
     struct kvr_tensor * p = tc_input_i32(&tc, T, pos);
     const float scale = 1.0f / sqrtf((float) hd);
-    struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, p, p, NULL, scale, KVR_ATTN_CAUSAL);
+    struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, p, p, NULL, scale, 0, KVR_ATTN_CAUSAL);
     struct kvr_tensor * o = kvr_attn_out(tc.ctx, attn, H);
     float * wr;
     struct kvr_tensor * wo = tc_weight(&tc, KVR_TYPE_F32, (int64_t) hd * H, N, &wr);
@@ -1731,7 +1767,7 @@ static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_a
             struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, Hkv, T, 1.0f);
             memcpy(allk[il] + n_past * kv_dim, k->data, sizeof(float) * (size_t) (kv_dim * T));
             memcpy(allv[il] + n_past * kv_dim, v->data, sizeof(float) * (size_t) (kv_dim * T));
-            blk[il] = kvr_attn_block(ctx, q[il], k, v, tpos, il);
+            blk[il] = kvr_attn_block(ctx, q[il], k, v, tpos, il, 1.0f / sqrtf((float) hd), 0);
             if (!tc_shape(&tc, blk[il], KVR_TYPE_F32, row, T, 1, 1)) {
                 goto done;
             }
@@ -1845,7 +1881,7 @@ static void t_counters(int hd, int H, int Tq, int Tk, const char * pos, enum kvr
     attn_positions(pos, Tq, Tk, qpos, kpos);
     const float scale = 1.0f / sqrtf((float) hd);
     struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos),
-                                        NULL, scale, mode);
+                                        NULL, scale, 0, mode);
     float * wr;
     struct kvr_tensor * w = tc_weight(&tc, KVR_TYPE_F16, K, N, &wr);
     struct kvr_tensor * x = tc_input_f32(&tc, 2, K, Tq, 1, 1.0f);
