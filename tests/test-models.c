@@ -1,0 +1,382 @@
+// test-models.c - the architectures of models/ end to end against llama.cpp's outputs, and what
+// the loader refuses.
+//
+// SHARED/reference/archs/tiny-{llama3,qwen2,qwen3,gemma3}.* (random weights, made by llama.cpp; see
+// SHARED/reference/README.md): each prompt's .tokens in one kvr_session_eval, the last token's
+// logits within LOGIT_TOL of .logits, the greedy continuation equal to .greedy. Then variants of
+// those files rewritten to a temporary GGUF, each showing that a piece of the recipe is used:
+//   - tiny-llama3 without rope_freqs.weight: the logits move (Llama 3's frequency factors count)
+//   - tiny-gemma3 with its defaults written out (sliding_window_pattern 6, rope.freq_base_swa
+//     10000) or the pattern as one bool per layer: the same logits, bit for bit; without
+//     attention.sliding_window: the logits move
+//   - general.architecture "mamba": refused, naming it and the supported architectures
+//   - rope_freqs.weight in a qwen2 file, final_logit_softcapping in a gemma3 file: refused, naming them
+// SmolLM2-135M-Instruct (models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf, where tools/install-deps.sh
+// puts it; KVR_SMOLLM2 overrides the path) against SHARED/reference/smollm2-{story,code,chat}:
+// logits of the Q4_1 file's exact math against llama.cpp's on the dequantized twin, greedy ids
+// (the reference stops early at <|im_end|>).
+//
+//   test-models [SHARED]      (default ../shared)
+//
+// A missing file is a skip that says which; the last line is "N passed, M failed[, K skipped]".
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define LOGIT_TOL 1e-4
+// tiny-gemma3 only: GGML's GELU rounds its input to fp16 (llama.cpp's CPU path, and kvr's), so a
+// last-bit difference before it becomes a whole fp16 step, and this random 8-layer model amplifies
+// those steps (the reference README: an exact GELU lands 3.4e-3 away). kvr's attention sums in
+// another order than llama.cpp's (a tiled online softmax against GGML's soft_max with its own
+// vectorized expf), and lands ~9e-4 away, where the pieces of the recipe each move the logits
+// by 0.3 or more (the variants below). The greedy ids are identical.
+#define LOGIT_TOL_GEMMA3 2e-3
+#define MAX_IDS   4096
+
+static int n_pass, n_fail, n_skip;
+
+static void check(bool ok, const char * fmt, ...) {
+    if (ok) {
+        n_pass++;
+        return;
+    }
+    n_fail++;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+static void skip(const char * fmt, ...) {
+    n_skip++;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("SKIP ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+static bool file_exists(const char * path) {
+    return access(path, R_OK) == 0;
+}
+
+// Comma- or whitespace-separated integers; returns the count (at most cap), -1 if unreadable.
+static int read_ids(const char * path, int32_t * out, int cap) {
+    FILE * f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0, c;
+    long v = 0;
+    bool in_num = false;
+    while ((c = fgetc(f)) != EOF) {
+        if (c >= '0' && c <= '9') {
+            v = v * 10 + (c - '0');
+            in_num = true;
+        } else {
+            if (in_num && n < cap) out[n++] = (int32_t) v;
+            v = 0;
+            in_num = false;
+        }
+    }
+    if (in_num && n < cap) out[n++] = (int32_t) v;
+    fclose(f);
+    return n;
+}
+
+// One float per line; returns the count (at most cap), -1 if unreadable.
+static int read_floats(const char * path, float * out, int cap) {
+    FILE * f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0;
+    float x;
+    while (n < cap && fscanf(f, "%f", &x) == 1) out[n++] = x;
+    fclose(f);
+    return n;
+}
+
+static double max_diff(const float * a, const float * b, int n, int * at) {
+    double worst = 0.0;
+    *at = 0;
+    for (int i = 0; i < n; i++) {
+        const double d = fabs((double) a[i] - b[i]);
+        if (!(d <= worst)) { worst = d; *at = i; } // NaN counts as worst
+    }
+    return worst;
+}
+
+// The last-token logits of a prompt into out (n_vocab floats); false with a FAIL on error.
+static bool eval_prompt(const struct kvr_model * m, const int32_t * toks, int n, float * out, const char * what) {
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n + 1, .n_threads = 2 });
+    check(s != NULL, "%s: session: %s", what, kvr_last_error());
+    if (!s) return false;
+    const float * lg = kvr_session_eval(s, toks, n);
+    check(lg != NULL, "%s: eval: %s", what, kvr_last_error());
+    if (lg) memcpy(out, lg, sizeof(float) * m->hp.n_vocab);
+    kvr_session_free(s);
+    return lg != NULL;
+}
+
+// A reference: NAME.gguf (or gguf_path) with NAME.tokens, .logits, .greedy under dir.
+// Returns the model (for the variants) or NULL; the caller frees it.
+static struct kvr_model * test_reference(const char * dir, const char * name, const char * gguf_path, double tol,
+                                         int32_t * toks, int * n_toks_out) {
+    char p_gguf[1024], p_tokens[1024], p_logits[1024], p_greedy[1024];
+    if (gguf_path) snprintf(p_gguf, sizeof p_gguf, "%s", gguf_path);
+    else snprintf(p_gguf, sizeof p_gguf, "%s/%s.gguf", dir, name);
+    snprintf(p_tokens, sizeof p_tokens, "%s/%s.tokens", dir, name);
+    snprintf(p_logits, sizeof p_logits, "%s/%s.logits", dir, name);
+    snprintf(p_greedy, sizeof p_greedy, "%s/%s.greedy", dir, name);
+    const char * paths[4] = { p_gguf, p_tokens, p_logits, p_greedy };
+    for (int i = 0; i < 4; i++) {
+        if (!file_exists(paths[i])) {
+            skip("%s: %s not found", name, paths[i]);
+            return NULL;
+        }
+    }
+    static int32_t greedy[MAX_IDS];
+    const int n_toks = read_ids(p_tokens, toks, MAX_IDS), n_greedy = read_ids(p_greedy, greedy, MAX_IDS);
+    check(n_toks > 0 && n_greedy > 0, "%s: reading %s and %s", name, p_tokens, p_greedy);
+    if (n_toks <= 0 || n_greedy <= 0) return NULL;
+    *n_toks_out = n_toks;
+    struct kvr_model * m = kvr_model_load(p_gguf, NULL);
+    check(m != NULL, "%s: load: %s", name, kvr_last_error());
+    if (!m) return NULL;
+    const int V = (int) m->hp.n_vocab;
+    float * want = malloc(sizeof(float) * (size_t) (V + 1));
+    const int n_want = read_floats(p_logits, want, V + 1);
+    check(n_want == V, "%s: the logits file has %d values, the vocabulary %d", name, n_want, V);
+
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_toks + n_greedy + 1, .n_threads = 2 });
+    check(s != NULL, "%s: session: %s", name, kvr_last_error());
+    const float * lg = s ? kvr_session_eval(s, toks, n_toks) : NULL;
+    check(lg != NULL, "%s: eval of %d prompt tokens: %s", name, n_toks, kvr_last_error());
+    if (lg && n_want == V) {
+        int at;
+        const double worst = max_diff(lg, want, V, &at);
+        printf("%-14s logits: max |kvr - llama.cpp| = %.3g at id %d (kvr %.7g, llama.cpp %.7g; tolerance %g)\n", name, worst,
+               at, lg[at], want[at], tol);
+        check(worst <= tol, "%s: logits: max difference %.3g at id %d exceeds %g", name, worst, at, tol);
+    }
+    int32_t got[MAX_IDS];
+    int n_got = 0;
+    while (lg && n_got < n_greedy) {
+        const int32_t id = kvr_argmax(lg, V);
+        got[n_got++] = id;
+        if (n_got == n_greedy) break;
+        lg = kvr_session_eval(s, &id, 1);
+        check(lg != NULL, "%s: decode step %d: %s", name, n_got, kvr_last_error());
+    }
+    int bad = -1;
+    for (int i = 0; i < n_greedy && bad < 0; i++) {
+        if (i >= n_got || got[i] != greedy[i]) bad = i;
+    }
+    check(bad < 0, "%s: greedy id %d is %d, llama.cpp has %d", name, bad, bad >= 0 && bad < n_got ? got[bad] : -1,
+          bad >= 0 ? greedy[bad] : -1);
+    kvr_session_free(s);
+    free(want);
+    return m;
+}
+
+//
+// variants: a reference file rewritten with keys or tensors changed
+//
+
+struct variant {
+    const char * what;
+    const char * drop_key;      // leave this metadata key out
+    const char * drop_tensor;   // leave this tensor out
+    const char * set_str_key;   // set this string key ...
+    const char * set_str;       //   ... to this
+    const char * set_u32_key;   // set this u32 key ...
+    uint32_t     set_u32;
+    const char * set_f32_key;   // set this f32 key ...
+    float        set_f32;
+    const char * set_bools_key; // set this key to one bool per layer: true unless il % 6 == 5
+    const char * add_tensor;    // add this f32 tensor of add_n zeros
+    int64_t      add_n;
+};
+
+static char tmp_path[512];
+
+static bool write_variant(const struct kvr_model * m, const struct variant * v) {
+    const struct kvr_gguf * g = m->gguf;
+    struct kvr_gguf_writer * w = kvr_gguf_writer_new();
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int) g->kv[i].key.len, g->kv[i].key.s);
+        const char * skip_keys[] = { v->drop_key, v->set_str_key, v->set_u32_key, v->set_f32_key, v->set_bools_key };
+        bool skip_it = false;
+        for (int k = 0; k < 5; k++) skip_it = skip_it || (skip_keys[k] && strcmp(key, skip_keys[k]) == 0);
+        if (!skip_it) kvr_gguf_copy_kv(w, g, key); // a prefix: keys it also matches are written once
+    }
+    if (v->set_str_key) kvr_gguf_set_str(w, v->set_str_key, v->set_str);
+    if (v->set_u32_key) kvr_gguf_set_u32(w, v->set_u32_key, v->set_u32);
+    if (v->set_f32_key) kvr_gguf_set_f32(w, v->set_f32_key, v->set_f32);
+    uint8_t bools[4096];
+    if (v->set_bools_key) {
+        for (uint32_t il = 0; il < m->hp.n_layer; il++) bools[il] = il % 6 != 5;
+        kvr_gguf_set_arr(w, v->set_bools_key, KVR_GGUF_BOOL, bools, m->hp.n_layer);
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct kvr_gguf_tensor * t = &g->tensors[i];
+        if (v->drop_tensor && strcmp(t->name, v->drop_tensor) == 0) continue;
+        kvr_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data);
+    }
+    float * zeros = NULL;
+    if (v->add_tensor) {
+        zeros = calloc((size_t) v->add_n, sizeof(float));
+        kvr_gguf_add_tensor(w, v->add_tensor, KVR_TYPE_F32, 1, &v->add_n, zeros);
+    }
+    const int rc = kvr_gguf_writer_save(w, tmp_path);
+    kvr_gguf_writer_free(w);
+    free(zeros);
+    check(rc == KVR_OK, "%s: writing %s: %s", v->what, tmp_path, kvr_last_error());
+    return rc == KVR_OK;
+}
+
+// The variant loads and its logits equal base bit for bit (same) or differ by more than min_diff.
+static void variant_logits(const struct kvr_model * m, const struct variant * v, const int32_t * toks, int n,
+                           const float * base, bool same, double min_diff) {
+    if (!write_variant(m, v)) return;
+    struct kvr_model * mv = kvr_model_load(tmp_path, NULL);
+    check(mv != NULL, "%s: load: %s", v->what, kvr_last_error());
+    if (!mv) return;
+    float * got = malloc(sizeof(float) * m->hp.n_vocab);
+    if (eval_prompt(mv, toks, n, got, v->what)) {
+        int at;
+        const double d = max_diff(got, base, (int) m->hp.n_vocab, &at);
+        printf("%-14s variant '%s': logits move by %.3g\n", m->hp.arch_name, v->what, d);
+        if (same) check(memcmp(got, base, sizeof(float) * m->hp.n_vocab) == 0, "%s: logits differ (max %.3g)", v->what, d);
+        else check(d > min_diff, "%s: the logits moved by only %.3g (want > %g): the piece is not used", v->what, d, min_diff);
+    }
+    free(got);
+    kvr_model_free(mv);
+}
+
+// The variant is refused, with a message containing each of the given strings.
+static void variant_refused(const struct kvr_model * m, const struct variant * v, const char * const * names, int n_names) {
+    if (!write_variant(m, v)) return;
+    struct kvr_model * mv = kvr_model_load(tmp_path, NULL);
+    check(mv == NULL, "%s: loaded, should be refused", v->what);
+    for (int i = 0; i < n_names && !mv; i++) {
+        check(strstr(kvr_last_error(), names[i]) != NULL, "%s: the error '%s' should name '%s'", v->what, kvr_last_error(), names[i]);
+    }
+    if (!mv) printf("%-14s refused as it should: %s\n", v->what, kvr_last_error());
+    kvr_model_free(mv);
+}
+
+static void test_llama3(const struct kvr_model * m, const int32_t * toks, int n) {
+    check(m->hp.arch == KVR_ARCH_LLAMA && m->rope_freqs != NULL && m->hp.rope_mode == KVR_ROPE_NORM,
+          "tiny-llama3: arch %d, rope_freqs %p, rope mode %d", (int) m->hp.arch, (void *) m->rope_freqs, (int) m->hp.rope_mode);
+    float * base = malloc(sizeof(float) * m->hp.n_vocab);
+    if (eval_prompt(m, toks, n, base, "tiny-llama3")) {
+        const struct variant v = { .what = "llama3 without rope_freqs.weight", .drop_tensor = "rope_freqs.weight" };
+        variant_logits(m, &v, toks, n, base, false, 0.05);
+    }
+    free(base);
+}
+
+static void test_qwen(const struct kvr_model * m, bool qwen3) {
+    const struct kvr_layer * l = &m->layers[0];
+    if (qwen3) {
+        check(m->hp.arch == KVR_ARCH_QWEN3 && m->hp.head_dim == 64 && m->hp.head_dim * m->hp.n_head != m->hp.n_embd &&
+              l->attn_q_norm && l->attn_k_norm && !l->bq && m->output == m->tok_embd && m->hp.rope_mode == KVR_ROPE_NEOX,
+              "tiny-qwen3: arch %d, head_dim %u, q/k norms %d, tied %d", (int) m->hp.arch, m->hp.head_dim,
+              l->attn_q_norm != NULL, m->output == m->tok_embd);
+    } else {
+        check(m->hp.arch == KVR_ARCH_QWEN2 && l->bq && l->bk && l->bv && !l->attn_q_norm && m->hp.rope_mode == KVR_ROPE_NEOX,
+              "tiny-qwen2: arch %d, biases %d%d%d", (int) m->hp.arch, l->bq != NULL, l->bk != NULL, l->bv != NULL);
+        const struct variant rf = { .what = "qwen2 with rope_freqs.weight", .add_tensor = "rope_freqs.weight",
+                                    .add_n = m->hp.n_rot / 2 };
+        const char * names[] = { "rope_freqs.weight", "qwen2" };
+        variant_refused(m, &rf, names, 2);
+        const struct variant arch = { .what = "an unknown architecture", .set_str_key = "general.architecture", .set_str = "mamba" };
+        const char * names2[] = { "'mamba'", "llama", "falcon", "qwen2", "qwen3", "gemma3" };
+        variant_refused(m, &arch, names2, 6);
+    }
+}
+
+static void test_gemma3(const struct kvr_model * m, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    bool pattern = hp->n_layer == 8 && hp->n_swa == 16;
+    for (uint32_t il = 0; il < hp->n_layer && pattern; il++) {
+        const struct kvr_layer * l = &m->layers[il];
+        const bool global = il % 6 == 5;
+        pattern = l->window == (global ? 0u : 16u) && l->rope_base == (global ? hp->rope_freq_base : 10000.0f) &&
+                  l->attn_post_norm && l->ffn_post_norm && l->attn_q_norm;
+    }
+    check(hp->arch == KVR_ARCH_GEMMA3 && pattern && hp->rope_freq_base == 1e6f && m->output == m->tok_embd,
+          "tiny-gemma3: arch %d, %u layers, window %u, the local/global pattern (layer 5 global, base 1e6; others window 16, "
+          "base 1e4) %s", (int) hp->arch, hp->n_layer, hp->n_swa, pattern ? "holds" : "does not hold");
+    float * base = malloc(sizeof(float) * hp->n_vocab);
+    if (eval_prompt(m, toks, n, base, "tiny-gemma3")) {
+        const struct variant same[] = {
+            { .what = "gemma3 with sliding_window_pattern 6", .set_u32_key = "gemma3.attention.sliding_window_pattern", .set_u32 = 6 },
+            { .what = "gemma3 with rope.freq_base_swa 10000", .set_f32_key = "gemma3.rope.freq_base_swa", .set_f32 = 10000.0f },
+            { .what = "gemma3 with the pattern as bools", .set_bools_key = "gemma3.attention.sliding_window_pattern" },
+        };
+        for (int i = 0; i < 3; i++) variant_logits(m, &same[i], toks, n, base, true, 0.0);
+        const struct variant moved[] = {
+            { .what = "gemma3 without a sliding window", .drop_key = "gemma3.attention.sliding_window" },
+            { .what = "gemma3 with local RoPE base 1e6", .set_f32_key = "gemma3.rope.freq_base_swa", .set_f32 = 1e6f },
+            { .what = "gemma3 with every layer global", .set_u32_key = "gemma3.attention.sliding_window_pattern", .set_u32 = 1 },
+        };
+        for (int i = 0; i < 3; i++) variant_logits(m, &moved[i], toks, n, base, false, 0.1);
+    }
+    free(base);
+    const struct variant cap = { .what = "gemma3 with final logit softcapping", .set_f32_key = "gemma3.final_logit_softcapping",
+                                 .set_f32 = 30.0f };
+    const char * names[] = { "gemma3.final_logit_softcapping" };
+    variant_refused(m, &cap, names, 1);
+}
+
+int main(int argc, char ** argv) {
+    const char * shared = argc > 1 ? argv[1] : "../shared";
+    const char * dir = getenv("TMPDIR");
+    snprintf(tmp_path, sizeof tmp_path, "%s/kvr-test-models-XXXXXX", dir && *dir ? dir : "/tmp");
+    const int fd = mkstemp(tmp_path);
+    if (fd < 0) { perror("mkstemp"); return 2; }
+    close(fd);
+
+    char archs[1024];
+    snprintf(archs, sizeof archs, "%s/reference/archs", shared);
+    static const char * const names[4] = { "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3" };
+    static int32_t toks[MAX_IDS];
+    for (int i = 0; i < 4; i++) {
+        int n = 0;
+        struct kvr_model * m = test_reference(archs, names[i], NULL, i == 3 ? LOGIT_TOL_GEMMA3 : LOGIT_TOL, toks, &n);
+        if (!m) continue;
+        if (i == 0) test_llama3(m, toks, n);
+        if (i == 1 || i == 2) test_qwen(m, i == 2);
+        if (i == 3) test_gemma3(m, toks, n);
+        kvr_model_free(m);
+    }
+
+    const char * smol = getenv("KVR_SMOLLM2");
+    if (!smol || !*smol) smol = "models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!file_exists(smol)) {
+        skip("SmolLM2: %s not found (tools/install-deps.sh installs it; KVR_SMOLLM2=PATH points elsewhere)", smol);
+    } else {
+        char ref[1024];
+        snprintf(ref, sizeof ref, "%s/reference", shared);
+        static const char * const cases[3] = { "smollm2-story", "smollm2-code", "smollm2-chat" };
+        for (int i = 0; i < 3; i++) {
+            int n = 0;
+            kvr_model_free(test_reference(ref, cases[i], smol, LOGIT_TOL, toks, &n));
+        }
+    }
+    remove(tmp_path);
+    if (n_skip) printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    else printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
