@@ -93,6 +93,9 @@ struct tr_req {
     bool         done;
     double       ready_at;  // link emulation: the data may not be used before this time (ms)
     double       t_post;
+    int          seq;       // its index in the rank's schedule (-1: outside it, the logits)
+    bool         posted;    // handed to the transport (and not yet given up)
+    int          match_rank, match_seq; // local: the peer's request it was delivered with
 #ifdef KVR_MPI
     MPI_Request  mpi;
 #endif
@@ -110,6 +113,10 @@ struct transport {
     int          n_ranks;
     double       link_gbps;
     double       link_latency_us;
+    // optional (NULL: every operation stands alone): the operations posted between these two
+    // calls are one group of the schedule (NCCL: ncclGroupStart/End)
+    int  (*group_begin)(struct transport * t, int rank, int group);
+    int  (*group_end)  (struct transport * t, int rank, int group);
 };
 
 static int wait_error(const struct tr_req * r, double timeout_s) {
@@ -180,6 +187,10 @@ static int local_deliver(struct local_world * w, struct tr_req * s, struct tr_re
     }
     s->ready_at = r->ready_at = ready;
     s->done = r->done = true;
+    s->match_rank = r->me;
+    s->match_seq  = r->seq;
+    r->match_rank = s->me;
+    r->match_seq  = s->seq;
     pthread_cond_broadcast(&w->cv);
     return KVR_OK;
 }
@@ -338,7 +349,8 @@ static struct transport * local_new(int n_ranks, double gbps, double latency_us,
     w->wait_peer = malloc(sizeof(int) * (size_t)n_ranks);
     w->wait_tag  = calloc((size_t)n_ranks, sizeof(int));
     for (int i = 0; i < n_ranks; i++) w->wait_peer[i] = -1;
-    w->tr = (struct transport) { local_isend, local_irecv, local_wait, local_fail, local_cancel, local_idle, local_free, n_ranks, gbps, latency_us };
+    w->tr = (struct transport) { .isend = local_isend, .irecv = local_irecv, .wait = local_wait, .fail = local_fail, .cancel = local_cancel,
+                                 .idle = local_idle, .free = local_free, .n_ranks = n_ranks, .link_gbps = gbps, .link_latency_us = latency_us };
     return &w->tr;
 }
 
@@ -440,30 +452,174 @@ static void mpi_free(struct transport * t) {
 #endif
 
 //
-// the endpoint a backend calls: communication nodes of one rank's graph
+// the schedule: which transfers a rank's graph asks for, grouped and ordered (see kvr.h)
+//
+
+static bool node_is_xfer(const struct kvr_tensor * t) {
+    return t->op == KVR_OP_SEND || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
+}
+
+static void sched_add(struct kvr_schedule * s, int * cap, int node, bool send, int peer, int tag, int64_t off, int64_t bytes, int64_t rows) {
+    if (s->n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        s->x = realloc(s->x, sizeof(*s->x) * (size_t)*cap);
+        KVR_ASSERT(s->x != NULL);
+    }
+    s->x[s->n++] = (struct kvr_xfer) { .group = s->n_groups, .node = node, .peer = peer, .tag = tag, .send = send,
+                                       .bytes = bytes, .off = off, .rows = rows, .match_rank = -1, .match_index = -1 };
+}
+
+// the transfers of one node, appended in the order a transport is handed them
+static int sched_node(struct kvr_schedule * s, int * cap, int k) {
+    const struct kvr_tensor * t = s->nodes[k].t;
+    const int me = s->rank, N = s->n_ranks, tag = t->op_params[1];
+    if ((t->op == KVR_OP_SEND || t->op == KVR_OP_RECV) && (t->op_params[0] < 0 || t->op_params[0] >= N || t->op_params[0] == me)) {
+        return kvr_error(KVR_ERR_ARG, "rank %d: node '%s' (%s) names peer %d of %d ranks", me, t->name, kvr_op_name(t->op), t->op_params[0], N);
+    }
+    switch (t->op) {
+        case KVR_OP_SEND:
+            sched_add(s, cap, k, true, t->op_params[0], tag, 0, (int64_t)kvr_nbytes(t->src[0]), kvr_nrows(t->src[0]));
+            break;
+        case KVR_OP_RECV:
+            sched_add(s, cap, k, false, t->op_params[0], tag, 0, (int64_t)kvr_nbytes(t), kvr_nrows(t));
+            break;
+        case KVR_OP_ALL_GATHER: { // rank q owns rows [total*q/N, total*(q+1)/N)
+            int64_t total;
+            memcpy(&total, &t->op_params[3], sizeof(total));
+            const int64_t row = (int64_t)t->nb[1];
+            for (int q = 0; q < N; q++) {
+                const int64_t r0 = total * q / N, r1 = total * (q + 1) / N;
+                if (q != me) sched_add(s, cap, k, false, q, tag, r0 * row, (r1 - r0) * row, r1 - r0);
+            }
+            for (int q = 0; q < N; q++) {
+                if (q != me) sched_add(s, cap, k, true, q, tag, 0, (int64_t)kvr_nbytes(t->src[0]), t->src[0]->ne[1]);
+            }
+        } break;
+        case KVR_OP_ALL_TO_ALL: { // slice q of the source goes to rank q; slice q of the result comes from it
+            int64_t total;
+            memcpy(&total, &t->op_params[3], sizeof(total));
+            const int64_t row = (int64_t)t->nb[1], slice = (int64_t)t->nb[2];
+            const int mine = kvr_ring_shard((int)total, 0, N, me, NULL);
+            for (int q = 0; q < N; q++) {
+                if (q != me) sched_add(s, cap, k, false, q, tag, q * slice, mine * row, mine);
+            }
+            for (int q = 0; q < N; q++) {
+                if (q == me) continue;
+                const int rows = kvr_ring_shard((int)total, 0, N, q, NULL);
+                sched_add(s, cap, k, true, q, tag, q * slice, rows * row, rows);
+            }
+        } break;
+        default:
+            KVR_ASSERT(!"not a communication node");
+    }
+    return KVR_OK;
+}
+
+static void sched_group(struct kvr_schedule * s, int * cap, int first, int issue) {
+    if (s->n_groups == *cap) {
+        *cap = *cap ? 2 * *cap : 32;
+        s->groups = realloc(s->groups, sizeof(*s->groups) * (size_t)*cap);
+        KVR_ASSERT(s->groups != NULL);
+    }
+    s->groups[s->n_groups++] = (struct kvr_xfer_group) { first, s->n - first, issue };
+}
+
+void kvr_schedule_free(struct kvr_schedule * s) {
+    free(s->nodes);
+    free(s->node_first);
+    free(s->x);
+    free(s->groups);
+    memset(s, 0, sizeof(*s));
+}
+
+int kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int rank, int n_ranks) {
+    kvr_schedule_free(s);
+    s->rank = rank;
+    s->n_ranks = n_ranks;
+    int m = 0;
+    for (int i = 0; i < g->n_nodes; i++) m += node_is_xfer(g->nodes[i]);
+    s->nodes = malloc(sizeof(*s->nodes) * (size_t)(m ? m : 1));
+    s->node_first = malloc(sizeof(int) * (size_t)(m + 1));
+    KVR_ASSERT(s->nodes && s->node_first);
+    bool computed = false;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kvr_tensor * t = g->nodes[i];
+        if (!node_is_xfer(t)) {
+            computed |= t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW;
+            continue;
+        }
+        struct kvr_xfer_node * xn = &s->nodes[s->n_nodes++];
+        xn->t = t;
+        xn->op = t->op;
+        xn->after_compute = computed;
+        computed = false;
+        snprintf(xn->name, sizeof(xn->name), "%s", t->name);
+    }
+    int cap = 0, cap_groups = 0, last_issue = -1;
+    for (int k = 0; k < m;) {
+        const int first = s->n;
+        const enum kvr_op op = s->nodes[k].op;
+        int issue, j = k;
+        if (op == KVR_OP_ALL_GATHER || op == KVR_OP_ALL_TO_ALL) {
+            issue = j++; // what it sends exists when the rank reaches it
+        } else {
+            // a run: nodes of one kind with no computing node between them
+            while (j < m && s->nodes[j].op == KVR_OP_SEND && (j == k || !s->nodes[j].after_compute)) j++;
+            // a send run is issued at its last send; receives alone go with the group before
+            issue = j > k ? j - 1 : last_issue;
+            const int r0 = j;
+            while (j < m && s->nodes[j].op == KVR_OP_RECV && (j == r0 || !s->nodes[j].after_compute)) j++;
+        }
+        for (; k < j; k++) {
+            s->node_first[k] = s->n;
+            int rc = sched_node(s, &cap, k);
+            if (rc != KVR_OK) {
+                kvr_schedule_free(s);
+                return rc;
+            }
+        }
+        sched_group(s, &cap_groups, first, issue);
+        last_issue = issue;
+    }
+    s->node_first[m] = s->n;
+    return KVR_OK;
+}
+
+void kvr_schedule_print(const struct kvr_schedule * s, FILE * f) {
+    for (int gi = 0; gi < s->n_groups; gi++) {
+        const struct kvr_xfer_group * g = &s->groups[gi];
+        fprintf(f, "rank %d group %d (issued at %s):", s->rank, gi, g->issue < 0 ? "the start" : s->nodes[g->issue].name);
+        for (int i = g->first; i < g->first + g->n; i++) {
+            const struct kvr_xfer * x = &s->x[i];
+            fprintf(f, "%s %s %s l%d s%d %s %d (%lld B)", i > g->first ? "," : "", x->send ? "send" : "recv",
+                    kvr_tag_kind_name(kvr_tag_kind(x->tag)), kvr_tag_layer(x->tag), kvr_tag_step(x->tag),
+                    x->send ? "->" : "<-", x->peer, (long long)x->bytes);
+        }
+        fprintf(f, "\n");
+    }
+}
+
+//
+// the endpoint a backend calls: runs the schedule of one rank's graph on its transport
 //
 
 struct rank_comm {
     struct kvr_comm    base;
     struct transport * tr;
     double             timeout_s;
-    struct tr_req   ** posted;      // receives posted at graph start, in node order
-    struct kvr_tensor ** posted_node;
-    int                n_posted, cap_posted;
-    struct tr_req   ** sends;       // outstanding sends
+    struct kvr_schedule sched;      // this graph's transfers (kept after it for kvr_dist_schedule)
+    struct tr_req    * reqs;        // one per transfer of sched
+    void            ** node_mem;    // per comm node: its memory (RECV: where the data lands, once posted)
+    const void      ** node_src;    //   and what it sends (once the rank reached it)
+    int                next_group;  // the first group not issued yet
+    int                next_node;   // the comm node the backend runs next
+    struct tr_req   ** sends;       // outstanding sends outside the graph (the logits under MPI)
     int                n_sends, cap_sends;
     int                stall_layer; // test hook (-1: off)
     bool               stalled;
     int                timeout_peer; // the peer a wait of the last eval timed out on (-1: none)
     struct kvr_rank_stats st;
 };
-
-static struct tr_req * req_new(int me, int peer, int tag, void * buf, size_t n, bool is_send) {
-    struct tr_req * r = calloc(1, sizeof(*r));
-    KVR_ASSERT(r != NULL);
-    *r = (struct tr_req) { .buf = buf, .n = n, .me = me, .peer = peer, .tag = tag, .is_send = is_send };
-    return r;
-}
 
 static bool tag_is_kv(int tag) {
     return kvr_tag_kind(tag) == KVR_TAG_K || kvr_tag_kind(tag) == KVR_TAG_V;
@@ -482,37 +638,86 @@ static int comm_wait(struct rank_comm * c, struct tr_req * r) {
     return rc;
 }
 
-static int comm_send(struct rank_comm * c, const void * buf, size_t n, int peer, int tag, int64_t rows) {
-    struct tr_req * r = req_new(c->base.rank, peer, tag, (void *)buf, n, true);
+#ifdef KVR_MPI
+// a send outside the schedule (kvr_dist_eval's logits)
+static int comm_send(struct rank_comm * c, const void * buf, size_t n, int peer, int tag) {
+    struct tr_req * r = calloc(1, sizeof(*r));
+    KVR_ASSERT(r != NULL);
+    *r = (struct tr_req) { .buf = (void *)buf, .n = n, .me = c->base.rank, .peer = peer, .tag = tag, .is_send = true, .seq = -1 };
     req_list_add(&c->sends, &c->n_sends, &c->cap_sends, r);
     c->st.bytes_sent += (int64_t)n;
-    if (tag_is_kv(tag)) c->st.kv_rows_sent += rows;
     return c->tr->isend(c->tr, r);
+}
+#endif
+
+// Hand the transport every group that is due once the rank reached comm node `at` (-1: the
+// graph's start). A group whose receives have no memory yet waits for their post.
+static int comm_issue(struct rank_comm * c, int at) {
+    const struct kvr_schedule * s = &c->sched;
+    while (c->next_group < s->n_groups && s->groups[c->next_group].issue <= at) {
+        const int gi = c->next_group;
+        const struct kvr_xfer_group * g = &s->groups[gi];
+        for (int i = g->first; i < g->first + g->n; i++) {
+            const struct kvr_xfer * x = &s->x[i];
+            if (x->send ? !c->node_src[x->node] : !c->node_mem[x->node]) {
+                KVR_ASSERT(at < 0 && !x->send && "a transfer is due before its node's memory is known");
+                return KVR_OK;
+            }
+        }
+        int rc = c->tr->group_begin ? c->tr->group_begin(c->tr, c->base.rank, gi) : KVR_OK;
+        for (int i = g->first; i < g->first + g->n && rc == KVR_OK; i++) {
+            const struct kvr_xfer * x = &s->x[i];
+            struct tr_req * r = &c->reqs[i];
+            uint8_t * mem = x->send ? (uint8_t *)c->node_src[x->node] : (uint8_t *)c->node_mem[x->node];
+            *r = (struct tr_req) { .buf = mem + x->off, .n = (size_t)x->bytes, .me = c->base.rank, .peer = x->peer, .tag = x->tag,
+                                   .is_send = x->send, .seq = i, .posted = true, .match_rank = -1, .match_seq = -1 };
+            if (x->send) {
+                c->st.bytes_sent += x->bytes;
+                if (tag_is_kv(x->tag)) c->st.kv_rows_sent += x->rows;
+                rc = c->tr->isend(c->tr, r);
+            } else {
+                rc = c->tr->irecv(c->tr, r);
+            }
+        }
+        if (rc == KVR_OK && c->tr->group_end) rc = c->tr->group_end(c->tr, c->base.rank, gi);
+        c->next_group++;
+        if (rc != KVR_OK) return rc;
+    }
+    return KVR_OK;
+}
+
+// graph start (before the backend posts its receives): the schedule of this graph
+static int rank_comm_begin(struct rank_comm * c, const struct kvr_graph * g) {
+    int rc = kvr_schedule_build(&c->sched, g, c->base.rank, c->base.n_ranks);
+    if (rc != KVR_OK) return rc;
+    const size_t n = (size_t)(c->sched.n ? c->sched.n : 1), m = (size_t)(c->sched.n_nodes ? c->sched.n_nodes : 1);
+    free(c->reqs);
+    free(c->node_mem);
+    free(c->node_src);
+    c->reqs = calloc(n, sizeof(*c->reqs));
+    c->node_mem = calloc(m, sizeof(*c->node_mem));
+    c->node_src = calloc(m, sizeof(*c->node_src));
+    KVR_ASSERT(c->reqs && c->node_mem && c->node_src);
+    c->next_group = 0;
+    c->next_node = 0;
+    return KVR_OK;
+}
+
+// the comm node index of node: the backend runs them in order, and posts receives in order
+static int comm_node_index(const struct rank_comm * c, const struct kvr_tensor * node, int from) {
+    const struct kvr_schedule * s = &c->sched;
+    for (int k = from; k < s->n_nodes; k++) if (s->nodes[k].t == node) return k;
+    for (int k = 0; k < from && k < s->n_nodes; k++) if (s->nodes[k].t == node) return k;
+    KVR_ASSERT(!"a communication node that is not in the rank's schedule");
+    return -1;
 }
 
 static int comm_post_recv(struct kvr_comm * base, struct kvr_tensor * node) {
     struct rank_comm * c = (struct rank_comm *)base;
-    struct tr_req * r = req_new(base->rank, node->op_params[0], node->op_params[1], node->data, kvr_nbytes(node), false);
-    if (c->n_posted == c->cap_posted) {
-        c->cap_posted = c->cap_posted ? 2 * c->cap_posted : 64;
-        c->posted = realloc(c->posted, sizeof(*c->posted) * (size_t)c->cap_posted);
-        c->posted_node = realloc(c->posted_node, sizeof(*c->posted_node) * (size_t)c->cap_posted);
-        KVR_ASSERT(c->posted && c->posted_node);
-    }
-    c->posted[c->n_posted] = r;
-    c->posted_node[c->n_posted] = node;
-    c->n_posted++;
-    int rc = c->tr->irecv(c->tr, r);
+    const int k = comm_node_index(c, node, 0);
+    c->node_mem[k] = node->data;
+    int rc = comm_issue(c, -1);
     return rc == KVR_OK ? rc : comm_fail(c, rc);
-}
-
-// wait for a list of requests, then count what they brought
-static int comm_wait_recv(struct rank_comm * c, struct tr_req * r, int64_t rows) {
-    int rc = comm_wait(c, r);
-    if (rc != KVR_OK) return rc;
-    c->st.bytes_recv += (int64_t)r->n;
-    if (tag_is_kv(r->tag)) c->st.kv_rows_recv += rows;
-    return KVR_OK;
 }
 
 // the stall hook: this rank stops before its first transfer at or after the layer, as a lost
@@ -528,103 +733,62 @@ static int comm_stall(struct rank_comm * c, int tag) {
 
 static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
     struct rank_comm * c = (struct rank_comm *)base;
-    const int me = base->rank, N = base->n_ranks;
-    const int tag = node->op_params[1];
-    int rc = comm_stall(c, tag);
+    const struct kvr_schedule * s = &c->sched;
+    int rc = comm_stall(c, node->op_params[1]);
     if (rc != KVR_OK) return rc; // a stalled rank says nothing more to anyone
-    switch (node->op) {
-        case KVR_OP_SEND: {
-            const struct kvr_tensor * s = node->src[0];
-            rc = comm_send(c, s->data, kvr_nbytes(s), node->op_params[0], tag, kvr_nrows(s));
-        } break;
-        case KVR_OP_RECV: {
-            int i = 0;
-            while (i < c->n_posted && c->posted_node[i] != node) i++;
-            KVR_ASSERT(i < c->n_posted && "RECV node was not posted");
-            rc = comm_wait_recv(c, c->posted[i], kvr_nrows(node));
-        } break;
-        case KVR_OP_ALL_GATHER: {
-            const struct kvr_tensor * src = node->src[0];
-            int64_t total;
-            memcpy(&total, &node->op_params[3], sizeof(total));
-            const size_t row = node->nb[1];
-            uint8_t * dst = node->data;
-            struct tr_req * reqs[256];
-            KVR_ASSERT(N <= 256);
-            for (int q = 0; q < N && rc == KVR_OK; q++) {
-                const int64_t r0 = total * q / N, r1 = total * (q + 1) / N;
-                reqs[q] = NULL;
-                if (q == me) {
-                    KVR_ASSERT(src->ne[1] == r1 - r0);
-                    if ((r1 - r0) && (const uint8_t *)src->data != dst + r0 * row) {
-                        memcpy(dst + r0 * row, src->data, (size_t)(r1 - r0) * row);
-                    }
-                    continue;
-                }
-                reqs[q] = req_new(me, q, tag, dst + r0 * row, (size_t)(r1 - r0) * row, false);
-                rc = c->tr->irecv(c->tr, reqs[q]);
-            }
-            for (int q = 0; q < N && rc == KVR_OK; q++) {
-                if (q != me) rc = comm_send(c, src->data, kvr_nbytes(src), q, tag, src->ne[1]);
-            }
-            for (int q = 0; q < N; q++) {
-                if (q == me || !reqs[q]) continue;
-                if (rc == KVR_OK) rc = comm_wait_recv(c, reqs[q], total * (q + 1) / N - total * q / N);
-                if (!reqs[q]->done) c->tr->cancel(c->tr, reqs[q]);
-                free(reqs[q]);
-            }
-        } break;
-        case KVR_OP_ALL_TO_ALL: {
-            const struct kvr_tensor * src = node->src[0];
-            int64_t total;
-            memcpy(&total, &node->op_params[3], sizeof(total));
-            const size_t row = node->nb[1], slice = node->nb[2];
-            const int mine = kvr_ring_shard((int)total, 0, N, me, NULL);
-            struct tr_req * reqs[256];
-            KVR_ASSERT(N <= 256);
-            for (int s = 0; s < N && rc == KVR_OK; s++) {
-                reqs[s] = NULL;
-                uint8_t * dst = (uint8_t *)node->data + s * slice;
-                if (s == me) {
-                    memcpy(dst, (const uint8_t *)src->data + s * slice, (size_t)mine * row);
-                    continue;
-                }
-                reqs[s] = req_new(me, s, tag, dst, (size_t)mine * row, false);
-                rc = c->tr->irecv(c->tr, reqs[s]);
-            }
-            for (int s = 0; s < N && rc == KVR_OK; s++) {
-                if (s == me) continue;
-                const int rows = kvr_ring_shard((int)total, 0, N, s, NULL);
-                rc = comm_send(c, (const uint8_t *)src->data + s * slice, (size_t)rows * row, s, tag, rows);
-            }
-            for (int s = 0; s < N; s++) {
-                if (s == me || !reqs[s]) continue;
-                if (rc == KVR_OK) rc = comm_wait_recv(c, reqs[s], mine);
-                if (!reqs[s]->done) c->tr->cancel(c->tr, reqs[s]);
-                free(reqs[s]);
-            }
-        } break;
-        default:
-            KVR_ASSERT(!"not a communication node");
+    const int k = comm_node_index(c, node, c->next_node);
+    c->next_node = k + 1;
+    if (node->op != KVR_OP_RECV) {
+        c->node_src[k] = node->src[0]->data;
+        if (node->op != KVR_OP_SEND) c->node_mem[k] = node->data;
+    }
+    // a collective's own rows (all-gather) or slice (all-to-all) stay on the rank
+    const int me = base->rank, N = base->n_ranks;
+    int64_t total = 0;
+    if (node->op == KVR_OP_ALL_GATHER || node->op == KVR_OP_ALL_TO_ALL) memcpy(&total, &node->op_params[3], sizeof(total));
+    if (node->op == KVR_OP_ALL_GATHER) {
+        const size_t row = node->nb[1];
+        const int64_t r0 = total * me / N, r1 = total * (me + 1) / N;
+        uint8_t * dst = (uint8_t *)node->data + r0 * row;
+        KVR_ASSERT(node->src[0]->ne[1] == r1 - r0);
+        if (r1 > r0 && (const uint8_t *)node->src[0]->data != dst) memcpy(dst, node->src[0]->data, (size_t)(r1 - r0) * row);
+    } else if (node->op == KVR_OP_ALL_TO_ALL) {
+        const size_t off = (size_t)me * node->nb[2];
+        const int mine = kvr_ring_shard((int)total, 0, N, me, NULL);
+        memcpy((uint8_t *)node->data + off, (const uint8_t *)node->src[0]->data + off, (size_t)mine * node->nb[1]);
+    }
+    rc = comm_issue(c, k);
+    // this node's receives are what the nodes after it read
+    for (int i = s->node_first[k]; i < s->node_first[k + 1] && rc == KVR_OK; i++) {
+        if (s->x[i].send) continue;
+        rc = comm_wait(c, &c->reqs[i]);
+        if (rc != KVR_OK) break;
+        c->st.bytes_recv += s->x[i].bytes;
+        if (tag_is_kv(s->x[i].tag)) c->st.kv_rows_recv += s->x[i].rows;
     }
     return rc == KVR_OK ? rc : comm_fail(c, rc);
 }
 
 static int comm_finish(struct kvr_comm * base) {
     struct rank_comm * c = (struct rank_comm *)base;
+    struct kvr_schedule * s = &c->sched;
     int rc = KVR_OK;
+    for (int i = 0; i < s->n; i++) {
+        struct tr_req * r = &c->reqs[i];
+        if (!r->posted) continue;
+        if (r->is_send && !r->done && rc == KVR_OK && !c->stalled) rc = comm_wait(c, r);
+        // after a failure some transfers were never waited for: the peer must not touch them
+        if (!r->done) c->tr->cancel(c->tr, r);
+        r->posted = false;
+        s->x[i].match_rank = r->match_rank;
+        s->x[i].match_index = r->match_seq;
+    }
     for (int i = 0; i < c->n_sends; i++) {
         if (rc == KVR_OK && !c->stalled) rc = comm_wait(c, c->sends[i]);
         if (!c->sends[i]->done) c->tr->cancel(c->tr, c->sends[i]);
         free(c->sends[i]);
     }
     c->n_sends = 0;
-    for (int i = 0; i < c->n_posted; i++) {
-        // after a failure some receives were never waited for: the peer must not write them
-        if (!c->posted[i]->done) c->tr->cancel(c->tr, c->posted[i]);
-        free(c->posted[i]);
-    }
-    c->n_posted = 0;
     if (rc != KVR_OK) comm_fail(c, rc);
     return rc;
 }
@@ -645,8 +809,10 @@ static struct rank_comm * rank_comm_new(struct transport * tr, int rank, int n_r
 
 static void rank_comm_free(struct rank_comm * c) {
     if (!c) return;
-    free(c->posted);
-    free(c->posted_node);
+    kvr_schedule_free(&c->sched);
+    free(c->reqs);
+    free(c->node_mem);
+    free(c->node_src);
     free(c->sends);
     free(c);
 }
@@ -1279,7 +1445,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
             if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; attn_layers++; }
         }
     }
-    int rc = kvr_backend_graph_compute(dr->be, g);
+    // the transfers this graph asks for, grouped and ordered as every transport runs them
+    int rc = rank_comm_begin(dr->comm, g);
+    if (rc != KVR_OK) comm_fail(dr->comm, rc);
+    else rc = kvr_backend_graph_compute(dr->be, g);
     if (rc == KVR_OK && b.n_outputs) {
         memcpy(dr->logits, out->data, sizeof(float) * m->hp.n_vocab);
     }
@@ -1373,7 +1542,8 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
             return NULL;
         }
         struct transport * t = calloc(1, sizeof(*t));
-        *t = (struct transport) { mpi_isend, mpi_irecv, mpi_wait, mpi_fail, mpi_cancel, mpi_idle, mpi_free, d->n_ranks, 0, 0 };
+        *t = (struct transport) { .isend = mpi_isend, .irecv = mpi_irecv, .wait = mpi_wait, .fail = mpi_fail, .cancel = mpi_cancel,
+                                  .idle = mpi_idle, .free = mpi_free, .n_ranks = d->n_ranks };
         d->tr = t;
         d->n_local = 1;
 #else
@@ -1470,6 +1640,13 @@ int kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int c
     return n;
 }
 
+const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank) {
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank == rank) return d->ranks[i].comm->sched.nodes ? &d->ranks[i].comm->sched : NULL;
+    }
+    return NULL;
+}
+
 int kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos, const struct kvr_kv_cache ** cache) {
     for (int i = 0; i < d->n_local; i++) {
         if (d->ranks[i].rank != rank) continue;
@@ -1505,7 +1682,10 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         dr->rc = KVR_OK;
-        if (!pl->active[dr->rank]) continue;
+        if (!pl->active[dr->rank]) {
+            kvr_schedule_free(&dr->comm->sched); // it ran nothing this eval
+            continue;
+        }
         if (d->n_local == 1) {
             rank_eval(d, dr);
             continue;
@@ -1576,7 +1756,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         int rc2 = KVR_OK;
         if (c->base.rank == pl->owner) {
             for (int q = 0; q < d->n_ranks && rc2 == KVR_OK; q++) {
-                if (q != c->base.rank) rc2 = comm_send(c, logits, bytes, q, tag, 0);
+                if (q != c->base.rank) rc2 = comm_send(c, logits, bytes, q, tag);
             }
             for (int i = 0; i < c->n_sends; i++) {
                 if (rc2 == KVR_OK) rc2 = comm_wait(c, c->sends[i]);
@@ -1584,7 +1764,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
             }
             c->n_sends = 0;
         } else {
-            struct tr_req r = { .buf = d->logits, .n = bytes, .me = c->base.rank, .peer = pl->owner, .tag = tag };
+            struct tr_req r = { .buf = d->logits, .n = bytes, .me = c->base.rank, .peer = pl->owner, .tag = tag, .seq = -1 };
             rc2 = c->tr->irecv(c->tr, &r);
             // the owner may be computing a long prefill alone: allow it ten timeouts
             if (rc2 == KVR_OK) rc2 = c->tr->wait(c->tr, &r, kvr_time_ms() + 10e3 * c->timeout_s, 10 * c->timeout_s);

@@ -977,6 +977,69 @@ int               kvr_dist_cache(const struct kvr_dist * d, int rank, const int3
 // Chrome trace JSON of every eval since the start (one track per rank of this process).
 int               kvr_dist_write_trace(const struct kvr_dist * d, const char * path);
 
+// The transfer schedule of one rank's graph: what its strategy asks of a transport. It is made
+// from the graph's communication nodes in execution order by code that knows no transport, and
+// every transport runs it: local and MPI post its operations as they come, NCCL issues each
+// group between ncclGroupStart and ncclGroupEnd. The rules:
+//
+//   a run of SEND nodes (no computing node between them) and the run of RECV nodes that comes
+//     next make one group: a ring step's send to the next rank and receive from the previous one;
+//     in the KV-Runahead chain a rank's sends of layer l and its receives of layer l+1
+//   a collective (ALL_GATHER, ALL_TO_ALL) is one group: a send to and a receive from every
+//     other rank
+//   a run of RECV nodes with no send run before it (the chain's first layer; every layer of its
+//     last rank) is a group issued together with the group before it (at the graph's start when
+//     there is none), so it is waiting before the data is sent
+//
+// A group is issued when the rank reaches its issue node (the last send of the run, or the
+// collective), so everything a send reads exists; a receive is waited for at its own node; sends
+// when the graph ends. Peers pair operations by order, not by tag (NCCL's rule): the k-th send
+// from a to b goes with the k-th receive on b from a. Tags name transfers in errors and checks.
+struct kvr_xfer {
+    int     group;       // the group it is issued in
+    int     node;        // its communication node (index into kvr_schedule.nodes)
+    int     peer;
+    int     tag;
+    bool    send;
+    int64_t bytes;
+    int64_t off;         // byte offset in the node's memory (collectives: the peer's rows or slice)
+    int64_t rows;        // rows moved (the K/V row counters of struct kvr_rank_stats)
+    int     match_rank;  // after an eval over the local transport: the transfer of the peer it
+    int     match_index; //   was delivered to or from (its index there; -1: none)
+};
+
+struct kvr_xfer_group {
+    int first, n;        // its transfers: x[first .. first+n)
+    int issue;           // the communication node at which it is issued (-1: the graph's start)
+};
+
+struct kvr_xfer_node {
+    const struct kvr_tensor * t;     // the graph's node (valid while the graph lives)
+    enum kvr_op               op;    // SEND, RECV, ALL_GATHER or ALL_TO_ALL
+    bool                      after_compute; // a computing node runs between it and the comm node before
+    char                      name[KVR_MAX_NAME];
+};
+
+struct kvr_schedule {
+    int                        rank, n_ranks;
+    struct kvr_xfer_node     * nodes;      // the graph's communication nodes, in execution order
+    int                      * node_first; // [n_nodes + 1]: node k's transfers are x[node_first[k] .. node_first[k+1])
+    int                        n_nodes;
+    struct kvr_xfer          * x;
+    int                        n;
+    struct kvr_xfer_group    * groups;
+    int                        n_groups;
+};
+
+// The schedule of rank's graph g (placed or not); KVR_OK, or an error for a malformed comm node.
+int  kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int rank, int n_ranks);
+void kvr_schedule_free(struct kvr_schedule * s);
+// One line per group: its issue node and its transfers ("send K l3 s0 -> 2 (4096 B)").
+void kvr_schedule_print(const struct kvr_schedule * s, FILE * f);
+// The schedule a rank of this process ran in its last eval (NULL: not a rank of this process,
+// or it ran no pass), with the transport's matches where it records them (local).
+const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank);
+
 //
 // 14. tuning: partition search, lookup table, cost model (kvr-tune.c)
 //
