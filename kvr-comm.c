@@ -23,6 +23,12 @@
 #ifdef KVR_MPI
 #include <mpi.h>
 #endif
+#ifdef KVR_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+// kvr-cuda.cu: the backend's compute stream (a cudaStream_t), NULL for a backend that is not CUDA
+void * kvr_backend_cuda_stream(struct kvr_backend * be);
+#endif
 
 //
 // strategies and sharding
@@ -94,6 +100,7 @@ struct tr_req {
     double       ready_at;  // link emulation: the data may not be used before this time (ms)
     double       t_post;
     int          seq;       // its index in the rank's schedule (-1: outside it, the logits)
+    int          group;     //   and the schedule's group it was issued in (NCCL waits for the group)
     bool         posted;    // handed to the transport (and not yet given up)
     int          match_rank, match_seq; // local: the peer's request it was delivered with
 #ifdef KVR_MPI
@@ -117,6 +124,12 @@ struct transport {
     // calls are one group of the schedule (NCCL: ncclGroupStart/End)
     int  (*group_begin)(struct transport * t, int rank, int group);
     int  (*group_end)  (struct transport * t, int rank, int group);
+    // receives match by tag (local, MPI): each is posted as soon as its memory is known (the
+    // graph's start), not with its group, so a peer's sends are taken even while this rank is
+    // stopped in a wait; NCCL pairs by order and posts a group's receives with its sends
+    bool early_recv;
+    // optional (NULL: memcpy): a collective's own part, within the rank's memory (NCCL: device)
+    int  (*copy)(struct transport * t, int rank, void * dst, const void * src, size_t n);
 };
 
 static int wait_error(const struct tr_req * r, double timeout_s) {
@@ -350,7 +363,8 @@ static struct transport * local_new(int n_ranks, double gbps, double latency_us,
     w->wait_tag  = calloc((size_t)n_ranks, sizeof(int));
     for (int i = 0; i < n_ranks; i++) w->wait_peer[i] = -1;
     w->tr = (struct transport) { .isend = local_isend, .irecv = local_irecv, .wait = local_wait, .fail = local_fail, .cancel = local_cancel,
-                                 .idle = local_idle, .free = local_free, .n_ranks = n_ranks, .link_gbps = gbps, .link_latency_us = latency_us };
+                                 .idle = local_idle, .free = local_free, .n_ranks = n_ranks, .link_gbps = gbps, .link_latency_us = latency_us,
+                                 .early_recv = true };
     return &w->tr;
 }
 
@@ -450,6 +464,335 @@ static void mpi_free(struct transport * t) {
     free(t);
 }
 #endif
+
+#ifdef KVR_NCCL
+// the NCCL transport: ranks are GPUs. A thin mapping of the schedule: each group of it becomes
+// ncclGroupStart, an ncclSend or ncclRecv per transfer, ncclGroupEnd, on the rank's
+// communication stream; that stream first waits for an event recorded on the compute stream (so
+// what a send reads exists, and a receive does not land in memory still being read), and an
+// event recorded after the group is what a wait polls; the compute stream then waits for it too.
+// NCCL pairs a rank's sends to a peer with the peer's receives in order, which the schedule
+// guarantees (tests/test-schedule.c).
+//
+// Communicators are non-blocking (ncclConfig_t.blocking = 0): no NCCL call can hang the host.
+// Every wait polls the group's event and ncclCommGetAsyncError against the deadline; past it the
+// communicator is aborted (ncclCommAbort) and the error names peer, layer and transfer as the
+// other transports' do. NCCL cannot withdraw one operation, so a transfer given up (after a
+// failure) aborts the communicator: like MPI, a failed dist is not used again.
+//
+// Two launch shapes: one process drives every rank's GPU (rank i on device i, a thread each, the
+// communicators made together from one unique id), or one process per GPU under mpirun (the
+// unique id broadcast over MPI, ncclCommInitRankConfig in each; the logits travel over MPI).
+
+struct nccl_rank {
+    int          rank;          // global
+    int          device;
+    ncclComm_t   comm;
+    bool         live;          // comm was made (and not yet aborted or destroyed)
+    cudaStream_t stream;        // transfers
+    cudaStream_t compute;       // the backend's compute stream (kvr_backend_cuda_stream)
+    cudaEvent_t  ready;         // recorded on compute before a group
+    cudaEvent_t * done;         // per group: recorded on stream after it
+    int          n_done;
+    int          wait_peer, wait_tag; // whom this rank is blocked on now (-1: nobody)
+};
+
+struct nccl_world {
+    struct transport   tr;
+    struct nccl_rank * r;       // the ranks of this process
+    int                n_local;
+    int                first;   // global rank of r[0]
+    bool               mpi;     // one process per GPU: a failure ends the job (MPI_Abort)
+    double             timeout_s;
+    pthread_mutex_t    mu;
+    bool               failed;
+    char               fail_msg[512];
+};
+
+static struct nccl_rank * nccl_rank_of(struct transport * t, int rank) {
+    struct nccl_world * w = (struct nccl_world *)t;
+    KVR_ASSERT(rank >= w->first && rank < w->first + w->n_local);
+    return &w->r[rank - w->first];
+}
+
+static int nccl_fail_call(const struct nccl_rank * nr, const char * call, ncclResult_t e) {
+    const char * last = nr->live ? ncclGetLastError(nr->comm) : NULL;
+    return kvr_error(KVR_ERR_COMM, "rank %d (cuda:%d): %s failed: %s%s%s", nr->rank, nr->device, call, ncclGetErrorString(e),
+                     last && last[0] ? ": " : "", last ? last : "");
+}
+
+static int cuda_fail_call(const struct nccl_rank * nr, const char * call, cudaError_t e) {
+    return kvr_error(KVR_ERR_DEVICE, "rank %d (cuda:%d): %s failed: %s (%s)", nr->rank, nr->device, call, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+#define NCCL_TRY(nr, call) do { const ncclResult_t e_ = (call); \
+    if (e_ != ncclSuccess && e_ != ncclInProgress) return nccl_fail_call(nr, #call, e_); } while (0)
+#define CUDA_TRY(nr, call) do { const cudaError_t e_ = (call); \
+    if (e_ != cudaSuccess) return cuda_fail_call(nr, #call, e_); } while (0)
+
+static void nccl_abort(struct nccl_rank * nr) {
+    if (!nr->live) return;
+    ncclCommAbort(nr->comm);
+    nr->live = false;
+}
+
+// A non-blocking communicator may still be working on the last call (ncclInProgress): poll it
+// until it is done, fails, or the deadline passes.
+static int nccl_settle(struct nccl_rank * nr, const char * what, double deadline, double timeout_s) {
+    for (int polls = 0;; polls++) {
+        ncclResult_t st = ncclSuccess;
+        const ncclResult_t e = ncclCommGetAsyncError(nr->comm, &st);
+        if (e != ncclSuccess) return nccl_fail_call(nr, "ncclCommGetAsyncError", e);
+        if (st == ncclSuccess) return KVR_OK;
+        if (st != ncclInProgress) {
+            const int rc = nccl_fail_call(nr, what, st);
+            nccl_abort(nr);
+            return rc;
+        }
+        if (kvr_time_ms() >= deadline) {
+            nccl_abort(nr);
+            return kvr_error(KVR_ERR_COMM, "rank %d (cuda:%d): %s did not finish within %.1f s", nr->rank, nr->device, what, timeout_s);
+        }
+        if (polls > 64) usleep(polls > 4096 ? 1000 : 20);
+    }
+}
+
+static bool nccl_failed(struct nccl_world * w, char * msg, size_t cap) {
+    pthread_mutex_lock(&w->mu);
+    const bool f = w->failed;
+    if (f && msg) snprintf(msg, cap, "%s", w->fail_msg);
+    pthread_mutex_unlock(&w->mu);
+    return f;
+}
+
+static int nccl_group_begin(struct transport * t, int rank, int group) {
+    struct nccl_rank * nr = nccl_rank_of(t, rank);
+    if (!nr->live) return kvr_error(KVR_ERR_COMM, "rank %d: the NCCL communicator was aborted by an earlier failure", rank);
+    CUDA_TRY(nr, cudaSetDevice(nr->device));
+    if (group >= nr->n_done) {
+        const int n = group + 64;
+        nr->done = realloc(nr->done, sizeof(*nr->done) * (size_t)n);
+        KVR_ASSERT(nr->done != NULL);
+        for (; nr->n_done < n; nr->n_done++) CUDA_TRY(nr, cudaEventCreateWithFlags(&nr->done[nr->n_done], cudaEventDisableTiming));
+    }
+    // the group starts once everything queued on the compute stream so far is done
+    CUDA_TRY(nr, cudaEventRecord(nr->ready, nr->compute));
+    CUDA_TRY(nr, cudaStreamWaitEvent(nr->stream, nr->ready, 0));
+    NCCL_TRY(nr, ncclGroupStart());
+    return KVR_OK;
+}
+
+static int nccl_isend(struct transport * t, struct tr_req * r) {
+    struct nccl_rank * nr = nccl_rank_of(t, r->me);
+    r->t_post = kvr_time_ms();
+    NCCL_TRY(nr, ncclSend(r->buf, r->n, ncclInt8, r->peer, nr->comm, nr->stream));
+    return KVR_OK;
+}
+
+static int nccl_irecv(struct transport * t, struct tr_req * r) {
+    struct nccl_rank * nr = nccl_rank_of(t, r->me);
+    r->t_post = kvr_time_ms();
+    NCCL_TRY(nr, ncclRecv(r->buf, r->n, ncclInt8, r->peer, nr->comm, nr->stream));
+    return KVR_OK;
+}
+
+static int nccl_group_end(struct transport * t, int rank, int group) {
+    struct nccl_world * w = (struct nccl_world *)t;
+    struct nccl_rank * nr = nccl_rank_of(t, rank);
+    const ncclResult_t e = ncclGroupEnd();
+    if (e != ncclSuccess && e != ncclInProgress) return nccl_fail_call(nr, "ncclGroupEnd", e);
+    if (e == ncclInProgress) { // the launch itself is still going on
+        int rc = nccl_settle(nr, "ncclGroupEnd", kvr_time_ms() + 1e3 * w->timeout_s, w->timeout_s);
+        if (rc != KVR_OK) return rc;
+    }
+    CUDA_TRY(nr, cudaEventRecord(nr->done[group], nr->stream));
+    return KVR_OK;
+}
+
+// who the ranks of this process wait for: a timeout names the chain to the rank that stopped
+static void nccl_explain(struct nccl_world * w, const struct tr_req * r, char * buf, size_t cap) {
+    buf[0] = 0;
+    size_t n = 0;
+    int p = r->peer;
+    for (int hops = 0; hops < w->n_local && n < cap; hops++) {
+        if (p < w->first || p >= w->first + w->n_local || w->r[p - w->first].wait_peer < 0) break;
+        const struct nccl_rank * q = &w->r[p - w->first];
+        n += (size_t)snprintf(buf + n, cap - n, "; rank %d is itself waiting for %s of layer %d (step %d) from rank %d", p,
+                              kvr_tag_kind_name(kvr_tag_kind(q->wait_tag)), kvr_tag_layer(q->wait_tag), kvr_tag_step(q->wait_tag), q->wait_peer);
+        p = q->wait_peer;
+    }
+}
+
+static int nccl_wait(struct transport * t, struct tr_req * r, double deadline, double timeout_s) {
+    struct nccl_world * w = (struct nccl_world *)t;
+    struct nccl_rank * nr = nccl_rank_of(t, r->me);
+    if (!nr->live) return kvr_error(KVR_ERR_COMM, "rank %d: the NCCL communicator was aborted by an earlier failure", r->me);
+    KVR_ASSERT(r->group >= 0 && r->group < nr->n_done);
+    const cudaEvent_t ev = nr->done[r->group];
+    if (!r->is_send) { nr->wait_peer = r->peer; nr->wait_tag = r->tag; }
+    int rc = KVR_OK;
+    char msg[512];
+    for (int polls = 0;; polls++) {
+        const cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) { rc = cuda_fail_call(nr, "cudaEventQuery", e); break; }
+        ncclResult_t st = ncclSuccess;
+        const ncclResult_t e2 = ncclCommGetAsyncError(nr->comm, &st);
+        if (e2 != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+            rc = nccl_fail_call(nr, "a transfer", e2 != ncclSuccess ? e2 : st);
+            break;
+        }
+        if (nccl_failed(w, msg, sizeof(msg))) { rc = kvr_error(KVR_ERR_COMM, "rank %d: aborted: %s", r->me, msg); break; }
+        if (kvr_time_ms() >= deadline) {
+            char chain[512];
+            nccl_explain(w, r, chain, sizeof(chain));
+            wait_error(r, timeout_s);
+            snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+            rc = kvr_error(KVR_ERR_COMM, "%s%s", msg, chain);
+            break;
+        }
+        if (polls > 64) usleep(polls > 4096 ? 1000 : 20);
+    }
+    if (!r->is_send) nr->wait_peer = -1;
+    if (rc != KVR_OK) {
+        nccl_abort(nr); // its streams may hold transfers that will never match
+        return rc;
+    }
+    // what reads the received data runs on the compute stream: after the transfer
+    if (!r->is_send) CUDA_TRY(nr, cudaStreamWaitEvent(nr->compute, ev, 0));
+    r->done = true;
+    return KVR_OK;
+}
+
+static void nccl_fail(struct transport * t, int rank, const char * msg) {
+    struct nccl_world * w = (struct nccl_world *)t;
+    pthread_mutex_lock(&w->mu);
+    if (!w->failed) {
+        w->failed = true;
+        snprintf(w->fail_msg, sizeof(w->fail_msg), "%s", msg);
+    }
+    pthread_mutex_unlock(&w->mu);
+#ifdef KVR_MPI
+    if (w->mpi) { // as the MPI transport: the message, then every process ends
+        fprintf(stderr, "kvr: %s\n", msg);
+        fflush(stderr);
+        nccl_abort(nccl_rank_of(t, rank));
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+#else
+    (void)rank;
+#endif
+}
+
+// NCCL cannot withdraw one transfer: a rank that gives one up gives up its communicator
+static void nccl_cancel(struct transport * t, struct tr_req * r) {
+    if (!r->done) nccl_abort(nccl_rank_of(t, r->me));
+}
+
+static void nccl_idle(struct transport * t, double deadline) {
+    struct nccl_world * w = (struct nccl_world *)t;
+    while (kvr_time_ms() < deadline && !nccl_failed(w, NULL, 0)) usleep(10000);
+}
+
+// a collective's own part: a device-to-device copy on the compute stream
+static int nccl_copy(struct transport * t, int rank, void * dst, const void * src, size_t n) {
+    struct nccl_rank * nr = nccl_rank_of(t, rank);
+    CUDA_TRY(nr, cudaSetDevice(nr->device));
+    CUDA_TRY(nr, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, nr->compute));
+    return KVR_OK;
+}
+
+// the end of a dist: communicators finalized (flushed) then destroyed, or aborted when that
+// does not finish in time
+static void nccl_free(struct transport * t) {
+    struct nccl_world * w = (struct nccl_world *)t;
+    for (int i = 0; i < w->n_local; i++) {
+        struct nccl_rank * nr = &w->r[i];
+        cudaSetDevice(nr->device);
+        if (nr->live) {
+            const ncclResult_t e = ncclCommFinalize(nr->comm);
+            if ((e == ncclSuccess || e == ncclInProgress) &&
+                nccl_settle(nr, "ncclCommFinalize", kvr_time_ms() + 1e3 * w->timeout_s, w->timeout_s) == KVR_OK) {
+                ncclCommDestroy(nr->comm);
+                nr->live = false;
+            }
+            nccl_abort(nr);
+        }
+        for (int k = 0; k < nr->n_done; k++) cudaEventDestroy(nr->done[k]);
+        free(nr->done);
+        if (nr->ready) cudaEventDestroy(nr->ready);
+        if (nr->stream) cudaStreamDestroy(nr->stream);
+    }
+    pthread_mutex_destroy(&w->mu);
+    free(w->r);
+    free(w);
+}
+
+// The communicators of the ranks [first, first+n_local) of n_ranks, on the given devices: made
+// together in one group (one process, one unique id) or one per process (id from rank 0).
+// Everything waits at most timeout_s; NULL + error on failure.
+static struct transport * nccl_new(int n_ranks, int first, int n_local, const int * devices, ncclUniqueId id, bool mpi,
+                                   double timeout_s) {
+    struct nccl_world * w = calloc(1, sizeof(*w));
+    KVR_ASSERT(w != NULL);
+    w->tr = (struct transport) { .isend = nccl_isend, .irecv = nccl_irecv, .wait = nccl_wait, .fail = nccl_fail,
+                                 .cancel = nccl_cancel, .idle = nccl_idle, .free = nccl_free, .n_ranks = n_ranks,
+                                 .group_begin = nccl_group_begin, .group_end = nccl_group_end, .copy = nccl_copy };
+    w->r = calloc((size_t)n_local, sizeof(*w->r));
+    KVR_ASSERT(w->r != NULL);
+    w->n_local = n_local;
+    w->first = first;
+    w->mpi = mpi;
+    w->timeout_s = timeout_s;
+    pthread_mutex_init(&w->mu, NULL);
+    int rc = KVR_OK;
+    for (int i = 0; i < n_local && rc == KVR_OK; i++) {
+        struct nccl_rank * nr = &w->r[i];
+        nr->rank = first + i;
+        nr->device = devices[i];
+        nr->wait_peer = -1;
+        cudaError_t e = cudaSetDevice(nr->device);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&nr->stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&nr->ready, cudaEventDisableTiming);
+        if (e != cudaSuccess) rc = cuda_fail_call(nr, "setting up the communication stream", e);
+    }
+    if (rc == KVR_OK) {
+        // non-blocking communicators: initialisation returns at once and is polled below
+        ncclResult_t e = ncclGroupStart();
+        for (int i = 0; i < n_local && e == ncclSuccess; i++) {
+            struct nccl_rank * nr = &w->r[i];
+            ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+            cfg.blocking = 0;
+            if (cudaSetDevice(nr->device) != cudaSuccess) break;
+            e = ncclCommInitRankConfig(&nr->comm, n_ranks, id, nr->rank, &cfg);
+            if (e == ncclInProgress) e = ncclSuccess;
+            if (e == ncclSuccess) nr->live = true;
+        }
+        const ncclResult_t e2 = ncclGroupEnd();
+        if (e == ncclSuccess && e2 != ncclInProgress) e = e2;
+        if (e != ncclSuccess) rc = nccl_fail_call(&w->r[0], "ncclCommInitRankConfig", e);
+    }
+    const double deadline = kvr_time_ms() + 1e3 * timeout_s;
+    for (int i = 0; i < n_local && rc == KVR_OK; i++) {
+        rc = nccl_settle(&w->r[i], "NCCL communicator initialisation (are all ranks started? NCCL_DEBUG=INFO tells more)",
+                         deadline, timeout_s);
+    }
+    if (rc != KVR_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+        for (int i = 0; i < n_local; i++) nccl_abort(&w->r[i]);
+        nccl_free(&w->tr);
+        kvr_error(KVR_ERR_COMM, "%s", msg);
+        return NULL;
+    }
+    return &w->tr;
+}
+
+// the compute stream of a local rank, from its CUDA backend
+static void nccl_set_compute(struct transport * t, int rank, void * stream) {
+    nccl_rank_of(t, rank)->compute = (cudaStream_t)stream;
+}
+#endif // KVR_NCCL
 
 //
 // the schedule: which transfers a rank's graph asks for, grouped and ordered (see kvr.h)
@@ -613,11 +956,11 @@ struct rank_comm {
     const void      ** node_src;    //   and what it sends (once the rank reached it)
     int                next_group;  // the first group not issued yet
     int                next_node;   // the comm node the backend runs next
-    struct tr_req   ** sends;       // outstanding sends outside the graph (the logits under MPI)
-    int                n_sends, cap_sends;
     int                stall_layer; // test hook (-1: off)
     bool               stalled;
     int                timeout_peer; // the peer a wait of the last eval timed out on (-1: none)
+    int                timeout_tag;  //   the transfer
+    bool               timeout_send; //   and whether it was this rank's send
     struct kvr_rank_stats st;
 };
 
@@ -634,21 +977,27 @@ static int comm_wait(struct rank_comm * c, struct tr_req * r) {
     const double t0 = kvr_time_ms();
     int rc = c->tr->wait(c->tr, r, t0 + c->timeout_s * 1e3, c->timeout_s);
     c->st.wait_ms += kvr_time_ms() - t0;
-    if (rc != KVR_OK && strstr(kvr_last_error(), "timed out") && c->timeout_peer < 0) c->timeout_peer = r->peer;
+    if (rc != KVR_OK && strstr(kvr_last_error(), "timed out") && c->timeout_peer < 0) {
+        c->timeout_peer = r->peer;
+        c->timeout_tag = r->tag;
+        c->timeout_send = r->is_send;
+    }
     return rc;
 }
 
-#ifdef KVR_MPI
-// a send outside the schedule (kvr_dist_eval's logits)
-static int comm_send(struct rank_comm * c, const void * buf, size_t n, int peer, int tag) {
-    struct tr_req * r = calloc(1, sizeof(*r));
-    KVR_ASSERT(r != NULL);
-    *r = (struct tr_req) { .buf = (void *)buf, .n = n, .me = c->base.rank, .peer = peer, .tag = tag, .is_send = true, .seq = -1 };
-    req_list_add(&c->sends, &c->n_sends, &c->cap_sends, r);
-    c->st.bytes_sent += (int64_t)n;
+
+// hand transfer i of the schedule to the transport
+static int comm_post(struct rank_comm * c, int i) {
+    const struct kvr_xfer * x = &c->sched.x[i];
+    struct tr_req * r = &c->reqs[i];
+    uint8_t * mem = x->send ? (uint8_t *)c->node_src[x->node] : (uint8_t *)c->node_mem[x->node];
+    *r = (struct tr_req) { .buf = mem + x->off, .n = (size_t)x->bytes, .me = c->base.rank, .peer = x->peer, .tag = x->tag,
+                           .is_send = x->send, .seq = i, .group = x->group, .posted = true, .match_rank = -1, .match_seq = -1 };
+    if (!x->send) return c->tr->irecv(c->tr, r);
+    c->st.bytes_sent += x->bytes;
+    if (tag_is_kv(x->tag)) c->st.kv_rows_sent += x->rows;
     return c->tr->isend(c->tr, r);
 }
-#endif
 
 // Hand the transport every group that is due once the rank reached comm node `at` (-1: the
 // graph's start). A group whose receives have no memory yet waits for their post.
@@ -665,24 +1014,23 @@ static int comm_issue(struct rank_comm * c, int at) {
             }
         }
         int rc = c->tr->group_begin ? c->tr->group_begin(c->tr, c->base.rank, gi) : KVR_OK;
+        const bool begun = rc == KVR_OK;
         for (int i = g->first; i < g->first + g->n && rc == KVR_OK; i++) {
-            const struct kvr_xfer * x = &s->x[i];
-            struct tr_req * r = &c->reqs[i];
-            uint8_t * mem = x->send ? (uint8_t *)c->node_src[x->node] : (uint8_t *)c->node_mem[x->node];
-            *r = (struct tr_req) { .buf = mem + x->off, .n = (size_t)x->bytes, .me = c->base.rank, .peer = x->peer, .tag = x->tag,
-                                   .is_send = x->send, .seq = i, .posted = true, .match_rank = -1, .match_seq = -1 };
-            if (x->send) {
-                c->st.bytes_sent += x->bytes;
-                if (tag_is_kv(x->tag)) c->st.kv_rows_sent += x->rows;
-                rc = c->tr->isend(c->tr, r);
-            } else {
-                rc = c->tr->irecv(c->tr, r);
-            }
+            if (!c->reqs[i].posted) rc = comm_post(c, i);
         }
-        if (rc == KVR_OK && c->tr->group_end) rc = c->tr->group_end(c->tr, c->base.rank, gi);
+        if (begun && c->tr->group_end) { // a group that began ends, even after a failed post
+            const int rc2 = c->tr->group_end(c->tr, c->base.rank, gi);
+            if (rc == KVR_OK) rc = rc2;
+        }
         c->next_group++;
         if (rc != KVR_OK) return rc;
     }
+    return KVR_OK;
+}
+
+static int comm_copy(struct rank_comm * c, void * dst, const void * src, size_t n) {
+    if (c->tr->copy) return c->tr->copy(c->tr, c->base.rank, dst, src, n);
+    if (n) memcpy(dst, src, n);
     return KVR_OK;
 }
 
@@ -716,7 +1064,11 @@ static int comm_post_recv(struct kvr_comm * base, struct kvr_tensor * node) {
     struct rank_comm * c = (struct rank_comm *)base;
     const int k = comm_node_index(c, node, 0);
     c->node_mem[k] = node->data;
-    int rc = comm_issue(c, -1);
+    int rc = KVR_OK;
+    if (c->tr->early_recv) {
+        for (int i = c->sched.node_first[k]; i < c->sched.node_first[k + 1] && rc == KVR_OK; i++) rc = comm_post(c, i);
+    }
+    if (rc == KVR_OK) rc = comm_issue(c, -1);
     return rc == KVR_OK ? rc : comm_fail(c, rc);
 }
 
@@ -751,13 +1103,13 @@ static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
         const int64_t r0 = total * me / N, r1 = total * (me + 1) / N;
         uint8_t * dst = (uint8_t *)node->data + r0 * row;
         KVR_ASSERT(node->src[0]->ne[1] == r1 - r0);
-        if (r1 > r0 && (const uint8_t *)node->src[0]->data != dst) memcpy(dst, node->src[0]->data, (size_t)(r1 - r0) * row);
+        if (r1 > r0 && (const uint8_t *)node->src[0]->data != dst) rc = comm_copy(c, dst, node->src[0]->data, (size_t)(r1 - r0) * row);
     } else if (node->op == KVR_OP_ALL_TO_ALL) {
         const size_t off = (size_t)me * node->nb[2];
         const int mine = kvr_ring_shard((int)total, 0, N, me, NULL);
-        memcpy((uint8_t *)node->data + off, (const uint8_t *)node->src[0]->data + off, (size_t)mine * node->nb[1]);
+        rc = comm_copy(c, (uint8_t *)node->data + off, (const uint8_t *)node->src[0]->data + off, (size_t)mine * node->nb[1]);
     }
-    rc = comm_issue(c, k);
+    if (rc == KVR_OK) rc = comm_issue(c, k);
     // this node's receives are what the nodes after it read
     for (int i = s->node_first[k]; i < s->node_first[k + 1] && rc == KVR_OK; i++) {
         if (s->x[i].send) continue;
@@ -783,12 +1135,6 @@ static int comm_finish(struct kvr_comm * base) {
         s->x[i].match_rank = r->match_rank;
         s->x[i].match_index = r->match_seq;
     }
-    for (int i = 0; i < c->n_sends; i++) {
-        if (rc == KVR_OK && !c->stalled) rc = comm_wait(c, c->sends[i]);
-        if (!c->sends[i]->done) c->tr->cancel(c->tr, c->sends[i]);
-        free(c->sends[i]);
-    }
-    c->n_sends = 0;
     if (rc != KVR_OK) comm_fail(c, rc);
     return rc;
 }
@@ -813,7 +1159,6 @@ static void rank_comm_free(struct rank_comm * c) {
     free(c->reqs);
     free(c->node_mem);
     free(c->node_src);
-    free(c->sends);
     free(c);
 }
 
@@ -863,6 +1208,7 @@ struct kvr_dist {
     struct dist_rank       * ranks;       // n_local of them
     int                    * rows;        // cache rows of every rank (all processes keep it)
     struct transport       * tr;
+    struct transport       * host_tr;     // ranks in other processes: the logits travel over it (MPI)
     int                      n_past;
     int                      n_decode;    // ring decode steps so far (the round-robin store)
     enum kvr_strategy        last;
@@ -1507,6 +1853,91 @@ static void * rank_thread(void * arg) {
 // the driver
 //
 
+#ifdef KVR_MPI
+// MPI started once per process (it cannot be started twice: it ends with the process, not the
+// dist); d->n_ranks and *my_rank from MPI_COMM_WORLD; the MPI transport
+static struct transport * mpi_start(struct kvr_dist * d, int * my_rank) {
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        atexit(mpi_finalize);
+    }
+    MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
+    MPI_Comm_rank(MPI_COMM_WORLD, my_rank);
+    void * ub = NULL;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    if (flag && *(int *)ub < kvr_tag((int)d->m->hp.n_layer, KVR_TAG_KIND_COUNT, 255)) {
+        kvr_error(KVR_ERR_UNSUPP, "MPI_TAG_UB %d is too small for %u layers", *(int *)ub, d->m->hp.n_layer);
+        return NULL;
+    }
+    struct transport * t = calloc(1, sizeof(*t));
+    KVR_ASSERT(t != NULL);
+    *t = (struct transport) { .isend = mpi_isend, .irecv = mpi_irecv, .wait = mpi_wait, .fail = mpi_fail, .cancel = mpi_cancel,
+                              .idle = mpi_idle, .free = mpi_free, .n_ranks = d->n_ranks, .early_recv = true };
+    return t;
+}
+#endif
+
+#ifdef KVR_NCCL
+// The NCCL ranks of this process. Started by mpirun (OpenMPI, MPICH's Hydra, PMIx): one rank, on
+// the GPU of its index among the node's processes, the unique id from rank 0 over MPI. Else this
+// process drives n_ranks GPUs, rank i on device i.
+static int nccl_start(struct kvr_dist * d, int * my_rank) {
+    int n_dev = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n_dev);
+    char no_dev[256] = "";
+    if (e != cudaSuccess || n_dev == 0) {
+        snprintf(no_dev, sizeof(no_dev), "--comm nccl: no CUDA device (cudaGetDeviceCount: %s): every NCCL rank needs a GPU",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    const bool under_mpirun = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+    if (under_mpirun) {
+#ifdef KVR_MPI
+        d->host_tr = mpi_start(d, my_rank);
+        if (!d->host_tr) return KVR_ERR_UNSUPP;
+        MPI_Comm node;
+        int local = 0, n_node = 1;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *my_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+        MPI_Comm_size(node, &n_node);
+        MPI_Comm_free(&node);
+        // every process takes part in the broadcast, even one that cannot go on: the others
+        // then fail in the communicator's initialisation, within the timeout
+        struct { int ok; ncclUniqueId id; } boot;
+        memset(&boot, 0, sizeof(boot));
+        if (*my_rank == 0) boot.ok = ncclGetUniqueId(&boot.id) == ncclSuccess;
+        MPI_Bcast(&boot, (int)sizeof(boot), MPI_BYTE, 0, MPI_COMM_WORLD);
+        if (!boot.ok) return kvr_error(KVR_ERR_COMM, "rank %d: rank 0 could not make the NCCL unique id (NCCL_DEBUG=INFO tells why)", *my_rank);
+        if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "rank %d: %s", *my_rank, no_dev);
+        if (local >= n_dev) {
+            return kvr_error(KVR_ERR_DEVICE, "rank %d: --comm nccl: %d processes on this node, but %d GPUs (one process per GPU)",
+                             *my_rank, n_node, n_dev);
+        }
+        d->n_local = 1;
+        d->tr = nccl_new(d->n_ranks, *my_rank, 1, &local, boot.id, true, d->p.timeout_s);
+        return d->tr ? KVR_OK : KVR_ERR_COMM;
+#else
+        return kvr_error(KVR_ERR_UNSUPP, "--comm nccl under mpirun needs a build with MPI as well (make KVR_CUDA=1 KVR_MPI=1)");
+#endif
+    }
+    if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "%s", no_dev);
+    const int n = d->p.n_ranks > 0 ? d->p.n_ranks : 1;
+    if (n > n_dev) return kvr_error(KVR_ERR_DEVICE, "--comm nccl: %d ranks need %d GPUs; this machine has %d", n, n, n_dev);
+    if (n > 256) return kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", n);
+    int devices[256];
+    for (int i = 0; i < n; i++) devices[i] = i;
+    ncclUniqueId id;
+    const ncclResult_t e2 = ncclGetUniqueId(&id);
+    if (e2 != ncclSuccess) return kvr_error(KVR_ERR_COMM, "--comm nccl: ncclGetUniqueId failed: %s", ncclGetErrorString(e2));
+    d->n_ranks = d->n_local = n;
+    *my_rank = 0;
+    d->tr = nccl_new(n, 0, n, devices, id, false, d->p.timeout_s);
+    return d->tr ? KVR_OK : KVR_ERR_COMM;
+}
+#endif
+
 struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p) {
     struct kvr_dist * d = calloc(1, sizeof(*d));
     KVR_ASSERT(d != NULL);
@@ -1524,30 +1955,26 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     int my_rank = 0;
     if (p->comm == KVR_COMM_MPI) {
 #ifdef KVR_MPI
-        int inited = 0, provided = 0;
-        MPI_Initialized(&inited);
-        if (!inited) {
-            MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-            // MPI cannot be started twice in a process: it ends with the process, not the dist
-            atexit(mpi_finalize);
-        }
-        MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
-        MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
-        void * ub = NULL;
-        int flag = 0;
-        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
-        if (flag && *(int *)ub < kvr_tag((int)m->hp.n_layer, KVR_TAG_KIND_COUNT, 255)) {
-            kvr_error(KVR_ERR_UNSUPP, "MPI_TAG_UB %d is too small for %u layers", *(int *)ub, m->hp.n_layer);
+        d->tr = d->host_tr = mpi_start(d, &my_rank);
+        if (!d->tr) {
             free(d);
             return NULL;
         }
-        struct transport * t = calloc(1, sizeof(*t));
-        *t = (struct transport) { .isend = mpi_isend, .irecv = mpi_irecv, .wait = mpi_wait, .fail = mpi_fail, .cancel = mpi_cancel,
-                                  .idle = mpi_idle, .free = mpi_free, .n_ranks = d->n_ranks };
-        d->tr = t;
         d->n_local = 1;
 #else
         kvr_error(KVR_ERR_UNSUPP, "this build has no MPI transport (build with make KVR_MPI=1)");
+        free(d);
+        return NULL;
+#endif
+    } else if (p->comm == KVR_COMM_NCCL) {
+#ifdef KVR_NCCL
+        if (nccl_start(d, &my_rank) != KVR_OK) {
+            if (d->host_tr) d->host_tr->free(d->host_tr);
+            free(d);
+            return NULL;
+        }
+#else
+        kvr_error(KVR_ERR_UNSUPP, "this build has no NCCL transport (build with make KVR_CUDA=1)");
         free(d);
         return NULL;
 #endif
@@ -1580,7 +2007,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     d->logits = calloc(m->hp.n_vocab, sizeof(float));
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
-        dr->rank = p->comm == KVR_COMM_MPI ? my_rank : i;
+        dr->rank = my_rank + i; // local: 0 + i; one rank a process: the process's
         dr->cache = kvr_kv_cache_new(&m->hp, n_ctx);
         if (!dr->cache) {
             kvr_dist_free(d);
@@ -1588,6 +2015,17 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         }
         dr->cache_pos = calloc((size_t)n_ctx, sizeof(int32_t));
         dr->be = kvr_backend_cpu_new(n_threads);
+#ifdef KVR_NCCL
+        if (p->comm == KVR_COMM_NCCL) { // NCCL moves device memory: the rank's transfers follow its compute stream
+            void * stream = kvr_backend_cuda_stream(dr->be);
+            if (!stream) {
+                kvr_error(KVR_ERR_ARG, "--comm nccl moves GPU memory: it needs the CUDA backend (--backend cuda)");
+                kvr_dist_free(d);
+                return NULL;
+            }
+            nccl_set_compute(d->tr, dr->rank, stream);
+        }
+#endif
         dr->comm = rank_comm_new(d->tr, dr->rank, d->n_ranks, d->p.timeout_s);
         kvr_backend_cpu_set_comm(dr->be, &dr->comm->base);
         kvr_backend_cpu_set_trace(dr->be, p->trace);
@@ -1615,6 +2053,7 @@ void kvr_dist_free(struct kvr_dist * d) {
     free(d->rows);
     free(d->logits);
     plan_free(&d->plan);
+    if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
     if (d->tr) d->tr->free(d->tr);
     free(d);
 }
@@ -1714,9 +2153,12 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     }
     // report the root cause: a timeout on a peer that did not time out itself (it was lost or
     // stalled) beats a timeout on a peer that was waiting too, which beats the echo of another
-    // rank's failure; a rank that the test hook stopped speaks last
+    // rank's failure; a rank that the test hook stopped speaks last. Among timeouts of one kind,
+    // the earliest layer names where the peer stopped (a later one was only queued behind it),
+    // and a receive that never came beats a send that was never taken.
     const char * err = NULL;
-    int rc = KVR_OK, best = -1;
+    int rc = KVR_OK, best = -1, best_layer = INT_MAX;
+    bool best_send = true;
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         if (dr->rc == KVR_OK) continue;
@@ -1733,8 +2175,12 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         } else if (dr->comm->stalled) {
             score = 0;
         }
-        if (score > best) {
+        const int layer = peer >= 0 ? kvr_tag_layer(dr->comm->timeout_tag) : INT_MAX;
+        const bool send = peer >= 0 && dr->comm->timeout_send;
+        if (score > best || (score == best && (layer < best_layer || (layer == best_layer && best_send && !send)))) {
             best = score;
+            best_layer = layer;
+            best_send = send;
             err = dr->err;
             rc = dr->rc;
         }
@@ -1749,29 +2195,31 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         if (d->ranks[i].rank == pl->owner) logits = d->ranks[i].logits;
     }
 #ifdef KVR_MPI
-    if (d->p.comm == KVR_COMM_MPI) {
-        struct rank_comm * c = d->ranks[0].comm;
+    if (d->host_tr) { // ranks in several processes: the owner sends its logits to every other one
+        struct transport * ht = d->host_tr;
+        const int me = d->ranks[0].rank;
         const size_t bytes = sizeof(float) * m->hp.n_vocab;
         const int tag = kvr_tag(0, KVR_TAG_LOGITS, 0);
-        int rc2 = KVR_OK;
-        if (c->base.rank == pl->owner) {
-            for (int q = 0; q < d->n_ranks && rc2 == KVR_OK; q++) {
-                if (q != c->base.rank) rc2 = comm_send(c, logits, bytes, q, tag);
-            }
-            for (int i = 0; i < c->n_sends; i++) {
-                if (rc2 == KVR_OK) rc2 = comm_wait(c, c->sends[i]);
-                free(c->sends[i]);
-            }
-            c->n_sends = 0;
-        } else {
-            struct tr_req r = { .buf = d->logits, .n = bytes, .me = c->base.rank, .peer = pl->owner, .tag = tag, .seq = -1 };
-            rc2 = c->tr->irecv(c->tr, &r);
-            // the owner may be computing a long prefill alone: allow it ten timeouts
-            if (rc2 == KVR_OK) rc2 = c->tr->wait(c->tr, &r, kvr_time_ms() + 10e3 * c->timeout_s, 10 * c->timeout_s);
-            logits = d->logits;
+        // a receiver may wait while the owner computes a long prefill alone: ten timeouts
+        const double t0 = kvr_time_ms(), limit = me == pl->owner ? d->p.timeout_s : 10 * d->p.timeout_s;
+        struct tr_req * reqs = calloc((size_t)d->n_ranks, sizeof(*reqs));
+        KVR_ASSERT(reqs != NULL);
+        int rc2 = KVR_OK, n_req = 0;
+        for (int q = 0; q < d->n_ranks && rc2 == KVR_OK; q++) {
+            const bool send = me == pl->owner;
+            if (q == me || (!send && q != pl->owner)) continue;
+            struct tr_req * r = &reqs[n_req++];
+            *r = (struct tr_req) { .buf = send ? (void *)logits : d->logits, .n = bytes, .me = me, .peer = q, .tag = tag,
+                                   .is_send = send, .seq = -1 };
+            rc2 = send ? ht->isend(ht, r) : ht->irecv(ht, r);
         }
+        for (int i = 0; i < n_req && rc2 == KVR_OK; i++) rc2 = ht->wait(ht, &reqs[i], t0 + 1e3 * limit, limit);
+        if (me == pl->owner) d->ranks[0].comm->st.bytes_sent += (int64_t)bytes * (d->n_ranks - 1);
+        d->ranks[0].comm->st.wait_ms += kvr_time_ms() - t0;
+        free(reqs);
+        if (me != pl->owner) logits = d->logits;
         if (rc2 != KVR_OK) {
-            comm_fail(c, rc2);
+            ht->fail(ht, me, kvr_last_error());
             return NULL;
         }
     }

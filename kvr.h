@@ -904,13 +904,16 @@ enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_hea
 enum kvr_comm_kind {
     KVR_COMM_LOCAL = 0, // ranks are threads of this process (the default)
     KVR_COMM_MPI   = 1, // ranks are MPI processes (build with make KVR_MPI=1, run under mpirun)
+    KVR_COMM_NCCL  = 2, // ranks are GPUs (make KVR_CUDA=1; the CUDA backend): one process drives
+                        //   n_ranks GPUs (rank i on device i), or, started by mpirun in a build
+                        //   with MPI too, one process per GPU
     KVR_COMM_KIND_COUNT,
 };
 
 struct kvr_dist_params {
     enum kvr_strategy  strategy;
     enum kvr_comm_kind comm;
-    int                n_ranks;      // local: how many; MPI: from the communicator (0 here)
+    int                n_ranks;      // local, NCCL in one process: how many; MPI: from the communicator
     int                n_threads;    // per rank (0: all cores / ranks)
     int                n_ctx;        // per rank cache length (0: the model's, at most 4096)
     const int        * partition;    // kvr: tokens per rank (n_ranks entries), NULL: even
@@ -979,8 +982,9 @@ int               kvr_dist_write_trace(const struct kvr_dist * d, const char * p
 
 // The transfer schedule of one rank's graph: what its strategy asks of a transport. It is made
 // from the graph's communication nodes in execution order by code that knows no transport, and
-// every transport runs it: local and MPI post its operations as they come, NCCL issues each
-// group between ncclGroupStart and ncclGroupEnd. The rules:
+// every transport runs it: NCCL issues each group between ncclGroupStart and ncclGroupEnd; local
+// and MPI, which match by tag, post the receives at the graph's start and the sends group by
+// group (kvr-comm.c's endpoint is the same code for all three). The rules:
 //
 //   a run of SEND nodes (no computing node between them) and the run of RECV nodes that comes
 //     next make one group: a ring step's send to the next rank and receive from the previous one;

@@ -150,9 +150,12 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--partition", .kind = KVR_CLI_TEXT, .dst = &a->partition, .meta = "P",
           .help = "kvr only: even, token counts (5,3,2,1), fractions (0.4,0.3,0.2,0.1), or\n"
                   "table:FILE (KVR-P: interpolated from a kvr-tune --search table)" },
-        { .name = "--comm", .kind = KVR_CLI_CHOICE, .dst = &a->comm, .meta = "local|mpi", .choices = "local|mpi", .given = &a->comm_set,
-          .help = "ranks as threads of this process or as MPI processes (default local;\n"
-                  "mpi when started by mpirun in a KVR_MPI=1 build)" },
+        { .name = "--comm", .kind = KVR_CLI_CHOICE, .dst = &a->comm, .meta = "local|mpi|nccl", .choices = "local|mpi|nccl",
+          .given = &a->comm_set,
+          .help = "ranks as threads of this process, MPI processes, or GPUs over NCCL (default\n"
+                  "local; mpi when started by mpirun in a KVR_MPI=1 build; nccl: make KVR_CUDA=1,\n"
+                  "--backend cuda, --ranks N GPUs of this process, or one process per GPU under\n"
+                  "mpirun in a build with KVR_MPI=1 too)" },
         { .name = "--comm-timeout", .kind = KVR_CLI_REAL, .dst = &a->timeout_s, .meta = "S", .lo = 0, .hi = 86400, .open = KVR_CLI_LO_OPEN,
           .help = "seconds any transfer may wait before the run fails (default 60)" },
         { .name = "--link-gbps", .kind = KVR_CLI_REAL, .dst = &a->link_gbps, .meta = "X", .lo = 0, .hi = 1e6,
@@ -171,7 +174,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     if (!!a->prompt + !!a->prompt_file + !!a->tokens != 1) return kvr_cli_fail(&cli, "give exactly one of -p, -f and --tokens");
     if (a->prompt && kvr_cli_check_text("kvr-run", "-p", a->prompt, strlen(a->prompt))) return 2;
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
-    if (!a->strategy_set) a->strategy = a->n_ranks > 1 || a->comm == KVR_COMM_MPI ? KVR_STRATEGY_KVR : KVR_STRATEGY_SINGLE;
+    if (!a->strategy_set) a->strategy = a->n_ranks > 1 || a->comm != KVR_COMM_LOCAL ? KVR_STRATEGY_KVR : KVR_STRATEGY_SINGLE;
     if (a->partition && a->strategy != KVR_STRATEGY_KVR) {
         return kvr_cli_fail(&cli, "--partition splits the prompt for --strategy kvr; %s takes no partition", kvr_strategy_name(a->strategy));
     }
