@@ -34,6 +34,7 @@
 #endif
 #include <stb/stb_ds.h>
 
+#define KVR_BUILD   // kvr.h's internal section: the shared per-element math
 #include "kvr.h"
 
 #include <assert.h>
@@ -107,71 +108,11 @@ static void * kvr_calloc(size_t n, size_t sz) {
 // 2. half precision
 //
 
-float kvr_fp16_to_fp32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp  = (h >> 10) & 0x1f;
-    uint32_t mant = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else { // subnormal: normalize
-            int e = -1;
-            do { mant <<= 1; e++; } while (!(mant & 0x400));
-            mant &= 0x3ff;
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13);
-        }
-    } else if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t kvr_fp32_to_fp16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000;
-    const uint32_t absx = x & 0x7fffffff;
-    if (absx >= 0x7f800000u) { // inf or nan
-        return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
-    }
-    if (absx >= 0x477ff000u) { // rounds to >= 65520: overflow to inf
-        return (uint16_t)(sign | 0x7c00);
-    }
-    if (absx < 0x38800000u) { // below the smallest normal half: subnormal or zero
-        // add the value to 0.5 (as float) so the FPU does round-to-nearest-even for us
-        float a;
-        memcpy(&a, &absx, 4);
-        a += 0.5f;
-        uint32_t ab;
-        memcpy(&ab, &a, 4);
-        // no mask: a value that rounds up to 2^-14 becomes the smallest normal (0x400)
-        return (uint16_t)(sign | (ab - 0x3f000000u));
-    }
-    const uint32_t mant_odd = (absx >> 13) & 1;
-    uint32_t v = absx + 0xc8000fffu + mant_odd; // rebias exponent (-112 << 23) and round to nearest even
-    return (uint16_t)(sign | (v >> 13));
-}
-
-float kvr_bf16_to_fp32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t kvr_fp32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000u) {
-        return (uint16_t)((x >> 16) | 64); // quiet nan
-    }
-    return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
-}
+// The conversions themselves are kvr.h's internal KVR_HD functions (the CUDA kernels run the same).
+float    kvr_fp16_to_fp32(uint16_t h) { return kvr_half_to_f32(h); }
+uint16_t kvr_fp32_to_fp16(float f)    { return kvr_f32_to_half(f); }
+float    kvr_bf16_to_fp32(uint16_t h) { return kvr_bfloat_to_f32(h); }
+uint16_t kvr_fp32_to_bf16(float f)    { return kvr_f32_to_bfloat(f); }
 
 //
 // 3. types
@@ -225,106 +166,19 @@ size_t kvr_row_size(enum kvr_type t, int64_t ne0) {
 // 4. quantized types: block layouts and their conversion to f32
 //
 
-// The byte layouts of GGML's block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and the k-quants
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K; their dequantization to f32, written as plain scalar loops
-// with fixed trip counts so the compiler vectorizes them (a matmul dequantizes each weight row
-// once and reuses it over every token); the reference quantizers for the types kvr writes (Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), which reproduce ggml's *_ref quantizers decision for
-// decision so that the files we write read the same in llama.cpp; and one table,
-// quant_traits_table, that the type functions below dispatch to through quant_get().
+// GGML's block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and the k-quants Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K, Q8_K. Their byte layouts and the dequantization of one block live in kvr.h's internal
+// section (struct kvr_block_*, kvr_dequant_*: plain loops with fixed trip counts), shared with the
+// CUDA kernels; here they run over rows, each per-block function inlined into a loop the compiler
+// vectorizes (a matmul dequantizes each weight row once and reuses it over every token). Then the
+// reference quantizers for the types kvr writes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), which
+// reproduce ggml's *_ref quantizers decision for decision so that the files we write read the
+// same in llama.cpp; and one table, quant_traits_table, that the type functions below dispatch
+// to through quant_get().
 //
-// Layouts and math follow ggml (ggml-common.h, ggml-quants.c); the code is our own. Every block
-// struct is made of bytes only, so a block may sit at any address (GGUF views need not be aligned)
-// and the half-precision fields are read little-endian by hand. Dequantization multiplies in the
-// same order as ggml so results are bit-identical to ggml built with the same contraction flags.
-
-enum {
-    QUANT_QK   = 32,   // elements per block of the legacy formats
-    QUANT_QK_K = 256,  // elements per super-block of the k-quants
-};
-
-// Blocks. Field order and sizes are GGML's; comments give the element each bit belongs to.
-
-struct quant_block_q4_0 {      // x = d * (q - 8)
-    uint8_t d[2];              // fp16 scale
-    uint8_t qs[QUANT_QK/2];    // element j: low nibble of qs[j]; element j+16: high nibble
-};
-struct quant_block_q4_1 {      // x = d * q + m
-    uint8_t d[2], m[2];        // fp16 scale and min
-    uint8_t qs[QUANT_QK/2];    // as q4_0
-};
-struct quant_block_q5_0 {      // x = d * (q - 16)
-    uint8_t d[2];
-    uint8_t qh[4];             // bit j of this little-endian u32: the 5th bit of element j
-    uint8_t qs[QUANT_QK/2];    // low 4 bits as q4_0
-};
-struct quant_block_q5_1 {      // x = d * q + m
-    uint8_t d[2], m[2];
-    uint8_t qh[4];
-    uint8_t qs[QUANT_QK/2];
-};
-struct quant_block_q8_0 {      // x = d * q
-    uint8_t d[2];
-    int8_t  qs[QUANT_QK];
-};
-struct quant_block_q8_1 {      // x = d * q (s = d * sum(q) serves dot products only)
-    uint8_t d[2], s[2];
-    int8_t  qs[QUANT_QK];
-};
-// k-quants: a super-block of 256 elements in sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32 (Q4_K, Q5_K).
-// The 2-bit planes of Q2_K/Q3_K and the nibbles of Q4_K..Q6_K are laid out in 128- or 64-element
-// halves: element e of half h reads byte h*32 + e%32 at bit offset 2*((e%128)/32) (2-bit planes).
-struct quant_block_q2_K {      // x = d*sc * q - dmin*m, q in 0..3
-    uint8_t scales[QUANT_QK_K/16]; // per 16 elements: low nibble scale, high nibble min
-    uint8_t qs[QUANT_QK_K/4];
-    uint8_t d[2], dmin[2];
-};
-struct quant_block_q3_K {      // x = d*(sc - 32) * (q - 4), q in 0..7
-    uint8_t hmask[QUANT_QK_K/8];   // bit e/32 of hmask[e%32]: the 3rd bit of element e
-    uint8_t qs[QUANT_QK_K/4];      // low 2 bits, as q2_K
-    uint8_t scales[12];            // 16 6-bit scales: low nibbles in bytes 0..7, high pairs in 8..11
-    uint8_t d[2];
-};
-struct quant_block_q4_K {      // x = d*sc * q - dmin*m, q in 0..15, per 32 elements
-    uint8_t d[2], dmin[2];
-    uint8_t scales[12];            // 8 6-bit scales and 8 6-bit mins (see quant_unpack_k4)
-    uint8_t qs[QUANT_QK_K/2];      // element e: byte (e/64)*32 + e%32, high nibble if (e%64) >= 32
-};
-struct quant_block_q5_K {      // x = d*sc * q - dmin*m, q in 0..31, per 32 elements
-    uint8_t d[2], dmin[2];
-    uint8_t scales[12];
-    uint8_t qh[QUANT_QK_K/8];      // bit e/32 of qh[e%32]: the 5th bit of element e
-    uint8_t qs[QUANT_QK_K/2];      // low 4 bits as q4_K
-};
-struct quant_block_q6_K {      // x = d*sc * (q - 32), q in 0..63, per 16 elements
-    uint8_t ql[QUANT_QK_K/2];      // low 4 bits: half h, quarter k of the half, index l:
-                                   //   ql[h*64 + (k&1)*32 + l], high nibble if k >= 2
-    uint8_t qh[QUANT_QK_K/4];      // high 2 bits: qh[h*32 + l] >> 2*k
-    int8_t  scales[QUANT_QK_K/16];
-    uint8_t d[2];
-};
-struct quant_block_q8_K {      // x = d * q (intermediate type of ggml's k-quant dot products)
-    uint8_t d[4];                  // f32 scale
-    int8_t  qs[QUANT_QK_K];
-    uint8_t bsums[QUANT_QK_K/16*2];// int16 sums of 16 quants
-};
-
-_Static_assert(sizeof(struct quant_block_q4_0) ==  18, "q4_0 size");
-_Static_assert(sizeof(struct quant_block_q4_1) ==  20, "q4_1 size");
-_Static_assert(sizeof(struct quant_block_q5_0) ==  22, "q5_0 size");
-_Static_assert(sizeof(struct quant_block_q5_1) ==  24, "q5_1 size");
-_Static_assert(sizeof(struct quant_block_q8_0) ==  34, "q8_0 size");
-_Static_assert(sizeof(struct quant_block_q8_1) ==  36, "q8_1 size");
-_Static_assert(sizeof(struct quant_block_q2_K) ==  84, "q2_K size");
-_Static_assert(sizeof(struct quant_block_q3_K) == 110, "q3_K size");
-_Static_assert(sizeof(struct quant_block_q4_K) == 144, "q4_K size");
-_Static_assert(sizeof(struct quant_block_q5_K) == 176, "q5_K size");
-_Static_assert(sizeof(struct quant_block_q6_K) == 210, "q6_K size");
-_Static_assert(sizeof(struct quant_block_q8_K) == 292, "q8_K size");
-
-static inline float q_half(const uint8_t * p) {
-    return kvr_fp16_to_fp32((uint16_t)(p[0] | (p[1] << 8)));
-}
+// Layouts and math follow ggml (ggml-common.h, ggml-quants.c); the code is our own.
+// Dequantization multiplies in the same order as ggml so results are bit-identical to ggml built
+// with the same contraction flags.
 
 static inline void q_set_half(uint8_t * p, float f) {
     const uint16_t h = kvr_fp32_to_fp16(f);
@@ -332,231 +186,28 @@ static inline void q_set_half(uint8_t * p, float f) {
     p[1] = (uint8_t)(h >> 8);
 }
 
-static inline uint32_t q_u32le(const uint8_t * p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
 //
-// dequantization
+// dequantization of rows
 //
 
-static void q_to_float_q4_0(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q4_0 * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
-        const float d = q_half(b->d);
-        for (int j = 0; j < QUANT_QK/2; j++) {
-            dst[j]              = (float)((b->qs[j] & 0x0f) - 8) * d;
-            dst[j + QUANT_QK/2] = (float)((b->qs[j] >>   4) - 8) * d;
-        }
+#define Q_TO_FLOAT(name, QK) \
+    static void q_to_float_##name(const void * src, float * restrict dst, int64_t n) { \
+        const struct kvr_block_##name * restrict b = src; \
+        for (int64_t i = 0; i < n/(QK); i++, dst += (QK)) kvr_dequant_##name(b + i, dst); \
     }
-}
-
-static void q_to_float_q4_1(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q4_1 * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
-        const float d = q_half(b->d);
-        const float m = q_half(b->m);
-        for (int j = 0; j < QUANT_QK/2; j++) {
-            dst[j]              = (float)(b->qs[j] & 0x0f) * d + m;
-            dst[j + QUANT_QK/2] = (float)(b->qs[j] >>   4) * d + m;
-        }
-    }
-}
-
-static void q_to_float_q5_0(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q5_0 * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
-        const float    d  = q_half(b->d);
-        const uint32_t qh = q_u32le(b->qh);
-        for (int j = 0; j < QUANT_QK/2; j++) {
-            // the 5th bit lands at bit 4: from bit j for the low half, bit j+16 for the high half
-            const int lo = (b->qs[j] & 0x0f) | (int)(((qh >> j) << 4) & 0x10);
-            const int hi = (b->qs[j] >>   4) | (int)((qh >> 12 >> j) & 0x10);
-            dst[j]              = (float)(lo - 16) * d;
-            dst[j + QUANT_QK/2] = (float)(hi - 16) * d;
-        }
-    }
-}
-
-static void q_to_float_q5_1(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q5_1 * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
-        const float    d  = q_half(b->d);
-        const float    m  = q_half(b->m);
-        const uint32_t qh = q_u32le(b->qh);
-        for (int j = 0; j < QUANT_QK/2; j++) {
-            const int lo = (b->qs[j] & 0x0f) | (int)(((qh >> j) << 4) & 0x10);
-            const int hi = (b->qs[j] >>   4) | (int)((qh >> 12 >> j) & 0x10);
-            dst[j]              = (float)lo * d + m;
-            dst[j + QUANT_QK/2] = (float)hi * d + m;
-        }
-    }
-}
-
-static void q_to_float_q8_0(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q8_0 * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
-        const float d = q_half(b->d);
-        for (int j = 0; j < QUANT_QK; j++) {
-            dst[j] = (float)b->qs[j] * d;
-        }
-    }
-}
-
-static void q_to_float_q8_1(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q8_1 * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, b++, dst += QUANT_QK) {
-        const float d = q_half(b->d);
-        for (int j = 0; j < QUANT_QK; j++) {
-            dst[j] = (float)b->qs[j] * d;
-        }
-    }
-}
-
-static void q_to_float_q2_K(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q2_K * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
-        const float d    = q_half(b->d);
-        const float dmin = q_half(b->dmin);
-        // 16 runs of 16 elements; run r is half r/8, bit plane (r%8)/2, bytes 16*(r%2) .. +15
-        for (int r = 0; r < QUANT_QK_K/16; r++, dst += 16) {
-            const uint8_t * restrict q = b->qs + (r/8)*32 + (r%2)*16;
-            const int   shift = 2*((r%8)/2);
-            const float dl = d    * (float)(b->scales[r] & 0x0f);
-            const float ml = dmin * (float)(b->scales[r] >>   4);
-            for (int l = 0; l < 16; l++) {
-                dst[l] = dl * (float)((q[l] >> shift) & 3) - ml;
-            }
-        }
-    }
-}
-
-// Q3_K's 16 scales, 6 bits each, stored as 12 bytes: the low nibble of scale j is byte j (j < 8)
-// or the high nibble of byte j-8; its top 2 bits are bits 2*(j/4) of byte 8 + j%4.
-static inline void quant_unpack_q3_scales(const uint8_t * s, int sc[16]) {
-    for (int j = 0; j < 8; j++) {
-        sc[j]     = (s[j] & 0x0f) | (((s[8 + j%4] >> (2*(j/4)))       & 3) << 4);
-        sc[j + 8] = (s[j] >>   4) | (((s[8 + j%4] >> (2*((j + 8)/4))) & 3) << 4);
-    }
-}
-
-static void q_to_float_q3_K(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q3_K * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
-        const float d = q_half(b->d);
-        int sc[16];
-        quant_unpack_q3_scales(b->scales, sc);
-        for (int r = 0; r < QUANT_QK_K/16; r++, dst += 16) {
-            const uint8_t * restrict q  = b->qs + (r/8)*32 + (r%2)*16;
-            const uint8_t * restrict hm = b->hmask + (r%2)*16;
-            const int   shift = 2*((r%8)/2);
-            const int   hbit  = r/2;              // element e's high bit is bit e/32 = r/2
-            const float dl = d * (float)(sc[r] - 32);
-            for (int l = 0; l < 16; l++) {
-                // q - 4 when the high bit is clear, q when it is set (no branch)
-                const int v = (int)(((q[l] >> shift) & 3) | (((hm[l] >> hbit) & 1) << 2)) - 4;
-                dst[l] = dl * (float)v;
-            }
-        }
-    }
-}
-
-// The 8 scales and 8 mins (6 bits each) of Q4_K and Q5_K in 12 bytes: for j < 4 they are the low
-// 6 bits of bytes j and j+4; for j >= 4 the low 4 bits come from byte j+4 (scale: low nibble,
-// min: high nibble) and the top 2 bits from the top of bytes j-4 (scale) and j (min).
-static inline void quant_k4_scales(const uint8_t * s, int sc[8], int mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j]     = s[j]     & 63;
-        mn[j]     = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j]     >> 6) << 4);
-        mn[j + 4] = (s[j + 8] >>   4) | ((s[j + 4] >> 6) << 4);
-    }
-}
-
-// the same, times the super-block's d and dmin
-static inline void quant_unpack_k4(const uint8_t * s, float d, float dmin, float dl[8], float ml[8]) {
-    int sc[8], mn[8];
-    quant_k4_scales(s, sc, mn);
-    for (int j = 0; j < 8; j++) {
-        dl[j] = d    * (float)sc[j];
-        ml[j] = dmin * (float)mn[j];
-    }
-}
-
-static void q_to_float_q4_K(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q4_K * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
-        float dl[8], ml[8];
-        quant_unpack_k4(b->scales, q_half(b->d), q_half(b->dmin), dl, ml);
-        for (int g = 0; g < 4; g++, dst += 64) {
-            const uint8_t * restrict q = b->qs + 32*g;
-            const float d1 = dl[2*g],     m1 = ml[2*g];
-            const float d2 = dl[2*g + 1], m2 = ml[2*g + 1];
-            for (int l = 0; l < 32; l++) {
-                dst[l]      = d1 * (float)(q[l] & 0x0f) - m1;
-                dst[l + 32] = d2 * (float)(q[l] >>   4) - m2;
-            }
-        }
-    }
-}
-
-static void q_to_float_q5_K(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q5_K * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
-        float dl[8], ml[8];
-        quant_unpack_k4(b->scales, q_half(b->d), q_half(b->dmin), dl, ml);
-        for (int g = 0; g < 4; g++, dst += 64) {
-            const uint8_t * restrict q  = b->qs + 32*g;
-            const uint8_t * restrict qh = b->qh;
-            const float d1 = dl[2*g],     m1 = ml[2*g];
-            const float d2 = dl[2*g + 1], m2 = ml[2*g + 1];
-            for (int l = 0; l < 32; l++) {
-                const int lo = (q[l] & 0x0f) | (((qh[l] >> (2*g))     & 1) << 4);
-                const int hi = (q[l] >>   4) | (((qh[l] >> (2*g + 1)) & 1) << 4);
-                dst[l]      = d1 * (float)lo - m1;
-                dst[l + 32] = d2 * (float)hi - m2;
-            }
-        }
-    }
-}
-
-static void q_to_float_q6_K(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q6_K * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++) {
-        const float d = q_half(b->d);
-        float ds[16];
-        for (int j = 0; j < 16; j++) {
-            ds[j] = d * (float)b->scales[j];
-        }
-        for (int h = 0; h < 2; h++, dst += 128) {
-            const uint8_t * restrict ql = b->ql + 64*h;
-            const uint8_t * restrict qh = b->qh + 32*h;
-            const float * s = ds + 8*h;
-            for (int l = 0; l < 32; l++) {
-                const int q1 = ((ql[l]      & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int q3 = ((ql[l]      >>   4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int q4 = ((ql[l + 32] >>   4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                const int is = l/16;
-                dst[l]      = s[is + 0] * (float)q1;
-                dst[l + 32] = s[is + 2] * (float)q2;
-                dst[l + 64] = s[is + 4] * (float)q3;
-                dst[l + 96] = s[is + 6] * (float)q4;
-            }
-        }
-    }
-}
-
-static void q_to_float_q8_K(const void * src, float * restrict dst, int64_t n) {
-    const struct quant_block_q8_K * restrict b = src;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, b++, dst += QUANT_QK_K) {
-        float d;
-        memcpy(&d, b->d, sizeof d);
-        for (int j = 0; j < QUANT_QK_K; j++) {
-            dst[j] = d * (float)b->qs[j];
-        }
-    }
-}
+Q_TO_FLOAT(q4_0, KVR_QK)
+Q_TO_FLOAT(q4_1, KVR_QK)
+Q_TO_FLOAT(q5_0, KVR_QK)
+Q_TO_FLOAT(q5_1, KVR_QK)
+Q_TO_FLOAT(q8_0, KVR_QK)
+Q_TO_FLOAT(q8_1, KVR_QK)
+Q_TO_FLOAT(q2_K, KVR_QK_K)
+Q_TO_FLOAT(q3_K, KVR_QK_K)
+Q_TO_FLOAT(q4_K, KVR_QK_K)
+Q_TO_FLOAT(q5_K, KVR_QK_K)
+Q_TO_FLOAT(q6_K, KVR_QK_K)
+Q_TO_FLOAT(q8_K, KVR_QK_K)
+#undef Q_TO_FLOAT
 
 //
 // quantization (ggml's reference quantizers, the ones llama.cpp uses without an importance matrix)
@@ -576,20 +227,20 @@ static inline int q_nearest_int(float f) {
 static inline int q_clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 static size_t q_from_float_q8_0(const float * x, void * dst, int64_t n) {
-    struct quant_block_q8_0 * y = dst;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+    struct kvr_block_q8_0 * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK; i++, y++, x += KVR_QK) {
         float amax = 0.0f;
-        for (int j = 0; j < QUANT_QK; j++) {
+        for (int j = 0; j < KVR_QK; j++) {
             amax = q_maxf(amax, fabsf(x[j]));
         }
         const float d  = amax / 127;
         const float id = d != 0.0f ? 1.0f/d : 0.0f;
         q_set_half(y->d, d);
-        for (int j = 0; j < QUANT_QK; j++) {
+        for (int j = 0; j < KVR_QK; j++) {
             y->qs[j] = (int8_t)roundf(x[j]*id);
         }
     }
-    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q8_0);
+    return (size_t)(n/KVR_QK) * sizeof(struct kvr_block_q8_0);
 }
 
 // The value of largest magnitude, with its sign (the first one on ties).
@@ -605,20 +256,20 @@ static inline float q_signed_absmax(const float * x, int n) {
 }
 
 static size_t q_from_float_q4_0(const float * x, void * dst, int64_t n) {
-    struct quant_block_q4_0 * y = dst;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+    struct kvr_block_q4_0 * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK; i++, y++, x += KVR_QK) {
         // the extreme value maps to -8, so the full range [-8, 7] is used on the wider side
-        const float d  = q_signed_absmax(x, QUANT_QK) / -8;
+        const float d  = q_signed_absmax(x, KVR_QK) / -8;
         const float id = d != 0.0f ? 1.0f/d : 0.0f;
         q_set_half(y->d, d);
-        for (int j = 0; j < QUANT_QK/2; j++) {
+        for (int j = 0; j < KVR_QK/2; j++) {
             // truncation of v + 8.5 (v >= -8) is rounding half up; 16 clamps to 15
             const int q0 = (int8_t)(x[j]*id + 8.5f);
-            const int q1 = (int8_t)(x[j + QUANT_QK/2]*id + 8.5f);
+            const int q1 = (int8_t)(x[j + KVR_QK/2]*id + 8.5f);
             y->qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
         }
     }
-    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q4_0);
+    return (size_t)(n/KVR_QK) * sizeof(struct kvr_block_q4_0);
 }
 
 static inline void q_minmax(const float * x, int n, float * mn, float * mx) {
@@ -631,21 +282,21 @@ static inline void q_minmax(const float * x, int n, float * mn, float * mx) {
 }
 
 static size_t q_from_float_q4_1(const float * x, void * dst, int64_t n) {
-    struct quant_block_q4_1 * y = dst;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+    struct kvr_block_q4_1 * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK; i++, y++, x += KVR_QK) {
         float mn, mx;
-        q_minmax(x, QUANT_QK, &mn, &mx);
+        q_minmax(x, KVR_QK, &mn, &mx);
         const float d  = (mx - mn) / 15;
         const float id = d != 0.0f ? 1.0f/d : 0.0f;
         q_set_half(y->d, d);
         q_set_half(y->m, mn);
-        for (int j = 0; j < QUANT_QK/2; j++) {
+        for (int j = 0; j < KVR_QK/2; j++) {
             const int q0 = (int8_t)((x[j] - mn)*id + 0.5f);
-            const int q1 = (int8_t)((x[j + QUANT_QK/2] - mn)*id + 0.5f);
+            const int q1 = (int8_t)((x[j + KVR_QK/2] - mn)*id + 0.5f);
             y->qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
         }
     }
-    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q4_1);
+    return (size_t)(n/KVR_QK) * sizeof(struct kvr_block_q4_1);
 }
 
 static inline void q_store_u32le(uint8_t * p, uint32_t v) {
@@ -653,46 +304,46 @@ static inline void q_store_u32le(uint8_t * p, uint32_t v) {
 }
 
 static size_t q_from_float_q5_0(const float * x, void * dst, int64_t n) {
-    struct quant_block_q5_0 * y = dst;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
-        const float d  = q_signed_absmax(x, QUANT_QK) / -16;
+    struct kvr_block_q5_0 * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK; i++, y++, x += KVR_QK) {
+        const float d  = q_signed_absmax(x, KVR_QK) / -16;
         const float id = d != 0.0f ? 1.0f/d : 0.0f;
         q_set_half(y->d, d);
         uint32_t qh = 0;
-        for (int j = 0; j < QUANT_QK/2; j++) {
+        for (int j = 0; j < KVR_QK/2; j++) {
             int q0 = (int8_t)(x[j]*id + 16.5f);
-            int q1 = (int8_t)(x[j + QUANT_QK/2]*id + 16.5f);
+            int q1 = (int8_t)(x[j + KVR_QK/2]*id + 16.5f);
             q0 = q0 < 31 ? q0 : 31;
             q1 = q1 < 31 ? q1 : 31;
             y->qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
             qh |= (uint32_t)((q0 >> 4) & 1) << j;
-            qh |= (uint32_t)((q1 >> 4) & 1) << (j + QUANT_QK/2);
+            qh |= (uint32_t)((q1 >> 4) & 1) << (j + KVR_QK/2);
         }
         q_store_u32le(y->qh, qh);
     }
-    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q5_0);
+    return (size_t)(n/KVR_QK) * sizeof(struct kvr_block_q5_0);
 }
 
 static size_t q_from_float_q5_1(const float * x, void * dst, int64_t n) {
-    struct quant_block_q5_1 * y = dst;
-    for (int64_t i = 0; i < n/QUANT_QK; i++, y++, x += QUANT_QK) {
+    struct kvr_block_q5_1 * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK; i++, y++, x += KVR_QK) {
         float mn, mx;
-        q_minmax(x, QUANT_QK, &mn, &mx);
+        q_minmax(x, KVR_QK, &mn, &mx);
         const float d  = (mx - mn) / 31;
         const float id = d != 0.0f ? 1.0f/d : 0.0f;
         q_set_half(y->d, d);
         q_set_half(y->m, mn);
         uint32_t qh = 0;
-        for (int j = 0; j < QUANT_QK/2; j++) {
+        for (int j = 0; j < KVR_QK/2; j++) {
             const int q0 = (uint8_t)((x[j] - mn)*id + 0.5f);
-            const int q1 = (uint8_t)((x[j + QUANT_QK/2] - mn)*id + 0.5f);
+            const int q1 = (uint8_t)((x[j + KVR_QK/2] - mn)*id + 0.5f);
             y->qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
             qh |= (uint32_t)((q0 >> 4) & 1) << j;
-            qh |= (uint32_t)((q1 >> 4) & 1) << (j + QUANT_QK/2);
+            qh |= (uint32_t)((q1 >> 4) & 1) << (j + KVR_QK/2);
         }
         q_store_u32le(y->qh, qh);
     }
-    return (size_t)(n/QUANT_QK) * sizeof(struct quant_block_q5_1);
+    return (size_t)(n/KVR_QK) * sizeof(struct kvr_block_q5_1);
 }
 
 // Fit x ~ scale*L - min (L in 0..nmax, min >= 0) minimizing the weighted squared error: start from
@@ -761,9 +412,9 @@ static float quant_fit_scale_min(int n, int nmax, const float * x, const float *
 }
 
 static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
-    struct quant_block_q4_K * y = dst;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, y++, x += QUANT_QK_K) {
-        uint8_t L[QUANT_QK_K], Laux[32];
+    struct kvr_block_q4_K * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK_K; i++, y++, x += KVR_QK_K) {
+        uint8_t L[KVR_QK_K], Laux[32];
         float   w[32], scales[8], mins[8];
         float   max_scale = 0, max_min = 0;
         for (int j = 0; j < 8; j++) {
@@ -796,7 +447,7 @@ static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
         q_set_half(y->dmin, max_min/63.f);
         // requantize against the rounded scales that will actually be stored
         float dl[8], ml[8];
-        quant_unpack_k4(y->scales, q_half(y->d), q_half(y->dmin), dl, ml);
+        kvr_k4_scales_f(y->scales, kvr_q_half(y->d), kvr_q_half(y->dmin), dl, ml);
         for (int j = 0; j < 8; j++) {
             if (dl[j] == 0.0f) continue;
             for (int l = 0; l < 32; l++) {
@@ -809,7 +460,7 @@ static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
             }
         }
     }
-    return (size_t)(n/QUANT_QK_K) * sizeof(struct quant_block_q4_K);
+    return (size_t)(n/KVR_QK_K) * sizeof(struct kvr_block_q4_K);
 }
 
 // Symmetric fit x ~ scale*(L - nmax), L in 0..2*nmax-1, weighted by x^2: the naive scale and 18
@@ -853,9 +504,9 @@ static float quant_fit_scale_sym(int n, int nmax, const float * x, int8_t * L) {
 }
 
 static size_t q_from_float_q6_K(const float * x, void * dst, int64_t n) {
-    struct quant_block_q6_K * y = dst;
-    for (int64_t i = 0; i < n/QUANT_QK_K; i++, y++, x += QUANT_QK_K) {
-        int8_t L[QUANT_QK_K];
+    struct kvr_block_q6_K * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK_K; i++, y++, x += KVR_QK_K) {
+        int8_t L[KVR_QK_K];
         float  scales[16];
         float  max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < 16; ib++) {
@@ -875,7 +526,7 @@ static size_t q_from_float_q6_K(const float * x, void * dst, int64_t n) {
             const int l = q_nearest_int(iscale*scales[ib]);
             y->scales[ib] = (int8_t)(l < 127 ? l : 127);
         }
-        const float dh = q_half(y->d);
+        const float dh = kvr_q_half(y->d);
         for (int j = 0; j < 16; j++) {
             const float d = dh * y->scales[j];
             if (d == 0.0f) continue;
@@ -895,7 +546,7 @@ static size_t q_from_float_q6_K(const float * x, void * dst, int64_t n) {
             }
         }
     }
-    return (size_t)(n/QUANT_QK_K) * sizeof(struct quant_block_q6_K);
+    return (size_t)(n/KVR_QK_K) * sizeof(struct kvr_block_q6_K);
 }
 
 //
@@ -910,18 +561,18 @@ static const struct quant_traits {
     void   (*to_float)  (const void * src, float * dst, int64_t n);   // n: a multiple of blck_size
     size_t (*from_float)(const float * src, void * dst, int64_t n);   // NULL: kvr does not write it
 } quant_traits_table[] = {
-    { KVR_TYPE_Q4_0, "q4_0", QUANT_QK,   sizeof(struct quant_block_q4_0), q_to_float_q4_0, q_from_float_q4_0 },
-    { KVR_TYPE_Q4_1, "q4_1", QUANT_QK,   sizeof(struct quant_block_q4_1), q_to_float_q4_1, q_from_float_q4_1 },
-    { KVR_TYPE_Q5_0, "q5_0", QUANT_QK,   sizeof(struct quant_block_q5_0), q_to_float_q5_0, q_from_float_q5_0 },
-    { KVR_TYPE_Q5_1, "q5_1", QUANT_QK,   sizeof(struct quant_block_q5_1), q_to_float_q5_1, q_from_float_q5_1 },
-    { KVR_TYPE_Q8_0, "q8_0", QUANT_QK,   sizeof(struct quant_block_q8_0), q_to_float_q8_0, q_from_float_q8_0 },
-    { KVR_TYPE_Q8_1, "q8_1", QUANT_QK,   sizeof(struct quant_block_q8_1), q_to_float_q8_1, NULL },
-    { KVR_TYPE_Q2_K, "q2_K", QUANT_QK_K, sizeof(struct quant_block_q2_K), q_to_float_q2_K, NULL },
-    { KVR_TYPE_Q3_K, "q3_K", QUANT_QK_K, sizeof(struct quant_block_q3_K), q_to_float_q3_K, NULL },
-    { KVR_TYPE_Q4_K, "q4_K", QUANT_QK_K, sizeof(struct quant_block_q4_K), q_to_float_q4_K, q_from_float_q4_K },
-    { KVR_TYPE_Q5_K, "q5_K", QUANT_QK_K, sizeof(struct quant_block_q5_K), q_to_float_q5_K, NULL },
-    { KVR_TYPE_Q6_K, "q6_K", QUANT_QK_K, sizeof(struct quant_block_q6_K), q_to_float_q6_K, q_from_float_q6_K },
-    { KVR_TYPE_Q8_K, "q8_K", QUANT_QK_K, sizeof(struct quant_block_q8_K), q_to_float_q8_K, NULL },
+    { KVR_TYPE_Q4_0, "q4_0", KVR_QK,   sizeof(struct kvr_block_q4_0), q_to_float_q4_0, q_from_float_q4_0 },
+    { KVR_TYPE_Q4_1, "q4_1", KVR_QK,   sizeof(struct kvr_block_q4_1), q_to_float_q4_1, q_from_float_q4_1 },
+    { KVR_TYPE_Q5_0, "q5_0", KVR_QK,   sizeof(struct kvr_block_q5_0), q_to_float_q5_0, q_from_float_q5_0 },
+    { KVR_TYPE_Q5_1, "q5_1", KVR_QK,   sizeof(struct kvr_block_q5_1), q_to_float_q5_1, q_from_float_q5_1 },
+    { KVR_TYPE_Q8_0, "q8_0", KVR_QK,   sizeof(struct kvr_block_q8_0), q_to_float_q8_0, q_from_float_q8_0 },
+    { KVR_TYPE_Q8_1, "q8_1", KVR_QK,   sizeof(struct kvr_block_q8_1), q_to_float_q8_1, NULL },
+    { KVR_TYPE_Q2_K, "q2_K", KVR_QK_K, sizeof(struct kvr_block_q2_K), q_to_float_q2_K, NULL },
+    { KVR_TYPE_Q3_K, "q3_K", KVR_QK_K, sizeof(struct kvr_block_q3_K), q_to_float_q3_K, NULL },
+    { KVR_TYPE_Q4_K, "q4_K", KVR_QK_K, sizeof(struct kvr_block_q4_K), q_to_float_q4_K, q_from_float_q4_K },
+    { KVR_TYPE_Q5_K, "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_K), q_to_float_q5_K, NULL },
+    { KVR_TYPE_Q6_K, "q6_K", KVR_QK_K, sizeof(struct kvr_block_q6_K), q_to_float_q6_K, q_from_float_q6_K },
+    { KVR_TYPE_Q8_K, "q8_K", KVR_QK_K, sizeof(struct kvr_block_q8_K), q_to_float_q8_K, NULL },
 };
 
 // The traits of a quantized type; NULL for the plain types (f32, f16, bf16, integers) and unknowns.
@@ -959,7 +610,8 @@ static void f32_to_float(const void * src, float * dst, int64_t n) {
 }
 
 // F16 weights are converted block by block inside every matmul: the conversion must run at
-// memory speed. x86 with F16C converts 8 at a time; elsewhere a 256 KiB table built once does it.
+// memory speed. x86 with F16C converts 8 at a time (the same bits as kvr_half_to_f32, which does
+// the tail); elsewhere a 256 KiB table of kvr_half_to_f32 built once does it.
 #if defined(__F16C__)
 static void f16_to_float(const void * src, float * dst, int64_t n) {
     const uint16_t * s = src;
@@ -968,14 +620,14 @@ static void f16_to_float(const void * src, float * dst, int64_t n) {
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
     }
     for (; i < n; i++) {
-        dst[i] = kvr_fp16_to_fp32(s[i]);
+        dst[i] = kvr_half_to_f32(s[i]);
     }
 }
 #else
 static float f16_table[1 << 16];
 static pthread_once_t f16_table_once = PTHREAD_ONCE_INIT;
 static void f16_table_init(void) {
-    for (uint32_t i = 0; i < (1u << 16); i++) f16_table[i] = kvr_fp16_to_fp32((uint16_t)i);
+    for (uint32_t i = 0; i < (1u << 16); i++) f16_table[i] = kvr_half_to_f32((uint16_t)i);
 }
 static void f16_to_float(const void * src, float * dst, int64_t n) {
     pthread_once(&f16_table_once, f16_table_init);
@@ -989,8 +641,7 @@ static void f16_to_float(const void * src, float * dst, int64_t n) {
 static void bf16_to_float(const void * src, float * dst, int64_t n) {
     const uint16_t * s = src;
     for (int64_t i = 0; i < n; i++) {
-        uint32_t bits = (uint32_t)s[i] << 16;
-        memcpy(&dst[i], &bits, 4);
+        dst[i] = kvr_bfloat_to_f32(s[i]);
     }
 }
 
@@ -1002,7 +653,7 @@ static size_t f32_from_float(const float * src, void * dst, int64_t n) {
 static size_t f16_from_float(const float * src, void * dst, int64_t n) {
     uint16_t * d = dst;
     for (int64_t i = 0; i < n; i++) {
-        d[i] = kvr_fp32_to_fp16(src[i]);
+        d[i] = kvr_f32_to_half(src[i]);
     }
     return (size_t)n * 2;
 }
@@ -1010,7 +661,7 @@ static size_t f16_from_float(const float * src, void * dst, int64_t n) {
 static size_t bf16_from_float(const float * src, void * dst, int64_t n) {
     uint16_t * d = dst;
     for (int64_t i = 0; i < n; i++) {
-        d[i] = kvr_fp32_to_bf16(src[i]);
+        d[i] = kvr_f32_to_bfloat(src[i]);
     }
     return (size_t)n * 2;
 }
@@ -1856,15 +1507,10 @@ struct cpu_params {
 };
 
 
-// Attention tiles. The query heads that share one KV head (GQA/MQA) are processed together,
-// so each key tile is multiplied by up to ATTN_ROWS query rows at once (one sgemm) and read
-// once per group instead of once per head. A query tile is ATTN_ROWS / group tokens.
-#define ATTN_ROWS 256
-#define ATTN_BK   256
-
-static int64_t attn_tile_tokens(int64_t group) {
-    return group >= ATTN_ROWS ? 1 : ATTN_ROWS / group;
-}
+// Attention tiles (kvr.h's KVR_ATTN_ROWS, KVR_ATTN_BK, kvr_attn_tile_tokens: the CUDA kernel uses
+// the same). The query heads that share one KV head (GQA/MQA) are processed together, so each key
+// tile is multiplied by up to KVR_ATTN_ROWS query rows at once (one sgemm) and read once per group
+// instead of once per head. A query tile is KVR_ATTN_ROWS / group tokens.
 
 
 static inline void row_range(int64_t n, int ith, int nth, int64_t * r0, int64_t * r1) {
@@ -1989,24 +1635,14 @@ static void vec_silu(const float * x, float * y, int64_t n) {
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-// GELU as GGML computes it on the CPU, because llama.cpp's outputs are our reference: the input
-// rounded to fp16, the tanh approximation looked up in a table of fp16 results, and the tails
-// (x <= -10: 0, x >= 10: x) passed through. The table is built once.
+// GELU as GGML computes it on the CPU (kvr.h's kvr_gelu_ggml: fp16 in, fp16 out, the tails
+// passed through), with the fp16 results of all 65536 inputs looked up in a table built once from
+// kvr_gelu_half, as GGML does. The CUDA backend keeps a copy of the same table.
 static uint16_t gelu_table[1 << 16];
 static pthread_once_t gelu_table_once = PTHREAD_ONCE_INIT;
 
 static void gelu_table_init(void) {
-    const float c = 0.79788456080286535588f; // sqrt(2/pi)
-    for (uint32_t i = 0; i < (1u << 16); i++) {
-        const float v = kvr_fp16_to_fp32((uint16_t)i);
-        gelu_table[i] = kvr_fp32_to_fp16(0.5f * v * (1.0f + tanhf(c * v * (1.0f + 0.044715f * v * v))));
-    }
-}
-
-static inline float gelu_ggml(float x) {
-    if (x <= -10.0f) return 0.0f;
-    if (x >= 10.0f) return x;
-    return kvr_fp16_to_fp32(gelu_table[kvr_fp32_to_fp16(x)]);
+    for (uint32_t i = 0; i < (1u << 16); i++) gelu_table[i] = kvr_gelu_half((uint16_t)i);
 }
 
 static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -2027,7 +1663,7 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 vec_silu(x, y, n);
                 break;
             case KVR_OP_GELU:
-                for (int64_t i = 0; i < n; i++) y[i] = gelu_ggml(x[i]);
+                for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
                 break;
             default:
                 KVR_ASSERT(!"not a unary op");
@@ -2100,7 +1736,7 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
 struct quant_act_q8 {
     float   d;
     int16_t bsum[8];
-    int8_t  qs[QUANT_QK_K];
+    int8_t  qs[KVR_QK_K];
 };
 
 // One super-block (256 values) of 8 weight rows of Q4_K, interleaved.
@@ -2116,25 +1752,25 @@ struct quant_q4_K_x8 {
 // numbers (the same products, the same rounding); a prefill quantizes every matmul's input, so
 // this runs over millions of values a layer.
 static void quant_act_from_float(const float * restrict x, struct quant_act_q8 * restrict y, int64_t n) {
-    for (int64_t b = 0; b < n / QUANT_QK_K; b++, x += QUANT_QK_K, y++) {
+    for (int64_t b = 0; b < n / KVR_QK_K; b++, x += KVR_QK_K, y++) {
         float amax = 0.0f;
 #if defined(__AVX2__)
         const __m256 sign = _mm256_set1_ps(-0.0f);
         __m256 vm = _mm256_setzero_ps();
-        for (int j = 0; j < QUANT_QK_K; j += 8) vm = _mm256_max_ps(vm, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        for (int j = 0; j < KVR_QK_K; j += 8) vm = _mm256_max_ps(vm, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
         __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         amax = _mm_cvtss_f32(h);
 #else
-        for (int j = 0; j < QUANT_QK_K; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        for (int j = 0; j < KVR_QK_K; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
 #endif
         if (amax == 0.0f) {
             memset(y, 0, sizeof(*y));
             continue;
         }
         float max = 0.0f;
-        for (int j = 0; j < QUANT_QK_K; j++) {
+        for (int j = 0; j < KVR_QK_K; j++) {
             if (fabsf(x[j]) == amax) { max = x[j]; break; }
         }
         const float iscale = -127.0f / max;
@@ -2157,7 +1793,7 @@ static void quant_act_from_float(const float * restrict x, struct quant_act_q8 *
             _mm256_storeu_si256((__m256i *)(y->qs + 32 * sb), _mm256_permutevar8x32_epi32(p, order));
         }
 #else
-        for (int j = 0; j < QUANT_QK_K; j++) {
+        for (int j = 0; j < KVR_QK_K; j++) {
             const int v = q_nearest_int(iscale * x[j]);
             y->qs[j] = (int8_t)(v > 127 ? 127 : v);
         }
@@ -2200,12 +1836,12 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
         struct quant_q4_K_x8 * o = out + b;
         for (int i = 0; i < 8; i++) {
             // a padding row (past n_rows) is all zeros
-            const struct quant_block_q4_K * blk =
-                r0 + i < n_rows ? (const struct quant_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b : NULL;
+            const struct kvr_block_q4_K * blk =
+                r0 + i < n_rows ? (const struct kvr_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b : NULL;
             int sc[8] = { 0 }, mn[8] = { 0 };
-            if (blk) quant_k4_scales(blk->scales, sc, mn);
-            o->d[i]    = blk ? q_half(blk->d) : 0.0f;
-            o->dmin[i] = blk ? q_half(blk->dmin) : 0.0f;
+            if (blk) kvr_k4_scales(blk->scales, sc, mn);
+            o->d[i]    = blk ? kvr_q_half(blk->d) : 0.0f;
+            o->dmin[i] = blk ? kvr_q_half(blk->dmin) : 0.0f;
             for (int j = 0; j < 8; j++) o->sc[j][2 * i] = o->sc[j][2 * i + 1] = (int16_t)sc[j];
             for (int p = 0; p < 4; p++) {
                 o->mn[p][2 * i]     = (int16_t)mn[2 * p];
@@ -2230,7 +1866,7 @@ static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r
             __m256i lo[8], hi[8];
             for (int i = 0; i < 8; i++) {
                 if (r0 + i >= n_rows) { lo[i] = hi[i] = _mm256_setzero_si256(); continue; }
-                const struct quant_block_q4_K * blk = (const struct quant_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b;
+                const struct kvr_block_q4_K * blk = (const struct kvr_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b;
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
                 lo[i] = _mm256_and_si256(v, m4);
                 hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
@@ -2330,7 +1966,7 @@ static __attribute__((noinline)) void quant_q4_K_x8_dot4(const struct quant_q4_K
 
 // Bytes of scratch quant_mm_q4_K_q8 needs for K values.
 static size_t quant_mm_q4_K_q8_scratch(int64_t K) {
-    const int64_t nb = K / QUANT_QK_K;
+    const int64_t nb = K / KVR_QK_K;
     return (size_t)(QUANT_MM_TOKENS * nb) * sizeof(struct quant_act_q8) + (size_t)(QUANT_MM_ROWS / 8 * nb) * sizeof(struct quant_q4_K_x8);
 }
 
@@ -2340,9 +1976,9 @@ static size_t quant_mm_q4_K_q8_scratch(int64_t K) {
 static void quant_mm_q4_K_q8(const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
                              const float * X, int64_t ldx, int64_t T,
                              float * Y, int64_t ldy, void * scratch, size_t scratch_bytes) {
-    const int64_t nb = K / QUANT_QK_K;
+    const int64_t nb = K / KVR_QK_K;
     if (n1 <= n0) return;
-    KVR_ASSERT(K % QUANT_QK_K == 0 && quant_mm_q4_K_q8_scratch(K) <= scratch_bytes);
+    KVR_ASSERT(K % KVR_QK_K == 0 && quant_mm_q4_K_q8_scratch(K) <= scratch_bytes);
     struct quant_act_q8 * act = scratch;
     struct quant_q4_K_x8 * wx = (struct quant_q4_K_x8 *)(act + QUANT_MM_TOKENS * nb);
     for (int64_t c0 = 0; c0 < T; c0 += QUANT_MM_TOKENS) {
@@ -2490,9 +2126,10 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int mode = dst->op_params[1];
     const float freq_base = get_param_f32(dst, 2), freq_scale = get_param_f32(dst, 3);
     const int64_t D = a->ne[0], H = a->ne[1], T = a->ne[2];
-    // theta_i = pos * base^(-2i/n_rot), stepped by repeated multiplication as GGML does; then
-    // divided by the pair's frequency factor and scaled, in GGML's order (rope_yarn)
-    const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
+    // theta_i = pos * base^(-2i/n_rot), stepped by repeated multiplication as GGML does (this loop
+    // is kvr_rope_theta for every pair at once); then divided by the pair's frequency factor and
+    // scaled, in GGML's order (rope_yarn: kvr_rope_angle)
+    const float theta_scale = kvr_rope_theta_scale(freq_base, n_rot);
     int64_t r0, r1;
     row_range(T, p->ith, p->nth, &r0, &r1);
     float cs[2 * 512];
@@ -2500,7 +2137,7 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     for (int64_t t = r0; t < r1; t++) {
         float theta = (float)((const int32_t *)pos->data)[t];
         for (int i = 0; i < n_rot / 2; i++) {
-            const float th = (ff ? theta / ff[i] : theta) * freq_scale;
+            const float th = kvr_rope_angle(theta, ff, i, freq_scale);
             cs[2 * i]     = cosf(th);
             cs[2 * i + 1] = sinf(th);
             theta *= theta_scale;
@@ -2509,11 +2146,9 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
             const float * x = row_ptr(a, h, t, 0);
             float * y = row_ptr(dst, h, t, 0);
             for (int i = 0; i < n_rot / 2; i++) {
-                const int i0 = mode == KVR_ROPE_NEOX ? i : 2 * i;
-                const int i1 = mode == KVR_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
-                const float x0 = x[i0], x1 = x[i1];
-                y[i0] = x0 * cs[2 * i] - x1 * cs[2 * i + 1];
-                y[i1] = x0 * cs[2 * i + 1] + x1 * cs[2 * i];
+                int i0, i1;
+                kvr_rope_dims(mode, n_rot, i, &i0, &i1);
+                kvr_rope_rotate(x[i0], x[i1], cs[2 * i], cs[2 * i + 1], &y[i0], &y[i1]);
             }
             for (int64_t i = n_rot; i < D; i++) y[i] = x[i];
         }
@@ -2552,7 +2187,7 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int64_t W = dst->op_params[3];       // sliding window (0: none): key j seen iff qp-W < kp <= qp
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], Tk = k->ne[2];
     const int64_t G = H / Hkv;                 // query heads per KV head
-    const int64_t BT = attn_tile_tokens(G);    // tokens per query tile
+    const int64_t BT = kvr_attn_tile_tokens(G);    // tokens per query tile
     const int64_t row_len = dst->ne[0];        // D*H + H
     const int64_t n_qt = (Tq + BT - 1) / BT;
     const int ldk = (int)(k->nb[2] / sizeof(float));
@@ -2561,10 +2196,10 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
 
     float * Q = p->wdata;                      // [R, D] the tile's queries, gathered
     float * S = Q + R * D;                     // [R, BK] scores, then probabilities
-    float * O = S + R * ATTN_BK;               // [R, D] running output
+    float * O = S + R * KVR_ATTN_BK;               // [R, D] running output
     float * M = O + R * D;                     // [R] running max
     float * L = M + R;                         // [R] running sum
-    KVR_ASSERT((size_t)(R * (2 * D + ATTN_BK + 2)) <= p->wsize);
+    KVR_ASSERT((size_t)(R * (2 * D + KVR_ATTN_BK + 2)) <= p->wsize);
 
     int64_t dot_dense = 0, dot_causal = 0;
     // work items are (KV head, query tile), dealt round-robin so causal tiles of all lengths mix
@@ -2585,16 +2220,17 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
         for (int64_t r = 0; r < rows; r++) { M[r] = -INFINITY; L[r] = 0.0f; }
         memset(O, 0, sizeof(float) * (size_t)(rows * D));
 
-        for (int64_t j0 = 0; j0 < Tk; j0 += ATTN_BK) {
-            const int64_t bk = (j0 + ATTN_BK <= Tk) ? ATTN_BK : Tk - j0;
+        for (int64_t j0 = 0; j0 < Tk; j0 += KVR_ATTN_BK) {
+            const int64_t bk = (j0 + KVR_ATTN_BK <= Tk) ? KVR_ATTN_BK : Tk - j0;
             int32_t kmin = INT32_MAX, kmax = INT32_MIN;
             for (int64_t j = 0; j < bk; j++) {
                 if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
                 if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
             }
             // skipped: every key is after every query, or before the window of every query
-            if (mode == KVR_ATTN_CAUSAL && (kmin > qmax || (W > 0 && (int64_t)qmin - kmax >= W))) continue;
-            const bool need_mask = kmax > qmin || (W > 0 && (int64_t)qmax - kmin >= W);
+            const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
+            if (tile == 0) continue;
+            const bool need_mask = tile == 2;
             const float * Kt = (const float *)((const uint8_t *)k->data + g * k->nb[1] + j0 * k->nb[2]);
             const float * Vt = (const float *)((const uint8_t *)v->data + g * v->nb[1] + j0 * v->nb[2]);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)bk, (int)D,
@@ -2607,8 +2243,7 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
                 if (need_mask) {
                     seen = 0;
                     for (int64_t j = 0; j < bk; j++) {
-                        const int32_t kp = kpos[j0 + j];
-                        if (kp > qp || (W > 0 && (int64_t)qp - kp >= W)) s[j] = -INFINITY;
+                        if (!kvr_attn_visible(qp, kpos[j0 + j], W)) s[j] = -INFINITY;
                         else seen++;
                     }
                 }
@@ -2618,11 +2253,8 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
                     memset(s, 0, sizeof(float) * (size_t)bk);
                     continue;
                 }
-                const float m_new = mx > M[r] ? mx : M[r];
-                const float corr = expf(M[r] - m_new); // 0 when M[r] is -inf
-                const float sum = vec_exp_sub_sum(s, bk, m_new);
-                L[r] = L[r] * corr + sum;
-                M[r] = m_new;
+                const float m_new = kvr_softmax_max(M[r], mx);
+                const float corr = kvr_softmax_step(&M[r], &L[r], m_new, vec_exp_sub_sum(s, bk, m_new));
                 if (corr != 1.0f) {
                     float * o = O + r * D;
                     for (int64_t d = 0; d < D; d++) o[d] *= corr;
@@ -2635,13 +2267,12 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
             const int64_t i = r / G, h = g * G + r % G;
             float * out = (float *)dst->data + (i0 + i) * row_len;
             float * lse = out + D * H + h;
-            if (L[r] > 0.0f) {
-                const float inv = 1.0f / L[r];
+            float inv;
+            kvr_softmax_finish(M[r], L[r], &inv, lse); // a row that saw no key: O = 0, LSE = -inf
+            if (inv != 0.0f) {
                 for (int64_t d = 0; d < D; d++) out[h * D + d] = O[r * D + d] * inv;
-                *lse = M[r] + logf(L[r]);
             } else {
                 for (int64_t d = 0; d < D; d++) out[h * D + d] = 0.0f;
-                *lse = -INFINITY;
             }
         }
     }
@@ -2672,15 +2303,14 @@ static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * d
             float sum = 0.0f;
             for (int i = 0; i < n; i++) {
                 const float * part = row_ptr(dst->src[i], r, 0, 0);
-                const float l = part[D * H + h];
-                if (l == -INFINITY) continue;
-                const float w = expf(l - m);
+                const float w = kvr_lse_weight(part[D * H + h], m);
+                if (w == 0.0f) continue; // an empty part
                 sum += w;
                 for (int64_t d = 0; d < D; d++) o[d] += w * part[h * D + d];
             }
             const float inv = 1.0f / sum;
             for (int64_t d = 0; d < D; d++) o[d] *= inv;
-            out[D * H + h] = m + logf(sum);
+            out[D * H + h] = kvr_lse_merged(m, sum);
         }
     }
 }
@@ -2867,8 +2497,8 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
         }
         if (t->op == KVR_OP_ATTN) {
             const int64_t D = t->src[0]->ne[0], G = t->src[0]->ne[1] / t->src[1]->ne[1];
-            const size_t rows = (size_t)(attn_tile_tokens(G) * G);
-            size_t n = rows * (size_t)(2 * D + ATTN_BK + 2) + 1024;
+            const size_t rows = (size_t)(kvr_attn_tile_tokens(G) * G);
+            size_t n = rows * (size_t)(2 * D + KVR_ATTN_BK + 2) + 1024;
             if (n > need) need = n;
         }
     }

@@ -35,6 +35,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#ifdef KVR_BUILD
+#include <math.h>   // the internal section at the end (see there)
+#include <string.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -1304,6 +1308,522 @@ void kvr_tune_counts_from_fractions(const double * fractions, int n_ranks, int n
 
 // Milliseconds from a monotonic clock.
 double kvr_time_ms(void);
+
+//
+// internal: the math of one element or one block (only with KVR_BUILD defined)
+//
+// kvr.c and kvr-cuda.cu define KVR_BUILD before including this file; programs that embed kvr
+// never see this section. What is here is written once and compiled twice: by the C compiler for
+// the CPU path and by nvcc for the GPU kernels (KVR_HD is __host__ __device__ there), so every
+// test of the CPU path also checks what a GPU computes, and tests/test-cuda-host.cu compares
+// nvcc's host build of these functions with the C compiler's bit for bit. Kept here: the quant
+// block layouts and the dequantization of one block of each type, fp16/bf16 conversion, RoPE's
+// angle and the rotation of a pair, GGML's GELU rule, the online-softmax step and its finish,
+// the log-sum-exp merge, and the attention tiles (which tiles of a causal block are computed).
+
+#ifdef KVR_BUILD
+
+#if defined(__CUDACC__)
+#define KVR_HD       __host__ __device__
+#define KVR_RESTRICT __restrict__
+#else
+#define KVR_HD
+#define KVR_RESTRICT restrict
+#endif
+
+// float <-> its bits (memcpy on the host, the intrinsic on the device: both are free)
+static inline KVR_HD float kvr_f32_of_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static inline KVR_HD uint32_t kvr_bits_of_f32(float f) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+// IEEE binary16 -> f32, exact (subnormals normalized, inf and nan kept)
+static inline KVR_HD float kvr_half_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exp  = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else { // subnormal: normalize
+            int e = -1;
+            do { mant <<= 1; e++; } while (!(mant & 0x400));
+            mant &= 0x3ff;
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13);
+        }
+    } else if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    return kvr_f32_of_bits(bits);
+}
+
+// f32 -> IEEE binary16, round to nearest even; overflow gives inf, nan stays nan
+static inline KVR_HD uint16_t kvr_f32_to_half(float f) {
+    const uint32_t x    = kvr_bits_of_f32(f);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    const uint32_t absx = x & 0x7fffffff;
+    if (absx >= 0x7f800000u) { // inf or nan
+        return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+    }
+    if (absx >= 0x477ff000u) { // rounds to >= 65520: overflow to inf
+        return (uint16_t)(sign | 0x7c00);
+    }
+    if (absx < 0x38800000u) { // below the smallest normal half: subnormal or zero
+        // add the value to 0.5 (as float) so the FPU does round-to-nearest-even for us; no mask:
+        // a value that rounds up to 2^-14 becomes the smallest normal (0x400)
+        const float a = kvr_f32_of_bits(absx) + 0.5f;
+        return (uint16_t)(sign | (kvr_bits_of_f32(a) - 0x3f000000u));
+    }
+    const uint32_t mant_odd = (absx >> 13) & 1;
+    const uint32_t v = absx + 0xc8000fffu + mant_odd; // rebias exponent (-112 << 23), round to nearest even
+    return (uint16_t)(sign | (v >> 13));
+}
+
+static inline KVR_HD float kvr_bfloat_to_f32(uint16_t h) {
+    return kvr_f32_of_bits((uint32_t)h << 16);
+}
+
+static inline KVR_HD uint16_t kvr_f32_to_bfloat(float f) {
+    const uint32_t x = kvr_bits_of_f32(f);
+    if ((x & 0x7fffffff) > 0x7f800000u) {
+        return (uint16_t)((x >> 16) | 64); // quiet nan
+    }
+    return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
+}
+
+// Quant blocks. Layouts are GGML's (ggml-common.h); the code is kvr's. Every block is made of
+// bytes only, so a block may sit at any address (GGUF views need not be aligned), and the
+// half-precision fields are read little-endian by hand. Comments give the element each bit
+// belongs to. Dequantization multiplies in ggml's order, so results are ggml's bits.
+#define KVR_QK   32   // elements per block of the legacy formats
+#define KVR_QK_K 256  // elements per super-block of the k-quants
+
+struct kvr_block_q4_0 {        // x = d * (q - 8)
+    uint8_t d[2];              // fp16 scale
+    uint8_t qs[KVR_QK/2];      // element j: low nibble of qs[j]; element j+16: high nibble
+};
+struct kvr_block_q4_1 {        // x = d * q + m
+    uint8_t d[2], m[2];        // fp16 scale and min
+    uint8_t qs[KVR_QK/2];      // as q4_0
+};
+struct kvr_block_q5_0 {        // x = d * (q - 16)
+    uint8_t d[2];
+    uint8_t qh[4];             // bit j of this little-endian u32: the 5th bit of element j
+    uint8_t qs[KVR_QK/2];      // low 4 bits as q4_0
+};
+struct kvr_block_q5_1 {        // x = d * q + m
+    uint8_t d[2], m[2];
+    uint8_t qh[4];
+    uint8_t qs[KVR_QK/2];
+};
+struct kvr_block_q8_0 {        // x = d * q
+    uint8_t d[2];
+    int8_t  qs[KVR_QK];
+};
+struct kvr_block_q8_1 {        // x = d * q (s = d * sum(q) serves dot products only)
+    uint8_t d[2], s[2];
+    int8_t  qs[KVR_QK];
+};
+// k-quants: a super-block of 256 elements in sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32 (Q4_K, Q5_K).
+// The 2-bit planes of Q2_K/Q3_K and the nibbles of Q4_K..Q6_K are laid out in 128- or 64-element
+// halves: element e of half h reads byte h*32 + e%32 at bit offset 2*((e%128)/32) (2-bit planes).
+struct kvr_block_q2_K {        // x = d*sc * q - dmin*m, q in 0..3
+    uint8_t scales[KVR_QK_K/16];   // per 16 elements: low nibble scale, high nibble min
+    uint8_t qs[KVR_QK_K/4];
+    uint8_t d[2], dmin[2];
+};
+struct kvr_block_q3_K {        // x = d*(sc - 32) * (q - 4), q in 0..7
+    uint8_t hmask[KVR_QK_K/8];     // bit e/32 of hmask[e%32]: the 3rd bit of element e
+    uint8_t qs[KVR_QK_K/4];        // low 2 bits, as q2_K
+    uint8_t scales[12];            // 16 6-bit scales: low nibbles in bytes 0..7, high pairs in 8..11
+    uint8_t d[2];
+};
+struct kvr_block_q4_K {        // x = d*sc * q - dmin*m, q in 0..15, per 32 elements
+    uint8_t d[2], dmin[2];
+    uint8_t scales[12];            // 8 6-bit scales and 8 6-bit mins (see kvr_k4_scales)
+    uint8_t qs[KVR_QK_K/2];        // element e: byte (e/64)*32 + e%32, high nibble if (e%64) >= 32
+};
+struct kvr_block_q5_K {        // x = d*sc * q - dmin*m, q in 0..31, per 32 elements
+    uint8_t d[2], dmin[2];
+    uint8_t scales[12];
+    uint8_t qh[KVR_QK_K/8];        // bit e/32 of qh[e%32]: the 5th bit of element e
+    uint8_t qs[KVR_QK_K/2];        // low 4 bits as q4_K
+};
+struct kvr_block_q6_K {        // x = d*sc * (q - 32), q in 0..63, per 16 elements
+    uint8_t ql[KVR_QK_K/2];        // low 4 bits: half h, quarter k of the half, index l:
+                                   //   ql[h*64 + (k&1)*32 + l], high nibble if k >= 2
+    uint8_t qh[KVR_QK_K/4];        // high 2 bits: qh[h*32 + l] >> 2*k
+    int8_t  scales[KVR_QK_K/16];
+    uint8_t d[2];
+};
+struct kvr_block_q8_K {        // x = d * q (intermediate type of ggml's k-quant dot products)
+    uint8_t d[4];                  // f32 scale
+    int8_t  qs[KVR_QK_K];
+    uint8_t bsums[KVR_QK_K/16*2];  // int16 sums of 16 quants
+};
+
+#if defined(__cplusplus)
+#define KVR_STATIC_ASSERT(x, msg) static_assert(x, msg)
+#else
+#define KVR_STATIC_ASSERT(x, msg) _Static_assert(x, msg)
+#endif
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q4_0) ==  18, "q4_0 size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q4_1) ==  20, "q4_1 size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q5_0) ==  22, "q5_0 size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q5_1) ==  24, "q5_1 size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q8_0) ==  34, "q8_0 size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q8_1) ==  36, "q8_1 size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q2_K) ==  84, "q2_K size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q3_K) == 110, "q3_K size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q4_K) == 144, "q4_K size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q5_K) == 176, "q5_K size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q6_K) == 210, "q6_K size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_q8_K) == 292, "q8_K size");
+
+static inline KVR_HD float kvr_q_half(const uint8_t * p) {
+    return kvr_half_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+static inline KVR_HD uint32_t kvr_q_u32le(const uint8_t * p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+// One block of each type to f32: y receives kvr_blck_size(type) values. Plain loops with fixed
+// trip counts: inlined into the CPU's row loops they vectorize (a matmul dequantizes each weight
+// row once and reuses it over every token); a GPU thread runs one block.
+
+static inline KVR_HD void kvr_dequant_q4_0(const struct kvr_block_q4_0 * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_q_half(b->d);
+    for (int j = 0; j < KVR_QK/2; j++) {
+        y[j]            = (float)((b->qs[j] & 0x0f) - 8) * d;
+        y[j + KVR_QK/2] = (float)((b->qs[j] >>   4) - 8) * d;
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q4_1(const struct kvr_block_q4_1 * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_q_half(b->d);
+    const float m = kvr_q_half(b->m);
+    for (int j = 0; j < KVR_QK/2; j++) {
+        y[j]            = (float)(b->qs[j] & 0x0f) * d + m;
+        y[j + KVR_QK/2] = (float)(b->qs[j] >>   4) * d + m;
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q5_0(const struct kvr_block_q5_0 * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float    d  = kvr_q_half(b->d);
+    const uint32_t qh = kvr_q_u32le(b->qh);
+    for (int j = 0; j < KVR_QK/2; j++) {
+        // the 5th bit lands at bit 4: from bit j for the low half, bit j+16 for the high half
+        const int lo = (b->qs[j] & 0x0f) | (int)(((qh >> j) << 4) & 0x10);
+        const int hi = (b->qs[j] >>   4) | (int)((qh >> 12 >> j) & 0x10);
+        y[j]            = (float)(lo - 16) * d;
+        y[j + KVR_QK/2] = (float)(hi - 16) * d;
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q5_1(const struct kvr_block_q5_1 * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float    d  = kvr_q_half(b->d);
+    const float    m  = kvr_q_half(b->m);
+    const uint32_t qh = kvr_q_u32le(b->qh);
+    for (int j = 0; j < KVR_QK/2; j++) {
+        const int lo = (b->qs[j] & 0x0f) | (int)(((qh >> j) << 4) & 0x10);
+        const int hi = (b->qs[j] >>   4) | (int)((qh >> 12 >> j) & 0x10);
+        y[j]            = (float)lo * d + m;
+        y[j + KVR_QK/2] = (float)hi * d + m;
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q8_0(const struct kvr_block_q8_0 * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_q_half(b->d);
+    for (int j = 0; j < KVR_QK; j++) {
+        y[j] = (float)b->qs[j] * d;
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q8_1(const struct kvr_block_q8_1 * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_q_half(b->d);
+    for (int j = 0; j < KVR_QK; j++) {
+        y[j] = (float)b->qs[j] * d;
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q2_K(const struct kvr_block_q2_K * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d    = kvr_q_half(b->d);
+    const float dmin = kvr_q_half(b->dmin);
+    // 16 runs of 16 elements; run r is half r/8, bit plane (r%8)/2, bytes 16*(r%2) .. +15
+    for (int r = 0; r < KVR_QK_K/16; r++, y += 16) {
+        const uint8_t * KVR_RESTRICT q = b->qs + (r/8)*32 + (r%2)*16;
+        const int   shift = 2*((r%8)/2);
+        const float dl = d    * (float)(b->scales[r] & 0x0f);
+        const float ml = dmin * (float)(b->scales[r] >>   4);
+        for (int l = 0; l < 16; l++) {
+            y[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+        }
+    }
+}
+
+// Q3_K's 16 scales, 6 bits each, stored as 12 bytes: the low nibble of scale j is byte j (j < 8)
+// or the high nibble of byte j-8; its top 2 bits are bits 2*(j/4) of byte 8 + j%4.
+static inline KVR_HD void kvr_q3_scales(const uint8_t * s, int sc[16]) {
+    for (int j = 0; j < 8; j++) {
+        sc[j]     = (s[j] & 0x0f) | (((s[8 + j%4] >> (2*(j/4)))       & 3) << 4);
+        sc[j + 8] = (s[j] >>   4) | (((s[8 + j%4] >> (2*((j + 8)/4))) & 3) << 4);
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q3_K(const struct kvr_block_q3_K * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_q_half(b->d);
+    int sc[16];
+    kvr_q3_scales(b->scales, sc);
+    for (int r = 0; r < KVR_QK_K/16; r++, y += 16) {
+        const uint8_t * KVR_RESTRICT q  = b->qs + (r/8)*32 + (r%2)*16;
+        const uint8_t * KVR_RESTRICT hm = b->hmask + (r%2)*16;
+        const int   shift = 2*((r%8)/2);
+        const int   hbit  = r/2;              // element e's high bit is bit e/32 = r/2
+        const float dl = d * (float)(sc[r] - 32);
+        for (int l = 0; l < 16; l++) {
+            // q - 4 when the high bit is clear, q when it is set (no branch)
+            const int v = (int)(((q[l] >> shift) & 3) | (((hm[l] >> hbit) & 1) << 2)) - 4;
+            y[l] = dl * (float)v;
+        }
+    }
+}
+
+// The 8 scales and 8 mins (6 bits each) of Q4_K and Q5_K in 12 bytes: for j < 4 they are the low
+// 6 bits of bytes j and j+4; for j >= 4 the low 4 bits come from byte j+4 (scale: low nibble,
+// min: high nibble) and the top 2 bits from the top of bytes j-4 (scale) and j (min).
+static inline KVR_HD void kvr_k4_scales(const uint8_t * s, int sc[8], int mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j]     = s[j]     & 63;
+        mn[j]     = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j]     >> 6) << 4);
+        mn[j + 4] = (s[j + 8] >>   4) | ((s[j + 4] >> 6) << 4);
+    }
+}
+
+// the same, times the super-block's d and dmin
+static inline KVR_HD void kvr_k4_scales_f(const uint8_t * s, float d, float dmin, float dl[8], float ml[8]) {
+    int sc[8], mn[8];
+    kvr_k4_scales(s, sc, mn);
+    for (int j = 0; j < 8; j++) {
+        dl[j] = d    * (float)sc[j];
+        ml[j] = dmin * (float)mn[j];
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q4_K(const struct kvr_block_q4_K * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    float dl[8], ml[8];
+    kvr_k4_scales_f(b->scales, kvr_q_half(b->d), kvr_q_half(b->dmin), dl, ml);
+    for (int g = 0; g < 4; g++, y += 64) {
+        const uint8_t * KVR_RESTRICT q = b->qs + 32*g;
+        const float d1 = dl[2*g],     m1 = ml[2*g];
+        const float d2 = dl[2*g + 1], m2 = ml[2*g + 1];
+        for (int l = 0; l < 32; l++) {
+            y[l]      = d1 * (float)(q[l] & 0x0f) - m1;
+            y[l + 32] = d2 * (float)(q[l] >>   4) - m2;
+        }
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q5_K(const struct kvr_block_q5_K * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    float dl[8], ml[8];
+    kvr_k4_scales_f(b->scales, kvr_q_half(b->d), kvr_q_half(b->dmin), dl, ml);
+    for (int g = 0; g < 4; g++, y += 64) {
+        const uint8_t * KVR_RESTRICT q  = b->qs + 32*g;
+        const uint8_t * KVR_RESTRICT qh = b->qh;
+        const float d1 = dl[2*g],     m1 = ml[2*g];
+        const float d2 = dl[2*g + 1], m2 = ml[2*g + 1];
+        for (int l = 0; l < 32; l++) {
+            const int lo = (q[l] & 0x0f) | (((qh[l] >> (2*g))     & 1) << 4);
+            const int hi = (q[l] >>   4) | (((qh[l] >> (2*g + 1)) & 1) << 4);
+            y[l]      = d1 * (float)lo - m1;
+            y[l + 32] = d2 * (float)hi - m2;
+        }
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q6_K(const struct kvr_block_q6_K * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_q_half(b->d);
+    float ds[16];
+    for (int j = 0; j < 16; j++) {
+        ds[j] = d * (float)b->scales[j];
+    }
+    for (int h = 0; h < 2; h++, y += 128) {
+        const uint8_t * KVR_RESTRICT ql = b->ql + 64*h;
+        const uint8_t * KVR_RESTRICT qh = b->qh + 32*h;
+        const float * s = ds + 8*h;
+        for (int l = 0; l < 32; l++) {
+            const int q1 = ((ql[l]      & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = ((ql[l]      >>   4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = ((ql[l + 32] >>   4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            const int is = l/16;
+            y[l]      = s[is + 0] * (float)q1;
+            y[l + 32] = s[is + 2] * (float)q2;
+            y[l + 64] = s[is + 4] * (float)q3;
+            y[l + 96] = s[is + 6] * (float)q4;
+        }
+    }
+}
+
+static inline KVR_HD void kvr_dequant_q8_K(const struct kvr_block_q8_K * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_f32_of_bits(kvr_q_u32le(b->d));
+    for (int j = 0; j < KVR_QK_K; j++) {
+        y[j] = d * (float)b->qs[j];
+    }
+}
+
+// One block of any supported type: block i of a row (a plain type's "block" is one element).
+// The GPU's per-block kernels call this; the CPU's row loops call the typed functions directly.
+static inline KVR_HD void kvr_dequant_block(enum kvr_type type, const void * row, int64_t i, float * KVR_RESTRICT y) {
+    const uint8_t * p = (const uint8_t *)row;
+    switch (type) {
+        case KVR_TYPE_F32:  y[0] = kvr_f32_of_bits(kvr_q_u32le(p + 4*i)); break;
+        case KVR_TYPE_F16:  y[0] = kvr_half_to_f32((uint16_t)(p[2*i] | (p[2*i + 1] << 8))); break;
+        case KVR_TYPE_BF16: y[0] = kvr_bfloat_to_f32((uint16_t)(p[2*i] | (p[2*i + 1] << 8))); break;
+        case KVR_TYPE_Q4_0: kvr_dequant_q4_0((const struct kvr_block_q4_0 *)p + i, y); break;
+        case KVR_TYPE_Q4_1: kvr_dequant_q4_1((const struct kvr_block_q4_1 *)p + i, y); break;
+        case KVR_TYPE_Q5_0: kvr_dequant_q5_0((const struct kvr_block_q5_0 *)p + i, y); break;
+        case KVR_TYPE_Q5_1: kvr_dequant_q5_1((const struct kvr_block_q5_1 *)p + i, y); break;
+        case KVR_TYPE_Q8_0: kvr_dequant_q8_0((const struct kvr_block_q8_0 *)p + i, y); break;
+        case KVR_TYPE_Q8_1: kvr_dequant_q8_1((const struct kvr_block_q8_1 *)p + i, y); break;
+        case KVR_TYPE_Q2_K: kvr_dequant_q2_K((const struct kvr_block_q2_K *)p + i, y); break;
+        case KVR_TYPE_Q3_K: kvr_dequant_q3_K((const struct kvr_block_q3_K *)p + i, y); break;
+        case KVR_TYPE_Q4_K: kvr_dequant_q4_K((const struct kvr_block_q4_K *)p + i, y); break;
+        case KVR_TYPE_Q5_K: kvr_dequant_q5_K((const struct kvr_block_q5_K *)p + i, y); break;
+        case KVR_TYPE_Q6_K: kvr_dequant_q6_K((const struct kvr_block_q6_K *)p + i, y); break;
+        case KVR_TYPE_Q8_K: kvr_dequant_q8_K((const struct kvr_block_q8_K *)p + i, y); break;
+        default: break; // callers check kvr_type_supported first
+    }
+}
+
+// RoPE. Pair i of n_rot/2 rotates dims (2i, 2i+1) (normal) or (i, i + n_rot/2) (NeoX) by the
+// angle pos * freq_scale * theta_scale^i, theta_scale = freq_base^(-2/n_rot). The power is a
+// running product from pos, as GGML steps it (not powf per pair), so angles carry GGML's bits.
+static inline KVR_HD float kvr_rope_theta_scale(float freq_base, int n_rot) {
+    return powf(freq_base, -2.0f / (float)n_rot);
+}
+
+// theta of pair i before freq_scale: the CPU steps it across pairs, a GPU thread loops to its pair
+static inline KVR_HD float kvr_rope_theta(int32_t pos, float theta_scale, int i) {
+    float theta = (float)pos;
+    for (int k = 0; k < i; k++) theta *= theta_scale;
+    return theta;
+}
+
+static inline KVR_HD void kvr_rope_dims(int mode, int n_rot, int i, int * i0, int * i1) {
+    *i0 = mode == KVR_ROPE_NEOX ? i : 2 * i;
+    *i1 = mode == KVR_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
+}
+
+// the angle of pair i: theta divided by the pair's frequency factor (freqs NULL: none) and scaled,
+// in GGML's order (rope_yarn)
+static inline KVR_HD float kvr_rope_angle(float theta, const float * freqs, int i, float freq_scale) {
+    return (freqs ? theta / freqs[i] : theta) * freq_scale;
+}
+
+// (x0, x1) rotated by the angle whose cosine and sine are c and s
+static inline KVR_HD void kvr_rope_rotate(float x0, float x1, float c, float s, float * y0, float * y1) {
+    *y0 = x0 * c - x1 * s;
+    *y1 = x0 * s + x1 * c;
+}
+
+// GELU as GGML computes it on the CPU, because llama.cpp's outputs are our reference: the input
+// rounded to fp16, the tanh approximation of that rounded to fp16, the tails (x <= -10: 0,
+// x >= 10: x) passed through. kvr_gelu_half is the value for one fp16 input; kvr_gelu_ggml takes a
+// table of all 65536 of them (the CPU's, or the GPU's copy of it) or NULL to compute the value.
+static inline KVR_HD uint16_t kvr_gelu_half(uint16_t h) {
+    const float c = 0.79788456080286535588f; // sqrt(2/pi)
+    const float v = kvr_half_to_f32(h);
+    return kvr_f32_to_half(0.5f * v * (1.0f + tanhf(c * v * (1.0f + 0.044715f * v * v))));
+}
+
+static inline KVR_HD float kvr_gelu_ggml(float x, const uint16_t * table) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const uint16_t h = kvr_f32_to_half(x);
+    return kvr_half_to_f32(table ? table[h] : kvr_gelu_half(h));
+}
+
+// The online softmax of attention, one row: a running max m and a running sum l of exp(s - m).
+// A tile of scores whose max is tile_max moves the max first (kvr_softmax_max); the caller then
+// sums exp(s - m_new) over the tile and kvr_softmax_step folds that sum in, returning the factor
+// the row's running output must be scaled by (0 while m was still -inf, 1 when the max stayed).
+static inline KVR_HD float kvr_softmax_max(float m, float tile_max) {
+    return tile_max > m ? tile_max : m;
+}
+
+static inline KVR_HD float kvr_softmax_step(float * m, float * l, float m_new, float tile_sum) {
+    const float corr = expf(*m - m_new); // 0 when *m is -inf
+    *l = *l * corr + tile_sum;
+    *m = m_new;
+    return corr;
+}
+
+// The end of a row: the output is scaled by *inv, and its log-sum-exp is *lse. A row that saw no
+// key (l == 0) has output 0 (*inv = 0) and lse -inf.
+static inline KVR_HD void kvr_softmax_finish(float m, float l, float * inv, float * lse) {
+    if (l > 0.0f) {
+        *inv = 1.0f / l;
+        *lse = m + logf(l);
+    } else {
+        *inv = 0.0f;
+        *lse = -INFINITY;
+    }
+}
+
+// Merging partial attention outputs of the same queries: with m the largest partial lse, part i
+// weighs exp(lse_i - m) (0 for an empty part); the merged output is sum_i w_i O_i / sum_i w_i and
+// the merged lse is m + log(sum_i w_i).
+static inline KVR_HD float kvr_lse_weight(float lse_i, float m) {
+    return lse_i == -INFINITY ? 0.0f : expf(lse_i - m);
+}
+
+static inline KVR_HD float kvr_lse_merged(float m, float sum) {
+    return m + logf(sum);
+}
+
+// Attention tiles, the same for the CPU and the GPU kernels: the query heads that share one KV
+// head (GQA/MQA) are processed together, a query tile is KVR_ATTN_ROWS / group tokens (at least
+// one), a key tile KVR_ATTN_BK keys. Key kp is visible to query qp when kp <= qp and, with a
+// sliding window (window > 0), qp - kp < window. kvr_attn_tile says what a tile needs from the
+// extreme positions of its queries and keys: 0 skip (causal mode: every key after every query, or
+// before the window of every query), 1 compute with every key visible, 2 compute and mask.
+#define KVR_ATTN_ROWS 256
+#define KVR_ATTN_BK   256
+
+static inline KVR_HD int64_t kvr_attn_tile_tokens(int64_t group) {
+    return group >= KVR_ATTN_ROWS ? 1 : KVR_ATTN_ROWS / group;
+}
+
+static inline KVR_HD bool kvr_attn_visible(int32_t qp, int32_t kp, int64_t window) {
+    return kp <= qp && (window <= 0 || (int64_t)qp - kp < window);
+}
+
+static inline KVR_HD int kvr_attn_tile(int mode, int32_t qmin, int32_t qmax, int32_t kmin, int32_t kmax, int64_t window) {
+    if (mode == KVR_ATTN_CAUSAL && (kmin > qmax || (window > 0 && (int64_t)qmin - kmax >= window))) return 0;
+    return kmax > qmin || (window > 0 && (int64_t)qmax - kmin >= window) ? 2 : 1;
+}
+
+#endif // KVR_BUILD
 
 #ifdef __cplusplus
 }

@@ -12,9 +12,14 @@
 //
 //   test-quant [SHARED]      (default ../shared; without the files those checks count as skipped)
 //
+// The dequantization of one block is kvr.h's internal KVR_HD function (kvr_dequant_block, what the
+// CUDA kernels call; KVR_BUILD opens that section here): every block is checked through it too,
+// and the fp16/bf16 conversions of that section against the reference on all 65536 halves.
+//
 // Build with -DQUANT_STANDALONE (and the parts directory on the include path) to test the
 // quantization fragment alone, before kvr.c links it: the graph and GGUF checks are then left out.
 
+#define KVR_BUILD // kvr.h's internal section: the per-block functions the CPU and GPU paths share
 #include "kvr.h"
 
 #include <math.h>
@@ -271,6 +276,15 @@ static void test_dequant(const struct qtype * qt) {
                 if (!same_float(got[e], want[e])) bad = e;
             }
             check(bad < 0, "%s dequant round %d%s: element %lld is %.9g, reference %.9g", qt->name, round,
+                  odd ? " (odd address)" : "", (long long)bad, bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : want[bad]);
+            // the same blocks one at a time through the shared per-block function
+            memset(got, 0xff, sizeof(float) * (size_t)n);
+            for (int64_t i = 0; i < NB; i++) kvr_dequant_block(qt->type, buf + odd, i, got + i * qt->blck);
+            bad = -1;
+            for (int64_t e = 0; e < n && bad < 0; e++) {
+                if (!same_float(got[e], want[e])) bad = e;
+            }
+            check(bad < 0, "%s kvr_dequant_block round %d%s: element %lld is %.9g, reference %.9g", qt->name, round,
                   odd ? " (odd address)" : "", (long long)bad, bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : want[bad]);
         }
     }
@@ -665,10 +679,34 @@ static void test_tiny_llama(const char * shared) {
 }
 #endif
 
+// kvr.h's shared half-precision conversions on every half: to f32 exactly as the reference
+// decodes it, back to the same half (nan stays nan), and bf16 likewise through its bits
+static void test_halves(void) {
+    int bad_h = -1, bad_b = -1;
+    for (uint32_t i = 0; i < 65536; i++) {
+        const uint8_t le[2] = { (uint8_t)(i & 0xff), (uint8_t)(i >> 8) };
+        const float f = kvr_half_to_f32((uint16_t)i), r = ref_half(le);
+        const bool is_nan = isnan(r);
+        if (bad_h < 0 && (is_nan ? !isnan(f) || (kvr_f32_to_half(f) & 0x7c00) != 0x7c00 || !(kvr_f32_to_half(f) & 0x3ff)
+                                 : !same_float(f, r) || kvr_f32_to_half(f) != i)) bad_h = (int)i;
+        const float fb = kvr_bfloat_to_f32((uint16_t)i);
+        uint32_t u;
+        memcpy(&u, &fb, 4);
+        if (bad_b < 0 && (u != i << 16 || (!isnan(fb) && kvr_f32_to_bfloat(fb) != i))) bad_b = (int)i;
+    }
+    check(bad_h < 0, "kvr_half_to_f32/kvr_f32_to_half: half 0x%04x does not round-trip", bad_h);
+    check(bad_b < 0, "kvr_bfloat_to_f32/kvr_f32_to_bfloat: bf16 0x%04x does not round-trip", bad_b);
+    // rounding to nearest even at a tie, and overflow to inf
+    check(kvr_f32_to_half(1.0f + 0x1p-11f) == 0x3c00 && kvr_f32_to_half(1.0f + 0x3p-11f) == 0x3c02 &&
+          kvr_f32_to_half(65520.0f) == 0x7c00 && kvr_f32_to_half(65519.0f) == 0x7bff,
+          "kvr_f32_to_half: ties to even or overflow wrong");
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     (void)shared;
     rng_state = 0x5eed0000u;
+    test_halves();
 
     for (int i = 0; i < N_QTYPES; i++) {
         const struct qtype * qt = &qtypes[i];
