@@ -1315,8 +1315,7 @@ double kvr_time_ms(void);
 // kvr.c and kvr-cuda.cu define KVR_BUILD before including this file; programs that embed kvr
 // never see this section. What is here is written once and compiled twice: by the C compiler for
 // the CPU path and by nvcc for the GPU kernels (KVR_HD is __host__ __device__ there), so every
-// test of the CPU path also checks what a GPU computes, and tests/test-cuda-host.cu compares
-// nvcc's host build of these functions with the C compiler's bit for bit. Kept here: the quant
+// test of the CPU path also checks the arithmetic a GPU runs. Kept here: the quant
 // block layouts and the dequantization of one block of each type, fp16/bf16 conversion, RoPE's
 // angle and the rotation of a pair, GGML's GELU rule, the online-softmax step and its finish,
 // the log-sum-exp merge, and the attention tiles (which tiles of a causal block are computed).
