@@ -412,8 +412,10 @@ static void ref_quantize_block(enum kvr_type type, const float * x, uint8_t * b)
     float amax = 0, max = 0, mn = x[0], mx = x[0];
     for (int i = 0; i < 32; i++) {
         if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
-        mn = fminf(mn, x[i]);
-        mx = fmaxf(mx, x[i]);
+        // strict comparisons as ggml's rule: of equal extremes (-0 and +0) the first one counts;
+        // fminf/fmaxf may return either zero, and did differently from build to build
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
     }
     switch (type) {
         case KVR_TYPE_Q8_0: {
