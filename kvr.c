@@ -6113,7 +6113,10 @@ static int load_common_hparams(struct kvr_model * m) {
         if (!(factor > 0.0f)) return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' must be positive", m->path, arch_key(m, "rope.scaling.factor"));
         hp->rope_freq_scale = 1.0f / factor;
     } else if (strcmp(stype, "none") != 0) {
-        return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = '%s' is not supported (none and linear are)", m->path, arch_key(m, "rope.scaling.type"), stype);
+        // (Llama 3.1+'s scaling comes as the tensor rope_freqs.weight, not as a type: the converter
+        // writes none, and llama.cpp refuses a type it does not know, as here)
+        return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = '%s' is not supported (none and linear are; Llama 3.1's "
+                         "scaling is read from the tensor rope_freqs.weight)", m->path, arch_key(m, "rope.scaling.type"), stype);
     }
     return KVR_OK;
 }
@@ -6262,9 +6265,18 @@ void kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap) {
         params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
         if (t->n_dims == 2) wtype = t->type;
     }
-    snprintf(buf, cap, "%s: %u layers, width %u, %u heads (%u kv), ffn %u, vocab %u, %.2fM params, %s weights, %.1f MiB",
-             hp->arch_name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab,
-             params / 1e6, kvr_type_name(wtype), bytes / 1048576.0);
+    int n = snprintf(buf, cap, "%s: %u layers, width %u, %u heads (%u kv), ffn %u, vocab %u, %.2fM params, %s weights, %.1f MiB",
+                     hp->arch_name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab,
+                     params / 1e6, kvr_type_name(wtype), bytes / 1048576.0);
+    uint32_t n_local = 0;
+    for (uint32_t il = 0; il < hp->n_layer; il++) n_local += m->layers && m->layers[il].window > 0;
+    if (n >= 0 && (size_t)n < cap && hp->head_dim * hp->n_head != hp->n_embd) {
+        n += snprintf(buf + n, cap - (size_t)n, ", head size %u", hp->head_dim);
+    }
+    if (n >= 0 && (size_t)n < cap && n_local) {
+        n += snprintf(buf + n, cap - (size_t)n, ", sliding window %u on %u of %u layers", hp->n_swa, n_local, hp->n_layer);
+    }
+    if (n >= 0 && (size_t)n < cap && m->rope_freqs) snprintf(buf + n, cap - (size_t)n, ", RoPE frequency factors");
 }
 
 struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b) {

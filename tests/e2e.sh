@@ -139,6 +139,36 @@ for lg in "$ref"/*.logits; do
 done
 [ $found -eq 1 ] || skp "reference models ($ref missing)"
 
+# the architectures of models/ through kvr-run (ref/archs: tiny llama3, qwen2, qwen3, gemma3):
+# logits and greedy ids as above, then the same greedy ids from a parallel prefill on 3 ranks with
+# KV-Runahead and ring-kv (gemma3's sliding window included). gemma3's logits: 2e-3, see
+# tests/test-models.c (GGML's fp16 GELU amplifies the attention's summation order)
+found=0
+for lg in "$ref"/archs/*.logits; do
+    [ -f "$lg" ] || continue
+    name=$(basename "$lg" .logits)
+    a=$ref/archs/$name
+    [ -f "$a.gguf" ] && [ -f "$a.tokens" ] && [ -f "$a.greedy" ] || continue
+    found=1
+    want=$(cat "$a.greedy")
+    n=$(printf '%s' "$want" | tr ',' '\n' | grep -c .)
+    "$build/kvr-run" -m "$a.gguf" --tokens "$(cat "$a.tokens")" -n "$n" --temp 0 -v \
+        --dump-logits "$tmp/$name.txt" > /dev/null 2> "$tmp/$name.err"
+    d=$(maxdiff "$tmp/$name.txt" "$lg")
+    tol=1e-4
+    [ "$name" = tiny-gemma3 ] && tol=2e-3
+    if within "$d" $tol; then ok "$name: logits within $tol (max $d)"; else bad "$name: logits (max $d > $tol): $(tail -n 1 "$tmp/$name.err")"; fi
+    got=$(sed -n 's/^generated ids: //p' "$tmp/$name.err")
+    if [ "$got" = "$want" ]; then ok "$name: greedy ids"; else bad "$name: greedy ids $got, want $want"; fi
+    for s in kvr ring-kv; do
+        "$build/kvr-run" -m "$a.gguf" --tokens "$(cat "$a.tokens")" -n "$n" --temp 0 -v --ranks 3 --strategy $s \
+            > /dev/null 2> "$tmp/$name-$s.err"
+        got=$(sed -n 's/^generated ids: //p' "$tmp/$name-$s.err")
+        if [ "$got" = "$want" ]; then ok "$name --ranks 3 --strategy $s: greedy ids"; else bad "$name --ranks 3 --strategy $s: greedy ids $got, want $want: $(tail -n 1 "$tmp/$name-$s.err")"; fi
+    done
+done
+[ $found -eq 1 ] || skp "architecture references ($ref/archs missing)"
+
 # --q8-act (Q4_K prefill with 8-bit activations) on a prompt long enough to take it (>= 32 tokens):
 # the logits leave the exact math by the activations' rounding (llama.cpp's own quantized run
 # differs from the exact twin by up to ~0.1), no more, and the next token is the same
