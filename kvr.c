@@ -15,7 +15,7 @@
 //   10. CPU backend                 the thread pool walking a graph, the vtable, counters and spans
 //   11. GGUF reader                 every count, length and offset checked before use
 //   12. GGUF writer                 metadata and tensors out (kvr-gen, tests)
-//   13. tokenizers                  SPM and byte-level BPE, exactly as llama.cpp's
+//   13. tokenizers                  SPM and byte-level BPE, exactly as llama.cpp's; chat templates
 //   14. KV cache                    per-layer K and V of a session or rank
 //   15. KV cache files              the cache on disk: a writer fed layer by layer, a reader that checks all
 //   16. models                      hyper-parameters, weights, the architectures' recipes (models/)
@@ -3695,6 +3695,8 @@ struct kvr_vocab {
     char     * piece_arena;      // each token's text as output (special = true; stb_ds array)
     uint32_t * piece_off;
     uint32_t * piece_len;
+
+    char     * chat_template;    // tokenizer.chat_template, zero-terminated (NULL: none)
 };
 
 // Id of the zero-terminated text, -1 if it is not a token. Read-only on the map (thread-safe).
@@ -4385,6 +4387,22 @@ static int vocab_load_impl(struct kvr_vocab * v, const struct kvr_gguf * g) {
         }
     }
 
+    // the chat template (Jinja text; kvr_chat_apply recognises its family)
+    {
+        const char * t;
+        size_t tn;
+        if ((rc = vocab_get_str(g, "tokenizer.chat_template", &t, &tn)) != KVR_OK) {
+            return rc;
+        }
+        if (t != NULL) {
+            if ((v->chat_template = malloc(tn + 1)) == NULL) {
+                return kvr_error(KVR_ERR_NOMEM, "vocab: out of memory for the chat template");
+            }
+            memcpy(v->chat_template, t, tn);
+            v->chat_template[tn] = '\0';
+        }
+    }
+
     // pieces (the text each token prints with special = true)
     v->piece_off = malloc((size_t) n * sizeof *v->piece_off);
     v->piece_len = malloc((size_t) n * sizeof *v->piece_len);
@@ -4435,6 +4453,7 @@ void kvr_vocab_free(struct kvr_vocab * v) {
     stbds_arrfree(v->piece_arena);
     free(v->piece_off);
     free(v->piece_len);
+    free(v->chat_template);
     free(v);
 }
 
@@ -4443,6 +4462,8 @@ enum kvr_vocab_kind kvr_vocab_kind(const struct kvr_vocab * v) { return v ? v->k
 int32_t kvr_vocab_bos(const struct kvr_vocab * v) { return v ? v->bos : -1; }
 int32_t kvr_vocab_eos(const struct kvr_vocab * v) { return v ? v->eos : -1; }
 bool kvr_vocab_add_bos(const struct kvr_vocab * v) { return v ? v->add_bos : false; }
+int32_t kvr_vocab_eot(const struct kvr_vocab * v) { return v ? v->eot : -1; }
+const char * kvr_vocab_chat_template(const struct kvr_vocab * v) { return v ? v->chat_template : NULL; }
 
 bool kvr_vocab_is_eog(const struct kvr_vocab * v, int32_t id) {
     if (v == NULL || id < 0) {
@@ -5412,6 +5433,597 @@ int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, i
     }
     vocab_scratch_free(&sc);
     return rc;
+}
+
+//
+// chat templates
+//
+// A GGUF file carries its chat template as Jinja text (tokenizer.chat_template). kvr runs no
+// Jinja: like llama.cpp's built-in table, it tells the common families apart by substrings only
+// they contain, then renders a conversation with a few lines of its own per family. The rules of
+// each family (its markers, which contents are trimmed, where a system message goes when the
+// family has none) are the ones llama.cpp's table applies, so a prompt kvr renders is the prompt
+// llama.cpp renders from the same file.
+
+// The families kvr renders: enum constant and the name --chat-template takes (llama.cpp's).
+#define KVR_CHAT_TEMPLATES(X) \
+    X(CHATML,            "chatml")            \
+    X(LLAMA2,            "llama2")            \
+    X(LLAMA2_SYS,        "llama2-sys")        \
+    X(LLAMA2_SYS_BOS,    "llama2-sys-bos")    \
+    X(LLAMA2_SYS_STRIP,  "llama2-sys-strip")  \
+    X(MISTRAL_V1,        "mistral-v1")        \
+    X(MISTRAL_V3,        "mistral-v3")        \
+    X(MISTRAL_V3_TEKKEN, "mistral-v3-tekken") \
+    X(MISTRAL_V7,        "mistral-v7")        \
+    X(MISTRAL_V7_TEKKEN, "mistral-v7-tekken") \
+    X(PHI3,              "phi3")              \
+    X(PHI4,              "phi4")              \
+    X(FALCON3,           "falcon3")           \
+    X(ZEPHYR,            "zephyr")            \
+    X(MONARCH,           "monarch")           \
+    X(GEMMA,             "gemma")             \
+    X(ORION,             "orion")             \
+    X(OPENCHAT,          "openchat")          \
+    X(VICUNA,            "vicuna")            \
+    X(VICUNA_ORCA,       "vicuna-orca")       \
+    X(DEEPSEEK,          "deepseek")          \
+    X(DEEPSEEK2,         "deepseek2")         \
+    X(DEEPSEEK3,         "deepseek3")         \
+    X(COMMAND_R,         "command-r")         \
+    X(LLAMA3,            "llama3")            \
+    X(CHATGLM3,          "chatglm3")          \
+    X(CHATGLM4,          "chatglm4")          \
+    X(GLMEDGE,           "glmedge")           \
+    X(MINICPM,           "minicpm")           \
+    X(EXAONE3,           "exaone3")           \
+    X(EXAONE4,           "exaone4")           \
+    X(GRANITE,           "granite")           \
+    X(MEGREZ,            "megrez")            \
+    X(LLAMA4,            "llama4")            \
+    X(SMOLVLM,           "smolvlm")           \
+    X(GPT_OSS,           "gpt-oss")           \
+    X(KIMI_K2,           "kimi-k2")           \
+    X(SEED_OSS,          "seed_oss")          \
+    X(SOLAR_OPEN,        "solar-open")
+
+enum chat_tmpl {
+#define CHAT_ENUM(e, name) CHAT_##e,
+    KVR_CHAT_TEMPLATES(CHAT_ENUM)
+#undef CHAT_ENUM
+    CHAT_TMPL_COUNT,
+    // families llama.cpp's table knows and kvr does not render: detected, so that their text
+    // is refused by its name instead of being taken for a family it only resembles
+    CHAT_NOT_RENDERED,
+    CHAT_UNKNOWN,
+};
+
+static const char * const chat_tmpl_names[CHAT_TMPL_COUNT] = {
+#define CHAT_NAME(e, name) name,
+    KVR_CHAT_TEMPLATES(CHAT_NAME)
+#undef CHAT_NAME
+};
+
+const char * kvr_chat_template_names(void) {
+    static char names[1024];
+    if (names[0] == '\0') {
+        size_t n = 0;
+        for (int i = 0; i < CHAT_TMPL_COUNT; i++) {
+            n += (size_t) snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", chat_tmpl_names[i]);
+        }
+    }
+    return names;
+}
+
+static bool chat_has(const char * tmpl, const char * s) {
+    return strstr(tmpl, s) != NULL;
+}
+
+// The family of a template text, tried in llama.cpp's order (earlier tests win: a Phi 4 template
+// also contains ChatML's marker). *other names a family kvr does not render.
+static enum chat_tmpl chat_detect(const char * t, const char ** other) {
+    for (int i = 0; i < CHAT_TMPL_COUNT; i++) {
+        if (strcmp(t, chat_tmpl_names[i]) == 0) {
+            return (enum chat_tmpl) i;
+        }
+    }
+    *other = NULL;
+#define NOT_RENDERED(name) (*other = (name), CHAT_NOT_RENDERED)
+    if (chat_has(t, "<|im_start|>")) {
+        return chat_has(t, "<|im_sep|>") ? CHAT_PHI4
+             : chat_has(t, "<end_of_utterance>") ? CHAT_SMOLVLM   // <|im_start|> is its BOS only
+             : CHAT_CHATML;                                       // ChatML, Qwen 2/2.5/3, SmolLM2, ...
+    }
+    if (strncmp(t, "mistral", 7) == 0 || chat_has(t, "[INST]")) {
+        if (chat_has(t, "[SYSTEM_PROMPT]")) {
+            return CHAT_MISTRAL_V7;
+        }
+        if (chat_has(t, "' [INST] ' + system_message") || chat_has(t, "[AVAILABLE_TOOLS]")) {
+            return chat_has(t, " [INST]") ? CHAT_MISTRAL_V1 : chat_has(t, "\"[INST]\"") ? CHAT_MISTRAL_V3_TEKKEN : CHAT_MISTRAL_V3;
+        }
+        // Llama 2 and the templates made after it
+        return chat_has(t, "content.strip()") ? CHAT_LLAMA2_SYS_STRIP
+             : chat_has(t, "bos_token + '[INST]") ? CHAT_LLAMA2_SYS_BOS
+             : chat_has(t, "<<SYS>>") ? CHAT_LLAMA2_SYS
+             : CHAT_LLAMA2;
+    }
+    if (chat_has(t, "<|assistant|>") && chat_has(t, "<|end|>")) return CHAT_PHI3;
+    if (chat_has(t, "[gMASK]<sop>")) return CHAT_CHATGLM4;
+    if (chat_has(t, "<|assistant|>") && chat_has(t, "<|user|>")) {
+        if (chat_has(t, "<|tool_declare|>")) return NOT_RENDERED("exaone-moe");
+        return chat_has(t, "</s>") ? CHAT_FALCON3 : CHAT_GLMEDGE;
+    }
+    if (chat_has(t, "<|{{ item['role'] }}|>") && chat_has(t, "<|begin_of_image|>")) return CHAT_GLMEDGE;
+    if (chat_has(t, "<|user|>") && chat_has(t, "<|endoftext|>")) return CHAT_ZEPHYR;
+    if (chat_has(t, "bos_token + message['role']")) return CHAT_MONARCH;
+    if (chat_has(t, "<start_of_turn>")) return CHAT_GEMMA;                  // Gemma 1, 2 and 3
+    if (chat_has(t, "'\\n\\nAssistant: ' + eos_token")) return CHAT_ORION;
+    if (chat_has(t, "GPT4 Correct ")) return CHAT_OPENCHAT;
+    if (chat_has(t, "USER: ") && chat_has(t, "ASSISTANT: ")) return chat_has(t, "SYSTEM: ") ? CHAT_VICUNA_ORCA : CHAT_VICUNA;
+    if (chat_has(t, "### Instruction:") && chat_has(t, "<|EOT|>")) return CHAT_DEEPSEEK;
+    if (chat_has(t, "<|START_OF_TURN_TOKEN|>") && chat_has(t, "<|USER_TOKEN|>")) return CHAT_COMMAND_R;
+    if (chat_has(t, "<|start_header_id|>") && chat_has(t, "<|end_header_id|>")) return CHAT_LLAMA3;
+    if (chat_has(t, "[gMASK]sop")) return CHAT_CHATGLM3;
+    if (chat_has(t, "<\xe7\x94\xa8\xe6\x88\xb7>")) return CHAT_MINICPM;    // "<用户>"
+    if (chat_has(t, "'Assistant: ' + message['content'] + eos_token")) return CHAT_DEEPSEEK2;
+    if (chat_has(t, "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>") && chat_has(t, "<\xef\xbd\x9c" "User\xef\xbd\x9c>") &&
+        chat_has(t, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>")) {
+        return CHAT_DEEPSEEK3;                                               // fullwidth bars, "▁"
+    }
+    if (chat_has(t, "[|system|]") && chat_has(t, "[|assistant|]") && chat_has(t, "[|endofturn|]")) {
+        return chat_has(t, "[|tool|]") ? CHAT_EXAONE4 : CHAT_EXAONE3;
+    }
+    if (chat_has(t, "rwkv-world") || chat_has(t, "{{- 'User: ' + message['content']|trim + '\\n\\n' -}}")) return NOT_RENDERED("rwkv-world");
+    if (chat_has(t, "<|start_of_role|>")) {
+        if (chat_has(t, "<tool_call>") || chat_has(t, "<tools>")) {
+            return NOT_RENDERED(chat_has(t, "g4_default_system_message") ? "granite-4.0" : "granite-4.1");
+        }
+        return CHAT_GRANITE;
+    }
+    if (chat_has(t, "message['role'] + additional_special_tokens[0] + message['content'] + additional_special_tokens[1]")) {
+        return NOT_RENDERED("gigachat");
+    }
+    if (chat_has(t, "<|role_start|>")) return CHAT_MEGREZ;
+    if (chat_has(t, " \xd0\x90\xd1\x81\xd1\x81\xd0\xb8\xd1\x81\xd1\x82\xd0\xb5\xd0\xbd\xd1\x82:")) return NOT_RENDERED("yandex");
+    if (chat_has(t, "<role>ASSISTANT</role>")) return NOT_RENDERED("bailing");
+    if (chat_has(t, "<|header_start|>") && chat_has(t, "<|header_end|>")) return CHAT_LLAMA4;
+    if (chat_has(t, "<|endofuserprompt|>")) return NOT_RENDERED("dots1");
+    if (chat_has(t, "<|extra_0|>") && chat_has(t, "<|extra_4|>")) return NOT_RENDERED("hunyuan-moe");
+    if (chat_has(t, "<|start|>") && chat_has(t, "<|channel|>")) return CHAT_GPT_OSS;
+    if (chat_has(t, "<\xef\xbd\x9chy_Assistant\xef\xbd\x9c>")) return NOT_RENDERED("hunyuan");
+    if (chat_has(t, "<|im_assistant|>assistant<|im_middle|>")) return CHAT_KIMI_K2;
+    if (chat_has(t, "<seed:bos>")) return CHAT_SEED_OSS;
+    if (chat_has(t, "'Assistant: '  + message['content'] + '<|separator|>")) return NOT_RENDERED("grok-2");
+    if (chat_has(t, "[unused9]\xe7\xb3\xbb\xe7\xbb\x9f\xef\xbc\x9a[unused10]")) return NOT_RENDERED("pangu-embedded");
+    if (chat_has(t, "<|begin|>") && chat_has(t, "<|end|>") && chat_has(t, "<|content|>")) return CHAT_SOLAR_OPEN;
+#undef NOT_RENDERED
+    return CHAT_UNKNOWN;
+}
+
+// The family or KVR_ERR_UNSUPP naming an excerpt of the text and the names kvr knows.
+static int chat_resolve(const char * tmpl, enum chat_tmpl * out) {
+    if (tmpl == NULL || tmpl[0] == '\0') {
+        return kvr_error(KVR_ERR_ARG, "no chat template given (known: %s)", kvr_chat_template_names());
+    }
+    const char * other = NULL;
+    const enum chat_tmpl t = chat_detect(tmpl, &other);
+    if (t < CHAT_TMPL_COUNT) {
+        *out = t;
+        return KVR_OK;
+    }
+    // an excerpt on one line: the first 80 bytes, newlines shown as \n, cut at a character
+    char ex[128];
+    size_t n = 0, i = 0;
+    for (; tmpl[i] && n + 3 < sizeof ex && i < 80; i++) {
+        if (tmpl[i] == '\n') {
+            ex[n++] = '\\';
+            ex[n++] = 'n';
+        } else {
+            ex[n++] = tmpl[i];
+        }
+    }
+    while (tmpl[i] && n > 0 && ((unsigned char) tmpl[i] & 0xc0) == 0x80) { // a cut inside a UTF-8 character
+        i--;
+        n--;
+    }
+    ex[n] = '\0';
+    const char * more = tmpl[i] ? "..." : "";
+    if (t == CHAT_NOT_RENDERED) {
+        return kvr_error(KVR_ERR_UNSUPP, "chat template \"%s%s\" is llama.cpp's '%s', which kvr does not render "
+                         "(known: %s; --chat-template NAME picks one)", ex, more, other, kvr_chat_template_names());
+    }
+    return kvr_error(KVR_ERR_UNSUPP, "unknown chat template \"%s%s\" (known: %s; --chat-template NAME picks one)",
+                     ex, more, kvr_chat_template_names());
+}
+
+const char * kvr_chat_template_detect(const char * tmpl) {
+    enum chat_tmpl t;
+    return chat_resolve(tmpl, &t) == KVR_OK ? chat_tmpl_names[t] : NULL;
+}
+
+// The text being rendered: every byte is counted, the ones that fit are written.
+struct chat_out {
+    char * buf;
+    size_t cap;
+    size_t len;
+};
+
+static void chat_putn(struct chat_out * o, const char * s, size_t n) {
+    for (size_t i = 0; i < n; i++, o->len++) {
+        if (o->len < o->cap) {
+            o->buf[o->len] = s[i];
+        }
+    }
+}
+
+static void chat_put(struct chat_out * o, const char * s) {
+    chat_putn(o, s, strlen(s));
+}
+
+// s without the white space (C's isspace) at both ends, as llama.cpp's trim()
+static void chat_put_trim(struct chat_out * o, const char * s) {
+    size_t a = 0, b = strlen(s);
+    while (a < b && vocab_is_space(s[a])) a++;
+    while (b > a && vocab_is_space(s[b - 1])) b--;
+    chat_putn(o, s + a, b - a);
+}
+
+static bool chat_is(const struct kvr_chat_message * m, const char * role) {
+    return strcmp(m->role, role) == 0;
+}
+
+// The system messages among msgs[0, n), run together (each trimmed with trim): whether that
+// wrote anything.
+static bool chat_put_system(struct chat_out * o, const struct kvr_chat_message * msgs, int n, bool trim) {
+    const size_t len0 = o->len;
+    for (int i = 0; i < n; i++) {
+        if (chat_is(&msgs[i], "system")) {
+            if (trim) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+        }
+    }
+    return o->len > len0;
+}
+
+static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, int n, bool add_ass, struct chat_out * o) {
+    switch (t) {
+    case CHAT_CHATML:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|im_start|>"); chat_put(o, msgs[i].role); chat_put(o, "\n");
+            chat_put(o, msgs[i].content); chat_put(o, "<|im_end|>\n");
+        }
+        if (add_ass) chat_put(o, "<|im_start|>assistant\n");
+        break;
+    case CHAT_MISTRAL_V7:
+    case CHAT_MISTRAL_V7_TEKKEN: {
+        const char * sp = t == CHAT_MISTRAL_V7 ? " " : "";
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "system")) {
+                chat_put(o, "[SYSTEM_PROMPT]"); chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "[/SYSTEM_PROMPT]");
+            } else if (chat_is(&msgs[i], "user")) {
+                chat_put(o, "[INST]"); chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "[/INST]");
+            } else {
+                chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "</s>");
+            }
+        }
+        break;
+    }
+    case CHAT_MISTRAL_V1:
+    case CHAT_MISTRAL_V3:
+    case CHAT_MISTRAL_V3_TEKKEN: {
+        const char * lead = t == CHAT_MISTRAL_V1 ? " " : "";
+        const char * trail = t == CHAT_MISTRAL_V3_TEKKEN ? "" : " ";
+        bool in_turn = false;
+        for (int i = 0; i < n; i++) {
+            if (!in_turn) {
+                chat_put(o, lead); chat_put(o, "[INST]"); chat_put(o, trail);
+                in_turn = true;
+            }
+            if (chat_is(&msgs[i], "system")) {
+                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+            } else if (chat_is(&msgs[i], "user")) {
+                chat_put(o, msgs[i].content); chat_put(o, lead); chat_put(o, "[/INST]");
+            } else {
+                chat_put(o, trail);
+                if (t == CHAT_MISTRAL_V3) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+                chat_put(o, "</s>");
+                in_turn = false;
+            }
+        }
+        break;
+    }
+    case CHAT_LLAMA2:
+    case CHAT_LLAMA2_SYS:
+    case CHAT_LLAMA2_SYS_BOS:
+    case CHAT_LLAMA2_SYS_STRIP: {
+        // the first [INST] follows the BOS the tokenizer adds; later turns open their own
+        bool in_turn = true;
+        chat_put(o, "[INST] ");
+        for (int i = 0; i < n; i++) {
+            if (!in_turn) {
+                chat_put(o, t == CHAT_LLAMA2_SYS_BOS ? "<s>[INST] " : "[INST] ");
+                in_turn = true;
+            }
+            const char * c = msgs[i].content;
+            void (*put)(struct chat_out *, const char *) = t == CHAT_LLAMA2_SYS_STRIP ? chat_put_trim : chat_put;
+            if (chat_is(&msgs[i], "system")) {
+                if (t == CHAT_LLAMA2) { // no system prompt in the format: it opens the first turn
+                    put(o, c); chat_put(o, "\n");
+                } else {
+                    chat_put(o, "<<SYS>>\n"); put(o, c); chat_put(o, "\n<</SYS>>\n\n");
+                }
+            } else if (chat_is(&msgs[i], "user")) {
+                put(o, c); chat_put(o, " [/INST]");
+            } else {
+                put(o, c); chat_put(o, "</s>");
+                in_turn = false;
+            }
+        }
+        break;
+    }
+    case CHAT_PHI3:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, "|>\n"); chat_put(o, msgs[i].content); chat_put(o, "<|end|>\n");
+        }
+        if (add_ass) chat_put(o, "<|assistant|>\n");
+        break;
+    case CHAT_PHI4:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|im_start|>"); chat_put(o, msgs[i].role); chat_put(o, "<|im_sep|>");
+            chat_put(o, msgs[i].content); chat_put(o, "<|im_end|>");
+        }
+        if (add_ass) chat_put(o, "<|im_start|>assistant<|im_sep|>");
+        break;
+    case CHAT_FALCON3:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, "|>\n"); chat_put(o, msgs[i].content); chat_put(o, "\n");
+        }
+        if (add_ass) chat_put(o, "<|assistant|>\n");
+        break;
+    case CHAT_ZEPHYR:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, "|>\n"); chat_put(o, msgs[i].content); chat_put(o, "<|endoftext|>\n");
+        }
+        if (add_ass) chat_put(o, "<|assistant|>\n");
+        break;
+    case CHAT_MONARCH: // every message but the first opens with BOS
+        for (int i = 0; i < n; i++) {
+            if (i > 0) chat_put(o, "<s>");
+            chat_put(o, msgs[i].role); chat_put(o, "\n"); chat_put(o, msgs[i].content); chat_put(o, "</s>\n");
+        }
+        if (add_ass) chat_put(o, "<s>assistant\n");
+        break;
+    case CHAT_GEMMA: {
+        // no system role: the system texts (trimmed, run together) open the next user turn; the
+        // assistant is "model"
+        int sys = -1; // the first system message not written yet
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "system")) {
+                if (sys < 0) sys = i;
+                continue;
+            }
+            const bool model = chat_is(&msgs[i], "assistant");
+            chat_put(o, "<start_of_turn>"); chat_put(o, model ? "model" : msgs[i].role); chat_put(o, "\n");
+            if (sys >= 0 && !model) {
+                if (chat_put_system(o, msgs + sys, i - sys, true)) chat_put(o, "\n\n");
+                sys = -1;
+            }
+            chat_put_trim(o, msgs[i].content); chat_put(o, "<end_of_turn>\n");
+        }
+        if (add_ass) chat_put(o, "<start_of_turn>model\n");
+        break;
+    }
+    case CHAT_ORION: { // no system role either: the system texts open the next user turn
+        int sys = -1;
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "system")) {
+                if (sys < 0) sys = i;
+            } else if (chat_is(&msgs[i], "user")) {
+                chat_put(o, "Human: ");
+                if (sys >= 0) {
+                    if (chat_put_system(o, msgs + sys, i - sys, false)) chat_put(o, "\n\n");
+                    sys = -1;
+                }
+                chat_put(o, msgs[i].content); chat_put(o, "\n\nAssistant: </s>");
+            } else {
+                chat_put(o, msgs[i].content); chat_put(o, "</s>");
+            }
+        }
+        break;
+    }
+    case CHAT_OPENCHAT:
+        for (int i = 0; i < n; i++) {
+            if (!chat_is(&msgs[i], "system")) {
+                const char c = msgs[i].role[0];
+                const char first[2] = { c >= 'a' && c <= 'z' ? (char) (c - 'a' + 'A') : c, 0 };
+                chat_put(o, "GPT4 Correct "); chat_put(o, first); chat_put(o, msgs[i].role[0] ? msgs[i].role + 1 : ""); chat_put(o, ": ");
+            }
+            chat_put(o, msgs[i].content); chat_put(o, "<|end_of_turn|>");
+        }
+        if (add_ass) chat_put(o, "GPT4 Correct Assistant:");
+        break;
+    case CHAT_VICUNA:
+    case CHAT_VICUNA_ORCA:
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "system")) {
+                if (t == CHAT_VICUNA_ORCA) { chat_put(o, "SYSTEM: "); chat_put(o, msgs[i].content); chat_put(o, "\n"); }
+                else { chat_put(o, msgs[i].content); chat_put(o, "\n\n"); }
+            } else if (chat_is(&msgs[i], "user")) {
+                chat_put(o, "USER: "); chat_put(o, msgs[i].content); chat_put(o, "\n");
+            } else if (chat_is(&msgs[i], "assistant")) {
+                chat_put(o, "ASSISTANT: "); chat_put(o, msgs[i].content); chat_put(o, "</s>\n");
+            }
+        }
+        if (add_ass) chat_put(o, "ASSISTANT:");
+        break;
+    case CHAT_DEEPSEEK:
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "system")) {
+                chat_put(o, msgs[i].content);
+            } else if (chat_is(&msgs[i], "user")) {
+                chat_put(o, "### Instruction:\n"); chat_put(o, msgs[i].content); chat_put(o, "\n");
+            } else if (chat_is(&msgs[i], "assistant")) {
+                chat_put(o, "### Response:\n"); chat_put(o, msgs[i].content); chat_put(o, "\n<|EOT|>\n");
+            }
+        }
+        if (add_ass) chat_put(o, "### Response:\n");
+        break;
+    case CHAT_DEEPSEEK2:
+    case CHAT_DEEPSEEK3: {
+        const bool v3 = t == CHAT_DEEPSEEK3;
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "system")) {
+                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+            } else if (chat_is(&msgs[i], "user")) {
+                chat_put(o, v3 ? "<\xef\xbd\x9cUser\xef\xbd\x9c>" : "User: "); chat_put(o, msgs[i].content);
+                if (!v3) chat_put(o, "\n\n");
+            } else if (chat_is(&msgs[i], "assistant")) {
+                chat_put(o, v3 ? "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>" : "Assistant: "); chat_put(o, msgs[i].content);
+                chat_put(o, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+            }
+        }
+        if (add_ass) chat_put(o, v3 ? "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>" : "Assistant:");
+        break;
+    }
+    case CHAT_COMMAND_R:
+        for (int i = 0; i < n; i++) {
+            const char * tok = chat_is(&msgs[i], "system") ? "<|SYSTEM_TOKEN|>" : chat_is(&msgs[i], "user") ? "<|USER_TOKEN|>"
+                             : chat_is(&msgs[i], "assistant") ? "<|CHATBOT_TOKEN|>" : NULL;
+            if (tok) {
+                chat_put(o, "<|START_OF_TURN_TOKEN|>"); chat_put(o, tok); chat_put_trim(o, msgs[i].content); chat_put(o, "<|END_OF_TURN_TOKEN|>");
+            }
+        }
+        if (add_ass) chat_put(o, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
+        break;
+    case CHAT_LLAMA3:
+    case CHAT_LLAMA4: {
+        const bool v4 = t == CHAT_LLAMA4;
+        const char * open = v4 ? "<|header_start|>" : "<|start_header_id|>";
+        const char * close = v4 ? "<|header_end|>\n\n" : "<|end_header_id|>\n\n";
+        for (int i = 0; i < n; i++) {
+            chat_put(o, open); chat_put(o, msgs[i].role); chat_put(o, close);
+            chat_put_trim(o, msgs[i].content); chat_put(o, v4 ? "<|eot|>" : "<|eot_id|>");
+        }
+        if (add_ass) { chat_put(o, open); chat_put(o, "assistant"); chat_put(o, close); }
+        break;
+    }
+    case CHAT_CHATGLM3:
+    case CHAT_CHATGLM4:
+    case CHAT_GLMEDGE:
+        if (t != CHAT_GLMEDGE) chat_put(o, t == CHAT_CHATGLM3 ? "[gMASK]sop" : "[gMASK]<sop>");
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, t == CHAT_CHATGLM3 ? "|>\n " : "|>\n"); chat_put(o, msgs[i].content);
+        }
+        if (add_ass) chat_put(o, t == CHAT_CHATGLM4 ? "<|assistant|>\n" : "<|assistant|>");
+        break;
+    case CHAT_MINICPM:
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "user")) {
+                chat_put(o, "<\xe7\x94\xa8\xe6\x88\xb7>"); chat_put_trim(o, msgs[i].content); chat_put(o, "<AI>");
+            } else {
+                chat_put_trim(o, msgs[i].content);
+            }
+        }
+        break;
+    case CHAT_EXAONE3:
+    case CHAT_EXAONE4:
+        for (int i = 0; i < n; i++) {
+            const bool tool = t == CHAT_EXAONE4 && chat_is(&msgs[i], "tool");
+            if (chat_is(&msgs[i], "system") || chat_is(&msgs[i], "assistant") || tool) {
+                chat_put(o, "[|"); chat_put(o, msgs[i].role); chat_put(o, "|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "[|endofturn|]\n");
+            } else if (chat_is(&msgs[i], "user")) {
+                chat_put(o, "[|user|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "\n");
+            }
+        }
+        if (add_ass) chat_put(o, "[|assistant|]");
+        break;
+    case CHAT_GRANITE:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|start_of_role|>"); chat_put(o, msgs[i].role); chat_put(o, "<|end_of_role|>");
+            if (chat_is(&msgs[i], "assistant_tool_call")) chat_put(o, "<|tool_call|>");
+            chat_put(o, msgs[i].content); chat_put(o, "<|end_of_text|>\n");
+        }
+        if (add_ass) chat_put(o, "<|start_of_role|>assistant<|end_of_role|>");
+        break;
+    case CHAT_MEGREZ:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|role_start|>"); chat_put(o, msgs[i].role); chat_put(o, "<|role_end|>"); chat_put(o, msgs[i].content); chat_put(o, "<|turn_end|>");
+        }
+        if (add_ass) chat_put(o, "<|role_start|>assistant<|role_end|>");
+        break;
+    case CHAT_SMOLVLM:
+        chat_put(o, "<|im_start|>");
+        for (int i = 0; i < n; i++) {
+            if (chat_is(&msgs[i], "system")) {
+                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+            } else {
+                chat_put(o, chat_is(&msgs[i], "user") ? "User: " : "Assistant: "); chat_put(o, msgs[i].content); chat_put(o, "<end_of_utterance>\n");
+            }
+        }
+        if (add_ass) chat_put(o, "Assistant:");
+        break;
+    case CHAT_GPT_OSS:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|start|>"); chat_put(o, msgs[i].role); chat_put(o, "<|message|>"); chat_put(o, msgs[i].content);
+            chat_put(o, chat_is(&msgs[i], "assistant") ? "<|return|>" : "<|end|>");
+        }
+        if (add_ass) chat_put(o, "<|start|>assistant");
+        break;
+    case CHAT_KIMI_K2:
+        for (int i = 0; i < n; i++) {
+            const char * head = chat_is(&msgs[i], "system") ? "<|im_system|>system<|im_middle|>"
+                              : chat_is(&msgs[i], "user") ? "<|im_user|>user<|im_middle|>"
+                              : chat_is(&msgs[i], "assistant") ? "<|im_assistant|>assistant<|im_middle|>"
+                              : chat_is(&msgs[i], "tool") ? "<|im_system|>tool<|im_middle|>" : "";
+            chat_put(o, head); chat_put(o, msgs[i].content); chat_put(o, "<|im_end|>");
+        }
+        if (add_ass) chat_put(o, "<|im_assistant|>assistant<|im_middle|>");
+        break;
+    case CHAT_SEED_OSS:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<seed:bos>"); chat_put(o, msgs[i].role); chat_put(o, "\n");
+            if (chat_is(&msgs[i], "assistant")) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+            chat_put(o, "<seed:eos>");
+        }
+        if (add_ass) chat_put(o, "<seed:bos>assistant\n");
+        break;
+    case CHAT_SOLAR_OPEN:
+        for (int i = 0; i < n; i++) {
+            chat_put(o, "<|begin|>"); chat_put(o, msgs[i].role); chat_put(o, "<|content|>"); chat_put(o, msgs[i].content); chat_put(o, "<|end|>");
+        }
+        if (add_ass) chat_put(o, "<|begin|>assistant");
+        break;
+    case CHAT_TMPL_COUNT:
+    case CHAT_NOT_RENDERED:
+    case CHAT_UNKNOWN:
+        KVR_ASSERT(false); // chat_resolve lets only rendered families through
+    }
+}
+
+int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                   char * buf, int cap) {
+    enum chat_tmpl t;
+    const int rc = chat_resolve(tmpl, &t);
+    if (rc != KVR_OK) {
+        return rc;
+    }
+    if (n_msgs < 0 || (n_msgs > 0 && msgs == NULL) || cap < 0 || (cap > 0 && buf == NULL)) {
+        return kvr_error(KVR_ERR_ARG, "kvr_chat_apply: bad arguments (%d messages at %p, buffer %p of %d bytes)",
+                         n_msgs, (const void *) msgs, (void *) buf, cap);
+    }
+    for (int i = 0; i < n_msgs; i++) {
+        if (msgs[i].role == NULL || msgs[i].content == NULL) {
+            return kvr_error(KVR_ERR_ARG, "kvr_chat_apply: message %d has no %s", i, msgs[i].role ? "content" : "role");
+        }
+    }
+    struct chat_out o = { buf, (size_t) cap, 0 };
+    chat_render(t, msgs, n_msgs, add_assistant, &o);
+    if (o.len > INT32_MAX - 1) {
+        return kvr_error(KVR_ERR_ARG, "kvr_chat_apply: the rendered conversation is longer than 2 GiB");
+    }
+    if (o.len < o.cap) {
+        buf[o.len] = '\0';
+    }
+    return (int) o.len;
 }
 
 //

@@ -586,6 +586,47 @@ int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, i
 // The text of one token as it appears in output (byte tokens become their byte, "▁" a space).
 // Writes at most cap bytes (no terminator); returns the length, or -needed if cap is too small.
 int kvr_token_to_piece(const struct kvr_vocab * v, int32_t id, char * buf, int cap, bool special);
+// The token that ends a turn in a chat (<|im_end|>, <|eot_id|>, <end_of_turn>, ...), -1 if none.
+int32_t      kvr_vocab_eot(const struct kvr_vocab * v);
+// The file's chat template (tokenizer.chat_template, Jinja text), or NULL when it has none.
+const char * kvr_vocab_chat_template(const struct kvr_vocab * v);
+
+//
+// Chat templates. kvr runs no Jinja: like llama.cpp's built-in table, it recognises the common
+// families of template text by substrings only they contain and renders a conversation by each
+// family's rules (llama.cpp's, so both render the same prompt). Families and their names:
+//
+//   chatml             <|im_start|>role\n...<|im_end|>\n: Qwen 2/2.5/3, SmolLM2, Yi, many more
+//   llama3, llama4     <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>
+//   llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip, mistral-v1, mistral-v3,
+//   mistral-v3-tekken, mistral-v7, mistral-v7-tekken    the [INST] ... [/INST] families
+//   gemma              <start_of_turn>user\n...<end_of_turn>\n: Gemma 1, 2 and 3
+//   falcon3, phi3, phi4, zephyr, monarch, orion, openchat, vicuna, vicuna-orca, deepseek,
+//   deepseek2, deepseek3, command-r, chatglm3, chatglm4, glmedge, minicpm, exaone3, exaone4,
+//   granite, megrez, smolvlm, gpt-oss, kimi-k2, seed_oss, solar-open
+//
+// Rendering the conversation so far and then the same with one more message gives two texts of
+// which the first is the start of the second (every family above): a chat prefills only what
+// the new message adds.
+
+struct kvr_chat_message {
+    const char * role;     // "system", "user", "assistant" (a family may know more: "tool")
+    const char * content;
+};
+
+// The family a template denotes: tmpl is one of the names above or a template text. Returns its
+// name, or NULL with KVR_ERR_UNSUPP whose message quotes the start of the text and lists the
+// known names (and says which family it is when llama.cpp knows it and kvr does not render it).
+const char * kvr_chat_template_detect(const char * tmpl);
+// The known names, comma-separated.
+const char * kvr_chat_template_names(void);
+// Render n_msgs messages with template tmpl (a name or a template text), ending with the opening
+// of the assistant's turn when add_assistant (for the families whose text has one). Returns the
+// length of the text; as snprintf, writes at most cap bytes and a terminating zero when the text
+// is shorter than cap (call with cap 0 to learn the length). Negative on error (an unknown
+// template, a message without role or content).
+int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                   char * buf, int cap);
 
 //
 // 10. models
