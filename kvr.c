@@ -5435,6 +5435,35 @@ int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, i
     return rc;
 }
 
+void kvr_unescape(char * s) {
+    char * out = s;
+    for (const char * p = s; *p; p++) {
+        if (p[0] != '\\' || p[1] == '\0') {
+            *out++ = *p;
+            continue;
+        }
+        const char c = *++p;
+        const int hi = c == 'x' ? vocab_hex(p[1]) : -1;
+        const int lo = hi >= 0 ? vocab_hex(p[2]) : -1;
+        if (c == 'n') {
+            *out++ = '\n';
+        } else if (c == 'r') {
+            *out++ = '\r';
+        } else if (c == 't') {
+            *out++ = '\t';
+        } else if (c == '\'' || c == '"' || c == '\\') {
+            *out++ = c;
+        } else if (lo >= 0) {
+            *out++ = (char) (hi * 16 + lo);
+            p += 2;
+        } else {
+            *out++ = '\\';
+            *out++ = c;
+        }
+    }
+    *out = '\0';
+}
+
 //
 // chat templates
 //

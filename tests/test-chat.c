@@ -6,7 +6,7 @@
 // size-needed contract of kvr_chat_apply; detection from template texts: the real one of
 // SmolLM2-135M-Instruct (from its GGUF when tools/install-deps.sh put it in models/gguf; skipped,
 // saying so, otherwise) and short characteristic pieces of the others; refusals that name what
-// they were given and the known names.
+// they were given and the known names; the escapes kvr_unescape turns into characters.
 //
 //   test-chat [SHARED]      (SHARED is not used: the model file is looked up in models/gguf)
 //
@@ -291,12 +291,23 @@ static void test_detection(void) {
     check(kvr_chat_template_detect("") == NULL && kvr_chat_template_detect(NULL) == NULL, "no template is refused");
 }
 
+// kvr_unescape: llama.cpp's escapes in -p text
+static void test_unescape(void) {
+    char s[] = "a\\nb\\t\\'\\\"\\\\\\x41\\q\\x4g\\r\\";
+    kvr_unescape(s);
+    check(strcmp(s, "a\nb\t'\"\\A\\q\\x4g\r\\") == 0, "kvr_unescape gives \"%s\"", s);
+    char none[] = "plain <|im_start|> text";
+    kvr_unescape(none);
+    check(strcmp(none, "plain <|im_start|> text") == 0, "text without escapes stays");
+}
+
 int main(int argc, char ** argv) {
     (void) argc;
     (void) argv;
     test_rendering();
     test_buffer();
     test_detection();
+    test_unescape();
     if (n_skip) {
         printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     } else {

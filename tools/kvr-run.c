@@ -4,7 +4,9 @@
 // stderr, which ends with one machine-readable timing line. The flags are one table (RUN_FLAGS,
 // parsed by tools/kvr-cli.h); every value, path and combination is checked, and the prompt
 // measured against the context, before the prompt is echoed: exit 2 for those, 1 for a run that
-// fails once started.
+// fails once started. With -cnv it is a chat instead (run_conversation): user turns from stdin,
+// the model's chat template applied, each turn prefilled on top of the cache the earlier ones
+// left, the replies streamed to stdout.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -51,6 +53,12 @@ struct run_args {
     const char * prompt_file;
     const char * tokens;
     const char * dump_logits;
+    bool         no_special;   // -p/-f text: "<|im_start|>" stays text instead of the special token
+    bool         no_escape;    // -p (and chat input): keep "\n" as two characters
+    bool         conversation; // -cnv
+    const char * system;       // --system: the chat's system message
+    const char * chat_template;// --chat-template: a family name (or a template text)
+    bool         n_predict_set;
     int          n_predict;
     int          n_threads;
     int          n_ctx;
@@ -85,7 +93,8 @@ static int parse_strategy(const char * v, void * dst, char * why, size_t cap) {
     return -1;
 }
 
-static const char * const run_synopsis = "usage: kvr-run -m MODEL.gguf (-p TEXT | -f FILE | --tokens 1,2,3) [options]";
+static const char * const run_synopsis = "usage: kvr-run -m MODEL.gguf (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n"
+                                        "       kvr-run -m MODEL.gguf -cnv [--system TEXT] [-p TEXT | -f FILE] [options]";
 
 // Entries of --partition: token counts or fractions, each a finite number >= 0. Returns the
 // count of entries (at most cap) or -1 with why filled in.
@@ -122,8 +131,15 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "-f", .alt = "--file", .kind = KVR_CLI_IN, .dst = &a->prompt_file, .meta = "FILE",
           .help = "read the prompt from a file (UTF-8 text: a NUL byte or invalid UTF-8 is an error)" },
         { .name = "--tokens", .kind = KVR_CLI_TEXT, .dst = &a->tokens, .meta = "LIST", .help = "prompt as comma-separated token ids (no BOS is added)" },
-        { .name = "-n", .alt = "--n-predict", .kind = KVR_CLI_INT, .dst = &a->n_predict, .meta = "N", .lo = 0, .hi = 1 << 20,
-          .help = "tokens to generate (default 128; 0 runs the prefill only)" },
+        { .name = "--no-special", .kind = KVR_CLI_SWITCH, .dst = &a->no_special,
+          .help = "special tokens written in the prompt (\"<|im_start|>\", \"<s>\") stay plain text\n"
+                  "(default: they are the special tokens, as in llama.cpp)" },
+        { .name = "--no-escape", .kind = KVR_CLI_SWITCH, .dst = &a->no_escape,
+          .help = "-p TEXT (and chat input) as it is (default: \\n \\r \\t \\' \\\" \\\\ \\xHH become\n"
+                  "the characters, as in llama.cpp; a -f file is always read as it is)" },
+        { .name = "-n", .alt = "--n-predict", .kind = KVR_CLI_INT, .dst = &a->n_predict, .meta = "N", .lo = 0, .hi = 1 << 20, .given = &a->n_predict_set,
+          .help = "tokens to generate (default 128; 0 runs the prefill only); -cnv: the most a reply\n"
+                  "may have (default: until its end of turn)" },
         { .name = "-t", .alt = "--threads", .kind = KVR_CLI_INT, .dst = &a->n_threads, .meta = "N", .lo = 1, .hi = KVR_MAX_THREADS,
           .help = "threads (default: all cores); with --ranks, threads per rank\n(default: cores / ranks)" },
         { .name = "-c", .alt = "--ctx-size", .kind = KVR_CLI_INT, .dst = &a->n_ctx, .meta = "N", .lo = 0, .hi = 1 << 24,
@@ -142,6 +158,16 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
           .help = "Q4_K weights: prefill with 8-bit activations and integer products, as\n"
                   "llama.cpp does (faster; logits move up to ~0.1 from the exact math)" },
         { .name = "-v", .alt = "--verbose", .kind = KVR_CLI_SWITCH, .dst = &a->verbose, .help = "prompt and generated ids, model shape, seed on stderr" },
+        { .kind = KVR_CLI_SECTION, .help = "chat:" },
+        { .name = "-cnv", .alt = "--conversation", .kind = KVR_CLI_SWITCH, .dst = &a->conversation,
+          .help = "a chat: user turns from stdin (-p/-f: the first one), the model's chat template\n"
+                  "applied, each turn prefilled on top of the earlier ones; a reply ends at its\n"
+                  "end of turn; /exit or the end of the input ends the chat" },
+        { .name = "--system", .kind = KVR_CLI_TEXT, .dst = &a->system, .meta = "TEXT",
+          .help = "-cnv: the system message (prefilled before the first turn)" },
+        { .name = "--chat-template", .kind = KVR_CLI_TEXT, .dst = &a->chat_template, .meta = "NAME",
+          .help = "-cnv: the template family instead of the file's (chatml, llama3, gemma, ...;\n"
+                  "an unknown name lists them all)" },
         { .kind = KVR_CLI_SECTION, .help = "parallel prefill:" },
         { .name = "--ranks", .kind = KVR_CLI_INT, .dst = &a->n_ranks, .meta = "N", .lo = 1, .hi = 256,
           .help = "ranks (default 1; under mpirun: the MPI size)" },
@@ -171,7 +197,19 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     int rc = kvr_cli_parse(&cli, argc, argv);
     if (rc) return rc;
     if (!a->model) return kvr_cli_fail(&cli, "no model: give -m FILE");
-    if (!!a->prompt + !!a->prompt_file + !!a->tokens != 1) return kvr_cli_fail(&cli, "give exactly one of -p, -f and --tokens");
+    if (a->conversation) {
+        if (a->tokens) return kvr_cli_fail(&cli, "-cnv takes text turns: --tokens does not go with it");
+        if (a->prompt && a->prompt_file) return kvr_cli_fail(&cli, "-cnv: give at most one of -p and -f (the first user turn)");
+        if (a->no_special) return kvr_cli_fail(&cli, "-cnv: a chat template needs its special tokens; --no-special does not go with it");
+        if (a->n_predict_set && a->n_predict == 0) return kvr_cli_fail(&cli, "-cnv: -n is the most tokens a reply may have: at least 1");
+        if (a->partition && strcmp(a->partition, "even") != 0 && (strncmp(a->partition, "table:", 6) == 0 || !strchr(a->partition, '.'))) {
+            return kvr_cli_fail(&cli, "-cnv: --partition %s depends on one prompt's length; a chat takes even or fractions (0.6,0.4)", a->partition);
+        }
+    } else {
+        if (a->system) return kvr_cli_fail(&cli, "--system is for a chat: add -cnv");
+        if (a->chat_template) return kvr_cli_fail(&cli, "--chat-template is for a chat: add -cnv");
+        if (!!a->prompt + !!a->prompt_file + !!a->tokens != 1) return kvr_cli_fail(&cli, "give exactly one of -p, -f and --tokens (or -cnv for a chat)");
+    }
     if (a->prompt && kvr_cli_check_text("kvr-run", "-p", a->prompt, strlen(a->prompt))) return 2;
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
     if (!a->strategy_set) a->strategy = a->n_ranks > 1 || a->comm != KVR_COMM_LOCAL ? KVR_STRATEGY_KVR : KVR_STRATEGY_SINGLE;
@@ -194,6 +232,9 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         double sum = 0;
         for (int i = 0; i < n; i++) sum += v[i];
         if (frac && fabs(sum - 1.0) > 1e-3) return kvr_cli_fail(&cli, "--partition: the fractions add up to %g, not 1", sum);
+    }
+    if (a->conversation && a->comm == KVR_COMM_MPI) {
+        return kvr_cli_fail(&cli, "-cnv reads the terminal in one process: it does not run under MPI (use local ranks: --ranks N)");
     }
     if ((a->link_gbps > 0 || a->link_latency_us > 0 || a->link_noise > 0) && a->comm != KVR_COMM_LOCAL) {
         return kvr_cli_fail(&cli, "--link-gbps, --link-latency-us and --link-noise emulate links between local ranks (--comm local)");
@@ -244,6 +285,331 @@ static void print_ids(const char * label, const int32_t * ids, int n) {
     fprintf(stderr, "\n");
 }
 
+// text -> a new array of ids (its count in *n), or NULL with a message naming what failed
+static int32_t * tokenize_text(const struct kvr_vocab * vocab, const char * text, bool bos, bool special, int * n) {
+    const int need = kvr_tokenize(vocab, text, NULL, 0, bos, special);
+    if (need < 0) {
+        fprintf(stderr, "kvr-run: cannot tokenize the text: %s\n", kvr_last_error());
+        return NULL;
+    }
+    int32_t * ids = malloc(sizeof(int32_t) * (size_t)(need + 1));
+    if (!ids || kvr_tokenize(vocab, text, ids, need + 1, bos, special) != need) {
+        fprintf(stderr, "kvr-run: cannot tokenize the text: %s\n", ids ? kvr_last_error() : "out of memory");
+        free(ids);
+        return NULL;
+    }
+    *n = need;
+    return ids;
+}
+
+//
+// conversation mode
+//
+
+// A growing string (always zero-terminated once anything was added). An allocation that fails
+// leaves it as it was and sets oom, which the chat checks after each step.
+struct text {
+    char * s;
+    size_t len, cap;
+    bool   oom;
+};
+
+static void text_add(struct text * t, const char * s, size_t n) {
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap < t->len + n + 1) cap *= 2;
+        char * p = realloc(t->s, cap);
+        if (!p) { t->oom = true; return; }
+        t->s = p;
+        t->cap = cap;
+    }
+    memcpy(t->s + t->len, s, n);
+    t->len += n;
+    t->s[t->len] = '\0';
+}
+
+static void text_set(struct text * t, const char * s) {
+    t->len = 0;
+    text_add(t, s, strlen(s));
+}
+
+// The text of a token (special: control tokens as their text), added to t; false if it has none.
+static void text_add_piece(struct text * t, const struct kvr_vocab * v, int32_t id, bool special) {
+    char small[256];
+    int n = kvr_token_to_piece(v, id, small, (int) sizeof small, special);
+    if (n < 0) {
+        char * big = malloc((size_t) -n);
+        if (big && (n = kvr_token_to_piece(v, id, big, -n, special)) > 0) text_add(t, big, (size_t) n);
+        free(big);
+    } else if (n > 0) {
+        text_add(t, small, (size_t) n);
+    }
+}
+
+// One user turn from stdin, without its newline; a line ending in '\' goes on on the next line
+// (as in llama.cpp's console). NULL at the end of the input.
+static char * read_turn(bool tty) {
+    if (tty) {
+        fputs("> ", stdout);
+        fflush(stdout);
+    }
+    struct text t = { 0 };
+    char * line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    bool any = false;
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        any = true;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        if (n > 0 && line[n - 1] == '\\') {
+            text_add(&t, line, (size_t) n - 1);
+            text_add(&t, "\n", 1);
+            continue;
+        }
+        text_add(&t, line, (size_t) n);
+        break;
+    }
+    free(line);
+    if (!any || t.oom) { // the end of the input (or no memory to hold the line: the chat ends)
+        if (t.oom) fprintf(stderr, "kvr-run: out of memory for the input line\n");
+        free(t.s);
+        return NULL;
+    }
+    return t.s ? t.s : strdup("");
+}
+
+// The conversation rendered by a template family into a new string.
+static char * chat_render(const char * family, const struct kvr_chat_message * msgs, int n, bool add_assistant) {
+    const int len = kvr_chat_apply(family, msgs, n, add_assistant, NULL, 0);
+    char * buf = len >= 0 ? malloc((size_t) len + 1) : NULL;
+    if (!buf || kvr_chat_apply(family, msgs, n, add_assistant, buf, len + 1) != len) {
+        fprintf(stderr, "kvr-run: cannot render the chat: %s\n", len < 0 ? kvr_last_error() : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+struct chat {
+    const struct run_args  * a;
+    const struct kvr_vocab * vocab;
+    struct kvr_dist        * dist;
+    const char             * family;  // the template family
+    int                      n_ctx;
+    struct kvr_chat_message * msgs;   // contents owned here
+    int                      n_msgs, cap_msgs;
+    struct text              cached;  // the text the cache holds (and the pending token)
+    bool                     bos;     // the first prefill still has to add BOS
+    int32_t                  pending; // the reply's last token: sampled and shown, not yet evaluated
+    bool                     closed;  // the last reply ended with its end-of-turn token
+    int                      turn;
+};
+
+// Add a message; false (with a message) when memory runs out.
+static bool chat_add(struct chat * c, const char * role, const char * content) {
+    if (c->n_msgs == c->cap_msgs) {
+        const int cap = c->cap_msgs ? 2 * c->cap_msgs : 16;
+        struct kvr_chat_message * m = realloc(c->msgs, sizeof(*m) * (size_t) cap);
+        if (!m) { fprintf(stderr, "kvr-run: out of memory for the chat\n"); return false; }
+        c->msgs = m;
+        c->cap_msgs = cap;
+    }
+    char * copy = strdup(content);
+    if (!copy) { fprintf(stderr, "kvr-run: out of memory for the chat\n"); return false; }
+    c->msgs[c->n_msgs++] = (struct kvr_chat_message) { role, copy };
+    return true;
+}
+
+// Prefill what the conversation adds since the cache's text: the pending token, then the rest
+// of the rendering. The rendering of the conversation so far normally starts with the cache's text
+// (the reply as generated, its end-of-turn token as the template writes it). Where the template
+// changed the reply (trimmed it) or the model ended its turn with another token, this does what
+// llama.cpp's chat does: the new message's rendering after that of the conversation before it, a
+// newline first where that rendering ends with one (the newline after the end-of-turn token), and
+// the end-of-turn token first if the reply was cut off. Returns the last token's logits, or NULL
+// with *rc set (1: the context is full or the prefill failed, 2: bad input; 0: nothing to add).
+static const float * chat_prefill(struct chat * c, int * rc) {
+    char * full = chat_render(c->family, c->msgs, c->n_msgs, c->msgs[c->n_msgs - 1].role[0] == 'u');
+    if (!full) { *rc = 2; return NULL; }
+    struct text delta = { 0 };
+    int32_t head[2];
+    int n_head = 0;
+    if (c->pending >= 0) head[n_head++] = c->pending;
+    if (c->cached.len == 0 || strncmp(full, c->cached.s, c->cached.len) == 0) {
+        text_add(&delta, full + c->cached.len, strlen(full) - c->cached.len);
+    } else {
+        char * past = chat_render(c->family, c->msgs, c->n_msgs - 1, false);
+        if (!past) { free(full); *rc = 2; return NULL; }
+        const size_t pl = strlen(past);
+        if (!c->closed) {
+            const int32_t eot = kvr_vocab_eot(c->vocab) >= 0 ? kvr_vocab_eot(c->vocab) : kvr_vocab_eos(c->vocab);
+            if (eot >= 0) head[n_head++] = eot;
+        }
+        if (pl > 0 && past[pl - 1] == '\n') text_add(&delta, "\n", 1);
+        const size_t skip = strncmp(full, past, pl) == 0 ? pl : 0;
+        text_add(&delta, full + skip, strlen(full) - skip);
+        free(past);
+    }
+    if (delta.oom) {
+        fprintf(stderr, "kvr-run: out of memory for the chat\n");
+        free(full); free(delta.s); *rc = 1; return NULL;
+    }
+    int n_text = 0;
+    int32_t * text_ids = tokenize_text(c->vocab, delta.s ? delta.s : "", c->bos, true, &n_text);
+    if (!text_ids) { free(full); free(delta.s); *rc = 2; return NULL; }
+    const int n = n_head + n_text;
+    int32_t * ids = malloc(sizeof(int32_t) * (size_t) (n > 0 ? n : 1));
+    if (!ids) {
+        fprintf(stderr, "kvr-run: out of memory for the chat\n");
+        free(text_ids); free(full); free(delta.s); *rc = 1; return NULL;
+    }
+    memcpy(ids, head, sizeof(int32_t) * (size_t) n_head);
+    memcpy(ids + n_head, text_ids, sizeof(int32_t) * (size_t) n_text);
+    free(text_ids);
+    const float * logits = NULL;
+    const int n_past = kvr_dist_n_past(c->dist);
+    if (n == 0) {
+        *rc = 0; // nothing to add (a system message that the family writes into the first user turn)
+    } else if (n_past + n > c->n_ctx) {
+        *rc = 1;
+        fprintf(stderr, "kvr-run: the context is full: %d of %d tokens used, this turn needs %d more; the chat ends here (raise -c)\n",
+                n_past, c->n_ctx, n);
+    } else {
+        if (c->a->verbose) print_ids("turn ids", ids, n);
+        const double t0 = kvr_time_ms();
+        logits = kvr_dist_eval(c->dist, ids, n);
+        if (c->a->stats) print_stats(c->dist);
+        if (!logits) {
+            *rc = 1;
+            fprintf(stderr, "kvr-run: prefill of turn %d failed: %s\n", c->turn, kvr_last_error());
+        } else {
+            if (c->a->verbose) {
+                fprintf(stderr, "turn %d: %d tokens prefilled on top of %d (%s) in %.1f ms\n", c->turn, n, n_past,
+                        kvr_strategy_name(kvr_dist_last_strategy(c->dist)), kvr_time_ms() - t0);
+            }
+            c->bos = false;
+            c->pending = -1;
+            text_set(&c->cached, full);
+            if (c->cached.oom) { fprintf(stderr, "kvr-run: out of memory for the chat\n"); *rc = 1; logits = NULL; }
+        }
+    }
+    free(ids);
+    free(full);
+    free(delta.s);
+    return logits;
+}
+
+// Sample and stream the assistant's reply until its end of turn (or -n tokens, or a full context).
+static int chat_reply(struct chat * c, struct kvr_sampler * smp, const float * logits) {
+    const int n_vocab = kvr_vocab_n_tokens(c->vocab);
+    struct text reply = { 0 };
+    int rc = 0, n_gen = 0;
+    const double t0 = kvr_time_ms();
+    c->closed = false;
+    for (;;) {
+        const int32_t id = kvr_sample(smp, logits, n_vocab);
+        n_gen++;
+        c->pending = id;
+        text_add_piece(&c->cached, c->vocab, id, true);
+        if (kvr_vocab_is_eog(c->vocab, id)) {
+            c->closed = true;
+            break;
+        }
+        const size_t before = reply.len;
+        text_add_piece(&reply, c->vocab, id, false);
+        fwrite(reply.s ? reply.s + before : "", 1, reply.len - before, stdout);
+        fflush(stdout);
+        if (c->a->n_predict_set && n_gen >= c->a->n_predict) break;
+        if (kvr_dist_n_past(c->dist) + 1 > c->n_ctx) {
+            fprintf(stderr, "\nkvr-run: the context is full (%d tokens): the reply stops here and the chat ends (raise -c)\n", c->n_ctx);
+            rc = 1;
+            break;
+        }
+        logits = kvr_dist_eval(c->dist, &id, 1);
+        if (!logits) {
+            fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
+            rc = 1;
+            break;
+        }
+        c->pending = -1;
+    }
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (c->a->verbose) {
+        fprintf(stderr, "turn %d: %d tokens in %.1f ms%s\n", c->turn, n_gen, kvr_time_ms() - t0,
+                c->closed ? "" : " (no end of turn)");
+    }
+    if (reply.oom || c->cached.oom) {
+        fprintf(stderr, "kvr-run: out of memory for the chat\n");
+        rc = 1;
+    }
+    if (!chat_add(c, "assistant", reply.s ? reply.s : "")) rc = 1;
+    free(reply.s);
+    return rc;
+}
+
+// The chat: an optional system message prefilled first, then user turns (first_user, then
+// stdin) each prefilled on top of the cache and answered. Returns the exit status.
+static int run_conversation(const struct run_args * a, const struct kvr_model * model, struct kvr_dist * dist,
+                            struct kvr_sampler * smp, const char * first_user, int n_ctx) {
+    const struct kvr_vocab * vocab = kvr_model_vocab(model);
+    const char * tmpl = a->chat_template ? a->chat_template : kvr_vocab_chat_template(vocab);
+    if (!tmpl) {
+        fprintf(stderr, "kvr-run: %s has no chat template (tokenizer.chat_template): chatml is used "
+                "(--chat-template NAME picks another)\n", a->model);
+        tmpl = "chatml";
+    }
+    const char * family = kvr_chat_template_detect(tmpl);
+    if (!family) {
+        fprintf(stderr, "kvr-run: %s: %s\n", a->chat_template ? "--chat-template" : a->model, kvr_last_error());
+        return 2;
+    }
+    if (a->verbose) fprintf(stderr, "chat template: %s%s\n", family, a->chat_template ? "" : " (the file's)");
+    const bool tty = isatty(0);
+    if (tty) fprintf(stderr, "kvr-run: chat with %s; /exit or end of input (Ctrl-D) ends it\n", a->model);
+
+    struct chat c = {
+        .a = a, .vocab = vocab, .dist = dist, .family = family, .n_ctx = n_ctx,
+        .bos = kvr_vocab_add_bos(vocab), .pending = -1, .closed = true,
+    };
+    int rc = 0;
+    if (a->system) {
+        if (!chat_add(&c, "system", a->system)) { rc = 1; goto out; }
+        // what the system message renders to alone goes in now, while the user is still typing
+        if (!chat_prefill(&c, &rc) && rc != 0) goto out;
+    }
+    for (;;) {
+        char * user = first_user ? strdup(first_user) : read_turn(tty);
+        const bool typed = first_user == NULL;
+        first_user = NULL;
+        if (!user) break; // end of input
+        if (strcmp(user, "/exit") == 0) {
+            free(user);
+            break;
+        }
+        if (typed && !a->no_escape) kvr_unescape(user);
+        if (user[0] == '\0') { // nothing said: wait for the next line
+            free(user);
+            continue;
+        }
+        c.turn++;
+        const bool added = chat_add(&c, "user", user);
+        free(user);
+        if (!added) { rc = 1; break; }
+        const float * logits = chat_prefill(&c, &rc);
+        if (!logits) {
+            if (rc == 0) { fprintf(stderr, "kvr-run: turn %d renders to no tokens\n", c.turn); rc = 2; }
+            break;
+        }
+        if ((rc = chat_reply(&c, smp, logits)) != 0) break;
+    }
+out:
+    for (int i = 0; i < c.n_msgs; i++) free((void *) c.msgs[i].content);
+    free(c.msgs);
+    free(c.cached.s);
+    return rc;
+}
+
 // The whole run; main() below, and the CLI fuzz target calls it in-process (tests/fuzz-cli.c), so
 // every path returns (no exit) and frees what it took.
 int kvr_run_main(int argc, char ** argv);
@@ -288,21 +654,20 @@ int kvr_run_main(int argc, char ** argv) {
             }
         }
     } else {
-        if (!text) text = strdup(a.prompt);
-        const bool bos = kvr_vocab_add_bos(vocab);
-        int need = kvr_tokenize(vocab, text, NULL, 0, bos, false);
-        if (need < 0) {
-            fprintf(stderr, "kvr-run: cannot tokenize the prompt: %s\n", kvr_last_error());
-            goto done;
+        // -p is escape-processed as llama.cpp's CLI does (a -f file is its text exactly); in a
+        // chat the text is the first user turn, tokenized with its template later
+        if (!text && a.prompt) text = strdup(a.prompt);
+        if (text && a.prompt && !a.no_escape) kvr_unescape(text);
+        if (!a.conversation) {
+            ids = tokenize_text(vocab, text, kvr_vocab_add_bos(vocab), !a.no_special, &n_prompt);
+            if (!ids) goto done;
         }
-        ids = malloc(sizeof(int32_t) * (size_t)(need + 1));
-        n_prompt = kvr_tokenize(vocab, text, ids, need + 1, bos, false);
     }
-    if (n_prompt == 0) {
+    if (n_prompt == 0 && !a.conversation) {
         fprintf(stderr, "kvr-run: the prompt has no tokens\n");
         goto done;
     }
-    if (a.verbose) print_ids("prompt ids", ids, n_prompt);
+    if (a.verbose && !a.conversation) print_ids("prompt ids", ids, n_prompt);
 
     // the context: the model's trained one unless -c says otherwise, capped as -h says
     const int n_train = hp->n_ctx_train > 0 ? (int)(hp->n_ctx_train < (1u << 24) ? hp->n_ctx_train : (1u << 24)) : 4096;
@@ -312,7 +677,7 @@ int kvr_run_main(int argc, char ** argv) {
                 n_prompt, n_ctx, a.n_ctx > 0 ? "-c" : "the default", n_train);
         goto done;
     }
-    if (n_prompt + a.n_predict > n_ctx) {
+    if (!a.conversation && n_prompt + a.n_predict > n_ctx) {
         fprintf(stderr, "kvr-run: %d prompt tokens + %d to generate exceed the context of %d (raise -c or lower -n)\n",
                 n_prompt, a.n_predict, n_ctx);
         goto done;
@@ -395,6 +760,10 @@ int kvr_run_main(int argc, char ** argv) {
     if (a.verbose && speaker) fprintf(stderr, "seed: %llu\n", (unsigned long long)a.seed);
     kvr_sampler_init(&smp, &(struct kvr_sampler_params) { a.temp, a.top_k, a.top_p, a.seed });
     smp_init = true;
+    if (a.conversation) {
+        rc = run_conversation(&a, model, dist, &smp, text, n_ctx);
+        goto done;
+    }
 
     // the prompt as text first
     if (!speaker) {

@@ -1,12 +1,16 @@
 // kvr-tokenize.c - print the token ids of a text: the tokenizer of a GGUF model or vocab-only file
 // (only its tokenizer.* metadata is read), applied to a prompt given on the command line or in a
 // file. The ids go to stdout on one line, space-separated, without BOS/EOS unless --bos is given;
-// --special turns text like "<s>" into its special token; --pieces prints one "id 'piece'" per line.
+// text like "<s>" or "<|im_start|>" becomes its special token unless --no-special is given (as in
+// llama.cpp's tools and kvr-run); -p's escapes (\n, \t, ...) become characters unless --no-escape
+// is given (a file is read exactly); --pieces prints one "id 'piece'" per line.
 //
-//   kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--special] [--pieces]
+//   kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--no-special] [--no-escape] [--pieces]
 //
 // Exit status: 0 done, 1 the tokenizer failed, 2 bad flags, a file that cannot be read, or text
 // that is not UTF-8 (a NUL byte or an invalid sequence; see tools/kvr-cli.h).
+
+#define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
 #include "kvr-cli.h"
@@ -17,17 +21,21 @@
 
 int main(int argc, char ** argv) {
     const char * model = NULL, * prompt = NULL, * prompt_file = NULL;
-    bool bos = false, special = false, pieces = false;
+    bool bos = false, special = false, no_special = false, no_escape = false, pieces = false;
     const struct kvr_cli_flag flags[] = {
         { .name = "-m", .kind = KVR_CLI_IN, .dst = &model, .meta = "FILE", .help = "a GGUF model or vocab-only file" },
         { .name = "-p", .kind = KVR_CLI_TEXT, .dst = &prompt, .meta = "TEXT", .empty_ok = true, .help = "the text" },
         { .name = "-f", .kind = KVR_CLI_IN, .dst = &prompt_file, .meta = "FILE",
           .help = "read the text from a file (UTF-8; a NUL byte or invalid UTF-8 is an error, as in kvr-run)" },
         { .name = "--bos", .kind = KVR_CLI_SWITCH, .dst = &bos, .help = "add BOS (and EOS) as the model's tokenizer says" },
-        { .name = "--special", .kind = KVR_CLI_SWITCH, .dst = &special, .help = "text like \"<s>\" becomes its special token" },
+        { .name = "--no-special", .kind = KVR_CLI_SWITCH, .dst = &no_special,
+          .help = "special tokens written in the text (\"<s>\", \"<|im_start|>\") stay plain text" },
+        { .name = "--special", .kind = KVR_CLI_SWITCH, .dst = &special, .help = "parse them (the default; kept for old scripts)" },
+        { .name = "--no-escape", .kind = KVR_CLI_SWITCH, .dst = &no_escape,
+          .help = "-p TEXT as it is (default: \\n \\r \\t \\' \\\" \\\\ \\xHH become the characters)" },
         { .name = "--pieces", .kind = KVR_CLI_SWITCH, .dst = &pieces, .help = "one \"id 'piece'\" per line" },
     };
-    const struct kvr_cli cli = { "kvr-tokenize", "usage: kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--special] [--pieces]",
+    const struct kvr_cli cli = { "kvr-tokenize", "usage: kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--no-special] [--no-escape] [--pieces]",
                                  NULL, flags, (int)(sizeof(flags) / sizeof(flags[0])), NULL };
     int rc = kvr_cli_parse(&cli, argc, argv);
     if (rc) {
@@ -39,6 +47,10 @@ int main(int argc, char ** argv) {
     if ((prompt == NULL) == (prompt_file == NULL)) {
         return kvr_cli_fail(&cli, "give the text with exactly one of -p TEXT and -f FILE");
     }
+    if (special && no_special) {
+        return kvr_cli_fail(&cli, "--special and --no-special contradict each other");
+    }
+    special = !no_special;
     if (prompt != NULL && kvr_cli_check_text("kvr-tokenize", "-p", prompt, strlen(prompt)) != 0) {
         return 2;
     }
@@ -46,6 +58,14 @@ int main(int argc, char ** argv) {
     char * text = NULL;
     if (prompt_file != NULL && kvr_cli_read_text("kvr-tokenize", prompt_file, &text, NULL) != 0) {
         return 2;
+    }
+    if (prompt != NULL && !no_escape) {
+        text = strdup(prompt);
+        if (text == NULL) {
+            fprintf(stderr, "kvr-tokenize: out of memory\n");
+            return 1;
+        }
+        kvr_unescape(text);
     }
     struct kvr_gguf * g = kvr_gguf_open(model);
     if (g == NULL) {
