@@ -3,11 +3,20 @@
 # sanitizer build when given), then the end-to-end and command-line checks and the bounded fuzz
 # runs. Each program prints its own "N passed, M failed" line; this script adds them up and ends
 # with the total.
-# A test that cannot find ../shared says so and counts as skipped, never as passed.
+# A test that cannot find ../shared (llama.cpp's reference outputs, the vocabularies,
+# stories260K) or models/gguf (the SmolLM2 model tools/install-deps.sh fetches) says so and counts
+# as skipped, never as passed; this script repeats what each one skipped under its line.
 
 build=${1:-build}
 asan=${2:-}
 shared=${SHARED:-../shared}
+if [ -d "$shared/reference" ]; then
+    echo "shared data: $shared"
+else
+    echo "shared data: $shared is missing: the checks against llama.cpp's references are skipped (SHARED=DIR names another place)"
+fi
+smol=models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$smol" ] || echo "real model: $smol is missing: its checks are skipped (tools/install-deps.sh fetches it)"
 pass=0
 fail=0
 skip=0
@@ -35,6 +44,9 @@ run() { # name, command...
         echo "FAIL $name (exit $rc)"
     else
         echo "ok   $name: $p passed${s:+, $s skipped}"
+        if [ "$s" -gt 0 ]; then
+            printf '%s\n' "$out" | grep -iE '^ *skip' | sed 's/^ */       /'
+        fi
     fi
 }
 
