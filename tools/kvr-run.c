@@ -233,8 +233,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         for (int i = 0; i < n; i++) sum += v[i];
         if (frac && fabs(sum - 1.0) > 1e-3) return kvr_cli_fail(&cli, "--partition: the fractions add up to %g, not 1", sum);
     }
-    if (a->conversation && a->comm == KVR_COMM_MPI) {
-        return kvr_cli_fail(&cli, "-cnv reads the terminal in one process: it does not run under MPI (use local ranks: --ranks N)");
+    if (a->conversation && (a->comm == KVR_COMM_MPI || getenv("OMPI_COMM_WORLD_SIZE"))) {
+        return kvr_cli_fail(&cli, "-cnv reads the terminal in one process: it does not run under mpirun or --comm mpi (use local ranks: --ranks N)");
     }
     if ((a->link_gbps > 0 || a->link_latency_us > 0 || a->link_noise > 0) && a->comm != KVR_COMM_LOCAL) {
         return kvr_cli_fail(&cli, "--link-gbps, --link-latency-us and --link-noise emulate links between local ranks (--comm local)");
