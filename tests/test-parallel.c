@@ -23,7 +23,7 @@
 //             sliding-window layer's rows that no later query of a chain rank sees
 //   window    tiny-gemma3's counters: KV-Runahead hands down K and V of min(s_r, W-1) rows in a
 //             local layer (closed form); ring-kv moves at least the rows a query ahead sees and
-//             fewer than whole blocks
+//             fewer than whole blocks; the logits equal one rank's (dense attention on 3 ranks)
 //   stall     the stall hook stops one rank: the eval fails within 3 timeouts with an error that
 //             names the rank, the layer and the transfer; a new dist then works normally
 //   trace     the Chrome trace parses as JSON (a strict parser written here) with one named
@@ -898,18 +898,28 @@ static void test_window(const struct tmodel * tm) {
     const int T = 64, n_layer = (int)m->hp.n_layer;
     int32_t toks[64];
     make_prompt(toks, T, (int)m->hp.n_vocab, 4711);
+    struct ref r;
+    set_case("window %s reference", tm->name);
+    if (!ref_run(&r, m, toks, &T, 1, 0)) { group_end("window", "no reference"); return; }
     int runs = 0;
     double kvr_ratio = 0.0, ring_ratio = 0.0;
     for (int N = 2; N <= 4; N++) {
         for (int k = 0; k < 2; k++) {
+            // dense attention on 3 ranks: the window masks whole computed rectangles there
+            const enum kvr_attn_mode mode = N == 3 ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
             const enum kvr_strategy st = k ? KVR_STRATEGY_RING_KV : KVR_STRATEGY_KVR;
-            set_case("window %s T=%d %s N=%d", tm->name, T, kvr_strategy_name(st), N);
+            set_case("window %s T=%d %s N=%d%s", tm->name, T, kvr_strategy_name(st), N, mode == KVR_ATTN_DENSE ? " dense" : "");
             struct kvr_dist * d = kvr_dist_new(m, &(struct kvr_dist_params){ .strategy = st, .n_ranks = N, .n_threads = 1,
-                                                                           .n_ctx = N_CTX, .timeout_s = 30.0 });
+                                                                           .n_ctx = N_CTX, .timeout_s = 30.0, .attn_mode = mode });
             CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
             if (!d) continue;
             const float * lg = kvr_dist_eval(d, toks, T);
             CHECK(lg != NULL, "eval: %s", kvr_last_error());
+            if (lg) { // gemma3's tolerance: see test_archs
+                int at;
+                const double dd = max_abs_diff(lg, r.logits, (int)m->hp.n_vocab, &at);
+                CHECK(dd <= 5e-3, "logits differ from the single rank's by %.3g (token %d)", dd, at);
+            }
             struct kvr_rank_stats sts[MAX_RANKS];
             const int n = lg ? kvr_dist_stats(d, sts, MAX_RANKS) : 0;
             CHECK(!lg || n == N, "stats of %d ranks, want %d", n, N);
@@ -970,7 +980,8 @@ static void test_window(const struct tmodel * tm) {
             kvr_dist_free(d);
         }
     }
-    group_end("window", "%d runs (%s, window %u: at 4 ranks kvr moves %.0f%% and ring-kv %.0f%% of the rows without the window)",
+    ref_free(&r);
+    group_end("window", "%d runs (%s, window %u, logits against one rank; at 4 ranks kvr moves %.0f%% and ring-kv %.0f%% of the rows without the window)",
               runs, tm->name, m->hp.n_swa, 100.0 * kvr_ratio, 100.0 * ring_ratio);
 }
 
