@@ -246,7 +246,7 @@ fi
 # the real SmolLM2-135M-Instruct (tools/install-deps.sh puts it in models/gguf): the issue's
 # acceptance (Paris, with the template written out in -p and applied by -cnv), and a second turn
 # prefilled on a ring of ranks on top of the first equals the whole conversation prefilled at once
-smol=models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+smol=${KVR_SMOLLM2:-models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
 if [ -f "$smol" ]; then
     "$build/kvr-run" -m "$smol" -p "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n" -n 16 --temp 0 -v \
         > "$tmp/smol-p.txt" 2> "$tmp/smol-p.err"

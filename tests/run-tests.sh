@@ -15,8 +15,8 @@ if [ -d "$shared/reference" ]; then
 else
     echo "shared data: $shared is missing: the checks against llama.cpp's references are skipped (SHARED=DIR names another place)"
 fi
-smol=models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$smol" ] || echo "real model: $smol is missing: its checks are skipped (tools/install-deps.sh fetches it)"
+smol=${KVR_SMOLLM2:-models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
+[ -f "$smol" ] || echo "real model: $smol is missing: its checks are skipped (tools/install-deps.sh fetches it; KVR_SMOLLM2=PATH names another place)"
 pass=0
 fail=0
 skip=0

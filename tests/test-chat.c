@@ -8,7 +8,7 @@
 // saying so, otherwise) and short characteristic pieces of the others; refusals that name what
 // they were given and the known names; the escapes kvr_unescape turns into characters.
 //
-//   test-chat [SHARED]      (SHARED is not used: the model file is looked up in models/gguf)
+//   test-chat [SHARED]      (SHARED is not used: the model file is models/gguf/..., or $KVR_SMOLLM2)
 //
 // Ends with "N passed, M failed, K skipped" and exits 1 on any failure.
 
@@ -255,7 +255,8 @@ static void test_detection(void) {
               got ? got : kvr_last_error(), snippets[i].want);
     }
     // the real thing: SmolLM2-135M-Instruct's template, read from its GGUF
-    const char * path = "models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const char * path = getenv("KVR_SMOLLM2"); // as test-models: another place for the file
+    if (path == NULL || *path == '\0') path = "models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
     struct kvr_gguf * g = kvr_gguf_open(path);
     if (g == NULL) {
         printf("SKIP SmolLM2's template: %s is not there (tools/install-deps.sh fetches it)\n", path);

@@ -438,6 +438,12 @@ static const float * chat_prefill(struct chat * c, int * rc) {
     if (c->cached.len == 0 || strncmp(full, c->cached.s, c->cached.len) == 0) {
         text_add(&delta, full + c->cached.len, strlen(full) - c->cached.len);
     } else {
+        if (c->a->verbose) {
+            size_t at = 0;
+            while (at < c->cached.len && full[at] == c->cached.s[at]) at++;
+            fprintf(stderr, "turn %d: the template writes the conversation otherwise than the cache holds it from byte %zu "
+                    "(\"%.20s\" vs \"%.20s\"): llama.cpp's rule for the new turn\n", c->turn, at, full + at, c->cached.s + at);
+        }
         char * past = chat_render(c->family, c->msgs, c->n_msgs - 1, false);
         if (!past) { free(full); *rc = 2; return NULL; }
         const size_t pl = strlen(past);
