@@ -238,6 +238,14 @@ if [ -f "$model" ]; then
     printf 'Once upon a time\nThe dog\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -c $c > /dev/null 2> "$tmp/chat-full2.err"
     rc=$?
     if [ $rc -eq 1 ] && grep -q "the context is full ($c tokens): the reply stops here" "$tmp/chat-full2.err"; then ok "-cnv: a context that fills up during a reply is reported (exit 1)"; else bad "-cnv full during a reply: rc=$rc $(tail -n 1 "$tmp/chat-full2.err")"; fi
+    # combinations a chat refuses before any work (exit 2, the message names them)
+    for args in "-cnv --tokens 1,2" "-cnv --no-special" "-cnv -n 0" "-cnv --dump-logits $tmp/l.txt" "--system hi -p x" \
+                "--chat-template chatml -p x" "-cnv --partition 3,2 --ranks 2"; do
+        # shellcheck disable=SC2086
+        "$build/kvr-run" -m "$model" $args < /dev/null > /dev/null 2> "$tmp/chat-u.err"
+        rc=$?
+        if [ $rc -eq 2 ] && grep -qE -- "-cnv|chat" "$tmp/chat-u.err"; then ok "refused: kvr-run $args"; else bad "kvr-run $args: rc=$rc $(head -n 1 "$tmp/chat-u.err")"; fi
+    done
     printf 'hi\n' | "$build/kvr-run" -m "$model" -cnv --chat-template bogus > /dev/null 2> "$tmp/chat-t.err"
     rc=$?
     if [ $rc -eq 2 ] && grep -q 'unknown chat template "bogus" (known: chatml, ' "$tmp/chat-t.err"; then ok "--chat-template: an unknown name is refused with the known ones"; else bad "--chat-template bogus: rc=$rc $(cat "$tmp/chat-t.err")"; fi

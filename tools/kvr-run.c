@@ -202,6 +202,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         if (a->prompt && a->prompt_file) return kvr_cli_fail(&cli, "-cnv: give at most one of -p and -f (the first user turn)");
         if (a->no_special) return kvr_cli_fail(&cli, "-cnv: a chat template needs its special tokens; --no-special does not go with it");
         if (a->n_predict_set && a->n_predict == 0) return kvr_cli_fail(&cli, "-cnv: -n is the most tokens a reply may have: at least 1");
+        if (a->dump_logits) return kvr_cli_fail(&cli, "-cnv: --dump-logits writes one prompt's logits; it does not go with a chat");
         if (a->partition && strcmp(a->partition, "even") != 0 && (strncmp(a->partition, "table:", 6) == 0 || !strchr(a->partition, '.'))) {
             return kvr_cli_fail(&cli, "-cnv: --partition %s depends on one prompt's length; a chat takes even or fractions (0.6,0.4)", a->partition);
         }
