@@ -2053,6 +2053,505 @@ static float dot_f32_ggml(const float * x, const float * y, int64_t n) {
     return sum;
 }
 
+// Matrix-vector products for decode (a few tokens): each weight row is read once, in its stored
+// form; a block is widened to f32 in registers and multiplied with the f32 activations, so there is
+// no dequantize pass over memory and no sgemm packing of one row. The products stay exact (f32
+// activations times the weights' exact values, f32 sums): no activation is rounded to 8 bits. A
+// block's scale multiplies its sum of products (d * sum(q x)), and a block's offset (the min of
+// Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, or the -8/-32 of Q4_0/Q6_K) multiplies the sum of the activations
+// under it, which every row shares and the token computes once (mv_act): the same value as
+// dequantize-then-dot in exact arithmetic, rounded in another order (within ~1e-7 relative).
+//
+// The 4-bit types take the nibbles without shuffles: a 32-bit lane of packed quants holds 8
+// nibbles, nibble k is (lane & 0xf << 4k), which converts to float exactly as q * 16^k; the
+// token's activations are stored once in that lane order and pre-scaled by 16^-k (a power of two:
+// exact), so the row loop is and, convert, FMA per 8 weights.
+
+#define MV_MAX_TOKENS 4   // up to this many tokens a matmul goes row by row (the row stays in L1)
+
+struct mv_act {
+    const float * x;    // K activations
+    const float * s16;  // the sum of each 16 of them
+    const float * s32;  // the sum of each 32
+    const float * xp;   // the 4-bit kernels' order (see mv_act_init), or NULL
+};
+
+// Floats of scratch one token's mv_act takes for K values.
+static size_t mv_act_floats(int64_t K) {
+    return (size_t)(K / 16 + K / 32 + K + 64);
+}
+
+// The scale of nibble k of a 32-bit lane: 16^-k, except the top one, which is shifted down instead
+// (masked in place it would set the sign bit).
+static inline float mv_nibble_scale(int k) {
+    static const float scale[8] = { 1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f };
+    return scale[k];
+}
+
+static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, int64_t K, float * scratch) {
+    float * s16 = scratch, * s32 = scratch + K / 16, * xp = s32 + K / 32;
+    for (int64_t i = 0; i < K / 16; i++) {
+        const float * v = x + 16 * i;
+        float s = 0.0f;
+        for (int j = 0; j < 16; j++) s += v[j];
+        s16[i] = s;
+    }
+    for (int64_t i = 0; i < K / 32; i++) s32[i] = s16[2 * i] + s16[2 * i + 1];
+    a->x = x;
+    a->s16 = s16;
+    a->s32 = s32;
+    a->xp = NULL;
+    if (type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1) {
+        // two blocks a step: lanes 0-3 hold block 2p's quant bytes 4i..4i+3, lanes 4-7 block 2p+1's;
+        // nibble k of byte j is element j + 16 (k odd) of its block
+        const int64_t nb = K / 32;
+        for (int64_t p = 0; p < (nb + 1) / 2; p++) {
+            for (int k = 0; k < 8; k++) {
+                for (int i = 0; i < 8; i++) {
+                    const int64_t blk = 2 * p + i / 4;
+                    const int64_t e = 32 * blk + 4 * (i % 4) + k / 2 + 16 * (k & 1);
+                    xp[64 * p + 8 * k + i] = blk < nb ? x[e] * mv_nibble_scale(k) : 0.0f;
+                }
+            }
+        }
+        a->xp = xp;
+    } else if (type == KVR_TYPE_Q4_K) {
+        // 32 quant bytes a step (64 values): nibble k of lane i is element 32 (k&1) + 4i + k/2
+        for (int64_t c = 0; c < K / 64; c++) {
+            for (int k = 0; k < 8; k++) {
+                for (int i = 0; i < 8; i++) xp[64 * c + 8 * k + i] = x[64 * c + 32 * (k & 1) + 4 * i + k / 2] * mv_nibble_scale(k);
+            }
+        }
+        a->xp = xp;
+    }
+}
+
+typedef float (*mv_row_fn)(const void * row, const struct mv_act * a, int64_t K);
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+static inline float mv_hsum(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static inline float mv_half(const uint8_t * p) {
+    return _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+}
+
+// 8 int8 (the low 8 bytes of v) as 8 floats
+static inline __m256 mv_i8x8(__m128i v) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+}
+
+// The products of 32 int8 quants (q, in element order) with x[0..31], summed to 8 lanes as two
+// independent chains: the 16 products of the low half in a, of the high half in b.
+static inline void mv_dot16x2(__m256i q, const float * x, __m256 * a, __m256 * b) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    *a = _mm256_fmadd_ps(mv_i8x8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8),
+                         _mm256_mul_ps(mv_i8x8(lo), _mm256_loadu_ps(x)));
+    *b = _mm256_fmadd_ps(mv_i8x8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24),
+                         _mm256_mul_ps(mv_i8x8(hi), _mm256_loadu_ps(x + 16)));
+}
+
+static inline __m256 mv_dot32(__m256i q, const float * x) {
+    __m256 a, b;
+    mv_dot16x2(q, x, &a, &b);
+    return _mm256_add_ps(a, b);
+}
+
+// The 16 bytes of a legacy block's nibbles as its 32 quants in element order (low nibbles are
+// elements 0..15, high nibbles 16..31).
+static inline __m256i mv_nibbles32(const uint8_t * qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+// Byte j of the result: 0x10 if bit j of bits is set (the 5th bit of Q5_0/Q5_1 element j).
+static inline __m256i mv_bit4_32(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), sel);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
+}
+
+// Nibble k of each 32-bit lane of v, times 16^k (k = 7: shifted down, see mv_nibble_scale).
+static inline __m256 mv_nibble(__m256i v, int k) {
+    return _mm256_cvtepi32_ps(k == 7 ? _mm256_srli_epi32(v, 28) : _mm256_and_si256(v, _mm256_set1_epi32(0xf << (4 * k))));
+}
+
+// The 64 products of 32 bytes of nibbles with their activations in mv_act's order: even nibbles
+// summed in *ev, odd ones in *od, four independent chains.
+static inline void mv_dot_nibbles(__m256i v, const float * xp, __m256 * ev, __m256 * od) {
+    __m256 s0 = _mm256_mul_ps(mv_nibble(v, 0), _mm256_loadu_ps(xp));
+    __m256 s1 = _mm256_mul_ps(mv_nibble(v, 1), _mm256_loadu_ps(xp + 8));
+    __m256 s2 = _mm256_mul_ps(mv_nibble(v, 2), _mm256_loadu_ps(xp + 16));
+    __m256 s3 = _mm256_mul_ps(mv_nibble(v, 3), _mm256_loadu_ps(xp + 24));
+    s0 = _mm256_fmadd_ps(mv_nibble(v, 4), _mm256_loadu_ps(xp + 32), s0);
+    s1 = _mm256_fmadd_ps(mv_nibble(v, 5), _mm256_loadu_ps(xp + 40), s1);
+    s2 = _mm256_fmadd_ps(mv_nibble(v, 6), _mm256_loadu_ps(xp + 48), s2);
+    s3 = _mm256_fmadd_ps(mv_nibble(v, 7), _mm256_loadu_ps(xp + 56), s3);
+    *ev = _mm256_add_ps(s0, s2);
+    *od = _mm256_add_ps(s1, s3);
+}
+
+// The quant bytes of two legacy 4-bit blocks (the second may be absent: an odd count) as one vector.
+static inline __m256i mv_qs_pair(const uint8_t * q0, const uint8_t * q1) {
+    const __m128i lo = _mm_loadu_si128((const __m128i *)q0);
+    return q1 ? _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128((const __m128i *)q1), 1)
+              : _mm256_zextsi128_si256(lo);
+}
+
+// Q4_0: x = d (q - 8): d * sum(q x) per block, minus 8 d times the block's sum of x.
+static float mv_row_q4_0(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q4_0 * b = row;
+    const int64_t nb = K / KVR_QK;
+    __m256 acc = _mm256_setzero_ps();
+    float off = 0.0f;
+    for (int64_t i = 0; i < nb; i += 2) {
+        const bool two = i + 1 < nb;
+        const float d0 = mv_half(b[i].d), d1 = two ? mv_half(b[i + 1].d) : 0.0f;
+        __m256 ev, od;
+        mv_dot_nibbles(mv_qs_pair(b[i].qs, two ? b[i + 1].qs : NULL), a->xp + 32 * i, &ev, &od);
+        acc = _mm256_fmadd_ps(_mm256_add_ps(ev, od), _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1)), acc);
+        off += d0 * a->s32[i] + (two ? d1 * a->s32[i + 1] : 0.0f);
+    }
+    return mv_hsum(acc) - 8.0f * off;
+}
+
+// Q4_1: x = d q + m.
+static float mv_row_q4_1(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q4_1 * b = row;
+    const int64_t nb = K / KVR_QK;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t i = 0; i < nb; i += 2) {
+        const bool two = i + 1 < nb;
+        const float d0 = mv_half(b[i].d), d1 = two ? mv_half(b[i + 1].d) : 0.0f;
+        __m256 ev, od;
+        mv_dot_nibbles(mv_qs_pair(b[i].qs, two ? b[i + 1].qs : NULL), a->xp + 32 * i, &ev, &od);
+        acc = _mm256_fmadd_ps(_mm256_add_ps(ev, od), _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1)), acc);
+        mins += mv_half(b[i].m) * a->s32[i] + (two ? mv_half(b[i + 1].m) * a->s32[i + 1] : 0.0f);
+    }
+    return mv_hsum(acc) + mins;
+}
+
+static float mv_row_q5_0(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q5_0 * b = row;
+    const float * x = a->x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
+        const __m256i q5 = _mm256_or_si256(mv_nibbles32(b[i].qs), mv_bit4_32(kvr_q_u32le(b[i].qh)));
+        acc = _mm256_fmadd_ps(mv_dot32(_mm256_sub_epi8(q5, _mm256_set1_epi8(16)), x), _mm256_set1_ps(mv_half(b[i].d)), acc);
+    }
+    return mv_hsum(acc);
+}
+
+static float mv_row_q5_1(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q5_1 * b = row;
+    const float * x = a->x;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
+        const __m256i q5 = _mm256_or_si256(mv_nibbles32(b[i].qs), mv_bit4_32(kvr_q_u32le(b[i].qh)));
+        acc = _mm256_fmadd_ps(mv_dot32(q5, x), _mm256_set1_ps(mv_half(b[i].d)), acc);
+        mins += mv_half(b[i].m) * a->s32[i];
+    }
+    return mv_hsum(acc) + mins;
+}
+
+static float mv_row_q8_0(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q8_0 * b = row;
+    const float * x = a->x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        acc = _mm256_fmadd_ps(mv_dot32(q, x), _mm256_set1_ps(mv_half(b[i].d)), acc);
+    }
+    return mv_hsum(acc);
+}
+
+static float mv_row_q8_1(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q8_1 * b = row;
+    const float * x = a->x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        acc = _mm256_fmadd_ps(mv_dot32(q, x), _mm256_set1_ps(mv_half(b[i].d)), acc);
+    }
+    return mv_hsum(acc);
+}
+
+static float mv_row_q8_K(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q8_K * b = row;
+    const float * x = a->x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK_K; i++) {
+        float d;
+        memcpy(&d, b[i].d, sizeof d);
+        __m256 p = _mm256_setzero_ps();
+        for (int j = 0; j < KVR_QK_K / 32; j++, x += 32) {
+            p = _mm256_add_ps(p, mv_dot32(_mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * j)), x));
+        }
+        acc = _mm256_fmadd_ps(p, _mm256_set1_ps(d), acc);
+    }
+    return mv_hsum(acc);
+}
+
+// Q2_K: element 128h + 32k + l is bits 2k..2k+1 of qs[32h + l]; run r = e/16 has scale
+// d * (scales[r] & 15) and min dmin * (scales[r] >> 4).
+static float mv_row_q2_K(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q2_K * b = row;
+    const __m256i m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t i = 0; i < K / KVR_QK_K; i++) {
+        const float d = mv_half(b[i].d), dmin = mv_half(b[i].dmin);
+        const float * x = a->x + KVR_QK_K * i;
+        const float * s16 = a->s16 + 16 * i;
+        float m = 0.0f;
+        for (int r = 0; r < 16; r++) m += (float)(b[i].scales[r] >> 4) * s16[r];
+        mins += dmin * m;
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const int r = 8 * h + 2 * k;
+                const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k)), m2);
+                __m256 pa, pb;
+                mv_dot16x2(q, x + 128 * h + 32 * k, &pa, &pb);
+                acc = _mm256_fmadd_ps(pa, _mm256_set1_ps(d * (float)(b[i].scales[r] & 0x0f)), acc);
+                acc = _mm256_fmadd_ps(pb, _mm256_set1_ps(d * (float)(b[i].scales[r + 1] & 0x0f)), acc);
+            }
+        }
+    }
+    return mv_hsum(acc) - mins;
+}
+
+// Q3_K: as Q2_K's planes, plus the 3rd bit (bit 4h + k of hmask[l]); quants are q - 4.
+static float mv_row_q3_K(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q3_K * b = row;
+    const __m256i m2 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK_K; i++) {
+        const float d = mv_half(b[i].d);
+        int sc[16];
+        kvr_q3_scales(b[i].scales, sc);
+        const float * x = a->x + KVR_QK_K * i;
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const int r = 8 * h + 2 * k;
+                const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+                const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+                const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k)), m2);
+                __m256 pa, pb;
+                mv_dot16x2(_mm256_sub_epi8(_mm256_or_si256(lo, hi), four), x + 128 * h + 32 * k, &pa, &pb);
+                acc = _mm256_fmadd_ps(pa, _mm256_set1_ps(d * (float)(sc[r] - 32)), acc);
+                acc = _mm256_fmadd_ps(pb, _mm256_set1_ps(d * (float)(sc[r + 1] - 32)), acc);
+            }
+        }
+    }
+    return mv_hsum(acc);
+}
+
+// Q4_K's 8 scales and 8 mins as bytes: sc in the low 8 bytes, mins in the high 8 (the 12-byte
+// layout of kvr_k4_scales, four at a time).
+static inline __m128i mv_k4_scales(const uint8_t * s) {
+    const uint32_t w0 = kvr_q_u32le(s), w1 = kvr_q_u32le(s + 4), w2 = kvr_q_u32le(s + 8);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu, mn_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi);
+}
+
+// Q4_K: x = d sc_j q - dmin m_j per sub-block j of 32; quant bytes 32c..32c+31 hold sub-block 2c
+// in the low nibbles and 2c+1 in the high ones (the even and odd nibbles of mv_dot_nibbles).
+static float mv_row_q4_K(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q4_K * b = row;
+    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK_K; i++) {
+        const __m128i sm = mv_k4_scales(b[i].scales);
+        const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(mv_half(b[i].d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+        const __m256 mn  = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        mins = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_loadu_ps(a->s32 + 8 * i)), _mm256_set1_ps(mv_half(b[i].dmin)), mins);
+        const float * xp = a->xp + KVR_QK_K * i;
+        for (int c = 0; c < 4; c++) {
+            __m256 ev, od;
+            mv_dot_nibbles(_mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c)), xp + 64 * c, &ev, &od);
+            acc = _mm256_fmadd_ps(ev, _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(2 * c)), acc);
+            acc = _mm256_fmadd_ps(od, _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(2 * c + 1)), acc);
+        }
+    }
+    return mv_hsum(acc) - mv_hsum(mins);
+}
+
+// Q5_K: Q4_K plus the 5th bit of sub-block j's element l in bit j of qh[l].
+static float mv_row_q5_K(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q5_K * b = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t i = 0; i < K / KVR_QK_K; i++) {
+        int sc[8], mn[8];
+        kvr_k4_scales(b[i].scales, sc, mn);
+        const float d = mv_half(b[i].d), dmin = mv_half(b[i].dmin);
+        const float * x = a->x + KVR_QK_K * i;
+        const float * s32 = a->s32 + 8 * i;
+        float m = 0.0f;
+        for (int j = 0; j < 8; j++) m += (float)mn[j] * s32[j];
+        mins += dmin * m;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
+            const __m256i s0 = _mm256_set1_epi8((char)(1 << (2 * c))), s1 = _mm256_set1_epi8((char)(1 << (2 * c + 1)));
+            const __m256i h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, s0), s0), b4);
+            const __m256i h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, s1), s1), b4);
+            const __m256 p0 = mv_dot32(_mm256_or_si256(_mm256_and_si256(v, m4), h0), x + 64 * c);
+            const __m256 p1 = mv_dot32(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1), x + 64 * c + 32);
+            acc = _mm256_fmadd_ps(p0, _mm256_set1_ps(d * (float)sc[2 * c]), acc);
+            acc = _mm256_fmadd_ps(p1, _mm256_set1_ps(d * (float)sc[2 * c + 1]), acc);
+        }
+    }
+    return mv_hsum(acc) - mins;
+}
+
+// Q6_K: per half h, quarter k of 32 elements: low 4 bits from ql (bytes 64h + 32(k&1), high
+// nibble if k >= 2), high 2 bits from qh[32h + l] >> 2k; quants are q - 32, scales per 16.
+static float mv_row_q6_K(const void * row, const struct mv_act * a, int64_t K) {
+    const struct kvr_block_q6_K * b = row;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3 << 4), off = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK_K; i++) {
+        const float d = mv_half(b[i].d);
+        const float * x = a->x + KVR_QK_K * i;
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, m4),                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+                _mm256_or_si256(_mm256_and_si256(l1, m4),                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+            };
+            for (int k = 0; k < 4; k++) {
+                const int r = 8 * h + 2 * k;
+                __m256 pa, pb;
+                mv_dot16x2(_mm256_sub_epi8(q[k], off), x + 128 * h + 32 * k, &pa, &pb);
+                acc = _mm256_fmadd_ps(pa, _mm256_set1_ps(d * (float)b[i].scales[r]), acc);
+                acc = _mm256_fmadd_ps(pb, _mm256_set1_ps(d * (float)b[i].scales[r + 1]), acc);
+            }
+        }
+    }
+    return mv_hsum(acc);
+}
+
+static float mv_row_f16(const void * row, const struct mv_act * a, int64_t K) {
+    const uint16_t * w = row;
+    const float * x = a->x;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= K; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))),      _mm256_loadu_ps(x + i),      s0);
+        s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))),  _mm256_loadu_ps(x + i + 8),  s1);
+        s2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 16))), _mm256_loadu_ps(x + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 24))), _mm256_loadu_ps(x + i + 24), s3);
+    }
+    float sum = mv_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < K; i++) sum += _cvtsh_ss(w[i]) * x[i];
+    return sum;
+}
+
+static inline __m256 mv_bf16x8(const uint16_t * w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
+}
+
+static float mv_row_bf16(const void * row, const struct mv_act * a, int64_t K) {
+    const uint16_t * w = row;
+    const float * x = a->x;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= K; i += 32) {
+        s0 = _mm256_fmadd_ps(mv_bf16x8(w + i),      _mm256_loadu_ps(x + i),      s0);
+        s1 = _mm256_fmadd_ps(mv_bf16x8(w + i + 8),  _mm256_loadu_ps(x + i + 8),  s1);
+        s2 = _mm256_fmadd_ps(mv_bf16x8(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
+        s3 = _mm256_fmadd_ps(mv_bf16x8(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
+    }
+    float sum = mv_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < K; i++) sum += kvr_bf16_to_fp32(w[i]) * x[i];
+    return sum;
+}
+
+#else
+
+// Without AVX2: a block at a time converted to f32 on the stack (it stays in L1) and dotted; the
+// row is still read once.
+static float mv_row_blocks(enum kvr_type t, const void * row, const struct mv_act * a, int64_t K) {
+    const to_float_fn to_float = type_to_float(t);
+    const int64_t n_b = kvr_blck_size(t) > 1 ? kvr_blck_size(t) : 256;
+    float tmp[256];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < K; i += n_b) {
+        const int64_t n = K - i < n_b ? K - i : n_b;
+        to_float((const uint8_t *)row + kvr_row_size(t, i), tmp, n);
+        for (int64_t j = 0; j < n; j++) sum += tmp[j] * a->x[i + j];
+    }
+    return sum;
+}
+
+#define MV_ROW(name, type) \
+    static float mv_row_##name(const void * row, const struct mv_act * a, int64_t K) { return mv_row_blocks(type, row, a, K); }
+MV_ROW(q4_0, KVR_TYPE_Q4_0) MV_ROW(q4_1, KVR_TYPE_Q4_1) MV_ROW(q5_0, KVR_TYPE_Q5_0) MV_ROW(q5_1, KVR_TYPE_Q5_1)
+MV_ROW(q8_0, KVR_TYPE_Q8_0) MV_ROW(q8_1, KVR_TYPE_Q8_1) MV_ROW(q8_K, KVR_TYPE_Q8_K) MV_ROW(q2_K, KVR_TYPE_Q2_K)
+MV_ROW(q3_K, KVR_TYPE_Q3_K) MV_ROW(q4_K, KVR_TYPE_Q4_K) MV_ROW(q5_K, KVR_TYPE_Q5_K) MV_ROW(q6_K, KVR_TYPE_Q6_K)
+MV_ROW(f16, KVR_TYPE_F16)   MV_ROW(bf16, KVR_TYPE_BF16)
+#undef MV_ROW
+
+#endif
+
+static float mv_row_f32(const void * row, const struct mv_act * a, int64_t K) {
+    return dot_f32_ggml(row, a->x, K);
+}
+
+// The row kernel of a weight type; NULL for a type no matmul takes.
+static mv_row_fn mv_row_kernel(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_F32:  return mv_row_f32;
+        case KVR_TYPE_F16:  return mv_row_f16;
+        case KVR_TYPE_BF16: return mv_row_bf16;
+        case KVR_TYPE_Q4_0: return mv_row_q4_0;
+        case KVR_TYPE_Q4_1: return mv_row_q4_1;
+        case KVR_TYPE_Q5_0: return mv_row_q5_0;
+        case KVR_TYPE_Q5_1: return mv_row_q5_1;
+        case KVR_TYPE_Q8_0: return mv_row_q8_0;
+        case KVR_TYPE_Q8_1: return mv_row_q8_1;
+        case KVR_TYPE_Q2_K: return mv_row_q2_K;
+        case KVR_TYPE_Q3_K: return mv_row_q3_K;
+        case KVR_TYPE_Q4_K: return mv_row_q4_K;
+        case KVR_TYPE_Q5_K: return mv_row_q5_K;
+        case KVR_TYPE_Q6_K: return mv_row_q6_K;
+        case KVR_TYPE_Q8_K: return mv_row_q8_K;
+        default:            return NULL;
+    }
+}
+
+// Y[t][n] = W[n] . X[t] for rows n0..n1 and T <= MV_MAX_TOKENS tokens; scratch holds
+// T * mv_act_floats(K) floats.
+static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                   const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, float * scratch) {
+    const mv_row_fn row_fn = mv_row_kernel(type);
+    KVR_ASSERT(row_fn && T <= MV_MAX_TOKENS);
+    struct mv_act act[MV_MAX_TOKENS];
+    for (int64_t t = 0; t < T; t++) mv_act_init(&act[t], type, X + t * ldx, K, scratch + (size_t)t * mv_act_floats(K));
+    for (int64_t n = n0; n < n1; n++) {
+        const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
+        for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
+    }
+}
+
 static size_t mm_block_bytes(int64_t T) {
     return T >= MM_PREFILL_ROWS ? MM_BLOCK_BYTES_PREFILL : MM_BLOCK_BYTES_DECODE;
 }
@@ -2090,7 +2589,11 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     int64_t n0, n1;
     row_range(N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return;
-    if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) {
+    if (T <= MV_MAX_TOKENS && mv_row_kernel(w->type)) {
+        // decode: every row read once in its stored form (see mv_mul)
+        KVR_ASSERT((size_t)T * mv_act_floats(K) <= p->wsize);
+        mv_mul(w->type, w->data, w->nb[1], K, n0, n1, X, lda, T, Y, N, p->wdata);
+    } else if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) {
         for (int64_t t = 0; t < T; t++) {
             const float * xt = X + t * lda;
             for (int64_t n = n0; n < n1; n++) {
@@ -2492,6 +2995,9 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             if ((size_t)w->ne[0] * 2 > n) n = (size_t)w->ne[0] * 2;
             if (t->op == KVR_OP_MUL_MAT && mm_uses_q8(w, T, q8_act)) {
                 n = quant_mm_q4_K_q8_scratch(w->ne[0]) / sizeof(float) + 1;
+            }
+            if (t->op == KVR_OP_MUL_MAT && T <= MV_MAX_TOKENS && (size_t)T * mv_act_floats(w->ne[0]) > n) {
+                n = (size_t)T * mv_act_floats(w->ne[0]);
             }
             if (n > need) need = n;
         }

@@ -518,6 +518,83 @@ static void test_mul_mat(const struct qtype * qt) {
     kvr_free(ctx);
 }
 
+// The decode kernels (a matmul of at most 4 tokens reads each row once in its stored form) for
+// every weight type, against the bit-layout reference in double: K with an odd number of legacy
+// blocks (416 = 13 x 32) and with whole super-blocks (768), 37 rows (threads split them unevenly),
+// 1, 2 and 4 tokens, 1-3 threads. Activations include exact zeros and values of large magnitude.
+// f16, bf16 and f32 weights are read from their bits here too.
+static float ref_plain(enum kvr_type t, const uint8_t * row, int64_t e) {
+    if (t == KVR_TYPE_F16)  return ref_half(row + 2 * e);
+    if (t == KVR_TYPE_BF16) { const uint32_t u = bits(row + 2 * e, 0, 16) << 16; float f; memcpy(&f, &u, 4); return f; }
+    float f;
+    memcpy(&f, row + 4 * e, 4);
+    return f;
+}
+
+static void test_mul_vec_type(enum kvr_type type, const struct qtype * qt, const char * name) {
+    const int64_t Ks[2] = { 416, 768 }, N = 37;
+    for (int ki = 0; ki < 2; ki++) {
+        const int64_t K = Ks[ki];
+        if (qt && K % qt->blck) continue;
+        for (int T = 1; T <= 4; T *= 2) {
+            for (int nth = 1; nth <= 3; nth++) {
+                struct kvr_context * ctx = kvr_init(8u << 20, false);
+                struct kvr_tensor * w = kvr_new_tensor_2d(ctx, type, K, N);
+                struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+                if (qt) {
+                    random_blocks(qt, w->data, (int)(K / qt->blck * N));
+                } else {
+                    for (int64_t i = 0; i < K * N; i++) {
+                        const float v = rng_normal() * 0.1f;
+                        if (type == KVR_TYPE_F32) ((float *)w->data)[i] = v;
+                        else ((uint16_t *)w->data)[i] = type == KVR_TYPE_F16 ? kvr_fp32_to_fp16(v) : kvr_fp32_to_bf16(v);
+                    }
+                }
+                float * xs = x->data;
+                for (int64_t i = 0; i < K * T; i++) {
+                    const uint64_t r = rng_u64() % 16;
+                    xs[i] = r == 0 ? 0.0f : r == 1 ? 1e3f * rng_uniform() : rng_normal();
+                }
+                struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+                y->flags |= KVR_FLAG_OUTPUT;
+                struct kvr_graph * g = kvr_graph_new(ctx, 16);
+                kvr_graph_expand(g, y);
+                void * buf = aligned_alloc(64, (kvr_graph_plan(g) + 63) / 64 * 64);
+                kvr_graph_place(g, buf);
+                struct kvr_backend * be = kvr_backend_cpu_new(nth);
+                const int rc = kvr_backend_graph_compute(be, g);
+                check(rc == KVR_OK, "%s mul_vec K=%lld T=%d, %d threads: compute returned %d (%s)", name, (long long)K, T, nth, rc, kvr_last_error());
+                double worst = 0;
+                for (int64_t nn = 0; nn < N && rc == KVR_OK; nn++) {
+                    const uint8_t * row = (const uint8_t *)w->data + nn * w->nb[1];
+                    for (int t = 0; t < T; t++) {
+                        double ref = 0, mag = 0;
+                        for (int64_t e = 0; e < K; e++) {
+                            const double wv = qt ? qt->ref(row + (e / qt->blck) * qt->size, (int)(e % qt->blck)) : ref_plain(type, row, e);
+                            ref += wv * xs[t * K + e];
+                            mag += fabs(wv * xs[t * K + e]);
+                        }
+                        const float got = ((const float *)y->data)[t * N + nn];
+                        const double r = fabs(got - ref) / (mag + 1e-30);
+                        if (!(r <= worst)) worst = r; // a NaN stays the worst
+                    }
+                }
+                check(worst <= 2e-6, "%s mul_vec K=%lld T=%d, %d threads: worst relative error %.3g", name, (long long)K, T, nth, worst);
+                kvr_backend_free(be);
+                free(buf);
+                kvr_free(ctx);
+            }
+        }
+    }
+}
+
+static void test_mul_vec(void) {
+    for (int i = 0; i < N_QTYPES; i++) test_mul_vec_type(qtypes[i].type, &qtypes[i], qtypes[i].name);
+    test_mul_vec_type(KVR_TYPE_F16, NULL, "f16");
+    test_mul_vec_type(KVR_TYPE_BF16, NULL, "bf16");
+    test_mul_vec_type(KVR_TYPE_F32, NULL, "f32");
+}
+
 // The integer prefill path (kvr_backend_cpu_set_q8_activations) for Q4_K: every token's 256
 // values quantized to int8 by ggml's Q8_K rule (largest magnitude -> -127, round half to even), then
 // per super-block d*d_a*sum_j sc_j*sum(q*a) - dmin*d_a*sum_j m_j*sum(a), all written out here from
@@ -725,6 +802,7 @@ int main(int argc, char ** argv) {
     }
 #ifndef QUANT_STANDALONE
     test_mul_mat_q8();
+    test_mul_vec();
     test_tiny_llama(shared);
 #endif
 
