@@ -9,6 +9,14 @@
 // model's prefill shapes, so the table can say which fraction of that peak the prefill turns into
 // useful FLOPs.
 //
+// --decode N also times N decode steps after each timed prefill (tg N after a prompt of P, each
+// step's token the argmax of the last logits) and puts decode tokens/s beside the prefill, with the
+// memory-bandwidth floor: what a STREAM-like read of a buffer far larger than the caches reaches
+// with the same threads, over the bytes one step must read (every weight matrix once, the KV cache
+// rows attention reads). A second table splits a decode step's time: matmuls, attention, the other
+// ops, the eval's fixed costs (graph build, planning, placement, starting the threads) and what
+// happens outside the eval (the argmax, the driver).
+//
 // Prompts are random token ids (seeded), so no tokenizer work is timed.
 
 #define _POSIX_C_SOURCE 200809L
@@ -46,6 +54,7 @@ struct bench_args {
     uint64_t     seed;
     bool         sgemm;
     bool         q8_act;         // Q4_K prefill matmuls with 8-bit activations
+    int          decode;         // decode steps timed after each prefill (0: none)
     enum kvr_attn_mode attn;
     double       links[8];       // emulated link Gbit/s to sweep (0: none)
     int          n_links;
@@ -152,6 +161,8 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
         { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
           .help = "Q4_K weights: quantize the activations to 8 bits and multiply in integers, as\nllama.cpp does (faster; logits move up to ~0.1 from the exact math)" },
         { .name = "--sgemm", .kind = KVR_CLI_SWITCH, .dst = &a->sgemm, .help = "also measure OpenBLAS sgemm on the model's shapes and report the fraction" },
+        { .name = "--decode", .kind = KVR_CLI_INT, .dst = &a->decode, .meta = "N", .lo = 0, .hi = 1 << 20,
+          .help = "also time N decode steps after each prefill (tg N after a prompt of P): decode\ntok/s beside prefill, the memory-bandwidth floor, where a step's time goes" },
         { .name = "-o", .kind = KVR_CLI_CHOICE, .dst = &format, .meta = "md|csv|json", .choices = "md|csv|json", .help = "output format (default md)" },
         { .name = "--seed", .kind = KVR_CLI_U64, .dst = &a->seed, .meta = "N", .help = "prompt token seed (default 1)" },
     };
@@ -251,6 +262,73 @@ static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
     return best;
 }
 
+// GB/s of a plain read of 256 MiB (far beyond any cache) by `threads` threads at once, each summing
+// its share with 4 independent vector adds, best of 5: the floor of a decode step that must read
+// every weight once.
+struct stream_job {
+    const float * p;
+    size_t        n;
+    float         sum;
+};
+
+static void * stream_thread(void * arg) {
+    struct stream_job * j = arg;
+    float s[4][8] = { { 0 } };
+    for (size_t i = 0; i + 32 <= j->n; i += 32) {
+        for (int k = 0; k < 4; k++) {
+            for (int l = 0; l < 8; l++) s[k][l] += j->p[i + 8 * k + l];
+        }
+    }
+    float t = 0;
+    for (int k = 0; k < 4; k++) for (int l = 0; l < 8; l++) t += s[k][l];
+    j->sum = t;
+    return NULL;
+}
+
+static double stream_read_gbps(int threads) {
+    const size_t n = (size_t)64 << 20; // floats
+    float * buf = malloc(n * sizeof(float));
+    if (!buf) return 0.0;
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
+    double best = 0.0;
+    const int nt = threads < 64 ? threads : 64;
+    for (int r = 0; r < 5; r++) {
+        pthread_t th[64];
+        struct stream_job jobs[64];
+        for (int t = 0; t < nt; t++) jobs[t] = (struct stream_job) { buf + n * t / nt, n * (t + 1) / nt - n * t / nt, 0 };
+        const double t0 = kvr_time_ms();
+        for (int t = 0; t < nt; t++) pthread_create(&th[t], NULL, stream_thread, &jobs[t]);
+        for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
+        const double gbps = (double)n * sizeof(float) / ((kvr_time_ms() - t0) * 1e6);
+        float check = 0;
+        for (int t = 0; t < nt; t++) check += jobs[t].sum;
+        if (check < 0) fprintf(stderr, "kvr-bench: stream read: impossible sum\n"); // keeps the reads
+        if (gbps > best) best = gbps;
+    }
+    free(buf);
+    return best;
+}
+
+// Bytes one decode step reads: every weight matrix once (the token embedding only when it is also
+// the output matrix: otherwise one row of it), and the K and V rows of every layer attention reads
+// at n_kv cached tokens (f32).
+static double decode_bytes(const struct kvr_model * m, double n_kv) {
+    const struct kvr_gguf * g = m->gguf;
+    const bool tied = kvr_gguf_get_tensor(g, "output.weight") == NULL;
+    double bytes = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        if (!tied && !strcmp(g->tensors[i].name, "token_embd.weight")) continue;
+        bytes += (double)g->tensors[i].size;
+    }
+    const double kv_dim = (double)m->hp.head_dim * m->hp.n_head_kv;
+    return bytes + n_kv * m->hp.n_layer * 2.0 * kv_dim * sizeof(float);
+}
+
+// where a decode step's time goes, ms per step (averages over the timed steps)
+struct step_split {
+    double wall, eval, matmul, attn, ops;
+};
+
 struct point {
     const char * name;        // the bench's strategy name (kvr-e, kvr-s, ...)
     enum kvr_strategy strat;
@@ -262,6 +340,9 @@ struct point {
     double med, lo, hi;       // TTFT ms
     double pred;              // the simulator's TTFT ms (0: not asked)
     double flops;
+    double dec_med, dec_lo, dec_hi; // decode tok/s (--decode)
+    struct step_split split;        // of the median run's decode steps
+    double floor_tok_s;             // the bandwidth floor of this point's threads
     bool   ok;
     char   err[256];
 };
@@ -481,10 +562,12 @@ int main(int argc, char ** argv) {
                     continue;
                 }
                 double * t = calloc((size_t)a.reps, sizeof(double));
+                double * dt = calloc((size_t)a.reps, sizeof(double));
+                struct step_split * sp = calloc((size_t)a.reps, sizeof(struct step_split));
                 // one dist per point, as llama-bench keeps one context: warm-up prefills, then
                 // the timed ones, the cache forgotten in between
                 struct kvr_dist_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = p->threads,
-                                              .n_ctx = T + 16, .attn_mode = attn, .link_gbps = p->link,
+                                              .n_ctx = T + a.decode + 16, .attn_mode = attn, .link_gbps = p->link,
                                               .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
                                               .timeout_s = 3600, .q8_activations = a.q8_act };
@@ -513,28 +596,92 @@ int main(int argc, char ** argv) {
                             p->threads > 1 ? "s" : "", p->link > 0 ? " link" : "", T, r + 1, a.reps, t[r]);
                     if (p->pred > 0) fprintf(stderr, " (predicted %.1f ms)", p->pred);
                     fputc('\n', stderr);
+                    if (a.decode > 0 && p->ok) {
+                        // tg N: each step feeds the argmax of the last logits
+                        struct step_split s = { 0 };
+                        const double d0 = kvr_time_ms();
+                        for (int k = 0; k < a.decode && logits; k++) {
+                            const int32_t id = kvr_argmax(logits, (int)m->hp.n_vocab);
+                            logits = kvr_dist_eval(d, &id, 1);
+                            struct kvr_rank_stats st[16];
+                            const int ns = logits ? kvr_dist_stats(d, st, 16) : 0;
+                            int w = 0;
+                            for (int q = 1; q < ns; q++) if (st[q].ttft_ms > st[w].ttft_ms) w = q;
+                            if (ns > 0) {
+                                s.eval += st[w].ttft_ms;
+                                s.matmul += st[w].matmul_ms;
+                                s.attn += st[w].attn_ms;
+                                s.ops += st[w].compute_ms;
+                            }
+                        }
+                        const double ms = kvr_time_ms() - d0;
+                        if (!logits) {
+                            p->ok = false;
+                            snprintf(p->err, sizeof(p->err), "decode: %s", kvr_last_error());
+                            break;
+                        }
+                        dt[r] = a.decode / (ms / 1e3);
+                        s.wall = ms;
+                        s.wall /= a.decode; s.eval /= a.decode; s.matmul /= a.decode; s.attn /= a.decode; s.ops /= a.decode;
+                        sp[r] = s;
+                        fprintf(stderr, "kvr-bench:   then tg %d: %.1f ms, %.2f tok/s\n", a.decode, ms, dt[r]);
+                    }
                 }
                 kvr_dist_free(d);
                 qsort(t, (size_t)a.reps, sizeof(double), cmp_double);
                 p->med = t[a.reps / 2];
                 p->lo = t[0];
                 p->hi = t[a.reps - 1];
+                if (a.decode > 0 && p->ok) {
+                    // the median run's split, then the tok/s sorted for median and range
+                    int mi = 0;
+                    double * ds = malloc(sizeof(double) * (size_t)a.reps);
+                    memcpy(ds, dt, sizeof(double) * (size_t)a.reps);
+                    qsort(ds, (size_t)a.reps, sizeof(double), cmp_double);
+                    for (int r = 0; r < a.reps; r++) if (dt[r] == ds[a.reps / 2]) mi = r;
+                    p->dec_med = ds[a.reps / 2];
+                    p->dec_lo = ds[0];
+                    p->dec_hi = ds[a.reps - 1];
+                    p->split = sp[mi];
+                    free(ds);
+                }
                 free(t);
+                free(dt);
+                free(sp);
             }
         }
         free(ids);
     }
 
+    // the bandwidth floor for every thread count a point used (measured after the runs, so the
+    // 256 MiB buffer does not sit in memory beside the model while it runs)
+    double bw_threads[16] = { 0 }, bw_gbps[16] = { 0 };
+    int n_bw = 0;
+    if (a.decode > 0) {
+        for (int i = 0; i < np; i++) {
+            if (!pts[i].ok) continue;
+            int k = 0;
+            while (k < n_bw && bw_threads[k] != pts[i].threads * pts[i].ranks) k++;
+            if (k == n_bw && n_bw < 16) {
+                bw_threads[k] = pts[i].threads * pts[i].ranks;
+                bw_gbps[k] = stream_read_gbps(pts[i].threads * pts[i].ranks);
+                n_bw++;
+            }
+            if (k < n_bw) pts[i].floor_tok_s = bw_gbps[k] * 1e9 / decode_bytes(m, pts[i].ctx + a.decode / 2.0);
+        }
+    }
     const bool md = !strcmp(a.format, "md"), csv = !strcmp(a.format, "csv");
     const bool pred_col = a.predict && !a.simulate;
     if (md) {
         printf("model: %s%s%s%s\n\n", desc, a.simulate ? "; simulated with profile " : "", a.simulate ? a.simulate : "",
                a.q8_act ? "; Q4_K prefill with 8-bit activations (--q8-act)" : "");
-        printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |\n",
+        printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |",
                a.simulate ? "simulated" : "median", pred_col ? " predicted ms | predicted/measured |" : "");
-        printf("|---|---|---|---|---|---|---|---|%s---|---|---|---|\n", pred_col ? "---|---|" : "");
+        if (a.decode > 0) printf(" decode tok/s (tg %d, median) | min-max | ms/token | floor tok/s | of floor |", a.decode);
+        printf("\n|---|---|---|---|---|---|---|---|%s---|---|---|---|%s\n", pred_col ? "---|---|" : "", a.decode > 0 ? "---|---|---|---|---|" : "");
     } else if (csv) {
-        printf("strategy,ranks,threads,link_gbps,prompt,partition,ttft_ms_median,ttft_ms_min,ttft_ms_max,predicted_ms,tok_s,gflop_s,speedup_single,speedup_tsp\n");
+        printf("strategy,ranks,threads,link_gbps,prompt,partition,ttft_ms_median,ttft_ms_min,ttft_ms_max,predicted_ms,tok_s,gflop_s,speedup_single,speedup_tsp,"
+               "decode_n,decode_tok_s,decode_tok_s_min,decode_tok_s_max,floor_tok_s\n");
     } else {
         printf("[\n");
     }
@@ -555,7 +702,8 @@ int main(int argc, char ** argv) {
             for (int r = 0; r < p->ranks && o < (int)sizeof(part) - 12; r++) o += snprintf(part + o, sizeof(part) - (size_t)o, "%s%.3f", r ? "/" : "", p->fractions[r]);
         }
         if (!p->ok) {
-            if (md) printf("| %s | %d | %d | %s | %d | %s | failed: %s | |%s | | | |\n", p->name, p->ranks, p->threads, link, p->ctx, part, p->err, pred_col ? " | |" : "");
+            if (md) printf("| %s | %d | %d | %s | %d | %s | failed: %s | |%s | | | |%s\n", p->name, p->ranks, p->threads, link, p->ctx, part, p->err, pred_col ? " | |" : "",
+                           a.decode > 0 ? " | | | | |" : "");
             else fprintf(stderr, "kvr-bench: %s x%d %d: %s\n", p->name, p->ranks, p->ctx, p->err);
             continue;
         }
@@ -563,17 +711,41 @@ int main(int argc, char ** argv) {
             printf("| %s | %d | %d | %s | %d | %s | %.1f | %.1f-%.1f |", p->name, p->ranks, p->threads, link, p->ctx, part, p->med, p->lo, p->hi);
             if (pred_col) printf(" %.1f | %.2f |", p->pred, p->pred / p->med);
             printf(" %.1f | %.1f | %.2fx | ", toks, gf, single > 0 ? single / p->med : 0.0);
-            if (tsp > 0) printf("%.2fx |\n", tsp / p->med); else printf("- |\n");
+            if (tsp > 0) printf("%.2fx |", tsp / p->med); else printf("- |");
+            if (a.decode > 0) {
+                printf(" %.2f | %.2f-%.2f | %.2f | %.1f | %.0f%% |", p->dec_med, p->dec_lo, p->dec_hi, 1e3 / p->dec_med, p->floor_tok_s,
+                       p->floor_tok_s > 0 ? 100.0 * p->dec_med / p->floor_tok_s : 0.0);
+            }
+            printf("\n");
         } else if (csv) {
-            printf("%s,%d,%d,%g,%d,%s,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f\n", p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi,
-                   p->pred, toks, gf, single > 0 ? single / p->med : 0.0, tsp > 0 ? tsp / p->med : 0.0);
+            printf("%s,%d,%d,%g,%d,%s,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f,%d,%.3f,%.3f,%.3f,%.3f\n", p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi,
+                   p->pred, toks, gf, single > 0 ? single / p->med : 0.0, tsp > 0 ? tsp / p->med : 0.0,
+                   a.decode, p->dec_med, p->dec_lo, p->dec_hi, p->floor_tok_s);
         } else {
             printf("  {\"strategy\":\"%s\",\"ranks\":%d,\"threads\":%d,\"link_gbps\":%g,\"prompt\":%d,\"partition\":\"%s\",\"ttft_ms\":%.3f,\"min_ms\":%.3f,"
-                   "\"max_ms\":%.3f,\"predicted_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f}%s\n",
-                   p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi, p->pred, toks, gf, i + 1 < np ? "," : "");
+                   "\"max_ms\":%.3f,\"predicted_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f,\"decode_n\":%d,\"decode_tok_s\":%.3f,"
+                   "\"decode_tok_s_min\":%.3f,\"decode_tok_s_max\":%.3f,\"floor_tok_s\":%.3f}%s\n",
+                   p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi, p->pred, toks, gf,
+                   a.decode, p->dec_med, p->dec_lo, p->dec_hi, p->floor_tok_s, i + 1 < np ? "," : "");
         }
     }
     if (!md && !csv) printf("]\n");
+    if (md && a.decode > 0) {
+        printf("\nmemory-bandwidth floor: a read of 256 MiB,");
+        for (int k = 0; k < n_bw; k++) printf("%s %.1f GB/s with %.0f thread%s", k ? ";" : "", bw_gbps[k], bw_threads[k], bw_threads[k] > 1 ? "s" : "");
+        printf("; a step reads %.1f MB at a prompt of %d (weights once, the KV rows attention reads)\n\n",
+               decode_bytes(m, a.ctx[0] + a.decode / 2.0) / 1e6, a.ctx[0]);
+        printf("where a decode step's time goes (ms per token, the median run):\n\n");
+        printf("| strategy | ranks | prompt | step | matmuls | attention | other ops | fixed costs of the eval (graph build, plan, place, threads) | outside the eval (argmax, driver) |\n");
+        printf("|---|---|---|---|---|---|---|---|---|\n");
+        for (int i = 0; i < np; i++) {
+            const struct point * p = &pts[i];
+            if (!p->ok) continue;
+            const struct step_split * s = &p->split;
+            printf("| %s | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", p->name, p->ranks, p->ctx, s->wall, s->matmul, s->attn,
+                   s->ops - s->matmul - s->attn, s->eval - s->ops, s->wall - s->eval);
+        }
+    }
     if (a.sgemm) {
         for (int c = 0; c < a.n_ctx; c++) {
             const double peak = sgemm_peak(&m->hp, a.ctx[c], (int)cores);
