@@ -798,8 +798,16 @@ static void nccl_set_compute(struct transport * t, int rank, void * stream) {
 // the schedule: which transfers a rank's graph asks for, grouped and ordered (see kvr.h)
 //
 
+#define PEER_STREAM (-2) // a SEND to this peer goes to the rank's stream, not to a rank
+#define STREAM_STEP 200  // the tag steps of a cache streamed to the decode rank (P/D): 200 and 201
+
+// a SEND to PEER_STREAM hands rows to the rank's file stream (below): no transfer, no peer
+static bool node_is_stream(const struct kvr_tensor * t) {
+    return t->op == KVR_OP_SEND && t->op_params[0] == PEER_STREAM;
+}
+
 static bool node_is_xfer(const struct kvr_tensor * t) {
-    return t->op == KVR_OP_SEND || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
+    return (t->op == KVR_OP_SEND && !node_is_stream(t)) || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
 }
 
 static void sched_add(struct kvr_schedule * s, int * cap, int node, bool send, int peer, int tag, int64_t off, int64_t bytes, int64_t rows) {
@@ -813,11 +821,11 @@ static void sched_add(struct kvr_schedule * s, int * cap, int node, bool send, i
 }
 
 // the transfers of one node, appended in the order a transport is handed them
-static int sched_node(struct kvr_schedule * s, int * cap, int k) {
+static int sched_node(struct kvr_schedule * s, int * cap, int k, int n_peers) {
     const struct kvr_tensor * t = s->nodes[k].t;
     const int me = s->rank, N = s->n_ranks, tag = t->op_params[1];
-    if ((t->op == KVR_OP_SEND || t->op == KVR_OP_RECV) && (t->op_params[0] < 0 || t->op_params[0] >= N || t->op_params[0] == me)) {
-        return kvr_error(KVR_ERR_ARG, "rank %d: node '%s' (%s) names peer %d of %d ranks", me, t->name, kvr_op_name(t->op), t->op_params[0], N);
+    if ((t->op == KVR_OP_SEND || t->op == KVR_OP_RECV) && (t->op_params[0] < 0 || t->op_params[0] >= n_peers || t->op_params[0] == me)) {
+        return kvr_error(KVR_ERR_ARG, "rank %d: node '%s' (%s) names peer %d of %d ranks", me, t->name, kvr_op_name(t->op), t->op_params[0], n_peers);
     }
     switch (t->op) {
         case KVR_OP_SEND:
@@ -875,7 +883,9 @@ void kvr_schedule_free(struct kvr_schedule * s) {
     memset(s, 0, sizeof(*s));
 }
 
-int kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int rank, int n_ranks) {
+// n_ranks take part in collectives; sends and receives may name any of n_peers >= n_ranks (a P/D
+// prefill: the prefill ranks' collectives, and the decode rank the cache goes to)
+static int schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int rank, int n_ranks, int n_peers) {
     kvr_schedule_free(s);
     s->rank = rank;
     s->n_ranks = n_ranks;
@@ -888,7 +898,7 @@ int kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int 
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
         if (!node_is_xfer(t)) {
-            computed |= t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW;
+            computed |= t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW && !node_is_stream(t);
             continue;
         }
         struct kvr_xfer_node * xn = &s->nodes[s->n_nodes++];
@@ -915,7 +925,7 @@ int kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int 
         }
         for (; k < j; k++) {
             s->node_first[k] = s->n;
-            int rc = sched_node(s, &cap, k);
+            int rc = sched_node(s, &cap, k, n_peers);
             if (rc != KVR_OK) {
                 kvr_schedule_free(s);
                 return rc;
@@ -926,6 +936,10 @@ int kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int 
     }
     s->node_first[m] = s->n;
     return KVR_OK;
+}
+
+int kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int rank, int n_ranks) {
+    return schedule_build(s, g, rank, n_ranks, n_ranks);
 }
 
 void kvr_schedule_print(const struct kvr_schedule * s, FILE * f) {
@@ -940,6 +954,141 @@ void kvr_schedule_print(const struct kvr_schedule * s, FILE * f) {
         }
         fprintf(f, "\n");
     }
+}
+
+//
+// streaming a prefill's cache to a file while it runs (DejaVu's layer-by-layer streaming): a
+// rank's stream node of layer il runs right after that layer's rows are final, copies them out
+// in one buffer per K and V (buffered copies: one transfer per layer, not one per row) and hands
+// them to a writer thread, which writes the file in order behind the compute of the next layers
+//
+
+struct kv_stream {
+    struct kvr_kv_writer * w;
+    int              n_layer, n_shards;
+    int              shard_of[256];  // rank -> its shard in the file (-1: streams nothing)
+    float         ** k;              // [il * n_shards + shard]: rows handed over, not written yet
+    float         ** v;
+    int              next;           // the next (il * n_shards + shard) to write
+    bool             stop;           // the eval failed: write nothing more
+    int              rc;
+    char             err[1024];
+    int64_t          bytes;
+    double           timeout_s;
+    pthread_t        th;
+    pthread_mutex_t  mu;
+    pthread_cond_t   cv;
+};
+
+static void * stream_thread(void * arg) {
+    struct kv_stream * st = arg;
+    const int total = st->n_layer * st->n_shards;
+    pthread_mutex_lock(&st->mu);
+    while (st->next < total && !st->stop) {
+        const int i = st->next;
+        if (!st->k[i]) {
+            // the ranks hand layers over as they compute; a lost rank ends the eval, which stops us
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&st->mu);
+        const int rc = kvr_kv_writer_layer(st->w, i / st->n_shards, i % st->n_shards, st->k[i], st->v[i]);
+        pthread_mutex_lock(&st->mu);
+        free(st->k[i]);
+        free(st->v[i]);
+        st->k[i] = st->v[i] = NULL;
+        st->next++;
+        if (rc != KVR_OK) {
+            st->rc = rc;
+            snprintf(st->err, sizeof(st->err), "%s", kvr_last_error());
+            st->stop = true;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+// open the file and start the writer; lay names the shards (their ranks in shard_of)
+static int stream_open(struct kv_stream ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_layout * lay,
+                       const int * shard_ranks, double timeout_s) {
+    struct kv_stream * st = calloc(1, sizeof(*st));
+    KVR_ASSERT(st != NULL);
+    int rc = kvr_kv_writer_open(&st->w, path, m, lay);
+    if (rc != KVR_OK) {
+        free(st);
+        return rc;
+    }
+    st->n_layer = (int)m->hp.n_layer;
+    st->n_shards = lay->n_shards;
+    st->timeout_s = timeout_s;
+    for (int r = 0; r < 256; r++) st->shard_of[r] = -1;
+    for (int s = 0; s < lay->n_shards; s++) st->shard_of[shard_ranks[s]] = s;
+    st->k = calloc((size_t)st->n_layer * st->n_shards, sizeof(float *));
+    st->v = calloc((size_t)st->n_layer * st->n_shards, sizeof(float *));
+    KVR_ASSERT(st->k && st->v);
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    if (pthread_create(&st->th, NULL, stream_thread, st) != 0) {
+        kvr_kv_writer_abort(st->w);
+        free(st->k);
+        free(st->v);
+        free(st);
+        return kvr_error(KVR_ERR_NOMEM, "%s: cannot start the stream's writer thread", path);
+    }
+    *out = st;
+    return KVR_OK;
+}
+
+// a rank's rows of layer il (k and v: views of its cache) into the stream
+static int stream_put(struct kv_stream * st, int rank, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
+    const int s = st->shard_of[rank];
+    KVR_ASSERT(s >= 0 && il >= 0 && il < st->n_layer);
+    const size_t nb = kvr_nbytes(k);
+    float * kb = malloc(nb ? nb : 1), * vb = malloc(nb ? nb : 1);
+    if (!kb || !vb) {
+        free(kb);
+        free(vb);
+        return kvr_error(KVR_ERR_NOMEM, "stream: cannot buffer %zu KiB of layer %d", nb >> 9, il);
+    }
+    memcpy(kb, k->data, nb);
+    memcpy(vb, v->data, nb);
+    pthread_mutex_lock(&st->mu);
+    st->k[il * st->n_shards + s] = kb;
+    st->v[il * st->n_shards + s] = vb;
+    st->bytes += 2 * (int64_t)nb;
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    return KVR_OK;
+}
+
+// the eval's end: ok, wait for the writer and finish the file with the logits; else drop it
+static int stream_close(struct kv_stream * st, bool ok, const float * logits) {
+    pthread_mutex_lock(&st->mu);
+    if (!ok) st->stop = true;
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    pthread_join(st->th, NULL);
+    int rc = st->rc;
+    if (rc != KVR_OK) kvr_error(rc, "%s", st->err);
+    if (ok && rc == KVR_OK) {
+        KVR_ASSERT(st->next == st->n_layer * st->n_shards);
+        rc = kvr_kv_writer_close(st->w, logits);
+    } else {
+        kvr_kv_writer_abort(st->w);
+    }
+    for (int i = 0; i < st->n_layer * st->n_shards; i++) {
+        free(st->k[i]);
+        free(st->v[i]);
+    }
+    free(st->k);
+    free(st->v);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cv);
+    free(st);
+    return rc;
 }
 
 //
@@ -962,6 +1111,7 @@ struct rank_comm {
     int                timeout_tag;  //   the transfer
     bool               timeout_send; //   and whether it was this rank's send
     struct kvr_rank_stats st;
+    struct kv_stream * stream;      // this eval streams the cache to a file (NULL: no)
 };
 
 static bool tag_is_kv(int tag) {
@@ -996,6 +1146,7 @@ static int comm_post(struct rank_comm * c, int i) {
     if (!x->send) return c->tr->irecv(c->tr, r);
     c->st.bytes_sent += x->bytes;
     if (tag_is_kv(x->tag)) c->st.kv_rows_sent += x->rows;
+    if (kvr_tag_step(x->tag) >= STREAM_STEP) c->st.kv_stream_bytes += x->bytes; // P/D: to the decode rank
     return c->tr->isend(c->tr, r);
 }
 
@@ -1036,7 +1187,7 @@ static int comm_copy(struct rank_comm * c, void * dst, const void * src, size_t 
 
 // graph start (before the backend posts its receives): the schedule of this graph
 static int rank_comm_begin(struct rank_comm * c, const struct kvr_graph * g) {
-    int rc = kvr_schedule_build(&c->sched, g, c->base.rank, c->base.n_ranks);
+    int rc = schedule_build(&c->sched, g, c->base.rank, c->base.n_ranks, c->tr->n_ranks);
     if (rc != KVR_OK) return rc;
     const size_t n = (size_t)(c->sched.n ? c->sched.n : 1), m = (size_t)(c->sched.n_nodes ? c->sched.n_nodes : 1);
     free(c->reqs);
@@ -1086,6 +1237,11 @@ static int comm_stall(struct rank_comm * c, int tag) {
 static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
     struct rank_comm * c = (struct rank_comm *)base;
     const struct kvr_schedule * s = &c->sched;
+    if (node_is_stream(node)) { // K in src[0], V in src[1]: to the file stream, no peer
+        c->st.kv_stream_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
+        const int rc = stream_put(c->stream, base->rank, kvr_tag_layer(node->op_params[1]), node->src[0], node->src[1]);
+        return rc == KVR_OK ? rc : comm_fail(c, rc);
+    }
     int rc = comm_stall(c, node->op_params[1]);
     if (rc != KVR_OK) return rc; // a stalled rank says nothing more to anyone
     const int k = comm_node_index(c, node, c->next_node);
@@ -1117,6 +1273,7 @@ static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
         if (rc != KVR_OK) break;
         c->st.bytes_recv += s->x[i].bytes;
         if (tag_is_kv(s->x[i].tag)) c->st.kv_rows_recv += s->x[i].rows;
+        if (kvr_tag_step(s->x[i].tag) >= STREAM_STEP) c->st.kv_stream_bytes += s->x[i].bytes; // P/D: the decode rank's
     }
     return rc == KVR_OK ? rc : comm_fail(c, rc);
 }
@@ -1173,7 +1330,9 @@ enum layout {
 
 struct eval_plan {
     enum kvr_strategy strat;     // what runs: never auto
-    int               T, P, N;
+    int               T, P, N;   // N: the ranks the strategy runs on (P/D: all but the decode rank)
+    int               n_alloc;   // entries of cnt and pos (every rank)
+    bool              pd;        // a P/D prefill: the decode rank receives the cache as it is made
     int             * cnt;       // new tokens per rank
     int32_t        ** pos;       // their absolute positions
     int               owner;     // the rank whose logits are returned
@@ -1217,11 +1376,16 @@ struct kvr_dist {
     int                    * partition;   // resolved counts for the kvr chain
     struct eval_plan         plan;
     const int32_t          * tokens;
+    int32_t                * seq;         // every token in the cache, in order (what a saved file names)
+    int                      seq_cap;
+    bool                     has_logits;  // logits are the last token's (an eval or a load since the reset)
+    bool                     streamed;    // kv_stream: the first prefill has streamed its cache
+    int64_t                  stream_bytes;// what the last stream wrote to its file
 };
 
 static void plan_free(struct eval_plan * pl) {
     if (pl->pos) {
-        for (int r = 0; r < pl->N; r++) free(pl->pos[r]);
+        for (int r = 0; r < pl->n_alloc; r++) free(pl->pos[r]);
     }
     free(pl->pos);
     free(pl->cnt);
@@ -1240,8 +1404,7 @@ static void plan_contiguous(struct eval_plan * pl, const int * counts) {
     }
 }
 
-static int resolve_partition(struct kvr_dist * d, int T, int * counts) {
-    const int N = d->n_ranks;
+static int resolve_partition(struct kvr_dist * d, int T, int * counts, int N) { // N: the prefill's ranks
     if (d->p.partition) {
         int sum = 0;
         for (int r = 0; r < N; r++) {
@@ -1271,23 +1434,31 @@ static int resolve_partition(struct kvr_dist * d, int T, int * counts) {
     return KVR_OK;
 }
 
+static bool strategy_is_ring(enum kvr_strategy s) {
+    return s == KVR_STRATEGY_RING_KV || s == KVR_STRATEGY_RING_Q || s == KVR_STRATEGY_AUTO;
+}
+
 static int plan_eval(struct kvr_dist * d, int T) {
     struct eval_plan * pl = &d->plan;
     plan_free(pl);
-    const int N = d->n_ranks;
+    // P/D: the first prefill runs on every rank but the decode rank (the last), which receives
+    pl->pd = d->p.pd && d->n_past == 0;
+    const int N = pl->pd ? d->n_ranks - 1 : d->n_ranks;
     pl->T = T;
     pl->P = d->n_past;
     pl->N = N;
-    pl->cnt = calloc((size_t)N, sizeof(int));
-    pl->pos = calloc((size_t)N, sizeof(int32_t *));
+    pl->n_alloc = d->n_ranks;
+    pl->cnt = calloc((size_t)d->n_ranks, sizeof(int));
+    pl->pos = calloc((size_t)d->n_ranks, sizeof(int32_t *));
     pl->store = -1;
     int * counts = calloc((size_t)N, sizeof(int));
     int rc = KVR_OK;
-    if (d->layout == LAYOUT_CHAIN) {
+    if (pl->pd) pl->pos[d->n_ranks - 1] = malloc(sizeof(int32_t));
+    if (pl->pd ? !strategy_is_ring(d->p.strategy) : d->layout == LAYOUT_CHAIN) {
         if (pl->P == 0 && N > 1 && d->p.strategy != KVR_STRATEGY_SINGLE) {
             pl->strat = d->p.strategy;
             if (pl->strat == KVR_STRATEGY_KVR) {
-                rc = resolve_partition(d, T, counts);
+                rc = resolve_partition(d, T, counts, N);
             } else { // tsp: the even split ALL_GATHER assumes
                 for (int r = 0; r < N; r++) counts[r] = (int)((int64_t)T * (r + 1) / N - (int64_t)T * r / N);
             }
@@ -1328,6 +1499,7 @@ static int plan_eval(struct kvr_dist * d, int T) {
             }
         }
     }
+    if (pl->pd) pl->active[d->n_ranks - 1] = true;
     free(counts);
     return rc;
 }
@@ -1683,6 +1855,118 @@ static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
 // one rank's eval: build its graph, rewrite it, plan memory, compute
 //
 
+// The node after which layer il's rows of this rank's cache are final: the V store (which runs
+// after the K store and the receives of kvr's prefix) or tsp's V gather.
+static struct kvr_tensor * layer_final(struct pass_ctx * pc, struct kvr_graph * g, int il) {
+    char a[64], b[64];
+    snprintf(a, sizeof(a), "blk.%d.v_store", il);
+    snprintf(b, sizeof(b), "blk.%d.v_gather", il);
+    for (int i = 0; i < pc->n_sinks; i++) {
+        if (!strcmp(pc->sinks[i]->name, a) || !strcmp(pc->sinks[i]->name, b)) return pc->sinks[i];
+    }
+    for (int i = 0; i < g->n_nodes; i++) { // the single pass: reached from the attention
+        if (!strcmp(g->nodes[i]->name, a) || !strcmp(g->nodes[i]->name, b)) return g->nodes[i];
+    }
+    KVR_ASSERT(!"no store of this layer");
+    return NULL;
+}
+
+// Streaming the cache while the prefill runs: per layer, right after its rows are final, a node
+// that hands rows [0, n_rows) of this rank's cache to the file stream, or (P/D) sends them to the
+// decode rank: the chain's rank with the whole cache sends it at once, a ring rank its two chunks,
+// each to its place. Each goes in the sinks list right after the layer's final store, so it runs
+// as soon as the layer's rows are there, before the layer's attention, overlapping what follows.
+static void add_stream_nodes(struct pass_ctx * pc, struct kvr_graph * g, int n_rows) {
+    struct eval_plan * pl = pc->pl;
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int n_layer = c->n_layer, r = pc->rank;
+    const bool ring = strategy_is_ring(pl->strat);
+    if (!ring && r != pl->owner) return; // the chain's last rank holds everything
+    if (n_rows == 0) return;
+    struct kvr_tensor ** add = calloc((size_t)n_layer * 4, sizeof(*add));
+    struct kvr_tensor ** after = calloc((size_t)n_layer, sizeof(*after));
+    int * n_add = calloc((size_t)n_layer, sizeof(int));
+    KVR_ASSERT(add && after && n_add);
+    for (int il = 0; il < n_layer; il++) {
+        struct kvr_tensor * dep = after[il] = layer_final(pc, g, il);
+        if (!pl->pd) {
+            struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], 0, n_rows), PEER_STREAM, kvr_tag(il, KVR_TAG_K, 0));
+            t->src[1] = cache_rows(pc, c->v[il], 0, n_rows);
+            t->src[2] = dep;
+            kvr_set_name(t, "blk.%d.kv_stream", il);
+            t->why = "stream: this layer's final K/V rows to the file, behind the compute";
+            add[il * 4 + n_add[il]++] = t;
+            continue;
+        }
+        // P/D: ring ranks hold chunks r and 2N-1-r of the prompt; the chain's rank all of it
+        const int D = pc->d->n_ranks - 1, nc = 2 * pl->N;
+        const int len[2] = { ring ? chunk_begin(pl->T, nc, r + 1) - chunk_begin(pl->T, nc, r) : n_rows,
+                             ring ? chunk_begin(pl->T, nc, nc - r) - chunk_begin(pl->T, nc, nc - 1 - r) : 0 };
+        for (int j = 0, row0 = 0; j < 2; row0 += len[j], j++) {
+            if (len[j] == 0) continue;
+            for (int kind = 0; kind < 2; kind++) {
+                struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, (kind ? c->v : c->k)[il], row0, len[j]), D,
+                                                 kvr_tag(il, kind ? KVR_TAG_V : KVR_TAG_K, STREAM_STEP + j));
+                t->src[1] = dep;
+                kvr_set_name(t, "blk.%d.%s_to_decode%d", il, kind ? "v" : "k", j);
+                t->why = "P/D: this layer's final K/V rows to the decode rank, while the prefill goes on";
+                add[il * 4 + n_add[il]++] = t;
+            }
+        }
+    }
+    // every layer's nodes right after the sink they depend on (or in layer order at the end)
+    struct kvr_tensor ** sinks = malloc(sizeof(*sinks) * (size_t)(pc->n_sinks + 4 * n_layer));
+    int n = 0;
+    bool * done = calloc((size_t)n_layer, sizeof(bool));
+    KVR_ASSERT(sinks && done);
+    for (int i = 0; i < pc->n_sinks; i++) {
+        sinks[n++] = pc->sinks[i];
+        for (int il = 0; il < n_layer; il++) {
+            if (after[il] != pc->sinks[i] || done[il]) continue;
+            for (int k = 0; k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
+            done[il] = true;
+        }
+    }
+    for (int il = 0; il < n_layer; il++) {
+        for (int k = 0; !done[il] && k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
+    }
+    free(pc->sinks);
+    pc->sinks = sinks;
+    pc->n_sinks = pc->cap_sinks = n;
+    free(done);
+    free(add);
+    free(after);
+    free(n_add);
+}
+
+// The decode rank's part of a P/D prefill: a graph of receives only, each layer's K and V rows
+// straight into its cache at their positions, in the order the prefill ranks send them.
+static struct kvr_graph * receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, int gsize) {
+    struct eval_plan * pl = &d->plan;
+    struct kvr_kv_cache * c = dr->cache;
+    const bool ring = strategy_is_ring(pl->strat);
+    const int nc = 2 * pl->N;
+    struct kvr_graph * g = kvr_graph_new(ctx, gsize);
+    for (int il = 0; il < c->n_layer; il++) {
+        for (int q = 0; q < (ring ? pl->N : 1); q++) {
+            for (int j = 0; j < (ring ? 2 : 1); j++) {
+                const int ch = j ? nc - 1 - q : q;
+                const int b = ring ? chunk_begin(pl->T, nc, ch) : 0, e = ring ? chunk_begin(pl->T, nc, ch + 1) : pl->T;
+                if (e == b) continue;
+                for (int kind = 0; kind < 2; kind++) {
+                    struct kvr_tensor * view = kvr_view_2d(ctx, (kind ? c->v : c->k)[il], c->kv_dim, e - b, c->k[il]->nb[1],
+                                                           (size_t)b * c->k[il]->nb[1]);
+                    struct kvr_tensor * t = kvr_recv(ctx, view, ring ? q : pl->owner, kvr_tag(il, kind ? KVR_TAG_V : KVR_TAG_K, STREAM_STEP + j));
+                    kvr_set_name(t, "blk.%d.%s_from_prefill%d", il, kind ? "v" : "k", ring ? q : pl->owner);
+                    t->why = "P/D: the decode rank's cache, layer by layer from the prefill";
+                    kvr_graph_expand(g, t);
+                }
+            }
+        }
+    }
+    return g;
+}
+
 static int rank_fail(struct dist_rank * dr, int rc) {
     dr->rc = rc;
     snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
@@ -1700,11 +1984,14 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     dr->comm->stalled = false;
     dr->comm->timeout_peer = -1;
     dr->comm->stall_layer = d->p.stall && r == d->p.stall_rank ? d->p.stall_layer : -1;
+    // a P/D prefill's collectives are among the prefill ranks
+    dr->comm->base.n_ranks = pl->pd ? pl->N : d->n_ranks;
     kvr_backend_cpu_counters(dr->be, NULL, true);
+    const bool receiver = pl->pd && r == d->n_ranks - 1;
 
     const bool ring = d->layout == LAYOUT_RING;
     const bool keep = !ring || pl->store < 0 || pl->store == r; // does this rank store the new rows?
-    const int n_old = dr->n_rows, n_new = keep ? c : 0;
+    const int n_old = dr->n_rows, n_new = receiver ? pl->T : keep ? c : 0;
     if (n_old + n_new > dr->cache->n_ctx) {
         return rank_fail(dr, kvr_error(KVR_ERR_ARG, "rank %d: %d cached + %d new rows exceed its context of %d (raise -c)",
                                        r, n_old, n_new, dr->cache->n_ctx));
@@ -1728,22 +2015,29 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     const int n_kpos = pl->strat == KVR_STRATEGY_TSP ? pl->T : pl->strat == KVR_STRATEGY_KVR ? e_r : n_old + n_new;
     struct kvr_tensor * kpos = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n_kpos), "kpos");
     kpos->flags |= KVR_FLAG_INPUT;
-    struct kvr_tensor * out = kvr_model_build(m, &b);
-
-    struct kvr_graph * g = kvr_graph_new(ctx, gsize);
-    kvr_graph_expand(g, out);
+    // the decode rank of a P/D prefill builds no model: it receives the cache
+    struct kvr_tensor * out = receiver ? NULL : kvr_model_build(m, &b);
+    struct kvr_graph * g = receiver ? receive_graph(d, dr, ctx, gsize) : kvr_graph_new(ctx, gsize);
+    if (!receiver) kvr_graph_expand(g, out);
     struct pass_ctx pc = { .d = d, .dr = dr, .ctx = ctx, .pl = pl, .rank = r, .N = pl->N, .n_old = n_old, .kpos = kpos };
     struct kvr_tensor * step_pos[256] = { 0 };
     pc.step_pos = step_pos;
-    if (pl->strat == KVR_STRATEGY_SINGLE) {
+    if (receiver) {
+        // nothing to rewrite
+    } else if (pl->strat == KVR_STRATEGY_SINGLE) {
         kvr_pass_single(ctx, g, dr->cache, n_old, kpos, d->p.attn_mode);
     } else {
         run_pass(&pc, g);
     }
+    // the rows this rank holds after the eval: tsp and kvr ranks keep the prefix they saw
+    const int n_final = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR ? n_kpos : n_old + n_new;
+    if (!receiver && (dr->comm->stream || pl->pd)) add_stream_nodes(&pc, g, n_final);
     // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
     // the whole model (a peer may be waiting for it to go on)
-    kvr_graph_reset(g);
-    for (int i = 0; i < pc.n_sinks; i++) kvr_graph_expand(g, pc.sinks[i]);
+    if (!receiver) {
+        kvr_graph_reset(g);
+        for (int i = 0; i < pc.n_sinks; i++) kvr_graph_expand(g, pc.sinks[i]);
+    }
     if (b.n_outputs) {
         out->flags |= KVR_FLAG_OUTPUT;
         kvr_graph_expand(g, out);
@@ -1776,8 +2070,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         ((int32_t *)b.pos->data)[i] = pl->pos[r][i];
     }
     // the positions of this rank's cache rows after the eval
-    for (int i = 0; i < n_new; i++) dr->cache_pos[n_old + i] = pl->pos[r][i];
-    for (int i = 0; i < n_kpos; i++) ((int32_t *)kpos->data)[i] = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR ? i : dr->cache_pos[i];
+    for (int i = 0; i < n_new; i++) dr->cache_pos[n_old + i] = receiver ? i : pl->pos[r][i];
+    for (int i = 0; i < n_kpos && !receiver; i++) {
+        ((int32_t *)kpos->data)[i] = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR ? i : dr->cache_pos[i];
+    }
 
     // attention pairs are reported per layer: count the layers whose attention ran here (a rank
     // without the output skips the last layer's)
@@ -1799,13 +2095,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         memcpy(dr->logits, out->data, sizeof(float) * m->hp.n_vocab);
     }
     if (rc == KVR_OK) {
-        // what the cache now holds: tsp and kvr ranks keep the prefix they saw
-        int rows = n_old + n_new;
         if (pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR) {
-            rows = n_kpos;
-            for (int i = 0; i < rows; i++) dr->cache_pos[i] = i;
+            for (int i = 0; i < n_final; i++) dr->cache_pos[i] = i;
         }
-        dr->n_rows = rows;
+        dr->n_rows = n_final;
     }
     struct kvr_counters cn;
     kvr_backend_cpu_counters(dr->be, &cn, true);
@@ -1950,8 +2243,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         free(d);
         return NULL;
     }
-    d->layout = p->strategy == KVR_STRATEGY_RING_KV || p->strategy == KVR_STRATEGY_RING_Q || p->strategy == KVR_STRATEGY_AUTO
-                    ? LAYOUT_RING : LAYOUT_CHAIN;
+    d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
     int my_rank = 0;
     if (p->comm == KVR_COMM_MPI) {
 #ifdef KVR_MPI
@@ -1987,6 +2279,14 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
             return NULL;
         }
         d->tr = local_new(d->n_ranks, p->link_gbps, p->link_latency_us, p->link_noise, p->link_seed);
+    }
+    if (d->n_ranks <= 256 && p->pd && (d->n_ranks < 2 || p->decode_rank != d->n_ranks - 1 || p->kv_stream)) {
+        kvr_error(KVR_ERR_ARG, d->n_ranks < 2 ? "prefill/decode disaggregation needs 2 ranks or more, not %d" :
+                  p->kv_stream ? "prefill/decode disaggregation streams to the decode rank, not to a file (%d ranks)" :
+                  "the decode rank must be the last of the %d ranks", d->n_ranks);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
     }
     if (d->n_ranks > 256) {
         kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", d->n_ranks);
@@ -2052,6 +2352,7 @@ void kvr_dist_free(struct kvr_dist * d) {
     free(d->ranks);
     free(d->rows);
     free(d->logits);
+    free(d->seq);
     plan_free(&d->plan);
     if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
     if (d->tr) d->tr->free(d->tr);
@@ -2060,6 +2361,7 @@ void kvr_dist_free(struct kvr_dist * d) {
 
 void kvr_dist_reset(struct kvr_dist * d) {
     d->n_past = 0;
+    d->has_logits = false;
     d->n_decode = 0;
     for (int r = 0; r < d->n_ranks; r++) d->rows[r] = 0;
     for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = 0;
@@ -2096,6 +2398,47 @@ int kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos, co
     return -1;
 }
 
+static void seq_reserve(struct kvr_dist * d, int n) {
+    if (n <= d->seq_cap) return;
+    d->seq_cap = n > 2 * d->seq_cap ? n : 2 * d->seq_cap;
+    d->seq = realloc(d->seq, sizeof(int32_t) * (size_t)d->seq_cap);
+    KVR_ASSERT(d->seq != NULL);
+}
+
+// The stream of a first prefill: the file kvr_dist_kv_save would write after it (the chain's
+// last rank's whole cache, or every ring shard gathered, or under MPI this rank's PATH.R)
+static int stream_start(struct kvr_dist * d, const int32_t * tokens, int n, struct kv_stream ** out) {
+    const struct eval_plan * pl = &d->plan;
+    const bool ring = strategy_is_ring(pl->strat);
+    struct kvr_kv_shard sh[256];
+    int shard_ranks[256], n_sh = 0;
+    int32_t * seq = malloc(sizeof(int32_t) * (size_t)n);
+    KVR_ASSERT(seq != NULL);
+    for (int i = 0; i < n; i++) seq[i] = i;
+    for (int i = 0; i < d->n_local; i++) {
+        const int r = d->ranks[i].rank;
+        if (ring) {
+            sh[n_sh] = (struct kvr_kv_shard) { .rank = r, .n_rows = pl->cnt[r], .pos = pl->pos[r] };
+            shard_ranks[n_sh++] = r;
+        } else if (r == pl->owner) {
+            sh[n_sh] = (struct kvr_kv_shard) { .rank = 0, .n_rows = n, .pos = seq };
+            shard_ranks[n_sh++] = r;
+        }
+    }
+    int rc = KVR_OK;
+    if (n_sh > 0) {
+        const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
+                                           .shards = sh, .logits = true };
+        char p[4096];
+        if (ring && n_sh != d->n_ranks) kvr_dist_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
+        else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
+        rc = stream_open(out, p, d->m, &lay, shard_ranks, d->p.timeout_s);
+    }
+    free(seq);
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->stream = rc == KVR_OK ? *out : NULL;
+    return rc;
+}
+
 const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
     const struct kvr_model * m = d->m;
     if (n <= 0) {
@@ -2113,6 +2456,8 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     d->tokens = tokens;
     d->last = pl->strat;
     if (d->p.comm == KVR_COMM_LOCAL) local_reset(d->tr);
+    struct kv_stream * stream = NULL;
+    if (d->p.kv_stream && !d->streamed && d->n_past == 0 && stream_start(d, tokens, n, &stream) != KVR_OK) return NULL;
 
     // local: one thread per active rank; MPI: this process's rank, if active
     pthread_t th[256];
@@ -2142,6 +2487,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     for (int i = 0; i < d->n_local; i++) {
         if (started[i]) pthread_join(th[i], NULL);
     }
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->stream = NULL; // this eval's alone
     if (d->p.graph_out) {
         for (int i = 0; i < d->n_local; i++) {
             struct dist_rank * dr = &d->ranks[i];
@@ -2187,6 +2533,12 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     }
     if (rc != KVR_OK) {
         kvr_error(rc, "%s", err);
+        if (stream) {
+            char keep[1024];
+            snprintf(keep, sizeof(keep), "%s", kvr_last_error());
+            stream_close(stream, false, NULL);
+            kvr_error(rc, "%s", keep);
+        }
         return NULL;
     }
     // logits: local ranks share memory; MPI ranks get them from the owner
@@ -2220,15 +2572,23 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         if (me != pl->owner) logits = d->logits;
         if (rc2 != KVR_OK) {
             ht->fail(ht, me, kvr_last_error());
+            if (stream) stream_close(stream, false, NULL);
             return NULL;
         }
     }
 #endif
     KVR_ASSERT(logits != NULL);
     if (logits != d->logits) memcpy(d->logits, logits, sizeof(float) * m->hp.n_vocab);
+    if (stream) {
+        d->streamed = true;
+        d->stream_bytes = stream->bytes;
+        if (stream_close(stream, true, d->logits) != KVR_OK) return NULL;
+    }
     // every process keeps every rank's row count (the ring needs the block sizes)
     for (int r = 0; r < d->n_ranks; r++) {
-        if (pl->strat == KVR_STRATEGY_TSP || (pl->strat == KVR_STRATEGY_KVR)) {
+        if (pl->pd) { // the decode rank holds the whole cache; the prefill ranks' rows are never read again
+            d->rows[r] = r == d->n_ranks - 1 ? n : 0;
+        } else if (pl->strat == KVR_STRATEGY_TSP || (pl->strat == KVR_STRATEGY_KVR)) {
             int e = 0;
             for (int q = 0; q <= r; q++) e += pl->cnt[q];
             d->rows[r] = pl->strat == KVR_STRATEGY_TSP ? pl->T : e;
@@ -2241,8 +2601,242 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         }
     }
     if (pl->store >= 0) d->n_decode++;
+    seq_reserve(d, d->n_past + n);
+    memcpy(d->seq + d->n_past, tokens, sizeof(int32_t) * (size_t)n);
     d->n_past += n;
+    d->has_logits = true;
     return d->logits;
+}
+
+//
+// saving and restoring the cache (the file of kvr.c's section 15): tsp, kvr and single continue
+// on the last rank, which holds the whole cache, so that is what they save and restore; the ring
+// strategies save every rank's shard (gathered to one file, or each rank its own) and restore
+// each to its rank with the ring's next decode shard, so a continued run is the same bit for bit
+//
+
+const int32_t * kvr_dist_tokens(const struct kvr_dist * d) { return d->seq; }
+const float * kvr_dist_logits(const struct kvr_dist * d) { return d->has_logits ? d->logits : NULL; }
+
+static struct dist_rank * dist_local(struct kvr_dist * d, int rank) {
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank == rank) return &d->ranks[i];
+    }
+    return NULL;
+}
+
+void kvr_dist_kv_shard_path(const char * path, int rank, char * out, size_t cap) {
+    snprintf(out, cap, "%s.%d", path, rank);
+}
+
+// write shards [0, n) of lay, whose rows live in the caches of ranks dr[s] (rows 0..n_rows-1)
+static int dist_write(struct kvr_dist * d, const char * path, const struct kvr_kv_layout * lay, struct dist_rank ** dr) {
+    struct kvr_kv_writer * w;
+    int rc = kvr_kv_writer_open(&w, path, d->m, lay);
+    if (rc != KVR_OK) return rc;
+    int max_rows = 1;
+    for (int s = 0; s < lay->n_shards; s++) max_rows = lay->shards[s].n_rows > max_rows ? lay->shards[s].n_rows : max_rows;
+    const size_t bytes = sizeof(float) * (size_t)dr[0]->cache->kv_dim * (size_t)max_rows;
+    float * k = malloc(bytes), * v = malloc(bytes);
+    KVR_ASSERT(k && v);
+    for (int il = 0; il < (int)d->m->hp.n_layer && rc == KVR_OK; il++) {
+        for (int s = 0; s < lay->n_shards && rc == KVR_OK; s++) {
+            kvr_kv_cache_get_rows(dr[s]->be, dr[s]->cache, il, 0, lay->shards[s].n_rows, k, v);
+            rc = kvr_kv_writer_layer(w, il, s, k, v);
+        }
+    }
+    if (rc == KVR_OK) rc = kvr_kv_writer_close(w, d->logits);
+    else kvr_kv_writer_abort(w);
+    free(k);
+    free(v);
+    return rc;
+}
+
+int kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool per_rank) {
+    const int N = d->n_ranks;
+    struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits };
+    if (d->layout == LAYOUT_CHAIN) {
+        struct dist_rank * dr = dist_local(d, N - 1);
+        if (!dr) return KVR_OK; // MPI: the process of the last rank writes the file
+        KVR_ASSERT(dr->n_rows == d->n_past);
+        const struct kvr_kv_shard sh = { .rank = 0, .n_rows = dr->n_rows, .pos = dr->cache_pos };
+        lay.n_ranks = lay.n_shards = 1;
+        lay.shards = &sh;
+        return dist_write(d, path, &lay, &dr);
+    }
+    struct kvr_kv_shard * sh = calloc((size_t)N, sizeof(*sh));
+    struct dist_rank ** drs = calloc((size_t)N, sizeof(*drs));
+    KVR_ASSERT(sh && drs);
+    for (int i = 0; i < d->n_local; i++) {
+        const int r = d->ranks[i].rank;
+        sh[r] = (struct kvr_kv_shard) { .rank = r, .n_rows = d->ranks[i].n_rows, .pos = d->ranks[i].cache_pos };
+        drs[r] = &d->ranks[i];
+    }
+    lay.n_ranks = N;
+    lay.ring_next = d->n_decode % N;
+    int rc = KVR_OK;
+    // a save replaces the earlier one under PATH in either form (the load prefers PATH)
+    char p[4096];
+    if (!per_rank && d->n_local == N) {
+        lay.n_shards = N;
+        lay.shards = sh;
+        rc = dist_write(d, path, &lay, drs);
+        for (int r = 0; r < N && rc == KVR_OK; r++) {
+            kvr_dist_kv_shard_path(path, r, p, sizeof(p));
+            remove(p);
+        }
+    } else {
+        remove(path);
+        lay.n_shards = 1;
+        for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
+            const int r = d->ranks[i].rank;
+            kvr_dist_kv_shard_path(path, r, p, sizeof(p));
+            lay.shards = &sh[r];
+            rc = dist_write(d, p, &lay, &drs[r]);
+        }
+    }
+    free(sh);
+    free(drs);
+    return rc;
+}
+
+// the rows of positions pos[0..n) of a layer from a whole or gathered file (NULL: not there)
+static void file_rows_at(const struct kvr_kv_file * f, int il, const int32_t * where, int n, float * k, float * v,
+                         int32_t * slot) {
+    // slot: scratch of n_tokens entries, the (shard << 24 | row) of each position
+    for (int s = 0; s < f->n_shards; s++) {
+        for (int i = 0; i < f->shards[s].n_rows; i++) slot[f->shards[s].pos[i]] = s << 24 | i;
+    }
+    const size_t row = sizeof(float) * (size_t)f->kv_dim;
+    for (int j = 0; j < n; j++) {
+        const int s = slot[where[j]] >> 24, i = slot[where[j]] & 0xffffff;
+        memcpy(k + (size_t)j * f->kv_dim, f->shards[s].k[il] + (size_t)i * f->kv_dim, row);
+        memcpy(v + (size_t)j * f->kv_dim, f->shards[s].v[il] + (size_t)i * f->kv_dim, row);
+    }
+}
+
+int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
+    const int N = d->n_ranks;
+    char p[4096];
+    // the files: PATH (whole, or every shard gathered), or each rank's PATH.R
+    struct kvr_kv_file ** fs = calloc((size_t)N, sizeof(*fs));
+    KVR_ASSERT(fs != NULL);
+    int rc = KVR_OK;
+    kvr_dist_kv_shard_path(path, 0, p, sizeof(p));
+    const bool per_rank = access(path, F_OK) != 0 && access(p, F_OK) == 0;
+    if (per_rank) {
+        for (int r = 0; r < N && rc == KVR_OK; r++) {
+            kvr_dist_kv_shard_path(path, r, p, sizeof(p));
+            rc = kvr_kv_file_read(p, d->m, &fs[r]);
+            if (rc != KVR_OK) break;
+            const struct kvr_kv_file * f = fs[r];
+            if (f->n_ranks != N || f->n_shards != 1 || f->shards[0].rank != r || f->n_tokens != fs[0]->n_tokens ||
+                memcmp(f->tokens, fs[0]->tokens, sizeof(int32_t) * (size_t)f->n_tokens) != 0) {
+                rc = kvr_error(KVR_ERR_ARG, "%s: the shard of rank %d of %d ranks (%d tokens) does not fit rank %d of these %d ranks "
+                               "(%d tokens in %s.0)", p, f->shards[0].rank, f->n_ranks, f->n_tokens, r, N, fs[0]->n_tokens, path);
+            }
+        }
+    } else {
+        rc = kvr_kv_file_read(path, d->m, &fs[0]);
+        if (rc == KVR_OK && fs[0]->n_shards != fs[0]->n_ranks) {
+                rc = kvr_error(KVR_ERR_ARG, "%s: holds the shard of rank %d of a cache over %d ranks; load every rank's file (%s.R)",
+                               path, fs[0]->shards[0].rank, fs[0]->n_ranks, path);
+        }
+    }
+    if (rc == KVR_OK && per_rank && d->layout != LAYOUT_RING && N > 1) {
+        rc = kvr_error(KVR_ERR_ARG, "%s.R: a ring cache saved rank by rank loads into a ring strategy of %d ranks; this one is %s",
+                       path, N, kvr_strategy_name(d->p.strategy));
+    }
+    const struct kvr_kv_file * f0 = fs[0];
+    const int n = f0 ? f0->n_tokens : 0;
+    // where every rank's rows go: the same shards (a ring file of this many ranks), else the
+    // chain's last rank or a fresh ring split of the positions
+    const bool same_shards = rc == KVR_OK && d->layout == LAYOUT_RING && (per_rank || (f0->n_ranks == N && f0->n_shards == N));
+    int * rows = calloc((size_t)N, sizeof(int));
+    int32_t ** pos = calloc((size_t)N, sizeof(int32_t *));
+    for (int r = 0; r < N && rc == KVR_OK; r++) {
+        if (same_shards) {
+            const struct kvr_kv_file_shard * sh = per_rank ? &fs[r]->shards[0] : &f0->shards[r];
+            rows[r] = sh->n_rows;
+            pos[r] = malloc(sizeof(int32_t) * (size_t)(rows[r] + 1));
+            memcpy(pos[r], sh->pos, sizeof(int32_t) * (size_t)rows[r]);
+        } else if (d->layout == LAYOUT_RING) {
+            rows[r] = kvr_ring_shard(n, 0, N, r, NULL);
+            pos[r] = malloc(sizeof(int32_t) * (size_t)(rows[r] + 1));
+            kvr_ring_shard(n, 0, N, r, pos[r]);
+        } else {
+            rows[r] = r == N - 1 ? n : 0;
+            pos[r] = malloc(sizeof(int32_t) * (size_t)(rows[r] + 1));
+            for (int i = 0; i < rows[r]; i++) pos[r][i] = i;
+        }
+        struct dist_rank * dr = dist_local(d, r);
+        if (dr && rows[r] > dr->cache->n_ctx) {
+            rc = kvr_error(KVR_ERR_ARG, "%s: rank %d would hold %d rows, more than its context of %d (raise -c)", path, r, rows[r],
+                           dr->cache->n_ctx);
+        }
+    }
+    // everything checked: now the caches
+    if (rc == KVR_OK) {
+        const size_t bytes = sizeof(float) * (size_t)f0->kv_dim * (size_t)(n + 1);
+        float * k = malloc(bytes), * v = malloc(bytes);
+        int32_t * slot = malloc(sizeof(int32_t) * (size_t)(n + 1));
+        KVR_ASSERT(k && v && slot);
+        for (int i = 0; i < d->n_local; i++) {
+            struct dist_rank * dr = &d->ranks[i];
+            const int r = dr->rank;
+            const struct kvr_kv_file * f = per_rank ? fs[r] : f0;
+            for (int il = 0; il < (int)d->m->hp.n_layer; il++) {
+                if (per_rank) {
+                    kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, rows[r], f->shards[0].k[il], f->shards[0].v[il]);
+                } else {
+                    file_rows_at(f, il, pos[r], rows[r], k, v, slot);
+                    kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, rows[r], k, v);
+                }
+            }
+            memcpy(dr->cache_pos, pos[r], sizeof(int32_t) * (size_t)rows[r]);
+            dr->n_rows = rows[r];
+        }
+        free(k);
+        free(v);
+        free(slot);
+        memcpy(d->rows, rows, sizeof(int) * (size_t)N);
+        seq_reserve(d, n + 1);
+        memcpy(d->seq, f0->tokens, sizeof(int32_t) * (size_t)n);
+        d->n_past = n;
+        d->n_decode = same_shards ? f0->ring_next : 0;
+        d->has_logits = f0->logits != NULL;
+        if (f0->logits) memcpy(d->logits, f0->logits, sizeof(float) * d->m->hp.n_vocab);
+    }
+    for (int r = 0; r < N; r++) {
+        kvr_kv_file_free(fs[r]);
+        free(pos[r]);
+    }
+    free(fs);
+    free(pos);
+    free(rows);
+    return rc;
+}
+
+int kvr_dist_truncate(struct kvr_dist * d, int n) {
+    if (n < 0 || n > d->n_past) return kvr_error(KVR_ERR_ARG, "truncate: %d tokens, but the cache holds %d", n, d->n_past);
+    if (n == d->n_past) return KVR_OK;
+    if (d->layout == LAYOUT_RING && d->n_local != d->n_ranks) {
+        return kvr_error(KVR_ERR_UNSUPP, "truncate: a ring cache spread over processes (every process would need every shard's rows)");
+    }
+    // a rank's rows are in increasing positions: the ones kept are a prefix
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        int k = 0;
+        while (k < dr->n_rows && dr->cache_pos[k] < n) k++;
+        dr->n_rows = k;
+        if (d->layout == LAYOUT_RING) d->rows[dr->rank] = k;
+    }
+    if (d->layout == LAYOUT_CHAIN) {
+        for (int r = 0; r < d->n_ranks; r++) d->rows[r] = d->rows[r] < n ? d->rows[r] : n;
+    }
+    d->n_past = n;
+    d->has_logits = false;
+    return KVR_OK;
 }
 
 int kvr_dist_write_trace(const struct kvr_dist * d, const char * path) {

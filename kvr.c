@@ -2908,7 +2908,9 @@ static void trace_node(struct cpu_backend * cb, const struct kvr_tensor * t, dou
         struct kvr_span sp = { .t0 = t0, .t1 = t1, .cat = 'c' };
         const int tag = t->op_params[1];
         const char * kind = kvr_tag_kind_name(kvr_tag_kind(tag));
-        if (t->op == KVR_OP_SEND || t->op == KVR_OP_RECV) {
+        if (t->op == KVR_OP_SEND && t->op_params[0] < 0) { // not to a rank: a stream's sink (kvr-comm.c)
+            snprintf(sp.name, sizeof(sp.name), "stream K+V L%d out", kvr_tag_layer(tag));
+        } else if (t->op == KVR_OP_SEND || t->op == KVR_OP_RECV) {
             snprintf(sp.name, sizeof(sp.name), "%s %s L%d s%d %s %d", t->op == KVR_OP_SEND ? "send" : "recv", kind,
                      kvr_tag_layer(tag), kvr_tag_step(tag), t->op == KVR_OP_SEND ? "to" : "from", t->op_params[0]);
         } else {

@@ -983,6 +983,15 @@ struct kvr_dist_params {
     double             auto_flops;   // auto's C (0: 1e11)
     double             auto_bw;      // auto's BW in bytes/s (0: the link, else 1e10)
     FILE *             log;          // auto's choice and rule (NULL: quiet)
+    const char *       kv_stream;    // the first prefill streams its cache to this KV cache file, layer by
+                                     //   layer while it runs: each layer's rows are copied out as soon as
+                                     //   they are final and a thread writes them behind the compute. The
+                                     //   file is then what kvr_dist_kv_save would write after the prefill
+    bool               pd;           // prefill/decode disaggregation: rank decode_rank (the last one) only
+    int                decode_rank;  //   decodes; the others run the first prefill with the strategy and
+                                     //   stream the cache to it layer by layer while they compute (chain
+                                     //   strategies from their last rank, ring ones from every shard); every
+                                     //   later eval runs on the decode rank alone
 };
 
 // Per-rank counters of the last eval (the papers' claims are checked against them). Pairs and
@@ -1001,6 +1010,8 @@ struct kvr_rank_stats {
     double  ttft_ms;          // this rank's eval, start to end
     double  matmul_ms;        // wall time in MUL_MAT nodes (the first thread's view, barriers included)
     double  attn_ms;          // in ATTN nodes, the same way
+    int64_t kv_stream_bytes;  // cache bytes this rank streamed out (--kv-stream, P/D) or, the decode
+                              //   rank, received
     double  compute_ms;       // in all the nodes of its graphs but the transfers' (the rest of it: norms,
                               //   RoPE, copies, ...)
 };
@@ -1027,6 +1038,26 @@ int               kvr_dist_cache(const struct kvr_dist * d, int rank, const int3
                                  const struct kvr_kv_cache ** cache);
 // Chrome trace JSON of every eval since the start (one track per rank of this process).
 int               kvr_dist_write_trace(const struct kvr_dist * d, const char * path);
+// The tokens in the cache (kvr_dist_n_past of them) and the last token's logits (NULL after a
+// reset or a truncation).
+const int32_t *   kvr_dist_tokens(const struct kvr_dist * d);
+const float *     kvr_dist_logits(const struct kvr_dist * d);
+// Keep only the first n tokens of the cache (a ring cache spread over MPI processes cannot).
+int               kvr_dist_truncate(struct kvr_dist * d, int n);
+// Save the cache to a KV cache file. tsp, kvr and single hold the whole cache on the last rank:
+// one file of one shard, written by the process of that rank. ring-kv, ring-q and auto keep it
+// sharded: every rank's shard gathered to one file PATH (ranks of one process), or each rank's
+// shard in its own PATH.R (per_rank, and always under MPI), written by the rank's process. The
+// save replaces an earlier one at PATH in either form.
+int               kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool per_rank);
+// Restore a cache saved by kvr_dist_kv_save or kvr_session_kv_save: PATH, or when it does not
+// exist every rank's PATH.R. A ring cache of as many ranks goes back to the same shards (and the
+// ring's next decode shard): continuing is then bit-identical to never having stopped, as it is
+// for the whole cache on the last rank of a chain. Any other cache is split as a prefill of its
+// tokens would be. Every file is checked whole first: on an error the dist is as it was.
+int               kvr_dist_kv_load(struct kvr_dist * d, const char * path);
+// The file of one rank's shard: PATH.R.
+void              kvr_dist_kv_shard_path(const char * path, int rank, char * out, size_t cap);
 
 // The transfer schedule of one rank's graph: what its strategy asks of a transport. It is made
 // from the graph's communication nodes in execution order by code that knows no transport, and

@@ -103,6 +103,48 @@ PY
     else
         bad "kvr-bench --predict: $(head -c 300 "$tmp/bq.csv")"
     fi
+    # KV cache files: -n 20 saved, then loaded and continued by 30, prints what one -n 50 run does
+    # (single, and the sharded caches of kvr and ring-kv on 3 ranks)
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 50 --temp 0 > "$tmp/kv50.txt" 2> /dev/null
+    for cfg in "" "--ranks 3 --strategy kvr" "--ranks 3 --strategy ring-kv"; do
+        rm -f "$tmp/A"
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --kv-save "$tmp/A" $cfg > "$tmp/kv1.txt" 2> /dev/null
+        "$build/kvr-run" -m "$model" --kv-load "$tmp/A" -n 30 --temp 0 -v $cfg > "$tmp/kv2.txt" 2> "$tmp/kv2.err"
+        if cat "$tmp/kv1.txt" "$tmp/kv2.txt" | cmp -s - "$tmp/kv50.txt" && grep -q "kv-load: restored 25 tokens" "$tmp/kv2.err"; then
+            ok "--kv-save -n 20, --kv-load -n 30 = -n 50 ${cfg:-(single)}"
+        else
+            bad "--kv-save/--kv-load ${cfg:-(single)}: $(tail -n 1 "$tmp/kv2.err")"
+        fi
+    done
+    # --session: the second, longer prompt prefills only what the first run's tokens do not cover
+    p2="Once upon a time, there was a boy named Tim who"
+    "$build/kvr-run" -m "$model" -p "$p2" -n 30 --temp 0 > "$tmp/fresh.txt" 2> /dev/null
+    for cfg in "" "--ranks 3 --strategy ring-kv"; do
+        rm -f "$tmp/S"
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 10 --temp 0 --session "$tmp/S" $cfg > /dev/null 2>&1
+        "$build/kvr-run" -m "$model" -p "$p2" -n 30 --temp 0 --session "$tmp/S" -v $cfg > "$tmp/s2.txt" 2> "$tmp/s2.err"
+        if cmp -s "$tmp/s2.txt" "$tmp/fresh.txt" && grep -q "reused 9 of the prompt's 17, prefilling 8" "$tmp/s2.err" &&
+           grep -q "prompt_tokens=8 " "$tmp/s2.err"; then
+            ok "--session: 9 tokens reused, 8 prefilled, the fresh run's text ${cfg:-(single)}"
+        else
+            bad "--session ${cfg:-(single)}: $(grep session "$tmp/s2.err")"
+        fi
+    done
+    # a damaged or foreign cache file: status 2 and a message naming what and where
+    rm -f "$tmp/A"
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --kv-save "$tmp/A" > /dev/null 2>&1
+    head -c 1000 "$tmp/A" > "$tmp/A-cut"
+    python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[700] ^= 1; open(sys.argv[2], "wb").write(b)' "$tmp/A" "$tmp/A-flip"
+    for f in A-cut A-flip; do
+        "$build/kvr-run" -m "$model" --kv-load "$tmp/$f" -n 4 --temp 0 > /dev/null 2> "$tmp/bad.err"
+        rc=$?
+        if [ $rc -eq 2 ] && grep -q "$f: .*\(truncated\|CRC32C\)" "$tmp/bad.err"; then ok "--kv-load $f: status 2, $(head -c 90 "$tmp/bad.err")"; else bad "--kv-load $f: status $rc: $(cat "$tmp/bad.err")"; fi
+    done
+    if [ -f "$ref/tiny-llama-Q8_0.gguf" ]; then
+        "$build/kvr-run" -m "$ref/tiny-llama-Q8_0.gguf" --kv-load "$tmp/A" -n 4 --temp 0 > /dev/null 2> "$tmp/bad.err"
+        rc=$?
+        if [ $rc -eq 2 ] && grep -q "the cache is of another model" "$tmp/bad.err"; then ok "--kv-load of another model's cache: status 2"; else bad "--kv-load of another model's cache: status $rc"; fi
+    fi
     if [ -x "$build/mpi/kvr-run" ] && command -v mpirun >/dev/null 2>&1; then
         for np in 2 4; do
             for s in tsp kvr ring-kv ring-q auto; do
@@ -112,6 +154,15 @@ PY
                 printf '%s' "$(cat "$tmp/mpi.txt")" > "$tmp/mpi-text.txt"
                 if cmp -s "$tmp/mpi-text.txt" "$ref/stories260K-greedy.txt"; then ok "mpirun -np $np --strategy $s: same text"; else bad "mpirun -np $np --strategy $s: $(tail -n 2 "$tmp/mpi-err.txt")"; fi
             done
+        done
+        for s in kvr ring-kv; do
+            rm -f "$tmp/M" "$tmp"/M.*
+            timeout 120 mpirun --allow-run-as-root --oversubscribe -np 3 "$build/mpi/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 \
+                --strategy "$s" --comm-timeout 30 --kv-save "$tmp/M" > "$tmp/m1.txt" 2> "$tmp/m1.err"
+            timeout 120 mpirun --allow-run-as-root --oversubscribe -np 3 "$build/mpi/kvr-run" -m "$model" --kv-load "$tmp/M" -n 30 --temp 0 \
+                --strategy "$s" --comm-timeout 30 > "$tmp/m2.txt" 2> "$tmp/m2.err"
+            printf '%s%s' "$(cat "$tmp/m1.txt")" "$(cat "$tmp/m2.txt")" > "$tmp/m12.txt"
+            if cmp -s "$tmp/m12.txt" "$tmp/kv50.txt"; then ok "mpirun -np 3 --strategy $s: --kv-save -n 20, --kv-load -n 30 = -n 50"; else bad "mpirun --kv-save/--kv-load $s: $(tail -n 2 "$tmp/m2.err")"; fi
         done
     else
         skp "MPI transport (no MPI build or no mpirun)"

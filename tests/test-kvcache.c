@@ -15,6 +15,12 @@
 //   dist       restore-and-continue through kvr_dist for single, tsp, kvr, ring-kv and ring-q on
 //              1..4 ranks: the logits of every continued step equal, bit for bit, those of the
 //              dist that never stopped; a gathered file loads across rank counts
+//   stream     kv_stream during the first prefill, every strategy on 1..4 ranks: the file written
+//              while the prefill ran equals kvr_dist_kv_save's after it, byte for byte; the bytes
+//              streamed are the cache's
+//   P/D        prefill on N-1 ranks, decode on the last (every strategy, N = 2..4): the decode rank
+//              receives the whole cache, computes no prompt token, and continues as one rank does
+//              (same ids, logits within 1e-4; chain strategies: bit for bit as without P/D)
 //
 // usage: test-kvcache [SHARED_DIR (default ../shared)] [-v]
 // Prints "N passed, M failed" (", K skipped"); exits 1 on a failure.
@@ -23,6 +29,7 @@
 
 #include "kvr.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -435,6 +442,213 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
     kvr_session_free(a);
 }
 
+//
+// dist: restore-and-continue through kvr_dist_kv_save/_load
+//
+
+static struct kvr_dist * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks) {
+    struct kvr_dist_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 96, .timeout_s = 30 };
+    struct kvr_dist * d = kvr_dist_new(m, &p);
+    if (!d) { fprintf(stderr, "kvr_dist_new: %s\n", kvr_last_error()); exit(2); }
+    return d;
+}
+
+// n greedy steps from the dist's logits, every step's logits out
+static bool dist_greedy(struct kvr_dist * d, int n, int32_t * ids, float * logits_out, int n_vocab) {
+    for (int i = 0; i < n; i++) {
+        const float * l = kvr_dist_logits(d);
+        if (!l) return false;
+        memcpy(logits_out + (size_t)i * n_vocab, l, sizeof(float) * (size_t)n_vocab);
+        ids[i] = kvr_argmax(l, n_vocab);
+        if (!kvr_dist_eval(d, &ids[i], 1)) return false;
+    }
+    return true;
+}
+
+static void test_dist(const struct kvr_model * m) {
+    const int n_vocab = (int)m->hp.n_vocab, N = 12;
+    const enum kvr_strategy strats[] = { KVR_STRATEGY_SINGLE, KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q };
+    float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lb = malloc(sizeof(float) * (size_t)n_vocab * N);
+    float * scratch = malloc(sizeof(float) * (size_t)n_vocab * 8);
+    for (size_t si = 0; si < sizeof(strats) / sizeof(strats[0]); si++) {
+        for (int nr = 1; nr <= 4; nr++) {
+            if (strats[si] == KVR_STRATEGY_SINGLE && nr > 1) continue;
+            for (int per_rank = 0; per_rank < 2; per_rank++) {
+                const bool ring = strats[si] == KVR_STRATEGY_RING_KV || strats[si] == KVR_STRATEGY_RING_Q;
+                if (per_rank && !ring) continue;
+                set_case("dist %s x%d%s: save after prompt + 5, load, continue %d", kvr_strategy_name(strats[si]), nr,
+                         per_rank ? " (a file per rank)" : "", N);
+                struct kvr_dist * a = new_dist(m, strats[si], nr);
+                CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+                int32_t pre[5], ia[N], ib[N];
+                CHECK(dist_greedy(a, 5, pre, scratch, n_vocab), "decode: %s", kvr_last_error());
+                char path[640];
+                snprintf(path, sizeof(path), "%s", tmp_path("dist.kv"));
+                CHECK(kvr_dist_kv_save(a, path, per_rank) == KVR_OK, "save: %s", kvr_last_error());
+                char p0[700];
+                kvr_dist_kv_shard_path(path, nr - 1, p0, sizeof(p0));
+                CHECK(access(per_rank ? p0 : path, F_OK) == 0, "no file written");
+                struct kvr_dist * b = new_dist(m, strats[si], nr);
+                CHECK(kvr_dist_eval(b, prompt + 3, 4) != NULL, "b's own tokens first");
+                CHECK(kvr_dist_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
+                CHECK(kvr_dist_n_past(b) == N_PROMPT + 5 && memcmp(kvr_dist_tokens(b), kvr_dist_tokens(a), sizeof(int32_t) * (N_PROMPT + 5)) == 0,
+                      "tokens after the load");
+                CHECK(dist_greedy(a, N, ia, la, n_vocab), "a continues: %s", kvr_last_error());
+                CHECK(dist_greedy(b, N, ib, lb, n_vocab), "b continues: %s", kvr_last_error());
+                CHECK(memcmp(ia, ib, sizeof(ia)) == 0, "restored ids differ");
+                CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "restored logits differ (not bit-identical)");
+                // a later turn after the restore works as after a prefill (ring: the ring again)
+                CHECK(kvr_dist_eval(b, prompt, 7) != NULL, "a second turn after the restore: %s", kvr_last_error());
+                kvr_dist_free(b);
+                // the gathered file of any layout into a single session: the same rows, close continuation
+                if (!per_rank) {
+                    struct kvr_session * s = new_session(m, 96);
+                    CHECK(kvr_session_kv_load(s, path) == KVR_OK, "into a session: %s", kvr_last_error());
+                    int32_t is[4];
+                    float * ls = malloc(sizeof(float) * (size_t)n_vocab * 4);
+                    CHECK(run_greedy(s, 4, is, ls, n_vocab), "the session continues");
+                    CHECK(memcmp(is, ia, sizeof(is)) == 0, "the session's continuation differs");
+                    free(ls);
+                    kvr_session_free(s);
+                } else {
+                    struct kvr_dist * c = new_dist(m, KVR_STRATEGY_KVR, nr);
+                    const int rc = kvr_dist_kv_load(c, path);
+                    CHECK(nr == 1 ? rc == KVR_OK : rc == KVR_ERR_ARG, "per-rank files into a chain: %d %s", rc, kvr_last_error());
+                    kvr_dist_free(c);
+                }
+                kvr_dist_free(a);
+            }
+        }
+    }
+    set_case("dist: a ring cache of 3 ranks into 2 ring ranks and into kvr x3");
+    {
+        struct kvr_dist * a = new_dist(m, KVR_STRATEGY_RING_KV, 3);
+        CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+        char path[640];
+        snprintf(path, sizeof(path), "%s", tmp_path("ring3.kv"));
+        CHECK(kvr_dist_kv_save(a, path, false) == KVR_OK, "save");
+        int32_t ia[4];
+        CHECK(dist_greedy(a, 4, ia, la, n_vocab), "a continues");
+        const enum kvr_strategy to[2] = { KVR_STRATEGY_RING_Q, KVR_STRATEGY_KVR };
+        for (int k = 0; k < 2; k++) {
+            struct kvr_dist * b = new_dist(m, to[k], k ? 3 : 2);
+            CHECK(kvr_dist_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
+            int32_t ib[4];
+            CHECK(dist_greedy(b, 4, ib, lb, n_vocab), "continues");
+            CHECK(memcmp(ia, ib, sizeof(ia)) == 0, "the continuation differs");
+            kvr_dist_free(b);
+        }
+        set_case("dist: a failed load leaves the dist as it was");
+        struct kvr_dist * b = new_dist(m, KVR_STRATEGY_RING_KV, 3);
+        CHECK(kvr_dist_eval(b, prompt, 6) != NULL, "prefill");
+        write_all(tmp_path("bad.kv"), "KVRCACHE", 8);
+        CHECK(kvr_dist_kv_load(b, tmp_path("bad.kv")) == KVR_ERR_FORMAT, "a truncated file accepted");
+        CHECK(kvr_dist_n_past(b) == 6 && kvr_dist_logits(b) != NULL, "the dist changed");
+        struct kvr_dist * small = new_dist(m, KVR_STRATEGY_SINGLE, 1);
+        CHECK(kvr_dist_truncate(small, 1) == KVR_ERR_ARG, "truncate past n_past");
+        kvr_dist_free(small);
+        kvr_dist_free(b);
+        kvr_dist_free(a);
+    }
+    free(la);
+    free(lb);
+    free(scratch);
+}
+
+//
+// streaming during the prefill, and prefill/decode disaggregation
+//
+
+static void test_stream_pd(const struct kvr_model * m) {
+    const int n_vocab = (int)m->hp.n_vocab, N = 16;
+    const enum kvr_strategy strats[] = { KVR_STRATEGY_SINGLE, KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV,
+                                         KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO };
+    const int64_t cache_bytes = 2 * (int64_t)m->hp.n_layer * N_PROMPT * m->hp.head_dim * m->hp.n_head_kv * (int64_t)sizeof(float);
+    float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lb = malloc(sizeof(float) * (size_t)n_vocab * N);
+    float * lr = malloc(sizeof(float) * (size_t)n_vocab * N);
+    // the reference: one rank
+    struct kvr_dist * ref = new_dist(m, KVR_STRATEGY_SINGLE, 1);
+    int32_t iref[N];
+    CHECK(kvr_dist_eval(ref, prompt, N_PROMPT) != NULL && dist_greedy(ref, N, iref, lr, n_vocab), "reference");
+    kvr_dist_free(ref);
+    for (size_t si = 0; si < sizeof(strats) / sizeof(strats[0]); si++) {
+        for (int nr = 1; nr <= 4; nr++) {
+            if (strats[si] == KVR_STRATEGY_SINGLE && nr > 1) continue;
+            set_case("stream %s x%d: the streamed file equals the saved one", kvr_strategy_name(strats[si]), nr);
+            char sp[640], vp[640];
+            snprintf(sp, sizeof(sp), "%s", tmp_path("streamed.kv"));
+            snprintf(vp, sizeof(vp), "%s", tmp_path("saved.kv"));
+            struct kvr_dist_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+                                         .kv_stream = sp };
+            struct kvr_dist * a = kvr_dist_new(m, &p);
+            CHECK(a != NULL, "dist: %s", kvr_last_error());
+            if (!a) continue;
+            CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+            CHECK(kvr_dist_kv_save(a, vp, false) == KVR_OK, "save: %s", kvr_last_error());
+            CHECK(same_file(sp, vp), "the streamed file differs from the saved one");
+            struct kvr_rank_stats st[8];
+            const int ns = kvr_dist_stats(a, st, 8);
+            int64_t streamed = 0;
+            for (int i = 0; i < ns; i++) streamed += st[i].kv_stream_bytes;
+            CHECK(streamed == cache_bytes, "%lld bytes streamed, the cache has %lld", (long long)streamed, (long long)cache_bytes);
+            // the stream was the first prefill's: a decode step writes nothing
+            remove(sp);
+            const int32_t tok = 5;
+            CHECK(kvr_dist_eval(a, &tok, 1) != NULL && access(sp, F_OK) != 0, "a decode step streamed again");
+            kvr_dist_free(a);
+        }
+        for (int nr = 2; nr <= 4; nr++) {
+            set_case("P/D %s: %d prefill ranks, decode on rank %d", kvr_strategy_name(strats[si]), nr - 1, nr - 1);
+            struct kvr_dist_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+                                         .pd = true, .decode_rank = nr - 1 };
+            struct kvr_dist * a = kvr_dist_new(m, &p);
+            CHECK(a != NULL, "dist: %s", kvr_last_error());
+            if (!a) continue;
+            CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+            struct kvr_rank_stats st[8];
+            const int ns = kvr_dist_stats(a, st, 8);
+            int64_t got = -1;
+            for (int i = 0; i < ns; i++) {
+                if (st[i].rank == nr - 1) got = st[i].kv_stream_bytes;
+                if (st[i].rank == nr - 1) CHECK(st[i].tokens == 0, "the decode rank computed %d prompt tokens", st[i].tokens);
+            }
+            CHECK(got == cache_bytes, "the decode rank received %lld bytes, the cache has %lld", (long long)got, (long long)cache_bytes);
+            int32_t ia[N];
+            CHECK(dist_greedy(a, N, ia, la, n_vocab), "decode: %s", kvr_last_error());
+            CHECK(memcmp(ia, iref, sizeof(ia)) == 0, "the continuation differs from one rank's");
+            double worst = 0;
+            for (int i = 0; i < n_vocab * N; i++) worst = fabs(la[i] - lr[i]) > worst ? fabs(la[i] - lr[i]) : worst;
+            CHECK(worst <= 1e-4, "logits %g from one rank's", worst);
+            // the decode rank holds the whole cache: a save is the chain's whole cache, and for
+            // the chain strategies the same run without disaggregation on the prefill ranks gives
+            // the same logits bit for bit (the same rows, decoded by one rank over all of them)
+            if (!(strats[si] == KVR_STRATEGY_RING_KV || strats[si] == KVR_STRATEGY_RING_Q || strats[si] == KVR_STRATEGY_AUTO)) {
+                struct kvr_dist * b = new_dist(m, strats[si], nr - 1);
+                int32_t ib[N];
+                CHECK(kvr_dist_eval(b, prompt, N_PROMPT) != NULL && dist_greedy(b, N, ib, lb, n_vocab), "without P/D");
+                CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "P/D logits differ from the same strategy's on %d ranks", nr - 1);
+                kvr_dist_free(b);
+            }
+            char vp[640];
+            snprintf(vp, sizeof(vp), "%s", tmp_path("pd.kv"));
+            CHECK(kvr_dist_kv_save(a, vp, false) == KVR_OK, "save after P/D: %s", kvr_last_error());
+            struct kvr_session * s = new_session(m, 96);
+            CHECK(kvr_session_kv_load(s, vp) == KVR_OK && kvr_session_n_past(s) == N_PROMPT + N, "the P/D cache into a session");
+            kvr_session_free(s);
+            kvr_dist_free(a);
+        }
+    }
+    set_case("P/D: refused setups");
+    struct kvr_dist_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .pd = true, .decode_rank = 1 };
+    CHECK(kvr_dist_new(m, &p) == NULL && strstr(kvr_last_error(), "last"), "decode rank 1 of 3: %s", kvr_last_error());
+    p.n_ranks = 1;
+    p.decode_rank = 0;
+    CHECK(kvr_dist_new(m, &p) == NULL && strstr(kvr_last_error(), "2 ranks"), "P/D on 1 rank: %s", kvr_last_error());
+    free(la);
+    free(lb);
+    free(lr);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -455,6 +669,8 @@ int main(int argc, char ** argv) {
         test_session(m);
         test_shards(m);
         test_malformed(m, access(other, R_OK) == 0 ? other : NULL);
+        test_dist(m);
+        test_stream_pd(m);
         kvr_model_free(m);
     }
     char cmd[700];
