@@ -145,6 +145,36 @@ PY
         rc=$?
         if [ $rc -eq 2 ] && grep -q "the cache is of another model" "$tmp/bad.err"; then ok "--kv-load of another model's cache: status 2"; else bad "--kv-load of another model's cache: status $rc"; fi
     fi
+    # --kv-stream: the file written during the prefill is the one --kv-save writes after it
+    for cfg in "" "--ranks 3 --strategy kvr" "--ranks 3 --strategy ring-q"; do
+        rm -f "$tmp/ST" "$tmp/SV"
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 0 --temp 0 --kv-stream "$tmp/ST" --kv-save "$tmp/SV" $cfg > /dev/null 2>&1
+        if [ -s "$tmp/ST" ] && cmp -s "$tmp/ST" "$tmp/SV"; then ok "--kv-stream file = --kv-save file ${cfg:-(single)}"; else bad "--kv-stream ${cfg:-(single)}"; fi
+    done
+    # prefill/decode disaggregation: two prefill ranks, the third decodes; single's text for every
+    # strategy, the bytes streamed and the time to the first decoded token in --stats, and in the
+    # trace every prefill rank streams layer 0 to the decode rank before it starts its last layer
+    cache_bytes=$((2 * 5 * 5 * 32 * 4))
+    for s in single tsp kvr ring-kv ring-q auto; do
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --decode-rank 2 --strategy "$s" --stats \
+            --trace "$tmp/pd.json" > "$tmp/pd.txt" 2> "$tmp/pd.err"
+        if cmp -s "$tmp/pd.txt" "$ref/stories260K-greedy.txt" && grep -q "^{\"decode_rank\":2,\"kv_stream_bytes\":$cache_bytes,.*prefill_end_to_first_token_ms" "$tmp/pd.err" &&
+           python3 -c '
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+tx = [e for e in ev if e["tid"] != 2 and e["name"].startswith("send") and " L0 s20" in e["name"] and e["name"].endswith("to 2")]
+assert tx, "no stream to rank 2 in the trace"
+for t in set(e["tid"] for e in tx):
+    last = [e["ts"] for e in ev if e["tid"] == t and e["name"] == "layer 4"]
+    assert last and max(e["ts"] + e["dur"] for e in tx if e["tid"] == t) <= min(last), "rank %d streams after its last layer" % t
+rx = [e for e in ev if e["tid"] == 2 and "from" in e["name"]]
+assert len(rx) >= 10, "the decode rank received %d blocks" % len(rx)
+' "$tmp/pd.json"; then
+            ok "--ranks 3 --decode-rank 2 --strategy $s: single's text, $cache_bytes bytes streamed during the prefill"
+        else
+            bad "--decode-rank 2 --strategy $s: $(tail -n 2 "$tmp/pd.err")"
+        fi
+    done
     if [ -x "$build/mpi/kvr-run" ] && command -v mpirun >/dev/null 2>&1; then
         for np in 2 4; do
             for s in tsp kvr ring-kv ring-q auto; do
@@ -154,6 +184,16 @@ PY
                 printf '%s' "$(cat "$tmp/mpi.txt")" > "$tmp/mpi-text.txt"
                 if cmp -s "$tmp/mpi-text.txt" "$ref/stories260K-greedy.txt"; then ok "mpirun -np $np --strategy $s: same text"; else bad "mpirun -np $np --strategy $s: $(tail -n 2 "$tmp/mpi-err.txt")"; fi
             done
+        done
+        for s in tsp kvr ring-kv ring-q; do
+            timeout 120 mpirun --allow-run-as-root --oversubscribe -np 3 "$build/mpi/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 \
+                --strategy "$s" --decode-rank 2 --stats --comm-timeout 30 > "$tmp/mpd.txt" 2> "$tmp/mpd.err"
+            printf '%s' "$(cat "$tmp/mpd.txt")" > "$tmp/mpd-text.txt"
+            if cmp -s "$tmp/mpd-text.txt" "$ref/stories260K-greedy.txt" && grep -q '^{"decode_rank":2,"kv_stream_bytes":6400,' "$tmp/mpd.err"; then
+                ok "mpirun -np 3 --decode-rank 2 --strategy $s: single's text, the cache streamed to rank 2"
+            else
+                bad "mpirun --decode-rank 2 --strategy $s: $(tail -n 2 "$tmp/mpd.err")"
+            fi
         done
         for s in kvr ring-kv; do
             rm -f "$tmp/M" "$tmp"/M.*

@@ -85,6 +85,13 @@ struct run_args {
     double       link_gbps;
     double       link_latency_us;
     double       link_noise;
+    // the KV cache on disk and on the wire
+    const char * kv_save;
+    const char * kv_load;
+    const char * session;
+    const char * kv_stream;
+    int          decode_rank;
+    bool         pd;             // --decode-rank given
 };
 
 static int parse_strategy(const char * v, void * dst, char * why, size_t cap) {
@@ -192,6 +199,23 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
           .help = "local, with --link-gbps: each prefill, a random pair of neighbours\ngets an X times slower link" },
         { .name = "--stats", .kind = KVR_CLI_SWITCH, .dst = &a->stats, .help = "one JSON object of counters per rank on stderr after the prefill" },
         { .name = "--trace", .kind = KVR_CLI_OUT, .dst = &a->trace, .meta = "FILE", .help = "Chrome trace JSON of every rank's layers and transfers (Perfetto)" },
+        { .kind = KVR_CLI_SECTION, .help = "KV cache files and streaming:" },
+        { .name = "--kv-save", .kind = KVR_CLI_OUT, .dst = &a->kv_save, .meta = "FILE",
+          .help = "save the cache and its tokens after the prompt, and again after the\n"
+                  "generation (ring strategies: every rank's shard in FILE; under MPI each\n"
+                  "rank's in FILE.R)" },
+        { .name = "--kv-load", .kind = KVR_CLI_TEXT, .dst = &a->kv_load, .meta = "FILE",
+          .help = "restore a saved cache (FILE, or every rank's FILE.R), append the prompt\n"
+                  "if one is given (no BOS), continue" },
+        { .name = "--session", .kind = KVR_CLI_TEXT, .dst = &a->session, .meta = "FILE",
+          .help = "llama.cpp's prompt cache: restore FILE if it exists, reuse the longest\n"
+                  "common prefix of its tokens and the prompt, prefill the rest, save at the end" },
+        { .name = "--kv-stream", .kind = KVR_CLI_OUT, .dst = &a->kv_stream, .meta = "FILE",
+          .help = "write the prompt's cache to FILE layer by layer while the prefill runs\n"
+                  "(the file --kv-save writes after it)" },
+        { .name = "--decode-rank", .kind = KVR_CLI_INT, .dst = &a->decode_rank, .meta = "D", .lo = 0, .hi = 255, .given = &a->pd,
+          .help = "prefill/decode disaggregation: rank D (the last) only decodes; the others\n"
+                  "run the prefill and stream the cache to it layer by layer as they compute" },
     };
     const struct kvr_cli cli = { "kvr-run", run_synopsis, NULL, flags, (int)(sizeof(flags) / sizeof(flags[0])), NULL };
     int rc = kvr_cli_parse(&cli, argc, argv);
@@ -209,10 +233,21 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     } else {
         if (a->system) return kvr_cli_fail(&cli, "--system is for a chat: add -cnv");
         if (a->chat_template) return kvr_cli_fail(&cli, "--chat-template is for a chat: add -cnv");
-        if (!!a->prompt + !!a->prompt_file + !!a->tokens != 1) return kvr_cli_fail(&cli, "give exactly one of -p, -f and --tokens (or -cnv for a chat)");
+        if (a->kv_load && a->session) return kvr_cli_fail(&cli, "--kv-load and --session exclude each other (--session loads its file itself)");
+        if (!!a->prompt + !!a->prompt_file + !!a->tokens > 1 || (!a->kv_load && !a->prompt && !a->prompt_file && !a->tokens)) {
+            return kvr_cli_fail(&cli, a->kv_load ? "give at most one of -p, -f and --tokens" : "give exactly one of -p, -f and --tokens (or -cnv for a chat)");
+        }
+    }
+    if (a->conversation && (a->kv_save || a->kv_load || a->session || a->kv_stream || a->pd)) {
+        return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream and --decode-rank are for one prompt's run");
     }
     if (a->prompt && kvr_cli_check_text("kvr-run", "-p", a->prompt, strlen(a->prompt))) return 2;
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
+    // under MPI the rank count is the communicator's: kvr_dist_new checks the decode rank there
+    if (a->pd && a->comm == KVR_COMM_LOCAL && a->decode_rank != a->n_ranks - 1) {
+        return kvr_cli_fail(&cli, "--decode-rank %d: the decode rank is the last of the %d ranks", a->decode_rank, a->n_ranks);
+    }
+    if (a->pd && a->kv_stream) return kvr_cli_fail(&cli, "--decode-rank streams the cache to the decode rank; --kv-stream to a file: one of them");
     if (!a->strategy_set) a->strategy = a->n_ranks > 1 || a->comm != KVR_COMM_LOCAL ? KVR_STRATEGY_KVR : KVR_STRATEGY_SINGLE;
     if (a->partition && a->strategy != KVR_STRATEGY_KVR) {
         return kvr_cli_fail(&cli, "--partition splits the prompt for --strategy kvr; %s takes no partition", kvr_strategy_name(a->strategy));
@@ -227,8 +262,9 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         const int n = partition_entries(a->partition, v, 257, &frac, why, sizeof(why));
         if (n < 0) return kvr_cli_fail(&cli, "--partition '%.200s': %s", a->partition, why);
         a->n_part = n;
-        if (a->comm == KVR_COMM_LOCAL && n != a->n_ranks) {
-            return kvr_cli_fail(&cli, "--partition has %d entries for %d ranks", n, a->n_ranks);
+        const int n_prefill = a->pd ? a->n_ranks - 1 : a->n_ranks; // P/D: the decode rank takes no share
+        if (a->comm == KVR_COMM_LOCAL && n != n_prefill) {
+            return kvr_cli_fail(&cli, "--partition has %d entries for %d %sranks", n, n_prefill, a->pd ? "prefill " : "");
         }
         double sum = 0;
         for (int i = 0; i < n; i++) sum += v[i];
@@ -272,11 +308,12 @@ static void print_stats(const struct kvr_dist * d) {
     for (int i = 0; i < n; i++) {
         fprintf(stderr, "{\"rank\":%d,\"strategy\":\"%s\",\"tokens\":%d,\"attn_dot_dense\":%lld,\"attn_dot_causal\":%lld,"
                 "\"kv_rows_sent\":%lld,\"kv_rows_recv\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
-                "\"wait_ms\":%.3f,\"ttft_ms\":%.3f,\"matmul_ms\":%.3f,\"attn_ms\":%.3f,\"compute_ms\":%.3f}\n",
+                "\"wait_ms\":%.3f,\"ttft_ms\":%.3f,\"matmul_ms\":%.3f,\"attn_ms\":%.3f,\"compute_ms\":%.3f,"
+                "\"kv_stream_bytes\":%lld}\n",
                 st[i].rank, kvr_strategy_name(kvr_dist_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
                 (long long)st[i].attn_dot_causal, (long long)st[i].kv_rows_sent, (long long)st[i].kv_rows_recv,
                 (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms,
-                st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms);
+                st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms, (long long)st[i].kv_stream_bytes);
     }
 }
 
@@ -619,6 +656,88 @@ out:
 
 // The whole run; main() below, and the CLI fuzz target calls it in-process (tests/fuzz-cli.c), so
 // every path returns (no exit) and frees what it took.
+// The token count in a cache file's header (or in PATH.0's, rank 0's shard), to size the checks
+// of the context before the dist exists; -1 if there is no such file. Nothing else is trusted
+// here: the load checks the whole file.
+static int kv_file_tokens(const char * path) {
+    char p[4096];
+    FILE * f = fopen(path, "rb");
+    if (!f) {
+        kvr_dist_kv_shard_path(path, 0, p, sizeof(p));
+        f = fopen(p, "rb");
+    }
+    if (!f) return -1;
+    uint8_t h[KVR_KV_FILE_HEADER];
+    const size_t got = fread(h, 1, sizeof(h), f);
+    fclose(f);
+    if (got < 68) return 0; // the load names what is wrong
+    const uint32_t n = (uint32_t)h[64] | (uint32_t)h[65] << 8 | (uint32_t)h[66] << 16 | (uint32_t)h[67] << 24;
+    return n > (1u << 24) ? 0 : (int)n;
+}
+
+// --kv-load and --session: restore the cache; returns how many of the prompt's tokens are already
+// in it (session: the longest common prefix, so only the rest is prefilled), or -1 on an error.
+// A prompt that is all in the cache is prefilled from its last token, whose logits are needed.
+static int kv_restore(struct kvr_dist * d, const struct run_args * a, const int32_t * ids, int n_prompt, bool speaker) {
+    const char * path = a->kv_load ? a->kv_load : a->session;
+    if (a->session && kv_file_tokens(path) < 0) {
+        if (a->verbose && speaker) fprintf(stderr, "session: %s does not exist yet: a new session\n", path);
+        return 0;
+    }
+    if (kvr_dist_kv_load(d, path) != KVR_OK) {
+        fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
+        return -1;
+    }
+    const int n_cached = kvr_dist_n_past(d);
+    if (a->kv_load) {
+        if (a->verbose && speaker) fprintf(stderr, "kv-load: restored %d tokens from %s\n", n_cached, path);
+        return 0; // the prompt, if any, is appended
+    }
+    const int32_t * cached = kvr_dist_tokens(d);
+    int reuse = 0;
+    while (reuse < n_cached && reuse < n_prompt && cached[reuse] == ids[reuse]) reuse++;
+    const bool logits_fit = reuse == n_prompt && n_cached == n_prompt && kvr_dist_logits(d) != NULL;
+    if (reuse == n_prompt && !logits_fit) reuse--; // the last prompt token again, for its logits
+    if (kvr_dist_truncate(d, reuse) != KVR_OK) {
+        fprintf(stderr, "kvr-run: %s: %s\n", path, kvr_last_error());
+        return -1;
+    }
+    if (a->verbose && speaker) {
+        fprintf(stderr, "session: %s holds %d tokens; reused %d of the prompt's %d, prefilling %d\n", path, n_cached, reuse,
+                n_prompt, n_prompt - reuse);
+    }
+    return reuse;
+}
+
+static int kv_save(struct kvr_dist * d, const char * path) {
+    if (kvr_dist_kv_save(d, path, false) != KVR_OK) {
+        fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+// P/D (--stats, printed by the process that holds the decode rank, after the first decoded token):
+// the cache bytes streamed to the decode rank, when the prefill ranks were done (the latest of
+// their TTFTs; under MPI, where this process sees no other rank, when the logits arrived), when
+// the decode rank had the whole cache, and when the first decoded token was there, all in ms from
+// the prefill's start
+static void print_pd_stats(const struct kvr_rank_stats * st, int n, int decode_rank, double t_logits, double t_token) {
+    const struct kvr_rank_stats * dr = NULL;
+    double prefill_end = 0;
+    bool others = false;
+    for (int i = 0; i < n; i++) {
+        if (st[i].rank == decode_rank) { dr = &st[i]; continue; }
+        others = true;
+        if (st[i].ttft_ms > prefill_end) prefill_end = st[i].ttft_ms;
+    }
+    if (!dr) return;
+    if (!others) prefill_end = t_logits;
+    fprintf(stderr, "{\"decode_rank\":%d,\"kv_stream_bytes\":%lld,\"prefill_end_ms\":%.3f,\"stream_end_ms\":%.3f,"
+            "\"first_token_ms\":%.3f,\"prefill_end_to_first_token_ms\":%.3f}\n", decode_rank, (long long)dr->kv_stream_bytes,
+            prefill_end, dr->ttft_ms, t_token, t_token - prefill_end);
+}
+
 int kvr_run_main(int argc, char ** argv);
 int kvr_run_main(int argc, char ** argv) {
     struct run_args a;
@@ -665,16 +784,25 @@ int kvr_run_main(int argc, char ** argv) {
         // chat the text is the first user turn, tokenized with its template later
         if (!text && a.prompt) text = strdup(a.prompt);
         if (text && a.prompt && !a.no_escape) kvr_unescape(text);
-        if (!a.conversation) {
-            ids = tokenize_text(vocab, text, kvr_vocab_add_bos(vocab), !a.no_special, &n_prompt);
+        if (!a.conversation && !text) {
+            ids = malloc(sizeof(int32_t)); // --kv-load alone: nothing to append
+        } else if (!a.conversation) {
+            // appended to a restored cache: no BOS
+            ids = tokenize_text(vocab, text, kvr_vocab_add_bos(vocab) && !a.kv_load, !a.no_special, &n_prompt);
             if (!ids) goto done;
         }
     }
-    if (n_prompt == 0 && !a.conversation) {
+    if (n_prompt == 0 && !a.conversation && !a.kv_load) {
         fprintf(stderr, "kvr-run: the prompt has no tokens\n");
         goto done;
     }
-    if (a.verbose && !a.conversation) print_ids("prompt ids", ids, n_prompt);
+    if (a.verbose && !a.conversation && n_prompt) print_ids("prompt ids", ids, n_prompt);
+    // a restored cache counts against the context (a session's covers part of the prompt), and a
+    // save after the generation evaluates its last token too
+    int n_cached = a.kv_load ? kv_file_tokens(a.kv_load) : 0;
+    if (n_cached < 0) n_cached = 0; // the load says the file is missing
+    if (a.session && kv_file_tokens(a.session) > n_prompt) n_cached = kv_file_tokens(a.session) - n_prompt;
+    const int n_save = (a.kv_save || a.session) && a.n_predict > 0 ? 1 : 0;
 
     // the context: the model's trained one unless -c says otherwise, capped as -h says
     const int n_train = hp->n_ctx_train > 0 ? (int)(hp->n_ctx_train < (1u << 24) ? hp->n_ctx_train : (1u << 24)) : 4096;
@@ -684,9 +812,9 @@ int kvr_run_main(int argc, char ** argv) {
                 n_prompt, n_ctx, a.n_ctx > 0 ? "-c" : "the default", n_train);
         goto done;
     }
-    if (!a.conversation && n_prompt + a.n_predict > n_ctx) {
-        fprintf(stderr, "kvr-run: %d prompt tokens + %d to generate exceed the context of %d (raise -c or lower -n)\n",
-                n_prompt, a.n_predict, n_ctx);
+    if (!a.conversation && n_cached + n_prompt + a.n_predict + n_save > n_ctx) {
+        fprintf(stderr, "kvr-run: %s%d prompt tokens + %d to generate%s exceed the context of %d (raise -c or lower -n)\n",
+                n_cached ? "the cached tokens + " : "", n_prompt, a.n_predict, n_save ? " + 1 evaluated for the save" : "", n_ctx);
         goto done;
     }
     if (a.n_ctx > n_train) {
@@ -703,18 +831,19 @@ int kvr_run_main(int argc, char ** argv) {
             goto done;
         }
     }
+    const int n_prefill = a.pd ? a.n_ranks - 1 : a.n_ranks; // the ranks a partition splits the prompt over
     if (a.partition && strncmp(a.partition, "table:", 6) == 0) {
         // KVR-P: fractions interpolated from a lookup table written by kvr-tune --search
         struct kvr_tune_model tm;
-        fracs = calloc((size_t)a.n_ranks, sizeof(double));
+        fracs = calloc((size_t)n_prefill, sizeof(double));
         if (kvr_tune_model_from(model, &tm) != KVR_OK ||
-            kvr_tune_table_partition(a.partition + 6, tm.name, a.n_ranks, n_prompt, fracs) != KVR_OK) {
+            kvr_tune_table_partition(a.partition + 6, tm.name, n_prefill, n_prompt, fracs) != KVR_OK) {
             fprintf(stderr, "kvr-run: --partition %s: %s\n", a.partition, kvr_last_error());
             goto done;
         }
         if (a.verbose) {
             fprintf(stderr, "partition (KVR-P from %s, model %s):", a.partition + 6, tm.name);
-            for (int i = 0; i < a.n_ranks; i++) fprintf(stderr, " %.4f", fracs[i]);
+            for (int i = 0; i < n_prefill; i++) fprintf(stderr, " %.4f", fracs[i]);
             fprintf(stderr, "\n");
         }
     } else if (a.partition && strcmp(a.partition, "even") != 0) {
@@ -744,6 +873,7 @@ int kvr_run_main(int argc, char ** argv) {
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
         .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act,
         .log = a.verbose ? stderr : NULL,
+        .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
     };
     if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers (checked by parse_args)
         dp.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) == 2;
@@ -771,6 +901,11 @@ int kvr_run_main(int argc, char ** argv) {
         rc = run_conversation(&a, model, dist, &smp, text, n_ctx);
         goto done;
     }
+    int reuse = 0;
+    if (a.kv_load || a.session) {
+        reuse = kv_restore(dist, &a, ids, n_prompt, speaker);
+        if (reuse < 0) goto done;
+    }
 
     // the prompt as text first
     if (!speaker) {
@@ -788,14 +923,20 @@ int kvr_run_main(int argc, char ** argv) {
 
     rc = 0;
     const double t0 = kvr_time_ms();
-    const float * logits = kvr_dist_eval(dist, ids, n_prompt);
+    // only what the cache does not hold yet is prefilled
+    const float * logits = n_prompt > reuse ? kvr_dist_eval(dist, ids + reuse, n_prompt - reuse) : kvr_dist_logits(dist);
     const double t_prefill = kvr_time_ms();
-    if (a.stats) print_stats(dist);
+    if (a.stats && n_prompt > reuse) print_stats(dist);
+    // P/D: the prefill ranks' and the decode rank's times, for the line after the first decoded token
+    static struct kvr_rank_stats pst[256];
+    const int n_pst = a.stats && a.pd && n_prompt > reuse ? kvr_dist_stats(dist, pst, 256) : 0;
     if (!logits) {
-        fprintf(stderr, "\nkvr-run: prefill failed: %s\n", kvr_last_error());
-        rc = 1;
+        if (n_prompt > reuse) fprintf(stderr, "\nkvr-run: prefill failed: %s\n", kvr_last_error());
+        else fprintf(stderr, "kvr-run: %s holds no logits to continue from: give a prompt\n", a.kv_load);
+        rc = n_prompt > reuse ? 1 : 2;
         goto done;
     }
+    if (a.kv_save && (rc = kv_save(dist, a.kv_save)) != 0) goto done;
     const int n_vocab = kvr_vocab_n_tokens(vocab);
     if (a.dump_logits && speaker) {
         FILE * f = fopen(a.dump_logits, "w");
@@ -812,6 +953,7 @@ int kvr_run_main(int argc, char ** argv) {
     gen = malloc(sizeof(int32_t) * (size_t)(a.n_predict + 1));
     if (a.n_predict == 0) t_first = kvr_time_ms();
     bool first_piece = false;
+    bool pending = false; // the last sampled token is not in the cache yet
     while (n_gen < a.n_predict) {
         const int32_t id = kvr_sample(&smp, logits, n_vocab);
         if (n_gen == 0) t_first = kvr_time_ms();
@@ -819,22 +961,37 @@ int kvr_run_main(int argc, char ** argv) {
         if (kvr_vocab_is_eog(vocab, id)) break;
         if (speaker) print_piece(vocab, id, &first_piece);
         fflush(stdout);
-        if (n_gen == a.n_predict) break;
+        if (n_gen == a.n_predict) {
+            pending = true;
+            break;
+        }
         logits = kvr_dist_eval(dist, &id, 1);
         if (!logits) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
             goto done;
         }
+        if (n_gen == 1 && n_pst) print_pd_stats(pst, n_pst, a.decode_rank, t_prefill - t0, kvr_time_ms() - t0);
     }
     t_end = kvr_time_ms();
+    if (n_save) {
+        // the cache then holds every printed token and the logits of what comes next: a run that
+        // loads it continues where this one stopped
+        if (pending && !kvr_dist_eval(dist, &gen[n_gen - 1], 1)) {
+            fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
+            rc = 1;
+            goto done;
+        }
+        if (a.kv_save) rc = kv_save(dist, a.kv_save);
+    }
+    if (a.session && rc == 0) rc = kv_save(dist, a.session);
     if (isatty(1) && speaker) putchar('\n');
     fflush(stdout);
     if (a.verbose && speaker) print_ids("generated ids", gen, n_gen);
     const double ttft = t_first - t0;
     if (speaker) {
         fprintf(stderr, "timing: prompt_tokens=%d ttft_ms=%.3f prefill_tok_s=%.2f decode_ms_per_tok=%.3f\n",
-                n_prompt, ttft, n_prompt / ((t_prefill - t0) / 1e3), n_gen > 1 ? (t_end - t_first) / (n_gen - 1) : 0.0);
+                n_prompt - reuse, ttft, (n_prompt - reuse) / ((t_prefill - t0) / 1e3), n_gen > 1 ? (t_end - t_first) / (n_gen - 1) : 0.0);
     }
 done:
     if (dist && a.trace && kvr_dist_write_trace(dist, a.trace) != KVR_OK) {
