@@ -11,6 +11,7 @@
 # moved between the two: this shared machine drifts (16% slower matmuls over one two-hour sitting).
 # Long: the parallel table at 1k..8k takes about two hours on 2 cores (3 runs a point up
 # to 4k, one at 8k: an 8k prefill takes minutes).
+# Then the overhead of streaming the cache to a file during a 2048-token prefill (--kv-stream).
 # KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX and
 # KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 4k, 1 beyond) choose what runs;
 # KVR_BENCH_PAR_OUT (default BUILD/bench/parallel.md) collects the parallel table.
@@ -60,6 +61,32 @@ fi
 
 model=$dir/tinyllama-1.1b-f32.gguf
 [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type f32 --seed 1 -o "$model"
+
+# KV streaming (DejaVu): the TTFT of a 2048-token prefill (single rank, 2 threads) with and without
+# --kv-stream writing the cache (22 layers x 2 x 2048 rows x 1 KiB: 92 MB) to a file in BUILD/bench
+# while it runs; runs alternate, the medians are compared. KVR_BENCH_STREAM_RUNS (default 3; 0 skips).
+stream_runs=${KVR_BENCH_STREAM_RUNS:-3}
+if [ "$stream_runs" -gt 0 ]; then
+    toks=$(awk 'BEGIN { srand(7); for (i = 0; i < 2048; i++) printf "%s%d", i ? "," : "", 1 + int(rand() * 31999) }')
+    : > "$dir/stream.txt"
+    i=0
+    while [ $i -lt "$stream_runs" ]; do
+        for mode in off on; do
+            rm -f "$dir/stream.kv"
+            if [ $mode = on ]; then extra="--kv-stream $dir/stream.kv"; else extra=; fi
+            "$build/kvr-run" -m "$model" --tokens "$toks" -n 0 -t 2 -c 2048 $extra 2>&1 >/dev/null |
+                sed -n "s/^timing: .*ttft_ms=\([0-9.]*\).*/$mode \1/p" >> "$dir/stream.txt"
+        done
+        i=$((i + 1))
+    done
+    echo "## KV streaming overhead: 2048-token prefill, single rank x 2 threads, --kv-stream to a file"
+    sort -k1,1 -k2,2n "$dir/stream.txt" | awk '{ v[$1, ++n[$1]] = $2 }
+        END { for (k = 1; k <= 2; k++) { m = k == 1 ? "off" : "on"; c = n[m]; med[m] = c % 2 ? v[m, (c + 1) / 2] : (v[m, c / 2] + v[m, c / 2 + 1]) / 2 }
+              printf "TTFT median of %d runs: without %.0f ms, with --kv-stream %.0f ms: overhead %+.1f%%\n", n["off"], med["off"], med["on"],
+                     100 * (med["on"] / med["off"] - 1) }' | tee "$dir/stream-overhead.md"
+    rm -f "$dir/stream.kv"
+    echo
+fi
 
 # The simulator calibrated here for every rank x thread shape of the table (single x 2, single
 # x 1, 2 ranks x 1, the last with what sharing the machine costs), once before the runs and once
