@@ -1,10 +1,11 @@
-// kvr-comm.c - ranks: the transports (threads of one process, MPI processes), the endpoint the
-// backend calls for communication nodes, the strategy passes that rewrite a rank's graph
+// kvr-comm.c - ranks: the transports (threads of one process, MPI processes), the endpoint kvr's
+// comm protocol calls for communication nodes, the strategy passes that rewrite a rank's graph
 // (tsp, KV-Runahead, ring pass-KV, ring pass-Q, the ring decode), and the driver that runs one
-// eval on every rank: kvr_dist_eval.
+// eval on every rank: kvr_dist_eval. Which backend runs a rank is a name in the params: this file
+// sees backends only through kvr.h's seam (buffers, the eval road, optional counters and spans).
 //
-// Reading order: kvr_dist_eval -> plan_eval (who holds which tokens) -> rank_eval (build the
-// rank's graph, run its pass, plan memory, compute) -> pass_* -> comm_exec (the transfers).
+// Reading order: kvr_dist_eval -> plan_eval (who holds which tokens) -> rank_eval (the rank's
+// inputs, then the eval road kvr_eval_run with rank_pass) -> pass_* -> comm_exec (the transfers).
 
 #define _GNU_SOURCE
 #include "kvr.h"
@@ -1053,8 +1054,8 @@ static int stream_put(struct kv_stream * st, int rank, int il, const struct kvr_
         free(vb);
         return kvr_error(KVR_ERR_NOMEM, "stream: cannot buffer %zu KiB of layer %d", nb >> 9, il);
     }
-    memcpy(kb, k->data, nb);
-    memcpy(vb, v->data, nb);
+    kvr_backend_tensor_get(k, kb, 0, nb); // through the backend: the cache may be device memory
+    kvr_backend_tensor_get(v, vb, 0, nb);
     pthread_mutex_lock(&st->mu);
     st->k[il * st->n_shards + s] = kb;
     st->v[il * st->n_shards + s] = vb;
@@ -1092,7 +1093,9 @@ static int stream_close(struct kv_stream * st, bool ok, const float * logits) {
 }
 
 //
-// the endpoint a backend calls: runs the schedule of one rank's graph on its transport
+// the endpoint kvr_backend_graph_compute calls: runs the schedule of one rank's graph on its
+// transport, on the memory kvr hands over (host memory, a device backend's staged; device
+// pointers only for a transport that moves them itself: NCCL sets device_ptrs)
 //
 
 struct rank_comm {
@@ -1202,6 +1205,12 @@ static int rank_comm_begin(struct rank_comm * c, const struct kvr_graph * g) {
     return KVR_OK;
 }
 
+static int comm_begin(struct kvr_comm * base, const struct kvr_graph * g) {
+    struct rank_comm * c = (struct rank_comm *)base;
+    int rc = rank_comm_begin(c, g);
+    return rc == KVR_OK ? rc : comm_fail(c, rc);
+}
+
 // the comm node index of node: the backend runs them in order, and posts receives in order
 static int comm_node_index(const struct rank_comm * c, const struct kvr_tensor * node, int from) {
     const struct kvr_schedule * s = &c->sched;
@@ -1211,10 +1220,10 @@ static int comm_node_index(const struct rank_comm * c, const struct kvr_tensor *
     return -1;
 }
 
-static int comm_post_recv(struct kvr_comm * base, struct kvr_tensor * node) {
+static int comm_post_recv(struct kvr_comm * base, const struct kvr_tensor * node, void * dst) {
     struct rank_comm * c = (struct rank_comm *)base;
     const int k = comm_node_index(c, node, 0);
-    c->node_mem[k] = node->data;
+    c->node_mem[k] = dst;
     int rc = KVR_OK;
     if (c->tr->early_recv) {
         for (int i = c->sched.node_first[k]; i < c->sched.node_first[k + 1] && rc == KVR_OK; i++) rc = comm_post(c, i);
@@ -1234,7 +1243,8 @@ static int comm_stall(struct rank_comm * c, int tag) {
     return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
 }
 
-static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
+// dst and src are host memory the backend seam hands over (the tensors' own or staged copies)
+static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, void * dst_mem, const void * src_mem) {
     struct rank_comm * c = (struct rank_comm *)base;
     const struct kvr_schedule * s = &c->sched;
     if (node_is_stream(node)) { // K in src[0], V in src[1]: to the file stream, no peer
@@ -1247,8 +1257,8 @@ static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
     const int k = comm_node_index(c, node, c->next_node);
     c->next_node = k + 1;
     if (node->op != KVR_OP_RECV) {
-        c->node_src[k] = node->src[0]->data;
-        if (node->op != KVR_OP_SEND) c->node_mem[k] = node->data;
+        c->node_src[k] = src_mem;
+        if (node->op != KVR_OP_SEND) c->node_mem[k] = dst_mem;
     }
     // a collective's own rows (all-gather) or slice (all-to-all) stay on the rank
     const int me = base->rank, N = base->n_ranks;
@@ -1257,13 +1267,13 @@ static int comm_exec(struct kvr_comm * base, struct kvr_tensor * node) {
     if (node->op == KVR_OP_ALL_GATHER) {
         const size_t row = node->nb[1];
         const int64_t r0 = total * me / N, r1 = total * (me + 1) / N;
-        uint8_t * dst = (uint8_t *)node->data + r0 * row;
+        uint8_t * dst = (uint8_t *)dst_mem + r0 * row;
         KVR_ASSERT(node->src[0]->ne[1] == r1 - r0);
-        if (r1 > r0 && (const uint8_t *)node->src[0]->data != dst) rc = comm_copy(c, dst, node->src[0]->data, (size_t)(r1 - r0) * row);
+        if (r1 > r0 && (const uint8_t *)src_mem != dst) rc = comm_copy(c, dst, src_mem, (size_t)(r1 - r0) * row);
     } else if (node->op == KVR_OP_ALL_TO_ALL) {
         const size_t off = (size_t)me * node->nb[2];
         const int mine = kvr_ring_shard((int)total, 0, N, me, NULL);
-        rc = comm_copy(c, (uint8_t *)node->data + off, (const uint8_t *)node->src[0]->data + off, (size_t)mine * node->nb[1]);
+        rc = comm_copy(c, (uint8_t *)dst_mem + off, (const uint8_t *)src_mem + off, (size_t)mine * node->nb[1]);
     }
     if (rc == KVR_OK) rc = comm_issue(c, k);
     // this node's receives are what the nodes after it read
@@ -1299,7 +1309,7 @@ static int comm_finish(struct kvr_comm * base) {
 static struct rank_comm * rank_comm_new(struct transport * tr, int rank, int n_ranks, double timeout_s) {
     struct rank_comm * c = calloc(1, sizeof(*c));
     KVR_ASSERT(c != NULL);
-    c->base.iface   = (struct kvr_comm_i) { comm_post_recv, comm_exec, comm_finish };
+    c->base.iface   = (struct kvr_comm_i) { comm_begin, comm_post_recv, comm_exec, comm_finish };
     c->base.rank    = rank;
     c->base.n_ranks = n_ranks;
     c->base.context = c;
@@ -1346,9 +1356,9 @@ struct dist_rank {
     int32_t             * cache_pos;  // absolute position of every cache row
     int                   n_rows;
     struct kvr_backend  * be;
+    struct kvr_model    * model;      // the weights on be
     struct rank_comm    * comm;
-    void                * buf;
-    size_t                buf_size;
+    struct kvr_buffer   * buf;        // activations, kept from eval to eval
     float               * logits;
     struct kvr_span     * spans;      // every eval's spans, times relative to the dist's start
     int                   n_spans, cap_spans;
@@ -1520,6 +1530,8 @@ struct pass_ctx {
     struct kvr_tensor  ** sinks;
     int                   n_sinks, cap_sinks;
     struct kvr_tensor  ** step_pos;  // ring: positions received at step j (layer 0), reused
+    bool                  receiver;  // P/D's decode rank: receives the cache, builds no model
+    int                   n_final;   // cache rows this rank holds after the eval
     float                 scale;     // of the ATTN_BLOCK being rewritten: its score scale
     int                   window;    //   and its sliding window (0: none)
 };
@@ -1852,7 +1864,7 @@ static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
 }
 
 //
-// one rank's eval: build its graph, rewrite it, plan memory, compute
+// one rank's eval: its inputs and its pass, through the eval road
 //
 
 // The node after which layer il's rows of this rank's cache are final: the V store (which runs
@@ -1941,12 +1953,11 @@ static void add_stream_nodes(struct pass_ctx * pc, struct kvr_graph * g, int n_r
 
 // The decode rank's part of a P/D prefill: a graph of receives only, each layer's K and V rows
 // straight into its cache at their positions, in the order the prefill ranks send them.
-static struct kvr_graph * receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, int gsize) {
+static void receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g) {
     struct eval_plan * pl = &d->plan;
     struct kvr_kv_cache * c = dr->cache;
     const bool ring = strategy_is_ring(pl->strat);
     const int nc = 2 * pl->N;
-    struct kvr_graph * g = kvr_graph_new(ctx, gsize);
     for (int il = 0; il < c->n_layer; il++) {
         for (int q = 0; q < (ring ? pl->N : 1); q++) {
             for (int j = 0; j < (ring ? 2 : 1); j++) {
@@ -1964,13 +1975,33 @@ static struct kvr_graph * receive_graph(struct kvr_dist * d, struct dist_rank * 
             }
         }
     }
-    return g;
 }
 
 static int rank_fail(struct dist_rank * dr, int rc) {
     dr->rc = rc;
     snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
     return rc;
+}
+
+// The eval road calls this between the model's graph and the memory plan.
+static void rank_pass(void * user, struct kvr_pass_args * a) {
+    struct pass_ctx * pc = user;
+    pc->ctx  = a->ctx;
+    pc->kpos = a->kpos;
+    if (pc->receiver) { // P/D's decode rank: its graph is the receives alone, built here
+        receive_graph(pc->d, pc->dr, a->ctx, a->g);
+        return;
+    }
+    if (pc->pl->strat == KVR_STRATEGY_SINGLE) {
+        kvr_pass_single(a->ctx, a->g, pc->dr->cache, pc->n_old, a->kpos, pc->d->p.attn_mode);
+    } else {
+        run_pass(pc, a->g);
+    }
+    if (pc->dr->comm->stream || pc->pl->pd) add_stream_nodes(pc, a->g, pc->n_final);
+    // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
+    // the whole model (a peer may be waiting for it to go on)
+    a->sinks   = pc->sinks;
+    a->n_sinks = pc->n_sinks;
 }
 
 static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
@@ -1986,10 +2017,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     dr->comm->stall_layer = d->p.stall && r == d->p.stall_rank ? d->p.stall_layer : -1;
     // a P/D prefill's collectives are among the prefill ranks
     dr->comm->base.n_ranks = pl->pd ? pl->N : d->n_ranks;
-    kvr_backend_cpu_counters(dr->be, NULL, true);
     const bool receiver = pl->pd && r == d->n_ranks - 1;
 
     const bool ring = d->layout == LAYOUT_RING;
+    const bool chain = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR;
     const bool keep = !ring || pl->store < 0 || pl->store == r; // does this rank store the new rows?
     const int n_old = dr->n_rows, n_new = receiver ? pl->T : keep ? c : 0;
     if (n_old + n_new > dr->cache->n_ctx) {
@@ -1997,128 +2028,84 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
                                        r, n_old, n_new, dr->cache->n_ctx));
     }
     const int n_layer = (int)m->hp.n_layer;
-    const int gsize = n_layer * (64 + 24 * pl->N) + 256;
-    struct kvr_context * ctx = kvr_init((size_t)gsize * (2 * sizeof(struct kvr_tensor) + 3 * sizeof(void *)) + (1 << 20), true);
-    if (!ctx) return rank_fail(dr, kvr_error(KVR_ERR_NOMEM, "rank %d: cannot allocate its graph context", r));
-
-    struct kvr_build b = { 0 };
-    b.ctx       = ctx;
-    b.n_tokens  = c;
-    b.n_outputs = r == pl->owner ? 1 : 0;
-    b.tokens    = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, c), "tokens");
-    b.pos       = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, c), "pos");
-    b.tokens->flags |= KVR_FLAG_INPUT;
-    b.pos->flags    |= KVR_FLAG_INPUT;
     // the cache rows this rank attends over after its store; tsp's cover the whole prompt
     int e_r = 0; // kvr: the end of this rank's slice
     for (int q = 0; q <= r; q++) e_r += pl->cnt[q];
     const int n_kpos = pl->strat == KVR_STRATEGY_TSP ? pl->T : pl->strat == KVR_STRATEGY_KVR ? e_r : n_old + n_new;
-    struct kvr_tensor * kpos = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n_kpos), "kpos");
-    kpos->flags |= KVR_FLAG_INPUT;
-    // the decode rank of a P/D prefill builds no model: it receives the cache
-    struct kvr_tensor * out = receiver ? NULL : kvr_model_build(m, &b);
-    struct kvr_graph * g = receiver ? receive_graph(d, dr, ctx, gsize) : kvr_graph_new(ctx, gsize);
-    if (!receiver) kvr_graph_expand(g, out);
-    struct pass_ctx pc = { .d = d, .dr = dr, .ctx = ctx, .pl = pl, .rank = r, .N = pl->N, .n_old = n_old, .kpos = kpos };
+    // the rows this rank holds after the eval: tsp and kvr ranks keep the prefix they saw
+    const int n_final = chain ? n_kpos : n_old + n_new;
+    // the inputs: this rank's tokens, and the positions of its cache rows after the eval
+    int32_t * toks = malloc(sizeof(int32_t) * (size_t)(c + 1));
+    int32_t * kpos = malloc(sizeof(int32_t) * (size_t)(n_kpos + 1));
+    KVR_ASSERT(toks && kpos);
+    for (int i = 0; i < c; i++) toks[i] = d->tokens[pl->pos[r][i] - pl->P];
+    for (int i = 0; i < n_new; i++) dr->cache_pos[n_old + i] = receiver ? i : pl->pos[r][i];
+    for (int i = 0; i < n_kpos && !receiver; i++) kpos[i] = chain ? i : dr->cache_pos[i];
+
+    struct pass_ctx pc = { .d = d, .dr = dr, .pl = pl, .rank = r, .N = pl->N, .n_old = n_old,
+                           .receiver = receiver, .n_final = n_final };
     struct kvr_tensor * step_pos[256] = { 0 };
     pc.step_pos = step_pos;
-    if (receiver) {
-        // nothing to rewrite
-    } else if (pl->strat == KVR_STRATEGY_SINGLE) {
-        kvr_pass_single(ctx, g, dr->cache, n_old, kpos, d->p.attn_mode);
-    } else {
-        run_pass(&pc, g);
-    }
-    // the rows this rank holds after the eval: tsp and kvr ranks keep the prefix they saw
-    const int n_final = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR ? n_kpos : n_old + n_new;
-    if (!receiver && (dr->comm->stream || pl->pd)) add_stream_nodes(&pc, g, n_final);
-    // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
-    // the whole model (a peer may be waiting for it to go on)
-    if (!receiver) {
-        kvr_graph_reset(g);
-        for (int i = 0; i < pc.n_sinks; i++) kvr_graph_expand(g, pc.sinks[i]);
-    }
-    if (b.n_outputs) {
-        out->flags |= KVR_FLAG_OUTPUT;
-        kvr_graph_expand(g, out);
-    }
-    free(pc.sinks);
+    FILE * graph_out = NULL;
     if (d->p.graph_out) {
-        FILE * f = open_memstream(&dr->graph_text, &dr->graph_len);
-        if (f) {
-            fprintf(f, "rank %d (%s, %d tokens):\n", r, kvr_strategy_name(pl->strat), c);
-            kvr_graph_print(g, f);
-            fclose(f);
-        }
+        graph_out = open_memstream(&dr->graph_text, &dr->graph_len);
+        if (graph_out) fprintf(graph_out, "rank %d (%s, %d tokens):\n", r, kvr_strategy_name(pl->strat), c);
     }
-    size_t need = kvr_graph_plan(g);
-    if (need > dr->buf_size) {
-        free(dr->buf);
-        dr->buf = NULL;
-        if (posix_memalign(&dr->buf, 64, need) != 0) {
-            dr->buf = NULL;
-            dr->buf_size = 0;
-            kvr_graph_place(g, NULL);
-            kvr_free(ctx);
-            return rank_fail(dr, kvr_error(KVR_ERR_NOMEM, "rank %d: cannot allocate %zu MiB of activations", r, need >> 20));
-        }
-        dr->buf_size = need;
-    }
-    kvr_graph_place(g, dr->buf);
-    for (int i = 0; i < c; i++) {
-        ((int32_t *)b.tokens->data)[i] = d->tokens[pl->pos[r][i] - pl->P];
-        ((int32_t *)b.pos->data)[i] = pl->pos[r][i];
-    }
-    // the positions of this rank's cache rows after the eval
-    for (int i = 0; i < n_new; i++) dr->cache_pos[n_old + i] = receiver ? i : pl->pos[r][i];
-    for (int i = 0; i < n_kpos && !receiver; i++) {
-        ((int32_t *)kpos->data)[i] = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR ? i : dr->cache_pos[i];
-    }
-
-    // attention pairs are reported per layer: count the layers whose attention ran here (a rank
-    // without the output skips the last layer's)
-    int attn_layers = 0;
-    {
-        bool seen[4096] = { false };
-        for (int i = 0; i < g->n_nodes; i++) {
-            const struct kvr_tensor * t = g->nodes[i];
-            if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
-            const int il = atoi(t->name + 4);
-            if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; attn_layers++; }
-        }
-    }
-    // the transfers this graph asks for, grouped and ordered as every transport runs them
-    int rc = rank_comm_begin(dr->comm, g);
-    if (rc != KVR_OK) comm_fail(dr->comm, rc);
-    else rc = kvr_backend_graph_compute(dr->be, g);
-    if (rc == KVR_OK && b.n_outputs) {
-        memcpy(dr->logits, out->data, sizeof(float) * m->hp.n_vocab);
-    }
+    char name[32];
+    snprintf(name, sizeof(name), "rank %d", r);
+    struct kvr_eval ev = {
+        .model      = dr->model,
+        .backend    = dr->be,
+        .cache      = dr->cache,
+        .tokens     = toks,
+        .pos        = pl->pos[r],
+        .n_tokens   = c,
+        .kpos       = kpos,
+        .n_kpos     = n_kpos,
+        .n_past     = n_old,
+        .n_outputs  = !receiver && r == pl->owner ? 1 : 0,
+        .attn_mode  = d->p.attn_mode,
+        .pass       = rank_pass,
+        .pass_user  = &pc,
+        .no_model   = receiver,
+        .graph_size = n_layer * (64 + 24 * pl->N) + 256,
+        .graph_out  = graph_out,
+        .name       = name,
+        .compute    = &dr->buf,
+        .logits     = dr->logits,
+    };
+    int rc = kvr_eval_run(&ev);
+    if (graph_out) fclose(graph_out);
+    free(pc.sinks);
+    free(toks);
+    free(kpos);
     if (rc == KVR_OK) {
         if (pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR) {
             for (int i = 0; i < n_final; i++) dr->cache_pos[i] = i;
         }
         dr->n_rows = n_final;
     }
-    struct kvr_counters cn;
-    kvr_backend_cpu_counters(dr->be, &cn, true);
+    // attention pairs are reported per layer: divided by the layers whose attention ran here (a
+    // rank without the output skips the last layer's)
+    const struct kvr_counters * cn = &ev.counters;
+    const int attn_layers = ev.n_attn_layers;
     dr->comm->st.rank = r;
     dr->comm->st.tokens = c;
-    dr->comm->st.attn_dot_dense  = attn_layers ? cn.attn_dot_dense / attn_layers : 0;
-    dr->comm->st.attn_dot_causal = attn_layers ? cn.attn_dot_causal / attn_layers : 0;
-    dr->comm->st.matmul_ms = cn.op_ms[KVR_OP_MUL_MAT];
-    dr->comm->st.attn_ms = cn.op_ms[KVR_OP_ATTN];
+    dr->comm->st.attn_dot_dense  = attn_layers ? cn->attn_dot_dense / attn_layers : 0;
+    dr->comm->st.attn_dot_causal = attn_layers ? cn->attn_dot_causal / attn_layers : 0;
+    dr->comm->st.matmul_ms = cn->op_ms[KVR_OP_MUL_MAT];
+    dr->comm->st.attn_ms = cn->op_ms[KVR_OP_ATTN];
     dr->comm->st.compute_ms = 0.0;
     for (int k = 0; k < KVR_OP_COUNT; k++) {
         const bool comm = k == KVR_OP_SEND || k == KVR_OP_RECV || k == KVR_OP_ALL_GATHER || k == KVR_OP_ALL_TO_ALL;
-        if (!comm) dr->comm->st.compute_ms += cn.op_ms[k]; // the transfers' nodes wait: wait_ms
+        if (!comm) dr->comm->st.compute_ms += cn->op_ms[k]; // the transfers' nodes wait: wait_ms
     }
     dr->comm->st.kv_rows_sent /= n_layer;
     dr->comm->st.kv_rows_recv /= n_layer;
     dr->comm->st.ttft_ms = kvr_time_ms() - t0;
     if (d->p.trace) {
         int ns;
-        const struct kvr_span * sp = kvr_backend_cpu_spans(dr->be, &ns, false);
+        const struct kvr_span * sp = kvr_backend_spans(dr->be, &ns, false);
         for (int i = 0; i < ns; i++) {
             if (dr->n_spans == dr->cap_spans) {
                 dr->cap_spans = dr->cap_spans ? 2 * dr->cap_spans : 256;
@@ -2130,9 +2117,8 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
             dr->spans[dr->n_spans].t1 -= d->t_base;
             dr->n_spans++;
         }
-        kvr_backend_cpu_spans(dr->be, &ns, true);
+        kvr_backend_spans(dr->be, &ns, true);
     }
-    kvr_free(ctx);
     return rc == KVR_OK ? rc : rank_fail(dr, rc);
 }
 
@@ -2308,13 +2294,16 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         dr->rank = my_rank + i; // local: 0 + i; one rank a process: the process's
-        dr->cache = kvr_kv_cache_new(&m->hp, n_ctx);
+        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = dr->rank,
+                                               .q8_activations = p->q8_activations, .trace = p->trace };
+        dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
+        dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
+        dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx, dr->be) : NULL;
         if (!dr->cache) {
             kvr_dist_free(d);
             return NULL;
         }
         dr->cache_pos = calloc((size_t)n_ctx, sizeof(int32_t));
-        dr->be = kvr_backend_cpu_new(n_threads);
 #ifdef KVR_NCCL
         if (p->comm == KVR_COMM_NCCL) { // NCCL moves device memory: the rank's transfers follow its compute stream
             void * stream = kvr_backend_cuda_stream(dr->be);
@@ -2327,9 +2316,8 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         }
 #endif
         dr->comm = rank_comm_new(d->tr, dr->rank, d->n_ranks, d->p.timeout_s);
-        kvr_backend_cpu_set_comm(dr->be, &dr->comm->base);
-        kvr_backend_cpu_set_trace(dr->be, p->trace);
-        kvr_backend_cpu_set_q8_activations(dr->be, p->q8_activations);
+        dr->comm->base.device_ptrs = p->comm == KVR_COMM_NCCL; // NCCL moves device memory itself: nothing staged
+        kvr_backend_set_comm(dr->be, &dr->comm->base);
         dr->logits = calloc(m->hp.n_vocab, sizeof(float));
     }
     d->last = p->strategy;
@@ -2342,9 +2330,10 @@ void kvr_dist_free(struct kvr_dist * d) {
         struct dist_rank * dr = &d->ranks[i];
         kvr_kv_cache_free(dr->cache);
         free(dr->cache_pos);
+        kvr_buffer_free(dr->buf);
+        kvr_model_free(dr->model);
         kvr_backend_free(dr->be);
         rank_comm_free(dr->comm);
-        free(dr->buf);
         free(dr->logits);
         free(dr->spans);
         free(dr->graph_text);

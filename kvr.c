@@ -11,21 +11,23 @@
 //    6. tensors and contexts        arenas of tensor structs, views, reshapes
 //    7. ops                         constructors: they record an op and its sources, nothing more
 //    8. graphs                      build, memory planning, the single-rank strategy pass
-//    9. CPU kernels                 one function per op (threads split the rows), one dispatch switch
-//   10. CPU backend                 the thread pool walking a graph, the vtable, counters and spans
-//   11. GGUF reader                 every count, length and offset checked before use
-//   12. GGUF writer                 metadata and tensors out (kvr-gen, tests)
-//   13. tokenizers                  SPM and byte-level BPE, exactly as llama.cpp's; chat templates
-//   14. KV cache                    per-layer K and V of a session or rank
-//   15. KV cache files              the cache on disk: a writer fed layer by layer, a reader that checks all
-//   16. models                      hyper-parameters, weights, the architectures' recipes (models/)
-//   17. sessions                    a model, a cache and a backend: prefill and decode
-//   18. sampling                    greedy, temperature, top-k, top-p
-//   19. appendix: generated tables  the Unicode classes the BPE pre-tokenizers need
+//    9. backends                    buffers, tensors in and out, the comm protocol, backends by name
+//   10. CPU kernels                 one function per op (threads split the rows), one dispatch switch
+//   11. CPU backend                 the thread pool walking a graph, the vtable, counters and spans
+//   12. GGUF reader                 every count, length and offset checked before use
+//   13. GGUF writer                 metadata and tensors out (kvr-gen, tests)
+//   14. tokenizers                  SPM and byte-level BPE, exactly as llama.cpp's; chat templates
+//   15. KV cache                    per-layer K and V of a session or rank
+//   16. KV cache files              the cache on disk: a writer fed layer by layer, a reader that checks all
+//   17. models                      hyper-parameters, weights, the architectures' recipes (models/)
+//   18. sessions                    the eval road of sessions and ranks; sessions: prefill, decode
+//   19. sampling                    greedy, temperature, top-k, top-p
+//   20. appendix: generated tables  the Unicode classes the BPE pre-tokenizers need
 //
-// Reading order for one prefill: kvr_session_eval (17) -> kvr_model_build (16, models/llama.c) ->
-// kvr_pass_single (8) -> kvr_graph_plan (8) -> cpu_graph_compute (10) -> cpu_compute_node (9) ->
-// cpu_op_* (9).
+// Reading order for one prefill: kvr_session_eval (18) -> kvr_eval_run (18, the road ranks take
+// too) -> kvr_model_build (17, models/llama.c) -> kvr_pass_single (8) -> kvr_graph_plan (8) ->
+// kvr_backend_graph_compute (9, the comm protocol) -> cpu_graph_compute (11) -> cpu_compute_node
+// (10) -> cpu_op_* (10).
 
 #define _GNU_SOURCE
 #define STB_DS_IMPLEMENTATION
@@ -820,6 +822,7 @@ static struct kvr_tensor * new_tensor_impl(struct kvr_context * ctx, enum kvr_ty
         }
         t->view_src  = view_src;
         t->view_offs = view_offs;
+        t->buffer    = view_src->buffer;
         t->data      = view_src->data ? (uint8_t *)view_src->data + view_offs : NULL;
     } else if (!ctx->no_alloc) {
         t->data = ctx_alloc(ctx, t->nb[3] * (size_t)t->ne[3]);
@@ -1426,17 +1429,19 @@ size_t kvr_graph_plan(struct kvr_graph * g) {
     return ps.top ? ps.top : PLAN_ALIGN;
 }
 
-void kvr_graph_place(struct kvr_graph * g, void * buf) {
-    KVR_ASSERT(g->plan != NULL && ((uintptr_t)buf % PLAN_ALIGN) == 0);
+void kvr_graph_place(struct kvr_graph * g, struct kvr_buffer * buf) {
+    KVR_ASSERT(g->plan != NULL && (!buf || ((uintptr_t)buf->base % PLAN_ALIGN) == 0));
     struct plan_entry * map = g->plan;
     const size_t n = map[0].offs;
     for (size_t i = 1; buf && i <= n; i++) {
-        map[i].key->data = (uint8_t *)buf + map[i].offs;
+        map[i].key->data   = (uint8_t *)buf->base + map[i].offs;
+        map[i].key->buffer = buf;
     }
     for (int i = 0; buf && i < g->n_nodes; i++) { // views see their owner's memory
         struct kvr_tensor * t = g->nodes[i];
         if (t->view_src) {
-            t->data = (uint8_t *)t->view_src->data + t->view_offs;
+            t->data   = (uint8_t *)t->view_src->data + t->view_offs;
+            t->buffer = t->view_src->buffer;
         }
     }
     free(g->plan);
@@ -1448,10 +1453,14 @@ void kvr_replace_node(struct kvr_tensor * node, const struct kvr_tensor * by, co
     snprintf(name, sizeof(name), "%s", node->name[0] ? node->name : "attn");
     const int flags = node->flags;
     void * data = node->data;
+    struct kvr_buffer * buffer = node->buffer;
     *node = *by;
     snprintf(node->name, sizeof(node->name), "%s", name);
     node->flags = flags | by->flags;
-    if (data) node->data = data; // the caller placed it: keep it
+    if (data) { // the caller placed it: keep it
+        node->data   = data;
+        node->buffer = buffer;
+    }
     node->why = why;
 }
 
@@ -1494,7 +1503,261 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 }
 
 //
-// 9. CPU kernels. Each takes the thread's (ith, nth) and does its share of the rows; the executor
+// 9. backends: buffers, tensors in and out, the comm protocol every backend runs under, and the
+// constructor by name (kvr.h section 7 is the manual). Besides the allocator (sections 6 and 8)
+// and the CPU sections (10, 11) this is the only code that uses a tensor's data: to copy host
+// tensors and to hand host memory to a transport.
+//
+
+static bool node_is_noop(const struct kvr_tensor * t) {
+    return t->op == KVR_OP_NONE || t->op == KVR_OP_VIEW;
+}
+
+static bool node_is_comm(const struct kvr_tensor * t) {
+    return t->op == KVR_OP_SEND || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
+}
+
+// Host memory: a tensor of a no_alloc = false context (no buffer), or one in a host buffer.
+static bool tensor_is_host(const struct kvr_tensor * t) {
+    return !t->buffer || t->buffer->host;
+}
+
+static struct kvr_buffer * buffer_new(struct kvr_backend * be, size_t size) {
+    struct kvr_buffer * buf = kvr_calloc(1, sizeof(*buf));
+    buf->backend = be;
+    buf->size    = size;
+    return buf;
+}
+
+struct kvr_buffer * kvr_backend_alloc_buffer(struct kvr_backend * be, size_t size) {
+    struct kvr_buffer * buf = buffer_new(be, size);
+    if (be->iface.buf_alloc(be, buf) != KVR_OK) { // the backend said why
+        free(buf);
+        return NULL;
+    }
+    KVR_ASSERT(buf->base != NULL && (uintptr_t)buf->base % PLAN_ALIGN == 0);
+    return buf;
+}
+
+struct kvr_buffer * kvr_backend_buffer_from_host(struct kvr_backend * be, const void * host, size_t size) {
+    struct kvr_buffer * buf = buffer_new(be, size);
+    if (be->iface.buf_from_host(be, buf, host) != KVR_OK) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+void kvr_buffer_free(struct kvr_buffer * buf) {
+    if (!buf) return;
+    if (buf->backend) buf->backend->iface.buf_free(buf->backend, buf);
+    else if (buf->owned) free(buf->base);
+    free(buf);
+}
+
+void kvr_buffer_clear(struct kvr_buffer * buf, uint8_t value) {
+    if (buf->backend) buf->backend->iface.buf_clear(buf->backend, buf, value);
+    else memset(buf->base, value, buf->size);
+}
+
+void kvr_buffer_place(struct kvr_buffer * buf, struct kvr_tensor * t, size_t offs) {
+    KVR_ASSERT(!t->view_src && !t->data && offs + kvr_nbytes(t) <= buf->size);
+    t->buffer = buf;
+    t->data   = (uint8_t *)buf->base + offs;
+}
+
+void kvr_backend_tensor_set(struct kvr_tensor * t, const void * src, size_t off, size_t n) {
+    KVR_ASSERT(t->data != NULL && off + n <= kvr_nbytes(t));
+    if (t->buffer && t->buffer->backend) t->buffer->backend->iface.tensor_set(t->buffer->backend, t, src, off, n);
+    else if (n) memcpy((uint8_t *)t->data + off, src, n);
+}
+
+void kvr_backend_tensor_get(const struct kvr_tensor * t, void * dst, size_t off, size_t n) {
+    KVR_ASSERT(t->data != NULL && off + n <= kvr_nbytes(t));
+    if (t->buffer && t->buffer->backend) t->buffer->backend->iface.tensor_get(t->buffer->backend, t, dst, off, n);
+    else if (n) memcpy(dst, (const uint8_t *)t->data + off, n);
+}
+
+// The comm protocol. Transports take host memory: a node's own when it is host (or when the
+// transport moves backend memory itself), else a staged copy that lives until the graph ends.
+struct comm_stage {
+    const struct kvr_tensor * node;
+    void *                    host;
+};
+
+struct comm_run {
+    struct comm_stage * recv;     // stb_ds array: staged RECV destinations, posted at graph start
+    void **             scratch;  // stb_ds array: every staged copy, freed when the graph ends
+};
+
+static void * comm_host(struct kvr_backend * be, struct comm_run * run, const struct kvr_tensor * t, bool fill) {
+    if (tensor_is_host(t) || be->comm->device_ptrs) return t->data;
+    KVR_ASSERT(kvr_is_contiguous(t)); // comm nodes move whole rows of contiguous tensors
+    void * host = kvr_calloc(1, kvr_nbytes(t));
+    arrput(run->scratch, host);
+    if (fill) kvr_backend_tensor_get(t, host, 0, kvr_nbytes(t));
+    return host;
+}
+
+// graph start: the endpoint sees the graph, then every receive is posted, so transfers overlap
+// the compute before them
+static int comm_begin(struct kvr_backend * be, struct comm_run * run, struct kvr_graph * g) {
+    if (be->comm && be->comm->iface.begin) {
+        int rc = be->comm->iface.begin(be->comm, g);
+        if (rc != KVR_OK) return rc;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (t->op != KVR_OP_RECV) continue;
+        if (!be->comm) return kvr_error(KVR_ERR_ARG, "graph node '%s' (RECV) needs a communicator", t->name);
+        void * dst = comm_host(be, run, t, false);
+        if (dst != t->data) arrput(run->recv, ((struct comm_stage) { t, dst }));
+        int rc = be->comm->iface.post_recv(be->comm, t, dst);
+        if (rc != KVR_OK) return rc;
+    }
+    return KVR_OK;
+}
+
+int kvr_backend_comm_node(struct kvr_backend * be, struct kvr_tensor * node) {
+    struct comm_run * run = be->run;
+    KVR_ASSERT(run != NULL && node_is_comm(node) && "kvr_backend_comm_node outside kvr_backend_graph_compute");
+    if (!be->comm) return kvr_error(KVR_ERR_ARG, "graph node '%s' (%s) needs a communicator", node->name, kvr_op_name(node->op));
+    void * dst = NULL;
+    const void * src = NULL;
+    if (node->op == KVR_OP_RECV) {
+        dst = node->data;
+        for (ptrdiff_t i = 0; i < arrlen(run->recv); i++) {
+            if (run->recv[i].node == node) dst = run->recv[i].host;
+        }
+    } else {
+        src = comm_host(be, run, node->src[0], true);
+        if (node->op != KVR_OP_SEND) dst = comm_host(be, run, node, false);
+    }
+    int rc = be->comm->iface.exec(be->comm, node, dst, src);
+    if (rc == KVR_OK && dst && dst != node->data) kvr_backend_tensor_set(node, dst, 0, kvr_nbytes(node));
+    return rc;
+}
+
+// graph end, however it ended: outstanding sends complete (or time out), receives never waited
+// for are cancelled; the first error is the one reported
+static int comm_end(struct kvr_backend * be, struct comm_run * run, int rc) {
+    if (be->comm) {
+        char msg[sizeof(kvr_errbuf)];
+        snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
+        int rc2 = be->comm->iface.finish(be->comm);
+        if (rc != KVR_OK) kvr_error(rc, "%s", msg);
+        else rc = rc2;
+    }
+    for (ptrdiff_t i = 0; i < arrlen(run->scratch); i++) free(run->scratch[i]);
+    arrfree(run->scratch);
+    arrfree(run->recv);
+    return rc;
+}
+
+// a node may use its backend's memory and host memory (whose backend can read that is its business)
+static int check_buffer(struct kvr_backend * be, const struct kvr_tensor * node, const struct kvr_tensor * t) {
+    if (tensor_is_host(t) || t->buffer->backend == be) return KVR_OK;
+    return kvr_error(KVR_ERR_ARG, "graph node '%s' uses '%s', which lives in a buffer of another backend (%s, not this %s)",
+                     node->name, t->name, kvr_backend_name(t->buffer->backend), kvr_backend_name(be));
+}
+
+int kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kvr_tensor * t = g->nodes[i];
+        if (t->op == KVR_OP_ATTN_BLOCK) {
+            return kvr_error(KVR_ERR_ARG, "graph node '%s' is an ATTN_BLOCK: run a strategy pass first", t->name);
+        }
+        if (!node_is_noop(t) && !t->data) {
+            return kvr_error(KVR_ERR_ARG, "graph node '%s' has no memory: plan and place the graph first", t->name);
+        }
+        int rc = check_buffer(be, t, t);
+        for (int j = 0; j < KVR_MAX_SRC && rc == KVR_OK; j++) {
+            if (t->src[j]) rc = check_buffer(be, t, t->src[j]);
+        }
+        if (rc != KVR_OK) return rc;
+    }
+    KVR_ASSERT(be->run == NULL && "one graph at a time on a backend");
+    struct comm_run run = { 0 };
+    be->run = &run;
+    int rc = comm_begin(be, &run, g);
+    if (rc == KVR_OK) rc = be->iface.graph_compute(be, g);
+    rc = comm_end(be, &run, rc);
+    be->run = NULL;
+    return rc;
+}
+
+struct kvr_backend * kvr_backend_new(const char * name, const struct kvr_backend_params * p) {
+    const struct kvr_backend_params def = { 0 };
+    if (!p) p = &def;
+    if (!name) name = "cpu";
+    struct kvr_backend * be = NULL;
+    if (strcmp(name, "cpu") == 0) {
+        be = kvr_backend_cpu_new(p->n_threads);
+    } else if (strcmp(name, "cuda") == 0) {
+#ifdef KVR_CUDA
+        be = kvr_backend_cuda_new(p);
+        if (!be) return NULL;
+#else
+        kvr_error(KVR_ERR_UNSUPP, "backend 'cuda': kvr was built without CUDA (build with make KVR_CUDA=1)");
+        return NULL;
+#endif
+    } else {
+        kvr_error(KVR_ERR_ARG, "unknown backend '%s' (known: cpu, cuda)", name);
+        return NULL;
+    }
+    kvr_backend_set_q8_activations(be, p->q8_activations);
+    kvr_backend_set_trace(be, p->trace);
+    return be;
+}
+
+void kvr_backend_free(struct kvr_backend * be) {
+    if (be) be->iface.free(be);
+}
+
+const char * kvr_backend_name(struct kvr_backend * be) {
+    return be->iface.name(be);
+}
+
+bool kvr_backend_supports_op(struct kvr_backend * be, const struct kvr_tensor * op) {
+    return be->iface.supports_op(be, op);
+}
+
+int kvr_backend_synchronize(struct kvr_backend * be) {
+    return be->iface.synchronize(be);
+}
+
+void kvr_backend_set_comm(struct kvr_backend * be, struct kvr_comm * comm) {
+    be->comm = comm;
+}
+
+void kvr_backend_set_threads(struct kvr_backend * be, int n_threads) {
+    if (be->iface.set_threads) be->iface.set_threads(be, n_threads);
+}
+
+void kvr_backend_set_q8_activations(struct kvr_backend * be, bool on) {
+    if (be->iface.set_q8_activations) be->iface.set_q8_activations(be, on);
+}
+
+void kvr_backend_set_trace(struct kvr_backend * be, bool on) {
+    if (be->iface.set_trace) be->iface.set_trace(be, on);
+}
+
+const struct kvr_span * kvr_backend_spans(struct kvr_backend * be, int * n, bool reset) {
+    *n = 0;
+    return be->iface.spans ? be->iface.spans(be, n, reset) : NULL;
+}
+
+bool kvr_backend_counters(struct kvr_backend * be, struct kvr_counters * out, bool reset) {
+    struct kvr_counters tmp;
+    if (!out) out = &tmp;
+    memset(out, 0, sizeof(*out));
+    if (!be->iface.counters) return false;
+    be->iface.counters(be, out, reset);
+    return true;
+}
+
+//
+// 10. CPU kernels. Each takes the thread's (ith, nth) and does its share of the rows; the executor
 // (next section) runs them on its pool of threads, with a barrier between nodes.
 //
 
@@ -1720,7 +1983,7 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
 // the integer prefill path for Q4_K: activations quantized to 8 bits, integer dot products
 //
 // What llama.cpp does for every k-quant matmul, here for Q4_K and only where a caller asks for it
-// (kvr_backend_cpu_set_q8_activations): the activations are quantized per 256 values to int8 with
+// (kvr_backend_set_q8_activations): the activations are quantized per 256 values to int8 with
 // one f32 scale (ggml's Q8_K rule), the weights' 4-bit quants are multiplied by them in 8/16/32-bit
 // integers, and the scales are applied once per super-block. Exact in its integers, it differs from
 // the dequantize-and-sgemm path only by the rounding of the activations (logits move by up to ~0.1);
@@ -2847,7 +3110,7 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
 }
 
 //
-// 10. CPU backend: a pool of threads walks the graph together; every node is split by rows
+// 11. CPU backend: a pool of threads walks the graph together; every node is split by rows
 // between them (ith of nth), with a barrier between nodes.
 //
 
@@ -2866,10 +3129,10 @@ struct cpu_backend {
     size_t              wsize;
     struct kvr_counters counters;
     struct kvr_counters thread_counters[KVR_MAX_THREADS];
-    struct kvr_comm   * comm;
+    struct kvr_backend * be;          // the backend this is the context of (for comm nodes)
     atomic_int          status;       // first error of a comm node; every thread stops on it
     bool                trace;
-    bool                q8_act;       // kvr_backend_cpu_set_q8_activations
+    bool                q8_act;       // kvr_backend_set_q8_activations
     struct kvr_span   * spans;        // stb_ds array
     int                 span_layer;   // layer of the open compute span (-1: none)
 };
@@ -2887,14 +3150,6 @@ static void cpu_barrier(struct cpu_backend * cb) {
     for (int spins = 0; atomic_load(&cb->barrier_gen) == gen; spins++) {
         if (spins > 2000) sched_yield();
     }
-}
-
-static bool node_is_noop(const struct kvr_tensor * t) {
-    return t->op == KVR_OP_NONE || t->op == KVR_OP_VIEW;
-}
-
-static bool node_is_comm(const struct kvr_tensor * t) {
-    return t->op == KVR_OP_SEND || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
 }
 
 // the layer a node belongs to, from its name ("blk.12.ffn_up"), or -1
@@ -2942,10 +3197,9 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
         if (node_is_noop(t)) continue;
         const double t0 = ith == 0 ? kvr_time_ms() : 0.0;
         if (node_is_comm(t)) {
-            // transfers run on one thread; the others wait at the barrier
+            // transfers run on one thread, every node before them done; the others wait at the barrier
             if (ith == 0) {
-                int rc = cb->comm ? cb->comm->iface.exec(cb->comm, t)
-                                  : kvr_error(KVR_ERR_ARG, "graph node '%s' (%s) needs a communicator", t->name, kvr_op_name(t->op));
+                int rc = kvr_backend_comm_node(cb->be, t);
                 if (rc != KVR_OK) atomic_store(&cb->status, rc);
             }
         } else {
@@ -3024,26 +3278,22 @@ static void cpu_ensure_scratch(struct cpu_backend * cb, size_t floats) {
 
 static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     struct cpu_backend * cb = be->context;
+    // kvr_backend_graph_compute checked the graph and posted its receives; what the CPU adds:
+    // every tensor a node touches must be host memory
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
-        if (t->op == KVR_OP_ATTN_BLOCK) {
-            return kvr_error(KVR_ERR_ARG, "graph node '%s' is an ATTN_BLOCK: run a strategy pass first", t->name);
-        }
-        if (!node_is_noop(t) && !t->data) {
-            return kvr_error(KVR_ERR_ARG, "graph node '%s' has no memory: plan and place the graph first", t->name);
+        for (int j = -1; j < KVR_MAX_SRC; j++) {
+            const struct kvr_tensor * s = j < 0 ? t : t->src[j];
+            if (s && !node_is_noop(t) && !tensor_is_host(s)) {
+                return kvr_error(KVR_ERR_ARG, "the CPU backend cannot run node '%s': '%s' is in %s memory", t->name, s->name,
+                                 kvr_backend_name(s->buffer->backend));
+            }
         }
     }
     cpu_ensure_scratch(cb, cpu_scratch_floats(g, cb->n_threads, cb->q8_act));
     const double t0 = kvr_time_ms();
     atomic_store(&cb->status, KVR_OK);
     cb->span_layer = -1;
-    // receives are posted before anything runs, so transfers overlap the compute before them
-    for (int i = 0; i < g->n_nodes; i++) {
-        if (g->nodes[i]->op != KVR_OP_RECV) continue;
-        if (!cb->comm) return kvr_error(KVR_ERR_ARG, "graph node '%s' (RECV) needs a communicator", g->nodes[i]->name);
-        int rc = cb->comm->iface.post_recv(cb->comm, g->nodes[i]);
-        if (rc != KVR_OK) return rc;
-    }
     cb->graph = g;
     if (cb->n_threads > 1) {
         atomic_store(&cb->done_count, 0);
@@ -3065,16 +3315,7 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
         memset(&cb->thread_counters[i], 0, sizeof(cb->thread_counters[i]));
     }
     cb->counters.compute_ms += kvr_time_ms() - t0;
-    int rc = atomic_load(&cb->status);
-    if (cb->comm) {
-        // outstanding sends complete (or time out) even when the graph failed
-        char msg[sizeof(kvr_errbuf)];
-        snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
-        int rc2 = cb->comm->iface.finish(cb->comm);
-        if (rc != KVR_OK) kvr_error(rc, "%s", msg);
-        else rc = rc2;
-    }
-    return rc;
+    return atomic_load(&cb->status);
 }
 
 static const char * cpu_name(struct kvr_backend * be) { (void)be; return "cpu"; }
@@ -3089,26 +3330,47 @@ static bool cpu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t
     }
 }
 
-static void * cpu_buf_alloc(struct kvr_backend * be, size_t size) {
+static int cpu_buf_alloc(struct kvr_backend * be, struct kvr_buffer * buf) {
     (void)be;
-    void * p = NULL;
-    if (posix_memalign(&p, PLAN_ALIGN, size ? size : PLAN_ALIGN) != 0) return NULL;
-    return p;
+    if (posix_memalign(&buf->base, PLAN_ALIGN, buf->size ? buf->size : PLAN_ALIGN) != 0) {
+        buf->base = NULL;
+        return kvr_error(KVR_ERR_NOMEM, "cpu: cannot allocate a buffer of %zu MiB", buf->size >> 20);
+    }
+    buf->host  = true;
+    buf->owned = true;
+    return KVR_OK;
 }
 
-static void cpu_buf_free(struct kvr_backend * be, void * buf) { (void)be; free(buf); }
+// host memory is the CPU's own: the weights stay in the file mapping, zero-copy
+static int cpu_buf_from_host(struct kvr_backend * be, struct kvr_buffer * buf, const void * host) {
+    (void)be;
+    buf->base  = (void *)host;
+    buf->host  = true;
+    buf->owned = false;
+    return KVR_OK;
+}
+
+static void cpu_buf_free(struct kvr_backend * be, struct kvr_buffer * buf) {
+    (void)be;
+    if (buf->owned) free(buf->base);
+}
+
+static void cpu_buf_clear(struct kvr_backend * be, struct kvr_buffer * buf, uint8_t value) {
+    (void)be;
+    memset(buf->base, value, buf->size);
+}
 
 static void cpu_tensor_set(struct kvr_backend * be, struct kvr_tensor * t, const void * src, size_t off, size_t n) {
     (void)be;
-    memcpy((uint8_t *)t->data + off, src, n);
+    if (n) memcpy((uint8_t *)t->data + off, src, n);
 }
 
 static void cpu_tensor_get(struct kvr_backend * be, const struct kvr_tensor * t, void * dst, size_t off, size_t n) {
     (void)be;
-    memcpy(dst, (const uint8_t *)t->data + off, n);
+    if (n) memcpy(dst, (const uint8_t *)t->data + off, n);
 }
 
-static void cpu_synchronize(struct kvr_backend * be) { (void)be; }
+static int cpu_synchronize(struct kvr_backend * be) { (void)be; return KVR_OK; } // every call returns done
 
 static void cpu_stop_threads(struct cpu_backend * cb) {
     if (cb->n_threads <= 1) return;
@@ -3153,6 +3415,36 @@ static void cpu_free(struct kvr_backend * be) {
     free(be);
 }
 
+static void cpu_set_threads(struct kvr_backend * be, int n_threads) {
+    struct cpu_backend * cb = be->context;
+    if (n_threads > KVR_MAX_THREADS) n_threads = KVR_MAX_THREADS;
+    if (n_threads <= 0 || n_threads == cb->n_threads) return;
+    cpu_stop_threads(cb);
+    for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
+    cpu_start_threads(cb, n_threads);
+}
+
+static void cpu_set_trace(struct kvr_backend * be, bool on) {
+    ((struct cpu_backend *)be->context)->trace = on;
+}
+
+static void cpu_set_q8_activations(struct kvr_backend * be, bool on) {
+    ((struct cpu_backend *)be->context)->q8_act = on;
+}
+
+static const struct kvr_span * cpu_spans(struct kvr_backend * be, int * n, bool reset) {
+    struct cpu_backend * cb = be->context;
+    *n = (int)arrlen(cb->spans);
+    if (reset) arrsetlen(cb->spans, 0);
+    return cb->spans;
+}
+
+static void cpu_counters(struct kvr_backend * be, struct kvr_counters * out, bool reset) {
+    struct cpu_backend * cb = be->context;
+    *out = cb->counters;
+    if (reset) memset(&cb->counters, 0, sizeof(cb->counters));
+}
+
 struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -3168,85 +3460,52 @@ struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
     cpu_start_threads(cb, n_threads);
     struct kvr_backend * be = kvr_calloc(1, sizeof(*be));
     be->iface = (struct kvr_backend_i) {
-        .name          = cpu_name,
-        .free          = cpu_free,
-        .supports_op   = cpu_supports_op,
-        .buf_alloc     = cpu_buf_alloc,
-        .buf_free      = cpu_buf_free,
-        .tensor_set    = cpu_tensor_set,
-        .tensor_get    = cpu_tensor_get,
-        .graph_compute = cpu_graph_compute,
-        .synchronize   = cpu_synchronize,
+        .name               = cpu_name,
+        .free               = cpu_free,
+        .supports_op        = cpu_supports_op,
+        .buf_alloc          = cpu_buf_alloc,
+        .buf_from_host      = cpu_buf_from_host,
+        .buf_free           = cpu_buf_free,
+        .buf_clear          = cpu_buf_clear,
+        .tensor_set         = cpu_tensor_set,
+        .tensor_get         = cpu_tensor_get,
+        .graph_compute      = cpu_graph_compute,
+        .synchronize        = cpu_synchronize,
+        .set_threads        = cpu_set_threads,
+        .set_q8_activations = cpu_set_q8_activations,
+        .set_trace          = cpu_set_trace,
+        .spans              = cpu_spans,
+        .counters           = cpu_counters,
     };
     be->context = cb;
+    cb->be      = be;
     return be;
-}
-
-void kvr_backend_cpu_set_threads(struct kvr_backend * be, int n_threads) {
-    struct cpu_backend * cb = be->context;
-    if (n_threads > KVR_MAX_THREADS) n_threads = KVR_MAX_THREADS;
-    if (n_threads <= 0 || n_threads == cb->n_threads) return;
-    cpu_stop_threads(cb);
-    for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
-    cpu_start_threads(cb, n_threads);
-}
-
-void kvr_backend_cpu_set_comm(struct kvr_backend * be, struct kvr_comm * comm) {
-    ((struct cpu_backend *)be->context)->comm = comm;
-}
-
-void kvr_backend_cpu_set_trace(struct kvr_backend * be, bool on) {
-    ((struct cpu_backend *)be->context)->trace = on;
-}
-
-void kvr_backend_cpu_set_q8_activations(struct kvr_backend * be, bool on) {
-    ((struct cpu_backend *)be->context)->q8_act = on;
-}
-
-const struct kvr_span * kvr_backend_cpu_spans(struct kvr_backend * be, int * n, bool reset) {
-    struct cpu_backend * cb = be->context;
-    *n = (int)arrlen(cb->spans);
-    if (reset) arrsetlen(cb->spans, 0);
-    return cb->spans;
-}
-
-void kvr_backend_free(struct kvr_backend * be) {
-    if (be) be->iface.free(be);
-}
-
-int kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
-    return be->iface.graph_compute(be, g);
-}
-
-bool kvr_backend_supports_op(struct kvr_backend * be, const struct kvr_tensor * op) {
-    return be->iface.supports_op(be, op);
-}
-
-void kvr_backend_cpu_counters(struct kvr_backend * be, struct kvr_counters * out, bool reset) {
-    struct cpu_backend * cb = be->context;
-    if (out) *out = cb->counters;
-    if (reset) memset(&cb->counters, 0, sizeof(cb->counters));
 }
 
 int kvr_graph_compute_cpu(struct kvr_graph * g, int n_threads) {
     size_t size = kvr_graph_plan(g);
-    void * buf = NULL;
-    if (posix_memalign(&buf, PLAN_ALIGN, size) != 0) {
+    void * mem = NULL;
+    if (posix_memalign(&mem, PLAN_ALIGN, size) != 0) {
+        kvr_graph_place(g, NULL);
         return kvr_error(KVR_ERR_NOMEM, "cannot allocate %zu bytes for the graph", size);
     }
+    // a host buffer (no backend): the caller reads the outputs through the nodes' data after the
+    // backend is gone, so the memory and its buffer live as long as the graph's context
+    struct kvr_buffer * buf = buffer_new(NULL, size);
+    buf->base = mem;
+    buf->host = true;
+    arrput(g->ctx->bufs, mem);
+    arrput(g->ctx->bufs, buf);
     kvr_graph_place(g, buf);
     struct kvr_backend * be = kvr_backend_cpu_new(n_threads);
     int rc = kvr_backend_graph_compute(be, g);
     kvr_backend_free(be);
-    // nodes keep pointers into buf and the caller reads the outputs through them: the buffer
-    // lives as long as the graph's context
-    arrput(g->ctx->bufs, buf);
     return rc;
 }
 
 
 //
-// 11. GGUF reader. Every count, length, offset and extent is checked against the bytes that are
+// 12. GGUF reader. Every count, length, offset and extent is checked against the bytes that are
 // actually there before it is used, so a malformed file is an error naming the field and its
 // offset — never a crash, a hang or a giant allocation.
 //
@@ -3642,7 +3901,7 @@ int kvr_gguf_get_str(const struct kvr_gguf * g, const char * key, char * out, si
 }
 
 //
-// 12. GGUF writer (kvr.h section 8, "A writer"): metadata entries of every type, tensor infos, and a
+// 13. GGUF writer (kvr.h section 8, "A writer"): metadata entries of every type, tensor infos, and a
 // save that streams tensor data from the callers' buffers.
 //
 // Values are serialized when they are set (the bytes that follow the type tag in the file), so
@@ -4044,7 +4303,7 @@ int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
 }
 
 //
-// 13. tokenizers (kvr.h section 9): loading a vocabulary from GGUF metadata, SPM
+// 14. tokenizers (kvr.h section 9): loading a vocabulary from GGUF metadata, SPM
 // (tokenizer.ggml.model = "llama") and byte-level BPE (= "gpt2") tokenization, and detokenization
 // of single tokens. Both reproduce llama.cpp's (llama-vocab.cpp, unicode.cpp) token for token:
 // special and user-defined tokens are split out of the text first, then SPM merges UTF-8
@@ -6564,17 +6823,23 @@ int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int 
 }
 
 //
-// 14. KV cache
+// 15. KV cache
 //
 
-struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx) {
+struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be) {
     const int kv_dim = (int)(hp->head_dim * hp->n_head_kv);
-    const size_t bytes = (size_t)2 * hp->n_layer * (size_t)kv_dim * (size_t)n_ctx * sizeof(float);
+    // every layer's K and V in one buffer, each at an aligned offset
+    const size_t one = ((size_t)kv_dim * (size_t)n_ctx * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
+    const size_t bytes = (size_t)2 * hp->n_layer * one;
     struct kvr_kv_cache * c = kvr_calloc(1, sizeof(*c));
-    c->ctx = kvr_init(bytes + (size_t)(2 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), false);
-    if (!c->ctx) {
+    c->ctx = kvr_init((size_t)(2 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), true);
+    c->buf = c->ctx ? kvr_backend_alloc_buffer(be, bytes) : NULL;
+    if (!c->buf) {
+        char msg[sizeof(kvr_errbuf)];
+        snprintf(msg, sizeof(msg), "%s", c->ctx ? kvr_errbuf : "out of memory");
+        kvr_free(c->ctx);
         free(c);
-        kvr_error(KVR_ERR_NOMEM, "cannot allocate a KV cache of %zu MiB (%d positions)", bytes >> 20, n_ctx);
+        kvr_error(KVR_ERR_NOMEM, "cannot allocate a KV cache of %zu MiB (%d positions): %s", bytes >> 20, n_ctx, msg);
         return NULL;
     }
     c->n_layer = (int)hp->n_layer;
@@ -6585,15 +6850,17 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx)
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         c->k[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, KVR_TYPE_F32, kv_dim, n_ctx), "cache_k.%u", il);
         c->v[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, KVR_TYPE_F32, kv_dim, n_ctx), "cache_v.%u", il);
-        // cleared now, so the first prefill does not pay for faulting the cache's pages in
-        memset(c->k[il]->data, 0, kvr_nbytes(c->k[il]));
-        memset(c->v[il]->data, 0, kvr_nbytes(c->v[il]));
+        kvr_buffer_place(c->buf, c->k[il], (2 * (size_t)il) * one);
+        kvr_buffer_place(c->buf, c->v[il], (2 * (size_t)il + 1) * one);
     }
+    // cleared now, so the first prefill does not pay for faulting the cache's pages in
+    kvr_buffer_clear(c->buf, 0);
     return c;
 }
 
 void kvr_kv_cache_free(struct kvr_kv_cache * c) {
     if (!c) return;
+    kvr_buffer_free(c->buf);
     kvr_free(c->ctx);
     free(c->k);
     free(c->v);
@@ -6605,21 +6872,23 @@ void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * 
                            float * k, float * v) {
     KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
     const size_t row = sizeof(float) * (size_t)c->kv_dim;
-    if (k) be->iface.tensor_get(be, c->k[il], k, row * (size_t)row0, row * (size_t)n);
-    if (v) be->iface.tensor_get(be, c->v[il], v, row * (size_t)row0, row * (size_t)n);
+    KVR_ASSERT(c->buf->backend == be && "the cache lives on another backend");
+    if (k) kvr_backend_tensor_get(c->k[il], k, row * (size_t)row0, row * (size_t)n);
+    if (v) kvr_backend_tensor_get(c->v[il], v, row * (size_t)row0, row * (size_t)n);
 }
 
 void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
                            const float * k, const float * v) {
     KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
     const size_t row = sizeof(float) * (size_t)c->kv_dim;
-    if (k) be->iface.tensor_set(be, c->k[il], k, row * (size_t)row0, row * (size_t)n);
-    if (v) be->iface.tensor_set(be, c->v[il], v, row * (size_t)row0, row * (size_t)n);
+    KVR_ASSERT(c->buf->backend == be && "the cache lives on another backend");
+    if (k) kvr_backend_tensor_set(c->k[il], k, row * (size_t)row0, row * (size_t)n);
+    if (v) kvr_backend_tensor_set(c->v[il], v, row * (size_t)row0, row * (size_t)n);
 }
 
 
 //
-// 15. KV cache files (kvr.h, "KV cache files"): the writer a save or a stream feeds layer by layer,
+// 16. KV cache files (kvr.h, "KV cache files"): the writer a save or a stream feeds layer by layer,
 // and the reader that checks every field, CRC and position before anything reaches a cache
 //
 
@@ -7176,8 +7445,13 @@ int kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_k
 }
 
 //
-// 16. models: hyper-parameters and weights from GGUF, then the architectures' recipes
+// 17. models: hyper-parameters and weights from GGUF, then the architectures' recipes
 //
+
+// room for the weight tensor structs of a model (24 a layer: no architecture has more)
+static size_t model_ctx_size(const struct kvr_model * m) {
+    return (size_t)(m->hp.n_layer * 24 + 16) * (sizeof(struct kvr_tensor) + 64);
+}
 
 struct arch_info {
     const char * name;
@@ -7296,7 +7570,7 @@ static int model_tensor(struct kvr_model * m, struct kvr_tensor ** out, bool req
                          m->path, name, kvr_type_name(gt->type));
     }
     struct kvr_tensor * t = kvr_new_tensor(m->ctx, gt->type, gt->n_dims, gt->ne);
-    t->data  = (void *)gt->data;
+    kvr_buffer_place(m->weights, t, gt->offset);
     t->flags = KVR_FLAG_PARAM;
     snprintf(t->name, sizeof(t->name), "%s", name);
     *out = t;
@@ -7341,6 +7615,26 @@ static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_GEMMA3] = { "gemma3", KVR_ARCH_GEMMA3, gemma3_load, gemma3_build },
 };
 
+// The weight tensors of a model whose hyper-parameters are read, placed in m->weights (at their
+// offsets in the file's data section), and the recipe's per-layer settings. A loaded model and a
+// model on a backend (kvr_model_to_backend) both come from here, so they hold the same weights.
+static int model_load_weights(struct kvr_model * m) {
+    m->ctx = kvr_init(model_ctx_size(m), true);
+    m->layers = kvr_calloc(m->hp.n_layer, sizeof(struct kvr_layer));
+    if (!m->ctx) return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate the weights' tensor structs", m->path);
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) { // a recipe's load changes what differs per layer
+        m->layers[il].rope_base  = m->hp.rope_freq_base;
+        m->layers[il].rope_scale = m->hp.rope_freq_scale;
+    }
+    int rc = arch_table[m->hp.arch].load(m);
+    if (rc != KVR_OK) return rc;
+    if (!m->rope_freqs && kvr_gguf_get_tensor(m->gguf, "rope_freqs.weight")) {
+        return kvr_error(KVR_ERR_UNSUPP, "%s: tensor 'rope_freqs.weight' (per-pair RoPE frequency factors) is not part of the %s graph kvr knows",
+                         m->path, m->hp.arch_name);
+    }
+    return KVR_OK;
+}
+
 struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_params * params) {
     struct kvr_model * m = kvr_calloc(1, sizeof(*m));
     snprintf(m->path, sizeof(m->path), "%s", path);
@@ -7372,28 +7666,48 @@ struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_para
     m->hp.arch = ai->arch;
     if (load_common_hparams(m)) goto fail;
     m->hp.n_vocab = (uint32_t)kvr_vocab_n_tokens(m->vocab);
-    m->ctx = kvr_init((size_t)(m->hp.n_layer * 24 + 16) * (sizeof(struct kvr_tensor) + 64), true);
-    m->layers = kvr_calloc(m->hp.n_layer, sizeof(struct kvr_layer));
-    for (uint32_t il = 0; il < m->hp.n_layer; il++) { // a recipe's load changes what differs per layer
-        m->layers[il].rope_base  = m->hp.rope_freq_base;
-        m->layers[il].rope_scale = m->hp.rope_freq_scale;
-    }
-    if (ai->load(m)) goto fail;
-    if (!m->rope_freqs && kvr_gguf_get_tensor(m->gguf, "rope_freqs.weight")) {
-        kvr_error(KVR_ERR_UNSUPP, "%s: tensor 'rope_freqs.weight' (per-pair RoPE frequency factors) is not part of the %s graph kvr knows",
-                  path, m->hp.arch_name);
-        goto fail;
-    }
+    // the weights stay where the file is mapped: a host buffer over its data section
+    m->weights = buffer_new(NULL, m->gguf->size - m->gguf->data_offset);
+    m->weights->base = (void *)(m->gguf->base + m->gguf->data_offset);
+    m->weights->host = true;
+    if (model_load_weights(m)) goto fail;
     return m;
 fail:
     kvr_model_free(m);
     return NULL;
 }
 
+struct kvr_model * kvr_model_to_backend(const struct kvr_model * m, struct kvr_backend * be) {
+    KVR_ASSERT(m->ctx && !m->parent && "a loaded model, not a vocabulary or a copy");
+    struct kvr_model * w = kvr_calloc(1, sizeof(*w));
+    memcpy(&w->hp, &m->hp, sizeof(m->hp)); // padding too: compared whole below
+    w->gguf   = m->gguf;
+    w->vocab  = m->vocab;
+    w->parent = m;
+    snprintf(w->path, sizeof(w->path), "%s", m->path);
+    w->weights = kvr_backend_buffer_from_host(be, m->weights->base, m->weights->size);
+    if (!w->weights) {
+        char msg[sizeof(kvr_errbuf)];
+        snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
+        free(w);
+        kvr_error(KVR_ERR_NOMEM, "%s: cannot place the weights (%zu MiB) on backend %s: %s", m->path,
+                  m->weights->size >> 20, kvr_backend_name(be), msg);
+        return NULL;
+    }
+    // the recipe's load again, placing in the backend's buffer: m loaded the same file without
+    // error, and a load reads only the file, so this one succeeds with the same result
+    const int rc = model_load_weights(w);
+    KVR_ASSERT(rc == KVR_OK && memcmp(&w->hp, &m->hp, sizeof(m->hp)) == 0);
+    return w;
+}
+
 void kvr_model_free(struct kvr_model * m) {
     if (!m) return;
-    kvr_vocab_free(m->vocab);
-    kvr_gguf_close(m->gguf);
+    if (!m->parent) { // a copy borrows the file and the vocabulary
+        kvr_vocab_free(m->vocab);
+        kvr_gguf_close(m->gguf);
+    }
+    kvr_buffer_free(m->weights);
     kvr_free(m->ctx);
     free(m->layers);
     free(m);
@@ -7433,11 +7747,105 @@ struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr
 }
 
 //
-// 17. sessions: the model, its cache and a backend; each eval builds the graph of one batch
+// 18. sessions: the eval road every prefill and decode step takes (a session's, a rank's), then
+// sessions over it: a model on a backend, its cache, and the tokens so far
 //
+
+// Enough room in a graph context for the tensor structs of a forward pass of graph_size nodes.
+static size_t graph_ctx_size(int graph_size) {
+    return (size_t)graph_size * (3 * sizeof(struct kvr_tensor) + 3 * sizeof(void *)) + (1 << 20);
+}
+
+// The graph of the batch on ev->backend: build, pass, rebuild, plan, place, then inputs in,
+// compute, outputs out. Everything a backend holds is reached through the seam of section 9.
+int kvr_eval_run(struct kvr_eval * ev) {
+    const struct kvr_model * m = ev->model;
+    const char * name = ev->name ? ev->name : "eval";
+    const int n = ev->n_tokens;
+    ev->n_attn_layers = 0;
+    memset(&ev->counters, 0, sizeof(ev->counters));
+    const int gsize = ev->graph_size > 0 ? ev->graph_size : (int)(m->hp.n_layer * 48 + 64);
+    struct kvr_context * ctx = kvr_init(graph_ctx_size(gsize), true);
+    if (!ctx) return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate the graph context", name);
+
+    struct kvr_build b = { 0 };
+    struct kvr_tensor * kpos = NULL, * out = NULL;
+    struct kvr_graph * g = kvr_graph_new(ctx, gsize);
+    KVR_ASSERT(!ev->no_model || (ev->pass && !ev->n_outputs));
+    if (!ev->no_model) {
+        b.ctx       = ctx;
+        b.n_tokens  = n;
+        b.n_outputs = ev->n_outputs;
+        b.tokens    = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "tokens");
+        b.pos       = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "pos");
+        kpos        = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, ev->n_kpos), "kpos");
+        b.tokens->flags |= KVR_FLAG_INPUT;
+        b.pos->flags    |= KVR_FLAG_INPUT;
+        kpos->flags     |= KVR_FLAG_INPUT;
+        out = kvr_model_build(m, &b);
+        if (ev->n_outputs) out->flags |= KVR_FLAG_OUTPUT;
+        kvr_graph_expand(g, out);
+    }
+
+    // the pass: the single-rank one, or the caller's strategy
+    if (!ev->pass) {
+        kvr_pass_single(ctx, g, ev->cache, ev->n_past, kpos, ev->attn_mode);
+    } else {
+        struct kvr_pass_args a = { .ctx = ctx, .g = g, .kpos = kpos };
+        ev->pass(ev->pass_user, &a);
+        if (a.n_sinks > 0) {
+            kvr_graph_reset(g);
+            for (int i = 0; i < a.n_sinks; i++) kvr_graph_expand(g, a.sinks[i]);
+            if (ev->n_outputs) kvr_graph_expand(g, out);
+        }
+    }
+    if (ev->graph_out) kvr_graph_print(g, ev->graph_out);
+    // attention pairs are counted per layer: the layers whose attention runs here
+    {
+        bool seen[4096] = { false };
+        for (int i = 0; i < g->n_nodes; i++) {
+            const struct kvr_tensor * t = g->nodes[i];
+            if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
+            const int il = atoi(t->name + 4);
+            if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; ev->n_attn_layers++; }
+        }
+    }
+
+    // memory: the activations in the caller's compute buffer, grown through the backend
+    const size_t need = kvr_graph_plan(g);
+    if (!*ev->compute || (*ev->compute)->size < need) {
+        kvr_buffer_free(*ev->compute);
+        *ev->compute = kvr_backend_alloc_buffer(ev->backend, need);
+        if (!*ev->compute) {
+            char msg[sizeof(kvr_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
+            kvr_graph_place(g, NULL); // frees the plan
+            kvr_free(ctx);
+            return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate %zu MiB of activations for %d tokens: %s", name, need >> 20, n, msg);
+        }
+    }
+    kvr_graph_place(g, *ev->compute);
+
+    // inputs in, compute, outputs out
+    if (!ev->no_model) {
+        kvr_backend_tensor_set(b.tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)n);
+        kvr_backend_tensor_set(b.pos, ev->pos, 0, sizeof(int32_t) * (size_t)n);
+        kvr_backend_tensor_set(kpos, ev->kpos, 0, sizeof(int32_t) * (size_t)ev->n_kpos);
+    }
+    kvr_backend_counters(ev->backend, NULL, true);
+    int rc = kvr_backend_graph_compute(ev->backend, g);
+    if (rc == KVR_OK) rc = kvr_backend_synchronize(ev->backend);
+    if (rc == KVR_OK && ev->n_outputs) {
+        kvr_backend_tensor_get(out, ev->logits, kvr_nbytes(out) - sizeof(float) * m->hp.n_vocab, sizeof(float) * m->hp.n_vocab);
+    }
+    kvr_backend_counters(ev->backend, &ev->counters, true);
+    kvr_free(ctx);
+    return rc;
+}
 
 struct kvr_session {
     const struct kvr_model * m;
+    struct kvr_model       * w;          // m's weights on the backend
     struct kvr_kv_cache    * cache;
     struct kvr_backend     * be;
     int                      n_past;
@@ -7446,8 +7854,8 @@ struct kvr_session {
     float                  * logits;
     bool                     has_logits; // logits hold the last token's (an eval or a load since the reset)
     int32_t                * tokens;     // the n_past tokens in the cache (what a saved file names)
-    void                   * buf;        // compute buffer, grown as needed
-    size_t                   buf_size;
+    int32_t                * iota;       // 0, 1, ..., n_ctx-1: the positions of the cache rows
+    struct kvr_buffer      * buf;        // activations, grown as needed
     int                      n_ctx;
     float                 ** swap_k;     // swapped out to host memory: per layer, n_past rows
     float                 ** swap_v;
@@ -7463,16 +7871,19 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
     s->m = m;
     s->attn_mode = p->attn_mode;
     s->graph_out = p->graph_out;
-    s->cache = kvr_kv_cache_new(&m->hp, n_ctx);
+    const struct kvr_backend_params bp = { .n_threads = p->n_threads, .q8_activations = p->q8_activations };
+    s->be = kvr_backend_new(p->backend, &bp);
+    s->w = s->be ? kvr_model_to_backend(m, s->be) : NULL;
+    s->cache = s->w ? kvr_kv_cache_new(&m->hp, n_ctx, s->be) : NULL;
     if (!s->cache) {
-        free(s);
+        kvr_session_free(s);
         return NULL;
     }
-    s->be = kvr_backend_cpu_new(p->n_threads);
-    kvr_backend_cpu_set_q8_activations(s->be, p->q8_activations);
     s->logits = kvr_calloc(m->hp.n_vocab, sizeof(float));
     s->tokens = kvr_calloc((size_t)n_ctx, sizeof(int32_t));
     s->n_ctx = n_ctx;
+    s->iota = kvr_malloc(sizeof(int32_t) * (size_t)n_ctx);
+    for (int i = 0; i < n_ctx; i++) s->iota[i] = i;
     return s;
 }
 
@@ -7492,11 +7903,13 @@ static void session_swap_drop(struct kvr_session * s) {
 void kvr_session_free(struct kvr_session * s) {
     if (!s) return;
     kvr_kv_cache_free(s->cache);
+    kvr_buffer_free(s->buf);
+    kvr_model_free(s->w);
     kvr_backend_free(s->be);
-    free(s->buf);
     free(s->logits);
     free(s->tokens);
     session_swap_drop(s);
+    free(s->iota);
     free(s);
 }
 
@@ -7507,12 +7920,6 @@ struct kvr_backend * kvr_session_backend(struct kvr_session * s) { return s->be;
 void kvr_session_reset(struct kvr_session * s) {
     s->n_past = 0;
     s->has_logits = false;
-}
-
-// Enough room in a graph context for the tensor structs of a forward pass.
-static size_t graph_ctx_size(const struct kvr_model * m, int * graph_size) {
-    *graph_size = (int)(m->hp.n_layer * 48 + 64);
-    return (size_t)*graph_size * (3 * sizeof(struct kvr_tensor) + 2 * sizeof(void *)) + (1 << 16);
 }
 
 const float * kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n) {
@@ -7536,58 +7943,29 @@ const float * kvr_session_eval(struct kvr_session * s, const int32_t * tokens, i
             return NULL;
         }
     }
-    int gsize;
-    struct kvr_context * ctx = kvr_init(graph_ctx_size(m, &gsize), true);
-    if (!ctx) {
-        kvr_error(KVR_ERR_NOMEM, "eval: cannot allocate the graph context");
-        return NULL;
-    }
-    struct kvr_build b = { 0 };
-    b.ctx       = ctx;
-    b.n_tokens  = n;
-    b.n_outputs = 1;
-    b.tokens    = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "tokens");
-    b.pos       = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "pos");
-    struct kvr_tensor * kpos = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, s->n_past + n), "kpos");
-    b.tokens->flags |= KVR_FLAG_INPUT;
-    b.pos->flags    |= KVR_FLAG_INPUT;
-    kpos->flags     |= KVR_FLAG_INPUT;
-    struct kvr_tensor * out = kvr_model_build(m, &b);
-    out->flags |= KVR_FLAG_OUTPUT;
-    struct kvr_graph * g = kvr_graph_new(ctx, gsize);
-    kvr_graph_expand(g, out);
-    kvr_pass_single(ctx, g, s->cache, s->n_past, kpos, s->attn_mode);
-    if (s->graph_out) {
-        kvr_graph_print(g, s->graph_out);
-        s->graph_out = NULL;
-    }
-    size_t need = kvr_graph_plan(g);
-    if (need > s->buf_size) {
-        free(s->buf);
-        s->buf = NULL;
-        if (posix_memalign(&s->buf, PLAN_ALIGN, need) != 0) {
-            s->buf = NULL;
-            s->buf_size = 0;
-            kvr_graph_place(g, NULL); // frees the plan
-            kvr_free(ctx);
-            kvr_error(KVR_ERR_NOMEM, "eval: cannot allocate %zu MiB of activations for %d tokens", need >> 20, n);
-            return NULL;
-        }
-        s->buf_size = need;
-    }
-    kvr_graph_place(g, s->buf);
-    memcpy(b.tokens->data, tokens, sizeof(int32_t) * (size_t)n);
-    for (int i = 0; i < n; i++) ((int32_t *)b.pos->data)[i] = s->n_past + i;
-    for (int i = 0; i < s->n_past + n; i++) ((int32_t *)kpos->data)[i] = i;
-    int rc = kvr_backend_graph_compute(s->be, g);
-    if (rc == KVR_OK) {
-        memcpy(s->logits, (const float *)out->data, sizeof(float) * m->hp.n_vocab);
-        memcpy(s->tokens + s->n_past, tokens, sizeof(int32_t) * (size_t)n);
-        s->n_past += n;
-        s->has_logits = true;
-    }
-    kvr_free(ctx);
-    return rc == KVR_OK ? s->logits : NULL;
+    // the one-rank case of the road: the single pass appends at n_past and attends over [0, n_past + n)
+    struct kvr_eval ev = {
+        .model     = s->w,
+        .backend   = s->be,
+        .cache     = s->cache,
+        .tokens    = tokens,
+        .pos       = s->iota + s->n_past,
+        .n_tokens  = n,
+        .kpos      = s->iota,
+        .n_kpos    = s->n_past + n,
+        .n_past    = s->n_past,
+        .n_outputs = 1,
+        .attn_mode = s->attn_mode,
+        .graph_out = s->graph_out,
+        .compute   = &s->buf,
+        .logits    = s->logits,
+    };
+    s->graph_out = NULL; // the first eval's graph only
+    if (kvr_eval_run(&ev) != KVR_OK) return NULL;
+    memcpy(s->tokens + s->n_past, tokens, sizeof(int32_t) * (size_t)n);
+    s->n_past += n;
+    s->has_logits = true;
+    return s->logits;
 }
 
 // Saving, restoring and swapping a session's cache: the file of section 15 with one shard at
@@ -7706,7 +8084,7 @@ int kvr_session_kv_swap_out(struct kvr_session * s, const char * path) {
 
 int kvr_session_kv_swap_in(struct kvr_session * s) {
     if (s->cache) return kvr_error(KVR_ERR_ARG, "swap in: the session's cache is not swapped out");
-    struct kvr_kv_cache * c = kvr_kv_cache_new(&s->m->hp, s->n_ctx);
+    struct kvr_kv_cache * c = kvr_kv_cache_new(&s->m->hp, s->n_ctx, s->be);
     if (!c) return KVR_ERR_NOMEM;
     int rc = KVR_OK;
     if (s->swap_path) {
@@ -7733,7 +8111,7 @@ int kvr_session_kv_swap_in(struct kvr_session * s) {
 bool kvr_session_kv_swapped(const struct kvr_session * s) { return s->cache == NULL; }
 
 //
-// 18. sampling
+// 19. sampling
 //
 
 static uint64_t rng_next(uint64_t * state) { // splitmix64: tiny, seedable, good enough to sample
@@ -7812,7 +8190,7 @@ int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab) {
 
 
 //
-// 19. appendix: generated tables
+// 20. appendix: generated tables
 //
 
 // Unicode classification of code points (the tokenizers' \p{L}, \p{N}, \s, ...): generated ranges

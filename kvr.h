@@ -10,7 +10,7 @@
 //   4. contexts       arenas that own tensor structs (and optionally their data)
 //   5. ops            the op enum and the op constructors; constructors only edit the graph
 //   6. graphs         depth-first build from the outputs, liveness-based memory planning
-//   7. backends       the executor interface (CPU now; CUDA fits the same vtable)
+//   7. backends       buffers, the executor vtable, the comm protocol: how to write a backend
 //   8. GGUF           reader for versions 2 and 3, every metadata type, mmap'ed tensor data
 //   9. vocab          SPM tokenizer (llama) with byte fallback; detokenization
 //  10. models         load a GGUF model, build the transformer graph of a batch of tokens
@@ -133,10 +133,12 @@ size_t kvr_from_float(enum kvr_type type, const float * src, void * dst, int64_t
 #define KVR_MAX_OP_PARAMS 16
 #define KVR_MAX_NAME      64
 
+struct kvr_buffer; // section 7
+
 enum kvr_tensor_flag {
     KVR_FLAG_INPUT  = 1, // filled by the caller before compute (token ids, positions)
     KVR_FLAG_OUTPUT = 2, // read by the caller after compute: its memory is never reused
-    KVR_FLAG_PARAM  = 4, // a weight: data lives in the model file mapping
+    KVR_FLAG_PARAM  = 4, // a weight: data lives in the model's weights buffer
 };
 
 struct kvr_tensor {
@@ -152,8 +154,13 @@ struct kvr_tensor {
     struct kvr_tensor * view_src;         // views share view_src's memory at view_offs
     size_t              view_offs;
 
-    void * data;                          // host memory (CPU backend), NULL until allocated
-    void * extra;                         // backend-private (device pointer, ...)
+    struct kvr_buffer * buffer;           // the buffer data lives in (NULL: a host tensor of a
+                                          //   context made with no_alloc = false)
+    void * data;                          // the address inside buffer, in its backend's address
+                                          //   space (host pointer for the CPU, device pointer for
+                                          //   CUDA); NULL until placed. Only backend code
+                                          //   dereferences it: see section 7
+    void * extra;                         // backend-private
     const char * why;                     // for nodes a pass inserted: the reason (--dump-graph)
     char   name[KVR_MAX_NAME];
 };
@@ -167,7 +174,7 @@ struct kvr_tensor * kvr_set_name(struct kvr_tensor * t, const char * fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-float   kvr_get_f32_1d(const struct kvr_tensor * t, int64_t i); // host tensors, tests and tools
+float   kvr_get_f32_1d(const struct kvr_tensor * t, int64_t i); // host tensors (tests)
 
 //
 // 4. contexts: an arena of tensor structs; with no_alloc = false also their data
@@ -340,7 +347,7 @@ struct kvr_graph {
     struct kvr_tensor ** nodes;  // in execution order (a depth-first post-order from the outputs)
     struct kvr_tensor ** leafs;
     void *               plan;   // memory plan between kvr_graph_plan and kvr_graph_place
-    struct kvr_context * ctx;    // where the graph lives (buffers of kvr_graph_compute_cpu too)
+    struct kvr_context * ctx;    // where the graph lives (the memory of kvr_graph_compute_cpu too)
 };
 
 // A graph with room for `size` nodes and `size` leafs, allocated in ctx.
@@ -354,8 +361,10 @@ struct kvr_tensor * kvr_graph_get(const struct kvr_graph * g, const char * name)
 // Plan memory for every node and input without data: a node's buffer is reused once its last
 // reader has run (outputs and inputs keep theirs). Returns the bytes needed.
 size_t kvr_graph_plan(struct kvr_graph * g);
-// Assign addresses inside buf (of at least kvr_graph_plan() bytes).
-void   kvr_graph_place(struct kvr_graph * g, void * buf);
+// Place every planned tensor inside buf (of at least kvr_graph_plan() bytes, usually from
+// kvr_backend_alloc_buffer): data = base + offset, buffer = buf; views follow their owners.
+// buf NULL only drops the plan (after an allocation failed).
+void   kvr_graph_place(struct kvr_graph * g, struct kvr_buffer * buf);
 
 // What a strategy pass does to a node: `node` becomes `by` (op, sources, shape) and keeps its
 // name, flags and placed memory, so its readers need no rewiring; why says what the pass did.
@@ -374,43 +383,110 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 //
 // 7. backends
 //
-// A backend executes a planned graph. The CPU backend runs every op on a pool of n_threads.
-// A device backend (kvr-cuda.cu) implements the same vtable: it owns buffers in its memory,
-// copies tensors in and out, and says which ops it can run.
+// A backend runs graphs and owns the memory they run in: the weights (kvr_model_to_backend), the
+// KV cache (kvr_kv_cache_new) and the activations of each eval (kvr_graph_plan + kvr_graph_place)
+// live in its buffers. A tensor knows its buffer; its data is an address inside that buffer in
+// the backend's address space. Outside a backend nothing reads or writes through data of a
+// backend tensor: inputs go in with kvr_backend_tensor_set, outputs come out with
+// kvr_backend_tensor_get (tests/check-seam.sh greps kvr-comm.c, models/, tools/ and the
+// non-backend sections of kvr.c for it).
+//
+// Writing a backend (the CPU backend in kvr.c is the reference; kvr-cuda.cu the second one):
+//
+//  1. Fill a struct kvr_backend_i and return a struct kvr_backend from a constructor; add its
+//     name to kvr_backend_new (behind the build flag that compiles it, as KVR_CUDA).
+//  2. Memory. buf_alloc gets buf->size and sets buf->base (64-byte aligned at least) and
+//     buf->context, buf->host (base is memory this process can address: CPU) and buf->owned.
+//     buf_from_host places bytes of host memory that outlive the buffer (the model file's data
+//     section): the CPU wraps the pointer (zero-copy, owned false), a device uploads them once.
+//     buf_clear sets every byte. tensor_set/tensor_get copy n bytes at byte off of a tensor's
+//     data from/to host memory and are complete when they return. kvr fills buf->backend and
+//     does the placement (data = base + offset) itself.
+//  3. graph_compute runs g->nodes in order (leafs and VIEW nodes need nothing). kvr has checked
+//     that no ATTN_BLOCK is left, that every node is placed and that every tensor lives in a
+//     buffer of this backend or in host memory (no buffer, or a buffer with host set): a backend
+//     that cannot read host memory says so with an error. supports_op says which nodes it can run.
+//  4. Communication nodes (SEND, RECV, ALL_GATHER, ALL_TO_ALL) are not the backend's: when it
+//     reaches one, it completes every node before it, calls kvr_backend_comm_node(be, node), and
+//     stops with that code at the first one that does not return KVR_OK. The rest of the protocol
+//     is one routine in kvr.c, kvr_backend_graph_compute, the same for every backend: it posts
+//     every RECV before graph_compute starts (transfers overlap the compute before them), and
+//     after graph_compute ends, however it ended, completes or cancels every outstanding send and
+//     receive; the first error is the one returned.
+//  5. Transports (local threads, MPI) move host memory. A comm node whose memory is host (buffer
+//     host) is handed to the transport as it is: the local transport copies once, sender to
+//     receiver. Otherwise kvr stages it in host scratch it owns for the graph: tensor_get before a
+//     send (kept until the sends complete), tensor_set after a receive lands. So a device backend
+//     runs every strategy over the existing transports with no code of its own; a transport that
+//     moves device memory itself (NCCL) sets kvr_comm.device_ptrs and receives data unstaged.
+//  6. Optional entries (NULL when the backend has none; the kvr_backend_* wrappers then do
+//     nothing or report nothing): set_threads, set_q8_activations, set_trace + spans (one span per
+//     layer and per transfer, for --trace), counters (struct kvr_counters, for --stats and the
+//     papers' checks).
+//  7. synchronize waits for everything queued and returns the first error of the device.
 
 struct kvr_backend;
+struct kvr_comm;
+struct kvr_span;
+struct kvr_counters;
+
+struct kvr_buffer {
+    struct kvr_backend * backend;  // NULL: plain host memory of this process (kvr_graph_compute_cpu)
+    void *               base;     // in the backend's address space
+    size_t               size;     // bytes
+    bool                 host;     // base is host memory this process can read and write
+    bool                 owned;    // freeing the buffer frees the memory (false: wrapped)
+    void *               context;  // the backend's
+};
 
 struct kvr_backend_i {
-    const char * (*name)        (struct kvr_backend * be);
-    void         (*free)        (struct kvr_backend * be);
-    bool         (*supports_op) (struct kvr_backend * be, const struct kvr_tensor * op);
-    void *       (*buf_alloc)   (struct kvr_backend * be, size_t size);
-    void         (*buf_free)    (struct kvr_backend * be, void * buf);
-    void         (*tensor_set)  (struct kvr_backend * be, struct kvr_tensor * t, const void * src, size_t off, size_t n);
-    void         (*tensor_get)  (struct kvr_backend * be, const struct kvr_tensor * t, void * dst, size_t off, size_t n);
+    const char * (*name)         (struct kvr_backend * be);
+    void         (*free)         (struct kvr_backend * be);
+    bool         (*supports_op)  (struct kvr_backend * be, const struct kvr_tensor * op);
+    int          (*buf_alloc)    (struct kvr_backend * be, struct kvr_buffer * buf);
+    int          (*buf_from_host)(struct kvr_backend * be, struct kvr_buffer * buf, const void * host);
+    void         (*buf_free)     (struct kvr_backend * be, struct kvr_buffer * buf);
+    void         (*buf_clear)    (struct kvr_backend * be, struct kvr_buffer * buf, uint8_t value);
+    void         (*tensor_set)   (struct kvr_backend * be, struct kvr_tensor * t, const void * src, size_t off, size_t n);
+    void         (*tensor_get)   (struct kvr_backend * be, const struct kvr_tensor * t, void * dst, size_t off, size_t n);
     int          (*graph_compute)(struct kvr_backend * be, struct kvr_graph * g);
-    void         (*synchronize) (struct kvr_backend * be);
+    int          (*synchronize)  (struct kvr_backend * be);
+    // optional
+    void         (*set_threads)       (struct kvr_backend * be, int n_threads);
+    void         (*set_q8_activations)(struct kvr_backend * be, bool on);
+    void         (*set_trace)         (struct kvr_backend * be, bool on);
+    const struct kvr_span * (*spans)  (struct kvr_backend * be, int * n, bool reset);
+    void         (*counters)          (struct kvr_backend * be, struct kvr_counters * out, bool reset);
 };
 
 struct kvr_backend {
     struct kvr_backend_i iface;
-    void *               context;
+    void *               context;  // the backend's
+    struct kvr_comm *    comm;     // the rank's endpoint for comm nodes (kvr_backend_set_comm)
+    void *               run;      // kvr's state of the graph being computed; backends leave it alone
 };
 
 #define KVR_MAX_THREADS 256
 
 // A rank's endpoint for communication nodes. kvr-comm.c implements it (threads of one process,
-// MPI); a backend calls it for SEND/RECV/ALL_GATHER/ALL_TO_ALL, so kvr.c needs no transport.
-struct kvr_comm;
+// MPI, NCCL); kvr_backend_graph_compute calls it, so kvr.c needs no transport. It sees host
+// pointers (staged when the node's memory is not host, unless device_ptrs), never a tensor's data.
 struct kvr_comm_i {
-    int  (*post_recv)(struct kvr_comm * c, struct kvr_tensor * node); // graph start: RECV nodes
-    int  (*exec)     (struct kvr_comm * c, struct kvr_tensor * node); // in order: every comm node
-    int  (*finish)   (struct kvr_comm * c);                           // graph end: outstanding sends
+    // graph start, first: the graph about to run (kvr-comm.c makes its transfer schedule from it)
+    int  (*begin)    (struct kvr_comm * c, const struct kvr_graph * g);
+    // graph start, then: a RECV node's kvr_nbytes(node) bytes will land at dst
+    int  (*post_recv)(struct kvr_comm * c, const struct kvr_tensor * node, void * dst);
+    // in order, every comm node: dst is the node's memory (RECV, ALL_GATHER, ALL_TO_ALL), src its
+    // src[0]'s (SEND, ALL_GATHER, ALL_TO_ALL; kept alive until finish); NULL where unused
+    int  (*exec)     (struct kvr_comm * c, const struct kvr_tensor * node, void * dst, const void * src);
+    // graph end, even after a failure: complete outstanding sends, cancel receives never waited for
+    int  (*finish)   (struct kvr_comm * c);
 };
 struct kvr_comm {
     struct kvr_comm_i iface;
     int               rank;
     int               n_ranks;
+    bool              device_ptrs; // the transport moves backend memory itself: never stage
     void *            context;
 };
 
@@ -421,23 +497,7 @@ struct kvr_span {
     char   cat;      // 'l' layer compute, 'c' communication
 };
 
-struct kvr_backend * kvr_backend_cpu_new(int n_threads); // n_threads <= 0: all cores
-void                 kvr_backend_cpu_set_comm(struct kvr_backend * be, struct kvr_comm * comm);
-// With trace on, every graph records one span per layer and one per communication node.
-void                 kvr_backend_cpu_set_trace(struct kvr_backend * be, bool on);
-// The spans recorded so far (stb-free: a pointer and a count); cleared by reset.
-const struct kvr_span * kvr_backend_cpu_spans(struct kvr_backend * be, int * n, bool reset);
-void                 kvr_backend_cpu_set_threads(struct kvr_backend * be, int n_threads);
-// Prefill matmuls (32 rows or more) over Q4_K weights quantize the activations to 8 bits per 256
-// values and multiply in integers, as llama.cpp does for k-quants: faster, but the logits move by
-// up to ~0.1 against the exact math of the file, which the default (off) computes: each block of the
-// weights dequantized to f32 and multiplied in f32. Other types always take the exact path.
-void                 kvr_backend_cpu_set_q8_activations(struct kvr_backend * be, bool on);
-void                 kvr_backend_free(struct kvr_backend * be);
-int                  kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g);
-bool                 kvr_backend_supports_op(struct kvr_backend * be, const struct kvr_tensor * op);
-
-// Counters the CPU executor keeps (the papers' claims are checked against them).
+// Counters a backend keeps (the papers' claims are checked against them; the CPU keeps all).
 struct kvr_counters {
     int64_t attn_dot_dense;   // query-key pairs computed (one head, one layer counts 1 per pair)
     int64_t attn_dot_causal;  // query-key pairs causality needs
@@ -445,9 +505,59 @@ struct kvr_counters {
     double  compute_ms;
     double  op_ms[KVR_OP_COUNT]; // wall time per op kind (thread 0's view, barrier included)
 };
-void kvr_backend_cpu_counters(struct kvr_backend * be, struct kvr_counters * out, bool reset);
 
-// Run one graph on the CPU with n_threads (allocation and compute): handy for tests.
+struct kvr_backend_params {
+    int  n_threads;      // cpu: threads (<= 0: all cores)
+    int  device;         // cuda: the GPU's index
+    bool q8_activations; // see kvr_backend_set_q8_activations (off: exact)
+    bool trace;          // record spans (kvr_backend_spans)
+};
+
+// A backend by name: "cpu", or "cuda" in builds with make KVR_CUDA=1 (otherwise an error that says
+// so). p may be NULL (defaults). NULL + kvr_last_error() on failure.
+struct kvr_backend * kvr_backend_new(const char * name, const struct kvr_backend_params * p);
+struct kvr_backend * kvr_backend_cpu_new(int n_threads); // n_threads <= 0: all cores
+#ifdef KVR_CUDA
+struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p); // kvr-cuda.cu
+#endif
+void                 kvr_backend_free(struct kvr_backend * be);
+const char *         kvr_backend_name(struct kvr_backend * be);
+bool                 kvr_backend_supports_op(struct kvr_backend * be, const struct kvr_tensor * op);
+// Run a placed graph: the comm protocol of point 4 around the backend's graph_compute.
+int                  kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g);
+int                  kvr_backend_synchronize(struct kvr_backend * be);
+// What a backend's graph_compute calls for each communication node, in order (point 4).
+int                  kvr_backend_comm_node(struct kvr_backend * be, struct kvr_tensor * node);
+void                 kvr_backend_set_comm(struct kvr_backend * be, struct kvr_comm * comm);
+
+// Memory. Buffers are freed by kvr_buffer_free (before their backend).
+struct kvr_buffer *  kvr_backend_alloc_buffer(struct kvr_backend * be, size_t size);   // NULL + error
+// size bytes of host memory that outlive the buffer, placed in be's memory (CPU: zero-copy)
+struct kvr_buffer *  kvr_backend_buffer_from_host(struct kvr_backend * be, const void * host, size_t size);
+void                 kvr_buffer_free(struct kvr_buffer * buf);
+void                 kvr_buffer_clear(struct kvr_buffer * buf, uint8_t value);
+// Place t (not a view, no data yet) at byte offs of buf.
+void                 kvr_buffer_place(struct kvr_buffer * buf, struct kvr_tensor * t, size_t offs);
+// Copy n bytes at byte off of t's data from / to host memory, through t's backend (host tensors:
+// memcpy). The way inputs go in and outputs come out.
+void                 kvr_backend_tensor_set(struct kvr_tensor * t, const void * src, size_t off, size_t n);
+void                 kvr_backend_tensor_get(const struct kvr_tensor * t, void * dst, size_t off, size_t n);
+
+// Optional entries (point 6); no-ops, or nothing reported, where a backend has none.
+void                 kvr_backend_set_threads(struct kvr_backend * be, int n_threads);
+// Prefill matmuls (32 rows or more) over Q4_K weights quantize the activations to 8 bits per 256
+// values and multiply in integers, as llama.cpp does for k-quants: faster, but the logits move by
+// up to ~0.1 against the exact math of the file, which the default (off) computes: each block of the
+// weights dequantized to f32 and multiplied in f32. Other types always take the exact path.
+void                 kvr_backend_set_q8_activations(struct kvr_backend * be, bool on);
+// With trace on, every graph records one span per layer and one per communication node.
+void                 kvr_backend_set_trace(struct kvr_backend * be, bool on);
+// The spans recorded so far (a pointer and a count; *n = 0 without trace); cleared by reset.
+const struct kvr_span * kvr_backend_spans(struct kvr_backend * be, int * n, bool reset);
+// The counters since the last reset; false (and *out zeroed) if the backend keeps none.
+bool                 kvr_backend_counters(struct kvr_backend * be, struct kvr_counters * out, bool reset);
+
+// Run one graph of host tensors on the CPU with n_threads (memory and compute): handy for tests.
 int kvr_graph_compute_cpu(struct kvr_graph * g, int n_threads);
 
 //
@@ -663,6 +773,7 @@ struct kvr_hparams {
     uint32_t n_swa;         // the sliding window of the local layers (0: none); see kvr_layer.window
 };
 
+// Tensor pointers only: kvr_model_to_backend copies a layer field by field as an array.
 struct kvr_layer {
     struct kvr_tensor * attn_norm, * attn_norm_b;
     struct kvr_tensor * attn_norm2, * attn_norm2_b;   // falcon 40B-style second norm
@@ -682,7 +793,10 @@ struct kvr_model {
     struct kvr_hparams   hp;
     struct kvr_gguf    * gguf;
     struct kvr_vocab   * vocab;
-    struct kvr_context * ctx;        // weight tensor structs (data in the mapping)
+    struct kvr_context * ctx;        // weight tensor structs
+    struct kvr_buffer  * weights;    // where they live: the file mapping (a host buffer) for a
+                                     //   loaded model, a backend's buffer for kvr_model_to_backend's
+    const struct kvr_model * parent; // kvr_model_to_backend: the model whose file and vocab these are
     struct kvr_tensor  * tok_embd;
     struct kvr_tensor  * output_norm, * output_norm_b;
     struct kvr_tensor  * output;     // tok_embd when the file ties them
@@ -700,6 +814,11 @@ void               kvr_model_free(struct kvr_model * m);
 const struct kvr_vocab * kvr_model_vocab(const struct kvr_model * m);
 // One line of the model's shape for logs: arch, layers, width, heads, types, size.
 void               kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap);
+// The model's weights on a backend: a model that shares m's file, vocabulary and shape, whose
+// weight tensors live in one buffer of be made from the file's data section (the CPU wraps the
+// mapping, zero-copy; a device uploads it once). Sessions and ranks build their graphs over it.
+// Free it with kvr_model_free, before m and be. NULL + kvr_last_error() on failure.
+struct kvr_model * kvr_model_to_backend(const struct kvr_model * m, struct kvr_backend * be);
 
 // What an architecture's builder is given: the tokens of this batch and where their positions are.
 struct kvr_build {
@@ -714,19 +833,21 @@ struct kvr_build {
 struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b);
 
 //
-// KV cache: contiguous per-layer K and V, f32, [head_dim*n_head_kv, n_ctx] each.
+// KV cache: contiguous per-layer K and V, f32, [head_dim*n_head_kv, n_ctx] each, in one buffer of
+// a backend. Read rows with kvr_backend_tensor_get (the data may be device memory).
 //
 
 struct kvr_kv_cache {
     int                  n_layer;
     int                  n_ctx;
     int                  kv_dim;
-    struct kvr_context * ctx;
+    struct kvr_context * ctx;        // the tensor structs
+    struct kvr_buffer  * buf;        // every layer's K and V, cleared to zero when made
     struct kvr_tensor ** k;
     struct kvr_tensor ** v;
 };
 
-struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx);
+struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be);
 void                  kvr_kv_cache_free(struct kvr_kv_cache * c);
 // Rows [row0, row0 + n) of layer il's K and V (either may be NULL), [kv_dim x n] f32, through the
 // backend that owns the cache: one contiguous transfer for K and one for V.
@@ -843,13 +964,64 @@ void kvr_kv_file_free(struct kvr_kv_file * f);
 //
 // 11. sessions: one model, one cache, one backend. Tokens are appended at n_past.
 //
+// The eval road: one batch of tokens through a model on a backend, the same function for a
+// session (the one-rank case: the single pass) and for every rank of kvr_dist_eval (its
+// strategy's pass):
+//
+//   kvr_model_build -> the pass rewrites every ATTN_BLOCK -> the graph is rebuilt from the
+//   pass's sinks, then the output -> kvr_graph_plan -> kvr_graph_place in the compute buffer
+//   (grown through the backend) -> tokens, positions and key positions set -> the backend
+//   computes (comm nodes through its struct kvr_comm) -> logits read.
+
+// What a strategy pass is given, and what it gives back.
+struct kvr_pass_args {
+    struct kvr_context  * ctx;     // new nodes go here
+    struct kvr_graph    * g;       // the model's graph, ATTN_BLOCK nodes still in it
+    struct kvr_tensor   * kpos;    // [n_kpos] i32 input: the positions of the cache rows attention reads
+    // Nodes that must run though no output reads them (cache stores, sends), in the order they
+    // should run: the road rebuilds g from them, then the output. 0: the pass rebuilt g itself.
+    // The memory is the pass's; it must stay valid until the road returns.
+    struct kvr_tensor  ** sinks;
+    int                   n_sinks;
+};
+
+struct kvr_eval {
+    // what to run
+    const struct kvr_model * model;     // its weights on backend (kvr_model_to_backend)
+    struct kvr_backend     * backend;
+    struct kvr_kv_cache    * cache;     // in a buffer of backend
+    const int32_t          * tokens;    // n_tokens ids (checked against the vocabulary by the caller)
+    const int32_t          * pos;       // their absolute positions
+    int                      n_tokens;
+    const int32_t          * kpos;      // n_kpos positions of the cache rows attention reads
+    int                      n_kpos;
+    int                      n_past;    // the single pass: cache rows before this batch
+    int                      n_outputs; // 1: the logits of the last token; 0: none
+    enum kvr_attn_mode       attn_mode;
+    void                  (* pass)(void * user, struct kvr_pass_args * a); // NULL: kvr_pass_single
+    bool                     no_model;  // no model graph, no inputs, no outputs: the pass builds the
+                                        //   whole graph into a->g (P/D's decode rank only receives)
+    void                   * pass_user;
+    int                      graph_size; // nodes (and leafs) of the graph (0: enough for the single pass)
+    FILE                   * graph_out;  // print the rewritten graph here (NULL: no)
+    const char             * name;       // prefixes error messages (NULL: "eval")
+    struct kvr_buffer     ** compute;    // the activations' buffer: the caller's, grown here as needed
+    float                  * logits;     // n_vocab floats, written when n_outputs and all went well
+    // what it reports
+    int                      n_attn_layers; // layers whose attention ran (counters are per layer)
+    struct kvr_counters      counters;      // the backend's counters of this eval (zero if none)
+};
+
+// Run one eval; KVR_OK or an error code with kvr_last_error() set.
+int kvr_eval_run(struct kvr_eval * ev);
 
 struct kvr_session_params {
     int                n_ctx;      // 0: the model's training context (capped at 4096)
     int                n_threads;  // 0: all cores
     enum kvr_attn_mode attn_mode;
     FILE *             graph_out;  // if set, the first eval prints its rewritten graph here
-    bool               q8_activations; // see kvr_backend_cpu_set_q8_activations (off: exact)
+    bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
+    const char *       backend;    // "cpu" (NULL: cpu) or "cuda" (see kvr_backend_new)
 };
 
 struct kvr_session;
@@ -975,7 +1147,9 @@ struct kvr_dist_params {
                                      //   noisy sidecar); needs link_gbps; 0: off
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_dist_write_trace
-    bool               q8_activations; // see kvr_backend_cpu_set_q8_activations (off: exact)
+    bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
+    const char *       backend;      // every rank's: "cpu" (NULL: cpu) or "cuda"; a rank asks for
+                                     //   the device of its index (the backend wraps it around)
     bool               stall;        // test hook: rank stall_rank stops before its first transfer
     int                stall_rank;   //   of layer stall_layer and never sends again, as a lost
     int                stall_layer;  //   process would (off unless stall is set)

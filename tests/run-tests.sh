@@ -63,6 +63,7 @@ done
 
 # the shape of the source a reader relies on (kvr.c's contents, no pasted-file seams)
 run "source checks" sh tests/check-source.sh
+run "seam checks" sh tests/check-seam.sh
 
 # the tokenizer's Unicode table is what its generator makes (it needs Unicode 15.1: Python 3.13,
 # or unicodedata2; without them the check says it is skipped)

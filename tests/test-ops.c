@@ -1723,10 +1723,13 @@ static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_a
     hp.rope_freq_base = 10000.0f;
     hp.rope_freq_scale = 1.0f;
     hp.norm_eps = 1e-5f;
-    struct kvr_kv_cache * cache = kvr_kv_cache_new(&hp, n_ctx);
+    // the cache in a CPU backend's buffer (host memory: kvr_graph_compute_cpu's backend reads it)
+    struct kvr_backend * cache_be = kvr_backend_cpu_new(1);
+    struct kvr_kv_cache * cache = kvr_kv_cache_new(&hp, n_ctx, cache_be);
     const int64_t kv_dim = (int64_t) hd * Hkv, row = (int64_t) hd * H + H;
     if (!cache) {
         tc_fail(&tc, "kvr_kv_cache_new returned NULL: %s", kvr_last_error());
+        kvr_backend_free(cache_be);
         tc_end(&tc);
         return;
     }
@@ -1845,6 +1848,7 @@ static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_a
     }
 done:
     kvr_kv_cache_free(cache);
+    kvr_backend_free(cache_be);
     tc_end(&tc);
 }
 
@@ -1865,7 +1869,7 @@ static void grp_pass(void) {
 }
 
 //
-// COUNTERS: the CPU backend's counters after kvr_graph_plan, kvr_graph_place and
+// COUNTERS: the CPU backend's counters after kvr_graph_plan, kvr_graph_place (in a buffer of the backend) and
 // kvr_backend_graph_compute (also checked: supports_op, and the results of that path).
 // Pairs are counted once per ATTN node, whatever its number of heads.
 //
@@ -1898,18 +1902,18 @@ static void t_counters(int hd, int H, int Tq, int Tk, const char * pos, enum kvr
         }
     }
     const size_t size = kvr_graph_plan(g);
-    void * buf = NULL;
-    if (posix_memalign(&buf, 64, size) != 0) {
-        fprintf(stderr, "test-ops: out of memory\n");
+    struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, size);
+    if (!buf) {
+        fprintf(stderr, "test-ops: %s\n", kvr_last_error());
         exit(2);
     }
     kvr_graph_place(g, buf);
     struct kvr_counters cnt;
-    kvr_backend_cpu_counters(be, NULL, true);
+    if (!kvr_backend_counters(be, NULL, true)) tc_fail(&tc, "the CPU backend keeps no counters");
     const int rc = kvr_backend_graph_compute(be, g);
-    kvr_backend_cpu_counters(be, &cnt, true);
+    kvr_backend_counters(be, &cnt, true);
+    kvr_buffer_free(buf);
     kvr_backend_free(be);
-    free(buf);
     if (rc != KVR_OK) {
         tc_fail(&tc, "kvr_backend_graph_compute returned %d: %s", rc, kvr_last_error());
     } else {

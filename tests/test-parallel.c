@@ -311,9 +311,10 @@ static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * 
     for (int il = 0; il < c->n_layer; il++) {
         r->k[il] = xcalloc((size_t)r->n_total * (size_t)c->kv_dim, sizeof(float));
         r->v[il] = xcalloc((size_t)r->n_total * (size_t)c->kv_dim, sizeof(float));
+        // through the backend: the cache may be device memory
         for (int p = 0; p < r->n_total; p++) {
-            memcpy(r->k[il] + (size_t)p * c->kv_dim, (const char *)c->k[il]->data + (size_t)p * c->k[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
-            memcpy(r->v[il] + (size_t)p * c->kv_dim, (const char *)c->v[il]->data + (size_t)p * c->v[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
+            kvr_backend_tensor_get(c->k[il], r->k[il] + (size_t)p * c->kv_dim, (size_t)p * c->k[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
+            kvr_backend_tensor_get(c->v[il], r->v[il] + (size_t)p * c->kv_dim, (size_t)p * c->v[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
         }
     }
     kvr_session_free(s);
@@ -379,6 +380,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
         }
         int last = -1; // the rank's last position: a sliding-window layer keeps the W-1 rows before it
         for (int i = 0; i < n; i++) last = pos[i] > last ? pos[i] : last;
+        float * row_buf = xcalloc((size_t)r->kv_dim, sizeof(float));
         for (int i = 0; i < n; i++) {
             const int p = pos[i];
             if (p < 0 || p >= n_pos) {
@@ -394,7 +396,8 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
                 if (cov != COVER_PARTITION && r->window[il] > 0 && p <= last - r->window[il]) continue;
                 for (int kv = 0; kv < 2; kv++) {
                     const struct kvr_tensor * t = kv ? c->v[il] : c->k[il];
-                    const float * got = (const float *)((const char *)t->data + (size_t)i * t->nb[1]);
+                    kvr_backend_tensor_get(t, row_buf, (size_t)i * t->nb[1], sizeof(float) * (size_t)r->kv_dim);
+                    const float * got = row_buf;
                     const float * want = (kv ? r->v[il] : r->k[il]) + (size_t)p * r->kv_dim;
                     int at;
                     const double dd = max_rel_diff(got, want, r->kv_dim, &at);
@@ -406,6 +409,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
                 }
             }
         }
+        free(row_buf);
     }
     CHECK(bad_pos == 0 && n_dup == 0, "%s (%d rows out of range, %d duplicates)", first_bad, bad_pos, n_dup);
     CHECK(worst <= tol_cache, "cache rows differ from the reference by %.3g (relative above 1): %s", worst, where);

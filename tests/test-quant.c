@@ -559,9 +559,10 @@ static void test_mul_vec_type(enum kvr_type type, const struct qtype * qt, const
                 y->flags |= KVR_FLAG_OUTPUT;
                 struct kvr_graph * g = kvr_graph_new(ctx, 16);
                 kvr_graph_expand(g, y);
-                void * buf = aligned_alloc(64, (kvr_graph_plan(g) + 63) / 64 * 64);
-                kvr_graph_place(g, buf);
                 struct kvr_backend * be = kvr_backend_cpu_new(nth);
+                struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
+                KVR_ASSERT(buf != NULL);
+                kvr_graph_place(g, buf);
                 const int rc = kvr_backend_graph_compute(be, g);
                 check(rc == KVR_OK, "%s mul_vec K=%lld T=%d, %d threads: compute returned %d (%s)", name, (long long)K, T, nth, rc, kvr_last_error());
                 double worst = 0;
@@ -580,8 +581,8 @@ static void test_mul_vec_type(enum kvr_type type, const struct qtype * qt, const
                     }
                 }
                 check(worst <= 2e-6, "%s mul_vec K=%lld T=%d, %d threads: worst relative error %.3g", name, (long long)K, T, nth, worst);
+                kvr_buffer_free(buf);
                 kvr_backend_free(be);
-                free(buf);
                 kvr_free(ctx);
             }
         }
@@ -595,7 +596,7 @@ static void test_mul_vec(void) {
     test_mul_vec_type(KVR_TYPE_F32, NULL, "f32");
 }
 
-// The integer prefill path (kvr_backend_cpu_set_q8_activations) for Q4_K: every token's 256
+// The integer prefill path (kvr_backend_set_q8_activations) for Q4_K: every token's 256
 // values quantized to int8 by ggml's Q8_K rule (largest magnitude -> -127, round half to even), then
 // per super-block d*d_a*sum_j sc_j*sum(q*a) - dmin*d_a*sum_j m_j*sum(a), all written out here from
 // the bit layout. 601 tokens (more than one chunk of 512; not a multiple of the kernel's 4), 13 rows (not a
@@ -626,11 +627,11 @@ static void test_mul_mat_q8(void) {
         y->flags |= KVR_FLAG_OUTPUT;
         struct kvr_graph * g = kvr_graph_new(ctx, 16);
         kvr_graph_expand(g, y);
-        void * buf = aligned_alloc(64, (kvr_graph_plan(g) + 63) / 64 * 64);
-        if (!buf) { check(0, "q8 mul_mat: no memory"); kvr_free(ctx); return; }
-        kvr_graph_place(g, buf);
         struct kvr_backend * be = kvr_backend_cpu_new(nth);
-        kvr_backend_cpu_set_q8_activations(be, true);
+        struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
+        if (!buf) { check(0, "q8 mul_mat: %s", kvr_last_error()); kvr_backend_free(be); kvr_free(ctx); return; }
+        kvr_graph_place(g, buf);
+        kvr_backend_set_q8_activations(be, true);
         const int rc = kvr_backend_graph_compute(be, g);
         check(rc == KVR_OK, "q4_K q8 mul_mat, %d threads: compute returned %d (%s)", nth, rc, kvr_last_error());
         double worst_int = 0, worst_exact = 0;
@@ -673,8 +674,8 @@ static void test_mul_mat_q8(void) {
         // the activations' rounding shows against the exact product (so the integer path ran), but
         // stays within its bound: half a step of 1/127 of the largest value per 256
         check(worst_exact > 1e-5 && worst_exact < 0.02, "q4_K q8 mul_mat, %d threads: relative error %.3g against the exact product", nth, worst_exact);
+        kvr_buffer_free(buf);
         kvr_backend_free(be);
-        free(buf);
         kvr_free(ctx);
     }
 }
