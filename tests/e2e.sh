@@ -45,6 +45,18 @@ for line in open(sys.argv[1]):
     assert 0 < s["matmul_ms"] and 0 < s["attn_ms"], s
     assert s["matmul_ms"] + s["attn_ms"] <= s["compute_ms"] <= s["ttft_ms"], s
 ' "$tmp/stats.txt"; then ok "--stats: matmul + attention <= compute <= TTFT per rank"; else bad "--stats time split"; fi
+    # the backend by name: cpu gives the reference text; cuda in a build without it says how to get it
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 2 --backend cpu > "$tmp/be.txt" 2>/dev/null
+    if cmp -s "$tmp/be.txt" "$ref/stories260K-greedy.txt"; then ok "kvr-run --backend cpu: same text"; else bad "kvr-run --backend cpu: text differs"; fi
+    if [ "${KVR_CUDA:-0}" != 1 ]; then # make KVR_CUDA=1 test runs with KVR_CUDA=1 in the environment
+        "$build/kvr-run" -m "$model" -p "Once" -n 1 --backend cuda > /dev/null 2> "$tmp/cuda.txt"
+        rc=$?
+        if [ $rc -ne 0 ] && grep -q "built without CUDA (build with make KVR_CUDA=1)" "$tmp/cuda.txt"; then
+            ok "kvr-run --backend cuda without CUDA: an error that says how to build it"
+        else
+            bad "kvr-run --backend cuda without CUDA: rc=$rc: $(tail -n 1 "$tmp/cuda.txt")"
+        fi
+    fi
     start=$(date +%s)
     KVR_TEST_STALL=1:1 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
     rc=$?; el=$(( $(date +%s) - start ))
