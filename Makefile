@@ -2,7 +2,9 @@
 # (see README.md): OpenBLAS, stb, and for the optional parts OpenMPI and the CUDA toolkit.
 #
 #   make              library and tools into build/
-#   make test         every test (plus a second build under ASan+UBSan and a bounded fuzz run)
+#   make KVR_CUDA=1   the same with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90 plus PTX)
+#   make test         every test (plus a second build under ASan+UBSan, a bounded fuzz run and,
+#                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
 #   make bench        the benchmarks (long: about two hours; not part of make test)
 #   make install PREFIX=/usr/local
 
@@ -28,12 +30,27 @@ ifeq ($(KVR_MPI),1)
 CC        := mpicc
 CFLAGS    += -DKVR_MPI
 endif
+# make KVR_CUDA=1: the CUDA backend, kvr-cuda.cu, compiled by nvcc for sm_80 and sm_90 plus PTX
+# for newer GPUs, warnings as errors on the device and the host side; ptxas reports registers
+# and spills (-Xptxas -v) into $(BUILD)/kvr-cuda.ptxas, a summary of the spills is printed.
+NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -std=c++17 -O2 $(CUDA_ARCH) -Werror all-warnings -Xptxas -v \
+             -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fno-math-errno
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+ifeq ($(KVR_CUDA),1)
+LIB_OBJS_CUDA := $(BUILD)/kvr-cuda.o
+KVR_DEFS  := -DKVR_CUDA
+LDLIBS    += $(CUDA_LIBS)
+endif
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
 TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all tools tests test test-fast test-asan fuzz bench install clean help demo mpi
+.PHONY: all tools tests test test-fast test-asan fuzz bench install clean help demo mpi cuda-gate cuda-parts FORCE
 
 all: $(BUILD)/libkvr.a tools
 
@@ -43,16 +60,37 @@ help:
 $(BUILD) $(ASAN):
 	mkdir -p $@
 
-$(BUILD)/kvr.o: $(LIB_DEPS) | $(BUILD)
-	$(CC) $(CFLAGS) -c kvr.c -o $@
+# The options a build was made with: objects are remade when they change (make, then make KVR_CUDA=1).
+BUILD_CONFIG := CC=$(CC) KVR_MPI=$(KVR_MPI) KVR_CUDA=$(KVR_CUDA) CFLAGS=$(CFLAGS)
+$(BUILD)/config: FORCE | $(BUILD)
+	@echo '$(BUILD_CONFIG)' | cmp -s - $@ || echo '$(BUILD_CONFIG)' > $@
+FORCE:
 
-$(BUILD)/kvr-comm.o: $(LIB_DEPS) | $(BUILD)
+$(BUILD)/kvr.o: $(LIB_DEPS) $(BUILD)/config | $(BUILD)
+	$(CC) $(CFLAGS) $(KVR_DEFS) -c kvr.c -o $@
+
+$(BUILD)/kvr-cuda.o: kvr-cuda.cu kvr.h $(BUILD)/config | $(BUILD)
+	@test -n "$(NVCC)" || { echo "make KVR_CUDA=1 needs nvcc (the CUDA toolkit): not found"; exit 1; }
+	$(NVCC) $(NVCCFLAGS) -I. -DKVR_CUDA -c kvr-cuda.cu -o $@ 2> $(BUILD)/kvr-cuda.ptxas || { cat $(BUILD)/kvr-cuda.ptxas; exit 1; }
+	@awk '/Compiling entry function/ { f = $$(NF-2) " " $$NF } /bytes spill stores/ && ($$5 > 0 || $$9 > 0) { n++; print "kvr-cuda: spills in " f ": " $$0 } \
+	     END { print "kvr-cuda: " (n ? n : 0) " kernel builds spill registers (details: $(BUILD)/kvr-cuda.ptxas)" }' $(BUILD)/kvr-cuda.ptxas
+
+# the host test of the CUDA build: nvcc's host build of kvr.h's shared math against the C build
+$(BUILD)/cuda-host-c.o: tests/cuda-host-c.c kvr.h $(BUILD)/config | $(BUILD)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/test-cuda-host: tests/test-cuda-host.cu kvr.h $(BUILD)/cuda-host-c.o $(BUILD)/libkvr.a | $(BUILD)
+	$(NVCC) -std=c++17 -O2 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fno-math-errno \
+		-I. -DKVR_CUDA $< $(BUILD)/cuda-host-c.o $(BUILD)/libkvr.a -o $@ -lopenblas -lm -lpthread -lcublas
+
+$(BUILD)/kvr-comm.o: $(LIB_DEPS) $(BUILD)/config | $(BUILD)
 	$(CC) $(CFLAGS) -c kvr-comm.c -o $@
 
-$(BUILD)/kvr-tune.o: $(LIB_DEPS) | $(BUILD)
+$(BUILD)/kvr-tune.o: $(LIB_DEPS) $(BUILD)/config | $(BUILD)
 	$(CC) $(CFLAGS) -c kvr-tune.c -o $@
 
-$(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o $(BUILD)/kvr-tune.o
+$(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o $(BUILD)/kvr-tune.o $(LIB_OBJS_CUDA)
+	rm -f $@
 	ar rcs $@ $^
 
 tools: $(TOOLS)
@@ -104,7 +142,16 @@ $(BUILD)/mpi/%: tools/%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUI
 $(BUILD)/mpi/test-%: tests/test-%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o
 	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o -o $@ $(LDLIBS)
 
-test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf
+# The CUDA build as a compile gate of make test wherever nvcc is installed (CI has it): the
+# library, kvr-run, kvr-compare, test-ops and the host test, in $(BUILD)/cuda. tests/run-tests.sh
+# runs what of them can run without a GPU.
+CUDA_GATE := $(if $(NVCC),$(if $(filter 1,$(KVR_CUDA)),,cuda-gate),)
+cuda-gate:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory BUILD=$(BUILD)/cuda KVR_CUDA=1 cuda-parts && \
+	echo "the CUDA build ($(BUILD)/cuda) took $$(( $$(date +%s) - t0 )) s"
+cuda-parts: $(BUILD)/libkvr.a $(BUILD)/kvr-run $(BUILD)/kvr-compare $(BUILD)/test-ops $(BUILD)/test-cuda-host
+
+test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(CUDA_GATE)
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)
 
 # the main job on an embedded default: parallel prefill of a story on 2 ranks

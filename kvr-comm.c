@@ -2070,6 +2070,7 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .no_model   = receiver,
         .graph_size = n_layer * (64 + 24 * pl->N) + 256,
         .graph_out  = graph_out,
+        .capture    = d->p.capture,
         .name       = name,
         .compute    = &dr->buf,
         .logits     = dr->logits,
@@ -2294,7 +2295,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         dr->rank = my_rank + i; // local: 0 + i; one rank a process: the process's
-        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = dr->rank,
+        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = p->device + dr->rank,
                                                .q8_activations = p->q8_activations, .trace = p->trace };
         dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;

@@ -7800,6 +7800,22 @@ int kvr_eval_run(struct kvr_eval * ev) {
         }
     }
     if (ev->graph_out) kvr_graph_print(g, ev->graph_out);
+    // intermediates asked for: kept as outputs, handed out after the compute
+    struct kvr_tensor ** captured = NULL; // stb_ds array
+    int * captured_id = NULL;             //   layer * n_names + name
+    if (ev->capture) {
+        for (int i = 0; i < g->n_nodes; i++) {
+            struct kvr_tensor * t = g->nodes[i];
+            int il = -1, at = 0;
+            if (sscanf(t->name, "blk.%d.%n", &il, &at) != 1 || at == 0) continue;
+            for (int k = 0; k < ev->capture->n_names; k++) {
+                if (strcmp(t->name + at, ev->capture->names[k]) != 0) continue;
+                t->flags |= KVR_FLAG_OUTPUT;
+                arrput(captured, t);
+                arrput(captured_id, il * ev->capture->n_names + k);
+            }
+        }
+    }
     // attention pairs are counted per layer: the layers whose attention runs here
     {
         bool seen[4096] = { false };
@@ -7820,6 +7836,8 @@ int kvr_eval_run(struct kvr_eval * ev) {
             char msg[sizeof(kvr_errbuf)];
             snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
             kvr_graph_place(g, NULL); // frees the plan
+            arrfree(captured);
+            arrfree(captured_id);
             kvr_free(ctx);
             return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate %zu MiB of activations for %d tokens: %s", name, need >> 20, n, msg);
         }
@@ -7838,6 +7856,13 @@ int kvr_eval_run(struct kvr_eval * ev) {
     if (rc == KVR_OK && ev->n_outputs) {
         kvr_backend_tensor_get(out, ev->logits, kvr_nbytes(out) - sizeof(float) * m->hp.n_vocab, sizeof(float) * m->hp.n_vocab);
     }
+    for (ptrdiff_t i = 0; rc == KVR_OK && i < arrlen(captured); i++) {
+        ev->capture->got(ev->capture->user, captured[i], captured_id[i] / ev->capture->n_names,
+                         captured_id[i] % ev->capture->n_names, ev->pos, n);
+    }
+    if (rc == KVR_OK) rc = kvr_backend_synchronize(ev->backend); // a read of the logits or of an intermediate failed
+    arrfree(captured);
+    arrfree(captured_id);
     kvr_backend_counters(ev->backend, &ev->counters, true);
     kvr_free(ctx);
     return rc;
@@ -7856,6 +7881,7 @@ struct kvr_session {
     int32_t                * tokens;     // the n_past tokens in the cache (what a saved file names)
     int32_t                * iota;       // 0, 1, ..., n_ctx-1: the positions of the cache rows
     struct kvr_buffer      * buf;        // activations, grown as needed
+    const struct kvr_capture * capture;  // intermediates handed out after each eval (NULL: none)
     int                      n_ctx;
     float                 ** swap_k;     // swapped out to host memory: per layer, n_past rows
     float                 ** swap_v;
@@ -7871,8 +7897,10 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
     s->m = m;
     s->attn_mode = p->attn_mode;
     s->graph_out = p->graph_out;
-    const struct kvr_backend_params bp = { .n_threads = p->n_threads, .q8_activations = p->q8_activations };
+    const struct kvr_backend_params bp = { .n_threads = p->n_threads, .device = p->device,
+                                           .q8_activations = p->q8_activations };
     s->be = kvr_backend_new(p->backend, &bp);
+    s->capture = p->capture;
     s->w = s->be ? kvr_model_to_backend(m, s->be) : NULL;
     s->cache = s->w ? kvr_kv_cache_new(&m->hp, n_ctx, s->be) : NULL;
     if (!s->cache) {
@@ -7957,6 +7985,7 @@ const float * kvr_session_eval(struct kvr_session * s, const int32_t * tokens, i
         .n_outputs = 1,
         .attn_mode = s->attn_mode,
         .graph_out = s->graph_out,
+        .capture   = s->capture,
         .compute   = &s->buf,
         .logits    = s->logits,
     };

@@ -58,7 +58,8 @@ enum kvr_status {
     KVR_ERR_ARG     = -4, // a bad argument (a flag, a prompt longer than the context, ...)
     KVR_ERR_NOMEM   = -5, // an allocation failed
     KVR_ERR_COMM    = -6, // a peer was lost or timed out
-    KVR_ERR_STATUS_COUNT_ = 7,
+    KVR_ERR_DEVICE  = -7, // a device (GPU) is missing, or a call to it failed
+    KVR_ERR_STATUS_COUNT_ = 8,
 };
 
 // The message of the last error on this thread ("" when there was none). Thread-local.
@@ -519,6 +520,9 @@ struct kvr_backend * kvr_backend_new(const char * name, const struct kvr_backend
 struct kvr_backend * kvr_backend_cpu_new(int n_threads); // n_threads <= 0: all cores
 #ifdef KVR_CUDA
 struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p); // kvr-cuda.cu
+// The CUDA backend's compute stream (a cudaStream_t), NULL for another backend: a transport that
+// moves device memory itself (NCCL) orders its transfers against it.
+void *               kvr_backend_cuda_stream(struct kvr_backend * be);
 #endif
 void                 kvr_backend_free(struct kvr_backend * be);
 const char *         kvr_backend_name(struct kvr_backend * be);
@@ -985,6 +989,19 @@ struct kvr_pass_args {
     int                   n_sinks;
 };
 
+// Reading intermediates (tools/kvr-compare): every node named "blk.<layer>.<name>" for a name in
+// names is kept as an output of each eval (its memory is not reused) and handed to got() after
+// the eval's graph ran, with the absolute positions of the eval's tokens (a node of fewer rows
+// holds the last ones: the pruned last layer). got() reads it with kvr_backend_tensor_get; with
+// local ranks it is called from their threads, several at once.
+struct kvr_capture {
+    const char * const * names;
+    int                  n_names;
+    void              (* got)(void * user, const struct kvr_tensor * t, int layer, int name,
+                              const int32_t * pos, int n_pos);
+    void               * user;
+};
+
 struct kvr_eval {
     // what to run
     const struct kvr_model * model;     // its weights on backend (kvr_model_to_backend)
@@ -1004,6 +1021,7 @@ struct kvr_eval {
     void                   * pass_user;
     int                      graph_size; // nodes (and leafs) of the graph (0: enough for the single pass)
     FILE                   * graph_out;  // print the rewritten graph here (NULL: no)
+    const struct kvr_capture * capture;  // intermediates to hand out (NULL: none)
     const char             * name;       // prefixes error messages (NULL: "eval")
     struct kvr_buffer     ** compute;    // the activations' buffer: the caller's, grown here as needed
     float                  * logits;     // n_vocab floats, written when n_outputs and all went well
@@ -1022,6 +1040,8 @@ struct kvr_session_params {
     FILE *             graph_out;  // if set, the first eval prints its rewritten graph here
     bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
     const char *       backend;    // "cpu" (NULL: cpu) or "cuda" (see kvr_backend_new)
+    int                device;     // cuda: the GPU (wrapped around the devices there are)
+    const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)
 };
 
 struct kvr_session;
@@ -1148,8 +1168,10 @@ struct kvr_dist_params {
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_dist_write_trace
     bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
-    const char *       backend;      // every rank's: "cpu" (NULL: cpu) or "cuda"; a rank asks for
-                                     //   the device of its index (the backend wraps it around)
+    const char *       backend;      // every rank's: "cpu" (NULL: cpu) or "cuda"; rank r asks for
+                                     //   device + r (the backend wraps it around the GPUs there are)
+    int                device;       // cuda: the first rank's GPU (0 by default)
+    const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)
     bool               stall;        // test hook: rank stall_rank stops before its first transfer
     int                stall_rank;   //   of layer stall_layer and never sends again, as a lost
     int                stall_layer;  //   process would (off unless stall is set)
@@ -2070,6 +2092,15 @@ static inline KVR_HD int kvr_attn_tile(int mode, int32_t qmin, int32_t qmax, int
     if (mode == KVR_ATTN_CAUSAL && (kmin > qmax || (window > 0 && (int64_t)qmin - kmax >= window))) return 0;
     return kmax > qmin || (window > 0 && (int64_t)qmax - kmin >= window) ? 2 : 1;
 }
+
+#ifdef KVR_CUDA
+// kvr-cuda.cu: the pairs its attention kernel's counters will report for these positions (dense:
+// computed, causal: needed; KV head 0, as struct kvr_counters counts them), worked out on the host
+// with the kernel's own grid and tile functions. tests/test-cuda-host.cu compares them with the
+// CPU kernel's counters.
+void kvr_cuda_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos, int64_t Tk, int H, int Hkv,
+                         int mode, int64_t window, int64_t * dense, int64_t * causal);
+#endif
 
 #endif // KVR_BUILD
 

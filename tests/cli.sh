@@ -66,6 +66,7 @@ walk kvr-run -m "$model" -p "Once upon a time" -n 1 --temp 0
 walk kvr-bench -m "$model" --ctx 16 -r 1 --warmup 0
 walk kvr-gen --preset tiny -o "$tmp/gen.gguf"
 walk kvr-tune --simulate --preset llama-7b --profile cpu --ranks 2 --ctx 1k
+walk kvr-compare -m "$model" -p hi
 # kvr-tokenize has no numeric flag; its list must still be there
 "$build/kvr-tokenize" --list-flags | grep -q '^-f - in ' && ok || bad "kvr-tokenize --list-flags"
 [ -e "$tmp/gen.gguf" ] && bad "kvr-gen wrote its file although its command line was refused"

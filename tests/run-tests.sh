@@ -61,6 +61,18 @@ done
 # the command-line contract of every tool: flags, ranges, paths, context, prompt files
 [ -f tests/cli.sh ] && run "cli" sh tests/cli.sh "$build" "$shared"
 
+# kvr-compare on the CPU strategies: per-layer NMSE against one rank, --tol 0, a missing backend
+[ -f tests/compare.sh ] && run "kvr-compare" sh tests/compare.sh "$build" "$shared"
+
+# the CUDA build (make test's compile gate where nvcc is installed): the host test of the shared
+# math and the attention tiles, the op cases (run on a GPU, else reported as skipped), and
+# kvr-run --backend cuda (no GPU: exit 2 within 10 s saying so; a GPU: kvr-compare on it)
+if [ -x "$build/cuda/test-cuda-host" ]; then
+    run "cuda: test-cuda-host" "$build/cuda/test-cuda-host" "$shared"
+    run "cuda: test-ops" "$build/cuda/test-ops" "$shared"
+    run "cuda: kvr-run and kvr-compare" sh tests/cuda.sh "$build/cuda" "$shared"
+fi
+
 # the shape of the source a reader relies on (kvr.c's contents, no pasted-file seams)
 run "source checks" sh tests/check-source.sh
 run "seam checks" sh tests/check-seam.sh

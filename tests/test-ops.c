@@ -15,7 +15,10 @@
 //
 // usage: test-ops [-v] [-o GROUP[,GROUP...]] [-s SEED] [SHARED_DIR (ignored: no data needed)]
 //   -v  print every case     -o  run only these groups (names as printed)     -s  input seed
-// Prints one line per group and "N passed, M failed"; exits 1 if a case failed.
+// Prints one line per group and "N passed, M failed, K skipped"; exits 1 if a case failed.
+// The backend axis: with another backend available (CUDA in a make KVR_CUDA=1 build with a GPU),
+// every case's graph also runs there and is compared with the CPU's outputs by NMSE (a bound per
+// op, as ggml's test-backend-ops); without one, one line says why and the cases count as skipped.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -39,7 +42,7 @@
 
 #define GUARD      64
 #define GUARD_BYTE 0xA5
-#define MAX_BUFS   160
+#define MAX_BUFS   256
 #define CTX_MEM    (4u << 20)
 #define GRAPH_SIZE 1024
 
@@ -377,6 +380,8 @@ static void tc_output(struct tcase * tc, struct kvr_tensor * t, const char * wha
     t->flags |= KVR_FLAG_OUTPUT;
 }
 
+static void tc_other_backend(struct tcase * tc, struct kvr_graph * g, struct kvr_tensor ** outs, int n_out);
+
 static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) {
     struct kvr_graph * g = kvr_graph_new(tc->ctx, GRAPH_SIZE);
     for (int i = 0; i < n_out; i++) {
@@ -387,6 +392,7 @@ static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) 
         tc_fail(tc, "kvr_graph_compute_cpu returned %d: %s", rc, kvr_last_error());
         return false;
     }
+    if (tc->nt == 1) tc_other_backend(tc, g, outs, n_out); // once per case: threads are the CPU's business
     return true;
 }
 
@@ -443,6 +449,166 @@ static void tc_check(struct tcase * tc, const char * what, const float * got, co
                 what, (long long) (worst % ne0), (long long) (worst / ne0), (long long) worst, got[worst],
                 ref[worst], fabs((double) got[worst] - ref[worst]), allowed);
     }
+}
+
+//
+// the backend axis: every case's graph again on every other backend there is (CUDA, in a build
+// with make KVR_CUDA=1 on a machine with a GPU), its outputs against the CPU's by NMSE with a
+// bound per op as ggml's test-backend-ops has them. The graph is moved onto the backend (its
+// inputs copied into a buffer of the backend, its nodes planned in another), computed, read back
+// through kvr_backend_tensor_get, and moved back. Without such a backend every case is counted as
+// skipped, with one line saying why, never as passed.
+//
+
+static struct {
+    struct kvr_backend * be;       // NULL: none available
+    const char         * name;
+    char                 why[256]; // why not
+    int                  n_pass, n_fail, n_skip;
+    double               worst;    // the largest NMSE over the cases that passed
+} g_other = { NULL, "cuda", "", 0, 0, 0, 0.0 };
+
+// The NMSE a backend may reach against the CPU, by op: 1e-7 for elementwise work (ggml's default),
+// 5e-4 where a device multiplies in half precision (matrix products; attention's sums run in
+// another order), and the largest over the ops of a graph.
+static double op_nmse_bound(int op) {
+    switch (op) {
+        case KVR_OP_MUL_MAT:    return 5e-4;
+        case KVR_OP_ATTN:
+        case KVR_OP_MERGE_ATTN: return 1e-5;
+        default:                return 1e-7;
+    }
+}
+
+struct moved { struct kvr_tensor * t; void * data; struct kvr_buffer * buffer; };
+
+static void remember(struct moved * m, int * n, int cap, struct kvr_tensor * t) {
+    for (; t; t = t->view_src) {
+        for (int i = 0; i < *n; i++) {
+            if (m[i].t == t) return;
+        }
+        if (*n == cap) {
+            fprintf(stderr, "test-ops: a graph of more than %d tensors in case %s\n", cap, g_case);
+            exit(2);
+        }
+        m[(*n)++] = (struct moved) { t, t->data, t->buffer };
+    }
+}
+
+static void follow_owner(struct kvr_tensor * t) {
+    if (!t->view_src) return;
+    follow_owner(t->view_src);
+    t->data   = (uint8_t *) t->view_src->data + t->view_offs;
+    t->buffer = t->view_src->buffer;
+}
+
+// t's elements in order, read through its strides (from the backend when it lives there)
+static float * tc_read_backend(struct tcase * tc, const struct kvr_tensor * t) {
+    float * out = tc_floats(tc, kvr_nelements(t));
+    int64_t k = 0;
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
+            for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
+                const size_t off = (size_t) (i1 * (int64_t) t->nb[1] + i2 * (int64_t) t->nb[2] + i3 * (int64_t) t->nb[3]);
+                if (t->nb[0] == sizeof(float)) {
+                    kvr_backend_tensor_get(t, out + k, off, (size_t) t->ne[0] * sizeof(float));
+                    k += t->ne[0];
+                } else {
+                    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) kvr_backend_tensor_get(t, out + k++, off + (size_t) i0 * t->nb[0], sizeof(float));
+                }
+            }
+        }
+    }
+    return out;
+}
+
+static void tc_other_backend(struct tcase * tc, struct kvr_graph * g, struct kvr_tensor ** outs, int n_out) {
+    if (!g_other.be) {
+        g_other.n_skip++;
+        return;
+    }
+    // the CPU's results, and the bound of this graph's ops
+    float * want[8];
+    KVR_ASSERT(n_out <= 8);
+    double bound = 0.0;
+    for (int i = 0; i < n_out; i++) want[i] = tc_read(tc, outs[i]);
+    for (int i = 0; i < g->n_nodes; i++) bound = fmax(bound, op_nmse_bound(g->nodes[i]->op));
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!kvr_backend_supports_op(g_other.be, g->nodes[i])) {
+            tc_fail(tc, "%s: supports_op refuses node '%s' (%s)", g_other.name, g->nodes[i]->name, kvr_op_name(g->nodes[i]->op));
+            g_other.n_fail++;
+            return;
+        }
+    }
+    // every tensor the graph touches, and where its memory is now
+    enum { CAP = 4 * GRAPH_SIZE };
+    static struct moved m[CAP];
+    int n = 0;
+    for (int i = 0; i < g->n_leafs; i++) remember(m, &n, CAP, g->leafs[i]);
+    for (int i = 0; i < g->n_nodes; i++) {
+        remember(m, &n, CAP, g->nodes[i]);
+        for (int j = 0; j < KVR_MAX_SRC; j++) remember(m, &n, CAP, g->nodes[i]->src[j]);
+    }
+    // inputs (leaf memory owners) into one buffer of the backend, with their bytes
+    size_t in_bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if (m[i].t->op == KVR_OP_NONE && !m[i].t->view_src && m[i].data) in_bytes += (kvr_nbytes(m[i].t) + 255) & ~(size_t) 255;
+    }
+    struct kvr_buffer * in = kvr_backend_alloc_buffer(g_other.be, in_bytes ? in_bytes : 256);
+    struct kvr_buffer * work = NULL;
+    int rc = in ? KVR_OK : KVR_ERR_NOMEM;
+    for (int i = 0, off = 0; i < n && in; i++) {
+        struct kvr_tensor * t = m[i].t;
+        if (t->op != KVR_OP_NONE || t->view_src || !m[i].data) continue;
+        t->data = NULL;
+        t->buffer = NULL;
+        kvr_buffer_place(in, t, (size_t) off);
+        kvr_backend_tensor_set(t, m[i].data, 0, kvr_nbytes(t));
+        off += (int) ((kvr_nbytes(t) + 255) & ~(size_t) 255);
+    }
+    // nodes planned afresh in another, views following their owners
+    if (rc == KVR_OK) {
+        for (int i = 0; i < n; i++) {
+            if (m[i].t->op != KVR_OP_NONE && !m[i].t->view_src) { m[i].t->data = NULL; m[i].t->buffer = NULL; }
+        }
+        work = kvr_backend_alloc_buffer(g_other.be, kvr_graph_plan(g));
+        if (work) kvr_graph_place(g, work);
+        else { kvr_graph_place(g, NULL); rc = KVR_ERR_NOMEM; }
+        for (int i = 0; i < n; i++) follow_owner(m[i].t);
+    }
+    if (rc == KVR_OK) rc = kvr_backend_graph_compute(g_other.be, g);
+    if (rc != KVR_OK) {
+        tc_fail(tc, "%s: %s", g_other.name, kvr_last_error());
+    } else {
+        for (int i = 0; i < n_out; i++) {
+            const float * got = tc_read_backend(tc, outs[i]);
+            double num = 0.0, den = 0.0;
+            bool same_inf = true;
+            for (int64_t e = 0; e < kvr_nelements(outs[i]); e++) {
+                if (isinf(want[i][e]) || isinf(got[e])) { // an LSE of -inf: the same in both
+                    same_inf = same_inf && want[i][e] == got[e];
+                    continue;
+                }
+                num += ((double) got[e] - want[i][e]) * ((double) got[e] - want[i][e]);
+                den += (double) want[i][e] * want[i][e];
+            }
+            const double nmse = den > 0.0 ? num / den : num;
+            if (!(nmse <= bound) || !same_inf) {
+                tc_fail(tc, "%s: output '%s': NMSE %.3g against the CPU (bound %.0e)%s", g_other.name, outs[i]->name, nmse,
+                        bound, same_inf ? "" : ", an infinity differs");
+            } else {
+                g_other.worst = fmax(g_other.worst, nmse);
+            }
+        }
+    }
+    // everything back where the CPU's checks read it
+    for (int i = 0; i < n; i++) {
+        m[i].t->data = m[i].data;
+        m[i].t->buffer = m[i].buffer;
+    }
+    kvr_buffer_free(work);
+    kvr_buffer_free(in);
+    if (tc->n_fail) g_other.n_fail++; else g_other.n_pass++;
 }
 
 //
@@ -2037,7 +2203,10 @@ int main(int argc, char ** argv) {
         }
     }
     signal(SIGABRT, on_abort);
-    printf("test-ops: seed %llu, threads 1 2 3\n", (unsigned long long) g_opt.seed);
+    g_other.be = kvr_backend_new(g_other.name, NULL);
+    if (!g_other.be) snprintf(g_other.why, sizeof(g_other.why), "%s", kvr_last_error());
+    printf("test-ops: seed %llu, threads 1 2 3; backends: cpu%s%s\n", (unsigned long long) g_opt.seed,
+           g_other.be ? ", " : "", g_other.be ? kvr_backend_name(g_other.be) : "");
     const double t0 = kvr_time_ms();
     for (size_t g = 0; g < sizeof(GROUPS) / sizeof(GROUPS[0]); g++) {
         if (g_opt.only && !in_list(g_opt.only, GROUPS[g].name)) {
@@ -2048,6 +2217,14 @@ int main(int argc, char ** argv) {
         printf("%-10s %4d passed %4d failed\n", GROUPS[g].name, g_grp_pass, g_grp_fail);
         fflush(stdout);
     }
-    printf("%d passed, %d failed (%.1f s)\n", g_pass, g_fail, (kvr_time_ms() - t0) / 1000.0);
+    if (g_other.be) {
+        printf("%s: %d cases passed, %d failed against the CPU (worst NMSE %.2e)\n", kvr_backend_name(g_other.be),
+               g_other.n_pass, g_other.n_fail, g_other.worst);
+        kvr_backend_free(g_other.be);
+    } else {
+        printf("%s: %d cases skipped, not run: %s\n", g_other.name, g_other.n_skip, g_other.why);
+    }
+    // a case that failed on the other backend failed (its CPU checks are in g_pass/g_fail too)
+    printf("%d passed, %d failed, %d skipped (%.1f s)\n", g_pass, g_fail, g_other.n_skip, (kvr_time_ms() - t0) / 1000.0);
     return g_fail ? 1 : 0;
 }

@@ -71,6 +71,7 @@ struct run_args {
     bool         dump_graph;
     bool         q8_act;
     int          backend;      // index into "cpu|cuda"
+    int          device;       // cuda: the (first rank's) GPU
     bool         stats;
     bool         strategy_set;
     int          attn_mode;      // enum kvr_attn_mode, as --attn's choices are ordered
@@ -167,6 +168,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
                   "llama.cpp does (faster; logits move up to ~0.1 from the exact math)" },
         { .name = "--backend", .kind = KVR_CLI_CHOICE, .dst = &a->backend, .meta = "cpu|cuda", .choices = "cpu|cuda",
           .help = "what runs the model (default cpu; cuda needs a build with make KVR_CUDA=1)" },
+        { .name = "--device", .kind = KVR_CLI_INT, .dst = &a->device, .meta = "N", .lo = 0, .hi = 1023,
+          .help = "cuda: the GPU (default 0); with --ranks, rank r runs on GPU N + r modulo the GPUs" },
         { .name = "-v", .alt = "--verbose", .kind = KVR_CLI_SWITCH, .dst = &a->verbose, .help = "prompt and generated ids, model shape, seed on stderr" },
         { .kind = KVR_CLI_SECTION, .help = "chat:" },
         { .name = "-cnv", .alt = "--conversation", .kind = KVR_CLI_SWITCH, .dst = &a->conversation,
@@ -875,7 +878,7 @@ int kvr_run_main(int argc, char ** argv) {
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
         .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act,
-        .backend = a.backend == 1 ? "cuda" : "cpu",
+        .backend = a.backend == 1 ? "cuda" : "cpu", .device = a.device,
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
     };
