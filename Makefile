@@ -117,7 +117,7 @@ $(ASAN)/test-%: tests/test-%.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kv
 $(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(LIB_DEPS) | $(BUILD)
 	$(CLANG) -std=c11 -O1 -g -I. -pthread -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
-tests: $(TESTS) $(BUILD)/simple
+tests: $(TESTS) $(BUILD)/simple $(if $(filter 1,$(KVR_CUDA)),$(BUILD)/test-cuda-host)
 
 # simple.c is the smallest embedding: it must build from kvr.h and kvr.c alone
 $(BUILD)/simple: tools/simple.c kvr.h kvr.c | $(BUILD)
