@@ -939,9 +939,19 @@ static int cu_buf_alloc(struct kvr_backend * be, struct kvr_buffer * buf) {
     return KVR_OK;
 }
 
+// Everything queued on both streams has finished (or the deadline passed).
+static int cu_idle(struct cu_backend * cb) {
+    const struct kvr_tensor * node = NULL;
+    CU(cudaSetDevice(cb->device));
+    CU_TRY(cu_order(cb, cb->copy, cb->compute, node));
+    CU(cudaEventRecord(cb->ev_done, cb->compute));
+    return cu_wait(cb, cb->ev_done, "the queued work", node);
+}
+
 static void cu_buf_free(struct kvr_backend * be, struct kvr_buffer * buf) {
     struct cu_backend * cb = (struct cu_backend *)be->context;
-    cudaSetDevice(cb->device);
+    // an upload may still be writing it: the memory goes back to the pool once nothing uses it
+    cu_stick(cb, cu_idle(cb));
     pool_free(cb, buf->base);
     buf->base = NULL;
 }
@@ -1038,11 +1048,7 @@ static void cu_tensor_get(struct kvr_backend * be, const struct kvr_tensor * t, 
 
 static int cu_synchronize(struct kvr_backend * be) {
     struct cu_backend * cb = (struct cu_backend *)be->context;
-    const struct kvr_tensor * node = NULL;
-    CU(cudaSetDevice(cb->device));
-    CU_TRY(cu_order(cb, cb->copy, cb->compute, node));
-    CU(cudaEventRecord(cb->ev_done, cb->compute));
-    CU_TRY(cu_wait(cb, cb->ev_done, "synchronize", node));
+    CU_TRY(cu_idle(cb));
     return cu_unstick(cb);
 }
 
