@@ -42,7 +42,7 @@ NVCCFLAGS ?= -std=c++17 -O2 $(CUDA_ARCH) -Werror all-warnings -Xptxas -v \
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 ifeq ($(KVR_CUDA),1)
 LIB_OBJS_CUDA := $(BUILD)/kvr-cuda.o
-KVR_DEFS  := -DKVR_CUDA
+KVR_DEFS  := -DKVR_CUDA   # kvr.c, the tools and tests (kvr.h declares the CUDA entry points)
 LDLIBS    += $(CUDA_LIBS)
 endif
 TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
@@ -96,10 +96,10 @@ $(BUILD)/libkvr.a: $(BUILD)/kvr.o $(BUILD)/kvr-comm.o $(BUILD)/kvr-tune.o $(LIB_
 tools: $(TOOLS)
 
 $(BUILD)/%: tools/%.c kvr.h $(wildcard tools/*.h) $(BUILD)/libkvr.a | $(BUILD)
-	$(CC) $(CFLAGS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 $(BUILD)/test-%: tests/test-%.c kvr.h $(BUILD)/libkvr.a | $(BUILD)
-	$(CC) $(CFLAGS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 # the sanitizer build: the library compiled again with ASan + UBSan
 $(ASAN)/kvr.o: $(LIB_DEPS) | $(ASAN)
