@@ -40,8 +40,15 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 NVCCFLAGS ?= -std=c++17 -O2 $(CUDA_ARCH) -Werror all-warnings -Xptxas -v \
              -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fno-math-errno
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+# NCCL (the transport of GPU ranks, compiled into kvr-comm.c with KVR_CUDA=1): shipped with the
+# toolkit here ($(CUDA_HOME)/lib); NCCL_HOME=/usr where Debian's libnccl-dev provides it
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_DEFS := -DKVR_NCCL -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
+NCCL_LIBS := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -lnccl
 ifeq ($(KVR_CUDA),1)
 LIB_OBJS_CUDA := $(BUILD)/kvr-cuda.o
+COMM_DEFS := $(NCCL_DEFS)
+LDLIBS    += $(NCCL_LIBS)
 KVR_DEFS  := -DKVR_CUDA   # kvr.c, the tools and tests (kvr.h declares the CUDA entry points)
 LDLIBS    += $(CUDA_LIBS)
 endif
@@ -84,7 +91,7 @@ $(BUILD)/test-cuda-host: tests/test-cuda-host.cu kvr.h $(BUILD)/cuda-host-c.o $(
 		-I. -DKVR_CUDA $< $(BUILD)/cuda-host-c.o $(BUILD)/libkvr.a -o $@ -lopenblas -lm -lpthread -lcublas
 
 $(BUILD)/kvr-comm.o: $(LIB_DEPS) $(BUILD)/config | $(BUILD)
-	$(CC) $(CFLAGS) -c kvr-comm.c -o $@
+	$(CC) $(CFLAGS) $(KVR_DEFS) $(COMM_DEFS) -c kvr-comm.c -o $@
 
 $(BUILD)/kvr-tune.o: $(LIB_DEPS) $(BUILD)/config | $(BUILD)
 	$(CC) $(CFLAGS) -c kvr-tune.c -o $@

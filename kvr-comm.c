@@ -25,10 +25,11 @@
 #include <mpi.h>
 #endif
 #ifdef KVR_NCCL
+#ifndef KVR_CUDA
+#error "the NCCL transport is part of the CUDA build (make KVR_CUDA=1): it needs kvr_backend_cuda_stream"
+#endif
 #include <cuda_runtime.h>
 #include <nccl.h>
-// kvr-cuda.cu: the backend's compute stream (a cudaStream_t), NULL for a backend that is not CUDA
-void * kvr_backend_cuda_stream(struct kvr_backend * be);
 #endif
 
 //
@@ -2204,10 +2205,13 @@ static int nccl_start(struct kvr_dist * d, int * my_rank) {
     }
     if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "%s", no_dev);
     const int n = d->p.n_ranks > 0 ? d->p.n_ranks : 1;
-    if (n > n_dev) return kvr_error(KVR_ERR_DEVICE, "--comm nccl: %d ranks need %d GPUs; this machine has %d", n, n, n_dev);
+    if (d->p.device < 0 || d->p.device + n > n_dev) {
+        return kvr_error(KVR_ERR_DEVICE, "--comm nccl: %d ranks from GPU %d need GPUs %d..%d; this machine has %d", n, d->p.device,
+                         d->p.device, d->p.device + n - 1, n_dev);
+    }
     if (n > 256) return kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", n);
     int devices[256];
-    for (int i = 0; i < n; i++) devices[i] = i;
+    for (int i = 0; i < n; i++) devices[i] = d->p.device + i;
     ncclUniqueId id;
     const ncclResult_t e2 = ncclGetUniqueId(&id);
     if (e2 != ncclSuccess) return kvr_error(KVR_ERR_COMM, "--comm nccl: ncclGetUniqueId failed: %s", ncclGetErrorString(e2));
@@ -2295,7 +2299,11 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         dr->rank = my_rank + i; // local: 0 + i; one rank a process: the process's
-        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = p->device + dr->rank,
+        int device = p->device + dr->rank;
+#ifdef KVR_NCCL
+        if (p->comm == KVR_COMM_NCCL) device = nccl_rank_of(d->tr, dr->rank)->device; // its node's GPU
+#endif
+        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = device,
                                                .q8_activations = p->q8_activations, .trace = p->trace };
         dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;

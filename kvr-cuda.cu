@@ -1246,9 +1246,12 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
             node = g->nodes[i];
             if (node_is_comm(node)) {
                 // everything before it completes, then kvr's comm routine runs it (it stages the
-                // data through tensor_get/tensor_set, which order themselves after this stream)
-                if ((e = cudaEventRecord(cb->ev_done, cb->compute)) != cudaSuccess) { rc = cu_fail(cb->device, "cudaEventRecord", e, node); break; }
-                if ((rc = cu_wait(cb, cb->ev_done, "the nodes before a transfer", node)) != KVR_OK) break;
+                // data through tensor_get/tensor_set, which order themselves after this stream);
+                // a transport that moves device memory itself (NCCL) orders its transfers against
+                // this stream by events instead, so the compute queued before keeps running
+                const bool device_comm = be->comm && be->comm->device_ptrs;
+                if (!device_comm && (e = cudaEventRecord(cb->ev_done, cb->compute)) != cudaSuccess) { rc = cu_fail(cb->device, "cudaEventRecord", e, node); break; }
+                if (!device_comm && (rc = cu_wait(cb, cb->ev_done, "the nodes before a transfer", node)) != KVR_OK) break;
                 host_t[2 * i] = kvr_time_ms();
                 rc = kvr_backend_comm_node(be, node);
                 host_t[2 * i + 1] = kvr_time_ms();
