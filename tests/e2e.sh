@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/e2e.sh BUILD SHARED - end-to-end checks of the tools against llama.cpp's outputs in
 # SHARED/reference: the greedy text and logits of stories260K, the parallel strategies through
-# kvr-run, the MPI transport under mpirun (when the MPI build exists), usage errors, a stalled
+# kvr-run, the MPI transport under mpirun (when the MPI build exists), --comm nccl without NCCL
+# or without a GPU, usage errors, a stalled
 # rank, and the smallest embedding (simple); prompts (escapes, special tokens) and the chat
 # (-cnv over a pipe, on every strategy, /exit, a full context); the real SmolLM2 where
 # tools/install-deps.sh installed it. Ends with "N passed, M failed, K skipped".
@@ -383,6 +384,34 @@ if [ -f "$smol" ]; then
     fi
 else
     skp "SmolLM2 chat and acceptance ($smol missing: tools/install-deps.sh fetches it)"
+fi
+
+# --comm nccl: a build without NCCL says so; the CUDA build (make KVR_CUDA=1, built into
+# build/cuda by make test) on a machine without a GPU fails within the timeout naming what is
+# missing, exit 2. Nothing here runs NCCL: on a machine with a GPU the second check does not apply.
+if [ -f "$model" ]; then
+    "$build/kvr-run" --comm nccl --ranks 2 -m "$model" -p hi > /dev/null 2> "$tmp/nccl.txt"; rc=$?
+    if [ $rc -eq 2 ] && grep -q "no NCCL transport (build with make KVR_CUDA=1)" "$tmp/nccl.txt"; then
+        ok "--comm nccl in a build without NCCL: exit 2 naming the build to make"
+    else
+        bad "--comm nccl in a build without NCCL: exit $rc: $(tail -n 1 "$tmp/nccl.txt")"
+    fi
+    if [ ! -x "$build/cuda/kvr-run" ]; then
+        skp "--comm nccl without a GPU (no CUDA build in $build/cuda)"
+    elif [ -e /dev/nvidia0 ] || nvidia-smi -L > /dev/null 2>&1; then
+        skp "--comm nccl without a GPU (this machine has one)"
+    else
+        start=$(date +%s)
+        timeout 60 "$build/cuda/kvr-run" --backend cuda --comm nccl --ranks 2 --comm-timeout 5 -m "$model" -p hi > /dev/null 2> "$tmp/nccl.txt"
+        rc=$?; el=$(( $(date +%s) - start ))
+        if [ $rc -eq 2 ] && [ $el -le 10 ] && grep -qE "no CUDA device|GPU" "$tmp/nccl.txt"; then
+            ok "--backend cuda --comm nccl --ranks 2 without a GPU: exit 2 in ${el}s: $(tail -n 1 "$tmp/nccl.txt")"
+        else
+            bad "--backend cuda --comm nccl without a GPU: exit $rc after ${el}s: $(tail -n 1 "$tmp/nccl.txt")"
+        fi
+    fi
+else
+    skp "--comm nccl ($model missing)"
 fi
 
 # usage errors: exit 2 and a usage line
