@@ -49,6 +49,7 @@ ifeq ($(KVR_CUDA),1)
 LIB_OBJS_CUDA := $(BUILD)/kvr-cuda.o
 COMM_DEFS := $(NCCL_DEFS)
 LDLIBS    += $(NCCL_LIBS)
+NVCC_LIBS := -L$(NCCL_HOME)/lib -Xlinker -rpath,$(NCCL_HOME)/lib -lnccl # what nvcc links into a program with libkvr.a
 KVR_DEFS  := -DKVR_CUDA   # kvr.c, the tools and tests (kvr.h declares the CUDA entry points)
 LDLIBS    += $(CUDA_LIBS)
 endif
@@ -88,7 +89,7 @@ $(BUILD)/cuda-host-c.o: tests/cuda-host-c.c kvr.h $(BUILD)/config | $(BUILD)
 
 $(BUILD)/test-cuda-host: tests/test-cuda-host.cu kvr.h $(BUILD)/cuda-host-c.o $(BUILD)/libkvr.a | $(BUILD)
 	$(NVCC) -std=c++17 -O2 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fno-math-errno \
-		-I. -DKVR_CUDA $< $(BUILD)/cuda-host-c.o $(BUILD)/libkvr.a -o $@ -lopenblas -lm -lpthread -lcublas
+		-I. -DKVR_CUDA $< $(BUILD)/cuda-host-c.o $(BUILD)/libkvr.a -o $@ -lopenblas -lm -lpthread -lcublas $(NVCC_LIBS)
 
 $(BUILD)/kvr-comm.o: $(LIB_DEPS) $(BUILD)/config | $(BUILD)
 	$(CC) $(CFLAGS) $(KVR_DEFS) $(COMM_DEFS) -c kvr-comm.c -o $@
