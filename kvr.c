@@ -3119,8 +3119,8 @@ struct cpu_backend {
     pthread_t         * threads;
     pthread_mutex_t     mu;
     pthread_cond_t      cv;
-    int                 generation;   // bumped to start a graph; workers wait for a change
-    bool                stop;
+    atomic_int          generation;   // bumped to start a graph; workers wait for a change
+    atomic_bool         stop;
     struct kvr_graph  * graph;
     atomic_int          barrier_count;
     atomic_int          barrier_gen;
@@ -3215,21 +3215,33 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     }
 }
 
+// Between graphs a worker polls for the next one for up to CPU_POLL_MS before it sleeps on the
+// condition variable: decode runs one small graph per token, and the time between two (the
+// sampler, the inputs) is far shorter than waking a sleeping thread takes. Past a few thousand
+// polls it yields each time, as the barrier does, so an oversubscribed machine still progresses.
+#define CPU_POLL_MS 2.0
+
 static void * cpu_worker(void * arg) {
     struct cpu_backend * cb = ((void **)arg)[0];
     const int ith = (int)(intptr_t)((void **)arg)[1];
     free(arg);
     int seen = 0;
     for (;;) {
+        const double until = kvr_time_ms() + CPU_POLL_MS;
+        for (int spins = 0; atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop); spins++) {
+            if (spins < 2000) continue;
+            sched_yield();
+            if (kvr_time_ms() > until) break;
+        }
         pthread_mutex_lock(&cb->mu);
-        while (cb->generation == seen && !cb->stop) {
+        while (atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop)) {
             pthread_cond_wait(&cb->cv, &cb->mu);
         }
-        if (cb->stop) {
+        if (atomic_load(&cb->stop)) {
             pthread_mutex_unlock(&cb->mu);
             return NULL;
         }
-        seen = cb->generation;
+        seen = atomic_load(&cb->generation);
         pthread_mutex_unlock(&cb->mu);
         cpu_run_graph(cb, ith);
         atomic_fetch_add(&cb->done_count, 1);
@@ -3298,7 +3310,7 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     if (cb->n_threads > 1) {
         atomic_store(&cb->done_count, 0);
         pthread_mutex_lock(&cb->mu);
-        cb->generation++;
+        atomic_fetch_add(&cb->generation, 1);
         pthread_cond_broadcast(&cb->cv);
         pthread_mutex_unlock(&cb->mu);
     }
@@ -3375,13 +3387,13 @@ static int cpu_synchronize(struct kvr_backend * be) { (void)be; return KVR_OK; }
 static void cpu_stop_threads(struct cpu_backend * cb) {
     if (cb->n_threads <= 1) return;
     pthread_mutex_lock(&cb->mu);
-    cb->stop = true;
+    atomic_store(&cb->stop, true);
     pthread_cond_broadcast(&cb->cv);
     pthread_mutex_unlock(&cb->mu);
     for (int i = 1; i < cb->n_threads; i++) {
         pthread_join(cb->threads[i], NULL);
     }
-    cb->stop = false;
+    atomic_store(&cb->stop, false);
 }
 
 static void cpu_start_threads(struct cpu_backend * cb, int n_threads) {
@@ -3392,7 +3404,7 @@ static void cpu_start_threads(struct cpu_backend * cb, int n_threads) {
     for (int i = 0; i < n_threads; i++) {
         cb->wdata[i] = kvr_malloc(cb->wsize * sizeof(float));
     }
-    cb->generation = 0;
+    atomic_store(&cb->generation, 0);
     for (int i = 1; i < n_threads; i++) {
         void ** arg = kvr_malloc(2 * sizeof(void *));
         arg[0] = cb;
