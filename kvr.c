@@ -3189,23 +3189,43 @@ static void trace_node(struct cpu_backend * cb, const struct kvr_tensor * t, dou
     cb->span_layer = il;
 }
 
+// A node small enough for one thread (one token's norms, RoPE, residual adds, cache stores):
+// thread 0 runs it alone, and a run of such nodes needs no barrier between them, only one after
+// its last, before the other threads read what it made. A decode step has about 15 nodes a layer
+// and half of them are this small: each barrier saved is a wait for the slowest thread, which on
+// a loaded machine may not be running at all. Matmuls and attention always split.
+#define CPU_SOLO_ELEMS 16384
+
+static bool node_solo(const struct kvr_tensor * t) {
+    return !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_ATTN &&
+           kvr_nelements(t) <= CPU_SOLO_ELEMS;
+}
+
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
     struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act };
+    struct cpu_params solo = p;
+    solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
         if (node_is_noop(t)) continue;
         const double t0 = ith == 0 ? kvr_time_ms() : 0.0;
+        bool barrier = true;
         if (node_is_comm(t)) {
             // transfers run on one thread, every node before them done; the others wait at the barrier
             if (ith == 0) {
                 int rc = kvr_backend_comm_node(cb->be, t);
                 if (rc != KVR_OK) atomic_store(&cb->status, rc);
             }
+        } else if (cb->n_threads > 1 && node_solo(t)) {
+            if (ith == 0) cpu_compute_node(&solo, t);
+            int j = i + 1;
+            while (j < g->n_nodes && node_is_noop(g->nodes[j])) j++;
+            barrier = j == g->n_nodes || !node_solo(g->nodes[j]);
         } else {
             cpu_compute_node(&p, t);
         }
-        cpu_barrier(cb);
+        if (barrier) cpu_barrier(cb);
         if (ith == 0) {
             const double t1 = kvr_time_ms();
             p.counters->op_ms[t->op] += t1 - t0;
