@@ -1332,9 +1332,7 @@ int kvr_tune_table_partition(const char * path, const char * model_name, int n_r
     if (rc != KVR_OK) return rc;
     rc = kvr_tune_table_lookup(&t, model_name, n_ranks, n_tokens, fractions_out);
     if (rc != KVR_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof(msg), "%s", kvr_last_error());
-        rc = kvr_error(rc, "%s: %s", path, msg);
+        rc = kvr_error_prefix(rc, "%s", path);
     }
     kvr_tune_table_free(&t);
     return rc;
@@ -1695,7 +1693,7 @@ int kvr_tune_calibrate(struct kvr_tune_profile * out, enum kvr_attn_mode mode, c
                              "(solo_speedup)\n", alone * 1e3, n_ranks - 1, n_ranks > 2 ? "s" : "", shared * 1e3, p.solo_speedup);
         }
     }
-    if (rc != KVR_OK) return kvr_error(KVR_ERR_ARG, "calibrate: a benchmark graph failed: %s", kvr_last_error());
+    if (rc != KVR_OK) return kvr_error_prefix(KVR_ERR_ARG, "calibrate: a benchmark graph failed");
 
     // memory: a copy larger than the caches; local ranks pass messages by the same copy
     const size_t n = 64u << 20;

@@ -68,7 +68,8 @@ extern void openblas_set_num_threads(int n);
 // 1. errors
 //
 
-static _Thread_local char kvr_errbuf[1024];
+// Room for a message naming a path of PATH_MAX bytes and what was wrong in it.
+static _Thread_local char kvr_errbuf[8192];
 
 const char * kvr_last_error(void) {
     return kvr_errbuf;
@@ -79,6 +80,26 @@ int kvr_error(int code, const char * fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(kvr_errbuf, sizeof(kvr_errbuf), fmt, ap);
     va_end(ap);
+    return code;
+}
+
+int kvr_error_prefix(int code, const char * fmt, ...) {
+    char last[sizeof(kvr_errbuf)];
+    snprintf(last, sizeof(last), "%s", kvr_errbuf);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(kvr_errbuf, sizeof(kvr_errbuf), fmt, ap);
+    va_end(ap);
+    // then ": " and as much of the old message as fits (a too long context keeps its start)
+    size_t at = n < 0 ? 0 : (size_t)n < sizeof(kvr_errbuf) ? (size_t)n : sizeof(kvr_errbuf) - 1;
+    const char * tail[2] = { ": ", last };
+    for (int k = 0; k < 2; k++) {
+        const size_t len = strlen(tail[k]), room = sizeof(kvr_errbuf) - 1 - at;
+        const size_t c = len < room ? len : room;
+        memcpy(kvr_errbuf + at, tail[k], c);
+        at += c;
+    }
+    kvr_errbuf[at] = 0;
     return code;
 }
 
@@ -3846,9 +3867,7 @@ struct kvr_gguf * kvr_gguf_open(const char * path) {
     g->size   = (size_t)st.st_size;
     g->mapped = true;
     if (gguf_parse(g) != KVR_OK) {
-        char msg[sizeof(kvr_errbuf)];
-        snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
-        kvr_error(KVR_ERR_FORMAT, "%s: %s", path, msg);
+        kvr_error_prefix(KVR_ERR_FORMAT, "%s", path);
         kvr_gguf_close(g);
         return NULL;
     }
@@ -7508,7 +7527,7 @@ static int hp_u32(const struct kvr_model * m, const char * suffix, uint32_t * ou
         *out = def;
         return KVR_OK;
     }
-    if (kvr_gguf_get_u32(m->gguf, key, out)) return kvr_error(KVR_ERR_FORMAT, "%s: %s", m->path, kvr_last_error());
+    if (kvr_gguf_get_u32(m->gguf, key, out)) return kvr_error_prefix(KVR_ERR_FORMAT, "%s", m->path);
     return KVR_OK;
 }
 
@@ -7519,8 +7538,15 @@ static int hp_f32(const struct kvr_model * m, const char * suffix, float * out, 
         *out = def;
         return KVR_OK;
     }
-    if (kvr_gguf_get_f32(m->gguf, key, out)) return kvr_error(KVR_ERR_FORMAT, "%s: %s", m->path, kvr_last_error());
+    if (kvr_gguf_get_f32(m->gguf, key, out)) return kvr_error_prefix(KVR_ERR_FORMAT, "%s", m->path);
     return KVR_OK;
+}
+
+// A value that must be a positive finite number (an epsilon, a RoPE base, a scaling factor): NaN,
+// zero, negatives and infinities run without a word but compute nonsense, so they are refused here.
+static int hp_positive(const struct kvr_model * m, const char * suffix, float v) {
+    if (v > 0.0f && isfinite(v)) return KVR_OK;
+    return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = %g must be a positive finite number", m->path, arch_key(m, suffix), (double)v);
 }
 
 // The hyper-parameters every architecture shares.
@@ -7534,11 +7560,29 @@ static int load_common_hparams(struct kvr_model * m) {
         return KVR_ERR_FORMAT;
     }
     if (hp_u32(m, "attention.head_count_kv", &hp->n_head_kv, false, hp->n_head)) return KVR_ERR_FORMAT;
-    if (hp->n_embd == 0 || hp->n_layer == 0 || hp->n_head == 0 || hp->n_head_kv == 0 ||
-        hp->n_layer > 4096 || hp->n_head > 4096 || hp->n_head % hp->n_head_kv != 0 ||
-        (hp->n_embd % hp->n_head != 0 && !kvr_gguf_get_kv(m->gguf, arch_key(m, "attention.key_length")))) {
-        return kvr_error(KVR_ERR_FORMAT, "%s: inconsistent shape: embedding_length %u, block_count %u, head_count %u, head_count_kv %u",
-                         m->path, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv);
+    // each count on its own, then how they divide, so the message names the key that is off
+    const struct { const char * suffix; uint32_t v, max; } counts[] = {
+        { "embedding_length", hp->n_embd, 1u << 20 }, { "block_count", hp->n_layer, 4096 },
+        { "attention.head_count", hp->n_head, 4096 }, { "attention.head_count_kv", hp->n_head_kv, 4096 },
+    };
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+        if (counts[i].v == 0 || counts[i].v > counts[i].max) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = %u is not a count from 1 to %u", m->path,
+                             arch_key(m, counts[i].suffix), counts[i].v, counts[i].max);
+        }
+    }
+    // the head size may come from attention.key_length instead (qwen3, gemma3); else it divides the width
+    if (hp->n_embd % hp->n_head != 0 && !kvr_gguf_get_kv(m->gguf, arch_key(m, "attention.key_length"))) {
+        char heads[128];
+        snprintf(heads, sizeof(heads), "%s", arch_key(m, "attention.head_count"));
+        return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = %u is not a multiple of '%s' = %u", m->path,
+                         arch_key(m, "embedding_length"), hp->n_embd, heads, hp->n_head);
+    }
+    if (hp->n_head_kv > hp->n_head || hp->n_head % hp->n_head_kv != 0) {
+        char heads[128];
+        snprintf(heads, sizeof(heads), "%s", arch_key(m, "attention.head_count"));
+        return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = %u does not divide '%s' = %u (each KV head serves a whole group of query heads)",
+                         m->path, arch_key(m, "attention.head_count_kv"), hp->n_head_kv, heads, hp->n_head);
     }
     // the head size may differ from n_embd/n_head (qwen3, gemma3): Q is then head_dim*n_head wide
     uint32_t v_len = 0;
@@ -7555,17 +7599,20 @@ static int load_common_hparams(struct kvr_model * m) {
         return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = %u is not an even number up to the head size %u",
                          m->path, arch_key(m, "rope.dimension_count"), hp->n_rot, hp->head_dim);
     }
-    if (hp_f32(m, "rope.freq_base", &hp->rope_freq_base, false, 10000.0f)) return KVR_ERR_FORMAT;
+    if (hp_f32(m, "rope.freq_base", &hp->rope_freq_base, false, 10000.0f) ||
+        hp_positive(m, "rope.freq_base", hp->rope_freq_base)) {
+        return KVR_ERR_FORMAT;
+    }
     hp->rope_freq_scale = 1.0f;
     char stype[32] = "none";
     const char * key = arch_key(m, "rope.scaling.type");
     if (kvr_gguf_get_kv(m->gguf, key) && kvr_gguf_get_str(m->gguf, key, stype, sizeof(stype))) {
-        return kvr_error(KVR_ERR_FORMAT, "%s: %s", m->path, kvr_last_error());
+        return kvr_error_prefix(KVR_ERR_FORMAT, "%s", m->path);
     }
     if (strcmp(stype, "linear") == 0) {
         float factor;
         if (hp_f32(m, "rope.scaling.factor", &factor, true, 1.0f)) return KVR_ERR_FORMAT;
-        if (!(factor > 0.0f)) return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' must be positive", m->path, arch_key(m, "rope.scaling.factor"));
+        if (hp_positive(m, "rope.scaling.factor", factor)) return KVR_ERR_FORMAT;
         hp->rope_freq_scale = 1.0f / factor;
     } else if (strcmp(stype, "none") != 0) {
         // (Llama 3.1+'s scaling comes as the tensor rope_freqs.weight, not as a type: the converter
@@ -7674,14 +7721,12 @@ struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_para
     if (!m->gguf) goto fail;
     m->vocab = kvr_vocab_load(m->gguf);
     if (!m->vocab) {
-        char msg[sizeof(kvr_errbuf)];
-        snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
-        kvr_error(KVR_ERR_FORMAT, "%s: %s", path, msg);
+        kvr_error_prefix(KVR_ERR_FORMAT, "%s", path);
         goto fail;
     }
     if (params && params->vocab_only) return m;
     if (kvr_gguf_get_str(m->gguf, "general.architecture", m->hp.arch_name, sizeof(m->hp.arch_name))) {
-        kvr_error(KVR_ERR_FORMAT, "%s: %s", path, kvr_last_error());
+        kvr_error_prefix(KVR_ERR_FORMAT, "%s", path);
         goto fail;
     }
     const struct arch_info * ai = NULL;

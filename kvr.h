@@ -70,6 +70,14 @@ int          kvr_error(int code, const char * fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+// Put context in front of the last error and return code: the message becomes "<context>: <last
+// error>", the context printf-style (a path, a flag). This is how a caller adds where an error
+// happened; kvr_error("%s: %s", path, kvr_last_error()) would format the message into itself.
+int          kvr_error_prefix(int code, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 // Programmer errors only: never for user input.
 #define KVR_ASSERT(x) do { if (!(x)) kvr_abort(__FILE__, __LINE__, #x); } while (0)
@@ -806,7 +814,7 @@ struct kvr_model {
     struct kvr_tensor  * output;     // tok_embd when the file ties them
     struct kvr_tensor  * rope_freqs; // Llama 3.1+: per-pair RoPE frequency divisors [n_rot/2], or NULL
     struct kvr_layer   * layers;
-    char                 path[512];
+    char                 path[4096];   // as given to kvr_model_load (PATH_MAX on Linux)
 };
 
 struct kvr_model_params {

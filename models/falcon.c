@@ -35,7 +35,10 @@ static bool falcon_known_tensor(const struct kvr_model * m, const char * name) {
 
 static int falcon_load(struct kvr_model * m) {
     struct kvr_hparams * hp = &m->hp;
-    if (hp_f32(m, "attention.layer_norm_epsilon", &hp->norm_eps, true, 0.0f)) return KVR_ERR_FORMAT;
+    if (hp_f32(m, "attention.layer_norm_epsilon", &hp->norm_eps, true, 0.0f) ||
+        hp_positive(m, "attention.layer_norm_epsilon", hp->norm_eps)) {
+        return KVR_ERR_FORMAT;
+    }
     hp->rope_mode = KVR_ROPE_NEOX;
     if (kvr_gguf_get_kv(m->gguf, arch_key(m, "attention.clamp_kqv"))) {
         return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' (clamping the QKV projection) is not supported",

@@ -35,12 +35,16 @@ static int gemma3_layer_pattern(struct kvr_model * m, bool * local) {
 
 static int gemma3_load(struct kvr_model * m) {
     struct kvr_hparams * hp = &m->hp;
-    if (hp_f32(m, "attention.layer_norm_rms_epsilon", &hp->norm_eps, true, 0.0f)) return KVR_ERR_FORMAT;
+    if (hp_f32(m, "attention.layer_norm_rms_epsilon", &hp->norm_eps, true, 0.0f) ||
+        hp_positive(m, "attention.layer_norm_rms_epsilon", hp->norm_eps)) {
+        return KVR_ERR_FORMAT;
+    }
     hp->rope_mode = KVR_ROPE_NEOX;
     float softcap = 0.0f, base_swa = 10000.0f;
     if (hp_f32(m, "final_logit_softcapping", &softcap, false, 0.0f) ||
         hp_u32(m, "attention.sliding_window", &hp->n_swa, false, 0) ||
-        hp_f32(m, "rope.freq_base_swa", &base_swa, false, 10000.0f)) {
+        hp_f32(m, "rope.freq_base_swa", &base_swa, false, 10000.0f) ||
+        hp_positive(m, "rope.freq_base_swa", base_swa)) {
         return KVR_ERR_FORMAT;
     }
     if (softcap != 0.0f) {

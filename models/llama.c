@@ -10,7 +10,10 @@
 // nodes: the strategy pass decides where keys and values live.
 
 static int llama_load(struct kvr_model * m) {
-    if (hp_f32(m, "attention.layer_norm_rms_epsilon", &m->hp.norm_eps, true, 0.0f)) return KVR_ERR_FORMAT;
+    if (hp_f32(m, "attention.layer_norm_rms_epsilon", &m->hp.norm_eps, true, 0.0f) ||
+        hp_positive(m, "attention.layer_norm_rms_epsilon", m->hp.norm_eps)) {
+        return KVR_ERR_FORMAT;
+    }
     m->hp.rope_mode = KVR_ROPE_NORM;
     if (load_embeddings(m, false) || load_rope_freqs(m)) return KVR_ERR_FORMAT;
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {

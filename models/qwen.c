@@ -6,7 +6,10 @@
 // Compiled as part of kvr.c, over the helpers of models/build.c.
 
 static int qwen_load(struct kvr_model * m, unsigned need) {
-    if (hp_f32(m, "attention.layer_norm_rms_epsilon", &m->hp.norm_eps, true, 0.0f)) return KVR_ERR_FORMAT;
+    if (hp_f32(m, "attention.layer_norm_rms_epsilon", &m->hp.norm_eps, true, 0.0f) ||
+        hp_positive(m, "attention.layer_norm_rms_epsilon", m->hp.norm_eps)) {
+        return KVR_ERR_FORMAT;
+    }
     m->hp.rope_mode = KVR_ROPE_NEOX;
     if (load_embeddings(m, false)) return KVR_ERR_FORMAT;
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {

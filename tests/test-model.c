@@ -1,0 +1,279 @@
+// tests/test-model.c - loading refuses what it cannot run, with messages that say where:
+//   - kvr_error_prefix, the one way to put a path or a flag in front of the last error, on
+//     contexts short, long and longer than the message buffer;
+//   - the messages of kvr_gguf_open and kvr_model_load for files at paths of ~20 to ~4000 bytes,
+//     compared character for character with "<path>: <what the reader says without a path>"
+//     (formatting the error buffer into itself, as kvr_error("%s: %s", path, kvr_last_error())
+//     did, garbles exactly these);
+//   - suspicious hyper-parameters (NaN, zero, negative or infinite epsilons, RoPE bases and scaling
+//     factors; zero counts; head counts that do not divide) refused at load, naming the key.
+// The model variants are copies of SHARED/models/stories260K.gguf with a key changed; without
+// that file those cases are skipped.
+//
+//   test-model [SHARED]      (default ../shared)
+
+#define _POSIX_C_SOURCE 200809L
+
+#include "kvr.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int n_pass, n_fail, n_skip;
+
+#define CHECK(cond, ...) do {                                        \
+    if (cond) { n_pass++; } else {                                   \
+        n_fail++;                                                    \
+        fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+        fprintf(stderr, __VA_ARGS__);                                \
+        fprintf(stderr, "\n");                                       \
+    }                                                                \
+} while (0)
+
+//
+// kvr_error_prefix
+//
+
+static void test_prefix(void) {
+    int rc = kvr_error(KVR_ERR_IO, "inner %d", 7);
+    CHECK(rc == KVR_ERR_IO, "kvr_error returns its code");
+    rc = kvr_error_prefix(KVR_ERR_FORMAT, "ctx %s", "a.gguf");
+    CHECK(rc == KVR_ERR_FORMAT, "kvr_error_prefix returns its code, got %d", rc);
+    CHECK(strcmp(kvr_last_error(), "ctx a.gguf: inner 7") == 0, "'%s'", kvr_last_error());
+    kvr_error_prefix(KVR_ERR_FORMAT, "%s", "outer");
+    CHECK(strcmp(kvr_last_error(), "outer: ctx a.gguf: inner 7") == 0, "prefixed twice: '%s'", kvr_last_error());
+    kvr_error(KVR_ERR_IO, "%s", "");
+    kvr_error_prefix(KVR_ERR_IO, "p");
+    CHECK(strcmp(kvr_last_error(), "p: ") == 0, "an empty error: '%s'", kvr_last_error());
+
+    // contexts around and beyond the buffer: the result is a prefix of "<context>: <inner>",
+    // as long as fits, and never garbled
+    static const size_t lens[] = { 1, 100, 1000, 4000, 8000, 8185, 8190, 8191, 9000, 20000 };
+    char * ctx = malloc(20001);
+    char * want = malloc(20100);
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        for (size_t k = 0; k < lens[i]; k++) ctx[k] = (char)('a' + k % 26);
+        ctx[lens[i]] = 0;
+        kvr_error(KVR_ERR_IO, "the inner message (%d)", 42);
+        kvr_error_prefix(KVR_ERR_IO, "%s", ctx);
+        snprintf(want, 20100, "%s: the inner message (42)", ctx);
+        const size_t got = strlen(kvr_last_error()), full = strlen(want);
+        const size_t exp = full < 8191 ? full : 8191;
+        CHECK(got == exp && strncmp(kvr_last_error(), want, exp) == 0,
+              "context of %zu bytes: %zu bytes of message, want the first %zu of '%.40s...'", lens[i], got, exp, want);
+    }
+    free(ctx);
+    free(want);
+}
+
+//
+// paths of several lengths
+//
+
+static char base_dir[512];
+
+// base_dir/ddd.../ddd.../NAME with a total length near len (directories made on the way); NULL
+// if it cannot be made
+static char * long_path(size_t len, const char * name) {
+    char * p = malloc(len + 512);
+    snprintf(p, len + 512, "%s", base_dir);
+    int level = 0;
+    while (strlen(p) + 1 + strlen(name) + 200 < len) {
+        size_t n = strlen(p);
+        p[n++] = '/';
+        for (int k = 0; k < 199; k++) p[n++] = (char)('0' + level % 10);
+        p[n] = 0;
+        level++;
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) { free(p); return NULL; }
+    }
+    size_t n = strlen(p);
+    snprintf(p + n, len + 512 - n, "/%s", name);
+    return p;
+}
+
+static void remove_tree(const char * file) {
+    char * p = strdup(file);
+    remove(p);
+    for (char * s = strrchr(p, '/'); s && (size_t)(s - p) > strlen(base_dir); s = strrchr(p, '/')) {
+        *s = 0;
+        rmdir(p);
+    }
+    free(p);
+}
+
+// where two messages part (the shorter one's length when one is the start of the other)
+static size_t first_diff(const char * a, const char * b) {
+    size_t i = 0;
+    while (a[i] && a[i] == b[i]) i++;
+    return i;
+}
+
+static bool write_bytes(const char * path, const void * b, size_t n) {
+    FILE * f = fopen(path, "wb");
+    if (!f) return false;
+    const bool ok = fwrite(b, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+struct override {
+    const char * key;
+    enum kvr_gguf_type type;  // UINT32, FLOAT32 or STRING
+    double       num;
+    const char * str;
+};
+
+// A copy of g with up to two keys set to other values (or other types).
+static bool write_variant(const struct kvr_gguf * g, const char * path, const struct override * ov, int n_ov) {
+    struct kvr_gguf_writer * w = kvr_gguf_writer_new();
+    kvr_gguf_copy_kv(w, g, "");
+    for (int i = 0; i < n_ov; i++) {
+        if (ov[i].type == KVR_GGUF_UINT32) kvr_gguf_set_u32(w, ov[i].key, (uint32_t)ov[i].num);
+        else if (ov[i].type == KVR_GGUF_FLOAT32) kvr_gguf_set_f32(w, ov[i].key, (float)ov[i].num);
+        else kvr_gguf_set_str(w, ov[i].key, ov[i].str);
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct kvr_gguf_tensor * t = &g->tensors[i];
+        kvr_gguf_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data);
+    }
+    const int rc = kvr_gguf_writer_save(w, path);
+    kvr_gguf_writer_free(w);
+    CHECK(rc == KVR_OK, "writing %s: %s", path, kvr_last_error());
+    return rc == KVR_OK;
+}
+
+static void test_paths(const struct kvr_gguf * stories) {
+    // a GGUF cut short after its header's counts: what the reader says of the bytes alone
+    uint8_t bad[24] = { 'G', 'G', 'U', 'F', 3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0 };
+    CHECK(kvr_gguf_open_mem(bad, sizeof(bad)) == NULL, "a truncated GGUF was accepted");
+    char cut[8192], inner[8192];
+    snprintf(cut, sizeof(cut), "%s", kvr_last_error());
+    CHECK(strstr(cut, "gguf") != NULL, "the reader's message: '%s'", cut);
+
+    static const size_t lens[] = { 20, 300, 1500, 4000 };
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        char * path = long_path(lens[i], "cut.gguf");
+        CHECK(path != NULL, "cannot make a path of %zu bytes under %s", lens[i], base_dir);
+        if (!path) continue;
+        CHECK(write_bytes(path, bad, sizeof(bad)), "writing %s", path);
+        char * want = malloc(strlen(path) + strlen(cut) + 3);
+        sprintf(want, "%s: %s", path, cut);
+        CHECK(kvr_gguf_open(path) == NULL && strcmp(kvr_last_error(), want) == 0,
+              "kvr_gguf_open at a path of %zu bytes: the message differs from byte %zu: '%.80s'", strlen(path),
+              first_diff(kvr_last_error(), want), kvr_last_error() + first_diff(kvr_last_error(), want));
+        CHECK(kvr_model_load(path, NULL) == NULL && strcmp(kvr_last_error(), want) == 0,
+              "kvr_model_load at a path of %zu bytes: the message differs from byte %zu: '%.80s'", strlen(path),
+              first_diff(kvr_last_error(), want), kvr_last_error() + first_diff(kvr_last_error(), want));
+        free(want);
+        remove_tree(path);
+        free(path);
+
+        if (!stories) continue;
+        // a model whose block_count is a float: the model loader puts the path in front of what
+        // the typed getter says
+        path = long_path(lens[i], "f32-block-count.gguf");
+        if (!path) continue;
+        const struct override ov = { "llama.block_count", KVR_GGUF_FLOAT32, 5.0, NULL };
+        if (write_variant(stories, path, &ov, 1)) {
+            struct kvr_gguf * g = kvr_gguf_open(path);
+            CHECK(g != NULL, "the variant does not open: %s", kvr_last_error());
+            uint32_t u;
+            if (g) {
+                CHECK(kvr_gguf_get_u32(g, "llama.block_count", &u) != KVR_OK, "a float block_count read as an integer");
+                snprintf(inner, sizeof(inner), "%s", kvr_last_error());
+                kvr_gguf_close(g);
+                CHECK(strstr(inner, "'llama.block_count'") != NULL, "the getter's message names the key: '%s'", inner);
+                want = malloc(strlen(path) + strlen(inner) + 3);
+                sprintf(want, "%s: %s", path, inner);
+                CHECK(kvr_model_load(path, NULL) == NULL && strcmp(kvr_last_error(), want) == 0,
+                      "kvr_model_load at a path of %zu bytes: the message differs from byte %zu: '%.80s'", strlen(path),
+                      first_diff(kvr_last_error(), want), kvr_last_error() + first_diff(kvr_last_error(), want));
+                free(want);
+            }
+        }
+        remove_tree(path);
+        free(path);
+    }
+}
+
+//
+// suspicious hyper-parameters
+//
+
+struct bad_case {
+    const char    * what;
+    struct override ov[2];
+    int             n_ov;
+    const char    * named;   // the key the message must name
+};
+
+static void test_values(const struct kvr_gguf * stories) {
+    char path[600];
+    snprintf(path, sizeof(path), "%s/variant.gguf", base_dir);
+    // the copy as it is loads: the refusals below are the changed key's
+    if (write_variant(stories, path, NULL, 0)) {
+        struct kvr_model * m = kvr_model_load(path, NULL);
+        CHECK(m != NULL, "the unchanged copy does not load: %s", kvr_last_error());
+        kvr_model_free(m);
+    }
+    const char * eps = "llama.attention.layer_norm_rms_epsilon", * base = "llama.rope.freq_base";
+    const char * heads = "llama.attention.head_count", * kv = "llama.attention.head_count_kv";
+    const struct bad_case cases[] = {
+        { "NaN epsilon", { { eps, KVR_GGUF_FLOAT32, NAN, NULL } }, 1, eps },
+        { "zero epsilon", { { eps, KVR_GGUF_FLOAT32, 0.0, NULL } }, 1, eps },
+        { "negative epsilon", { { eps, KVR_GGUF_FLOAT32, -1e-5, NULL } }, 1, eps },
+        { "infinite epsilon", { { eps, KVR_GGUF_FLOAT32, INFINITY, NULL } }, 1, eps },
+        { "zero RoPE base", { { base, KVR_GGUF_FLOAT32, 0.0, NULL } }, 1, base },
+        { "NaN RoPE base", { { base, KVR_GGUF_FLOAT32, NAN, NULL } }, 1, base },
+        { "negative RoPE base", { { base, KVR_GGUF_FLOAT32, -10000.0, NULL } }, 1, base },
+        { "infinite RoPE scaling factor", { { "llama.rope.scaling.type", KVR_GGUF_STRING, 0, "linear" },
+                                            { "llama.rope.scaling.factor", KVR_GGUF_FLOAT32, INFINITY, NULL } }, 2, "llama.rope.scaling.factor" },
+        { "NaN RoPE scaling factor", { { "llama.rope.scaling.type", KVR_GGUF_STRING, 0, "linear" },
+                                       { "llama.rope.scaling.factor", KVR_GGUF_FLOAT32, NAN, NULL } }, 2, "llama.rope.scaling.factor" },
+        { "3 KV heads for 8 heads", { { kv, KVR_GGUF_UINT32, 3, NULL } }, 1, kv },
+        { "16 KV heads for 8 heads", { { kv, KVR_GGUF_UINT32, 16, NULL } }, 1, kv },
+        { "zero KV heads", { { kv, KVR_GGUF_UINT32, 0, NULL } }, 1, kv },
+        { "7 heads for a width of 64", { { heads, KVR_GGUF_UINT32, 7, NULL } }, 1, heads },
+        { "zero layers", { { "llama.block_count", KVR_GGUF_UINT32, 0, NULL } }, 1, "llama.block_count" },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const struct bad_case * c = &cases[i];
+        if (!write_variant(stories, path, c->ov, c->n_ov)) continue;
+        struct kvr_model * m = kvr_model_load(path, NULL);
+        char quoted[128];
+        snprintf(quoted, sizeof(quoted), "'%s'", c->named);
+        CHECK(m == NULL && strstr(kvr_last_error(), quoted) && strncmp(kvr_last_error(), path, strlen(path)) == 0,
+              "%s: %s; the message '%s' should start with the path and name %s", c->what, m ? "loaded" : "refused",
+              m ? "" : kvr_last_error(), quoted);
+        kvr_model_free(m);
+    }
+    remove(path);
+}
+
+int main(int argc, char ** argv) {
+    const char * shared = argc > 1 ? argv[1] : "../shared";
+    const char * tmp = getenv("TMPDIR");
+    snprintf(base_dir, sizeof(base_dir), "%s/kvr-test-model-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(base_dir)) {
+        fprintf(stderr, "test-model: cannot make a directory %s: %s\n", base_dir, strerror(errno));
+        return 1;
+    }
+    test_prefix();
+    char stories_path[1024];
+    snprintf(stories_path, sizeof(stories_path), "%s/models/stories260K.gguf", shared);
+    struct kvr_gguf * stories = kvr_gguf_open(stories_path);
+    if (!stories) {
+        fprintf(stderr, "test-model: %s missing: the model variants are skipped\n", stories_path);
+        n_skip++;
+    }
+    test_paths(stories);
+    if (stories) test_values(stories);
+    kvr_gguf_close(stories);
+    rmdir(base_dir);
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}
