@@ -3,9 +3,10 @@
 #
 #   make              library and tools into build/
 #   make KVR_CUDA=1   the same with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90 plus PTX)
-#   make test         every test (plus a second build under ASan+UBSan, a bounded fuzz run and,
+#   make test         every test (plus a second build under ASan+UBSan, bounded fuzz runs and,
 #                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
 #   make bench        the benchmarks (long: about two hours; not part of make test)
+#   make fuzz-cli     kvr-run's command line under libFuzzer for FUZZ_CLI_SECONDS (default 30 min)
 #   make install PREFIX=/usr/local
 
 CC        ?= cc
@@ -58,12 +59,12 @@ TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildc
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all tools tests test test-fast test-asan fuzz bench install clean help demo mpi cuda-gate cuda-parts FORCE
+.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench install clean help demo mpi cuda-gate cuda-parts FORCE
 
 all: $(BUILD)/libkvr.a tools
 
 help:
-	@sed -n '1,10p' Makefile
+	@sed -n '1,11p' Makefile
 
 $(BUILD) $(ASAN):
 	mkdir -p $@
@@ -122,8 +123,27 @@ $(ASAN)/kvr-tune.o: $(LIB_DEPS) | $(ASAN)
 $(ASAN)/test-%: tests/test-%.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
-$(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(LIB_DEPS) | $(BUILD)
-	$(CLANG) -std=c11 -O1 -g -I. -pthread -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(WARN) $< $(LIB_SRCS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+# the fuzz targets: the library built once with clang's sanitizers and fuzzer instrumentation
+FUZZFLAGS := -std=c11 -O1 -g -I. -pthread -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN)
+FUZZ_OBJS := $(patsubst %.c,$(BUILD)/fuzz/%.o,$(LIB_SRCS))
+
+$(BUILD)/fuzz/%.o: %.c $(LIB_DEPS)
+	mkdir -p $(BUILD)/fuzz
+	$(CLANG) $(FUZZFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(FUZZ_OBJS) | $(BUILD)
+	$(CLANG) $(FUZZFLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+# kvr-run's whole command line in-process (tests/fuzz-cli.c includes tools/kvr-run.c); its library
+# keeps edge coverage but not comparison tracing, which would slow every matmul of every run ~4x
+FUZZ_CLI_OBJS := $(patsubst %.c,$(BUILD)/fuzz-cli-lib/%.o,$(LIB_SRCS))
+
+$(BUILD)/fuzz-cli-lib/%.o: %.c $(LIB_DEPS)
+	mkdir -p $(BUILD)/fuzz-cli-lib
+	$(CLANG) $(FUZZFLAGS) -fsanitize=fuzzer-no-link -fno-sanitize-coverage=trace-cmp -c $< -o $@
+
+$(BUILD)/fuzz-cli: tests/fuzz-cli.c tools/kvr-run.c $(wildcard tools/*.h) $(FUZZ_CLI_OBJS) | $(BUILD)
+	$(CLANG) $(FUZZFLAGS) -fsanitize=fuzzer $< $(FUZZ_CLI_OBJS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 tests: $(TESTS) $(BUILD)/simple $(if $(filter 1,$(KVR_CUDA)),$(BUILD)/test-cuda-host)
 
@@ -159,7 +179,7 @@ cuda-gate:
 	echo "the CUDA build ($(BUILD)/cuda) took $$(( $$(date +%s) - t0 )) s"
 cuda-parts: $(BUILD)/libkvr.a $(BUILD)/kvr-run $(BUILD)/kvr-compare $(BUILD)/test-ops $(BUILD)/test-cuda-host
 
-test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(CUDA_GATE)
+test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-cli $(CUDA_GATE)
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)
 
 # the main job on an embedded default: parallel prefill of a story on 2 ranks
@@ -173,6 +193,14 @@ fuzz: $(BUILD)/fuzz-gguf
 	mkdir -p $(BUILD)/fuzz-corpus
 	$(BUILD)/test-gguf --write-corpus $(BUILD)/fuzz-corpus >/dev/null
 	$(BUILD)/fuzz-gguf -max_total_time=60 -timeout=10 -rss_limit_mb=2048 -artifact_prefix=$(BUILD)/ $(BUILD)/fuzz-corpus
+
+# the long run of kvr-run's command line (make test runs it for FUZZ_SECONDS)
+FUZZ_CLI_SECONDS ?= 1800
+fuzz-cli: $(BUILD)/fuzz-cli
+	mkdir -p $(BUILD)/fuzz-cli-corpus
+	KVR_FUZZ_MODEL=$(SHARED)/models/stories260K.gguf KVR_FUZZ_CLI_SEEDS=$(BUILD)/fuzz-cli-corpus \
+		$(BUILD)/fuzz-cli -max_total_time=$(FUZZ_CLI_SECONDS) -timeout=60 \
+		-rss_limit_mb=4096 -close_fd_mask=3 -artifact_prefix=$(BUILD)/fuzz-cli- $(BUILD)/fuzz-cli-corpus
 
 bench: all
 	sh tests/bench.sh $(BUILD)

@@ -311,8 +311,18 @@ static int local_wait(struct transport * t, struct tr_req * r, double deadline, 
     const double ready = r->ready_at;
     pthread_mutex_unlock(&w->mu);
     if (rc == KVR_OK && !r->is_send) {
-        double now = kvr_time_ms();
-        if (ready > now) usleep((useconds_t)((ready - now) * 1e3));
+        // the emulated link's delay counts against the deadline as a real link's would: a link
+        // too slow for the timeout (--link-gbps 1e-9) fails the run instead of stalling it
+        const double now = kvr_time_ms(), until = ready < deadline ? ready : deadline;
+        for (double left = until - now; left > 0; left = until - kvr_time_ms()) {
+            usleep((useconds_t)(left < 1e5 ? left * 1e3 : 1e8)); // usleep takes at most ~71 min
+        }
+        if (ready > deadline) {
+            wait_error(r, timeout_s);
+            char msg[1024];
+            snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+            rc = kvr_error(KVR_ERR_COMM, "%s (the emulated link delivers it %.3g s after the deadline)", msg, (ready - deadline) / 1e3);
+        }
     }
     return rc;
 }

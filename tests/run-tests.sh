@@ -104,5 +104,18 @@ if [ -x "$build/fuzz-gguf" ] && [ -x "$build/test-gguf" ]; then
     run "fuzz-gguf (${FUZZ_SECONDS:-30} s)" "$build/fuzz-gguf" -max_total_time="${FUZZ_SECONDS:-30}" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/" "$build/fuzz-corpus"
 fi
 
+# kvr-run's command line under libFuzzer for a bounded time, with the stall hook among its inputs
+# (a hang past -timeout is a failure), seeded with a value of each kind for every flag
+if [ -x "$build/fuzz-cli" ] && [ -f "$shared/models/stories260K.gguf" ]; then
+    rm -rf "$build/fuzz-cli-corpus"
+    mkdir -p "$build/fuzz-cli-corpus"
+    run "fuzz-cli (${FUZZ_SECONDS:-30} s)" env KVR_FUZZ_MODEL="$shared/models/stories260K.gguf" KVR_FUZZ_CLI_SEEDS="$build/fuzz-cli-corpus" \
+        "$build/fuzz-cli" -max_total_time="${FUZZ_SECONDS:-30}" -timeout=60 -rss_limit_mb=4096 -close_fd_mask=3 \
+        -artifact_prefix="$build/fuzz-cli-" "$build/fuzz-cli-corpus"
+elif [ -x "$build/fuzz-cli" ]; then
+    echo "skip fuzz-cli (no $shared/models/stories260K.gguf)"
+    skip=$((skip + 1))
+fi
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]
