@@ -1,4 +1,4 @@
-// tests/test-model.c - loading refuses what it cannot run, with messages that say where:
+// tests/test-load.c - loading refuses what it cannot run, with messages that say where:
 //   - kvr_error_prefix, the one way to put a path or a flag in front of the last error, on
 //     contexts short, long and longer than the message buffer;
 //   - the messages of kvr_gguf_open and kvr_model_load for files at paths of ~20 to ~4000 bytes,
@@ -10,7 +10,7 @@
 // The model variants are copies of SHARED/models/stories260K.gguf with a key changed; without
 // that file those cases are skipped.
 //
-//   test-model [SHARED]      (default ../shared)
+//   test-load [SHARED]      (default ../shared)
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -257,9 +257,9 @@ static void test_values(const struct kvr_gguf * stories) {
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * tmp = getenv("TMPDIR");
-    snprintf(base_dir, sizeof(base_dir), "%s/kvr-test-model-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    snprintf(base_dir, sizeof(base_dir), "%s/kvr-test-load-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(base_dir)) {
-        fprintf(stderr, "test-model: cannot make a directory %s: %s\n", base_dir, strerror(errno));
+        fprintf(stderr, "test-load: cannot make a directory %s: %s\n", base_dir, strerror(errno));
         return 1;
     }
     test_prefix();
@@ -267,7 +267,7 @@ int main(int argc, char ** argv) {
     snprintf(stories_path, sizeof(stories_path), "%s/models/stories260K.gguf", shared);
     struct kvr_gguf * stories = kvr_gguf_open(stories_path);
     if (!stories) {
-        fprintf(stderr, "test-model: %s missing: the model variants are skipped\n", stories_path);
+        fprintf(stderr, "test-load: %s missing: the model variants are skipped\n", stories_path);
         n_skip++;
     }
     test_paths(stories);
