@@ -114,6 +114,8 @@ int LLVMFuzzerInitialize(int * argc, char *** argv) {
     write_file(p_empty, "", 0);
     const char * table = "profile test\nstories260K 2 4 0.6 0.4\nstories260K 2 16 0.5 0.5\nstories260K 3 8 0.4 0.3 0.3\n";
     write_file(p_table, table, strlen(table));
+    // -cnv and friends read turns from stdin: at its end there, never at a terminal
+    if (!freopen("/dev/null", "r", stdin)) { fprintf(stderr, "fuzz-cli: cannot read /dev/null\n"); abort(); }
     read_flags();
     const char * seeds = getenv("KVR_FUZZ_CLI_SEEDS");
     if (seeds && *seeds) write_seeds(seeds);
