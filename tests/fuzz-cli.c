@@ -154,7 +154,9 @@ static const char * const words[] = {
 static const char * value_for(struct in * in, const struct fflag * f, char * buf, size_t cap) {
     const int b = take0(in);
     if (!strcmp(f->kind, "out")) { // only paths of our own: junk and raw bytes would be files in the cwd
-        const char * outs[] = { p_out, dir, p_missing, "/dev/null", "", p_text };
+        // (not /dev/null: the KV cache writer puts a file in place by rename, and as root that
+        // replaced the device with a regular file once)
+        const char * outs[] = { p_out, dir, p_missing, p_table, "", p_text };
         return outs[b % 6];
     }
     if (b >= 240) { // raw bytes from the input
