@@ -2314,7 +2314,8 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         if (p->comm == KVR_COMM_NCCL) device = nccl_rank_of(d->tr, dr->rank)->device; // its node's GPU
 #endif
         const struct kvr_backend_params bp = { .n_threads = n_threads, .device = device,
-                                               .q8_activations = p->q8_activations, .trace = p->trace };
+                                               .q8_activations = p->q8_activations, .vec_dot_order = p->vec_dot_order,
+                                               .trace = p->trace };
         dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
         dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx, dr->be) : NULL;

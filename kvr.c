@@ -1727,6 +1727,7 @@ struct kvr_backend * kvr_backend_new(const char * name, const struct kvr_backend
         return NULL;
     }
     kvr_backend_set_q8_activations(be, p->q8_activations);
+    kvr_backend_set_vec_dot_order(be, p->vec_dot_order);
     kvr_backend_set_trace(be, p->trace);
     return be;
 }
@@ -1759,6 +1760,10 @@ void kvr_backend_set_q8_activations(struct kvr_backend * be, bool on) {
     if (be->iface.set_q8_activations) be->iface.set_q8_activations(be, on);
 }
 
+void kvr_backend_set_vec_dot_order(struct kvr_backend * be, bool on) {
+    if (be->iface.set_vec_dot_order) be->iface.set_vec_dot_order(be, on);
+}
+
 void kvr_backend_set_trace(struct kvr_backend * be, bool on) {
     if (be->iface.set_trace) be->iface.set_trace(be, on);
 }
@@ -1788,6 +1793,7 @@ struct cpu_params {
     size_t  wsize;     // floats
     struct kvr_counters * counters; // this thread's, summed after the graph
     bool    q8_act;    // prefill matmuls over Q4_K quantize the activations (integer path)
+    bool    vec_dot;   // small F32 sums of a batch in ggml_vec_dot_f32's order, not tinyBLAS's
 };
 
 
@@ -2836,6 +2842,34 @@ static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t
     }
 }
 
+// x.y summed as llama.cpp's CPU backend (built with GGML_LLAMAFILE, its default) sums the F32
+// matmuls of a batch (two or more tokens, n % 8 == 0, the output's rows a multiple of 4): the
+// tinyBLAS kernel of its llamafile sgemm on AVX2, one 8-lane FMA accumulator (lane i gets products i, i+8, ...), then its horizontal sum:
+// the 128-bit halves added, then (lane 0 + lane 2) + (lane 1 + lane 3).
+static float dot_f32_tinyblas(const float * x, const float * y, int64_t n) {
+    float h[4];
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+    _mm_storeu_ps(h, _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc)));
+#else
+    float acc[8] = { 0 };
+    for (int64_t i = 0; i < n; i += 8) {
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(x[i + j], y[i + j], acc[j]);
+    }
+    for (int j = 0; j < 4; j++) h[j] = acc[j + 4] + acc[j];
+#endif
+    return (h[0] + h[2]) + (h[1] + h[3]);
+}
+
+// Which of the two orders llama.cpp's CPU backend sums a small F32 matmul in: tinyBLAS's for a
+// batch (T >= 2 rows of x) when its kernel takes the shape (K % 8 == 0, N % 4 == 0), otherwise
+// ggml_vec_dot_f32's (a single token, as in decoding, or another shape). A llama.cpp built
+// without GGML_LLAMAFILE sums everything in the second (vec_dot: kvr_backend_set_vec_dot_order).
+static bool mm_tinyblas_order(int64_t K, int64_t N, int64_t T, bool vec_dot) {
+    return !vec_dot && T >= 2 && K % 8 == 0 && N % 4 == 0;
+}
+
 static size_t mm_block_bytes(int64_t T) {
     return T >= MM_PREFILL_ROWS ? MM_BLOCK_BYTES_PREFILL : MM_BLOCK_BYTES_DECODE;
 }
@@ -2873,17 +2907,19 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     int64_t n0, n1;
     row_range(N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return;
-    if (T <= MV_MAX_TOKENS && mv_row_kernel(w->type)) {
-        // decode: every row read once in its stored form (see mv_mul)
-        KVR_ASSERT((size_t)T * mv_act_floats(K) <= p->wsize);
-        mv_mul(w->type, w->data, w->nb[1], K, n0, n1, X, lda, T, Y, N, p->wdata);
-    } else if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) {
+    if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) {
+        // small F32 (decode too): llama.cpp's order, before the decode path below
+        float (* const dot)(const float *, const float *, int64_t) = mm_tinyblas_order(K, N, T, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
         for (int64_t t = 0; t < T; t++) {
             const float * xt = X + t * lda;
             for (int64_t n = n0; n < n1; n++) {
-                Y[t * N + n] = dot_f32_ggml((const float *)((const uint8_t *)w->data + n * w->nb[1]), xt, K);
+                Y[t * N + n] = dot((const float *)((const uint8_t *)w->data + n * w->nb[1]), xt, K);
             }
         }
+    } else if (T <= MV_MAX_TOKENS && mv_row_kernel(w->type)) {
+        // decode: every row read once in its stored form (see mv_mul)
+        KVR_ASSERT((size_t)T * mv_act_floats(K) <= p->wsize);
+        mv_mul(w->type, w->data, w->nb[1], K, n0, n1, X, lda, T, Y, N, p->wdata);
     } else if (w->type == KVR_TYPE_F32) {
         const float * W = (const float *)((const uint8_t *)w->data + n0 * w->nb[1]);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)(n1 - n0), (int)K,
@@ -2966,6 +3002,128 @@ static void cpu_op_cpy(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
 }
 
+// Attention of small shapes in llama.cpp's arithmetic (flash attention off, F32 cache), so the
+// small references agree to the last bits: KQ = mul_mat(K, Q) is one ggml_vec_dot_f32 per score,
+// soft_max_ext scales the scores, masks them, subtracts the row max, takes ggml_v_expf of 8 keys
+// at a time (their float sum, as its horizontal add, summed in double), multiplies by 1/sum; then
+// KQV = mul_mat(V^T, KQ) is one dot over the keys per output value, in tinyBLAS's order for a batch
+// and ggml_vec_dot_f32's for one query (mm_tinyblas_order). Key j stands for the cache cell j
+// llama.cpp would use (a prompt on an empty cache puts token j there), and the keys are padded with
+// masked ones to a multiple of 32, as llama.cpp's KV view is padded: masked keys add exact zeros.
+// Above this many scores per head the tiled kernel below runs (same math, its own summation).
+#define KVR_ATTN_EXACT_MAX_SCORES ((int64_t)1 << 14)
+
+static bool attn_exact(int64_t Tq, int64_t Tk) {
+    return Tq * Tk <= KVR_ATTN_EXACT_MAX_SCORES;
+}
+
+static int64_t attn_exact_keys(int64_t Tk) {
+    return (Tk + 31) & ~(int64_t)31;
+}
+
+// expf as ggml_v_expf computes it on AVX2 (range reduction by 2^n with n = round(x/ln2), ln2 in
+// two parts, a degree-5 polynomial, and the scaling done in two steps where 2^n leaves the normal
+// range), one value at a time: the fused steps are fmaf, so the bits are the same on any machine.
+static float expf_ggml(float x) {
+    const float shift = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, shift);
+    const float n = z - shift;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const uint32_t e = kvr_bits_of_f32(z) << 23;
+    const float k = kvr_f32_of_bits(e + kvr_bits_of_f32(1.0f));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, 0x1.ffffecp-1f * b);
+    if (!(fabsf(n) > 126.0f)) return fmaf(j, k, k);
+    const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+    const float s1 = kvr_f32_of_bits(g + 0x7f000000u), s2 = kvr_f32_of_bits(e - g);
+    if (fabsf(n) > 192.0f) return s1 * s1;
+    return fmaf(s2, j, s2) * s1;
+}
+
+static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
+    const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
+    const int mode = dst->op_params[0];
+    const float scale = get_param_f32(dst, 2);
+    const int64_t W = dst->op_params[3];
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], Tk = k->ne[2];
+    const int64_t G = H / Hkv, BT = kvr_attn_tile_tokens(G), n_qt = (Tq + BT - 1) / BT;
+    const int64_t row_len = dst->ne[0], Tkp = attn_exact_keys(Tk);
+    float (* const dot_kv)(const float *, const float *, int64_t) = mm_tinyblas_order(Tkp, D, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    float * VT = p->wdata;                     // [D, Tkp] this KV head's values, transposed
+    float * P = VT + D * Tkp;                  // [Tkp] one row's probabilities
+    KVR_ASSERT((size_t)((D + 1) * Tkp) <= p->wsize);
+
+    int64_t dot_dense = 0, dot_causal = 0;
+    // the work items and the counters are the tiled kernel's (what its tiles would compute)
+    for (int64_t item = p->ith; item < Hkv * n_qt; item += p->nth) {
+        const int64_t g = item % Hkv, qt = item / Hkv;
+        const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
+        if (g == 0) {
+            int32_t qmin = INT32_MAX, qmax = INT32_MIN;
+            for (int64_t i = 0; i < bt; i++) {
+                if (qpos[i0 + i] < qmin) qmin = qpos[i0 + i];
+                if (qpos[i0 + i] > qmax) qmax = qpos[i0 + i];
+            }
+            for (int64_t j0 = 0; j0 < Tk; j0 += KVR_ATTN_BK) {
+                const int64_t bk = (j0 + KVR_ATTN_BK <= Tk) ? KVR_ATTN_BK : Tk - j0;
+                int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+                for (int64_t j = 0; j < bk; j++) {
+                    if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
+                    if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
+                }
+                const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
+                if (tile == 0) continue;
+                dot_dense += bt * bk;
+                for (int64_t i = 0; i < bt; i++) {
+                    if (tile == 1) { dot_causal += bk; continue; }
+                    for (int64_t j = 0; j < bk; j++) dot_causal += kvr_attn_visible(qpos[i0 + i], kpos[j0 + j], W);
+                }
+            }
+        }
+        for (int64_t j = 0; j < Tkp; j++) {
+            const float * vj = j < Tk ? (const float *)((const uint8_t *)v->data + g * v->nb[1] + j * v->nb[2]) : NULL;
+            for (int64_t d = 0; d < D; d++) VT[d * Tkp + j] = vj ? vj[d] : 0.0f;
+        }
+        for (int64_t i = i0; i < i0 + bt; i++) {
+            const int32_t qp = qpos[i];
+            for (int64_t h = g * G; h < (g + 1) * G; h++) {
+                const float * qr = (const float *)((const uint8_t *)q->data + h * q->nb[1] + i * q->nb[2]);
+                float * out = (float *)dst->data + i * row_len;
+                float mx = -INFINITY;
+                for (int64_t j = 0; j < Tkp; j++) {
+                    P[j] = -INFINITY;
+                    if (j >= Tk || !kvr_attn_visible(qp, kpos[j], W)) continue;
+                    const float * kj = (const float *)((const uint8_t *)k->data + g * k->nb[1] + j * k->nb[2]);
+                    P[j] = dot_f32_ggml(qr, kj, D) * scale;
+                    if (P[j] > mx) mx = P[j];
+                }
+                if (mx == -INFINITY) { // no key visible: O = 0, LSE = -inf
+                    for (int64_t d = 0; d < D; d++) out[h * D + d] = 0.0f;
+                    out[D * H + h] = -INFINITY;
+                    continue;
+                }
+                double sum = 0.0;
+                for (int64_t j0 = 0; j0 < Tkp; j0 += 8) {
+                    float e[8];
+                    for (int l = 0; l < 8; l++) e[l] = P[j0 + l] == -INFINITY ? 0.0f : expf_ggml(P[j0 + l] - mx);
+                    float h4[4];
+                    for (int l = 0; l < 4; l++) h4[l] = e[l + 4] + e[l];
+                    sum += (double)((h4[0] + h4[2]) + (h4[1] + h4[3]));
+                    memcpy(P + j0, e, sizeof(e));
+                }
+                const float inv = (float)(1.0 / sum);
+                for (int64_t j = 0; j < Tkp; j++) P[j] *= inv;
+                for (int64_t d = 0; d < D; d++) out[h * D + d] = dot_kv(P, VT + d * Tkp, Tkp);
+                out[D * H + h] = mx + logf((float)sum);
+            }
+        }
+    }
+    p->counters->attn_dot_dense  += dot_dense;
+    p->counters->attn_dot_causal += dot_causal;
+}
+
 static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
@@ -2973,6 +3131,10 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const float scale = get_param_f32(dst, 2);
     const int64_t W = dst->op_params[3];       // sliding window (0: none): key j seen iff qp-W < kp <= qp
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], Tk = k->ne[2];
+    if (attn_exact(Tq, Tk)) {
+        cpu_op_attn_exact(p, dst);
+        return;
+    }
     const int64_t G = H / Hkv;                 // query heads per KV head
     const int64_t BT = kvr_attn_tile_tokens(G);    // tokens per query tile
     const int64_t row_len = dst->ne[0];        // D*H + H
@@ -3154,6 +3316,7 @@ struct cpu_backend {
     atomic_int          status;       // first error of a comm node; every thread stops on it
     bool                trace;
     bool                q8_act;       // kvr_backend_set_q8_activations
+    bool                vec_dot;      // kvr_backend_set_vec_dot_order
     struct kvr_span   * spans;        // stb_ds array
     int                 span_layer;   // layer of the open compute span (-1: none)
 };
@@ -3224,7 +3387,7 @@ static bool node_solo(const struct kvr_tensor * t) {
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
-    struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act };
+    struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot };
     struct cpu_params solo = p;
     solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -3314,6 +3477,8 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             const int64_t D = t->src[0]->ne[0], G = t->src[0]->ne[1] / t->src[1]->ne[1];
             const size_t rows = (size_t)(kvr_attn_tile_tokens(G) * G);
             size_t n = rows * (size_t)(2 * D + KVR_ATTN_BK + 2) + 1024;
+            const int64_t Tq = t->src[0]->ne[2], Tk = t->src[1]->ne[2];
+            if (attn_exact(Tq, Tk) && (size_t)((D + 1) * attn_exact_keys(Tk)) > n) n = (size_t)((D + 1) * attn_exact_keys(Tk));
             if (n > need) need = n;
         }
     }
@@ -3485,6 +3650,10 @@ static void cpu_set_q8_activations(struct kvr_backend * be, bool on) {
     ((struct cpu_backend *)be->context)->q8_act = on;
 }
 
+static void cpu_set_vec_dot_order(struct kvr_backend * be, bool on) {
+    ((struct cpu_backend *)be->context)->vec_dot = on;
+}
+
 static const struct kvr_span * cpu_spans(struct kvr_backend * be, int * n, bool reset) {
     struct cpu_backend * cb = be->context;
     *n = (int)arrlen(cb->spans);
@@ -3526,6 +3695,7 @@ struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
         .synchronize        = cpu_synchronize,
         .set_threads        = cpu_set_threads,
         .set_q8_activations = cpu_set_q8_activations,
+        .set_vec_dot_order  = cpu_set_vec_dot_order,
         .set_trace          = cpu_set_trace,
         .spans              = cpu_spans,
         .counters           = cpu_counters,
@@ -7975,7 +8145,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
     s->attn_mode = p->attn_mode;
     s->graph_out = p->graph_out;
     const struct kvr_backend_params bp = { .n_threads = p->n_threads, .device = p->device,
-                                           .q8_activations = p->q8_activations };
+                                           .q8_activations = p->q8_activations, .vec_dot_order = p->vec_dot_order };
     s->be = kvr_backend_new(p->backend, &bp);
     s->capture = p->capture;
     s->w = s->be ? kvr_model_to_backend(m, s->be) : NULL;

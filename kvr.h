@@ -267,6 +267,11 @@ struct kvr_tensor * kvr_rms_norm (struct kvr_context * ctx, struct kvr_tensor * 
 struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * a, float eps);
 // w: [K, N] any supported type (rows of K contiguous); x: [K, T, ...] f32 with contiguous rows
 // (row stride may be larger than K). result: [N, T, ...] f32.
+// The CPU backend sums F32 matrices of at most 2^18 weights in llama.cpp's CPU order (tinyBLAS's
+// for two or more rows of x when K % 8 == 0 and N % 4 == 0, ggml_vec_dot_f32's otherwise; see
+// kvr_backend_set_vec_dot_order), so small models give llama.cpp's bits; larger ones go
+// through sgemm. The CUDA backend does not
+// follow this rule (its sums are its own at every size).
 struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x);
 // a: [head_dim, n_head, T] f32; pos: [T] i32 absolute positions. Rotates the first n_rot dims:
 // pair i turns by the angle freq_scale * pos * freq_base^(-2i/n_rot) / freqs[i].
@@ -310,6 +315,11 @@ struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * 
 // result: [head_dim*n_head + n_head, Tq] f32: per query row, the output of each head, then the
 // natural log of each head's softmax denominator (log-sum-exp of the scaled scores) that a later
 // MERGE_ATTN needs. A row whose keys are all masked has O = 0 and LSE = -INFINITY.
+// Small shapes on the CPU (Tq * Tk <= 2^14 scores per head) are computed in llama.cpp's
+// arithmetic with flash attention off (KQ dots, soft_max with GGML's expf and sums, then KQV dots
+// over the keys, each in GGML's order; kvr.c: cpu_op_attn_exact), so the small references agree
+// to the last bits; larger ones use the tiled online softmax. The CUDA backend's ATTN kernel is
+// tiled at every size (its results agree to rounding, not to llama.cpp's bits).
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
                              struct kvr_tensor * dep, float scale, int window, enum kvr_attn_mode mode);
@@ -429,9 +439,9 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 //     runs every strategy over the existing transports with no code of its own; a transport that
 //     moves device memory itself (NCCL) sets kvr_comm.device_ptrs and receives data unstaged.
 //  6. Optional entries (NULL when the backend has none; the kvr_backend_* wrappers then do
-//     nothing or report nothing): set_threads, set_q8_activations, set_trace + spans (one span per
-//     layer and per transfer, for --trace), counters (struct kvr_counters, for --stats and the
-//     papers' checks).
+//     nothing or report nothing): set_threads, set_q8_activations, set_vec_dot_order, set_trace +
+//     spans (one span per layer and per transfer, for --trace), counters (struct kvr_counters, for
+//     --stats and the papers' checks).
 //  7. synchronize waits for everything queued and returns the first error of the device.
 
 struct kvr_backend;
@@ -463,6 +473,7 @@ struct kvr_backend_i {
     // optional
     void         (*set_threads)       (struct kvr_backend * be, int n_threads);
     void         (*set_q8_activations)(struct kvr_backend * be, bool on);
+    void         (*set_vec_dot_order) (struct kvr_backend * be, bool on);
     void         (*set_trace)         (struct kvr_backend * be, bool on);
     const struct kvr_span * (*spans)  (struct kvr_backend * be, int * n, bool reset);
     void         (*counters)          (struct kvr_backend * be, struct kvr_counters * out, bool reset);
@@ -519,6 +530,7 @@ struct kvr_backend_params {
     int  n_threads;      // cpu: threads (<= 0: all cores)
     int  device;         // cuda: the GPU's index
     bool q8_activations; // see kvr_backend_set_q8_activations (off: exact)
+    bool vec_dot_order;  // see kvr_backend_set_vec_dot_order (off: llama.cpp's default build)
     bool trace;          // record spans (kvr_backend_spans)
 };
 
@@ -562,6 +574,13 @@ void                 kvr_backend_set_threads(struct kvr_backend * be, int n_thre
 // up to ~0.1 against the exact math of the file, which the default (off) computes: each block of the
 // weights dequantized to f32 and multiplied in f32. Other types always take the exact path.
 void                 kvr_backend_set_q8_activations(struct kvr_backend * be, bool on);
+// Small F32 matmuls and the KQV of small attention (kvr_mul_mat, kvr_attn) are summed as
+// llama.cpp's CPU backend sums them, which depends on how it was built: with GGML_LLAMAFILE (its
+// default; off here) a batch of two or more tokens goes through tinyBLAS's order; without it (on
+// here) every sum is ggml_vec_dot_f32's. The outside references say which build made them
+// (tiny-falcon-mqa: without; the archs/ and SmolLM2 ones: with). Either way the results are
+// exact to rounding; only the last bits differ. The CPU backend has it; others ignore it.
+void                 kvr_backend_set_vec_dot_order(struct kvr_backend * be, bool on);
 // With trace on, every graph records one span per layer and one per communication node.
 void                 kvr_backend_set_trace(struct kvr_backend * be, bool on);
 // The spans recorded so far (a pointer and a count; *n = 0 without trace); cleared by reset.
@@ -1047,6 +1066,7 @@ struct kvr_session_params {
     enum kvr_attn_mode attn_mode;
     FILE *             graph_out;  // if set, the first eval prints its rewritten graph here
     bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
+    bool               vec_dot_order;  // see kvr_backend_set_vec_dot_order (off: llama.cpp's default build)
     const char *       backend;    // "cpu" (NULL: cpu) or "cuda" (see kvr_backend_new)
     int                device;     // cuda: the GPU (wrapped around the devices there are)
     const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)
@@ -1176,6 +1196,7 @@ struct kvr_dist_params {
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_dist_write_trace
     bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
+    bool               vec_dot_order;  // see kvr_backend_set_vec_dot_order (off: llama.cpp's default build)
     const char *       backend;      // every rank's: "cpu" (NULL: cpu) or "cuda"; rank r asks for
                                      //   device + r (the backend wraps it around the GPUs there are)
     int                device;       // cuda: the first rank's GPU (0 by default)
@@ -2018,10 +2039,12 @@ static inline KVR_HD float kvr_rope_angle(float theta, const float * freqs, int 
     return (freqs ? theta / freqs[i] : theta) * freq_scale;
 }
 
-// (x0, x1) rotated by the angle whose cosine and sine are c and s
+// (x0, x1) rotated by the angle whose cosine and sine are c and s. The first product of each
+// output is fused with the sum, as GCC compiles GGML's rotation (its -ffp-contract=fast, the
+// default of the GNU modes llama.cpp builds in), so the rotated values carry llama.cpp's bits.
 static inline KVR_HD void kvr_rope_rotate(float x0, float x1, float c, float s, float * y0, float * y1) {
-    *y0 = x0 * c - x1 * s;
-    *y1 = x0 * s + x1 * c;
+    *y0 = fmaf(x0, c, -(x1 * s));
+    *y1 = fmaf(x0, s, x1 * c);
 }
 
 // GELU as GGML computes it on the CPU, because llama.cpp's outputs are our reference: the input
@@ -2031,7 +2054,8 @@ static inline KVR_HD void kvr_rope_rotate(float x0, float x1, float c, float s, 
 static inline KVR_HD uint16_t kvr_gelu_half(uint16_t h) {
     const float c = 0.79788456080286535588f; // sqrt(2/pi)
     const float v = kvr_half_to_f32(h);
-    return kvr_f32_to_half(0.5f * v * (1.0f + tanhf(c * v * (1.0f + 0.044715f * v * v))));
+    // 1 + a v^2 as fma(a v, v, 1): GCC contracts GGML's expression so, and the table holds those bits
+    return kvr_f32_to_half(0.5f * v * (1.0f + tanhf(c * v * fmaf(0.044715f * v, v, 1.0f))));
 }
 
 static inline KVR_HD float kvr_gelu_ggml(float x, const uint16_t * table) {

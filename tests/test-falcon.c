@@ -30,8 +30,11 @@
 // The reference README's tolerance. Falcon is the hard case: GGML's GELU rounds its input to
 // fp16, so a last-bit difference in the matmul or norm before it moves an element by a whole fp16
 // step, which this random-weight model amplifies about 15-fold (2.1e-4 with OpenBLAS's summation
-// order). kvr sums small F32 matmuls and layer norms in GGML's order (kvr.c: dot_f32_ggml), and
-// is ~1e-6 off.
+// order). kvr sums small F32 matmuls, norms and attention in llama.cpp's CPU order (kvr.c:
+// dot_f32_ggml, dot_f32_tinyblas, cpu_op_attn_exact). This reference came from a llama.cpp whose
+// batched F32 matmuls sum in ggml_vec_dot_f32's order (built without GGML_LLAMAFILE), so the
+// sessions here ask for that order (vec_dot_order); in tinyBLAS's, the default, which the
+// archs/ references were made with, it lands 2.1e-4 away, as llama.cpp's default build does.
 #define LOGIT_TOL 1e-4
 #endif
 #define MAX_IDS   4096
@@ -93,7 +96,7 @@ static int read_floats(const char * path, float * out, int cap) {
 
 // The last-token logits of a prompt (copied into out, n_vocab floats); false with a FAIL on error.
 static bool eval_prompt(const struct kvr_model * m, const int32_t * toks, int n, float * out, const char * what) {
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 64, .n_threads = 2 });
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 64, .n_threads = 2, .vec_dot_order = true });
     check(s != NULL, "%s: session: %s", what, kvr_last_error());
     if (!s) return false;
     const float * lg = kvr_session_eval(s, toks, n);
@@ -114,7 +117,7 @@ static void test_reference(const struct kvr_model * m, const int32_t * toks, int
     check(m->output == m->tok_embd, "the output projection is not tied to token_embd.weight");
     check(n_want == (int) hp->n_vocab, "the logits file has %d values, the vocabulary %u", n_want, hp->n_vocab);
 
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_toks + n_greedy + 1, .n_threads = 2 });
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_toks + n_greedy + 1, .n_threads = 2, .vec_dot_order = true });
     check(s != NULL, "session: %s", kvr_last_error());
     if (!s) return;
     const float * lg = kvr_session_eval(s, toks, n_toks);
