@@ -70,6 +70,7 @@ struct run_args {
     bool         verbose;
     bool         dump_graph;
     bool         q8_act;
+    bool         vec_dot_order;
     int          backend;      // index into "cpu|cuda"
     int          device;       // cuda: the (first rank's) GPU
     bool         stats;
@@ -166,6 +167,9 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
           .help = "Q4_K weights: prefill with 8-bit activations and integer products, as\n"
                   "llama.cpp does (faster; logits move up to ~0.1 from the exact math)" },
+        { .name = "--vec-dot-order", .kind = KVR_CLI_SWITCH, .dst = &a->vec_dot_order,
+          .help = "small F32 sums in the order of a llama.cpp built without GGML_LLAMAFILE\n"
+                  "(its last bits; default: its default build's)" },
         { .name = "--backend", .kind = KVR_CLI_CHOICE, .dst = &a->backend, .meta = "cpu|cuda", .choices = "cpu|cuda",
           .help = "what runs the model (default cpu; cuda needs a build with make KVR_CUDA=1)" },
         { .name = "--device", .kind = KVR_CLI_INT, .dst = &a->device, .meta = "N", .lo = 0, .hi = 1023,
@@ -877,7 +881,7 @@ int kvr_run_main(int argc, char ** argv) {
         .partition = counts, .fractions = fracs, .attn_mode = (enum kvr_attn_mode)a.attn_mode, .timeout_s = a.timeout_s,
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
-        .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act,
+        .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act, .vec_dot_order = a.vec_dot_order,
         .backend = a.backend == 1 ? "cuda" : "cpu", .device = a.device,
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
