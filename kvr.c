@@ -7253,6 +7253,15 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
         return kvr_error(KVR_ERR_ARG, "%s: a cache of %d tokens as %d of %d shards (ring next %d) cannot be written",
                          path, lay->n_tokens, lay->n_shards, lay->n_ranks, lay->ring_next);
     }
+    // The file is written beside its destination and renamed onto it at the end, so a reader never
+    // sees half a cache. That rename would replace whatever the path names: a device (as root,
+    // --kv-save /dev/null turned /dev/null into a regular file), a FIFO, a directory's entry.
+    // Only a regular file, or nothing yet, may be the destination.
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        return kvr_error(KVR_ERR_ARG, "%s: not a regular file: a KV cache is written to a new file, then renamed onto its path",
+                         path);
+    }
     struct kvr_kv_writer * w = kvr_calloc(1, sizeof(*w));
     w->path = strdup(path);
     w->part = kvr_malloc(strlen(path) + 6);

@@ -29,11 +29,13 @@
 
 #include "kvr.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int          n_pass, n_fail, n_skip;
@@ -161,6 +163,23 @@ static void test_session(const struct kvr_model * m) {
     CHECK(kvr_session_kv_save(a, f2) == KVR_OK, "save again: %s", kvr_last_error());
     CHECK(same_file(f1, f2), "two saves of one cache differ");
     CHECK(access(tmp_path("s1.kv.part"), F_OK) != 0, "the .part file is left behind");
+    // a destination that is not a regular file is refused and left as it was: the rename at the
+    // end would replace it (as root, --kv-save /dev/null once turned the device into a file)
+    {
+        char fifo[640];
+        snprintf(fifo, sizeof(fifo), "%s", tmp_path("fifo.kv"));
+        unlink(fifo);
+        struct stat st;
+        if (mkfifo(fifo, 0600) == 0) {
+            CHECK(kvr_session_kv_save(a, fifo) == KVR_ERR_ARG && strstr(kvr_last_error(), "not a regular file"),
+                  "save onto a FIFO: %s", kvr_last_error());
+            CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+            unlink(fifo);
+        } else {
+            CHECK(0, "mkfifo %s: %s", fifo, strerror(errno));
+        }
+        CHECK(kvr_session_kv_save(a, tmp_dir) == KVR_ERR_ARG, "save onto a directory: %s", kvr_last_error());
+    }
 
     struct kvr_session * b = new_session(m, 128);
     CHECK(kvr_session_eval(b, prompt, 3) != NULL, "b's own tokens first"); // overwritten by the load
