@@ -6701,14 +6701,24 @@ static bool chat_put_system(struct chat_out * o, const struct kvr_chat_message *
     return o->len > len0;
 }
 
+// The families that write every message alike: pre, the role, mid, the content, post; then, to open
+// the assistant's turn, ass.
+struct chat_wrap {
+    const char * pre, * mid, * post, * ass;
+};
+
+static void chat_put_wrapped(struct chat_out * o, const struct chat_wrap * w, const struct kvr_chat_message * msgs, int n,
+                             bool add_ass) {
+    for (int i = 0; i < n; i++) {
+        chat_put(o, w->pre); chat_put(o, msgs[i].role); chat_put(o, w->mid); chat_put(o, msgs[i].content); chat_put(o, w->post);
+    }
+    if (add_ass) chat_put(o, w->ass);
+}
+
 static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, int n, bool add_ass, struct chat_out * o) {
     switch (t) {
     case CHAT_CHATML:
-        for (int i = 0; i < n; i++) {
-            chat_put(o, "<|im_start|>"); chat_put(o, msgs[i].role); chat_put(o, "\n");
-            chat_put(o, msgs[i].content); chat_put(o, "<|im_end|>\n");
-        }
-        if (add_ass) chat_put(o, "<|im_start|>assistant\n");
+        chat_put_wrapped(o, &(struct chat_wrap) { "<|im_start|>", "\n", "<|im_end|>\n", "<|im_start|>assistant\n" }, msgs, n, add_ass);
         break;
     case CHAT_MISTRAL_V7:
     case CHAT_MISTRAL_V7_TEKKEN: {
@@ -6778,29 +6788,17 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         break;
     }
     case CHAT_PHI3:
-        for (int i = 0; i < n; i++) {
-            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, "|>\n"); chat_put(o, msgs[i].content); chat_put(o, "<|end|>\n");
-        }
-        if (add_ass) chat_put(o, "<|assistant|>\n");
+        chat_put_wrapped(o, &(struct chat_wrap) { "<|", "|>\n", "<|end|>\n", "<|assistant|>\n" }, msgs, n, add_ass);
         break;
     case CHAT_PHI4:
-        for (int i = 0; i < n; i++) {
-            chat_put(o, "<|im_start|>"); chat_put(o, msgs[i].role); chat_put(o, "<|im_sep|>");
-            chat_put(o, msgs[i].content); chat_put(o, "<|im_end|>");
-        }
-        if (add_ass) chat_put(o, "<|im_start|>assistant<|im_sep|>");
+        chat_put_wrapped(o, &(struct chat_wrap) { "<|im_start|>", "<|im_sep|>", "<|im_end|>", "<|im_start|>assistant<|im_sep|>" },
+                         msgs, n, add_ass);
         break;
     case CHAT_FALCON3:
-        for (int i = 0; i < n; i++) {
-            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, "|>\n"); chat_put(o, msgs[i].content); chat_put(o, "\n");
-        }
-        if (add_ass) chat_put(o, "<|assistant|>\n");
+        chat_put_wrapped(o, &(struct chat_wrap) { "<|", "|>\n", "\n", "<|assistant|>\n" }, msgs, n, add_ass);
         break;
     case CHAT_ZEPHYR:
-        for (int i = 0; i < n; i++) {
-            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, "|>\n"); chat_put(o, msgs[i].content); chat_put(o, "<|endoftext|>\n");
-        }
-        if (add_ass) chat_put(o, "<|assistant|>\n");
+        chat_put_wrapped(o, &(struct chat_wrap) { "<|", "|>\n", "<|endoftext|>\n", "<|assistant|>\n" }, msgs, n, add_ass);
         break;
     case CHAT_MONARCH: // every message but the first opens with BOS
         for (int i = 0; i < n; i++) {
@@ -6962,10 +6960,8 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         if (add_ass) chat_put(o, "<|start_of_role|>assistant<|end_of_role|>");
         break;
     case CHAT_MEGREZ:
-        for (int i = 0; i < n; i++) {
-            chat_put(o, "<|role_start|>"); chat_put(o, msgs[i].role); chat_put(o, "<|role_end|>"); chat_put(o, msgs[i].content); chat_put(o, "<|turn_end|>");
-        }
-        if (add_ass) chat_put(o, "<|role_start|>assistant<|role_end|>");
+        chat_put_wrapped(o, &(struct chat_wrap) { "<|role_start|>", "<|role_end|>", "<|turn_end|>", "<|role_start|>assistant<|role_end|>" },
+                         msgs, n, add_ass);
         break;
     case CHAT_SMOLVLM:
         chat_put(o, "<|im_start|>");
@@ -7004,10 +7000,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         if (add_ass) chat_put(o, "<seed:bos>assistant\n");
         break;
     case CHAT_SOLAR_OPEN:
-        for (int i = 0; i < n; i++) {
-            chat_put(o, "<|begin|>"); chat_put(o, msgs[i].role); chat_put(o, "<|content|>"); chat_put(o, msgs[i].content); chat_put(o, "<|end|>");
-        }
-        if (add_ass) chat_put(o, "<|begin|>assistant");
+        chat_put_wrapped(o, &(struct chat_wrap) { "<|begin|>", "<|content|>", "<|end|>", "<|begin|>assistant" }, msgs, n, add_ass);
         break;
     case CHAT_TMPL_COUNT:
     case CHAT_NOT_RENDERED:
