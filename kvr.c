@@ -2552,26 +2552,23 @@ static float mv_row_q5_1(const void * row, const struct mv_act * a, int64_t K) {
     return mv_hsum(acc) + mins;
 }
 
-static float mv_row_q8_0(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q8_0 * b = row;
-    const float * x = a->x;
+// Q8_0 and Q8_1 differ only in Q8_1's extra sum, which a product with f32 activations does not
+// need: both are (d, 32 quants) blocks, block_bytes apart, the quants at qs_off.
+static float mv_row_q8_blocks(const uint8_t * b, size_t block_bytes, size_t qs_off, const float * x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        acc = _mm256_fmadd_ps(mv_dot32(q, x), _mm256_set1_ps(mv_half(b[i].d)), acc);
+    for (int64_t i = 0; i < nb; i++, b += block_bytes, x += KVR_QK) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + qs_off));
+        acc = _mm256_fmadd_ps(mv_dot32(q, x), _mm256_set1_ps(mv_half(b)), acc); // d is each block's first field
     }
     return mv_hsum(acc);
 }
 
+static float mv_row_q8_0(const void * row, const struct mv_act * a, int64_t K) {
+    return mv_row_q8_blocks(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a->x, K / KVR_QK);
+}
+
 static float mv_row_q8_1(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q8_1 * b = row;
-    const float * x = a->x;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        acc = _mm256_fmadd_ps(mv_dot32(q, x), _mm256_set1_ps(mv_half(b[i].d)), acc);
-    }
-    return mv_hsum(acc);
+    return mv_row_q8_blocks(row, sizeof(struct kvr_block_q8_1), offsetof(struct kvr_block_q8_1, qs), a->x, K / KVR_QK);
 }
 
 static float mv_row_q8_K(const void * row, const struct mv_act * a, int64_t K) {
