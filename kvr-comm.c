@@ -1370,6 +1370,7 @@ struct dist_rank {
     struct kvr_model    * model;      // the weights on be
     struct rank_comm    * comm;
     struct kvr_buffer   * buf;        // activations, kept from eval to eval
+    struct kvr_eval_reuse * reuse;    // the single pass's decode graph, kept between tokens
     float               * logits;
     struct kvr_span     * spans;      // every eval's spans, times relative to the dist's start
     int                   n_spans, cap_spans;
@@ -2085,6 +2086,7 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .name       = name,
         .compute    = &dr->buf,
         .logits     = dr->logits,
+        .reuse      = dr->reuse,
     };
     int rc = kvr_eval_run(&ev);
     if (graph_out) fclose(graph_out);
@@ -2339,6 +2341,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         dr->comm->base.device_ptrs = p->comm == KVR_COMM_NCCL; // NCCL moves device memory itself: nothing staged
         kvr_backend_set_comm(dr->be, &dr->comm->base);
         dr->logits = calloc(m->hp.n_vocab, sizeof(float));
+        dr->reuse = kvr_eval_reuse_new();
     }
     d->last = p->strategy;
     return d;
@@ -2348,6 +2351,7 @@ void kvr_dist_free(struct kvr_dist * d) {
     if (!d) return;
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
+        kvr_eval_reuse_free(dr->reuse);
         kvr_kv_cache_free(dr->cache);
         free(dr->cache_pos);
         kvr_buffer_free(dr->buf);

@@ -8002,14 +8002,156 @@ static size_t graph_ctx_size(int graph_size) {
     return (size_t)graph_size * (3 * sizeof(struct kvr_tensor) + 3 * sizeof(void *)) + (1 << 20);
 }
 
+struct kvr_eval_reuse * kvr_eval_reuse_new(void) {
+    return kvr_calloc(1, sizeof(struct kvr_eval_reuse));
+}
+
+static void eval_reuse_drop(struct kvr_eval_reuse * r) {
+    kvr_free(r->ctx);
+    free(r->stores);
+    free(r->kpos_host);
+    const int64_t builds = r->builds, reuses = r->reuses;
+    memset(r, 0, sizeof(*r));
+    r->builds = builds;
+    r->reuses = reuses;
+}
+
+void kvr_eval_reuse_free(struct kvr_eval_reuse * r) {
+    if (!r) return;
+    eval_reuse_drop(r);
+    free(r);
+}
+
+// Whether an eval is one token of the plain single pass (see kvr_eval_reuse in kvr.h).
+static bool eval_reusable(const struct kvr_eval * ev) {
+    if (!ev->reuse || ev->pass || ev->no_model || ev->graph_out || ev->capture || ev->n_tokens != 1 || ev->n_kpos != ev->n_past + 1) return false;
+    for (uint32_t il = 0; il < ev->model->hp.n_layer; il++) {
+        if (ev->model->layers[il].window > 0) return false;
+    }
+    return true;
+}
+
+// Build and plan the kept graph for n_kv cache rows: the single pass as if the token sat at row
+// n_kv - 1 (attention over every row of the layout); the stores are moved per token.
+static int eval_reuse_build(struct kvr_eval * ev, int n_kv) {
+    struct kvr_eval_reuse * r = ev->reuse;
+    const struct kvr_model * m = ev->model;
+    const char * name = ev->name ? ev->name : "eval";
+    eval_reuse_drop(r);
+    const int gsize = ev->graph_size > 0 ? ev->graph_size : (int)(m->hp.n_layer * 48 + 64);
+    r->ctx = kvr_init(graph_ctx_size(gsize), true);
+    if (!r->ctx) return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate the graph context", name);
+    struct kvr_build b = { 0 };
+    b.ctx       = r->ctx;
+    b.n_tokens  = 1;
+    b.n_outputs = ev->n_outputs;
+    b.tokens    = kvr_set_name(kvr_new_tensor_1d(r->ctx, KVR_TYPE_I32, 1), "tokens");
+    b.pos       = kvr_set_name(kvr_new_tensor_1d(r->ctx, KVR_TYPE_I32, 1), "pos");
+    r->kpos     = kvr_set_name(kvr_new_tensor_1d(r->ctx, KVR_TYPE_I32, n_kv), "kpos");
+    b.tokens->flags |= KVR_FLAG_INPUT;
+    b.pos->flags    |= KVR_FLAG_INPUT;
+    r->kpos->flags  |= KVR_FLAG_INPUT;
+    r->tokens = b.tokens;
+    r->pos    = b.pos;
+    r->out    = kvr_model_build(m, &b);
+    if (ev->n_outputs) r->out->flags |= KVR_FLAG_OUTPUT;
+    r->g = kvr_graph_new(r->ctx, gsize);
+    kvr_graph_expand(r->g, r->out);
+    kvr_pass_single(r->ctx, r->g, ev->cache, n_kv - 1, r->kpos, ev->attn_mode);
+    bool seen[4096] = { false };
+    for (int i = 0; i < r->g->n_nodes; i++) {
+        struct kvr_tensor * t = r->g->nodes[i];
+        if (t->op == KVR_OP_KV_STORE) {
+            r->stores = realloc(r->stores, sizeof(*r->stores) * (size_t)(r->n_stores + 2));
+            KVR_ASSERT(r->stores && t->view_src && t->src[1]->view_src == t->view_src);
+            r->stores[r->n_stores++] = t;
+            r->stores[r->n_stores++] = t->src[1];
+        }
+        if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
+        const int il = atoi(t->name + 4);
+        if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; r->n_attn_layers++; }
+    }
+    const size_t need = kvr_graph_plan(r->g);
+    if (!*ev->compute || (*ev->compute)->size < need) {
+        kvr_buffer_free(*ev->compute);
+        *ev->compute = kvr_backend_alloc_buffer(ev->backend, need);
+        if (!*ev->compute) {
+            char msg[sizeof(kvr_errbuf)];
+            snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
+            kvr_graph_place(r->g, NULL);
+            eval_reuse_drop(r);
+            return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate %zu MiB of activations for one token: %s", name, need >> 20, msg);
+        }
+    }
+    kvr_graph_place(r->g, *ev->compute);
+    r->kpos_host  = kvr_malloc(sizeof(int32_t) * (size_t)n_kv);
+    r->model      = ev->model;
+    r->backend    = ev->backend;
+    r->cache      = ev->cache;
+    r->cache_data = ev->cache->k[0]->data;
+    r->buf        = *ev->compute;
+    r->buf_base   = (*ev->compute)->base;
+    r->buf_size   = (*ev->compute)->size;
+    r->n_kv       = n_kv;
+    r->n_outputs  = ev->n_outputs;
+    r->attn_mode  = ev->attn_mode;
+    r->builds++;
+    return KVR_OK;
+}
+
+// One token through the kept graph (built first if the layout changed).
+static int eval_run_reused(struct kvr_eval * ev) {
+    const double t0 = kvr_time_ms();
+    struct kvr_eval_reuse * r = ev->reuse;
+    const struct kvr_model * m = ev->model;
+    const int n_ctx = ev->cache->n_ctx;
+    int n_kv = (ev->n_past / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS;
+    if (n_kv > n_ctx) n_kv = n_ctx;
+    const bool same = r->ctx && r->n_kv == n_kv && r->model == ev->model && r->backend == ev->backend &&
+                      r->cache == ev->cache && r->cache_data == ev->cache->k[0]->data && r->buf == *ev->compute &&
+                      r->buf_base == (*ev->compute)->base && r->buf_size == (*ev->compute)->size &&
+                      r->n_outputs == ev->n_outputs && r->attn_mode == ev->attn_mode;
+    if (!same) {
+        int rc = eval_reuse_build(ev, n_kv);
+        if (rc != KVR_OK) return rc;
+    } else {
+        r->reuses++;
+    }
+    // the stores write row n_past; rows past it are hidden from the token by their position
+    for (int i = 0; i < r->n_stores; i++) {
+        struct kvr_tensor * t = r->stores[i];
+        t->view_offs = (size_t)ev->n_past * t->nb[1];
+        t->data = (uint8_t *)t->view_src->data + t->view_offs;
+    }
+    memcpy(r->kpos_host, ev->kpos, sizeof(int32_t) * (size_t)ev->n_kpos);
+    for (int i = ev->n_kpos; i < n_kv; i++) r->kpos_host[i] = INT32_MAX;
+    kvr_backend_tensor_set(r->tokens, ev->tokens, 0, sizeof(int32_t));
+    kvr_backend_tensor_set(r->pos, ev->pos, 0, sizeof(int32_t));
+    kvr_backend_tensor_set(r->kpos, r->kpos_host, 0, sizeof(int32_t) * (size_t)n_kv);
+    ev->n_attn_layers = r->n_attn_layers;
+    ev->setup_ms = kvr_time_ms() - t0;
+    kvr_backend_counters(ev->backend, NULL, true);
+    int rc = kvr_backend_graph_compute(ev->backend, r->g);
+    if (rc == KVR_OK) rc = kvr_backend_synchronize(ev->backend);
+    if (rc == KVR_OK && ev->n_outputs) {
+        kvr_backend_tensor_get(r->out, ev->logits, kvr_nbytes(r->out) - sizeof(float) * m->hp.n_vocab, sizeof(float) * m->hp.n_vocab);
+    }
+    kvr_backend_counters(ev->backend, &ev->counters, true);
+    return rc;
+}
+
 // The graph of the batch on ev->backend: build, pass, rebuild, plan, place, then inputs in,
 // compute, outputs out. Everything a backend holds is reached through the seam of section 9.
+// One decode token may instead run a kept graph (ev->reuse, eval_run_reused).
 int kvr_eval_run(struct kvr_eval * ev) {
     const struct kvr_model * m = ev->model;
     const char * name = ev->name ? ev->name : "eval";
     const int n = ev->n_tokens;
     ev->n_attn_layers = 0;
+    ev->setup_ms = 0.0;
     memset(&ev->counters, 0, sizeof(ev->counters));
+    if (eval_reusable(ev)) return eval_run_reused(ev);
+    const double t_setup = kvr_time_ms();
     const int gsize = ev->graph_size > 0 ? ev->graph_size : (int)(m->hp.n_layer * 48 + 64);
     struct kvr_context * ctx = kvr_init(graph_ctx_size(gsize), true);
     if (!ctx) return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate the graph context", name);
@@ -8089,6 +8231,7 @@ int kvr_eval_run(struct kvr_eval * ev) {
         }
     }
     kvr_graph_place(g, *ev->compute);
+    ev->setup_ms = kvr_time_ms() - t_setup;
 
     // inputs in, compute, outputs out
     if (!ev->no_model) {
@@ -8128,6 +8271,7 @@ struct kvr_session {
     int32_t                * iota;       // 0, 1, ..., n_ctx-1: the positions of the cache rows
     struct kvr_buffer      * buf;        // activations, grown as needed
     const struct kvr_capture * capture;  // intermediates handed out after each eval (NULL: none)
+    struct kvr_eval_reuse  * reuse;      // the decode graph kept between tokens
     int                      n_ctx;
     float                 ** swap_k;     // swapped out to host memory: per layer, n_past rows
     float                 ** swap_v;
@@ -8155,6 +8299,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
     }
     s->logits = kvr_calloc(m->hp.n_vocab, sizeof(float));
     s->tokens = kvr_calloc((size_t)n_ctx, sizeof(int32_t));
+    s->reuse = kvr_eval_reuse_new();
     s->n_ctx = n_ctx;
     s->iota = kvr_malloc(sizeof(int32_t) * (size_t)n_ctx);
     for (int i = 0; i < n_ctx; i++) s->iota[i] = i;
@@ -8176,6 +8321,7 @@ static void session_swap_drop(struct kvr_session * s) {
 
 void kvr_session_free(struct kvr_session * s) {
     if (!s) return;
+    kvr_eval_reuse_free(s->reuse);
     kvr_kv_cache_free(s->cache);
     kvr_buffer_free(s->buf);
     kvr_model_free(s->w);
@@ -8234,6 +8380,7 @@ const float * kvr_session_eval(struct kvr_session * s, const int32_t * tokens, i
         .capture   = s->capture,
         .compute   = &s->buf,
         .logits    = s->logits,
+        .reuse     = s->reuse,
     };
     s->graph_out = NULL; // the first eval's graph only
     if (kvr_eval_run(&ev) != KVR_OK) return NULL;

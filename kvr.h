@@ -1052,13 +1052,49 @@ struct kvr_eval {
     const char             * name;       // prefixes error messages (NULL: "eval")
     struct kvr_buffer     ** compute;    // the activations' buffer: the caller's, grown here as needed
     float                  * logits;     // n_vocab floats, written when n_outputs and all went well
+    struct kvr_eval_reuse  * reuse;      // decode graphs kept between evals (NULL: build every eval)
     // what it reports
     int                      n_attn_layers; // layers whose attention ran (counters are per layer)
     struct kvr_counters      counters;      // the backend's counters of this eval (zero if none)
+    double                   setup_ms;      // build, pass, plan and place (a reused graph: setting
+                                            //   its rows); the rest of the eval is the backend's
 };
 
 // Run one eval; KVR_OK or an error code with kvr_last_error() set.
 int kvr_eval_run(struct kvr_eval * ev);
+
+// Graph reuse for decode. One token of the single pass (no strategy pass, no sliding window, no capture, no
+// graph printed) differs from the next only in its inputs and in the cache row its stores write,
+// so the road builds and plans its graph once per layout and reuses it: attention reads the cache
+// rows [0, n_kv), n_kv the next multiple of KVR_REUSE_ROWS past the token (at most the context);
+// rows not written yet carry position INT32_MAX, which the causal mask hides; every layer's two
+// stores are moved to the token's row. A new layout is built when the token crosses n_kv, when
+// the compute buffer or the cache moved, or when the caller asks for something else.
+#define KVR_REUSE_ROWS 256
+
+struct kvr_eval_reuse {
+    struct kvr_context     * ctx;        // the kept graph's tensors (NULL: none kept)
+    struct kvr_graph       * g;
+    struct kvr_tensor      * tokens, * pos, * kpos, * out;
+    struct kvr_tensor     ** stores;     // per layer: the K store, its view, the V store, its view
+    int                      n_stores;
+    int32_t                * kpos_host;  // n_kv positions
+    // the layout it was built for
+    const struct kvr_model * model;
+    struct kvr_backend     * backend;
+    struct kvr_kv_cache    * cache;
+    const void             * cache_data; // the cache's first K row then (a moved cache: rebuild)
+    struct kvr_buffer      * buf;        // the compute buffer it is placed in
+    void                   * buf_base;
+    size_t                   buf_size;
+    int                      n_kv, n_outputs, n_attn_layers;
+    enum kvr_attn_mode       attn_mode;
+    // what happened (tests, benchmarks)
+    int64_t                  builds, reuses;
+};
+
+struct kvr_eval_reuse * kvr_eval_reuse_new(void);
+void                    kvr_eval_reuse_free(struct kvr_eval_reuse * r);
 
 struct kvr_session_params {
     int                n_ctx;      // 0: the model's training context (capped at 4096)

@@ -14,7 +14,9 @@
 // SmolLM2-135M-Instruct (models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf, where tools/install-deps.sh
 // puts it; KVR_SMOLLM2 overrides the path) against SHARED/reference/smollm2-{story,code,chat}:
 // logits of the Q4_1 file's exact math against llama.cpp's on the dequantized twin, greedy ids
-// (the reference stops early at <|im_end|>); a sanitizer build runs the chat prompt only.
+// (the reference stops early at <|im_end|>); a sanitizer build runs the chat prompt only. Decode
+// graph reuse on tiny-llama3 (kept graphs agree with built ones; one build per layout) and
+// tiny-gemma3 (sliding windows: never kept).
 //
 //   test-models [SHARED]      (default ../shared)
 //
@@ -348,6 +350,73 @@ static void test_gemma3(const struct kvr_model * m, const int32_t * toks, int n)
     variant_refused(m, &cap, names, 1);
 }
 
+// Decode graph reuse (struct kvr_eval_reuse): the prompt, then 300 greedy tokens (past the first
+// layout of KVR_REUSE_ROWS rows) through kvr_eval_run on two caches at once, one eval building
+// every graph and the other keeping them. The logits agree within 1e-5 of their largest magnitude
+// at every step (the kept graph attends over padded rows that the mask hides, so sums may differ
+// in the last bits) and the greedy ids are the same; the kept graph was built once per layout and
+// reused for every other token. A model with sliding-window layers is never reused.
+static void test_reuse(const struct kvr_model * m, const int32_t * toks, int n, const char * name, bool windowed) {
+    enum { STEPS = 300 };
+    const int n_ctx = n + STEPS + 1, n_vocab = (int)m->hp.n_vocab;
+    struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = 2 });
+    struct kvr_model * w = be ? kvr_model_to_backend(m, be) : NULL;
+    struct kvr_kv_cache * c[2] = { w ? kvr_kv_cache_new(&m->hp, n_ctx, be) : NULL, w ? kvr_kv_cache_new(&m->hp, n_ctx, be) : NULL };
+    check(c[0] && c[1], "%s reuse: setup: %s", name, kvr_last_error());
+    struct kvr_eval_reuse * r = kvr_eval_reuse_new();
+    struct kvr_buffer * buf[2] = { NULL, NULL };
+    int32_t * iota = malloc(sizeof(int32_t) * (size_t)n_ctx);
+    float * lg[2] = { malloc(sizeof(float) * (size_t)n_vocab), malloc(sizeof(float) * (size_t)n_vocab) };
+    for (int i = 0; i < n_ctx; i++) iota[i] = i;
+    int n_past = 0, layouts = 0, last_kv = -1;
+    int32_t tok = 0;
+    double worst = 0;
+    bool ok = c[0] && c[1], same_ids = true;
+    for (int step = 0; ok && step <= STEPS; step++) {
+        const int cnt = step == 0 ? n : 1;
+        for (int k = 0; k < 2 && ok; k++) {
+            struct kvr_eval ev = { .model = w, .backend = be, .cache = c[k], .tokens = step == 0 ? toks : &tok, .pos = iota + n_past,
+                                   .n_tokens = cnt, .kpos = iota, .n_kpos = n_past + cnt, .n_past = n_past, .n_outputs = 1,
+                                   .attn_mode = KVR_ATTN_CAUSAL, .compute = &buf[k], .logits = lg[k], .reuse = k ? r : NULL };
+            ok = kvr_eval_run(&ev) == KVR_OK;
+            check(ok, "%s reuse: step %d, %s graph: %s", name, step, k ? "kept" : "built", kvr_last_error());
+        }
+        if (!ok) break;
+        if (step > 0) {
+            const int n_kv = (n_past / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS < n_ctx ? (n_past / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS : n_ctx;
+            if (n_kv != last_kv) { layouts++; last_kv = n_kv; }
+        }
+        double mag = 0, diff = 0;
+        int a0 = 0, a1 = 0;
+        for (int i = 0; i < n_vocab; i++) {
+            if (fabs(lg[0][i]) > mag) mag = fabs(lg[0][i]);
+            if (fabs(lg[0][i] - lg[1][i]) > diff) diff = fabs(lg[0][i] - lg[1][i]);
+            if (lg[0][i] > lg[0][a0]) a0 = i;
+            if (lg[1][i] > lg[1][a1]) a1 = i;
+        }
+        if (!(diff / (mag + 1e-30) <= worst)) worst = diff / (mag + 1e-30);
+        if (a0 != a1) same_ids = false;
+        n_past += cnt;
+        tok = a0;
+    }
+    if (ok) {
+        check(worst <= 1e-5, "%s reuse: logits of the kept graph within %.2g of the built one's (relative to the largest)", name, worst);
+        check(same_ids, "%s reuse: the same greedy ids over %d tokens", name, STEPS);
+        if (windowed) {
+            check(r->builds == 0 && r->reuses == 0, "%s reuse: sliding-window layers: never kept (%lld builds, %lld reuses)", name,
+                  (long long)r->builds, (long long)r->reuses);
+        } else {
+            check(r->builds == layouts && r->reuses == STEPS - layouts, "%s reuse: %lld builds (%d layouts) and %lld reuses of %d tokens",
+                  name, (long long)r->builds, layouts, (long long)r->reuses, STEPS);
+        }
+    }
+    kvr_eval_reuse_free(r);
+    for (int k = 0; k < 2; k++) { kvr_buffer_free(buf[k]); kvr_kv_cache_free(c[k]); free(lg[k]); }
+    free(iota);
+    kvr_model_free(w);
+    kvr_backend_free(be);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * dir = getenv("TMPDIR");
@@ -367,6 +436,7 @@ int main(int argc, char ** argv) {
         if (i == 0) test_llama3(m, toks, n);
         if (i == 1 || i == 2) test_qwen(m, i == 2);
         if (i == 3) test_gemma3(m, toks, n);
+        if (i == 0 || i == 3) test_reuse(m, toks, n, names[i], i == 3);
         kvr_model_free(m);
     }
 
