@@ -2077,7 +2077,8 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .n_past     = n_old,
         .n_outputs  = !receiver && r == pl->owner ? 1 : 0,
         .attn_mode  = d->p.attn_mode,
-        .pass       = rank_pass,
+        // the plain single pass goes by the road's own (NULL), which may keep the decode graph
+        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd ? NULL : rank_pass,
         .pass_user  = &pc,
         .no_model   = receiver,
         .graph_size = n_layer * (64 + 24 * pl->N) + 256,

@@ -3014,6 +3014,14 @@ static bool attn_exact(int64_t Tq, int64_t Tk) {
     return Tq * Tk <= KVR_ATTN_EXACT_MAX_SCORES;
 }
 
+// The keys of an ATTN node: trailing rows at position INT32_MAX are no keys but the padding of a
+// kept decode graph (kvr_eval_reuse); they are neither computed nor counted, so a kept graph
+// computes exactly what a graph built for this token's keys would.
+static int64_t attn_keys(const int32_t * kpos, int64_t Tk) {
+    while (Tk > 0 && kpos[Tk - 1] == INT32_MAX) Tk--;
+    return Tk;
+}
+
 static int64_t attn_exact_keys(int64_t Tk) {
     return (Tk + 31) & ~(int64_t)31;
 }
@@ -3038,13 +3046,13 @@ static float expf_ggml(float x) {
     return fmaf(s2, j, s2) * s1;
 }
 
-static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * dst) {
+static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * dst, int64_t Tk) {
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
     const int mode = dst->op_params[0];
     const float scale = get_param_f32(dst, 2);
     const int64_t W = dst->op_params[3];
-    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], Tk = k->ne[2];
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1];
     const int64_t G = H / Hkv, BT = kvr_attn_tile_tokens(G), n_qt = (Tq + BT - 1) / BT;
     const int64_t row_len = dst->ne[0], Tkp = attn_exact_keys(Tk);
     float (* const dot_kv)(const float *, const float *, int64_t) = mm_tinyblas_order(Tkp, D, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
@@ -3127,9 +3135,10 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int mode = dst->op_params[0];
     const float scale = get_param_f32(dst, 2);
     const int64_t W = dst->op_params[3];       // sliding window (0: none): key j seen iff qp-W < kp <= qp
-    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], Tk = k->ne[2];
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1];
+    const int64_t Tk = attn_keys(kpos, k->ne[2]);
     if (attn_exact(Tq, Tk)) {
-        cpu_op_attn_exact(p, dst);
+        cpu_op_attn_exact(p, dst, Tk);
         return;
     }
     const int64_t G = H / Hkv;                 // query heads per KV head
