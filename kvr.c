@@ -1469,6 +1469,14 @@ void kvr_graph_place(struct kvr_graph * g, struct kvr_buffer * buf) {
     g->plan = NULL;
 }
 
+// Moves a placed view to another offset within its owner: a kept decode graph's stores
+// (kvr_eval_reuse) write each token's row of the cache.
+static void graph_view_move(struct kvr_tensor * t, size_t offs) {
+    KVR_ASSERT(t->view_src && t->view_src->data);
+    t->view_offs = offs;
+    t->data = (uint8_t *)t->view_src->data + offs;
+}
+
 void kvr_replace_node(struct kvr_tensor * node, const struct kvr_tensor * by, const char * why) {
     char name[KVR_MAX_NAME];
     snprintf(name, sizeof(name), "%s", node->name[0] ? node->name : "attn");
@@ -8031,6 +8039,53 @@ void kvr_eval_reuse_free(struct kvr_eval_reuse * r) {
     free(r);
 }
 
+// The model's graph of n tokens over n_kpos cache rows into g: its inputs (tokens, positions, the
+// keys' positions) made and flagged, the output flagged when logits are wanted.
+static struct kvr_tensor * eval_model_build(const struct kvr_eval * ev, struct kvr_context * ctx, struct kvr_graph * g,
+                                            int n, int n_kpos, struct kvr_build * b, struct kvr_tensor ** kpos) {
+    memset(b, 0, sizeof(*b));
+    b->ctx       = ctx;
+    b->n_tokens  = n;
+    b->n_outputs = ev->n_outputs;
+    b->tokens    = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "tokens");
+    b->pos       = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "pos");
+    *kpos        = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n_kpos), "kpos");
+    b->tokens->flags |= KVR_FLAG_INPUT;
+    b->pos->flags    |= KVR_FLAG_INPUT;
+    (*kpos)->flags   |= KVR_FLAG_INPUT;
+    struct kvr_tensor * out = kvr_model_build(ev->model, b);
+    if (ev->n_outputs) out->flags |= KVR_FLAG_OUTPUT;
+    kvr_graph_expand(g, out);
+    return out;
+}
+
+// The layers whose attention runs in g (attention pairs are counted per layer).
+static int eval_attn_layers(const struct kvr_graph * g) {
+    bool seen[4096] = { false };
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kvr_tensor * t = g->nodes[i];
+        if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
+        const int il = atoi(t->name + 4);
+        if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; n++; }
+    }
+    return n;
+}
+
+// The caller's compute buffer, grown through the backend to hold need bytes of g's activations;
+// on failure g's plan is freed and the error names what for.
+static int eval_compute_buffer(struct kvr_eval * ev, struct kvr_graph * g, size_t need, const char * what) {
+    if (*ev->compute && (*ev->compute)->size >= need) return KVR_OK;
+    kvr_buffer_free(*ev->compute);
+    *ev->compute = kvr_backend_alloc_buffer(ev->backend, need);
+    if (*ev->compute) return KVR_OK;
+    char msg[sizeof(kvr_errbuf)];
+    snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
+    kvr_graph_place(g, NULL); // frees the plan
+    return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate %zu MiB of activations for %s: %s",
+                     ev->name ? ev->name : "eval", need >> 20, what, msg);
+}
+
 // Whether an eval is one token of the plain single pass (see kvr_eval_reuse in kvr.h).
 static bool eval_reusable(const struct kvr_eval * ev) {
     if (!ev->reuse || ev->pass || ev->no_model || ev->graph_out || ev->capture || ev->n_tokens != 1 || ev->n_kpos != ev->n_past + 1) return false;
@@ -8050,54 +8105,33 @@ static int eval_reuse_build(struct kvr_eval * ev, int n_kv) {
     const int gsize = ev->graph_size > 0 ? ev->graph_size : (int)(m->hp.n_layer * 48 + 64);
     r->ctx = kvr_init(graph_ctx_size(gsize), true);
     if (!r->ctx) return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate the graph context", name);
-    struct kvr_build b = { 0 };
-    b.ctx       = r->ctx;
-    b.n_tokens  = 1;
-    b.n_outputs = ev->n_outputs;
-    b.tokens    = kvr_set_name(kvr_new_tensor_1d(r->ctx, KVR_TYPE_I32, 1), "tokens");
-    b.pos       = kvr_set_name(kvr_new_tensor_1d(r->ctx, KVR_TYPE_I32, 1), "pos");
-    r->kpos     = kvr_set_name(kvr_new_tensor_1d(r->ctx, KVR_TYPE_I32, n_kv), "kpos");
-    b.tokens->flags |= KVR_FLAG_INPUT;
-    b.pos->flags    |= KVR_FLAG_INPUT;
-    r->kpos->flags  |= KVR_FLAG_INPUT;
+    struct kvr_build b;
+    r->g   = kvr_graph_new(r->ctx, gsize);
+    r->out = eval_model_build(ev, r->ctx, r->g, 1, n_kv, &b, &r->kpos);
     r->tokens = b.tokens;
     r->pos    = b.pos;
-    r->out    = kvr_model_build(m, &b);
-    if (ev->n_outputs) r->out->flags |= KVR_FLAG_OUTPUT;
-    r->g = kvr_graph_new(r->ctx, gsize);
-    kvr_graph_expand(r->g, r->out);
     kvr_pass_single(r->ctx, r->g, ev->cache, n_kv - 1, r->kpos, ev->attn_mode);
-    bool seen[4096] = { false };
     for (int i = 0; i < r->g->n_nodes; i++) {
         struct kvr_tensor * t = r->g->nodes[i];
-        if (t->op == KVR_OP_KV_STORE) {
-            r->stores = realloc(r->stores, sizeof(*r->stores) * (size_t)(r->n_stores + 2));
-            KVR_ASSERT(r->stores && t->view_src && t->src[1]->view_src == t->view_src);
-            r->stores[r->n_stores++] = t;
-            r->stores[r->n_stores++] = t->src[1];
-        }
-        if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
-        const int il = atoi(t->name + 4);
-        if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; r->n_attn_layers++; }
+        if (t->op != KVR_OP_KV_STORE) continue;
+        r->stores = realloc(r->stores, sizeof(*r->stores) * (size_t)(r->n_stores + 2));
+        KVR_ASSERT(r->stores && t->view_src && t->src[1]->view_src == t->view_src);
+        r->stores[r->n_stores++] = t;
+        r->stores[r->n_stores++] = t->src[1];
     }
-    const size_t need = kvr_graph_plan(r->g);
-    if (!*ev->compute || (*ev->compute)->size < need) {
-        kvr_buffer_free(*ev->compute);
-        *ev->compute = kvr_backend_alloc_buffer(ev->backend, need);
-        if (!*ev->compute) {
-            char msg[sizeof(kvr_errbuf)];
-            snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
-            kvr_graph_place(r->g, NULL);
-            eval_reuse_drop(r);
-            return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate %zu MiB of activations for one token: %s", name, need >> 20, msg);
-        }
+    r->n_attn_layers = eval_attn_layers(r->g);
+    const int rc = eval_compute_buffer(ev, r->g, kvr_graph_plan(r->g), "one token");
+    if (rc != KVR_OK) {
+        eval_reuse_drop(r);
+        return rc;
     }
     kvr_graph_place(r->g, *ev->compute);
     r->kpos_host  = kvr_malloc(sizeof(int32_t) * (size_t)n_kv);
     r->model      = ev->model;
     r->backend    = ev->backend;
     r->cache      = ev->cache;
-    r->cache_data = ev->cache->k[0]->data;
+    r->cache_buf  = ev->cache->k[0]->buffer;
+    r->cache_base = ev->cache->k[0]->buffer->base;
     r->buf        = *ev->compute;
     r->buf_base   = (*ev->compute)->base;
     r->buf_size   = (*ev->compute)->size;
@@ -8117,7 +8151,7 @@ static int eval_run_reused(struct kvr_eval * ev) {
     int n_kv = (ev->n_past / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS;
     if (n_kv > n_ctx) n_kv = n_ctx;
     const bool same = r->ctx && r->n_kv == n_kv && r->model == ev->model && r->backend == ev->backend &&
-                      r->cache == ev->cache && r->cache_data == ev->cache->k[0]->data && r->buf == *ev->compute &&
+                      r->cache == ev->cache && r->cache_buf == ev->cache->k[0]->buffer && r->cache_base == ev->cache->k[0]->buffer->base && r->buf == *ev->compute &&
                       r->buf_base == (*ev->compute)->base && r->buf_size == (*ev->compute)->size &&
                       r->n_outputs == ev->n_outputs && r->attn_mode == ev->attn_mode;
     if (!same) {
@@ -8127,11 +8161,7 @@ static int eval_run_reused(struct kvr_eval * ev) {
         r->reuses++;
     }
     // the stores write row n_past; rows past it are hidden from the token by their position
-    for (int i = 0; i < r->n_stores; i++) {
-        struct kvr_tensor * t = r->stores[i];
-        t->view_offs = (size_t)ev->n_past * t->nb[1];
-        t->data = (uint8_t *)t->view_src->data + t->view_offs;
-    }
+    for (int i = 0; i < r->n_stores; i++) graph_view_move(r->stores[i], (size_t)ev->n_past * r->stores[i]->nb[1]);
     memcpy(r->kpos_host, ev->kpos, sizeof(int32_t) * (size_t)ev->n_kpos);
     for (int i = ev->n_kpos; i < n_kv; i++) r->kpos_host[i] = INT32_MAX;
     kvr_backend_tensor_set(r->tokens, ev->tokens, 0, sizeof(int32_t));
@@ -8170,18 +8200,7 @@ int kvr_eval_run(struct kvr_eval * ev) {
     struct kvr_graph * g = kvr_graph_new(ctx, gsize);
     KVR_ASSERT(!ev->no_model || (ev->pass && !ev->n_outputs));
     if (!ev->no_model) {
-        b.ctx       = ctx;
-        b.n_tokens  = n;
-        b.n_outputs = ev->n_outputs;
-        b.tokens    = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "tokens");
-        b.pos       = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "pos");
-        kpos        = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, ev->n_kpos), "kpos");
-        b.tokens->flags |= KVR_FLAG_INPUT;
-        b.pos->flags    |= KVR_FLAG_INPUT;
-        kpos->flags     |= KVR_FLAG_INPUT;
-        out = kvr_model_build(m, &b);
-        if (ev->n_outputs) out->flags |= KVR_FLAG_OUTPUT;
-        kvr_graph_expand(g, out);
+        out = eval_model_build(ev, ctx, g, n, ev->n_kpos, &b, &kpos);
     }
 
     // the pass: the single-rank one, or the caller's strategy
@@ -8213,31 +8232,17 @@ int kvr_eval_run(struct kvr_eval * ev) {
             }
         }
     }
-    // attention pairs are counted per layer: the layers whose attention runs here
-    {
-        bool seen[4096] = { false };
-        for (int i = 0; i < g->n_nodes; i++) {
-            const struct kvr_tensor * t = g->nodes[i];
-            if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
-            const int il = atoi(t->name + 4);
-            if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; ev->n_attn_layers++; }
-        }
-    }
+    ev->n_attn_layers = eval_attn_layers(g);
 
     // memory: the activations in the caller's compute buffer, grown through the backend
-    const size_t need = kvr_graph_plan(g);
-    if (!*ev->compute || (*ev->compute)->size < need) {
-        kvr_buffer_free(*ev->compute);
-        *ev->compute = kvr_backend_alloc_buffer(ev->backend, need);
-        if (!*ev->compute) {
-            char msg[sizeof(kvr_errbuf)];
-            snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
-            kvr_graph_place(g, NULL); // frees the plan
-            arrfree(captured);
-            arrfree(captured_id);
-            kvr_free(ctx);
-            return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate %zu MiB of activations for %d tokens: %s", name, need >> 20, n, msg);
-        }
+    char what[32];
+    snprintf(what, sizeof(what), "%d tokens", n);
+    const int rc_buf = eval_compute_buffer(ev, g, kvr_graph_plan(g), what);
+    if (rc_buf != KVR_OK) {
+        arrfree(captured);
+        arrfree(captured_id);
+        kvr_free(ctx);
+        return rc_buf;
     }
     kvr_graph_place(g, *ev->compute);
     ev->setup_ms = kvr_time_ms() - t_setup;

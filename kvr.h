@@ -1083,7 +1083,8 @@ struct kvr_eval_reuse {
     const struct kvr_model * model;
     struct kvr_backend     * backend;
     struct kvr_kv_cache    * cache;
-    const void             * cache_data; // the cache's first K row then (a moved cache: rebuild)
+    struct kvr_buffer      * cache_buf;  // the cache's buffer then, and its memory (a moved cache: rebuild)
+    void                   * cache_base;
     struct kvr_buffer      * buf;        // the compute buffer it is placed in
     void                   * buf_base;
     size_t                   buf_size;
