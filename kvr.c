@@ -3054,6 +3054,37 @@ static float expf_ggml(float x) {
     return fmaf(s2, j, s2) * s1;
 }
 
+// out[d] = dot_f32_ggml(P, V^T row d, Tkp) for every d, bit for bit, without transposing V: that
+// dot keeps 32 running sums, element j going to sum j % 32 by a fused multiply-add in the order of
+// j, then adds them up in a fixed tree. Here the 32 sums of every d are kept at once (A[c][d], c =
+// j % 32, in L1) and each key's row of V, read in order where it lies, is one multiply-add over d;
+// the padding keys (j >= Tk) multiply zeros as the transposed copy's zeros would. The same
+// operations on the same values in the same order: the same bits, without the transpose (which
+// cost more than the rest at a few thousand keys: its writes stride over D rows).
+static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, int64_t Tk, int64_t Tkp, int64_t D,
+                          float * A, float * out) {
+    static const float zeros[8] = { 0 };
+    for (int64_t i = 0; i < 32 * D; i++) A[i] = 0.0f;
+    for (int64_t j = 0; j < Tkp; j++) {
+        const float * vj = j < Tk ? (const float *)(V + j * ldv) : NULL;
+        float * a = A + (j % 32) * D;
+        int64_t d = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256 pj = _mm256_set1_ps(P[j]);
+        for (; d + 8 <= D; d += 8) {
+            _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pj, vj ? _mm256_loadu_ps(vj + d) : _mm256_loadu_ps(zeros), _mm256_loadu_ps(a + d)));
+        }
+#endif
+        for (; d < D; d++) a[d] = fmaf(P[j], vj ? vj[d] : 0.0f, a[d]);
+    }
+    for (int64_t d = 0; d < D; d++) {
+        float l[8];
+        for (int c = 0; c < 8; c++) l[c] = (A[c * D + d] + A[(16 + c) * D + d]) + (A[(8 + c) * D + d] + A[(24 + c) * D + d]);
+        const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
+        out[d] = (h0 + h1) + (h2 + h3);
+    }
+}
+
 static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * dst, int64_t Tk) {
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
@@ -3064,16 +3095,23 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     const int64_t G = H / Hkv, BT = kvr_attn_tile_tokens(G), n_qt = (Tq + BT - 1) / BT;
     const int64_t row_len = dst->ne[0], Tkp = attn_exact_keys(Tk);
     float (* const dot_kv)(const float *, const float *, int64_t) = mm_tinyblas_order(Tkp, D, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
-    float * VT = p->wdata;                     // [D, Tkp] this KV head's values, transposed
+    // In ggml_vec_dot_f32's order (one query, or --vec-dot-order) the values need no transpose:
+    // see attn_exact_pv. tinyBLAS's order dots rows of V^T: this KV head's values transposed.
+    const bool by_rows = dot_kv == dot_f32_ggml;
+    float * VT = p->wdata;                     // [D, Tkp] V^T, or [32, D] attn_exact_pv's sums
     float * P = VT + D * Tkp;                  // [Tkp] one row's probabilities
-    KVR_ASSERT((size_t)((D + 1) * Tkp) <= p->wsize);
+    KVR_ASSERT((size_t)((D + 1) * Tkp) <= p->wsize); // Tkp >= 32 where a key is seen: room for A too
 
     int64_t dot_dense = 0, dot_causal = 0;
-    // the work items and the counters are the tiled kernel's (what its tiles would compute)
-    for (int64_t item = p->ith; item < Hkv * n_qt; item += p->nth) {
-        const int64_t g = item % Hkv, qt = item / Hkv;
+    // the work items: a KV head (V^T is made once for its G query heads) or a query head, of a
+    // tile of queries; the counters are the tiled kernel's (what its tiles would compute)
+    const int64_t n_heads = by_rows ? H : Hkv;
+    for (int64_t item = p->ith; item < n_heads * n_qt; item += p->nth) {
+        const int64_t hi = item % n_heads, qt = item / n_heads;
+        const int64_t g = by_rows ? hi / G : hi;
+        const int64_t h0 = by_rows ? hi : g * G, h1 = by_rows ? hi + 1 : (g + 1) * G;
         const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
-        if (g == 0) {
+        if (hi == 0) {
             int32_t qmin = INT32_MAX, qmax = INT32_MIN;
             for (int64_t i = 0; i < bt; i++) {
                 if (qpos[i0 + i] < qmin) qmin = qpos[i0 + i];
@@ -3095,13 +3133,13 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                 }
             }
         }
-        for (int64_t j = 0; j < Tkp; j++) {
+        for (int64_t j = 0; !by_rows && j < Tkp; j++) {
             const float * vj = j < Tk ? (const float *)((const uint8_t *)v->data + g * v->nb[1] + j * v->nb[2]) : NULL;
             for (int64_t d = 0; d < D; d++) VT[d * Tkp + j] = vj ? vj[d] : 0.0f;
         }
         for (int64_t i = i0; i < i0 + bt; i++) {
             const int32_t qp = qpos[i];
-            for (int64_t h = g * G; h < (g + 1) * G; h++) {
+            for (int64_t h = h0; h < h1; h++) {
                 const float * qr = (const float *)((const uint8_t *)q->data + h * q->nb[1] + i * q->nb[2]);
                 float * out = (float *)dst->data + i * row_len;
                 float mx = -INFINITY;
@@ -3128,7 +3166,11 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                 }
                 const float inv = (float)(1.0 / sum);
                 for (int64_t j = 0; j < Tkp; j++) P[j] *= inv;
-                for (int64_t d = 0; d < D; d++) out[h * D + d] = dot_kv(P, VT + d * Tkp, Tkp);
+                if (by_rows) {
+                    attn_exact_pv(P, (const uint8_t *)v->data + g * v->nb[1], v->nb[2], Tk, Tkp, D, VT, out + h * D);
+                } else {
+                    for (int64_t d = 0; d < D; d++) out[h * D + d] = dot_kv(P, VT + d * Tkp, Tkp);
+                }
                 out[D * H + h] = mx + logf((float)sum);
             }
         }
