@@ -3063,7 +3063,6 @@ static float expf_ggml(float x) {
 // cost more than the rest at a few thousand keys: its writes stride over D rows).
 static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, int64_t Tk, int64_t Tkp, int64_t D,
                           float * A, float * out) {
-    static const float zeros[8] = { 0 };
     for (int64_t i = 0; i < 32 * D; i++) A[i] = 0.0f;
     for (int64_t j = 0; j < Tkp; j++) {
         const float * vj = j < Tk ? (const float *)(V + j * ldv) : NULL;
@@ -3072,7 +3071,7 @@ static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, int64_
 #if defined(__AVX2__) && defined(__FMA__)
         const __m256 pj = _mm256_set1_ps(P[j]);
         for (; d + 8 <= D; d += 8) {
-            _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pj, vj ? _mm256_loadu_ps(vj + d) : _mm256_loadu_ps(zeros), _mm256_loadu_ps(a + d)));
+            _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pj, vj ? _mm256_loadu_ps(vj + d) : _mm256_setzero_ps(), _mm256_loadu_ps(a + d)));
         }
 #endif
         for (; d < D; d++) a[d] = fmaf(P[j], vj ? vj[d] : 0.0f, a[d]);
