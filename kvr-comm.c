@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -811,11 +812,13 @@ static void nccl_set_compute(struct transport * t, int rank, void * stream) {
 //
 
 #define PEER_STREAM (-2) // a SEND to this peer goes to the rank's stream, not to a rank
+#define PEER_LOG    (-3) // and to this one, to the rank's replication log
 #define STREAM_STEP 200  // the tag steps of a cache streamed to the decode rank (P/D): 200 and 201
 
-// a SEND to PEER_STREAM hands rows to the rank's file stream (below): no transfer, no peer
+// a SEND to PEER_STREAM or PEER_LOG hands rows to the rank's file stream or its replication log
+// (below): no transfer, no peer
 static bool node_is_stream(const struct kvr_tensor * t) {
-    return t->op == KVR_OP_SEND && t->op_params[0] == PEER_STREAM;
+    return t->op == KVR_OP_SEND && (t->op_params[0] == PEER_STREAM || t->op_params[0] == PEER_LOG);
 }
 
 static bool node_is_xfer(const struct kvr_tensor * t) {
@@ -1104,6 +1107,223 @@ static int stream_close(struct kv_stream * st, bool ok, const float * logits) {
 }
 
 //
+// replication logs (kvr_dist_params.replicate_dir): each rank appends to DIR/rank-R.kvlog the rows
+// it made in an eval, each layer's as soon as they are final (a log node right after the layer's
+// store copies them out, as the file stream's does), and after the eval a commit with its tokens.
+// A writer thread per log writes behind the compute; after a commit it syncs (fdatasync) unless
+// another commit is already queued (group commit), so an acknowledged step is on the disk. The
+// compute waits only when more than LOG_QUEUE_MAX bytes or LOG_QUEUE_STEPS commits are queued
+// (for at most the timeout): a process that dies loses at most that many steps the writer had
+// not reached, which a resume then recomputes.
+//
+
+#define LOG_QUEUE_MAX   ((int64_t)64 << 20)
+#define LOG_QUEUE_STEPS 4
+
+struct log_item {
+    struct log_item * next;
+    int               commit;    // 0: a layer's rows, 1: the step's commit
+    int               step, il, n_rows, n_tokens;
+    float           * k, * v;    // rows: [kv_dim x n_rows] each
+    int32_t         * tokens;    // commit: the step's tokens, then the rows' positions
+    int64_t           bytes;
+};
+
+struct kv_log {
+    struct kvr_kv_log * w;
+    char                path[4096];
+    struct log_item   * head, * tail;
+    int64_t             queued;      // bytes in the queue
+    int                 commits;     // commits in the queue
+    int                 acked;       // the last step committed and synced (-1: none)
+    int                 step;        // the step the rank's log nodes of this eval belong to
+    bool                stop;
+    int                 rc;
+    char                err[1024];
+    double              timeout_s;
+    pthread_t           th;
+    pthread_mutex_t     mu;
+    pthread_cond_t      cv;          // items came, or stop
+    pthread_cond_t      room;        // the queue shrank
+};
+
+static void * log_thread(void * arg) {
+    struct kv_log * lg = arg;
+    pthread_mutex_lock(&lg->mu);
+    for (;;) {
+        if (!lg->head) {
+            if (lg->stop) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&lg->cv, &lg->mu, &ts);
+            continue;
+        }
+        struct log_item * it = lg->head;
+        lg->head = it->next;
+        if (!lg->head) lg->tail = NULL;
+        lg->queued -= it->bytes;
+        lg->commits -= it->commit;
+        const bool failed = lg->rc != KVR_OK;
+        pthread_cond_broadcast(&lg->room);
+        pthread_mutex_unlock(&lg->mu);
+        int rc = KVR_OK;
+        if (failed) {
+            // the log stopped at its first error: write nothing after it
+        } else if (!it->commit) {
+            rc = kvr_kv_log_rows(lg->w, it->step, it->il, it->n_rows, it->k, it->v);
+        } else {
+            rc = kvr_kv_log_commit(lg->w, it->step, it->tokens, it->n_tokens, it->tokens + it->n_tokens, it->n_rows);
+        }
+        pthread_mutex_lock(&lg->mu);
+        const bool sync = rc == KVR_OK && !failed && it->commit && lg->commits == 0;
+        pthread_mutex_unlock(&lg->mu);
+        if (sync) rc = kvr_kv_log_sync(lg->w); // off the compute's path; covers every commit written since the last
+        pthread_mutex_lock(&lg->mu);
+        if (sync && rc == KVR_OK) lg->acked = it->step;
+        if (rc != KVR_OK && lg->rc == KVR_OK) {
+            lg->rc = rc;
+            snprintf(lg->err, sizeof(lg->err), "%s", kvr_last_error());
+        }
+        free(it->k);
+        free(it->v);
+        free(it->tokens);
+        free(it);
+    }
+    pthread_mutex_unlock(&lg->mu);
+    return NULL;
+}
+
+static bool log_full(const struct kv_log * lg, const struct log_item * it) {
+    return lg->queued > 0 && (lg->queued + it->bytes > LOG_QUEUE_MAX || lg->commits + it->commit > LOG_QUEUE_STEPS);
+}
+
+// queue an item; waits while the writer is more than LOG_QUEUE_MAX behind (at most the timeout)
+static int log_queue(struct kv_log * lg, struct log_item * it) {
+    pthread_mutex_lock(&lg->mu);
+    const double deadline = kvr_time_ms() + 1e3 * lg->timeout_s;
+    while (log_full(lg, it) && lg->rc == KVR_OK && kvr_time_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&lg->room, &lg->mu, &ts);
+    }
+    int rc = lg->rc;
+    if (rc != KVR_OK) {
+        kvr_error(rc, "%s", lg->err);
+    } else if (log_full(lg, it)) {
+        rc = kvr_error(KVR_ERR_IO, "%s: the replication log's writer is %d steps and %lld MiB behind after %.1f s: the disk is too slow",
+                       lg->path, lg->commits, (long long)(lg->queued >> 20), lg->timeout_s);
+    } else {
+        if (lg->tail) lg->tail->next = it;
+        else lg->head = it;
+        lg->tail = it;
+        lg->queued += it->bytes;
+        lg->commits += it->commit;
+        pthread_cond_signal(&lg->cv);
+        it = NULL;
+    }
+    pthread_mutex_unlock(&lg->mu);
+    if (it) {
+        free(it->k);
+        free(it->v);
+        free(it->tokens);
+        free(it);
+    }
+    return rc;
+}
+
+// a layer's rows of this rank: k and v views of its cache, or (k NULL) host rows hk and hv
+static int log_put_rows(struct kv_log * lg, int step, int il, int n_rows, const struct kvr_tensor * k, const struct kvr_tensor * v,
+                        const float * hk, const float * hv, int kv_dim) {
+    const size_t nb = sizeof(float) * (size_t)kv_dim * (size_t)n_rows;
+    struct log_item * it = calloc(1, sizeof(*it));
+    KVR_ASSERT(it != NULL);
+    it->k = malloc(nb);
+    it->v = malloc(nb);
+    if (!it->k || !it->v) {
+        free(it->k);
+        free(it->v);
+        free(it);
+        return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, nb >> 9, il);
+    }
+    if (k) {
+        KVR_ASSERT(kvr_nbytes(k) == nb && kvr_nbytes(v) == nb);
+        kvr_backend_tensor_get(k, it->k, 0, nb); // through the backend: the cache may be device memory
+        kvr_backend_tensor_get(v, it->v, 0, nb);
+    } else {
+        memcpy(it->k, hk, nb);
+        memcpy(it->v, hv, nb);
+    }
+    it->step = step;
+    it->il = il;
+    it->n_rows = n_rows;
+    it->bytes = 2 * (int64_t)nb;
+    return log_queue(lg, it);
+}
+
+static int log_put_commit(struct kv_log * lg, int step, const int32_t * tokens, int n_tokens, const int32_t * pos, int n_rows) {
+    struct log_item * it = calloc(1, sizeof(*it));
+    KVR_ASSERT(it != NULL);
+    it->commit = 1;
+    it->step = step;
+    it->n_tokens = n_tokens;
+    it->n_rows = n_rows;
+    it->tokens = malloc(sizeof(int32_t) * ((size_t)n_tokens + (size_t)n_rows + 1));
+    KVR_ASSERT(it->tokens != NULL);
+    if (n_tokens) memcpy(it->tokens, tokens, sizeof(int32_t) * (size_t)n_tokens);
+    if (n_rows) memcpy(it->tokens + n_tokens, pos, sizeof(int32_t) * (size_t)n_rows);
+    it->bytes = 4 * ((int64_t)n_tokens + n_rows);
+    return log_queue(lg, it);
+}
+
+// start the writer of an open log (w: created or opened for appending)
+static struct kv_log * log_start(struct kvr_kv_log * w, const char * path, double timeout_s, int acked) {
+    struct kv_log * lg = calloc(1, sizeof(*lg));
+    KVR_ASSERT(lg != NULL);
+    lg->w = w;
+    snprintf(lg->path, sizeof(lg->path), "%s", path);
+    lg->timeout_s = timeout_s;
+    lg->acked = acked;
+    pthread_mutex_init(&lg->mu, NULL);
+    pthread_cond_init(&lg->cv, NULL);
+    pthread_cond_init(&lg->room, NULL);
+    if (pthread_create(&lg->th, NULL, log_thread, lg) != 0) {
+        pthread_mutex_destroy(&lg->mu);
+        pthread_cond_destroy(&lg->cv);
+        pthread_cond_destroy(&lg->room);
+        kvr_kv_log_close(w);
+        free(lg);
+        kvr_error(KVR_ERR_NOMEM, "%s: cannot start the replication log's writer thread", path);
+        return NULL;
+    }
+    return lg;
+}
+
+// write what is queued, sync, close; the first error of the log (KVR_OK if none)
+static int log_stop(struct kv_log * lg) {
+    if (!lg) return KVR_OK;
+    pthread_mutex_lock(&lg->mu);
+    lg->stop = true;
+    pthread_cond_signal(&lg->cv);
+    pthread_mutex_unlock(&lg->mu);
+    pthread_join(lg->th, NULL);
+    int rc = lg->rc;
+    if (rc != KVR_OK) kvr_error(rc, "%s", lg->err);
+    const int rc2 = kvr_kv_log_close(lg->w);
+    if (rc == KVR_OK) rc = rc2;
+    pthread_mutex_destroy(&lg->mu);
+    pthread_cond_destroy(&lg->cv);
+    pthread_cond_destroy(&lg->room);
+    free(lg);
+    return rc;
+}
+
+//
 // the endpoint kvr_backend_graph_compute calls: runs the schedule of one rank's graph on its
 // transport, on the memory kvr hands over (host memory, a device backend's staged; device
 // pointers only for a transport that moves them itself: NCCL sets device_ptrs)
@@ -1126,6 +1346,7 @@ struct rank_comm {
     bool               timeout_send; //   and whether it was this rank's send
     struct kvr_rank_stats st;
     struct kv_stream * stream;      // this eval streams the cache to a file (NULL: no)
+    struct kv_log    * log;         // this eval's rows go to the rank's replication log (NULL: no)
 };
 
 static bool tag_is_kv(int tag) {
@@ -1258,6 +1479,11 @@ static int comm_stall(struct rank_comm * c, int tag) {
 static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, void * dst_mem, const void * src_mem) {
     struct rank_comm * c = (struct rank_comm *)base;
     const struct kvr_schedule * s = &c->sched;
+    if (node_is_stream(node) && node->op_params[0] == PEER_LOG) { // K in src[0], V in src[1]: to the log
+        const int rc = log_put_rows(c->log, c->log->step, kvr_tag_layer(node->op_params[1]), (int)node->src[0]->ne[1], node->src[0],
+                                    node->src[1], NULL, NULL, (int)node->src[0]->ne[0]);
+        return rc == KVR_OK ? rc : comm_fail(c, rc);
+    }
     if (node_is_stream(node)) { // K in src[0], V in src[1]: to the file stream, no peer
         c->st.kv_stream_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
         const int rc = stream_put(c->stream, base->rank, kvr_tag_layer(node->op_params[1]), node->src[0], node->src[1]);
@@ -1378,6 +1604,9 @@ struct dist_rank {
     size_t                graph_len;
     int                   rc;
     char                  err[1024];
+    struct kv_log       * log;        // its replication log (replicate_dir; NULL: none open)
+    int                   made;       // the rows the last eval made here (positions: the plan's pos[rank])
+    int                   made_row0;  //   at cache rows [made_row0, made_row0 + made)
 };
 
 struct kvr_dist {
@@ -1403,7 +1632,13 @@ struct kvr_dist {
     bool                     has_logits;  // logits are the last token's (an eval or a load since the reset)
     bool                     streamed;    // kv_stream: the first prefill has streamed its cache
     int64_t                  stream_bytes;// what the last stream wrote to its file
+    bool                     logs_open;   // replicate_dir: the local ranks' logs are open
+    int                      log_step;    //   the step the next eval is in them
+    bool                     log_skip;    //   the next eval is one the logs hold already (a resume's last token)
+    int32_t                * resume_prompt; // kvr_dist_resume's info->prompt
 };
+
+static int replog_restart(struct kvr_dist * d); // the replication logs (below kvr_dist_eval's helpers)
 
 static void plan_free(struct eval_plan * pl) {
     if (pl->pos) {
@@ -1895,6 +2130,32 @@ static struct kvr_tensor * layer_final(struct pass_ctx * pc, struct kvr_graph * 
     return NULL;
 }
 
+// Put each layer's nodes add[il*4 .. il*4+n_add[il]) into the sinks right after the sink they
+// depend on, after[il] (or, when that is no sink, in layer order at the end): they run as soon as
+// the layer's rows are there.
+static void sinks_after_layers(struct pass_ctx * pc, struct kvr_tensor ** add, const int * n_add, struct kvr_tensor ** after,
+                               int n_layer) {
+    struct kvr_tensor ** sinks = malloc(sizeof(*sinks) * (size_t)(pc->n_sinks + 4 * n_layer));
+    int n = 0;
+    bool * done = calloc((size_t)n_layer, sizeof(bool));
+    KVR_ASSERT(sinks && done);
+    for (int i = 0; i < pc->n_sinks; i++) {
+        sinks[n++] = pc->sinks[i];
+        for (int il = 0; il < n_layer; il++) {
+            if (after[il] != pc->sinks[i] || done[il]) continue;
+            for (int k = 0; k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
+            done[il] = true;
+        }
+    }
+    for (int il = 0; il < n_layer; il++) {
+        for (int k = 0; !done[il] && k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
+    }
+    free(pc->sinks);
+    pc->sinks = sinks;
+    pc->n_sinks = pc->cap_sinks = n;
+    free(done);
+}
+
 // Streaming the cache while the prefill runs: per layer, right after its rows are final, a node
 // that hands rows [0, n_rows) of this rank's cache to the file stream, or (P/D) sends them to the
 // decode rank: the chain's rank with the whole cache sends it at once, a ring rank its two chunks,
@@ -1963,6 +2224,30 @@ static void add_stream_nodes(struct pass_ctx * pc, struct kvr_graph * g, int n_r
     free(n_add);
 }
 
+// Replication log (--replicate-dir): per layer, right after its rows are final, a node that hands
+// the rows this eval made on this rank (cache rows [row0, row0+n)) to the rank's log.
+static void add_log_nodes(struct pass_ctx * pc, struct kvr_graph * g, int row0, int n) {
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int n_layer = c->n_layer;
+    if (n == 0) return;
+    struct kvr_tensor ** add = calloc((size_t)n_layer * 4, sizeof(*add));
+    struct kvr_tensor ** after = calloc((size_t)n_layer, sizeof(*after));
+    int * n_add = calloc((size_t)n_layer, sizeof(int));
+    KVR_ASSERT(add && after && n_add);
+    for (int il = 0; il < n_layer; il++) {
+        struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], row0, n), PEER_LOG, kvr_tag(il, KVR_TAG_K, 0));
+        t->src[1] = cache_rows(pc, c->v[il], row0, n);
+        t->src[2] = after[il] = layer_final(pc, g, il);
+        kvr_set_name(t, "blk.%d.kv_log", il);
+        t->why = "replication log: the rows this rank made in this layer, to its log behind the compute";
+        add[il * 4 + n_add[il]++] = t;
+    }
+    sinks_after_layers(pc, add, n_add, after, n_layer);
+    free(add);
+    free(after);
+    free(n_add);
+}
+
 // The decode rank's part of a P/D prefill: a graph of receives only, each layer's K and V rows
 // straight into its cache at their positions, in the order the prefill ranks send them.
 static void receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g) {
@@ -2010,6 +2295,7 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
         run_pass(pc, a->g);
     }
     if (pc->dr->comm->stream || pc->pl->pd) add_stream_nodes(pc, a->g, pc->n_final);
+    if (pc->dr->comm->log) add_log_nodes(pc, a->g, pc->dr->made_row0, pc->dr->made);
     // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
     // the whole model (a peer may be waiting for it to go on)
     a->sinks   = pc->sinks;
@@ -2035,6 +2321,9 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     const bool chain = pl->strat == KVR_STRATEGY_TSP || pl->strat == KVR_STRATEGY_KVR;
     const bool keep = !ring || pl->store < 0 || pl->store == r; // does this rank store the new rows?
     const int n_old = dr->n_rows, n_new = receiver ? pl->T : keep ? c : 0;
+    // the rows this eval makes here (the replication log's): the P/D receiver makes none
+    dr->made = receiver ? 0 : n_new;
+    dr->made_row0 = chain && c ? pl->pos[r][0] : n_old;
     if (n_old + n_new > dr->cache->n_ctx) {
         return rank_fail(dr, kvr_error(KVR_ERR_ARG, "rank %d: %d cached + %d new rows exceed its context of %d (raise -c)",
                                        r, n_old, n_new, dr->cache->n_ctx));
@@ -2350,6 +2639,8 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
 
 void kvr_dist_free(struct kvr_dist * d) {
     if (!d) return;
+    replog_restart(d); // what the logs have queued is written and synced
+    free(d->resume_prompt);
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         kvr_eval_reuse_free(dr->reuse);
@@ -2374,6 +2665,7 @@ void kvr_dist_free(struct kvr_dist * d) {
 }
 
 void kvr_dist_reset(struct kvr_dist * d) {
+    replog_restart(d);
     d->n_past = 0;
     d->has_logits = false;
     d->n_decode = 0;
@@ -2453,6 +2745,88 @@ static int stream_start(struct kvr_dist * d, const int32_t * tokens, int n, stru
     return rc;
 }
 
+// DIR/rank-R.kvlog
+void kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap) {
+    snprintf(out, cap, "%s/rank-%d.kvlog", dir, rank);
+}
+
+// Close every local rank's log (what is queued is written and synced first); the next eval starts
+// new ones. A reset, a truncation or a load changes the cache in ways no step describes.
+static int replog_restart(struct kvr_dist * d) {
+    int rc = KVR_OK;
+    for (int i = 0; i < d->n_local; i++) {
+        const int rc2 = log_stop(d->ranks[i].log);
+        if (rc == KVR_OK) rc = rc2;
+        d->ranks[i].log = NULL;
+        d->ranks[i].comm->log = NULL;
+    }
+    d->logs_open = false;
+    d->log_skip = false;
+    return rc;
+}
+
+// Before an eval with replicate_dir and no log open: a new log per local rank. A dist that holds
+// tokens already (a load, a truncation, a resume into another directory) starts it with a base
+// step: every row the rank holds and every token; the eval is then the log's step 1.
+static int replog_start(struct kvr_dist * d, const int32_t * tokens, int n) {
+    const char * dir = d->p.replicate_dir;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        return kvr_error(KVR_ERR_IO, "--replicate-dir %s: cannot create the directory: %s", dir, strerror(errno));
+    }
+    const bool base = d->n_past > 0;
+    const int kv_dim = (int)(d->m->hp.head_dim * d->m->hp.n_head_kv), n_layer = (int)d->m->hp.n_layer;
+    int rc = KVR_OK;
+    for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        char path[4096];
+        kvr_dist_log_path(dir, dr->rank, path, sizeof(path));
+        const struct kvr_kv_log_head h = { .rank = dr->rank, .n_ranks = d->n_ranks, .strategy = (int)d->p.strategy,
+                                           .n_prompt = base ? d->n_past : n, .prompt = base ? d->seq : tokens,
+                                           .flags = base ? KVR_KV_LOG_BASE : 0 };
+        struct kvr_kv_log * w;
+        rc = kvr_kv_log_create(&w, path, d->m, &h);
+        if (rc != KVR_OK) break;
+        dr->log = log_start(w, path, d->p.timeout_s, -1);
+        if (!dr->log) {
+            rc = KVR_ERR_NOMEM;
+            break;
+        }
+        if (!base) continue;
+        const int nr = dr->n_rows;
+        float * k = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1)), * v = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1));
+        KVR_ASSERT(k && v);
+        for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) {
+            kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, nr, k, v);
+            rc = log_put_rows(dr->log, 0, il, nr, NULL, NULL, k, v, kv_dim);
+        }
+        free(k);
+        free(v);
+        if (rc == KVR_OK) rc = log_put_commit(dr->log, 0, d->seq, d->n_past, dr->cache_pos, nr);
+    }
+    if (rc != KVR_OK) {
+        char keep[1024];
+        snprintf(keep, sizeof(keep), "%s", kvr_last_error());
+        replog_restart(d);
+        return kvr_error(rc, "%s", keep);
+    }
+    d->logs_open = true;
+    d->log_step = base ? 1 : 0;
+    return KVR_OK;
+}
+
+// After an eval went well: each local rank's commit of the step (the rows it made, none when it
+// made none or did not take part)
+static int replog_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
+    int rc = KVR_OK;
+    for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        const int made = d->plan.active[dr->rank] ? dr->made : 0;
+        rc = log_put_commit(dr->log, d->log_step, tokens, n, d->plan.pos[dr->rank], made);
+    }
+    d->log_step++;
+    return rc;
+}
+
 const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
     const struct kvr_model * m = d->m;
     if (n <= 0) {
@@ -2472,6 +2846,17 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     if (d->p.comm == KVR_COMM_LOCAL) local_reset(d->tr);
     struct kv_stream * stream = NULL;
     if (d->p.kv_stream && !d->streamed && d->n_past == 0 && stream_start(d, tokens, n, &stream) != KVR_OK) return NULL;
+    if (d->p.replicate_dir && !d->logs_open && replog_start(d, tokens, n) != KVR_OK) {
+        if (stream) stream_close(stream, false, NULL);
+        return NULL;
+    }
+    // the logs: every rank's rows of this eval (unless they hold them already), then the commits
+    const bool logging = d->logs_open && !d->log_skip;
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        dr->comm->log = logging ? dr->log : NULL;
+        if (dr->log) dr->log->step = d->log_step;
+    }
 
     // local: one thread per active rank; MPI: this process's rank, if active
     pthread_t th[256];
@@ -2502,6 +2887,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         if (started[i]) pthread_join(th[i], NULL);
     }
     for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->stream = NULL; // this eval's alone
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->log = NULL;
     if (d->p.graph_out) {
         for (int i = 0; i < d->n_local; i++) {
             struct dist_rank * dr = &d->ranks[i];
@@ -2619,6 +3005,8 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     memcpy(d->seq + d->n_past, tokens, sizeof(int32_t) * (size_t)n);
     d->n_past += n;
     d->has_logits = true;
+    if (logging && replog_commit(d, tokens, n) != KVR_OK) return NULL;
+    d->log_skip = false;
     return d->logits;
 }
 
@@ -2729,6 +3117,8 @@ static void file_rows_at(const struct kvr_kv_file * f, int il, const int32_t * w
     }
 }
 
+static int dist_restore(struct kvr_dist * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path);
+
 int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
     const int N = d->n_ranks;
     char p[4096];
@@ -2761,11 +3151,24 @@ int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
         rc = kvr_error(KVR_ERR_ARG, "%s.R: a ring cache saved rank by rank loads into a ring strategy of %d ranks; this one is %s",
                        path, N, kvr_strategy_name(d->p.strategy));
     }
+    if (rc == KVR_OK) rc = dist_restore(d, fs, per_rank, true, path);
+    for (int r = 0; r < N; r++) kvr_kv_file_free(fs[r]);
+    free(fs);
+    return rc;
+}
+
+// The caches from checked files: fs[0] a whole or gathered cache (per_rank false), or fs[r] the
+// shard of rank r. A ring cache of as many ranks keeps its shards (when shards_fit); anything else
+// goes to the chain's last rank, or is split as a prefill of its tokens would be. Nothing changes
+// before everything fits; path names the files in errors.
+static int dist_restore(struct kvr_dist * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path) {
+    const int N = d->n_ranks;
+    int rc = KVR_OK;
     const struct kvr_kv_file * f0 = fs[0];
     const int n = f0 ? f0->n_tokens : 0;
     // where every rank's rows go: the same shards (a ring file of this many ranks), else the
     // chain's last rank or a fresh ring split of the positions
-    const bool same_shards = rc == KVR_OK && d->layout == LAYOUT_RING && (per_rank || (f0->n_ranks == N && f0->n_shards == N));
+    const bool same_shards = d->layout == LAYOUT_RING && (per_rank || (shards_fit && f0->n_ranks == N && f0->n_shards == N));
     int * rows = calloc((size_t)N, sizeof(int));
     int32_t ** pos = calloc((size_t)N, sizeof(int32_t *));
     for (int r = 0; r < N && rc == KVR_OK; r++) {
@@ -2791,6 +3194,7 @@ int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
     }
     // everything checked: now the caches
     if (rc == KVR_OK) {
+        replog_restart(d); // the next eval's logs start with what is restored
         const size_t bytes = sizeof(float) * (size_t)f0->kv_dim * (size_t)(n + 1);
         float * k = malloc(bytes), * v = malloc(bytes);
         int32_t * slot = malloc(sizeof(int32_t) * (size_t)(n + 1));
@@ -2821,13 +3225,309 @@ int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
         d->has_logits = f0->logits != NULL;
         if (f0->logits) memcpy(d->logits, f0->logits, sizeof(float) * d->m->hp.n_vocab);
     }
-    for (int r = 0; r < N; r++) {
-        kvr_kv_file_free(fs[r]);
-        free(pos[r]);
-    }
-    free(fs);
+    for (int r = 0; r < N; r++) free(pos[r]);
     free(pos);
     free(rows);
+    return rc;
+}
+
+//
+// resuming from the replication logs (kvr_dist_resume): every rank's log is read and checked, the
+// last step every log acknowledged is taken, the rows of the steps up to it are gathered into the
+// layout of a gathered cache file and restored as kvr_dist_kv_load restores one, all but the last
+// token's, which is evaluated again for its logits (the logs hold no logits)
+//
+
+static void resume_note(const struct kvr_dist * d, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void resume_note(const struct kvr_dist * d, const char * fmt, ...) {
+    if (!d->p.log || kvr_dist_rank(d) != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(d->p.log, "resume: ");
+    vfprintf(d->p.log, fmt, ap);
+    fprintf(d->p.log, "\n");
+    va_end(ap);
+}
+
+// Ranks in several processes (MPI) agree on the step taken: each sends what it found to every other
+// and takes the least. It is also the point after which every process has read every log, so one
+// that goes on to cut its log back or append to it changes nothing another is still reading.
+static int resume_agree(struct kvr_dist * d, int * S) {
+#ifdef KVR_MPI
+    struct transport * ht = d->host_tr;
+    if (!ht || d->n_local == d->n_ranks) return KVR_OK;
+    const int me = d->ranks[0].rank, N = d->n_ranks, tag = kvr_tag(0, KVR_TAG_LOGITS, 1);
+    int32_t mine = *S;
+    int32_t * theirs = calloc((size_t)N, sizeof(int32_t));
+    struct tr_req * reqs = calloc(2 * (size_t)N, sizeof(*reqs));
+    KVR_ASSERT(theirs && reqs);
+    // another process may still be reading logs: ten timeouts, as for a prefill's logits
+    const double limit = 10 * d->p.timeout_s, t0 = kvr_time_ms();
+    int rc = KVR_OK, n = 0;
+    for (int q = 0; q < N && rc == KVR_OK; q++) {
+        if (q == me) continue;
+        reqs[n] = (struct tr_req) { .buf = &mine, .n = 4, .me = me, .peer = q, .tag = tag, .is_send = true, .seq = -1 };
+        rc = ht->isend(ht, &reqs[n++]);
+        if (rc != KVR_OK) break;
+        reqs[n] = (struct tr_req) { .buf = &theirs[q], .n = 4, .me = me, .peer = q, .tag = tag, .seq = -1 };
+        rc = ht->irecv(ht, &reqs[n++]);
+    }
+    for (int i = 0; i < n && rc == KVR_OK; i++) rc = ht->wait(ht, &reqs[i], t0 + 1e3 * limit, limit);
+    for (int q = 0; q < N && rc == KVR_OK; q++) {
+        if (q != me && theirs[q] < *S) *S = theirs[q];
+    }
+    if (rc != KVR_OK) ht->fail(ht, me, kvr_last_error());
+    free(theirs);
+    free(reqs);
+    return rc;
+#else
+    (void)d;
+    (void)S;
+    return KVR_OK;
+#endif
+}
+
+static bool same_dir(const char * a, const char * b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0) return strcmp(a, b) == 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// The logs' rows of steps [0, S] as a gathered cache of their ranks, without the row of the last
+// position (evaluated again); *holder: the rank that held it
+static int resume_gather(struct kvr_kv_log_data ** L, int NL, int S, const char * dir, struct kvr_kv_file * f, int * holder) {
+    int n = 0;
+    for (int s = 0; s <= S; s++) n += L[0]->steps[s].n_tokens;
+    const int last = n - 1, n_layer = L[0]->n_layer, kv_dim = L[0]->kv_dim;
+    f->n_tokens = last;
+    f->tokens = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    f->n_ranks = f->n_shards = NL;
+    f->n_layer = n_layer;
+    f->kv_dim = kv_dim;
+    f->chunk_rows = 1;
+    f->shards = calloc((size_t)NL, sizeof(*f->shards));
+    uint8_t * seen = calloc((size_t)n + 1, 1);
+    KVR_ASSERT(f->tokens && f->shards && seen);
+    for (int s = 0, t = 0; s <= S; t += L[0]->steps[s].n_tokens, s++) {
+        memcpy(f->tokens + t, L[0]->steps[s].tokens, sizeof(int32_t) * (size_t)L[0]->steps[s].n_tokens);
+    }
+    *holder = -1;
+    int rc = KVR_OK;
+    char path[4096];
+    for (int r = 0; r < NL && rc == KVR_OK; r++) {
+        struct kvr_kv_file_shard * sh = &f->shards[r];
+        kvr_dist_log_path(dir, r, path, sizeof(path));
+        sh->rank = r;
+        int cnt = 0;
+        for (int s = 0; s <= S; s++) cnt += L[r]->steps[s].n_rows;
+        sh->pos = malloc(sizeof(int32_t) * (size_t)(cnt + 1));
+        sh->k = calloc((size_t)n_layer, sizeof(float *));
+        sh->v = calloc((size_t)n_layer, sizeof(float *));
+        KVR_ASSERT(sh->pos && sh->k && sh->v);
+        for (int il = 0; il < n_layer; il++) {
+            sh->k[il] = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(cnt + 1));
+            sh->v[il] = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(cnt + 1));
+            KVR_ASSERT(sh->k[il] && sh->v[il]);
+        }
+        for (int s = 0; s <= S && rc == KVR_OK; s++) {
+            const struct kvr_kv_log_step * st = &L[r]->steps[s];
+            for (int i = 0; i < st->n_rows && rc == KVR_OK; i++) {
+                const int32_t p = st->pos[i];
+                if (p >= n || seen[p] || (sh->n_rows > 0 && p <= sh->pos[sh->n_rows - 1])) {
+                    rc = kvr_error(KVR_ERR_FORMAT, "%s: step %d holds a row at position %d, %s", path, s, p,
+                                   p >= n ? "past the tokens of the steps" : seen[p] ? "which another row holds too" : "before an earlier one");
+                    break;
+                }
+                seen[p] = 1;
+                if (p == last) {
+                    *holder = r;
+                    continue;
+                }
+                for (int il = 0; il < n_layer; il++) {
+                    const size_t row = sizeof(float) * (size_t)kv_dim;
+                    memcpy(sh->k[il] + (size_t)sh->n_rows * kv_dim, st->k[il] + (size_t)i * kv_dim, row);
+                    memcpy(sh->v[il] + (size_t)sh->n_rows * kv_dim, st->v[il] + (size_t)i * kv_dim, row);
+                }
+                sh->pos[sh->n_rows++] = p;
+            }
+        }
+    }
+    for (int p = 0; p < n && rc == KVR_OK; p++) {
+        if (!seen[p]) rc = kvr_error(KVR_ERR_FORMAT, "%s: no rank's log holds the row at position %d of the %d tokens of steps 0..%d", dir, p, n, S);
+    }
+    free(seen);
+    return rc;
+}
+
+int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * prompt, int n_prompt, struct kvr_resume_info * info) {
+    memset(info, 0, sizeof(*info));
+    info->step = -1;
+    char path[4096], path0[4096];
+    kvr_dist_log_path(dir, 0, path0, sizeof(path0));
+    struct kvr_kv_log_data * L0 = NULL;
+    int rc = kvr_kv_log_read(path0, d->m, &L0);
+    if (rc == KVR_ERR_IO && access(path0, F_OK) != 0) {
+        return kvr_error(KVR_ERR_IO, "--resume %s: no replication logs there (%s: %s)", dir, path0, strerror(errno));
+    }
+    if (rc == KVR_ERR_ARG) return rc; // another model: refused
+    if (rc != KVR_OK) {
+        // rank 0's log is unreadable: nothing can be taken from the logs; the prompt is computed
+        resume_note(d, "%s: nothing restored, the prompt is computed again", kvr_last_error());
+        return KVR_OK;
+    }
+    const int NL = L0->n_ranks;
+    struct kvr_kv_log_data ** L = calloc((size_t)NL, sizeof(*L));
+    KVR_ASSERT(L != NULL);
+    L[0] = L0;
+    int S = L0->n_steps - 1;
+    for (int r = 1; r < NL && rc == KVR_OK; r++) {
+        kvr_dist_log_path(dir, r, path, sizeof(path));
+        rc = kvr_kv_log_read(path, d->m, &L[r]);
+        if (rc == KVR_ERR_ARG) break;
+        if (rc != KVR_OK) {
+            resume_note(d, "%s: rank %d acknowledged nothing that can be read", kvr_last_error(), r);
+            rc = KVR_OK;
+            S = -1;
+            continue;
+        }
+        const struct kvr_kv_log_data * x = L[r];
+        const struct { int off; int a, b; const char * name; } same[] = {
+            { 64, x->rank, r, "rank" }, { 68, x->n_ranks, NL, "ranks" }, { 72, x->strategy, L0->strategy, "strategy" },
+            { 12, (int)x->flags, (int)L0->flags, "flags" }, { 76, x->n_prompt, L0->n_prompt, "prompt tokens" },
+        };
+        for (int i = 0; i < 5 && rc == KVR_OK; i++) {
+            if (same[i].a != same[i].b) {
+                rc = kvr_error(KVR_ERR_ARG, "%s: offset %d: %s %d, but %s has %d (%s): logs of different runs in %s", path, same[i].off,
+                               same[i].name, same[i].a, i == 0 ? "its name" : path0, same[i].b, i == 0 ? "rank-R.kvlog" : "rank 0's log", dir);
+            }
+        }
+        for (int i = 0; i < x->n_prompt && rc == KVR_OK; i++) {
+            if (x->prompt[i] != L0->prompt[i]) {
+                rc = kvr_error(KVR_ERR_ARG, "%s: offset %d: prompt token %d is %d, %s has %d: logs of different runs in %s", path,
+                               KVR_KV_LOG_HEADER + 4 * i, i, x->prompt[i], path0, L0->prompt[i], dir);
+            }
+        }
+        if (x->n_steps - 1 < S) S = x->n_steps - 1;
+    }
+    // this run's prompt: the logs' (of a log that began with a prompt), or where the logs began
+    // with a base, the start of what they hold
+    for (int i = 0; rc == KVR_OK && prompt && i < (n_prompt < L0->n_prompt ? n_prompt : L0->n_prompt); i++) {
+        if (prompt[i] != L0->prompt[i]) {
+            rc = kvr_error(KVR_ERR_ARG, "%s: offset %d: the logs are of another prompt: its token %d is %d, this run's prompt has %d", path0,
+                           KVR_KV_LOG_HEADER + 4 * i, i, L0->prompt[i], prompt[i]);
+        }
+    }
+    if (rc == KVR_OK && prompt && !(L0->flags & KVR_KV_LOG_BASE) && n_prompt != L0->n_prompt) {
+        rc = kvr_error(KVR_ERR_ARG, "%s: offset 76: the logs are of another prompt: prompt tokens %d, this run's prompt has %d", path0,
+                       L0->n_prompt, n_prompt);
+    }
+    // the steps every log holds must be the same steps
+    for (int r = 1; r < NL && rc == KVR_OK; r++) {
+        for (int s = 0; L[r] && s <= S && rc == KVR_OK; s++) {
+            const struct kvr_kv_log_step * a = &L[0]->steps[s], * b = &L[r]->steps[s];
+            if (a->n_tokens != b->n_tokens || memcmp(a->tokens, b->tokens, sizeof(int32_t) * (size_t)a->n_tokens) != 0) {
+                kvr_dist_log_path(dir, r, path, sizeof(path));
+                rc = kvr_error(KVR_ERR_ARG, "%s: the tokens of step %d differ from %s's: logs of different runs in %s", path, s, path0, dir);
+            }
+        }
+    }
+    // appending to the logs read: the same ranks and strategy, so each rank's log goes on as it was
+    const bool append = rc == KVR_OK && d->p.replicate_dir && same_dir(d->p.replicate_dir, dir);
+    if (append && (NL != d->n_ranks || L0->strategy != (int)d->p.strategy)) {
+        rc = kvr_error(KVR_ERR_ARG, "--replicate-dir %s: the logs there are of %d ranks (%s); this run has %d (%s): they cannot go on "
+                       "there, give --replicate-dir another directory", dir, NL, kvr_strategy_name((enum kvr_strategy)L0->strategy),
+                       d->n_ranks, kvr_strategy_name(d->p.strategy));
+    }
+    if (rc == KVR_OK) rc = resume_agree(d, &S);
+    struct kvr_kv_file f = { 0 };
+    int holder = -1;
+    if (rc == KVR_OK) {
+        d->resume_prompt = realloc(d->resume_prompt, sizeof(int32_t) * (size_t)(L0->n_prompt + 1));
+        KVR_ASSERT(d->resume_prompt != NULL);
+        memcpy(d->resume_prompt, L0->prompt, sizeof(int32_t) * (size_t)L0->n_prompt);
+        info->prompt = d->resume_prompt;
+        info->n_prompt = L0->n_prompt;
+        info->n_ranks = NL;
+        info->strategy = (enum kvr_strategy)L0->strategy;
+        for (int r = 0; r < NL; r++) {
+            if (!L[r]) continue;
+            info->bytes += L[r]->bytes;
+            kvr_dist_log_path(dir, r, path, sizeof(path));
+            if (L[r]->damage[0]) resume_note(d, "%s: %s: its steps 0..%d are whole", path, L[r]->damage, L[r]->n_steps - 1);
+            if (L[r]->n_steps - 1 > S) {
+                info->recomputed += L[r]->n_steps - 1 - S;
+                resume_note(d, "%s: steps %d..%d are past the last step every rank acknowledged (%d): recomputed", path, S + 1,
+                            L[r]->n_steps - 1, S);
+            }
+        }
+        if (S >= 0) rc = resume_gather(L, NL, S, dir, &f, &holder);
+    }
+    if (rc == KVR_OK && S >= 0) {
+        // the row of the last token goes back where it was when the shards are kept (ring_next)
+        f.ring_next = holder >= 0 && holder < NL ? holder : 0;
+        const bool ring_log = strategy_is_ring((enum kvr_strategy)L0->strategy);
+        rc = dist_restore(d, (struct kvr_kv_file * const[]) { &f }, false, ring_log, dir);
+    }
+    if (rc == KVR_OK && append && S >= 0) {
+        // each log cut back to the end of step S and continued (with no step acknowledged, the
+        // prefill starts new logs)
+        for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
+            struct dist_rank * dr = &d->ranks[i];
+            struct kvr_kv_log_data * x = L[dr->rank];
+            x->good = x->steps[S].end;
+            x->good_crc = x->steps[S].crc;
+            kvr_dist_log_path(dir, dr->rank, path, sizeof(path));
+            struct kvr_kv_log * w;
+            rc = kvr_kv_log_append(&w, path, d->m, x);
+            if (rc == KVR_OK) {
+                dr->log = log_start(w, path, d->p.timeout_s, S);
+                if (!dr->log) rc = KVR_ERR_NOMEM;
+            }
+        }
+        if (rc == KVR_OK) {
+            d->logs_open = true;
+            d->log_step = S + 1;
+            d->log_skip = true; // the last token's eval below is step S's, which the logs hold
+        } else if (rc != KVR_OK) {
+            char keep[1024];
+            snprintf(keep, sizeof(keep), "%s", kvr_last_error());
+            replog_restart(d);
+            kvr_error(rc, "%s", keep);
+        }
+    }
+    const int n = f.n_tokens + 1;
+    if (rc == KVR_OK && S >= 0) {
+        // the last token again, for its logits: the eval the first run made of it
+        const int32_t last = f.tokens[n - 1];
+        if (!kvr_dist_eval(d, &last, 1)) rc = kvr_error(KVR_ERR_COMM, "--resume %s: evaluating the last restored token: %s", dir, kvr_last_error());
+    }
+    if (rc == KVR_OK && S >= 0) {
+        info->step = S;
+        info->n_tokens = n;
+        resume_note(d, "%s: restored %d tokens (steps 0..%d of %d ranks, %s) onto %d ranks (%s); the last one evaluated again for its logits",
+                    dir, n, S, NL, kvr_strategy_name(info->strategy), d->n_ranks, kvr_strategy_name(d->p.strategy));
+    } else if (rc == KVR_OK) {
+        resume_note(d, "%s: no step that every rank acknowledged: nothing restored, the prompt is computed again", dir);
+    }
+    if (f.shards) {
+        for (int r = 0; r < f.n_shards; r++) {
+            for (int il = 0; il < f.n_layer; il++) {
+                free(f.shards[r].k[il]);
+                free(f.shards[r].v[il]);
+            }
+            free(f.shards[r].k);
+            free(f.shards[r].v);
+            free(f.shards[r].pos);
+        }
+        free(f.shards);
+    }
+    free(f.tokens);
+    for (int r = 0; r < NL; r++) kvr_kv_log_free(L[r]);
+    free(L);
     return rc;
 }
 
@@ -2837,6 +3537,7 @@ int kvr_dist_truncate(struct kvr_dist * d, int n) {
     if (d->layout == LAYOUT_RING && d->n_local != d->n_ranks) {
         return kvr_error(KVR_ERR_UNSUPP, "truncate: a ring cache spread over processes (every process would need every shard's rows)");
     }
+    replog_restart(d); // the next eval's logs start with what is kept
     // a rank's rows are in increasing positions: the ones kept are a prefix
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];

@@ -18,7 +18,7 @@
 //   13. GGUF writer                 metadata and tensors out (kvr-gen, tests)
 //   14. tokenizers                  SPM and byte-level BPE, exactly as llama.cpp's; chat templates
 //   15. KV cache                    per-layer K and V of a session or rank
-//   16. KV cache files              the cache on disk: a writer fed layer by layer, a reader that checks all
+//   16. KV cache files              the cache on disk (a writer fed layer by layer, a reader that checks all), replication logs
 //   17. models                      hyper-parameters, weights, the architectures' recipes (models/)
 //   18. sessions                    the eval road of sessions and ranks; sessions: prefill, decode
 //   19. sampling                    greedy, temperature, top-k, top-p
@@ -53,6 +53,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -7158,7 +7159,8 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
 
 //
 // 16. KV cache files (kvr.h, "KV cache files"): the writer a save or a stream feeds layer by layer,
-// and the reader that checks every field, CRC and position before anything reaches a cache
+// and the reader that checks every field, CRC and position before anything reaches a cache; then
+// the replication logs a rank appends its rows to step by step (kvr_dist_params.replicate_dir)
 //
 
 // CRC32C, reflected polynomial 0x82F63B78, eight table lookups per 8 bytes (slice-by-8): a
@@ -7249,6 +7251,34 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
     const uint64_t h   = kvr_model_weights_hash(m);
     fp[KVH_HASH_LO]    = (uint32_t)h;
     fp[KVH_HASH_HI]    = (uint32_t)(h >> 32);
+}
+
+// A header's fingerprint (bytes 16..64, the cache file's and the log's alike) against the model:
+// KVR_ERR_ARG naming the first field that differs, what the file has and what the model has.
+static int kv_check_model(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
+    uint32_t fp[KVH_COUNT] = { 0 }, hv[KVH_COUNT];
+    kv_fingerprint(m, fp);
+    for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
+    for (int i = KVH_ARCH; i <= KVH_HASH_HI; i++) {
+        if (hv[i] == fp[i]) continue;
+        char a[64], b[64];
+        if (i == KVH_ROPE_BASE || i == KVH_ROPE_SCALE) {
+            snprintf(a, sizeof(a), "%g", u32_as_f32(hv[i]));
+            snprintf(b, sizeof(b), "%g", u32_as_f32(fp[i]));
+        } else if (i == KVH_HASH_LO || i == KVH_HASH_HI) {
+            snprintf(a, sizeof(a), "%016llx", (unsigned long long)hv[KVH_HASH_LO] | (unsigned long long)hv[KVH_HASH_HI] << 32);
+            snprintf(b, sizeof(b), "%016llx", (unsigned long long)fp[KVH_HASH_LO] | (unsigned long long)fp[KVH_HASH_HI] << 32);
+        } else if (i == KVH_TYPE) {
+            snprintf(a, sizeof(a), "%s", kvr_type_name((enum kvr_type)hv[i]));
+            snprintf(b, sizeof(b), "%s", kvr_type_name((enum kvr_type)fp[i]));
+        } else {
+            snprintf(a, sizeof(a), "%u", hv[i]);
+            snprintf(b, sizeof(b), "%u", fp[i]);
+        }
+        return kvr_error(KVR_ERR_ARG, "%s: offset %d: the %s is of another model: %s %s, the model %s has %s",
+                         path, KVH_OFFSET(i == KVH_HASH_HI ? KVH_HASH_LO : i), what, kvh_names[i], a, m->path, b);
+    }
+    return KVR_OK;
 }
 
 struct kvr_kv_writer {
@@ -7525,28 +7555,10 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
         return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know (0x%x)", path, f->flags,
                          f->flags & ~(uint32_t)KVR_KV_FILE_LOGITS);
     }
-    uint32_t fp[KVH_COUNT] = { 0 }, hv[KVH_COUNT];
-    kv_fingerprint(m, fp);
+    uint32_t hv[KVH_COUNT];
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
-    for (int i = KVH_ARCH; i <= KVH_HASH_HI; i++) {
-        if (hv[i] == fp[i]) continue;
-        char a[64], b[64];
-        if (i == KVH_ROPE_BASE || i == KVH_ROPE_SCALE) {
-            snprintf(a, sizeof(a), "%g", u32_as_f32(hv[i]));
-            snprintf(b, sizeof(b), "%g", u32_as_f32(fp[i]));
-        } else if (i == KVH_HASH_LO || i == KVH_HASH_HI) {
-            snprintf(a, sizeof(a), "%016llx", (unsigned long long)hv[KVH_HASH_LO] | (unsigned long long)hv[KVH_HASH_HI] << 32);
-            snprintf(b, sizeof(b), "%016llx", (unsigned long long)fp[KVH_HASH_LO] | (unsigned long long)fp[KVH_HASH_HI] << 32);
-        } else if (i == KVH_TYPE) {
-            snprintf(a, sizeof(a), "%s", kvr_type_name((enum kvr_type)hv[i]));
-            snprintf(b, sizeof(b), "%s", kvr_type_name((enum kvr_type)fp[i]));
-        } else {
-            snprintf(a, sizeof(a), "%u", hv[i]);
-            snprintf(b, sizeof(b), "%u", fp[i]);
-        }
-        return kvr_error(KVR_ERR_ARG, "%s: offset %d: the cache is of another model: %s %s, the model %s has %s",
-                         path, KVH_OFFSET(i == KVH_HASH_HI ? KVH_HASH_LO : i), kvh_names[i], a, m->path, b);
-    }
+    int rc = kv_check_model(path, h, m, "cache");
+    if (rc != KVR_OK) return rc;
     const uint32_t lim[][2] = { { KVH_TOKENS, 1u << 24 }, { KVH_RANKS, 256 }, { KVH_CHUNK, 1u << 24 } };
     for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
         const int fi = (int)lim[i][0];
@@ -7579,7 +7591,7 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     f->tokens = kvr_malloc(sizeof(int32_t) * (size_t)f->n_tokens);
     const int64_t tok_off = r->off;
     uint32_t c = 0;
-    int rc = kvrd_i32s(r, f->tokens, f->n_tokens, &c, "the token ids");
+    rc = kvrd_i32s(r, f->tokens, f->n_tokens, &c, "the token ids");
     if (rc == KVR_OK) rc = kvrd_crc(r, c, "the token ids");
     if (rc != KVR_OK) return rc;
     for (int i = 0; i < f->n_tokens; i++) {
@@ -7719,6 +7731,424 @@ int kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_k
         return rc;
     }
     *out = f;
+    return KVR_OK;
+}
+
+// Replication logs (kvr.h, "Replication logs"): the writer appends one record a call with one
+// writev(2), so a process killed at any instant leaves whole records and at most one cut short;
+// the reader keeps the acknowledged steps and says where and why the rest was left.
+
+#define KVL_OFF_RANK   64
+#define KVL_OFF_RANKS  68
+#define KVL_OFF_STRAT  72
+#define KVL_OFF_PROMPT 76
+#define KVL_OFF_CRC    92
+
+struct kvr_kv_log {
+    int       fd;
+    char    * path;
+    int       n_layer, kv_dim;
+    uint32_t  crc;        // the chain: the last record's CRC
+    int64_t   bytes;
+    int       rc;         // the first write error, kept
+};
+
+// all of iov to fd, resuming after short writes and signals
+static int kvl_writev(struct kvr_kv_log * w, struct iovec * iov, int n) {
+    if (w->rc != KVR_OK) return w->rc;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += (int64_t)iov[i].iov_len;
+    while (n > 0) {
+        const ssize_t got = writev(w->fd, iov, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            w->rc = kvr_error(KVR_ERR_IO, "%s: cannot append to the replication log at offset %lld: %s", w->path,
+                              (long long)w->bytes, got < 0 ? strerror(errno) : "nothing written");
+            return w->rc;
+        }
+        size_t left = (size_t)got;
+        while (n > 0 && left >= iov[0].iov_len) {
+            left -= iov[0].iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov[0].iov_base = (uint8_t *)iov[0].iov_base + left;
+            iov[0].iov_len -= left;
+        }
+    }
+    w->bytes += total;
+    return KVR_OK;
+}
+
+static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, int flags) {
+    *out = NULL;
+    // as the cache writer: only a regular file, or nothing yet, may be the destination
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        return kvr_error(KVR_ERR_ARG, "%s: not a regular file: a replication log is a file of its own", path);
+    }
+    const int fd = open(path, flags | O_CLOEXEC, 0644);
+    if (fd < 0) return kvr_error(KVR_ERR_IO, "%s: cannot write the replication log: %s", path, strerror(errno));
+    struct kvr_kv_log * w = kvr_calloc(1, sizeof(*w));
+    w->fd = fd;
+    w->path = strdup(path);
+    w->n_layer = (int)m->hp.n_layer;
+    w->kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    *out = w;
+    return KVR_OK;
+}
+
+// the directory entry of a new file is durable only once its directory is synced
+static void kvl_sync_dir(const char * path) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char * slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof(dir), ".");
+    const int fd = open(dir, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_head * h) {
+    *out = NULL;
+    if (h->n_ranks < 1 || h->n_ranks > 256 || h->rank < 0 || h->rank >= h->n_ranks || h->n_prompt < 0 || h->n_prompt > (1 << 24) ||
+        h->strategy < 0 || h->strategy >= KVR_STRATEGY_COUNT || (h->flags & ~(uint32_t)KVR_KV_LOG_BASE)) {
+        return kvr_error(KVR_ERR_ARG, "%s: a log of rank %d of %d ranks, strategy %d, %d prompt tokens cannot be written", path,
+                         h->rank, h->n_ranks, h->strategy, h->n_prompt);
+    }
+    struct kvr_kv_log * w;
+    int rc = kvl_open(&w, path, m, O_WRONLY | O_CREAT | O_TRUNC);
+    if (rc != KVR_OK) return rc;
+    uint8_t hd[KVR_KV_LOG_HEADER] = { 0 };
+    memcpy(hd, "KVRKVLOG", 8);
+    put_u32(hd + 8, KVR_KV_LOG_VERSION);
+    put_u32(hd + 12, h->flags);
+    uint32_t fp[KVH_COUNT] = { 0 };
+    kv_fingerprint(m, fp);
+    for (int i = KVH_ARCH; i <= KVH_HASH_HI; i++) put_u32(hd + KVH_OFFSET(i), fp[i]);
+    put_u32(hd + KVL_OFF_RANK, (uint32_t)h->rank);
+    put_u32(hd + KVL_OFF_RANKS, (uint32_t)h->n_ranks);
+    put_u32(hd + KVL_OFF_STRAT, (uint32_t)h->strategy);
+    put_u32(hd + KVL_OFF_PROMPT, (uint32_t)h->n_prompt);
+    put_u32(hd + KVL_OFF_CRC, kvr_crc32c(0, hd, KVL_OFF_CRC));
+    uint8_t * tok = kvr_malloc(4 * (size_t)h->n_prompt + 4);
+    for (int i = 0; i < h->n_prompt; i++) put_u32(tok + 4 * i, (uint32_t)h->prompt[i]);
+    w->crc = kvr_crc32c(0, tok, 4 * (size_t)h->n_prompt);
+    put_u32(tok + 4 * h->n_prompt, w->crc);
+    struct iovec iov[2] = { { hd, sizeof(hd) }, { tok, 4 * (size_t)h->n_prompt + 4 } };
+    rc = kvl_writev(w, iov, 2);
+    free(tok);
+    if (rc == KVR_OK) kvl_sync_dir(path);
+    if (rc != KVR_OK) {
+        kvr_kv_log_close(w);
+        return rc;
+    }
+    *out = w;
+    return KVR_OK;
+}
+
+int kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_data * d) {
+    struct kvr_kv_log * w;
+    int rc = kvl_open(&w, path, m, O_WRONLY);
+    if (rc != KVR_OK) return rc;
+    // what follows the acknowledged prefix (a step cut short, damage) goes; the new steps follow it
+    if (ftruncate(w->fd, (off_t)d->good) != 0 || lseek(w->fd, (off_t)d->good, SEEK_SET) != (off_t)d->good) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot cut the replication log back to offset %lld: %s", path, (long long)d->good, strerror(errno));
+        kvr_kv_log_close(w);
+        *out = NULL;
+        return rc;
+    }
+    w->crc = d->good_crc;
+    w->bytes = d->good;
+    *out = w;
+    return KVR_OK;
+}
+
+int kvr_kv_log_rows(struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v) {
+    KVR_ASSERT(step >= 0 && il >= 0 && il < w->n_layer && n_rows > 0);
+    uint8_t hd[16], tail[4];
+    put_u32(hd, KVR_KV_LOG_ROWS);
+    put_u32(hd + 4, (uint32_t)step);
+    put_u32(hd + 8, (uint32_t)il);
+    put_u32(hd + 12, (uint32_t)n_rows);
+    const size_t nb = sizeof(float) * (size_t)w->kv_dim * (size_t)n_rows;
+    const uint32_t crc = kvr_crc32c(kvr_crc32c(kvr_crc32c(w->crc, hd, sizeof(hd)), k, nb), v, nb);
+    put_u32(tail, crc);
+    struct iovec iov[4] = { { hd, sizeof(hd) }, { (void *)k, nb }, { (void *)v, nb }, { tail, 4 } };
+    const int rc = kvl_writev(w, iov, 4);
+    if (rc == KVR_OK) w->crc = crc;
+    return rc;
+}
+
+int kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens, const int32_t * pos, int n_rows) {
+    KVR_ASSERT(step >= 0 && n_tokens >= 0 && n_rows >= 0);
+    const size_t n = 16 + 4 * ((size_t)n_tokens + (size_t)n_rows) + 4;
+    uint8_t * b = kvr_malloc(n);
+    put_u32(b, KVR_KV_LOG_COMMIT);
+    put_u32(b + 4, (uint32_t)step);
+    put_u32(b + 8, (uint32_t)n_tokens);
+    put_u32(b + 12, (uint32_t)n_rows);
+    for (int i = 0; i < n_tokens; i++) put_u32(b + 16 + 4 * i, (uint32_t)tokens[i]);
+    for (int i = 0; i < n_rows; i++) put_u32(b + 16 + 4 * ((size_t)n_tokens + i), (uint32_t)pos[i]);
+    const uint32_t crc = kvr_crc32c(w->crc, b, n - 4);
+    put_u32(b + n - 4, crc);
+    struct iovec iov = { b, n };
+    const int rc = kvl_writev(w, &iov, 1);
+    free(b);
+    if (rc == KVR_OK) w->crc = crc;
+    return rc;
+}
+
+int kvr_kv_log_sync(struct kvr_kv_log * w) {
+    if (w->rc != KVR_OK) return w->rc;
+    if (fdatasync(w->fd) != 0) w->rc = kvr_error(KVR_ERR_IO, "%s: cannot sync the replication log: %s", w->path, strerror(errno));
+    return w->rc;
+}
+
+int64_t kvr_kv_log_bytes(const struct kvr_kv_log * w) { return w->bytes; }
+
+int kvr_kv_log_close(struct kvr_kv_log * w) {
+    if (!w) return KVR_OK;
+    int rc = kvr_kv_log_sync(w);
+    if (close(w->fd) != 0 && rc == KVR_OK) rc = kvr_error(KVR_ERR_IO, "%s: cannot close the replication log: %s", w->path, strerror(errno));
+    free(w->path);
+    free(w);
+    return rc;
+}
+
+void kvr_kv_log_free(struct kvr_kv_log_data * d) {
+    if (!d) return;
+    for (int s = 0; d->steps && s < d->n_steps; s++) {
+        free(d->steps[s].k);
+        free(d->steps[s].v);
+    }
+    free(d->steps);
+    free(d->prompt);
+    free(d->mem);
+    free(d);
+}
+
+// the records after the header: every acknowledged step into d; the first damage ends the reading
+static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int64_t size, int64_t off, uint32_t crc,
+                              const struct kvr_model * m) {
+    const int L = d->n_layer;
+    const size_t row = sizeof(float) * (size_t)d->kv_dim;
+    float ** k = kvr_calloc((size_t)L, sizeof(float *)), ** v = kvr_calloc((size_t)L, sizeof(float *));
+    int layers = 0, rows = 0, cap = 0;     // the step being read: its ROWS records so far
+    int64_t step_off = off;
+    d->good = off;
+    d->good_crc = crc;
+    for (;;) {
+        if (off == size) {
+            if (layers > 0) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: step %d has the rows of %d of %d layers and no commit: cut short "
+                         "while it ran", (long long)step_off, d->n_steps, layers, L);
+            }
+            break;
+        }
+        if (size - off < 16) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: cut short: a record needs at least 20 bytes, the file ends after %lld",
+                     (long long)off, (long long)(size - off));
+            break;
+        }
+        const uint32_t type = get_u32(b + off), step = get_u32(b + off + 4);
+        if (type != KVR_KV_LOG_ROWS && type != KVR_KV_LOG_COMMIT) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: record type %u (1 rows, 2 commit expected): the log is damaged",
+                     (long long)off, type);
+            break;
+        }
+        if (step != (uint32_t)d->n_steps) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: a record of step %u where step %d was expected: the log is damaged",
+                     (long long)off, step, d->n_steps);
+            break;
+        }
+        const uint32_t a = get_u32(b + off + 8), c = get_u32(b + off + 12);
+        int64_t need;
+        char what[128];
+        if (type == KVR_KV_LOG_ROWS) {
+            snprintf(what, sizeof(what), "the rows of step %u, layer %u", step, a);
+            if (a == 0 && layers > 0) layers = rows = 0; // the step ran again (its eval failed before its commit)
+            if (a != (uint32_t)layers || c == 0 || c > (1u << 24) || (layers > 0 && c != (uint32_t)rows)) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u rows of layer %u where layer %d%s was expected: the log is damaged",
+                         (long long)off, what, c, a, layers, layers > 0 ? " with as many rows as layer 0" : "");
+                break;
+            }
+            need = 16 + 2 * (int64_t)row * c + 4;
+        } else {
+            snprintf(what, sizeof(what), "the commit of step %u", step);
+            if (a > (1u << 24) || c > (1u << 24)) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u tokens, %u rows: out of range: the log is damaged",
+                         (long long)off, what, a, c);
+                break;
+            }
+            need = 16 + 4 * ((int64_t)a + c) + 4;
+        }
+        if (size - off < need) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: cut short: %s needs %lld bytes, the file ends after %lld", (long long)off,
+                     what, (long long)need, (long long)(size - off));
+            break;
+        }
+        const uint32_t got = get_u32(b + off + need - 4), want = kvr_crc32c(crc, b + off, (size_t)need - 4);
+        if (got != want) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: the CRC32C of %s is 0x%08x, the data gives 0x%08x: the log is damaged",
+                     (long long)(off + need - 4), what, got, want);
+            break;
+        }
+        if (type == KVR_KV_LOG_ROWS) {
+            k[layers] = (float *)(b + off + 16);
+            v[layers] = (float *)(b + off + 16 + row * c);
+            rows = (int)c;
+            layers++;
+        } else {
+            const uint8_t * t = b + off + 16;
+            const char * bad = NULL;
+            int32_t bad_v = 0;
+            int64_t bad_at = 0;
+            if (layers != (c ? L : 0) || (c && (uint32_t)rows != c)) bad = "rows";
+            for (uint32_t i = 0; !bad && i < a; i++) {
+                bad_v = (int32_t)get_u32(t + 4 * i);
+                bad_at = off + 16 + 4 * i;
+                if (bad_v < 0 || (uint32_t)bad_v >= m->hp.n_vocab) bad = "a token outside the vocabulary";
+            }
+            for (uint32_t i = 0; !bad && i < c; i++) {
+                bad_v = (int32_t)get_u32(t + 4 * ((size_t)a + i));
+                bad_at = off + 16 + 4 * ((int64_t)a + i);
+                if (bad_v < 0 || bad_v >= (1 << 24)) bad = "a position out of range";
+            }
+            if (bad && !strcmp(bad, "rows")) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u rows, but %d layers of %d rows precede it: the log is damaged",
+                         (long long)off, what, c, layers, rows);
+                break;
+            }
+            if (bad) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %s (%d): the log is damaged", (long long)bad_at, what, bad, bad_v);
+                break;
+            }
+            if (d->n_steps == cap) {
+                cap = cap ? 2 * cap : 16;
+                d->steps = realloc(d->steps, sizeof(*d->steps) * (size_t)cap);
+                KVR_ASSERT(d->steps != NULL);
+            }
+            struct kvr_kv_log_step * s = &d->steps[d->n_steps++];
+            *s = (struct kvr_kv_log_step) { .step = (int)step, .n_tokens = (int)a, .tokens = (int32_t *)t, .n_rows = (int)c,
+                                            .pos = (int32_t *)(t + 4 * (size_t)a), .end = off + need, .crc = want };
+            // the values are little-endian in the file; the reader's host is too (kvr writes f32 rows as they are)
+            if (c) {
+                s->k = k;
+                s->v = v;
+                k = kvr_calloc((size_t)L, sizeof(float *));
+                v = kvr_calloc((size_t)L, sizeof(float *));
+            }
+            layers = rows = 0;
+            d->good = off + need;
+            d->good_crc = want;
+        }
+        crc = want;
+        off += need;
+        if (type == KVR_KV_LOG_COMMIT) step_off = off;
+    }
+    free(k);
+    free(v);
+}
+
+int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out) {
+    *out = NULL;
+    FILE * f = fopen(path, "rb");
+    if (!f) return kvr_error(KVR_ERR_IO, "%s: cannot open the replication log: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return kvr_error(KVR_ERR_IO, "%s: not a regular file", path);
+    }
+    struct kvr_kv_log_data * d = kvr_calloc(1, sizeof(*d));
+    uint8_t * b = d->mem = kvr_malloc((size_t)st.st_size + 4);
+    const size_t got = st.st_size ? fread(b, 1, (size_t)st.st_size, f) : 0;
+    const bool io = ferror(f);
+    fclose(f);
+    int rc = KVR_OK;
+    // a log cut back by its writer while it was read is read as far as it went (what is cut is
+    // past the step every reader takes)
+    const int64_t size = (int64_t)got;
+    if (io) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot read the replication log: %s", path, strerror(errno));
+    } else if (size < 8 || memcmp(b, "KVRKVLOG", 8) != 0) {
+        rc = size == 0 ? kvr_error(KVR_ERR_FORMAT, "%s: empty file: not a kvr replication log", path)
+                       : kvr_error(KVR_ERR_FORMAT, "%s: offset 0: not a kvr replication log (magic \"KVRKVLOG\" expected)", path);
+    } else if (size < 12 || get_u32(b + 8) > KVR_KV_LOG_VERSION) {
+        rc = size < 12 ? kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header needs %d bytes, the file ends after %lld", path,
+                                   KVR_KV_LOG_HEADER, (long long)size)
+                       : kvr_error(KVR_ERR_UNSUPP, "%s: offset 8: version %u is newer than this kvr reads (%d)", path, get_u32(b + 8),
+                                   KVR_KV_LOG_VERSION);
+    } else if (get_u32(b + 8) != KVR_KV_LOG_VERSION) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr log version", path, get_u32(b + 8));
+    } else if (size < KVR_KV_LOG_HEADER) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header needs %d bytes, the file ends after %lld", path, KVR_KV_LOG_HEADER,
+                       (long long)size);
+    } else if (get_u32(b + KVL_OFF_CRC) != kvr_crc32c(0, b, KVL_OFF_CRC)) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the header's CRC32C is 0x%08x, the header gives 0x%08x: the header is damaged",
+                       path, KVL_OFF_CRC, get_u32(b + KVL_OFF_CRC), kvr_crc32c(0, b, KVL_OFF_CRC));
+    } else if (get_u32(b + 12) & ~(uint32_t)KVR_KV_LOG_BASE) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know", path, get_u32(b + 12));
+    }
+    if (rc == KVR_OK) rc = kv_check_model(path, b, m, "log");
+    if (rc == KVR_OK) {
+        d->flags    = get_u32(b + 12);
+        d->rank     = (int)get_u32(b + KVL_OFF_RANK);
+        d->n_ranks  = (int)get_u32(b + KVL_OFF_RANKS);
+        d->strategy = (int)get_u32(b + KVL_OFF_STRAT);
+        d->n_prompt = (int)get_u32(b + KVL_OFF_PROMPT);
+        d->n_layer  = (int)m->hp.n_layer;
+        d->kv_dim   = (int)(m->hp.head_dim * m->hp.n_head_kv);
+        const struct { int off; uint32_t v, hi; } lim[] = {
+            { KVL_OFF_RANKS, (uint32_t)d->n_ranks, 256 }, { KVL_OFF_RANK, (uint32_t)d->rank, (uint32_t)d->n_ranks - 1 },
+            { KVL_OFF_STRAT, (uint32_t)d->strategy, KVR_STRATEGY_COUNT - 1 }, { KVL_OFF_PROMPT, (uint32_t)d->n_prompt, 1u << 24 },
+        };
+        static const char * const names[] = { "ranks", "rank", "strategy", "prompt tokens" };
+        for (int i = 0; i < 4 && rc == KVR_OK; i++) {
+            if (lim[i].v > lim[i].hi || (i == 0 && lim[i].v == 0)) {
+                rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: %s %u is out of range (%u to %u)", path, lim[i].off, names[i], lim[i].v,
+                               i == 0 ? 1u : 0u, lim[i].hi);
+            }
+        }
+        for (int o = 80; o < KVL_OFF_CRC && rc == KVR_OK; o += 4) {
+            if (get_u32(b + o)) rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: reserved field is %u, 0 expected", path, o, get_u32(b + o));
+        }
+    }
+    const int64_t tok_end = KVR_KV_LOG_HEADER + 4 * (int64_t)d->n_prompt;
+    if (rc == KVR_OK && size < tok_end + 4) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: truncated: the prompt's %d tokens at offset %d need %lld bytes, the file ends after %lld", path,
+                       d->n_prompt, KVR_KV_LOG_HEADER, (long long)(4 * (int64_t)d->n_prompt + 4), (long long)(size - KVR_KV_LOG_HEADER));
+    }
+    uint32_t crc = 0;
+    if (rc == KVR_OK) {
+        crc = kvr_crc32c(0, b + KVR_KV_LOG_HEADER, 4 * (size_t)d->n_prompt);
+        if (get_u32(b + tok_end) != crc) {
+            rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: the CRC32C of the prompt's tokens is 0x%08x, the data gives 0x%08x: the log is damaged",
+                           path, (long long)tok_end, get_u32(b + tok_end), crc);
+        }
+    }
+    if (rc == KVR_OK) {
+        d->prompt = kvr_malloc(4 * (size_t)d->n_prompt + 4);
+        for (int i = 0; i < d->n_prompt && rc == KVR_OK; i++) {
+            d->prompt[i] = (int32_t)get_u32(b + KVR_KV_LOG_HEADER + 4 * i);
+            if (d->prompt[i] < 0 || (uint32_t)d->prompt[i] >= m->hp.n_vocab) {
+                rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: prompt token %d is %d, outside the vocabulary of %u", path,
+                               KVR_KV_LOG_HEADER + 4 * i, i, d->prompt[i], m->hp.n_vocab);
+            }
+        }
+    }
+    if (rc != KVR_OK) {
+        kvr_kv_log_free(d);
+        return rc;
+    }
+    d->bytes = size;
+    kvl_parse_records(d, b, size, tok_end + 4, crc, m);
+    *out = d;
     return KVR_OK;
 }
 
@@ -8626,6 +9056,10 @@ static int cmp_prob_desc(const void * a, const void * b) {
     const struct prob_id * x = a, * y = b;
     if (x->p != y->p) return x->p > y->p ? -1 : 1;
     return x->id - y->id; // ties by id: reproducible
+}
+
+void kvr_sampler_skip(struct kvr_sampler * s, int n) {
+    for (int i = 0; i < n && s->p.temp > 0.0f; i++) rng_next(&s->rng); // kvr_sample's one draw
 }
 
 int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab) {

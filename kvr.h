@@ -992,6 +992,102 @@ struct kvr_kv_file {
 int  kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out);
 void kvr_kv_file_free(struct kvr_kv_file * f);
 
+// Replication logs (kvr_dist_params.replicate_dir, kvr_dist_resume): one rank's cache rows,
+// appended step by step while it computes, so that a run whose process was killed at any instant
+// can be resumed from what every rank acknowledged. Little-endian, append-only:
+//
+//   offset  bytes  field
+//        0      8  magic "KVRKVLOG"
+//        8      4  version (KVR_KV_LOG_VERSION)
+//       12      4  flags (enum kvr_kv_log_flag; unknown bits are refused)
+//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64
+//       64     16  rank, ranks, strategy (enum kvr_strategy), prompt tokens (u32 each)
+//       80     12  0 (u32 x 3), then (92) CRC32C of bytes [0, 92)
+//       96         the prompt's token ids (i32), then their CRC32C
+//                  then records, each starting (type, step) u32:
+//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32
+//                  KVR_KV_LOG_COMMIT: tokens, rows (u32); the step's token ids (i32); the
+//                                     absolute positions of the rank's rows of the step (i32)
+//                  and a CRC32C over the record seeded with the previous record's CRC (the first
+//                  record's with the prompt's): a record moved, repeated or cut breaks the chain
+//
+// A step is acknowledged when its COMMIT is whole and every layer's ROWS record of the step (one
+// per layer when the rank made rows in it, else none) precedes it whole. A rank commits every
+// step, also those it made no rows in. A reader keeps the acknowledged steps and ignores what
+// follows the last whole COMMIT (a record cut short or with a bad CRC ends the log's good prefix).
+
+#define KVR_KV_LOG_VERSION 1
+#define KVR_KV_LOG_HEADER  96
+
+enum kvr_kv_log_flag {
+    KVR_KV_LOG_BASE = 1, // step 0 holds every row the rank had when the log started (after a load,
+                         //   a truncation or a resume into another directory), not a prompt's
+};
+
+enum kvr_kv_log_record {
+    KVR_KV_LOG_ROWS   = 1,
+    KVR_KV_LOG_COMMIT = 2,
+};
+
+struct kvr_kv_log_head {
+    int             rank, n_ranks, strategy;
+    int             n_prompt;  // the tokens of step 0
+    const int32_t * prompt;
+    uint32_t        flags;
+};
+
+// The writer: each call writes one record with one write(2) (no buffering in the process, so a
+// process killed after the call has left the record to the kernel); kvr_kv_log_sync makes what
+// was written durable (fdatasync). create truncates PATH; append continues a log that
+// kvr_kv_log_read returned, cutting it back to the end of its acknowledged prefix first.
+struct kvr_kv_log;
+struct kvr_kv_log_data;
+int     kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
+                          const struct kvr_kv_log_head * h);
+int     kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
+                          const struct kvr_kv_log_data * d);
+int     kvr_kv_log_rows  (struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v);
+int     kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens,
+                          const int32_t * pos, int n_rows);
+int     kvr_kv_log_sync  (struct kvr_kv_log * w);
+int     kvr_kv_log_close (struct kvr_kv_log * w); // syncs, closes, frees
+int64_t kvr_kv_log_bytes (const struct kvr_kv_log * w);
+
+// What a reader found: the header and the acknowledged steps, with their rows.
+struct kvr_kv_log_step {
+    int       step;
+    int       n_tokens;
+    int32_t * tokens;
+    int       n_rows;
+    int32_t * pos;        // the rows' absolute positions
+    float  ** k;          // per layer: [kv_dim x n_rows] f32 (NULL when n_rows is 0)
+    float  ** v;
+    int64_t   end;        // the offset after the step's COMMIT
+    uint32_t  crc;        //   and the chain's CRC there
+};
+
+struct kvr_kv_log_data {
+    uint32_t                 flags;
+    int                      rank, n_ranks, strategy;
+    int                      n_prompt;
+    int32_t                * prompt;
+    int                      n_layer, kv_dim;
+    int                      n_steps;   // acknowledged steps 0 .. n_steps-1
+    struct kvr_kv_log_step * steps;
+    int64_t                  good;      // where the acknowledged prefix ends (the header's end without steps)
+    uint32_t                 good_crc;  //   and the chain's CRC there
+    int64_t                  bytes;     // the file's size
+    char                     damage[512]; // why the log ends before its last byte ("" if it does not): the
+                                          //   offset and what was cut or damaged there
+    void                   * mem;       // the file's bytes, which the steps' rows point into
+};
+
+// The header is checked whole: KVR_ERR_IO (cannot open), KVR_ERR_FORMAT (not a log, a damaged
+// header or prompt), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (another model: the message names
+// the field); then the records are read up to the first damage, which is no error (see damage).
+int  kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out);
+void kvr_kv_log_free(struct kvr_kv_log_data * d);
+
 //
 // 11. sessions: one model, one cache, one backend. Tokens are appended at n_past.
 //
@@ -1162,6 +1258,9 @@ void    kvr_sampler_init(struct kvr_sampler * s, const struct kvr_sampler_params
 void    kvr_sampler_free(struct kvr_sampler * s);
 int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab);
 int32_t kvr_argmax(const float * x, int n);
+// Move the sampler on as n samples would have (one draw each when temp > 0): a run resumed after
+// n sampled tokens (kvr_dist_resume) then draws what the stopped run would have drawn next.
+void    kvr_sampler_skip(struct kvr_sampler * s, int n);
 
 //
 // 13. ranks: parallel prefill (kvr-comm.c)
@@ -1254,6 +1353,11 @@ struct kvr_dist_params {
                                      //   stream the cache to it layer by layer while they compute (chain
                                      //   strategies from their last rank, ring ones from every shard); every
                                      //   later eval runs on the decode rank alone
+    const char *       replicate_dir;// every rank of this process appends the rows it makes in each eval (each
+                                     //   layer's as soon as they are final, prefill and decode) and, once the
+                                     //   eval went well, the eval's tokens to its replication log
+                                     //   DIR/rank-R.kvlog (kvr_dist_log_path), written and synced by a thread
+                                     //   behind the compute: what kvr_dist_resume restarts from (NULL: none)
 };
 
 // Per-rank counters of the last eval (the papers' claims are checked against them). Pairs and
@@ -1320,6 +1424,33 @@ int               kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool 
 int               kvr_dist_kv_load(struct kvr_dist * d, const char * path);
 // The file of one rank's shard: PATH.R.
 void              kvr_dist_kv_shard_path(const char * path, int rank, char * out, size_t cap);
+
+// Restarting from the replication logs of a run that stopped (a process was lost): DIR/rank-R.kvlog.
+// Every rank's log is read whole and checked; the last step every log acknowledged is taken; the
+// rows of the steps up to it are restored into this dist's ranks (the same or fewer, any strategy:
+// a ring run of as many ranks keeps its shards, anything else is placed as kvr_dist_kv_load places
+// a gathered cache); the last restored token is evaluated again for its logits (the logs hold
+// none), which is the eval the first run made of it when the ranks and strategy are the same. After
+// a damaged or cut log the good prefix is used and the rest recomputed by the caller's generation;
+// p.log (rank 0) gets a "resume: " line for each such thing. With prompt (may be NULL) the logs must be
+// of that prompt. Refused (KVR_ERR_ARG) with the file, offset and field named: logs of another
+// model, another prompt, different runs mixed in DIR; KVR_ERR_IO when DIR has no logs. With
+// replicate_dir naming DIR too, the logs are cut back to the step taken and go on (the same ranks
+// and strategy only); another replicate_dir starts new logs with every restored row.
+struct kvr_resume_info {
+    int               step;       // the last step every rank acknowledged (-1: none, nothing restored)
+    int               n_tokens;   // the tokens restored (kvr_dist_tokens), 0 with step -1
+    int               n_prompt;   // the logs' first step's tokens: the prompt
+    const int32_t   * prompt;     //   (valid until the dist is freed)
+    int               n_ranks;    // the ranks that wrote the logs
+    enum kvr_strategy strategy;   //   and their strategy
+    int               recomputed; // steps some log holds past the one taken (or after a damage)
+    int64_t           bytes;      // the logs' size
+};
+int               kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * prompt, int n_prompt,
+                                  struct kvr_resume_info * info);
+// DIR/rank-R.kvlog
+void              kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap);
 
 // The transfer schedule of one rank's graph: what its strategy asks of a transport. It is made
 // from the graph's communication nodes in execution order by code that knows no transport, and

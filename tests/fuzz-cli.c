@@ -153,7 +153,8 @@ static const char * const words[] = {
 // A value for flag f into buf (cap bytes), chosen by the input.
 static const char * value_for(struct in * in, const struct fflag * f, char * buf, size_t cap) {
     const int b = take0(in);
-    if (!strcmp(f->kind, "out")) { // only paths of our own: junk and raw bytes would be files in the cwd
+    if (!strcmp(f->kind, "out") || !strcmp(f->kind, "dir")) { // only paths of our own: junk and raw bytes would be files
+                                                                // (or directories) in the cwd
         // (not /dev/null: the KV cache writer puts a file in place by rename, and as root that
         // replaced the device with a regular file once)
         const char * outs[] = { p_out, dir, p_missing, p_table, "", p_text };

@@ -38,6 +38,7 @@ enum kvr_cli_kind {
     KVR_CLI_TEXT,    // const char **: any text, not empty unless empty_ok
     KVR_CLI_IN,      // const char **: a file that exists and can be read now
     KVR_CLI_OUT,     // const char **: a file this run will write: creatable now
+    KVR_CLI_DIR,     // const char **: a directory this run writes in: one that exists, or can be made now
     KVR_CLI_CHOICE,  // int *: the index of the value in choices ("causal|dense")
     KVR_CLI_INTS,    // struct kvr_cli_ints *: comma-separated INT values, each in the range
     KVR_CLI_REALS,   // struct kvr_cli_reals *: comma-separated REAL values, each in the range
@@ -110,6 +111,7 @@ static inline const char * kvr_cli_kind_name(const struct kvr_cli_flag * f) {
         case KVR_CLI_TEXT:    return "text";
         case KVR_CLI_IN:      return "in";
         case KVR_CLI_OUT:     return "out";
+        case KVR_CLI_DIR:     return "dir";
         case KVR_CLI_CHOICE:  return "choice";
         case KVR_CLI_INTS:    return "ints";
         case KVR_CLI_REALS:   return "reals";
@@ -262,6 +264,19 @@ static inline int kvr_cli_check_out(const char * path, char * why, size_t cap) {
     return 0;
 }
 
+// A directory to write in: it exists and can be written, or its parent can be (it is made later).
+static inline int kvr_cli_check_dir(const char * path, char * why, size_t cap) {
+    struct stat st;
+    if (!*path) { snprintf(why, cap, "an empty path"); return -1; }
+    if (stat(path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) { snprintf(why, cap, "is not a directory"); return -1; }
+        if (access(path, W_OK | X_OK) != 0) { snprintf(why, cap, "cannot write in it: %s", strerror(errno)); return -1; }
+        return 0;
+    }
+    if (errno != ENOENT) { snprintf(why, cap, "cannot use it: %s", strerror(errno)); return -1; }
+    return kvr_cli_check_out(path, why, cap); // a new directory: its parent must take it
+}
+
 // One value into its flag's destination, or -1 with why filled in.
 static inline int kvr_cli_value(const struct kvr_cli_flag * f, const char * v, char * why, size_t cap) {
     switch (f->kind) {
@@ -297,6 +312,10 @@ static inline int kvr_cli_value(const struct kvr_cli_flag * f, const char * v, c
             return 0;
         case KVR_CLI_OUT:
             if (kvr_cli_check_out(v, why, cap)) return -1;
+            *(const char **)f->dst = v;
+            return 0;
+        case KVR_CLI_DIR:
+            if (kvr_cli_check_dir(v, why, cap)) return -1;
             *(const char **)f->dst = v;
             return 0;
         case KVR_CLI_CHOICE: {

@@ -95,6 +95,9 @@ struct run_args {
     const char * kv_stream;
     int          decode_rank;
     bool         pd;             // --decode-rank given
+    // restarts
+    const char * replicate_dir;
+    const char * resume;
 };
 
 static int parse_strategy(const char * v, void * dst, char * why, size_t cap) {
@@ -226,6 +229,15 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--decode-rank", .kind = KVR_CLI_INT, .dst = &a->decode_rank, .meta = "D", .lo = 0, .hi = 255, .given = &a->pd,
           .help = "prefill/decode disaggregation: rank D (the last) only decodes; the others\n"
                   "run the prefill and stream the cache to it layer by layer as they compute" },
+        { .kind = KVR_CLI_SECTION, .help = "Restarts:" },
+        { .name = "--replicate-dir", .kind = KVR_CLI_DIR, .dst = &a->replicate_dir, .meta = "DIR",
+          .help = "every rank appends the KV rows it makes (prefill and each decode step)\n"
+                  "and the tokens to DIR/rank-R.kvlog, synced behind the compute, so that\n"
+                  "a run that lost a process can be resumed (--resume DIR)" },
+        { .name = "--resume", .kind = KVR_CLI_DIR, .dst = &a->resume, .meta = "DIR",
+          .help = "restart from the logs of --replicate-dir DIR (the same or fewer ranks):\n"
+                  "restore what every rank acknowledged, print the text up to there and\n"
+                  "go on (-p: must be the logs' prompt; without it the logs' prompt)" },
     };
     const struct kvr_cli cli = { "kvr-run", run_synopsis, NULL, flags, (int)(sizeof(flags) / sizeof(flags[0])), NULL };
     int rc = kvr_cli_parse(&cli, argc, argv);
@@ -244,12 +256,13 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         if (a->system) return kvr_cli_fail(&cli, "--system is for a chat: add -cnv");
         if (a->chat_template) return kvr_cli_fail(&cli, "--chat-template is for a chat: add -cnv");
         if (a->kv_load && a->session) return kvr_cli_fail(&cli, "--kv-load and --session exclude each other (--session loads its file itself)");
-        if (!!a->prompt + !!a->prompt_file + !!a->tokens > 1 || (!a->kv_load && !a->prompt && !a->prompt_file && !a->tokens)) {
-            return kvr_cli_fail(&cli, a->kv_load ? "give at most one of -p, -f and --tokens" : "give exactly one of -p, -f and --tokens (or -cnv for a chat)");
+        if (a->resume && (a->kv_load || a->session)) return kvr_cli_fail(&cli, "--resume restores the cache itself: not with --kv-load or --session");
+        if (!!a->prompt + !!a->prompt_file + !!a->tokens > 1 || (!a->kv_load && !a->resume && !a->prompt && !a->prompt_file && !a->tokens)) {
+            return kvr_cli_fail(&cli, a->kv_load || a->resume ? "give at most one of -p, -f and --tokens" : "give exactly one of -p, -f and --tokens (or -cnv for a chat)");
         }
     }
-    if (a->conversation && (a->kv_save || a->kv_load || a->session || a->kv_stream || a->pd)) {
-        return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream and --decode-rank are for one prompt's run");
+    if (a->conversation && (a->kv_save || a->kv_load || a->session || a->kv_stream || a->pd || a->replicate_dir || a->resume)) {
+        return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream, --decode-rank, --replicate-dir and --resume are for one prompt's run");
     }
     if (a->prompt && kvr_cli_check_text("kvr-run", "-p", a->prompt, strlen(a->prompt))) return 2;
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
@@ -795,14 +808,14 @@ int kvr_run_main(int argc, char ** argv) {
         if (!text && a.prompt) text = strdup(a.prompt);
         if (text && a.prompt && !a.no_escape) kvr_unescape(text);
         if (!a.conversation && !text) {
-            ids = malloc(sizeof(int32_t)); // --kv-load alone: nothing to append
+            ids = malloc(sizeof(int32_t)); // --kv-load or --resume alone: nothing to append (the logs' prompt)
         } else if (!a.conversation) {
             // appended to a restored cache: no BOS
             ids = tokenize_text(vocab, text, kvr_vocab_add_bos(vocab) && !a.kv_load, !a.no_special, &n_prompt);
             if (!ids) goto done;
         }
     }
-    if (n_prompt == 0 && !a.conversation && !a.kv_load) {
+    if (n_prompt == 0 && !a.conversation && !a.kv_load && !a.resume) {
         fprintf(stderr, "kvr-run: the prompt has no tokens\n");
         goto done;
     }
@@ -885,6 +898,7 @@ int kvr_run_main(int argc, char ** argv) {
         .backend = a.backend == 1 ? "cuda" : "cpu", .device = a.device,
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
+        .replicate_dir = a.replicate_dir,
     };
     if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers (checked by parse_args)
         dp.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) == 2;
@@ -912,10 +926,38 @@ int kvr_run_main(int argc, char ** argv) {
         rc = run_conversation(&a, model, dist, &smp, text, n_ctx);
         goto done;
     }
-    int reuse = 0;
+    int reuse = 0, n_resumed = 0;
     if (a.kv_load || a.session) {
         reuse = kv_restore(dist, &a, ids, n_prompt, speaker);
         if (reuse < 0) goto done;
+    }
+    if (a.resume) {
+        // the logs of a run that stopped: what every rank acknowledged is restored, its last
+        // token's logits are there, and the text goes on from it
+        struct kvr_resume_info ri;
+        if (kvr_dist_resume(dist, a.resume, n_prompt ? ids : NULL, n_prompt, &ri) != KVR_OK) {
+            fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
+            goto done;
+        }
+        if (n_prompt == 0) { // no prompt given: the logs'
+            if (ri.n_prompt == 0) {
+                fprintf(stderr, "kvr-run: --resume %s: the logs name no prompt: give it (-p, -f or --tokens)\n", a.resume);
+                goto done;
+            }
+            free(ids);
+            ids = malloc(sizeof(int32_t) * (size_t)ri.n_prompt);
+            memcpy(ids, ri.prompt, sizeof(int32_t) * (size_t)ri.n_prompt);
+            n_prompt = ri.n_prompt;
+            if (n_prompt + a.n_predict > n_ctx) {
+                fprintf(stderr, "kvr-run: the logs' %d prompt tokens + %d to generate exceed the context of %d (raise -c or lower -n)\n",
+                        n_prompt, a.n_predict, n_ctx);
+                goto done;
+            }
+        }
+        if (ri.n_tokens >= n_prompt) {
+            reuse = n_prompt;
+            n_resumed = ri.n_tokens - n_prompt;
+        }
     }
 
     // the prompt as text first
@@ -964,6 +1006,15 @@ int kvr_run_main(int argc, char ** argv) {
     gen = malloc(sizeof(int32_t) * (size_t)(a.n_predict + 1));
     if (a.n_predict == 0) t_first = kvr_time_ms();
     bool first_piece = false;
+    // --resume: the tokens the stopped run generated up to the step taken, as it printed them
+    for (int i = 0; i < n_resumed && n_gen < a.n_predict; i++) {
+        const int32_t id = kvr_dist_tokens(dist)[n_prompt + i];
+        gen[n_gen++] = id;
+        if (speaker) print_piece(vocab, id, &first_piece);
+        t_first = kvr_time_ms();
+    }
+    kvr_sampler_skip(&smp, n_gen);
+    fflush(stdout);
     bool pending = false; // the last sampled token is not in the cache yet
     while (n_gen < a.n_predict) {
         const int32_t id = kvr_sample(&smp, logits, n_vocab);
