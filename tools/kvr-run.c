@@ -234,7 +234,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
           .help = "every rank appends the KV rows it makes (prefill and each decode step)\n"
                   "and the tokens to DIR/rank-R.kvlog, synced behind the compute, so that\n"
                   "a run that lost a process can be resumed (--resume DIR)" },
-        { .name = "--resume", .kind = KVR_CLI_DIR, .dst = &a->resume, .meta = "DIR",
+        { .name = "--resume", .kind = KVR_CLI_TEXT, .dst = &a->resume, .meta = "DIR",
           .help = "restart from the logs of --replicate-dir DIR (the same or fewer ranks):\n"
                   "restore what every rank acknowledged, print the text up to there and\n"
                   "go on (-p: must be the logs' prompt; without it the logs' prompt)" },
