@@ -2367,7 +2367,8 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .n_outputs  = !receiver && r == pl->owner ? 1 : 0,
         .attn_mode  = d->p.attn_mode,
         // the plain single pass goes by the road's own (NULL), which may keep the decode graph
-        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd ? NULL : rank_pass,
+        // (not with the replication log's nodes, whose rows move with every token)
+        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !dr->comm->log ? NULL : rank_pass,
         .pass_user  = &pc,
         .no_model   = receiver,
         .graph_size = n_layer * (64 + 24 * pl->N) + 256,
@@ -2754,11 +2755,11 @@ void kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap) {
 // new ones. A reset, a truncation or a load changes the cache in ways no step describes.
 static int replog_restart(struct kvr_dist * d) {
     int rc = KVR_OK;
-    for (int i = 0; i < d->n_local; i++) {
+    for (int i = 0; d->ranks && i < d->n_local; i++) { // (a dist kvr_dist_new gave up on is freed too)
         const int rc2 = log_stop(d->ranks[i].log);
         if (rc == KVR_OK) rc = rc2;
         d->ranks[i].log = NULL;
-        d->ranks[i].comm->log = NULL;
+        if (d->ranks[i].comm) d->ranks[i].comm->log = NULL;
     }
     d->logs_open = false;
     d->log_skip = false;

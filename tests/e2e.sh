@@ -143,6 +143,68 @@ PY
             bad "--session ${cfg:-(single)}: $(grep session "$tmp/s2.err")"
         fi
     done
+    # restarts: a run with --replicate-dir stopped after 20 tokens, resumed with -n 48, prints the
+    # clean 48-token text (single, kvr and ring-kv on 3 ranks; ring-kv's logs onto ring-q x2)
+    greedy=$ref/stories260K-greedy.txt
+    for cfg in "" "--ranks 3 --strategy kvr" "--ranks 3 --strategy ring-kv"; do
+        rm -rf "$tmp/R"
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --replicate-dir "$tmp/R" $cfg > /dev/null 2>&1
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v $cfg > "$tmp/r.txt" 2> "$tmp/r.err"
+        if cmp -s "$tmp/r.txt" "$greedy" && grep -q "^resume: .*restored 24 tokens (steps 0..19" "$tmp/r.err"; then
+            ok "--replicate-dir -n 20, --resume -n 48: the clean text ${cfg:-(single)}"
+        else
+            bad "--replicate-dir/--resume ${cfg:-(single)}: $(tail -n 1 "$tmp/r.err")"
+        fi
+    done
+    "$build/kvr-run" -m "$model" -n 48 --temp 0 --resume "$tmp/R" --ranks 2 --strategy ring-q -v > "$tmp/r.txt" 2> "$tmp/r.err"
+    if cmp -s "$tmp/r.txt" "$greedy" && grep -q "of 3 ranks, ring-kv) onto 2 ranks (ring-q)" "$tmp/r.err"; then
+        ok "--resume of ring-kv x3's logs on ring-q x2, without -p (the logs' prompt): the clean text"
+    else
+        bad "--resume onto fewer ranks: $(tail -n 1 "$tmp/r.err")"
+    fi
+    # a flipped byte in rank 1's log, rank 2's cut short: their good prefixes, said by -v, the clean text
+    cp -r "$tmp/R" "$tmp/R2"
+    python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[len(b) * 2 // 3] ^= 4; open(sys.argv[1], "wb").write(b)' "$tmp/R/rank-1.kvlog"
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v --ranks 3 --strategy ring-kv > "$tmp/r.txt" 2> "$tmp/r.err"
+    if cmp -s "$tmp/r.txt" "$greedy" && grep -q "^resume: .*rank-1.kvlog: offset [0-9]*: .*the log is damaged: its steps 0\.\.[0-9]* are whole" "$tmp/r.err"; then
+        ok "--resume with a damaged record in a log: its good prefix (-v says where), the clean text"
+    else
+        bad "--resume, damaged log: $(grep resume "$tmp/r.err" | head -n 2)"
+    fi
+    head -c 3000 "$tmp/R2/rank-2.kvlog" > "$tmp/cut" && mv "$tmp/cut" "$tmp/R2/rank-2.kvlog"
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R2" -v --ranks 3 --strategy ring-kv > "$tmp/r.txt" 2> "$tmp/r.err"
+    if cmp -s "$tmp/r.txt" "$greedy" && grep -q "^resume: .*rank-2.kvlog: offset [0-9]*: cut short" "$tmp/r.err"; then
+        ok "--resume with a log cut short: its good prefix (-v says where), the clean text"
+    else
+        bad "--resume, cut log: $(grep resume "$tmp/r.err" | head -n 2)"
+    fi
+    # another prompt, another model: refused (status 2) naming the file, offset and field
+    "$build/kvr-run" -m "$model" -p "Once upon a tide" -n 48 --temp 0 --resume "$tmp/R2" --ranks 3 --strategy ring-kv > /dev/null 2> "$tmp/r.err"
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q "rank-0.kvlog: offset 112: the logs are of another prompt: its token 4 is" "$tmp/r.err"; then
+        ok "--resume with another prompt: refused, naming the file, offset and token"
+    else
+        bad "--resume, another prompt: rc=$rc $(tail -n 1 "$tmp/r.err")"
+    fi
+    if [ -f "$ref/tiny-llama-Q8_0.gguf" ]; then
+        "$build/kvr-run" -m "$ref/tiny-llama-Q8_0.gguf" -p "Once upon a time" -n 8 --temp 0 --resume "$tmp/R2" > /dev/null 2> "$tmp/r.err"
+        rc=$?
+        if [ $rc -eq 2 ] && grep -q "rank-0.kvlog: offset 20: the log is of another model: layers 5" "$tmp/r.err"; then
+            ok "--resume with another model: refused, naming the file, offset and field"
+        else
+            bad "--resume, another model: rc=$rc $(tail -n 1 "$tmp/r.err")"
+        fi
+    fi
+    # resumed into the same logs (--replicate-dir = --resume), stopped again, resumed again
+    rm -rf "$tmp/R"
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 10 --temp 0 --replicate-dir "$tmp/R" --ranks 3 --strategy kvr > /dev/null 2>&1
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 30 --temp 0 --replicate-dir "$tmp/R" --resume "$tmp/R" --ranks 3 --strategy kvr > /dev/null 2>&1
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v --ranks 3 --strategy kvr > "$tmp/r.txt" 2> "$tmp/r.err"
+    if cmp -s "$tmp/r.txt" "$greedy" && grep -q "restored 34 tokens (steps 0..29" "$tmp/r.err"; then
+        ok "--resume into the same logs, then --resume again: the clean text"
+    else
+        bad "--resume twice: $(grep resume "$tmp/r.err" | head -n 2)"
+    fi
     # a damaged or foreign cache file: status 2 and a message naming what and where
     rm -f "$tmp/A"
     "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --kv-save "$tmp/A" > /dev/null 2>&1
