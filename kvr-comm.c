@@ -3458,11 +3458,16 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
             if (!L[r]) continue;
             info->bytes += L[r]->bytes;
             kvr_dist_log_path(dir, r, path, sizeof(path));
-            if (L[r]->damage[0]) resume_note(d, "%s: %s: its steps 0..%d are whole", path, L[r]->damage, L[r]->n_steps - 1);
+            if (L[r]->damage[0] && L[r]->n_steps) resume_note(d, "%s: %s: its steps 0..%d are whole", path, L[r]->damage, L[r]->n_steps - 1);
+            if (L[r]->damage[0] && !L[r]->n_steps) resume_note(d, "%s: %s: none of its steps is whole", path, L[r]->damage);
             if (L[r]->n_steps - 1 > S) {
                 info->recomputed += L[r]->n_steps - 1 - S;
-                resume_note(d, "%s: steps %d..%d are past the last step every rank acknowledged (%d): recomputed", path, S + 1,
-                            L[r]->n_steps - 1, S);
+                if (S >= 0) {
+                    resume_note(d, "%s: steps %d..%d are past the last step every rank acknowledged (%d): recomputed", path, S + 1,
+                                L[r]->n_steps - 1, S);
+                } else {
+                    resume_note(d, "%s: steps 0..%d are whole, but not every rank acknowledged step 0: recomputed", path, L[r]->n_steps - 1);
+                }
             }
         }
         if (S >= 0) rc = resume_gather(L, NL, S, dir, &f, &holder);

@@ -11,8 +11,9 @@
 # moved between the two: this shared machine drifts (16% slower matmuls over one two-hour sitting).
 # Long: the parallel table at 1k..8k takes about two hours on 2 cores (3 runs a point up
 # to 4k, one at 8k: an 8k prefill takes minutes).
-# Then the overhead of streaming the cache to a file during a 2048-token prefill (--kv-stream).
-# KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX and
+# Then the overhead of streaming the cache to a file during a 2048-token prefill (--kv-stream),
+# and of the replication logs (--replicate-dir) with the time a --resume takes.
+# KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX ("none" skips) and
 # KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 4k, 1 beyond) choose what runs;
 # KVR_BENCH_PAR_OUT (default BUILD/bench/parallel.md) collects the parallel table.
 set -e
@@ -88,6 +89,50 @@ if [ "$stream_runs" -gt 0 ]; then
     echo
 fi
 
+# Replication logs and restarts (DejaVu's failover across processes): a 1024-token prompt and 32
+# greedy tokens (single rank x 2 threads) with and without --replicate-dir (each rank's rows and
+# tokens appended to its log, synced after every step by a thread behind the compute); runs
+# alternate, medians of TTFT and decode ms per token are compared. Then the run with the logs is
+# resumed (--resume: the logs read and checked, 1055 tokens restored, the last evaluated again) and
+# that time is set against recomputing the prompt (the TTFT) and the prompt and the 31 decode steps
+# after it (what a restart without the logs recomputes). KVR_BENCH_REPL_RUNS (default 3; 0 skips).
+repl_runs=${KVR_BENCH_REPL_RUNS:-3}
+if [ "$repl_runs" -gt 0 ]; then
+    toks=$(awk 'BEGIN { srand(11); for (i = 0; i < 1024; i++) printf "%s%d", i ? "," : "", 1 + int(rand() * 31999) }')
+    : > "$dir/repl.txt"
+    : > "$dir/resume.txt"
+    i=0
+    while [ $i -lt "$repl_runs" ]; do
+        for mode in off on; do
+            rm -rf "$dir/repl"
+            if [ $mode = on ]; then extra="--replicate-dir $dir/repl"; else extra=; fi
+            "$build/kvr-run" -m "$model" --tokens "$toks" -n 32 --temp 0 -t 2 -c 2048 $extra 2>&1 >/dev/null |
+                sed -n "s/^timing: .*ttft_ms=\([0-9.]*\).*decode_ms_per_tok=\([0-9.]*\).*/$mode \1 \2/p" >> "$dir/repl.txt"
+        done
+        "$build/kvr-run" -m "$model" --tokens "$toks" -n 33 --temp 0 -t 2 -c 2048 --resume "$dir/repl" -v 2>&1 >/dev/null |
+            sed -n 's/^resume: \([0-9]*\) tokens back in \([0-9.]*\) ms (\([0-9.]*\) MB.*/\1 \2 \3/p' >> "$dir/resume.txt"
+        i=$((i + 1))
+    done
+    echo "## replication logs (--replicate-dir) and --resume: 1024-token prompt + 32 tokens, single rank x 2 threads"
+    awk 'FNR == NR { v[$1, "t", ++n[$1]] = $2; v[$1, "d", n[$1]] = $3; next } { r[++nr] = $2; tok = $1; mb = $3 }
+        function med(a, k, c,   i, j, x, t) { for (i = 1; i <= c; i++) x[i] = a[k, i]
+            for (i = 1; i <= c; i++) for (j = i + 1; j <= c; j++) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
+            return c % 2 ? x[(c + 1) / 2] : (x[c / 2] + x[c / 2 + 1]) / 2 }
+        END { split("off on", ms, " ")
+              for (q = 1; q <= 2; q++) { for (i = 1; i <= n[ms[q]]; i++) { tt[ms[q], i] = v[ms[q], "t", i]; dd[ms[q], i] = v[ms[q], "d", i] }
+                                         T[ms[q]] = med(tt, ms[q], n[ms[q]]); D[ms[q]] = med(dd, ms[q], n[ms[q]]) }
+              for (i = 1; i <= nr; i++) rr[1, i] = r[i]
+              R = med(rr, 1, nr)
+              printf "TTFT median of %d runs: without %.0f ms, with --replicate-dir %.0f ms: overhead %+.1f%%\n", n["off"], T["off"], T["on"], 100 * (T["on"] / T["off"] - 1)
+              printf "decode median: without %.1f ms/token, with --replicate-dir %.1f ms/token: overhead %+.1f%%\n", D["off"], D["on"], 100 * (D["on"] / D["off"] - 1)
+              printf "--resume of %d tokens (%.1f MB of logs): median %.0f ms; recomputing the prompt: %.0f ms (%.1fx), the prompt and 31 steps: %.0f ms (%.1fx)\n",
+                     tok, mb, R, T["off"], T["off"] / R, T["off"] + 31 * D["off"], (T["off"] + 31 * D["off"]) / R }' \
+        "$dir/repl.txt" "$dir/resume.txt" | tee "$dir/repl-overhead.md"
+    echo "load average during the section: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$dir/repl-overhead.md"
+    rm -rf "$dir/repl"
+    echo
+fi
+
 # The simulator calibrated here for every rank x thread shape of the table (single x 2, single
 # x 1, 2 ranks x 1, the last with what sharing the machine costs), once before the runs and once
 # after: the predictions come from the one after, as in the earlier sittings; the one before, for
@@ -98,6 +143,7 @@ calibrate() { # SUFFIX
     "$build/kvr-tune" --calibrate -m "$model" --ranks 1 -t 1 -o "$dir/profile-1x1$1.txt"
     "$build/kvr-tune" --calibrate -m "$model" --ranks 2 -t 1 -o "$dir/profile-2x1$1.txt"
 }
+[ "$par_ctx" = none ] && exit 0 # KVR_BENCH_PAR_CTX=none: no parallel table (the sections above alone)
 calibrate -before
 cp "$dir/profile-2x1-before.txt" "$dir/profile-search.txt"
 rm -f "$dir/parts.txt" "$dir/parts-10g.txt"

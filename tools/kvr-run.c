@@ -935,9 +935,14 @@ int kvr_run_main(int argc, char ** argv) {
         // the logs of a run that stopped: what every rank acknowledged is restored, its last
         // token's logits are there, and the text goes on from it
         struct kvr_resume_info ri;
+        const double t_resume = kvr_time_ms();
         if (kvr_dist_resume(dist, a.resume, n_prompt ? ids : NULL, n_prompt, &ri) != KVR_OK) {
             fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
             goto done;
+        }
+        if (a.verbose && speaker) {
+            fprintf(stderr, "resume: %d tokens back in %.1f ms (%.1f MB of logs read and checked, the last token evaluated again)\n",
+                    ri.n_tokens, kvr_time_ms() - t_resume, ri.bytes / 1e6);
         }
         if (n_prompt == 0) { // no prompt given: the logs'
             if (ri.n_prompt == 0) {
