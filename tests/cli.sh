@@ -88,6 +88,7 @@ refused "--comm-timeout inf refused" "^kvr-run: --comm-timeout 'inf': not a fini
 refused "--partition nan,nan refused as not finite" "^kvr-run: --partition 'nan,nan': entry 1 'nan': not a finite number" $run -p hi --ranks 2 --partition nan,nan
 refused "--partition with ring-kv is an error" "ring-kv takes no partition" $run -p hi --ranks 2 --strategy ring-kv --partition 0.5,0.5
 refused "--partition with too many entries" "3 entries for 2 ranks" $run -p hi --ranks 2 --partition 1,1,1
+refused "-cnv with --ignore-eos is an error" "^kvr-run: -cnv: --ignore-eos would never end a reply" $run -cnv --ignore-eos
 refused "--partition fractions not adding to 1" "add up to 0.9" $run -p hi --ranks 2 --partition 0.5,0.4
 refused "--partition counts not adding up to the prompt" "the counts add up to 3, but the prompt has" $run -p "Once upon a time" --ranks 2 --partition 1,2
 refused "--trace into a missing directory, before the run" "^kvr-run: --trace '$tmp/no/t.json': cannot write" $run -p hi --trace "$tmp/no/t.json"

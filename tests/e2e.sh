@@ -430,6 +430,21 @@ if [ -f "$smol" ]; then
         skp "SmolLM2's prompt ids against llama.cpp's ($ref/smollm2-chat.tokens missing)"
     fi
     grep -q "Paris" "$tmp/smol-p.txt" && ok "SmolLM2 -p: $(tail -n 1 "$tmp/smol-p.txt")" || bad "SmolLM2 -p: no Paris in $(tail -n 1 "$tmp/smol-p.txt")"
+    # --ignore-eos: the reply that ends early (its end-of-turn token) goes on to -n tokens, and its
+    # start is the same (greedy: masking tokens that were not picked changes nothing before)
+    "$build/kvr-run" -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v > "$tmp/eos0.txt" 2> "$tmp/eos0.err"
+    "$build/kvr-run" -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v --ignore-eos > "$tmp/eos1.txt" 2> "$tmp/eos1.err"
+    g0=$(sed -n 's/^generated ids: //p' "$tmp/eos0.err"); g1=$(sed -n 's/^generated ids: //p' "$tmp/eos1.err")
+    n0=$(echo "$g0" | tr ',' '\n' | wc -l); n1=$(echo "$g1" | tr ',' '\n' | wc -l)
+    case "$g1" in
+        "${g0%,*}",*) same=1 ;;
+        *) same=0 ;;
+    esac
+    if [ "$n0" -lt 64 ] && [ "$n1" -eq 64 ] && [ $same -eq 1 ]; then
+        ok "--ignore-eos: a reply that ends after $n0 tokens goes on to all 64, the same up to its end"
+    else
+        bad "--ignore-eos: $n0 tokens without, $n1 with (same start: $same)"
+    fi
     printf 'What is the capital of France?\n' | "$build/kvr-run" -m "$smol" -cnv --temp 0 > "$tmp/smol-c.txt" 2> "$tmp/smol-c.err"
     rc=$?
     if [ $rc -eq 0 ] && grep -q "Paris" "$tmp/smol-c.txt" && [ "$(wc -l < "$tmp/smol-c.txt")" -eq 1 ]; then ok "SmolLM2 -cnv: $(cat "$tmp/smol-c.txt")"; else bad "SmolLM2 -cnv: rc=$rc $(cat "$tmp/smol-c.txt")"; fi

@@ -56,6 +56,7 @@ struct run_args {
     bool         no_special;   // -p/-f text: "<|im_start|>" stays text instead of the special token
     bool         no_escape;    // -p (and chat input): keep "\n" as two characters
     bool         conversation; // -cnv
+    bool         ignore_eos;   // --ignore-eos: end-of-generation tokens are never sampled
     const char * system;       // --system: the chat's system message
     const char * chat_template;// --chat-template: a family name (or a template text)
     bool         n_predict_set;
@@ -153,6 +154,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "-n", .alt = "--n-predict", .kind = KVR_CLI_INT, .dst = &a->n_predict, .meta = "N", .lo = 0, .hi = 1 << 20, .given = &a->n_predict_set,
           .help = "tokens to generate (default 128; 0 runs the prefill only); -cnv: the most a reply\n"
                   "may have (default: until its end of turn)" },
+        { .name = "--ignore-eos", .kind = KVR_CLI_SWITCH, .dst = &a->ignore_eos,
+          .help = "never sample an end-of-generation token: always -n tokens (as llama.cpp's flag;\nnot with -cnv, whose replies end there)" },
         { .name = "-t", .alt = "--threads", .kind = KVR_CLI_INT, .dst = &a->n_threads, .meta = "N", .lo = 1, .hi = KVR_MAX_THREADS,
           .help = "threads (default: all cores); with --ranks, threads per rank\n(default: cores / ranks)" },
         { .name = "-c", .alt = "--ctx-size", .kind = KVR_CLI_INT, .dst = &a->n_ctx, .meta = "N", .lo = 0, .hi = 1 << 24,
@@ -261,6 +264,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
             return kvr_cli_fail(&cli, a->kv_load || a->resume ? "give at most one of -p, -f and --tokens" : "give exactly one of -p, -f and --tokens (or -cnv for a chat)");
         }
     }
+    if (a->conversation && a->ignore_eos) return kvr_cli_fail(&cli, "-cnv: --ignore-eos would never end a reply");
     if (a->conversation && (a->kv_save || a->kv_load || a->session || a->kv_stream || a->pd || a->replicate_dir || a->resume)) {
         return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream, --decode-rank, --replicate-dir and --resume are for one prompt's run");
     }
@@ -788,7 +792,9 @@ int kvr_run_main(int argc, char ** argv) {
     int * counts = NULL;
     double * fracs = NULL;
     struct kvr_dist * dist = NULL;
-    int32_t * gen = NULL;
+    int32_t * gen = NULL, * eog = NULL; // eog: the end-of-generation ids (--ignore-eos)
+    float * masked = NULL;               // --ignore-eos: the logits with those at -inf
+    int n_eog = 0;
     bool smp_init = false;
     struct kvr_sampler smp;
     int n_prompt = 0;
@@ -1009,6 +1015,13 @@ int kvr_run_main(int argc, char ** argv) {
     double t_first = 0, t_end = 0;
     int n_gen = 0;
     gen = malloc(sizeof(int32_t) * (size_t)(a.n_predict + 1));
+    if (a.ignore_eos) {
+        masked = malloc(sizeof(float) * (size_t)n_vocab);
+        eog = malloc(sizeof(int32_t) * (size_t)n_vocab);
+        for (int i = 0; i < n_vocab; i++) {
+            if (kvr_vocab_is_eog(vocab, i)) eog[n_eog++] = i;
+        }
+    }
     if (a.n_predict == 0) t_first = kvr_time_ms();
     bool first_piece = false;
     // --resume: the tokens the stopped run generated up to the step taken, as it printed them
@@ -1022,7 +1035,11 @@ int kvr_run_main(int argc, char ** argv) {
     fflush(stdout);
     bool pending = false; // the last sampled token is not in the cache yet
     while (n_gen < a.n_predict) {
-        const int32_t id = kvr_sample(&smp, logits, n_vocab);
+        if (masked) { // --ignore-eos, as llama.cpp does it: the end-of-generation tokens' logits are -inf
+            memcpy(masked, logits, sizeof(float) * (size_t)n_vocab);
+            for (int i = 0; i < n_eog; i++) masked[eog[i]] = -INFINITY;
+        }
+        const int32_t id = kvr_sample(&smp, masked ? masked : logits, n_vocab);
         if (n_gen == 0) t_first = kvr_time_ms();
         gen[n_gen++] = id;
         if (kvr_vocab_is_eog(vocab, id)) break;
@@ -1068,6 +1085,8 @@ done:
     if (smp_init) kvr_sampler_free(&smp);
     kvr_dist_free(dist);
     free(gen);
+    free(eog);
+    free(masked);
     free(counts);
     free(fracs);
     kvr_model_free(model);
