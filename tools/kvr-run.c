@@ -223,7 +223,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--kv-load", .kind = KVR_CLI_TEXT, .dst = &a->kv_load, .meta = "FILE",
           .help = "restore a saved cache (FILE, or every rank's FILE.R), append the prompt\n"
                   "if one is given (no BOS), continue" },
-        { .name = "--session", .kind = KVR_CLI_TEXT, .dst = &a->session, .meta = "FILE",
+        { .name = "--session", .kind = KVR_CLI_OUT, .dst = &a->session, .meta = "FILE",
           .help = "llama.cpp's prompt cache: restore FILE if it exists, reuse the longest\n"
                   "common prefix of its tokens and the prompt, prefill the rest, save at the end" },
         { .name = "--kv-stream", .kind = KVR_CLI_OUT, .dst = &a->kv_stream, .meta = "FILE",
