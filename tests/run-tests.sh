@@ -21,6 +21,11 @@ pass=0
 fail=0
 skip=0
 failed_names=""
+# the files outside git's view before the tests (a developer's new files): one that is new at the
+# end was left in the source tree by a test (a path argument taken as a file name, a stray output)
+untracked() { git status --porcelain --untracked-files=all 2> /dev/null | sed -n 's/^?? //p' | sort; }
+untracked_before=$(mktemp)
+untracked > "$untracked_before"
 
 run() { # name, command...
     name=$1; shift
@@ -115,6 +120,16 @@ if [ -x "$build/fuzz-cli" ] && [ -f "$shared/models/stories260K.gguf" ]; then
 elif [ -x "$build/fuzz-cli" ]; then
     echo "skip fuzz-cli (no $shared/models/stories260K.gguf)"
     skip=$((skip + 1))
+fi
+
+left=$(untracked | comm -13 "$untracked_before" -)
+rm -f "$untracked_before"
+if [ -n "$left" ]; then
+    fail=$((fail + 1))
+    echo "FAIL the tests left files in the source tree: $(printf '%s\n' "$left" | head -n 5 | tr '\n' ' ')"
+else
+    pass=$((pass + 1))
+    echo "ok   the tests left no file in the source tree"
 fi
 
 echo "$pass passed, $fail failed, $skip skipped"
