@@ -2016,41 +2016,114 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
 }
 
 //
-// the integer prefill path for Q4_K: activations quantized to 8 bits, integer dot products
+// the integer path (kvr_backend_set_q8_activations): 8-bit activations, integer products
 //
-// What llama.cpp does for every k-quant matmul, here for Q4_K and only where a caller asks for it
-// (kvr_backend_set_q8_activations): the activations are quantized per 256 values to int8 with
-// one f32 scale (ggml's Q8_K rule), the weights' 4-bit quants are multiplied by them in 8/16/32-bit
-// integers, and the scales are applied once per super-block. Exact in its integers, it differs from
-// the dequantize-and-sgemm path only by the rounding of the activations (logits move by up to ~0.1);
-// that path stays the default and the one the outside references check.
+// What llama.cpp's CPU backend does for every quantized matmul, here only where a caller asks for
+// it, for prefill and decode alike: each token's activations are quantized once per matmul by
+// ggml's rule for the weight type's partner (Q8_0 blocks of 32 for Q4_0, Q5_0 and Q8_0; Q8_1, which
+// also carries d * sum(q), for Q4_1 and Q5_1; Q8_K super-blocks of 256 with sums per 16 for the
+// k-quants), the weights' quants are multiplied by them in 8/16/32-bit integers, and the scales are
+// applied once per block (legacy types) or super-block (k-quants). Exact in its integers, it differs
+// from the exact path only by the rounding of the activations (logits move by up to ~0.1); the exact
+// path stays the default and the one the outside references check.
 //
-// Why it is faster: AVX2's vpmaddubsw does 32 byte products per instruction against 8 f32 FMAs, and
-// a weight byte is loaded once for several tokens. The weights of 8 rows are interleaved first
-// (quant_q4_K_x8, a copy of one block of rows made per matmul, which a prefill's tokens amortize):
-// lane i of every vector belongs to row i, so the 8 rows' sums come out side by side in one vector,
-// with no horizontal additions, and 4 bytes of a token broadcast to all lanes feed all 8 rows.
+// Why it is faster: AVX2's vpmaddubsw does 32 byte products per instruction against 8 f32 FMAs,
+// and a 4-bit weight needs no conversion to float. Every type is seen through one form, so two
+// kernels serve them all: per chunk of 32 elements, 32 bytes of quants in element order (unsigned
+// 0..2^bits-1, or signed for the 8-bit types), and per block
+//   legacy, 32 values:          x = d (q - off) + m       off 8 (Q4_0), 16 (Q5_0); m of Q4_1/Q5_1
+//   k-quants, 256 in runs of 16: x = d sc_r q - dmin mn_r  (Q3_K, Q6_K: mn_r = off sc_r, dmin = d)
+// The offsets and mins meet the activations' sums (one per block or per run of 16), never the
+// products. Decode (a few tokens) takes each row once in its stored form and unpacks a block in
+// registers for all of its tokens (qx_row_*); a prefill first interleaves 8 rows (qx_*_x8: lane i of
+// every vector is row i), so 4 bytes of a token broadcast to all lanes feed 8 rows at once, and each
+// interleaved block serves 4 tokens from registers and every token of the chunk from L2.
 
-// One token's activations over 256 values: x ~ d * qs, with the sums of each 32 quants.
-struct quant_act_q8 {
+// A token's activations over one legacy block, by ggml's x86 rule for Q8_0 and Q8_1: d = amax/127
+// rounded to fp16, q = x * (127/amax) rounded half to even, s = d * sum(q) rounded to fp16 (Q8_1's,
+// what Q4_1/Q5_1 multiply their min by); sum is sum(q) itself, which takes the offsets of Q4_0/Q5_0
+// off the integer sums exactly, as ggml's q - 8 does.
+struct qx_q8 {
+    int8_t  qs[KVR_QK];
+    float   d, s;
+    int32_t sum, pad;
+};
+
+// A token's activations over one super-block, by ggml's rule for Q8_K (quantize_row_q8_K_ref, which
+// x86 runs): the value of largest magnitude (the first, if tied) maps to -127, the rest round half to
+// even at that scale, d in f32; bsum holds the sums of each 16 quants.
+struct qx_q8K {
     float   d;
-    int16_t bsum[8];
+    int16_t bsum[16];
     int8_t  qs[KVR_QK_K];
 };
 
-// One super-block (256 values) of 8 weight rows of Q4_K, interleaved.
-struct quant_q4_K_x8 {
-    float   d[8], dmin[8];         // row i's scales, as f32
-    int16_t sc[8][16];             // sub-block j: lanes 2i and 2i+1 hold row i's 6-bit scale
-    int16_t mn[4][16];             // pair p: lanes 2i, 2i+1 hold row i's mins of sub-blocks 2p, 2p+1
-    uint8_t q[8][8][32];           // sub-block j, group g: bytes 4i..4i+3 are row i's quants 32j+4g..+3
-};
+static bool qx_is_k(enum kvr_type t) {
+    return t == KVR_TYPE_Q2_K || t == KVR_TYPE_Q3_K || t == KVR_TYPE_Q4_K || t == KVR_TYPE_Q5_K ||
+           t == KVR_TYPE_Q6_K || t == KVR_TYPE_Q8_K;
+}
 
-// ggml's quantize_row_q8_K_ref rule: the value of largest magnitude (the first, if tied) maps to
-// -127, the rest round to nearest (ties to even) at that scale. The AVX2 version computes the same
-// numbers (the same products, the same rounding); a prefill quantizes every matmul's input, so
-// this runs over millions of values a layer.
-static void quant_act_from_float(const float * restrict x, struct quant_act_q8 * restrict y, int64_t n) {
+static bool qx_is_legacy(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1 || t == KVR_TYPE_Q5_0 || t == KVR_TYPE_Q5_1 ||
+           t == KVR_TYPE_Q8_0 || t == KVR_TYPE_Q8_1;
+}
+
+// Bytes of one token's quantized activations over K values.
+static size_t qx_act_bytes(enum kvr_type t, int64_t K) {
+    return qx_is_k(t) ? (size_t)(K / KVR_QK_K) * sizeof(struct qx_q8K) : (size_t)(K / KVR_QK) * sizeof(struct qx_q8);
+}
+
+static float qx_round_half(float v) {
+    return kvr_half_to_f32(kvr_f32_to_half(v));
+}
+
+static void qx_quantize_q8(const float * restrict x, struct qx_q8 * restrict y, int64_t n) {
+    for (int64_t b = 0; b < n / KVR_QK; b++, x += KVR_QK, y++) {
+        float amax = 0.0f;
+        int32_t sum = 0;
+#if defined(__AVX2__)
+        __m256 v[4];
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 vm = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            vm = _mm256_max_ps(vm, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        amax = _mm_cvtss_f32(h);
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) {
+            q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i hs = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0x4e));
+        hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0xb1));
+        sum = _mm_cvtsi128_si32(hs);
+        // packs interleave the 128-bit lanes: 4-byte groups come out as 0,2,4,6,1,3,5,7
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)y->qs, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+        for (int j = 0; j < KVR_QK; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < KVR_QK; j++) {
+            const int v = (int)nearbyintf(x[j] * id);
+            y->qs[j] = (int8_t)v;
+            sum += v;
+        }
+#endif
+        const float d = amax / 127.0f;
+        y->d = qx_round_half(d);
+        y->s = qx_round_half(d * (float)sum);
+        y->sum = sum;
+        y->pad = 0;
+    }
+}
+
+static void qx_quantize_q8K(const float * restrict x, struct qx_q8K * restrict y, int64_t n) {
     for (int64_t b = 0; b < n / KVR_QK_K; b++, x += KVR_QK_K, y++) {
         float amax = 0.0f;
 #if defined(__AVX2__)
@@ -2082,12 +2155,13 @@ static void quant_act_from_float(const float * restrict x, struct quant_act_q8 *
                 const __m256 v = _mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * sb + 8 * k));
                 q[k] = _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
             }
-            const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            __m128i hs = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-            hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0x4e));
-            hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0xb1));
-            y->bsum[sb] = (int16_t)_mm_cvtsi128_si32(hs);
-            // packs interleave the 128-bit lanes: 4-byte groups come out as 0,2,4,6,1,3,5,7
+            for (int hh = 0; hh < 2; hh++) {
+                const __m256i s = _mm256_add_epi32(q[2 * hh], q[2 * hh + 1]);
+                __m128i hs = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0x4e));
+                hs = _mm_add_epi32(hs, _mm_shuffle_epi32(hs, 0xb1));
+                y->bsum[2 * sb + hh] = (int16_t)_mm_cvtsi128_si32(hs);
+            }
             const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
             _mm256_storeu_si256((__m256i *)(y->qs + 32 * sb), _mm256_permutevar8x32_epi32(p, order));
         }
@@ -2096,19 +2170,445 @@ static void quant_act_from_float(const float * restrict x, struct quant_act_q8 *
             const int v = q_nearest_int(iscale * x[j]);
             y->qs[j] = (int8_t)(v > 127 ? 127 : v);
         }
-        for (int sb = 0; sb < 8; sb++) {
+        for (int r = 0; r < 16; r++) {
             int sum = 0;
-            for (int j = 0; j < 32; j++) sum += y->qs[32 * sb + j];
-            y->bsum[sb] = (int16_t)sum;
+            for (int j = 0; j < 16; j++) sum += y->qs[16 * r + j];
+            y->bsum[r] = (int16_t)sum;
         }
 #endif
         y->d = 1.0f / iscale;
     }
 }
 
-#if defined(__AVX2__)
+// One token's activations for weights of type t: K values into act (qx_act_bytes).
+static void qx_quantize(enum kvr_type t, const float * x, void * act, int64_t K) {
+    if (qx_is_k(t)) qx_quantize_q8K(x, act, K);
+    else            qx_quantize_q8(x, act, K);
+}
+
+// The canonical form of the types' blocks (see above). Everything here is inlined into kernels
+// made for one type, so the switches over the type fold away.
+#define QX_INLINE static inline __attribute__((always_inline))
+
+QX_INLINE size_t qx_block_bytes(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: return sizeof(struct kvr_block_q4_0);
+        case KVR_TYPE_Q4_1: return sizeof(struct kvr_block_q4_1);
+        case KVR_TYPE_Q5_0: return sizeof(struct kvr_block_q5_0);
+        case KVR_TYPE_Q5_1: return sizeof(struct kvr_block_q5_1);
+        case KVR_TYPE_Q8_0: return sizeof(struct kvr_block_q8_0);
+        case KVR_TYPE_Q8_1: return sizeof(struct kvr_block_q8_1);
+        case KVR_TYPE_Q2_K: return sizeof(struct kvr_block_q2_K);
+        case KVR_TYPE_Q3_K: return sizeof(struct kvr_block_q3_K);
+        case KVR_TYPE_Q4_K: return sizeof(struct kvr_block_q4_K);
+        case KVR_TYPE_Q5_K: return sizeof(struct kvr_block_q5_K);
+        case KVR_TYPE_Q6_K: return sizeof(struct kvr_block_q6_K);
+        default:            return sizeof(struct kvr_block_q8_K);
+    }
+}
+
+// the 8-bit types' quants are signed (the kernels multiply |q| by the activations with q's sign)
+QX_INLINE bool qx_signed(enum kvr_type t) {
+    return t == KVR_TYPE_Q8_0 || t == KVR_TYPE_Q8_1 || t == KVR_TYPE_Q8_K;
+}
+
+// the legacy offset: x = d (q - off)
+QX_INLINE int qx_offset(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_0 ? 8 : t == KVR_TYPE_Q5_0 ? 16 : 0;
+}
+
+// the legacy types with a min (x = d q + m)
+QX_INLINE bool qx_has_min(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_1 || t == KVR_TYPE_Q5_1;
+}
+
+// an fp16 scale (F16C converts it in one instruction)
+QX_INLINE float qx_half(const uint8_t * p) {
+#if defined(__F16C__)
+    return _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+#else
+    return kvr_q_half(p);
+#endif
+}
+
+// A legacy block's d and m (0 without a min).
+QX_INLINE void qx_legacy_dm(enum kvr_type t, const uint8_t * blk, float * d, float * m) {
+    *d = qx_half(blk); // d is every legacy block's first field
+    *m = t == KVR_TYPE_Q4_1 ? qx_half(((const struct kvr_block_q4_1 *)blk)->m)
+       : t == KVR_TYPE_Q5_1 ? qx_half(((const struct kvr_block_q5_1 *)blk)->m) : 0.0f;
+}
+
+// A super-block's scales: x = d sc[r] q - dmin mn[r] over run r of 16 values.
+struct qx_sc {
+    float   d, dmin;
+    int16_t sc[16], mn[16];
+};
+
+QX_INLINE void qx_k_scales(enum kvr_type t, const uint8_t * blk, struct qx_sc * s) {
+    switch (t) {
+        case KVR_TYPE_Q2_K: {
+            const struct kvr_block_q2_K * b = (const void *)blk;
+            s->d = qx_half(b->d);
+            s->dmin = qx_half(b->dmin);
+            for (int r = 0; r < 16; r++) {
+                s->sc[r] = (int16_t)(b->scales[r] & 0x0f);
+                s->mn[r] = (int16_t)(b->scales[r] >> 4);
+            }
+            break;
+        }
+        case KVR_TYPE_Q3_K: {
+            const struct kvr_block_q3_K * b = (const void *)blk;
+            int sc[16];
+            kvr_q3_scales(b->scales, sc);
+            s->d = s->dmin = qx_half(b->d);
+            for (int r = 0; r < 16; r++) {
+                s->sc[r] = (int16_t)(sc[r] - 32);
+                s->mn[r] = (int16_t)(4 * (sc[r] - 32));
+            }
+            break;
+        }
+        case KVR_TYPE_Q4_K:
+        case KVR_TYPE_Q5_K: {
+            // the two types share d, dmin and the 12 bytes of scales at the start of a block
+            const struct kvr_block_q4_K * b = (const void *)blk;
+            int sc[8], mn[8];
+            kvr_k4_scales(b->scales, sc, mn);
+            s->d = qx_half(b->d);
+            s->dmin = qx_half(b->dmin);
+            for (int r = 0; r < 16; r++) {
+                s->sc[r] = (int16_t)sc[r / 2];
+                s->mn[r] = (int16_t)mn[r / 2];
+            }
+            break;
+        }
+        case KVR_TYPE_Q6_K: {
+            const struct kvr_block_q6_K * b = (const void *)blk;
+            s->d = s->dmin = qx_half(b->d);
+            for (int r = 0; r < 16; r++) {
+                s->sc[r] = (int16_t)b->scales[r];
+                s->mn[r] = (int16_t)(32 * b->scales[r]);
+            }
+            break;
+        }
+        default: { // Q8_K
+            const struct kvr_block_q8_K * b = (const void *)blk;
+            s->d = kvr_f32_of_bits(kvr_q_u32le(b->d));
+            s->dmin = 0.0f;
+            for (int r = 0; r < 16; r++) {
+                s->sc[r] = 1;
+                s->mn[r] = 0;
+            }
+            break;
+        }
+    }
+}
+
+// Flush period of the 8-row kernels: how many 4-byte groups of products an int16 lane may sum
+// before it goes to int32 (F * 2 * qmax * 127 <= 32767, and no run of one scale is split: runs are 4
+// groups for the per-16 types, 8 for Q4_K; a legacy block is 8).
+QX_INLINE int qx_flush(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: case KVR_TYPE_Q4_1: case KVR_TYPE_Q4_K: return 8; // 8 * 2 * 15 * 127 = 30480
+        case KVR_TYPE_Q6_K:                                         return 2; // 2 * 2 * 63 * 127 = 32004
+        case KVR_TYPE_Q8_0: case KVR_TYPE_Q8_1: case KVR_TYPE_Q8_K: return 1; // 2 * 128 * 127 = 32512
+        default:                                                    return 4; // 5 bits: 31496; Q2_K/Q3_K: per-16 runs
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+// Byte l of the result: val where bit `bit` of byte l of v is set, else 0.
+static inline __m256i qx_bit(__m256i v, int bit, int val) {
+    const __m256i m = _mm256_set1_epi8((char)(1 << bit));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8((char)val));
+}
+
+// Byte l of the result: 0x10 if bit l of bits is set (the 5th bit of Q5_0/Q5_1 element l).
+static inline __m256i qx_bits32(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), sel);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
+}
+
+// The 16 bytes of a legacy block's nibbles as its 32 quants (low nibbles: elements 0..15).
+static inline __m256i qx_nibbles(const uint8_t * qs) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+
+static inline __m256i qx_shr(__m256i v, int n, int mask) { // the bytes of v >> n, & mask
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n)), _mm256_set1_epi8((char)mask));
+}
+
+// The quants of elements 32j..32j+31 of a block, in element order (j = 0 for the legacy types).
+QX_INLINE __m256i qx_chunk(enum kvr_type t, const uint8_t * blk, int j) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: return qx_nibbles(((const struct kvr_block_q4_0 *)blk)->qs);
+        case KVR_TYPE_Q4_1: return qx_nibbles(((const struct kvr_block_q4_1 *)blk)->qs);
+        case KVR_TYPE_Q5_0: {
+            const struct kvr_block_q5_0 * b = (const void *)blk;
+            return _mm256_or_si256(qx_nibbles(b->qs), qx_bits32(kvr_q_u32le(b->qh)));
+        }
+        case KVR_TYPE_Q5_1: {
+            const struct kvr_block_q5_1 * b = (const void *)blk;
+            return _mm256_or_si256(qx_nibbles(b->qs), qx_bits32(kvr_q_u32le(b->qh)));
+        }
+        case KVR_TYPE_Q8_0: return _mm256_loadu_si256((const __m256i *)((const struct kvr_block_q8_0 *)blk)->qs);
+        case KVR_TYPE_Q8_1: return _mm256_loadu_si256((const __m256i *)((const struct kvr_block_q8_1 *)blk)->qs);
+        case KVR_TYPE_Q2_K: {
+            // element 128h + 32k + l: bits 2k, 2k+1 of qs[32h + l]
+            const struct kvr_block_q2_K * b = (const void *)blk;
+            return qx_shr(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * (j / 4))), 2 * (j % 4), 3);
+        }
+        case KVR_TYPE_Q3_K: {
+            // as Q2_K, plus 4 where bit j of hmask[l] is set
+            const struct kvr_block_q3_K * b = (const void *)blk;
+            const __m256i lo = qx_shr(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * (j / 4))), 2 * (j % 4), 3);
+            return _mm256_or_si256(lo, qx_bit(_mm256_loadu_si256((const __m256i *)b->hmask), j, 4));
+        }
+        case KVR_TYPE_Q4_K: {
+            // qs[32c..32c+31]: chunk 2c in the low nibbles, 2c+1 in the high ones
+            const struct kvr_block_q4_K * b = (const void *)blk;
+            return qx_shr(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * (j / 2))), 4 * (j % 2), 0x0f);
+        }
+        case KVR_TYPE_Q5_K: {
+            const struct kvr_block_q5_K * b = (const void *)blk;
+            const __m256i lo = qx_shr(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * (j / 2))), 4 * (j % 2), 0x0f);
+            return _mm256_or_si256(lo, qx_bit(_mm256_loadu_si256((const __m256i *)b->qh), j, 16));
+        }
+        case KVR_TYPE_Q6_K: {
+            // element 128h + 32k + l: low 4 bits from ql[64h + 32(k&1) + l] (high nibble if k >= 2),
+            // high 2 from qh[32h + l] >> 2k
+            const struct kvr_block_q6_K * b = (const void *)blk;
+            const int h = j / 4, k = j % 4;
+            const __m256i lo = qx_shr(_mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (k & 1))), 4 * (k / 2), 0x0f);
+            const __m256i hi = qx_shr(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)), 2 * k, 3);
+            return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        }
+        default: // Q8_K
+            return _mm256_loadu_si256((const __m256i *)(((const struct kvr_block_q8_K *)blk)->qs + 32 * j));
+    }
+}
+
+static inline float qx_hsum(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+// out[t] = row . token t over nb legacy blocks, for nt (1 or 4) tokens.
+QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, int64_t nb,
+                             const struct qx_q8 * const a[4], float out[4]) {
+    const size_t bs = qx_block_bytes(type);
+    const bool sgn = qx_signed(type);
+    const int off = qx_offset(type);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    float mins[4];
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm256_setzero_ps();
+        mins[t] = 0.0f;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * blk = row + (size_t)b * bs;
+        float d, m;
+        qx_legacy_dm(type, blk, &d, &m);
+        const __m256i q = qx_chunk(type, blk, 0);
+        const __m256i qa = sgn ? _mm256_sign_epi8(q, q) : q;
+        for (int t = 0; t < nt; t++) {
+            const struct qx_q8 * ab = a[t] + b;
+            __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
+            if (sgn) y = _mm256_sign_epi8(y, q);
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, y), ones);
+            if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * ab->sum)));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab->d), acc[t]);
+            if (qx_has_min(type)) mins[t] += m * ab->s;
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) + mins[t];
+}
+
+// out[t] = row . token t over nb super-blocks, for nt (1 or 4) tokens.
+QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t nb,
+                        const struct qx_q8K * const a[4], float out[4]) {
+    const size_t bs = qx_block_bytes(type);
+    const bool sgn = qx_signed(type);
+    __m256 acc[4], accm[4];
+    for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * blk = row + (size_t)b * bs;
+        struct qx_sc s;
+        qx_k_scales(type, blk, &s);
+        __m256i sumi[4];
+        for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i q = qx_chunk(type, blk, j);
+            const __m256i qa = sgn ? _mm256_sign_epi8(q, q) : q;
+            // lanes 0..7 of a product (elements 0..15 of the chunk) are run 2j, lanes 8..15 run 2j+1
+            const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(s.sc[2 * j + 1]), _mm_set1_epi16(s.sc[2 * j]));
+            for (int t = 0; t < nt; t++) {
+                __m256i y = _mm256_loadu_si256((const __m256i *)(a[t][b].qs + 32 * j));
+                if (sgn) y = _mm256_sign_epi8(y, q);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, y), sc));
+            }
+        }
+        const __m256i mn = _mm256_loadu_si256((const __m256i *)s.mn);
+        for (int t = 0; t < nt; t++) {
+            const struct qx_q8K * ab = a[t] + b;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(s.d * ab->d), acc[t]);
+            if (type != KVR_TYPE_Q8_K) {
+                const __m256i ms = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)ab->bsum));
+                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(s.dmin * ab->d), accm[t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) - qx_hsum(accm[t]);
+}
+
+#else
+
+// Without AVX2: the same integers, one element at a time.
+static int qx_quant_c(enum kvr_type t, const uint8_t * blk, int e) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: { const struct kvr_block_q4_0 * b = (const void *)blk; return (b->qs[e % 16] >> (4 * (e / 16))) & 15; }
+        case KVR_TYPE_Q4_1: { const struct kvr_block_q4_1 * b = (const void *)blk; return (b->qs[e % 16] >> (4 * (e / 16))) & 15; }
+        case KVR_TYPE_Q5_0: {
+            const struct kvr_block_q5_0 * b = (const void *)blk;
+            return ((b->qs[e % 16] >> (4 * (e / 16))) & 15) | (int)((kvr_q_u32le(b->qh) >> e) & 1) << 4;
+        }
+        case KVR_TYPE_Q5_1: {
+            const struct kvr_block_q5_1 * b = (const void *)blk;
+            return ((b->qs[e % 16] >> (4 * (e / 16))) & 15) | (int)((kvr_q_u32le(b->qh) >> e) & 1) << 4;
+        }
+        case KVR_TYPE_Q8_0: return ((const struct kvr_block_q8_0 *)blk)->qs[e];
+        case KVR_TYPE_Q8_1: return ((const struct kvr_block_q8_1 *)blk)->qs[e];
+        case KVR_TYPE_Q2_K: {
+            const struct kvr_block_q2_K * b = (const void *)blk;
+            return (b->qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+        }
+        case KVR_TYPE_Q3_K: {
+            const struct kvr_block_q3_K * b = (const void *)blk;
+            return ((b->qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3) | ((b->hmask[e % 32] >> (e / 32)) & 1) << 2;
+        }
+        case KVR_TYPE_Q4_K: {
+            const struct kvr_block_q4_K * b = (const void *)blk;
+            return (b->qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 15;
+        }
+        case KVR_TYPE_Q5_K: {
+            const struct kvr_block_q5_K * b = (const void *)blk;
+            return ((b->qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 15) | ((b->qh[e % 32] >> (e / 32)) & 1) << 4;
+        }
+        case KVR_TYPE_Q6_K: {
+            const struct kvr_block_q6_K * b = (const void *)blk;
+            const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+            return ((b->ql[64 * h + 32 * (k & 1) + l] >> (4 * (k / 2))) & 15) | ((b->qh[32 * h + l] >> (2 * k)) & 3) << 4;
+        }
+        default: return ((const struct kvr_block_q8_K *)blk)->qs[e];
+    }
+}
+
+static void qx_row_c(enum kvr_type type, int nt, const uint8_t * row, int64_t nb, const void * const a[4], float out[4]) {
+    const size_t bs = qx_block_bytes(type);
+    for (int t = 0; t < nt; t++) out[t] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * blk = row + (size_t)b * bs;
+        if (qx_is_k(type)) {
+            struct qx_sc s;
+            qx_k_scales(type, blk, &s);
+            for (int t = 0; t < nt; t++) {
+                const struct qx_q8K * ab = (const struct qx_q8K *)a[t] + b;
+                int32_t sumi = 0, summ = 0;
+                for (int r = 0; r < 16; r++) {
+                    int32_t p = 0;
+                    for (int l = 0; l < 16; l++) p += qx_quant_c(type, blk, 16 * r + l) * ab->qs[16 * r + l];
+                    sumi += s.sc[r] * p;
+                    summ += s.mn[r] * ab->bsum[r];
+                }
+                out[t] += (float)sumi * (s.d * ab->d) - (float)summ * (s.dmin * ab->d);
+            }
+        } else {
+            float d, m;
+            qx_legacy_dm(type, blk, &d, &m);
+            for (int t = 0; t < nt; t++) {
+                const struct qx_q8 * ab = (const struct qx_q8 *)a[t] + b;
+                int32_t p = 0;
+                for (int e = 0; e < KVR_QK; e++) p += qx_quant_c(type, blk, e) * ab->qs[e];
+                out[t] += (float)(p - qx_offset(type) * ab->sum) * (d * ab->d) + (qx_has_min(type) ? m * ab->s : 0.0f);
+            }
+        }
+    }
+}
+
+#endif
+
+// A type's prefill kernels: the interleave of 8 rows and the 8-row kernel (below).
+struct qx_x8_fns {
+    void (*interleave)(const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows, int64_t nb, void * out);
+    void (*dot)(const void * w, const void * const a[4], int64_t nb, float out[4][8]);
+    size_t tile_bytes; // of one interleaved block of 8 rows
+};
+
+// out[t] = row . token t for nt <= 4 tokens (a[t]: their activations, nb blocks of the type's).
+static void qx_row_dot(enum kvr_type type, int nt, const uint8_t * row, int64_t nb, const void * const a[4], float out[4]) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    // one kernel for a single token (decode), one for 4 (a shorter tile repeats its last token)
+    const struct qx_q8 * const al[4] = { a[0], a[1], a[2], a[3] };
+    const struct qx_q8K * const ak[4] = { a[0], a[1], a[2], a[3] };
+#define QX_L(T) case T: if (nt == 1) qx_row_legacy(T, 1, row, nb, al, out); else qx_row_legacy(T, 4, row, nb, al, out); break;
+#define QX_K(T) case T: if (nt == 1) qx_row_k(T, 1, row, nb, ak, out);      else qx_row_k(T, 4, row, nb, ak, out);      break;
+    switch (type) {
+        QX_L(KVR_TYPE_Q4_0) QX_L(KVR_TYPE_Q4_1) QX_L(KVR_TYPE_Q5_0) QX_L(KVR_TYPE_Q5_1) QX_L(KVR_TYPE_Q8_0) QX_L(KVR_TYPE_Q8_1)
+        QX_K(KVR_TYPE_Q2_K) QX_K(KVR_TYPE_Q3_K) QX_K(KVR_TYPE_Q4_K) QX_K(KVR_TYPE_Q5_K) QX_K(KVR_TYPE_Q6_K) QX_K(KVR_TYPE_Q8_K)
+        default: KVR_ASSERT(!"qx_row_dot: not a quantized type");
+    }
+#undef QX_L
+#undef QX_K
+#else
+    qx_row_c(type, nt, row, nb, a, out);
+#endif
+}
+
+// Y[t][n] = W[n] . X[t] for rows n0..n1, every row read once and met by its tokens 4 at a time:
+// decode, and the prefill path without AVX2. scratch holds T tokens' activations.
+static void qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                        const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, void * scratch) {
+    const size_t ab = qx_act_bytes(type, K);
+    const int64_t nb = K / kvr_blck_size(type);
+    for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, (uint8_t *)scratch + (size_t)t * ab, K);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
+        for (int64_t t0 = 0; t0 < T; t0 += 4) {
+            const int nt = T - t0 < 4 ? (int)(T - t0) : 4;
+            const void * a[4];
+            for (int k = 0; k < 4; k++) a[k] = (const uint8_t *)scratch + (size_t)(t0 + (k < nt ? k : nt - 1)) * ab;
+            float out[4];
+            qx_row_dot(type, nt == 1 ? 1 : 4, row, nb, a, out);
+            for (int k = 0; k < nt; k++) Y[(t0 + k) * ldy + n] = out[k];
+        }
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+// One legacy block (32 values) of 8 rows, interleaved.
+struct qx_l_x8 {
+    float   d[8], m[8];      // row i's scale and min (0 without one)
+    uint8_t q[8][32];        // group g: bytes 4i..4i+3 are row i's quants 4g..4g+3 (|q| for the 8-bit types)
+    uint8_t s[8][32];        // the 8-bit types: the quants themselves, whose signs the products take
+};
+
+// One super-block (256 values) of 8 rows, interleaved.
+struct qx_k_x8 {
+    float   d[8], dmin[8];
+    int16_t sc[16][16];      // run r: lanes 2i and 2i+1 hold row i's scale
+    int16_t mn[8][16];       // runs 2p, 2p+1: lanes 2i, 2i+1 hold row i's mins of the two
+    uint8_t q[8][8][32];     // chunk j, group g: bytes 4i..4i+3 are row i's quants 32j+4g..+3
+};
+
 // out[g] = the g-th 4-byte group of v[0], ..., v[7]: an 8x8 transpose of 32-bit elements
-static inline void quant_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
+static inline void qx_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
     __m256i a[8], b[8];
     for (int k = 0; k < 4; k++) {
         a[2 * k]     = _mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]); // r0g0 r1g0 r0g1 r1g1 | g4 g5
@@ -2126,175 +2626,245 @@ static inline void quant_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
         _mm256_storeu_si256((__m256i *)out[g + 4], _mm256_permute2x128_si256(b[g], b[4 + g], 0x31));
     }
 }
-#endif
 
-// Rows r0..r0+7 of a Q4_K matrix (rows at or past n_rows are zero) into nb interleaved super-blocks.
-static void quant_q4_K_interleave(const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
-                                  int64_t nb, struct quant_q4_K_x8 * restrict out) {
+// Rows r0..r0+7 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
+QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
+                                    int64_t nb, struct qx_l_x8 * restrict out) {
+    const size_t bs = qx_block_bytes(type);
     for (int64_t b = 0; b < nb; b++) {
-        struct quant_q4_K_x8 * o = out + b;
+        struct qx_l_x8 * o = out + b;
+        __m256i v[8], va[8];
         for (int i = 0; i < 8; i++) {
-            // a padding row (past n_rows) is all zeros
-            const struct kvr_block_q4_K * blk =
-                r0 + i < n_rows ? (const struct kvr_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b : NULL;
-            int sc[8] = { 0 }, mn[8] = { 0 };
-            if (blk) kvr_k4_scales(blk->scales, sc, mn);
-            o->d[i]    = blk ? kvr_q_half(blk->d) : 0.0f;
-            o->dmin[i] = blk ? kvr_q_half(blk->dmin) : 0.0f;
-            for (int j = 0; j < 8; j++) o->sc[j][2 * i] = o->sc[j][2 * i + 1] = (int16_t)sc[j];
-            for (int p = 0; p < 4; p++) {
-                o->mn[p][2 * i]     = (int16_t)mn[2 * p];
-                o->mn[p][2 * i + 1] = (int16_t)mn[2 * p + 1];
+            if (r0 + i >= n_rows) {
+                v[i] = va[i] = _mm256_setzero_si256();
+                o->d[i] = o->m[i] = 0.0f;
+                continue;
             }
-#if !defined(__AVX2__)
-            for (int j = 0; j < 8; j++) {
-                const int shift = 4 * (j & 1);
-                for (int g = 0; g < 8; g++) {
-                    for (int l = 0; l < 4; l++) {
-                        o->q[j][g][4 * i + l] = blk ? (uint8_t)((blk->qs[32 * (j / 2) + 4 * g + l] >> shift) & 0x0f) : 0;
-                    }
-                }
-            }
-#endif
+            const uint8_t * blk = w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs;
+            qx_legacy_dm(type, blk, &o->d[i], &o->m[i]);
+            v[i] = qx_chunk(type, blk, 0);
+            va[i] = qx_signed(type) ? _mm256_sign_epi8(v[i], v[i]) : v[i];
         }
-#if defined(__AVX2__)
-        // the quants: per 64 values, each row's 32 bytes split into low and high nibbles (sub-blocks
-        // 2c and 2c+1), then an 8x8 transpose of 4-byte groups puts group g of all 8 rows in q[j][g]
-        const __m256i m4 = _mm256_set1_epi8(0x0f);
-        for (int c = 0; c < 4; c++) {
-            __m256i lo[8], hi[8];
-            for (int i = 0; i < 8; i++) {
-                if (r0 + i >= n_rows) { lo[i] = hi[i] = _mm256_setzero_si256(); continue; }
-                const struct kvr_block_q4_K * blk = (const struct kvr_block_q4_K *)(w + (size_t)(r0 + i) * row_bytes) + b;
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
-                lo[i] = _mm256_and_si256(v, m4);
-                hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            }
-            quant_transpose8x32(lo, o->q[2 * c]);
-            quant_transpose8x32(hi, o->q[2 * c + 1]);
-        }
-#endif
+        qx_transpose8x32(va, o->q);
+        if (qx_signed(type)) qx_transpose8x32(v, o->s);
     }
 }
 
-// out[t][i] = row i . token t over nb super-blocks, for 4 tokens (a[t] their activations). The
-// tile is written out by hand: 4 int16 sums of a sub-block and 4 int32 sums of a super-block take 8
-// of AVX2's 16 registers, each weight vector loaded serves all 4 tokens, and the f32 sums, touched
-// once a super-block, stay in out.
-static __attribute__((noinline)) void quant_q4_K_x8_dot4(const struct quant_q4_K_x8 * restrict w, const struct quant_act_q8 * const a[4],
-                               int64_t nb, float out[4][8]) {
-#if defined(__AVX2__) && defined(__FMA__)
-    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], _mm256_setzero_ps());
+QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
+                               int64_t nb, struct qx_k_x8 * restrict out) {
+    const size_t bs = qx_block_bytes(type);
     for (int64_t b = 0; b < nb; b++) {
-        const struct quant_q4_K_x8 * restrict wb = w + b;
-        const struct quant_act_q8 * a0 = a[0] + b, * a1 = a[1] + b, * a2 = a[2] + b, * a3 = a[3] + b;
-        __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-        for (int j = 0; j < 8; j++) {
-            __m256i p0 = _mm256_setzero_si256(), p1 = p0, p2 = p0, p3 = p0;
-            const int8_t * q0 = a0->qs + 32 * j, * q1 = a1->qs + 32 * j, * q2 = a2->qs + 32 * j, * q3 = a3->qs + 32 * j;
-            for (int g = 0; g < 8; g++) {
-                // 4 bytes of a token, broadcast: every lane (row) multiplies the same 4 values;
-                // per lane at most 2*15*127 and 8 of them: int16 holds the sums
-                const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->q[j][g]);
-                int32_t v0, v1, v2, v3;
-                memcpy(&v0, q0 + 4 * g, 4); memcpy(&v1, q1 + 4 * g, 4);
-                memcpy(&v2, q2 + 4 * g, 4); memcpy(&v3, q3 + 4 * g, 4);
-                p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(wq, _mm256_set1_epi32(v0)));
-                p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(wq, _mm256_set1_epi32(v1)));
-                p2 = _mm256_add_epi16(p2, _mm256_maddubs_epi16(wq, _mm256_set1_epi32(v2)));
-                p3 = _mm256_add_epi16(p3, _mm256_maddubs_epi16(wq, _mm256_set1_epi32(v3)));
+        struct qx_k_x8 * o = out + b;
+        const uint8_t * blk[8];
+        for (int i = 0; i < 8; i++) {
+            blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
+            struct qx_sc s = { 0 };
+            if (blk[i]) qx_k_scales(type, blk[i], &s);
+            o->d[i] = s.d;
+            o->dmin[i] = s.dmin;
+            for (int r = 0; r < 16; r++) o->sc[r][2 * i] = o->sc[r][2 * i + 1] = s.sc[r];
+            for (int p = 0; p < 8; p++) {
+                o->mn[p][2 * i]     = s.mn[2 * p];
+                o->mn[p][2 * i + 1] = s.mn[2 * p + 1];
             }
-            const __m256i sc = _mm256_loadu_si256((const __m256i *)wb->sc[j]);
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, sc));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, sc));
-            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(p2, sc));
-            s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(p3, sc));
         }
-        // the mins: sum_j m_j * (sum of the token's quants in sub-block j), two sub-blocks a madd
-        __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
-        for (int pp = 0; pp < 4; pp++) {
+        for (int j = 0; j < 8; j++) {
+            __m256i v[8];
+            for (int i = 0; i < 8; i++) v[i] = blk[i] ? qx_chunk(type, blk[i], j) : _mm256_setzero_si256();
+            qx_transpose8x32(v, o->q[j]);
+        }
+    }
+}
+
+// 4 bytes of a token's quants, in every lane
+static inline __m256i qx_bcast4(const int8_t * q) {
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens.
+QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
+                            int64_t nb, float out[4][8]) {
+    const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };
+    const int F = qx_flush(type), off = qx_offset(type);
+    const bool sgn = qx_signed(type);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_l_x8 * restrict wb = w + b;
+        __m256i s32[4];
+        for (int t = 0; t < 4; t++) s32[t] = _mm256_setzero_si256();
+        for (int g0 = 0; g0 < 8; g0 += F) {
+            __m256i p[4];
+            for (int t = 0; t < 4; t++) p[t] = _mm256_setzero_si256();
+            for (int g = g0; g < g0 + F; g++) {
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->q[g]);
+                const __m256i ws = sgn ? _mm256_loadu_si256((const __m256i *)wb->s[g]) : wq;
+                for (int t = 0; t < 4; t++) {
+                    __m256i y = qx_bcast4(a[t][b].qs + 4 * g);
+                    if (sgn) y = _mm256_sign_epi8(y, ws);
+                    p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(wq, y));
+                }
+            }
+            for (int t = 0; t < 4; t++) s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(p[t], ones));
+        }
+        const __m256 dw = _mm256_loadu_ps(wb->d);
+        for (int t = 0; t < 4; t++) {
+            const struct qx_q8 * ab = a[t] + b;
+            __m256i si = s32[t];
+            if (off) si = _mm256_sub_epi32(si, _mm256_set1_epi32(off * ab->sum));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, _mm256_set1_ps(ab->d)), acc[t]);
+            if (qx_has_min(type)) acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(wb->m), _mm256_set1_ps(ab->s), acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
+}
+
+// out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: 4 int16 sums of a
+// flush and 4 int32 sums of a super-block take 8 of AVX2's 16 registers; each weight vector loaded
+// serves all 4 tokens.
+QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, const void * const act[4],
+                       int64_t nb, float out[4][8]) {
+    const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
+    const int F = qx_flush(type);
+    __m256 acc[4];
+    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_k_x8 * restrict wb = w + b;
+        __m256i s32[4];
+        for (int t = 0; t < 4; t++) s32[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            for (int g0 = 0; g0 < 8; g0 += F) {
+                __m256i p[4];
+                for (int t = 0; t < 4; t++) p[t] = _mm256_setzero_si256();
+                for (int g = g0; g < g0 + F; g++) {
+                    const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->q[j][g]);
+                    for (int t = 0; t < 4; t++) p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(wq, qx_bcast4(a[t][b].qs + 32 * j + 4 * g)));
+                }
+                const __m256i sc = _mm256_loadu_si256((const __m256i *)wb->sc[2 * j + g0 / 4]);
+                for (int t = 0; t < 4; t++) s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(p[t], sc));
+            }
+        }
+        // the mins: sum_r mn_r * (the token's sum of run r), two runs a madd
+        __m256i m[4];
+        for (int t = 0; t < 4; t++) m[t] = _mm256_setzero_si256();
+        for (int pp = 0; pp < 8; pp++) {
             const __m256i mn = _mm256_loadu_si256((const __m256i *)wb->mn[pp]);
-            int32_t v0, v1, v2, v3;
-            memcpy(&v0, a0->bsum + 2 * pp, 4); memcpy(&v1, a1->bsum + 2 * pp, 4);
-            memcpy(&v2, a2->bsum + 2 * pp, 4); memcpy(&v3, a3->bsum + 2 * pp, 4);
-            m0 = _mm256_add_epi32(m0, _mm256_madd_epi16(mn, _mm256_set1_epi32(v0)));
-            m1 = _mm256_add_epi32(m1, _mm256_madd_epi16(mn, _mm256_set1_epi32(v1)));
-            m2 = _mm256_add_epi32(m2, _mm256_madd_epi16(mn, _mm256_set1_epi32(v2)));
-            m3 = _mm256_add_epi32(m3, _mm256_madd_epi16(mn, _mm256_set1_epi32(v3)));
+            for (int t = 0; t < 4; t++) {
+                int32_t v;
+                memcpy(&v, a[t][b].bsum + 2 * pp, 4);
+                m[t] = _mm256_add_epi32(m[t], _mm256_madd_epi16(mn, _mm256_set1_epi32(v)));
+            }
         }
         const __m256 dw = _mm256_loadu_ps(wb->d), dm = _mm256_loadu_ps(wb->dmin);
-        const __m256i si[4] = { s0, s1, s2, s3 }, mi[4] = { m0, m1, m2, m3 };
         for (int t = 0; t < 4; t++) {
             const __m256 da = _mm256_set1_ps(a[t][b].d);
-            __m256 f = _mm256_loadu_ps(out[t]);
-            f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(dw, da), f);
-            f = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi[t]), _mm256_mul_ps(dm, da), f);
-            _mm256_storeu_ps(out[t], f);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(dw, da), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(dm, da), acc[t]);
         }
     }
-#else
-    for (int t = 0; t < 4; t++) {
-        for (int i = 0; i < 8; i++) out[t][i] = 0.0f;
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const struct quant_q4_K_x8 * wb = w + b;
-        for (int t = 0; t < 4; t++) {
-            const struct quant_act_q8 * ab = &a[t][b];
-            for (int i = 0; i < 8; i++) {
-                int32_t acc = 0, ms = 0;
-                for (int j = 0; j < 8; j++) {
-                    int32_t s = 0;
-                    for (int g = 0; g < 8; g++) {
-                        for (int l = 0; l < 4; l++) s += wb->q[j][g][4 * i + l] * ab->qs[32 * j + 4 * g + l];
-                    }
-                    acc += wb->sc[j][2 * i] * s;
-                    ms  += wb->mn[j / 2][2 * i + (j & 1)] * ab->bsum[j];
-                }
-                out[t][i] += (float)acc * (wb->d[i] * ab->d) - (float)ms * (wb->dmin[i] * ab->d);
-            }
-        }
-    }
-#endif
+    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
 }
 
-// Rows per interleaved block: 4 groups of 8, about 40 KiB per 1024 values of K, so a block stays in
+// One type's interleave and 8-row kernel, as functions (the kernels above are inlined into them).
+#define QX_X8_FNS(name, T, kind) \
+    static void qx_il_##name(const uint8_t * w, size_t rb, int64_t r0, int64_t n, int64_t nb, void * out) { \
+        qx_interleave_##kind(T, w, rb, r0, n, nb, out); \
+    } \
+    static void qx_dot_##name(const void * w, const void * const a[4], int64_t nb, float out[4][8]) { \
+        qx_x8_##kind(T, w, a, nb, out); \
+    }
+QX_X8_FNS(q4_0, KVR_TYPE_Q4_0, legacy) QX_X8_FNS(q4_1, KVR_TYPE_Q4_1, legacy) QX_X8_FNS(q5_0, KVR_TYPE_Q5_0, legacy)
+QX_X8_FNS(q5_1, KVR_TYPE_Q5_1, legacy) QX_X8_FNS(q8_0, KVR_TYPE_Q8_0, legacy) QX_X8_FNS(q8_1, KVR_TYPE_Q8_1, legacy)
+QX_X8_FNS(q2_K, KVR_TYPE_Q2_K, k) QX_X8_FNS(q3_K, KVR_TYPE_Q3_K, k) QX_X8_FNS(q4_K, KVR_TYPE_Q4_K, k)
+QX_X8_FNS(q5_K, KVR_TYPE_Q5_K, k) QX_X8_FNS(q6_K, KVR_TYPE_Q6_K, k)
+#undef QX_X8_FNS
+
+// The 8-row kernels of a type; false for a type without (Q8_K: its products go row by row).
+static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
+    switch (t) {
+#define QX_CASE(T, name, tile) case T: *f = (struct qx_x8_fns){ qx_il_##name, qx_dot_##name, sizeof(struct tile) }; return true;
+        QX_CASE(KVR_TYPE_Q4_0, q4_0, qx_l_x8) QX_CASE(KVR_TYPE_Q4_1, q4_1, qx_l_x8) QX_CASE(KVR_TYPE_Q5_0, q5_0, qx_l_x8)
+        QX_CASE(KVR_TYPE_Q5_1, q5_1, qx_l_x8) QX_CASE(KVR_TYPE_Q8_0, q8_0, qx_l_x8) QX_CASE(KVR_TYPE_Q8_1, q8_1, qx_l_x8)
+        QX_CASE(KVR_TYPE_Q2_K, q2_K, qx_k_x8) QX_CASE(KVR_TYPE_Q3_K, q3_K, qx_k_x8) QX_CASE(KVR_TYPE_Q4_K, q4_K, qx_k_x8)
+        QX_CASE(KVR_TYPE_Q5_K, q5_K, qx_k_x8) QX_CASE(KVR_TYPE_Q6_K, q6_K, qx_k_x8)
+#undef QX_CASE
+        default: return false;
+    }
+}
+
+#else
+
+static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
+    (void)t;
+    *f = (struct qx_x8_fns){ NULL, NULL, 0 };
+    return false;
+}
+
+#endif
+
+// Rows per interleaved block: 4 groups of 8, tens of KiB per 1024 values of K, so a block stays in
 // L2 while every token of the chunk passes over it. Tokens are quantized a chunk at a time (a few
 // MiB), so the scratch stays bounded however long the prompt.
-#define QUANT_MM_ROWS   32
-#define QUANT_MM_TOKENS 512
+#define QX_MM_ROWS   32
+#define QX_MM_TOKENS 512
+#define QX_ROW_TOKENS 4   // up to this many tokens go row by row (decode: each row read once)
 
-// Bytes of scratch quant_mm_q4_K_q8 needs for K values.
-static size_t quant_mm_q4_K_q8_scratch(int64_t K) {
-    const int64_t nb = K / KVR_QK_K;
-    return (size_t)(QUANT_MM_TOKENS * nb) * sizeof(struct quant_act_q8) + (size_t)(QUANT_MM_ROWS / 8 * nb) * sizeof(struct quant_q4_K_x8);
+// Which way the integer path multiplies T tokens: row by row (decode: each row read once) or
+// through 8 interleaved rows (prefill).
+static bool qx_uses_x8(enum kvr_type t, int64_t T) {
+    struct qx_x8_fns f;
+    return T > QX_ROW_TOKENS && qx_x8_get(t, &f);
 }
 
-// Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (Q4_K, K values a row, row_bytes apart) and
-// all T tokens. Per chunk of tokens: quantize them, then for each block of 32 rows interleave it
-// once and let every 4 tokens meet every row of the block.
-static void quant_mm_q4_K_q8(const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
-                             const float * X, int64_t ldx, int64_t T,
-                             float * Y, int64_t ldy, void * scratch, size_t scratch_bytes) {
-    const int64_t nb = K / KVR_QK_K;
+// Bytes of scratch the integer path needs for a matmul of T tokens over K values.
+static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
+    struct qx_x8_fns f;
+    if (!qx_uses_x8(t, T)) return (size_t)(T < QX_ROW_TOKENS ? T : QX_ROW_TOKENS) * qx_act_bytes(t, K);
+    qx_x8_get(t, &f);
+    const int64_t nb = K / kvr_blck_size(t);
+    return (size_t)QX_MM_TOKENS * qx_act_bytes(t, K) + (size_t)(QX_MM_ROWS / 8 * nb) * f.tile_bytes;
+}
+
+// Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (K values a row, row_bytes apart) and all T
+// tokens, with 8-bit activations. Row by row for a few tokens; otherwise, per chunk of tokens:
+// quantize them, then for each block of 32 rows interleave it once and let every 4 tokens meet
+// every 8 rows of the block.
+static void qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                       const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, void * scratch, size_t scratch_bytes) {
     if (n1 <= n0) return;
-    KVR_ASSERT(K % KVR_QK_K == 0 && quant_mm_q4_K_q8_scratch(K) <= scratch_bytes);
-    struct quant_act_q8 * act = scratch;
-    struct quant_q4_K_x8 * wx = (struct quant_q4_K_x8 *)(act + QUANT_MM_TOKENS * nb);
-    for (int64_t c0 = 0; c0 < T; c0 += QUANT_MM_TOKENS) {
-        const int64_t nt = T - c0 < QUANT_MM_TOKENS ? T - c0 : QUANT_MM_TOKENS;
-        for (int64_t t = 0; t < nt; t++) quant_act_from_float(X + (c0 + t) * ldx, act + t * nb, K);
-        for (int64_t r0 = n0; r0 < n1; r0 += QUANT_MM_ROWS) {
-            const int64_t groups = (n1 - r0 + 7) / 8 < QUANT_MM_ROWS / 8 ? (n1 - r0 + 7) / 8 : QUANT_MM_ROWS / 8;
+    KVR_ASSERT(qx_scratch_bytes(type, K, T) <= scratch_bytes);
+    struct qx_x8_fns f;
+    if (!qx_uses_x8(type, T)) {
+        // without 8-row kernels, a long prompt goes through in chunks of the scratch's tokens
+        for (int64_t c0 = 0; c0 < T; c0 += QX_ROW_TOKENS) {
+            const int64_t nt = T - c0 < QX_ROW_TOKENS ? T - c0 : QX_ROW_TOKENS;
+            qx_mul_rows(type, W, row_bytes, K, n0, n1, X + c0 * ldx, ldx, nt, Y + c0 * ldy, ldy, scratch);
+        }
+        return;
+    }
+    qx_x8_get(type, &f);
+    const int64_t nb = K / kvr_blck_size(type);
+    const size_t ab = qx_act_bytes(type, K);
+    uint8_t * act = scratch;
+    uint8_t * wx = act + QX_MM_TOKENS * ab;
+    for (int64_t c0 = 0; c0 < T; c0 += QX_MM_TOKENS) {
+        const int64_t nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
+        for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
+        for (int64_t r0 = n0; r0 < n1; r0 += QX_MM_ROWS) {
+            const int64_t groups = (n1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (n1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
             for (int64_t gi = 0; gi < groups; gi++) {
-                quant_q4_K_interleave(W, row_bytes, r0 + 8 * gi, n1, nb, wx + gi * nb);
+                f.interleave(W, row_bytes, r0 + 8 * gi, n1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
             }
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
-                const struct quant_act_q8 * a[4];
-                for (int k = 0; k < 4; k++) a[k] = act + (t + (k < n ? k : n - 1)) * nb; // a short tile repeats its last token
+                const void * a[4];
+                for (int k = 0; k < 4; k++) a[k] = act + (size_t)(t + (k < n ? k : n - 1)) * ab; // a short tile repeats its last token
                 for (int64_t gi = 0; gi < groups; gi++) {
                     float out[4][8];
-                    quant_q4_K_x8_dot4(wx + gi * nb, a, nb, out);
+                    f.dot(wx + (size_t)(gi * nb) * f.tile_bytes, a, nb, out);
                     const int64_t r = r0 + 8 * gi, rows = n1 - r < 8 ? n1 - r : 8;
                     for (int k = 0; k < n; k++) memcpy(Y + (c0 + t + k) * ldy + r, out[k], (size_t)rows * sizeof(float));
                 }
@@ -2880,13 +3450,10 @@ static size_t mm_block_bytes(int64_t T) {
     return T >= MM_PREFILL_ROWS ? MM_BLOCK_BYTES_PREFILL : MM_BLOCK_BYTES_DECODE;
 }
 
-static void quant_mm_q4_K_q8(const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
-                             const float * X, int64_t ldx, int64_t T,
-                             float * Y, int64_t ldy, void * scratch, size_t scratch_bytes);
-
-// The integer path (quantized activations) when asked for, for Q4_K weights over a prefill's rows.
-static bool mm_uses_q8(const struct kvr_tensor * w, int64_t T, bool q8_act) {
-    return q8_act && w->type == KVR_TYPE_Q4_K && T >= MM_PREFILL_ROWS && w->ne[0] % 256 == 0;
+// The integer path (quantized activations, qx_mul_mat) when asked for: every quantized weight type,
+// decode and prefill.
+static bool mm_uses_q8(const struct kvr_tensor * w, bool q8_act) {
+    return q8_act && (qx_is_legacy(w->type) || qx_is_k(w->type));
 }
 
 static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -2900,13 +3467,19 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     const int lda = (int)(x->nb[1] / sizeof(float));
     const float * X = x->data;
     float * Y = dst->data;
-    if (mm_uses_q8(w, T, p->q8_act)) {
-        // threads split the rows in groups of 8 (the kernel's interleave); each quantizes all the
-        // tokens, which costs less than interleaving every row twice would
-        int64_t g0, g1;
-        row_range((N + 7) / 8, p->ith, p->nth, &g0, &g1);
-        const int64_t r0 = 8 * g0, r1 = 8 * g1 < N ? 8 * g1 : N;
-        quant_mm_q4_K_q8(w->data, w->nb[1], K, r0, r1, X, lda, T, Y, N, p->wdata, p->wsize * sizeof(float));
+    if (mm_uses_q8(w, p->q8_act)) {
+        // threads split the rows, in groups of 8 for a prefill (the kernel's interleave); each
+        // quantizes all the tokens, which costs less than interleaving every row twice would
+        int64_t r0, r1;
+        if (qx_uses_x8(w->type, T)) {
+            int64_t g0, g1;
+            row_range((N + 7) / 8, p->ith, p->nth, &g0, &g1);
+            r0 = 8 * g0;
+            r1 = 8 * g1 < N ? 8 * g1 : N;
+        } else {
+            row_range(N, p->ith, p->nth, &r0, &r1);
+        }
+        qx_mul_mat(w->type, w->data, w->nb[1], K, r0, r1, X, lda, T, Y, N, p->wdata, p->wsize * sizeof(float));
         if (r1 > r0) p->counters->matmul_flops += 2 * K * (r1 - r0) * T;
         return;
     }
@@ -3521,8 +4094,8 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             if (rows > cap) rows = cap > 0 ? cap : 1;
             size_t n = w->type == KVR_TYPE_F32 || t->op != KVR_OP_MUL_MAT ? 0 : (size_t)(rows * w->ne[0]);
             if ((size_t)w->ne[0] * 2 > n) n = (size_t)w->ne[0] * 2;
-            if (t->op == KVR_OP_MUL_MAT && mm_uses_q8(w, T, q8_act)) {
-                n = quant_mm_q4_K_q8_scratch(w->ne[0]) / sizeof(float) + 1;
+            if (t->op == KVR_OP_MUL_MAT && mm_uses_q8(w, q8_act)) {
+                n = qx_scratch_bytes(w->type, w->ne[0], T) / sizeof(float) + 1;
             }
             if (t->op == KVR_OP_MUL_MAT && T <= MV_MAX_TOKENS && (size_t)T * mv_act_floats(w->ne[0]) > n) {
                 n = (size_t)T * mv_act_floats(w->ne[0]);

