@@ -2189,6 +2189,9 @@ static void qx_quantize(enum kvr_type t, const float * x, void * act, int64_t K)
 // The canonical form of the types' blocks (see above). Everything here is inlined into kernels
 // made for one type, so the switches over the type fold away.
 #define QX_INLINE static inline __attribute__((always_inline))
+// The token loops of the kernels are unrolled, so that each token's sums live in registers (-O2
+// alone leaves the arrays of vectors in memory).
+#define QX_UNROLL _Pragma("GCC unroll 8")
 
 QX_INLINE size_t qx_block_bytes(enum kvr_type t) {
     switch (t) {
@@ -2407,6 +2410,7 @@ QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, in
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4];
     float mins[4];
+    QX_UNROLL
     for (int t = 0; t < nt; t++) {
         acc[t] = _mm256_setzero_ps();
         mins[t] = 0.0f;
@@ -2417,6 +2421,7 @@ QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, in
         qx_legacy_dm(type, blk, &d, &m);
         const __m256i q = qx_chunk(type, blk, 0);
         const __m256i qa = sgn ? _mm256_sign_epi8(q, q) : q;
+        QX_UNROLL
         for (int t = 0; t < nt; t++) {
             const struct qx_q8 * ab = a[t] + b;
             __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
@@ -2427,6 +2432,7 @@ QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, in
             if (qx_has_min(type)) mins[t] += m * ab->s;
         }
     }
+    QX_UNROLL
     for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) + mins[t];
 }
 
@@ -2436,18 +2442,21 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
     const size_t bs = qx_block_bytes(type);
     const bool sgn = qx_signed(type);
     __m256 acc[4], accm[4];
+    QX_UNROLL
     for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t * blk = row + (size_t)b * bs;
         struct qx_sc s;
         qx_k_scales(type, blk, &s);
         __m256i sumi[4];
+        QX_UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const __m256i q = qx_chunk(type, blk, j);
             const __m256i qa = sgn ? _mm256_sign_epi8(q, q) : q;
             // lanes 0..7 of a product (elements 0..15 of the chunk) are run 2j, lanes 8..15 run 2j+1
             const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(s.sc[2 * j + 1]), _mm_set1_epi16(s.sc[2 * j]));
+            QX_UNROLL
             for (int t = 0; t < nt; t++) {
                 __m256i y = _mm256_loadu_si256((const __m256i *)(a[t][b].qs + 32 * j));
                 if (sgn) y = _mm256_sign_epi8(y, q);
@@ -2455,6 +2464,7 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
             }
         }
         const __m256i mn = _mm256_loadu_si256((const __m256i *)s.mn);
+        QX_UNROLL
         for (int t = 0; t < nt; t++) {
             const struct qx_q8K * ab = a[t] + b;
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(s.d * ab->d), acc[t]);
@@ -2464,6 +2474,7 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
             }
         }
     }
+    QX_UNROLL
     for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) - qx_hsum(accm[t]);
 }
 
@@ -2511,12 +2522,14 @@ static int qx_quant_c(enum kvr_type t, const uint8_t * blk, int e) {
 
 static void qx_row_c(enum kvr_type type, int nt, const uint8_t * row, int64_t nb, const void * const a[4], float out[4]) {
     const size_t bs = qx_block_bytes(type);
+    QX_UNROLL
     for (int t = 0; t < nt; t++) out[t] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t * blk = row + (size_t)b * bs;
         if (qx_is_k(type)) {
             struct qx_sc s;
             qx_k_scales(type, blk, &s);
+            QX_UNROLL
             for (int t = 0; t < nt; t++) {
                 const struct qx_q8K * ab = (const struct qx_q8K *)a[t] + b;
                 int32_t sumi = 0, summ = 0;
@@ -2531,6 +2544,7 @@ static void qx_row_c(enum kvr_type type, int nt, const uint8_t * row, int64_t nb
         } else {
             float d, m;
             qx_legacy_dm(type, blk, &d, &m);
+            QX_UNROLL
             for (int t = 0; t < nt; t++) {
                 const struct qx_q8 * ab = (const struct qx_q8 *)a[t] + b;
                 int32_t p = 0;
@@ -2691,26 +2705,32 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
     const bool sgn = qx_signed(type);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4];
+    QX_UNROLL
     for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const struct qx_l_x8 * restrict wb = w + b;
         __m256i s32[4];
+        QX_UNROLL
         for (int t = 0; t < 4; t++) s32[t] = _mm256_setzero_si256();
         for (int g0 = 0; g0 < 8; g0 += F) {
             __m256i p[4];
+            QX_UNROLL
             for (int t = 0; t < 4; t++) p[t] = _mm256_setzero_si256();
             for (int g = g0; g < g0 + F; g++) {
                 const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->q[g]);
                 const __m256i ws = sgn ? _mm256_loadu_si256((const __m256i *)wb->s[g]) : wq;
+                QX_UNROLL
                 for (int t = 0; t < 4; t++) {
                     __m256i y = qx_bcast4(a[t][b].qs + 4 * g);
                     if (sgn) y = _mm256_sign_epi8(y, ws);
                     p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(wq, y));
                 }
             }
+            QX_UNROLL
             for (int t = 0; t < 4; t++) s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(p[t], ones));
         }
         const __m256 dw = _mm256_loadu_ps(wb->d);
+        QX_UNROLL
         for (int t = 0; t < 4; t++) {
             const struct qx_q8 * ab = a[t] + b;
             __m256i si = s32[t];
@@ -2719,6 +2739,7 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
             if (qx_has_min(type)) acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(wb->m), _mm256_set1_ps(ab->s), acc[t]);
         }
     }
+    QX_UNROLL
     for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
 }
 
@@ -2730,28 +2751,35 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, co
     const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
     const int F = qx_flush(type);
     __m256 acc[4];
+    QX_UNROLL
     for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const struct qx_k_x8 * restrict wb = w + b;
         __m256i s32[4];
+        QX_UNROLL
         for (int t = 0; t < 4; t++) s32[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             for (int g0 = 0; g0 < 8; g0 += F) {
                 __m256i p[4];
+                QX_UNROLL
                 for (int t = 0; t < 4; t++) p[t] = _mm256_setzero_si256();
                 for (int g = g0; g < g0 + F; g++) {
                     const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->q[j][g]);
+                    QX_UNROLL
                     for (int t = 0; t < 4; t++) p[t] = _mm256_add_epi16(p[t], _mm256_maddubs_epi16(wq, qx_bcast4(a[t][b].qs + 32 * j + 4 * g)));
                 }
                 const __m256i sc = _mm256_loadu_si256((const __m256i *)wb->sc[2 * j + g0 / 4]);
+                QX_UNROLL
                 for (int t = 0; t < 4; t++) s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(p[t], sc));
             }
         }
         // the mins: sum_r mn_r * (the token's sum of run r), two runs a madd
         __m256i m[4];
+        QX_UNROLL
         for (int t = 0; t < 4; t++) m[t] = _mm256_setzero_si256();
         for (int pp = 0; pp < 8; pp++) {
             const __m256i mn = _mm256_loadu_si256((const __m256i *)wb->mn[pp]);
+            QX_UNROLL
             for (int t = 0; t < 4; t++) {
                 int32_t v;
                 memcpy(&v, a[t][b].bsum + 2 * pp, 4);
@@ -2759,12 +2787,14 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, co
             }
         }
         const __m256 dw = _mm256_loadu_ps(wb->d), dm = _mm256_loadu_ps(wb->dmin);
+        QX_UNROLL
         for (int t = 0; t < 4; t++) {
             const __m256 da = _mm256_set1_ps(a[t][b].d);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(dw, da), acc[t]);
             acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(dm, da), acc[t]);
         }
     }
+    QX_UNROLL
     for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
 }
 
