@@ -2394,6 +2394,67 @@ QX_INLINE __m256i qx_chunk(enum kvr_type t, const uint8_t * blk, int j) {
     }
 }
 
+// Q4_K/Q5_K's 12 bytes of scales as bytes: the 8 scales, then the 8 mins (see kvr_k4_scales).
+static inline __m128i qx_k4_scales(const uint8_t * s) {
+    const uint32_t w0 = kvr_q_u32le(s), w1 = kvr_q_u32le(s + 4), w2 = kvr_q_u32le(s + 8);
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    return _mm_setr_epi32((int)(w0 & 0x3f3f3f3fu), (int)sc_hi, (int)(w1 & 0x3f3f3f3fu), (int)mn_hi);
+}
+
+// A super-block's scales in registers: lane r of sc and mn (16 int16 lanes) is run r's.
+QX_INLINE void qx_k_scales_v(enum kvr_type t, const uint8_t * blk, float * d, float * dmin, __m256i * sc, __m256i * mn) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    switch (t) {
+        case KVR_TYPE_Q2_K: {
+            const struct kvr_block_q2_K * b = (const void *)blk;
+            const __m128i v = _mm_loadu_si128((const __m128i *)b->scales);
+            *d = qx_half(b->d);
+            *dmin = qx_half(b->dmin);
+            *sc = _mm256_cvtepu8_epi16(_mm_and_si128(v, m4));
+            *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), m4));
+            break;
+        }
+        case KVR_TYPE_Q3_K: {
+            // scale j: low 4 bits in nibble j/8 of byte j%8, high 2 at bit 2(j/4) of byte 8 + j%4
+            const struct kvr_block_q3_K * b = (const void *)blk;
+            const __m128i v = _mm_loadl_epi64((const __m128i *)b->scales);
+            const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+            const __m128i hb = _mm_set1_epi32((int)kvr_q_u32le(b->scales + 8));
+            const __m128i hi = _mm_and_si128(_mm_srlv_epi32(hb, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+            *d = *dmin = qx_half(b->d);
+            *sc = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)));
+            *mn = _mm256_slli_epi16(*sc, 2);
+            break;
+        }
+        case KVR_TYPE_Q4_K:
+        case KVR_TYPE_Q5_K: {
+            const struct kvr_block_q4_K * b = (const void *)blk;
+            const __m128i sm = qx_k4_scales(b->scales);
+            *d = qx_half(b->d);
+            *dmin = qx_half(b->dmin);
+            *sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm)); // a scale of 32 serves two runs
+            *mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+            break;
+        }
+        case KVR_TYPE_Q6_K: {
+            const struct kvr_block_q6_K * b = (const void *)blk;
+            *d = *dmin = qx_half(b->d);
+            *sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+            *mn = _mm256_slli_epi16(*sc, 5);
+            break;
+        }
+        default: { // Q8_K
+            const struct kvr_block_q8_K * b = (const void *)blk;
+            *d = kvr_f32_of_bits(kvr_q_u32le(b->d));
+            *dmin = 0.0f;
+            *sc = _mm256_set1_epi16(1);
+            *mn = _mm256_setzero_si256();
+            break;
+        }
+    }
+}
+
 static inline float qx_hsum(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -2446,16 +2507,20 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
     for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t * blk = row + (size_t)b * bs;
-        struct qx_sc s;
-        qx_k_scales(type, blk, &s);
+        float d, dmin;
+        __m256i scv, mn;
+        qx_k_scales_v(type, blk, &d, &dmin, &scv, &mn);
         __m256i sumi[4];
         QX_UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const __m256i q = qx_chunk(type, blk, j);
             const __m256i qa = sgn ? _mm256_sign_epi8(q, q) : q;
-            // lanes 0..7 of a product (elements 0..15 of the chunk) are run 2j, lanes 8..15 run 2j+1
-            const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(s.sc[2 * j + 1]), _mm_set1_epi16(s.sc[2 * j]));
+            // lanes 0..7 of a product (elements 0..15 of the chunk) are run 2j, lanes 8..15 run 2j+1:
+            // the 32-bit lane j of scv holds both, spread by a shuffle within each 128-bit half
+            const __m256i sc = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scv, _mm256_set1_epi32(j)),
+                                                   _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
             QX_UNROLL
             for (int t = 0; t < nt; t++) {
                 __m256i y = _mm256_loadu_si256((const __m256i *)(a[t][b].qs + 32 * j));
@@ -2463,14 +2528,13 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, y), sc));
             }
         }
-        const __m256i mn = _mm256_loadu_si256((const __m256i *)s.mn);
         QX_UNROLL
         for (int t = 0; t < nt; t++) {
             const struct qx_q8K * ab = a[t] + b;
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(s.d * ab->d), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * ab->d), acc[t]);
             if (type != KVR_TYPE_Q8_K) {
                 const __m256i ms = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)ab->bsum));
-                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(s.dmin * ab->d), accm[t]);
+                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(dmin * ab->d), accm[t]);
             }
         }
     }
