@@ -2497,6 +2497,97 @@ QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, in
     for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) + mins[t];
 }
 
+// The quants of a single token's 4-bit legacy blocks are stored in pairs for qx_row_legacy_1: of
+// each 4 blocks, blocks 2p and 2p+1 trade halves, so block 2p holds both blocks' elements 0..15
+// (the low nibbles of the two blocks' bytes, loaded as one vector) and block 2p+1 their elements
+// 16..31 (the high nibbles). The last nb % 4 blocks stay in element order.
+QX_INLINE bool qx_pairs(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1;
+}
+
+static void qx_pair_act(struct qx_q8 * a, int64_t nb) {
+    for (int64_t b = 0; b + 2 <= nb - nb % 4; b += 2) {
+        int8_t tmp[16];
+        memcpy(tmp, a[b].qs + 16, 16);
+        memcpy(a[b].qs + 16, a[b + 1].qs, 16);
+        memcpy(a[b + 1].qs, tmp, 16);
+    }
+}
+
+// four fp16 fields bs bytes apart as 4 floats
+static inline __m128 qx_half4(const uint8_t * p, size_t bs) {
+    uint16_t h[4];
+    for (int k = 0; k < 4; k++) memcpy(&h[k], p + k * bs, 2);
+    uint64_t u;
+    memcpy(&u, h, 8);
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)u));
+}
+
+// row . token over nb legacy blocks for a single token (decode), 4 blocks a step: the 4 blocks'
+// integer sums meet in one vector (horizontal adds), so the scales are 4 at a time, and the 4-bit
+// types take two blocks' nibbles per vector (qx_pair_act).
+QX_INLINE float qx_row_legacy_1(enum kvr_type type, const uint8_t * row, int64_t nb, const struct qx_q8 * a) {
+    const size_t bs = qx_block_bytes(type);
+    const bool sgn = qx_signed(type);
+    const int off = qx_offset(type);
+    const size_t qs_off = type == KVR_TYPE_Q4_0 ? offsetof(struct kvr_block_q4_0, qs) : offsetof(struct kvr_block_q4_1, qs);
+    const size_t m_off = type == KVR_TYPE_Q4_1 ? offsetof(struct kvr_block_q4_1, m) : offsetof(struct kvr_block_q5_1, m);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acco = _mm_setzero_ps(), accm = _mm_setzero_ps();
+    const int64_t n4 = nb - nb % 4;
+    for (int64_t b = 0; b < n4; b += 4) {
+        const uint8_t * blk = row + (size_t)b * bs;
+        const struct qx_q8 * ab = a + b;
+        __m256i h;
+        __m256i pm;
+        if (qx_pairs(type)) {
+            __m256i P[2];
+            for (int pr = 0; pr < 2; pr++) {
+                const uint8_t * x0 = blk + 2 * pr * bs;
+                const __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(x0 + qs_off))),
+                                                          _mm_loadu_si128((const __m128i *)(x0 + bs + qs_off)), 1);
+                const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)ab[2 * pr].qs)),
+                                                     _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)ab[2 * pr + 1].qs)));
+                P[pr] = _mm256_madd_epi16(s16, ones); // low half: block 2pr, high half: block 2pr+1
+            }
+            h = _mm256_hadd_epi32(P[0], P[1]);        // blocks 0 0 2 2 | 1 1 3 3
+            pm = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+        } else {
+            __m256i p[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256i q = qx_chunk(type, blk + k * bs, 0);
+                __m256i y = _mm256_loadu_si256((const __m256i *)ab[k].qs);
+                if (sgn) y = _mm256_sign_epi8(y, q);
+                p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(sgn ? _mm256_sign_epi8(q, q) : q, y), ones);
+            }
+            h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3])); // 0 1 2 3 | 0 1 2 3
+            pm = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3);
+        }
+        const __m128 dd = _mm_mul_ps(qx_half4(blk, bs), _mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), pm), acc);
+        if (off) acco = _mm_fmadd_ps(dd, _mm_cvtepi32_ps(_mm_setr_epi32(ab[0].sum, ab[1].sum, ab[2].sum, ab[3].sum)), acco);
+        if (qx_has_min(type)) accm = _mm_fmadd_ps(qx_half4(blk + m_off, bs), _mm_setr_ps(ab[0].s, ab[1].s, ab[2].s, ab[3].s), accm);
+    }
+    __m128 tail = _mm_setzero_ps();
+    tail = _mm_sub_ps(tail, _mm_mul_ps(acco, _mm_set1_ps((float)off)));
+    tail = _mm_add_ps(tail, accm);
+    float sum = qx_hsum(_mm256_add_ps(acc, _mm256_castps128_ps256(tail)));
+    // the last nb % 4 blocks one at a time (in element order)
+    for (int64_t b = n4; b < nb; b++) {
+        const uint8_t * blk = row + (size_t)b * bs;
+        float d, m;
+        qx_legacy_dm(type, blk, &d, &m);
+        const __m256i q = qx_chunk(type, blk, 0);
+        __m256i y = _mm256_loadu_si256((const __m256i *)a[b].qs);
+        if (sgn) y = _mm256_sign_epi8(y, q);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(sgn ? _mm256_sign_epi8(q, q) : q, y), ones);
+        sum += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a[b].d) - (float)(off * a[b].sum) * (d * a[b].d) + m * a[b].s;
+    }
+    return sum;
+}
+
 // out[t] = row . token t over nb super-blocks, for nt (1 or 4) tokens.
 QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t nb,
                         const struct qx_q8K * const a[4], float out[4]) {
@@ -2634,7 +2725,7 @@ static void qx_row_dot(enum kvr_type type, int nt, const uint8_t * row, int64_t 
     // one kernel for a single token (decode), one for 4 (a shorter tile repeats its last token)
     const struct qx_q8 * const al[4] = { a[0], a[1], a[2], a[3] };
     const struct qx_q8K * const ak[4] = { a[0], a[1], a[2], a[3] };
-#define QX_L(T) case T: if (nt == 1) qx_row_legacy(T, 1, row, nb, al, out); else qx_row_legacy(T, 4, row, nb, al, out); break;
+#define QX_L(T) case T: if (nt == 1) out[0] = qx_row_legacy_1(T, row, nb, al[0]); else qx_row_legacy(T, 4, row, nb, al, out); break;
 #define QX_K(T) case T: if (nt == 1) qx_row_k(T, 1, row, nb, ak, out);      else qx_row_k(T, 4, row, nb, ak, out);      break;
     switch (type) {
         QX_L(KVR_TYPE_Q4_0) QX_L(KVR_TYPE_Q4_1) QX_L(KVR_TYPE_Q5_0) QX_L(KVR_TYPE_Q5_1) QX_L(KVR_TYPE_Q8_0) QX_L(KVR_TYPE_Q8_1)
@@ -2655,6 +2746,9 @@ static void qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, in
     const size_t ab = qx_act_bytes(type, K);
     const int64_t nb = K / kvr_blck_size(type);
     for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, (uint8_t *)scratch + (size_t)t * ab, K);
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (T == 1 && qx_pairs(type)) qx_pair_act(scratch, nb);
+#endif
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
         for (int64_t t0 = 0; t0 < T; t0 += 4) {
