@@ -2604,6 +2604,7 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
         __m256i sumi[4];
         QX_UNROLL
         for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
+        QX_UNROLL // the shifts and shuffles of each chunk become constants; loads shared by chunks merge
         for (int j = 0; j < 8; j++) {
             const __m256i q = qx_chunk(type, blk, j);
             const __m256i qa = sgn ? _mm256_sign_epi8(q, q) : q;
