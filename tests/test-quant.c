@@ -690,7 +690,9 @@ static void test_mul_mat_q8(void) {
 //   legacy:   d*d_a * sum(q*a) + m*s_a                        (Q4_0/Q5_0: q includes the -8/-16)
 //   k-quants: d*d_a * sum(sc*q*a) - dmin*d_a * sum(mn*a)      (Q3_K/Q6_K: q includes the -4/-32)
 // with the integer sums exact. K = 416 (13 legacy blocks) or 768 (3 super-blocks), 37 rows (threads
-// split them unevenly, the 8-row groups end short), 1 and 3 threads.
+// split them unevenly, the 8-row groups end short), 1 and 3 threads. Then the extremes the kernels'
+// int16 sums must hold: every quant byte 0xff (the largest quants; -1 for the 8-bit types) against
+// activations that all quantize to +-127.
 struct ref_ints { int q, sc, mn; };
 
 static struct ref_ints ref_int(enum kvr_type t, const uint8_t * b, int e) {
@@ -760,23 +762,36 @@ static void ref_act_q8_0(const float * x, int8_t * q, float * d, float * s) {
     *s = ref_round_half(amax / 127.0f * (float)sum);
 }
 
-static void test_mul_q8_type(const struct qtype * qt) {
+static void test_mul_q8_type(const struct qtype * qt, bool extreme) {
     const bool kq = qt->blck == 256;
     const int64_t K = kq ? 768 : 416, N = 37, nb = K / qt->blck;
-    static const int Ts[] = { 1, 2, 3, 4, 5, 13, 36 };
+    static const int Ts_random[] = { 1, 2, 3, 4, 5, 13, 36 }, Ts_extreme[] = { 1, 13 };
+    const int * Ts = extreme ? Ts_extreme : Ts_random;
+    const size_t n_T = extreme ? sizeof Ts_extreme / sizeof Ts_extreme[0] : sizeof Ts_random / sizeof Ts_random[0];
     struct ref_ints * wi = malloc(sizeof(*wi) * (size_t)(K * N));
     double * wd = malloc(sizeof(double) * (size_t)(2 * nb * N));
     int8_t * qa = malloc((size_t)K);
     float * da = malloc(sizeof(float) * (size_t)(2 * nb));
-    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+    for (size_t ti = 0; ti < n_T; ti++) {
         const int T = Ts[ti];
-        for (int nth = 1; nth <= 3; nth += 2) {
+        for (int nth = 1; nth <= (extreme ? 1 : 3); nth += 2) {
             struct kvr_context * ctx = kvr_init(8u << 20, false);
             struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
             struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
             random_blocks(qt, w->data, (int)(nb * N));
             float * xs = x->data;
-            for (int64_t i = 0; i < K * T; i++) xs[i] = rng_normal();
+            for (int64_t i = 0; i < K * T; i++) xs[i] = extreme ? 1.0f : rng_normal();
+            if (extreme) {
+                // every byte but the d/dmin/m fields 0xff
+                for (int64_t b = 0; b < nb * N; b++) {
+                    uint8_t * blk = (uint8_t *)w->data + b * qt->size;
+                    for (int i = 0; i < qt->size; i++) {
+                        bool scale = (qt->f32 >= 0 && i >= qt->f32 && i < qt->f32 + 4);
+                        for (int k = 0; k < qt->n_half; k++) scale = scale || i == qt->half[k] || i == qt->half[k] + 1;
+                        if (!scale) blk[i] = 0xff;
+                    }
+                }
+            }
             struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
             y->flags |= KVR_FLAG_OUTPUT;
             struct kvr_graph * g = kvr_graph_new(ctx, 16);
@@ -825,12 +840,13 @@ static void test_mul_q8_type(const struct qtype * qt) {
                     if (re > worst_exact) worst_exact = re;
                 }
             }
-            check(worst_int <= 1e-5, "%s q8 mul_mat T=%d, %d threads: worst relative error %.3g against the integer reference",
-                  qt->name, T, nth, worst_int);
+            check(worst_int <= 1e-5, "%s q8 mul_mat%s T=%d, %d threads: worst relative error %.3g against the integer reference",
+                  qt->name, extreme ? " (extremes)" : "", T, nth, worst_int);
             // the activations' rounding shows against the exact product (so the integer path ran),
-            // within its bound: half a step of 1/127 of the largest value per block
-            check(worst_exact > 1e-6 && worst_exact < 0.05, "%s q8 mul_mat T=%d, %d threads: relative error %.3g against the exact product",
-                  qt->name, T, nth, worst_exact);
+            // within its bound: half a step of 1/127 of the largest value per block (constant
+            // activations of the extremes quantize almost exactly)
+            check((extreme || worst_exact > 1e-6) && worst_exact < 0.05, "%s q8 mul_mat%s T=%d, %d threads: relative error %.3g against the exact product",
+                  qt->name, extreme ? " (extremes)" : "", T, nth, worst_exact);
             kvr_buffer_free(buf);
             kvr_backend_free(be);
             kvr_free(ctx);
@@ -843,7 +859,8 @@ static void test_mul_q8_type(const struct qtype * qt) {
 }
 
 static void test_mul_q8(void) {
-    for (int i = 0; i < N_QTYPES; i++) test_mul_q8_type(&qtypes[i]);
+    for (int i = 0; i < N_QTYPES; i++) test_mul_q8_type(&qtypes[i], false);
+    for (int i = 0; i < N_QTYPES; i++) test_mul_q8_type(&qtypes[i], true);
 }
 
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
