@@ -2188,7 +2188,7 @@ static void qx_quantize(enum kvr_type t, const float * x, void * act, int64_t K)
 
 // The canonical form of the types' blocks (see above). Everything here is inlined into kernels
 // made for one type, so the switches over the type fold away.
-#define QX_INLINE static inline __attribute__((always_inline))
+#define QX_INLINE static inline __attribute__((always_inline, unused))
 // The token loops of the kernels are unrolled, so that each token's sums live in registers (-O2
 // alone leaves the arrays of vectors in memory).
 #define QX_UNROLL _Pragma("GCC unroll 8")
@@ -2304,6 +2304,11 @@ QX_INLINE void qx_k_scales(enum kvr_type t, const uint8_t * blk, struct qx_sc * 
             break;
         }
     }
+}
+
+// Q3_K and Q6_K: the mins are an offset times the scales (dmin = d), subtracted in integers
+QX_INLINE bool qx_k_offset(enum kvr_type t) {
+    return t == KVR_TYPE_Q3_K || t == KVR_TYPE_Q6_K;
 }
 
 // Flush period of the 8-row kernels: how many 4-byte groups of products an int16 lane may sum
@@ -2534,13 +2539,12 @@ QX_INLINE float qx_row_legacy_1(enum kvr_type type, const uint8_t * row, int64_t
     const size_t m_off = type == KVR_TYPE_Q4_1 ? offsetof(struct kvr_block_q4_1, m) : offsetof(struct kvr_block_q5_1, m);
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps();
-    __m128 acco = _mm_setzero_ps(), accm = _mm_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
     const int64_t n4 = nb - nb % 4;
     for (int64_t b = 0; b < n4; b += 4) {
         const uint8_t * blk = row + (size_t)b * bs;
         const struct qx_q8 * ab = a + b;
-        __m256i h;
-        __m256i pm;
+        __m256i h, pm, offs = _mm256_setzero_si256();
         if (qx_pairs(type)) {
             __m256i P[2];
             for (int pr = 0; pr < 2; pr++) {
@@ -2554,6 +2558,7 @@ QX_INLINE float qx_row_legacy_1(enum kvr_type type, const uint8_t * row, int64_t
             }
             h = _mm256_hadd_epi32(P[0], P[1]);        // blocks 0 0 2 2 | 1 1 3 3
             pm = _mm256_setr_epi32(0, 0, 2, 2, 1, 1, 3, 3);
+            if (off) offs = _mm256_setr_epi32(off * ab[0].sum, 0, off * ab[2].sum, 0, off * ab[1].sum, 0, off * ab[3].sum, 0);
         } else {
             __m256i p[4];
             for (int k = 0; k < 4; k++) {
@@ -2564,16 +2569,15 @@ QX_INLINE float qx_row_legacy_1(enum kvr_type type, const uint8_t * row, int64_t
             }
             h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3])); // 0 1 2 3 | 0 1 2 3
             pm = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3);
+            if (off) offs = _mm256_setr_epi32(off * ab[0].sum, off * ab[1].sum, off * ab[2].sum, off * ab[3].sum, 0, 0, 0, 0);
         }
         const __m128 dd = _mm_mul_ps(qx_half4(blk, bs), _mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d));
+        // the offsets of Q4_0/Q5_0 leave each block's integer sum exactly (ggml's q - 8 / q - 16)
+        if (off) h = _mm256_sub_epi32(h, offs);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), pm), acc);
-        if (off) acco = _mm_fmadd_ps(dd, _mm_cvtepi32_ps(_mm_setr_epi32(ab[0].sum, ab[1].sum, ab[2].sum, ab[3].sum)), acco);
         if (qx_has_min(type)) accm = _mm_fmadd_ps(qx_half4(blk + m_off, bs), _mm_setr_ps(ab[0].s, ab[1].s, ab[2].s, ab[3].s), accm);
     }
-    __m128 tail = _mm_setzero_ps();
-    tail = _mm_sub_ps(tail, _mm_mul_ps(acco, _mm_set1_ps((float)off)));
-    tail = _mm_add_ps(tail, accm);
-    float sum = qx_hsum(_mm256_add_ps(acc, _mm256_castps128_ps256(tail)));
+    float sum = qx_hsum(_mm256_add_ps(acc, _mm256_zextps128_ps256(accm)));
     // the last nb % 4 blocks one at a time (in element order)
     for (int64_t b = n4; b < nb; b++) {
         const uint8_t * blk = row + (size_t)b * bs;
@@ -2582,8 +2586,9 @@ QX_INLINE float qx_row_legacy_1(enum kvr_type type, const uint8_t * row, int64_t
         const __m256i q = qx_chunk(type, blk, 0);
         __m256i y = _mm256_loadu_si256((const __m256i *)a[b].qs);
         if (sgn) y = _mm256_sign_epi8(y, q);
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(sgn ? _mm256_sign_epi8(q, q) : q, y), ones);
-        sum += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a[b].d) - (float)(off * a[b].sum) * (d * a[b].d) + m * a[b].s;
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(sgn ? _mm256_sign_epi8(q, q) : q, y), ones);
+        if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * a[b].sum)));
+        sum += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a[b].d) + m * a[b].s;
     }
     return sum;
 }
@@ -2623,11 +2628,14 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
         QX_UNROLL
         for (int t = 0; t < nt; t++) {
             const struct qx_q8K * ab = a[t] + b;
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * ab->d), acc[t]);
-            if (type != KVR_TYPE_Q8_K) {
+            if (qx_k_offset(type)) {
+                // Q3_K/Q6_K: the offset leaves the integer sum exactly, as ggml's q - 4 / q - 32
+                sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)ab->bsum)));
+            } else if (type != KVR_TYPE_Q8_K) {
                 const __m256i ms = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)ab->bsum));
                 accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_set1_ps(dmin * ab->d), accm[t]);
             }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(d * ab->d), acc[t]);
         }
     }
     QX_UNROLL
@@ -2949,8 +2957,12 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, co
         QX_UNROLL
         for (int t = 0; t < 4; t++) {
             const __m256 da = _mm256_set1_ps(a[t][b].d);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(dw, da), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(dm, da), acc[t]);
+            if (qx_k_offset(type)) {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s32[t], m[t])), _mm256_mul_ps(dw, da), acc[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(dw, da), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(dm, da), acc[t]);
+            }
         }
     }
     QX_UNROLL
