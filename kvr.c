@@ -2521,10 +2521,13 @@ static void qx_pair_act(struct qx_q8 * a, int64_t nb) {
 
 // four fp16 fields bs bytes apart as 4 floats
 static inline __m128 qx_half4(const uint8_t * p, size_t bs) {
-    uint16_t h[4];
-    for (int k = 0; k < 4; k++) memcpy(&h[k], p + k * bs, 2);
-    uint64_t u;
-    memcpy(&u, h, 8);
+    // assembled in a register: four 2-byte stores read back as one 8-byte load would stall
+    uint64_t u = 0;
+    for (int k = 0; k < 4; k++) {
+        uint16_t h;
+        memcpy(&h, p + k * bs, 2);
+        u |= (uint64_t)h << (16 * k);
+    }
     return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)u));
 }
 
