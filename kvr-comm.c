@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -813,12 +814,14 @@ static void nccl_set_compute(struct transport * t, int rank, void * stream) {
 
 #define PEER_STREAM (-2) // a SEND to this peer goes to the rank's stream, not to a rank
 #define PEER_LOG    (-3) // and to this one, to the rank's replication log
+#define PEER_KILL   (-4) // a SEND to this peer is the test hook KVR_TEST_KILL: the rank is lost there
 #define STREAM_STEP 200  // the tag steps of a cache streamed to the decode rank (P/D): 200 and 201
 
-// a SEND to PEER_STREAM or PEER_LOG hands rows to the rank's file stream or its replication log
-// (below): no transfer, no peer
+// a SEND to a pseudo-peer (PEER_STREAM and the ones below it) stays in this process: it hands rows
+// to the rank's file stream or its replication log, or is the kill hook; no transfer, no peer,
+// not in the schedule
 static bool node_is_stream(const struct kvr_tensor * t) {
-    return t->op == KVR_OP_SEND && (t->op_params[0] == PEER_STREAM || t->op_params[0] == PEER_LOG);
+    return t->op == KVR_OP_SEND && t->op_params[0] <= PEER_STREAM;
 }
 
 static bool node_is_xfer(const struct kvr_tensor * t) {
@@ -1341,6 +1344,11 @@ struct rank_comm {
     int                next_node;   // the comm node the backend runs next
     int                stall_layer; // test hook (-1: off)
     bool               stalled;
+    int                kill_layer;  // test hook KVR_TEST_KILL: the layer this eval loses the rank at (-1: off)
+    int                kill_point;  //   which point of the dist's list
+    char               kill_what[128]; //   where, in words
+    bool               killed;      //   it fired: this rank is lost
+    bool               own_process; // the rank is this process (MPI): a kill ends the process
     int                timeout_peer; // the peer a wait of the last eval timed out on (-1: none)
     int                timeout_tag;  //   the transfer
     bool               timeout_send; //   and whether it was this rank's send
@@ -1362,7 +1370,7 @@ static int comm_wait(struct rank_comm * c, struct tr_req * r) {
     const double t0 = kvr_time_ms();
     int rc = c->tr->wait(c->tr, r, t0 + c->timeout_s * 1e3, c->timeout_s);
     c->st.wait_ms += kvr_time_ms() - t0;
-    if (rc != KVR_OK && strstr(kvr_last_error(), "timed out") && c->timeout_peer < 0) {
+    if (rc != KVR_OK && strstr(kvr_last_error(), "timed out") && c->timeout_peer < 0 && !c->killed) {
         c->timeout_peer = r->peer;
         c->timeout_tag = r->tag;
         c->timeout_send = r->is_send;
@@ -1475,10 +1483,25 @@ static int comm_stall(struct rank_comm * c, int tag) {
     return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
 }
 
+// The one place the test hook KVR_TEST_KILL acts (struct kvr_test_kill in kvr.h): the rank is lost
+// here. A rank that is a process of its own dies at once, as a crashed one would. A local rank's
+// thread stops without a word to its peers (no transport fail(): its transfers are withdrawn at
+// the graph's end as a stalled rank's are), so whoever waits on it times out as on a lost process.
+static int test_kill(struct rank_comm * c) {
+    if (c->own_process) {
+        fprintf(stderr, "kvr: rank %d: killed by the test hook KVR_TEST_KILL at %s\n", c->base.rank, c->kill_what);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+    c->killed = true;
+    return kvr_error(KVR_ERR_COMM, "rank %d: lost: stopped by the test hook KVR_TEST_KILL at %s", c->base.rank, c->kill_what);
+}
+
 // dst and src are host memory the backend seam hands over (the tensors' own or staged copies)
 static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, void * dst_mem, const void * src_mem) {
     struct rank_comm * c = (struct rank_comm *)base;
     const struct kvr_schedule * s = &c->sched;
+    if (node->op == KVR_OP_SEND && node->op_params[0] == PEER_KILL) return test_kill(c);
     if (node_is_stream(node) && node->op_params[0] == PEER_LOG) { // K in src[0], V in src[1]: to the log
         const int rc = log_put_rows(c->log, c->log->step, kvr_tag_layer(node->op_params[1]), (int)node->src[0]->ne[1], node->src[0],
                                     node->src[1], NULL, NULL, (int)node->src[0]->ne[0]);
@@ -1532,6 +1555,8 @@ static int comm_finish(struct kvr_comm * base) {
     for (int i = 0; i < s->n; i++) {
         struct tr_req * r = &c->reqs[i];
         if (!r->posted) continue;
+        // (a rank the kill hook stopped still lets its peers take what it had sent, as data on the
+        // wire reaches a peer after the sender died; it says nothing when they do not)
         if (r->is_send && !r->done && rc == KVR_OK && !c->stalled) rc = comm_wait(c, r);
         // after a failure some transfers were never waited for: the peer must not touch them
         if (!r->done) c->tr->cancel(c->tr, r);
@@ -1539,7 +1564,7 @@ static int comm_finish(struct kvr_comm * base) {
         s->x[i].match_rank = r->match_rank;
         s->x[i].match_index = r->match_seq;
     }
-    if (rc != KVR_OK) comm_fail(c, rc);
+    if (rc != KVR_OK && !c->killed) comm_fail(c, rc);
     return rc;
 }
 
@@ -1553,6 +1578,7 @@ static struct rank_comm * rank_comm_new(struct transport * tr, int rank, int n_r
     c->tr           = tr;
     c->timeout_s    = timeout_s;
     c->stall_layer  = -1;
+    c->kill_layer   = -1;
     c->timeout_peer = -1;
     return c;
 }
@@ -1589,6 +1615,8 @@ struct eval_plan {
 
 struct dist_rank {
     int                   rank;
+    int                   id;         // the rank it was started as (KVR_TEST_KILL names that)
+    bool                  lost;       // the test hook KVR_TEST_KILL stopped it: it computes no more
     struct kvr_kv_cache * cache;
     int32_t             * cache_pos;  // absolute position of every cache row
     int                   n_rows;
@@ -1636,6 +1664,10 @@ struct kvr_dist {
     int                      log_step;    //   the step the next eval is in them
     bool                     log_skip;    //   the next eval is one the logs hold already (a resume's last token)
     int32_t                * resume_prompt; // kvr_dist_resume's info->prompt
+    struct kvr_test_kill     kill[16];    // the test hook's points (KVR_TEST_KILL)
+    bool                     kill_fired[16];
+    int                      n_kill;
+    int                      n_steps;     // decode steps (one-token evals after a cached token) so far
 };
 
 static int replog_restart(struct kvr_dist * d); // the replication logs (below kvr_dist_eval's helpers)
@@ -1783,13 +1815,20 @@ struct pass_ctx {
     int                   window;    //   and its sliding window (0: none)
 };
 
-static struct kvr_tensor * sink(struct pass_ctx * pc, struct kvr_tensor * t, const char * why) {
+// t into the sinks at index at (the ones from there on move up one)
+static void sinks_put(struct pass_ctx * pc, int at, struct kvr_tensor * t) {
     if (pc->n_sinks == pc->cap_sinks) {
         pc->cap_sinks = pc->cap_sinks ? 2 * pc->cap_sinks : 64;
         pc->sinks = realloc(pc->sinks, sizeof(*pc->sinks) * (size_t)pc->cap_sinks);
         KVR_ASSERT(pc->sinks != NULL);
     }
-    pc->sinks[pc->n_sinks++] = t;
+    memmove(&pc->sinks[at + 1], &pc->sinks[at], sizeof(*pc->sinks) * (size_t)(pc->n_sinks - at));
+    pc->sinks[at] = t;
+    pc->n_sinks++;
+}
+
+static struct kvr_tensor * sink(struct pass_ctx * pc, struct kvr_tensor * t, const char * why) {
+    sinks_put(pc, pc->n_sinks, t);
     t->why = why;
     return t;
 }
@@ -2115,8 +2154,9 @@ static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
 //
 
 // The node after which layer il's rows of this rank's cache are final: the V store (which runs
-// after the K store and the receives of kvr's prefix) or tsp's V gather.
-static struct kvr_tensor * layer_final(struct pass_ctx * pc, struct kvr_graph * g, int il) {
+// after the K store and the receives of kvr's prefix) or tsp's V gather; NULL when this rank
+// stores nothing in that layer (a ring decode's ranks but the store rank).
+static struct kvr_tensor * layer_final_find(struct pass_ctx * pc, struct kvr_graph * g, int il) {
     char a[64], b[64];
     snprintf(a, sizeof(a), "blk.%d.v_store", il);
     snprintf(b, sizeof(b), "blk.%d.v_gather", il);
@@ -2126,7 +2166,6 @@ static struct kvr_tensor * layer_final(struct pass_ctx * pc, struct kvr_graph * 
     for (int i = 0; i < g->n_nodes; i++) { // the single pass: reached from the attention
         if (!strcmp(g->nodes[i]->name, a) || !strcmp(g->nodes[i]->name, b)) return g->nodes[i];
     }
-    KVR_ASSERT(!"no store of this layer");
     return NULL;
 }
 
@@ -2154,6 +2193,53 @@ static void sinks_after_layers(struct pass_ctx * pc, struct kvr_tensor ** add, c
     pc->sinks = sinks;
     pc->n_sinks = pc->cap_sinks = n;
     free(done);
+}
+
+static struct kvr_tensor * layer_final(struct pass_ctx * pc, struct kvr_graph * g, int il) {
+    struct kvr_tensor * t = layer_final_find(pc, g, il);
+    KVR_ASSERT(t != NULL && "no store of this layer");
+    return t;
+}
+
+// The single pass lists no sinks (everything hangs off the output): its layers' final stores
+// become sinks, in layer order, so that "right after layer il's store" is a place in the
+// executor's order for every strategy. Same nodes, same values: only independent nodes may move.
+static void stores_as_sinks(struct pass_ctx * pc, struct kvr_graph * g) {
+    for (int il = 0; il < pc->dr->cache->n_layer; il++) {
+        struct kvr_tensor * t = layer_final_find(pc, g, il);
+        bool listed = false;
+        for (int i = 0; i < pc->n_sinks && t; i++) listed |= pc->sinks[i] == t;
+        if (t && !listed) sinks_put(pc, pc->n_sinks, t);
+    }
+}
+
+// Put t in the sinks right after layer il's final node (before what an earlier call put there),
+// so it runs as soon as the layer's rows are final. A rank that stores nothing in the layer (ring
+// decode): after the last sink of that layer.
+static struct kvr_tensor * sink_after_layer(struct pass_ctx * pc, struct kvr_graph * g, int il, struct kvr_tensor * t, const char * why) {
+    const struct kvr_tensor * after = layer_final_find(pc, g, il);
+    char prefix[32];
+    const int np = snprintf(prefix, sizeof(prefix), "blk.%d.", il);
+    int at = -1;
+    for (int i = 0; i < pc->n_sinks; i++) {
+        if (after ? pc->sinks[i] == after : strncmp(pc->sinks[i]->name, prefix, (size_t)np) == 0) at = i;
+        if (after && at >= 0) break;
+    }
+    KVR_ASSERT(at >= 0 && "no sink of this layer to put the node after");
+    struct kvr_tensor * anchor = pc->sinks[at];
+    sinks_put(pc, at + 1, t);
+    t->why = why;
+    return anchor;
+}
+
+// The test hook's node, where this eval loses the rank (struct kvr_test_kill): right after the
+// layer's final store, before the layer's transfers and what streams or replicates its rows
+static void add_kill_node(struct pass_ctx * pc, struct kvr_graph * g) {
+    const int il = pc->dr->comm->kill_layer;
+    if (il < 0) return;
+    struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, pc->dr->cache->k[il], 0, 1), PEER_KILL, kvr_tag(il, KVR_TAG_K, 0));
+    kvr_set_name(t, "blk.%d.kill", il);
+    t->src[1] = sink_after_layer(pc, g, il, t, "test hook KVR_TEST_KILL: this rank is lost here"); // and after it
 }
 
 // Streaming the cache while the prefill runs: per layer, right after its rows are final, a node
@@ -2291,11 +2377,13 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
     }
     if (pc->pl->strat == KVR_STRATEGY_SINGLE) {
         kvr_pass_single(a->ctx, a->g, pc->dr->cache, pc->n_old, a->kpos, pc->d->p.attn_mode);
+        stores_as_sinks(pc, a->g);
     } else {
         run_pass(pc, a->g);
     }
     if (pc->dr->comm->stream || pc->pl->pd) add_stream_nodes(pc, a->g, pc->n_final);
     if (pc->dr->comm->log) add_log_nodes(pc, a->g, pc->dr->made_row0, pc->dr->made);
+    add_kill_node(pc, a->g); // last: it goes before everything else put after the layer's store
     // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
     // the whole model (a peer may be waiting for it to go on)
     a->sinks   = pc->sinks;
@@ -2367,8 +2455,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .n_outputs  = !receiver && r == pl->owner ? 1 : 0,
         .attn_mode  = d->p.attn_mode,
         // the plain single pass goes by the road's own (NULL), which may keep the decode graph
-        // (not with the replication log's nodes, whose rows move with every token)
-        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !dr->comm->log ? NULL : rank_pass,
+        // (not with the replication log's nodes, whose rows move with every token, nor on a rank the
+        // kill hook stops in this eval: the hook is a node of the pass)
+        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !dr->comm->log
+                      && dr->comm->kill_layer < 0 ? NULL : rank_pass,
         .pass_user  = &pc,
         .no_model   = receiver,
         .graph_size = n_layer * (64 + 24 * pl->N) + 256,
@@ -2525,6 +2615,36 @@ static int nccl_start(struct kvr_dist * d, int * my_rank) {
 }
 #endif
 
+// KVR_TEST_KILL: "RANK:prefill:LAYER" or "RANK:decode:STEP", several separated by commas
+int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap) {
+    int n = 0;
+    const char * s = value;
+    for (;;) {
+        char * end;
+        errno = 0;
+        const long rank = strtol(s, &end, 10); // digits only: strtol would take a sign or spaces
+        const bool rank_ok = *s >= '0' && *s <= '9' && errno == 0 && rank <= INT_MAX;
+        s = end;
+        const bool decode = !strncmp(s, ":decode:", 8);
+        const bool prefill = !strncmp(s, ":prefill:", 9);
+        if (!rank_ok || (!decode && !prefill)) break;
+        s += decode ? 8 : 9;
+        errno = 0;
+        const long at = strtol(s, &end, 10);
+        if (*s < '0' || *s > '9' || errno != 0 || at > INT_MAX || (*end != ',' && *end != 0)) break;
+        if (n == cap) {
+            kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL='%.100s': more than %d points", value, cap);
+            return -1;
+        }
+        out[n++] = (struct kvr_test_kill) { .rank = (int)rank, .decode = decode, .at = (int)at };
+        if (*end == 0) return n;
+        s = end + 1;
+    }
+    kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL='%.100s': want RANK:prefill:LAYER or RANK:decode:STEP, several separated by commas "
+              "(the test hook that loses a rank)", value);
+    return -1;
+}
+
 struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p) {
     struct kvr_dist * d = calloc(1, sizeof(*d));
     KVR_ASSERT(d != NULL);
@@ -2588,6 +2708,27 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         free(d);
         return NULL;
     }
+    // the kill hook's points, checked against this dist (a point that could never fire is a mistake)
+    int kill_rc = p->n_kill > (int)(sizeof(d->kill) / sizeof(d->kill[0])) || p->n_kill < 0
+                ? kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %d points, at most %d", p->n_kill, (int)(sizeof(d->kill) / sizeof(d->kill[0])))
+                : KVR_OK;
+    for (int i = 0; i < p->n_kill && kill_rc == KVR_OK; i++) {
+        const struct kvr_test_kill * k = &p->kill[i];
+        if (k->rank < 0 || k->rank >= d->n_ranks) {
+            kill_rc = kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: rank %d is not one of the %d ranks", k->rank, d->n_ranks);
+        } else if (k->at < 0 || (!k->decode && k->at >= (int)m->hp.n_layer)) {
+            kill_rc = kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %s %d is out of range (the model has %u layers)",
+                                k->decode ? "decode step" : "layer", k->at, m->hp.n_layer);
+        } else {
+            d->kill[d->n_kill++] = *k;
+        }
+    }
+    if (kill_rc != KVR_OK) {
+        if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : (int)(m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
     if (n_ctx <= 0) n_ctx = 2048;
     int n_threads = p->n_threads;
@@ -2601,7 +2742,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     d->logits = calloc(m->hp.n_vocab, sizeof(float));
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
-        dr->rank = my_rank + i; // local: 0 + i; one rank a process: the process's
+        dr->rank = dr->id = my_rank + i; // local: 0 + i; one rank a process: the process's
         int device = p->device + dr->rank;
 #ifdef KVR_NCCL
         if (p->comm == KVR_COMM_NCCL) device = nccl_rank_of(d->tr, dr->rank)->device; // its node's GPU
@@ -2630,6 +2771,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
 #endif
         dr->comm = rank_comm_new(d->tr, dr->rank, d->n_ranks, d->p.timeout_s);
         dr->comm->base.device_ptrs = p->comm == KVR_COMM_NCCL; // NCCL moves device memory itself: nothing staged
+        dr->comm->own_process = d->host_tr != NULL; // one rank a process (MPI, NCCL under mpirun)
         kvr_backend_set_comm(dr->be, &dr->comm->base);
         dr->logits = calloc(m->hp.n_vocab, sizeof(float));
         dr->reuse = kvr_eval_reuse_new();
@@ -2828,6 +2970,37 @@ static int replog_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
     return rc;
 }
 
+// The kill hook's points that fall in this eval (struct kvr_test_kill): each rank concerned
+// stops at its layer; one that computes nothing in this eval is lost now (as a heartbeat would
+// find it before the eval), which fails the eval.
+static int test_kill_arm(struct kvr_dist * d, bool decode) {
+    const struct eval_plan * pl = &d->plan;
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->kill_layer = d->ranks[i].comm->kill_point = -1;
+    for (int k = 0; k < d->n_kill; k++) {
+        const struct kvr_test_kill * kp = &d->kill[k];
+        if (d->kill_fired[k] || kp->decode != decode || (decode && kp->at != d->n_steps)) continue;
+        struct dist_rank * dr = NULL;
+        for (int i = 0; i < d->n_local; i++) {
+            if (d->ranks[i].id == kp->rank) dr = &d->ranks[i];
+        }
+        if (!dr || dr->comm->kill_point >= 0) continue;
+        struct rank_comm * c = dr->comm;
+        const bool idle = !pl->active[dr->rank] || (pl->pd && dr->rank == d->n_ranks - 1);
+        c->kill_point = k;
+        c->kill_layer = decode ? (int)d->m->hp.n_layer / 2 : kp->at;
+        if (idle) {
+            if (decode) snprintf(c->kill_what, sizeof(c->kill_what), "the start of decode step %d (it computes nothing in it)", kp->at);
+            else snprintf(c->kill_what, sizeof(c->kill_what), "the start of the prefill (it computes nothing in it)");
+            d->kill_fired[k] = true;
+            dr->lost = true;
+            return test_kill(c);
+        }
+        if (decode) snprintf(c->kill_what, sizeof(c->kill_what), "layer %d of decode step %d", c->kill_layer, kp->at);
+        else snprintf(c->kill_what, sizeof(c->kill_what), "layer %d of the prefill", c->kill_layer);
+    }
+    return KVR_OK;
+}
+
 const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
     const struct kvr_model * m = d->m;
     if (n <= 0) {
@@ -2840,11 +3013,20 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
             return NULL;
         }
     }
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].lost) {
+            kvr_error(KVR_ERR_COMM, "rank %d was lost in an earlier eval (%s); nothing was recovered", d->ranks[i].rank,
+                      d->ranks[i].comm->kill_what);
+            return NULL;
+        }
+    }
+    const bool decode = n == 1 && d->n_past > 0;
     if (plan_eval(d, n) != KVR_OK) return NULL;
     struct eval_plan * pl = &d->plan;
     d->tokens = tokens;
     d->last = pl->strat;
     if (d->p.comm == KVR_COMM_LOCAL) local_reset(d->tr);
+    if (test_kill_arm(d, decode) != KVR_OK) return NULL;
     struct kv_stream * stream = NULL;
     if (d->p.kv_stream && !d->streamed && d->n_past == 0 && stream_start(d, tokens, n, &stream) != KVR_OK) return NULL;
     if (d->p.replicate_dir && !d->logs_open && replog_start(d, tokens, n) != KVR_OK) {
@@ -2887,6 +3069,10 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     for (int i = 0; i < d->n_local; i++) {
         if (started[i]) pthread_join(th[i], NULL);
     }
+    for (int i = 0; i < d->n_local; i++) {
+        struct rank_comm * c = d->ranks[i].comm;
+        if (c->killed) d->ranks[i].lost = d->kill_fired[c->kill_point] = true;
+    }
     for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->stream = NULL; // this eval's alone
     for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->log = NULL;
     if (d->p.graph_out) {
@@ -2910,8 +3096,10 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         struct dist_rank * dr = &d->ranks[i];
         if (dr->rc == KVR_OK) continue;
         int score = 1;
-        const int peer = dr->comm->timeout_peer;
-        if (peer >= 0) {
+        const int peer = dr->comm->killed ? -1 : dr->comm->timeout_peer;
+        if (dr->comm->killed) {
+            score = 0;
+        } else if (peer >= 0) {
             bool peer_timed_out = false;
             for (int j = 0; j < d->n_local; j++) {
                 if (d->ranks[j].rank == peer) peer_timed_out = d->ranks[j].comm->timeout_peer >= 0;
@@ -2934,6 +3122,19 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     }
     if (rc != KVR_OK) {
         kvr_error(rc, "%s", err);
+        // timeouts that race (ring ranks all waiting at once) may leave the lost rank unnamed:
+        // the test hook knows which rank it stopped, so the error says it
+        for (int i = 0; i < d->n_local; i++) {
+            const struct dist_rank * dr = &d->ranks[i];
+            char a[48], b[48], c[64];
+            snprintf(a, sizeof(a), "from rank %d", dr->rank);
+            snprintf(b, sizeof(b), "for rank %d to take", dr->rank);
+            snprintf(c, sizeof(c), "rank %d: lost", dr->rank);
+            if (!dr->comm->killed || strstr(err, a) || strstr(err, b) || strstr(err, c)) continue;
+            char msg[2048];
+            snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+            kvr_error(rc, "%s; rank %d was lost there (stopped by the test hook KVR_TEST_KILL at %s)", msg, dr->rank, dr->comm->kill_what);
+        }
         if (stream) {
             char keep[1024];
             snprintf(keep, sizeof(keep), "%s", kvr_last_error());
@@ -3002,6 +3203,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         }
     }
     if (pl->store >= 0) d->n_decode++;
+    if (decode) d->n_steps++;
     seq_reserve(d, d->n_past + n);
     memcpy(d->seq + d->n_past, tokens, sizeof(int32_t) * (size_t)n);
     d->n_past += n;

@@ -1316,6 +1316,28 @@ enum kvr_comm_kind {
     KVR_COMM_KIND_COUNT,
 };
 
+// Test hook KVR_TEST_KILL: a rank is lost at a chosen point, as a process or GPU that fails would
+// be. "RANK:prefill:LAYER" loses RANK (the rank as started; MPI: the process's rank) in the first
+// prefill (any eval that is not a decode step) right after layer LAYER's rows are final in its
+// cache (its K/V store, or tsp's gather), before the layer's other transfers; "RANK:decode:STEP" loses
+// it in decode step STEP (0-based count of one-token evals after tokens are cached, since
+// kvr_dist_new) at layer n_layer/2. Several points, separated by commas, lose several ranks (or
+// one rank later: each point fires once). What "lost" means:
+//   local ranks (threads): the rank's eval stops there without telling anyone; its transfers are
+//     withdrawn, so the peers that wait on it fail with the timeout error a lost process gives;
+//     the rank stays lost (later evals fail) unless --replicate recovers from it
+//   MPI (and NCCL under mpirun): the process raises SIGKILL there and dies at once
+// A rank that computes nothing in the eval its point falls in (during decode every rank of a
+// chain but the last; the P/D decode rank during the prefill) is lost when that eval starts.
+struct kvr_test_kill {
+    int  rank;
+    bool decode;   // false: the prefill, at layer `at`; true: decode step `at`
+    int  at;
+};
+// Parse KVR_TEST_KILL's value into out (at most cap points): their count, or -1 with
+// kvr_last_error() naming the variable and what is wrong.
+int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap);
+
 struct kvr_dist_params {
     enum kvr_strategy  strategy;
     enum kvr_comm_kind comm;
@@ -1342,6 +1364,8 @@ struct kvr_dist_params {
     bool               stall;        // test hook: rank stall_rank stops before its first transfer
     int                stall_rank;   //   of layer stall_layer and never sends again, as a lost
     int                stall_layer;  //   process would (off unless stall is set)
+    const struct kvr_test_kill * kill; // test hook KVR_TEST_KILL (see struct kvr_test_kill): these
+    int                n_kill;       //   ranks are lost at these points (checked by kvr_dist_new)
     FILE *             graph_out;    // print every rank's rewritten graph of the next eval
     double             auto_flops;   // auto's C (0: 1e11)
     double             auto_bw;      // auto's BW in bytes/s (0: the link, else 1e10)

@@ -66,6 +66,23 @@ for line in open(sys.argv[1]):
     else
         bad "stalled rank: rc=$rc after ${el}s: $(tail -n 1 "$tmp/stall.txt")"
     fi
+    # KVR_TEST_KILL without --replicate: the lost rank fails the run as a stalled one does, and a rank
+    # lost in decode (the chain's last, which decodes alone) ends it with its own "lost" error
+    start=$(date +%s)
+    KVR_TEST_KILL=1:prefill:1 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/kill.txt"
+    rc=$?; el=$(( $(date +%s) - start ))
+    if [ $rc -ne 0 ] && [ $el -le 4 ] && grep -q "timed out after 1.0 s waiting for K of layer 1 (step 0) from rank 1" "$tmp/kill.txt"; then
+        ok "KVR_TEST_KILL=1:prefill:1: the run fails within the timeout, naming the lost rank"
+    else
+        bad "KVR_TEST_KILL=1:prefill:1: rc=$rc after ${el}s: $(tail -n 1 "$tmp/kill.txt")"
+    fi
+    KVR_TEST_KILL=2:decode:3 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > "$tmp/kill.out" 2> "$tmp/kill.txt"
+    rc=$?
+    if [ $rc -ne 0 ] && grep -q "rank 2: lost: stopped by the test hook KVR_TEST_KILL at layer 2 of decode step 3" "$tmp/kill.txt"; then
+        ok "KVR_TEST_KILL=2:decode:3: the run ends at that step with the rank's error"
+    else
+        bad "KVR_TEST_KILL=2:decode:3: rc=$rc: $(tail -n 1 "$tmp/kill.txt")"
+    fi
     if [ -x "$build/simple" ]; then
         "$build/simple" "$model" "Once upon a time" > "$tmp/simple.txt" 2>&1
         head -c 40 "$ref/stories260K-greedy.txt" > "$tmp/want.txt"
@@ -278,6 +295,18 @@ assert len(rx) >= 10, "the decode rank received %d blocks" % len(rx)
                 --strategy "$s" --comm-timeout 30 > "$tmp/m2.txt" 2> "$tmp/m2.err"
             printf '%s%s' "$(cat "$tmp/m1.txt")" "$(cat "$tmp/m2.txt")" > "$tmp/m12.txt"
             if cmp -s "$tmp/m12.txt" "$tmp/kv50.txt"; then ok "mpirun -np 3 --strategy $s: --kv-save -n 20, --kv-load -n 30 = -n 50"; else bad "mpirun --kv-save/--kv-load $s: $(tail -n 2 "$tmp/m2.err")"; fi
+        done
+        # KVR_TEST_KILL under MPI: the process dies at once (SIGKILL) where the hook says; the job ends
+        for point in 1:prefill:2 2:decode:3 0:decode:3; do
+            start=$(date +%s)
+            timeout 120 mpirun --allow-run-as-root --oversubscribe -np 3 -x KVR_TEST_KILL=$point "$build/mpi/kvr-run" -m "$model" \
+                -p "Once upon a time" -n 20 --temp 0 --strategy kvr --comm-timeout 5 > "$tmp/mk.txt" 2> "$tmp/mk.err"
+            rc=$?; el=$(( $(date +%s) - start ))
+            if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "rank ${point%%:*}: killed by the test hook KVR_TEST_KILL at" "$tmp/mk.err"; then
+                ok "mpirun -np 3 KVR_TEST_KILL=$point: that process dies there, the job ends (exit $rc after ${el}s)"
+            else
+                bad "mpirun KVR_TEST_KILL=$point: rc=$rc after ${el}s: $(grep -v '^ *$' "$tmp/mk.err" | tail -n 2)"
+            fi
         done
     else
         skp "MPI transport (no MPI build or no mpirun)"

@@ -69,6 +69,8 @@ struct run_args {
     uint64_t     seed;
     bool         seed_set;
     bool         verbose;
+    struct kvr_test_kill kill[16]; // the test hook KVR_TEST_KILL, parsed once by parse_args
+    int          n_kill;
     bool         dump_graph;
     bool         q8_act;
     bool         vec_dot_order;
@@ -316,6 +318,9 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     if (stall && sscanf(stall, "%d:%d%c", &sr, &sl, &tail) != 2) {
         return kvr_cli_fail(&cli, "KVR_TEST_STALL='%.100s': want RANK:LAYER (the test hook that stalls a rank)", stall);
     }
+    const char * kill = getenv("KVR_TEST_KILL");
+    a->n_kill = kill ? kvr_test_kill_parse(kill, a->kill, 16) : 0;
+    if (a->n_kill < 0) return kvr_cli_fail(&cli, "%s", kvr_last_error());
     return 0;
 }
 
@@ -906,6 +911,7 @@ int kvr_run_main(int argc, char ** argv) {
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
         .replicate_dir = a.replicate_dir,
+        .kill = a.kill, .n_kill = a.n_kill,
     };
     if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers (checked by parse_args)
         dp.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) == 2;
