@@ -1138,7 +1138,6 @@ struct kv_log {
     struct log_item   * head, * tail;
     int64_t             queued;      // bytes in the queue
     int                 commits;     // commits in the queue
-    int                 acked;       // the last step committed and synced (-1: none)
     int                 step;        // the step the rank's log nodes of this eval belong to
     bool                stop;
     int                 rc;
@@ -1183,7 +1182,6 @@ static void * log_thread(void * arg) {
         pthread_mutex_unlock(&lg->mu);
         if (sync) rc = kvr_kv_log_sync(lg->w); // off the compute's path; covers every commit written since the last
         pthread_mutex_lock(&lg->mu);
-        if (sync && rc == KVR_OK) lg->acked = it->step;
         if (rc != KVR_OK && lg->rc == KVR_OK) {
             lg->rc = rc;
             snprintf(lg->err, sizeof(lg->err), "%s", kvr_last_error());
@@ -1285,13 +1283,12 @@ static int log_put_commit(struct kv_log * lg, int step, const int32_t * tokens, 
 }
 
 // start the writer of an open log (w: created or opened for appending)
-static struct kv_log * log_start(struct kvr_kv_log * w, const char * path, double timeout_s, int acked) {
+static struct kv_log * log_start(struct kvr_kv_log * w, const char * path, double timeout_s) {
     struct kv_log * lg = calloc(1, sizeof(*lg));
     KVR_ASSERT(lg != NULL);
     lg->w = w;
     snprintf(lg->path, sizeof(lg->path), "%s", path);
     lg->timeout_s = timeout_s;
-    lg->acked = acked;
     pthread_mutex_init(&lg->mu, NULL);
     pthread_cond_init(&lg->cv, NULL);
     pthread_cond_init(&lg->room, NULL);
@@ -2929,7 +2926,7 @@ static int replog_start(struct kvr_dist * d, const int32_t * tokens, int n) {
         struct kvr_kv_log * w;
         rc = kvr_kv_log_create(&w, path, d->m, &h);
         if (rc != KVR_OK) break;
-        dr->log = log_start(w, path, d->p.timeout_s, -1);
+        dr->log = log_start(w, path, d->p.timeout_s);
         if (!dr->log) {
             rc = KVR_ERR_NOMEM;
             break;
@@ -3692,7 +3689,7 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
             struct kvr_kv_log * w;
             rc = kvr_kv_log_append(&w, path, d->m, x);
             if (rc == KVR_OK) {
-                dr->log = log_start(w, path, d->p.timeout_s, S);
+                dr->log = log_start(w, path, d->p.timeout_s);
                 if (!dr->log) rc = KVR_ERR_NOMEM;
             }
         }
