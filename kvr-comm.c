@@ -2451,10 +2451,11 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .n_past     = n_old,
         .n_outputs  = !receiver && r == pl->owner ? 1 : 0,
         .attn_mode  = d->p.attn_mode,
-        // the plain single pass goes by the road's own (NULL), which may keep the decode graph
-        // (not with the replication log's nodes, whose rows move with every token, nor on a rank the
-        // kill hook stops in this eval: the hook is a node of the pass)
-        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !dr->comm->log
+        // the plain single pass goes by the road's own (NULL), which may keep the decode graph;
+        // a prompt's rows go to the replication log by the log's nodes (rank_pass), a decoded
+        // token's after the eval (below), so that its graph is kept; not on a rank the kill hook
+        // stops in this eval: the hook is a node of the pass
+        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !(dr->comm->log && c > 1)
                       && dr->comm->kill_layer < 0 ? NULL : rank_pass,
         .pass_user  = &pc,
         .no_model   = receiver,
@@ -2467,6 +2468,19 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .reuse      = dr->reuse,
     };
     int rc = kvr_eval_run(&ev);
+    if (rc == KVR_OK && dr->comm->log && !ev.pass && dr->made > 0) {
+        // one decoded token's rows, one small transfer per layer, to the log's writer
+        const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->made;
+        float * k = malloc(bytes), * v = malloc(bytes);
+        KVR_ASSERT(k && v);
+        for (int il = 0; il < n_layer && rc == KVR_OK; il++) {
+            kvr_kv_cache_get_rows(dr->be, dr->cache, il, dr->made_row0, dr->made, k, v);
+            rc = log_put_rows(dr->comm->log, dr->comm->log->step, il, dr->made, NULL, NULL, k, v, dr->cache->kv_dim);
+        }
+        free(k);
+        free(v);
+        if (rc != KVR_OK) dr->comm->tr->fail(dr->comm->tr, r, kvr_last_error());
+    }
     if (graph_out) fclose(graph_out);
     free(pc.sinks);
     free(toks);
