@@ -308,6 +308,25 @@ assert len(rx) >= 10, "the decode rank received %d blocks" % len(rx)
                 bad "mpirun KVR_TEST_KILL=$point: rc=$rc after ${el}s: $(grep -v '^ *$' "$tmp/mk.err" | tail -n 2)"
             fi
         done
+        # restarts across processes (issue 17, acceptance 2): with --replicate-dir, process 1 is
+        # killed by the test hook in decode step 5 (SIGKILL, at once), mpirun ends the job; the
+        # same command with --resume prints the clean run's text (kvr, ring-kv, tsp on 3 processes)
+        for s in kvr ring-kv tsp; do
+            rm -rf "$tmp/MR"
+            KVR_TEST_KILL=1:decode:5 timeout 120 mpirun --allow-run-as-root --oversubscribe -np 3 "$build/mpi/kvr-run" -m "$model" \
+                -p "Once upon a time" -n 48 --temp 0 --strategy "$s" --comm-timeout 10 --replicate-dir "$tmp/MR" > "$tmp/mk.txt" 2> "$tmp/mk.err"
+            rc_kill=$?
+            timeout 120 mpirun --allow-run-as-root --oversubscribe -np 3 "$build/mpi/kvr-run" -m "$model" \
+                -p "Once upon a time" -n 48 --temp 0 --strategy "$s" --comm-timeout 30 --replicate-dir "$tmp/MR" --resume "$tmp/MR" -v \
+                > "$tmp/mr.txt" 2> "$tmp/mr.err"
+            printf '%s' "$(cat "$tmp/mr.txt")" > "$tmp/mr-text.txt"
+            if [ $rc_kill -ne 0 ] && grep -q "killed by the test hook" "$tmp/mk.err" && cmp -s "$tmp/mr-text.txt" "$ref/stories260K-greedy.txt" &&
+               grep -q "^resume: .*restored [0-9]* tokens (steps 0\.\.[0-9]* of 3 ranks, $s) onto 3 ranks" "$tmp/mr.err"; then
+                ok "mpirun -np 3 --strategy $s --replicate-dir, process 1 killed in decode step 5, then --resume: the clean text ($(grep -o 'restored [0-9]* tokens' "$tmp/mr.err"))"
+            else
+                bad "mpirun --replicate-dir/--resume $s: killed rc=$rc_kill: $(grep -h 'resume\|kvr-run\|killed' "$tmp/mk.err" "$tmp/mr.err" | head -n 3)"
+            fi
+        done
     else
         skp "MPI transport (no MPI build or no mpirun)"
     fi
