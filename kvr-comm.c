@@ -1323,6 +1323,250 @@ static int log_stop(struct kv_log * lg) {
     return rc;
 }
 
+// replicas (--replicate, DejaVu's KV replication): every rank's new cache rows, layer by layer,
+// go to a replica its ring successor holds in host memory. A rank's node of layer il runs right
+// after the layer's final store and copies the eval's new rows of that layer into the replica
+// (one tensor_get each of K and V, on the rank's comm path); the holder's thread then checks them
+// (a CRC32C per layer and kind) and acknowledges the layer. The driver commits the eval's chunk
+// only once every layer is acknowledged and the eval succeeded, so a replica's committed rows
+// never hold half a step; a failed eval's partial chunk is dropped. Recovery reads only committed
+// chunks whose CRCs still match.
+//
+
+#define PEER_REPLICA (-5) // a SEND to this peer copies rows into the rank's replica on its successor
+
+struct replica {
+    int               n_layer, kv_dim;
+    int               n_rows, cap;   // committed rows, rows allocated per layer
+    int32_t         * pos;           // [cap]: their positions (the pending chunk's after them)
+    float          ** k, ** v;       // [n_layer][cap * kv_dim]
+    int               n_chunks, cap_chunks;
+    int             * chunk_row0;    // committed chunks: rows [row0, row0 + n), each eval's
+    int             * chunk_n;
+    uint32_t        * chunk_crc;     //   [chunk * n_layer * 2 + il * 2 + (K: 0, V: 1)]
+    int               pend_n;        // the running eval's chunk: rows [n_rows, n_rows + pend_n)
+    bool            * acked;         // [n_layer]: that layer's rows are in and checked
+    uint32_t        * pend_crc;      // [n_layer * 2]
+    bool              behind;        // a chunk was never acknowledged: nothing more is committed
+    int             * queue;         // layers put, waiting for the holder's check
+    int               q_head, q_tail;
+    bool              stop;
+    pthread_t         th;
+    pthread_mutex_t   mu;
+    pthread_cond_t    cv;
+};
+
+static void replica_crc(const struct replica * rp, int il, int row0, int n, uint32_t * ck, uint32_t * cv) {
+    const size_t off = (size_t)row0 * (size_t)rp->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)rp->kv_dim;
+    *ck = kvr_crc32c(0, rp->k[il] + off, bytes);
+    *cv = kvr_crc32c(0, rp->v[il] + off, bytes);
+}
+
+// the holder's side: check each layer the sender put in, then acknowledge it
+static void * replica_thread(void * arg) {
+    struct replica * rp = arg;
+    pthread_mutex_lock(&rp->mu);
+    while (!rp->stop) {
+        if (rp->q_head == rp->q_tail) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&rp->cv, &rp->mu, &ts);
+            continue;
+        }
+        const int il = rp->queue[rp->q_head];
+        const int row0 = rp->n_rows, n = rp->pend_n;
+        pthread_mutex_unlock(&rp->mu);
+        uint32_t ck, cv;
+        replica_crc(rp, il, row0, n, &ck, &cv);
+        pthread_mutex_lock(&rp->mu);
+        rp->pend_crc[il * 2] = ck;
+        rp->pend_crc[il * 2 + 1] = cv;
+        rp->acked[il] = true;
+        rp->q_head++;
+        pthread_cond_broadcast(&rp->cv);
+    }
+    pthread_mutex_unlock(&rp->mu);
+    return NULL;
+}
+
+static struct replica * replica_new(int n_layer, int kv_dim) {
+    struct replica * rp = calloc(1, sizeof(*rp));
+    KVR_ASSERT(rp != NULL);
+    rp->n_layer = n_layer;
+    rp->kv_dim = kv_dim;
+    rp->k = calloc((size_t)n_layer, sizeof(float *));
+    rp->v = calloc((size_t)n_layer, sizeof(float *));
+    rp->acked = calloc((size_t)n_layer, sizeof(bool));
+    rp->pend_crc = calloc((size_t)n_layer * 2, sizeof(uint32_t));
+    rp->queue = calloc((size_t)n_layer, sizeof(int));
+    KVR_ASSERT(rp->k && rp->v && rp->acked && rp->pend_crc && rp->queue);
+    pthread_mutex_init(&rp->mu, NULL);
+    pthread_cond_init(&rp->cv, NULL);
+    if (pthread_create(&rp->th, NULL, replica_thread, rp) != 0) {
+        pthread_mutex_destroy(&rp->mu);
+        pthread_cond_destroy(&rp->cv);
+        free(rp->k); free(rp->v); free(rp->acked); free(rp->pend_crc); free(rp->queue);
+        free(rp);
+        kvr_error(KVR_ERR_NOMEM, "--replicate: cannot start a replica's thread");
+        return NULL;
+    }
+    return rp;
+}
+
+static void replica_free(struct replica * rp) {
+    if (!rp) return;
+    pthread_mutex_lock(&rp->mu);
+    rp->stop = true;
+    pthread_cond_broadcast(&rp->cv);
+    pthread_mutex_unlock(&rp->mu);
+    pthread_join(rp->th, NULL);
+    pthread_mutex_destroy(&rp->mu);
+    pthread_cond_destroy(&rp->cv);
+    for (int il = 0; il < rp->n_layer; il++) { free(rp->k[il]); free(rp->v[il]); }
+    free(rp->k); free(rp->v); free(rp->pos);
+    free(rp->chunk_row0); free(rp->chunk_n); free(rp->chunk_crc);
+    free(rp->acked); free(rp->pend_crc); free(rp->queue);
+    free(rp);
+}
+
+// room for n more rows (between evals: the holder's thread is idle)
+static void replica_reserve(struct replica * rp, int n) {
+    if (rp->n_rows + n <= rp->cap) return;
+    int cap = rp->cap ? 2 * rp->cap : 64;
+    while (cap < rp->n_rows + n) cap *= 2;
+    const size_t row = sizeof(float) * (size_t)rp->kv_dim;
+    for (int il = 0; il < rp->n_layer; il++) {
+        rp->k[il] = realloc(rp->k[il], row * (size_t)cap);
+        rp->v[il] = realloc(rp->v[il], row * (size_t)cap);
+        KVR_ASSERT(rp->k[il] && rp->v[il]);
+    }
+    rp->pos = realloc(rp->pos, sizeof(int32_t) * (size_t)cap);
+    KVR_ASSERT(rp->pos != NULL);
+    rp->cap = cap;
+}
+
+// an eval starts: its chunk of n rows at these positions will come layer by layer
+static void replica_begin(struct replica * rp, int n, const int32_t * pos) {
+    replica_reserve(rp, n);
+    memcpy(rp->pos + rp->n_rows, pos, sizeof(int32_t) * (size_t)n);
+    rp->pend_n = rp->behind ? 0 : n;
+    rp->q_head = rp->q_tail = 0;
+    for (int il = 0; il < rp->n_layer; il++) rp->acked[il] = false;
+}
+
+// the sender's node: the eval's new rows of layer il (k, v: views of the rank's cache) into the
+// replica, through the backend (the cache may be device memory); the holder checks them
+static void replica_put(struct replica * rp, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
+    if (rp->pend_n == 0) return; // behind: it takes nothing until it is seeded again
+    KVR_ASSERT(k->ne[1] == rp->pend_n && il >= 0 && il < rp->n_layer);
+    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim, nb = kvr_nbytes(k);
+    kvr_backend_tensor_get(k, rp->k[il] + off, 0, nb);
+    kvr_backend_tensor_get(v, rp->v[il] + off, 0, nb);
+    pthread_mutex_lock(&rp->mu);
+    rp->queue[rp->q_tail++] = il;
+    pthread_cond_broadcast(&rp->cv);
+    pthread_mutex_unlock(&rp->mu);
+}
+
+// wait (at most timeout_s) until the holder checked everything put so far; false on timeout
+static bool replica_drain(struct replica * rp, double timeout_s) {
+    const double deadline = kvr_time_ms() + 1e3 * timeout_s;
+    pthread_mutex_lock(&rp->mu);
+    while (rp->q_head < rp->q_tail && kvr_time_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&rp->cv, &rp->mu, &ts);
+    }
+    const bool ok = rp->q_head == rp->q_tail;
+    pthread_mutex_unlock(&rp->mu);
+    return ok;
+}
+
+static void replica_add_chunk(struct replica * rp, int n, const uint32_t * crc) {
+    if (rp->n_chunks == rp->cap_chunks) {
+        rp->cap_chunks = rp->cap_chunks ? 2 * rp->cap_chunks : 16;
+        rp->chunk_row0 = realloc(rp->chunk_row0, sizeof(int) * (size_t)rp->cap_chunks);
+        rp->chunk_n = realloc(rp->chunk_n, sizeof(int) * (size_t)rp->cap_chunks);
+        rp->chunk_crc = realloc(rp->chunk_crc, sizeof(uint32_t) * (size_t)rp->cap_chunks * (size_t)rp->n_layer * 2);
+        KVR_ASSERT(rp->chunk_row0 && rp->chunk_n && rp->chunk_crc);
+    }
+    rp->chunk_row0[rp->n_chunks] = rp->n_rows;
+    rp->chunk_n[rp->n_chunks] = n;
+    memcpy(rp->chunk_crc + (size_t)rp->n_chunks * (size_t)rp->n_layer * 2, crc, sizeof(uint32_t) * (size_t)rp->n_layer * 2);
+    rp->n_chunks++;
+    rp->n_rows += n;
+}
+
+// the eval's end: commit its chunk when it succeeded and every layer was acknowledged, else drop
+// it (and a chunk that is not acknowledged in time leaves the replica behind). KVR_OK, or
+// KVR_ERR_COMM when the replica fell behind.
+static int replica_end(struct replica * rp, bool ok, double timeout_s) {
+    const bool drained = replica_drain(rp, timeout_s);
+    pthread_mutex_lock(&rp->mu);
+    const int n = rp->pend_n;
+    bool whole = drained;
+    for (int il = 0; il < rp->n_layer && whole; il++) whole = rp->acked[il];
+    if (!drained) rp->stop = true; // a thread that is stuck: it takes nothing more either
+    pthread_mutex_unlock(&rp->mu);
+    rp->pend_n = 0;
+    if (!ok || n == 0) return KVR_OK;
+    if (!whole) {
+        rp->behind = true;
+        return kvr_error(KVR_ERR_COMM, "the replica's chunk of %d rows was not acknowledged within %.1f s: it is behind from row %d",
+                         n, timeout_s, rp->n_rows);
+    }
+    replica_add_chunk(rp, n, rp->pend_crc);
+    return KVR_OK;
+}
+
+// A replica holding exactly these rows (a rank's whole cache) as one committed chunk: after a
+// recovery changed what a rank holds or who holds its replica
+static void replica_seed(struct replica * rp, struct kvr_backend * be, const struct kvr_kv_cache * c, const int32_t * pos, int n) {
+    rp->n_rows = rp->n_chunks = rp->pend_n = 0;
+    rp->behind = false;
+    if (n == 0) return;
+    replica_reserve(rp, n);
+    memcpy(rp->pos, pos, sizeof(int32_t) * (size_t)n);
+    uint32_t * crc = malloc(sizeof(uint32_t) * (size_t)rp->n_layer * 2);
+    KVR_ASSERT(crc != NULL);
+    for (int il = 0; il < rp->n_layer; il++) {
+        kvr_kv_cache_get_rows(be, c, il, 0, n, rp->k[il], rp->v[il]);
+        replica_crc(rp, il, 0, n, &crc[il * 2], &crc[il * 2 + 1]);
+    }
+    replica_add_chunk(rp, n, crc);
+    free(crc);
+}
+
+// Which committed rows can be trusted: ok[row] for rows [0, n_rows); a chunk whose data no longer
+// gives its CRC is refused whole (every layer: a position needs all of them). Returns the
+// refused chunks' count and describes the first in why.
+static int replica_check(const struct replica * rp, bool * ok, char * why, size_t cap) {
+    int bad = 0;
+    for (int ch = 0; ch < rp->n_chunks; ch++) {
+        const int r0 = rp->chunk_row0[ch], n = rp->chunk_n[ch];
+        bool good = true;
+        for (int il = 0; il < rp->n_layer && good; il++) {
+            uint32_t ck, cv;
+            replica_crc(rp, il, r0, n, &ck, &cv);
+            const uint32_t * want = rp->chunk_crc + ((size_t)ch * (size_t)rp->n_layer + (size_t)il) * 2;
+            if (ck != want[0] || cv != want[1]) {
+                good = false;
+                if (bad == 0) {
+                    snprintf(why, cap, "chunk %d (rows %d..%d, positions %d..%d), layer %d %s: CRC32C 0x%08x, the data gives 0x%08x",
+                             ch, r0, r0 + n - 1, rp->pos[r0], rp->pos[r0 + n - 1], il, ck != want[0] ? "K" : "V",
+                             ck != want[0] ? want[0] : want[1], ck != want[0] ? ck : cv);
+                }
+            }
+        }
+        bad += !good;
+        for (int i = r0; i < r0 + n; i++) ok[i] = good;
+    }
+    return bad;
+}
+
 //
 // the endpoint kvr_backend_graph_compute calls: runs the schedule of one rank's graph on its
 // transport, on the memory kvr hands over (host memory, a device backend's staged; device
@@ -1345,7 +1589,9 @@ struct rank_comm {
     int                kill_point;  //   which point of the dist's list
     char               kill_what[128]; //   where, in words
     bool               killed;      //   it fired: this rank is lost
+    double             t_killed;    //   when
     bool               own_process; // the rank is this process (MPI): a kill ends the process
+    struct replica   * replica_out; // this eval's new rows go there (--replicate; NULL: none)
     int                timeout_peer; // the peer a wait of the last eval timed out on (-1: none)
     int                timeout_tag;  //   the transfer
     bool               timeout_send; //   and whether it was this rank's send
@@ -1491,6 +1737,7 @@ static int test_kill(struct rank_comm * c) {
         raise(SIGKILL);
     }
     c->killed = true;
+    c->t_killed = kvr_time_ms();
     return kvr_error(KVR_ERR_COMM, "rank %d: lost: stopped by the test hook KVR_TEST_KILL at %s", c->base.rank, c->kill_what);
 }
 
@@ -1499,6 +1746,11 @@ static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, voi
     struct rank_comm * c = (struct rank_comm *)base;
     const struct kvr_schedule * s = &c->sched;
     if (node->op == KVR_OP_SEND && node->op_params[0] == PEER_KILL) return test_kill(c);
+    if (node->op == KVR_OP_SEND && node->op_params[0] == PEER_REPLICA) { // K in src[0], V in src[1]
+        c->st.replica_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
+        replica_put(c->replica_out, kvr_tag_layer(node->op_params[1]), node->src[0], node->src[1]);
+        return KVR_OK;
+    }
     if (node_is_stream(node) && node->op_params[0] == PEER_LOG) { // K in src[0], V in src[1]: to the log
         const int rc = log_put_rows(c->log, c->log->step, kvr_tag_layer(node->op_params[1]), (int)node->src[0]->ne[1], node->src[0],
                                     node->src[1], NULL, NULL, (int)node->src[0]->ne[0]);
@@ -1614,6 +1866,7 @@ struct dist_rank {
     int                   rank;
     int                   id;         // the rank it was started as (KVR_TEST_KILL names that)
     bool                  lost;       // the test hook KVR_TEST_KILL stopped it: it computes no more
+    struct replica      * held;       // --replicate: the replica of its ring predecessor's rows
     struct kvr_kv_cache * cache;
     int32_t             * cache_pos;  // absolute position of every cache row
     int                   n_rows;
@@ -1665,6 +1918,9 @@ struct kvr_dist {
     bool                     kill_fired[16];
     int                      n_kill;
     int                      n_steps;     // decode steps (one-token evals after a cached token) so far
+    bool                     recomputing; // a recovery re-evaluates tokens no copy held (not a decode step)
+    double                   failover_restore_ms; // the last recovery: rebuilding the ranks from the copies
+    double                   t_recover;   //   when it started
 };
 
 static int replog_restart(struct kvr_dist * d); // the replication logs (below kvr_dist_eval's helpers)
@@ -2229,6 +2485,22 @@ static struct kvr_tensor * sink_after_layer(struct pass_ctx * pc, struct kvr_gra
     return anchor;
 }
 
+// --replicate: per layer, right after its rows are final, this eval's new rows of the rank go to
+// its replica on the ring successor (replica_put), overlapping the layers that follow
+static void add_replica_nodes(struct pass_ctx * pc, struct kvr_graph * g) {
+    if (!pc->dr->comm->replica_out) return;
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int row0 = pc->dr->made_row0, n = pc->dr->made; // the rows this eval made on this rank
+    KVR_ASSERT(n == pc->dr->comm->replica_out->pend_n || pc->dr->comm->replica_out->pend_n == 0);
+    if (n == 0) return;
+    for (int il = 0; il < c->n_layer; il++) {
+        struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], row0, n), PEER_REPLICA, kvr_tag(il, KVR_TAG_K, 0));
+        t->src[1] = cache_rows(pc, c->v[il], row0, n);
+        kvr_set_name(t, "blk.%d.kv_replica", il);
+        t->src[2] = sink_after_layer(pc, g, il, t, "replicate: this layer's new K/V rows to the replica on the ring successor");
+    }
+}
+
 // The test hook's node, where this eval loses the rank (struct kvr_test_kill): right after the
 // layer's final store, before the layer's transfers and what streams or replicates its rows
 static void add_kill_node(struct pass_ctx * pc, struct kvr_graph * g) {
@@ -2380,6 +2652,7 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
     }
     if (pc->dr->comm->stream || pc->pl->pd) add_stream_nodes(pc, a->g, pc->n_final);
     if (pc->dr->comm->log) add_log_nodes(pc, a->g, pc->dr->made_row0, pc->dr->made);
+    add_replica_nodes(pc, a->g);
     add_kill_node(pc, a->g); // last: it goes before everything else put after the layer's store
     // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
     // the whole model (a peer may be waiting for it to go on)
@@ -2454,9 +2727,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         // the plain single pass goes by the road's own (NULL), which may keep the decode graph;
         // a prompt's rows go to the replication log by the log's nodes (rank_pass), a decoded
         // token's after the eval (below), so that its graph is kept; not on a rank the kill hook
-        // stops in this eval: the hook is a node of the pass
+        // stops in this eval, nor on one that replicates (--replicate): the hook and the replica's
+        // nodes are nodes of the pass
         .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !(dr->comm->log && c > 1)
-                      && dr->comm->kill_layer < 0 ? NULL : rank_pass,
+                      && dr->comm->kill_layer < 0 && !dr->comm->replica_out ? NULL : rank_pass,
         .pass_user  = &pc,
         .no_model   = receiver,
         .graph_size = n_layer * (64 + 24 * pl->N) + 256,
@@ -2532,6 +2806,341 @@ static void * rank_thread(void * arg) {
     void ** a = arg;
     rank_eval(a[0], a[1]);
     return NULL;
+}
+
+//
+// replication and recovery of local ranks (--replicate): the driver's side
+//
+
+static void dist_log(struct kvr_dist * d, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void dist_log(struct kvr_dist * d, const char * fmt, ...) {
+    if (!d->p.log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(d->p.log, "failover: ");
+    vfprintf(d->p.log, fmt, ap);
+    fprintf(d->p.log, "\n");
+    va_end(ap);
+}
+
+// the replica of rank i's rows: on its ring successor (made when first needed; none on one rank)
+static struct replica * replica_of(struct kvr_dist * d, int i) {
+    if (d->n_local < 2) return NULL;
+    struct dist_rank * h = &d->ranks[(i + 1) % d->n_local];
+    if (!h->held) h->held = replica_new((int)d->m->hp.n_layer, h->cache->kv_dim);
+    return h->held;
+}
+
+// every replica holds its rank's whole cache again (after a load, a truncation, a recompute)
+static void replicas_seed_all(struct kvr_dist * d) {
+    if (!d->p.replicate) return;
+    for (int i = 0; i < d->n_local; i++) {
+        struct replica * rp = replica_of(d, i);
+        const struct dist_rank * dr = &d->ranks[i];
+        if (rp) replica_seed(rp, dr->be, dr->cache, dr->cache_pos, dr->n_rows);
+    }
+}
+
+// an eval starts: where each rank's new rows go (the plan says how many, at which positions)
+static void replicas_begin(struct kvr_dist * d) {
+    const struct eval_plan * pl = &d->plan;
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        struct replica * rp = d->p.replicate ? replica_of(d, i) : NULL;
+        dr->comm->replica_out = NULL;
+        if (!rp) continue;
+        const int r = dr->rank;
+        const int n = !pl->active[r] ? 0 : pl->store >= 0 ? (r == pl->store) : pl->cnt[r];
+        replica_begin(rp, n, pl->pos[r]);
+        if (n > 0) dr->comm->replica_out = rp;
+    }
+}
+
+// the eval's end: commit (ok) or drop every replica's chunk; a replica that fell behind is said
+static void replicas_end(struct kvr_dist * d, bool ok) {
+    if (!d->p.replicate) return;
+    for (int i = 0; i < d->n_local; i++) {
+        struct replica * rp = d->n_local > 1 ? d->ranks[(i + 1) % d->n_local].held : NULL;
+        if (rp && replica_end(rp, ok, d->p.timeout_s) != KVR_OK) {
+            dist_log(d, "the replica of rank %d on rank %d: %s; a loss of rank %d recomputes what it lacks", i, (i + 1) % d->n_local,
+                     kvr_last_error(), i);
+        }
+    }
+}
+
+int kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut) {
+    if (!d->p.replicate || rank < 0 || rank >= d->n_local || d->n_local < 2 || !d->ranks[(rank + 1) % d->n_local].held) {
+        return kvr_error(KVR_ERR_ARG, "no replica of rank %d (--replicate off, or fewer than 2 ranks)", rank);
+    }
+    struct replica * rp = d->ranks[(rank + 1) % d->n_local].held;
+    if (row < 0 || row >= rp->n_rows) return kvr_error(KVR_ERR_ARG, "the replica of rank %d holds %d rows, not row %d", rank, rp->n_rows, row);
+    if (!cut) {
+        uint32_t bits;
+        memcpy(&bits, rp->k[0] + (size_t)row * (size_t)rp->kv_dim, sizeof(bits));
+        bits ^= 1u << 7;
+        memcpy(rp->k[0] + (size_t)row * (size_t)rp->kv_dim, &bits, sizeof(bits));
+        return KVR_OK;
+    }
+    int ch = 0;
+    while (ch < rp->n_chunks && rp->chunk_row0[ch] + rp->chunk_n[ch] <= row) ch++;
+    if (ch < rp->n_chunks) rp->n_rows = rp->chunk_row0[ch]; // chunks are consecutive rows
+    rp->n_chunks = ch;
+    rp->behind = true;
+    return KVR_OK;
+}
+
+// where a position's rows can be read from: a survivor's cache or a replica a survivor holds
+struct row_src {
+    int  rank;  // -1: nowhere
+    int  row;
+    bool rep;   // the replica ranks[rank].held, else ranks[rank]'s cache
+};
+
+static void src_read(const struct kvr_dist * d, const struct row_src * s, int il, int n, float * k, float * v) {
+    const struct dist_rank * dr = &d->ranks[s->rank];
+    if (!s->rep) {
+        kvr_kv_cache_get_rows(dr->be, dr->cache, il, s->row, n, k, v);
+        return;
+    }
+    const size_t off = (size_t)s->row * (size_t)dr->held->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)dr->held->kv_dim;
+    memcpy(k, dr->held->k[il] + off, bytes);
+    memcpy(v, dr->held->v[il] + off, bytes);
+}
+
+// Write positions [keep, p0) into rank t's cache rows keep.. (chain), reading each run of
+// consecutive rows of one source with one transfer per layer
+static void place_rows(struct kvr_dist * d, int t, const struct row_src * src, int keep, int p0) {
+    struct dist_rank * T = &d->ranks[t];
+    const int n = p0 - keep, kv = T->cache->kv_dim;
+    T->n_rows = p0; // rows a failed eval wrote past p0 (a rank that finished its part) are dropped
+    if (n <= 0) return;
+    float * k = malloc(sizeof(float) * (size_t)n * (size_t)kv), * v = malloc(sizeof(float) * (size_t)n * (size_t)kv);
+    KVR_ASSERT(k && v);
+    for (int il = 0; il < (int)d->m->hp.n_layer; il++) {
+        for (int p = keep; p < p0;) {
+            int len = 1;
+            while (p + len < p0 && src[p + len].rank == src[p].rank && src[p + len].rep == src[p].rep && src[p + len].row == src[p].row + len) len++;
+            src_read(d, &src[p], il, len, k + (size_t)(p - keep) * kv, v + (size_t)(p - keep) * kv);
+            p += len;
+        }
+        kvr_kv_cache_set_rows(T->be, T->cache, il, keep, n, k, v);
+    }
+    for (int p = keep; p < p0; p++) T->cache_pos[p] = p;
+    T->n_rows = p0;
+    free(k);
+    free(v);
+}
+
+static void dist_rank_free(struct dist_rank * dr) {
+    kvr_eval_reuse_free(dr->reuse);
+    kvr_kv_cache_free(dr->cache);
+    free(dr->cache_pos);
+    kvr_buffer_free(dr->buf);
+    kvr_model_free(dr->model);
+    kvr_backend_free(dr->be);
+    rank_comm_free(dr->comm);
+    replica_free(dr->held);
+    free(dr->logits);
+    free(dr->spans);
+    free(dr->graph_text);
+}
+
+// A local rank was lost in the eval that just failed (cause: its error). Rebuild the dist on the
+// survivors from their caches and the replicas they hold, recompute what no copy holds, so the
+// eval can run again. KVR_OK, or an error saying why not (the dist is then left as it was).
+static int dist_recover(struct kvr_dist * d, const char * cause) {
+    const double t0 = kvr_time_ms();
+    const int N = d->n_ranks, n_past = d->n_past, n_layer = (int)d->m->hp.n_layer;
+    int x = -1, n_lost = 0;
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].lost) { x = i; n_lost++; }
+    }
+    if (n_lost > 1) return kvr_error(KVR_ERR_COMM, "%s; %d ranks were lost in one step: not recovered (each replica lives on one successor)", cause, n_lost);
+    if (N < 2) return kvr_error(KVR_ERR_COMM, "%s; no rank is left to go on", cause);
+    const int succ = (x + 1) % N, pred = (x + N - 1) % N;
+    const bool ring = d->layout == LAYOUT_RING;
+    struct dist_rank * dx = &d->ranks[x];
+    dist_log(d, "rank %d of %d was lost (%s)", x, N, cause);
+
+    // 1. every position's source: a survivor's cache first, else a replica chunk whose CRCs hold
+    const int t = ring ? succ : (x == N - 1 ? N - 2 : N - 1); // the rank that takes over
+    struct row_src * src = malloc(sizeof(*src) * (size_t)(n_past + 1));
+    KVR_ASSERT(src != NULL);
+    for (int p = 0; p < n_past; p++) src[p] = (struct row_src) { -1, 0, false };
+    for (int k = 0; k < N; k++) {
+        const int i = (t + k) % N; // the taker's own rows first
+        if (i == x) continue;
+        for (int j = 0; j < d->ranks[i].n_rows; j++) {
+            const int p = d->ranks[i].cache_pos[j];
+            if (p < n_past && src[p].rank < 0) src[p] = (struct row_src) { i, j, false };
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        const struct replica * rp = d->ranks[i].held;
+        if (i == x || !rp || rp->n_rows == 0) continue;
+        bool * ok = malloc(sizeof(bool) * (size_t)rp->n_rows);
+        KVR_ASSERT(ok != NULL);
+        char why[256];
+        const int bad = replica_check(rp, ok, why, sizeof(why));
+        if (bad) dist_log(d, "the replica of rank %d on rank %d: %s: refused (%d chunk%s)", (i + N - 1) % N, i, why, bad, bad > 1 ? "s" : "");
+        for (int j = 0; j < rp->n_rows; j++) {
+            const int p = rp->pos[j];
+            if (ok[j] && p < n_past && src[p].rank < 0) src[p] = (struct row_src) { i, j, true };
+        }
+        free(ok);
+    }
+    // what must be there afterwards: the chain's taker holds every position; a ring the lost
+    // shard's (the survivors keep theirs). p0: the first position that no copy holds.
+    int p0 = n_past;
+    if (ring) {
+        for (int j = 0; j < dx->n_rows; j++) {
+            if (src[dx->cache_pos[j]].rank < 0 && dx->cache_pos[j] < p0) p0 = dx->cache_pos[j];
+        }
+    } else {
+        for (int p = 0; p < p0; p++) {
+            if (src[p].rank < 0) p0 = p;
+        }
+    }
+    // what comes from where: replicas, other survivors' caches (a chain's prefixes)
+    int n_rep = 0, n_copy = 0;
+    for (int p = 0; p < p0; p++) {
+        const bool need = ring ? false : src[p].rank != t;
+        if (need) { n_rep += src[p].rep; n_copy += !src[p].rep; }
+    }
+    for (int j = 0; ring && j < dx->n_rows; j++) {
+        if (dx->cache_pos[j] < p0) n_rep++;
+    }
+    struct dist_rank * T = &d->ranks[t];
+    int keep_t = 0; // the taker's own rows kept (positions < p0, a prefix)
+    while (keep_t < T->n_rows && T->cache_pos[keep_t] < p0) keep_t++;
+    if ((ring ? keep_t + n_rep : p0) > T->cache->n_ctx) {
+        free(src);
+        return kvr_error(KVR_ERR_ARG, "%s; rank %d cannot take over rank %d's rows: %d rows exceed its context of %d (raise -c)", cause, t, x,
+                         ring ? keep_t + n_rep : p0, T->cache->n_ctx);
+    }
+
+    // 2. the rows into the taker (everything read before anything is written)
+    if (!ring) {
+        place_rows(d, t, src, keep_t, p0);
+    } else {
+        const int nm = keep_t + n_rep, kv = T->cache->kv_dim;
+        int32_t * mpos = malloc(sizeof(int32_t) * (size_t)(nm + 1));
+        float * a = malloc(sizeof(float) * (size_t)(keep_t + 1) * kv), * av = malloc(sizeof(float) * (size_t)(keep_t + 1) * kv);
+        float * mk = malloc(sizeof(float) * (size_t)(nm + 1) * kv), * mv = malloc(sizeof(float) * (size_t)(nm + 1) * kv);
+        KVR_ASSERT(mpos && a && av && mk && mv);
+        // both shards are in increasing positions: merge them (the taker's row i, or the lost
+        // shard's position p from its source)
+        int m = 0;
+        for (int i = 0, j = 0; i < keep_t || (j < dx->n_rows && dx->cache_pos[j] < p0);) {
+            const bool mine = i < keep_t && (j >= dx->n_rows || dx->cache_pos[j] >= p0 || T->cache_pos[i] < dx->cache_pos[j]);
+            mpos[m++] = mine ? T->cache_pos[i++] : dx->cache_pos[j++];
+        }
+        KVR_ASSERT(m == nm);
+        for (int il = 0; il < n_layer; il++) {
+            if (keep_t) kvr_kv_cache_get_rows(T->be, T->cache, il, 0, keep_t, a, av);
+            for (int q = 0, i = 0; q < nm; q++) {
+                if (i < keep_t && T->cache_pos[i] == mpos[q]) {
+                    memcpy(mk + (size_t)q * kv, a + (size_t)i * kv, sizeof(float) * kv);
+                    memcpy(mv + (size_t)q * kv, av + (size_t)i * kv, sizeof(float) * kv);
+                    i++;
+                } else {
+                    src_read(d, &src[mpos[q]], il, 1, mk + (size_t)q * kv, mv + (size_t)q * kv);
+                }
+            }
+            kvr_kv_cache_set_rows(T->be, T->cache, il, 0, nm, mk, mv);
+        }
+        memcpy(T->cache_pos, mpos, sizeof(int32_t) * (size_t)nm);
+        T->n_rows = nm;
+        free(mpos); free(a); free(av); free(mk); free(mv);
+    }
+    free(src);
+    for (int i = 0; i < N; i++) { // everyone else keeps the positions before p0
+        if (i == t || i == x) continue;
+        int k = 0;
+        while (k < d->ranks[i].n_rows && d->ranks[i].cache_pos[k] < p0) k++;
+        d->ranks[i].n_rows = k;
+    }
+
+    // 3. the dist without the lost rank: survivors renumbered in ring order, a new transport; the
+    // replication logs (--replicate-dir) start again for the ranks there are now
+    replog_restart(d);
+    struct dist_rank gone = *dx;
+    memmove(&d->ranks[x], &d->ranks[x + 1], sizeof(*d->ranks) * (size_t)(N - 1 - x));
+    dist_rank_free(&gone); // with the replica it held (its predecessor's rows)
+    const int M = N - 1;
+    struct transport * tr = local_new(M, d->p.link_gbps, d->p.link_latency_us, d->p.link_noise, d->p.link_seed);
+    d->tr->free(d->tr);
+    d->tr = tr;
+    d->n_ranks = d->n_local = M;
+    for (int i = 0; i < M; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        dr->rank = i;
+        dr->comm->base.rank = i;
+        dr->comm->base.n_ranks = M;
+        dr->comm->tr = tr;
+        d->rows[i] = dr->n_rows;
+    }
+    // the rank set changed: state kept per rank outside the ranks starts again from here
+    if (d->p.partition || d->p.fractions) {
+        d->p.partition = NULL;
+        d->p.fractions = NULL;
+        dist_log(d, "the kvr partition was for %d ranks: an even split from now on", N);
+    }
+    const int nt = t > x ? t - 1 : t, np = pred > x ? pred - 1 : pred;
+    // the taker's successor held the lost rank's rows (now in the taker) or the taker's: either way
+    // it now holds the taker's whole cache; the lost rank's predecessor's replica died with it
+    if (M == 1) {
+        replica_free(d->ranks[0].held);
+        d->ranks[0].held = NULL;
+    } else if (p0 < n_past) {
+        replicas_seed_all(d);
+    } else {
+        for (int k = 0; k < 2; k++) {
+            const int i = k ? np : nt;
+            struct replica * rp = replica_of(d, i);
+            if (rp) replica_seed(rp, d->ranks[i].be, d->ranks[i].cache, d->ranks[i].cache_pos, d->ranks[i].n_rows);
+        }
+    }
+    d->failover_restore_ms = kvr_time_ms() - t0;
+    if (n_past == 0) {
+        dist_log(d, "nothing was cached before this eval: nothing to restore");
+    } else if (n_rep + n_copy == 0 && p0 < n_past) {
+        dist_log(d, "nothing of rank %d's could be restored before position %d", x, p0);
+    } else if (n_rep + n_copy == 0) {
+        dist_log(d, "nothing of rank %d's was needed: rank %d holds every row", x, t);
+    } else if (n_copy) {
+        dist_log(d, "restored rank %d's rows into rank %d: %d from replicas (CRC32C checked), %d from the other ranks' caches, in %.1f ms",
+                 x, t, n_rep, n_copy, d->failover_restore_ms);
+    } else {
+        dist_log(d, "restored rank %d's %d rows from its replica on rank %d (CRC32C checked) into rank %d in %.1f ms", x, n_rep, succ, t,
+                 d->failover_restore_ms);
+    }
+    dist_log(d, "%d rank%s go on, renumbered 0..%d in ring order%s", M, M > 1 ? "s" : "", M - 1,
+             M == 1 ? " (replication stops: no successor is left)" : "");
+
+    // 4. what no copy held: recomputed, as a prompt of those tokens after the ones kept
+    if (p0 < n_past) {
+        d->n_past = p0;
+        d->has_logits = false;
+        const int n = n_past - p0;
+        int32_t * toks = malloc(sizeof(int32_t) * (size_t)n);
+        KVR_ASSERT(toks != NULL);
+        memcpy(toks, d->seq + p0, sizeof(int32_t) * (size_t)n);
+        const double t1 = kvr_time_ms();
+        d->recomputing = true;
+        const float * lg = kvr_dist_eval(d, toks, n);
+        d->recomputing = false;
+        free(toks);
+        if (!lg) return KVR_ERR_COMM;
+        dist_log(d, "recomputed tokens [%d, %d) (no copy held position %d) in %.0f ms", p0, n_past, p0, kvr_time_ms() - t1);
+    } else if (n_past > 0) {
+        dist_log(d, "recomputed nothing (every position of the cache had a copy)");
+    }
+    return KVR_OK;
 }
 
 //
@@ -2719,6 +3328,15 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         free(d);
         return NULL;
     }
+    if (p->replicate && (p->comm != KVR_COMM_LOCAL || d->n_ranks < 2 || p->pd)) {
+        kvr_error(KVR_ERR_ARG, p->comm != KVR_COMM_LOCAL ? "--replicate keeps each rank's replica in its successor's memory in this process "
+                  "(local ranks); across processes use --replicate-dir" : p->pd ? "--replicate does not go with --decode-rank"
+                  : "--replicate keeps each rank's rows on the next rank: it needs 2 ranks or more, not %d", d->n_ranks);
+        if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
     // the kill hook's points, checked against this dist (a point that could never fire is a mistake)
     int kill_rc = p->n_kill > (int)(sizeof(d->kill) / sizeof(d->kill[0])) || p->n_kill < 0
                 ? kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %d points, at most %d", p->n_kill, (int)(sizeof(d->kill) / sizeof(d->kill[0])))
@@ -2795,19 +3413,7 @@ void kvr_dist_free(struct kvr_dist * d) {
     if (!d) return;
     replog_restart(d); // what the logs have queued is written and synced
     free(d->resume_prompt);
-    for (int i = 0; i < d->n_local; i++) {
-        struct dist_rank * dr = &d->ranks[i];
-        kvr_eval_reuse_free(dr->reuse);
-        kvr_kv_cache_free(dr->cache);
-        free(dr->cache_pos);
-        kvr_buffer_free(dr->buf);
-        kvr_model_free(dr->model);
-        kvr_backend_free(dr->be);
-        rank_comm_free(dr->comm);
-        free(dr->logits);
-        free(dr->spans);
-        free(dr->graph_text);
-    }
+    for (int i = 0; i < d->n_local; i++) dist_rank_free(&d->ranks[i]);
     free(d->ranks);
     free(d->rows);
     free(d->logits);
@@ -2825,6 +3431,7 @@ void kvr_dist_reset(struct kvr_dist * d) {
     d->n_decode = 0;
     for (int r = 0; r < d->n_ranks; r++) d->rows[r] = 0;
     for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = 0;
+    replicas_seed_all(d);
 }
 
 int kvr_dist_rank(const struct kvr_dist * d) { return d->ranks[0].rank; }
@@ -3012,7 +3619,7 @@ static int test_kill_arm(struct kvr_dist * d, bool decode) {
     return KVR_OK;
 }
 
-const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
+static const float * dist_eval_once(struct kvr_dist * d, const int32_t * tokens, int n) {
     const struct kvr_model * m = d->m;
     if (n <= 0) {
         kvr_error(KVR_ERR_ARG, "eval: no tokens");
@@ -3031,7 +3638,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
             return NULL;
         }
     }
-    const bool decode = n == 1 && d->n_past > 0;
+    const bool decode = n == 1 && d->n_past > 0 && !d->recomputing;
     if (plan_eval(d, n) != KVR_OK) return NULL;
     struct eval_plan * pl = &d->plan;
     d->tokens = tokens;
@@ -3051,6 +3658,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
         dr->comm->log = logging ? dr->log : NULL;
         if (dr->log) dr->log->step = d->log_step;
     }
+    if (d->p.replicate) replicas_begin(d);
 
     // local: one thread per active rank; MPI: this process's rank, if active
     pthread_t th[256];
@@ -3080,10 +3688,13 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     for (int i = 0; i < d->n_local; i++) {
         if (started[i]) pthread_join(th[i], NULL);
     }
+    bool all_ok = true;
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
         if (c->killed) d->ranks[i].lost = d->kill_fired[c->kill_point] = true;
+        all_ok &= d->ranks[i].rc == KVR_OK;
     }
+    replicas_end(d, all_ok);
     for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->stream = NULL; // this eval's alone
     for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->log = NULL;
     if (d->p.graph_out) {
@@ -3222,6 +3833,31 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
     if (logging && replog_commit(d, tokens, n) != KVR_OK) return NULL;
     d->log_skip = false;
     return d->logits;
+}
+
+// One eval; with --replicate, a rank lost in it is recovered from (dist_recover) and the eval runs
+// again on the survivors, as often as ranks are lost and recovery is possible.
+const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
+    for (double t_lost = -1.0;;) {
+        const float * lg = dist_eval_once(d, tokens, n);
+        if (lg && t_lost >= 0) {
+            dist_log(d, "the eval went on: its result came %.0f ms after the loss (found after %.0f ms, restored in %.1f ms)",
+                     kvr_time_ms() - t_lost, d->t_recover - t_lost, d->failover_restore_ms);
+        }
+        bool any = false;
+        for (int i = 0; i < d->n_local; i++) any |= d->ranks[i].lost;
+        if (lg || !any || !d->p.replicate) return lg;
+        if (t_lost < 0) {
+            for (int i = 0; i < d->n_local; i++) {
+                if (d->ranks[i].lost) t_lost = d->ranks[i].comm->t_killed;
+            }
+        }
+        char cause[1024];
+        snprintf(cause, sizeof(cause), "%s", kvr_last_error());
+        d->t_recover = kvr_time_ms();
+        if (dist_recover(d, cause) != KVR_OK) return NULL;
+        dist_log(d, "the failed eval (%d token%s) runs again on %d rank%s", n, n > 1 ? "s" : "", d->n_ranks, d->n_ranks > 1 ? "s" : "");
+    }
 }
 
 //
@@ -3438,6 +4074,7 @@ static int dist_restore(struct kvr_dist * d, struct kvr_kv_file * const * fs, bo
         d->n_decode = same_shards ? f0->ring_next : 0;
         d->has_logits = f0->logits != NULL;
         if (f0->logits) memcpy(d->logits, f0->logits, sizeof(float) * d->m->hp.n_vocab);
+        replicas_seed_all(d);
     }
     for (int r = 0; r < N; r++) free(pos[r]);
     free(pos);
@@ -3770,6 +4407,7 @@ int kvr_dist_truncate(struct kvr_dist * d, int n) {
     }
     d->n_past = n;
     d->has_logits = false;
+    replicas_seed_all(d); // a replica's chunks end where the ranks' rows now end
     return KVR_OK;
 }
 

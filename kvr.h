@@ -1364,6 +1364,10 @@ struct kvr_dist_params {
     bool               stall;        // test hook: rank stall_rank stops before its first transfer
     int                stall_rank;   //   of layer stall_layer and never sends again, as a lost
     int                stall_layer;  //   process would (off unless stall is set)
+    bool               replicate;    // local ranks: every rank's new cache rows (each layer right after its
+                                     //   store, prefill and decode) go to a replica in its ring successor's
+                                     //   host memory, checked (CRC32C) and acknowledged layer by layer; a
+                                     //   rank lost in an eval is then recovered from (see kvr_dist_eval)
     const struct kvr_test_kill * kill; // test hook KVR_TEST_KILL (see struct kvr_test_kill): these
     int                n_kill;       //   ranks are lost at these points (checked by kvr_dist_new)
     FILE *             graph_out;    // print every rank's rewritten graph of the next eval
@@ -1406,6 +1410,7 @@ struct kvr_rank_stats {
                               //   rank, received
     double  compute_ms;       // in all the nodes of its graphs but the transfers' (the rest of it: norms,
                               //   RoPE, copies, ...)
+    int64_t replica_bytes;    // cache bytes this rank put into its replica on its successor (--replicate)
 };
 
 struct kvr_dist;
@@ -1414,6 +1419,14 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
 void              kvr_dist_free(struct kvr_dist * d);
 // Evaluate n new tokens (a prompt, a later turn or one decode token) after those already
 // cached; returns the last token's logits in every process, or NULL with kvr_last_error().
+// With replicate, a local rank lost during the eval (the test hook KVR_TEST_KILL; one rank at a
+// time, while another survives) does not end it: the driver drops it, renumbers the survivors
+// 0..N-2 in ring order, puts the lost rank's rows back from its replica (the ring successor takes
+// its shard over; a chain's new last rank gets the whole cache from its own rows, the others'
+// caches and the replicas), refuses a replica chunk whose CRC32C no longer matches, recomputes
+// the tokens from the first position no copy holds (none when the replicas are whole), re-seeds
+// the replicas the loss broke, and runs the eval again. Greedy output is that of a run without
+// the loss; params.log says which rank was lost, what was restored and what was recomputed.
 const float *     kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.
 void              kvr_dist_reset(struct kvr_dist * d);
@@ -1448,6 +1461,11 @@ int               kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool 
 // for the whole cache on the last rank of a chain. Any other cache is split as a prefill of its
 // tokens would be. Every file is checked whole first: on an error the dist is as it was.
 int               kvr_dist_kv_load(struct kvr_dist * d, const char * path);
+// Test hook (--replicate): damage the replica of rank `rank`'s rows as memory or a lost message
+// would: flip a bit of row `row` (layer 0, K), or (cut) forget its rows from the chunk holding
+// `row` on and every later one (a replica that fell behind). A recovery that needs them refuses
+// them and recomputes. KVR_OK, or KVR_ERR_ARG when there is no such replica or row.
+int               kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut);
 // The file of one rank's shard: PATH.R.
 void              kvr_dist_kv_shard_path(const char * path, int rank, char * out, size_t cap);
 

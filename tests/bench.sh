@@ -12,7 +12,8 @@
 # Long: the parallel table at 1k..8k takes about two hours on 2 cores (3 runs a point up
 # to 4k, one at 8k: an 8k prefill takes minutes).
 # Then the overhead of streaming the cache to a file during a 2048-token prefill (--kv-stream),
-# and of the replication logs (--replicate-dir) with the time a --resume takes.
+# of the replication logs (--replicate-dir) with the time a --resume takes, and what failover
+# costs (--replicate) and saves (a lost rank's recovery against recomputing).
 # KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX ("none" skips) and
 # KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 4k, 1 beyond) choose what runs;
 # KVR_BENCH_PAR_OUT (default BUILD/bench/parallel.md) collects the parallel table.
@@ -139,6 +140,60 @@ if [ "$repl_runs" -gt 0 ]; then
         "$dir/repl.txt" "$dir/resume.txt" | tee "$dir/repl-overhead.md"
     echo "load average during the section: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$dir/repl-overhead.md"
     rm -rf "$dir/repl"
+fi
+
+# Failover (issue 17, --replicate): what replication costs and what a lost rank then costs. On 2
+# local ranks x 1 thread, a KVR_BENCH_FAILOVER_CTX-token prompt (default 512) and 16 decoded tokens
+# of the tinyllama-1.1b-shaped f32 model, for kvr (decode on the last rank) and ring-kv (decode over
+# both shards): TTFT and decode ms/token without and with --replicate (runs alternate; medians).
+# Then, with --replicate, a run that loses rank 1 at decode step 4 (KVR_TEST_KILL): the time from
+# the loss to that step's result, its parts (finding the loss: at once when the lost rank decodes
+# alone, else the --comm-timeout of 2 s; restoring), beside recomputing from scratch: a fresh
+# prefill of the prompt on the survivor (1 rank x 1 thread). KVR_BENCH_FAILOVER_RUNS (default 2;
+# 0 skips).
+fo_runs=${KVR_BENCH_FAILOVER_RUNS:-2}
+fo_ctx=${KVR_BENCH_FAILOVER_CTX:-512}
+if [ "$fo_runs" -gt 0 ]; then
+    toks=$(awk -v n="$fo_ctx" 'BEGIN { srand(11); for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", 1 + int(rand() * 31999) }')
+    : > "$dir/failover.txt"
+    for s in kvr ring-kv; do
+        i=0
+        while [ $i -lt "$fo_runs" ]; do
+            for mode in off on; do
+                if [ $mode = on ]; then extra=--replicate; else extra=; fi
+                "$build/kvr-run" -m "$model" --tokens "$toks" -n 16 --temp 0 --ranks 2 -t 1 --strategy $s $extra 2>&1 >/dev/null |
+                    sed -n "s/^timing: .*ttft_ms=\([0-9.]*\).*decode_ms_per_tok=\([0-9.]*\).*/$s $mode \1 \2/p" >> "$dir/failover.txt" || true
+            done
+            i=$((i + 1))
+        done
+        KVR_TEST_KILL=1:decode:4 "$build/kvr-run" -m "$model" --tokens "$toks" -n 16 --temp 0 --ranks 2 -t 1 --strategy $s --replicate \
+            --comm-timeout 2 -v 2>&1 >/dev/null | grep '^failover: the eval went on' |
+            sed "s/.*came \([0-9.]*\) ms after the loss (found after \([0-9.]*\) ms, restored in \([0-9.]*\) ms.*/$s kill \1 \2 \3/" >> "$dir/failover.txt" || true
+    done
+    "$build/kvr-run" -m "$model" --tokens "$toks" -n 0 -t 1 2>&1 >/dev/null |
+        sed -n "s/^timing: .*ttft_ms=\([0-9.]*\).*/scratch x \1 0/p" >> "$dir/failover.txt" || true
+    echo "## failover: --replicate on 2 ranks x 1 thread, $fo_ctx-token prompt, 16 decoded tokens (medians of $fo_runs runs)"
+    sort -k1,1 -k2,2 -k3,3n "$dir/failover.txt" | awk '
+        function med(s, m, k,   c) { c = n[s, m]; return c % 2 ? v[s, m, k, (c + 1) / 2] : (v[s, m, k, c / 2] + v[s, m, k, c / 2 + 1]) / 2 }
+        { c = ++n[$1, $2]; v[$1, $2, 3, c] = $3; v[$1, $2, 4, c] = $4; if (NF > 4) v[$1, $2, 5, c] = $5 }
+        END {
+            printf "| strategy | TTFT off (ms) | TTFT --replicate (ms) | overhead | decode off (ms/tok) | decode --replicate (ms/tok) | overhead |\n"
+            printf "|---|---|---|---|---|---|---|\n"
+            for (i = 1; i <= 2; i++) {
+                s = i == 1 ? "kvr" : "ring-kv"
+                if (!n[s, "off"] || !n[s, "on"]) continue
+                printf "| %s | %.0f | %.0f | %+.1f%% | %.1f | %.1f | %+.1f%% |\n", s, med(s, "off", 3), med(s, "on", 3),
+                       100 * (med(s, "on", 3) / med(s, "off", 3) - 1), med(s, "off", 4), med(s, "on", 4), 100 * (med(s, "on", 4) / med(s, "off", 4) - 1)
+            }
+            printf "\n| strategy | rank 1 lost at decode step 4: loss to the step'"'"'s result (ms) | finding the loss (ms) | restoring (ms) | recomputing the prompt from scratch on the survivor (ms) |\n"
+            printf "|---|---|---|---|---|\n"
+            for (i = 1; i <= 2; i++) {
+                s = i == 1 ? "kvr" : "ring-kv"
+                if (!n[s, "kill"]) continue
+                printf "| %s | %.0f | %.0f | %.1f | %s |\n", s, v[s, "kill", 3, 1], v[s, "kill", 4, 1], v[s, "kill", 5, 1],
+                       n["scratch", "x"] ? sprintf("%.0f", v["scratch", "x", 3, 1]) : "?"
+            }
+        }' | tee "$dir/failover.md"
     echo
 fi
 

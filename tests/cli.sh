@@ -98,6 +98,7 @@ refused "-p and -f together" "exactly one of -p, -f and --tokens" $run -p hi -f 
 refused "--link-noise without --link-gbps" "give --link-gbps too" $run -p hi --ranks 2 --link-noise 2
 refused "a malformed KVR_TEST_STALL" "KVR_TEST_STALL='x'" env KVR_TEST_STALL=x $run -p hi
 refused "a malformed KVR_TEST_KILL" "KVR_TEST_KILL='1:prefill': want RANK:prefill:LAYER or RANK:decode:STEP" env KVR_TEST_KILL=1:prefill $run -p hi
+refused "--replicate on one rank" "it needs 2 ranks or more, not 1" $run -p hi --replicate
 refused "KVR_TEST_KILL naming a rank that does not exist" "KVR_TEST_KILL: rank 5 is not one of the 2 ranks" env KVR_TEST_KILL=5:decode:0 $run -p hi --ranks 2
 refused "--tokens with an id outside the vocabulary" "not in the vocabulary" $run --tokens 1,99999999
 refused "a stray argument" "unexpected argument 'stray'" $run -p hi stray

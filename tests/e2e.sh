@@ -76,6 +76,27 @@ for line in open(sys.argv[1]):
     else
         bad "KVR_TEST_KILL=1:prefill:1: rc=$rc after ${el}s: $(tail -n 1 "$tmp/kill.txt")"
     fi
+    # --replicate: the run that loses a rank prints the clean run's text, and -v says which rank was
+    # lost and what was restored (issue 17's acceptance 1: first layer, mid prefill, last layer, mid
+    # decode; kvr, tsp, ring-kv on 3 local ranks; a timeout of 1 s finds the loss)
+    for s in kvr tsp ring-kv; do
+        for point in 1:prefill:0 2:prefill:2 0:prefill:4 2:decode:10; do
+            KVR_TEST_KILL=$point "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy $s --replicate \
+                --comm-timeout 1 -v > "$tmp/fo.txt" 2> "$tmp/fo.err"
+            rc=$?
+            lost="failover: rank ${point%%:*} of 3 was lost ("
+            case $point in
+                *decode*) what="failover: restored rank 2's [0-9]* rows from its replica on rank 0 (CRC32C checked)" ;;
+                *) what="failover: nothing was cached before this eval: nothing to restore" ;;
+            esac
+            if [ $rc -eq 0 ] && cmp -s "$tmp/fo.txt" "$ref/stories260K-greedy.txt" && grep -q "$lost" "$tmp/fo.err" && grep -q "$what" "$tmp/fo.err" &&
+                grep -q "failover: the failed eval .* runs again on 2 ranks" "$tmp/fo.err"; then
+                ok "--replicate --strategy $s KVR_TEST_KILL=$point: the clean run's text; -v names the lost rank and what was restored"
+            else
+                bad "--replicate --strategy $s KVR_TEST_KILL=$point: rc=$rc: $(grep failover "$tmp/fo.err" | head -n 3) $(tail -n 1 "$tmp/fo.err")"
+            fi
+        done
+    done
     KVR_TEST_KILL=2:decode:3 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > "$tmp/kill.out" 2> "$tmp/kill.txt"
     rc=$?
     if [ $rc -ne 0 ] && grep -q "rank 2: lost: stopped by the test hook KVR_TEST_KILL at layer 2 of decode step 3" "$tmp/kill.txt"; then

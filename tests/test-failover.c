@@ -17,6 +17,7 @@
 
 #include "kvr.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,6 +154,216 @@ static void test_kill(const struct kvr_model * m, const int32_t * prompt, int n_
     }
 }
 
+//
+// 3. --replicate: losing a rank costs a pause, not the request
+//
+
+#define N_DEC 12
+
+struct ref {
+    int       n_total, kv_dim, n_layer;
+    int32_t   ids[N_DEC];
+    float  ** k, ** v; // [layer][n_total * kv_dim]: the single-rank session's rows
+};
+
+static bool ref_make(struct ref * r, const struct kvr_model * m, const int32_t * prompt, int n_prompt) {
+    memset(r, 0, sizeof(*r));
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = 256, .n_threads = 1 });
+    const float * lg = s ? kvr_session_eval(s, prompt, n_prompt) : NULL;
+    for (int i = 0; lg && i < N_DEC; i++) {
+        r->ids[i] = kvr_argmax(lg, (int)m->hp.n_vocab);
+        lg = kvr_session_eval(s, &r->ids[i], 1);
+    }
+    CHECK(lg != NULL, "the reference: %s", kvr_last_error());
+    if (!lg) { kvr_session_free(s); return false; }
+    const struct kvr_kv_cache * c = kvr_session_cache(s);
+    r->n_total = kvr_session_n_past(s);
+    r->kv_dim = c->kv_dim;
+    r->n_layer = c->n_layer;
+    r->k = calloc((size_t)c->n_layer, sizeof(float *));
+    r->v = calloc((size_t)c->n_layer, sizeof(float *));
+    for (int il = 0; il < c->n_layer; il++) {
+        r->k[il] = malloc(sizeof(float) * (size_t)r->n_total * (size_t)c->kv_dim);
+        r->v[il] = malloc(sizeof(float) * (size_t)r->n_total * (size_t)c->kv_dim);
+        kvr_kv_cache_get_rows(kvr_session_backend(s), c, il, 0, r->n_total, r->k[il], r->v[il]);
+    }
+    kvr_session_free(s);
+    return true;
+}
+
+static void ref_free(struct ref * r) {
+    for (int il = 0; il < r->n_layer; il++) { free(r->k[il]); free(r->v[il]); }
+    free(r->k);
+    free(r->v);
+}
+
+// Nothing half-restored: the chain's last rank holds every position [0, n) once, or the ring's
+// shards partition them; every row a rank holds is the reference's row at its position.
+static void check_rows(struct kvr_dist * d, const struct ref * r, bool ring, int n) {
+    const int N = kvr_dist_n_ranks(d);
+    int * seen = calloc((size_t)n, sizeof(int));
+    double worst = 0.0;
+    int worst_p = -1;
+    for (int q = 0; q < N; q++) {
+        const int32_t * pos;
+        const struct kvr_kv_cache * c;
+        const int rows = kvr_dist_cache(d, q, &pos, &c);
+        if (!ring && q != N - 1) continue; // a chain's other ranks hold prefixes nobody reads again
+        float * k = malloc(sizeof(float) * (size_t)(rows + 1) * (size_t)r->kv_dim), * v = malloc(sizeof(float) * (size_t)(rows + 1) * (size_t)r->kv_dim);
+        for (int il = 0; il < r->n_layer; il++) {
+            kvr_backend_tensor_get(c->k[il], k, 0, (size_t)rows * c->k[il]->nb[1]); // through the backend: it may be device memory
+        kvr_backend_tensor_get(c->v[il], v, 0, (size_t)rows * c->v[il]->nb[1]);
+            for (int j = 0; j < rows; j++) {
+                const int p = pos[j];
+                if (p < 0 || p >= n) { worst = INFINITY; worst_p = p; continue; }
+                if (il == 0) seen[p]++;
+                for (int e = 0; e < r->kv_dim; e++) {
+                    const double a = k[(size_t)j * r->kv_dim + e], b = r->k[il][(size_t)p * r->kv_dim + e];
+                    const double a2 = v[(size_t)j * r->kv_dim + e], b2 = r->v[il][(size_t)p * r->kv_dim + e];
+                    double dd = fabs(a - b) / (fabs(b) > 1 ? fabs(b) : 1), dv = fabs(a2 - b2) / (fabs(b2) > 1 ? fabs(b2) : 1);
+                    if (dv > dd) dd = dv;
+                    if (!(dd <= worst)) { worst = dd; worst_p = p; }
+                }
+            }
+        }
+        free(k);
+        free(v);
+    }
+    int missing = 0, twice = 0;
+    for (int p = 0; p < n; p++) { missing += seen[p] == 0; twice += seen[p] > 1; }
+    CHECK(missing == 0 && twice == 0, "positions of the cache: %d missing, %d held twice (of %d)", missing, twice, n);
+    CHECK(worst <= 1e-4, "a cache row differs from the reference's by %.3g (position %d)", worst, worst_p);
+    free(seen);
+}
+
+struct rcase {
+    enum kvr_strategy s;
+    int               N;
+    int               n_kill;
+    struct kvr_test_kill k[2];
+    int               damage_rank, damage_row, damage_after; // the test hook on a replica (-1: none), after that step
+    bool              cut;
+    const char      * want[3]; // what the -v log must say
+};
+
+static void run_case(const struct kvr_model * m, const struct ref * r, const int32_t * prompt, int n_prompt, const struct rcase * rc) {
+    struct kvr_dist_params p = dist_params(rc->s, rc->N);
+    p.replicate = true;
+    p.kill = rc->k;
+    p.n_kill = rc->n_kill;
+    char * log = NULL;
+    size_t log_len = 0;
+    p.log = open_memstream(&log, &log_len);
+    struct kvr_dist * d = kvr_dist_new(m, &p);
+    CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+    if (!d) { fclose(p.log); free(log); return; }
+    const double t0 = kvr_time_ms();
+    const float * lg = kvr_dist_eval(d, prompt, n_prompt);
+    CHECK(lg != NULL, "the prompt: %s", kvr_last_error());
+    int32_t ids[N_DEC];
+    int steps = 0;
+    for (; lg && steps < N_DEC; steps++) {
+        ids[steps] = kvr_argmax(lg, (int)m->hp.n_vocab);
+        if (rc->damage_rank >= 0 && steps == rc->damage_after) {
+            const int e = kvr_dist_test_replica(d, rc->damage_rank, rc->damage_row, rc->cut);
+            CHECK(e == KVR_OK, "damaging the replica: %s", kvr_last_error());
+        }
+        lg = kvr_dist_eval(d, &ids[steps], 1);
+        CHECK(lg != NULL, "decode step %d: %s", steps, kvr_last_error());
+    }
+    const double ms = kvr_time_ms() - t0;
+    fflush(p.log);
+    CHECK(steps == N_DEC && memcmp(ids, r->ids, sizeof(ids)) == 0, "the greedy ids differ from the run without a loss (%d steps)", steps);
+    CHECK(kvr_dist_n_ranks(d) == rc->N - rc->n_kill, "%d ranks after losing %d of %d", kvr_dist_n_ranks(d), rc->n_kill, rc->N);
+    if (steps == N_DEC) check_rows(d, r, rc->s == KVR_STRATEGY_RING_KV, n_prompt + N_DEC);
+    for (int i = 0; i < 3 && rc->want[i]; i++) {
+        CHECK(log && strstr(log, rc->want[i]), "the log should say \"%s\"; it is:\n%s", rc->want[i], log ? log : "");
+    }
+    CHECK(ms <= (3e3 * TIMEOUT_S + 3e3) * (rc->n_kill ? rc->n_kill : 1), "the run took %.0f ms", ms);
+    if (verbose) printf("  %s: %.0f ms\n%s", g_case, ms, log ? log : "");
+    kvr_dist_free(d);
+    fclose(p.log);
+    free(log);
+}
+
+static void test_recover(const struct kvr_model * m, const int32_t * prompt, int n_prompt) {
+    struct ref r;
+    if (!ref_make(&r, m, prompt, n_prompt)) return;
+    const int L = (int)m->hp.n_layer;
+    const enum kvr_strategy KVR = KVR_STRATEGY_KVR, TSP = KVR_STRATEGY_TSP, RKV = KVR_STRATEGY_RING_KV;
+    const struct rcase cases[] = {
+        // the points: first layer, mid prefill, last layer, mid decode; kvr, tsp, ring-kv on 2..4 ranks
+        { KVR, 2, 1, { { 1, false, 0 } },     -1, 0, 0, false, { "rank 1 of 2 was lost", "nothing to restore", "runs again on 1 rank" } },
+        { KVR, 3, 1, { { 1, false, L / 2 } }, -1, 0, 0, false, { "rank 1 of 3 was lost", "runs again on 2 ranks", NULL } },
+        { KVR, 4, 1, { { 3, false, L - 1 } }, -1, 0, 0, false, { "rank 3 of 4 was lost", "runs again on 3 ranks", NULL } },
+        { KVR, 3, 1, { { 2, true, 2 } },      -1, 0, 0, false, { "rank 2 of 3 was lost", "from its replica on rank 0", "recomputed nothing" } },
+        { TSP, 3, 1, { { 0, false, 0 } },     -1, 0, 0, false, { "rank 0 of 3 was lost", NULL, NULL } },
+        { TSP, 2, 1, { { 1, false, L / 2 } }, -1, 0, 0, false, { "rank 1 of 2 was lost", NULL, NULL } },
+        { TSP, 4, 1, { { 2, false, L - 1 } }, -1, 0, 0, false, { "rank 2 of 4 was lost", NULL, NULL } },
+        { TSP, 4, 1, { { 3, true, 2 } },      -1, 0, 0, false, { "rank 3 of 4 was lost", "recomputed nothing", NULL } },
+        { RKV, 4, 1, { { 1, false, 0 } },     -1, 0, 0, false, { "rank 1 of 4 was lost", NULL, NULL } },
+        { RKV, 3, 1, { { 2, false, L / 2 } }, -1, 0, 0, false, { "rank 2 of 3 was lost", NULL, NULL } },
+        { RKV, 2, 1, { { 0, false, L - 1 } }, -1, 0, 0, false, { "rank 0 of 2 was lost", NULL, NULL } },
+        { RKV, 3, 1, { { 1, true, 2 } },      -1, 0, 0, false, { "rank 1 of 3 was lost", "from its replica on rank 2", "recomputed nothing" } },
+        { RKV, 4, 1, { { 3, true, 5 } },      -1, 0, 0, false, { "rank 3 of 4 was lost", "from its replica on rank 0", "recomputed nothing" } },
+        // a second loss later (the points name ranks as started): the replicas were re-seeded
+        { RKV, 4, 2, { { 1, true, 1 }, { 3, true, 6 } }, -1, 0, 0, false, { "rank 1 of 4 was lost", "rank 2 of 3 was lost", NULL } },
+        { KVR, 4, 2, { { 3, true, 1 }, { 2, true, 5 } }, -1, 0, 0, false, { "rank 3 of 4 was lost", "rank 2 of 3 was lost", NULL } },
+        // a rank idle in decode (it holds the last rank's replica) is lost when the step starts
+        { KVR, 3, 1, { { 0, true, 3 } },      -1, 0, 0, false, { "rank 0 of 3 was lost", "the start of decode step 3", NULL } },
+        // a replica with a bad CRC is refused and what it held recomputed; one that fell behind too
+        { RKV, 3, 1, { { 2, true, 5 } },      2, 3, 3, false, { "refused", "recomputed tokens [", NULL } },
+        { KVR, 3, 1, { { 2, true, 4 } },      2, 0, 2, false, { "refused", "recomputed tokens [", NULL } },
+        { RKV, 3, 1, { { 0, true, 7 } },      0, 13, 6, true, { "rank 0 of 3 was lost", "recomputed tokens [", NULL } },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const struct rcase * rc = &cases[c];
+        char pts[96] = "";
+        for (int i = 0; i < rc->n_kill; i++) {
+            snprintf(pts + strlen(pts), sizeof(pts) - strlen(pts), "%s%d:%s:%d", i ? "," : "", rc->k[i].rank, rc->k[i].decode ? "decode" : "prefill",
+                     rc->k[i].at);
+        }
+        set_case("replicate %s N=%d KVR_TEST_KILL=%s%s", kvr_strategy_name(rc->s), rc->N, pts,
+                 rc->damage_rank < 0 ? "" : rc->cut ? " (a replica behind)" : " (a replica's bit flipped)");
+        run_case(m, &r, prompt, n_prompt, rc);
+    }
+    // replication alone changes nothing but the bytes it moves: every rank puts each row it
+    // computes, K and V, every layer, into its successor's replica
+    const struct rcase none = { RKV, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { NULL, NULL, NULL } };
+    set_case("replicate ring-kv N=3, nothing lost");
+    run_case(m, &r, prompt, n_prompt, &none);
+    struct kvr_dist_params p = dist_params(KVR, 3);
+    p.replicate = true;
+    struct kvr_dist * d = kvr_dist_new(m, &p);
+    set_case("replicate kvr N=3: the bytes");
+    if (d && kvr_dist_eval(d, prompt, n_prompt)) {
+        struct kvr_rank_stats st[4];
+        const int ns = kvr_dist_stats(d, st, 4);
+        int64_t bytes = 0;
+        for (int i = 0; i < ns; i++) bytes += st[i].replica_bytes;
+        CHECK(bytes == (int64_t)n_prompt * r.kv_dim * 4 * 2 * r.n_layer, "%lld bytes replicated, the prompt's rows are %lld", (long long)bytes,
+              (long long)n_prompt * r.kv_dim * 4 * 2 * r.n_layer);
+    } else {
+        CHECK(false, "%s", kvr_last_error());
+    }
+    kvr_dist_free(d);
+    // what --replicate does not do
+    set_case("replicate refused");
+    p = dist_params(KVR, 1);
+    p.replicate = true;
+    d = kvr_dist_new(m, &p);
+    CHECK(!d && strstr(kvr_last_error(), "2 ranks or more"), "one rank: %s", d ? "accepted" : kvr_last_error());
+    kvr_dist_free(d);
+    p = dist_params(KVR, 3);
+    p.replicate = true;
+    p.pd = true;
+    p.decode_rank = 2;
+    d = kvr_dist_new(m, &p);
+    CHECK(!d && strstr(kvr_last_error(), "--decode-rank"), "with P/D: %s", d ? "accepted" : kvr_last_error());
+    kvr_dist_free(d);
+    ref_free(&r);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -170,6 +381,7 @@ int main(int argc, char ** argv) {
         int32_t prompt[40];
         for (int i = 0; i < 40; i++) prompt[i] = 1 + (i * 37 + 11) % ((int)m->hp.n_vocab - 1);
         test_kill(m, prompt, 40);
+        test_recover(m, prompt, 40);
         kvr_model_free(m);
     }
     if (n_skip) printf("failover: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);

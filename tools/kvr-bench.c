@@ -54,6 +54,7 @@ struct bench_args {
     uint64_t     seed;
     bool         sgemm;
     bool         q8_act;         // quantized matmuls with 8-bit activations (prefill and decode)
+    bool         replicate;      // --replicate: each rank's new rows also go to its successor's replica
     int          decode;         // decode steps timed after each prefill (0: none)
     enum kvr_attn_mode attn;
     double       links[8];       // emulated link Gbit/s to sweep (0: none)
@@ -160,6 +161,8 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
         { .name = "--svg", .kind = KVR_CLI_OUT, .dst = &a->svg, .meta = "FILE", .help = "draw TTFT against prompt length, one line per strategy (and ranks, link)" },
         { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
           .help = "quantized weights, prefill and decode: quantize the activations to 8 bits and\nmultiply in integers, as llama.cpp does (faster; logits move up to ~0.1 from the\nexact math)" },
+        { .name = "--replicate", .kind = KVR_CLI_SWITCH, .dst = &a->replicate,
+          .help = "ranks: every rank's new cache rows also go to a replica in its ring\nsuccessor's memory, as kvr-run --replicate (what failover costs)" },
         { .name = "--sgemm", .kind = KVR_CLI_SWITCH, .dst = &a->sgemm, .help = "also measure OpenBLAS sgemm on the model's shapes and report the fraction" },
         { .name = "--decode", .kind = KVR_CLI_INT, .dst = &a->decode, .meta = "N", .lo = 0, .hi = 1 << 20,
           .help = "also time N decode steps after each prefill (tg N after a prompt of P): decode\ntok/s beside prefill, the memory-bandwidth floor, where a step's time goes" },
@@ -570,7 +573,7 @@ int main(int argc, char ** argv) {
                                               .n_ctx = T + a.decode + 16, .attn_mode = attn, .link_gbps = p->link,
                                               .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
-                                              .timeout_s = 3600, .q8_activations = a.q8_act };
+                                              .timeout_s = 3600, .q8_activations = a.q8_act, .replicate = a.replicate };
                 struct kvr_dist * d = kvr_dist_new(m, &dp);
                 if (!d) {
                     p->ok = false;

@@ -69,6 +69,7 @@ struct run_args {
     uint64_t     seed;
     bool         seed_set;
     bool         verbose;
+    bool         replicate;    // --replicate
     struct kvr_test_kill kill[16]; // the test hook KVR_TEST_KILL, parsed once by parse_args
     int          n_kill;
     bool         dump_graph;
@@ -216,6 +217,11 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
           .help = "local: emulated latency per transfer" },
         { .name = "--link-noise", .kind = KVR_CLI_REAL, .dst = &a->link_noise, .meta = "X", .lo = 1, .hi = 1e6,
           .help = "local, with --link-gbps: each prefill, a random pair of neighbours\ngets an X times slower link" },
+        { .name = "--replicate", .kind = KVR_CLI_SWITCH, .dst = &a->replicate,
+          .help = "local ranks: every rank's new cache rows also go to a replica in its ring\n"
+                  "successor's memory, layer by layer as they are made; a rank lost during the\n"
+                  "run is then recovered from (its rows restored, the step run again on the\n"
+                  "others) instead of ending it; -v says what was lost, restored, recomputed" },
         { .name = "--stats", .kind = KVR_CLI_SWITCH, .dst = &a->stats, .help = "one JSON object of counters per rank on stderr after the prefill" },
         { .name = "--trace", .kind = KVR_CLI_OUT, .dst = &a->trace, .meta = "FILE", .help = "Chrome trace JSON of every rank's layers and transfers (Perfetto)" },
         { .kind = KVR_CLI_SECTION, .help = "KV cache files and streaming:" },
@@ -342,11 +348,12 @@ static void print_stats(const struct kvr_dist * d) {
         fprintf(stderr, "{\"rank\":%d,\"strategy\":\"%s\",\"tokens\":%d,\"attn_dot_dense\":%lld,\"attn_dot_causal\":%lld,"
                 "\"kv_rows_sent\":%lld,\"kv_rows_recv\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                 "\"wait_ms\":%.3f,\"ttft_ms\":%.3f,\"matmul_ms\":%.3f,\"attn_ms\":%.3f,\"compute_ms\":%.3f,"
-                "\"kv_stream_bytes\":%lld}\n",
+                "\"kv_stream_bytes\":%lld,\"replica_bytes\":%lld}\n",
                 st[i].rank, kvr_strategy_name(kvr_dist_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
                 (long long)st[i].attn_dot_causal, (long long)st[i].kv_rows_sent, (long long)st[i].kv_rows_recv,
                 (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms,
-                st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms, (long long)st[i].kv_stream_bytes);
+                st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms, (long long)st[i].kv_stream_bytes,
+                (long long)st[i].replica_bytes);
     }
 }
 
@@ -911,7 +918,7 @@ int kvr_run_main(int argc, char ** argv) {
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
         .replicate_dir = a.replicate_dir,
-        .kill = a.kill, .n_kill = a.n_kill,
+        .replicate = a.replicate, .kill = a.kill, .n_kill = a.n_kill,
     };
     if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers (checked by parse_args)
         dp.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) == 2;
