@@ -3135,10 +3135,26 @@ static float dot_f32_ggml(const float * x, const float * y, int64_t n) {
 // under it, which every row shares and the token computes once (mv_act): the same value as
 // dequantize-then-dot in exact arithmetic, rounded in another order (within ~1e-7 relative).
 //
-// The 4-bit types take the nibbles without shuffles: a 32-bit lane of packed quants holds 8
-// nibbles, nibble k is (lane & 0xf << 4k), which converts to float exactly as q * 16^k; the
-// token's activations are stored once in that lane order and pre-scaled by 16^-k (a power of two:
-// exact), so the row loop is and, convert, FMA per 8 weights.
+// One token costs a few operations per weight, so the kernels are written to the operation:
+//   - One row at a time, read front to back: one sequential stream, which the hardware prefetchers
+//     follow best. Four rows side by side (each load of x serving four rows) were 15% faster in
+//     cache but 35-45% slower from memory, where decode reads its weights, and software prefetch
+//     did not win that back. A row keeps two or more FMA chains (one would wait on their latency).
+//   - The 4-bit and 6-bit types take their quants without shuffles: a 32-bit lane of packed quants
+//     holds 8 nibbles (or 4 bytes), and nibble k is masked in place, (lane & 0xf << 4k). The token's
+//     activations are stored once in that lane order (mv_act.xp), scaled by a power of two per k
+//     (exact), so a row costs one and and one FMA per 8 weights, plus one shift per lane.
+//   - What the masked lane is read as: on CPUs whose FMAs take subnormal operands at full speed
+//     (probed once, mv_den_fast: AMD Zen does; other cores may take a microcode assist each time)
+//     the bits are used as they are, as the subnormal float q 2^(4k-149), with no conversion at
+//     all; elsewhere they are converted (cvtdq2ps, q 16^k). Either way the FMA multiplies the
+//     quant's exact value by an exact power-of-two multiple of x. In the first form the token's x
+//     is brought below 1 by 2^-e (e the exponent of its largest |x|) and scaled up by 2^126 before
+//     the products, so every product q x 2^(-23-e) and every sum of them is a normal float, and
+//     the row's sum is scaled back at the end (mv_act.unscale); only activations 2^103 times
+//     smaller than the token's largest lose bits, far below the sum's rounding.
+//   - Offsets and mins ride along as the first term of a block's chain (mv_act.xo), so they cost
+//     no extra instruction.
 
 #define MV_MAX_TOKENS 4   // up to this many tokens a matmul goes row by row (the row stays in L1)
 
@@ -3146,62 +3162,54 @@ struct mv_act {
     const float * x;    // K activations
     const float * s16;  // the sum of each 16 of them
     const float * s32;  // the sum of each 32
-    const float * xp;   // the 4-bit kernels' order (see mv_act_init), or NULL
+    const float * xp;   // Q4_0, Q4_1, Q4_K, Q6_K: x in the order of the lanes' quants, scaled (mv_act_init)
+    const float * xo;   // Q4_0, Q4_1, Q6_K: the sums of x under each lane's quants, scaled as xp
+    float unscale;      // what those kernels' sums are multiplied by at the end
+    bool  den;          // quants read as subnormal floats (see above), not converted
 };
 
 // Floats of scratch one token's mv_act takes for K values.
 static size_t mv_act_floats(int64_t K) {
-    return (size_t)(K / 16 + K / 32 + K + 64);
-}
-
-// The scale of nibble k of a 32-bit lane: 16^-k, except the top one, which is shifted down instead
-// (masked in place it would set the sign bit).
-static inline float mv_nibble_scale(int k) {
-    static const float scale[8] = { 1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f };
-    return scale[k];
-}
-
-static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, int64_t K, float * scratch) {
-    float * s16 = scratch, * s32 = scratch + K / 16, * xp = s32 + K / 32;
-    for (int64_t i = 0; i < K / 16; i++) {
-        const float * v = x + 16 * i;
-        float s = 0.0f;
-        for (int j = 0; j < 16; j++) s += v[j];
-        s16[i] = s;
-    }
-    for (int64_t i = 0; i < K / 32; i++) s32[i] = s16[2 * i] + s16[2 * i + 1];
-    a->x = x;
-    a->s16 = s16;
-    a->s32 = s32;
-    a->xp = NULL;
-    if (type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1) {
-        // two blocks a step: lanes 0-3 hold block 2p's quant bytes 4i..4i+3, lanes 4-7 block 2p+1's;
-        // nibble k of byte j is element j + 16 (k odd) of its block
-        const int64_t nb = K / 32;
-        for (int64_t p = 0; p < (nb + 1) / 2; p++) {
-            for (int k = 0; k < 8; k++) {
-                for (int i = 0; i < 8; i++) {
-                    const int64_t blk = 2 * p + i / 4;
-                    const int64_t e = 32 * blk + 4 * (i % 4) + k / 2 + 16 * (k & 1);
-                    xp[64 * p + 8 * k + i] = blk < nb ? x[e] * mv_nibble_scale(k) : 0.0f;
-                }
-            }
-        }
-        a->xp = xp;
-    } else if (type == KVR_TYPE_Q4_K) {
-        // 32 quant bytes a step (64 values): nibble k of lane i is element 32 (k&1) + 4i + k/2
-        for (int64_t c = 0; c < K / 64; c++) {
-            for (int k = 0; k < 8; k++) {
-                for (int i = 0; i < 8; i++) xp[64 * c + 8 * k + i] = x[64 * c + 32 * (k & 1) + 4 * i + k / 2] * mv_nibble_scale(k);
-            }
-        }
-        a->xp = xp;
-    }
+    return (size_t)(K / 16 + K / 32 + (K + 32) + (K / 4 + 8) + 64);
 }
 
 typedef float (*mv_row_fn)(const void * row, const struct mv_act * a, int64_t K);
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+// Whether FMAs with subnormal operands run as fast as with normal ones here: the same 4096 FMAs
+// timed both ways, best of 5 (an assist costs ~100x, so the answer is never close).
+static bool mv_den_ok;
+static pthread_once_t mv_den_once = PTHREAD_ONCE_INIT;
+
+static void mv_den_probe(void) {
+    static volatile int32_t bits[2] = { 5, 0x40a00000 }; // 5 * 2^-149 (subnormal) and 5.0f
+    double best[2] = { 1e30, 1e30 };
+    for (int trial = 0; trial < 5; trial++) {
+        for (int m = 0; m < 2; m++) {
+            const __m256 q = _mm256_castsi256_ps(_mm256_set1_epi32(bits[m])), x = _mm256_set1_ps(0x1p100f);
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            const double t0 = kvr_time_ms();
+            for (int i = 0; i < 128; i++) {
+                s0 = _mm256_fmadd_ps(q, x, s0);
+                s1 = _mm256_fmadd_ps(q, x, s1);
+                s2 = _mm256_fmadd_ps(q, x, s2);
+                s3 = _mm256_fmadd_ps(q, x, s3);
+            }
+            const double t = kvr_time_ms() - t0;
+            float out[8];
+            _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+            bits[1] = out[0] > 0.0f ? 0x40a00000 : 0x40a00001; // keeps the sums alive; stays 5.0f
+            if (t < best[m]) best[m] = t;
+        }
+    }
+    mv_den_ok = best[0] < 2.0 * best[1] + 1e-4;
+}
+
+static bool mv_den_fast(void) {
+    pthread_once(&mv_den_once, mv_den_probe);
+    return mv_den_ok;
+}
 
 static inline float mv_hsum(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -3212,6 +3220,115 @@ static inline float mv_hsum(__m256 v) {
 
 static inline float mv_half(const uint8_t * p) {
     return _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8)));
+}
+
+// [h0 x4, h1 x4] from the fp16 at p0 and p1 (p1 NULL: 0)
+static inline __m256 mv_half_pair(const uint8_t * p0, const uint8_t * p1) {
+    const uint32_t h = (uint32_t)(p0[0] | p0[1] << 8) | (p1 ? (uint32_t)(p1[0] | p1[1] << 8) << 16 : 0u);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)h));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+// Nibble k of each 32-bit lane of v as a float, in mv_act's scale. den: the caller has shifted v
+// down by 16 for k >= 4 (a nibble at bit 20 or above would reach the exponent).
+static inline __m256 mv_nib(__m256i v, int k, const bool den) {
+    if (den) return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xf << (4 * (k & 3)))));
+    return _mm256_cvtepi32_ps(k == 7 ? _mm256_srli_epi32(v, 28) : _mm256_and_si256(v, _mm256_set1_epi32(0xf << (4 * k))));
+}
+
+// Byte j of each 32-bit lane of v as a float, in mv_act's scale (den: v shifted down by 16 for j >= 2).
+static inline __m256 mv_byte(__m256i v, int j, const bool den) {
+    if (den) return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xff << (8 * (j & 1)))));
+    return _mm256_cvtepi32_ps(j == 3 ? _mm256_srli_epi32(v, 24) : _mm256_and_si256(v, _mm256_set1_epi32(0xff << (8 * j))));
+}
+
+// t[j] for j = 0..3: lane i < 4 is lo[4i + j], lane 4 + i is hi[4i + j] (hi NULL: 0). The order of
+// the activations under the lanes' quants: a 4x4 transpose in each 128-bit half.
+static inline void mv_gather4(const float * lo, const float * hi, __m256 t[4]) {
+    __m256 r[4];
+    for (int i = 0; i < 4; i++) {
+        const __m128 l = _mm_loadu_ps(lo + 4 * i);
+        r[i] = hi ? _mm256_insertf128_ps(_mm256_castps128_ps256(l), _mm_loadu_ps(hi + 4 * i), 1) : _mm256_setr_m128(l, _mm_setzero_ps());
+    }
+    const __m256 a = _mm256_unpacklo_ps(r[0], r[1]), b = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 c = _mm256_unpacklo_ps(r[2], r[3]), d = _mm256_unpackhi_ps(r[2], r[3]);
+    t[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(c)));
+    t[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(c)));
+    t[2] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(b), _mm256_castps_pd(d)));
+    t[3] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(b), _mm256_castps_pd(d)));
+}
+
+// The scales of the lane orders: what nibble k's (bytes: byte j's) activations are multiplied by,
+// pre then sc[k] (two exact steps: one power of two could be out of range), and what the sums are
+// multiplied by at the end.
+static void mv_scales(const float * x, int64_t K, bool den, bool bytes, float * pre, float sc[8], float * unscale) {
+    if (!den) {
+        // converted: nibble k is q 16^k (the top one shifted down: q), byte j is q 2^8j (j = 3: q)
+        for (int k = 0; k < 8; k++) sc[k] = bytes ? (k >= 3 ? 1.0f : ldexpf(1.0f, -8 * k)) : (k == 7 ? 1.0f : ldexpf(1.0f, -4 * k));
+        *pre = *unscale = 1.0f;
+        return;
+    }
+    // subnormal: nibble k is q 2^(4 (k & 3) - 149), byte j is q 2^(8 (j & 1) - 149)
+    __m256 m = _mm256_setzero_ps();
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int64_t i = 0;
+    for (; i + 8 <= K; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), abs));
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    for (; i < K; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    int e = 0;
+    if (amax > 0.0f && amax <= FLT_MAX) frexpf(amax, &e); // amax < 2^e
+    e = e > 104 ? 104 : e < -126 ? -126 : e;
+    *pre = ldexpf(1.0f, -e);
+    for (int k = 0; k < 8; k++) sc[k] = ldexpf(1.0f, 126 - (bytes ? 8 * (k & 1) : 4 * (k & 3)));
+    *unscale = ldexpf(1.0f, 23 + e);
+}
+
+static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, int64_t K, float * scratch, bool den) {
+    float * s16 = scratch, * s32 = scratch + K / 16, * xp = s32 + K / 32, * xo = xp + K + 32;
+    for (int64_t i = 0; i < K / 16; i++) s16[i] = mv_hsum(_mm256_add_ps(_mm256_loadu_ps(x + 16 * i), _mm256_loadu_ps(x + 16 * i + 8)));
+    for (int64_t i = 0; i < K / 32; i++) s32[i] = s16[2 * i] + s16[2 * i + 1];
+    *a = (struct mv_act) { x, s16, s32, NULL, NULL, 1.0f, den };
+    const bool q4 = type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1;
+    if (!q4 && type != KVR_TYPE_Q4_K && type != KVR_TYPE_Q6_K) return;
+    float pre, sc[8];
+    mv_scales(x, K, den, type == KVR_TYPE_Q6_K, &pre, sc, &a->unscale);
+    const __m256 vpre = _mm256_set1_ps(pre);
+    const float so = 1.0f / a->unscale; // a power of two: exact
+    __m256 t[4];
+    if (q4) {
+        // two blocks a step: lanes 0-3 hold block 2p's quant bytes 4i..4i+3, lanes 4-7 block 2p+1's;
+        // nibble k of byte j is element j + 16 (k odd) of its block; xo: each block's sum / 4 in its lanes
+        const int64_t nb = K / KVR_QK;
+        for (int64_t p = 0; 2 * p < nb; p++) {
+            const bool two = 2 * p + 1 < nb;
+            for (int h = 0; h < 2; h++) {
+                mv_gather4(x + 64 * p + 16 * h, two ? x + 64 * p + 32 + 16 * h : NULL, t);
+                for (int j = 0; j < 4; j++) _mm256_storeu_ps(xp + 64 * p + 8 * (2 * j + h), _mm256_mul_ps(_mm256_mul_ps(t[j], vpre), _mm256_set1_ps(sc[2 * j + h])));
+            }
+            _mm256_storeu_ps(xo + 8 * p, _mm256_setr_m128(_mm_set1_ps(s32[2 * p] * 0.25f * so), _mm_set1_ps(two ? s32[2 * p + 1] * 0.25f * so : 0.0f)));
+        }
+        a->xo = xo;
+    } else if (type == KVR_TYPE_Q4_K) {
+        // 32 quant bytes a step (64 values): nibble k of lane i is element 32 (k & 1) + 4i + k/2
+        for (int64_t c = 0; c < K / 64; c++) {
+            for (int h = 0; h < 2; h++) {
+                mv_gather4(x + 64 * c + 32 * h, x + 64 * c + 32 * h + 16, t);
+                for (int j = 0; j < 4; j++) _mm256_storeu_ps(xp + 64 * c + 8 * (2 * j + h), _mm256_mul_ps(_mm256_mul_ps(t[j], vpre), _mm256_set1_ps(sc[2 * j + h])));
+            }
+        }
+    } else {
+        // Q6_K: 32 bytes of 6-bit quants a step: byte j of lane i is element 4i + j; lanes 0-3 are
+        // the first 16 elements (one scale), 4-7 the next; xo: their sums times -32/4 (the offset)
+        for (int64_t m = 0; m < K / 32; m++) {
+            mv_gather4(x + 32 * m, x + 32 * m + 16, t);
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(xp + 32 * m + 8 * j, _mm256_mul_ps(_mm256_mul_ps(t[j], vpre), _mm256_set1_ps(sc[j])));
+            _mm256_storeu_ps(xo + 8 * m, _mm256_setr_m128(_mm_set1_ps(-8.0f * s16[2 * m] * so), _mm_set1_ps(-8.0f * s16[2 * m + 1] * so)));
+        }
+        a->xo = xo;
+    }
+    a->xp = xp;
 }
 
 // 8 int8 (the low 8 bytes of v) as 8 floats
@@ -3250,66 +3367,52 @@ static inline __m256i mv_bit4_32(uint32_t bits) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
 }
 
-// Nibble k of each 32-bit lane of v, times 16^k (k = 7: shifted down, see mv_nibble_scale).
-static inline __m256 mv_nibble(__m256i v, int k) {
-    return _mm256_cvtepi32_ps(k == 7 ? _mm256_srli_epi32(v, 28) : _mm256_and_si256(v, _mm256_set1_epi32(0xf << (4 * k))));
+// A kernel in two copies, den a constant in each (the quants read as subnormal floats, or converted).
+#define MV_ROW_DEN(name, kernel) \
+    static float mv_row_##name(const void * row, const struct mv_act * a, int64_t K) { \
+        return a->den ? kernel(row, a, K, true) : kernel(row, a, K, false); \
+    }
+
+// One step of Q4_0 / Q4_1 (min): the pair of blocks i, i + 1 (two false: block i alone). Two
+// chains (even and odd nibbles): one chain of 8 FMAs would wait on their latency.
+static inline __attribute__((always_inline)) __m256 mv_q4_step(const uint8_t * row, const struct mv_act * a, int64_t i,
+                                                                const bool two, const bool min, const bool den, __m256 acc) {
+    const size_t bs = min ? sizeof(struct kvr_block_q4_1) : sizeof(struct kvr_block_q4_0);
+    const uint8_t * b = row + (size_t)i * bs, * q = b + (min ? 4 : 2);
+    const float * xp = a->xp + 32 * i;
+    const __m256 xo = _mm256_loadu_ps(a->xo + 4 * i);
+    const __m128i lo = _mm_loadu_si128((const __m128i *)q);
+    __m256i v = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128((const __m128i *)(q + bs)), 1)
+                    : _mm256_zextsi128_si256(lo);
+    __m256 s[2] = { min ? _mm256_setzero_ps() : _mm256_mul_ps(xo, _mm256_set1_ps(-8.0f)), _mm256_setzero_ps() }; // Q4_0: q - 8
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        if (den && k == 4) v = _mm256_srli_epi32(v, 16);
+        s[k & 1] = _mm256_fmadd_ps(mv_nib(v, k, den), _mm256_loadu_ps(xp + 8 * k), s[k & 1]);
+    }
+    acc = _mm256_fmadd_ps(_mm256_add_ps(s[0], s[1]), mv_half_pair(b, two ? b + bs : NULL), acc);
+    return min ? _mm256_fmadd_ps(mv_half_pair(b + 2, two ? b + bs + 2 : NULL), xo, acc) : acc;
 }
 
-// The 64 products of 32 bytes of nibbles with their activations in mv_act's order: even nibbles
-// summed in *ev, odd ones in *od, four independent chains.
-static inline void mv_dot_nibbles(__m256i v, const float * xp, __m256 * ev, __m256 * od) {
-    __m256 s0 = _mm256_mul_ps(mv_nibble(v, 0), _mm256_loadu_ps(xp));
-    __m256 s1 = _mm256_mul_ps(mv_nibble(v, 1), _mm256_loadu_ps(xp + 8));
-    __m256 s2 = _mm256_mul_ps(mv_nibble(v, 2), _mm256_loadu_ps(xp + 16));
-    __m256 s3 = _mm256_mul_ps(mv_nibble(v, 3), _mm256_loadu_ps(xp + 24));
-    s0 = _mm256_fmadd_ps(mv_nibble(v, 4), _mm256_loadu_ps(xp + 32), s0);
-    s1 = _mm256_fmadd_ps(mv_nibble(v, 5), _mm256_loadu_ps(xp + 40), s1);
-    s2 = _mm256_fmadd_ps(mv_nibble(v, 6), _mm256_loadu_ps(xp + 48), s2);
-    s3 = _mm256_fmadd_ps(mv_nibble(v, 7), _mm256_loadu_ps(xp + 56), s3);
-    *ev = _mm256_add_ps(s0, s2);
-    *od = _mm256_add_ps(s1, s3);
-}
-
-// The quant bytes of two legacy 4-bit blocks (the second may be absent: an odd count) as one vector.
-static inline __m256i mv_qs_pair(const uint8_t * q0, const uint8_t * q1) {
-    const __m128i lo = _mm_loadu_si128((const __m128i *)q0);
-    return q1 ? _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128((const __m128i *)q1), 1)
-              : _mm256_zextsi128_si256(lo);
-}
-
-// Q4_0: x = d (q - 8): d * sum(q x) per block, minus 8 d times the block's sum of x.
-static float mv_row_q4_0(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q4_0 * b = row;
+static inline __attribute__((always_inline)) float mv_q4(const uint8_t * row, const struct mv_act * a, int64_t K, const bool min, const bool den) {
     const int64_t nb = K / KVR_QK;
     __m256 acc = _mm256_setzero_ps();
-    float off = 0.0f;
-    for (int64_t i = 0; i < nb; i += 2) {
-        const bool two = i + 1 < nb;
-        const float d0 = mv_half(b[i].d), d1 = two ? mv_half(b[i + 1].d) : 0.0f;
-        __m256 ev, od;
-        mv_dot_nibbles(mv_qs_pair(b[i].qs, two ? b[i + 1].qs : NULL), a->xp + 32 * i, &ev, &od);
-        acc = _mm256_fmadd_ps(_mm256_add_ps(ev, od), _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1)), acc);
-        off += d0 * a->s32[i] + (two ? d1 * a->s32[i + 1] : 0.0f);
-    }
-    return mv_hsum(acc) - 8.0f * off;
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) acc = mv_q4_step(row, a, i, true, min, den, acc);
+    if (i < nb) acc = mv_q4_step(row, a, i, false, min, den, acc);
+    return mv_hsum(acc) * a->unscale;
 }
 
-// Q4_1: x = d q + m.
-static float mv_row_q4_1(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q4_1 * b = row;
-    const int64_t nb = K / KVR_QK;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
-    for (int64_t i = 0; i < nb; i += 2) {
-        const bool two = i + 1 < nb;
-        const float d0 = mv_half(b[i].d), d1 = two ? mv_half(b[i + 1].d) : 0.0f;
-        __m256 ev, od;
-        mv_dot_nibbles(mv_qs_pair(b[i].qs, two ? b[i + 1].qs : NULL), a->xp + 32 * i, &ev, &od);
-        acc = _mm256_fmadd_ps(_mm256_add_ps(ev, od), _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1)), acc);
-        mins += mv_half(b[i].m) * a->s32[i] + (two ? mv_half(b[i + 1].m) * a->s32[i + 1] : 0.0f);
-    }
-    return mv_hsum(acc) + mins;
+static inline __attribute__((always_inline)) float mv_q4_0(const void * row, const struct mv_act * a, int64_t K, const bool den) {
+    return mv_q4(row, a, K, false, den);
 }
+
+static inline __attribute__((always_inline)) float mv_q4_1(const void * row, const struct mv_act * a, int64_t K, const bool den) {
+    return mv_q4(row, a, K, true, den);
+}
+
+MV_ROW_DEN(q4_0, mv_q4_0)
+MV_ROW_DEN(q4_1, mv_q4_1)
 
 static float mv_row_q5_0(const void * row, const struct mv_act * a, int64_t K) {
     const struct kvr_block_q5_0 * b = row;
@@ -3336,22 +3439,25 @@ static float mv_row_q5_1(const void * row, const struct mv_act * a, int64_t K) {
 }
 
 // Q8_0 and Q8_1 differ only in Q8_1's extra sum, which a product with f32 activations does not
-// need: both are (d, 32 quants) blocks, block_bytes apart, the quants at qs_off.
-static float mv_row_q8_blocks(const uint8_t * b, size_t block_bytes, size_t qs_off, const float * x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++, b += block_bytes, x += KVR_QK) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + qs_off));
-        acc = _mm256_fmadd_ps(mv_dot32(q, x), _mm256_set1_ps(mv_half(b)), acc); // d is each block's first field
+// need: both are (d, 32 quants) blocks, bs bytes apart, the quants at qo. Sign-extended and
+// converted (a signed byte has no subnormal form); two blocks a step, one chain each.
+static float mv_q8_blocks(const uint8_t * b, size_t bs, size_t qo, const float * x, int64_t nb) {
+    __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t i = 0; i < nb; i++, b += bs, x += KVR_QK) {
+        __m256 s = _mm256_mul_ps(mv_i8x8(_mm_loadl_epi64((const __m128i *)(b + qo))), _mm256_loadu_ps(x));
+#pragma GCC unroll 4
+        for (int j = 1; j < 4; j++) s = _mm256_fmadd_ps(mv_i8x8(_mm_loadl_epi64((const __m128i *)(b + qo + 8 * j))), _mm256_loadu_ps(x + 8 * j), s);
+        acc[i & 1] = _mm256_fmadd_ps(s, _mm256_set1_ps(mv_half(b)), acc[i & 1]); // d: each block's first field
     }
-    return mv_hsum(acc);
+    return mv_hsum(_mm256_add_ps(acc[0], acc[1]));
 }
 
 static float mv_row_q8_0(const void * row, const struct mv_act * a, int64_t K) {
-    return mv_row_q8_blocks(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a->x, K / KVR_QK);
+    return mv_q8_blocks(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a->x, K / KVR_QK);
 }
 
 static float mv_row_q8_1(const void * row, const struct mv_act * a, int64_t K) {
-    return mv_row_q8_blocks(row, sizeof(struct kvr_block_q8_1), offsetof(struct kvr_block_q8_1, qs), a->x, K / KVR_QK);
+    return mv_q8_blocks(row, sizeof(struct kvr_block_q8_1), offsetof(struct kvr_block_q8_1, qs), a->x, K / KVR_QK);
 }
 
 static float mv_row_q8_K(const void * row, const struct mv_act * a, int64_t K) {
@@ -3386,6 +3492,7 @@ static float mv_row_q2_K(const void * row, const struct mv_act * a, int64_t K) {
         mins += dmin * m;
         for (int h = 0; h < 2; h++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            #pragma GCC unroll 8
             for (int k = 0; k < 4; k++) {
                 const int r = 8 * h + 2 * k;
                 const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k)), m2);
@@ -3412,6 +3519,7 @@ static float mv_row_q3_K(const void * row, const struct mv_act * a, int64_t K) {
         const __m256i hm = _mm256_loadu_si256((const __m256i *)b[i].hmask);
         for (int h = 0; h < 2; h++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * h));
+            #pragma GCC unroll 8
             for (int k = 0; k < 4; k++) {
                 const int r = 8 * h + 2 * k;
                 const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
@@ -3438,25 +3546,35 @@ static inline __m128i mv_k4_scales(const uint8_t * s) {
 }
 
 // Q4_K: x = d sc_j q - dmin m_j per sub-block j of 32; quant bytes 32c..32c+31 hold sub-block 2c
-// in the low nibbles and 2c+1 in the high ones (the even and odd nibbles of mv_dot_nibbles).
-static float mv_row_q4_K(const void * row, const struct mv_act * a, int64_t K) {
+// in the low nibbles and 2c+1 in the high ones: the even and odd nibbles of a lane, two chains.
+static inline __attribute__((always_inline)) float mv_q4_K(const void * row, const struct mv_act * a, int64_t K, const bool den) {
     const struct kvr_block_q4_K * b = row;
-    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 us = _mm256_set1_ps(1.0f / a->unscale);
     for (int64_t i = 0; i < K / KVR_QK_K; i++) {
         const __m128i sm = mv_k4_scales(b[i].scales);
         const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(mv_half(b[i].d)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
-        const __m256 mn  = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
-        mins = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_loadu_ps(a->s32 + 8 * i)), _mm256_set1_ps(mv_half(b[i].dmin)), mins);
-        const float * xp = a->xp + KVR_QK_K * i;
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
+        acc = _mm256_fnmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(mv_half(b[i].dmin))), _mm256_mul_ps(_mm256_loadu_ps(a->s32 + 8 * i), us), acc);
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-            __m256 ev, od;
-            mv_dot_nibbles(_mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c)), xp + 64 * c, &ev, &od);
-            acc = _mm256_fmadd_ps(ev, _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(2 * c)), acc);
-            acc = _mm256_fmadd_ps(od, _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(2 * c + 1)), acc);
+            const float * xp = a->xp + KVR_QK_K * i + 64 * c;
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
+            __m256 s[2];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                if (den && k == 4) v = _mm256_srli_epi32(v, 16);
+                // the chains start with an FMA on 0, not a multiply: multiplies take subnormal operands slowly here
+                s[k & 1] = _mm256_fmadd_ps(mv_nib(v, k, den), _mm256_loadu_ps(xp + 8 * k), k < 2 ? _mm256_setzero_ps() : s[k & 1]);
+            }
+            acc = _mm256_fmadd_ps(s[0], _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(2 * c)), acc);
+            acc = _mm256_fmadd_ps(s[1], _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(2 * c + 1)), acc);
         }
     }
-    return mv_hsum(acc) - mv_hsum(mins);
+    return mv_hsum(acc) * a->unscale;
 }
+
+MV_ROW_DEN(q4_K, mv_q4_K)
 
 // Q5_K: Q4_K plus the 5th bit of sub-block j's element l in bit j of qh[l].
 static float mv_row_q5_K(const void * row, const struct mv_act * a, int64_t K) {
@@ -3471,9 +3589,11 @@ static float mv_row_q5_K(const void * row, const struct mv_act * a, int64_t K) {
         const float * x = a->x + KVR_QK_K * i;
         const float * s32 = a->s32 + 8 * i;
         float m = 0.0f;
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) m += (float)mn[j] * s32[j];
         mins += dmin * m;
         const __m256i qh = _mm256_loadu_si256((const __m256i *)b[i].qh);
+        #pragma GCC unroll 8
         for (int c = 0; c < 4; c++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(b[i].qs + 32 * c));
             const __m256i s0 = _mm256_set1_epi8((char)(1 << (2 * c))), s1 = _mm256_set1_epi8((char)(1 << (2 * c + 1)));
@@ -3489,35 +3609,45 @@ static float mv_row_q5_K(const void * row, const struct mv_act * a, int64_t K) {
 }
 
 // Q6_K: per half h, quarter k of 32 elements: low 4 bits from ql (bytes 64h + 32(k&1), high
-// nibble if k >= 2), high 2 bits from qh[32h + l] >> 2k; quants are q - 32, scales per 16.
-static float mv_row_q6_K(const void * row, const struct mv_act * a, int64_t K) {
+// nibble if k >= 2), high 2 bits from qh[32h + l] >> 2k; quants are q - 32 (the -32 rides in xo),
+// scales per 16: lanes 0-3 of a quarter hold its first 16 elements, lanes 4-7 the next. Two
+// quarters a step, one chain each.
+static inline __attribute__((always_inline)) float mv_q6_K(const void * row, const struct mv_act * a, int64_t K, const bool den) {
     const struct kvr_block_q6_K * b = row;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3 << 4), off = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3 << 4);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < K / KVR_QK_K; i++) {
-        const float d = mv_half(b[i].d);
-        const float * x = a->x + KVR_QK_K * i;
+        const __m256 d = _mm256_set1_ps(mv_half(b[i].d));
+        const __m128i sc = _mm_loadu_si128((const __m128i *)b[i].scales);
+        const __m256 dsc[2] = { _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))),
+                                _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))) };
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32));
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(b[i].qh + 32 * h));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, m4),                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4),                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
-            };
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                const int r = 8 * h + 2 * k;
-                __m256 pa, pb;
-                mv_dot16x2(_mm256_sub_epi8(q[k], off), x + 128 * h + 32 * k, &pa, &pb);
-                acc = _mm256_fmadd_ps(pa, _mm256_set1_ps(d * (float)b[i].scales[r]), acc);
-                acc = _mm256_fmadd_ps(pb, _mm256_set1_ps(d * (float)b[i].scales[r + 1]), acc);
+                const int64_t m = 8 * i + 4 * h + k; // the quarter's 32 elements
+                const float * xp = a->xp + 32 * m;
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(b[i].ql + 64 * h + 32 * (k & 1)));
+                const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l, 4) : l, m4);
+                const __m256i hi = _mm256_and_si256(k == 0 ? _mm256_slli_epi16(qh, 4) : k == 1 ? _mm256_slli_epi16(qh, 2)
+                                                    : k == 2 ? qh : _mm256_srli_epi16(qh, 2), m2);
+                __m256i q = _mm256_or_si256(lo, hi);
+                __m256 s = _mm256_loadu_ps(a->xo + 8 * m);
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    if (den && j == 2) q = _mm256_srli_epi32(q, 16);
+                    s = _mm256_fmadd_ps(mv_byte(q, j, den), _mm256_loadu_ps(xp + 8 * j), s);
+                }
+                const __m256i idx = _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+                acc = _mm256_fmadd_ps(s, _mm256_permutevar8x32_ps(dsc[h], idx), acc);
             }
         }
     }
-    return mv_hsum(acc);
+    return mv_hsum(acc) * a->unscale;
 }
+
+MV_ROW_DEN(q6_K, mv_q6_K)
 
 static float mv_row_f16(const void * row, const struct mv_act * a, int64_t K) {
     const uint16_t * w = row;
@@ -3556,6 +3686,15 @@ static float mv_row_bf16(const void * row, const struct mv_act * a, int64_t K) {
 }
 
 #else
+
+static bool mv_den_fast(void) {
+    return false;
+}
+
+static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, int64_t K, float * scratch, bool den) {
+    (void)type; (void)K; (void)scratch;
+    *a = (struct mv_act) { x, NULL, NULL, NULL, NULL, 1.0f, den };
+}
 
 // Without AVX2: a block at a time converted to f32 on the stack (it stays in L1) and dotted; the
 // row is still read once.
@@ -3614,12 +3753,22 @@ static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t
                    const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, float * scratch) {
     const mv_row_fn row_fn = mv_row_kernel(type);
     KVR_ASSERT(row_fn && T <= MV_MAX_TOKENS);
+    const bool den = mv_den_fast();
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    // quants read as subnormal floats would read as 0 under denormals-are-zero (which an
+    // application built with -ffast-math sets): it is off while the kernels run
+    const unsigned csr = _mm_getcsr();
+    if (den && (csr & 0x0040u)) _mm_setcsr(csr & ~0x0040u);
+#endif
     struct mv_act act[MV_MAX_TOKENS];
-    for (int64_t t = 0; t < T; t++) mv_act_init(&act[t], type, X + t * ldx, K, scratch + (size_t)t * mv_act_floats(K));
+    for (int64_t t = 0; t < T; t++) mv_act_init(&act[t], type, X + t * ldx, K, scratch + (size_t)t * mv_act_floats(K), den);
     for (int64_t n = n0; n < n1; n++) {
         const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
         for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
     }
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (den && (csr & 0x0040u)) _mm_setcsr(csr);
+#endif
 }
 
 // x.y summed as llama.cpp's CPU backend (built with GGML_LLAMAFILE, its default) sums the F32

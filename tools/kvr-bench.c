@@ -19,13 +19,15 @@
 //
 // Prompts are random token ids (seeded), so no tokenizer work is timed.
 
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE // pthread_setaffinity_np, sched_getaffinity
 
 #include "kvr.h"
 #include "kvr-cli.h"
 
 #include <cblas.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -55,6 +57,8 @@ struct bench_args {
     bool         sgemm;
     bool         q8_act;         // quantized matmuls with 8-bit activations (prefill and decode)
     bool         replicate;      // --replicate: each rank's new rows also go to its successor's replica
+    enum kvr_type kernel_types[KVR_TYPE_COUNT]; // --kernels: the weight types to time (no model)
+    int          n_kernel_types;
     int          decode;         // decode steps timed after each prefill (0: none)
     enum kvr_attn_mode attn;
     double       links[8];       // emulated link Gbit/s to sweep (0: none)
@@ -70,6 +74,32 @@ struct bench_args {
 };
 
 static const char * const bench_synopsis = "usage: kvr-bench -m MODEL.gguf [options]";
+
+// --kernels LIST: weight type names, or "all" (every type kvr can write)
+static int parse_kernel_types(const char * value, void * dst, char * why, size_t cap) {
+    struct bench_args * a = dst;
+    a->n_kernel_types = 0;
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", value);
+    for (char * save = NULL, * tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (int t = 0; t < KVR_TYPE_COUNT && a->n_kernel_types < KVR_TYPE_COUNT; t++) {
+            if (!kvr_type_supported((enum kvr_type)t) || t == KVR_TYPE_F32) continue;
+            if (!strcmp(tok, "all") || !strcmp(tok, kvr_type_name((enum kvr_type)t))) {
+                float probe[256] = { 0 };
+                uint8_t blk[1024];
+                if (kvr_from_float((enum kvr_type)t, probe, blk, 256) == 0) continue; // a type kvr cannot write
+                a->kernel_types[a->n_kernel_types++] = (enum kvr_type)t;
+                found++;
+            }
+        }
+        if (!found) {
+            snprintf(why, cap, "'%s' is not a weight type kvr writes (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K ... q6_K, or all)", tok);
+            return -1;
+        }
+    }
+    return 0;
+}
 
 static int parse_strategy(const char * tok, struct bstrat * b, char * why, size_t cap) {
     memset(b, 0, sizeof(*b));
@@ -166,6 +196,8 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
         { .name = "--sgemm", .kind = KVR_CLI_SWITCH, .dst = &a->sgemm, .help = "also measure OpenBLAS sgemm on the model's shapes and report the fraction" },
         { .name = "--decode", .kind = KVR_CLI_INT, .dst = &a->decode, .meta = "N", .lo = 0, .hi = 1 << 20,
           .help = "also time N decode steps after each prefill (tg N after a prompt of P): decode\ntok/s beside prefill, the memory-bandwidth floor, where a step's time goes" },
+        { .name = "--kernels", .kind = KVR_CLI_CUSTOM, .dst = a, .meta = "TYPES", .parse = parse_kernel_types,
+          .help = "no model: time the decode matmul kernels of these weight types (f16,q8_0,q4_0,...\nor all), in and out of cache, with 1 thread and -t (default: all cores)" },
         { .name = "-o", .kind = KVR_CLI_CHOICE, .dst = &format, .meta = "md|csv|json", .choices = "md|csv|json", .help = "output format (default md)" },
         { .name = "--seed", .kind = KVR_CLI_U64, .dst = &a->seed, .meta = "N", .help = "prompt token seed (default 1)" },
     };
@@ -183,7 +215,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
     a->format = format == 0 ? "md" : format == 1 ? "csv" : "json";
     a->attn = (enum kvr_attn_mode)attn;
     if (a->profile) a->predict = true;
-    if (!a->model) return kvr_cli_fail(&cli, "no model: give -m FILE");
+    if (!a->model && a->n_kernel_types == 0) return kvr_cli_fail(&cli, "no model: give -m FILE (or --kernels TYPES)");
     for (int s = 0; s < a->n_strat; s++) {
         if (a->strat[s].part != PART_EVEN && a->n_tables == 0) {
             return kvr_cli_fail(&cli, "%s takes its partitions from a table: give --table FILE (kvr-tune --search writes one)", a->strat[s].name);
@@ -265,51 +297,239 @@ static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
     return best;
 }
 
-// GB/s of a plain read of 256 MiB (far beyond any cache) by `threads` threads at once, each summing
-// its share with 4 independent vector adds, best of 5: the floor of a decode step that must read
-// every weight once.
+// The memory-bandwidth floor of a decode step, which must read every weight once: GB/s of a plain
+// read of a 256 MiB buffer (8x the largest cache here) by `threads` threads at once, each summing
+// its contiguous share with 8 independent vector adds (far more add throughput than any memory
+// delivers, so the read is all that is timed). What makes it a number to trust:
+//   - each thread first writes the pages it will read (page faults and first-touch placement happen
+//     before the clock starts) and reads them once untimed;
+//   - threads are pinned one per CPU (while there are enough CPUs): the floor is what the memory
+//     delivers to that many cores, and an unpinned pass that the scheduler happens to stack on one
+//     core measures the scheduler instead (kvr's own threads are not pinned: on a busy machine the
+//     decode can fall short of the floor for that reason, never exceed it for it);
+//   - the threads stay alive across passes and start each pass together (a spin on a counter, no
+//     thread creation inside the timing), and a pass ends when the slowest thread ends;
+//   - at least 20 passes and at least 1 s of them: the floor is the best pass (an upper bound on what
+//     a read of this size reaches), and the median and worst pass are kept so the spread shows.
+// The buffer is in ordinary 4 KiB pages, as the weights are (a read-only file mapping).
+#define STREAM_BYTES ((size_t)256 << 20)
+
+struct stream_bw {
+    double best, median, worst; // GB/s of a pass
+    int    passes;
+    bool   pinned;
+};
+
+struct stream_shared {
+    _Atomic int go;       // the pass the helper threads may start (-1: stop)
+    _Atomic int done;     // helper threads finished with the current pass
+};
+
 struct stream_job {
-    const float * p;
+    struct stream_shared * sh;
+    float       * p;
     size_t        n;
+    int           cpu;      // pin to this CPU (-1: not pinned)
+    bool          pinned;
     float         sum;
 };
 
-static void * stream_thread(void * arg) {
-    struct stream_job * j = arg;
-    float s[4][8] = { { 0 } };
-    for (size_t i = 0; i + 32 <= j->n; i += 32) {
-        for (int k = 0; k < 4; k++) {
-            for (int l = 0; l < 8; l++) s[k][l] += j->p[i + 8 * k + l];
+static float stream_sum(const float * p, size_t n) {
+    float s[8][8] = { { 0 } }; // 8 independent 8-wide sums: the compiler keeps them in vector registers
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        for (int k = 0; k < 8; k++) {
+            for (int l = 0; l < 8; l++) s[k][l] += p[i + 8 * k + l];
         }
     }
     float t = 0;
-    for (int k = 0; k < 4; k++) for (int l = 0; l < 8; l++) t += s[k][l];
-    j->sum = t;
+    for (int k = 0; k < 8; k++) for (int l = 0; l < 8; l++) t += s[k][l];
+    return t;
+}
+
+static void stream_prepare(struct stream_job * j) {
+    if (j->cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(j->cpu, &set);
+        j->pinned = pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+    }
+    for (size_t i = 0; i < j->n; i++) j->p[i] = (float)(i & 7); // this thread's pages, touched here
+    j->sum = stream_sum(j->p, j->n);                              // and read once, untimed
+}
+
+// A helper thread: its share of every pass the calling thread starts (which reads share 0 itself).
+static void * stream_thread(void * arg) {
+    struct stream_job * j = arg;
+    stream_prepare(j);
+    atomic_fetch_add(&j->sh->done, 1);
+    for (int pass = 1;; pass++) {
+        int go;
+        while ((go = atomic_load(&j->sh->go)) != pass && go >= 0) { }
+        if (go < 0) break;
+        j->sum += stream_sum(j->p, j->n);
+        atomic_fetch_add(&j->sh->done, 1);
+    }
     return NULL;
 }
 
-static double stream_read_gbps(int threads) {
-    const size_t n = (size_t)64 << 20; // floats
-    float * buf = malloc(n * sizeof(float));
-    if (!buf) return 0.0;
-    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7);
-    double best = 0.0;
+static struct stream_bw stream_read_gbps(int threads) {
+    struct stream_bw bw = { 0 };
+    const size_t n = STREAM_BYTES / sizeof(float);
+    float * buf = malloc(STREAM_BYTES);
+    if (!buf) return bw;
     const int nt = threads < 64 ? threads : 64;
-    for (int r = 0; r < 5; r++) {
-        pthread_t th[64];
-        struct stream_job jobs[64];
-        for (int t = 0; t < nt; t++) jobs[t] = (struct stream_job) { buf + n * t / nt, n * (t + 1) / nt - n * t / nt, 0 };
-        const double t0 = kvr_time_ms();
-        for (int t = 0; t < nt; t++) pthread_create(&th[t], NULL, stream_thread, &jobs[t]);
-        for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
-        const double gbps = (double)n * sizeof(float) / ((kvr_time_ms() - t0) * 1e6);
-        float check = 0;
-        for (int t = 0; t < nt; t++) check += jobs[t].sum;
-        if (check < 0) fprintf(stderr, "kvr-bench: stream read: impossible sum\n"); // keeps the reads
-        if (gbps > best) best = gbps;
+    cpu_set_t allowed;
+    int cpus[64], n_cpus = 0;
+    const bool have_mask = sched_getaffinity(0, sizeof(allowed), &allowed) == 0;
+    if (have_mask) {
+        for (int c = 0; c < CPU_SETSIZE && n_cpus < 64; c++) if (CPU_ISSET(c, &allowed)) cpus[n_cpus++] = c;
     }
+    struct stream_shared sh = { 0, 0 };
+    struct stream_job jobs[64];
+    pthread_t th[64];
+    for (int t = 0; t < nt; t++) jobs[t] = (struct stream_job) { &sh, buf + n * t / nt, n * (t + 1) / nt - n * t / nt, nt <= n_cpus ? cpus[t] : -1, false, 0 };
+    int helpers = 0;
+    for (int t = 1; t < nt; t++, helpers++) {
+        if (pthread_create(&th[t], NULL, stream_thread, &jobs[t]) != 0) break;
+    }
+    stream_prepare(&jobs[0]); // this thread reads share 0 (pinned until the end, then given its CPUs back)
+    double gbps[4096];
+    int np = 0;
+    // a helper that cannot finish a pass in 10 s (it never should) ends the measurement instead of hanging it
+    bool ok = helpers == nt - 1;
+    for (double t0 = kvr_time_ms(); ok && atomic_load(&sh.done) < helpers;) ok = kvr_time_ms() - t0 < 10000.0;
+    const double t_start = kvr_time_ms();
+    for (int pass = 1; ok && np < 4096 && (np < 20 || kvr_time_ms() - t_start < 1000.0); pass++) {
+        atomic_store(&sh.done, 0);
+        const double t0 = kvr_time_ms();
+        atomic_store(&sh.go, pass);
+        jobs[0].sum += stream_sum(jobs[0].p, jobs[0].n);
+        while (atomic_load(&sh.done) < helpers && (ok = kvr_time_ms() - t0 < 10000.0)) { }
+        if (ok) gbps[np++] = (double)STREAM_BYTES / ((kvr_time_ms() - t0) * 1e6);
+    }
+    atomic_store(&sh.go, -1);
+    float check = 0;
+    bw.pinned = true;
+    for (int t = 0; t <= helpers; t++) {
+        if (t > 0) pthread_join(th[t], NULL);
+        check += jobs[t].sum;
+        bw.pinned = bw.pinned && jobs[t].pinned;
+    }
+    if (have_mask) pthread_setaffinity_np(pthread_self(), sizeof(allowed), &allowed);
+    if (check < 0) fprintf(stderr, "kvr-bench: stream read: impossible sum\n"); // keeps the reads
     free(buf);
-    return best;
+    if (np == 0) return bw;
+    qsort(gbps, (size_t)np, sizeof(double), cmp_double);
+    bw.best = gbps[np - 1];
+    bw.median = gbps[np / 2];
+    bw.worst = gbps[0];
+    bw.passes = np;
+    return bw;
+}
+
+// --kernels: the decode matmul kernels alone, per weight type, no model. One matmul of a K x N
+// matrix of the type (K = 2048, tinyllama-1.1b's width) with one token, as a decode step runs it,
+// on the CPU backend with 1 thread and with `threads`:
+//   - in cache: N rows making 256 KiB a thread (each thread's rows stay in its 1 MiB L2 here), the
+//     same matmul 16 times a graph: the kernel's own speed, GB/s of weights a thread in CPU time
+//     (which another process on the machine hardly changes) and the wall-clock GB/s;
+//   - out of cache: 256 MiB of weights, one matmul a graph: GB/s in wall time (what a decode step
+//     gets; compare it with the floor) and a thread's GB/s in CPU time.
+// The weights are 64 rows quantized from normal values, repeated: the memory does not care.
+struct kern_time {
+    double gbps_wall, gbps_cpu; // GB/s of weights: wall, and per thread of CPU time
+};
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Times `copies` matmuls of one K x N matrix of `type` a graph, at least min_runs graphs and min_ms.
+static int kern_run(enum kvr_type type, int64_t K, int64_t N, int copies, int threads, int min_runs, double min_ms, struct kern_time * out) {
+    const size_t rb = kvr_row_size(type, K), wbytes = rb * (size_t)N;
+    struct kvr_context * ctx = kvr_init(wbytes + (size_t)copies * ((size_t)K * 4 + 4096) + ((size_t)1 << 20), false);
+    if (!ctx) return kvr_error(KVR_ERR_NOMEM, "kernels: no memory for %zu MiB of %s weights", wbytes >> 20, kvr_type_name(type));
+    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, type, K, N);
+    struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, 1);
+    float * row = malloc(sizeof(float) * (size_t)K);
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int64_t n = 0; n < N; n++) {
+        if (n >= 64) {
+            memcpy((uint8_t *)w->data + (size_t)n * rb, (uint8_t *)w->data + (size_t)(n % 64) * rb, rb);
+            continue;
+        }
+        for (int64_t k = 0; k < K; k++) { // sums of 4 uniforms: roughly normal, spread 0.05
+            double u = 0;
+            for (int j = 0; j < 4; j++) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; u += (double)(r >> 11) / 9007199254740992.0; }
+            row[k] = (float)((u - 2.0) * 0.085);
+        }
+        kvr_from_float(type, row, (uint8_t *)w->data + (size_t)n * rb, K);
+    }
+    for (int64_t k = 0; k < K; k++) ((float *)x->data)[k] = (float)(((k * 37) % 101) - 50) / 25.0f;
+    free(row);
+    struct kvr_graph * g = kvr_graph_new(ctx, 2 * copies + 8);
+    for (int c = 0; c < copies; c++) {
+        struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+        y->flags |= KVR_FLAG_OUTPUT;
+        kvr_graph_expand(g, y);
+    }
+    struct kvr_backend * be = kvr_backend_cpu_new(threads);
+    struct kvr_buffer * buf = be ? kvr_backend_alloc_buffer(be, kvr_graph_plan(g)) : NULL;
+    int rc = buf ? KVR_OK : KVR_ERR_NOMEM;
+    if (buf) {
+        kvr_graph_place(g, buf);
+        rc = kvr_backend_graph_compute(be, g); // warm: the threads, the caches
+        int runs = 0;
+        const double t0 = kvr_time_ms(), c0 = cpu_seconds();
+        while (rc == KVR_OK && (runs < min_runs || kvr_time_ms() - t0 < min_ms)) {
+            rc = kvr_backend_graph_compute(be, g);
+            runs++;
+        }
+        const double ms = kvr_time_ms() - t0, cpu = cpu_seconds() - c0;
+        const double bytes = (double)wbytes * copies * runs;
+        out->gbps_wall = bytes / (ms * 1e6);
+        out->gbps_cpu = bytes / (cpu * 1e9); // the CPU time of all threads: GB/s a thread
+    }
+    if (buf) kvr_buffer_free(buf);
+    if (be) kvr_backend_free(be);
+    kvr_free(ctx);
+    return rc;
+}
+
+static int run_kernels(const struct bench_args * a, int threads) {
+    const int64_t K = 2048;
+    const struct stream_bw floor = stream_read_gbps(threads);
+    printf("decode matmul kernels: one token times a %lld-wide matrix; GB/s of weights\n\n", (long long)K);
+    printf("| type | bytes/weight | threads | in cache: GB/s a thread (CPU time) | in cache: GB/s (wall) | out of cache: GB/s (wall) | out of cache: GB/s a thread (CPU time) | of the floor |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    int rc = KVR_OK;
+    for (int i = 0; i < a->n_kernel_types && rc == KVR_OK; i++) {
+        const enum kvr_type type = a->kernel_types[i];
+        const size_t rb = kvr_row_size(type, K);
+        const int tl[2] = { 1, threads };
+        for (int j = 0; j < (threads > 1 ? 2 : 1) && rc == KVR_OK; j++) {
+            const int nt = tl[j];
+            struct kern_time in = { 0 }, out = { 0 };
+            const int64_t n_in = (int64_t)(((size_t)256 << 10) * (size_t)nt / rb), n_out = (int64_t)(STREAM_BYTES / rb);
+            rc = kern_run(type, K, n_in > 0 ? n_in : 1, 16, nt, 20, 300.0, &in);
+            if (rc == KVR_OK) rc = kern_run(type, K, n_out, 1, nt, 5, 500.0, &out);
+            if (rc != KVR_OK) break;
+            const double floor_gbps = nt == threads ? floor.best : 0.0;
+            printf("| %s | %.4f | %d | %.1f | %.1f | %.1f | %.1f |", kvr_type_name(type), (double)rb / (double)K, nt, in.gbps_cpu, in.gbps_wall, out.gbps_wall, out.gbps_cpu);
+            if (floor_gbps > 0) printf(" %.0f%% |\n", 100.0 * out.gbps_wall / floor_gbps);
+            else printf(" - |\n");
+            fflush(stdout);
+        }
+    }
+    if (rc != KVR_OK) {
+        fprintf(stderr, "kvr-bench: %s\n", kvr_last_error());
+        return 1;
+    }
+    printf("\nmemory-bandwidth floor with %d thread%s: %.1f GB/s (best of %d passes over %zu MiB; median %.1f, worst %.1f)%s\n", threads, threads > 1 ? "s" : "",
+           floor.best, floor.passes, STREAM_BYTES >> 20, floor.median, floor.worst, floor.pinned ? ", threads pinned one per CPU" : "");
+    return 0;
 }
 
 // Bytes one decode step reads: every weight matrix once (the token embedding only when it is also
@@ -514,6 +734,10 @@ int main(int argc, char ** argv) {
     struct bench_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
+    if (a.n_kernel_types > 0) {
+        const long n = sysconf(_SC_NPROCESSORS_ONLN);
+        return run_kernels(&a, a.threads > 0 ? a.threads : n > 0 ? (int)n : 1);
+    }
     struct kvr_model * m = kvr_model_load(a.model, NULL);
     if (!m) { fprintf(stderr, "kvr-bench: %s\n", kvr_last_error()); return 2; }
     char desc[512];
@@ -659,6 +883,7 @@ int main(int argc, char ** argv) {
     // the bandwidth floor for every thread count a point used (measured after the runs, so the
     // 256 MiB buffer does not sit in memory beside the model while it runs)
     double bw_threads[16] = { 0 }, bw_gbps[16] = { 0 };
+    struct stream_bw bws[16];
     int n_bw = 0;
     if (a.decode > 0) {
         for (int i = 0; i < np; i++) {
@@ -667,7 +892,8 @@ int main(int argc, char ** argv) {
             while (k < n_bw && bw_threads[k] != pts[i].threads * pts[i].ranks) k++;
             if (k == n_bw && n_bw < 16) {
                 bw_threads[k] = pts[i].threads * pts[i].ranks;
-                bw_gbps[k] = stream_read_gbps(pts[i].threads * pts[i].ranks);
+                bws[k] = stream_read_gbps(pts[i].threads * pts[i].ranks);
+                bw_gbps[k] = bws[k].best;
                 n_bw++;
             }
             if (k < n_bw) pts[i].floor_tok_s = bw_gbps[k] * 1e9 / decode_bytes(m, pts[i].ctx + a.decode / 2.0);
@@ -734,8 +960,11 @@ int main(int argc, char ** argv) {
     }
     if (!md && !csv) printf("]\n");
     if (md && a.decode > 0) {
-        printf("\nmemory-bandwidth floor: a read of 256 MiB,");
-        for (int k = 0; k < n_bw; k++) printf("%s %.1f GB/s with %.0f thread%s", k ? ";" : "", bw_gbps[k], bw_threads[k], bw_threads[k] > 1 ? "s" : "");
+        printf("\nmemory-bandwidth floor: the best of repeated reads of %zu MiB (the median and worst pass in brackets),", STREAM_BYTES >> 20);
+        for (int k = 0; k < n_bw; k++) {
+            printf("%s %.1f GB/s (%.1f, %.1f; %d passes) with %.0f thread%s%s", k ? ";" : "", bws[k].best, bws[k].median, bws[k].worst, bws[k].passes,
+                   bw_threads[k], bw_threads[k] > 1 ? "s" : "", bws[k].pinned ? " pinned one per CPU" : " (not pinned)");
+        }
         printf("; a step reads %.1f MB at a prompt of %d (weights once, the KV rows attention reads)\n\n",
                decode_bytes(m, a.ctx[0] + a.decode / 2.0) / 1e6, a.ctx[0]);
         printf("where a decode step's time goes (ms per token, the median run):\n\n");
