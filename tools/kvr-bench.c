@@ -449,15 +449,18 @@ static double cpu_seconds(void) {
 // Times `copies` matmuls of one K x N matrix of `type` a graph, at least min_runs graphs and min_ms.
 static int kern_run(enum kvr_type type, int64_t K, int64_t N, int copies, int threads, int min_runs, double min_ms, struct kern_time * out) {
     const size_t rb = kvr_row_size(type, K), wbytes = rb * (size_t)N;
-    struct kvr_context * ctx = kvr_init(wbytes + (size_t)copies * ((size_t)K * 4 + 4096) + ((size_t)1 << 20), false);
-    if (!ctx) return kvr_error(KVR_ERR_NOMEM, "kernels: no memory for %zu MiB of %s weights", wbytes >> 20, kvr_type_name(type));
-    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, type, K, N);
-    struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, 1);
-    float * row = malloc(sizeof(float) * (size_t)K);
+    uint8_t * wh = malloc(wbytes);
+    float * row = malloc(sizeof(float) * (size_t)K), * xh = malloc(sizeof(float) * (size_t)K);
+    struct kvr_context * ctx = kvr_init((size_t)1 << 20, true);
+    if (!wh || !row || !xh || !ctx) {
+        free(wh); free(row); free(xh);
+        if (ctx) kvr_free(ctx);
+        return kvr_error(KVR_ERR_NOMEM, "kernels: no memory for %zu MiB of %s weights", wbytes >> 20, kvr_type_name(type));
+    }
     uint64_t r = 0x9e3779b97f4a7c15ull;
     for (int64_t n = 0; n < N; n++) {
         if (n >= 64) {
-            memcpy((uint8_t *)w->data + (size_t)n * rb, (uint8_t *)w->data + (size_t)(n % 64) * rb, rb);
+            memcpy(wh + (size_t)n * rb, wh + (size_t)(n % 64) * rb, rb);
             continue;
         }
         for (int64_t k = 0; k < K; k++) { // sums of 4 uniforms: roughly normal, spread 0.05
@@ -465,10 +468,11 @@ static int kern_run(enum kvr_type type, int64_t K, int64_t N, int copies, int th
             for (int j = 0; j < 4; j++) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; u += (double)(r >> 11) / 9007199254740992.0; }
             row[k] = (float)((u - 2.0) * 0.085);
         }
-        kvr_from_float(type, row, (uint8_t *)w->data + (size_t)n * rb, K);
+        kvr_from_float(type, row, wh + (size_t)n * rb, K);
     }
-    for (int64_t k = 0; k < K; k++) ((float *)x->data)[k] = (float)(((k * 37) % 101) - 50) / 25.0f;
-    free(row);
+    for (int64_t k = 0; k < K; k++) xh[k] = (float)(((k * 37) % 101) - 50) / 25.0f;
+    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, type, K, N);
+    struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, 1);
     struct kvr_graph * g = kvr_graph_new(ctx, 2 * copies + 8);
     for (int c = 0; c < copies; c++) {
         struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
@@ -479,7 +483,9 @@ static int kern_run(enum kvr_type type, int64_t K, int64_t N, int copies, int th
     struct kvr_buffer * buf = be ? kvr_backend_alloc_buffer(be, kvr_graph_plan(g)) : NULL;
     int rc = buf ? KVR_OK : KVR_ERR_NOMEM;
     if (buf) {
-        kvr_graph_place(g, buf);
+        kvr_graph_place(g, buf); // the weights and x are the graph's inputs: in the buffer too
+        kvr_backend_tensor_set(w, wh, 0, wbytes);
+        kvr_backend_tensor_set(x, xh, 0, sizeof(float) * (size_t)K);
         rc = kvr_backend_graph_compute(be, g); // warm: the threads, the caches
         int runs = 0;
         const double t0 = kvr_time_ms(), c0 = cpu_seconds();
@@ -495,6 +501,7 @@ static int kern_run(enum kvr_type type, int64_t K, int64_t N, int copies, int th
     if (buf) kvr_buffer_free(buf);
     if (be) kvr_backend_free(be);
     kvr_free(ctx);
+    free(wh); free(row); free(xh);
     return rc;
 }
 
