@@ -1455,6 +1455,14 @@ static void replica_begin(struct replica * rp, int n, const int32_t * pos) {
     for (int il = 0; il < rp->n_layer; il++) rp->acked[il] = false;
 }
 
+// layer il of the chunk is in: the holder checks it
+static void replica_queue(struct replica * rp, int il) {
+    pthread_mutex_lock(&rp->mu);
+    rp->queue[rp->q_tail++] = il;
+    pthread_cond_broadcast(&rp->cv);
+    pthread_mutex_unlock(&rp->mu);
+}
+
 // the sender's node: the eval's new rows of layer il (k, v: views of the rank's cache) into the
 // replica, through the backend (the cache may be device memory); the holder checks them
 static void replica_put(struct replica * rp, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
@@ -1463,10 +1471,19 @@ static void replica_put(struct replica * rp, int il, const struct kvr_tensor * k
     const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim, nb = kvr_nbytes(k);
     kvr_backend_tensor_get(k, rp->k[il] + off, 0, nb);
     kvr_backend_tensor_get(v, rp->v[il] + off, 0, nb);
-    pthread_mutex_lock(&rp->mu);
-    rp->queue[rp->q_tail++] = il;
-    pthread_cond_broadcast(&rp->cv);
-    pthread_mutex_unlock(&rp->mu);
+    replica_queue(rp, il);
+}
+
+// A decoded token of the plain single pass (its kept graph has no replica nodes): its rows of
+// every layer after the eval, one small transfer per layer and kind, straight into the replica
+static void replica_put_rows(struct replica * rp, struct kvr_backend * be, const struct kvr_kv_cache * c, int row0, int n) {
+    if (rp->pend_n == 0) return;
+    KVR_ASSERT(n == rp->pend_n);
+    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim;
+    for (int il = 0; il < rp->n_layer; il++) {
+        kvr_kv_cache_get_rows(be, c, il, row0, n, rp->k[il] + off, rp->v[il] + off);
+        replica_queue(rp, il);
+    }
 }
 
 // wait (at most timeout_s) until the holder checked everything put so far; false on timeout
@@ -2726,11 +2743,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .attn_mode  = d->p.attn_mode,
         // the plain single pass goes by the road's own (NULL), which may keep the decode graph;
         // a prompt's rows go to the replication log by the log's nodes (rank_pass), a decoded
-        // token's after the eval (below), so that its graph is kept; not on a rank the kill hook
-        // stops in this eval, nor on one that replicates (--replicate): the hook and the replica's
-        // nodes are nodes of the pass
+        // token's after the eval (below), so that its graph is kept, and so do a replica's
+        // (--replicate); not on a rank the kill hook stops in this eval: the hook is a node of the pass
         .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !(dr->comm->log && c > 1)
-                      && dr->comm->kill_layer < 0 && !dr->comm->replica_out ? NULL : rank_pass,
+                      && !(dr->comm->replica_out && c > 1) && dr->comm->kill_layer < 0 ? NULL : rank_pass,
         .pass_user  = &pc,
         .no_model   = receiver,
         .graph_size = n_layer * (64 + 24 * pl->N) + 256,
@@ -2742,6 +2758,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .reuse      = dr->reuse,
     };
     int rc = kvr_eval_run(&ev);
+    if (rc == KVR_OK && dr->comm->replica_out && !ev.pass && dr->made > 0) {
+        replica_put_rows(dr->comm->replica_out, dr->be, dr->cache, dr->made_row0, dr->made);
+        dr->comm->st.replica_bytes += 2 * (int64_t)sizeof(float) * dr->cache->kv_dim * dr->made * n_layer;
+    }
     if (rc == KVR_OK && dr->comm->log && !ev.pass && dr->made > 0) {
         // one decoded token's rows, one small transfer per layer, to the log's writer
         const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->made;
