@@ -2571,26 +2571,7 @@ static void add_stream_nodes(struct pass_ctx * pc, struct kvr_graph * g, int n_r
             }
         }
     }
-    // every layer's nodes right after the sink they depend on (or in layer order at the end)
-    struct kvr_tensor ** sinks = malloc(sizeof(*sinks) * (size_t)(pc->n_sinks + 4 * n_layer));
-    int n = 0;
-    bool * done = calloc((size_t)n_layer, sizeof(bool));
-    KVR_ASSERT(sinks && done);
-    for (int i = 0; i < pc->n_sinks; i++) {
-        sinks[n++] = pc->sinks[i];
-        for (int il = 0; il < n_layer; il++) {
-            if (after[il] != pc->sinks[i] || done[il]) continue;
-            for (int k = 0; k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
-            done[il] = true;
-        }
-    }
-    for (int il = 0; il < n_layer; il++) {
-        for (int k = 0; !done[il] && k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
-    }
-    free(pc->sinks);
-    pc->sinks = sinks;
-    pc->n_sinks = pc->cap_sinks = n;
-    free(done);
+    sinks_after_layers(pc, add, n_add, after, n_layer);
     free(add);
     free(after);
     free(n_add);
