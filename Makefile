@@ -107,7 +107,7 @@ tools: $(TOOLS)
 $(BUILD)/%: tools/%.c kvr.h $(wildcard tools/*.h) $(BUILD)/libkvr.a | $(BUILD)
 	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
-$(BUILD)/test-%: tests/test-%.c kvr.h $(BUILD)/libkvr.a | $(BUILD)
+$(BUILD)/test-%: tests/test-%.c kvr.h $(wildcard tests/*.h) $(BUILD)/libkvr.a | $(BUILD)
 	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 # the sanitizer build: the library compiled again with ASan + UBSan
@@ -120,7 +120,7 @@ $(ASAN)/kvr-comm.o: $(LIB_DEPS) | $(ASAN)
 $(ASAN)/kvr-tune.o: $(LIB_DEPS) | $(ASAN)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) -c kvr-tune.c -o $@
 
-$(ASAN)/test-%: tests/test-%.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
+$(ASAN)/test-%: tests/test-%.c kvr.h $(wildcard tests/*.h) $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 # the fuzz targets: the library built once with clang's sanitizers and fuzzer instrumentation
@@ -167,7 +167,7 @@ $(BUILD)/mpi/kvr-comm.o: $(LIB_DEPS)
 $(BUILD)/mpi/%: tools/%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o
 	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o -o $@ $(LDLIBS)
 
-$(BUILD)/mpi/test-%: tests/test-%.c kvr.h $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o
+$(BUILD)/mpi/test-%: tests/test-%.c kvr.h $(wildcard tests/*.h) $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o
 	$(MPICC) $(CFLAGS) -DKVR_MPI $< $(BUILD)/mpi/kvr.o $(BUILD)/mpi/kvr-comm.o $(BUILD)/kvr-tune.o -o $@ $(LDLIBS)
 
 # The CUDA build as a compile gate of make test wherever nvcc is installed (CI has it): the

@@ -16,6 +16,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -24,30 +25,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static int  n_pass, n_fail, n_skip;
-static bool verbose;
-static char g_case[256];
-
-#define CHECK(cond, ...) do {                                              \
-    if (cond) { n_pass++; } else {                                         \
-        n_fail++;                                                          \
-        fprintf(stderr, "FAIL %s:%d: [%s] ", __FILE__, __LINE__, g_case);  \
-        fprintf(stderr, __VA_ARGS__);                                      \
-        fprintf(stderr, "\n");                                             \
-    }                                                                      \
-} while (0)
-
-static void set_case(const char * fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-static void set_case(const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_case, sizeof(g_case), fmt, ap);
-    va_end(ap);
-}
 
 #define TIMEOUT_S 1.0 // every case that loses a rank waits this long for it, at most a few times
 

@@ -28,6 +28,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -38,32 +39,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int          n_pass, n_fail, n_skip;
-static bool         verbose;
 static char         tmp_dir[512];
-static char         g_case[256];
-
-#define CHECK(cond, ...) do {                                              \
-    if (cond) { n_pass++; } else {                                         \
-        n_fail++;                                                          \
-        fprintf(stderr, "FAIL %s:%d: [%s] ", __FILE__, __LINE__, g_case);  \
-        fprintf(stderr, __VA_ARGS__);                                      \
-        fprintf(stderr, "\n");                                             \
-    }                                                                      \
-} while (0)
-
-static void set_case(const char * fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-static void set_case(const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_case, sizeof(g_case), fmt, ap);
-    va_end(ap);
-    if (verbose) printf("case %s\n", g_case);
-}
 
 static char * tmp_path(const char * name) {
     static char buf[8][640];
