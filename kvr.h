@@ -827,8 +827,10 @@ struct kvr_model {
     struct kvr_gguf    * gguf;
     struct kvr_vocab   * vocab;
     struct kvr_context * ctx;        // weight tensor structs
-    struct kvr_buffer  * weights;    // where they live: the file mapping (a host buffer) for a
-                                     //   loaded model, a backend's buffer for kvr_model_to_backend's
+    struct kvr_buffer  * weights;    // where they live: a host buffer (read from the file, or the
+                                     //   file mapping) for a loaded model, a backend's buffer for
+                                     //   kvr_model_to_backend's
+    size_t               weights_read; // bytes of the memory the weights were read into (0: mapped)
     const struct kvr_model * parent; // kvr_model_to_backend: the model whose file and vocab these are
     struct kvr_tensor  * tok_embd;
     struct kvr_tensor  * output_norm, * output_norm_b;
@@ -840,6 +842,9 @@ struct kvr_model {
 
 struct kvr_model_params {
     bool vocab_only;      // load the tokenizer alone (vocab-only GGUF files)
+    bool mmap;            // leave the weights where the file is mapped: no copy, pages shared with other
+                          //   processes of the file. Default: read into memory of 2 MiB pages (transparent
+                          //   huge pages, where the kernel has them), which decode reads faster
 };
 
 struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_params * params);

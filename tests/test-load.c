@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +255,46 @@ static void test_values(const struct kvr_gguf * stories) {
     remove(path);
 }
 
+// Where the weights live: read into memory of 2 MiB pages by default (where the kernel gives
+// madvise'd memory transparent huge pages), left in the file's mapping with .mmap. Either way every
+// byte of the data section, as the file has it, and the two loads compute the same logits.
+static void test_weights_memory(const char * path) {
+    struct kvr_model * mr = kvr_model_load(path, NULL);
+    struct kvr_model * mm = kvr_model_load(path, &(struct kvr_model_params){ .mmap = true });
+    CHECK(mr && mm, "%s does not load (read %s, mapped %s): %s", path, mr ? "ok" : "failed", mm ? "ok" : "failed", kvr_last_error());
+    if (mr && mm) {
+        FILE * f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+        char line[256] = "";
+        const bool thp = f && fgets(line, sizeof(line), f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
+        if (f) fclose(f);
+        const size_t n = mr->weights->size, huge = (size_t)2 << 20;
+        CHECK(mm->weights_read == 0, "--mmap: the weights were read into %zu bytes", mm->weights_read);
+        CHECK(thp ? mr->weights_read >= n && mr->weights_read % huge == 0 && (uintptr_t)mr->weights->base % huge == 0
+                  : mr->weights_read == 0,
+              "default load (huge pages %s here): %zu bytes read for %zu of weights at %p", thp ? "on" : "off", mr->weights_read, n, mr->weights->base);
+        // the file's data section, read here with stdio
+        uint8_t * want = malloc(n);
+        FILE * g = fopen(path, "rb");
+        const bool got = want && g && fseek(g, (long)mr->gguf->data_offset, SEEK_SET) == 0 && fread(want, 1, n, g) == n;
+        if (g) fclose(g);
+        CHECK(got && memcmp(want, mr->weights->base, n) == 0 && memcmp(want, mm->weights->base, n) == 0,
+              "the weights in memory differ from the file's %zu bytes of data", n);
+        free(want);
+        float lr[64], lm[64];
+        const float * er = NULL, * em = NULL;
+        struct kvr_session * sr = kvr_session_new(mr, &(struct kvr_session_params){ .n_ctx = 16, .n_threads = 1 });
+        struct kvr_session * sm = kvr_session_new(mm, &(struct kvr_session_params){ .n_ctx = 16, .n_threads = 1 });
+        const int32_t toks[3] = { 1, 403, 407 };
+        if (sr && sm && (er = kvr_session_eval(sr, toks, 3)) != NULL) memcpy(lr, er, sizeof(lr));
+        if (sr && sm && (em = kvr_session_eval(sm, toks, 3)) != NULL) memcpy(lm, em, sizeof(lm));
+        CHECK(er && em && memcmp(lr, lm, sizeof(lr)) == 0, "read and mapped weights: the logits differ (%s)", er && em ? "both ran" : kvr_last_error());
+        kvr_session_free(sr);
+        kvr_session_free(sm);
+    }
+    kvr_model_free(mr);
+    kvr_model_free(mm);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * tmp = getenv("TMPDIR");
@@ -272,6 +313,7 @@ int main(int argc, char ** argv) {
     }
     test_paths(stories);
     if (stories) test_values(stories);
+    if (stories) test_weights_memory(stories_path);
     kvr_gguf_close(stories);
     rmdir(base_dir);
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);

@@ -719,7 +719,8 @@ static void test_mul_mat_q8(void) {
 // min mn) and the block's floats (d, dmin or m): a block contributes
 //   legacy:   d*d_a * sum(q*a) + m*s_a                        (Q4_0/Q5_0: q includes the -8/-16)
 //   k-quants: d*d_a * sum(sc*q*a) - dmin*d_a * sum(mn*a)      (Q3_K/Q6_K: q includes the -4/-32)
-// with the integer sums exact. K = 416 (13 legacy blocks) or 768 (3 super-blocks), 37 rows (threads
+// with the integer sums exact. K = 928 (29 legacy blocks: the single-token kernel's three steps of
+// 8 and 5 blocks alone) or 768 (3 super-blocks), 37 rows (threads
 // split them unevenly, the 8-row groups end short), 1 and 3 threads. Then the extremes the kernels'
 // int16 sums must hold: every quant byte 0xff (the largest quants; -1 for the 8-bit types) against
 // activations that all quantize to +-127.
@@ -794,7 +795,7 @@ static void ref_act_q8_0(const float * x, int8_t * q, float * d, float * s) {
 
 static void test_mul_q8_type(const struct qtype * qt, bool extreme) {
     const bool kq = qt->blck == 256;
-    const int64_t K = kq ? 768 : 416, N = 37, nb = K / qt->blck;
+    const int64_t K = kq ? 768 : 928, N = 37, nb = K / qt->blck;
     static const int Ts_random[] = { 1, 2, 3, 4, 5, 13, 36 }, Ts_extreme[] = { 1, 13 };
     const int * Ts = extreme ? Ts_extreme : Ts_random;
     const size_t n_T = extreme ? sizeof Ts_extreme / sizeof Ts_extreme[0] : sizeof Ts_random / sizeof Ts_random[0];

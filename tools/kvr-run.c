@@ -74,6 +74,7 @@ struct run_args {
     int          n_kill;
     bool         dump_graph;
     bool         q8_act;
+    bool         mmap;         // --mmap: weights left in the file's mapping
     bool         vec_dot_order;
     int          backend;      // index into "cpu|cuda"
     int          device;       // cuda: the (first rank's) GPU
@@ -173,6 +174,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
           .help = "attention kernel mode (default causal)" },
         { .name = "--dump-logits", .kind = KVR_CLI_OUT, .dst = &a->dump_logits, .meta = "FILE", .help = "the last prompt token's logits, one per line" },
         { .name = "--dump-graph", .kind = KVR_CLI_SWITCH, .dst = &a->dump_graph, .help = "print every rank's rewritten graph of the prefill on stderr" },
+        { .name = "--mmap", .kind = KVR_CLI_SWITCH, .dst = &a->mmap,
+          .help = "leave the weights where the file is mapped (no copy, pages shared with other\nprocesses) instead of reading them into memory of 2 MiB pages, which decode reads faster" },
         { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
           .help = "every quantized weight type (Q4_0 ... Q8_0, Q2_K ... Q6_K), prefill and decode:\n"
                   "8-bit activations and integer products, as llama.cpp does (faster; logits\n"
@@ -787,7 +790,7 @@ int kvr_run_main(int argc, char ** argv) {
     // the prompt file before the model: a bad file costs nothing to find
     char * text = NULL;
     if (a.prompt_file && kvr_cli_read_text("kvr-run", a.prompt_file, &text, NULL)) return 2;
-    struct kvr_model * model = kvr_model_load(a.model, NULL);
+    struct kvr_model * model = kvr_model_load(a.model, &(struct kvr_model_params){ .mmap = a.mmap });
     if (!model) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         free(text);
