@@ -2651,6 +2651,57 @@ static qx_t1_fn qx_t1_kernel(enum kvr_type t) {
     }
 }
 
+// Q4_K/Q5_K's 12 bytes of scales as qx_k4_scales gives them (the 8 scales, then the 8 mins), in
+// vector instructions: dword 0 holds scales 0-3 (low 6 bits of bytes 0-3), 1 scales 4-7 (low
+// nibbles of bytes 8-11, bits 6-7 of bytes 0-3 above them), 2 mins 0-3 (bytes 4-7), 3 mins 4-7
+// (high nibbles of bytes 8-11, bits 6-7 of bytes 4-7). Reads 16 bytes: the block's quants follow.
+static inline __m128i qx_k4_scales_simd(const uint8_t * s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i w01 = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), w2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(w01, _mm_set1_epi8(0x3f));
+    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(w2, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi8(0x0f)),
+                                    _mm_and_si128(_mm_srli_epi32(w01, 2), _mm_set1_epi8(0x30)));
+    return _mm_blend_epi32(lo, hi, 0xa);
+}
+
+// row . token over nb Q4_K super-blocks for a single token (decode): the k-quants' kernel
+// (qx_row_k) cut to what Q4_K needs, one scale per 32 values: d and dmin converted together, the
+// mins met by the activations' sums of 32 in 128-bit integers, the 8 scales widened once into both
+// halves of a vector, from which each 32 values take theirs by an in-lane shuffle. In cache 5-7%
+// faster than qx_row_k with one token.
+static float qx_row_q4_K_1(const uint8_t * row, int64_t nb, const struct qx_q8K * a) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct kvr_block_q4_K * x = (const void *)(row + (size_t)b * sizeof(struct kvr_block_q4_K));
+        const struct qx_q8K * y = a + b;
+        for (size_t o = 0; o < sizeof(*x); o += 64) _mm_prefetch((const char *)x + QX_PREFETCH + o, _MM_HINT_T0);
+        const __m128i sm = qx_k4_scales_simd(x->scales);
+        uint32_t dm;
+        memcpy(&dm, x->d, 4); // d, then dmin (fp16 each)
+        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), _mm_set1_ps(y->d));
+        // the mins: over the 8 runs of 32, mn_j times the activations' sum over run j
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsum), _mm_loadu_si128((const __m128i *)(y->bsum + 8)));
+        const __m128i ms = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), bs);
+        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_shuffle_ps(dd, dd, 0x55), accm);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); // int16 lane j (and 8 + j): scale j
+        __m256i sumi = _mm256_setzero_si256();
+        QX_UNROLL
+        for (int c = 0; c < 4; c++) { // 64 values: the low nibbles of 32 bytes are run 2c, the high ones 2c + 1
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c)));
+            const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32)));
+            const __m256i slo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(4 * c | (4 * c + 1) << 8)));
+            const __m256i shi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)((4 * c + 2) | (4 * c + 3) << 8)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(_mm_cvtss_f32(dd)), acc);
+    }
+    return qx_hsum(acc) - qx_hsum(_mm256_zextps128_ps256(accm));
+}
+
 // out[t] = row . token t over nb super-blocks, for nt (1 or 4) tokens.
 QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t nb,
                         const struct qx_q8K * const a[4], float out[4]) {
@@ -2800,7 +2851,8 @@ static void qx_row_dot(enum kvr_type type, int nt, const uint8_t * row, int64_t 
 #define QX_K(T) case T: if (nt == 1) qx_row_k(T, 1, row, nb, ak, out);      else qx_row_k(T, 4, row, nb, ak, out);      break;
     switch (type) {
         QX_L(KVR_TYPE_Q4_0) QX_L(KVR_TYPE_Q4_1) QX_L(KVR_TYPE_Q5_0) QX_L(KVR_TYPE_Q5_1) QX_L(KVR_TYPE_Q8_0) QX_L(KVR_TYPE_Q8_1)
-        QX_K(KVR_TYPE_Q2_K) QX_K(KVR_TYPE_Q3_K) QX_K(KVR_TYPE_Q4_K) QX_K(KVR_TYPE_Q5_K) QX_K(KVR_TYPE_Q6_K) QX_K(KVR_TYPE_Q8_K)
+        case KVR_TYPE_Q4_K: if (nt == 1) out[0] = qx_row_q4_K_1(row, nb, ak[0]); else qx_row_k(KVR_TYPE_Q4_K, 4, row, nb, ak, out); break;
+        QX_K(KVR_TYPE_Q2_K) QX_K(KVR_TYPE_Q3_K) QX_K(KVR_TYPE_Q5_K) QX_K(KVR_TYPE_Q6_K) QX_K(KVR_TYPE_Q8_K)
         default: KVR_ASSERT(!"qx_row_dot: not a quantized type");
     }
 #undef QX_L
