@@ -2405,12 +2405,17 @@ QX_INLINE __m256i qx_chunk(enum kvr_type t, const uint8_t * blk, int j) {
     }
 }
 
-// Q4_K/Q5_K's 12 bytes of scales as bytes: the 8 scales, then the 8 mins (see kvr_k4_scales).
+// Q4_K/Q5_K's 12 bytes of scales as bytes: the 8 scales, then the 8 mins (see kvr_k4_scales), in
+// vector instructions: dword 0 holds scales 0-3 (low 6 bits of bytes 0-3), 1 scales 4-7 (low
+// nibbles of bytes 8-11, bits 6-7 of bytes 0-3 above them), 2 mins 0-3 (bytes 4-7), 3 mins 4-7
+// (high nibbles of bytes 8-11, bits 6-7 of bytes 4-7). Reads 16 bytes: the block's quants follow.
 static inline __m128i qx_k4_scales(const uint8_t * s) {
-    const uint32_t w0 = kvr_q_u32le(s), w1 = kvr_q_u32le(s + 4), w2 = kvr_q_u32le(s + 8);
-    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
-    const uint32_t mn_hi = ((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4);
-    return _mm_setr_epi32((int)(w0 & 0x3f3f3f3fu), (int)sc_hi, (int)(w1 & 0x3f3f3f3fu), (int)mn_hi);
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i w01 = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), w2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
+    const __m128i lo = _mm_and_si128(w01, _mm_set1_epi8(0x3f));
+    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(w2, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi8(0x0f)),
+                                    _mm_and_si128(_mm_srli_epi32(w01, 2), _mm_set1_epi8(0x30)));
+    return _mm_blend_epi32(lo, hi, 0xa);
 }
 
 // A super-block's scales in registers: lane r of sc and mn (16 int16 lanes) is run r's.
@@ -2651,19 +2656,6 @@ static qx_t1_fn qx_t1_kernel(enum kvr_type t) {
     }
 }
 
-// Q4_K/Q5_K's 12 bytes of scales as qx_k4_scales gives them (the 8 scales, then the 8 mins), in
-// vector instructions: dword 0 holds scales 0-3 (low 6 bits of bytes 0-3), 1 scales 4-7 (low
-// nibbles of bytes 8-11, bits 6-7 of bytes 0-3 above them), 2 mins 0-3 (bytes 4-7), 3 mins 4-7
-// (high nibbles of bytes 8-11, bits 6-7 of bytes 4-7). Reads 16 bytes: the block's quants follow.
-static inline __m128i qx_k4_scales_simd(const uint8_t * s) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)s);
-    const __m128i w01 = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), w2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 2, 2));
-    const __m128i lo = _mm_and_si128(w01, _mm_set1_epi8(0x3f));
-    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(w2, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi8(0x0f)),
-                                    _mm_and_si128(_mm_srli_epi32(w01, 2), _mm_set1_epi8(0x30)));
-    return _mm_blend_epi32(lo, hi, 0xa);
-}
-
 // row . token over nb Q4_K super-blocks for a single token (decode): the k-quants' kernel
 // (qx_row_k) cut to what Q4_K needs, one scale per 32 values: d and dmin converted together, the
 // mins met by the activations' sums of 32 in 128-bit integers, the 8 scales widened once into both
@@ -2677,7 +2669,7 @@ static float qx_row_q4_K_1(const uint8_t * row, int64_t nb, const struct qx_q8K 
         const struct kvr_block_q4_K * x = (const void *)(row + (size_t)b * sizeof(struct kvr_block_q4_K));
         const struct qx_q8K * y = a + b;
         for (size_t o = 0; o < sizeof(*x); o += 64) _mm_prefetch((const char *)x + QX_PREFETCH + o, _MM_HINT_T0);
-        const __m128i sm = qx_k4_scales_simd(x->scales);
+        const __m128i sm = qx_k4_scales(x->scales);
         uint32_t dm;
         memcpy(&dm, x->d, 4); // d, then dmin (fp16 each)
         const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), _mm_set1_ps(y->d));
