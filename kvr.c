@@ -4117,7 +4117,20 @@ static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, int64_
 #endif
         for (; d < D; d++) a[d] = fmaf(P[j], vj ? vj[d] : 0.0f, a[d]);
     }
-    for (int64_t d = 0; d < D; d++) {
+    int64_t d = 0;
+#if defined(__AVX2__)
+    // the same sums in the same order for 8 values of d at once (each lane one d)
+    for (; d + 8 <= D; d += 8) {
+        __m256 l[8];
+        for (int c = 0; c < 8; c++) {
+            l[c] = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(A + c * D + d), _mm256_loadu_ps(A + (16 + c) * D + d)),
+                                 _mm256_add_ps(_mm256_loadu_ps(A + (8 + c) * D + d), _mm256_loadu_ps(A + (24 + c) * D + d)));
+        }
+        const __m256 h0 = _mm256_add_ps(l[0], l[4]), h1 = _mm256_add_ps(l[1], l[5]), h2 = _mm256_add_ps(l[2], l[6]), h3 = _mm256_add_ps(l[3], l[7]);
+        _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_add_ps(h0, h1), _mm256_add_ps(h2, h3)));
+    }
+#endif
+    for (; d < D; d++) {
         float l[8];
         for (int c = 0; c < 8; c++) l[c] = (A[c * D + d] + A[(16 + c) * D + d]) + (A[(8 + c) * D + d] + A[(24 + c) * D + d]);
         const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
