@@ -3763,41 +3763,50 @@ static inline __attribute__((always_inline)) float mv_q6_K(const void * row, con
 
 MV_ROW_DEN(q6_K, mv_q6_K)
 
-static float mv_row_f16(const void * row, const struct mv_act * a, int64_t K) {
-    const uint16_t * w = row;
-    const float * x = a->x;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t i = 0;
-    for (; i + 32 <= K; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))),      _mm256_loadu_ps(x + i),      s0);
-        s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))),  _mm256_loadu_ps(x + i + 8),  s1);
-        s2 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 16))), _mm256_loadu_ps(x + i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 24))), _mm256_loadu_ps(x + i + 24), s3);
+// F16 and BF16: four 8-lane FMA chains (chain j takes the elements 32i + 8j .. 32i + 8j + 7), 64
+// elements a step with both of the step's two cache lines prefetched QX_PREFETCH bytes ahead. The
+// prefetch is what makes these kernels read at the memory's speed: a step is ~12 instructions a
+// cache line (against ~4 for a plain read), so the out-of-order window reaches only ~20 lines ahead
+// and the hardware prefetcher alone leaves the read ~5% below a plain one (out of cache, 2 threads,
+// tinyllama's matmul shapes: 32.4 -> 34.4 GB/s median, a plain read 35.7, one process alternating).
+#define MV_16BIT_ROW(name, cvt8, scalar) \
+    static float mv_row_##name(const void * row, const struct mv_act * a, int64_t K) { \
+        const uint16_t * w = row; \
+        const float * x = a->x; \
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0; \
+        int64_t i = 0; \
+        for (; i + 64 <= K; i += 64) { \
+            _mm_prefetch((const char *)(w + i) + QX_PREFETCH, _MM_HINT_T0); \
+            _mm_prefetch((const char *)(w + i) + QX_PREFETCH + 64, _MM_HINT_T0); \
+            for (int h = 0; h < 64; h += 32) { \
+                s0 = _mm256_fmadd_ps(cvt8(w + i + h),      _mm256_loadu_ps(x + i + h),      s0); \
+                s1 = _mm256_fmadd_ps(cvt8(w + i + h + 8),  _mm256_loadu_ps(x + i + h + 8),  s1); \
+                s2 = _mm256_fmadd_ps(cvt8(w + i + h + 16), _mm256_loadu_ps(x + i + h + 16), s2); \
+                s3 = _mm256_fmadd_ps(cvt8(w + i + h + 24), _mm256_loadu_ps(x + i + h + 24), s3); \
+            } \
+        } \
+        for (; i + 32 <= K; i += 32) { \
+            s0 = _mm256_fmadd_ps(cvt8(w + i),      _mm256_loadu_ps(x + i),      s0); \
+            s1 = _mm256_fmadd_ps(cvt8(w + i + 8),  _mm256_loadu_ps(x + i + 8),  s1); \
+            s2 = _mm256_fmadd_ps(cvt8(w + i + 16), _mm256_loadu_ps(x + i + 16), s2); \
+            s3 = _mm256_fmadd_ps(cvt8(w + i + 24), _mm256_loadu_ps(x + i + 24), s3); \
+        } \
+        float sum = mv_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))); \
+        for (; i < K; i++) sum += scalar(w[i]) * x[i]; \
+        return sum; \
     }
-    float sum = mv_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < K; i++) sum += _cvtsh_ss(w[i]) * x[i];
-    return sum;
+
+static inline __m256 mv_f16x8(const uint16_t * w) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)w));
 }
 
 static inline __m256 mv_bf16x8(const uint16_t * w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
 }
 
-static float mv_row_bf16(const void * row, const struct mv_act * a, int64_t K) {
-    const uint16_t * w = row;
-    const float * x = a->x;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t i = 0;
-    for (; i + 32 <= K; i += 32) {
-        s0 = _mm256_fmadd_ps(mv_bf16x8(w + i),      _mm256_loadu_ps(x + i),      s0);
-        s1 = _mm256_fmadd_ps(mv_bf16x8(w + i + 8),  _mm256_loadu_ps(x + i + 8),  s1);
-        s2 = _mm256_fmadd_ps(mv_bf16x8(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
-        s3 = _mm256_fmadd_ps(mv_bf16x8(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
-    }
-    float sum = mv_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < K; i++) sum += kvr_bf16_to_fp32(w[i]) * x[i];
-    return sum;
-}
+MV_16BIT_ROW(f16, mv_f16x8, _cvtsh_ss)
+MV_16BIT_ROW(bf16, mv_bf16x8, kvr_bf16_to_fp32)
+#undef MV_16BIT_ROW
 
 #else
 

@@ -604,9 +604,11 @@ static void test_mul_vec_case(enum kvr_type type, const struct qtype * qt, const
 
 // Every case above, and activations far from 1 (the kernels scale them by powers of two) and a
 // caller with denormals-are-zero on (the kernels read quants as subnormal floats).
+// K = 437 (6 steps of 64, one of 32, 21 alone) reaches every loop of the 16-bit kernels; the
+// block types skip it.
 static void test_mul_vec_type(enum kvr_type type, const struct qtype * qt, const char * name) {
-    const int64_t Ks[2] = { 416, 768 };
-    for (int ki = 0; ki < 2; ki++) {
+    const int64_t Ks[3] = { 416, 768, 437 };
+    for (int ki = 0; ki < 3; ki++) {
         const int64_t K = Ks[ki];
         if (qt && K % qt->blck) continue;
         for (int T = 1; T <= 4; T *= 2) {
