@@ -3778,6 +3778,7 @@ MV_ROW_DEN(q6_K, mv_q6_K)
         for (; i + 64 <= K; i += 64) { \
             _mm_prefetch((const char *)(w + i) + QX_PREFETCH, _MM_HINT_T0); \
             _mm_prefetch((const char *)(w + i) + QX_PREFETCH + 64, _MM_HINT_T0); \
+            _Pragma("GCC unroll 2") \
             for (int h = 0; h < 64; h += 32) { \
                 s0 = _mm256_fmadd_ps(cvt8(w + i + h),      _mm256_loadu_ps(x + i + h),      s0); \
                 s1 = _mm256_fmadd_ps(cvt8(w + i + h + 8),  _mm256_loadu_ps(x + i + h + 8),  s1); \
