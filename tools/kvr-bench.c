@@ -314,18 +314,22 @@ static double sgemm_peak(const struct kvr_hparams * hp, int T, int threads) {
 //     decode can fall short of the floor for that reason, never exceed it for it);
 //   - the threads stay alive across passes and start each pass together (a spin on a counter, no
 //     thread creation inside the timing), and a pass ends when the slowest thread ends;
-//   - at least 20 passes and at least 1 s of them: the floor is the best pass (an upper bound on what
-//     a read of this size reaches), and the median and worst pass are kept so the spread shows.
+//   - at least 20 passes and at least 1 s of them (--kernels), or for a decode point at least 20
+//     passes and 0.3 s before each of its runs and after the last (the machine's memory speed here
+//     moves with other tenants' load from minute to minute: a floor read after all the runs can
+//     meet another machine than they did); the floor is the best pass (an upper bound on what a
+//     read of this size reaches), and the median and worst pass are kept so the spread shows.
 //     The decode table gives the decode against both: a pass takes a few ms and a decode run
-//     seconds, and where the memory's speed moves with other tenants' load (here the best pass of
-//     one measurement is 5-16% above its median) the best pass is an outlier no run of seconds
-//     sustains, so "of its median pass" is the like-for-like figure and the best pass the
-//     strict one.
+//     seconds, and the best pass of a few hundred is 5-16% above their median here, an outlier no
+//     run of seconds sustains; "of its median pass" is the like-for-like figure, the best pass the
+//     strict one. The buffer exists only while it is read, never beside the model during a run.
 // The buffer is in the pages the weights are in: 2 MiB pages (transparent huge pages, advised) when
 // the model's weights were read into such memory (kvr_model_params.mmap off, the default), 4 KiB
 // pages for a file mapping (--mmap) and for --kernels' buffers. (Here a read in 2 MiB pages is
 // ~15% faster: the floor rises with the weights.)
 #define STREAM_BYTES ((size_t)256 << 20)
+#define FLOOR_MS_BETWEEN_RUNS 300.0 // a decode point's floor: this long (and >= 20 passes) before each run and after the last
+#define FLOOR_MAX_PASSES 8192
 
 struct stream_bw {
     double best, median, worst; // GB/s of a pass
@@ -385,11 +389,13 @@ static void * stream_thread(void * arg) {
     return NULL;
 }
 
-static struct stream_bw stream_read_gbps(int threads, bool huge) {
-    struct stream_bw bw = { 0 };
-    const size_t n = STREAM_BYTES / sizeof(float), align = (size_t)2 << 20;
+// Reads the buffer pass after pass, at least 20 passes and at least min_ms of them, and appends each
+// pass's GB/s to g (n of them so far, room for max); the helper threads and the buffer live only
+// for the call. Returns the new count; *pinned says whether every thread was pinned.
+static int stream_read_passes(int threads, bool huge, double min_ms, double * g, int n, int max, bool * pinned) {
+    const size_t nf = STREAM_BYTES / sizeof(float), align = (size_t)2 << 20;
     uint8_t * raw = mmap(NULL, STREAM_BYTES + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return bw;
+    if (raw == MAP_FAILED) return n;
     float * buf = (float *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
     madvise(buf, STREAM_BYTES, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     const int nt = threads < 64 ? threads : 64;
@@ -402,44 +408,56 @@ static struct stream_bw stream_read_gbps(int threads, bool huge) {
     struct stream_shared sh = { 0, 0 };
     struct stream_job jobs[64];
     pthread_t th[64];
-    for (int t = 0; t < nt; t++) jobs[t] = (struct stream_job) { &sh, buf + n * t / nt, n * (t + 1) / nt - n * t / nt, nt <= n_cpus ? cpus[t] : -1, false, 0 };
+    for (int t = 0; t < nt; t++) jobs[t] = (struct stream_job) { &sh, buf + nf * t / nt, nf * (t + 1) / nt - nf * t / nt, nt <= n_cpus ? cpus[t] : -1, false, 0 };
     int helpers = 0;
     for (int t = 1; t < nt; t++, helpers++) {
         if (pthread_create(&th[t], NULL, stream_thread, &jobs[t]) != 0) break;
     }
     stream_prepare(&jobs[0]); // this thread reads share 0 (pinned until the end, then given its CPUs back)
-    double gbps[4096];
-    int np = 0;
     // a helper that cannot finish a pass in 10 s (it never should) ends the measurement instead of hanging it
     bool ok = helpers == nt - 1;
     for (double t0 = kvr_time_ms(); ok && atomic_load(&sh.done) < helpers;) ok = kvr_time_ms() - t0 < 10000.0;
     const double t_start = kvr_time_ms();
-    for (int pass = 1; ok && np < 4096 && (np < 20 || kvr_time_ms() - t_start < 1000.0); pass++) {
+    for (int pass = 1, np = 0; ok && n < max && (np < 20 || kvr_time_ms() - t_start < min_ms); pass++, np++) {
         atomic_store(&sh.done, 0);
         const double t0 = kvr_time_ms();
         atomic_store(&sh.go, pass);
         jobs[0].sum += stream_sum(jobs[0].p, jobs[0].n);
         while (atomic_load(&sh.done) < helpers && (ok = kvr_time_ms() - t0 < 10000.0)) { }
-        if (ok) gbps[np++] = (double)STREAM_BYTES / ((kvr_time_ms() - t0) * 1e6);
+        if (ok) g[n++] = (double)STREAM_BYTES / ((kvr_time_ms() - t0) * 1e6);
     }
     atomic_store(&sh.go, -1);
     float check = 0;
-    bw.pinned = true;
+    *pinned = true;
     for (int t = 0; t <= helpers; t++) {
         if (t > 0) pthread_join(th[t], NULL);
         check += jobs[t].sum;
-        bw.pinned = bw.pinned && jobs[t].pinned;
+        *pinned = *pinned && jobs[t].pinned;
     }
     if (have_mask) pthread_setaffinity_np(pthread_self(), sizeof(allowed), &allowed);
     if (check < 0) fprintf(stderr, "kvr-bench: stream read: impossible sum\n"); // keeps the reads
     munmap(raw, STREAM_BYTES + align);
-    if (np == 0) return bw;
-    qsort(gbps, (size_t)np, sizeof(double), cmp_double);
-    bw.best = gbps[np - 1];
-    bw.median = gbps[np / 2];
-    bw.worst = gbps[0];
-    bw.passes = np;
+    return n;
+}
+
+// best, median and worst of n passes (sorts g)
+static struct stream_bw stream_summary(double * g, int n, bool pinned) {
+    struct stream_bw bw = { 0 };
+    if (n == 0) return bw;
+    qsort(g, (size_t)n, sizeof(double), cmp_double);
+    bw.best = g[n - 1];
+    bw.median = g[n / 2];
+    bw.worst = g[0];
+    bw.passes = n;
+    bw.pinned = pinned;
     return bw;
+}
+
+static struct stream_bw stream_read_gbps(int threads, bool huge) {
+    static double g[4096];
+    bool pinned = false;
+    const int n = stream_read_passes(threads, huge, 1000.0, g, 0, 4096, &pinned);
+    return stream_summary(g, n, pinned);
 }
 
 // --kernels: the decode matmul kernels alone, per weight type, no model. One matmul of a K x N
@@ -589,8 +607,9 @@ struct point {
     double flops;
     double dec_med, dec_lo, dec_hi; // decode tok/s (--decode)
     struct step_split split;        // of the median run's decode steps
-    double floor_tok_s;             // the bandwidth floor of this point's threads (its best pass)
-    double floor_med_tok_s;         // the same at the read's median pass
+    struct stream_bw floor;         // the bandwidth floor of this point's threads, read between its runs
+    double floor_tok_s;             // decode tok/s at the floor's best pass
+    double floor_med_tok_s;         // the same at its median pass
     bool   ok;
     char   err[256];
 };
@@ -835,7 +854,18 @@ int main(int argc, char ** argv) {
                         snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
                     }
                 }
-                for (int r = 0; r < a.reps && p->ok; r++) {
+                // the floor is read between the runs (before each, and after the last), so that it
+                // sees the machine as the runs do: the memory's speed here moves with other tenants
+                double * fg = a.decode > 0 ? malloc(sizeof(double) * FLOOR_MAX_PASSES) : NULL;
+                int fn = 0;
+                bool fpinned = true;
+                for (int r = 0; r <= a.reps && p->ok; r++) {
+                    if (fg) {
+                        bool pin = false;
+                        fn = stream_read_passes(p->threads * p->ranks, m->weights_read > 0, FLOOR_MS_BETWEEN_RUNS, fg, fn, FLOOR_MAX_PASSES, &pin);
+                        fpinned = fpinned && pin;
+                    }
+                    if (r == a.reps) break;
                     kvr_dist_reset(d);
                     const double t0 = kvr_time_ms();
                     const float * logits = kvr_dist_eval(d, ids, T);
@@ -880,6 +910,13 @@ int main(int argc, char ** argv) {
                     }
                 }
                 kvr_dist_free(d);
+                if (fg) {
+                    p->floor = stream_summary(fg, fn, fpinned);
+                    const double bytes = decode_bytes(m, p->ctx + a.decode / 2.0);
+                    p->floor_tok_s = p->floor.best * 1e9 / bytes;
+                    p->floor_med_tok_s = p->floor.median * 1e9 / bytes;
+                    free(fg);
+                }
                 qsort(t, (size_t)a.reps, sizeof(double), cmp_double);
                 p->med = t[a.reps / 2];
                 p->lo = t[0];
@@ -905,28 +942,6 @@ int main(int argc, char ** argv) {
         free(ids);
     }
 
-    // the bandwidth floor for every thread count a point used (measured after the runs, so the
-    // 256 MiB buffer does not sit in memory beside the model while it runs)
-    double bw_threads[16] = { 0 };
-    struct stream_bw bws[16];
-    int n_bw = 0;
-    if (a.decode > 0) {
-        for (int i = 0; i < np; i++) {
-            if (!pts[i].ok) continue;
-            int k = 0;
-            while (k < n_bw && bw_threads[k] != pts[i].threads * pts[i].ranks) k++;
-            if (k == n_bw && n_bw < 16) {
-                bw_threads[k] = pts[i].threads * pts[i].ranks;
-                bws[k] = stream_read_gbps(pts[i].threads * pts[i].ranks, m->weights_read > 0);
-                n_bw++;
-            }
-            if (k < n_bw) {
-                const double bytes = decode_bytes(m, pts[i].ctx + a.decode / 2.0);
-                pts[i].floor_tok_s = bws[k].best * 1e9 / bytes;
-                pts[i].floor_med_tok_s = bws[k].median * 1e9 / bytes;
-            }
-        }
-    }
     const bool md = !strcmp(a.format, "md"), csv = !strcmp(a.format, "csv");
     const bool pred_col = a.predict && !a.simulate;
     if (md) {
@@ -989,11 +1004,14 @@ int main(int argc, char ** argv) {
     }
     if (!md && !csv) printf("]\n");
     if (md && a.decode > 0) {
-        printf("\nmemory-bandwidth floor: the best of repeated reads of %zu MiB in %s pages, as the weights (the median and worst pass in brackets),",
+        printf("\nmemory-bandwidth floor: the best of repeated reads of %zu MiB in %s pages, as the weights, read before each run and after the last (the median and worst pass in brackets):",
                STREAM_BYTES >> 20, m->weights_read > 0 ? "2 MiB" : "4 KiB");
-        for (int k = 0; k < n_bw; k++) {
-            printf("%s %.1f GB/s (%.1f, %.1f; %d passes) with %.0f thread%s%s", k ? ";" : "", bws[k].best, bws[k].median, bws[k].worst, bws[k].passes,
-                   bw_threads[k], bw_threads[k] > 1 ? "s" : "", bws[k].pinned ? " pinned one per CPU" : " (not pinned)");
+        for (int i = 0, k = 0; i < np; i++) {
+            const struct point * p = &pts[i];
+            if (!p->ok || p->floor.passes == 0) continue;
+            printf("%s %s x%d %d: %.1f GB/s (%.1f, %.1f; %d passes) with %d thread%s%s", k++ ? ";" : "", p->name, p->ranks, p->ctx,
+                   p->floor.best, p->floor.median, p->floor.worst, p->floor.passes, p->threads * p->ranks,
+                   p->threads * p->ranks > 1 ? "s" : "", p->floor.pinned ? " pinned one per CPU" : " (not pinned)");
         }
         printf("; a step reads %.1f MB at a prompt of %d (weights once, the KV rows attention reads)\n\n",
                decode_bytes(m, a.ctx[0] + a.decode / 2.0) / 1e6, a.ctx[0]);
