@@ -3765,10 +3765,11 @@ MV_ROW_DEN(q6_K, mv_q6_K)
 
 // F16 and BF16: four 8-lane FMA chains (chain j takes the elements 32i + 8j .. 32i + 8j + 7), 64
 // elements a step with both of the step's two cache lines prefetched QX_PREFETCH bytes ahead. The
-// prefetch is what makes these kernels read at the memory's speed: a step is ~12 instructions a
-// cache line (against ~4 for a plain read), so the out-of-order window reaches only ~20 lines ahead
-// and the hardware prefetcher alone leaves the read ~5% below a plain one (out of cache, 2 threads,
-// tinyllama's matmul shapes: 32.4 -> 34.4 GB/s median, a plain read 35.7, one process alternating).
+// prefetch is what makes these kernels read at the memory's speed: a step is ~10 instructions a
+// cache line (against ~3 for a plain read), so the out-of-order window reaches far fewer lines
+// ahead, and with the hardware prefetcher alone the read stayed 9-18% below a plain one (2 threads
+// over 2 GB in tinyllama's matmul shapes, one program alternating the two: 32.4 against 35.7 GB/s,
+// 34.9 against 42.6 when the memory was faster); with it, 95-96% of a plain read.
 #define MV_16BIT_ROW(name, cvt8, scalar) \
     static float mv_row_##name(const void * row, const struct mv_act * a, int64_t K) { \
         const uint16_t * w = row; \
