@@ -1904,6 +1904,15 @@ struct dist_rank {
     int                   made_row0;  //   at cache rows [made_row0, made_row0 + made)
 };
 
+// The caches of this process's ranks swapped out of the backends' memory: to host memory (every
+// local rank's rows of every layer, K and V) or to a cache file (path).
+struct dist_swap {
+    bool     out;
+    char   * path;   // the file (NULL: host memory)
+    float ** k;      // [n_local * n_layer]: rank i's rows of layer il at [i * n_layer + il]
+    float ** v;
+};
+
 struct kvr_dist {
     const struct kvr_model * m;
     struct kvr_dist_params   p;
@@ -1938,6 +1947,8 @@ struct kvr_dist {
     bool                     recomputing; // a recovery re-evaluates tokens no copy held (not a decode step)
     double                   failover_restore_ms; // the last recovery: rebuilding the ranks from the copies
     double                   t_recover;   //   when it started
+    int                      n_ctx;       // cache rows of every rank
+    struct dist_swap         swap;        // the caches, while swapped out (kvr_dist_kv_swap_out)
 };
 
 static int replog_restart(struct kvr_dist * d); // the replication logs (below kvr_dist_eval's helpers)
@@ -3267,6 +3278,8 @@ int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap)
 }
 
 struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p) {
+    static const struct kvr_dist_params defaults = { 0 }; // one local rank on the CPU, the single pass
+    if (!p) p = &defaults;
     struct kvr_dist * d = calloc(1, sizeof(*d));
     KVR_ASSERT(d != NULL);
     d->m = m;
@@ -3361,6 +3374,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     }
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : (int)(m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
     if (n_ctx <= 0) n_ctx = 2048;
+    d->n_ctx = n_ctx;
     int n_threads = p->n_threads;
     if (n_threads <= 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -3410,8 +3424,11 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     return d;
 }
 
+static void swap_drop(struct kvr_dist * d);
+
 void kvr_dist_free(struct kvr_dist * d) {
     if (!d) return;
+    swap_drop(d);
     replog_restart(d); // what the logs have queued is written and synced
     free(d->resume_prompt);
     for (int i = 0; i < d->n_local; i++) dist_rank_free(&d->ranks[i]);
@@ -3839,6 +3856,10 @@ static const float * dist_eval_once(struct kvr_dist * d, const int32_t * tokens,
 // One eval; with --replicate, a rank lost in it is recovered from (dist_recover) and the eval runs
 // again on the survivors, as often as ranks are lost and recovery is possible.
 const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
+    if (d->swap.out) {
+        kvr_error(KVR_ERR_ARG, "eval: the cache is swapped out (kvr_dist_kv_swap_in first)");
+        return NULL;
+    }
     for (double t_lost = -1.0;;) {
         const float * lg = dist_eval_once(d, tokens, n);
         if (lg && t_lost >= 0) {
@@ -3906,6 +3927,7 @@ static int dist_write(struct kvr_dist * d, const char * path, const struct kvr_k
 }
 
 int kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool per_rank) {
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_dist_kv_swap_in first)", path);
     const int N = d->n_ranks;
     struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits };
     if (d->layout == LAYOUT_CHAIN) {
@@ -3971,6 +3993,7 @@ static void file_rows_at(const struct kvr_kv_file * f, int il, const int32_t * w
 static int dist_restore(struct kvr_dist * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path);
 
 int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_dist_kv_swap_in first)", path);
     const int N = d->n_ranks;
     char p[4096];
     // the files: PATH (whole, or every shard gathered), or each rank's PATH.R
@@ -4218,6 +4241,7 @@ static int resume_gather(struct kvr_kv_log_data ** L, int NL, int S, const char 
 int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * prompt, int n_prompt, struct kvr_resume_info * info) {
     memset(info, 0, sizeof(*info));
     info->step = -1;
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "--resume %s: the cache is swapped out (kvr_dist_kv_swap_in first)", dir);
     char path[4096], path0[4096];
     kvr_dist_log_path(dir, 0, path0, sizeof(path0));
     struct kvr_kv_log_data * L0 = NULL;
@@ -4389,6 +4413,7 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
 }
 
 int kvr_dist_truncate(struct kvr_dist * d, int n) {
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "truncate: the cache is swapped out (kvr_dist_kv_swap_in first)");
     if (n < 0 || n > d->n_past) return kvr_error(KVR_ERR_ARG, "truncate: %d tokens, but the cache holds %d", n, d->n_past);
     if (n == d->n_past) return KVR_OK;
     if (d->layout == LAYOUT_RING && d->n_local != d->n_ranks) {
@@ -4435,5 +4460,125 @@ int kvr_dist_write_trace(const struct kvr_dist * d, const char * path) {
     }
     fprintf(f, "\n]}\n");
     if (fclose(f) != 0) return kvr_error(KVR_ERR_IO, "%s: cannot write the trace", path);
+    return KVR_OK;
+}
+
+//
+// swapping the caches out of the backends' memory and back (a server's idle conversations)
+//
+
+int kvr_dist_n_ctx(const struct kvr_dist * d) { return d->n_ctx; }
+
+struct kvr_backend * kvr_dist_backend(const struct kvr_dist * d, int rank) {
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank == rank) return d->ranks[i].be;
+    }
+    return NULL;
+}
+
+bool kvr_dist_kv_swapped(const struct kvr_dist * d) { return d->swap.out; }
+
+static void swap_drop(struct kvr_dist * d) {
+    const int n = d->n_local * (int)d->m->hp.n_layer;
+    for (int i = 0; d->swap.k && i < n; i++) {
+        free(d->swap.k[i]);
+        free(d->swap.v[i]);
+    }
+    free(d->swap.k);
+    free(d->swap.v);
+    if (d->swap.path) remove(d->swap.path);
+    free(d->swap.path);
+    memset(&d->swap, 0, sizeof(d->swap));
+}
+
+int kvr_dist_kv_swap_out(struct kvr_dist * d, const char * path) {
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "swap out: the cache is swapped out already");
+    const int n_layer = (int)d->m->hp.n_layer;
+    if (path) {
+        // the file of kvr_dist_kv_save, read back by kvr_dist_kv_load
+        if (d->n_local != d->n_ranks) {
+            return kvr_error(KVR_ERR_UNSUPP, "swap out to %s: ranks in other processes would each need the file; swap to host memory "
+                             "(no path)", path);
+        }
+        const int rc = kvr_dist_kv_save(d, path, false);
+        if (rc != KVR_OK) return rc;
+        d->swap.path = malloc(strlen(path) + 1);
+        KVR_ASSERT(d->swap.path != NULL);
+        strcpy(d->swap.path, path);
+    } else {
+        d->swap.k = calloc((size_t)(d->n_local * n_layer), sizeof(float *));
+        d->swap.v = calloc((size_t)(d->n_local * n_layer), sizeof(float *));
+        KVR_ASSERT(d->swap.k && d->swap.v);
+        for (int i = 0; i < d->n_local; i++) {
+            const struct dist_rank * dr = &d->ranks[i];
+            const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->n_rows;
+            for (int il = 0; il < n_layer; il++) {
+                float ** k = &d->swap.k[i * n_layer + il], ** v = &d->swap.v[i * n_layer + il];
+                *k = malloc(bytes ? bytes : 1);
+                *v = malloc(bytes ? bytes : 1);
+                if (!*k || !*v) {
+                    swap_drop(d);
+                    return kvr_error(KVR_ERR_NOMEM, "swap out: cannot allocate %zu MiB of host memory for rank %d's cache",
+                                     (2 * bytes * (size_t)n_layer) >> 20, dr->rank);
+                }
+                kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
+            }
+        }
+    }
+    for (int i = 0; i < d->n_local; i++) {
+        kvr_kv_cache_free(d->ranks[i].cache);
+        d->ranks[i].cache = NULL;
+    }
+    d->swap.out = true;
+    return KVR_OK;
+}
+
+int kvr_dist_kv_swap_in(struct kvr_dist * d) {
+    if (!d->swap.out) return kvr_error(KVR_ERR_ARG, "swap in: the cache is not swapped out");
+    const int n_layer = (int)d->m->hp.n_layer;
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        dr->cache = kvr_kv_cache_new(&d->m->hp, d->n_ctx, dr->be);
+        if (!dr->cache) { // still swapped out: nothing is lost, another try may find the memory
+            for (int j = 0; j < i; j++) {
+                kvr_kv_cache_free(d->ranks[j].cache);
+                d->ranks[j].cache = NULL;
+            }
+            return KVR_ERR_NOMEM;
+        }
+    }
+    int rc = KVR_OK;
+    d->swap.out = false;
+    if (d->swap.path) {
+        // it must still hold this conversation (its first file is read for that before the load,
+        // which checks every file whole as any cache file and changes nothing on an error)
+        const char * first = d->swap.path;
+        struct kvr_kv_file * f;
+        rc = kvr_kv_file_read(first, d->m, &f);
+        if (rc == KVR_OK) {
+            if (f->n_tokens != d->n_past || memcmp(f->tokens, d->seq, sizeof(int32_t) * (size_t)d->n_past) != 0) {
+                rc = kvr_error(KVR_ERR_FORMAT, "%s: the swap file holds %d other tokens than the %d of the cache swapped out",
+                               first, f->n_tokens, d->n_past);
+            }
+            kvr_kv_file_free(f);
+        }
+        if (rc == KVR_OK) rc = kvr_dist_kv_load(d, d->swap.path);
+    } else {
+        for (int i = 0; i < d->n_local; i++) {
+            struct dist_rank * dr = &d->ranks[i];
+            for (int il = 0; il < n_layer; il++) {
+                kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
+            }
+        }
+    }
+    if (rc != KVR_OK) { // still swapped out: the file stays for another try
+        for (int i = 0; i < d->n_local; i++) {
+            kvr_kv_cache_free(d->ranks[i].cache);
+            d->ranks[i].cache = NULL;
+        }
+        d->swap.out = true;
+        return rc;
+    }
+    swap_drop(d);
     return KVR_OK;
 }

@@ -1466,6 +1466,18 @@ int               kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool 
 // for the whole cache on the last rank of a chain. Any other cache is split as a prefill of its
 // tokens would be. Every file is checked whole first: on an error the dist is as it was.
 int               kvr_dist_kv_load(struct kvr_dist * d, const char * path);
+// Swap: move the cache out of the backends' memory, to host memory (path NULL) or to a KV cache
+// file (what kvr_dist_kv_save writes; ranks of one process only), and free it there; swap it back
+// in before the next eval (evals, saves, loads and truncations fail while it is out; a swap file is
+// checked as any cache file, must hold the tokens swapped out, and is removed once back). Continuing
+// after a swap is bit-identical to never having swapped.
+int               kvr_dist_kv_swap_out(struct kvr_dist * d, const char * path);
+int               kvr_dist_kv_swap_in(struct kvr_dist * d);
+bool              kvr_dist_kv_swapped(const struct kvr_dist * d);
+// The cache rows of every rank (the context), and the backend of a rank of this process (NULL: not
+// one of this process): its rows (kvr_dist_cache) are read through it with kvr_kv_cache_get_rows.
+int               kvr_dist_n_ctx(const struct kvr_dist * d);
+struct kvr_backend * kvr_dist_backend(const struct kvr_dist * d, int rank);
 // Test hook (--replicate): damage the replica of rank `rank`'s rows as memory or a lost message
 // would: flip a bit of row `row` (layer 0, K), or (cut) forget its rows from the chunk holding
 // `row` on and every later one (a replica that fell behind). A recovery that needs them refuses
