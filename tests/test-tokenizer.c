@@ -17,6 +17,7 @@
 
 #include "kvr.h"
 #include "tests/check.h"
+#include "tests/reference.h"
 
 #include <dirent.h>
 #include <stdarg.h>
@@ -35,41 +36,6 @@ static bool path_fmt(char * out, size_t cap, const char * fmt, ...) {
         return false;
     }
     return true;
-}
-
-// The whole file (zero-terminated) or NULL; *n its size.
-static char * read_file(const char * path, size_t * n) {
-    FILE * f = fopen(path, "rb");
-    if (f == NULL) {
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char * buf = malloc(cap);
-    for (;;) {
-        if (len + 1 >= cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-        const size_t got = fread(buf + len, 1, cap - len - 1, f);
-        if (got == 0) {
-            break;
-        }
-        len += got;
-    }
-    fclose(f);
-    buf[len] = '\0';
-    if (n) {
-        *n = len;
-    }
-    return buf;
-}
-
-static bool file_exists(const char * path) {
-    FILE * f = fopen(path, "rb");
-    if (f) {
-        fclose(f);
-    }
-    return f != NULL;
 }
 
 // Print s with non-printable bytes escaped.
