@@ -342,7 +342,7 @@ static void test_falcon(const struct kvr_model * m, const int32_t * toks, int n)
           "tiny-falcon-mqa: arch %d, %u layers, width %u, %u heads (%u kv), ffn %u, rope mode %d",
           (int) hp->arch, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_ff, (int) hp->rope_mode);
     CHECK(m->output == m->tok_embd, "tiny-falcon-mqa: the output projection is not tied to token_embd.weight");
-    // the pieces Falcon 40B and other conversions add, equal to what the file has: the same logits
+    // pieces other Falcon files carry (40B's second norm, zero biases), equal to what this one has: the same logits
     float * base = malloc(sizeof(float) * hp->n_vocab), * got = malloc(sizeof(float) * hp->n_vocab);
     if (eval_prompt(m, toks, n, base, "tiny-falcon-mqa")) {
         const struct variant same[2] = {
