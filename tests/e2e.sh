@@ -360,7 +360,7 @@ fi
 # every other reference model (quantized tiny Llamas, the tiny Falcon): logits of the prompt's
 # last token within 1e-4 of llama.cpp's (of the dequantized twin for quantized files) and the
 # same greedy continuation. These were made by a llama.cpp whose batched F32 matmuls sum in
-# ggml_vec_dot_f32's order (see tests/test-falcon.c), hence --vec-dot-order
+# ggml_vec_dot_f32's order (see LOGIT_TOL in tests/test-models.c), hence --vec-dot-order
 found=0
 for lg in "$ref"/*.logits; do
     [ -f "$lg" ] || continue

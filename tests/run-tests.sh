@@ -1,8 +1,8 @@
 #!/bin/sh
 # tests/run-tests.sh BUILD [ASAN_BUILD] - run every test program of a build (and again the
 # sanitizer build when given), then the end-to-end and command-line checks and the bounded fuzz
-# runs. Each program prints its own "N passed, M failed" line; this script adds them up and ends
-# with the total.
+# runs. Each program prints its own "[NAME: ]N passed, M failed[, K skipped]" line (tests/check.h's
+# for the C programs); this script adds them up and ends with the total.
 # A test that cannot find ../shared (llama.cpp's reference outputs, the vocabularies,
 # stories260K) or models/gguf (the SmolLM2 model tools/install-deps.sh fetches) says so and counts
 # as skipped, never as passed; this script repeats what each one skipped under its line.

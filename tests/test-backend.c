@@ -10,25 +10,12 @@
 // usage: test-backend [SHARED_DIR (default ../shared)]
 
 #include "kvr.h"
+#include "tests/check.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_pass, n_fail;
-
-static void check(bool ok, const char * fmt, ...) {
-    if (ok) { n_pass++; return; }
-    n_fail++;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
 
 //
 // "dev": memory of its own (malloc'd, but declared not host), a graph_compute that runs only
@@ -225,30 +212,30 @@ static void test_protocol(bool device_ptrs) {
     d.n_set = d.n_get = 0;
     const int rc = kvr_backend_graph_compute(be, cg.g);
     const char * how = device_ptrs ? "device pointers" : "staged";
-    check(rc == KVR_OK, "%s: graph_compute returned %d (%s)", how, rc, kvr_last_error());
+    CHECK(rc == KVR_OK, "%s: graph_compute returned %d (%s)", how, rc, kvr_last_error());
     // the order: every receive posted before the backend starts, the sends finished after it
-    check(strcmp(d.log, "bpcxxxf") == 0, "%s: events %s, expected bpcxxxf (begin, post, compute, 3 transfers, finish)", how, d.log);
+    CHECK(strcmp(d.log, "bpcxxxf") == 0, "%s: events %s, expected bpcxxxf (begin, post, compute, 3 transfers, finish)", how, d.log);
     if (device_ptrs) {
-        check(l.post_dst[0] == cg.recv->data, "device pointers: the receive was not posted into the tensor's own memory");
-        check(l.send_src == cg.a->data, "device pointers: the send did not read the tensor's own memory");
-        check(d.n_set == 0 && d.n_get == 0, "device pointers: %d tensor_set and %d tensor_get calls, expected none", d.n_set, d.n_get);
+        CHECK(l.post_dst[0] == cg.recv->data, "device pointers: the receive was not posted into the tensor's own memory");
+        CHECK(l.send_src == cg.a->data, "device pointers: the send did not read the tensor's own memory");
+        CHECK(d.n_set == 0 && d.n_get == 0, "device pointers: %d tensor_set and %d tensor_get calls, expected none", d.n_set, d.n_get);
     } else {
-        check(l.post_dst[0] != NULL && l.post_dst[0] != cg.recv->data, "staged: the receive was posted into device memory");
-        check(l.send_src != cg.a->data, "staged: the transport was handed device memory to send");
+        CHECK(l.post_dst[0] != NULL && l.post_dst[0] != cg.recv->data, "staged: the receive was posted into device memory");
+        CHECK(l.send_src != cg.a->data, "staged: the transport was handed device memory to send");
         // SEND: its source; ALL_GATHER: its source out, its result in; RECV: its result in
-        check(d.n_get == 2 && d.n_set == 2, "staged: %d tensor_get and %d tensor_set calls, expected 2 and 2", d.n_get, d.n_set);
+        CHECK(d.n_get == 2 && d.n_set == 2, "staged: %d tensor_get and %d tensor_set calls, expected 2 and 2", d.n_get, d.n_set);
     }
-    for (int i = 0; i < 8; i++) check(l.sent[i] == (float)(i + 1), "%s: sent element %d is %g, expected %d", how, i, l.sent[i], i + 1);
+    for (int i = 0; i < 8; i++) CHECK(l.sent[i] == (float)(i + 1), "%s: sent element %d is %g, expected %d", how, i, l.sent[i], i + 1);
     float got[16];
     kvr_backend_tensor_get(cg.recv_into, got, 0, sizeof(got));
     for (int i = 0; i < 16; i++) {
         const float want = i < 8 ? 100.0f + (float)i : 0.0f;
-        check(got[i] == want, "%s: received tensor element %d is %g, expected %g", how, i, got[i], want);
+        CHECK(got[i] == want, "%s: received tensor element %d is %g, expected %g", how, i, got[i], want);
     }
     kvr_backend_tensor_get(cg.gdst, got, 0, sizeof(got));
     for (int i = 0; i < 16; i++) {
         const float want = i < 8 ? 10.0f + (float)i : -1.0f - (float)(i - 8);
-        check(got[i] == want, "%s: gathered element %d is %g, expected %g", how, i, got[i], want);
+        CHECK(got[i] == want, "%s: gathered element %d is %g, expected %g", how, i, got[i], want);
     }
     comm_graph_free(&cg);
     kvr_backend_free(be);
@@ -266,13 +253,13 @@ static void test_first_error(void) {
     struct comm_graph cg;
     comm_graph_make(&cg, be);
     const int rc = kvr_backend_graph_compute(be, cg.g);
-    check(rc == KVR_ERR_COMM, "first error: returned %d, expected KVR_ERR_COMM (%d)", rc, KVR_ERR_COMM);
-    check(strstr(kvr_last_error(), "transfer 2 lost") != NULL, "first error: message '%s' is not the first error's", kvr_last_error());
-    check(strcmp(d.log, "bpcxxf") == 0, "first error: events %s, expected bpcxxf (stop after the failed transfer, then finish)", d.log);
+    CHECK(rc == KVR_ERR_COMM, "first error: returned %d, expected KVR_ERR_COMM (%d)", rc, KVR_ERR_COMM);
+    CHECK(strstr(kvr_last_error(), "transfer 2 lost") != NULL, "first error: message '%s' is not the first error's", kvr_last_error());
+    CHECK(strcmp(d.log, "bpcxxf") == 0, "first error: events %s, expected bpcxxf (stop after the failed transfer, then finish)", d.log);
     // no communicator at all: an error naming the node, no crash
     kvr_backend_set_comm(be, NULL);
     const int rc2 = kvr_backend_graph_compute(be, cg.g);
-    check(rc2 == KVR_ERR_ARG && strstr(kvr_last_error(), "communicator"), "no communicator: %d (%s)", rc2, kvr_last_error());
+    CHECK(rc2 == KVR_ERR_ARG && strstr(kvr_last_error(), "communicator"), "no communicator: %d (%s)", rc2, kvr_last_error());
     comm_graph_free(&cg);
     kvr_backend_free(be);
 }
@@ -292,9 +279,9 @@ static void test_foreign_memory(void) {
     kvr_graph_expand(g, y);
     struct kvr_buffer * cbuf = kvr_backend_alloc_buffer(cpu, kvr_graph_plan(g));
     kvr_graph_place(g, cbuf);
-    check(y->buffer == cbuf, "place: the node's buffer is not the one it was placed in");
+    CHECK(y->buffer == cbuf, "place: the node's buffer is not the one it was placed in");
     const int rc = kvr_backend_graph_compute(cpu, g);
-    check(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "another backend"), "foreign memory: %d (%s)", rc, kvr_last_error());
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "another backend"), "foreign memory: %d (%s)", rc, kvr_last_error());
     kvr_buffer_free(cbuf);
     kvr_buffer_free(dbuf);
     kvr_free(ctx);
@@ -304,48 +291,48 @@ static void test_foreign_memory(void) {
 
 static void test_by_name_and_buffers(void) {
     struct kvr_backend * be = kvr_backend_new(NULL, NULL);
-    check(be && strcmp(kvr_backend_name(be), "cpu") == 0, "kvr_backend_new(NULL): %s", be ? kvr_backend_name(be) : kvr_last_error());
+    CHECK(be && strcmp(kvr_backend_name(be), "cpu") == 0, "kvr_backend_new(NULL): %s", be ? kvr_backend_name(be) : kvr_last_error());
     struct kvr_backend * cuda = kvr_backend_new("cuda", NULL);
 #ifdef KVR_CUDA
     kvr_backend_free(cuda);
 #else
-    check(!cuda && strstr(kvr_last_error(), "without CUDA") && strstr(kvr_last_error(), "KVR_CUDA=1"),
+    CHECK(!cuda && strstr(kvr_last_error(), "without CUDA") && strstr(kvr_last_error(), "KVR_CUDA=1"),
           "kvr_backend_new(\"cuda\") in a build without CUDA: %s", cuda ? "a backend" : kvr_last_error());
 #endif
     struct kvr_backend * none = kvr_backend_new("tpu", NULL);
-    check(!none && strstr(kvr_last_error(), "'tpu'") && strstr(kvr_last_error(), "cpu"), "unknown backend: %s", kvr_last_error());
+    CHECK(!none && strstr(kvr_last_error(), "'tpu'") && strstr(kvr_last_error(), "cpu"), "unknown backend: %s", kvr_last_error());
     if (!be) return;
     struct kvr_counters cn;
-    check(kvr_backend_counters(be, &cn, true), "the CPU backend keeps counters");
+    CHECK(kvr_backend_counters(be, &cn, true), "the CPU backend keeps counters");
 
     struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, 1000);
-    check(buf && buf->backend == be && buf->size == 1000 && buf->host && ((uintptr_t)buf->base % 64) == 0,
+    CHECK(buf && buf->backend == be && buf->size == 1000 && buf->host && ((uintptr_t)buf->base % 64) == 0,
           "a CPU buffer: backend, size 1000, host memory, 64-byte aligned");
     struct kvr_context * ctx = kvr_init(1 << 16, true);
     struct kvr_tensor * t = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, 10);
     kvr_buffer_place(buf, t, 128);
-    check(t->buffer == buf && t->data == (uint8_t *)buf->base + 128, "place: buffer and address");
+    CHECK(t->buffer == buf && t->data == (uint8_t *)buf->base + 128, "place: buffer and address");
     struct kvr_tensor * v = kvr_view_1d(ctx, t, 4, 8);
-    check(v->buffer == buf, "a view of a placed tensor is in its buffer");
+    CHECK(v->buffer == buf, "a view of a placed tensor is in its buffer");
     const int32_t in[10] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 };
     int32_t out[10] = { 0 };
     kvr_backend_tensor_set(t, in, 0, sizeof(in));
     kvr_backend_tensor_get(v, out, 0, 4 * sizeof(int32_t));
-    check(out[0] == 3 && out[3] == 6, "tensor_get of a view: %d %d, expected 3 6", out[0], out[3]);
+    CHECK(out[0] == 3 && out[3] == 6, "tensor_get of a view: %d %d, expected 3 6", out[0], out[3]);
     kvr_buffer_clear(buf, 0);
     kvr_backend_tensor_get(t, out, 4, 2 * sizeof(int32_t));
-    check(out[0] == 0 && out[1] == 0, "clear: zeros read back");
+    CHECK(out[0] == 0 && out[1] == 0, "clear: zeros read back");
     kvr_buffer_free(buf);
 
     // weights from host memory: the CPU backend wraps it, zero-copy
     static const float host[6] = { 0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f };
     struct kvr_buffer * wb = kvr_backend_buffer_from_host(be, host, sizeof(host));
-    check(wb && wb->base == (const void *)host && !wb->owned, "buffer_from_host on the CPU is the host memory itself");
+    CHECK(wb && wb->base == (const void *)host && !wb->owned, "buffer_from_host on the CPU is the host memory itself");
     struct kvr_tensor * w = kvr_new_tensor_1d(ctx, KVR_TYPE_F32, 2);
     kvr_buffer_place(wb, w, 2 * sizeof(float));
     float f[2];
     kvr_backend_tensor_get(w, f, 0, sizeof(f));
-    check(f[0] == 2.5f && f[1] == 3.5f, "a weight placed at an offset reads %g %g", f[0], f[1]);
+    CHECK(f[0] == 2.5f && f[1] == 3.5f, "a weight placed at an offset reads %g %g", f[0], f[1]);
     kvr_buffer_free(wb);
     kvr_free(ctx);
     kvr_backend_free(be);
@@ -358,32 +345,32 @@ static void test_model_to_backend(const char * shared) {
     snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
     struct kvr_model * m = kvr_model_load(path, NULL);
     if (!m) {
-        printf("skip model checks: %s\n", kvr_last_error());
+        skip("model checks: %s", kvr_last_error());
         return;
     }
     struct kvr_backend * cpu = kvr_backend_cpu_new(1);
     struct kvr_model * w = kvr_model_to_backend(m, cpu);
-    check(w != NULL, "kvr_model_to_backend(cpu): %s", kvr_last_error());
+    CHECK(w != NULL, "kvr_model_to_backend(cpu): %s", kvr_last_error());
     if (w) {
-        check(w->tok_embd != m->tok_embd && w->tok_embd->data == m->tok_embd->data && w->tok_embd->buffer->backend == cpu,
+        CHECK(w->tok_embd != m->tok_embd && w->tok_embd->data == m->tok_embd->data && w->tok_embd->buffer->backend == cpu,
               "cpu: the embedding is a tensor of the backend over the same mapped bytes");
-        check(w->layers[0].wq && w->layers[0].wq->data == m->layers[0].wq->data, "cpu: layer 0's wq is zero-copy");
-        check((w->output == w->tok_embd) == (m->output == m->tok_embd), "cpu: tied embeddings stay tied");
-        check(strcmp(w->layers[1].ffn_down->name, m->layers[1].ffn_down->name) == 0, "cpu: names are kept");
-        check(w->layers[1].rope_base == m->layers[1].rope_base && w->layers[1].window == m->layers[1].window,
+        CHECK(w->layers[0].wq && w->layers[0].wq->data == m->layers[0].wq->data, "cpu: layer 0's wq is zero-copy");
+        CHECK((w->output == w->tok_embd) == (m->output == m->tok_embd), "cpu: tied embeddings stay tied");
+        CHECK(strcmp(w->layers[1].ffn_down->name, m->layers[1].ffn_down->name) == 0, "cpu: names are kept");
+        CHECK(w->layers[1].rope_base == m->layers[1].rope_base && w->layers[1].window == m->layers[1].window,
               "cpu: the per-layer settings are the model's");
     }
     struct dev d = { 0 };
     struct kvr_backend * dev = dev_new(&d);
     struct kvr_model * wd = kvr_model_to_backend(m, dev);
-    check(wd != NULL, "kvr_model_to_backend(dev): %s", kvr_last_error());
+    CHECK(wd != NULL, "kvr_model_to_backend(dev): %s", kvr_last_error());
     if (wd) {
         const struct kvr_tensor * a = m->layers[0].wo, * b = wd->layers[0].wo;
-        check(b->data != a->data && !b->buffer->host, "dev: the weights were uploaded");
+        CHECK(b->data != a->data && !b->buffer->host, "dev: the weights were uploaded");
         uint32_t x = 0, y = 1;
         kvr_backend_tensor_get(a, &x, 28, sizeof(x));
         kvr_backend_tensor_get(b, &y, 28, sizeof(y));
-        check(x == y, "dev: an uploaded weight reads the same bytes (%08x, %08x)", x, y);
+        CHECK(x == y, "dev: an uploaded weight reads the same bytes (%08x, %08x)", x, y);
     }
     kvr_model_free(wd);
     kvr_model_free(w);
@@ -400,6 +387,5 @@ int main(int argc, char ** argv) {
     test_first_error();
     test_foreign_memory();
     test_model_to_backend(shared);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("backend");
 }

@@ -10,30 +10,14 @@
 //
 //   test-chat [SHARED]      (SHARED is not used: the model file is models/gguf/..., or $KVR_SMOLLM2)
 //
-// Ends with "N passed, M failed, K skipped" and exits 1 on any failure.
+// Ends with "chat: N passed, M failed[, K skipped]" and exits 1 on any failure.
 
 #include "kvr.h"
+#include "tests/check.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_pass, n_fail, n_skip;
-
-static void check(bool ok, const char * fmt, ...) {
-    if (ok) {
-        n_pass++;
-        return;
-    }
-    n_fail++;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
 
 static const struct kvr_chat_message conv[] = {
     { "system",    "You are kvr." },
@@ -152,12 +136,12 @@ static void test_rendering(void) {
     // every name kvr_chat_template_names lists is covered here, and nothing else
     int listed = 0;
     for (const char * p = kvr_chat_template_names(); *p; p++) listed += *p == ',';
-    check(listed + 1 == n_rendered, "the table here covers %d families, kvr knows %d: %s", n_rendered, listed + 1,
+    CHECK(listed + 1 == n_rendered, "the table here covers %d families, kvr knows %d: %s", n_rendered, listed + 1,
           kvr_chat_template_names());
     for (int i = 0; i < n_rendered; i++) {
         const char * name = rendered[i].name;
         char * got = render(name, conv, n_conv, true);
-        check(got && strcmp(got, rendered[i].want) == 0, "%s renders\n  \"%s\"\nwant\n  \"%s\"", name, got ? got : kvr_last_error(),
+        CHECK(got && strcmp(got, rendered[i].want) == 0, "%s renders\n  \"%s\"\nwant\n  \"%s\"", name, got ? got : kvr_last_error(),
               rendered[i].want);
         // what conversation mode relies on: the conversation up to a user message, without the
         // assistant's opening, is the start of the conversation with that message and the opening
@@ -165,53 +149,53 @@ static void test_rendering(void) {
         for (int j = 0; j < 2; j++) {
             char * past = render(name, conv, ks[j], false);
             char * next = render(name, conv, ks[j] + 1, true);
-            check(past && next && starts_with(next, past), "%s: %d messages render as the start of %d (\"%s\" vs \"%s\")", name,
+            CHECK(past && next && starts_with(next, past), "%s: %d messages render as the start of %d (\"%s\" vs \"%s\")", name,
                   ks[j], ks[j] + 1, past ? past : "?", next ? next : "?");
             free(past);
             free(next);
         }
         // and from nothing (no system message)
         char * first = render(name, conv + 1, 1, true);
-        check(first != NULL && strstr(first, "Hello") != NULL, "%s: a lone user message renders (%s)", name, first ? first : kvr_last_error());
+        CHECK(first != NULL && strstr(first, "Hello") != NULL, "%s: a lone user message renders (%s)", name, first ? first : kvr_last_error());
         free(first);
-        check(strcmp(kvr_chat_template_detect(name) ? kvr_chat_template_detect(name) : "", name) == 0, "the name %s detects as itself", name);
+        CHECK(strcmp(kvr_chat_template_detect(name) ? kvr_chat_template_detect(name) : "", name) == 0, "the name %s detects as itself", name);
         free(got);
     }
     // without the assistant's opening
     char * no_ass = render("chatml", conv, 2, false);
-    check(no_ass && strcmp(no_ass, "<|im_start|>system\nYou are kvr.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n") == 0,
+    CHECK(no_ass && strcmp(no_ass, "<|im_start|>system\nYou are kvr.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n") == 0,
           "chatml without the assistant's opening: %s", no_ass ? no_ass : "?");
     free(no_ass);
     // gemma: a system message with nothing after it writes nothing; two run together
     const struct kvr_chat_message two_sys[] = { { "system", " A. " }, { "system", "B" }, { "user", "Q" } };
     char * g = render("gemma", two_sys, 3, false);
-    check(g && strcmp(g, "<start_of_turn>user\nA.B\n\nQ<end_of_turn>\n") == 0, "gemma with two system messages: %s", g ? g : "?");
+    CHECK(g && strcmp(g, "<start_of_turn>user\nA.B\n\nQ<end_of_turn>\n") == 0, "gemma with two system messages: %s", g ? g : "?");
     free(g);
     g = render("gemma", two_sys, 1, false);
-    check(g && strcmp(g, "") == 0, "gemma with a system message alone: \"%s\"", g ? g : "?");
+    CHECK(g && strcmp(g, "") == 0, "gemma with a system message alone: \"%s\"", g ? g : "?");
     free(g);
 }
 
 static void test_buffer(void) {
     const char * want = rendered[0].want; // chatml
     const int len = (int) strlen(want);
-    check(kvr_chat_apply("chatml", conv, n_conv, true, NULL, 0) == len, "cap 0 returns the length");
+    CHECK(kvr_chat_apply("chatml", conv, n_conv, true, NULL, 0) == len, "cap 0 returns the length");
     char buf[512];
     memset(buf, '#', sizeof buf);
     int r = kvr_chat_apply("chatml", conv, n_conv, true, buf, 10);
-    check(r == len && memcmp(buf, want, 10) == 0 && buf[10] == '#', "a short buffer gets its first cap bytes, no more (%d)", r);
+    CHECK(r == len && memcmp(buf, want, 10) == 0 && buf[10] == '#', "a short buffer gets its first cap bytes, no more (%d)", r);
     memset(buf, '#', sizeof buf);
     r = kvr_chat_apply("chatml", conv, n_conv, true, buf, len);
-    check(r == len && memcmp(buf, want, (size_t) len) == 0 && buf[len] == '#', "a buffer of exactly the length: no terminator");
+    CHECK(r == len && memcmp(buf, want, (size_t) len) == 0 && buf[len] == '#', "a buffer of exactly the length: no terminator");
     r = kvr_chat_apply("chatml", conv, n_conv, true, buf, len + 1);
-    check(r == len && strcmp(buf, want) == 0, "a buffer one longer: the text and its terminator");
-    check(kvr_chat_apply("chatml", NULL, 0, true, buf, (int) sizeof buf) == (int) strlen("<|im_start|>assistant\n"),
+    CHECK(r == len && strcmp(buf, want) == 0, "a buffer one longer: the text and its terminator");
+    CHECK(kvr_chat_apply("chatml", NULL, 0, true, buf, (int) sizeof buf) == (int) strlen("<|im_start|>assistant\n"),
           "no messages: the assistant's opening alone");
     const struct kvr_chat_message bad[] = { { "user", NULL } };
     r = kvr_chat_apply("chatml", bad, 1, true, buf, (int) sizeof buf);
-    check(r < 0 && strstr(kvr_last_error(), "message 0 has no content"), "a message without content: %d %s", r, kvr_last_error());
+    CHECK(r < 0 && strstr(kvr_last_error(), "message 0 has no content"), "a message without content: %d %s", r, kvr_last_error());
     r = kvr_chat_apply("chatml", conv, -1, true, buf, (int) sizeof buf);
-    check(r < 0, "a negative message count is refused");
+    CHECK(r < 0, "a negative message count is refused");
 }
 
 // pieces of real templates (abridged to what tells them apart)
@@ -251,7 +235,7 @@ static void test_detection(void) {
     const int n = (int) (sizeof snippets / sizeof snippets[0]);
     for (int i = 0; i < n; i++) {
         const char * got = kvr_chat_template_detect(snippets[i].text);
-        check(got && strcmp(got, snippets[i].want) == 0, "%s's template detects as %s, want %s", snippets[i].what,
+        CHECK(got && strcmp(got, snippets[i].want) == 0, "%s's template detects as %s, want %s", snippets[i].what,
               got ? got : kvr_last_error(), snippets[i].want);
     }
     // the real thing: SmolLM2-135M-Instruct's template, read from its GGUF
@@ -259,16 +243,15 @@ static void test_detection(void) {
     if (path == NULL || *path == '\0') path = "models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
     struct kvr_gguf * g = kvr_gguf_open(path);
     if (g == NULL) {
-        printf("SKIP SmolLM2's template: %s is not there (tools/install-deps.sh fetches it)\n", path);
-        n_skip++;
+        skip("SmolLM2's template: %s is not there (tools/install-deps.sh fetches it)", path);
     } else {
         struct kvr_vocab * v = kvr_vocab_load(g);
         const char * t = v ? kvr_vocab_chat_template(v) : NULL;
-        check(t && strstr(t, "<|im_start|>") && strcmp(kvr_chat_template_detect(t) ? kvr_chat_template_detect(t) : "", "chatml") == 0,
+        CHECK(t && strstr(t, "<|im_start|>") && strcmp(kvr_chat_template_detect(t) ? kvr_chat_template_detect(t) : "", "chatml") == 0,
               "SmolLM2's own template detects as chatml (%s)", t ? kvr_last_error() : "no template read");
         // llama.cpp takes the first token whose text is an end-of-turn marker: <|endoftext|> (0)
         // comes before <|im_end|> (2); both end a generation
-        check(v && kvr_vocab_eot(v) == 0 && kvr_vocab_is_eog(v, 0) && kvr_vocab_is_eog(v, 2),
+        CHECK(v && kvr_vocab_eot(v) == 0 && kvr_vocab_is_eog(v, 0) && kvr_vocab_is_eog(v, 2),
               "SmolLM2's end of turn is <|endoftext|> = 0 and <|im_end|> = 2 ends a generation too (eot %d)", v ? kvr_vocab_eot(v) : -9);
         kvr_vocab_free(v);
         kvr_gguf_close(g);
@@ -276,30 +259,30 @@ static void test_detection(void) {
 
     // refusals name what they were given and what kvr knows
     const char * got = kvr_chat_template_detect("{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}");
-    check(got == NULL && strstr(kvr_last_error(), "unknown chat template \"{% for m in messages %}") &&
+    CHECK(got == NULL && strstr(kvr_last_error(), "unknown chat template \"{% for m in messages %}") &&
           strstr(kvr_last_error(), "chatml, ") && strstr(kvr_last_error(), "llama3"), "an unknown template: %s", kvr_last_error());
-    check(kvr_chat_apply("{{ x }}", conv, n_conv, true, NULL, 0) == KVR_ERR_UNSUPP, "kvr_chat_apply refuses it too");
+    CHECK(kvr_chat_apply("{{ x }}", conv, n_conv, true, NULL, 0) == KVR_ERR_UNSUPP, "kvr_chat_apply refuses it too");
     got = kvr_chat_template_detect("{{ '<|userprompt|>' + content + '<|endofuserprompt|>' }}");
-    check(got == NULL && strstr(kvr_last_error(), "'dots1', which kvr does not render"), "a family kvr does not render: %s", kvr_last_error());
+    CHECK(got == NULL && strstr(kvr_last_error(), "'dots1', which kvr does not render"), "a family kvr does not render: %s", kvr_last_error());
     // a long template is quoted by its start, on one line
     char longt[400];
     memset(longt, 'x', sizeof longt);
     memcpy(longt, "{{ line one }}\n", 15);
     longt[sizeof longt - 1] = '\0';
     got = kvr_chat_template_detect(longt);
-    check(got == NULL && strstr(kvr_last_error(), "\"{{ line one }}\\nxxx") && strstr(kvr_last_error(), "x...\"") &&
+    CHECK(got == NULL && strstr(kvr_last_error(), "\"{{ line one }}\\nxxx") && strstr(kvr_last_error(), "x...\"") &&
           strlen(kvr_last_error()) < 300 + strlen(kvr_chat_template_names()), "a long template's excerpt: %s", kvr_last_error());
-    check(kvr_chat_template_detect("") == NULL && kvr_chat_template_detect(NULL) == NULL, "no template is refused");
+    CHECK(kvr_chat_template_detect("") == NULL && kvr_chat_template_detect(NULL) == NULL, "no template is refused");
 }
 
 // kvr_unescape: llama.cpp's escapes in -p text
 static void test_unescape(void) {
     char s[] = "a\\nb\\t\\'\\\"\\\\\\x41\\q\\x4g\\r\\";
     kvr_unescape(s);
-    check(strcmp(s, "a\nb\t'\"\\A\\q\\x4g\r\\") == 0, "kvr_unescape gives \"%s\"", s);
+    CHECK(strcmp(s, "a\nb\t'\"\\A\\q\\x4g\r\\") == 0, "kvr_unescape gives \"%s\"", s);
     char none[] = "plain <|im_start|> text";
     kvr_unescape(none);
-    check(strcmp(none, "plain <|im_start|> text") == 0, "text without escapes stays");
+    CHECK(strcmp(none, "plain <|im_start|> text") == 0, "text without escapes stays");
 }
 
 int main(int argc, char ** argv) {
@@ -309,10 +292,5 @@ int main(int argc, char ** argv) {
     test_buffer();
     test_detection();
     test_unescape();
-    if (n_skip) {
-        printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    } else {
-        printf("%d passed, %d failed\n", n_pass, n_fail);
-    }
-    return n_fail ? 1 : 0;
+    return check_summary("chat");
 }

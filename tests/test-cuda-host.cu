@@ -17,14 +17,14 @@
 // 3. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
 //    CUDA device was found (with one, it succeeds and names it).
 //
-//   test-cuda-host [SHARED (ignored)]     prints "N passed, M failed"
+//   test-cuda-host [SHARED (ignored)]     prints "cuda-host: N passed, M failed"
 
 #define KVR_BUILD
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <initializer_list>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,28 +51,6 @@ bool     hd_c_attn_visible(int32_t qp, int32_t kp, int64_t window);
 int64_t  hd_c_attn_tile_tokens(int64_t group);
 }
 
-static int n_pass, n_fail;
-
-static void check(bool ok, const char * fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void check(bool ok, const char * fmt, ...) {
-    if (ok) {
-        n_pass++;
-        return;
-    }
-    n_fail++;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL: ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
-
 static uint64_t rng_state = 0x6b7672637564ull;
 static uint64_t rng_u64(void) { // splitmix64
     uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
@@ -97,9 +75,9 @@ static void test_halves(void) {
         if (bad_b < 0 && !same(kvr_bfloat_to_f32((uint16_t)h), hd_c_bfloat_to_f32((uint16_t)h))) bad_b = (int)h;
         if (bad_g < 0 && kvr_gelu_half((uint16_t)h) != hd_c_gelu_half((uint16_t)h)) bad_g = (int)h;
     }
-    check(bad < 0, "kvr_half_to_f32 differs at 0x%04x", bad);
-    check(bad_b < 0, "kvr_bfloat_to_f32 differs at 0x%04x", bad_b);
-    check(bad_g < 0, "kvr_gelu_half differs at 0x%04x", bad_g);
+    CHECK(bad < 0, "kvr_half_to_f32 differs at 0x%04x", bad);
+    CHECK(bad_b < 0, "kvr_bfloat_to_f32 differs at 0x%04x", bad_b);
+    CHECK(bad_g < 0, "kvr_gelu_half differs at 0x%04x", bad_g);
     // f32 -> half/bf16 over random bit patterns (every exponent, subnormals, inf, nan) and values
     // around the rounding boundaries of halves
     uint32_t bad_f = 0, bad_fb = 0;
@@ -110,15 +88,15 @@ static void test_halves(void) {
         if (ok_f && kvr_f32_to_half(f) != hd_c_f32_to_half(f)) { ok_f = false; bad_f = u; }
         if (ok_fb && kvr_f32_to_bfloat(f) != hd_c_f32_to_bfloat(f)) { ok_fb = false; bad_fb = u; }
     }
-    check(ok_f, "kvr_f32_to_half differs (bits 0x%08x)", bad_f);
-    check(ok_fb, "kvr_f32_to_bfloat differs (bits 0x%08x)", bad_fb);
+    CHECK(ok_f, "kvr_f32_to_half differs (bits 0x%08x)", bad_f);
+    CHECK(ok_fb, "kvr_f32_to_bfloat differs (bits 0x%08x)", bad_fb);
     float bad_x = 0.0f;
     bool ok_g = true;
     for (int i = 0; i < 1 << 18 && ok_g; i++) {
         const float x = rng_f(-12.0f, 12.0f);
         if (!same(kvr_gelu_ggml(x, NULL), hd_c_gelu_ggml(x))) { ok_g = false; bad_x = x; }
     }
-    check(ok_g, "kvr_gelu_ggml differs at %.9g", bad_x);
+    CHECK(ok_g, "kvr_gelu_ggml differs at %.9g", bad_x);
 }
 
 struct qt { enum kvr_type type; int blck, size; int half[2], n_half; };
@@ -165,7 +143,7 @@ static void test_dequant(void) {
                 if (!same(a[e], b[e]) && !(isnan(a[e]) && isnan(b[e]))) bad = e;
             }
         }
-        check(bad < 0, "kvr_dequant_block(%s) differs at element %lld", kvr_type_name(q->type), (long long)bad);
+        CHECK(bad < 0, "kvr_dequant_block(%s) differs at element %lld", kvr_type_name(q->type), (long long)bad);
     }
 }
 
@@ -192,7 +170,7 @@ static void test_rope(void) {
         ok = same(kvr_rope_angle(th, freqs, i, fs), hd_c_rope_angle(th, freqs, i, fs)) &&
              same(kvr_rope_angle(th, NULL, i, fs), hd_c_rope_angle(th, NULL, i, fs));
     }
-    check(ok, "kvr_rope_theta_scale / kvr_rope_theta / kvr_rope_angle differ");
+    CHECK(ok, "kvr_rope_theta_scale / kvr_rope_theta / kvr_rope_angle differ");
     ok = true;
     for (int k = 0; k < 100000 && ok; k++) {
         const float x0 = rng_f(-4, 4), x1 = rng_f(-4, 4), th = rng_f(-100, 100);
@@ -201,7 +179,7 @@ static void test_rope(void) {
         hd_c_rope_rotate(x0, x1, cosf(th), sinf(th), &b0, &b1);
         ok = same(a0, b0) && same(a1, b1);
     }
-    check(ok, "kvr_rope_rotate differs");
+    CHECK(ok, "kvr_rope_rotate differs");
     int dims_ok = 1;
     for (int i = 0; i < 32; i++) {
         int n0, n1, m0, m1;
@@ -209,7 +187,7 @@ static void test_rope(void) {
         kvr_rope_dims(KVR_ROPE_NEOX, 64, i, &m0, &m1);
         dims_ok &= n0 == 2 * i && n1 == 2 * i + 1 && m0 == i && m1 == i + 32;
     }
-    check(dims_ok, "kvr_rope_dims: pairs are (2i, 2i+1) normal and (i, i+n_rot/2) NeoX");
+    CHECK(dims_ok, "kvr_rope_dims: pairs are (2i, 2i+1) normal and (i, i+n_rot/2) NeoX");
 }
 
 static void test_softmax(void) {
@@ -229,11 +207,11 @@ static void test_softmax(void) {
         ok = ok && same(kvr_lse_weight(lse, m), hd_c_lse_weight(lse, m)) &&
              same(kvr_lse_merged(m, sum), hd_c_lse_merged(m, sum));
     }
-    check(ok, "the online-softmax step, its finish or the LSE merge differ");
+    CHECK(ok, "the online-softmax step, its finish or the LSE merge differ");
     float inv, lse;
     kvr_softmax_finish(-INFINITY, 0.0f, &inv, &lse);
-    check(inv == 0.0f && lse == -INFINITY, "a row that saw no key: output 0 and LSE -inf");
-    check(kvr_lse_weight(-INFINITY, 3.0f) == 0.0f, "an empty partial weighs 0 in the merge");
+    CHECK(inv == 0.0f && lse == -INFINITY, "a row that saw no key: output 0 and LSE -inf");
+    CHECK(kvr_lse_weight(-INFINITY, 3.0f) == 0.0f, "an empty partial weighs 0 in the merge");
 }
 
 static void test_tile_rule(void) {
@@ -247,8 +225,8 @@ static void test_tile_rule(void) {
              kvr_attn_visible(a, c, w) == hd_c_attn_visible(a, c, w);
     }
     for (int64_t g = 1; g <= 512 && ok; g++) ok = kvr_attn_tile_tokens(g) == hd_c_attn_tile_tokens(g);
-    check(ok, "kvr_attn_tile / kvr_attn_tile_tokens differ");
-    check(kvr_attn_tile(KVR_ATTN_CAUSAL, 0, 255, 256, 511, 0) == 0 && kvr_attn_tile(KVR_ATTN_DENSE, 0, 255, 256, 511, 0) == 2 &&
+    CHECK(ok, "kvr_attn_tile / kvr_attn_tile_tokens differ");
+    CHECK(kvr_attn_tile(KVR_ATTN_CAUSAL, 0, 255, 256, 511, 0) == 0 && kvr_attn_tile(KVR_ATTN_DENSE, 0, 255, 256, 511, 0) == 2 &&
           kvr_attn_tile(KVR_ATTN_CAUSAL, 256, 511, 0, 255, 0) == 1 && kvr_attn_tile(KVR_ATTN_CAUSAL, 0, 255, 0, 255, 0) == 2 &&
           kvr_attn_tile(KVR_ATTN_CAUSAL, 1000, 1255, 0, 255, 512) == 0 && kvr_attn_tile(KVR_ATTN_CAUSAL, 600, 855, 256, 511, 512) == 2,
           "kvr_attn_tile: skip after (or before the window), compute before, mask across the diagonal and the window's edge");
@@ -305,7 +283,7 @@ static void tiles_case(const char * what, const int32_t * qpos, int Tq, const in
     int64_t cd = -1, cc = -1, gd = -1, gc = -1;
     const bool ran = cpu_attn_counts(qpos, Tq, kpos, Tk, H, Hkv, mode, g_window, &cd, &cc);
     kvr_cuda_attn_count(qpos, Tq, kpos, Tk, H, Hkv, mode, g_window, &gd, &gc);
-    check(ran && cd == gd && cc == gc, "attention tiles, %s (Tq %d, Tk %d, heads %d/%d, %s, window %d): CPU dense %lld "
+    CHECK(ran && cd == gd && cc == gc, "attention tiles, %s (Tq %d, Tk %d, heads %d/%d, %s, window %d): CPU dense %lld "
           "causal %lld, CUDA kernel dense %lld causal %lld", what, Tq, Tk, H, Hkv, mode ? "dense" : "causal", g_window,
           (long long)cd, (long long)cc, (long long)gd, (long long)gc);
 }
@@ -358,12 +336,12 @@ static void test_no_device(void) {
     if (be) {
         printf("test-cuda-host: a CUDA device is present (%s): the no-device check does not apply\n", kvr_backend_name(be));
         kvr_backend_free(be);
-        check(dt < 60e3, "kvr_backend_new(\"cuda\") took %.1f s", dt / 1e3);
+        CHECK(dt < 60e3, "kvr_backend_new(\"cuda\") took %.1f s", dt / 1e3);
         return;
     }
-    check(strstr(kvr_last_error(), "no CUDA device was found") != NULL,
+    CHECK(strstr(kvr_last_error(), "no CUDA device was found") != NULL,
           "without a device the error says so: '%s'", kvr_last_error());
-    check(dt < 10e3, "kvr_backend_new(\"cuda\") gave up within 10 s (took %.1f s)", dt / 1e3);
+    CHECK(dt < 10e3, "kvr_backend_new(\"cuda\") gave up within 10 s (took %.1f s)", dt / 1e3);
 }
 
 int main(int argc, char ** argv) {
@@ -376,6 +354,5 @@ int main(int argc, char ** argv) {
     test_tile_rule();
     test_tiles();
     test_no_device();
-    printf("test-cuda-host: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("cuda-host");
 }

@@ -19,7 +19,6 @@
 #include "tests/check.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,8 +351,7 @@ int main(int argc, char ** argv) {
     struct kvr_model * m = access(path, R_OK) == 0 ? kvr_model_load(path, NULL) : NULL;
     test_hook(m);
     if (!m) {
-        printf("skip: %s is missing: the cases that run a model are skipped\n", path);
-        n_skip++;
+        skip("%s is missing: the cases that run a model are skipped", path);
     } else {
         int32_t prompt[40];
         for (int i = 0; i < 40; i++) prompt[i] = 1 + (i * 37 + 11) % ((int)m->hp.n_vocab - 1);
@@ -361,7 +359,5 @@ int main(int argc, char ** argv) {
         test_recover(m, prompt, 40);
         kvr_model_free(m);
     }
-    if (n_skip) printf("failover: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    else printf("failover: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("failover");
 }

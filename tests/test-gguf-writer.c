@@ -11,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,17 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int n_pass, n_fail, n_skip;
 static const char * shared_dir = "../shared"; // argv[1] when given (tests/run-tests.sh passes it)
-
-#define CHECK(cond, ...) do {                                        \
-    if (cond) { n_pass++; } else {                                   \
-        n_fail++;                                                    \
-        fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-        fprintf(stderr, __VA_ARGS__);                                \
-        fprintf(stderr, "\n");                                       \
-    }                                                                \
-} while (0)
 
 // --- a GGUF assembled by hand (little-endian host) ---
 
@@ -408,8 +399,7 @@ static void test_copy_vocab(void) {
     snprintf(path, sizeof(path), "%s/vocab/ggml-vocab-llama-spm.gguf", shared_dir);
     FILE * f = fopen(path, "rb");
     if (!f) {
-        printf("skipped: %s not found (the copy of a real vocabulary)\n", path);
-        n_skip++;
+        skip("%s not found (the copy of a real vocabulary)", path);
         return;
     }
     fclose(f);
@@ -521,10 +511,5 @@ int main(int argc, char ** argv) {
     test_copy_vocab();
     test_errors();
     remove(tmp_path);
-    if (n_skip) {
-        printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    } else {
-        printf("%d passed, %d failed\n", n_pass, n_fail);
-    }
-    return n_fail == 0 ? 0 : 1;
+    return check_summary("gguf-writer");
 }

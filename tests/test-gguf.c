@@ -14,11 +14,13 @@
 //   test-gguf [--write-corpus DIR] [-v] [SHARED_DIR (ignored: everything is made here)]
 //
 // --write-corpus DIR also writes every image (valid and malformed) into DIR as seeds for
-// fuzz-gguf. The last line printed is "N passed, M failed"; the exit status is non-zero on failure.
+// fuzz-gguf. The last line printed is "gguf: N passed, M failed" (cases); the exit status is
+// non-zero on failure.
 
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,9 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int          n_pass, n_fail;
 static const char * corpus_dir; // --write-corpus
-static bool         verbose;
 
 //
 // a little-endian byte writer with named marks (the offset where each field starts)
@@ -397,29 +397,23 @@ static void build(struct img * im, const struct opts * o) {
 // checks
 //
 
-static int case_fails; // failed checks in the current case
-
-static void check(bool ok, const char * fmt, ...) {
-    if (ok) return;
-    case_fails++;
-    printf("    FAIL: ");
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
+// The summary counts cases, as the ok/FAIL lines do: a case passes when none of its checks failed.
+static int case_pass0, case_fail0; // n_pass and n_fail when the case began
 
 static void case_begin(const char * name) {
-    case_fails = 0;
-    if (verbose) { printf("  .. %s\n", name); }
+    case_pass0 = n_pass;
+    case_fail0 = n_fail;
+    set_case("%s", name);
     fflush(stdout); // if the reader crashes, the log says on what
 }
 
 static void case_end(const char * name, const char * outcome) {
-    if (case_fails) { n_fail++; printf("FAIL %-34s %s\n", name, outcome ? outcome : ""); }
-    else            { n_pass++; printf("ok   %-34s %s\n", name, outcome ? outcome : ""); }
+    const bool ok = n_fail == case_fail0;
+    n_pass = case_pass0 + ok;
+    n_fail = case_fail0 + !ok;
+    printf("%s %-34s %s\n", ok ? "ok  " : "FAIL", name, outcome ? outcome : "");
     fflush(stdout);
+    g_case[0] = '\0';
 }
 
 static bool keyeq(const struct kvr_gguf_str * s, const char * want) {
@@ -433,33 +427,33 @@ static bool in_file(const struct kvr_gguf * g, const void * p, uint64_t len) {
 
 static const struct kvr_gguf_kv * must_kv(const struct kvr_gguf * g, const char * key) {
     const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(g, key);
-    check(kv != NULL, "key '%s' missing", key);
+    CHECK(kv != NULL, "key '%s' missing", key);
     if (!kv) return NULL;
     const int64_t idx = kvr_gguf_find_key(g, key);
-    check(idx >= 0 && (uint64_t) idx < g->n_kv && &g->kv[idx] == kv,
+    CHECK(idx >= 0 && (uint64_t) idx < g->n_kv && &g->kv[idx] == kv,
           "find_key('%s') = %lld does not index get_kv's entry", key, (long long) idx);
-    check(keyeq(&kv->key, key), "key '%s': key field wrong", key);
-    check(in_file(g, kv->key.s, kv->key.len), "key '%s': key string not inside the buffer", key);
+    CHECK(keyeq(&kv->key, key), "key '%s': key field wrong", key);
+    CHECK(in_file(g, kv->key.s, kv->key.len), "key '%s': key string not inside the buffer", key);
     return kv;
 }
 
 static void check_num_kv(const struct kvr_gguf * g, const char * key, uint32_t type, const void * val) {
     const struct kvr_gguf_kv * kv = must_kv(g, key);
     if (!kv) return;
-    check(kv->type == (enum kvr_gguf_type) type, "'%s': type %d, want %u", key, (int) kv->type, type);
-    check(kv->n == 1, "'%s': n = %llu, want 1", key, (unsigned long long) kv->n);
-    check(kv->data != NULL, "'%s': data NULL", key);
-    if (kv->data) check(memcmp(kv->data, val, gguf_esz(type)) == 0, "'%s': value differs", key);
+    CHECK(kv->type == (enum kvr_gguf_type) type, "'%s': type %d, want %u", key, (int) kv->type, type);
+    CHECK(kv->n == 1, "'%s': n = %llu, want 1", key, (unsigned long long) kv->n);
+    CHECK(kv->data != NULL, "'%s': data NULL", key);
+    if (kv->data) CHECK(memcmp(kv->data, val, gguf_esz(type)) == 0, "'%s': value differs", key);
 }
 
 static void check_arr_kv(const struct kvr_gguf * g, const char * key, uint32_t type, const void * vals, uint64_t n) {
     const struct kvr_gguf_kv * kv = must_kv(g, key);
     if (!kv) return;
-    check(kv->type == KVR_GGUF_ARRAY, "'%s': type %d, want array", key, (int) kv->type);
-    check(kv->arr_type == (enum kvr_gguf_type) type, "'%s': arr_type %d, want %u", key, (int) kv->arr_type, type);
-    check(kv->n == n, "'%s': n = %llu, want %llu", key, (unsigned long long) kv->n, (unsigned long long) n);
+    CHECK(kv->type == KVR_GGUF_ARRAY, "'%s': type %d, want array", key, (int) kv->type);
+    CHECK(kv->arr_type == (enum kvr_gguf_type) type, "'%s': arr_type %d, want %u", key, (int) kv->arr_type, type);
+    CHECK(kv->n == n, "'%s': n = %llu, want %llu", key, (unsigned long long) kv->n, (unsigned long long) n);
     if (n && kv->n == n) {
-        check(kv->data != NULL && memcmp(kv->data, vals, n * gguf_esz(type)) == 0, "'%s': values differ", key);
+        CHECK(kv->data != NULL && memcmp(kv->data, vals, n * gguf_esz(type)) == 0, "'%s': values differ", key);
     }
 }
 
@@ -467,17 +461,17 @@ static void check_str_kv(const struct kvr_gguf * g, const char * key, const char
     const struct kvr_gguf_kv * kv = must_kv(g, key);
     if (!kv) return;
     if (arr) {
-        check(kv->type == KVR_GGUF_ARRAY && kv->arr_type == KVR_GGUF_STRING, "'%s': not an array of strings (%d/%d)",
+        CHECK(kv->type == KVR_GGUF_ARRAY && kv->arr_type == KVR_GGUF_STRING, "'%s': not an array of strings (%d/%d)",
               key, (int) kv->type, (int) kv->arr_type);
     } else {
-        check(kv->type == KVR_GGUF_STRING, "'%s': type %d, want string", key, (int) kv->type);
+        CHECK(kv->type == KVR_GGUF_STRING, "'%s': type %d, want string", key, (int) kv->type);
     }
-    check(kv->n == n, "'%s': n = %llu, want %llu", key, (unsigned long long) kv->n, (unsigned long long) n);
-    check(kv->strs != NULL, "'%s': strs NULL", key);
+    CHECK(kv->n == n, "'%s': n = %llu, want %llu", key, (unsigned long long) kv->n, (unsigned long long) n);
+    CHECK(kv->strs != NULL, "'%s': strs NULL", key);
     if (!kv->strs || kv->n != n) return;
     for (uint64_t i = 0; i < n; i++) {
-        check(keyeq(&kv->strs[i], want[i]), "'%s'[%llu] differs", key, (unsigned long long) i);
-        check(in_file(g, kv->strs[i].s, kv->strs[i].len), "'%s'[%llu] not inside the buffer", key, (unsigned long long) i);
+        CHECK(keyeq(&kv->strs[i], want[i]), "'%s'[%llu] differs", key, (unsigned long long) i);
+        CHECK(in_file(g, kv->strs[i].s, kv->strs[i].len), "'%s'[%llu] not inside the buffer", key, (unsigned long long) i);
     }
 }
 
@@ -497,82 +491,82 @@ static void check_std_kvs(const struct kvr_gguf * g) {
 
     // typed getters
     uint32_t u = 0;
-    check(kvr_gguf_get_u32(g, "test.u32", &u) == KVR_OK && u == v_u32, "get_u32(test.u32) = %u", u);
-    check(kvr_gguf_get_u32(g, "test.u8", &u) == KVR_OK && u == v_u8, "get_u32(test.u8) = %u (u8 fits)", u);
-    check(kvr_gguf_get_u32(g, "test.u16", &u) == KVR_OK && u == v_u16, "get_u32(test.u16) = %u (u16 fits)", u);
-    check(kvr_gguf_get_u32(g, "test.i32_pos", &u) == KVR_OK && u == 42, "get_u32(test.i32_pos) = %u (42 fits)", u);
-    check(kvr_gguf_get_u32(g, "test.u64_small", &u) == KVR_OK && u == 77, "get_u32(test.u64_small) = %u (77 fits)", u);
-    check(kvr_gguf_get_u32(g, "general.alignment", &u) == KVR_OK && u == 64, "get_u32(general.alignment) = %u", u);
+    CHECK(kvr_gguf_get_u32(g, "test.u32", &u) == KVR_OK && u == v_u32, "get_u32(test.u32) = %u", u);
+    CHECK(kvr_gguf_get_u32(g, "test.u8", &u) == KVR_OK && u == v_u8, "get_u32(test.u8) = %u (u8 fits)", u);
+    CHECK(kvr_gguf_get_u32(g, "test.u16", &u) == KVR_OK && u == v_u16, "get_u32(test.u16) = %u (u16 fits)", u);
+    CHECK(kvr_gguf_get_u32(g, "test.i32_pos", &u) == KVR_OK && u == 42, "get_u32(test.i32_pos) = %u (42 fits)", u);
+    CHECK(kvr_gguf_get_u32(g, "test.u64_small", &u) == KVR_OK && u == 77, "get_u32(test.u64_small) = %u (77 fits)", u);
+    CHECK(kvr_gguf_get_u32(g, "general.alignment", &u) == KVR_OK && u == 64, "get_u32(general.alignment) = %u", u);
     const char * no_fit[] = { "test.i8", "test.i16", "test.i32", "test.i64", "test.u64" };
     for (size_t i = 0; i < sizeof(no_fit) / sizeof(no_fit[0]); i++) {
-        check(kvr_gguf_get_u32(g, no_fit[i], &u) != KVR_OK && kvr_last_error()[0],
+        CHECK(kvr_gguf_get_u32(g, no_fit[i], &u) != KVR_OK && kvr_last_error()[0],
               "get_u32(%s) accepted a value that does not fit a u32", no_fit[i]);
     }
     const char * not_int[] = { "test.f32", "test.f64", "test.str", "test.arr_i32", "test.arr_str" };
     for (size_t i = 0; i < sizeof(not_int) / sizeof(not_int[0]); i++) {
-        check(kvr_gguf_get_u32(g, not_int[i], &u) != KVR_OK, "get_u32(%s) accepted a non-integer", not_int[i]);
+        CHECK(kvr_gguf_get_u32(g, not_int[i], &u) != KVR_OK, "get_u32(%s) accepted a non-integer", not_int[i]);
     }
     kvr_error(KVR_OK, "%s", "");
-    check(kvr_gguf_get_u32(g, "test.missing_key", &u) != KVR_OK && strstr(kvr_last_error(), "test.missing_key"),
+    CHECK(kvr_gguf_get_u32(g, "test.missing_key", &u) != KVR_OK && strstr(kvr_last_error(), "test.missing_key"),
           "get_u32 of a missing key: no error naming it ('%s')", kvr_last_error());
 
     float f = 0;
-    check(kvr_gguf_get_f32(g, "test.f32", &f) == KVR_OK && f == v_f32, "get_f32(test.f32) = %g", (double) f);
-    check(kvr_gguf_get_f32(g, "test.str", &f) != KVR_OK, "get_f32(test.str) accepted a string");
+    CHECK(kvr_gguf_get_f32(g, "test.f32", &f) == KVR_OK && f == v_f32, "get_f32(test.f32) = %g", (double) f);
+    CHECK(kvr_gguf_get_f32(g, "test.str", &f) != KVR_OK, "get_f32(test.str) accepted a string");
     kvr_error(KVR_OK, "%s", "");
-    check(kvr_gguf_get_f32(g, "test.nope", &f) != KVR_OK && strstr(kvr_last_error(), "test.nope"),
+    CHECK(kvr_gguf_get_f32(g, "test.nope", &f) != KVR_OK && strstr(kvr_last_error(), "test.nope"),
           "get_f32 of a missing key: no error naming it ('%s')", kvr_last_error());
 
     bool bv = false;
-    check(kvr_gguf_get_bool(g, "test.bool", &bv) == KVR_OK && bv, "get_bool(test.bool)");
-    check(kvr_gguf_get_bool(g, "test.str", &bv) != KVR_OK, "get_bool(test.str) accepted a string");
+    CHECK(kvr_gguf_get_bool(g, "test.bool", &bv) == KVR_OK && bv, "get_bool(test.bool)");
+    CHECK(kvr_gguf_get_bool(g, "test.str", &bv) != KVR_OK, "get_bool(test.str) accepted a string");
 
     char buf[64];
     memset(buf, 'x', sizeof(buf));
-    check(kvr_gguf_get_str(g, "test.str", buf, sizeof(buf)) == KVR_OK && strcmp(buf, v_str) == 0,
+    CHECK(kvr_gguf_get_str(g, "test.str", buf, sizeof(buf)) == KVR_OK && strcmp(buf, v_str) == 0,
           "get_str(test.str) = '%.63s'", buf);
     memset(buf, 'x', sizeof(buf));
-    check(kvr_gguf_get_str(g, "test.str", buf, 6) == KVR_OK && strcmp(buf, "hello") == 0 && buf[6] == 'x',
+    CHECK(kvr_gguf_get_str(g, "test.str", buf, 6) == KVR_OK && strcmp(buf, "hello") == 0 && buf[6] == 'x',
           "get_str(test.str, cap 6) = '%.63s' (want 'hello', nothing written past cap)", buf);
     memset(buf, 'x', sizeof(buf));
-    check(kvr_gguf_get_str(g, "test.str", buf, 1) == KVR_OK && buf[0] == 0 && buf[1] == 'x', "get_str(test.str, cap 1)");
-    check(kvr_gguf_get_str(g, "test.str_empty", buf, sizeof(buf)) == KVR_OK && buf[0] == 0, "get_str(test.str_empty)");
-    check(kvr_gguf_get_str(g, "general.architecture", buf, sizeof(buf)) == KVR_OK && strcmp(buf, "llama") == 0,
+    CHECK(kvr_gguf_get_str(g, "test.str", buf, 1) == KVR_OK && buf[0] == 0 && buf[1] == 'x', "get_str(test.str, cap 1)");
+    CHECK(kvr_gguf_get_str(g, "test.str_empty", buf, sizeof(buf)) == KVR_OK && buf[0] == 0, "get_str(test.str_empty)");
+    CHECK(kvr_gguf_get_str(g, "general.architecture", buf, sizeof(buf)) == KVR_OK && strcmp(buf, "llama") == 0,
           "get_str(general.architecture)");
-    check(kvr_gguf_get_str(g, "test.u32", buf, sizeof(buf)) != KVR_OK, "get_str(test.u32) accepted a number");
-    check(kvr_gguf_get_str(g, "test.arr_str", buf, sizeof(buf)) != KVR_OK, "get_str(test.arr_str) accepted an array");
+    CHECK(kvr_gguf_get_str(g, "test.u32", buf, sizeof(buf)) != KVR_OK, "get_str(test.u32) accepted a number");
+    CHECK(kvr_gguf_get_str(g, "test.arr_str", buf, sizeof(buf)) != KVR_OK, "get_str(test.arr_str) accepted an array");
 
-    check(kvr_gguf_find_key(g, "test.missing") == -1, "find_key of a missing key");
-    check(kvr_gguf_get_kv(g, "test.missing") == NULL, "get_kv of a missing key");
-    check(kvr_gguf_find_key(g, "test") == -1, "find_key matched a prefix");
-    check(kvr_gguf_find_key(g, "test.u32x") == -1, "find_key matched a longer key");
+    CHECK(kvr_gguf_find_key(g, "test.missing") == -1, "find_key of a missing key");
+    CHECK(kvr_gguf_get_kv(g, "test.missing") == NULL, "get_kv of a missing key");
+    CHECK(kvr_gguf_find_key(g, "test") == -1, "find_key matched a prefix");
+    CHECK(kvr_gguf_find_key(g, "test.u32x") == -1, "find_key matched a longer key");
 }
 
 // The tensors of im, as laid out by build().
 static void check_tensors(const struct kvr_gguf * g, const struct img * im) {
-    check(g->n_tensors == (uint64_t) im->n_tensors, "n_tensors = %llu, want %d", (unsigned long long) g->n_tensors, im->n_tensors);
-    check(g->alignment == im->align, "alignment = %zu, want %zu", g->alignment, im->align);
+    CHECK(g->n_tensors == (uint64_t) im->n_tensors, "n_tensors = %llu, want %d", (unsigned long long) g->n_tensors, im->n_tensors);
+    CHECK(g->alignment == im->align, "alignment = %zu, want %zu", g->alignment, im->align);
     if (im->n_tensors > 0) {
-        check(g->data_offset == im->data_offset, "data_offset = %zu, want %zu", g->data_offset, im->data_offset);
+        CHECK(g->data_offset == im->data_offset, "data_offset = %zu, want %zu", g->data_offset, im->data_offset);
     }
     if (g->n_tensors != (uint64_t) im->n_tensors) return;
     for (int i = 0; i < im->n_tensors; i++) {
         const struct tdesc * d = &im->tensors[i];
         const struct kvr_gguf_tensor * t = kvr_gguf_get_tensor(g, d->name);
-        check(t != NULL, "tensor '%s' missing", d->name);
+        CHECK(t != NULL, "tensor '%s' missing", d->name);
         if (!t) continue;
-        check(t == &g->tensors[i], "tensor '%s' is not tensors[%d] (file order)", d->name, i);
-        check(strcmp(t->name, d->name) == 0, "tensor '%s': name '%s'", d->name, t->name);
-        check(t->n_dims == d->n_dims, "tensor '%s': n_dims %d, want %d", d->name, t->n_dims, d->n_dims);
+        CHECK(t == &g->tensors[i], "tensor '%s' is not tensors[%d] (file order)", d->name, i);
+        CHECK(strcmp(t->name, d->name) == 0, "tensor '%s': name '%s'", d->name, t->name);
+        CHECK(t->n_dims == d->n_dims, "tensor '%s': n_dims %d, want %d", d->name, t->n_dims, d->n_dims);
         for (int j = 0; j < KVR_MAX_DIMS; j++) {
             const int64_t want = j < d->n_dims ? d->ne[j] : 1;
-            check(t->ne[j] == want, "tensor '%s': ne[%d] = %lld, want %lld", d->name, j, (long long) t->ne[j], (long long) want);
+            CHECK(t->ne[j] == want, "tensor '%s': ne[%d] = %lld, want %lld", d->name, j, (long long) t->ne[j], (long long) want);
         }
-        check(t->type == (enum kvr_type) d->type, "tensor '%s': type %d", d->name, (int) t->type);
-        check(t->offset == im->t_off[i], "tensor '%s': offset %llu, want %llu", d->name,
+        CHECK(t->type == (enum kvr_type) d->type, "tensor '%s': type %d", d->name, (int) t->type);
+        CHECK(t->offset == im->t_off[i], "tensor '%s': offset %llu, want %llu", d->name,
               (unsigned long long) t->offset, (unsigned long long) im->t_off[i]);
-        check(t->size == im->t_size[i], "tensor '%s': size %zu, want %zu", d->name, t->size, im->t_size[i]);
-        check(t->data == g->base + im->data_offset + im->t_off[i], "tensor '%s': data pointer not base + data_offset + offset", d->name);
+        CHECK(t->size == im->t_size[i], "tensor '%s': size %zu, want %zu", d->name, t->size, im->t_size[i]);
+        CHECK(t->data == g->base + im->data_offset + im->t_off[i], "tensor '%s': data pointer not base + data_offset + offset", d->name);
         if (t->data != g->base + im->data_offset + im->t_off[i]) continue;
         const int64_t ne = nelem(d);
         int bad = 0;
@@ -588,21 +582,21 @@ static void check_tensors(const struct kvr_gguf * g, const struct img * im) {
                 bad += v != f32_value(i, k);
             }
         }
-        check(bad == 0, "tensor '%s': %d elements differ", d->name, bad);
+        CHECK(bad == 0, "tensor '%s': %d elements differ", d->name, bad);
     }
-    check(kvr_gguf_get_tensor(g, "t.zzz") == NULL, "get_tensor of a missing name");
-    check(kvr_gguf_get_tensor(g, "t") == NULL, "get_tensor matched a prefix");
+    CHECK(kvr_gguf_get_tensor(g, "t.zzz") == NULL, "get_tensor of a missing name");
+    CHECK(kvr_gguf_get_tensor(g, "t") == NULL, "get_tensor matched a prefix");
 }
 
 static void check_header(const struct kvr_gguf * g, const struct img * im, uint32_t version, const void * buf, bool mapped) {
-    check(g->version == version, "version = %u, want %u", g->version, version);
-    check(g->n_kv == im->n_kv, "n_kv = %llu, want %llu", (unsigned long long) g->n_kv, (unsigned long long) im->n_kv);
-    check(g->size == im->n, "size = %zu, want %zu", g->size, im->n);
-    check(g->mapped == mapped, "mapped = %d, want %d", g->mapped, mapped);
-    if (buf) check(g->base == buf, "base is not the caller's buffer");
-    if (g->base && !mapped) check(memcmp(g->base, im->p, im->n) == 0, "base contents differ");
+    CHECK(g->version == version, "version = %u, want %u", g->version, version);
+    CHECK(g->n_kv == im->n_kv, "n_kv = %llu, want %llu", (unsigned long long) g->n_kv, (unsigned long long) im->n_kv);
+    CHECK(g->size == im->n, "size = %zu, want %zu", g->size, im->n);
+    CHECK(g->mapped == mapped, "mapped = %d, want %d", g->mapped, mapped);
+    if (buf) CHECK(g->base == buf, "base is not the caller's buffer");
+    if (g->base && !mapped) CHECK(memcmp(g->base, im->p, im->n) == 0, "base contents differ");
     for (uint64_t i = 0; i < g->n_kv && i < im->n_kv; i++) {
-        check(in_file(g, g->kv[i].key.s, g->kv[i].key.len), "kv[%llu] key not inside the buffer", (unsigned long long) i);
+        CHECK(in_file(g, g->kv[i].key.s, g->kv[i].key.len), "kv[%llu] key not inside the buffer", (unsigned long long) i);
     }
 }
 
@@ -645,14 +639,14 @@ static void run_case(const char * name, const void * p, size_t n, enum expect wa
     char outcome[600];
     if (g) {
         snprintf(outcome, sizeof(outcome), "(accepted)");
-        check(want != REJECT, "accepted a malformed file");
-        check(g->base == buf && g->size == n, "base/size are not the caller's buffer");
+        CHECK(want != REJECT, "accepted a malformed file");
+        CHECK(g->base == buf && g->size == n, "base/size are not the caller's buffer");
         if (more) more(g, arg);
         kvr_gguf_close(g);
     } else {
         snprintf(outcome, sizeof(outcome), "-> %.560s", kvr_last_error());
-        check(want != ACCEPT, "rejected a valid file: %s", kvr_last_error());
-        check(kvr_last_error()[0] != 0, "rejected without a message");
+        CHECK(want != ACCEPT, "rejected a valid file: %s", kvr_last_error());
+        CHECK(kvr_last_error()[0] != 0, "rejected without a message");
     }
     free(buf);
     case_end(name, outcome);
@@ -724,56 +718,56 @@ static void more_tensors_only(const struct kvr_gguf * g, const void * arg) {
 static void more_vocab(const struct kvr_gguf * g, const void * arg) {
     const struct img * im = arg;
     check_header(g, im, 3, NULL, false);
-    check(g->n_tensors == 0 && g->n_kv == 8, "n_tensors %llu n_kv %llu", (unsigned long long) g->n_tensors,
+    CHECK(g->n_tensors == 0 && g->n_kv == 8, "n_tensors %llu n_kv %llu", (unsigned long long) g->n_tensors,
           (unsigned long long) g->n_kv);
-    check(g->alignment == 32, "default alignment = %zu, want 32", g->alignment);
+    CHECK(g->alignment == 32, "default alignment = %zu, want 32", g->alignment);
     // no tensors: llama.cpp's data offset is the end of the metadata (no padding); at the least it
     // must not point past the end of the file
-    check(g->data_offset <= g->size, "data_offset %zu is past the end of the %zu-byte file", g->data_offset, g->size);
+    CHECK(g->data_offset <= g->size, "data_offset %zu is past the end of the %zu-byte file", g->data_offset, g->size);
     char buf[16];
-    check(kvr_gguf_get_str(g, "tokenizer.ggml.model", buf, sizeof(buf)) == KVR_OK && strcmp(buf, "llama") == 0,
+    CHECK(kvr_gguf_get_str(g, "tokenizer.ggml.model", buf, sizeof(buf)) == KVR_OK && strcmp(buf, "llama") == 0,
           "tokenizer.ggml.model");
     const struct kvr_gguf_kv * kv = must_kv(g, "tokenizer.ggml.tokens");
     if (kv) {
-        check(kv->n == N_VOCAB_TOKENS, "%llu tokens", (unsigned long long) kv->n);
-        check(kv->strs && keyeq(&kv->strs[3 + 0x41], "<0x41>"), "token 68 is not <0x41>");
+        CHECK(kv->n == N_VOCAB_TOKENS, "%llu tokens", (unsigned long long) kv->n);
+        CHECK(kv->strs && keyeq(&kv->strs[3 + 0x41], "<0x41>"), "token 68 is not <0x41>");
     }
     uint32_t bos = 0;
-    check(kvr_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos) == KVR_OK && bos == 1, "bos");
+    CHECK(kvr_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos) == KVR_OK && bos == 1, "bos");
     bool add = false;
-    check(kvr_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add) == KVR_OK && add, "add_bos");
+    CHECK(kvr_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add) == KVR_OK && add, "add_bos");
 }
 
 static void more_empty(const struct kvr_gguf * g, const void * arg) {
     (void) arg;
-    check(g->version == 3 && g->n_kv == 0 && g->n_tensors == 0, "header");
-    check(kvr_gguf_find_key(g, "general.alignment") == -1, "find_key in an empty file");
-    check(kvr_gguf_get_tensor(g, "t.a") == NULL, "get_tensor in an empty file");
-    check(g->alignment == 32, "default alignment = %zu", g->alignment);
-    check(g->data_offset <= g->size, "data_offset %zu is past the end of the %zu-byte file", g->data_offset, g->size);
+    CHECK(g->version == 3 && g->n_kv == 0 && g->n_tensors == 0, "header");
+    CHECK(kvr_gguf_find_key(g, "general.alignment") == -1, "find_key in an empty file");
+    CHECK(kvr_gguf_get_tensor(g, "t.a") == NULL, "get_tensor in an empty file");
+    CHECK(g->alignment == 32, "default alignment = %zu", g->alignment);
+    CHECK(g->data_offset <= g->size, "data_offset %zu is past the end of the %zu-byte file", g->data_offset, g->size);
 }
 
 // an accepted "either" case must still be self-consistent
 static void more_sane(const struct kvr_gguf * g, const void * arg) {
     (void) arg;
-    check(g->data_offset <= g->size, "data_offset past the end");
+    CHECK(g->data_offset <= g->size, "data_offset past the end");
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct kvr_gguf_tensor * t = &g->tensors[i];
-        check(t->n_dims >= 0 && t->n_dims <= KVR_MAX_DIMS, "tensor %llu: n_dims %d", (unsigned long long) i, t->n_dims);
+        CHECK(t->n_dims >= 0 && t->n_dims <= KVR_MAX_DIMS, "tensor %llu: n_dims %d", (unsigned long long) i, t->n_dims);
         int64_t ne = 1;
         for (int j = 0; j < KVR_MAX_DIMS; j++) {
-            check(t->ne[j] >= 0, "tensor '%s': ne[%d] < 0", t->name, j);
+            CHECK(t->ne[j] >= 0, "tensor '%s': ne[%d] < 0", t->name, j);
             ne *= t->ne[j];
         }
         const int64_t bs = kvr_blck_size(t->type);
-        check(bs > 0, "tensor '%s': type %d unknown to kvr", t->name, (int) t->type);
+        CHECK(bs > 0, "tensor '%s': type %d unknown to kvr", t->name, (int) t->type);
         if (bs > 0) {
-            check(t->size == (size_t)(ne / bs) * kvr_type_size(t->type),
+            CHECK(t->size == (size_t)(ne / bs) * kvr_type_size(t->type),
                   "tensor '%s': size %zu for %lld elements", t->name, t->size, (long long) ne);
         }
-        check(in_file(g, t->data, t->size), "tensor '%s': data outside the buffer", t->name);
-        check(t->offset % g->alignment == 0, "tensor '%s': offset %llu not aligned", t->name, (unsigned long long) t->offset);
-        check(memchr(t->name, 0, KVR_MAX_NAME) != NULL, "tensor %llu: name not terminated", (unsigned long long) i);
+        CHECK(in_file(g, t->data, t->size), "tensor '%s': data outside the buffer", t->name);
+        CHECK(t->offset % g->alignment == 0, "tensor '%s': offset %llu not aligned", t->name, (unsigned long long) t->offset);
+        CHECK(memchr(t->name, 0, KVR_MAX_NAME) != NULL, "tensor %llu: name not terminated", (unsigned long long) i);
     }
 }
 
@@ -809,7 +803,7 @@ static void extra_key_nul(struct img * im) {
 
 static void more_non_utf8(const struct kvr_gguf * g, const void * arg) {
     (void) arg;
-    check(kvr_gguf_find_key(g, "test.\xff\xfe") >= 0, "the non-UTF-8 key is not found");
+    CHECK(kvr_gguf_find_key(g, "test.\xff\xfe") >= 0, "the non-UTF-8 key is not found");
 }
 
 static void v1_file(struct img * im) {
@@ -842,11 +836,11 @@ static void mmap_reject(const char * name, const char * path) {
     char outcome[600];
     if (g) {
         snprintf(outcome, sizeof(outcome), "(accepted)");
-        check(false, "kvr_gguf_open accepted it");
+        CHECK(false, "kvr_gguf_open accepted it");
         kvr_gguf_close(g);
     } else {
         snprintf(outcome, sizeof(outcome), "-> %.560s", kvr_last_error());
-        check(kvr_last_error()[0] != 0, "rejected without a message");
+        CHECK(kvr_last_error()[0] != 0, "rejected without a message");
     }
     case_end(name, outcome);
 }
@@ -865,10 +859,10 @@ static void mmap_cases(const struct img * std) {
     case_begin("mmap.valid");
     kvr_error(KVR_OK, "%s", "");
     struct kvr_gguf * g = kvr_gguf_open(path);
-    check(g != NULL, "kvr_gguf_open rejected the valid file: %s", kvr_last_error());
+    CHECK(g != NULL, "kvr_gguf_open rejected the valid file: %s", kvr_last_error());
     if (g) {
         check_header(g, std, 3, NULL, true);
-        check(g->base && memcmp(g->base, std->p, std->n) == 0, "the mapping differs from the file");
+        CHECK(g->base && memcmp(g->base, std->p, std->n) == 0, "the mapping differs from the file");
         check_std_kvs(g);
         check_tensors(g, std);
         kvr_gguf_close(g);
@@ -927,7 +921,7 @@ static void mmap_cases(const struct img * std) {
 
     case_begin("mmap.no_fd_leak");
     const int fds1 = count_fds();
-    check(fds0 == fds1, "open descriptors %d before, %d after", fds0, fds1);
+    CHECK(fds0 == fds1, "open descriptors %d before, %d after", fds0, fds1);
     case_end("mmap.no_fd_leak", NULL);
 }
 
@@ -972,13 +966,13 @@ int main(int argc, char ** argv) {
         uint8_t * buf = exact_copy(std.p, std.n);
         kvr_error(KVR_OK, "%s", "");
         struct kvr_gguf * g = kvr_gguf_open_mem(buf, std.n);
-        check(g != NULL, "rejected: %s", kvr_last_error());
+        CHECK(g != NULL, "rejected: %s", kvr_last_error());
         if (g) {
             check_header(g, &std, 3, buf, false);
             check_std_kvs(g);
             check_tensors(g, &std);
             // the order of the entries is the file's
-            check(g->n_kv > 2 && keyeq(&g->kv[0].key, "general.architecture") && keyeq(&g->kv[1].key, "general.alignment"),
+            CHECK(g->n_kv > 2 && keyeq(&g->kv[0].key, "general.architecture") && keyeq(&g->kv[1].key, "general.alignment"),
                   "kv[] is not in file order");
             kvr_gguf_close(g);
         }
@@ -1095,8 +1089,8 @@ int main(int argc, char ** argv) {
             else if (!kvr_last_error()[0]) no_msg = true;
             free(buf);
         }
-        check(bad_len == (size_t) -1, "a prefix of %zu bytes (of %zu) was accepted", bad_len, std.t_end);
-        check(!no_msg, "a prefix was rejected without a message");
+        CHECK(bad_len == (size_t) -1, "a prefix of %zu bytes (of %zu) was accepted", bad_len, std.t_end);
+        CHECK(!no_msg, "a prefix was rejected without a message");
         char outcome[64];
         snprintf(outcome, sizeof(outcome), "(%zu prefixes)", std.t_end);
         case_end("trunc.every_length", outcome);
@@ -1113,8 +1107,8 @@ int main(int argc, char ** argv) {
             else if (!kvr_last_error()[0]) no_msg = true;
             free(v.p);
         }
-        check(bad_len == (size_t) -1, "a fitted prefix of %zu bytes was accepted", bad_len);
-        check(!no_msg, "a fitted prefix was rejected without a message");
+        CHECK(bad_len == (size_t) -1, "a fitted prefix of %zu bytes was accepted", bad_len);
+        CHECK(!no_msg, "a fitted prefix was rejected without a message");
         snprintf(outcome, sizeof(outcome), "(%zu prefixes)", to - from + 1);
         case_end("trunc_fit.every_length", outcome);
     }
@@ -1337,9 +1331,9 @@ int main(int argc, char ** argv) {
         case_begin("null_buffer");
         kvr_error(KVR_OK, "%s", "");
         struct kvr_gguf * g = kvr_gguf_open_mem(NULL, 0);
-        check(g == NULL, "accepted a NULL buffer");
+        CHECK(g == NULL, "accepted a NULL buffer");
         if (g) kvr_gguf_close(g);
-        else check(kvr_last_error()[0] != 0, "rejected without a message");
+        else CHECK(kvr_last_error()[0] != 0, "rejected without a message");
         case_end("null_buffer", kvr_last_error());
     }
 
@@ -1356,6 +1350,5 @@ int main(int argc, char ** argv) {
     free(std.p); free(v2.p); free(voc.p); free(nokv.p); free(empty.p); free(al1.p);
 
     printf("%.0f ms\n", kvr_time_ms() - t0);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("gguf");
 }

@@ -23,7 +23,7 @@
 //              (same ids, logits within 1e-4; chain strategies: bit for bit as without P/D)
 //
 // usage: test-kvcache [SHARED_DIR (default ../shared)] [-v]
-// Prints "N passed, M failed" (", K skipped"); exits 1 on a failure.
+// Prints "kvcache: N passed, M failed" (", K skipped"); exits 1 on a failure.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -32,7 +32,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,8 +657,7 @@ int main(int argc, char ** argv) {
     snprintf(other, sizeof(other), "%s/reference/tiny-llama-Q8_0.gguf", shared);
     struct kvr_model * m = access(path, R_OK) == 0 ? kvr_model_load(path, NULL) : NULL;
     if (!m) {
-        printf("skip: %s is missing: the model cases are skipped\n", path);
-        n_skip++;
+        skip("%s is missing: the model cases are skipped", path);
     } else {
         test_session(m);
         test_shards(m);
@@ -671,7 +669,5 @@ int main(int argc, char ** argv) {
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmp_dir);
-    if (n_skip) printf("kvcache: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    else printf("kvcache: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("kvcache");
 }

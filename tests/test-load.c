@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,17 +25,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int n_pass, n_fail, n_skip;
-
-#define CHECK(cond, ...) do {                                        \
-    if (cond) { n_pass++; } else {                                   \
-        n_fail++;                                                    \
-        fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-        fprintf(stderr, __VA_ARGS__);                                \
-        fprintf(stderr, "\n");                                       \
-    }                                                                \
-} while (0)
 
 //
 // kvr_error_prefix
@@ -308,14 +298,12 @@ int main(int argc, char ** argv) {
     snprintf(stories_path, sizeof(stories_path), "%s/models/stories260K.gguf", shared);
     struct kvr_gguf * stories = kvr_gguf_open(stories_path);
     if (!stories) {
-        fprintf(stderr, "test-load: %s missing: the model variants are skipped\n", stories_path);
-        n_skip++;
+        skip("%s missing: the model variants are skipped", stories_path);
     }
     test_paths(stories);
     if (stories) test_values(stories);
     if (stories) test_weights_memory(stories_path);
     kvr_gguf_close(stories);
     rmdir(base_dir);
-    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    return n_fail ? 1 : 0;
+    return check_summary("load");
 }

@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <signal.h>
@@ -52,9 +53,7 @@ static struct {
     const char * only;    // comma-separated group names, or NULL for all
 } g_opt = { false, 20240601, NULL };
 
-static int  g_pass, g_fail;     // cases, over all groups
-static int  g_grp_pass, g_grp_fail;
-static char g_case[256];        // the running case, printed if kvr aborts
+static int  g_grp_pass, g_grp_fail; // cases of the running group; n_pass, n_fail: over all groups
 
 static void on_abort(int sig) {
     static const char pre[] = "test-ops: aborted in case ";
@@ -289,7 +288,7 @@ static void tc_end(struct tcase * tc) {
     }
     kvr_free(tc->ctx);
     const bool ok = tc->n_fail == 0;
-    ok ? (g_pass++, g_grp_pass++) : (g_fail++, g_grp_fail++);
+    ok ? (n_pass++, g_grp_pass++) : (n_fail++, g_grp_fail++);
     if (!ok) {
         printf("  FAIL %s nt=%d: %s\n", g_case, tc->nt, tc->msg);
     } else if (g_opt.verbose) {
@@ -2224,7 +2223,8 @@ int main(int argc, char ** argv) {
     } else {
         printf("%s: %d cases skipped, not run: %s\n", g_other.name, g_other.n_skip, g_other.why);
     }
-    // a case that failed on the other backend failed (its CPU checks are in g_pass/g_fail too)
-    printf("%d passed, %d failed, %d skipped (%.1f s)\n", g_pass, g_fail, g_other.n_skip, (kvr_time_ms() - t0) / 1000.0);
-    return g_fail ? 1 : 0;
+    // a case that failed on the other backend failed (its CPU checks are in n_pass/n_fail too)
+    printf("all groups: %.1f s\n", (kvr_time_ms() - t0) / 1000.0);
+    n_skip = g_other.n_skip;
+    return check_summary("ops");
 }

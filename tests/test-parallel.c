@@ -45,11 +45,12 @@
 //   --full   the whole matrix even in a sanitizer build
 //   -v       one line per case
 //   -o       run only these groups (matrix, partial, variants, counters, archs, window, stall, trace)
-// Prints one line per group and "N passed, M failed" (", K skipped"); exits 1 on a failure.
+// Prints one line per group and "parallel: N passed, M failed" (", K skipped"); exits 1 on a failure.
 
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <signal.h>
@@ -79,38 +80,15 @@
 #define MAX_RANKS  8
 #define WATCHDOG_S 900     // the last resort; every wait in kvr has its own timeout
 
-static int          n_pass, n_fail, n_skip;
-static bool         verbose, quick;
+static bool         quick;
 static bool         mpi;           // --mpi: ranks are MPI processes
 static int          mpi_size;      //   how many (from a first dist)
 static const char * only;          // -o: comma-separated groups to run (NULL: all)
 static const char * shared_dir = "../shared";
 static char         tmp_dir[512];
-static char         g_case[256];   // the running case, printed if the watchdog fires
 static double       worst_logits, worst_cache; // the largest differences that passed, per group
 // The tolerances of the running case: TOL_LOGITS and TOL_CACHE but for tiny-gemma3 (test_archs).
 static double       tol_logits = TOL_LOGITS, tol_cache = TOL_CACHE;
-
-#define CHECK(cond, ...) do {                                              \
-    if (cond) { n_pass++; } else {                                         \
-        n_fail++;                                                          \
-        fprintf(stderr, "FAIL %s:%d: [%s] ", __FILE__, __LINE__, g_case);  \
-        fprintf(stderr, __VA_ARGS__);                                      \
-        fprintf(stderr, "\n");                                             \
-    }                                                                      \
-} while (0)
-
-static void set_case(const char * fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-static void set_case(const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_case, sizeof(g_case), fmt, ap);
-    va_end(ap);
-}
 
 static void on_alarm(int sig) {
     static const char pre[] = "test-parallel: watchdog: no end after the time limit, in case ";
@@ -1484,8 +1462,7 @@ int main(int argc, char ** argv) {
         models[0].m = kvr_model_load(stories_path, NULL);
         CHECK(models[0].m != NULL, "%s", kvr_last_error());
     } else {
-        printf("skip: %s is missing: the stories260K cases are skipped (the random models get a made-up vocabulary)\n", stories_path);
-        n_skip++;
+        skip("%s is missing: the stories260K cases are skipped (the random models get a made-up vocabulary)", stories_path);
     }
     set_case("write the random models");
     CHECK(write_random_llama(mha_path, 8, 0x5eed0001, stories_gguf) == KVR_OK, "writing %s: %s", mha_path, kvr_last_error());
@@ -1513,8 +1490,7 @@ int main(int argc, char ** argv) {
         archs[i] = (struct tmodel){ arch_names[i], NULL };
         if (mpi || (only && !want_group("archs") && !want_group("window"))) continue;
         if (access(path, R_OK) != 0) {
-            printf("skip: %s is missing: its architecture cases are skipped\n", path);
-            n_skip++;
+            skip("%s is missing: its architecture cases are skipped", path);
             continue;
         }
         set_case("load %s", path);
@@ -1560,7 +1536,5 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < 4; i++) kvr_model_free(archs[i].m);
     rmdir(tmp_dir);
     printf("total time %.1f s%s\n", (kvr_time_ms() - t_start) / 1e3, quick ? " (quick)" : "");
-    if (n_skip) printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    else printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("parallel");
 }

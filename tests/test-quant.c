@@ -21,9 +21,9 @@
 
 #define KVR_BUILD // kvr.h's internal section: the per-block functions the CPU and GPU paths share
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,27 +65,6 @@ size_t kvr_from_float(enum kvr_type t, const float * src, void * dst, int64_t n)
     return f ? f(src, dst, n) : 0;
 }
 #endif
-
-static int n_pass, n_fail, n_skip;
-
-static void check(int ok, const char * fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-static void check(int ok, const char * fmt, ...) {
-    if (ok) {
-        n_pass++;
-        return;
-    }
-    n_fail++;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
 
 // splitmix64: small, seeded, the same on every machine
 static uint64_t rng_state;
@@ -278,7 +257,7 @@ static void test_dequant(const struct qtype * qt) {
             for (int64_t e = 0; e < n && bad < 0; e++) {
                 if (!same_float(got[e], want[e])) bad = e;
             }
-            check(bad < 0, "%s dequant round %d%s: element %lld is %.9g, reference %.9g", qt->name, round,
+            CHECK(bad < 0, "%s dequant round %d%s: element %lld is %.9g, reference %.9g", qt->name, round,
                   odd ? " (odd address)" : "", (long long)bad, bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : want[bad]);
             // the same blocks one at a time through the shared per-block function
             memset(got, 0xff, sizeof(float) * (size_t)n);
@@ -287,7 +266,7 @@ static void test_dequant(const struct qtype * qt) {
             for (int64_t e = 0; e < n && bad < 0; e++) {
                 if (!same_float(got[e], want[e])) bad = e;
             }
-            check(bad < 0, "%s kvr_dequant_block round %d%s: element %lld is %.9g, reference %.9g", qt->name, round,
+            CHECK(bad < 0, "%s kvr_dequant_block round %d%s: element %lld is %.9g, reference %.9g", qt->name, round,
                   odd ? " (odd address)" : "", (long long)bad, bad < 0 ? 0.0 : got[bad], bad < 0 ? 0.0 : want[bad]);
         }
     }
@@ -314,7 +293,7 @@ static void test_row_dot(const struct qtype * qt) {
             ref += (double)want[i] * x[i];
             mag += fabs((double)want[i] * x[i]);
         }
-        check(fabs(dot - ref) <= 1e-4 * mag + 1e-30, "%s row dot round %d: %.9g vs reference %.9g",
+        CHECK(fabs(dot - ref) <= 1e-4 * mag + 1e-30, "%s row dot round %d: %.9g vs reference %.9g",
               qt->name, round, (double)dot, ref);
     }
     free(buf); free(row); free(want); free(x);
@@ -333,7 +312,7 @@ static void test_round_trip(const struct qtype * qt) {
     uint8_t * buf = malloc((size_t)NB * qt->size);
 
     if (qt->rt_rms == 0) {
-        check(kvr_from_float(qt->type, x, buf, qt->blck) == 0, "%s: from_float should be unsupported", qt->name);
+        CHECK(kvr_from_float(qt->type, x, buf, qt->blck) == 0, "%s: from_float should be unsupported", qt->name);
         free(x); free(y); free(buf);
         return;
     }
@@ -344,7 +323,7 @@ static void test_round_trip(const struct qtype * qt) {
             for (int i = 0; i < qt->blck; i++) x[b*qt->blck + i] = rng_normal() * scale + shift;
         }
         const size_t wrote = kvr_from_float(qt->type, x, buf, n);
-        check(wrote == (size_t)NB * qt->size, "%s from_float wrote %zu bytes, expected %zu", qt->name, wrote,
+        CHECK(wrote == (size_t)NB * qt->size, "%s from_float wrote %zu bytes, expected %zu", qt->name, wrote,
               (size_t)NB * qt->size);
         kvr_to_float(qt->type, buf, y, n);
         double err2 = 0, sum2 = 0;
@@ -375,10 +354,10 @@ static void test_round_trip(const struct qtype * qt) {
             }
         }
         const double rms = sqrt(err2 / sum2);
-        check(rms <= qt->rt_rms, "%s round trip %d: relative RMS error %.4g > %.4g", qt->name, round, rms, qt->rt_rms);
+        CHECK(rms <= qt->rt_rms, "%s round trip %d: relative RMS error %.4g > %.4g", qt->name, round, rms, qt->rt_rms);
         if (qt->type == KVR_TYPE_Q8_0 || qt->type == KVR_TYPE_Q4_0 || qt->type == KVR_TYPE_Q5_0 ||
             qt->type == KVR_TYPE_Q4_1 || qt->type == KVR_TYPE_Q5_1) {
-            check(worst_ratio <= 1.0, "%s round trip %d: element %lld off by %.3g of its bound", qt->name, round,
+            CHECK(worst_ratio <= 1.0, "%s round trip %d: element %lld off by %.3g of its bound", qt->name, round,
                   (long long)worst, worst_ratio);
         }
     }
@@ -389,13 +368,13 @@ static void test_round_trip(const struct qtype * qt) {
     kvr_to_float(qt->type, buf, y, nk);
     int zeros_ok = 1;
     for (int64_t i = 0; i < nk; i++) zeros_ok &= y[i] == 0.0f;
-    check(zeros_ok, "%s: an all-zero block does not come back as zeros", qt->name);
+    CHECK(zeros_ok, "%s: an all-zero block does not come back as zeros", qt->name);
     for (int64_t i = 0; i < nk; i++) x[i] = 0.75f;
     kvr_from_float(qt->type, x, buf, nk);
     kvr_to_float(qt->type, buf, y, nk);
     int const_ok = 1;
     for (int64_t i = 0; i < nk; i++) const_ok &= fabsf(y[i] - 0.75f) <= 0.75f * 0.02f;
-    check(const_ok, "%s: a constant block comes back as %g", qt->name, (double)y[0]);
+    CHECK(const_ok, "%s: a constant block comes back as %g", qt->name, (double)y[0]);
 
     free(x); free(y); free(buf);
 }
@@ -475,7 +454,7 @@ static void test_quantize_exact(const struct qtype * qt) {
     kvr_from_float(qt->type, x, got, NB * 32);
     int bad = 0;
     for (int b = 0; b < NB; b++) bad += memcmp(got + (size_t)b * qt->size, want + (size_t)b * qt->size, (size_t)qt->size) != 0;
-    check(bad == 0, "%s quantizer: %d of %d blocks differ from ggml's reference rule", qt->name, bad, NB);
+    CHECK(bad == 0, "%s quantizer: %d of %d blocks differ from ggml's reference rule", qt->name, bad, NB);
     free(x); free(got); free(want);
 }
 
@@ -485,11 +464,11 @@ static void test_quantize_exact(const struct qtype * qt) {
 static void test_mul_mat(const struct qtype * qt) {
     const int64_t K = 512, N = 7, T = 3;
     if (!kvr_type_supported(qt->type)) {
-        check(0, "%s: kvr_type_supported says no", qt->name);
+        CHECK(0, "%s: kvr_type_supported says no", qt->name);
         return;
     }
     struct kvr_context * ctx = kvr_init(8u << 20, false);
-    check(ctx != NULL, "kvr_init");
+    CHECK(ctx != NULL, "kvr_init");
     if (!ctx) return;
     struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
     struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
@@ -500,7 +479,7 @@ static void test_mul_mat(const struct qtype * qt) {
     struct kvr_graph * g = kvr_graph_new(ctx, 16);
     kvr_graph_expand(g, y);
     const int rc = kvr_graph_compute_cpu(g, 2);
-    check(rc == KVR_OK, "%s mul_mat: compute returned %d (%s)", qt->name, rc, kvr_last_error());
+    CHECK(rc == KVR_OK, "%s mul_mat: compute returned %d (%s)", qt->name, rc, kvr_last_error());
     if (rc == KVR_OK) {
         float * wr = malloc(sizeof(float) * (size_t)K);
         double worst = 0;
@@ -515,7 +494,7 @@ static void test_mul_mat(const struct qtype * qt) {
                 if (r > worst) worst = r;
             }
         }
-        check(worst <= 1e-4, "%s mul_mat: worst relative error %.3g", qt->name, worst);
+        CHECK(worst <= 1e-4, "%s mul_mat: worst relative error %.3g", qt->name, worst);
         free(wr);
     }
     kvr_free(ctx);
@@ -576,7 +555,7 @@ static void test_mul_vec_case(enum kvr_type type, const struct qtype * qt, const
 #if defined(__SSE__)
     _mm_setcsr(csr);
 #endif
-    check(rc == KVR_OK, "%s mul_vec K=%lld T=%d, %d threads: compute returned %d (%s)", name, (long long)K, T, nth, rc, kvr_last_error());
+    CHECK(rc == KVR_OK, "%s mul_vec K=%lld T=%d, %d threads: compute returned %d (%s)", name, (long long)K, T, nth, rc, kvr_last_error());
     double worst = 0;
     for (int64_t nn = 0; nn < N && rc == KVR_OK; nn++) {
         const uint8_t * row = (const uint8_t *)w->data + nn * w->nb[1];
@@ -597,7 +576,7 @@ static void test_mul_vec_case(enum kvr_type type, const struct qtype * qt, const
     // row where an offset type's -8 sum x (Q4_0) cancels a large q x to within ~3e-6, with this
     // kernel and with the one before it alike
     const double bound = xscale == 1.0f && !daz ? 2e-6 : 1e-5;
-    check(worst <= bound, "%s mul_vec K=%lld T=%d, %d threads, x times %g%s: worst relative error %.3g", name, (long long)K, T, nth, xscale,
+    CHECK(worst <= bound, "%s mul_vec K=%lld T=%d, %d threads, x times %g%s: worst relative error %.3g", name, (long long)K, T, nth, xscale,
           daz ? ", denormals-are-zero on" : "", worst);
     kvr_free(ctx);
 }
@@ -661,11 +640,11 @@ static void test_mul_mat_q8(void) {
         kvr_graph_expand(g, y);
         struct kvr_backend * be = kvr_backend_cpu_new(nth);
         struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
-        if (!buf) { check(0, "q8 mul_mat: %s", kvr_last_error()); kvr_backend_free(be); kvr_free(ctx); return; }
+        if (!buf) { CHECK(0, "q8 mul_mat: %s", kvr_last_error()); kvr_backend_free(be); kvr_free(ctx); return; }
         kvr_graph_place(g, buf);
         kvr_backend_set_q8_activations(be, true);
         const int rc = kvr_backend_graph_compute(be, g);
-        check(rc == KVR_OK, "q4_K q8 mul_mat, %d threads: compute returned %d (%s)", nth, rc, kvr_last_error());
+        CHECK(rc == KVR_OK, "q4_K q8 mul_mat, %d threads: compute returned %d (%s)", nth, rc, kvr_last_error());
         double worst_int = 0, worst_exact = 0;
         for (int64_t t = 0; t < T && rc == KVR_OK; t++) {
             const float * xt = (const float *)x->data + t * K;
@@ -702,10 +681,10 @@ static void test_mul_mat_q8(void) {
                 if (fabs(got - exact) / (mag + 1e-30) > worst_exact) worst_exact = fabs(got - exact) / (mag + 1e-30);
             }
         }
-        check(worst_int <= 1e-5, "q4_K q8 mul_mat, %d threads: worst relative error %.3g against the integer reference", nth, worst_int);
+        CHECK(worst_int <= 1e-5, "q4_K q8 mul_mat, %d threads: worst relative error %.3g against the integer reference", nth, worst_int);
         // the activations' rounding shows against the exact product (so the integer path ran), but
         // stays within its bound: half a step of 1/127 of the largest value per 256
-        check(worst_exact > 1e-5 && worst_exact < 0.02, "q4_K q8 mul_mat, %d threads: relative error %.3g against the exact product", nth, worst_exact);
+        CHECK(worst_exact > 1e-5 && worst_exact < 0.02, "q4_K q8 mul_mat, %d threads: relative error %.3g against the exact product", nth, worst_exact);
         kvr_buffer_free(buf);
         kvr_backend_free(be);
         kvr_free(ctx);
@@ -835,7 +814,7 @@ static void test_mul_q8_type(const struct qtype * qt, bool extreme) {
             kvr_graph_place(g, buf);
             kvr_backend_set_q8_activations(be, true);
             const int rc = kvr_backend_graph_compute(be, g);
-            check(rc == KVR_OK, "%s q8 mul_mat T=%d, %d threads: compute returned %d (%s)", qt->name, T, nth, rc, kvr_last_error());
+            CHECK(rc == KVR_OK, "%s q8 mul_mat T=%d, %d threads: compute returned %d (%s)", qt->name, T, nth, rc, kvr_last_error());
             for (int64_t nn = 0; nn < N; nn++) {
                 const uint8_t * row = (const uint8_t *)w->data + nn * w->nb[1];
                 for (int64_t e = 0; e < K; e++) wi[nn * K + e] = ref_int(qt->type, row + (e / qt->blck) * qt->size, (int)(e % qt->blck));
@@ -873,12 +852,12 @@ static void test_mul_q8_type(const struct qtype * qt, bool extreme) {
                     if (re > worst_exact) worst_exact = re;
                 }
             }
-            check(worst_int <= 1e-5, "%s q8 mul_mat%s T=%d, %d threads: worst relative error %.3g against the integer reference",
+            CHECK(worst_int <= 1e-5, "%s q8 mul_mat%s T=%d, %d threads: worst relative error %.3g against the integer reference",
                   qt->name, extreme ? " (extremes)" : "", T, nth, worst_int);
             // the activations' rounding shows against the exact product (so the integer path ran),
             // within its bound: half a step of 1/127 of the largest value per block (constant
             // activations of the extremes quantize almost exactly)
-            check((extreme || worst_exact > 1e-6) && worst_exact < 0.05, "%s q8 mul_mat%s T=%d, %d threads: relative error %.3g against the exact product",
+            CHECK((extreme || worst_exact > 1e-6) && worst_exact < 0.05, "%s q8 mul_mat%s T=%d, %d threads: relative error %.3g against the exact product",
                   qt->name, extreme ? " (extremes)" : "", T, nth, worst_exact);
             kvr_buffer_free(buf);
             kvr_backend_free(be);
@@ -915,14 +894,13 @@ static void test_tiny_llama(const char * shared) {
     snprintf(path, sizeof path, "%s/reference/tiny-llama-%s.gguf", shared, tiny_files[0]);
     struct kvr_gguf * q8 = kvr_gguf_open(path);
     if (!q8) {
-        printf("skipped: the tiny-llama checks (%s)\n", kvr_last_error());
-        n_skip++;
+        skip("the tiny-llama checks (%s)", kvr_last_error());
         return;
     }
     for (size_t f = 0; f < sizeof tiny_files / sizeof tiny_files[0]; f++) {
         snprintf(path, sizeof path, "%s/reference/tiny-llama-%s.gguf", shared, tiny_files[f]);
         struct kvr_gguf * g = kvr_gguf_open(path);
-        check(g != NULL, "open %s: %s", path, kvr_last_error());
+        CHECK(g != NULL, "open %s: %s", path, kvr_last_error());
         if (!g) continue;
         int n_tensors = 0;
         for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -950,7 +928,7 @@ static void test_tiny_llama(const char * shared) {
                 case KVR_TYPE_Q4_0: tol = 0.15; break;
                 default:            tol = 0.3;  break;
             }
-            check(n == nr && finite && rel <= tol, "%s %s (%s): relative RMS difference to the q8_0 copy %.4g > %.3g",
+            CHECK(n == nr && finite && rel <= tol, "%s %s (%s): relative RMS difference to the q8_0 copy %.4g > %.3g",
                   tiny_files[f], t->name, kvr_type_name(t->type), rel, tol);
 
             if (t->type == KVR_TYPE_Q8_0 || t->type == KVR_TYPE_Q4_0 || t->type == KVR_TYPE_Q5_0 ||
@@ -962,13 +940,13 @@ static void test_tiny_llama(const char * shared) {
                 for (size_t o = 0; o < bytes; o += kvr_type_size(t->type)) {
                     diff_blocks += memcmp(re + o, (const uint8_t *)t->data + o, kvr_type_size(t->type)) != 0;
                 }
-                check(wrote == bytes && diff_blocks == 0, "%s %s: %lld of %lld blocks requantize differently",
+                CHECK(wrote == bytes && diff_blocks == 0, "%s %s: %lld of %lld blocks requantize differently",
                       tiny_files[f], t->name, (long long)diff_blocks, (long long)(bytes / kvr_type_size(t->type)));
                 free(re);
             }
             free(a); free(b);
         }
-        check(n_tensors > 0, "%s: no quantized tensors", tiny_files[f]);
+        CHECK(n_tensors > 0, "%s: no quantized tensors", tiny_files[f]);
         kvr_gguf_close(g);
     }
     kvr_gguf_close(q8);
@@ -990,10 +968,10 @@ static void test_halves(void) {
         memcpy(&u, &fb, 4);
         if (bad_b < 0 && (u != i << 16 || (!isnan(fb) && kvr_f32_to_bfloat(fb) != i))) bad_b = (int)i;
     }
-    check(bad_h < 0, "kvr_half_to_f32/kvr_f32_to_half: half 0x%04x does not round-trip", bad_h);
-    check(bad_b < 0, "kvr_bfloat_to_f32/kvr_f32_to_bfloat: bf16 0x%04x does not round-trip", bad_b);
+    CHECK(bad_h < 0, "kvr_half_to_f32/kvr_f32_to_half: half 0x%04x does not round-trip", bad_h);
+    CHECK(bad_b < 0, "kvr_bfloat_to_f32/kvr_f32_to_bfloat: bf16 0x%04x does not round-trip", bad_b);
     // rounding to nearest even at a tie, and overflow to inf
-    check(kvr_f32_to_half(1.0f + 0x1p-11f) == 0x3c00 && kvr_f32_to_half(1.0f + 0x3p-11f) == 0x3c02 &&
+    CHECK(kvr_f32_to_half(1.0f + 0x1p-11f) == 0x3c00 && kvr_f32_to_half(1.0f + 0x3p-11f) == 0x3c02 &&
           kvr_f32_to_half(65520.0f) == 0x7c00 && kvr_f32_to_half(65519.0f) == 0x7bff,
           "kvr_f32_to_half: ties to even or overflow wrong");
 }
@@ -1006,7 +984,7 @@ int main(int argc, char ** argv) {
 
     for (int i = 0; i < N_QTYPES; i++) {
         const struct qtype * qt = &qtypes[i];
-        check(kvr_blck_size(qt->type) == qt->blck && kvr_type_size(qt->type) == (size_t)qt->size,
+        CHECK(kvr_blck_size(qt->type) == qt->blck && kvr_type_size(qt->type) == (size_t)qt->size,
               "%s: block %lld x %zu bytes, expected %d x %d", qt->name, (long long)kvr_blck_size(qt->type),
               kvr_type_size(qt->type), qt->blck, qt->size);
         test_dequant(qt);
@@ -1024,10 +1002,5 @@ int main(int argc, char ** argv) {
     test_tiny_llama(shared);
 #endif
 
-    if (n_skip) {
-        printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    } else {
-        printf("%d passed, %d failed\n", n_pass, n_fail);
-    }
-    return n_fail ? 1 : 0;
+    return check_summary("quant");
 }

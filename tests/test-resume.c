@@ -19,7 +19,7 @@
 //             resumed again: the clean ids
 //
 // usage: test-resume [SHARED_DIR (default ../shared)] [-v]
-// Prints "N passed, M failed" (", K skipped"); exits 1 on a failure.
+// Prints "resume: N passed, M failed" (", K skipped"); exits 1 on a failure.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -450,8 +450,7 @@ static void test_refused(const struct kvr_model * m, const char * other_path) {
         kvr_dist_free(d);
         kvr_model_free(o);
     } else {
-        printf("skip: refused: another model (no tiny-llama-Q8_0.gguf in the shared references)\n");
-        n_skip++;
+        skip("refused: another model (no tiny-llama-Q8_0.gguf in the shared references)");
     }
     set_case("refused: logs of two runs in one directory, no logs");
     {
@@ -511,8 +510,7 @@ int main(int argc, char ** argv) {
     snprintf(other, sizeof(other), "%s/reference/tiny-llama-Q8_0.gguf", shared);
     struct kvr_model * m = access(path, R_OK) == 0 ? kvr_model_load(path, NULL) : NULL;
     if (!m) {
-        printf("skip: %s is missing: the model cases are skipped\n", path);
-        n_skip++;
+        skip("%s is missing: the model cases are skipped", path);
     } else {
         const char * o = access(other, R_OK) == 0 ? other : NULL;
         test_format(m, o);
@@ -526,7 +524,5 @@ int main(int argc, char ** argv) {
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmp_dir);
-    if (n_skip) printf("resume: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    else printf("resume: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("resume");
 }

@@ -29,20 +29,16 @@
 // usage: test-schedule [SHARED_DIR (default ../shared)] [-v] [-p]
 //   -v  one line per eval and the reason each mutation was caught
 //   -p  print every rank's schedule of every eval
-// Prints "N passed, M failed" (", K skipped"); exits 1 on a failure.
+// Prints "schedule: N passed, M failed" (", K skipped"); exits 1 on a failure.
 
 #include "kvr.h"
+#include "tests/check.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int  n_pass, n_fail;
-static bool verbose, print;
-static char g_case[160];
-
-#define CHECK(cond, ...) do { if (cond) n_pass++; else { n_fail++; printf("FAIL %s: ", g_case); printf(__VA_ARGS__); printf("\n"); } } while (0)
+static bool print; // -p
 
 //
 // copies of schedules (a mutation edits a copy; the dist keeps its own until the next eval)
@@ -397,8 +393,8 @@ int main(int argc, char ** argv) {
     snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
     struct kvr_model * model = kvr_model_load(path, NULL);
     if (!model) {
-        printf("SKIP: %s: %s\n0 passed, 0 failed, 1 skipped\n", path, kvr_last_error());
-        return 0;
+        skip("%s: %s", path, kvr_last_error());
+        return check_summary("schedule");
     }
     const int V = (int)model->hp.n_vocab;
     enum { T0 = 37, T1 = 9, N_DEC = 2 };
@@ -445,6 +441,5 @@ int main(int argc, char ** argv) {
         }
     }
     kvr_model_free(model);
-    printf("schedule: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_summary("schedule");
 }

@@ -10,34 +10,20 @@
 //
 //   test-tokenizer [SHARED]      (default ../shared)
 //
-// A missing file is reported as SKIP, never as a pass. Ends with "N passed, M failed, K skipped"
+// A missing file is reported as SKIP, never as a pass. Ends with "tokenizer: N passed, M failed[, K skipped]"
 // and exits 1 on any failure.
 
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
+#include "tests/reference.h"
 
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_pass, n_fail, n_skip;
-
-static void check(bool ok, const char * fmt, ...) {
-    if (ok) {
-        n_pass++;
-        return;
-    }
-    n_fail++;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
 
 // printf into a path buffer; false (and an empty path) when it does not fit.
 static bool path_fmt(char * out, size_t cap, const char * fmt, ...) {
@@ -50,41 +36,6 @@ static bool path_fmt(char * out, size_t cap, const char * fmt, ...) {
         return false;
     }
     return true;
-}
-
-// The whole file (zero-terminated) or NULL; *n its size.
-static char * read_file(const char * path, size_t * n) {
-    FILE * f = fopen(path, "rb");
-    if (f == NULL) {
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char * buf = malloc(cap);
-    for (;;) {
-        if (len + 1 >= cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-        const size_t got = fread(buf + len, 1, cap - len - 1, f);
-        if (got == 0) {
-            break;
-        }
-        len += got;
-    }
-    fclose(f);
-    buf[len] = '\0';
-    if (n) {
-        *n = len;
-    }
-    return buf;
-}
-
-static bool file_exists(const char * path) {
-    FILE * f = fopen(path, "rb");
-    if (f) {
-        fclose(f);
-    }
-    return f != NULL;
 }
 
 // Print s with non-printable bytes escaped.
@@ -161,14 +112,13 @@ static void test_vocab_file(const char * dir, const char * name) {
     path_fmt(inp_path, sizeof inp_path, "%s.inp", path);
     path_fmt(out_path, sizeof out_path, "%s.out", path);
     if (!file_exists(path) || !file_exists(inp_path) || !file_exists(out_path)) {
-        printf("SKIP %s: %s not found\n", name, !file_exists(path) ? path : !file_exists(inp_path) ? inp_path : out_path);
-        n_skip++;
+        skip("%s: %s not found", name, !file_exists(path) ? path : !file_exists(inp_path) ? inp_path : out_path);
         return;
     }
     struct kvr_gguf * g;
     struct kvr_vocab * v = load_vocab(path, &g);
     if (v == NULL) {
-        check(false, "%s: cannot load the vocabulary: %s", name, kvr_last_error());
+        CHECK(false, "%s: cannot load the vocabulary: %s", name, kvr_last_error());
         return;
     }
     size_t inp_n;
@@ -210,7 +160,7 @@ static void test_vocab_file(const char * dir, const char * name) {
             ok = got[i] == expect[i];
         }
         n_ok += ok;
-        check(ok, "%s: case %d", name, n_cases);
+        CHECK(ok, "%s: case %d", name, n_cases);
         if (!ok && n_shown < 5) {
             n_shown++;
             printf("    input: ");
@@ -233,7 +183,7 @@ static void test_vocab_file(const char * dir, const char * name) {
         }
         const bool rt = dn == (int) len && memcmp(dec, text, len) == 0;
         n_rt_ok += rt;
-        check(rt, "%s: case %d does not detokenize back", name, n_cases);
+        CHECK(rt, "%s: case %d does not detokenize back", name, n_cases);
         if (!rt && n_shown < 5) {
             n_shown++;
             printf("    input:       ");
@@ -247,7 +197,7 @@ static void test_vocab_file(const char * dir, const char * name) {
     if (line != NULL && *line != '\0') {
         count_mismatch = true;
     }
-    check(!count_mismatch && n_cases > 0, "%s: %d cases in .inp but not as many lines in .out", name, n_cases);
+    CHECK(!count_mismatch && n_cases > 0, "%s: %d cases in .inp but not as many lines in .out", name, n_cases);
     printf("%-40s %s: %d/%d cases, %d/%d detokenize back\n", name,
            kvr_vocab_kind(v) == KVR_VOCAB_SPM ? "SPM" : "BPE", n_ok, n_cases, n_rt_ok, n_cases);
     free(expect);
@@ -269,14 +219,13 @@ static void test_reference(const char * shared, const char * model, const char *
         path_fmt(ppath, sizeof ppath, "%s/reference/%s", shared, prompt_file);
     }
     if (!file_exists(path) || !file_exists(tpath) || (prompt_file && !file_exists(ppath))) {
-        printf("SKIP reference %s: its files are not in %s\n", tokens_file, shared);
-        n_skip++;
+        skip("reference %s: its files are not in %s", tokens_file, shared);
         return;
     }
     struct kvr_gguf * g;
     struct kvr_vocab * v = load_vocab(path, &g);
     if (v == NULL) {
-        check(false, "reference %s: cannot load %s: %s", tokens_file, path, kvr_last_error());
+        CHECK(false, "reference %s: cannot load %s: %s", tokens_file, path, kvr_last_error());
         return;
     }
     char * prompt = prompt_file ? read_file(ppath, NULL) : NULL;
@@ -292,7 +241,7 @@ static void test_reference(const char * shared, const char * model, const char *
     for (int i = 0; ok && i < ng; i++) {
         ok = got[i] == expect[i];
     }
-    check(ok, "reference %s", tokens_file);
+    CHECK(ok, "reference %s", tokens_file);
     if (!ok) {
         print_ids("expected", expect, ne);
         print_ids("got     ", got, ng > 0 ? ng : 0);
@@ -310,50 +259,49 @@ static void test_api(const char * dir) {
     char path[1024];
     path_fmt(path, sizeof path, "%s/ggml-vocab-llama-spm.gguf", dir);
     if (!file_exists(path)) {
-        printf("SKIP api (SPM): %s not found\n", path);
-        n_skip++;
+        skip("api (SPM): %s not found", path);
     } else {
         struct kvr_gguf * g;
         struct kvr_vocab * v = load_vocab(path, &g);
-        check(v != NULL, "api: load %s: %s", path, kvr_last_error());
+        CHECK(v != NULL, "api: load %s: %s", path, kvr_last_error());
         if (v != NULL) {
             int32_t ids[64];
             // BOS and metadata
-            check(kvr_vocab_bos(v) == 1 && kvr_vocab_eos(v) == 2 && kvr_vocab_add_bos(v), "api: SPM bos/eos/add_bos");
-            check(kvr_vocab_is_eog(v, 2) && !kvr_vocab_is_eog(v, 1), "api: </s> ends generation, <s> does not");
-            check(kvr_vocab_n_tokens(v) == 32000 && kvr_vocab_kind(v) == KVR_VOCAB_SPM, "api: n_tokens, kind");
+            CHECK(kvr_vocab_bos(v) == 1 && kvr_vocab_eos(v) == 2 && kvr_vocab_add_bos(v), "api: SPM bos/eos/add_bos");
+            CHECK(kvr_vocab_is_eog(v, 2) && !kvr_vocab_is_eog(v, 1), "api: </s> ends generation, <s> does not");
+            CHECK(kvr_vocab_n_tokens(v) == 32000 && kvr_vocab_kind(v) == KVR_VOCAB_SPM, "api: n_tokens, kind");
             int n = kvr_tokenize(v, "Hello world", ids, 64, true, false);
-            check(n == 3 && ids[0] == 1 && ids[1] == 15043 && ids[2] == 3186, "api: BOS + 'Hello world' (got %d)", n);
+            CHECK(n == 3 && ids[0] == 1 && ids[1] == 15043 && ids[2] == 3186, "api: BOS + 'Hello world' (got %d)", n);
             // a short buffer: the count needed comes back and nothing is written past n_max
             int32_t small[3] = { -7, -7, -7 };
             n = kvr_tokenize(v, "Hello world", small, 2, true, false);
-            check(n == 3 && small[0] == 1 && small[1] == 15043 && small[2] == -7, "api: n_max smaller than the count");
-            check(kvr_tokenize(v, "Hello", NULL, 0, false, false) == 1, "api: counting with n_max 0");
-            check(kvr_tokenize(v, "", ids, 64, false, false) == 0, "api: empty text");
-            check(kvr_tokenize(v, "", ids, 64, true, false) == 1 && ids[0] == 1, "api: empty text with BOS");
-            check(kvr_tokenize(NULL, "x", ids, 64, false, false) < 0, "api: NULL vocab is an error");
+            CHECK(n == 3 && small[0] == 1 && small[1] == 15043 && small[2] == -7, "api: n_max smaller than the count");
+            CHECK(kvr_tokenize(v, "Hello", NULL, 0, false, false) == 1, "api: counting with n_max 0");
+            CHECK(kvr_tokenize(v, "", ids, 64, false, false) == 0, "api: empty text");
+            CHECK(kvr_tokenize(v, "", ids, 64, true, false) == 1 && ids[0] == 1, "api: empty text with BOS");
+            CHECK(kvr_tokenize(NULL, "x", ids, 64, false, false) < 0, "api: NULL vocab is an error");
             // special tokens: parsed only on request; text after one gets the space prefix
             n = kvr_tokenize(v, "<s>Hello</s>", ids, 64, false, true);
-            check(n == 3 && ids[0] == 1 && ids[1] == 15043 && ids[2] == 2, "api: parse_special '<s>Hello</s>' (got %d)", n);
+            CHECK(n == 3 && ids[0] == 1 && ids[1] == 15043 && ids[2] == 2, "api: parse_special '<s>Hello</s>' (got %d)", n);
             n = kvr_tokenize(v, "<s>", ids, 64, false, false);
             bool has_bos = false;
             for (int i = 0; i < n; i++) has_bos |= ids[i] == 1;
-            check(n > 1 && !has_bos, "api: '<s>' is plain text without parse_special");
+            CHECK(n > 1 && !has_bos, "api: '<s>' is plain text without parse_special");
             // pieces
             char buf[64];
-            check(kvr_token_to_piece(v, 15043, buf, 64, false) == 6 && memcmp(buf, " Hello", 6) == 0, "api: piece of 15043");
-            check(kvr_token_to_piece(v, 15043, buf, 3, false) == -6, "api: short piece buffer gives -needed");
-            check(kvr_token_to_piece(v, 1, buf, 64, false) == 0, "api: control token prints nothing");
-            check(kvr_token_to_piece(v, 1, buf, 64, true) == 3 && memcmp(buf, "<s>", 3) == 0, "api: control token with special");
-            check(kvr_token_to_piece(v, 3 + 0x41, buf, 64, false) == 1 && buf[0] == 'A', "api: byte token <0x41>");
-            check(kvr_token_to_piece(v, 32000, buf, 64, true) == 0, "api: id out of range prints nothing");
+            CHECK(kvr_token_to_piece(v, 15043, buf, 64, false) == 6 && memcmp(buf, " Hello", 6) == 0, "api: piece of 15043");
+            CHECK(kvr_token_to_piece(v, 15043, buf, 3, false) == -6, "api: short piece buffer gives -needed");
+            CHECK(kvr_token_to_piece(v, 1, buf, 64, false) == 0, "api: control token prints nothing");
+            CHECK(kvr_token_to_piece(v, 1, buf, 64, true) == 3 && memcmp(buf, "<s>", 3) == 0, "api: control token with special");
+            CHECK(kvr_token_to_piece(v, 3 + 0x41, buf, 64, false) == 1 && buf[0] == 'A', "api: byte token <0x41>");
+            CHECK(kvr_token_to_piece(v, 32000, buf, 64, true) == 0, "api: id out of range prints nothing");
             // invalid UTF-8 survives through byte fallback (stray continuation bytes are one
             // character each; a lead byte would swallow the next bytes, as in llama.cpp)
             const char bad[] = "a\x80\xbf" "b\xc3";
             n = kvr_tokenize(v, bad, ids, 64, false, false);
             char dec[256];
             int dn = n > 0 ? detokenize(v, ids, n, dec, 256) : -1;
-            check(dn == (int) strlen(bad) + 1 && dec[0] == ' ' && memcmp(dec + 1, bad, strlen(bad)) == 0,
+            CHECK(dn == (int) strlen(bad) + 1 && dec[0] == ' ' && memcmp(dec + 1, bad, strlen(bad)) == 0,
                   "api: invalid UTF-8 round trip through byte tokens");
             kvr_vocab_free(v);
             kvr_gguf_close(g);
@@ -361,28 +309,27 @@ static void test_api(const char * dir) {
     }
     path_fmt(path, sizeof path, "%s/ggml-vocab-gpt-2.gguf", dir);
     if (!file_exists(path)) {
-        printf("SKIP api (BPE): %s not found\n", path);
-        n_skip++;
+        skip("api (BPE): %s not found", path);
         return;
     }
     struct kvr_gguf * g;
     struct kvr_vocab * v = load_vocab(path, &g);
-    check(v != NULL, "api: load %s: %s", path, kvr_last_error());
+    CHECK(v != NULL, "api: load %s: %s", path, kvr_last_error());
     if (v == NULL) {
         return;
     }
     int32_t ids[64];
     int n = kvr_tokenize(v, "Hello<|endoftext|>", ids, 64, false, true);
-    check(n == 2 && ids[0] == 15496 && ids[1] == 50256, "api: BPE parse_special (got %d)", n);
+    CHECK(n == 2 && ids[0] == 15496 && ids[1] == 50256, "api: BPE parse_special (got %d)", n);
     n = kvr_tokenize(v, "Hello<|endoftext|>", ids, 64, false, false);
-    check(n > 2, "api: BPE special text without parse_special (got %d)", n);
-    check(kvr_vocab_is_eog(v, 50256) && !kvr_vocab_add_bos(v), "api: BPE eog, add_bos");
+    CHECK(n > 2, "api: BPE special text without parse_special (got %d)", n);
+    CHECK(kvr_vocab_is_eog(v, 50256) && !kvr_vocab_add_bos(v), "api: BPE eog, add_bos");
     const char bad[] = "x\xff\x80y";
     n = kvr_tokenize(v, bad, ids, 64, false, false);
-    check(n > 0, "api: BPE invalid UTF-8 is tokenized (got %d)", n);
+    CHECK(n > 0, "api: BPE invalid UTF-8 is tokenized (got %d)", n);
     char buf[16];
-    check(kvr_token_to_piece(v, 50256, buf, 16, false) == 0, "api: BPE control piece");
-    check(kvr_token_to_piece(v, 220, buf, 16, false) == 1 && buf[0] == ' ', "api: BPE piece of 220 is a space");
+    CHECK(kvr_token_to_piece(v, 50256, buf, 16, false) == 0, "api: BPE control piece");
+    CHECK(kvr_token_to_piece(v, 220, buf, 16, false) == 1 && buf[0] == ' ', "api: BPE piece of 220 is a space");
     kvr_vocab_free(v);
     kvr_gguf_close(g);
 
@@ -390,24 +337,23 @@ static void test_api(const char * dir) {
     // tokens llama.cpp recognizes by their text ("<｜fim▁hole｜>") are control tokens and are not
     path_fmt(path, sizeof path, "%s/ggml-vocab-deepseek-coder.gguf", dir);
     if (!file_exists(path)) {
-        printf("SKIP api (user-defined): %s not found\n", path);
-        n_skip++;
+        skip("api (user-defined): %s not found", path);
         return;
     }
     v = load_vocab(path, &g);
-    check(v != NULL, "api: load %s: %s", path, kvr_last_error());
+    CHECK(v != NULL, "api: load %s: %s", path, kvr_last_error());
     if (v == NULL) {
         return;
     }
     static const char hole[] = "a<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>b";
     n = kvr_tokenize(v, "a<pad>b", ids, 64, false, false);
-    check(n == 3 && ids[0] == 64 && ids[1] == 32018 && ids[2] == 65, "api: user-defined '<pad>' split out (got %d)", n);
+    CHECK(n == 3 && ids[0] == 64 && ids[1] == 32018 && ids[2] == 65, "api: user-defined '<pad>' split out (got %d)", n);
     n = kvr_tokenize(v, hole, ids, 64, false, false);
-    check(n == 15 && ids[1] == 27, "api: FIM token kept as text without parse_special (got %d)", n);
+    CHECK(n == 15 && ids[1] == 27, "api: FIM token kept as text without parse_special (got %d)", n);
     n = kvr_tokenize(v, hole, ids, 64, false, true);
-    check(n == 3 && ids[1] == 32015, "api: FIM token with parse_special (got %d)", n);
+    CHECK(n == 3 && ids[1] == 32015, "api: FIM token with parse_special (got %d)", n);
     n = kvr_tokenize(v, "Hello", ids, 64, kvr_vocab_add_bos(v), false);
-    check(n == 2 && ids[0] == 32013 && ids[1] == 17535, "api: deepseek-coder adds its BOS (got %d)", n);
+    CHECK(n == 2 && ids[0] == 32013 && ids[1] == 17535, "api: deepseek-coder adds its BOS (got %d)", n);
     kvr_vocab_free(v);
     kvr_gguf_close(g);
 }
@@ -546,25 +492,25 @@ static void test_metadata_errors(void) {
         struct kvr_gguf * g = NULL;
         struct kvr_vocab * v = try_meta(cases[i].variant, &g, &b);
         if (cases[i].ok) {
-            check(v != NULL, "metadata: %s should load: %s", cases[i].what, kvr_last_error());
+            CHECK(v != NULL, "metadata: %s should load: %s", cases[i].what, kvr_last_error());
             if (v != NULL && cases[i].variant == 0) {
                 int32_t ids[16];
                 const int n = kvr_tokenize(v, "ab", ids, 16, true, false);
                 // "▁ab" is no token and "▁" + "ab" merge no further
-                check(n == 3 && ids[0] == 1 && ids[1] == 6 && ids[2] == 5, "metadata: tiny SPM tokenizes 'ab' (got %d)", n);
-                check(kvr_tokenize(v, "c", ids, 16, false, false) == 2 && ids[1] == 0,
+                CHECK(n == 3 && ids[0] == 1 && ids[1] == 6 && ids[2] == 5, "metadata: tiny SPM tokenizes 'ab' (got %d)", n);
+                CHECK(kvr_tokenize(v, "c", ids, 16, false, false) == 2 && ids[1] == 0,
                       "metadata: a character with no token and no byte tokens becomes <unk>");
             }
             if (v != NULL && cases[i].variant == 11) {
                 int32_t ids[16];
                 const int n = kvr_tokenize(v, "ab", ids, 16, false, false);
-                check(n == 1 && ids[0] == 2, "metadata: tiny BPE merges 'a b' (got %d)", n);
-                check(kvr_vocab_bos(v) == -1, "metadata: default BOS 11 is outside 4 tokens");
+                CHECK(n == 1 && ids[0] == 2, "metadata: tiny BPE merges 'a b' (got %d)", n);
+                CHECK(kvr_vocab_bos(v) == -1, "metadata: default BOS 11 is outside 4 tokens");
             }
         } else {
             const char * err = kvr_last_error();
-            check(g == NULL || v == NULL, "metadata: %s should fail", cases[i].what);
-            check(v != NULL || strstr(err, cases[i].must_name) != NULL, "metadata: %s: the message names %s: '%s'",
+            CHECK(g == NULL || v == NULL, "metadata: %s should fail", cases[i].what);
+            CHECK(v != NULL || strstr(err, cases[i].must_name) != NULL, "metadata: %s: the message names %s: '%s'",
                   cases[i].what, cases[i].must_name, err);
         }
         kvr_vocab_free(v);
@@ -618,6 +564,5 @@ int main(int argc, char ** argv) {
     test_api(dir);
     test_metadata_errors();
 
-    printf("test-tokenizer: %d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    return n_fail ? 1 : 0;
+    return check_summary("tokenizer");
 }

@@ -6,33 +6,17 @@
 // (stories260K from SHARED_DIR/models; skipped, never passed, when the file is missing).
 //
 // usage: test-tune [SHARED_DIR]      (default ../shared)
-// Prints a line per failed check (-v: every check) and "N passed, M failed[, K skipped]".
+// Prints a line per failed check (-v: every check) and "tune: N passed, M failed[, K skipped]".
 
 #define _POSIX_C_SOURCE 200809L
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int  g_pass, g_fail, g_skip;
-static bool g_verbose;
-
-static void check(bool ok, const char * fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (!ok || g_verbose) {
-        printf("%s ", ok ? "ok  " : "FAIL");
-        vprintf(fmt, ap);
-        printf("\n");
-    }
-    va_end(ap);
-    if (ok) g_pass++;
-    else g_fail++;
-}
 
 // a scratch file path under $TMPDIR (or /tmp), removed at the end
 static char g_tmp[8][512];
@@ -133,10 +117,10 @@ static void test_search(void) {
         int rc = kvr_tune_search(&p, &res);
         char msg[512] = "";
         const bool ok = rc == KVR_OK && near_bounds(res.counts, want, N, S, msg, sizeof(msg));
-        check(ok, "search: %s objective, %d ranks, %d tokens, stride %d: boundaries got/want %s (%lld evaluations)%s%s",
+        CHECK(ok, "search: %s objective, %d ranks, %d tokens, stride %d: boundaries got/want %s (%lld evaluations)%s%s",
               sy.kind == 0 ? "bowl" : sy.kind == 1 ? "chain w*c" : "chain b^2", N, T, S, msg, (long long)res.n_evals,
               rc ? ": " : "", rc ? kvr_last_error() : "");
-        if (rc == KVR_OK) check(res.n_evals == sy.evals, "search: %lld distinct evaluations reported, %d made", (long long)res.n_evals, sy.evals);
+        if (rc == KVR_OK) CHECK(res.n_evals == sy.evals, "search: %lld distinct evaluations reported, %d made", (long long)res.n_evals, sy.evals);
     }
     // a start point is honored, and an objective's failure stops the search with its reason
     {
@@ -144,21 +128,21 @@ static void test_search(void) {
         const int start[4] = { 500, 300, 250, 150 };
         struct kvr_tune_search_params p = { .n_ranks = 4, .n_tokens = 1200, .min_stride = 4, .start = start, .objective = synth_obj, .user = &sy };
         struct kvr_tune_search_result res;
-        check(kvr_tune_search(&p, &res) == KVR_OK && abs(res.counts[0] - 576) <= 4 && abs(res.counts[3] - 144) <= 4,
+        CHECK(kvr_tune_search(&p, &res) == KVR_OK && abs(res.counts[0] - 576) <= 4 && abs(res.counts[3] - 144) <= 4,
               "search: from a start point: %d %d %d %d (want 576 288 192 144)", res.counts[0], res.counts[1], res.counts[2], res.counts[3]);
         p.objective = failing_obj;
         sy.evals = 0;
-        check(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "objective failed") && strstr(kvr_last_error(), "rank 2 fell over"),
+        CHECK(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "objective failed") && strstr(kvr_last_error(), "rank 2 fell over"),
               "search: a failing objective stops it with its reason: %s", kvr_last_error());
     }
     // errors are reported, not asserted
     struct synth sy = { .kind = 0, .T = 3 };
     struct kvr_tune_search_params p = { .n_ranks = 4, .n_tokens = 3, .objective = synth_obj, .user = &sy };
     struct kvr_tune_search_result res;
-    check(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "3 tokens"),
+    CHECK(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "3 tokens"),
           "search: 3 tokens over 4 ranks is an error: %s", kvr_last_error());
     p = (struct kvr_tune_search_params) { .n_ranks = 12, .n_tokens = 100000, .objective = synth_obj, .user = &sy };
-    check(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "grid"),
+    CHECK(kvr_tune_search(&p, &res) == KVR_ERR_ARG && strstr(kvr_last_error(), "grid"),
           "search: a 5^11 grid is refused up front: %s", kvr_last_error());
 }
 
@@ -168,7 +152,7 @@ static void test_search(void) {
 
 static void test_table(void) {
     const char * path = tmp_path("table");
-    if (!path) { check(false, "table: no temporary file"); return; }
+    if (!path) { CHECK(false, "table: no temporary file"); return; }
     struct kvr_tune_table t = { 0 };
     snprintf(t.profile, sizeof(t.profile), "a100-nvlink");
     // the paper's Fig. 10 setting: Llama 7B on 4 GPUs, breakdowns at 8k and 12k whose average is
@@ -182,7 +166,7 @@ static void test_table(void) {
     rc |= kvr_tune_table_add(&t, &e8);
     rc |= kvr_tune_table_add(&t, &e2);
     rc |= kvr_tune_table_add(&t, &e8); // replaces, does not duplicate
-    check(rc == KVR_OK && t.n_entries == 4, "table: 4 entries after 5 adds (one replaced): %d", t.n_entries);
+    CHECK(rc == KVR_OK && t.n_entries == 4, "table: 4 entries after 5 adds (one replaced): %d", t.n_entries);
     rc = kvr_tune_table_save(&t, path);
     struct kvr_tune_table u = { 0 };
     if (rc == KVR_OK) rc = kvr_tune_table_load(path, &u);
@@ -192,34 +176,34 @@ static void test_table(void) {
         same = !strcmp(a->model, b->model) && a->n_ranks == b->n_ranks && a->n_tokens == b->n_tokens && fabs(a->ttft - b->ttft) < 1e-9;
         for (int r = 0; same && r < a->n_ranks; r++) same = fabs(a->fractions[r] - b->fractions[r]) < 1e-6;
     }
-    check(same, "table: save + load round-trips every entry%s%s", rc ? ": " : "", rc ? kvr_last_error() : "");
+    CHECK(same, "table: save + load round-trips every entry%s%s", rc ? ": " : "", rc ? kvr_last_error() : "");
 
     double f[KVR_TUNE_MAX_RANKS];
     const double want10[4] = { 0.350, 0.255, 0.210, 0.185 };
     rc = kvr_tune_table_partition(path, "llama-7b", 4, 10240, f);
     bool ok = rc == KVR_OK;
     for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - want10[r]) < 1e-9;
-    check(ok, "table: KVR-P at 10k from 8k and 12k is the paper's [0.350 0.255 0.210 0.185]: [%.4f %.4f %.4f %.4f]",
+    CHECK(ok, "table: KVR-P at 10k from 8k and 12k is the paper's [0.350 0.255 0.210 0.185]: [%.4f %.4f %.4f %.4f]",
           f[0], f[1], f[2], f[3]);
     rc = kvr_tune_table_partition(path, "llama-7b", 4, 9216, f); // a quarter of the way
     ok = rc == KVR_OK;
     for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - (0.75 * e8.fractions[r] + 0.25 * e12.fractions[r])) < 1e-9;
-    check(ok, "table: KVR-P at 9k is 3/4 of 8k + 1/4 of 12k");
+    CHECK(ok, "table: KVR-P at 9k is 3/4 of 8k + 1/4 of 12k");
     rc = kvr_tune_table_partition(path, "llama-7b", 4, 2048, f);
     ok = rc == KVR_OK;
     for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - e8.fractions[r]) < 1e-9;
-    check(ok, "table: below the shortest entry the shortest's partition holds");
+    CHECK(ok, "table: below the shortest entry the shortest's partition holds");
     rc = kvr_tune_table_partition(path, "llama-7b", 4, 65536, f);
     ok = rc == KVR_OK;
     for (int r = 0; ok && r < 4; r++) ok = fabs(f[r] - e12.fractions[r]) < 1e-9;
-    check(ok, "table: above the longest entry the longest's partition holds");
+    CHECK(ok, "table: above the longest entry the longest's partition holds");
     rc = kvr_tune_table_partition(path, "llama-7b", 2, 8192, f);
-    check(rc == KVR_OK && fabs(f[0] - 0.58) < 1e-9, "table: an exact length returns its entry");
+    CHECK(rc == KVR_OK && fabs(f[0] - 0.58) < 1e-9, "table: an exact length returns its entry");
     rc = kvr_tune_table_partition(path, "llama-7b", 8, 8192, f);
-    check(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "8 ranks") && strstr(kvr_last_error(), "llama-7b/4"),
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "8 ranks") && strstr(kvr_last_error(), "llama-7b/4"),
           "table: a missing rank count names what the table has: %s", kvr_last_error());
     rc = kvr_tune_table_partition(path, NULL, 4, 8192, f);
-    check(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "several"), "table: no model name with two models is an error: %s", kvr_last_error());
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "several"), "table: no model name with two models is an error: %s", kvr_last_error());
     kvr_tune_table_free(&u);
     kvr_tune_table_free(&t);
 
@@ -237,9 +221,9 @@ static void test_table(void) {
         write_file(path, bad[i].text);
         struct kvr_tune_table v;
         rc = kvr_tune_table_load(path, &v);
-        check(rc == KVR_ERR_FORMAT && strstr(kvr_last_error(), bad[i].want), "table: malformed file %zu rejected: %s", i, kvr_last_error());
+        CHECK(rc == KVR_ERR_FORMAT && strstr(kvr_last_error(), bad[i].want), "table: malformed file %zu rejected: %s", i, kvr_last_error());
     }
-    check(kvr_tune_table_partition("/nonexistent/table.txt", "m", 2, 10, f) == KVR_ERR_IO, "table: a missing file is KVR_ERR_IO");
+    CHECK(kvr_tune_table_partition("/nonexistent/table.txt", "m", 2, 10, f) == KVR_ERR_IO, "table: a missing file is KVR_ERR_IO");
 }
 
 //
@@ -263,43 +247,43 @@ static void test_profiles(void) {
         int rc = kvr_tune_profile_builtin(names[i], &p);
         if (rc == KVR_OK && path) rc = kvr_tune_profile_save(&p, path);
         if (rc == KVR_OK && path) rc = kvr_tune_profile_load(path, &q);
-        check(rc == KVR_OK && same_profile(&p, &q), "profile %s: built in, saved and loaded back unchanged", names[i]);
+        CHECK(rc == KVR_OK && same_profile(&p, &q), "profile %s: built in, saved and loaded back unchanged", names[i]);
         // the shipped files (tools/profiles/, when the test runs from the project root)
         char ship[256];
         snprintf(ship, sizeof(ship), "tools/profiles/%s.txt", names[i]);
         if (access(ship, R_OK) == 0) {
             rc = kvr_tune_profile_load(ship, &q);
-            check(rc == KVR_OK && same_profile(&p, &q), "profile %s: %s equals the built-in", names[i], ship);
+            CHECK(rc == KVR_OK && same_profile(&p, &q), "profile %s: %s equals the built-in", names[i], ship);
         }
     }
     struct kvr_tune_profile p;
-    check(kvr_tune_profile_get("v100-nvlink", &p) == KVR_ERR_ARG && strstr(kvr_last_error(), "v100-nvlink"),
+    CHECK(kvr_tune_profile_get("v100-nvlink", &p) == KVR_ERR_ARG && strstr(kvr_last_error(), "v100-nvlink"),
           "profile: an unknown name is an error naming it: %s", kvr_last_error());
     if (path) {
         write_file(path, "name x\nmatmul_flops 1e12\nlink_bw fast\n");
-        check(kvr_tune_profile_load(path, &p) == KVR_ERR_FORMAT && strstr(kvr_last_error(), ":3: bad value 'fast' for link_bw"),
+        CHECK(kvr_tune_profile_load(path, &p) == KVR_ERR_FORMAT && strstr(kvr_last_error(), ":3: bad value 'fast' for link_bw"),
               "profile: a bad value names line and key: %s", kvr_last_error());
         write_file(path, "name x\nmatmul_flop 1e12\n");
-        check(kvr_tune_profile_load(path, &p) == KVR_ERR_FORMAT && strstr(kvr_last_error(), ":2: unknown key 'matmul_flop'"),
+        CHECK(kvr_tune_profile_load(path, &p) == KVR_ERR_FORMAT && strstr(kvr_last_error(), ":2: unknown key 'matmul_flop'"),
               "profile: an unknown key names line and key: %s", kvr_last_error());
         write_file(path, "name x\nmatmul_eff 1.5\n");
-        check(kvr_tune_profile_load(path, &p) == KVR_ERR_ARG && strstr(kvr_last_error(), "matmul_eff"),
+        CHECK(kvr_tune_profile_load(path, &p) == KVR_ERR_ARG && strstr(kvr_last_error(), "matmul_eff"),
               "profile: an efficiency above 1 is refused: %s", kvr_last_error());
         write_file(path, "# only a comment\nname slow-net\nlink_bw 1e9\nlink_latency 5e-5\n");
-        check(kvr_tune_profile_load(path, &p) == KVR_OK && p.link_bw == 1e9 && p.attn_tile_k == 256 && !strcmp(p.name, "slow-net"),
+        CHECK(kvr_tune_profile_load(path, &p) == KVR_OK && p.link_bw == 1e9 && p.attn_tile_k == 256 && !strcmp(p.name, "slow-net"),
               "profile: keys not in the file keep the cpu profile's values");
     }
 
     struct kvr_tune_model m;
-    check(kvr_tune_model_preset("llama-7b", &m) == KVR_OK && m.n_layer == 32 && m.n_head_kv == 32 && m.n_ffn_mats == 3,
+    CHECK(kvr_tune_model_preset("llama-7b", &m) == KVR_OK && m.n_layer == 32 && m.n_head_kv == 32 && m.n_ffn_mats == 3,
           "preset llama-7b: 32 layers, MHA");
-    check(kvr_tune_model_preset("llama-7b-gqa8", &m) == KVR_OK && m.n_head_kv == 8 && !strcmp(m.name, "llama-7b-gqa8"), "preset llama-7b-gqa8: 8 KV heads");
-    check(kvr_tune_model_preset("llama-7b-mqa", &m) == KVR_OK && m.n_head_kv == 1, "preset llama-7b-mqa: 1 KV head");
-    check(kvr_tune_model_preset("falcon-7b", &m) == KVR_OK && m.n_head == 71 && m.n_head_kv == 1 && m.n_ffn_mats == 2, "preset falcon-7b: MQA");
-    check(kvr_tune_model_preset("tinyllama-1.1b", &m) == KVR_OK && m.n_head_kv == 4, "preset tinyllama-1.1b: GQA 32/4");
-    check(kvr_tune_model_preset("llama-7b-gqa5", &m) == KVR_ERR_ARG && strstr(kvr_last_error(), "gqa5"),
+    CHECK(kvr_tune_model_preset("llama-7b-gqa8", &m) == KVR_OK && m.n_head_kv == 8 && !strcmp(m.name, "llama-7b-gqa8"), "preset llama-7b-gqa8: 8 KV heads");
+    CHECK(kvr_tune_model_preset("llama-7b-mqa", &m) == KVR_OK && m.n_head_kv == 1, "preset llama-7b-mqa: 1 KV head");
+    CHECK(kvr_tune_model_preset("falcon-7b", &m) == KVR_OK && m.n_head == 71 && m.n_head_kv == 1 && m.n_ffn_mats == 2, "preset falcon-7b: MQA");
+    CHECK(kvr_tune_model_preset("tinyllama-1.1b", &m) == KVR_OK && m.n_head_kv == 4, "preset tinyllama-1.1b: GQA 32/4");
+    CHECK(kvr_tune_model_preset("llama-7b-gqa5", &m) == KVR_ERR_ARG && strstr(kvr_last_error(), "gqa5"),
           "preset: a KV head count not dividing the heads is refused: %s", kvr_last_error());
-    check(kvr_tune_model_preset("gpt-2", &m) == KVR_ERR_ARG && strstr(kvr_last_error(), "gpt-2"), "preset: an unknown name is refused");
+    CHECK(kvr_tune_model_preset("gpt-2", &m) == KVR_ERR_ARG && strstr(kvr_last_error(), "gpt-2"), "preset: an unknown name is refused");
 }
 
 //
@@ -319,40 +303,40 @@ static void test_sim_model(void) {
     rc |= kvr_tune_simulate(&m, &hw, &pl, &st);
     pl.strategy = KVR_STRATEGY_KVR;
     rc |= kvr_tune_simulate(&m, &hw, &pl, &se);
-    check(rc == KVR_OK, "sim: single, tsp, kvr-e of llama-7b 16k on 4 A100s run");
+    CHECK(rc == KVR_OK, "sim: single, tsp, kvr-e of llama-7b 16k on 4 A100s run");
     // the paper's traffic: KV-Runahead moves (p-1)C/2 K/V entries, TSP (p-1)C
     int64_t kvr_rows = 0, tsp_rows = 0;
     for (int r = 0; r < p; r++) { kvr_rows += se.ranks[r].kv_rows_sent; tsp_rows += st.ranks[r].kv_rows_sent; }
-    check(kvr_rows == (int64_t)(p - 1) * C && tsp_rows == 2 * (int64_t)(p - 1) * C,
+    CHECK(kvr_rows == (int64_t)(p - 1) * C && tsp_rows == 2 * (int64_t)(p - 1) * C,
           "sim: K/V rows sent: kvr %lld = (p-1)C, tsp %lld = 2(p-1)C (K and V count one row each)", (long long)kvr_rows, (long long)tsp_rows);
     // dense single-rank attention: the whole C x C rectangle
-    check(s1.ranks[0].attn_dot_dense == (int64_t)C * C && s1.ranks[0].attn_dot_causal == (int64_t)C * (C + 1) / 2,
+    CHECK(s1.ranks[0].attn_dot_dense == (int64_t)C * C && s1.ranks[0].attn_dot_causal == (int64_t)C * (C + 1) / 2,
           "sim: single dense attention computes C^2 pairs, needs C(C+1)/2");
-    check(s1.ttft > 1.0 && se.ttft < st.ttft && st.ttft < s1.ttft, "sim: 16k on 4 GPUs: single %.2f s > tsp %.2f s > kvr-e %.2f s",
+    CHECK(s1.ttft > 1.0 && se.ttft < st.ttft && st.ttft < s1.ttft, "sim: 16k on 4 GPUs: single %.2f s > tsp %.2f s > kvr-e %.2f s",
           s1.ttft, st.ttft, se.ttft);
     for (int r = 0; r < p; r++) {
         const struct kvr_tune_rank * R = &se.ranks[r];
-        check(fabs(R->compute + R->wait - R->finish) < 1e-9 * R->finish, "sim: kvr rank %d: compute %.4f + wait %.4f = finish %.4f",
+        CHECK(fabs(R->compute + R->wait - R->finish) < 1e-9 * R->finish, "sim: kvr rank %d: compute %.4f + wait %.4f = finish %.4f",
               r, R->compute, R->wait, R->finish);
     }
     struct kvr_tune_bounds b;
     rc = kvr_tune_bounds(&m, &hw, p, C, KVR_ATTN_DENSE, 64, &b);
-    check(rc == KVR_OK && fabs(b.ttft_star - s1.ttft / 2 * (1.0 / p + 1.0 / (p * p))) < 1e-12,
+    CHECK(rc == KVR_OK && fabs(b.ttft_star - s1.ttft / 2 * (1.0 / p + 1.0 / (p * p))) < 1e-12,
           "sim: TTFT*(4) = TTFT(1)/2 (1/4 + 1/16) = %.3f s (Eq. 3)", b.ttft_star);
     struct kvr_tune_sim_objective o = { &m, &hw, C, KVR_ATTN_DENSE };
     struct kvr_tune_search_params sp = { .n_ranks = p, .n_tokens = C, .min_stride = 64, .objective = kvr_tune_objective_sim, .user = &o };
     struct kvr_tune_search_result res;
     rc = kvr_tune_search(&sp, &res);
-    check(rc == KVR_OK && res.cost < se.ttft && b.ttft_free <= res.cost + 1e-12 && b.ttft_star <= b.ttft_free,
+    CHECK(rc == KVR_OK && res.cost < se.ttft && b.ttft_free <= res.cost + 1e-12 && b.ttft_star <= b.ttft_free,
           "sim: TTFT*(p) %.3f <= TTFT(p) %.3f <= KVR-S %.3f < KVR-E %.3f < TSP %.3f", b.ttft_star, b.ttft_free, res.cost, se.ttft, st.ttft);
-    check(res.counts[0] > res.counts[1] && res.counts[1] > res.counts[2] && res.counts[2] > res.counts[3],
+    CHECK(res.counts[0] > res.counts[1] && res.counts[1] > res.counts[2] && res.counts[2] > res.counts[3],
           "sim: KVR-S gives earlier ranks more tokens: %d %d %d %d", res.counts[0], res.counts[1], res.counts[2], res.counts[3]);
     // a slower link only makes everything later
     struct kvr_tune_profile slow = hw;
     slow.link_bw = 10e9;
     pl.counts = res.counts;
     rc = kvr_tune_simulate(&m, &slow, &pl, &sk);
-    check(rc == KVR_OK && sk.ttft >= res.cost, "sim: the same partition at 10 GB/s: %.3f s >= %.3f s", sk.ttft, res.cost);
+    CHECK(rc == KVR_OK && sk.ttft >= res.cost, "sim: the same partition at 10 GB/s: %.3f s >= %.3f s", sk.ttft, res.cost);
     // ranks sharing a machine (solo_speedup s): a rank that computes while the others wait runs
     // s times faster. TSP's even split leaves the earlier ranks idle at every all-gather, so its
     // last rank gains, but by less than s; single (one rank) does not change; the counters do not
@@ -366,14 +350,14 @@ static void test_sim_model(void) {
         static struct kvr_tune_sim a, c, one_a, one_c;
         struct kvr_tune_plan tp = { .strategy = KVR_STRATEGY_TSP, .n_ranks = 2, .n_tokens = 8192, .attn_mode = KVR_ATTN_CAUSAL };
         rc = kvr_tune_simulate(&tm, &cpu, &tp, &a) | kvr_tune_simulate(&tm, &shared, &tp, &c);
-        check(rc == KVR_OK && c.ttft < a.ttft && c.ttft > a.ttft / 1.5 && c.ranks[0].wait < a.ranks[0].wait,
+        CHECK(rc == KVR_OK && c.ttft < a.ttft && c.ttft > a.ttft / 1.5 && c.ranks[0].wait < a.ranks[0].wait,
               "sim: solo_speedup 1.5, tsp 8k on 2 ranks: %.2f s < %.2f s, > %.2f s; rank 0 waits %.2f s < %.2f s", c.ttft, a.ttft,
               a.ttft / 1.5, c.ranks[0].wait, a.ranks[0].wait);
-        check(a.ranks[1].attn_dot_dense == c.ranks[1].attn_dot_dense && a.ranks[0].kv_rows_sent == c.ranks[0].kv_rows_sent,
+        CHECK(a.ranks[1].attn_dot_dense == c.ranks[1].attn_dot_dense && a.ranks[0].kv_rows_sent == c.ranks[0].kv_rows_sent,
               "sim: solo_speedup changes times, not counters");
         tp = (struct kvr_tune_plan) { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 1, .n_tokens = 8192, .attn_mode = KVR_ATTN_CAUSAL };
         rc = kvr_tune_simulate(&tm, &cpu, &tp, &one_a) | kvr_tune_simulate(&tm, &shared, &tp, &one_c);
-        check(rc == KVR_OK && one_a.ttft == one_c.ttft, "sim: one rank has nobody to share with: %.3f s = %.3f s", one_a.ttft, one_c.ttft);
+        CHECK(rc == KVR_OK && one_a.ttft == one_c.ttft, "sim: one rank has nobody to share with: %.3f s = %.3f s", one_a.ttft, one_c.ttft);
         // matmul_weight_s is a cost per matmul call, whatever its tokens: single's TTFT grows by
         // the same seconds at 1k and at 8k tokens (each layer's matmuls run once either way)
         struct kvr_tune_profile packing = cpu;
@@ -384,7 +368,7 @@ static void test_sim_model(void) {
         tp.n_tokens = 8192;
         rc |= kvr_tune_simulate(&tm, &packing, &tp, &p8);
         const double d1 = p1.ttft - a1.ttft, d8 = p8.ttft - one_a.ttft;
-        check(rc == KVR_OK && d1 > 0 && fabs(d8 - d1) <= 1e-9 * p8.ttft,
+        CHECK(rc == KVR_OK && d1 > 0 && fabs(d8 - d1) <= 1e-9 * p8.ttft,
               "sim: matmul_weight_s 0.1 ns adds %.6f s at 1k and %.6f s at 8k", d1, d8);
     }
     // the attention share of each rank's compute (what --stats's attn_ms is compared with): twice
@@ -406,15 +390,15 @@ static void test_sim_model(void) {
                      fabs((y->compute - y->attn) - (x->compute - x->attn)) <= 1e-9 * x->compute;
             }
         }
-        check(rcs == KVR_OK && ok, "sim: per rank, attention is part of compute and scales with 1/attn_flops alone (tsp, ring-kv)");
+        CHECK(rcs == KVR_OK && ok, "sim: per rank, attention is part of compute and scales with 1/attn_flops alone (tsp, ring-kv)");
     }
     // bad plans are errors
     int bad[4] = { 100, 100, 100, 100 };
     pl.counts = bad;
-    check(kvr_tune_simulate(&m, &hw, &pl, &sk) == KVR_ERR_ARG && strstr(kvr_last_error(), "add up"),
+    CHECK(kvr_tune_simulate(&m, &hw, &pl, &sk) == KVR_ERR_ARG && strstr(kvr_last_error(), "add up"),
           "sim: counts that do not add up are refused: %s", kvr_last_error());
     pl = (struct kvr_tune_plan) { .strategy = KVR_STRATEGY_AUTO, .n_ranks = 2, .n_tokens = 100 };
-    check(kvr_tune_simulate(&m, &hw, &pl, &sk) == KVR_ERR_ARG, "sim: auto is refused: %s", kvr_last_error());
+    CHECK(kvr_tune_simulate(&m, &hw, &pl, &sk) == KVR_ERR_ARG, "sim: auto is refused: %s", kvr_last_error());
 }
 
 //
@@ -425,16 +409,15 @@ static void test_counters(const char * shared, const char * rel, const char * wa
     char path[1024];
     snprintf(path, sizeof(path), "%s/%s", shared, rel);
     if (access(path, R_OK) != 0) {
-        printf("skip: %s not found: the simulator-vs-run counter checks are skipped\n", path);
-        g_skip++;
+        skip("%s not found: the simulator-vs-run counter checks are skipped", path);
         return;
     }
     struct kvr_model * model = kvr_model_load(path, NULL);
-    if (!model) { check(false, "load %s: %s", path, kvr_last_error()); return; }
+    if (!model) { CHECK(false, "load %s: %s", path, kvr_last_error()); return; }
     struct kvr_tune_model tm;
     struct kvr_tune_profile hw;
     kvr_tune_profile_builtin("cpu", &hw); // the CPU kernel's tiles
-    check(kvr_tune_model_from(model, &tm) == KVR_OK && !strcmp(tm.name, want_name) && tm.n_head_kv == (int)model->hp.n_head_kv,
+    CHECK(kvr_tune_model_from(model, &tm) == KVR_OK && !strcmp(tm.name, want_name) && tm.n_head_kv == (int)model->hp.n_head_kv,
           "model_from: %s shape and table name '%s'", want_name, tm.name);
     const int T = 500; // crosses the kernel's 64-query and 256-key tiles
     int32_t * tokens = malloc(sizeof(int32_t) * T);
@@ -469,7 +452,7 @@ static void test_counters(const char * shared, const char * rel, const char * wa
             struct kvr_dist * d = kvr_dist_new(model, &dp);
             const float * logits = d ? kvr_dist_eval(d, tokens, T) : NULL;
             if (!logits) {
-                check(false, "counters %s: the real run failed: %s", what, kvr_last_error());
+                CHECK(false, "counters %s: the real run failed: %s", what, kvr_last_error());
                 kvr_dist_free(d);
                 continue;
             }
@@ -493,7 +476,7 @@ static void test_counters(const char * shared, const char * rel, const char * wa
                              (long long)b->kv_rows_sent, (long long)a->kv_rows_recv, (long long)b->kv_rows_recv);
                 }
             }
-            check(ok, "counters %s: the simulator's attn_dot_dense/causal and kv_rows_sent/recv equal the run's%s%s", what,
+            CHECK(ok, "counters %s: the simulator's attn_dot_dense/causal and kv_rows_sent/recv equal the run's%s%s", what,
                   rc ? kvr_last_error() : "", diff);
             // bytes too, when the simulated elements are f32 like the run's
             bool bok = ok;
@@ -504,7 +487,7 @@ static void test_counters(const char * shared, const char * rel, const char * wa
                              (long long)sim.ranks[st[r].rank].bytes_sent, (long long)st[r].bytes_recv, (long long)sim.ranks[st[r].rank].bytes_recv);
                 }
             }
-            check(bok, "counters %s: bytes sent/received equal the run's%s", what, bok ? "" : diff);
+            CHECK(bok, "counters %s: bytes sent/received equal the run's%s", what, bok ? "" : diff);
             kvr_dist_free(d);
         }
     }
@@ -515,7 +498,7 @@ static void test_counters(const char * shared, const char * rel, const char * wa
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-v")) g_verbose = true;
+        if (!strcmp(argv[i], "-v")) print_passes = true;
         else shared = argv[i];
     }
     const double t0 = kvr_time_ms();
@@ -527,7 +510,5 @@ int main(int argc, char ** argv) {
     test_counters(shared, "reference/tiny-falcon-mqa.gguf", "tiny-falcon-mqa"); // falcon, MQA 4/1
     for (int i = 0; i < g_n_tmp && i < 8; i++) remove(g_tmp[i]);
     printf("test-tune: %.1f s\n", (kvr_time_ms() - t0) / 1e3);
-    if (g_skip) printf("%d passed, %d failed, %d skipped\n", g_pass, g_fail, g_skip);
-    else printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_summary("tune");
 }

@@ -10,9 +10,10 @@
 //
 //   test-unicode [SHARED]    (default ../shared)
 //
-// The last line is "N passed, M failed, K skipped"; the exit code is 1 on a failure.
+// The last line is "unicode: N passed, M failed[, K skipped]"; the exit code is 1 on a failure.
 
 #include "kvr.h"
+#include "tests/check.h"
 
 #include <ctype.h>
 #include <stdbool.h>
@@ -20,17 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...) do {                                        \
-    if (cond) { n_pass++; } else {                                   \
-        n_fail++;                                                    \
-        fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-        fprintf(stderr, __VA_ARGS__);                                \
-        fprintf(stderr, "\n");                                       \
-    }                                                                \
-} while (0)
 
 //
 // The pre-tokenizer cases: a tokenizer.ggml.pre value, a text, and its pieces
@@ -137,9 +127,6 @@ static const struct pre_case pre_cases[] = {
     { "deepseek-llm",  "", { NULL } },
 };
 
-
-static int n_skip;
-
 // Whether s[0, n) is valid UTF-8 (the tokenizer cleans invalid text first: those cases are left out).
 static bool utf8_valid(const char * s, size_t n) {
     const unsigned char * u = (const unsigned char *) s;
@@ -164,8 +151,7 @@ static void test_vocab(const char * shared, const char * pre) {
     snprintf(path, sizeof(path), "%s/vocab/ggml-vocab-%s.gguf", shared, pre);
     struct kvr_gguf * g = kvr_gguf_open(path);
     if (!g) {
-        printf("SKIP %s: %s not found\n", pre, path);
-        n_skip++;
+        skip("%s: %s not found", pre, path);
         return;
     }
     struct kvr_vocab * v = kvr_vocab_load(g);
@@ -209,7 +195,6 @@ int main(int argc, char ** argv) {
     for (size_t i = 0; i < sizeof(pres) / sizeof(pres[0]); i++) {
         test_vocab(shared, pres[i]);
     }
-    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
-    return n_fail ? 1 : 0;
+    return check_summary("unicode");
 }
 
