@@ -147,9 +147,9 @@ $(BUILD)/fuzz-cli: tests/fuzz-cli.c tools/kvr-run.c $(wildcard tools/*.h) $(FUZZ
 
 tests: $(TESTS) $(BUILD)/simple $(if $(filter 1,$(KVR_CUDA)),$(BUILD)/test-cuda-host)
 
-# simple.c is the smallest embedding: it must build from kvr.h and kvr.c alone
-$(BUILD)/simple: tools/simple.c kvr.h kvr.c | $(BUILD)
-	$(CC) $(CFLAGS) tools/simple.c kvr.c $(EXTRA_SRCS) -o $@ $(LDLIBS)
+# simple.c is the smallest embedding: it must build from kvr.h, kvr.c and kvr-comm.c alone
+$(BUILD)/simple: tools/simple.c kvr.h kvr.c kvr-comm.c | $(BUILD)
+	$(CC) $(CFLAGS) tools/simple.c kvr.c kvr-comm.c $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
 # the MPI build of kvr-run, when OpenMPI's compiler is installed (tests/e2e.sh runs it under mpirun)
 MPICC := $(shell command -v mpicc 2>/dev/null)

@@ -1200,49 +1200,6 @@ struct kvr_eval_reuse {
 struct kvr_eval_reuse * kvr_eval_reuse_new(void);
 void                    kvr_eval_reuse_free(struct kvr_eval_reuse * r);
 
-struct kvr_session_params {
-    int                n_ctx;      // 0: the model's training context (capped at 4096)
-    int                n_threads;  // 0: all cores
-    enum kvr_attn_mode attn_mode;
-    FILE *             graph_out;  // if set, the first eval prints its rewritten graph here
-    bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
-    bool               vec_dot_order;  // see kvr_backend_set_vec_dot_order (off: llama.cpp's default build)
-    const char *       backend;    // "cpu" (NULL: cpu) or "cuda" (see kvr_backend_new)
-    int                device;     // cuda: the GPU (wrapped around the devices there are)
-    const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)
-};
-
-struct kvr_session;
-
-struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kvr_session_params * p);
-void                 kvr_session_free(struct kvr_session * s);
-// Evaluate n tokens after the ones already in the cache; returns the last token's logits
-// (n_vocab floats, valid until the next call) or NULL with kvr_last_error() set.
-const float *        kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
-int                  kvr_session_n_past(const struct kvr_session * s);
-int                  kvr_session_n_ctx(const struct kvr_session * s);
-struct kvr_kv_cache * kvr_session_cache(struct kvr_session * s);
-struct kvr_backend  * kvr_session_backend(struct kvr_session * s);
-void                 kvr_session_reset(struct kvr_session * s); // forget the cache
-// The tokens in the cache (kvr_session_n_past of them) and the logits of the last one (NULL
-// after a reset or a truncation); e.g. to find the prefix a new prompt shares with the cache.
-const int32_t *      kvr_session_tokens(const struct kvr_session * s);
-const float *        kvr_session_logits(const struct kvr_session * s);
-// Keep only the first n tokens of the cache (n <= n_past).
-int                  kvr_session_truncate(struct kvr_session * s, int n);
-// Save the cache, its tokens and the last logits to a KV cache file; load one back. The file is
-// read and checked whole against the model first: on any error the session is as it was. Loading
-// then continuing gives the same logits, bit for bit, as never having stopped.
-int                  kvr_session_kv_save(struct kvr_session * s, const char * path);
-int                  kvr_session_kv_load(struct kvr_session * s, const char * path);
-// Swap: move the cache out of the backend's memory, to host memory (path NULL) or to a KV cache
-// file with one chunk per layer and K/V (one contiguous transfer per layer, not one per row), and
-// free it there; swap it back in before the next eval (evals fail while it is out; a swap file is
-// checked as any cache file and removed once back).
-int                  kvr_session_kv_swap_out(struct kvr_session * s, const char * path);
-int                  kvr_session_kv_swap_in(struct kvr_session * s);
-bool                 kvr_session_kv_swapped(const struct kvr_session * s);
-
 //
 // 12. sampling
 //

@@ -144,16 +144,18 @@ struct ref {
 
 static bool ref_make(struct ref * r, const struct kvr_model * m, const int32_t * prompt, int n_prompt) {
     memset(r, 0, sizeof(*r));
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = 256, .n_threads = 1 });
-    const float * lg = s ? kvr_session_eval(s, prompt, n_prompt) : NULL;
+    struct kvr_dist * s = kvr_dist_new(m, &(struct kvr_dist_params){ .n_ctx = 256, .n_threads = 1 });
+    const float * lg = s ? kvr_dist_eval(s, prompt, n_prompt) : NULL;
     for (int i = 0; lg && i < N_DEC; i++) {
         r->ids[i] = kvr_argmax(lg, (int)m->hp.n_vocab);
-        lg = kvr_session_eval(s, &r->ids[i], 1);
+        lg = kvr_dist_eval(s, &r->ids[i], 1);
     }
     CHECK(lg != NULL, "the reference: %s", kvr_last_error());
-    if (!lg) { kvr_session_free(s); return false; }
-    const struct kvr_kv_cache * c = kvr_session_cache(s);
-    r->n_total = kvr_session_n_past(s);
+    if (!lg) { kvr_dist_free(s); return false; }
+    const struct kvr_kv_cache * c;
+    const int32_t * cpos;
+    kvr_dist_cache(s, 0, &cpos, &c);
+    r->n_total = kvr_dist_n_past(s);
     r->kv_dim = c->kv_dim;
     r->n_layer = c->n_layer;
     r->k = calloc((size_t)c->n_layer, sizeof(float *));
@@ -161,9 +163,9 @@ static bool ref_make(struct ref * r, const struct kvr_model * m, const int32_t *
     for (int il = 0; il < c->n_layer; il++) {
         r->k[il] = malloc(sizeof(float) * (size_t)r->n_total * (size_t)c->kv_dim);
         r->v[il] = malloc(sizeof(float) * (size_t)r->n_total * (size_t)c->kv_dim);
-        kvr_kv_cache_get_rows(kvr_session_backend(s), c, il, 0, r->n_total, r->k[il], r->v[il]);
+        kvr_kv_cache_get_rows(kvr_dist_backend(s, 0), c, il, 0, r->n_total, r->k[il], r->v[il]);
     }
-    kvr_session_free(s);
+    kvr_dist_free(s);
     return true;
 }
 

@@ -1,5 +1,5 @@
 // tests/test-kvcache.c - KV cache files, save/restore, swap and streaming (kvr.h "KV cache files",
-// kvr_session_kv_*, kvr_dist_kv_*), on stories260K from the shared directory:
+// kvr_dist_kv_*), on stories260K from the shared directory:
 //
 //   crc        CRC32C against the standard check values
 //   session    a session saved after a prompt and 8 decoded tokens, loaded into a new session,
@@ -105,20 +105,28 @@ static void test_crc(void) {
 static const int32_t prompt[] = { 1, 403, 407, 261, 378, 6, 8, 391, 153, 289, 327, 372, 260, 284, 320, 261 };
 #define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
 
-static struct kvr_session * new_session(const struct kvr_model * m, int n_ctx) {
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_ctx, .n_threads = 1 });
-    if (!s) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
+static struct kvr_dist * new_session(const struct kvr_model * m, int n_ctx) {
+    struct kvr_dist * s = kvr_dist_new(m, &(struct kvr_dist_params) { .n_ctx = n_ctx, .n_threads = 1 });
+    if (!s) { fprintf(stderr, "kvr_dist_new: %s\n", kvr_last_error()); exit(2); }
     return s;
 }
 
+// the cache of a session's one rank
+static const struct kvr_kv_cache * one_cache(const struct kvr_dist * s) {
+    const int32_t * pos;
+    const struct kvr_kv_cache * c = NULL;
+    kvr_dist_cache(s, 0, &pos, &c);
+    return c;
+}
+
 // greedy steps from the session's logits; ids and every step's logits out
-static bool run_greedy(struct kvr_session * s, int n, int32_t * ids, float * logits_out, int n_vocab) {
+static bool run_greedy(struct kvr_dist * s, int n, int32_t * ids, float * logits_out, int n_vocab) {
     for (int i = 0; i < n; i++) {
-        const float * l = kvr_session_logits(s);
+        const float * l = kvr_dist_logits(s);
         if (!l) return false;
         memcpy(logits_out + (size_t)i * n_vocab, l, sizeof(float) * (size_t)n_vocab);
         ids[i] = kvr_argmax(l, n_vocab);
-        if (!kvr_session_eval(s, &ids[i], 1)) return false;
+        if (!kvr_dist_eval(s, &ids[i], 1)) return false;
     }
     return true;
 }
@@ -126,16 +134,16 @@ static bool run_greedy(struct kvr_session * s, int n, int32_t * ids, float * log
 static void test_session(const struct kvr_model * m) {
     const int n_vocab = (int)m->hp.n_vocab, N = 16;
     set_case("session save after prompt + 8 tokens, load, continue 16");
-    struct kvr_session * a = new_session(m, 128);
-    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+    struct kvr_dist * a = new_session(m, 128);
+    CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
     int32_t pre[8];
     float * scratch = malloc(sizeof(float) * (size_t)n_vocab * 32);
     CHECK(run_greedy(a, 8, pre, scratch, n_vocab), "decode");
     char f1[640], f2[640];
     snprintf(f1, sizeof(f1), "%s", tmp_path("s1.kv"));
     snprintf(f2, sizeof(f2), "%s", tmp_path("s2.kv"));
-    CHECK(kvr_session_kv_save(a, f1) == KVR_OK, "save: %s", kvr_last_error());
-    CHECK(kvr_session_kv_save(a, f2) == KVR_OK, "save again: %s", kvr_last_error());
+    CHECK(kvr_dist_kv_save(a, f1, false) == KVR_OK, "save: %s", kvr_last_error());
+    CHECK(kvr_dist_kv_save(a, f2, false) == KVR_OK, "save again: %s", kvr_last_error());
     CHECK(same_file(f1, f2), "two saves of one cache differ");
     CHECK(access(tmp_path("s1.kv.part"), F_OK) != 0, "the .part file is left behind");
     // a destination that is not a regular file is refused and left as it was: the rename at the
@@ -146,21 +154,21 @@ static void test_session(const struct kvr_model * m) {
         unlink(fifo);
         struct stat st;
         if (mkfifo(fifo, 0600) == 0) {
-            CHECK(kvr_session_kv_save(a, fifo) == KVR_ERR_ARG && strstr(kvr_last_error(), "not a regular file"),
+            CHECK(kvr_dist_kv_save(a, fifo, false) == KVR_ERR_ARG && strstr(kvr_last_error(), "not a regular file"),
                   "save onto a FIFO: %s", kvr_last_error());
             CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
             unlink(fifo);
         } else {
             CHECK(0, "mkfifo %s: %s", fifo, strerror(errno));
         }
-        CHECK(kvr_session_kv_save(a, tmp_dir) == KVR_ERR_ARG, "save onto a directory: %s", kvr_last_error());
+        CHECK(kvr_dist_kv_save(a, tmp_dir, false) == KVR_ERR_ARG, "save onto a directory: %s", kvr_last_error());
     }
 
-    struct kvr_session * b = new_session(m, 128);
-    CHECK(kvr_session_eval(b, prompt, 3) != NULL, "b's own tokens first"); // overwritten by the load
-    CHECK(kvr_session_kv_load(b, f1) == KVR_OK, "load: %s", kvr_last_error());
-    CHECK(kvr_session_n_past(b) == N_PROMPT + 8, "n_past %d after the load, %d expected", kvr_session_n_past(b), N_PROMPT + 8);
-    CHECK(memcmp(kvr_session_tokens(b), kvr_session_tokens(a), sizeof(int32_t) * (N_PROMPT + 8)) == 0, "tokens differ");
+    struct kvr_dist * b = new_session(m, 128);
+    CHECK(kvr_dist_eval(b, prompt, 3) != NULL, "b's own tokens first"); // overwritten by the load
+    CHECK(kvr_dist_kv_load(b, f1) == KVR_OK, "load: %s", kvr_last_error());
+    CHECK(kvr_dist_n_past(b) == N_PROMPT + 8, "n_past %d after the load, %d expected", kvr_dist_n_past(b), N_PROMPT + 8);
+    CHECK(memcmp(kvr_dist_tokens(b), kvr_dist_tokens(a), sizeof(int32_t) * (N_PROMPT + 8)) == 0, "tokens differ");
     int32_t ia[N], ib[N];
     float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lb = malloc(sizeof(float) * (size_t)n_vocab * N);
     CHECK(run_greedy(a, N, ia, la, n_vocab), "a continues");
@@ -169,20 +177,20 @@ static void test_session(const struct kvr_model * m) {
     CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "restored logits differ (not bit-identical)");
 
     set_case("session truncate");
-    CHECK(kvr_session_truncate(b, 5) == KVR_OK && kvr_session_logits(b) == NULL, "truncate keeps logits");
-    CHECK(kvr_session_truncate(b, 6) != KVR_OK, "truncate past n_past accepted");
+    CHECK(kvr_dist_truncate(b, 5) == KVR_OK && kvr_dist_logits(b) == NULL, "truncate keeps logits");
+    CHECK(kvr_dist_truncate(b, 6) != KVR_OK, "truncate past n_past accepted");
 
     set_case("session swap to host memory and to a file");
     for (int k = 0; k < 2; k++) {
-        struct kvr_session * c = new_session(m, 128);
-        CHECK(kvr_session_kv_load(c, f1) == KVR_OK, "load: %s", kvr_last_error());
+        struct kvr_dist * c = new_session(m, 128);
+        CHECK(kvr_dist_kv_load(c, f1) == KVR_OK, "load: %s", kvr_last_error());
         const char * sp = k ? tmp_path("swap.kv") : NULL;
-        CHECK(kvr_session_kv_swap_out(c, sp) == KVR_OK, "swap out: %s", kvr_last_error());
-        CHECK(kvr_session_kv_swapped(c), "not swapped");
-        CHECK(kvr_session_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while swapped out: %s", kvr_last_error());
-        CHECK(kvr_session_kv_swap_out(c, sp) != KVR_OK, "swapped out twice");
+        CHECK(kvr_dist_kv_swap_out(c, sp) == KVR_OK, "swap out: %s", kvr_last_error());
+        CHECK(kvr_dist_kv_swapped(c), "not swapped");
+        CHECK(kvr_dist_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while swapped out: %s", kvr_last_error());
+        CHECK(kvr_dist_kv_swap_out(c, sp) != KVR_OK, "swapped out twice");
         if (sp) CHECK(access(sp, F_OK) == 0, "no swap file");
-        CHECK(kvr_session_kv_swap_in(c) == KVR_OK, "swap in: %s", kvr_last_error());
+        CHECK(kvr_dist_kv_swap_in(c) == KVR_OK, "swap in: %s", kvr_last_error());
         if (sp) CHECK(access(sp, F_OK) != 0, "the swap file is left behind");
         int32_t ic[N];
         float * lc = malloc(sizeof(float) * (size_t)n_vocab * N);
@@ -190,21 +198,21 @@ static void test_session(const struct kvr_model * m) {
         CHECK(memcmp(ia, ic, sizeof(ia)) == 0 && memcmp(la, lc, sizeof(float) * (size_t)n_vocab * N) == 0,
               "swap %s: the continuation differs", k ? "file" : "memory");
         free(lc);
-        kvr_session_free(c);
+        kvr_dist_free(c);
     }
     free(la);
     free(lb);
     free(scratch);
-    kvr_session_free(a);
-    kvr_session_free(b);
+    kvr_dist_free(a);
+    kvr_dist_free(b);
 }
 
 // a session's cache written as ring shards over 3 ranks (gathered), and as one rank's shard
 static void test_shards(const struct kvr_model * m) {
     set_case("shards");
-    struct kvr_session * a = new_session(m, 64);
-    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill");
-    const struct kvr_kv_cache * c = kvr_session_cache(a);
+    struct kvr_dist * a = new_session(m, 64);
+    CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+    const struct kvr_kv_cache * c = one_cache(a);
     const int n = N_PROMPT, R = 3, kv_dim = c->kv_dim;
     int32_t pos[3][N_PROMPT];
     struct kvr_kv_shard sh[3];
@@ -213,10 +221,10 @@ static void test_shards(const struct kvr_model * m) {
         sh[r].n_rows = kvr_ring_shard(n, 0, R, r, pos[r]);
         sh[r].pos = pos[r];
     }
-    const float * logits = kvr_session_logits(a);
+    const float * logits = kvr_dist_logits(a);
     for (int one = 0; one < 2; one++) {
         const char * path = tmp_path(one ? "shard1.kv" : "gathered.kv");
-        struct kvr_kv_layout lay = { .n_tokens = n, .tokens = kvr_session_tokens(a), .n_ranks = R, .n_shards = one ? 1 : R,
+        struct kvr_kv_layout lay = { .n_tokens = n, .tokens = kvr_dist_tokens(a), .n_ranks = R, .n_shards = one ? 1 : R,
                                      .shards = one ? &sh[1] : sh, .ring_next = 2, .logits = true, .chunk_rows = 3 };
         struct kvr_kv_writer * w;
         CHECK(kvr_kv_writer_open(&w, path, m, &lay) == KVR_OK, "open: %s", kvr_last_error());
@@ -225,7 +233,7 @@ static void test_shards(const struct kvr_model * m) {
             for (int s = 0; s < lay.n_shards; s++) {
                 const struct kvr_kv_shard * x = &lay.shards[s];
                 for (int i = 0; i < x->n_rows; i++) {
-                    kvr_kv_cache_get_rows(kvr_session_backend(a), c, il, x->pos[i], 1, k + (size_t)i * kv_dim, v + (size_t)i * kv_dim);
+                    kvr_kv_cache_get_rows(kvr_dist_backend(a, 0), c, il, x->pos[i], 1, k + (size_t)i * kv_dim, v + (size_t)i * kv_dim);
                 }
                 CHECK(kvr_kv_writer_layer(w, il, s, k, v) == KVR_OK, "layer");
             }
@@ -240,31 +248,31 @@ static void test_shards(const struct kvr_model * m) {
             CHECK(f->shards[0].rank == (one ? 1 : 0) && f->shards[0].n_rows == sh[one].n_rows, "shard table");
             kvr_kv_file_free(f);
         }
-        struct kvr_session * b = new_session(m, 64);
-        const int rc = kvr_session_kv_load(b, path);
+        struct kvr_dist * b = new_session(m, 64);
+        const int rc = kvr_dist_kv_load(b, path);
         if (one) {
-            CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "shard of rank 1") && kvr_session_n_past(b) == 0,
+            CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "shard of rank 1") && kvr_dist_n_past(b) == 0,
                   "one shard loaded into a session: %d %s", rc, kvr_last_error());
         } else {
             CHECK(rc == KVR_OK, "gathered load: %s", kvr_last_error());
             // the rows land at their positions: the cache equals a's
-            bool same = kvr_session_n_past(b) == n;
+            bool same = kvr_dist_n_past(b) == n;
             float * x = malloc(sizeof(float) * (size_t)kv_dim * n), * y = malloc(sizeof(float) * (size_t)kv_dim * n);
             for (int il = 0; same && il < c->n_layer; il++) {
-                kvr_kv_cache_get_rows(kvr_session_backend(a), c, il, 0, n, x, NULL);
-                kvr_kv_cache_get_rows(kvr_session_backend(b), kvr_session_cache(b), il, 0, n, y, NULL);
+                kvr_kv_cache_get_rows(kvr_dist_backend(a, 0), c, il, 0, n, x, NULL);
+                kvr_kv_cache_get_rows(kvr_dist_backend(b, 0), one_cache(b), il, 0, n, y, NULL);
                 same = memcmp(x, y, sizeof(float) * (size_t)kv_dim * n) == 0;
-                kvr_kv_cache_get_rows(kvr_session_backend(a), c, il, 0, n, NULL, x);
-                kvr_kv_cache_get_rows(kvr_session_backend(b), kvr_session_cache(b), il, 0, n, NULL, y);
+                kvr_kv_cache_get_rows(kvr_dist_backend(a, 0), c, il, 0, n, NULL, x);
+                kvr_kv_cache_get_rows(kvr_dist_backend(b, 0), one_cache(b), il, 0, n, NULL, y);
                 same = same && memcmp(x, y, sizeof(float) * (size_t)kv_dim * n) == 0;
             }
             CHECK(same, "the gathered shards do not restore the cache");
             free(x);
             free(y);
         }
-        kvr_session_free(b);
+        kvr_dist_free(b);
     }
-    kvr_session_free(a);
+    kvr_dist_free(a);
 }
 
 //
@@ -288,11 +296,11 @@ static void mend_header(uint8_t * b) { put32(b + OFF_CRC, kvr_crc32c(0, b, OFF_C
 static void test_malformed(const struct kvr_model * m, const char * other_model_path) {
     const int n_vocab = (int)m->hp.n_vocab;
     set_case("malformed: setup");
-    struct kvr_session * a = new_session(m, 64);
-    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+    struct kvr_dist * a = new_session(m, 64);
+    CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill");
     char good[640];
     snprintf(good, sizeof(good), "%s", tmp_path("good.kv"));
-    CHECK(kvr_session_kv_save(a, good) == KVR_OK, "save: %s", kvr_last_error());
+    CHECK(kvr_dist_kv_save(a, good, false) == KVR_OK, "save: %s", kvr_last_error());
     size_t n;
     uint8_t * g = read_all(good, &n);
     const uint32_t n_tok = get32(g + OFF_FIELD(12)), kv_dim = m->hp.head_dim * m->hp.n_head_kv;
@@ -302,13 +310,13 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
     const size_t logits_off = n - 4 - 4 * (size_t)n_vocab;
 
     // the session that must stay as it is: other tokens, other logits
-    struct kvr_session * s = new_session(m, 64);
-    CHECK(kvr_session_eval(s, prompt + 2, 5) != NULL, "victim prefill");
+    struct kvr_dist * s = new_session(m, 64);
+    CHECK(kvr_dist_eval(s, prompt + 2, 5) != NULL, "victim prefill");
     float * want_logits = malloc(sizeof(float) * (size_t)n_vocab);
-    memcpy(want_logits, kvr_session_logits(s), sizeof(float) * (size_t)n_vocab);
+    memcpy(want_logits, kvr_dist_logits(s), sizeof(float) * (size_t)n_vocab);
     const size_t kb = sizeof(float) * kv_dim * 64;
     float * want_k = malloc(kb), * got_k = malloc(kb);
-    kvr_kv_cache_get_rows(kvr_session_backend(s), kvr_session_cache(s), 0, 0, 64, want_k, NULL);
+    kvr_kv_cache_get_rows(kvr_dist_backend(s, 0), one_cache(s), 0, 0, 64, want_k, NULL);
 
     int n_cases = 0;
     for (int v = 0; ; v++) {
@@ -380,29 +388,29 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         const char * path = tmp_path("bad.kv");
         write_all(path, b, len);
         free(b);
-        const int rc = kvr_session_kv_load(s, path);
+        const int rc = kvr_dist_kv_load(s, path);
         const char * msg = kvr_last_error();
         CHECK(rc == mu.rc, "status %d, %d expected (%s)", rc, mu.rc, msg);
         CHECK(strstr(msg, mu.expect) != NULL && strstr(msg, path) != NULL, "message '%s' lacks '%s' or the path", msg, mu.expect);
         if (verbose) printf("  -> %s\n", msg);
         // nothing half-loaded: the session is as it was
-        CHECK(kvr_session_n_past(s) == 5 && memcmp(kvr_session_tokens(s), prompt + 2, 5 * sizeof(int32_t)) == 0, "tokens changed");
-        CHECK(kvr_session_logits(s) && memcmp(kvr_session_logits(s), want_logits, sizeof(float) * (size_t)n_vocab) == 0, "logits changed");
-        kvr_kv_cache_get_rows(kvr_session_backend(s), kvr_session_cache(s), 0, 0, 64, got_k, NULL);
+        CHECK(kvr_dist_n_past(s) == 5 && memcmp(kvr_dist_tokens(s), prompt + 2, 5 * sizeof(int32_t)) == 0, "tokens changed");
+        CHECK(kvr_dist_logits(s) && memcmp(kvr_dist_logits(s), want_logits, sizeof(float) * (size_t)n_vocab) == 0, "logits changed");
+        kvr_kv_cache_get_rows(kvr_dist_backend(s, 0), one_cache(s), 0, 0, 64, got_k, NULL);
         CHECK(memcmp(got_k, want_k, kb) == 0, "the cache changed");
     }
     set_case("malformed: count");
     CHECK(n_cases >= 15, "%d malformed variants", n_cases);
 
     set_case("malformed: a missing file, another model's cache");
-    CHECK(kvr_session_kv_load(s, tmp_path("none.kv")) == KVR_ERR_IO && strstr(kvr_last_error(), "cannot open"), "missing file: %s", kvr_last_error());
+    CHECK(kvr_dist_kv_load(s, tmp_path("none.kv")) == KVR_ERR_IO && strstr(kvr_last_error(), "cannot open"), "missing file: %s", kvr_last_error());
     struct kvr_model * om = other_model_path ? kvr_model_load(other_model_path, NULL) : NULL;
     if (om) {
-        struct kvr_session * o = new_session(om, 32);
-        const int rc = kvr_session_kv_load(o, good);
+        struct kvr_dist * o = new_session(om, 32);
+        const int rc = kvr_dist_kv_load(o, good);
         CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "the cache is of another model"), "another model's cache: %d %s", rc, kvr_last_error());
         if (verbose) printf("  -> %s\n", kvr_last_error());
-        kvr_session_free(o);
+        kvr_dist_free(o);
         kvr_model_free(om);
     } else {
         n_skip++;
@@ -414,15 +422,15 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
     struct kvr_model * m8 = other_model_path ? kvr_model_load(other_model_path, NULL) : NULL;
     struct kvr_model * m4 = dot ? (memcpy(dot, "Q4_0", 4), kvr_model_load(q4, NULL)) : NULL;
     if (m8 && m4) {
-        struct kvr_session * s8 = new_session(m8, 32), * s4 = new_session(m4, 32);
-        CHECK(kvr_session_eval(s8, prompt, 4) != NULL, "Q8_0 prefill");
-        CHECK(kvr_session_kv_save(s8, tmp_path("q8.kv")) == KVR_OK, "Q8_0 save");
-        const int rc = kvr_session_kv_load(s4, tmp_path("q8.kv"));
+        struct kvr_dist * s8 = new_session(m8, 32), * s4 = new_session(m4, 32);
+        CHECK(kvr_dist_eval(s8, prompt, 4) != NULL, "Q8_0 prefill");
+        CHECK(kvr_dist_kv_save(s8, tmp_path("q8.kv"), false) == KVR_OK, "Q8_0 save");
+        const int rc = kvr_dist_kv_load(s4, tmp_path("q8.kv"));
         CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "offset 56: the cache is of another model: weights hash"),
               "a cache of other weights of the same shape: %d %s", rc, kvr_last_error());
         if (verbose) printf("  -> %s\n", kvr_last_error());
-        kvr_session_free(s8);
-        kvr_session_free(s4);
+        kvr_dist_free(s8);
+        kvr_dist_free(s4);
     } else {
         n_skip++;
     }
@@ -432,8 +440,8 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
     free(want_k);
     free(got_k);
     free(g);
-    kvr_session_free(s);
-    kvr_session_free(a);
+    kvr_dist_free(s);
+    kvr_dist_free(a);
 }
 
 //
@@ -496,14 +504,14 @@ static void test_dist(const struct kvr_model * m) {
                 kvr_dist_free(b);
                 // the gathered file of any layout into a single session: the same rows, close continuation
                 if (!per_rank) {
-                    struct kvr_session * s = new_session(m, 96);
-                    CHECK(kvr_session_kv_load(s, path) == KVR_OK, "into a session: %s", kvr_last_error());
+                    struct kvr_dist * s = new_session(m, 96);
+                    CHECK(kvr_dist_kv_load(s, path) == KVR_OK, "into a session: %s", kvr_last_error());
                     int32_t is[4];
                     float * ls = malloc(sizeof(float) * (size_t)n_vocab * 4);
                     CHECK(run_greedy(s, 4, is, ls, n_vocab), "the session continues");
                     CHECK(memcmp(is, ia, sizeof(is)) == 0, "the session's continuation differs");
                     free(ls);
-                    kvr_session_free(s);
+                    kvr_dist_free(s);
                 } else {
                     struct kvr_dist * c = new_dist(m, KVR_STRATEGY_KVR, nr);
                     const int rc = kvr_dist_kv_load(c, path);
@@ -626,9 +634,9 @@ static void test_stream_pd(const struct kvr_model * m) {
             char vp[640];
             snprintf(vp, sizeof(vp), "%s", tmp_path("pd.kv"));
             CHECK(kvr_dist_kv_save(a, vp, false) == KVR_OK, "save after P/D: %s", kvr_last_error());
-            struct kvr_session * s = new_session(m, 96);
-            CHECK(kvr_session_kv_load(s, vp) == KVR_OK && kvr_session_n_past(s) == N_PROMPT + N, "the P/D cache into a session");
-            kvr_session_free(s);
+            struct kvr_dist * s = new_session(m, 96);
+            CHECK(kvr_dist_kv_load(s, vp) == KVR_OK && kvr_dist_n_past(s) == N_PROMPT + N, "the P/D cache into a session");
+            kvr_dist_free(s);
             kvr_dist_free(a);
         }
     }

@@ -4,7 +4,7 @@
 //   matrix    tsp, kvr (even, and three uneven partitions with 1-token and empty slices),
 //             ring-kv, ring-q and auto x 1..8 ranks x {stories260K (GQA 8/4), a random MHA and a
 //             random MQA Llama} x prompts of 1, 7, 64 and 300 tokens: the last token's logits
-//             within 1e-4 of kvr_session's, the same 16-token greedy continuation, and every
+//             within 1e-4 of one rank's, the same 16-token greedy continuation, and every
 //             cache row every rank holds equal to the reference's row at its position (1e-5,
 //             relative where the value exceeds 1),
 //             the rows covering the prompt as the strategy promises (kvr: the last rank holds
@@ -236,7 +236,7 @@ static int write_random_llama(const char * path, int n_kv, uint64_t seed, const 
 }
 
 //
-// the reference: kvr_session (one rank, no strategy pass of kvr-comm.c)
+// the reference: one rank, the single pass (no strategy's transfers)
 //
 
 struct ref {
@@ -259,27 +259,29 @@ static void ref_free(struct ref * r) {
 // turns[i] tokens at a time from toks, then n_dec greedy steps
 static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * toks, const int * turns, int n_turns, int n_dec) {
     memset(r, 0, sizeof(*r));
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = N_CTX, .n_threads = 1 });
-    if (!s) { CHECK(false, "kvr_session_new: %s", kvr_last_error()); return false; }
+    struct kvr_dist * s = kvr_dist_new(m, &(struct kvr_dist_params){ .n_ctx = N_CTX, .n_threads = 1 });
+    if (!s) { CHECK(false, "kvr_dist_new: %s", kvr_last_error()); return false; }
     r->n_vocab = (int)m->hp.n_vocab;
     const float * lg = NULL;
     int at = 0;
     for (int t = 0; t < n_turns; t++) {
-        lg = kvr_session_eval(s, toks + at, turns[t]);
+        lg = kvr_dist_eval(s, toks + at, turns[t]);
         at += turns[t];
-        if (!lg) { CHECK(false, "reference eval of %d tokens: %s", turns[t], kvr_last_error()); kvr_session_free(s); return false; }
+        if (!lg) { CHECK(false, "reference eval of %d tokens: %s", turns[t], kvr_last_error()); kvr_dist_free(s); return false; }
     }
     r->logits = xcalloc((size_t)r->n_vocab, sizeof(float));
     memcpy(r->logits, lg, sizeof(float) * (size_t)r->n_vocab);
     for (int i = 0; i < n_dec; i++) {
         r->cont[i] = kvr_argmax(lg, r->n_vocab);
-        lg = kvr_session_eval(s, &r->cont[i], 1);
-        if (!lg) { CHECK(false, "reference decode: %s", kvr_last_error()); kvr_session_free(s); return false; }
+        lg = kvr_dist_eval(s, &r->cont[i], 1);
+        if (!lg) { CHECK(false, "reference decode: %s", kvr_last_error()); kvr_dist_free(s); return false; }
     }
     r->dec_logits = xcalloc((size_t)r->n_vocab, sizeof(float));
     memcpy(r->dec_logits, lg, sizeof(float) * (size_t)r->n_vocab);
-    const struct kvr_kv_cache * c = kvr_session_cache(s);
-    r->n_total = kvr_session_n_past(s);
+    const struct kvr_kv_cache * c;
+    const int32_t * cpos;
+    kvr_dist_cache(s, 0, &cpos, &c);
+    r->n_total = kvr_dist_n_past(s);
     r->n_layer = c->n_layer;
     r->kv_dim = c->kv_dim;
     r->k = xcalloc((size_t)c->n_layer, sizeof(float *));
@@ -295,7 +297,7 @@ static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * 
             kvr_backend_tensor_get(c->v[il], r->v[il] + (size_t)p * c->kv_dim, (size_t)p * c->v[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
         }
     }
-    kvr_session_free(s);
+    kvr_dist_free(s);
     return true;
 }
 
