@@ -400,6 +400,17 @@ static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) 
 }
 
 // A dense copy of an f32 tensor read through its strides.
+// One element of an output as f32: outputs are F32, or F16/BF16 (CPY, KV_STORE into a half cache).
+static float elem_f32(const void * p, enum kvr_type type) {
+    uint16_t h;
+    float f;
+    switch (type) {
+        case KVR_TYPE_F16:  memcpy(&h, p, 2); return ref_f16_to_f32(h);
+        case KVR_TYPE_BF16: memcpy(&h, p, 2); return ref_bf16_to_f32(h);
+        default:            memcpy(&f, p, 4); return f;
+    }
+}
+
 static float * tc_read(struct tcase * tc, const struct kvr_tensor * t) {
     float * out = tc_floats(tc, kvr_nelements(t));
     if (!t->data) {
@@ -415,7 +426,7 @@ static float * tc_read(struct tcase * tc, const struct kvr_tensor * t) {
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
                 const char * row = (const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
                 for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
-                    memcpy(&out[k++], row + i0 * t->nb[0], sizeof(float));
+                    out[k++] = elem_f32(row + i0 * t->nb[0], t->type);
                 }
             }
         }
@@ -514,11 +525,15 @@ static float * tc_read_backend(struct tcase * tc, const struct kvr_tensor * t) {
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
                 const size_t off = (size_t) (i1 * (int64_t) t->nb[1] + i2 * (int64_t) t->nb[2] + i3 * (int64_t) t->nb[3]);
-                if (t->nb[0] == sizeof(float)) {
+                if (t->type == KVR_TYPE_F32 && t->nb[0] == sizeof(float)) {
                     kvr_backend_tensor_get(t, out + k, off, (size_t) t->ne[0] * sizeof(float));
                     k += t->ne[0];
                 } else {
-                    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) kvr_backend_tensor_get(t, out + k++, off + (size_t) i0 * t->nb[0], sizeof(float));
+                    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+                        uint8_t e[4];
+                        kvr_backend_tensor_get(t, e, off + (size_t) i0 * t->nb[0], elem_size(t->type));
+                        out[k++] = elem_f32(e, t->type);
+                    }
                 }
             }
         }
@@ -589,8 +604,9 @@ static void tc_other_backend(struct tcase * tc, struct kvr_graph * g, struct kvr
             double num = 0.0, den = 0.0;
             bool same_inf = true;
             for (int64_t e = 0; e < kvr_nelements(outs[i]); e++) {
-                if (isinf(want[i][e]) || isinf(got[e])) { // an LSE of -inf: the same in both
-                    same_inf = same_inf && want[i][e] == got[e];
+                // an LSE of -inf, an infinity or NaN copied (CPY's special values): the same in both
+                if (!isfinite(want[i][e]) || !isfinite(got[e])) {
+                    same_inf = same_inf && (want[i][e] == got[e] || (isnan(want[i][e]) && isnan(got[e])));
                     continue;
                 }
                 num += ((double) got[e] - want[i][e]) * ((double) got[e] - want[i][e]);
@@ -599,7 +615,7 @@ static void tc_other_backend(struct tcase * tc, struct kvr_graph * g, struct kvr
             const double nmse = den > 0.0 ? num / den : num;
             if (!(nmse <= bound) || !same_inf) {
                 tc_fail(tc, "%s: output '%s': NMSE %.3g against the CPU (bound %.0e)%s", g_other.name, outs[i]->name, nmse,
-                        bound, same_inf ? "" : ", an infinity differs");
+                        bound, same_inf ? "" : ", an infinity or NaN differs");
             } else {
                 g_other.worst = fmax(g_other.worst, nmse);
             }
