@@ -1717,8 +1717,9 @@ int kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
 }
 
 // The registry (kvr.h, "The registry"). A backend compiled only behind a build flag has its
-// constructor here only in builds with that flag: NULL otherwise, and kvr_backend_new says how to
-// get it. Adding a backend is one line here.
+// constructor here only in builds with that flag, NULL otherwise (CUDA_BACKEND_NEW), and
+// kvr_backend_new says how to get it. Adding a backend is one line in the table (and, behind a
+// flag, a name like CUDA_BACKEND_NEW for its constructor).
 static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p); // section 11
 #ifdef KVR_CUDA
 #define CUDA_BACKEND_NEW kvr_backend_cuda_new
@@ -1727,8 +1728,8 @@ static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p)
 #endif
 
 static const struct kvr_backend_info backend_registry[] = {
-    { "cpu",  "this machine's cores (the reference every other backend is checked against)", NULL, NULL, cpu_backend_new },
-    { "cuda", "one NVIDIA GPU per rank (cuBLAS and kvr's kernels)", "CUDA", "make KVR_CUDA=1", CUDA_BACKEND_NEW },
+    { "cpu",  "this machine's cores (the reference of every check)", NULL,   NULL,              cpu_backend_new  },
+    { "cuda", "NVIDIA GPUs, one a rank",                             "CUDA", "make KVR_CUDA=1", CUDA_BACKEND_NEW },
 };
 
 int kvr_backend_count(void) {
