@@ -1534,9 +1534,9 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 
 //
 // 9. backends: buffers, tensors in and out, the comm protocol every backend runs under, and the
-// registry with the constructor by name (kvr.h section 7 is the manual). Besides the allocator (sections 6 and 8)
-// and the CPU sections (10, 11) this is the only code that uses a tensor's data: to copy host
-// tensors and to hand host memory to a transport.
+// registry with the constructor by name (kvr.h section 7 is the manual). Besides the allocator
+// (sections 6 and 8) and the CPU sections (10, 11) this is the only code that uses a tensor's
+// data: to copy host tensors and to hand host memory to a transport.
 //
 
 static bool node_is_noop(const struct kvr_tensor * t) {
@@ -3949,7 +3949,7 @@ static float dot_f32_tinyblas(const float * x, const float * y, int64_t n) {
 // Which of the two orders llama.cpp's CPU backend sums a small F32 matmul in: tinyBLAS's for a
 // batch (T >= 2 rows of x) when its kernel takes the shape (K % 8 == 0, N % 4 == 0), otherwise
 // ggml_vec_dot_f32's (a single token, as in decoding, or another shape). A llama.cpp built
-// without GGML_LLAMAFILE sums everything in the second (vec_dot: kvr_backend_params' vec_dot_order).
+// without GGML_LLAMAFILE sums everything in the second (vec_dot: the CPU's vec_dot_order).
 static bool mm_tinyblas_order(int64_t K, int64_t N, int64_t T, bool vec_dot) {
     return !vec_dot && T >= 2 && K % 8 == 0 && N % 4 == 0;
 }

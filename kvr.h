@@ -414,9 +414,10 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 //
 //  1. Fill a struct kvr_backend_i and return a struct kvr_backend from a constructor that takes
 //     struct kvr_backend_params (options only one backend has are fields there, read once when
-//     it is made: the CPU's q8_activations); add one line for it to the registry in kvr.c section 9
-//     (its constructor NULL in builds without the flag that compiles it, as KVR_CUDA) and its
-//     object to the Makefile. kvr_backend_new, the tools' --backend and test-ops -b then take it.
+//     it is made: the CPU's q8_activations); add one line for it to the registry in kvr.c
+//     section 9 (its constructor NULL in builds without the flag that compiles it, as KVR_CUDA)
+//     and its object to the Makefile. kvr_backend_new, the tools' --backend and test-ops -b then
+//     take it.
 //  2. Memory. buf_alloc gets buf->size and sets buf->base (64-byte aligned at least) and
 //     buf->context, buf->host (base is memory this process can address: CPU) and buf->owned.
 //     buf_from_host places bytes of host memory that outlive the buffer (the model file's data
