@@ -1397,6 +1397,9 @@ void * kvr_backend_cuda_stream(struct kvr_backend * be) {
     return (void *)((struct cu_backend *)be->context)->compute;
 }
 
+// The registry's constructor of "cuda" (kvr.c section 9): of p it reads device (p may be NULL:
+// device 0); the CPU's fields are ignored: no 8-bit activations here (q8_activations), and its
+// sums are in its own order (vec_dot_order).
 struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {
     struct cu_backend * cb = (struct cu_backend *)calloc(1, sizeof(*cb));
     struct kvr_backend * be = (struct kvr_backend *)calloc(1, sizeof(*be));

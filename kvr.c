@@ -1534,9 +1534,9 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 
 //
 // 9. backends: buffers, tensors in and out, the comm protocol every backend runs under, and the
-// constructor by name (kvr.h section 7 is the manual). Besides the allocator (sections 6 and 8)
-// and the CPU sections (10, 11) this is the only code that uses a tensor's data: to copy host
-// tensors and to hand host memory to a transport.
+// registry with the constructor by name (kvr.h section 7 is the manual). Besides the allocator
+// (sections 6 and 8) and the CPU sections (10, 11) this is the only code that uses a tensor's
+// data: to copy host tensors and to hand host memory to a transport.
 //
 
 static bool node_is_noop(const struct kvr_tensor * t) {
@@ -1716,28 +1716,66 @@ int kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     return rc;
 }
 
+// The registry (kvr.h, "The registry"). A backend compiled only behind a build flag has its
+// constructor here only in builds with that flag, NULL otherwise (CUDA_BACKEND_NEW), and
+// kvr_backend_new says how to get it. Adding a backend is one line in the table (and, behind a
+// flag, a name like CUDA_BACKEND_NEW for its constructor).
+static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p); // section 11
+#ifdef KVR_CUDA
+#define CUDA_BACKEND_NEW kvr_backend_cuda_new
+#else
+#define CUDA_BACKEND_NEW NULL
+#endif
+
+static const struct kvr_backend_info backend_registry[] = {
+    { "cpu",  "this machine's cores (the reference of every check)", NULL,   NULL,              cpu_backend_new  },
+    { "cuda", "NVIDIA GPUs, one a rank",                             "CUDA", "make KVR_CUDA=1", CUDA_BACKEND_NEW },
+};
+
+int kvr_backend_count(void) {
+    return (int)(sizeof(backend_registry) / sizeof(backend_registry[0]));
+}
+
+const struct kvr_backend_info * kvr_backend_registered(int i) {
+    KVR_ASSERT(i >= 0 && i < kvr_backend_count());
+    return &backend_registry[i];
+}
+
+const struct kvr_backend_info * kvr_backend_find(const char * name) {
+    for (int i = 0; name && i < kvr_backend_count(); i++) {
+        if (strcmp(backend_registry[i].name, name) == 0) return &backend_registry[i];
+    }
+    return NULL;
+}
+
+char * kvr_backend_names(char * buf, size_t cap, const char * sep) {
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    for (int i = 0; i < kvr_backend_count() && n < cap; i++) {
+        const int w = snprintf(buf + n, cap - n, "%s%s", i ? sep : "", backend_registry[i].name);
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    return buf;
+}
+
 struct kvr_backend * kvr_backend_new(const char * name, const struct kvr_backend_params * p) {
     const struct kvr_backend_params def = { 0 };
     if (!p) p = &def;
     if (!name) name = "cpu";
-    struct kvr_backend * be = NULL;
-    if (strcmp(name, "cpu") == 0) {
-        be = kvr_backend_cpu_new(p->n_threads);
-    } else if (strcmp(name, "cuda") == 0) {
-#ifdef KVR_CUDA
-        be = kvr_backend_cuda_new(p);
-        if (!be) return NULL;
-#else
-        kvr_error(KVR_ERR_UNSUPP, "backend 'cuda': kvr was built without CUDA (build with make KVR_CUDA=1)");
-        return NULL;
-#endif
-    } else {
-        kvr_error(KVR_ERR_ARG, "unknown backend '%s' (known: cpu, cuda)", name);
+    const struct kvr_backend_info * info = kvr_backend_find(name);
+    if (!info) {
+        char names[256];
+        kvr_error(KVR_ERR_ARG, "unknown backend '%.100s' (known: %s)", name, kvr_backend_names(names, sizeof(names), ", "));
         return NULL;
     }
-    kvr_backend_set_q8_activations(be, p->q8_activations);
-    kvr_backend_set_vec_dot_order(be, p->vec_dot_order);
-    kvr_backend_set_trace(be, p->trace);
+    if (!info->make) {
+        kvr_error(KVR_ERR_UNSUPP, "backend '%s': kvr was built without %s (build with %s)", info->name,
+                  info->needs ? info->needs : "it", info->build ? info->build : "its build flag");
+        return NULL;
+    }
+    struct kvr_backend * be = info->make(p);
+    if (be) kvr_backend_set_trace(be, p->trace);
     return be;
 }
 
@@ -1763,14 +1801,6 @@ void kvr_backend_set_comm(struct kvr_backend * be, struct kvr_comm * comm) {
 
 void kvr_backend_set_threads(struct kvr_backend * be, int n_threads) {
     if (be->iface.set_threads) be->iface.set_threads(be, n_threads);
-}
-
-void kvr_backend_set_q8_activations(struct kvr_backend * be, bool on) {
-    if (be->iface.set_q8_activations) be->iface.set_q8_activations(be, on);
-}
-
-void kvr_backend_set_vec_dot_order(struct kvr_backend * be, bool on) {
-    if (be->iface.set_vec_dot_order) be->iface.set_vec_dot_order(be, on);
 }
 
 void kvr_backend_set_trace(struct kvr_backend * be, bool on) {
@@ -2016,7 +2046,7 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
 }
 
 //
-// the integer path (kvr_backend_set_q8_activations): 8-bit activations, integer products
+// the integer path (kvr_backend_params' q8_activations): 8-bit activations, integer products
 //
 // What llama.cpp's CPU backend does for every quantized matmul, here only where a caller asks for
 // it, for prefill and decode alike: each token's activations are quantized once per matmul by
@@ -3919,7 +3949,7 @@ static float dot_f32_tinyblas(const float * x, const float * y, int64_t n) {
 // Which of the two orders llama.cpp's CPU backend sums a small F32 matmul in: tinyBLAS's for a
 // batch (T >= 2 rows of x) when its kernel takes the shape (K % 8 == 0, N % 4 == 0), otherwise
 // ggml_vec_dot_f32's (a single token, as in decoding, or another shape). A llama.cpp built
-// without GGML_LLAMAFILE sums everything in the second (vec_dot: kvr_backend_set_vec_dot_order).
+// without GGML_LLAMAFILE sums everything in the second (vec_dot: the CPU's vec_dot_order).
 static bool mm_tinyblas_order(int64_t K, int64_t N, int64_t T, bool vec_dot) {
     return !vec_dot && T >= 2 && K % 8 == 0 && N % 4 == 0;
 }
@@ -4435,8 +4465,8 @@ struct cpu_backend {
     struct kvr_backend * be;          // the backend this is the context of (for comm nodes)
     atomic_int          status;       // first error of a comm node; every thread stops on it
     bool                trace;
-    bool                q8_act;       // kvr_backend_set_q8_activations
-    bool                vec_dot;      // kvr_backend_set_vec_dot_order
+    bool                q8_act;       // kvr_backend_params' q8_activations
+    bool                vec_dot;      // kvr_backend_params' vec_dot_order
     struct kvr_span   * spans;        // stb_ds array
     int                 span_layer;   // layer of the open compute span (-1: none)
 };
@@ -4766,14 +4796,6 @@ static void cpu_set_trace(struct kvr_backend * be, bool on) {
     ((struct cpu_backend *)be->context)->trace = on;
 }
 
-static void cpu_set_q8_activations(struct kvr_backend * be, bool on) {
-    ((struct cpu_backend *)be->context)->q8_act = on;
-}
-
-static void cpu_set_vec_dot_order(struct kvr_backend * be, bool on) {
-    ((struct cpu_backend *)be->context)->vec_dot = on;
-}
-
 static const struct kvr_span * cpu_spans(struct kvr_backend * be, int * n, bool reset) {
     struct cpu_backend * cb = be->context;
     *n = (int)arrlen(cb->spans);
@@ -4814,14 +4836,21 @@ struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
         .graph_compute      = cpu_graph_compute,
         .synchronize        = cpu_synchronize,
         .set_threads        = cpu_set_threads,
-        .set_q8_activations = cpu_set_q8_activations,
-        .set_vec_dot_order  = cpu_set_vec_dot_order,
         .set_trace          = cpu_set_trace,
         .spans              = cpu_spans,
         .counters           = cpu_counters,
     };
     be->context = cb;
     cb->be      = be;
+    return be;
+}
+
+// The registry's constructor (section 9): the CPU's own options are read here, once.
+static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p) {
+    struct kvr_backend * be = kvr_backend_cpu_new(p->n_threads);
+    struct cpu_backend * cb = be->context;
+    cb->q8_act  = p->q8_activations;
+    cb->vec_dot = p->vec_dot_order;
     return be;
 }
 

@@ -269,7 +269,7 @@ struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * 
 // (row stride may be larger than K). result: [N, T, ...] f32.
 // The CPU backend sums F32 matrices of at most 2^18 weights in llama.cpp's CPU order (tinyBLAS's
 // for two or more rows of x when K % 8 == 0 and N % 4 == 0, ggml_vec_dot_f32's otherwise; see
-// kvr_backend_set_vec_dot_order), so small models give llama.cpp's bits; larger ones go
+// struct kvr_backend_params' vec_dot_order), so small models give llama.cpp's bits; larger ones go
 // through sgemm. The CUDA backend does not
 // follow this rule (its sums are its own at every size).
 struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x);
@@ -412,8 +412,12 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 //
 // Writing a backend (the CPU backend in kvr.c is the reference; kvr-cuda.cu the second one):
 //
-//  1. Fill a struct kvr_backend_i and return a struct kvr_backend from a constructor; add its
-//     name to kvr_backend_new (behind the build flag that compiles it, as KVR_CUDA).
+//  1. Fill a struct kvr_backend_i and return a struct kvr_backend from a constructor that takes
+//     struct kvr_backend_params (options only one backend has are fields there, read once when
+//     it is made: the CPU's q8_activations); add one line for it to the registry in kvr.c
+//     section 9 (its constructor NULL in builds without the flag that compiles it, as KVR_CUDA)
+//     and its object to the Makefile. kvr_backend_new, the tools' --backend and test-ops -b then
+//     take it.
 //  2. Memory. buf_alloc gets buf->size and sets buf->base (64-byte aligned at least) and
 //     buf->context, buf->host (base is memory this process can address: CPU) and buf->owned.
 //     buf_from_host places bytes of host memory that outlive the buffer (the model file's data
@@ -439,9 +443,9 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 //     runs every strategy over the existing transports with no code of its own; a transport that
 //     moves device memory itself (NCCL) sets kvr_comm.device_ptrs and receives data unstaged.
 //  6. Optional entries (NULL when the backend has none; the kvr_backend_* wrappers then do
-//     nothing or report nothing): set_threads, set_q8_activations, set_vec_dot_order, set_trace +
-//     spans (one span per layer and per transfer, for --trace), counters (struct kvr_counters, for
-//     --stats and the papers' checks).
+//     nothing or report nothing): set_threads, set_trace + spans (one span per layer and per
+//     transfer, for --trace), counters (struct kvr_counters, for --stats and the papers' checks).
+//     Only what every backend could mean is a slot; a knob of one backend is a params field.
 //  7. synchronize waits for everything queued and returns the first error of the device.
 
 struct kvr_backend;
@@ -472,8 +476,6 @@ struct kvr_backend_i {
     int          (*synchronize)  (struct kvr_backend * be);
     // optional
     void         (*set_threads)       (struct kvr_backend * be, int n_threads);
-    void         (*set_q8_activations)(struct kvr_backend * be, bool on);
-    void         (*set_vec_dot_order) (struct kvr_backend * be, bool on);
     void         (*set_trace)         (struct kvr_backend * be, bool on);
     const struct kvr_span * (*spans)  (struct kvr_backend * be, int * n, bool reset);
     void         (*counters)          (struct kvr_backend * be, struct kvr_counters * out, bool reset);
@@ -526,17 +528,52 @@ struct kvr_counters {
     double  op_ms[KVR_OP_COUNT]; // wall time per op kind (thread 0's view, barrier included)
 };
 
+// What a backend is made with. The fields of one backend are ignored by the others; they are
+// fixed for the backend's life (a different setting is a new backend).
 struct kvr_backend_params {
     int  n_threads;      // cpu: threads (<= 0: all cores)
     int  device;         // cuda: the GPU's index
-    bool q8_activations; // see kvr_backend_set_q8_activations (off: exact)
-    bool vec_dot_order;  // see kvr_backend_set_vec_dot_order (off: llama.cpp's default build)
+    // cpu: matmuls over quantized weights (every type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K ...
+    // Q6_K, Q8_K), prefill and decode, quantize the activations to 8 bits by llama.cpp's rules
+    // (Q8_0/Q8_1 blocks of 32 for the legacy types, Q8_K super-blocks of 256 for the k-quants) and
+    // multiply in integers, as llama.cpp's CPU backend does: faster, but the logits move by up to
+    // ~0.1 against the exact math of the file, which the default (off) computes: f32 activations
+    // times the weights' exact values. F16/BF16/F32 weights always take the exact path. CUDA stays
+    // exact.
+    bool q8_activations;
+    // cpu: small F32 matmuls and the KQV of small attention (kvr_mul_mat, kvr_attn) are summed as
+    // llama.cpp's CPU backend sums them, which depends on how it was built: with GGML_LLAMAFILE
+    // (its default; off here) a batch of two or more tokens goes through tinyBLAS's order; without
+    // it (on here) every sum is ggml_vec_dot_f32's. The outside references say which build made
+    // them (tiny-falcon-mqa: without; the archs/ and SmolLM2 ones: with). Either way the results
+    // are exact to rounding; only the last bits differ.
+    bool vec_dot_order;
     bool trace;          // record spans (kvr_backend_spans)
 };
 
-// A backend by name: "cpu", or "cuda" in builds with make KVR_CUDA=1 (otherwise an error that says
-// so). p may be NULL (defaults). NULL + kvr_last_error() on failure.
+// The registry: every backend kvr knows, whether this build has it or not, "cpu" first. A tool
+// lists these in its help and its errors; kvr_backend_new looks names up here.
+struct kvr_backend_info {
+    const char * name;   // what kvr_backend_new, the tools' --backend and test-ops -b take
+    const char * about;  // one line for a help text
+    const char * needs;  // what a build must have for it ("CUDA"); NULL: every build has it
+    const char * build;  // how to make such a build ("make KVR_CUDA=1"); NULL with needs
+    // the constructor (p is never NULL here); NULL: this build does not have the backend
+    struct kvr_backend * (*make)(const struct kvr_backend_params * p);
+};
+int                             kvr_backend_count(void);
+const struct kvr_backend_info * kvr_backend_registered(int i);          // 0 <= i < kvr_backend_count()
+const struct kvr_backend_info * kvr_backend_find(const char * name);    // NULL: not registered
+// The registered names joined by sep ("cpu|cuda") into buf (cap bytes, always terminated when
+// cap > 0); returns buf.
+char *                          kvr_backend_names(char * buf, size_t cap, const char * sep);
+
+// A backend by name (NULL: "cpu"), from the registry. A name not registered, or registered but
+// not in this build ("cuda" without make KVR_CUDA=1), is an error naming it and the choices or
+// the build that has it. p may be NULL (defaults). NULL + kvr_last_error() on failure.
 struct kvr_backend * kvr_backend_new(const char * name, const struct kvr_backend_params * p);
+// The CPU backend with n_threads and every other option at its default (kvr_backend_new("cpu",
+// &params) for the others).
 struct kvr_backend * kvr_backend_cpu_new(int n_threads); // n_threads <= 0: all cores
 #ifdef KVR_CUDA
 struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p); // kvr-cuda.cu
@@ -569,20 +606,6 @@ void                 kvr_backend_tensor_get(const struct kvr_tensor * t, void * 
 
 // Optional entries (point 6); no-ops, or nothing reported, where a backend has none.
 void                 kvr_backend_set_threads(struct kvr_backend * be, int n_threads);
-// Matmuls over quantized weights (every type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K ... Q6_K,
-// Q8_K), prefill and decode, quantize the activations to 8 bits by llama.cpp's rules (Q8_0/Q8_1
-// blocks of 32 for the legacy types, Q8_K super-blocks of 256 for the k-quants) and multiply in
-// integers, as llama.cpp's CPU backend does: faster, but the logits move by up to ~0.1 against the
-// exact math of the file, which the default (off) computes: f32 activations times the weights' exact
-// values. F16/BF16/F32 weights always take the exact path. The CPU backend has it; CUDA stays exact.
-void                 kvr_backend_set_q8_activations(struct kvr_backend * be, bool on);
-// Small F32 matmuls and the KQV of small attention (kvr_mul_mat, kvr_attn) are summed as
-// llama.cpp's CPU backend sums them, which depends on how it was built: with GGML_LLAMAFILE (its
-// default; off here) a batch of two or more tokens goes through tinyBLAS's order; without it (on
-// here) every sum is ggml_vec_dot_f32's. The outside references say which build made them
-// (tiny-falcon-mqa: without; the archs/ and SmolLM2 ones: with). Either way the results are
-// exact to rounding; only the last bits differ. The CPU backend has it; others ignore it.
-void                 kvr_backend_set_vec_dot_order(struct kvr_backend * be, bool on);
 // With trace on, every graph records one span per layer and one per communication node.
 void                 kvr_backend_set_trace(struct kvr_backend * be, bool on);
 // The spans recorded so far (a pointer and a count; *n = 0 without trace); cleared by reset.
@@ -1317,9 +1340,9 @@ struct kvr_dist_params {
                                      //   noisy sidecar); needs link_gbps; 0: off
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_dist_write_trace
-    bool               q8_activations; // see kvr_backend_set_q8_activations (off: exact)
-    bool               vec_dot_order;  // see kvr_backend_set_vec_dot_order (off: llama.cpp's default build)
-    const char *       backend;      // every rank's: "cpu" (NULL: cpu) or "cuda"; rank r asks for
+    bool               q8_activations; // see struct kvr_backend_params (off: exact)
+    bool               vec_dot_order;  // see struct kvr_backend_params (off: llama.cpp's default build)
+    const char *       backend;      // every rank's: a registered name (NULL: "cpu"); rank r asks for
                                      //   device + r (the backend wraps it around the GPUs there are)
     int                device;       // cuda: the first rank's GPU (0 by default)
     const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)

@@ -62,6 +62,10 @@ for dir in $build $asan; do
     done
 done
 
+# test-ops' backend axis on the CPU backend (-b cpu): the seam every other backend is checked
+# through runs on every machine, not only on those with a GPU
+run "test-ops -b cpu" "$build/test-ops" -b cpu "$shared"
+
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
 # the command-line contract of every tool: flags, ranges, paths, context, prompt files
 [ -f tests/cli.sh ] && run "cli" sh tests/cli.sh "$build" "$shared"

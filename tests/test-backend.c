@@ -1,5 +1,5 @@
-// tests/test-backend.c - the backend seam of kvr.h section 7: backends by name, buffers and the
-// tensors placed in them (in and out through the backend), the weights on a backend
+// tests/test-backend.c - the backend seam of kvr.h section 7: the registry and backends by name,
+// buffers and the tensors placed in them (in and out through the backend), the weights on a backend
 // (kvr_model_to_backend: zero-copy on the CPU), and the comm protocol kvr_backend_graph_compute
 // runs around any backend's graph_compute. The protocol is driven here by a backend written for
 // the test, "dev", whose memory a transport cannot address (its buffers say host = false), as a
@@ -289,6 +289,37 @@ static void test_foreign_memory(void) {
     kvr_backend_free(dev);
 }
 
+// The registry: "cpu" first and built, every name found and unique, every one this build lacks
+// saying which build has it (kvr_backend_new and the tools' --backend quote needs and build),
+// the list of names whole or cut short but terminated.
+static void test_registry(void) {
+    const int n = kvr_backend_count();
+    check(n >= 2 && strcmp(kvr_backend_registered(0)->name, "cpu") == 0 && kvr_backend_registered(0)->make,
+          "the registry starts with a built cpu (%d backends)", n);
+    char names[256], err[512];
+    kvr_backend_names(names, sizeof(names), "|");
+    for (int i = 0; i < n; i++) {
+        const struct kvr_backend_info * b = kvr_backend_registered(i);
+        check(kvr_backend_find(b->name) == b && b->about && b->about[0], "'%s' is found by its name and has a line", b->name);
+        check(strstr(names, b->name) != NULL, "kvr_backend_names (%s) lists '%s'", names, b->name);
+        if (b->make) continue;
+        check(b->needs && b->build, "'%s', not in this build, says what a build needs for it", b->name);
+        struct kvr_backend * be = kvr_backend_new(b->name, NULL);
+        snprintf(err, sizeof(err), "%s", kvr_last_error());
+        check(!be && strstr(err, b->name) && b->build && strstr(err, b->build), "kvr_backend_new(\"%s\") in this build: %s", b->name, err);
+        kvr_backend_free(be);
+    }
+    check(!kvr_backend_find("tpu") && !kvr_backend_find(NULL) && !kvr_backend_find("CPU"), "unregistered names are not found");
+    struct kvr_backend * none = kvr_backend_new("tpu", NULL);
+    snprintf(err, sizeof(err), "%s", kvr_last_error());
+    for (int i = 0; i < n; i++) {
+        check(!none && strstr(err, kvr_backend_registered(i)->name), "the unknown-backend error lists '%s': %s", kvr_backend_registered(i)->name, err);
+    }
+    char small[3] = { 'x', 'x', 'x' };
+    kvr_backend_names(small, sizeof(small), "|");
+    check(small[2] == 0 && strncmp(names, small, 2) == 0, "kvr_backend_names cut short: '%s'", small);
+}
+
 static void test_by_name_and_buffers(void) {
     struct kvr_backend * be = kvr_backend_new(NULL, NULL);
     CHECK(be && strcmp(kvr_backend_name(be), "cpu") == 0, "kvr_backend_new(NULL): %s", be ? kvr_backend_name(be) : kvr_last_error());
@@ -381,6 +412,7 @@ static void test_model_to_backend(const char * shared) {
 
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
+    test_registry();
     test_by_name_and_buffers();
     test_protocol(false);
     test_protocol(true);

@@ -13,12 +13,15 @@
 // To cover a new op: copy t_binary (build, tc_output, tc_compute, reference, tc_check), loop it
 // over shapes and 1..3 threads in a grp_ function, and list that in GROUPS at the end.
 //
-// usage: test-ops [-v] [-o GROUP[,GROUP...]] [-s SEED] [SHARED_DIR (ignored: no data needed)]
+// usage: test-ops [-v] [-o GROUP[,GROUP...]] [-s SEED] [-b BACKEND] [SHARED_DIR (ignored: no data needed)]
 //   -v  print every case     -o  run only these groups (names as printed)     -s  input seed
+//   -b  the backend checked against the CPU: any registered name (kvr_backend_count); default
+//       the first registered one that is not the CPU (cuda); -b cpu runs the CPU backend through
+//       the same seam
 // Prints one line per group and "N passed, M failed, K skipped"; exits 1 if a case failed.
-// The backend axis: with another backend available (CUDA in a make KVR_CUDA=1 build with a GPU),
+// The backend axis: when that backend can be had (CUDA: a make KVR_CUDA=1 build with a GPU),
 // every case's graph also runs there and is compared with the CPU's outputs by NMSE (a bound per
-// op, as ggml's test-backend-ops); without one, one line says why and the cases count as skipped.
+// op, as ggml's test-backend-ops); when not, one line says why and the cases count as skipped.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -396,6 +399,17 @@ static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) 
 }
 
 // A dense copy of an f32 tensor read through its strides.
+// One element of an output as f32: outputs are F32, or F16/BF16 (CPY, KV_STORE into a half cache).
+static float elem_f32(const void * p, enum kvr_type type) {
+    uint16_t h;
+    float f;
+    switch (type) {
+        case KVR_TYPE_F16:  memcpy(&h, p, 2); return ref_f16_to_f32(h);
+        case KVR_TYPE_BF16: memcpy(&h, p, 2); return ref_bf16_to_f32(h);
+        default:            memcpy(&f, p, 4); return f;
+    }
+}
+
 static float * tc_read(struct tcase * tc, const struct kvr_tensor * t) {
     float * out = tc_floats(tc, kvr_nelements(t));
     if (!t->data) {
@@ -411,7 +425,7 @@ static float * tc_read(struct tcase * tc, const struct kvr_tensor * t) {
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
                 const char * row = (const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
                 for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
-                    memcpy(&out[k++], row + i0 * t->nb[0], sizeof(float));
+                    out[k++] = elem_f32(row + i0 * t->nb[0], t->type);
                 }
             }
         }
@@ -451,8 +465,9 @@ static void tc_check(struct tcase * tc, const char * what, const float * got, co
 }
 
 //
-// the backend axis: every case's graph again on every other backend there is (CUDA, in a build
-// with make KVR_CUDA=1 on a machine with a GPU), its outputs against the CPU's by NMSE with a
+// the backend axis: every case's graph again on the backend -b names (by default the first
+// registered one besides the CPU: CUDA, in a build with make KVR_CUDA=1 on a machine with a
+// GPU), its outputs against the CPU's by NMSE with a
 // bound per op as ggml's test-backend-ops has them. The graph is moved onto the backend (its
 // inputs copied into a buffer of the backend, its nodes planned in another), computed, read back
 // through kvr_backend_tensor_get, and moved back. Without such a backend every case is counted as
@@ -461,11 +476,11 @@ static void tc_check(struct tcase * tc, const char * what, const float * got, co
 
 static struct {
     struct kvr_backend * be;       // NULL: none available
-    const char         * name;
+    const char         * name;     // -b's, or the default (main)
     char                 why[256]; // why not
     int                  n_pass, n_fail, n_skip;
     double               worst;    // the largest NMSE over the cases that passed
-} g_other = { NULL, "cuda", "", 0, 0, 0, 0.0 };
+} g_other = { NULL, NULL, "", 0, 0, 0, 0.0 };
 
 // The NMSE a backend may reach against the CPU, by op: 1e-7 for elementwise work (ggml's default),
 // 5e-4 where a device multiplies in half precision (matrix products; attention's sums run in
@@ -509,11 +524,15 @@ static float * tc_read_backend(struct tcase * tc, const struct kvr_tensor * t) {
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
                 const size_t off = (size_t) (i1 * (int64_t) t->nb[1] + i2 * (int64_t) t->nb[2] + i3 * (int64_t) t->nb[3]);
-                if (t->nb[0] == sizeof(float)) {
+                if (t->type == KVR_TYPE_F32 && t->nb[0] == sizeof(float)) {
                     kvr_backend_tensor_get(t, out + k, off, (size_t) t->ne[0] * sizeof(float));
                     k += t->ne[0];
                 } else {
-                    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) kvr_backend_tensor_get(t, out + k++, off + (size_t) i0 * t->nb[0], sizeof(float));
+                    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+                        uint8_t e[4];
+                        kvr_backend_tensor_get(t, e, off + (size_t) i0 * t->nb[0], elem_size(t->type));
+                        out[k++] = elem_f32(e, t->type);
+                    }
                 }
             }
         }
@@ -584,8 +603,9 @@ static void tc_other_backend(struct tcase * tc, struct kvr_graph * g, struct kvr
             double num = 0.0, den = 0.0;
             bool same_inf = true;
             for (int64_t e = 0; e < kvr_nelements(outs[i]); e++) {
-                if (isinf(want[i][e]) || isinf(got[e])) { // an LSE of -inf: the same in both
-                    same_inf = same_inf && want[i][e] == got[e];
+                // an LSE of -inf, an infinity or NaN copied (CPY's special values): the same in both
+                if (!isfinite(want[i][e]) || !isfinite(got[e])) {
+                    same_inf = same_inf && (want[i][e] == got[e] || (isnan(want[i][e]) && isnan(got[e])));
                     continue;
                 }
                 num += ((double) got[e] - want[i][e]) * ((double) got[e] - want[i][e]);
@@ -594,7 +614,7 @@ static void tc_other_backend(struct tcase * tc, struct kvr_graph * g, struct kvr
             const double nmse = den > 0.0 ? num / den : num;
             if (!(nmse <= bound) || !same_inf) {
                 tc_fail(tc, "%s: output '%s': NMSE %.3g against the CPU (bound %.0e)%s", g_other.name, outs[i]->name, nmse,
-                        bound, same_inf ? "" : ", an infinity differs");
+                        bound, same_inf ? "" : ", an infinity or NaN differs");
             } else {
                 g_other.worst = fmax(g_other.worst, nmse);
             }
@@ -2157,11 +2177,12 @@ static bool in_list(const char * list, const char * name) {
 }
 
 static void usage(FILE * f) {
-    fprintf(f, "usage: test-ops [-v] [-o GROUP[,GROUP...]] [-s SEED] [SHARED_DIR (ignored)]\ngroups:");
+    char names[256];
+    fprintf(f, "usage: test-ops [-v] [-o GROUP[,GROUP...]] [-s SEED] [-b BACKEND] [SHARED_DIR (ignored)]\ngroups:");
     for (size_t i = 0; i < sizeof(GROUPS) / sizeof(GROUPS[0]); i++) {
         fprintf(f, " %s", GROUPS[i].name);
     }
-    fprintf(f, "\n");
+    fprintf(f, "\nbackends (-b, checked against the CPU): %s\n", kvr_backend_names(names, sizeof(names), " "));
 }
 
 int main(int argc, char ** argv) {
@@ -2172,6 +2193,14 @@ int main(int argc, char ** argv) {
             g_opt.only = argv[++i];
         } else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             g_opt.seed = strtoull(argv[++i], NULL, 0);
+        } else if (!strcmp(argv[i], "-b") && i + 1 < argc) {
+            g_other.name = argv[++i];
+            if (!kvr_backend_find(g_other.name)) {
+                char names[256];
+                fprintf(stderr, "test-ops: -b '%s': not a registered backend; want one of %s\n", g_other.name,
+                        kvr_backend_names(names, sizeof(names), ", "));
+                return 2;
+            }
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage(stdout);
             return 0;
@@ -2202,6 +2231,10 @@ int main(int argc, char ** argv) {
         }
     }
     signal(SIGABRT, on_abort);
+    for (int i = 0; i < kvr_backend_count() && !g_other.name; i++) {
+        if (strcmp(kvr_backend_registered(i)->name, "cpu") != 0) g_other.name = kvr_backend_registered(i)->name;
+    }
+    if (!g_other.name) g_other.name = "cpu"; // a registry of the CPU alone: the seam is still worth a run
     g_other.be = kvr_backend_new(g_other.name, NULL);
     if (!g_other.be) snprintf(g_other.why, sizeof(g_other.why), "%s", kvr_last_error());
     printf("test-ops: seed %llu, threads 1 2 3; backends: cpu%s%s\n", (unsigned long long) g_opt.seed,

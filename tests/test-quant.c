@@ -607,7 +607,7 @@ static void test_mul_vec(void) {
     test_mul_vec_type(KVR_TYPE_F32, NULL, "f32");
 }
 
-// The integer prefill path (kvr_backend_set_q8_activations) for Q4_K: every token's 256
+// The integer prefill path (kvr_backend_params' q8_activations) for Q4_K: every token's 256
 // values quantized to int8 by ggml's Q8_K rule (largest magnitude -> -127, round half to even), then
 // per super-block d*d_a*sum_j sc_j*sum(q*a) - dmin*d_a*sum_j m_j*sum(a), all written out here from
 // the bit layout. 601 tokens (more than one chunk of 512; not a multiple of the kernel's 4), 13 rows (not a
@@ -638,11 +638,10 @@ static void test_mul_mat_q8(void) {
         y->flags |= KVR_FLAG_OUTPUT;
         struct kvr_graph * g = kvr_graph_new(ctx, 16);
         kvr_graph_expand(g, y);
-        struct kvr_backend * be = kvr_backend_cpu_new(nth);
+        struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nth, .q8_activations = true });
         struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
         if (!buf) { CHECK(0, "q8 mul_mat: %s", kvr_last_error()); kvr_backend_free(be); kvr_free(ctx); return; }
         kvr_graph_place(g, buf);
-        kvr_backend_set_q8_activations(be, true);
         const int rc = kvr_backend_graph_compute(be, g);
         CHECK(rc == KVR_OK, "q4_K q8 mul_mat, %d threads: compute returned %d (%s)", nth, rc, kvr_last_error());
         double worst_int = 0, worst_exact = 0;
@@ -691,7 +690,7 @@ static void test_mul_mat_q8(void) {
     }
 }
 
-// The integer path (kvr_backend_set_q8_activations) for every quantized type, decode (1-4
+// The integer path (kvr_backend_params' q8_activations) for every quantized type, decode (1-4
 // tokens: row by row) and prefill (more: the interleaved 8-row kernels), against a reference written
 // here from the bit layout. The activations are quantized by ggml's x86 rules: Q8_0 blocks of 32
 // for Q4_0, Q5_0, Q8_0 and Q8_1 weights (d = amax/127 rounded to fp16, q = x*127/amax rounded half
@@ -808,11 +807,10 @@ static void test_mul_q8_type(const struct qtype * qt, bool extreme) {
             y->flags |= KVR_FLAG_OUTPUT;
             struct kvr_graph * g = kvr_graph_new(ctx, 16);
             kvr_graph_expand(g, y);
-            struct kvr_backend * be = kvr_backend_cpu_new(nth);
+            struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nth, .q8_activations = true });
             struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
             KVR_ASSERT(buf != NULL);
             kvr_graph_place(g, buf);
-            kvr_backend_set_q8_activations(be, true);
             const int rc = kvr_backend_graph_compute(be, g);
             CHECK(rc == KVR_OK, "%s q8 mul_mat T=%d, %d threads: compute returned %d (%s)", qt->name, T, nth, rc, kvr_last_error());
             for (int64_t nn = 0; nn < N; nn++) {

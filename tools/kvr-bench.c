@@ -512,8 +512,7 @@ static int kern_run(enum kvr_type type, int64_t K, int64_t N, int copies, int th
         y->flags |= KVR_FLAG_OUTPUT;
         kvr_graph_expand(g, y);
     }
-    struct kvr_backend * be = kvr_backend_cpu_new(threads);
-    if (be) kvr_backend_set_q8_activations(be, q8_act);
+    struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = threads, .q8_activations = q8_act });
     struct kvr_buffer * buf = be ? kvr_backend_alloc_buffer(be, kvr_graph_plan(g)) : NULL;
     int rc = buf ? KVR_OK : KVR_ERR_NOMEM;
     if (buf) {

@@ -419,6 +419,43 @@ static inline int kvr_cli_parse(const struct kvr_cli * cli, int argc, char ** ar
 }
 
 //
+// backends
+//
+
+// --backend NAME (KVR_CLI_CUSTOM, dst const char **): a name in kvr's registry that this build
+// has. Another name is refused with the registered ones; a registered one this build lacks, with
+// the build that has it (kvr_backend_new's words), before the tool loads anything.
+static inline int kvr_cli_backend(const char * value, void * dst, char * why, size_t cap) {
+    const struct kvr_backend_info * b = kvr_backend_find(value);
+    if (!b) {
+        char names[256];
+        snprintf(why, cap, "not a backend kvr knows; want one of %s", kvr_backend_names(names, sizeof(names), "|"));
+        return -1;
+    }
+    if (!b->make) {
+        snprintf(why, cap, "kvr was built without %s (build with %s)", b->needs ? b->needs : "it",
+                 b->build ? b->build : "its build flag");
+        return -1;
+    }
+    *(const char **)dst = value;
+    return 0;
+}
+
+// The -h text of --backend: first (what the flag is for), then a line per registered backend, its
+// name and what it is, and for one this build lacks, the build that has it.
+static inline const char * kvr_cli_backend_help(char * buf, size_t cap, const char * first) {
+    size_t n = (size_t)snprintf(buf, cap, "%s", first);
+    for (int i = 0; i < kvr_backend_count() && n < cap; i++) {
+        const struct kvr_backend_info * b = kvr_backend_registered(i);
+        const int w = snprintf(buf + n, cap - n, "\n  %s: %s%s%s%s", b->name, b->about, b->make ? "" : " (not in this build: ",
+                               b->make ? "" : b->build ? b->build : "its build flag", b->make ? "" : ")");
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    return buf;
+}
+
+//
 // prompt text
 //
 

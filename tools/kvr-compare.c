@@ -25,7 +25,7 @@ struct cmp_args {
     const char * model;
     const char * prompt;
     const char * tokens;
-    int          backend;        // 0 cpu, 1 cuda, as --backend's choices are ordered
+    const char * backend;        // a registered backend's name (NULL: cpu)
     int          device;
     int          strategy;       // enum kvr_strategy, as the choices are ordered
     int          n_ranks;
@@ -215,12 +215,13 @@ static int parse_args(int argc, char ** argv, struct cmp_args * a) {
     *a = (struct cmp_args) { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 1, .n_steps = 8,
                              .names = "attn,out" };
     bool strategy_set = false;
+    char backend_help[1024];
     const struct kvr_cli_flag flags[] = {
         { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF)" },
         { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .help = "prompt text" },
         { .name = "--tokens", .kind = KVR_CLI_TEXT, .dst = &a->tokens, .meta = "LIST", .help = "prompt as comma-separated token ids (no BOS is added)" },
-        { .name = "--backend", .kind = KVR_CLI_CHOICE, .dst = &a->backend, .meta = "cpu|cuda", .choices = "cpu|cuda",
-          .help = "the backend checked against the CPU (default cpu)" },
+        { .name = "--backend", .kind = KVR_CLI_CUSTOM, .dst = &a->backend, .meta = "NAME", .parse = kvr_cli_backend,
+          .help = kvr_cli_backend_help(backend_help, sizeof(backend_help), "the backend checked against the CPU (default cpu), one of:") },
         { .name = "--device", .kind = KVR_CLI_INT, .dst = &a->device, .meta = "N", .lo = 0, .hi = 1023,
           .help = "cuda: the first rank's GPU (rank r: N + r modulo the devices; default 0)" },
         { .name = "--strategy", .kind = KVR_CLI_CHOICE, .dst = &a->strategy, .meta = "S", .given = &strategy_set,
@@ -244,7 +245,7 @@ static int parse_args(int argc, char ** argv, struct cmp_args * a) {
     };
     const struct kvr_cli cli = {
         .prog = "kvr-compare",
-        .synopsis = "usage: kvr-compare -m MODEL.gguf (-p TEXT | --tokens LIST) [--backend cpu|cuda] [--strategy S --ranks N] [-n STEPS] [--tol X]",
+        .synopsis = "usage: kvr-compare -m MODEL.gguf (-p TEXT | --tokens LIST) [--backend NAME] [--strategy S --ranks N] [-n STEPS] [--tol X]",
         .about = "Runs the prompt on the CPU with one rank (the reference) and as asked, and compares the\n"
                  "intermediates of every layer (NMSE), the last prompt token's logits and -n greedy steps.\n"
                  "Exit 0: within --tol and every step agrees; 1: not; 2: bad command line, file or backend.",
@@ -318,7 +319,7 @@ int main(int argc, char ** argv) {
         kvr_model_free(model);
         return 2;
     }
-    const char * backend = a.backend == 1 ? "cuda" : "cpu";
+    const char * backend = a.backend ? a.backend : "cpu";
     const double tol = a.tol_set ? a.tol : default_tol(backend, weight_type(model));
 
     struct cmp_run ref = { .label = "reference (cpu, single)", .backend = "cpu", .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 1 };

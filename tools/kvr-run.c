@@ -76,7 +76,7 @@ struct run_args {
     bool         q8_act;
     bool         mmap;         // --mmap: weights left in the file's mapping
     bool         vec_dot_order;
-    int          backend;      // index into "cpu|cuda"
+    const char * backend;      // a registered backend's name (NULL: cpu)
     int          device;       // cuda: the (first rank's) GPU
     bool         stats;
     bool         strategy_set;
@@ -143,6 +143,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     *a = (struct run_args) { .n_predict = 128, .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .n_ranks = 1 };
     // The flags, one entry each: what -h prints and what the parser takes. Adding a flag is adding
     // its field to run_args and its line here (tools/kvr-cli.h has the kinds and ranges).
+    char backend_help[1024];
     const struct kvr_cli_flag flags[] = {
         { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF)" },
         { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .empty_ok = true, .help = "prompt text" },
@@ -183,8 +184,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--vec-dot-order", .kind = KVR_CLI_SWITCH, .dst = &a->vec_dot_order,
           .help = "small F32 sums in the order of a llama.cpp built without GGML_LLAMAFILE\n"
                   "(its last bits; default: its default build's)" },
-        { .name = "--backend", .kind = KVR_CLI_CHOICE, .dst = &a->backend, .meta = "cpu|cuda", .choices = "cpu|cuda",
-          .help = "what runs the model (default cpu; cuda needs a build with make KVR_CUDA=1)" },
+        { .name = "--backend", .kind = KVR_CLI_CUSTOM, .dst = &a->backend, .meta = "NAME", .parse = kvr_cli_backend,
+          .help = kvr_cli_backend_help(backend_help, sizeof(backend_help), "what runs the model (default cpu), one of:") },
         { .name = "--device", .kind = KVR_CLI_INT, .dst = &a->device, .meta = "N", .lo = 0, .hi = 1023,
           .help = "cuda: the GPU (default 0); with --ranks, rank r runs on GPU N + r modulo the GPUs" },
         { .name = "-v", .alt = "--verbose", .kind = KVR_CLI_SWITCH, .dst = &a->verbose, .help = "prompt and generated ids, model shape, seed on stderr" },
@@ -917,7 +918,7 @@ int kvr_run_main(int argc, char ** argv) {
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
         .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act, .vec_dot_order = a.vec_dot_order,
-        .backend = a.backend == 1 ? "cuda" : "cpu", .device = a.device,
+        .backend = a.backend, .device = a.device,
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
         .replicate_dir = a.replicate_dir,
