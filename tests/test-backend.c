@@ -294,30 +294,30 @@ static void test_foreign_memory(void) {
 // the list of names whole or cut short but terminated.
 static void test_registry(void) {
     const int n = kvr_backend_count();
-    check(n >= 2 && strcmp(kvr_backend_registered(0)->name, "cpu") == 0 && kvr_backend_registered(0)->make,
+    CHECK(n >= 2 && strcmp(kvr_backend_registered(0)->name, "cpu") == 0 && kvr_backend_registered(0)->make,
           "the registry starts with a built cpu (%d backends)", n);
     char names[256], err[512];
     kvr_backend_names(names, sizeof(names), "|");
     for (int i = 0; i < n; i++) {
         const struct kvr_backend_info * b = kvr_backend_registered(i);
-        check(kvr_backend_find(b->name) == b && b->about && b->about[0], "'%s' is found by its name and has a line", b->name);
-        check(strstr(names, b->name) != NULL, "kvr_backend_names (%s) lists '%s'", names, b->name);
+        CHECK(kvr_backend_find(b->name) == b && b->about && b->about[0], "'%s' is found by its name and has a line", b->name);
+        CHECK(strstr(names, b->name) != NULL, "kvr_backend_names (%s) lists '%s'", names, b->name);
         if (b->make) continue;
-        check(b->needs && b->build, "'%s', not in this build, says what a build needs for it", b->name);
+        CHECK(b->needs && b->build, "'%s', not in this build, says what a build needs for it", b->name);
         struct kvr_backend * be = kvr_backend_new(b->name, NULL);
         snprintf(err, sizeof(err), "%s", kvr_last_error());
-        check(!be && strstr(err, b->name) && b->build && strstr(err, b->build), "kvr_backend_new(\"%s\") in this build: %s", b->name, err);
+        CHECK(!be && strstr(err, b->name) && b->build && strstr(err, b->build), "kvr_backend_new(\"%s\") in this build: %s", b->name, err);
         kvr_backend_free(be);
     }
-    check(!kvr_backend_find("tpu") && !kvr_backend_find(NULL) && !kvr_backend_find("CPU"), "unregistered names are not found");
+    CHECK(!kvr_backend_find("tpu") && !kvr_backend_find(NULL) && !kvr_backend_find("CPU"), "unregistered names are not found");
     struct kvr_backend * none = kvr_backend_new("tpu", NULL);
     snprintf(err, sizeof(err), "%s", kvr_last_error());
     for (int i = 0; i < n; i++) {
-        check(!none && strstr(err, kvr_backend_registered(i)->name), "the unknown-backend error lists '%s': %s", kvr_backend_registered(i)->name, err);
+        CHECK(!none && strstr(err, kvr_backend_registered(i)->name), "the unknown-backend error lists '%s': %s", kvr_backend_registered(i)->name, err);
     }
     char small[3] = { 'x', 'x', 'x' };
     kvr_backend_names(small, sizeof(small), "|");
-    check(small[2] == 0 && strncmp(names, small, 2) == 0, "kvr_backend_names cut short: '%s'", small);
+    CHECK(small[2] == 0 && strncmp(names, small, 2) == 0, "kvr_backend_names cut short: '%s'", small);
 }
 
 static void test_by_name_and_buffers(void) {
