@@ -8,6 +8,7 @@
 // inputs, then the eval road kvr_eval_run with rank_pass) -> pass_* -> comm_exec (the transfers).
 
 #define _GNU_SOURCE
+#define KVR_BUILD   // kvr.h's internal part: the eval road, schedules, test hooks, replication logs
 #include "kvr.h"
 
 #include <errno.h>

@@ -1022,235 +1022,10 @@ struct kvr_kv_file {
 int  kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out);
 void kvr_kv_file_free(struct kvr_kv_file * f);
 
-// Replication logs (kvr_dist_params.replicate_dir, kvr_dist_resume): one rank's cache rows,
-// appended step by step while it computes, so that a run whose process was killed at any instant
-// can be resumed from what every rank acknowledged. Little-endian, append-only:
-//
-//   offset  bytes  field
-//        0      8  magic "KVRKVLOG"
-//        8      4  version (KVR_KV_LOG_VERSION)
-//       12      4  flags (enum kvr_kv_log_flag; unknown bits are refused)
-//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64
-//       64     16  rank, ranks, strategy (enum kvr_strategy), prompt tokens (u32 each)
-//       80     12  0 (u32 x 3), then (92) CRC32C of bytes [0, 92)
-//       96         the prompt's token ids (i32), then their CRC32C
-//                  then records, each starting (type, step) u32:
-//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32
-//                  KVR_KV_LOG_COMMIT: tokens, rows (u32); the step's token ids (i32); the
-//                                     absolute positions of the rank's rows of the step (i32)
-//                  and a CRC32C over the record seeded with the previous record's CRC (the first
-//                  record's with the prompt's): a record moved, repeated or cut breaks the chain
-//
-// A step is acknowledged when its COMMIT is whole and every layer's ROWS record of the step (one
-// per layer when the rank made rows in it, else none) precedes it whole. A rank commits every
-// step, also those it made no rows in. A reader keeps the acknowledged steps and ignores what
-// follows the last whole COMMIT (a record cut short or with a bad CRC ends the log's good prefix).
 
-#define KVR_KV_LOG_VERSION 1
-#define KVR_KV_LOG_HEADER  96
-
-enum kvr_kv_log_flag {
-    KVR_KV_LOG_BASE = 1, // step 0 holds every row the rank had when the log started (after a load,
-                         //   a truncation or a resume into another directory), not a prompt's
-};
-
-enum kvr_kv_log_record {
-    KVR_KV_LOG_ROWS   = 1,
-    KVR_KV_LOG_COMMIT = 2,
-};
-
-struct kvr_kv_log_head {
-    int             rank, n_ranks, strategy;
-    int             n_prompt;  // the tokens of step 0
-    const int32_t * prompt;
-    uint32_t        flags;
-};
-
-// The writer: each call writes one record with one write(2) (no buffering in the process, so a
-// process killed after the call has left the record to the kernel); kvr_kv_log_sync makes what
-// was written durable (fdatasync). create truncates PATH; append continues a log that
-// kvr_kv_log_read returned, cutting it back to the end of its acknowledged prefix first.
-struct kvr_kv_log;
-struct kvr_kv_log_data;
-int     kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
-                          const struct kvr_kv_log_head * h);
-int     kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
-                          const struct kvr_kv_log_data * d);
-int     kvr_kv_log_rows  (struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v);
-int     kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens,
-                          const int32_t * pos, int n_rows);
-int     kvr_kv_log_sync  (struct kvr_kv_log * w);
-int     kvr_kv_log_close (struct kvr_kv_log * w); // syncs, closes, frees
-int64_t kvr_kv_log_bytes (const struct kvr_kv_log * w);
-
-// What a reader found: the header and the acknowledged steps, with their rows.
-struct kvr_kv_log_step {
-    int       step;
-    int       n_tokens;
-    int32_t * tokens;
-    int       n_rows;
-    int32_t * pos;        // the rows' absolute positions
-    float  ** k;          // per layer: [kv_dim x n_rows] f32 (NULL when n_rows is 0)
-    float  ** v;
-    int64_t   end;        // the offset after the step's COMMIT
-    uint32_t  crc;        //   and the chain's CRC there
-};
-
-struct kvr_kv_log_data {
-    uint32_t                 flags;
-    int                      rank, n_ranks, strategy;
-    int                      n_prompt;
-    int32_t                * prompt;
-    int                      n_layer, kv_dim;
-    int                      n_steps;   // acknowledged steps 0 .. n_steps-1
-    struct kvr_kv_log_step * steps;
-    int64_t                  good;      // where the acknowledged prefix ends (the header's end without steps)
-    uint32_t                 good_crc;  //   and the chain's CRC there
-    int64_t                  bytes;     // the file's size
-    char                     damage[512]; // why the log ends before its last byte ("" if it does not): the
-                                          //   offset and what was cut or damaged there
-    void                   * mem;       // the file's bytes, which the steps' rows point into
-};
-
-// The header is checked whole: KVR_ERR_IO (cannot open), KVR_ERR_FORMAT (not a log, a damaged
-// header or prompt), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (another model: the message names
-// the field); then the records are read up to the first damage, which is no error (see damage).
-int  kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out);
-void kvr_kv_log_free(struct kvr_kv_log_data * d);
 
 //
-// 11. sessions: one model, one cache, one backend. Tokens are appended at n_past.
-//
-// The eval road: one batch of tokens through a model on a backend, the same function for a
-// session (the one-rank case: the single pass) and for every rank of kvr_dist_eval (its
-// strategy's pass):
-//
-//   kvr_model_build -> the pass rewrites every ATTN_BLOCK -> the graph is rebuilt from the
-//   pass's sinks, then the output -> kvr_graph_plan -> kvr_graph_place in the compute buffer
-//   (grown through the backend) -> tokens, positions and key positions set -> the backend
-//   computes (comm nodes through its struct kvr_comm) -> logits read.
-
-// What a strategy pass is given, and what it gives back.
-struct kvr_pass_args {
-    struct kvr_context  * ctx;     // new nodes go here
-    struct kvr_graph    * g;       // the model's graph, ATTN_BLOCK nodes still in it
-    struct kvr_tensor   * kpos;    // [n_kpos] i32 input: the positions of the cache rows attention reads
-    // Nodes that must run though no output reads them (cache stores, sends), in the order they
-    // should run: the road rebuilds g from them, then the output. 0: the pass rebuilt g itself.
-    // The memory is the pass's; it must stay valid until the road returns.
-    struct kvr_tensor  ** sinks;
-    int                   n_sinks;
-};
-
-// Reading intermediates (tools/kvr-compare): every node named "blk.<layer>.<name>" for a name in
-// names is kept as an output of each eval (its memory is not reused) and handed to got() after
-// the eval's graph ran, with the absolute positions of the eval's tokens (a node of fewer rows
-// holds the last ones: the pruned last layer). got() reads it with kvr_backend_tensor_get; with
-// local ranks it is called from their threads, several at once.
-struct kvr_capture {
-    const char * const * names;
-    int                  n_names;
-    void              (* got)(void * user, const struct kvr_tensor * t, int layer, int name,
-                              const int32_t * pos, int n_pos);
-    void               * user;
-};
-
-struct kvr_eval {
-    // what to run
-    const struct kvr_model * model;     // its weights on backend (kvr_model_to_backend)
-    struct kvr_backend     * backend;
-    struct kvr_kv_cache    * cache;     // in a buffer of backend
-    const int32_t          * tokens;    // n_tokens ids (checked against the vocabulary by the caller)
-    const int32_t          * pos;       // their absolute positions
-    int                      n_tokens;
-    const int32_t          * kpos;      // n_kpos positions of the cache rows attention reads
-    int                      n_kpos;
-    int                      n_past;    // the single pass: cache rows before this batch
-    int                      n_outputs; // 1: the logits of the last token; 0: none
-    enum kvr_attn_mode       attn_mode;
-    void                  (* pass)(void * user, struct kvr_pass_args * a); // NULL: kvr_pass_single
-    bool                     no_model;  // no model graph, no inputs, no outputs: the pass builds the
-                                        //   whole graph into a->g (P/D's decode rank only receives)
-    void                   * pass_user;
-    int                      graph_size; // nodes (and leafs) of the graph (0: enough for the single pass)
-    FILE                   * graph_out;  // print the rewritten graph here (NULL: no)
-    const struct kvr_capture * capture;  // intermediates to hand out (NULL: none)
-    const char             * name;       // prefixes error messages (NULL: "eval")
-    struct kvr_buffer     ** compute;    // the activations' buffer: the caller's, grown here as needed
-    float                  * logits;     // n_vocab floats, written when n_outputs and all went well
-    struct kvr_eval_reuse  * reuse;      // decode graphs kept between evals (NULL: build every eval)
-    // what it reports
-    int                      n_attn_layers; // layers whose attention ran (counters are per layer)
-    struct kvr_counters      counters;      // the backend's counters of this eval (zero if none)
-    double                   setup_ms;      // build, pass, plan and place (a reused graph: setting
-                                            //   its rows); the rest of the eval is the backend's
-};
-
-// Run one eval; KVR_OK or an error code with kvr_last_error() set.
-int kvr_eval_run(struct kvr_eval * ev);
-
-// Graph reuse for decode. One token of the single pass (no strategy pass, no sliding window, no capture, no
-// graph printed) differs from the next only in its inputs and in the cache row its stores write,
-// so the road builds and plans its graph once per layout and reuses it: attention reads the cache
-// rows [0, n_kv), n_kv the next multiple of KVR_REUSE_ROWS past the token (at most the context);
-// rows not written yet carry position INT32_MAX, which the causal mask hides; every layer's two
-// stores are moved to the token's row. A new layout is built when the token crosses n_kv, when
-// the compute buffer or the cache moved, or when the caller asks for something else.
-#define KVR_REUSE_ROWS 256
-
-struct kvr_eval_reuse {
-    struct kvr_context     * ctx;        // the kept graph's tensors (NULL: none kept)
-    struct kvr_graph       * g;
-    struct kvr_tensor      * tokens, * pos, * kpos, * out;
-    struct kvr_tensor     ** stores;     // per layer: the K store, its view, the V store, its view
-    int                      n_stores;
-    int32_t                * kpos_host;  // n_kv positions
-    // the layout it was built for
-    const struct kvr_model * model;
-    struct kvr_backend     * backend;
-    struct kvr_kv_cache    * cache;
-    struct kvr_buffer      * cache_buf;  // the cache's buffer then, and its memory (a moved cache: rebuild)
-    void                   * cache_base;
-    struct kvr_buffer      * buf;        // the compute buffer it is placed in
-    void                   * buf_base;
-    size_t                   buf_size;
-    int                      n_kv, n_outputs, n_attn_layers;
-    enum kvr_attn_mode       attn_mode;
-    // what happened (tests, benchmarks)
-    int64_t                  builds, reuses;
-};
-
-struct kvr_eval_reuse * kvr_eval_reuse_new(void);
-void                    kvr_eval_reuse_free(struct kvr_eval_reuse * r);
-
-//
-// 12. sampling
-//
-
-struct kvr_sampler_params {
-    float    temp;    // <= 0: greedy
-    int      top_k;   // <= 0: all
-    float    top_p;   // >= 1: all
-    uint64_t seed;
-};
-
-struct kvr_sampler {
-    struct kvr_sampler_params p;
-    uint64_t rng;
-    void   * probs;   // scratch: (probability, id) pairs
-    int      n_alloc;
-};
-
-void    kvr_sampler_init(struct kvr_sampler * s, const struct kvr_sampler_params * p);
-void    kvr_sampler_free(struct kvr_sampler * s);
-int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab);
-int32_t kvr_argmax(const float * x, int n);
-// Move the sampler on as n samples would have (one draw each when temp > 0): a run resumed after
-// n sampled tokens (kvr_dist_resume) then draws what the stopped run would have drawn next.
-void    kvr_sampler_skip(struct kvr_sampler * s, int n);
-
-//
-// 13. ranks: parallel prefill (kvr-comm.c)
+// 11. sessions: a model on its ranks (one by default), their caches, the tokens so far (kvr-comm.c)
 //
 // A prompt is spread over ranks; each rank builds the single-rank graph of its own tokens and a
 // strategy pass rewrites its ATTN_BLOCK nodes into cache writes, transfers and ATTN nodes:
@@ -1301,27 +1076,19 @@ enum kvr_comm_kind {
     KVR_COMM_KIND_COUNT,
 };
 
-// Test hook KVR_TEST_KILL: a rank is lost at a chosen point, as a process or GPU that fails would
-// be. "RANK:prefill:LAYER" loses RANK (the rank as started; MPI: the process's rank) in the first
-// prefill (any eval that is not a decode step) right after layer LAYER's rows are final in its
-// cache (its K/V store, or tsp's gather), before the layer's other transfers; "RANK:decode:STEP" loses
-// it in decode step STEP (0-based count of one-token evals after tokens are cached, since
-// kvr_dist_new) at layer n_layer/2. Several points, separated by commas, lose several ranks (or
-// one rank later: each point fires once). What "lost" means:
-//   local ranks (threads): the rank's eval stops there without telling anyone; its transfers are
-//     withdrawn, so the peers that wait on it fail with the timeout error a lost process gives;
-//     the rank stays lost (later evals fail) unless --replicate recovers from it
-//   MPI (and NCCL under mpirun): the process raises SIGKILL there and dies at once
-// A rank that computes nothing in the eval its point falls in (during decode every rank of a
-// chain but the last; the P/D decode rank during the prefill) is lost when that eval starts.
-struct kvr_test_kill {
-    int  rank;
-    bool decode;   // false: the prefill, at layer `at`; true: decode step `at`
-    int  at;
+
+// Reading intermediates (tools/kvr-compare): every node named "blk.<layer>.<name>" for a name in
+// names is kept as an output of each eval (its memory is not reused) and handed to got() after
+// the eval's graph ran, with the absolute positions of the eval's tokens (a node of fewer rows
+// holds the last ones: the pruned last layer). got() reads it with kvr_backend_tensor_get; with
+// local ranks it is called from their threads, several at once.
+struct kvr_capture {
+    const char * const * names;
+    int                  n_names;
+    void              (* got)(void * user, const struct kvr_tensor * t, int layer, int name,
+                              const int32_t * pos, int n_pos);
+    void               * user;
 };
-// Parse KVR_TEST_KILL's value into out (at most cap points): their count, or -1 with
-// kvr_last_error() naming the variable and what is wrong.
-int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap);
 
 struct kvr_dist_params {
     enum kvr_strategy  strategy;
@@ -1458,11 +1225,6 @@ bool              kvr_dist_kv_swapped(const struct kvr_dist * d);
 // one of this process): its rows (kvr_dist_cache) are read through it with kvr_kv_cache_get_rows.
 int               kvr_dist_n_ctx(const struct kvr_dist * d);
 struct kvr_backend * kvr_dist_backend(const struct kvr_dist * d, int rank);
-// Test hook (--replicate): damage the replica of rank `rank`'s rows as memory or a lost message
-// would: flip a bit of row `row` (layer 0, K), or (cut) forget its rows from the chunk holding
-// `row` on and every later one (a replica that fell behind). A recovery that needs them refuses
-// them and recomputes. KVR_OK, or KVR_ERR_ARG when there is no such replica or row.
-int               kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut);
 // The file of one rank's shard: PATH.R.
 void              kvr_dist_kv_shard_path(const char * path, int rank, char * out, size_t cap);
 
@@ -1493,72 +1255,35 @@ int               kvr_dist_resume(struct kvr_dist * d, const char * dir, const i
 // DIR/rank-R.kvlog
 void              kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap);
 
-// The transfer schedule of one rank's graph: what its strategy asks of a transport. It is made
-// from the graph's communication nodes in execution order by code that knows no transport, and
-// every transport runs it: NCCL issues each group between ncclGroupStart and ncclGroupEnd; local
-// and MPI, which match by tag, post the receives at the graph's start and the sends group by
-// group (kvr-comm.c's endpoint is the same code for all three). The rules:
-//
-//   a run of SEND nodes (no computing node between them) and the run of RECV nodes that comes
-//     next make one group: a ring step's send to the next rank and receive from the previous one;
-//     in the KV-Runahead chain a rank's sends of layer l and its receives of layer l+1
-//   a collective (ALL_GATHER, ALL_TO_ALL) is one group: a send to and a receive from every
-//     other rank
-//   a run of RECV nodes with no send run before it (the chain's first layer; every layer of its
-//     last rank) is a group issued together with the group before it (at the graph's start when
-//     there is none), so it is waiting before the data is sent
-//
-// A group is issued when the rank reaches its issue node (the last send of the run, or the
-// collective), so everything a send reads exists; a receive is waited for at its own node; sends
-// when the graph ends. Peers pair operations by order, not by tag (NCCL's rule): the k-th send
-// from a to b goes with the k-th receive on b from a. Tags name transfers in errors and checks.
-struct kvr_xfer {
-    int     group;       // the group it is issued in
-    int     node;        // its communication node (index into kvr_schedule.nodes)
-    int     peer;
-    int     tag;
-    bool    send;
-    int64_t bytes;
-    int64_t off;         // byte offset in the node's memory (collectives: the peer's rows or slice)
-    int64_t rows;        // rows moved (the K/V row counters of struct kvr_rank_stats)
-    int     match_rank;  // after an eval over the local transport: the transfer of the peer it
-    int     match_index; //   was delivered to or from (its index there; -1: none)
-};
-
-struct kvr_xfer_group {
-    int first, n;        // its transfers: x[first .. first+n)
-    int issue;           // the communication node at which it is issued (-1: the graph's start)
-};
-
-struct kvr_xfer_node {
-    const struct kvr_tensor * t;     // the graph's node (valid while the graph lives)
-    enum kvr_op               op;    // SEND, RECV, ALL_GATHER or ALL_TO_ALL
-    bool                      after_compute; // a computing node runs between it and the comm node before
-    char                      name[KVR_MAX_NAME];
-};
-
-struct kvr_schedule {
-    int                        rank, n_ranks;
-    struct kvr_xfer_node     * nodes;      // the graph's communication nodes, in execution order
-    int                      * node_first; // [n_nodes + 1]: node k's transfers are x[node_first[k] .. node_first[k+1])
-    int                        n_nodes;
-    struct kvr_xfer          * x;
-    int                        n;
-    struct kvr_xfer_group    * groups;
-    int                        n_groups;
-};
-
-// The schedule of rank's graph g (placed or not); KVR_OK, or an error for a malformed comm node.
-int  kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int rank, int n_ranks);
-void kvr_schedule_free(struct kvr_schedule * s);
-// One line per group: its issue node and its transfers ("send K l3 s0 -> 2 (4096 B)").
-void kvr_schedule_print(const struct kvr_schedule * s, FILE * f);
-// The schedule a rank of this process ran in its last eval (NULL: not a rank of this process,
-// or it ran no pass), with the transport's matches where it records them (local).
-const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank);
 
 //
-// 14. tuning: partition search, lookup table, cost model (kvr-tune.c)
+// 12. sampling
+//
+
+struct kvr_sampler_params {
+    float    temp;    // <= 0: greedy
+    int      top_k;   // <= 0: all
+    float    top_p;   // >= 1: all
+    uint64_t seed;
+};
+
+struct kvr_sampler {
+    struct kvr_sampler_params p;
+    uint64_t rng;
+    void   * probs;   // scratch: (probability, id) pairs
+    int      n_alloc;
+};
+
+void    kvr_sampler_init(struct kvr_sampler * s, const struct kvr_sampler_params * p);
+void    kvr_sampler_free(struct kvr_sampler * s);
+int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab);
+int32_t kvr_argmax(const float * x, int n);
+// Move the sampler on as n samples would have (one draw each when temp > 0): a run resumed after
+// n sampled tokens (kvr_dist_resume) then draws what the stopped run would have drawn next.
+void    kvr_sampler_skip(struct kvr_sampler * s, int n);
+
+//
+// 13. tuning: partition search, lookup table, cost model (kvr-tune.c)
 //
 // KV-Runahead needs an uneven split of the prompt: early ranks take more tokens (their attention
 // is short), later ranks fewer (they wait for the cache and attend over more of it). This section
@@ -1819,17 +1544,319 @@ void kvr_tune_counts_from_fractions(const double * fractions, int n_ranks, int n
 double kvr_time_ms(void);
 
 //
-// internal: the math of one element or one block (only with KVR_BUILD defined)
+// ==================================================================================================
+// The internal part: kvr's own files only (kvr.c, kvr-comm.c, kvr-cuda.cu, the tools and tests
+// define KVR_BUILD before including this file); programs that embed kvr never see it, and nothing
+// in it is a promise: it changes with the code.
 //
-// kvr.c and kvr-cuda.cu define KVR_BUILD before including this file; programs that embed kvr
-// never see this section. What is here is written once and compiled twice: by the C compiler for
+//   I1. the eval road      one batch through a model on a backend: what every rank's eval runs
+//   I2. transfer schedules what a rank's graph asks of a transport, made once for every transport
+//   I3. test hooks         losing a rank on purpose, damaging a replica
+//   I4. replication logs   the file format of --replicate-dir
+//   I5. element math       one element or one block, compiled for the CPU and for the GPU
+// ==================================================================================================
+
+#ifdef KVR_BUILD
+
+//
+// I1. the eval road
+//
+// The eval road: one batch of tokens through a model on a backend, the same function for a
+// session (the one-rank case: the single pass) and for every rank of kvr_dist_eval (its
+// strategy's pass):
+//
+//   kvr_model_build -> the pass rewrites every ATTN_BLOCK -> the graph is rebuilt from the
+//   pass's sinks, then the output -> kvr_graph_plan -> kvr_graph_place in the compute buffer
+//   (grown through the backend) -> tokens, positions and key positions set -> the backend
+//   computes (comm nodes through its struct kvr_comm) -> logits read.
+
+// What a strategy pass is given, and what it gives back.
+struct kvr_pass_args {
+    struct kvr_context  * ctx;     // new nodes go here
+    struct kvr_graph    * g;       // the model's graph, ATTN_BLOCK nodes still in it
+    struct kvr_tensor   * kpos;    // [n_kpos] i32 input: the positions of the cache rows attention reads
+    // Nodes that must run though no output reads them (cache stores, sends), in the order they
+    // should run: the road rebuilds g from them, then the output. 0: the pass rebuilt g itself.
+    // The memory is the pass's; it must stay valid until the road returns.
+    struct kvr_tensor  ** sinks;
+    int                   n_sinks;
+};
+
+
+struct kvr_eval {
+    // what to run
+    const struct kvr_model * model;     // its weights on backend (kvr_model_to_backend)
+    struct kvr_backend     * backend;
+    struct kvr_kv_cache    * cache;     // in a buffer of backend
+    const int32_t          * tokens;    // n_tokens ids (checked against the vocabulary by the caller)
+    const int32_t          * pos;       // their absolute positions
+    int                      n_tokens;
+    const int32_t          * kpos;      // n_kpos positions of the cache rows attention reads
+    int                      n_kpos;
+    int                      n_past;    // the single pass: cache rows before this batch
+    int                      n_outputs; // 1: the logits of the last token; 0: none
+    enum kvr_attn_mode       attn_mode;
+    void                  (* pass)(void * user, struct kvr_pass_args * a); // NULL: kvr_pass_single
+    bool                     no_model;  // no model graph, no inputs, no outputs: the pass builds the
+                                        //   whole graph into a->g (P/D's decode rank only receives)
+    void                   * pass_user;
+    int                      graph_size; // nodes (and leafs) of the graph (0: enough for the single pass)
+    FILE                   * graph_out;  // print the rewritten graph here (NULL: no)
+    const struct kvr_capture * capture;  // intermediates to hand out (NULL: none)
+    const char             * name;       // prefixes error messages (NULL: "eval")
+    struct kvr_buffer     ** compute;    // the activations' buffer: the caller's, grown here as needed
+    float                  * logits;     // n_vocab floats, written when n_outputs and all went well
+    struct kvr_eval_reuse  * reuse;      // decode graphs kept between evals (NULL: build every eval)
+    // what it reports
+    int                      n_attn_layers; // layers whose attention ran (counters are per layer)
+    struct kvr_counters      counters;      // the backend's counters of this eval (zero if none)
+    double                   setup_ms;      // build, pass, plan and place (a reused graph: setting
+                                            //   its rows); the rest of the eval is the backend's
+};
+
+// Run one eval; KVR_OK or an error code with kvr_last_error() set.
+int kvr_eval_run(struct kvr_eval * ev);
+
+// Graph reuse for decode. One token of the single pass (no strategy pass, no sliding window, no capture, no
+// graph printed) differs from the next only in its inputs and in the cache row its stores write,
+// so the road builds and plans its graph once per layout and reuses it: attention reads the cache
+// rows [0, n_kv), n_kv the next multiple of KVR_REUSE_ROWS past the token (at most the context);
+// rows not written yet carry position INT32_MAX, which the causal mask hides; every layer's two
+// stores are moved to the token's row. A new layout is built when the token crosses n_kv, when
+// the compute buffer or the cache moved, or when the caller asks for something else.
+#define KVR_REUSE_ROWS 256
+
+struct kvr_eval_reuse {
+    struct kvr_context     * ctx;        // the kept graph's tensors (NULL: none kept)
+    struct kvr_graph       * g;
+    struct kvr_tensor      * tokens, * pos, * kpos, * out;
+    struct kvr_tensor     ** stores;     // per layer: the K store, its view, the V store, its view
+    int                      n_stores;
+    int32_t                * kpos_host;  // n_kv positions
+    // the layout it was built for
+    const struct kvr_model * model;
+    struct kvr_backend     * backend;
+    struct kvr_kv_cache    * cache;
+    struct kvr_buffer      * cache_buf;  // the cache's buffer then, and its memory (a moved cache: rebuild)
+    void                   * cache_base;
+    struct kvr_buffer      * buf;        // the compute buffer it is placed in
+    void                   * buf_base;
+    size_t                   buf_size;
+    int                      n_kv, n_outputs, n_attn_layers;
+    enum kvr_attn_mode       attn_mode;
+    // what happened (tests, benchmarks)
+    int64_t                  builds, reuses;
+};
+
+struct kvr_eval_reuse * kvr_eval_reuse_new(void);
+void                    kvr_eval_reuse_free(struct kvr_eval_reuse * r);
+
+//
+// I2. transfer schedules
+//
+// The transfer schedule of one rank's graph: what its strategy asks of a transport. It is made
+// from the graph's communication nodes in execution order by code that knows no transport, and
+// every transport runs it: NCCL issues each group between ncclGroupStart and ncclGroupEnd; local
+// and MPI, which match by tag, post the receives at the graph's start and the sends group by
+// group (kvr-comm.c's endpoint is the same code for all three). The rules:
+//
+//   a run of SEND nodes (no computing node between them) and the run of RECV nodes that comes
+//     next make one group: a ring step's send to the next rank and receive from the previous one;
+//     in the KV-Runahead chain a rank's sends of layer l and its receives of layer l+1
+//   a collective (ALL_GATHER, ALL_TO_ALL) is one group: a send to and a receive from every
+//     other rank
+//   a run of RECV nodes with no send run before it (the chain's first layer; every layer of its
+//     last rank) is a group issued together with the group before it (at the graph's start when
+//     there is none), so it is waiting before the data is sent
+//
+// A group is issued when the rank reaches its issue node (the last send of the run, or the
+// collective), so everything a send reads exists; a receive is waited for at its own node; sends
+// when the graph ends. Peers pair operations by order, not by tag (NCCL's rule): the k-th send
+// from a to b goes with the k-th receive on b from a. Tags name transfers in errors and checks.
+struct kvr_xfer {
+    int     group;       // the group it is issued in
+    int     node;        // its communication node (index into kvr_schedule.nodes)
+    int     peer;
+    int     tag;
+    bool    send;
+    int64_t bytes;
+    int64_t off;         // byte offset in the node's memory (collectives: the peer's rows or slice)
+    int64_t rows;        // rows moved (the K/V row counters of struct kvr_rank_stats)
+    int     match_rank;  // after an eval over the local transport: the transfer of the peer it
+    int     match_index; //   was delivered to or from (its index there; -1: none)
+};
+
+struct kvr_xfer_group {
+    int first, n;        // its transfers: x[first .. first+n)
+    int issue;           // the communication node at which it is issued (-1: the graph's start)
+};
+
+struct kvr_xfer_node {
+    const struct kvr_tensor * t;     // the graph's node (valid while the graph lives)
+    enum kvr_op               op;    // SEND, RECV, ALL_GATHER or ALL_TO_ALL
+    bool                      after_compute; // a computing node runs between it and the comm node before
+    char                      name[KVR_MAX_NAME];
+};
+
+struct kvr_schedule {
+    int                        rank, n_ranks;
+    struct kvr_xfer_node     * nodes;      // the graph's communication nodes, in execution order
+    int                      * node_first; // [n_nodes + 1]: node k's transfers are x[node_first[k] .. node_first[k+1])
+    int                        n_nodes;
+    struct kvr_xfer          * x;
+    int                        n;
+    struct kvr_xfer_group    * groups;
+    int                        n_groups;
+};
+
+// The schedule of rank's graph g (placed or not); KVR_OK, or an error for a malformed comm node.
+int  kvr_schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, int rank, int n_ranks);
+void kvr_schedule_free(struct kvr_schedule * s);
+// One line per group: its issue node and its transfers ("send K l3 s0 -> 2 (4096 B)").
+void kvr_schedule_print(const struct kvr_schedule * s, FILE * f);
+// The schedule a rank of this process ran in its last eval (NULL: not a rank of this process,
+// or it ran no pass), with the transport's matches where it records them (local).
+const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank);
+
+//
+// I3. test hooks
+//
+// Test hook KVR_TEST_KILL: a rank is lost at a chosen point, as a process or GPU that fails would
+// be. "RANK:prefill:LAYER" loses RANK (the rank as started; MPI: the process's rank) in the first
+// prefill (any eval that is not a decode step) right after layer LAYER's rows are final in its
+// cache (its K/V store, or tsp's gather), before the layer's other transfers; "RANK:decode:STEP" loses
+// it in decode step STEP (0-based count of one-token evals after tokens are cached, since
+// kvr_dist_new) at layer n_layer/2. Several points, separated by commas, lose several ranks (or
+// one rank later: each point fires once). What "lost" means:
+//   local ranks (threads): the rank's eval stops there without telling anyone; its transfers are
+//     withdrawn, so the peers that wait on it fail with the timeout error a lost process gives;
+//     the rank stays lost (later evals fail) unless --replicate recovers from it
+//   MPI (and NCCL under mpirun): the process raises SIGKILL there and dies at once
+// A rank that computes nothing in the eval its point falls in (during decode every rank of a
+// chain but the last; the P/D decode rank during the prefill) is lost when that eval starts.
+struct kvr_test_kill {
+    int  rank;
+    bool decode;   // false: the prefill, at layer `at`; true: decode step `at`
+    int  at;
+};
+// Parse KVR_TEST_KILL's value into out (at most cap points): their count, or -1 with
+// kvr_last_error() naming the variable and what is wrong.
+int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap);
+
+// Test hook (--replicate): damage the replica of rank `rank`'s rows as memory or a lost message
+// would: flip a bit of row `row` (layer 0, K), or (cut) forget its rows from the chunk holding
+// `row` on and every later one (a replica that fell behind). A recovery that needs them refuses
+// them and recomputes. KVR_OK, or KVR_ERR_ARG when there is no such replica or row.
+int               kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut);
+
+//
+// I4. replication logs
+//
+// Replication logs (kvr_dist_params.replicate_dir, kvr_dist_resume): one rank's cache rows,
+// appended step by step while it computes, so that a run whose process was killed at any instant
+// can be resumed from what every rank acknowledged. Little-endian, append-only:
+//
+//   offset  bytes  field
+//        0      8  magic "KVRKVLOG"
+//        8      4  version (KVR_KV_LOG_VERSION)
+//       12      4  flags (enum kvr_kv_log_flag; unknown bits are refused)
+//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64
+//       64     16  rank, ranks, strategy (enum kvr_strategy), prompt tokens (u32 each)
+//       80     12  0 (u32 x 3), then (92) CRC32C of bytes [0, 92)
+//       96         the prompt's token ids (i32), then their CRC32C
+//                  then records, each starting (type, step) u32:
+//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32
+//                  KVR_KV_LOG_COMMIT: tokens, rows (u32); the step's token ids (i32); the
+//                                     absolute positions of the rank's rows of the step (i32)
+//                  and a CRC32C over the record seeded with the previous record's CRC (the first
+//                  record's with the prompt's): a record moved, repeated or cut breaks the chain
+//
+// A step is acknowledged when its COMMIT is whole and every layer's ROWS record of the step (one
+// per layer when the rank made rows in it, else none) precedes it whole. A rank commits every
+// step, also those it made no rows in. A reader keeps the acknowledged steps and ignores what
+// follows the last whole COMMIT (a record cut short or with a bad CRC ends the log's good prefix).
+
+#define KVR_KV_LOG_VERSION 1
+#define KVR_KV_LOG_HEADER  96
+
+enum kvr_kv_log_flag {
+    KVR_KV_LOG_BASE = 1, // step 0 holds every row the rank had when the log started (after a load,
+                         //   a truncation or a resume into another directory), not a prompt's
+};
+
+enum kvr_kv_log_record {
+    KVR_KV_LOG_ROWS   = 1,
+    KVR_KV_LOG_COMMIT = 2,
+};
+
+struct kvr_kv_log_head {
+    int             rank, n_ranks, strategy;
+    int             n_prompt;  // the tokens of step 0
+    const int32_t * prompt;
+    uint32_t        flags;
+};
+
+// The writer: each call writes one record with one write(2) (no buffering in the process, so a
+// process killed after the call has left the record to the kernel); kvr_kv_log_sync makes what
+// was written durable (fdatasync). create truncates PATH; append continues a log that
+// kvr_kv_log_read returned, cutting it back to the end of its acknowledged prefix first.
+struct kvr_kv_log;
+struct kvr_kv_log_data;
+int     kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
+                          const struct kvr_kv_log_head * h);
+int     kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
+                          const struct kvr_kv_log_data * d);
+int     kvr_kv_log_rows  (struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v);
+int     kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens,
+                          const int32_t * pos, int n_rows);
+int     kvr_kv_log_sync  (struct kvr_kv_log * w);
+int     kvr_kv_log_close (struct kvr_kv_log * w); // syncs, closes, frees
+int64_t kvr_kv_log_bytes (const struct kvr_kv_log * w);
+
+// What a reader found: the header and the acknowledged steps, with their rows.
+struct kvr_kv_log_step {
+    int       step;
+    int       n_tokens;
+    int32_t * tokens;
+    int       n_rows;
+    int32_t * pos;        // the rows' absolute positions
+    float  ** k;          // per layer: [kv_dim x n_rows] f32 (NULL when n_rows is 0)
+    float  ** v;
+    int64_t   end;        // the offset after the step's COMMIT
+    uint32_t  crc;        //   and the chain's CRC there
+};
+
+struct kvr_kv_log_data {
+    uint32_t                 flags;
+    int                      rank, n_ranks, strategy;
+    int                      n_prompt;
+    int32_t                * prompt;
+    int                      n_layer, kv_dim;
+    int                      n_steps;   // acknowledged steps 0 .. n_steps-1
+    struct kvr_kv_log_step * steps;
+    int64_t                  good;      // where the acknowledged prefix ends (the header's end without steps)
+    uint32_t                 good_crc;  //   and the chain's CRC there
+    int64_t                  bytes;     // the file's size
+    char                     damage[512]; // why the log ends before its last byte ("" if it does not): the
+                                          //   offset and what was cut or damaged there
+    void                   * mem;       // the file's bytes, which the steps' rows point into
+};
+
+// The header is checked whole: KVR_ERR_IO (cannot open), KVR_ERR_FORMAT (not a log, a damaged
+// header or prompt), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (another model: the message names
+// the field); then the records are read up to the first damage, which is no error (see damage).
+int  kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out);
+void kvr_kv_log_free(struct kvr_kv_log_data * d);
+
+//
+// I5. element math: one element or one block
+//
+// What is here is written once and compiled twice: by the C compiler for
 // the CPU path and by nvcc for the GPU kernels (KVR_HD is __host__ __device__ there), so every
 // test of the CPU path also checks the arithmetic a GPU runs. Kept here: the quant
 // block layouts and the dequantization of one block of each type, fp16/bf16 conversion, RoPE's
 // angle and the rotation of a pair, GGML's GELU rule, the online-softmax step and its finish,
 // the log-sum-exp merge, and the attention tiles (which tiles of a causal block are computed).
-
-#ifdef KVR_BUILD
 
 #if defined(__CUDACC__)
 #define KVR_HD       __host__ __device__

@@ -15,6 +15,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 
+#define KVR_BUILD // kvr.h's internal part: the test hooks
 #include "kvr.h"
 #include "tests/check.h"
 

@@ -30,6 +30,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 
+#define KVR_BUILD // kvr.h's internal part: the eval road (graph reuse is checked directly)
 #include "kvr.h"
 #include "tests/check.h"
 #include "tests/reference.h"

@@ -23,6 +23,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 
+#define KVR_BUILD // kvr.h's internal part: the replication logs' reader
 #include "kvr.h"
 #include "tests/check.h"
 

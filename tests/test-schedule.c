@@ -31,6 +31,7 @@
 //   -p  print every rank's schedule of every eval
 // Prints "schedule: N passed, M failed" (", K skipped"); exits 1 on a failure.
 
+#define KVR_BUILD // kvr.h's internal part: transfer schedules
 #include "kvr.h"
 #include "tests/check.h"
 

@@ -10,6 +10,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 
+#define KVR_BUILD // kvr.h's internal part: the test hooks KVR_TEST_KILL and KVR_TEST_STALL
 #include "kvr.h"
 #include "kvr-cli.h"
 
