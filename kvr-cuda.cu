@@ -1,5 +1,5 @@
 // kvr-cuda.cu - the CUDA backend: device buffers, a kernel or a cuBLAS call for every op the model
-// graphs use, and the vtable of section 7 of kvr.h around them (make KVR_CUDA=1).
+// graphs use, and the vtable of kvr.h's "backends" around them (make KVR_CUDA=1).
 //
 // What lives here, top to bottom: error handling (every CUDA and cuBLAS call checked, a failure
 // becomes a kvr error naming the call, the op and the tensor); the backend's state (one device,
@@ -1397,7 +1397,7 @@ void * kvr_backend_cuda_stream(struct kvr_backend * be) {
     return (void *)((struct cu_backend *)be->context)->compute;
 }
 
-// The registry's constructor of "cuda" (kvr.c section 9): of p it reads device (p may be NULL:
+// The registry's constructor of "cuda" (kvr.c's "backends"): of p it reads device (p may be NULL:
 // device 0); the CPU's fields are ignored: no 8-bit activations here (q8_activations), and its
 // sums are in its own order (vec_dot_order).
 struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {

@@ -3,7 +3,7 @@
 // ops), model shapes (presets or a loaded GGUF), a simulator of every rank's timeline for each
 // strategy with the counters a real run reports, the paper's lower bounds, the partition search
 // (golden-section for 2 ranks, the paper's hierarchical grid search beyond), and partition
-// lookup tables with linear interpolation (KVR-P). The public part is section 14 of kvr.h.
+// lookup tables with linear interpolation (KVR-P). The public part is kvr.h's "tuning".
 //
 // Reading order: kvr_tune_simulate (sim_* per strategy, over attn_pairs and op costs) ->
 // kvr_tune_search (search_golden, search_grid) -> kvr_tune_table_* -> kvr_tune_calibrate.

@@ -1,7 +1,9 @@
-// kvr.c - the single-rank runtime: everything an application needs to load a GGUF model and run
-// it on the CPU, in dependency order (each section uses only those above it). The architecture
-// recipes live in models/*.c and are compiled as part of this file (section 16), so an
-// application embeds kvr.h + kvr.c (+ models/) and nothing else. The sections mirror kvr.h's:
+// kvr.c - the single-rank runtime: a GGUF model loaded, its graph built and run on the CPU (and the
+// seam every other backend plugs into). The architecture recipes live in models/*.c and are
+// compiled as part of this file (section "models"); the session, the front door every prefill and
+// decode goes through, is kvr-comm.c's, so an application embeds kvr.h, kvr.c (+ models/) and
+// kvr-comm.c. The sections come in dependency order (each uses only those above it), not in
+// kvr.h's; other files cite both by name:
 //
 //    1. errors                      the thread's last error message
 //    2. half precision              fp16 and bf16 conversions
@@ -20,12 +22,12 @@
 //   15. KV cache                    per-layer K and V of a session or rank
 //   16. KV cache files              the cache on disk (a writer fed layer by layer, a reader that checks all), replication logs
 //   17. models                      hyper-parameters, weights, the architectures' recipes (models/)
-//   18. sessions                    the eval road of sessions and ranks; sessions: prefill, decode
+//   18. eval road                   one batch through a model on a backend: every rank's eval
 //   19. sampling                    greedy, temperature, top-k, top-p
 //   20. appendix: generated tables  the Unicode classes the BPE pre-tokenizers need
 //
-// Reading order for one prefill: kvr_session_eval (18) -> kvr_eval_run (18, the road ranks take
-// too) -> kvr_model_build (17, models/llama.c) -> kvr_pass_single (8) -> kvr_graph_plan (8) ->
+// Reading order for one prefill: kvr_session_eval (kvr-comm.c) -> rank_eval (kvr-comm.c) ->
+// kvr_eval_run (18) -> kvr_model_build (17, models/llama.c) -> kvr_pass_single (8) -> kvr_graph_plan (8) ->
 // kvr_backend_graph_compute (9, the comm protocol) -> cpu_graph_compute (11) -> cpu_compute_node
 // (10) -> cpu_op_* (10).
 
@@ -574,7 +576,7 @@ static size_t q_from_float_q6_K(const float * x, void * dst, int64_t n) {
 }
 
 //
-// the table the row conversions (section 5) dispatch through
+// the table the row conversions (section "row conversion") dispatch through
 //
 
 static const struct quant_traits {
@@ -1534,8 +1536,8 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 
 //
 // 9. backends: buffers, tensors in and out, the comm protocol every backend runs under, and the
-// registry with the constructor by name (kvr.h section 7 is the manual). Besides the allocator
-// (sections 6 and 8) and the CPU sections (10, 11) this is the only code that uses a tensor's
+// registry with the constructor by name (kvr.h's "backends" is the manual). Besides the allocator
+// ("tensors and contexts", "graphs") and the CPU sections ("CPU kernels", "CPU backend") this is the only code that uses a tensor's
 // data: to copy host tensors and to hand host memory to a transport.
 //
 
@@ -1720,7 +1722,7 @@ int kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
 // constructor here only in builds with that flag, NULL otherwise (CUDA_BACKEND_NEW), and
 // kvr_backend_new says how to get it. Adding a backend is one line in the table (and, behind a
 // flag, a name like CUDA_BACKEND_NEW for its constructor).
-static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p); // section 11
+static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p); // "CPU backend"
 #ifdef KVR_CUDA
 #define CUDA_BACKEND_NEW kvr_backend_cuda_new
 #else
@@ -4845,7 +4847,7 @@ struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
     return be;
 }
 
-// The registry's constructor (section 9): the CPU's own options are read here, once.
+// The registry's constructor (section "backends"): the CPU's own options are read here, once.
 static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p) {
     struct kvr_backend * be = kvr_backend_cpu_new(p->n_threads);
     struct cpu_backend * cb = be->context;
@@ -5271,7 +5273,7 @@ int kvr_gguf_get_str(const struct kvr_gguf * g, const char * key, char * out, si
 }
 
 //
-// 13. GGUF writer (kvr.h section 8, "A writer"): metadata entries of every type, tensor infos, and a
+// 13. GGUF writer (kvr.h's "GGUF", "A writer"): metadata entries of every type, tensor infos, and a
 // save that streams tensor data from the callers' buffers.
 //
 // Values are serialized when they are set (the bytes that follow the type tag in the file), so
@@ -5673,7 +5675,7 @@ int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
 }
 
 //
-// 14. tokenizers (kvr.h section 9): loading a vocabulary from GGUF metadata, SPM
+// 14. tokenizers (kvr.h's "vocab"): loading a vocabulary from GGUF metadata, SPM
 // (tokenizer.ggml.model = "llama") and byte-level BPE (= "gpt2") tokenization, and detokenization
 // of single tokens. Both reproduce llama.cpp's (llama-vocab.cpp, unicode.cpp) token for token:
 // special and user-defined tokens are split out of the text first, then SPM merges UTF-8
@@ -9621,8 +9623,8 @@ struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr
 }
 
 //
-// 18. sessions: the eval road every prefill and decode step takes (a session's, a rank's), then
-// sessions over it: a model on a backend, its cache, and the tokens so far
+// 18. eval road: one batch of tokens through a model on a backend, what every rank of a session
+// runs for each prefill and decode step (kvr-comm.c's rank_eval fills in struct kvr_eval)
 //
 
 // Enough room in a graph context for the tensor structs of a forward pass of graph_size nodes.
@@ -9791,7 +9793,7 @@ static int eval_run_reused(struct kvr_eval * ev) {
 }
 
 // The graph of the batch on ev->backend: build, pass, rebuild, plan, place, then inputs in,
-// compute, outputs out. Everything a backend holds is reached through the seam of section 9.
+// compute, outputs out. Everything a backend holds is reached through the seam of section "backends".
 // One decode token may instead run a kept graph (ev->reuse, eval_run_reused).
 int kvr_eval_run(struct kvr_eval * ev) {
     const struct kvr_model * m = ev->model;

@@ -9,15 +9,18 @@
 //   3. tensors        struct kvr_tensor: ne[4] element counts, nb[4] byte strides, ne[0] fastest
 //   4. contexts       arenas that own tensor structs (and optionally their data)
 //   5. ops            the op enum and the op constructors; constructors only edit the graph
-//   6. graphs         depth-first build from the outputs, liveness-based memory planning
-//   7. backends       buffers, the executor vtable, the comm protocol: how to write a backend
-//   8. GGUF           reader for versions 2 and 3, every metadata type, mmap'ed tensor data
-//   9. vocab          SPM tokenizer (llama) with byte fallback; detokenization
-//  10. models         load a GGUF model, build the transformer graph of a batch of tokens
-//  11. sessions       a model + KV cache + threads: prefill and decode
+//   6. graphs         depth-first build from the outputs, liveness-based memory planning, passes
+//   7. backends       the registry, buffers, the executor vtable, the comm protocol: how to write one
+//   8. GGUF           reader for versions 2 and 3, every metadata type, mmap'ed tensor data; writer
+//   9. vocab          SPM and byte-level BPE tokenizers, detokenization, chat templates
+//  10. models         load a GGUF model, build the transformer graph of a batch; KV caches and files
+//  11. sessions       the one front door: a model on one rank or many (threads, MPI processes,
+//                     GPUs), prefill with a strategy, decode, files, swap, failover (kvr-comm.c)
 //  12. sampling       greedy, temperature, top-k, top-p; seeded and reproducible
-//  13. ranks          parallel prefill: strategies, transports, the driver (kvr-comm.c)
-//  14. tuning         partition search, lookup tables, cost model and simulator (kvr-tune.c)
+//  13. tuning         partition search, lookup tables, cost model and simulator (kvr-tune.c)
+//
+// After them, behind KVR_BUILD, an internal part that only kvr's own files see (the eval road,
+// transfer schedules, test hooks, the replication-log format, the per-element math).
 //
 // A prefill, end to end (tools/simple.c is the same thing as a program):
 //
@@ -36,7 +39,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #ifdef KVR_BUILD
-#include <math.h>   // the internal section at the end (see there)
+#include <math.h>   // the internal part at the end (see there)
 #include <string.h>
 #endif
 
@@ -142,7 +145,7 @@ size_t kvr_from_float(enum kvr_type type, const float * src, void * dst, int64_t
 #define KVR_MAX_OP_PARAMS 16
 #define KVR_MAX_NAME      64
 
-struct kvr_buffer; // section 7
+struct kvr_buffer; // "backends"
 
 enum kvr_tensor_flag {
     KVR_FLAG_INPUT  = 1, // filled by the caller before compute (token ids, positions)
@@ -168,7 +171,7 @@ struct kvr_tensor {
     void * data;                          // the address inside buffer, in its backend's address
                                           //   space (host pointer for the CPU, device pointer for
                                           //   CUDA); NULL until placed. Only backend code
-                                          //   dereferences it: see section 7
+                                          //   dereferences it: see "backends"
     void * extra;                         // backend-private
     const char * why;                     // for nodes a pass inserted: the reason (--dump-graph)
     char   name[KVR_MAX_NAME];
@@ -329,7 +332,7 @@ struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor *
 // The output part of an ATTN or MERGE_ATTN result: a view [head_dim*n_head, Tq].
 struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * attn, int n_head);
 
-// Communication nodes (executed through the backend's struct kvr_comm; see section 13).
+// Communication nodes (executed through the backend's struct kvr_comm; see "backends" and "sessions").
 // tag: what the message is (layer, kind, step): kvr_tag() packs it, and errors name it.
 //   send:       src goes to rank peer. Its memory is kept alive until the graph ends.
 //   recv:       dst (a view, e.g. of the cache) is filled from rank peer; the result is dst as a
@@ -415,7 +418,7 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 //  1. Fill a struct kvr_backend_i and return a struct kvr_backend from a constructor that takes
 //     struct kvr_backend_params (options only one backend has are fields there, read once when
 //     it is made: the CPU's q8_activations); add one line for it to the registry in kvr.c
-//     section 9 (its constructor NULL in builds without the flag that compiles it, as KVR_CUDA)
+//     kvr.c's "backends" section (its constructor NULL in builds without the flag that compiles it, as KVR_CUDA)
 //     and its object to the Makefile. kvr_backend_new, the tools' --backend and test-ops -b then
 //     take it.
 //  2. Memory. buf_alloc gets buf->size and sets buf->base (64-byte aligned at least) and

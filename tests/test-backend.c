@@ -1,4 +1,4 @@
-// tests/test-backend.c - the backend seam of kvr.h section 7: the registry and backends by name,
+// tests/test-backend.c - the backend seam of kvr.h's "backends": the registry and backends by name,
 // buffers and the tensors placed in them (in and out through the backend), the weights on a backend
 // (kvr_model_to_backend: zero-copy on the CPU), and the comm protocol kvr_backend_graph_compute
 // runs around any backend's graph_compute. The protocol is driven here by a backend written for
