@@ -651,6 +651,57 @@ static void test_stream_pd(const struct kvr_model * m) {
     free(lr);
 }
 
+// A cache over several ranks swapped out and back (host memory, then a file) continues as one
+// never swapped, bit for bit; while it is out evals and truncations fail; a swap file replaced by
+// another conversation's cache is refused and the cache stays out until its own file is back.
+static void test_swap_ranks(const struct kvr_model * m) {
+    const enum kvr_strategy strat[] = { KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV };
+    const int n_vocab = (int)m->hp.n_vocab;
+    enum { N = 6 };
+    for (size_t si = 0; si < sizeof(strat) / sizeof(strat[0]); si++) {
+        set_case("swap with 3 ranks, %s", kvr_strategy_name(strat[si]));
+        const struct kvr_dist_params dp = { .strategy = strat[si], .n_ranks = 3, .n_threads = 1, .n_ctx = 64 };
+        struct kvr_dist * a = kvr_dist_new(m, &dp);
+        CHECK(a && kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "the reference prefill: %s", kvr_last_error());
+        if (!a) continue;
+        int32_t ia[N];
+        float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lc = malloc(sizeof(float) * (size_t)n_vocab * N);
+        CHECK(run_greedy(a, N, ia, la, n_vocab), "the reference continues");
+        for (int k = 0; k < 2; k++) {
+            struct kvr_dist * c = kvr_dist_new(m, &dp);
+            CHECK(c && kvr_dist_eval(c, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+            if (!c) continue;
+            const char * sp = k ? tmp_path("swap-ranks.kv") : NULL;
+            CHECK(kvr_dist_kv_swap_out(c, sp) == KVR_OK && kvr_dist_kv_swapped(c), "swap out: %s", kvr_last_error());
+            CHECK(kvr_dist_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while out: %s", kvr_last_error());
+            CHECK(kvr_dist_truncate(c, 2) != KVR_OK && strstr(kvr_last_error(), "swapped out"), "truncate while out: %s", kvr_last_error());
+            if (sp) {
+                // another conversation's cache in the swap file's place: refused, still out
+                char keep[1100];
+                snprintf(keep, sizeof(keep), "%s.keep", sp);
+                CHECK(rename(sp, keep) == 0, "rename the swap file");
+                struct kvr_dist * o = kvr_dist_new(m, &dp);
+                CHECK(o && kvr_dist_eval(o, prompt + 1, N_PROMPT - 1) != NULL && kvr_dist_kv_save(o, sp, false) == KVR_OK,
+                      "another cache: %s", kvr_last_error());
+                kvr_dist_free(o);
+                CHECK(kvr_dist_kv_swap_in(c) != KVR_OK && strstr(kvr_last_error(), "other tokens") && kvr_dist_kv_swapped(c),
+                      "another conversation's swap file taken: %s", kvr_last_error());
+                CHECK(rename(keep, sp) == 0, "the swap file back");
+            }
+            CHECK(kvr_dist_kv_swap_in(c) == KVR_OK && !kvr_dist_kv_swapped(c), "swap in: %s", kvr_last_error());
+            if (sp) CHECK(access(sp, F_OK) != 0, "the swap file is left behind");
+            int32_t ic[N];
+            CHECK(run_greedy(c, N, ic, lc, n_vocab), "continues after the swap");
+            CHECK(memcmp(ia, ic, sizeof(ia)) == 0 && memcmp(la, lc, sizeof(float) * (size_t)n_vocab * N) == 0,
+                  "swap to %s: the continuation differs", k ? "a file" : "memory");
+            kvr_dist_free(c);
+        }
+        free(la);
+        free(lc);
+        kvr_dist_free(a);
+    }
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -671,6 +722,7 @@ int main(int argc, char ** argv) {
         test_shards(m);
         test_malformed(m, access(other, R_OK) == 0 ? other : NULL);
         test_dist(m);
+        test_swap_ranks(m);
         test_stream_pd(m);
         kvr_model_free(m);
     }
