@@ -6,6 +6,10 @@
 //
 // Reading order: kvr_dist_eval -> plan_eval (who holds which tokens) -> rank_eval (the rank's
 // inputs, then the eval road kvr_eval_run with rank_pass) -> pass_* -> comm_exec (the transfers).
+// After the driver, DejaVu: streaming the cache (to a file, or P/D to the decode rank), the
+// replication logs and their format, replicas and failover recovery, the test hooks, saving,
+// restoring and resuming. It enters the road only through the dejavu_* hooks declared before the
+// endpoint; with none of it enabled they do nothing.
 
 #define _GNU_SOURCE
 #include "kvr.h"
@@ -1003,7 +1007,7 @@ static bool dejavu_failover(struct kvr_dist * d, const float * lg, int n, double
 static int  dejavu_new(struct kvr_dist * d);
 static void dejavu_free(struct kvr_dist * d);
 static void dejavu_reset(struct kvr_dist * d);
-static void dist_rank_free(struct dist_rank * dr);
+static void dist_rank_free(struct dist_rank * dr); // beside the recovery, which replaces ranks
 
 //
 // the endpoint kvr_backend_graph_compute calls: runs the schedule of one rank's graph on its
@@ -1012,7 +1016,8 @@ static void dist_rank_free(struct dist_rank * dr);
 //
 
 // DejaVu's and the test hooks' part of a rank's endpoint: what this eval hands its pseudo-peer
-// nodes to, and where the hooks stop the rank (set by the DejaVu sections; NULL / -1: off)
+// nodes to, and where the hooks stop the rank (set by the DejaVu sections; NULL / -1: off). The
+// road reads only whether a hook stopped the rank (killed, stalled): a failure's root cause.
 struct rank_dejavu {
     struct kv_stream * stream;      // this eval streams the cache to a file (NULL: no)
     struct kv_log    * log;         // this eval's rows go to the rank's replication log (NULL: no)
@@ -1292,9 +1297,9 @@ struct dist_rank {
     } dv;                             // DejaVu's part
 };
 
-// DejaVu's part of a dist (P/D and file streaming, replication logs, replicas, failover recovery,
-// resume) and the test hooks' (KVR_TEST_KILL): state the prefill road itself never reads; it
-// enters the road through the dejavu_* hooks
+// DejaVu's part of a dist (file streaming, replication logs, replicas, failover recovery, resume)
+// and the test hooks' (KVR_TEST_KILL): state the prefill road does not touch; DejaVu enters the
+// road through the dejavu_* hooks
 struct dejavu {
     struct kv_stream       * stream;      // the running eval's file stream (NULL: none)
     bool                     streamed;    // kv_stream: the first prefill has streamed its cache
@@ -3380,6 +3385,7 @@ static int replog_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
     return rc;
 }
 
+//
 // replicas (--replicate, DejaVu's KV replication): every rank's new cache rows, layer by layer,
 // go to a replica its ring successor holds in host memory. A rank's node of layer il runs right
 // after the layer's final store and copies the eval's new rows of that layer into the replica

@@ -18,7 +18,7 @@
 //   13. GGUF writer                 metadata and tensors out (kvr-gen, tests)
 //   14. tokenizers                  SPM and byte-level BPE, exactly as llama.cpp's; chat templates
 //   15. KV cache                    per-layer K and V of a session or rank
-//   16. KV cache files              the cache on disk (a writer fed layer by layer, a reader that checks all), replication logs
+//   16. KV cache files              the cache on disk (a writer fed layer by layer, a reader that checks all)
 //   17. models                      hyper-parameters, weights, the architectures' recipes (models/)
 //   18. sessions                    the eval road of sessions and ranks; sessions: prefill, decode
 //   19. sampling                    greedy, temperature, top-k, top-p
@@ -8223,8 +8223,8 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
 
 //
 // 16. KV cache files (kvr.h, "KV cache files"): the writer a save or a stream feeds layer by layer,
-// and the reader that checks every field, CRC and position before anything reaches a cache; then
-// the replication logs a rank appends its rows to step by step (kvr_dist_params.replicate_dir)
+// and the reader that checks every field, CRC and position before anything reaches a cache (the
+// replication logs, which share the header's model fingerprint, are kvr-comm.c's)
 //
 
 // CRC32C, reflected polynomial 0x82F63B78, eight table lookups per 8 bytes (slice-by-8): a
