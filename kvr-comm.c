@@ -827,12 +827,12 @@ static void nccl_set_compute(struct transport * t, int rank, void * stream) {
 // a SEND to a pseudo-peer (PEER_STREAM and the ones below it) stays in this process: it hands rows
 // to the rank's file stream, its replication log or its replica, or is the kill hook (all of them
 // DejaVu's, dejavu_comm_exec); no transfer, no peer, not in the schedule
-static bool node_is_stream(const struct kvr_tensor * t) {
+static bool node_is_dejavu(const struct kvr_tensor * t) {
     return t->op == KVR_OP_SEND && t->op_params[0] <= PEER_STREAM;
 }
 
 static bool node_is_xfer(const struct kvr_tensor * t) {
-    return (t->op == KVR_OP_SEND && !node_is_stream(t)) || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
+    return (t->op == KVR_OP_SEND && !node_is_dejavu(t)) || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
 }
 
 static void sched_add(struct kvr_schedule * s, int * cap, int node, bool send, int peer, int tag, int64_t off, int64_t bytes, int64_t rows) {
@@ -923,7 +923,7 @@ static int schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, i
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
         if (!node_is_xfer(t)) {
-            computed |= t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW && !node_is_stream(t);
+            computed |= t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW && !node_is_dejavu(t);
             continue;
         }
         struct kvr_xfer_node * xn = &s->nodes[s->n_nodes++];
@@ -1168,7 +1168,7 @@ static int comm_post_recv(struct kvr_comm * base, const struct kvr_tensor * node
 static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, void * dst_mem, const void * src_mem) {
     struct rank_comm * c = (struct rank_comm *)base;
     const struct kvr_schedule * s = &c->sched;
-    if (node_is_stream(node)) return dejavu_comm_exec(c, node); // a pseudo-peer: rows handed on in this process
+    if (node_is_dejavu(node)) return dejavu_comm_exec(c, node); // rows handed on in this process, or a test hook
     int rc = comm_stall(c, node->op_params[1]);
     if (rc != KVR_OK) return rc; // a stalled rank says nothing more to anyone
     const int k = comm_node_index(c, node, c->next_node);
@@ -4310,7 +4310,7 @@ static void dejavu_rank_nodes(struct pass_ctx * pc, struct kvr_graph * g) {
     add_kill_node(pc, g); // last: it goes before everything else put after the layer's store
 }
 
-// A pseudo-peer's node (node_is_stream) runs: K in src[0], V in src[1]
+// A pseudo-peer's node (node_is_dejavu) runs: K in src[0], V in src[1]
 static int dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node) {
     const int peer = node->op_params[0], il = kvr_tag_layer(node->op_params[1]);
     if (peer == PEER_KILL) return test_kill(c);
