@@ -2470,8 +2470,8 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
 // is made (to a file, or to the decode rank: P/D), appended to per-rank replication logs, kept as
 // replicas on the ring successor, recovered from after a rank is lost, saved, restored and resumed;
 // and the test hooks that lose or stall a rank (KVR_TEST_KILL, the stall hook). None of it is on
-// the prefill road: it enters through the hooks below, called at fixed points of the road, each a
-// no-op when nothing of it is enabled:
+// the prefill road: it enters through these hooks, called at fixed points of the road, each a
+// no-op when nothing of it is enabled (their section, "the hooks", follows DejaVu's parts):
 //
 //   dist_eval_once  dejavu_eval_begin   before the ranks start: arm the hooks, open streams and logs
 //   rank_eval       dejavu_rank_wants_pass  whether the single pass needs the rank's pass (nodes)
@@ -2484,6 +2484,7 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
 //                   dejavu_eval_end     the stream is finished (or dropped), a lost rank named
 //                   dejavu_eval_commit  the eval counts: the logs' commits
 //   kvr_dist_eval   dejavu_failover     a lost rank: recover and run the eval again (--replicate)
+//   kvr_dist_new, _free, _reset: dejavu_new (its parameters checked), dejavu_free, dejavu_reset
 //
 
 //
