@@ -6,12 +6,17 @@
 //
 // Reading order: kvr_dist_eval -> plan_eval (who holds which tokens) -> rank_eval (the rank's
 // inputs, then the eval road kvr_eval_run with rank_pass) -> pass_* -> comm_exec (the transfers).
+// After the driver, DejaVu: streaming the cache (to a file, or P/D to the decode rank), the
+// replication logs and their format, replicas and failover recovery, the test hooks, saving,
+// restoring and resuming. It enters the road only through the dejavu_* hooks declared before the
+// endpoint; with none of it enabled they do nothing.
 
 #define _GNU_SOURCE
 #define KVR_BUILD   // kvr.h's internal part: the eval road, schedules, test hooks, replication logs
 #include "kvr.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -21,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -813,20 +819,21 @@ static void nccl_set_compute(struct transport * t, int rank, void * stream) {
 // the schedule: which transfers a rank's graph asks for, grouped and ordered (see kvr.h)
 //
 
-#define PEER_STREAM (-2) // a SEND to this peer goes to the rank's stream, not to a rank
-#define PEER_LOG    (-3) // and to this one, to the rank's replication log
-#define PEER_KILL   (-4) // a SEND to this peer is the test hook KVR_TEST_KILL: the rank is lost there
-#define STREAM_STEP 200  // the tag steps of a cache streamed to the decode rank (P/D): 200 and 201
+#define PEER_STREAM  (-2) // a SEND to this peer goes to the rank's stream, not to a rank
+#define PEER_LOG     (-3) // and to this one, to the rank's replication log
+#define PEER_KILL    (-4) // a SEND to this peer is the test hook KVR_TEST_KILL: the rank is lost there
+#define PEER_REPLICA (-5) // a SEND to this peer copies rows into the rank's replica on its successor
+#define STREAM_STEP  200  // the tag steps of a cache streamed to the decode rank (P/D): 200 and 201
 
 // a SEND to a pseudo-peer (PEER_STREAM and the ones below it) stays in this process: it hands rows
-// to the rank's file stream or its replication log, or is the kill hook; no transfer, no peer,
-// not in the schedule
-static bool node_is_stream(const struct kvr_tensor * t) {
+// to the rank's file stream, its replication log or its replica, or is the kill hook (all of them
+// DejaVu's, dejavu_comm_exec); no transfer, no peer, not in the schedule
+static bool node_is_dejavu(const struct kvr_tensor * t) {
     return t->op == KVR_OP_SEND && t->op_params[0] <= PEER_STREAM;
 }
 
 static bool node_is_xfer(const struct kvr_tensor * t) {
-    return (t->op == KVR_OP_SEND && !node_is_stream(t)) || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
+    return (t->op == KVR_OP_SEND && !node_is_dejavu(t)) || t->op == KVR_OP_RECV || t->op == KVR_OP_ALL_GATHER || t->op == KVR_OP_ALL_TO_ALL;
 }
 
 static void sched_add(struct kvr_schedule * s, int * cap, int node, bool send, int peer, int tag, int64_t off, int64_t bytes, int64_t rows) {
@@ -917,7 +924,7 @@ static int schedule_build(struct kvr_schedule * s, const struct kvr_graph * g, i
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
         if (!node_is_xfer(t)) {
-            computed |= t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW && !node_is_stream(t);
+            computed |= t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW && !node_is_dejavu(t);
             continue;
         }
         struct kvr_xfer_node * xn = &s->nodes[s->n_nodes++];
@@ -976,620 +983,55 @@ void kvr_schedule_print(const struct kvr_schedule * s, FILE * f) {
 }
 
 //
-// streaming a prefill's cache to a file while it runs (DejaVu's layer-by-layer streaming): a
-// rank's stream node of layer il runs right after that layer's rows are final, copies them out
-// in one buffer per K and V (buffered copies: one transfer per layer, not one per row) and hands
-// them to a writer thread, which writes the file in order behind the compute of the next layers
+// DejaVu's hooks into the road: the rest of this file up to the driver is the prefill road alone;
+// streaming, replication logs, replicas, recovery and the test hooks live in the DejaVu sections
+// after the driver and enter the road only here (each hook is a no-op when nothing is enabled)
 //
 
-struct kv_stream {
-    struct kvr_kv_writer * w;
-    int              n_layer, n_shards;
-    int              shard_of[256];  // rank -> its shard in the file (-1: streams nothing)
-    float         ** k;              // [il * n_shards + shard]: rows handed over, not written yet
-    float         ** v;
-    int              next;           // the next (il * n_shards + shard) to write
-    bool             stop;           // the eval failed: write nothing more
-    int              rc;
-    char             err[1024];
-    int64_t          bytes;
-    double           timeout_s;
-    pthread_t        th;
-    pthread_mutex_t  mu;
-    pthread_cond_t   cv;
-};
-
-static void * stream_thread(void * arg) {
-    struct kv_stream * st = arg;
-    const int total = st->n_layer * st->n_shards;
-    pthread_mutex_lock(&st->mu);
-    while (st->next < total && !st->stop) {
-        const int i = st->next;
-        if (!st->k[i]) {
-            // the ranks hand layers over as they compute; a lost rank ends the eval, which stops us
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&st->cv, &st->mu, &ts);
-            continue;
-        }
-        pthread_mutex_unlock(&st->mu);
-        const int rc = kvr_kv_writer_layer(st->w, i / st->n_shards, i % st->n_shards, st->k[i], st->v[i]);
-        pthread_mutex_lock(&st->mu);
-        free(st->k[i]);
-        free(st->v[i]);
-        st->k[i] = st->v[i] = NULL;
-        st->next++;
-        if (rc != KVR_OK) {
-            st->rc = rc;
-            snprintf(st->err, sizeof(st->err), "%s", kvr_last_error());
-            st->stop = true;
-        }
-    }
-    pthread_mutex_unlock(&st->mu);
-    return NULL;
-}
-
-// open the file and start the writer; lay names the shards (their ranks in shard_of)
-static int stream_open(struct kv_stream ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_layout * lay,
-                       const int * shard_ranks, double timeout_s) {
-    struct kv_stream * st = calloc(1, sizeof(*st));
-    KVR_ASSERT(st != NULL);
-    int rc = kvr_kv_writer_open(&st->w, path, m, lay);
-    if (rc != KVR_OK) {
-        free(st);
-        return rc;
-    }
-    st->n_layer = (int)m->hp.n_layer;
-    st->n_shards = lay->n_shards;
-    st->timeout_s = timeout_s;
-    for (int r = 0; r < 256; r++) st->shard_of[r] = -1;
-    for (int s = 0; s < lay->n_shards; s++) st->shard_of[shard_ranks[s]] = s;
-    st->k = calloc((size_t)st->n_layer * st->n_shards, sizeof(float *));
-    st->v = calloc((size_t)st->n_layer * st->n_shards, sizeof(float *));
-    KVR_ASSERT(st->k && st->v);
-    pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->cv, NULL);
-    if (pthread_create(&st->th, NULL, stream_thread, st) != 0) {
-        kvr_kv_writer_abort(st->w);
-        free(st->k);
-        free(st->v);
-        free(st);
-        return kvr_error(KVR_ERR_NOMEM, "%s: cannot start the stream's writer thread", path);
-    }
-    *out = st;
-    return KVR_OK;
-}
-
-// a rank's rows of layer il (k and v: views of its cache) into the stream
-static int stream_put(struct kv_stream * st, int rank, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
-    const int s = st->shard_of[rank];
-    KVR_ASSERT(s >= 0 && il >= 0 && il < st->n_layer);
-    const size_t nb = kvr_nbytes(k);
-    float * kb = malloc(nb ? nb : 1), * vb = malloc(nb ? nb : 1);
-    if (!kb || !vb) {
-        free(kb);
-        free(vb);
-        return kvr_error(KVR_ERR_NOMEM, "stream: cannot buffer %zu KiB of layer %d", nb >> 9, il);
-    }
-    kvr_backend_tensor_get(k, kb, 0, nb); // through the backend: the cache may be device memory
-    kvr_backend_tensor_get(v, vb, 0, nb);
-    pthread_mutex_lock(&st->mu);
-    st->k[il * st->n_shards + s] = kb;
-    st->v[il * st->n_shards + s] = vb;
-    st->bytes += 2 * (int64_t)nb;
-    pthread_cond_signal(&st->cv);
-    pthread_mutex_unlock(&st->mu);
-    return KVR_OK;
-}
-
-// the eval's end: ok, wait for the writer and finish the file with the logits; else drop it
-static int stream_close(struct kv_stream * st, bool ok, const float * logits) {
-    pthread_mutex_lock(&st->mu);
-    if (!ok) st->stop = true;
-    pthread_cond_signal(&st->cv);
-    pthread_mutex_unlock(&st->mu);
-    pthread_join(st->th, NULL);
-    int rc = st->rc;
-    if (rc != KVR_OK) kvr_error(rc, "%s", st->err);
-    if (ok && rc == KVR_OK) {
-        KVR_ASSERT(st->next == st->n_layer * st->n_shards);
-        rc = kvr_kv_writer_close(st->w, logits);
-    } else {
-        kvr_kv_writer_abort(st->w);
-    }
-    for (int i = 0; i < st->n_layer * st->n_shards; i++) {
-        free(st->k[i]);
-        free(st->v[i]);
-    }
-    free(st->k);
-    free(st->v);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cv);
-    free(st);
-    return rc;
-}
-
-//
-// replication logs (kvr_dist_params.replicate_dir): each rank appends to DIR/rank-R.kvlog the rows
-// it made in an eval, each layer's as soon as they are final (a log node right after the layer's
-// store copies them out, as the file stream's does), and after the eval a commit with its tokens.
-// A writer thread per log writes behind the compute; after a commit it syncs (fdatasync) unless
-// another commit is already queued (group commit), so an acknowledged step is on the disk. The
-// compute waits only when more than LOG_QUEUE_MAX bytes or LOG_QUEUE_STEPS commits are queued
-// (for at most the timeout): a process that dies loses at most that many steps the writer had
-// not reached, which a resume then recomputes.
-//
-
-#define LOG_QUEUE_MAX   ((int64_t)64 << 20)
-#define LOG_QUEUE_STEPS 4
-
-struct log_item {
-    struct log_item * next;
-    int               commit;    // 0: a layer's rows, 1: the step's commit
-    int               step, il, n_rows, n_tokens;
-    float           * k, * v;    // rows: [kv_dim x n_rows] each
-    int32_t         * tokens;    // commit: the step's tokens, then the rows' positions
-    int64_t           bytes;
-};
-
-struct kv_log {
-    struct kvr_kv_log * w;
-    char                path[4096];
-    struct log_item   * head, * tail;
-    int64_t             queued;      // bytes in the queue
-    int                 commits;     // commits in the queue
-    int                 step;        // the step the rank's log nodes of this eval belong to
-    bool                stop;
-    int                 rc;
-    char                err[1024];
-    double              timeout_s;
-    pthread_t           th;
-    pthread_mutex_t     mu;
-    pthread_cond_t      cv;          // items came, or stop
-    pthread_cond_t      room;        // the queue shrank
-};
-
-static void * log_thread(void * arg) {
-    struct kv_log * lg = arg;
-    pthread_mutex_lock(&lg->mu);
-    for (;;) {
-        if (!lg->head) {
-            if (lg->stop) break;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&lg->cv, &lg->mu, &ts);
-            continue;
-        }
-        struct log_item * it = lg->head;
-        lg->head = it->next;
-        if (!lg->head) lg->tail = NULL;
-        lg->queued -= it->bytes;
-        lg->commits -= it->commit;
-        const bool failed = lg->rc != KVR_OK;
-        pthread_cond_broadcast(&lg->room);
-        pthread_mutex_unlock(&lg->mu);
-        int rc = KVR_OK;
-        if (failed) {
-            // the log stopped at its first error: write nothing after it
-        } else if (!it->commit) {
-            rc = kvr_kv_log_rows(lg->w, it->step, it->il, it->n_rows, it->k, it->v);
-        } else {
-            rc = kvr_kv_log_commit(lg->w, it->step, it->tokens, it->n_tokens, it->tokens + it->n_tokens, it->n_rows);
-        }
-        pthread_mutex_lock(&lg->mu);
-        const bool sync = rc == KVR_OK && !failed && it->commit && lg->commits == 0;
-        pthread_mutex_unlock(&lg->mu);
-        if (sync) rc = kvr_kv_log_sync(lg->w); // off the compute's path; covers every commit written since the last
-        pthread_mutex_lock(&lg->mu);
-        if (rc != KVR_OK && lg->rc == KVR_OK) {
-            lg->rc = rc;
-            snprintf(lg->err, sizeof(lg->err), "%s", kvr_last_error());
-        }
-        free(it->k);
-        free(it->v);
-        free(it->tokens);
-        free(it);
-    }
-    pthread_mutex_unlock(&lg->mu);
-    return NULL;
-}
-
-static bool log_full(const struct kv_log * lg, const struct log_item * it) {
-    return lg->queued > 0 && (lg->queued + it->bytes > LOG_QUEUE_MAX || lg->commits + it->commit > LOG_QUEUE_STEPS);
-}
-
-// queue an item; waits while the writer is more than LOG_QUEUE_MAX behind (at most the timeout)
-static int log_queue(struct kv_log * lg, struct log_item * it) {
-    pthread_mutex_lock(&lg->mu);
-    const double deadline = kvr_time_ms() + 1e3 * lg->timeout_s;
-    while (log_full(lg, it) && lg->rc == KVR_OK && kvr_time_ms() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&lg->room, &lg->mu, &ts);
-    }
-    int rc = lg->rc;
-    if (rc != KVR_OK) {
-        kvr_error(rc, "%s", lg->err);
-    } else if (log_full(lg, it)) {
-        rc = kvr_error(KVR_ERR_IO, "%s: the replication log's writer is %d steps and %lld MiB behind after %.1f s: the disk is too slow",
-                       lg->path, lg->commits, (long long)(lg->queued >> 20), lg->timeout_s);
-    } else {
-        if (lg->tail) lg->tail->next = it;
-        else lg->head = it;
-        lg->tail = it;
-        lg->queued += it->bytes;
-        lg->commits += it->commit;
-        pthread_cond_signal(&lg->cv);
-        it = NULL;
-    }
-    pthread_mutex_unlock(&lg->mu);
-    if (it) {
-        free(it->k);
-        free(it->v);
-        free(it->tokens);
-        free(it);
-    }
-    return rc;
-}
-
-// a layer's rows of this rank: k and v views of its cache, or (k NULL) host rows hk and hv
-static int log_put_rows(struct kv_log * lg, int step, int il, int n_rows, const struct kvr_tensor * k, const struct kvr_tensor * v,
-                        const float * hk, const float * hv, int kv_dim) {
-    const size_t nb = sizeof(float) * (size_t)kv_dim * (size_t)n_rows;
-    struct log_item * it = calloc(1, sizeof(*it));
-    KVR_ASSERT(it != NULL);
-    it->k = malloc(nb);
-    it->v = malloc(nb);
-    if (!it->k || !it->v) {
-        free(it->k);
-        free(it->v);
-        free(it);
-        return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, nb >> 9, il);
-    }
-    if (k) {
-        KVR_ASSERT(kvr_nbytes(k) == nb && kvr_nbytes(v) == nb);
-        kvr_backend_tensor_get(k, it->k, 0, nb); // through the backend: the cache may be device memory
-        kvr_backend_tensor_get(v, it->v, 0, nb);
-    } else {
-        memcpy(it->k, hk, nb);
-        memcpy(it->v, hv, nb);
-    }
-    it->step = step;
-    it->il = il;
-    it->n_rows = n_rows;
-    it->bytes = 2 * (int64_t)nb;
-    return log_queue(lg, it);
-}
-
-static int log_put_commit(struct kv_log * lg, int step, const int32_t * tokens, int n_tokens, const int32_t * pos, int n_rows) {
-    struct log_item * it = calloc(1, sizeof(*it));
-    KVR_ASSERT(it != NULL);
-    it->commit = 1;
-    it->step = step;
-    it->n_tokens = n_tokens;
-    it->n_rows = n_rows;
-    it->tokens = malloc(sizeof(int32_t) * ((size_t)n_tokens + (size_t)n_rows + 1));
-    KVR_ASSERT(it->tokens != NULL);
-    if (n_tokens) memcpy(it->tokens, tokens, sizeof(int32_t) * (size_t)n_tokens);
-    if (n_rows) memcpy(it->tokens + n_tokens, pos, sizeof(int32_t) * (size_t)n_rows);
-    it->bytes = 4 * ((int64_t)n_tokens + n_rows);
-    return log_queue(lg, it);
-}
-
-// start the writer of an open log (w: created or opened for appending)
-static struct kv_log * log_start(struct kvr_kv_log * w, const char * path, double timeout_s) {
-    struct kv_log * lg = calloc(1, sizeof(*lg));
-    KVR_ASSERT(lg != NULL);
-    lg->w = w;
-    snprintf(lg->path, sizeof(lg->path), "%s", path);
-    lg->timeout_s = timeout_s;
-    pthread_mutex_init(&lg->mu, NULL);
-    pthread_cond_init(&lg->cv, NULL);
-    pthread_cond_init(&lg->room, NULL);
-    if (pthread_create(&lg->th, NULL, log_thread, lg) != 0) {
-        pthread_mutex_destroy(&lg->mu);
-        pthread_cond_destroy(&lg->cv);
-        pthread_cond_destroy(&lg->room);
-        kvr_kv_log_close(w);
-        free(lg);
-        kvr_error(KVR_ERR_NOMEM, "%s: cannot start the replication log's writer thread", path);
-        return NULL;
-    }
-    return lg;
-}
-
-// write what is queued, sync, close; the first error of the log (KVR_OK if none)
-static int log_stop(struct kv_log * lg) {
-    if (!lg) return KVR_OK;
-    pthread_mutex_lock(&lg->mu);
-    lg->stop = true;
-    pthread_cond_signal(&lg->cv);
-    pthread_mutex_unlock(&lg->mu);
-    pthread_join(lg->th, NULL);
-    int rc = lg->rc;
-    if (rc != KVR_OK) kvr_error(rc, "%s", lg->err);
-    const int rc2 = kvr_kv_log_close(lg->w);
-    if (rc == KVR_OK) rc = rc2;
-    pthread_mutex_destroy(&lg->mu);
-    pthread_cond_destroy(&lg->cv);
-    pthread_cond_destroy(&lg->room);
-    free(lg);
-    return rc;
-}
-
-// replicas (--replicate, DejaVu's KV replication): every rank's new cache rows, layer by layer,
-// go to a replica its ring successor holds in host memory. A rank's node of layer il runs right
-// after the layer's final store and copies the eval's new rows of that layer into the replica
-// (one tensor_get each of K and V, on the rank's comm path); the holder's thread then checks them
-// (a CRC32C per layer and kind) and acknowledges the layer. The driver commits the eval's chunk
-// only once every layer is acknowledged and the eval succeeded, so a replica's committed rows
-// never hold half a step; a failed eval's partial chunk is dropped. Recovery reads only committed
-// chunks whose CRCs still match.
-//
-
-#define PEER_REPLICA (-5) // a SEND to this peer copies rows into the rank's replica on its successor
-
-struct replica {
-    int               n_layer, kv_dim;
-    int               n_rows, cap;   // committed rows, rows allocated per layer
-    int32_t         * pos;           // [cap]: their positions (the pending chunk's after them)
-    float          ** k, ** v;       // [n_layer][cap * kv_dim]
-    int               n_chunks, cap_chunks;
-    int             * chunk_row0;    // committed chunks: rows [row0, row0 + n), each eval's
-    int             * chunk_n;
-    uint32_t        * chunk_crc;     //   [chunk * n_layer * 2 + il * 2 + (K: 0, V: 1)]
-    int               pend_n;        // the running eval's chunk: rows [n_rows, n_rows + pend_n)
-    bool            * acked;         // [n_layer]: that layer's rows are in and checked
-    uint32_t        * pend_crc;      // [n_layer * 2]
-    bool              behind;        // a chunk was never acknowledged: nothing more is committed
-    int             * queue;         // layers put, waiting for the holder's check
-    int               q_head, q_tail;
-    bool              stop;
-    pthread_t         th;
-    pthread_mutex_t   mu;
-    pthread_cond_t    cv;
-};
-
-static void replica_crc(const struct replica * rp, int il, int row0, int n, uint32_t * ck, uint32_t * cv) {
-    const size_t off = (size_t)row0 * (size_t)rp->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)rp->kv_dim;
-    *ck = kvr_crc32c(0, rp->k[il] + off, bytes);
-    *cv = kvr_crc32c(0, rp->v[il] + off, bytes);
-}
-
-// the holder's side: check each layer the sender put in, then acknowledge it
-static void * replica_thread(void * arg) {
-    struct replica * rp = arg;
-    pthread_mutex_lock(&rp->mu);
-    while (!rp->stop) {
-        if (rp->q_head == rp->q_tail) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&rp->cv, &rp->mu, &ts);
-            continue;
-        }
-        const int il = rp->queue[rp->q_head];
-        const int row0 = rp->n_rows, n = rp->pend_n;
-        pthread_mutex_unlock(&rp->mu);
-        uint32_t ck, cv;
-        replica_crc(rp, il, row0, n, &ck, &cv);
-        pthread_mutex_lock(&rp->mu);
-        rp->pend_crc[il * 2] = ck;
-        rp->pend_crc[il * 2 + 1] = cv;
-        rp->acked[il] = true;
-        rp->q_head++;
-        pthread_cond_broadcast(&rp->cv);
-    }
-    pthread_mutex_unlock(&rp->mu);
-    return NULL;
-}
-
-static struct replica * replica_new(int n_layer, int kv_dim) {
-    struct replica * rp = calloc(1, sizeof(*rp));
-    KVR_ASSERT(rp != NULL);
-    rp->n_layer = n_layer;
-    rp->kv_dim = kv_dim;
-    rp->k = calloc((size_t)n_layer, sizeof(float *));
-    rp->v = calloc((size_t)n_layer, sizeof(float *));
-    rp->acked = calloc((size_t)n_layer, sizeof(bool));
-    rp->pend_crc = calloc((size_t)n_layer * 2, sizeof(uint32_t));
-    rp->queue = calloc((size_t)n_layer, sizeof(int));
-    KVR_ASSERT(rp->k && rp->v && rp->acked && rp->pend_crc && rp->queue);
-    pthread_mutex_init(&rp->mu, NULL);
-    pthread_cond_init(&rp->cv, NULL);
-    if (pthread_create(&rp->th, NULL, replica_thread, rp) != 0) {
-        pthread_mutex_destroy(&rp->mu);
-        pthread_cond_destroy(&rp->cv);
-        free(rp->k); free(rp->v); free(rp->acked); free(rp->pend_crc); free(rp->queue);
-        free(rp);
-        kvr_error(KVR_ERR_NOMEM, "--replicate: cannot start a replica's thread");
-        return NULL;
-    }
-    return rp;
-}
-
-static void replica_free(struct replica * rp) {
-    if (!rp) return;
-    pthread_mutex_lock(&rp->mu);
-    rp->stop = true;
-    pthread_cond_broadcast(&rp->cv);
-    pthread_mutex_unlock(&rp->mu);
-    pthread_join(rp->th, NULL);
-    pthread_mutex_destroy(&rp->mu);
-    pthread_cond_destroy(&rp->cv);
-    for (int il = 0; il < rp->n_layer; il++) { free(rp->k[il]); free(rp->v[il]); }
-    free(rp->k); free(rp->v); free(rp->pos);
-    free(rp->chunk_row0); free(rp->chunk_n); free(rp->chunk_crc);
-    free(rp->acked); free(rp->pend_crc); free(rp->queue);
-    free(rp);
-}
-
-// room for n more rows (between evals: the holder's thread is idle)
-static void replica_reserve(struct replica * rp, int n) {
-    if (rp->n_rows + n <= rp->cap) return;
-    int cap = rp->cap ? 2 * rp->cap : 64;
-    while (cap < rp->n_rows + n) cap *= 2;
-    const size_t row = sizeof(float) * (size_t)rp->kv_dim;
-    for (int il = 0; il < rp->n_layer; il++) {
-        rp->k[il] = realloc(rp->k[il], row * (size_t)cap);
-        rp->v[il] = realloc(rp->v[il], row * (size_t)cap);
-        KVR_ASSERT(rp->k[il] && rp->v[il]);
-    }
-    rp->pos = realloc(rp->pos, sizeof(int32_t) * (size_t)cap);
-    KVR_ASSERT(rp->pos != NULL);
-    rp->cap = cap;
-}
-
-// an eval starts: its chunk of n rows at these positions will come layer by layer
-static void replica_begin(struct replica * rp, int n, const int32_t * pos) {
-    replica_reserve(rp, n);
-    memcpy(rp->pos + rp->n_rows, pos, sizeof(int32_t) * (size_t)n);
-    rp->pend_n = rp->behind ? 0 : n;
-    rp->q_head = rp->q_tail = 0;
-    for (int il = 0; il < rp->n_layer; il++) rp->acked[il] = false;
-}
-
-// layer il of the chunk is in: the holder checks it
-static void replica_queue(struct replica * rp, int il) {
-    pthread_mutex_lock(&rp->mu);
-    rp->queue[rp->q_tail++] = il;
-    pthread_cond_broadcast(&rp->cv);
-    pthread_mutex_unlock(&rp->mu);
-}
-
-// the sender's node: the eval's new rows of layer il (k, v: views of the rank's cache) into the
-// replica, through the backend (the cache may be device memory); the holder checks them
-static void replica_put(struct replica * rp, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
-    if (rp->pend_n == 0) return; // behind: it takes nothing until it is seeded again
-    KVR_ASSERT(k->ne[1] == rp->pend_n && il >= 0 && il < rp->n_layer);
-    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim, nb = kvr_nbytes(k);
-    kvr_backend_tensor_get(k, rp->k[il] + off, 0, nb);
-    kvr_backend_tensor_get(v, rp->v[il] + off, 0, nb);
-    replica_queue(rp, il);
-}
-
-// A decoded token of the plain single pass (its kept graph has no replica nodes): its rows of
-// every layer after the eval, one small transfer per layer and kind, straight into the replica
-static void replica_put_rows(struct replica * rp, struct kvr_backend * be, const struct kvr_kv_cache * c, int row0, int n) {
-    if (rp->pend_n == 0) return;
-    KVR_ASSERT(n == rp->pend_n);
-    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim;
-    for (int il = 0; il < rp->n_layer; il++) {
-        kvr_kv_cache_get_rows(be, c, il, row0, n, rp->k[il] + off, rp->v[il] + off);
-        replica_queue(rp, il);
-    }
-}
-
-// wait (at most timeout_s) until the holder checked everything put so far; false on timeout
-static bool replica_drain(struct replica * rp, double timeout_s) {
-    const double deadline = kvr_time_ms() + 1e3 * timeout_s;
-    pthread_mutex_lock(&rp->mu);
-    while (rp->q_head < rp->q_tail && kvr_time_ms() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&rp->cv, &rp->mu, &ts);
-    }
-    const bool ok = rp->q_head == rp->q_tail;
-    pthread_mutex_unlock(&rp->mu);
-    return ok;
-}
-
-static void replica_add_chunk(struct replica * rp, int n, const uint32_t * crc) {
-    if (rp->n_chunks == rp->cap_chunks) {
-        rp->cap_chunks = rp->cap_chunks ? 2 * rp->cap_chunks : 16;
-        rp->chunk_row0 = realloc(rp->chunk_row0, sizeof(int) * (size_t)rp->cap_chunks);
-        rp->chunk_n = realloc(rp->chunk_n, sizeof(int) * (size_t)rp->cap_chunks);
-        rp->chunk_crc = realloc(rp->chunk_crc, sizeof(uint32_t) * (size_t)rp->cap_chunks * (size_t)rp->n_layer * 2);
-        KVR_ASSERT(rp->chunk_row0 && rp->chunk_n && rp->chunk_crc);
-    }
-    rp->chunk_row0[rp->n_chunks] = rp->n_rows;
-    rp->chunk_n[rp->n_chunks] = n;
-    memcpy(rp->chunk_crc + (size_t)rp->n_chunks * (size_t)rp->n_layer * 2, crc, sizeof(uint32_t) * (size_t)rp->n_layer * 2);
-    rp->n_chunks++;
-    rp->n_rows += n;
-}
-
-// the eval's end: commit its chunk when it succeeded and every layer was acknowledged, else drop
-// it (and a chunk that is not acknowledged in time leaves the replica behind). KVR_OK, or
-// KVR_ERR_COMM when the replica fell behind.
-static int replica_end(struct replica * rp, bool ok, double timeout_s) {
-    const bool drained = replica_drain(rp, timeout_s);
-    pthread_mutex_lock(&rp->mu);
-    const int n = rp->pend_n;
-    bool whole = drained;
-    for (int il = 0; il < rp->n_layer && whole; il++) whole = rp->acked[il];
-    if (!drained) rp->stop = true; // a thread that is stuck: it takes nothing more either
-    pthread_mutex_unlock(&rp->mu);
-    rp->pend_n = 0;
-    if (!ok || n == 0) return KVR_OK;
-    if (!whole) {
-        rp->behind = true;
-        return kvr_error(KVR_ERR_COMM, "the replica's chunk of %d rows was not acknowledged within %.1f s: it is behind from row %d",
-                         n, timeout_s, rp->n_rows);
-    }
-    replica_add_chunk(rp, n, rp->pend_crc);
-    return KVR_OK;
-}
-
-// A replica holding exactly these rows (a rank's whole cache) as one committed chunk: after a
-// recovery changed what a rank holds or who holds its replica
-static void replica_seed(struct replica * rp, struct kvr_backend * be, const struct kvr_kv_cache * c, const int32_t * pos, int n) {
-    rp->n_rows = rp->n_chunks = rp->pend_n = 0;
-    rp->behind = false;
-    if (n == 0) return;
-    replica_reserve(rp, n);
-    memcpy(rp->pos, pos, sizeof(int32_t) * (size_t)n);
-    uint32_t * crc = malloc(sizeof(uint32_t) * (size_t)rp->n_layer * 2);
-    KVR_ASSERT(crc != NULL);
-    for (int il = 0; il < rp->n_layer; il++) {
-        kvr_kv_cache_get_rows(be, c, il, 0, n, rp->k[il], rp->v[il]);
-        replica_crc(rp, il, 0, n, &crc[il * 2], &crc[il * 2 + 1]);
-    }
-    replica_add_chunk(rp, n, crc);
-    free(crc);
-}
-
-// Which committed rows can be trusted: ok[row] for rows [0, n_rows); a chunk whose data no longer
-// gives its CRC is refused whole (every layer: a position needs all of them). Returns the
-// refused chunks' count and describes the first in why.
-static int replica_check(const struct replica * rp, bool * ok, char * why, size_t cap) {
-    int bad = 0;
-    for (int ch = 0; ch < rp->n_chunks; ch++) {
-        const int r0 = rp->chunk_row0[ch], n = rp->chunk_n[ch];
-        bool good = true;
-        for (int il = 0; il < rp->n_layer && good; il++) {
-            uint32_t ck, cv;
-            replica_crc(rp, il, r0, n, &ck, &cv);
-            const uint32_t * want = rp->chunk_crc + ((size_t)ch * (size_t)rp->n_layer + (size_t)il) * 2;
-            if (ck != want[0] || cv != want[1]) {
-                good = false;
-                if (bad == 0) {
-                    snprintf(why, cap, "chunk %d (rows %d..%d, positions %d..%d), layer %d %s: CRC32C 0x%08x, the data gives 0x%08x",
-                             ch, r0, r0 + n - 1, rp->pos[r0], rp->pos[r0 + n - 1], il, ck != want[0] ? "K" : "V",
-                             ck != want[0] ? want[0] : want[1], ck != want[0] ? ck : cv);
-                }
-            }
-        }
-        bad += !good;
-        for (int i = r0; i < r0 + n; i++) ok[i] = good;
-    }
-    return bad;
-}
+struct rank_comm;
+struct dist_rank;
+struct pass_ctx;
+struct kv_stream;
+struct kv_log;
+struct replica;
+static int  dejavu_eval_begin(struct kvr_dist * d, const int32_t * tokens, int n);
+static bool dejavu_rank_wants_pass(const struct kvr_dist * d, const struct dist_rank * dr, int n);
+static void dejavu_rank_nodes(struct pass_ctx * pc, struct kvr_graph * g);
+static void dejavu_receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g);
+static int  dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node);
+static int  comm_stall(struct rank_comm * c, int tag);
+static int  dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev);
+static void dejavu_ranks_joined(struct kvr_dist * d, bool all_ok);
+static int  dejavu_eval_end(struct kvr_dist * d, int rc);
+static int  dejavu_eval_commit(struct kvr_dist * d, const int32_t * tokens, int n);
+static bool dejavu_failover(struct kvr_dist * d, const float * lg, int n, double * t_lost);
+static int  dejavu_new(struct kvr_dist * d);
+static void dejavu_free(struct kvr_dist * d);
+static void dejavu_reset(struct kvr_dist * d);
+static void dist_rank_free(struct dist_rank * dr); // beside the recovery, which replaces ranks
 
 //
 // the endpoint kvr_backend_graph_compute calls: runs the schedule of one rank's graph on its
 // transport, on the memory kvr hands over (host memory, a device backend's staged; device
 // pointers only for a transport that moves them itself: NCCL sets device_ptrs)
 //
+
+// DejaVu's and the test hooks' part of a rank's endpoint: what this eval hands its pseudo-peer
+// nodes to, and where the hooks stop the rank (set by the DejaVu sections; NULL / -1: off). The
+// road reads only whether a hook stopped the rank (killed, stalled): a failure's root cause.
+struct rank_dejavu {
+    struct kv_stream * stream;      // this eval streams the cache to a file (NULL: no)
+    struct kv_log    * log;         // this eval's rows go to the rank's replication log (NULL: no)
+    struct replica   * replica_out; // this eval's new rows go there (--replicate; NULL: none)
+    int                stall_layer; // test hook (-1: off)
+    bool               stalled;
+    int                kill_layer;  // test hook KVR_TEST_KILL: the layer this eval loses the rank at (-1: off)
+    int                kill_point;  //   which point of the dist's list
+    char               kill_what[128]; //   where, in words
+    bool               killed;      //   it fired: this rank is lost
+    double             t_killed;    //   when
+    bool               own_process; // the rank is this process (MPI): a kill ends the process
+};
 
 struct rank_comm {
     struct kvr_comm    base;
@@ -1601,21 +1043,11 @@ struct rank_comm {
     const void      ** node_src;    //   and what it sends (once the rank reached it)
     int                next_group;  // the first group not issued yet
     int                next_node;   // the comm node the backend runs next
-    int                stall_layer; // test hook (-1: off)
-    bool               stalled;
-    int                kill_layer;  // test hook KVR_TEST_KILL: the layer this eval loses the rank at (-1: off)
-    int                kill_point;  //   which point of the dist's list
-    char               kill_what[128]; //   where, in words
-    bool               killed;      //   it fired: this rank is lost
-    double             t_killed;    //   when
-    bool               own_process; // the rank is this process (MPI): a kill ends the process
-    struct replica   * replica_out; // this eval's new rows go there (--replicate; NULL: none)
     int                timeout_peer; // the peer a wait of the last eval timed out on (-1: none)
     int                timeout_tag;  //   the transfer
     bool               timeout_send; //   and whether it was this rank's send
     struct kvr_rank_stats st;
-    struct kv_stream * stream;      // this eval streams the cache to a file (NULL: no)
-    struct kv_log    * log;         // this eval's rows go to the rank's replication log (NULL: no)
+    struct rank_dejavu dv;
 };
 
 static bool tag_is_kv(int tag) {
@@ -1631,7 +1063,7 @@ static int comm_wait(struct rank_comm * c, struct tr_req * r) {
     const double t0 = kvr_time_ms();
     int rc = c->tr->wait(c->tr, r, t0 + c->timeout_s * 1e3, c->timeout_s);
     c->st.wait_ms += kvr_time_ms() - t0;
-    if (rc != KVR_OK && strstr(kvr_last_error(), "timed out") && c->timeout_peer < 0 && !c->killed) {
+    if (rc != KVR_OK && strstr(kvr_last_error(), "timed out") && c->timeout_peer < 0 && !c->dv.killed) {
         c->timeout_peer = r->peer;
         c->timeout_tag = r->tag;
         c->timeout_send = r->is_send;
@@ -1733,52 +1165,11 @@ static int comm_post_recv(struct kvr_comm * base, const struct kvr_tensor * node
     return rc == KVR_OK ? rc : comm_fail(c, rc);
 }
 
-// the stall hook: this rank stops before its first transfer at or after the layer, as a lost
-// process would; it comes back only when another rank gave up (or after two timeouts)
-static int comm_stall(struct rank_comm * c, int tag) {
-    if (c->stall_layer < 0 || kvr_tag_layer(tag) < c->stall_layer) return KVR_OK;
-    if (!c->stalled) {
-        c->stalled = true;
-        c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
-    }
-    return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
-}
-
-// The one place the test hook KVR_TEST_KILL acts (struct kvr_test_kill in kvr.h): the rank is lost
-// here. A rank that is a process of its own dies at once, as a crashed one would. A local rank's
-// thread stops without a word to its peers (no transport fail(): its transfers are withdrawn at
-// the graph's end as a stalled rank's are), so whoever waits on it times out as on a lost process.
-static int test_kill(struct rank_comm * c) {
-    if (c->own_process) {
-        fprintf(stderr, "kvr: rank %d: killed by the test hook KVR_TEST_KILL at %s\n", c->base.rank, c->kill_what);
-        fflush(stderr);
-        raise(SIGKILL);
-    }
-    c->killed = true;
-    c->t_killed = kvr_time_ms();
-    return kvr_error(KVR_ERR_COMM, "rank %d: lost: stopped by the test hook KVR_TEST_KILL at %s", c->base.rank, c->kill_what);
-}
-
 // dst and src are host memory the backend seam hands over (the tensors' own or staged copies)
 static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, void * dst_mem, const void * src_mem) {
     struct rank_comm * c = (struct rank_comm *)base;
     const struct kvr_schedule * s = &c->sched;
-    if (node->op == KVR_OP_SEND && node->op_params[0] == PEER_KILL) return test_kill(c);
-    if (node->op == KVR_OP_SEND && node->op_params[0] == PEER_REPLICA) { // K in src[0], V in src[1]
-        c->st.replica_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
-        replica_put(c->replica_out, kvr_tag_layer(node->op_params[1]), node->src[0], node->src[1]);
-        return KVR_OK;
-    }
-    if (node_is_stream(node) && node->op_params[0] == PEER_LOG) { // K in src[0], V in src[1]: to the log
-        const int rc = log_put_rows(c->log, c->log->step, kvr_tag_layer(node->op_params[1]), (int)node->src[0]->ne[1], node->src[0],
-                                    node->src[1], NULL, NULL, (int)node->src[0]->ne[0]);
-        return rc == KVR_OK ? rc : comm_fail(c, rc);
-    }
-    if (node_is_stream(node)) { // K in src[0], V in src[1]: to the file stream, no peer
-        c->st.kv_stream_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
-        const int rc = stream_put(c->stream, base->rank, kvr_tag_layer(node->op_params[1]), node->src[0], node->src[1]);
-        return rc == KVR_OK ? rc : comm_fail(c, rc);
-    }
+    if (node_is_dejavu(node)) return dejavu_comm_exec(c, node); // rows handed on in this process, or a test hook
     int rc = comm_stall(c, node->op_params[1]);
     if (rc != KVR_OK) return rc; // a stalled rank says nothing more to anyone
     const int k = comm_node_index(c, node, c->next_node);
@@ -1824,14 +1215,14 @@ static int comm_finish(struct kvr_comm * base) {
         if (!r->posted) continue;
         // (a rank the kill hook stopped still lets its peers take what it had sent, as data on the
         // wire reaches a peer after the sender died; it says nothing when they do not)
-        if (r->is_send && !r->done && rc == KVR_OK && !c->stalled) rc = comm_wait(c, r);
+        if (r->is_send && !r->done && rc == KVR_OK && !c->dv.stalled) rc = comm_wait(c, r);
         // after a failure some transfers were never waited for: the peer must not touch them
         if (!r->done) c->tr->cancel(c->tr, r);
         r->posted = false;
         s->x[i].match_rank = r->match_rank;
         s->x[i].match_index = r->match_seq;
     }
-    if (rc != KVR_OK && !c->killed) comm_fail(c, rc);
+    if (rc != KVR_OK && !c->dv.killed) comm_fail(c, rc);
     return rc;
 }
 
@@ -1844,8 +1235,8 @@ static struct rank_comm * rank_comm_new(struct transport * tr, int rank, int n_r
     c->base.context = c;
     c->tr           = tr;
     c->timeout_s    = timeout_s;
-    c->stall_layer  = -1;
-    c->kill_layer   = -1;
+    c->dv.stall_layer  = -1;
+    c->dv.kill_layer   = -1;
     c->timeout_peer = -1;
     return c;
 }
@@ -1884,7 +1275,6 @@ struct dist_rank {
     int                   rank;
     int                   id;         // the rank it was started as (KVR_TEST_KILL names that)
     bool                  lost;       // the test hook KVR_TEST_KILL stopped it: it computes no more
-    struct replica      * held;       // --replicate: the replica of its ring predecessor's rows
     struct kvr_kv_cache * cache;
     int32_t             * cache_pos;  // absolute position of every cache row
     int                   n_rows;
@@ -1900,9 +1290,34 @@ struct dist_rank {
     size_t                graph_len;
     int                   rc;
     char                  err[1024];
-    struct kv_log       * log;        // its replication log (replicate_dir; NULL: none open)
     int                   made;       // the rows the last eval made here (positions: the plan's pos[rank])
     int                   made_row0;  //   at cache rows [made_row0, made_row0 + made)
+    struct {
+        struct replica  * held;       // --replicate: the replica of its ring predecessor's rows
+        struct kv_log   * log;        // its replication log (replicate_dir; NULL: none open)
+    } dv;                             // DejaVu's part
+};
+
+// DejaVu's part of a dist (file streaming, replication logs, replicas, failover recovery, resume)
+// and the test hooks' (KVR_TEST_KILL): state the prefill road does not touch; DejaVu enters the
+// road through the dejavu_* hooks
+struct dejavu {
+    struct kv_stream       * stream;      // the running eval's file stream (NULL: none)
+    bool                     streamed;    // kv_stream: the first prefill has streamed its cache
+    int64_t                  stream_bytes;// what the last stream wrote to its file
+    bool                     logs_open;   // replicate_dir: the local ranks' logs are open
+    int                      log_step;    //   the step the next eval is in them
+    bool                     log_skip;    //   the next eval is one the logs hold already (a resume's last token)
+    bool                     logging;     //   the running eval's rows go to them
+    int32_t                * resume_prompt; // kvr_dist_resume's info->prompt
+    struct kvr_test_kill     kill[16];    // the test hook's points (KVR_TEST_KILL)
+    bool                     kill_fired[16];
+    int                      n_kill;
+    bool                     decode;      // the running eval is a decode step (the kill hook counts them)
+    int                      n_steps;     // decode steps (one-token evals after a cached token) so far
+    bool                     recomputing; // a recovery re-evaluates tokens no copy held (not a decode step)
+    double                   failover_restore_ms; // the last recovery: rebuilding the ranks from the copies
+    double                   t_recover;   //   when it started
 };
 
 // The caches of this process's ranks swapped out of the backends' memory: to host memory (every
@@ -1935,24 +1350,10 @@ struct kvr_dist {
     int32_t                * seq;         // every token in the cache, in order (what a saved file names)
     int                      seq_cap;
     bool                     has_logits;  // logits are the last token's (an eval or a load since the reset)
-    bool                     streamed;    // kv_stream: the first prefill has streamed its cache
-    int64_t                  stream_bytes;// what the last stream wrote to its file
-    bool                     logs_open;   // replicate_dir: the local ranks' logs are open
-    int                      log_step;    //   the step the next eval is in them
-    bool                     log_skip;    //   the next eval is one the logs hold already (a resume's last token)
-    int32_t                * resume_prompt; // kvr_dist_resume's info->prompt
-    struct kvr_test_kill     kill[16];    // the test hook's points (KVR_TEST_KILL)
-    bool                     kill_fired[16];
-    int                      n_kill;
-    int                      n_steps;     // decode steps (one-token evals after a cached token) so far
-    bool                     recomputing; // a recovery re-evaluates tokens no copy held (not a decode step)
-    double                   failover_restore_ms; // the last recovery: rebuilding the ranks from the copies
-    double                   t_recover;   //   when it started
     int                      n_ctx;       // cache rows of every rank
     struct dist_swap         swap;        // the caches, while swapped out (kvr_dist_kv_swap_out)
+    struct dejavu            dv;
 };
-
-static int replog_restart(struct kvr_dist * d); // the replication logs (below kvr_dist_eval's helpers)
 
 static void plan_free(struct eval_plan * pl) {
     if (pl->pos) {
@@ -2451,38 +1852,6 @@ static struct kvr_tensor * layer_final_find(struct pass_ctx * pc, struct kvr_gra
     return NULL;
 }
 
-// Put each layer's nodes add[il*4 .. il*4+n_add[il]) into the sinks right after the sink they
-// depend on, after[il] (or, when that is no sink, in layer order at the end): they run as soon as
-// the layer's rows are there.
-static void sinks_after_layers(struct pass_ctx * pc, struct kvr_tensor ** add, const int * n_add, struct kvr_tensor ** after,
-                               int n_layer) {
-    struct kvr_tensor ** sinks = malloc(sizeof(*sinks) * (size_t)(pc->n_sinks + 4 * n_layer));
-    int n = 0;
-    bool * done = calloc((size_t)n_layer, sizeof(bool));
-    KVR_ASSERT(sinks && done);
-    for (int i = 0; i < pc->n_sinks; i++) {
-        sinks[n++] = pc->sinks[i];
-        for (int il = 0; il < n_layer; il++) {
-            if (after[il] != pc->sinks[i] || done[il]) continue;
-            for (int k = 0; k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
-            done[il] = true;
-        }
-    }
-    for (int il = 0; il < n_layer; il++) {
-        for (int k = 0; !done[il] && k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
-    }
-    free(pc->sinks);
-    pc->sinks = sinks;
-    pc->n_sinks = pc->cap_sinks = n;
-    free(done);
-}
-
-static struct kvr_tensor * layer_final(struct pass_ctx * pc, struct kvr_graph * g, int il) {
-    struct kvr_tensor * t = layer_final_find(pc, g, il);
-    KVR_ASSERT(t != NULL && "no store of this layer");
-    return t;
-}
-
 // The single pass lists no sinks (everything hangs off the output): its layers' final stores
 // become sinks, in layer order, so that "right after layer il's store" is a place in the
 // executor's order for every strategy. Same nodes, same values: only independent nodes may move.
@@ -2492,150 +1861,6 @@ static void stores_as_sinks(struct pass_ctx * pc, struct kvr_graph * g) {
         bool listed = false;
         for (int i = 0; i < pc->n_sinks && t; i++) listed |= pc->sinks[i] == t;
         if (t && !listed) sinks_put(pc, pc->n_sinks, t);
-    }
-}
-
-// Put t in the sinks right after layer il's final node (before what an earlier call put there),
-// so it runs as soon as the layer's rows are final. A rank that stores nothing in the layer (ring
-// decode): after the last sink of that layer.
-static struct kvr_tensor * sink_after_layer(struct pass_ctx * pc, struct kvr_graph * g, int il, struct kvr_tensor * t, const char * why) {
-    const struct kvr_tensor * after = layer_final_find(pc, g, il);
-    char prefix[32];
-    const int np = snprintf(prefix, sizeof(prefix), "blk.%d.", il);
-    int at = -1;
-    for (int i = 0; i < pc->n_sinks; i++) {
-        if (after ? pc->sinks[i] == after : strncmp(pc->sinks[i]->name, prefix, (size_t)np) == 0) at = i;
-        if (after && at >= 0) break;
-    }
-    KVR_ASSERT(at >= 0 && "no sink of this layer to put the node after");
-    struct kvr_tensor * anchor = pc->sinks[at];
-    sinks_put(pc, at + 1, t);
-    t->why = why;
-    return anchor;
-}
-
-// --replicate: per layer, right after its rows are final, this eval's new rows of the rank go to
-// its replica on the ring successor (replica_put), overlapping the layers that follow
-static void add_replica_nodes(struct pass_ctx * pc, struct kvr_graph * g) {
-    if (!pc->dr->comm->replica_out) return;
-    struct kvr_kv_cache * c = pc->dr->cache;
-    const int row0 = pc->dr->made_row0, n = pc->dr->made; // the rows this eval made on this rank
-    KVR_ASSERT(n == pc->dr->comm->replica_out->pend_n || pc->dr->comm->replica_out->pend_n == 0);
-    if (n == 0) return;
-    for (int il = 0; il < c->n_layer; il++) {
-        struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], row0, n), PEER_REPLICA, kvr_tag(il, KVR_TAG_K, 0));
-        t->src[1] = cache_rows(pc, c->v[il], row0, n);
-        kvr_set_name(t, "blk.%d.kv_replica", il);
-        t->src[2] = sink_after_layer(pc, g, il, t, "replicate: this layer's new K/V rows to the replica on the ring successor");
-    }
-}
-
-// The test hook's node, where this eval loses the rank (struct kvr_test_kill): right after the
-// layer's final store, before the layer's transfers and what streams or replicates its rows
-static void add_kill_node(struct pass_ctx * pc, struct kvr_graph * g) {
-    const int il = pc->dr->comm->kill_layer;
-    if (il < 0) return;
-    struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, pc->dr->cache->k[il], 0, 1), PEER_KILL, kvr_tag(il, KVR_TAG_K, 0));
-    kvr_set_name(t, "blk.%d.kill", il);
-    t->src[1] = sink_after_layer(pc, g, il, t, "test hook KVR_TEST_KILL: this rank is lost here"); // and after it
-}
-
-// Streaming the cache while the prefill runs: per layer, right after its rows are final, a node
-// that hands rows [0, n_rows) of this rank's cache to the file stream, or (P/D) sends them to the
-// decode rank: the chain's rank with the whole cache sends it at once, a ring rank its two chunks,
-// each to its place. Each goes in the sinks list right after the layer's final store, so it runs
-// as soon as the layer's rows are there, before the layer's attention, overlapping what follows.
-static void add_stream_nodes(struct pass_ctx * pc, struct kvr_graph * g, int n_rows) {
-    struct eval_plan * pl = pc->pl;
-    struct kvr_kv_cache * c = pc->dr->cache;
-    const int n_layer = c->n_layer, r = pc->rank;
-    const bool ring = strategy_is_ring(pl->strat);
-    if (!ring && r != pl->owner) return; // the chain's last rank holds everything
-    if (n_rows == 0) return;
-    struct kvr_tensor ** add = calloc((size_t)n_layer * 4, sizeof(*add));
-    struct kvr_tensor ** after = calloc((size_t)n_layer, sizeof(*after));
-    int * n_add = calloc((size_t)n_layer, sizeof(int));
-    KVR_ASSERT(add && after && n_add);
-    for (int il = 0; il < n_layer; il++) {
-        struct kvr_tensor * dep = after[il] = layer_final(pc, g, il);
-        if (!pl->pd) {
-            struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], 0, n_rows), PEER_STREAM, kvr_tag(il, KVR_TAG_K, 0));
-            t->src[1] = cache_rows(pc, c->v[il], 0, n_rows);
-            t->src[2] = dep;
-            kvr_set_name(t, "blk.%d.kv_stream", il);
-            t->why = "stream: this layer's final K/V rows to the file, behind the compute";
-            add[il * 4 + n_add[il]++] = t;
-            continue;
-        }
-        // P/D: ring ranks hold chunks r and 2N-1-r of the prompt; the chain's rank all of it
-        const int D = pc->d->n_ranks - 1, nc = 2 * pl->N;
-        const int len[2] = { ring ? chunk_begin(pl->T, nc, r + 1) - chunk_begin(pl->T, nc, r) : n_rows,
-                             ring ? chunk_begin(pl->T, nc, nc - r) - chunk_begin(pl->T, nc, nc - 1 - r) : 0 };
-        for (int j = 0, row0 = 0; j < 2; row0 += len[j], j++) {
-            if (len[j] == 0) continue;
-            for (int kind = 0; kind < 2; kind++) {
-                struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, (kind ? c->v : c->k)[il], row0, len[j]), D,
-                                                 kvr_tag(il, kind ? KVR_TAG_V : KVR_TAG_K, STREAM_STEP + j));
-                t->src[1] = dep;
-                kvr_set_name(t, "blk.%d.%s_to_decode%d", il, kind ? "v" : "k", j);
-                t->why = "P/D: this layer's final K/V rows to the decode rank, while the prefill goes on";
-                add[il * 4 + n_add[il]++] = t;
-            }
-        }
-    }
-    sinks_after_layers(pc, add, n_add, after, n_layer);
-    free(add);
-    free(after);
-    free(n_add);
-}
-
-// Replication log (--replicate-dir): per layer, right after its rows are final, a node that hands
-// the rows this eval made on this rank (cache rows [row0, row0+n)) to the rank's log.
-static void add_log_nodes(struct pass_ctx * pc, struct kvr_graph * g, int row0, int n) {
-    struct kvr_kv_cache * c = pc->dr->cache;
-    const int n_layer = c->n_layer;
-    if (n == 0) return;
-    struct kvr_tensor ** add = calloc((size_t)n_layer * 4, sizeof(*add));
-    struct kvr_tensor ** after = calloc((size_t)n_layer, sizeof(*after));
-    int * n_add = calloc((size_t)n_layer, sizeof(int));
-    KVR_ASSERT(add && after && n_add);
-    for (int il = 0; il < n_layer; il++) {
-        struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], row0, n), PEER_LOG, kvr_tag(il, KVR_TAG_K, 0));
-        t->src[1] = cache_rows(pc, c->v[il], row0, n);
-        t->src[2] = after[il] = layer_final(pc, g, il);
-        kvr_set_name(t, "blk.%d.kv_log", il);
-        t->why = "replication log: the rows this rank made in this layer, to its log behind the compute";
-        add[il * 4 + n_add[il]++] = t;
-    }
-    sinks_after_layers(pc, add, n_add, after, n_layer);
-    free(add);
-    free(after);
-    free(n_add);
-}
-
-// The decode rank's part of a P/D prefill: a graph of receives only, each layer's K and V rows
-// straight into its cache at their positions, in the order the prefill ranks send them.
-static void receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g) {
-    struct eval_plan * pl = &d->plan;
-    struct kvr_kv_cache * c = dr->cache;
-    const bool ring = strategy_is_ring(pl->strat);
-    const int nc = 2 * pl->N;
-    for (int il = 0; il < c->n_layer; il++) {
-        for (int q = 0; q < (ring ? pl->N : 1); q++) {
-            for (int j = 0; j < (ring ? 2 : 1); j++) {
-                const int ch = j ? nc - 1 - q : q;
-                const int b = ring ? chunk_begin(pl->T, nc, ch) : 0, e = ring ? chunk_begin(pl->T, nc, ch + 1) : pl->T;
-                if (e == b) continue;
-                for (int kind = 0; kind < 2; kind++) {
-                    struct kvr_tensor * view = kvr_view_2d(ctx, (kind ? c->v : c->k)[il], c->kv_dim, e - b, c->k[il]->nb[1],
-                                                           (size_t)b * c->k[il]->nb[1]);
-                    struct kvr_tensor * t = kvr_recv(ctx, view, ring ? q : pl->owner, kvr_tag(il, kind ? KVR_TAG_V : KVR_TAG_K, STREAM_STEP + j));
-                    kvr_set_name(t, "blk.%d.%s_from_prefill%d", il, kind ? "v" : "k", ring ? q : pl->owner);
-                    t->why = "P/D: the decode rank's cache, layer by layer from the prefill";
-                    kvr_graph_expand(g, t);
-                }
-            }
-        }
     }
 }
 
@@ -2650,8 +1875,8 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
     struct pass_ctx * pc = user;
     pc->ctx  = a->ctx;
     pc->kpos = a->kpos;
-    if (pc->receiver) { // P/D's decode rank: its graph is the receives alone, built here
-        receive_graph(pc->d, pc->dr, a->ctx, a->g);
+    if (pc->receiver) { // P/D's decode rank: its graph is the receives alone
+        dejavu_receive_graph(pc->d, pc->dr, a->ctx, a->g);
         return;
     }
     if (pc->pl->strat == KVR_STRATEGY_SINGLE) {
@@ -2660,10 +1885,7 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
     } else {
         run_pass(pc, a->g);
     }
-    if (pc->dr->comm->stream || pc->pl->pd) add_stream_nodes(pc, a->g, pc->n_final);
-    if (pc->dr->comm->log) add_log_nodes(pc, a->g, pc->dr->made_row0, pc->dr->made);
-    add_replica_nodes(pc, a->g);
-    add_kill_node(pc, a->g); // last: it goes before everything else put after the layer's store
+    dejavu_rank_nodes(pc, a->g); // what streams, logs or replicates each layer's final rows
     // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
     // the whole model (a peer may be waiting for it to go on)
     a->sinks   = pc->sinks;
@@ -2678,9 +1900,7 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
     dr->rc = KVR_OK;
     dr->err[0] = 0;
     memset(&dr->comm->st, 0, sizeof(dr->comm->st));
-    dr->comm->stalled = false;
     dr->comm->timeout_peer = -1;
-    dr->comm->stall_layer = d->p.stall && r == d->p.stall_rank ? d->p.stall_layer : -1;
     // a P/D prefill's collectives are among the prefill ranks
     dr->comm->base.n_ranks = pl->pd ? pl->N : d->n_ranks;
     const bool receiver = pl->pd && r == d->n_ranks - 1;
@@ -2734,12 +1954,9 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .n_past     = n_old,
         .n_outputs  = !receiver && r == pl->owner ? 1 : 0,
         .attn_mode  = d->p.attn_mode,
-        // the plain single pass goes by the road's own (NULL), which may keep the decode graph;
-        // a prompt's rows go to the replication log by the log's nodes (rank_pass), a decoded
-        // token's after the eval (below), so that its graph is kept, and so do a replica's
-        // (--replicate); not on a rank the kill hook stops in this eval: the hook is a node of the pass
-        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dr->comm->stream && !pl->pd && !(dr->comm->log && c > 1)
-                      && !(dr->comm->replica_out && c > 1) && dr->comm->kill_layer < 0 ? NULL : rank_pass,
+        // the plain single pass goes by the road's own (NULL); a strategy, or nodes DejaVu adds
+        // after a layer's rows (dejavu_rank_nodes), need the rank's pass
+        .pass       = pl->strat == KVR_STRATEGY_SINGLE && !receiver && !dejavu_rank_wants_pass(d, dr, c) ? NULL : rank_pass,
         .pass_user  = &pc,
         .no_model   = receiver,
         .graph_size = n_layer * (64 + 24 * pl->N) + 256,
@@ -2748,26 +1965,10 @@ static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
         .name       = name,
         .compute    = &dr->buf,
         .logits     = dr->logits,
-        .reuse      = dr->reuse,
+        .reuse      = dr->reuse, // the road alone decides whether this eval may run it (eval_reusable)
     };
     int rc = kvr_eval_run(&ev);
-    if (rc == KVR_OK && dr->comm->replica_out && !ev.pass && dr->made > 0) {
-        replica_put_rows(dr->comm->replica_out, dr->be, dr->cache, dr->made_row0, dr->made);
-        dr->comm->st.replica_bytes += 2 * (int64_t)sizeof(float) * dr->cache->kv_dim * dr->made * n_layer;
-    }
-    if (rc == KVR_OK && dr->comm->log && !ev.pass && dr->made > 0) {
-        // one decoded token's rows, one small transfer per layer, to the log's writer
-        const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->made;
-        float * k = malloc(bytes), * v = malloc(bytes);
-        KVR_ASSERT(k && v);
-        for (int il = 0; il < n_layer && rc == KVR_OK; il++) {
-            kvr_kv_cache_get_rows(dr->be, dr->cache, il, dr->made_row0, dr->made, k, v);
-            rc = log_put_rows(dr->comm->log, dr->comm->log->step, il, dr->made, NULL, NULL, k, v, dr->cache->kv_dim);
-        }
-        free(k);
-        free(v);
-        if (rc != KVR_OK) dr->comm->tr->fail(dr->comm->tr, r, kvr_last_error());
-    }
+    if (rc == KVR_OK) rc = dejavu_rank_done(dr, &ev); // a decode token's rows, which no node handed on
     if (graph_out) fclose(graph_out);
     free(pc.sinks);
     free(toks);
@@ -2822,6 +2023,1660 @@ static void * rank_thread(void * arg) {
 }
 
 //
+// the driver
+//
+
+#ifdef KVR_MPI
+// MPI started once per process (it cannot be started twice: it ends with the process, not the
+// dist); d->n_ranks and *my_rank from MPI_COMM_WORLD; the MPI transport
+static struct transport * mpi_start(struct kvr_dist * d, int * my_rank) {
+    int inited = 0, provided = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+        atexit(mpi_finalize);
+    }
+    MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
+    MPI_Comm_rank(MPI_COMM_WORLD, my_rank);
+    void * ub = NULL;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    if (flag && *(int *)ub < kvr_tag((int)d->m->hp.n_layer, KVR_TAG_KIND_COUNT, 255)) {
+        kvr_error(KVR_ERR_UNSUPP, "MPI_TAG_UB %d is too small for %u layers", *(int *)ub, d->m->hp.n_layer);
+        return NULL;
+    }
+    struct transport * t = calloc(1, sizeof(*t));
+    KVR_ASSERT(t != NULL);
+    *t = (struct transport) { .isend = mpi_isend, .irecv = mpi_irecv, .wait = mpi_wait, .fail = mpi_fail, .cancel = mpi_cancel,
+                              .idle = mpi_idle, .free = mpi_free, .n_ranks = d->n_ranks, .early_recv = true };
+    return t;
+}
+#endif
+
+#ifdef KVR_NCCL
+// The NCCL ranks of this process. Started by mpirun (OpenMPI, MPICH's Hydra, PMIx): one rank, on
+// the GPU of its index among the node's processes, the unique id from rank 0 over MPI. Else this
+// process drives n_ranks GPUs, rank i on device i.
+static int nccl_start(struct kvr_dist * d, int * my_rank) {
+    int n_dev = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n_dev);
+    char no_dev[256] = "";
+    if (e != cudaSuccess || n_dev == 0) {
+        snprintf(no_dev, sizeof(no_dev), "--comm nccl: no CUDA device (cudaGetDeviceCount: %s): every NCCL rank needs a GPU",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    const bool under_mpirun = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+    if (under_mpirun) {
+#ifdef KVR_MPI
+        d->host_tr = mpi_start(d, my_rank);
+        if (!d->host_tr) return KVR_ERR_UNSUPP;
+        MPI_Comm node;
+        int local = 0, n_node = 1;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *my_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+        MPI_Comm_size(node, &n_node);
+        MPI_Comm_free(&node);
+        // every process takes part in the broadcast, even one that cannot go on: the others
+        // then fail in the communicator's initialisation, within the timeout
+        struct { int ok; ncclUniqueId id; } boot;
+        memset(&boot, 0, sizeof(boot));
+        if (*my_rank == 0) boot.ok = ncclGetUniqueId(&boot.id) == ncclSuccess;
+        MPI_Bcast(&boot, (int)sizeof(boot), MPI_BYTE, 0, MPI_COMM_WORLD);
+        if (!boot.ok) return kvr_error(KVR_ERR_COMM, "rank %d: rank 0 could not make the NCCL unique id (NCCL_DEBUG=INFO tells why)", *my_rank);
+        if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "rank %d: %s", *my_rank, no_dev);
+        if (local >= n_dev) {
+            return kvr_error(KVR_ERR_DEVICE, "rank %d: --comm nccl: %d processes on this node, but %d GPUs (one process per GPU)",
+                             *my_rank, n_node, n_dev);
+        }
+        d->n_local = 1;
+        d->tr = nccl_new(d->n_ranks, *my_rank, 1, &local, boot.id, true, d->p.timeout_s);
+        return d->tr ? KVR_OK : KVR_ERR_COMM;
+#else
+        return kvr_error(KVR_ERR_UNSUPP, "--comm nccl under mpirun needs a build with MPI as well (make KVR_CUDA=1 KVR_MPI=1)");
+#endif
+    }
+    if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "%s", no_dev);
+    const int n = d->p.n_ranks > 0 ? d->p.n_ranks : 1;
+    if (d->p.device < 0 || d->p.device + n > n_dev) {
+        return kvr_error(KVR_ERR_DEVICE, "--comm nccl: %d ranks from GPU %d need GPUs %d..%d; this machine has %d", n, d->p.device,
+                         d->p.device, d->p.device + n - 1, n_dev);
+    }
+    if (n > 256) return kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", n);
+    int devices[256];
+    for (int i = 0; i < n; i++) devices[i] = d->p.device + i;
+    ncclUniqueId id;
+    const ncclResult_t e2 = ncclGetUniqueId(&id);
+    if (e2 != ncclSuccess) return kvr_error(KVR_ERR_COMM, "--comm nccl: ncclGetUniqueId failed: %s", ncclGetErrorString(e2));
+    d->n_ranks = d->n_local = n;
+    *my_rank = 0;
+    d->tr = nccl_new(n, 0, n, devices, id, false, d->p.timeout_s);
+    return d->tr ? KVR_OK : KVR_ERR_COMM;
+}
+#endif
+
+struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p) {
+    static const struct kvr_dist_params defaults = { 0 }; // one local rank on the CPU, the single pass
+    if (!p) p = &defaults;
+    struct kvr_dist * d = calloc(1, sizeof(*d));
+    KVR_ASSERT(d != NULL);
+    d->m = m;
+    d->p = *p;
+    d->t_base = kvr_time_ms();
+    if (d->p.timeout_s <= 0) d->p.timeout_s = 60.0;
+    if ((unsigned)p->strategy >= KVR_STRATEGY_COUNT) {
+        kvr_error(KVR_ERR_ARG, "unknown strategy %d", (int)p->strategy);
+        free(d);
+        return NULL;
+    }
+    d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
+    int my_rank = 0;
+    if (p->comm == KVR_COMM_MPI) {
+#ifdef KVR_MPI
+        d->tr = d->host_tr = mpi_start(d, &my_rank);
+        if (!d->tr) {
+            free(d);
+            return NULL;
+        }
+        d->n_local = 1;
+#else
+        kvr_error(KVR_ERR_UNSUPP, "this build has no MPI transport (build with make KVR_MPI=1)");
+        free(d);
+        return NULL;
+#endif
+    } else if (p->comm == KVR_COMM_NCCL) {
+#ifdef KVR_NCCL
+        if (nccl_start(d, &my_rank) != KVR_OK) {
+            if (d->host_tr) d->host_tr->free(d->host_tr);
+            free(d);
+            return NULL;
+        }
+#else
+        kvr_error(KVR_ERR_UNSUPP, "this build has no NCCL transport (build with make KVR_CUDA=1)");
+        free(d);
+        return NULL;
+#endif
+    } else {
+        d->n_ranks = p->n_ranks > 0 ? p->n_ranks : 1;
+        d->n_local = d->n_ranks;
+        if (p->link_noise > 1.0 && p->link_gbps <= 0) {
+            kvr_error(KVR_ERR_ARG, "a noisy link (%g times slower) needs an emulated bandwidth (link_gbps)", p->link_noise);
+            free(d);
+            return NULL;
+        }
+        d->tr = local_new(d->n_ranks, p->link_gbps, p->link_latency_us, p->link_noise, p->link_seed);
+    }
+    if (d->n_ranks <= 256 && p->pd && (d->n_ranks < 2 || p->decode_rank != d->n_ranks - 1 || p->kv_stream)) {
+        kvr_error(KVR_ERR_ARG, d->n_ranks < 2 ? "prefill/decode disaggregation needs 2 ranks or more, not %d" :
+                  p->kv_stream ? "prefill/decode disaggregation streams to the decode rank, not to a file (%d ranks)" :
+                  "the decode rank must be the last of the %d ranks", d->n_ranks);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
+    if (d->n_ranks > 256) {
+        kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", d->n_ranks);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
+    if (dejavu_new(d) != KVR_OK) { // --replicate and the kill hook's points, checked against this dist
+        if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : (int)(m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
+    if (n_ctx <= 0) n_ctx = 2048;
+    d->n_ctx = n_ctx;
+    int n_threads = p->n_threads;
+    if (n_threads <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = (int)(cores > 0 ? cores : 1) / (p->comm == KVR_COMM_LOCAL ? d->n_ranks : 1);
+        if (n_threads < 1) n_threads = 1;
+    }
+    d->rows = calloc((size_t)d->n_ranks, sizeof(int));
+    d->ranks = calloc((size_t)d->n_local, sizeof(struct dist_rank));
+    d->logits = calloc(m->hp.n_vocab, sizeof(float));
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        dr->rank = dr->id = my_rank + i; // local: 0 + i; one rank a process: the process's
+        int device = p->device + dr->rank;
+#ifdef KVR_NCCL
+        if (p->comm == KVR_COMM_NCCL) device = nccl_rank_of(d->tr, dr->rank)->device; // its node's GPU
+#endif
+        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = device,
+                                               .q8_activations = p->q8_activations, .vec_dot_order = p->vec_dot_order,
+                                               .trace = p->trace };
+        dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
+        dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
+        dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx, dr->be) : NULL;
+        if (!dr->cache) {
+            kvr_dist_free(d);
+            return NULL;
+        }
+        dr->cache_pos = calloc((size_t)n_ctx, sizeof(int32_t));
+#ifdef KVR_NCCL
+        if (p->comm == KVR_COMM_NCCL) { // NCCL moves device memory: the rank's transfers follow its compute stream
+            void * stream = kvr_backend_cuda_stream(dr->be);
+            if (!stream) {
+                kvr_error(KVR_ERR_ARG, "--comm nccl moves GPU memory: it needs the CUDA backend (--backend cuda)");
+                kvr_dist_free(d);
+                return NULL;
+            }
+            nccl_set_compute(d->tr, dr->rank, stream);
+        }
+#endif
+        dr->comm = rank_comm_new(d->tr, dr->rank, d->n_ranks, d->p.timeout_s);
+        dr->comm->base.device_ptrs = p->comm == KVR_COMM_NCCL; // NCCL moves device memory itself: nothing staged
+        dr->comm->dv.own_process = d->host_tr != NULL; // one rank a process (MPI, NCCL under mpirun)
+        kvr_backend_set_comm(dr->be, &dr->comm->base);
+        dr->logits = calloc(m->hp.n_vocab, sizeof(float));
+        dr->reuse = kvr_eval_reuse_new();
+    }
+    d->last = p->strategy;
+    return d;
+}
+
+static void swap_drop(struct kvr_dist * d);
+
+void kvr_dist_free(struct kvr_dist * d) {
+    if (!d) return;
+    swap_drop(d);
+    dejavu_free(d);
+    for (int i = 0; i < d->n_local; i++) dist_rank_free(&d->ranks[i]);
+    free(d->ranks);
+    free(d->rows);
+    free(d->logits);
+    free(d->seq);
+    plan_free(&d->plan);
+    if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
+    if (d->tr) d->tr->free(d->tr);
+    free(d);
+}
+
+void kvr_dist_reset(struct kvr_dist * d) {
+    d->n_past = 0;
+    d->has_logits = false;
+    d->n_decode = 0;
+    for (int r = 0; r < d->n_ranks; r++) d->rows[r] = 0;
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = 0;
+    dejavu_reset(d);
+}
+
+int kvr_dist_rank(const struct kvr_dist * d) { return d->ranks[0].rank; }
+int kvr_dist_n_ranks(const struct kvr_dist * d) { return d->n_ranks; }
+int kvr_dist_n_past(const struct kvr_dist * d) { return d->n_past; }
+int kvr_dist_n_ctx(const struct kvr_dist * d) { return d->n_ctx; }
+
+struct kvr_backend * kvr_dist_backend(const struct kvr_dist * d, int rank) {
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank == rank) return d->ranks[i].be;
+    }
+    return NULL;
+}
+enum kvr_strategy kvr_dist_last_strategy(const struct kvr_dist * d) { return d->last; }
+
+int kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int cap) {
+    int n = 0;
+    for (int i = 0; i < d->n_local && n < cap; i++) {
+        if (!d->plan.active[d->ranks[i].rank]) continue;
+        out[n++] = d->ranks[i].comm->st;
+    }
+    return n;
+}
+
+const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank) {
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank == rank) return d->ranks[i].comm->sched.nodes ? &d->ranks[i].comm->sched : NULL;
+    }
+    return NULL;
+}
+
+int kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos, const struct kvr_kv_cache ** cache) {
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank != rank) continue;
+        *pos = d->ranks[i].cache_pos;
+        *cache = d->ranks[i].cache;
+        return d->ranks[i].n_rows;
+    }
+    return -1;
+}
+
+static void seq_reserve(struct kvr_dist * d, int n) {
+    if (n <= d->seq_cap) return;
+    d->seq_cap = n > 2 * d->seq_cap ? n : 2 * d->seq_cap;
+    d->seq = realloc(d->seq, sizeof(int32_t) * (size_t)d->seq_cap);
+    KVR_ASSERT(d->seq != NULL);
+}
+
+static const float * dist_eval_once(struct kvr_dist * d, const int32_t * tokens, int n) {
+    const struct kvr_model * m = d->m;
+    if (n <= 0) {
+        kvr_error(KVR_ERR_ARG, "eval: no tokens");
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+            kvr_error(KVR_ERR_ARG, "eval: token %d at index %d is outside the vocabulary of %u", tokens[i], i, m->hp.n_vocab);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].lost) {
+            kvr_error(KVR_ERR_COMM, "rank %d was lost in an earlier eval (%s); nothing was recovered", d->ranks[i].rank,
+                      d->ranks[i].comm->dv.kill_what);
+            return NULL;
+        }
+    }
+    if (plan_eval(d, n) != KVR_OK) return NULL;
+    struct eval_plan * pl = &d->plan;
+    d->tokens = tokens;
+    d->last = pl->strat;
+    if (d->p.comm == KVR_COMM_LOCAL) local_reset(d->tr);
+    if (dejavu_eval_begin(d, tokens, n) != KVR_OK) return NULL;
+
+    // local: one thread per active rank; MPI: this process's rank, if active
+    pthread_t th[256];
+    void * args[256][2];
+    bool started[256] = { false };
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        dr->rc = KVR_OK;
+        if (!pl->active[dr->rank]) {
+            kvr_schedule_free(&dr->comm->sched); // it ran nothing this eval
+            continue;
+        }
+        if (d->n_local == 1) {
+            rank_eval(d, dr);
+            continue;
+        }
+        args[i][0] = d;
+        args[i][1] = dr;
+        if (pthread_create(&th[i], NULL, rank_thread, args[i]) != 0) {
+            dr->rc = kvr_error(KVR_ERR_NOMEM, "cannot start the thread of rank %d", dr->rank);
+            snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
+            d->tr->fail(d->tr, dr->rank, dr->err);
+            continue;
+        }
+        started[i] = true;
+    }
+    for (int i = 0; i < d->n_local; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+    }
+    bool all_ok = true;
+    for (int i = 0; i < d->n_local; i++) all_ok &= d->ranks[i].rc == KVR_OK;
+    dejavu_ranks_joined(d, all_ok);
+    if (d->p.graph_out) {
+        for (int i = 0; i < d->n_local; i++) {
+            struct dist_rank * dr = &d->ranks[i];
+            if (dr->graph_text) fwrite(dr->graph_text, 1, dr->graph_len, d->p.graph_out);
+            free(dr->graph_text);
+            dr->graph_text = NULL;
+        }
+        d->p.graph_out = NULL;
+    }
+    // report the root cause: a timeout on a peer that did not time out itself (it was lost or
+    // stalled) beats a timeout on a peer that was waiting too, which beats the echo of another
+    // rank's failure; a rank that the test hook stopped speaks last. Among timeouts of one kind,
+    // the earliest layer names where the peer stopped (a later one was only queued behind it),
+    // and a receive that never came beats a send that was never taken.
+    const char * err = NULL;
+    int rc = KVR_OK, best = -1, best_layer = INT_MAX;
+    bool best_send = true;
+    for (int i = 0; i < d->n_local; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        if (dr->rc == KVR_OK) continue;
+        int score = 1;
+        const int peer = dr->comm->dv.killed ? -1 : dr->comm->timeout_peer;
+        if (dr->comm->dv.killed) {
+            score = 0;
+        } else if (peer >= 0) {
+            bool peer_timed_out = false;
+            for (int j = 0; j < d->n_local; j++) {
+                if (d->ranks[j].rank == peer) peer_timed_out = d->ranks[j].comm->timeout_peer >= 0;
+            }
+            score = peer_timed_out ? 3 : 4;
+        } else if (strstr(dr->err, "aborted:")) {
+            score = 2;
+        } else if (dr->comm->dv.stalled) {
+            score = 0;
+        }
+        const int layer = peer >= 0 ? kvr_tag_layer(dr->comm->timeout_tag) : INT_MAX;
+        const bool send = peer >= 0 && dr->comm->timeout_send;
+        if (score > best || (score == best && (layer < best_layer || (layer == best_layer && best_send && !send)))) {
+            best = score;
+            best_layer = layer;
+            best_send = send;
+            err = dr->err;
+            rc = dr->rc;
+        }
+    }
+    if (rc != KVR_OK) {
+        kvr_error(rc, "%s", err);
+        dejavu_eval_end(d, rc);
+        return NULL;
+    }
+    // logits: local ranks share memory; MPI ranks get them from the owner
+    const float * logits = NULL;
+    for (int i = 0; i < d->n_local; i++) {
+        if (d->ranks[i].rank == pl->owner) logits = d->ranks[i].logits;
+    }
+#ifdef KVR_MPI
+    if (d->host_tr) { // ranks in several processes: the owner sends its logits to every other one
+        struct transport * ht = d->host_tr;
+        const int me = d->ranks[0].rank;
+        const size_t bytes = sizeof(float) * m->hp.n_vocab;
+        const int tag = kvr_tag(0, KVR_TAG_LOGITS, 0);
+        // a receiver may wait while the owner computes a long prefill alone: ten timeouts
+        const double t0 = kvr_time_ms(), limit = me == pl->owner ? d->p.timeout_s : 10 * d->p.timeout_s;
+        struct tr_req * reqs = calloc((size_t)d->n_ranks, sizeof(*reqs));
+        KVR_ASSERT(reqs != NULL);
+        int rc2 = KVR_OK, n_req = 0;
+        for (int q = 0; q < d->n_ranks && rc2 == KVR_OK; q++) {
+            const bool send = me == pl->owner;
+            if (q == me || (!send && q != pl->owner)) continue;
+            struct tr_req * r = &reqs[n_req++];
+            *r = (struct tr_req) { .buf = send ? (void *)logits : d->logits, .n = bytes, .me = me, .peer = q, .tag = tag,
+                                   .is_send = send, .seq = -1 };
+            rc2 = send ? ht->isend(ht, r) : ht->irecv(ht, r);
+        }
+        for (int i = 0; i < n_req && rc2 == KVR_OK; i++) rc2 = ht->wait(ht, &reqs[i], t0 + 1e3 * limit, limit);
+        if (me == pl->owner) d->ranks[0].comm->st.bytes_sent += (int64_t)bytes * (d->n_ranks - 1);
+        d->ranks[0].comm->st.wait_ms += kvr_time_ms() - t0;
+        free(reqs);
+        if (me != pl->owner) logits = d->logits;
+        if (rc2 != KVR_OK) {
+            ht->fail(ht, me, kvr_last_error());
+            dejavu_eval_end(d, rc2);
+            return NULL;
+        }
+    }
+#endif
+    KVR_ASSERT(logits != NULL);
+    if (logits != d->logits) memcpy(d->logits, logits, sizeof(float) * m->hp.n_vocab);
+    if (dejavu_eval_end(d, KVR_OK) != KVR_OK) return NULL;
+    // every process keeps every rank's row count (the ring needs the block sizes)
+    for (int r = 0; r < d->n_ranks; r++) {
+        if (pl->pd) { // the decode rank holds the whole cache; the prefill ranks' rows are never read again
+            d->rows[r] = r == d->n_ranks - 1 ? n : 0;
+        } else if (pl->strat == KVR_STRATEGY_TSP || (pl->strat == KVR_STRATEGY_KVR)) {
+            int e = 0;
+            for (int q = 0; q <= r; q++) e += pl->cnt[q];
+            d->rows[r] = pl->strat == KVR_STRATEGY_TSP ? pl->T : e;
+        } else if (pl->strat == KVR_STRATEGY_SINGLE) {
+            if (r == d->n_ranks - 1) d->rows[r] += n;
+        } else if (pl->store >= 0) {
+            if (r == pl->store) d->rows[r] += 1;
+        } else {
+            d->rows[r] += pl->cnt[r];
+        }
+    }
+    if (pl->store >= 0) d->n_decode++;
+    seq_reserve(d, d->n_past + n);
+    memcpy(d->seq + d->n_past, tokens, sizeof(int32_t) * (size_t)n);
+    d->n_past += n;
+    d->has_logits = true;
+    if (dejavu_eval_commit(d, tokens, n) != KVR_OK) return NULL;
+    return d->logits;
+}
+
+// One eval; with --replicate, a rank lost in it is recovered from (dejavu_failover) and the eval
+// runs again on the survivors, as often as ranks are lost and recovery is possible.
+const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
+    if (d->swap.out) {
+        kvr_error(KVR_ERR_ARG, "eval: the cache is swapped out (kvr_dist_kv_swap_in first)");
+        return NULL;
+    }
+    double t_lost = -1.0; // when a rank was lost in this eval (-1: none yet)
+    const float * lg;
+    do {
+        lg = dist_eval_once(d, tokens, n);
+    } while (dejavu_failover(d, lg, n, &t_lost));
+    return lg;
+}
+
+//
+// DejaVu: the cache beyond the prefill (DESIGN.md, "KV streaming and failover"): streamed while it
+// is made (to a file, or to the decode rank: P/D), appended to per-rank replication logs, kept as
+// replicas on the ring successor, recovered from after a rank is lost, saved, restored and resumed;
+// and the test hooks that lose or stall a rank (KVR_TEST_KILL, the stall hook). None of it is on
+// the prefill road: it enters through these hooks, called at fixed points of the road, each a
+// no-op when nothing of it is enabled (their section, "the hooks", follows DejaVu's parts):
+//
+//   dist_eval_once  dejavu_eval_begin   before the ranks start: arm the hooks, open streams and logs
+//   rank_eval       dejavu_rank_wants_pass  whether the single pass needs the rank's pass (nodes)
+//   rank_pass       dejavu_rank_nodes   the nodes that take each layer's final rows (P/D's
+//                   dejavu_receive_graph    decode rank: its whole graph)
+//   comm_exec       dejavu_comm_exec    those nodes run: rows to the stream, the log, the replica
+//                   comm_stall          the stall hook, before a rank's transfer
+//   rank_eval       dejavu_rank_done    after the eval: a decode token's rows, which no node took
+//   dist_eval_once  dejavu_ranks_joined the ranks are back: lost ranks, replicas' chunks
+//                   dejavu_eval_end     the stream is finished (or dropped), a lost rank named
+//                   dejavu_eval_commit  the eval counts: the logs' commits
+//   kvr_dist_eval   dejavu_failover     a lost rank: recover and run the eval again (--replicate)
+//   kvr_dist_new, _free, _reset: dejavu_new (its parameters checked), dejavu_free, dejavu_reset
+//
+
+//
+// streaming a prefill's cache to a file while it runs (DejaVu's layer-by-layer streaming): a
+// rank's stream node of layer il runs right after that layer's rows are final, copies them out
+// in one buffer per K and V (buffered copies: one transfer per layer, not one per row) and hands
+// them to a writer thread, which writes the file in order behind the compute of the next layers
+//
+
+struct kv_stream {
+    struct kvr_kv_writer * w;
+    int              n_layer, n_shards;
+    int              shard_of[256];  // rank -> its shard in the file (-1: streams nothing)
+    float         ** k;              // [il * n_shards + shard]: rows handed over, not written yet
+    float         ** v;
+    int              next;           // the next (il * n_shards + shard) to write
+    bool             stop;           // the eval failed: write nothing more
+    int              rc;
+    char             err[1024];
+    int64_t          bytes;
+    double           timeout_s;
+    pthread_t        th;
+    pthread_mutex_t  mu;
+    pthread_cond_t   cv;
+};
+
+static void * stream_thread(void * arg) {
+    struct kv_stream * st = arg;
+    const int total = st->n_layer * st->n_shards;
+    pthread_mutex_lock(&st->mu);
+    while (st->next < total && !st->stop) {
+        const int i = st->next;
+        if (!st->k[i]) {
+            // the ranks hand layers over as they compute; a lost rank ends the eval, which stops us
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&st->mu);
+        const int rc = kvr_kv_writer_layer(st->w, i / st->n_shards, i % st->n_shards, st->k[i], st->v[i]);
+        pthread_mutex_lock(&st->mu);
+        free(st->k[i]);
+        free(st->v[i]);
+        st->k[i] = st->v[i] = NULL;
+        st->next++;
+        if (rc != KVR_OK) {
+            st->rc = rc;
+            snprintf(st->err, sizeof(st->err), "%s", kvr_last_error());
+            st->stop = true;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+// open the file and start the writer; lay names the shards (their ranks in shard_of)
+static int stream_open(struct kv_stream ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_layout * lay,
+                       const int * shard_ranks, double timeout_s) {
+    struct kv_stream * st = calloc(1, sizeof(*st));
+    KVR_ASSERT(st != NULL);
+    int rc = kvr_kv_writer_open(&st->w, path, m, lay);
+    if (rc != KVR_OK) {
+        free(st);
+        return rc;
+    }
+    st->n_layer = (int)m->hp.n_layer;
+    st->n_shards = lay->n_shards;
+    st->timeout_s = timeout_s;
+    for (int r = 0; r < 256; r++) st->shard_of[r] = -1;
+    for (int s = 0; s < lay->n_shards; s++) st->shard_of[shard_ranks[s]] = s;
+    st->k = calloc((size_t)st->n_layer * st->n_shards, sizeof(float *));
+    st->v = calloc((size_t)st->n_layer * st->n_shards, sizeof(float *));
+    KVR_ASSERT(st->k && st->v);
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    if (pthread_create(&st->th, NULL, stream_thread, st) != 0) {
+        kvr_kv_writer_abort(st->w);
+        free(st->k);
+        free(st->v);
+        free(st);
+        return kvr_error(KVR_ERR_NOMEM, "%s: cannot start the stream's writer thread", path);
+    }
+    *out = st;
+    return KVR_OK;
+}
+
+// a rank's rows of layer il (k and v: views of its cache) into the stream
+static int stream_put(struct kv_stream * st, int rank, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
+    const int s = st->shard_of[rank];
+    KVR_ASSERT(s >= 0 && il >= 0 && il < st->n_layer);
+    const size_t nb = kvr_nbytes(k);
+    float * kb = malloc(nb ? nb : 1), * vb = malloc(nb ? nb : 1);
+    if (!kb || !vb) {
+        free(kb);
+        free(vb);
+        return kvr_error(KVR_ERR_NOMEM, "stream: cannot buffer %zu KiB of layer %d", nb >> 9, il);
+    }
+    kvr_backend_tensor_get(k, kb, 0, nb); // through the backend: the cache may be device memory
+    kvr_backend_tensor_get(v, vb, 0, nb);
+    pthread_mutex_lock(&st->mu);
+    st->k[il * st->n_shards + s] = kb;
+    st->v[il * st->n_shards + s] = vb;
+    st->bytes += 2 * (int64_t)nb;
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    return KVR_OK;
+}
+
+// the eval's end: ok, wait for the writer and finish the file with the logits; else drop it
+static int stream_close(struct kv_stream * st, bool ok, const float * logits) {
+    pthread_mutex_lock(&st->mu);
+    if (!ok) st->stop = true;
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    pthread_join(st->th, NULL);
+    int rc = st->rc;
+    if (rc != KVR_OK) kvr_error(rc, "%s", st->err);
+    if (ok && rc == KVR_OK) {
+        KVR_ASSERT(st->next == st->n_layer * st->n_shards);
+        rc = kvr_kv_writer_close(st->w, logits);
+    } else {
+        kvr_kv_writer_abort(st->w);
+    }
+    for (int i = 0; i < st->n_layer * st->n_shards; i++) {
+        free(st->k[i]);
+        free(st->v[i]);
+    }
+    free(st->k);
+    free(st->v);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cv);
+    free(st);
+    return rc;
+}
+
+// The stream of a first prefill: the file kvr_dist_kv_save would write after it (the chain's
+// last rank's whole cache, or every ring shard gathered, or under MPI this rank's PATH.R)
+static int stream_start(struct kvr_dist * d, const int32_t * tokens, int n, struct kv_stream ** out) {
+    const struct eval_plan * pl = &d->plan;
+    const bool ring = strategy_is_ring(pl->strat);
+    struct kvr_kv_shard sh[256];
+    int shard_ranks[256], n_sh = 0;
+    int32_t * seq = malloc(sizeof(int32_t) * (size_t)n);
+    KVR_ASSERT(seq != NULL);
+    for (int i = 0; i < n; i++) seq[i] = i;
+    for (int i = 0; i < d->n_local; i++) {
+        const int r = d->ranks[i].rank;
+        if (ring) {
+            sh[n_sh] = (struct kvr_kv_shard) { .rank = r, .n_rows = pl->cnt[r], .pos = pl->pos[r] };
+            shard_ranks[n_sh++] = r;
+        } else if (r == pl->owner) {
+            sh[n_sh] = (struct kvr_kv_shard) { .rank = 0, .n_rows = n, .pos = seq };
+            shard_ranks[n_sh++] = r;
+        }
+    }
+    int rc = KVR_OK;
+    if (n_sh > 0) {
+        const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
+                                           .shards = sh, .logits = true };
+        char p[4096];
+        if (ring && n_sh != d->n_ranks) kvr_dist_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
+        else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
+        rc = stream_open(out, p, d->m, &lay, shard_ranks, d->p.timeout_s);
+    }
+    free(seq);
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->dv.stream = rc == KVR_OK ? *out : NULL;
+    return rc;
+}
+
+//
+// the replication log's format (kvr.h, "Replication logs"): the writer appends one record a call
+// with one writev(2), so a process killed at any instant leaves whole records and at most one cut
+// short; the reader keeps the acknowledged steps and says where and why the rest was left. The
+// header's bytes 16..64 are the cache file's model fingerprint (kvr.c writes and checks them).
+//
+
+static void * must_malloc(size_t n) {
+    void * p = malloc(n ? n : 1);
+    KVR_ASSERT(p != NULL && "out of memory");
+    return p;
+}
+
+static void * must_calloc(size_t n, size_t sz) {
+    void * p = calloc(n ? n : 1, sz ? sz : 1);
+    KVR_ASSERT(p != NULL && "out of memory");
+    return p;
+}
+
+static void put_u32(uint8_t * p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get_u32(const uint8_t * p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+#define KVL_OFF_RANK   64
+#define KVL_OFF_RANKS  68
+#define KVL_OFF_STRAT  72
+#define KVL_OFF_PROMPT 76
+#define KVL_OFF_CRC    92
+
+struct kvr_kv_log {
+    int       fd;
+    char    * path;
+    int       n_layer, kv_dim;
+    uint32_t  crc;        // the chain: the last record's CRC
+    int64_t   bytes;
+    int       rc;         // the first write error, kept
+};
+
+// all of iov to fd, resuming after short writes and signals
+static int kvl_writev(struct kvr_kv_log * w, struct iovec * iov, int n) {
+    if (w->rc != KVR_OK) return w->rc;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += (int64_t)iov[i].iov_len;
+    while (n > 0) {
+        const ssize_t got = writev(w->fd, iov, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            w->rc = kvr_error(KVR_ERR_IO, "%s: cannot append to the replication log at offset %lld: %s", w->path,
+                              (long long)w->bytes, got < 0 ? strerror(errno) : "nothing written");
+            return w->rc;
+        }
+        size_t left = (size_t)got;
+        while (n > 0 && left >= iov[0].iov_len) {
+            left -= iov[0].iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov[0].iov_base = (uint8_t *)iov[0].iov_base + left;
+            iov[0].iov_len -= left;
+        }
+    }
+    w->bytes += total;
+    return KVR_OK;
+}
+
+static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, int flags) {
+    *out = NULL;
+    // as the cache writer: only a regular file, or nothing yet, may be the destination
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        return kvr_error(KVR_ERR_ARG, "%s: not a regular file: a replication log is a file of its own", path);
+    }
+    const int fd = open(path, flags | O_CLOEXEC, 0644);
+    if (fd < 0) return kvr_error(KVR_ERR_IO, "%s: cannot write the replication log: %s", path, strerror(errno));
+    struct kvr_kv_log * w = must_calloc(1, sizeof(*w));
+    w->fd = fd;
+    w->path = strdup(path);
+    w->n_layer = (int)m->hp.n_layer;
+    w->kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    *out = w;
+    return KVR_OK;
+}
+
+// the directory entry of a new file is durable only once its directory is synced
+static void kvl_sync_dir(const char * path) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char * slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof(dir), ".");
+    const int fd = open(dir, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_head * h) {
+    *out = NULL;
+    if (h->n_ranks < 1 || h->n_ranks > 256 || h->rank < 0 || h->rank >= h->n_ranks || h->n_prompt < 0 || h->n_prompt > (1 << 24) ||
+        h->strategy < 0 || h->strategy >= KVR_STRATEGY_COUNT || (h->flags & ~(uint32_t)KVR_KV_LOG_BASE)) {
+        return kvr_error(KVR_ERR_ARG, "%s: a log of rank %d of %d ranks, strategy %d, %d prompt tokens cannot be written", path,
+                         h->rank, h->n_ranks, h->strategy, h->n_prompt);
+    }
+    struct kvr_kv_log * w;
+    int rc = kvl_open(&w, path, m, O_WRONLY | O_CREAT | O_TRUNC);
+    if (rc != KVR_OK) return rc;
+    uint8_t hd[KVR_KV_LOG_HEADER] = { 0 };
+    memcpy(hd, "KVRKVLOG", 8);
+    put_u32(hd + 8, KVR_KV_LOG_VERSION);
+    put_u32(hd + 12, h->flags);
+    kvr_kv_fingerprint_put(m, hd);
+    put_u32(hd + KVL_OFF_RANK, (uint32_t)h->rank);
+    put_u32(hd + KVL_OFF_RANKS, (uint32_t)h->n_ranks);
+    put_u32(hd + KVL_OFF_STRAT, (uint32_t)h->strategy);
+    put_u32(hd + KVL_OFF_PROMPT, (uint32_t)h->n_prompt);
+    put_u32(hd + KVL_OFF_CRC, kvr_crc32c(0, hd, KVL_OFF_CRC));
+    uint8_t * tok = must_malloc(4 * (size_t)h->n_prompt + 4);
+    for (int i = 0; i < h->n_prompt; i++) put_u32(tok + 4 * i, (uint32_t)h->prompt[i]);
+    w->crc = kvr_crc32c(0, tok, 4 * (size_t)h->n_prompt);
+    put_u32(tok + 4 * h->n_prompt, w->crc);
+    struct iovec iov[2] = { { hd, sizeof(hd) }, { tok, 4 * (size_t)h->n_prompt + 4 } };
+    rc = kvl_writev(w, iov, 2);
+    free(tok);
+    if (rc == KVR_OK) kvl_sync_dir(path);
+    if (rc != KVR_OK) {
+        kvr_kv_log_close(w);
+        return rc;
+    }
+    *out = w;
+    return KVR_OK;
+}
+
+int kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_data * d) {
+    struct kvr_kv_log * w;
+    int rc = kvl_open(&w, path, m, O_WRONLY);
+    if (rc != KVR_OK) return rc;
+    // what follows the acknowledged prefix (a step cut short, damage) goes; the new steps follow it
+    if (ftruncate(w->fd, (off_t)d->good) != 0 || lseek(w->fd, (off_t)d->good, SEEK_SET) != (off_t)d->good) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot cut the replication log back to offset %lld: %s", path, (long long)d->good, strerror(errno));
+        kvr_kv_log_close(w);
+        *out = NULL;
+        return rc;
+    }
+    w->crc = d->good_crc;
+    w->bytes = d->good;
+    *out = w;
+    return KVR_OK;
+}
+
+int kvr_kv_log_rows(struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v) {
+    KVR_ASSERT(step >= 0 && il >= 0 && il < w->n_layer && n_rows > 0);
+    uint8_t hd[16], tail[4];
+    put_u32(hd, KVR_KV_LOG_ROWS);
+    put_u32(hd + 4, (uint32_t)step);
+    put_u32(hd + 8, (uint32_t)il);
+    put_u32(hd + 12, (uint32_t)n_rows);
+    const size_t nb = sizeof(float) * (size_t)w->kv_dim * (size_t)n_rows;
+    const uint32_t crc = kvr_crc32c(kvr_crc32c(kvr_crc32c(w->crc, hd, sizeof(hd)), k, nb), v, nb);
+    put_u32(tail, crc);
+    struct iovec iov[4] = { { hd, sizeof(hd) }, { (void *)k, nb }, { (void *)v, nb }, { tail, 4 } };
+    const int rc = kvl_writev(w, iov, 4);
+    if (rc == KVR_OK) w->crc = crc;
+    return rc;
+}
+
+int kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens, const int32_t * pos, int n_rows) {
+    KVR_ASSERT(step >= 0 && n_tokens >= 0 && n_rows >= 0);
+    const size_t n = 16 + 4 * ((size_t)n_tokens + (size_t)n_rows) + 4;
+    uint8_t * b = must_malloc(n);
+    put_u32(b, KVR_KV_LOG_COMMIT);
+    put_u32(b + 4, (uint32_t)step);
+    put_u32(b + 8, (uint32_t)n_tokens);
+    put_u32(b + 12, (uint32_t)n_rows);
+    for (int i = 0; i < n_tokens; i++) put_u32(b + 16 + 4 * i, (uint32_t)tokens[i]);
+    for (int i = 0; i < n_rows; i++) put_u32(b + 16 + 4 * ((size_t)n_tokens + i), (uint32_t)pos[i]);
+    const uint32_t crc = kvr_crc32c(w->crc, b, n - 4);
+    put_u32(b + n - 4, crc);
+    struct iovec iov = { b, n };
+    const int rc = kvl_writev(w, &iov, 1);
+    free(b);
+    if (rc == KVR_OK) w->crc = crc;
+    return rc;
+}
+
+int kvr_kv_log_sync(struct kvr_kv_log * w) {
+    if (w->rc != KVR_OK) return w->rc;
+    if (fdatasync(w->fd) != 0) w->rc = kvr_error(KVR_ERR_IO, "%s: cannot sync the replication log: %s", w->path, strerror(errno));
+    return w->rc;
+}
+
+int64_t kvr_kv_log_bytes(const struct kvr_kv_log * w) { return w->bytes; }
+
+int kvr_kv_log_close(struct kvr_kv_log * w) {
+    if (!w) return KVR_OK;
+    int rc = kvr_kv_log_sync(w);
+    if (close(w->fd) != 0 && rc == KVR_OK) rc = kvr_error(KVR_ERR_IO, "%s: cannot close the replication log: %s", w->path, strerror(errno));
+    free(w->path);
+    free(w);
+    return rc;
+}
+
+void kvr_kv_log_free(struct kvr_kv_log_data * d) {
+    if (!d) return;
+    for (int s = 0; d->steps && s < d->n_steps; s++) {
+        free(d->steps[s].k);
+        free(d->steps[s].v);
+    }
+    free(d->steps);
+    free(d->prompt);
+    free(d->mem);
+    free(d);
+}
+
+// the records after the header: every acknowledged step into d; the first damage ends the reading
+static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int64_t size, int64_t off, uint32_t crc,
+                              const struct kvr_model * m) {
+    const int L = d->n_layer;
+    const size_t row = sizeof(float) * (size_t)d->kv_dim;
+    float ** k = must_calloc((size_t)L, sizeof(float *)), ** v = must_calloc((size_t)L, sizeof(float *));
+    int layers = 0, rows = 0, cap = 0;     // the step being read: its ROWS records so far
+    int64_t step_off = off;
+    d->good = off;
+    d->good_crc = crc;
+    for (;;) {
+        if (off == size) {
+            if (layers > 0) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: step %d has the rows of %d of %d layers and no commit: cut short "
+                         "while it ran", (long long)step_off, d->n_steps, layers, L);
+            }
+            break;
+        }
+        if (size - off < 16) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: cut short: a record needs at least 20 bytes, the file ends after %lld",
+                     (long long)off, (long long)(size - off));
+            break;
+        }
+        const uint32_t type = get_u32(b + off), step = get_u32(b + off + 4);
+        if (type != KVR_KV_LOG_ROWS && type != KVR_KV_LOG_COMMIT) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: record type %u (1 rows, 2 commit expected): the log is damaged",
+                     (long long)off, type);
+            break;
+        }
+        if (step != (uint32_t)d->n_steps) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: a record of step %u where step %d was expected: the log is damaged",
+                     (long long)off, step, d->n_steps);
+            break;
+        }
+        const uint32_t a = get_u32(b + off + 8), c = get_u32(b + off + 12);
+        int64_t need;
+        char what[128];
+        if (type == KVR_KV_LOG_ROWS) {
+            snprintf(what, sizeof(what), "the rows of step %u, layer %u", step, a);
+            if (a == 0 && layers > 0) layers = rows = 0; // the step ran again (its eval failed before its commit)
+            if (a != (uint32_t)layers || c == 0 || c > (1u << 24) || (layers > 0 && c != (uint32_t)rows)) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u rows of layer %u where layer %d%s was expected: the log is damaged",
+                         (long long)off, what, c, a, layers, layers > 0 ? " with as many rows as layer 0" : "");
+                break;
+            }
+            need = 16 + 2 * (int64_t)row * c + 4;
+        } else {
+            snprintf(what, sizeof(what), "the commit of step %u", step);
+            if (a > (1u << 24) || c > (1u << 24)) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u tokens, %u rows: out of range: the log is damaged",
+                         (long long)off, what, a, c);
+                break;
+            }
+            need = 16 + 4 * ((int64_t)a + c) + 4;
+        }
+        if (size - off < need) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: cut short: %s needs %lld bytes, the file ends after %lld", (long long)off,
+                     what, (long long)need, (long long)(size - off));
+            break;
+        }
+        const uint32_t got = get_u32(b + off + need - 4), want = kvr_crc32c(crc, b + off, (size_t)need - 4);
+        if (got != want) {
+            snprintf(d->damage, sizeof(d->damage), "offset %lld: the CRC32C of %s is 0x%08x, the data gives 0x%08x: the log is damaged",
+                     (long long)(off + need - 4), what, got, want);
+            break;
+        }
+        if (type == KVR_KV_LOG_ROWS) {
+            k[layers] = (float *)(b + off + 16);
+            v[layers] = (float *)(b + off + 16 + row * c);
+            rows = (int)c;
+            layers++;
+        } else {
+            const uint8_t * t = b + off + 16;
+            const char * bad = NULL;
+            int32_t bad_v = 0;
+            int64_t bad_at = 0;
+            if (layers != (c ? L : 0) || (c && (uint32_t)rows != c)) bad = "rows";
+            for (uint32_t i = 0; !bad && i < a; i++) {
+                bad_v = (int32_t)get_u32(t + 4 * i);
+                bad_at = off + 16 + 4 * i;
+                if (bad_v < 0 || (uint32_t)bad_v >= m->hp.n_vocab) bad = "a token outside the vocabulary";
+            }
+            for (uint32_t i = 0; !bad && i < c; i++) {
+                bad_v = (int32_t)get_u32(t + 4 * ((size_t)a + i));
+                bad_at = off + 16 + 4 * ((int64_t)a + i);
+                if (bad_v < 0 || bad_v >= (1 << 24)) bad = "a position out of range";
+            }
+            if (bad && !strcmp(bad, "rows")) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u rows, but %d layers of %d rows precede it: the log is damaged",
+                         (long long)off, what, c, layers, rows);
+                break;
+            }
+            if (bad) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %s (%d): the log is damaged", (long long)bad_at, what, bad, bad_v);
+                break;
+            }
+            if (d->n_steps == cap) {
+                cap = cap ? 2 * cap : 16;
+                d->steps = realloc(d->steps, sizeof(*d->steps) * (size_t)cap);
+                KVR_ASSERT(d->steps != NULL);
+            }
+            struct kvr_kv_log_step * s = &d->steps[d->n_steps++];
+            *s = (struct kvr_kv_log_step) { .step = (int)step, .n_tokens = (int)a, .tokens = (int32_t *)t, .n_rows = (int)c,
+                                            .pos = (int32_t *)(t + 4 * (size_t)a), .end = off + need, .crc = want };
+            // the values are little-endian in the file; the reader's host is too (kvr writes f32 rows as they are)
+            if (c) {
+                s->k = k;
+                s->v = v;
+                k = must_calloc((size_t)L, sizeof(float *));
+                v = must_calloc((size_t)L, sizeof(float *));
+            }
+            layers = rows = 0;
+            d->good = off + need;
+            d->good_crc = want;
+        }
+        crc = want;
+        off += need;
+        if (type == KVR_KV_LOG_COMMIT) step_off = off;
+    }
+    free(k);
+    free(v);
+}
+
+int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out) {
+    *out = NULL;
+    FILE * f = fopen(path, "rb");
+    if (!f) return kvr_error(KVR_ERR_IO, "%s: cannot open the replication log: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return kvr_error(KVR_ERR_IO, "%s: not a regular file", path);
+    }
+    struct kvr_kv_log_data * d = must_calloc(1, sizeof(*d));
+    uint8_t * b = d->mem = must_malloc((size_t)st.st_size + 4);
+    const size_t got = st.st_size ? fread(b, 1, (size_t)st.st_size, f) : 0;
+    const bool io = ferror(f);
+    fclose(f);
+    int rc = KVR_OK;
+    // a log cut back by its writer while it was read is read as far as it went (what is cut is
+    // past the step every reader takes)
+    const int64_t size = (int64_t)got;
+    if (io) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot read the replication log: %s", path, strerror(errno));
+    } else if (size < 8 || memcmp(b, "KVRKVLOG", 8) != 0) {
+        rc = size == 0 ? kvr_error(KVR_ERR_FORMAT, "%s: empty file: not a kvr replication log", path)
+                       : kvr_error(KVR_ERR_FORMAT, "%s: offset 0: not a kvr replication log (magic \"KVRKVLOG\" expected)", path);
+    } else if (size < 12 || get_u32(b + 8) > KVR_KV_LOG_VERSION) {
+        rc = size < 12 ? kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header needs %d bytes, the file ends after %lld", path,
+                                   KVR_KV_LOG_HEADER, (long long)size)
+                       : kvr_error(KVR_ERR_UNSUPP, "%s: offset 8: version %u is newer than this kvr reads (%d)", path, get_u32(b + 8),
+                                   KVR_KV_LOG_VERSION);
+    } else if (get_u32(b + 8) != KVR_KV_LOG_VERSION) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr log version", path, get_u32(b + 8));
+    } else if (size < KVR_KV_LOG_HEADER) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header needs %d bytes, the file ends after %lld", path, KVR_KV_LOG_HEADER,
+                       (long long)size);
+    } else if (get_u32(b + KVL_OFF_CRC) != kvr_crc32c(0, b, KVL_OFF_CRC)) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the header's CRC32C is 0x%08x, the header gives 0x%08x: the header is damaged",
+                       path, KVL_OFF_CRC, get_u32(b + KVL_OFF_CRC), kvr_crc32c(0, b, KVL_OFF_CRC));
+    } else if (get_u32(b + 12) & ~(uint32_t)KVR_KV_LOG_BASE) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know", path, get_u32(b + 12));
+    }
+    if (rc == KVR_OK) rc = kvr_kv_fingerprint_check(path, b, m, "log");
+    if (rc == KVR_OK) {
+        d->flags    = get_u32(b + 12);
+        d->rank     = (int)get_u32(b + KVL_OFF_RANK);
+        d->n_ranks  = (int)get_u32(b + KVL_OFF_RANKS);
+        d->strategy = (int)get_u32(b + KVL_OFF_STRAT);
+        d->n_prompt = (int)get_u32(b + KVL_OFF_PROMPT);
+        d->n_layer  = (int)m->hp.n_layer;
+        d->kv_dim   = (int)(m->hp.head_dim * m->hp.n_head_kv);
+        const struct { int off; uint32_t v, hi; } lim[] = {
+            { KVL_OFF_RANKS, (uint32_t)d->n_ranks, 256 }, { KVL_OFF_RANK, (uint32_t)d->rank, (uint32_t)d->n_ranks - 1 },
+            { KVL_OFF_STRAT, (uint32_t)d->strategy, KVR_STRATEGY_COUNT - 1 }, { KVL_OFF_PROMPT, (uint32_t)d->n_prompt, 1u << 24 },
+        };
+        static const char * const names[] = { "ranks", "rank", "strategy", "prompt tokens" };
+        for (int i = 0; i < 4 && rc == KVR_OK; i++) {
+            if (lim[i].v > lim[i].hi || (i == 0 && lim[i].v == 0)) {
+                rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: %s %u is out of range (%u to %u)", path, lim[i].off, names[i], lim[i].v,
+                               i == 0 ? 1u : 0u, lim[i].hi);
+            }
+        }
+        for (int o = 80; o < KVL_OFF_CRC && rc == KVR_OK; o += 4) {
+            if (get_u32(b + o)) rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: reserved field is %u, 0 expected", path, o, get_u32(b + o));
+        }
+    }
+    const int64_t tok_end = KVR_KV_LOG_HEADER + 4 * (int64_t)d->n_prompt;
+    if (rc == KVR_OK && size < tok_end + 4) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: truncated: the prompt's %d tokens at offset %d need %lld bytes, the file ends after %lld", path,
+                       d->n_prompt, KVR_KV_LOG_HEADER, (long long)(4 * (int64_t)d->n_prompt + 4), (long long)(size - KVR_KV_LOG_HEADER));
+    }
+    uint32_t crc = 0;
+    if (rc == KVR_OK) {
+        crc = kvr_crc32c(0, b + KVR_KV_LOG_HEADER, 4 * (size_t)d->n_prompt);
+        if (get_u32(b + tok_end) != crc) {
+            rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: the CRC32C of the prompt's tokens is 0x%08x, the data gives 0x%08x: the log is damaged",
+                           path, (long long)tok_end, get_u32(b + tok_end), crc);
+        }
+    }
+    if (rc == KVR_OK) {
+        d->prompt = must_malloc(4 * (size_t)d->n_prompt + 4);
+        for (int i = 0; i < d->n_prompt && rc == KVR_OK; i++) {
+            d->prompt[i] = (int32_t)get_u32(b + KVR_KV_LOG_HEADER + 4 * i);
+            if (d->prompt[i] < 0 || (uint32_t)d->prompt[i] >= m->hp.n_vocab) {
+                rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: prompt token %d is %d, outside the vocabulary of %u", path,
+                               KVR_KV_LOG_HEADER + 4 * i, i, d->prompt[i], m->hp.n_vocab);
+            }
+        }
+    }
+    if (rc != KVR_OK) {
+        kvr_kv_log_free(d);
+        return rc;
+    }
+    d->bytes = size;
+    kvl_parse_records(d, b, size, tok_end + 4, crc, m);
+    *out = d;
+    return KVR_OK;
+}
+
+//
+// replication logs (kvr_dist_params.replicate_dir): each rank appends to DIR/rank-R.kvlog the rows
+// it made in an eval, each layer's as soon as they are final (a log node right after the layer's
+// store copies them out, as the file stream's does), and after the eval a commit with its tokens.
+// A writer thread per log writes behind the compute; after a commit it syncs (fdatasync) unless
+// another commit is already queued (group commit), so an acknowledged step is on the disk. The
+// compute waits only when more than LOG_QUEUE_MAX bytes or LOG_QUEUE_STEPS commits are queued
+// (for at most the timeout): a process that dies loses at most that many steps the writer had
+// not reached, which a resume then recomputes.
+//
+
+#define LOG_QUEUE_MAX   ((int64_t)64 << 20)
+#define LOG_QUEUE_STEPS 4
+
+struct log_item {
+    struct log_item * next;
+    int               commit;    // 0: a layer's rows, 1: the step's commit
+    int               step, il, n_rows, n_tokens;
+    float           * k, * v;    // rows: [kv_dim x n_rows] each
+    int32_t         * tokens;    // commit: the step's tokens, then the rows' positions
+    int64_t           bytes;
+};
+
+struct kv_log {
+    struct kvr_kv_log * w;
+    char                path[4096];
+    struct log_item   * head, * tail;
+    int64_t             queued;      // bytes in the queue
+    int                 commits;     // commits in the queue
+    int                 step;        // the step the rank's log nodes of this eval belong to
+    bool                stop;
+    int                 rc;
+    char                err[1024];
+    double              timeout_s;
+    pthread_t           th;
+    pthread_mutex_t     mu;
+    pthread_cond_t      cv;          // items came, or stop
+    pthread_cond_t      room;        // the queue shrank
+};
+
+static void * log_thread(void * arg) {
+    struct kv_log * lg = arg;
+    pthread_mutex_lock(&lg->mu);
+    for (;;) {
+        if (!lg->head) {
+            if (lg->stop) break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&lg->cv, &lg->mu, &ts);
+            continue;
+        }
+        struct log_item * it = lg->head;
+        lg->head = it->next;
+        if (!lg->head) lg->tail = NULL;
+        lg->queued -= it->bytes;
+        lg->commits -= it->commit;
+        const bool failed = lg->rc != KVR_OK;
+        pthread_cond_broadcast(&lg->room);
+        pthread_mutex_unlock(&lg->mu);
+        int rc = KVR_OK;
+        if (failed) {
+            // the log stopped at its first error: write nothing after it
+        } else if (!it->commit) {
+            rc = kvr_kv_log_rows(lg->w, it->step, it->il, it->n_rows, it->k, it->v);
+        } else {
+            rc = kvr_kv_log_commit(lg->w, it->step, it->tokens, it->n_tokens, it->tokens + it->n_tokens, it->n_rows);
+        }
+        pthread_mutex_lock(&lg->mu);
+        const bool sync = rc == KVR_OK && !failed && it->commit && lg->commits == 0;
+        pthread_mutex_unlock(&lg->mu);
+        if (sync) rc = kvr_kv_log_sync(lg->w); // off the compute's path; covers every commit written since the last
+        pthread_mutex_lock(&lg->mu);
+        if (rc != KVR_OK && lg->rc == KVR_OK) {
+            lg->rc = rc;
+            snprintf(lg->err, sizeof(lg->err), "%s", kvr_last_error());
+        }
+        free(it->k);
+        free(it->v);
+        free(it->tokens);
+        free(it);
+    }
+    pthread_mutex_unlock(&lg->mu);
+    return NULL;
+}
+
+static bool log_full(const struct kv_log * lg, const struct log_item * it) {
+    return lg->queued > 0 && (lg->queued + it->bytes > LOG_QUEUE_MAX || lg->commits + it->commit > LOG_QUEUE_STEPS);
+}
+
+// queue an item; waits while the writer is more than LOG_QUEUE_MAX behind (at most the timeout)
+static int log_queue(struct kv_log * lg, struct log_item * it) {
+    pthread_mutex_lock(&lg->mu);
+    const double deadline = kvr_time_ms() + 1e3 * lg->timeout_s;
+    while (log_full(lg, it) && lg->rc == KVR_OK && kvr_time_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&lg->room, &lg->mu, &ts);
+    }
+    int rc = lg->rc;
+    if (rc != KVR_OK) {
+        kvr_error(rc, "%s", lg->err);
+    } else if (log_full(lg, it)) {
+        rc = kvr_error(KVR_ERR_IO, "%s: the replication log's writer is %d steps and %lld MiB behind after %.1f s: the disk is too slow",
+                       lg->path, lg->commits, (long long)(lg->queued >> 20), lg->timeout_s);
+    } else {
+        if (lg->tail) lg->tail->next = it;
+        else lg->head = it;
+        lg->tail = it;
+        lg->queued += it->bytes;
+        lg->commits += it->commit;
+        pthread_cond_signal(&lg->cv);
+        it = NULL;
+    }
+    pthread_mutex_unlock(&lg->mu);
+    if (it) {
+        free(it->k);
+        free(it->v);
+        free(it->tokens);
+        free(it);
+    }
+    return rc;
+}
+
+// a layer's rows of this rank: k and v views of its cache, or (k NULL) host rows hk and hv
+static int log_put_rows(struct kv_log * lg, int step, int il, int n_rows, const struct kvr_tensor * k, const struct kvr_tensor * v,
+                        const float * hk, const float * hv, int kv_dim) {
+    const size_t nb = sizeof(float) * (size_t)kv_dim * (size_t)n_rows;
+    struct log_item * it = calloc(1, sizeof(*it));
+    KVR_ASSERT(it != NULL);
+    it->k = malloc(nb);
+    it->v = malloc(nb);
+    if (!it->k || !it->v) {
+        free(it->k);
+        free(it->v);
+        free(it);
+        return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, nb >> 9, il);
+    }
+    if (k) {
+        KVR_ASSERT(kvr_nbytes(k) == nb && kvr_nbytes(v) == nb);
+        kvr_backend_tensor_get(k, it->k, 0, nb); // through the backend: the cache may be device memory
+        kvr_backend_tensor_get(v, it->v, 0, nb);
+    } else {
+        memcpy(it->k, hk, nb);
+        memcpy(it->v, hv, nb);
+    }
+    it->step = step;
+    it->il = il;
+    it->n_rows = n_rows;
+    it->bytes = 2 * (int64_t)nb;
+    return log_queue(lg, it);
+}
+
+static int log_put_commit(struct kv_log * lg, int step, const int32_t * tokens, int n_tokens, const int32_t * pos, int n_rows) {
+    struct log_item * it = calloc(1, sizeof(*it));
+    KVR_ASSERT(it != NULL);
+    it->commit = 1;
+    it->step = step;
+    it->n_tokens = n_tokens;
+    it->n_rows = n_rows;
+    it->tokens = malloc(sizeof(int32_t) * ((size_t)n_tokens + (size_t)n_rows + 1));
+    KVR_ASSERT(it->tokens != NULL);
+    if (n_tokens) memcpy(it->tokens, tokens, sizeof(int32_t) * (size_t)n_tokens);
+    if (n_rows) memcpy(it->tokens + n_tokens, pos, sizeof(int32_t) * (size_t)n_rows);
+    it->bytes = 4 * ((int64_t)n_tokens + n_rows);
+    return log_queue(lg, it);
+}
+
+// start the writer of an open log (w: created or opened for appending)
+static struct kv_log * log_start(struct kvr_kv_log * w, const char * path, double timeout_s) {
+    struct kv_log * lg = calloc(1, sizeof(*lg));
+    KVR_ASSERT(lg != NULL);
+    lg->w = w;
+    snprintf(lg->path, sizeof(lg->path), "%s", path);
+    lg->timeout_s = timeout_s;
+    pthread_mutex_init(&lg->mu, NULL);
+    pthread_cond_init(&lg->cv, NULL);
+    pthread_cond_init(&lg->room, NULL);
+    if (pthread_create(&lg->th, NULL, log_thread, lg) != 0) {
+        pthread_mutex_destroy(&lg->mu);
+        pthread_cond_destroy(&lg->cv);
+        pthread_cond_destroy(&lg->room);
+        kvr_kv_log_close(w);
+        free(lg);
+        kvr_error(KVR_ERR_NOMEM, "%s: cannot start the replication log's writer thread", path);
+        return NULL;
+    }
+    return lg;
+}
+
+// write what is queued, sync, close; the first error of the log (KVR_OK if none)
+static int log_stop(struct kv_log * lg) {
+    if (!lg) return KVR_OK;
+    pthread_mutex_lock(&lg->mu);
+    lg->stop = true;
+    pthread_cond_signal(&lg->cv);
+    pthread_mutex_unlock(&lg->mu);
+    pthread_join(lg->th, NULL);
+    int rc = lg->rc;
+    if (rc != KVR_OK) kvr_error(rc, "%s", lg->err);
+    const int rc2 = kvr_kv_log_close(lg->w);
+    if (rc == KVR_OK) rc = rc2;
+    pthread_mutex_destroy(&lg->mu);
+    pthread_cond_destroy(&lg->cv);
+    pthread_cond_destroy(&lg->room);
+    free(lg);
+    return rc;
+}
+
+// DIR/rank-R.kvlog
+void kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap) {
+    snprintf(out, cap, "%s/rank-%d.kvlog", dir, rank);
+}
+
+// Close every local rank's log (what is queued is written and synced first); the next eval starts
+// new ones. A reset, a truncation or a load changes the cache in ways no step describes.
+static int replog_restart(struct kvr_dist * d) {
+    int rc = KVR_OK;
+    for (int i = 0; d->ranks && i < d->n_local; i++) { // (a dist kvr_dist_new gave up on is freed too)
+        const int rc2 = log_stop(d->ranks[i].dv.log);
+        if (rc == KVR_OK) rc = rc2;
+        d->ranks[i].dv.log = NULL;
+        if (d->ranks[i].comm) d->ranks[i].comm->dv.log = NULL;
+    }
+    d->dv.logs_open = false;
+    d->dv.log_skip = false;
+    return rc;
+}
+
+// Before an eval with replicate_dir and no log open: a new log per local rank. A dist that holds
+// tokens already (a load, a truncation, a resume into another directory) starts it with a base
+// step: every row the rank holds and every token; the eval is then the log's step 1.
+static int replog_start(struct kvr_dist * d, const int32_t * tokens, int n) {
+    const char * dir = d->p.replicate_dir;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        return kvr_error(KVR_ERR_IO, "--replicate-dir %s: cannot create the directory: %s", dir, strerror(errno));
+    }
+    const bool base = d->n_past > 0;
+    const int kv_dim = (int)(d->m->hp.head_dim * d->m->hp.n_head_kv), n_layer = (int)d->m->hp.n_layer;
+    int rc = KVR_OK;
+    for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        char path[4096];
+        kvr_dist_log_path(dir, dr->rank, path, sizeof(path));
+        const struct kvr_kv_log_head h = { .rank = dr->rank, .n_ranks = d->n_ranks, .strategy = (int)d->p.strategy,
+                                           .n_prompt = base ? d->n_past : n, .prompt = base ? d->seq : tokens,
+                                           .flags = base ? KVR_KV_LOG_BASE : 0 };
+        struct kvr_kv_log * w;
+        rc = kvr_kv_log_create(&w, path, d->m, &h);
+        if (rc != KVR_OK) break;
+        dr->dv.log = log_start(w, path, d->p.timeout_s);
+        if (!dr->dv.log) {
+            rc = KVR_ERR_NOMEM;
+            break;
+        }
+        if (!base) continue;
+        const int nr = dr->n_rows;
+        float * k = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1)), * v = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1));
+        KVR_ASSERT(k && v);
+        for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) {
+            kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, nr, k, v);
+            rc = log_put_rows(dr->dv.log, 0, il, nr, NULL, NULL, k, v, kv_dim);
+        }
+        free(k);
+        free(v);
+        if (rc == KVR_OK) rc = log_put_commit(dr->dv.log, 0, d->seq, d->n_past, dr->cache_pos, nr);
+    }
+    if (rc != KVR_OK) {
+        char keep[1024];
+        snprintf(keep, sizeof(keep), "%s", kvr_last_error());
+        replog_restart(d);
+        return kvr_error(rc, "%s", keep);
+    }
+    d->dv.logs_open = true;
+    d->dv.log_step = base ? 1 : 0;
+    return KVR_OK;
+}
+
+// After an eval went well: each local rank's commit of the step (the rows it made, none when it
+// made none or did not take part)
+static int replog_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
+    int rc = KVR_OK;
+    for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        const int made = d->plan.active[dr->rank] ? dr->made : 0;
+        rc = log_put_commit(dr->dv.log, d->dv.log_step, tokens, n, d->plan.pos[dr->rank], made);
+    }
+    d->dv.log_step++;
+    return rc;
+}
+
+//
+// replicas (--replicate, DejaVu's KV replication): every rank's new cache rows, layer by layer,
+// go to a replica its ring successor holds in host memory. A rank's node of layer il runs right
+// after the layer's final store and copies the eval's new rows of that layer into the replica
+// (one tensor_get each of K and V, on the rank's comm path); the holder's thread then checks them
+// (a CRC32C per layer and kind) and acknowledges the layer. The driver commits the eval's chunk
+// only once every layer is acknowledged and the eval succeeded, so a replica's committed rows
+// never hold half a step; a failed eval's partial chunk is dropped. Recovery reads only committed
+// chunks whose CRCs still match.
+//
+
+struct replica {
+    int               n_layer, kv_dim;
+    int               n_rows, cap;   // committed rows, rows allocated per layer
+    int32_t         * pos;           // [cap]: their positions (the pending chunk's after them)
+    float          ** k, ** v;       // [n_layer][cap * kv_dim]
+    int               n_chunks, cap_chunks;
+    int             * chunk_row0;    // committed chunks: rows [row0, row0 + n), each eval's
+    int             * chunk_n;
+    uint32_t        * chunk_crc;     //   [chunk * n_layer * 2 + il * 2 + (K: 0, V: 1)]
+    int               pend_n;        // the running eval's chunk: rows [n_rows, n_rows + pend_n)
+    bool            * acked;         // [n_layer]: that layer's rows are in and checked
+    uint32_t        * pend_crc;      // [n_layer * 2]
+    bool              behind;        // a chunk was never acknowledged: nothing more is committed
+    int             * queue;         // layers put, waiting for the holder's check
+    int               q_head, q_tail;
+    bool              stop;
+    pthread_t         th;
+    pthread_mutex_t   mu;
+    pthread_cond_t    cv;
+};
+
+static void replica_crc(const struct replica * rp, int il, int row0, int n, uint32_t * ck, uint32_t * cv) {
+    const size_t off = (size_t)row0 * (size_t)rp->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)rp->kv_dim;
+    *ck = kvr_crc32c(0, rp->k[il] + off, bytes);
+    *cv = kvr_crc32c(0, rp->v[il] + off, bytes);
+}
+
+// the holder's side: check each layer the sender put in, then acknowledge it
+static void * replica_thread(void * arg) {
+    struct replica * rp = arg;
+    pthread_mutex_lock(&rp->mu);
+    while (!rp->stop) {
+        if (rp->q_head == rp->q_tail) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&rp->cv, &rp->mu, &ts);
+            continue;
+        }
+        const int il = rp->queue[rp->q_head];
+        const int row0 = rp->n_rows, n = rp->pend_n;
+        pthread_mutex_unlock(&rp->mu);
+        uint32_t ck, cv;
+        replica_crc(rp, il, row0, n, &ck, &cv);
+        pthread_mutex_lock(&rp->mu);
+        rp->pend_crc[il * 2] = ck;
+        rp->pend_crc[il * 2 + 1] = cv;
+        rp->acked[il] = true;
+        rp->q_head++;
+        pthread_cond_broadcast(&rp->cv);
+    }
+    pthread_mutex_unlock(&rp->mu);
+    return NULL;
+}
+
+static struct replica * replica_new(int n_layer, int kv_dim) {
+    struct replica * rp = calloc(1, sizeof(*rp));
+    KVR_ASSERT(rp != NULL);
+    rp->n_layer = n_layer;
+    rp->kv_dim = kv_dim;
+    rp->k = calloc((size_t)n_layer, sizeof(float *));
+    rp->v = calloc((size_t)n_layer, sizeof(float *));
+    rp->acked = calloc((size_t)n_layer, sizeof(bool));
+    rp->pend_crc = calloc((size_t)n_layer * 2, sizeof(uint32_t));
+    rp->queue = calloc((size_t)n_layer, sizeof(int));
+    KVR_ASSERT(rp->k && rp->v && rp->acked && rp->pend_crc && rp->queue);
+    pthread_mutex_init(&rp->mu, NULL);
+    pthread_cond_init(&rp->cv, NULL);
+    if (pthread_create(&rp->th, NULL, replica_thread, rp) != 0) {
+        pthread_mutex_destroy(&rp->mu);
+        pthread_cond_destroy(&rp->cv);
+        free(rp->k); free(rp->v); free(rp->acked); free(rp->pend_crc); free(rp->queue);
+        free(rp);
+        kvr_error(KVR_ERR_NOMEM, "--replicate: cannot start a replica's thread");
+        return NULL;
+    }
+    return rp;
+}
+
+static void replica_free(struct replica * rp) {
+    if (!rp) return;
+    pthread_mutex_lock(&rp->mu);
+    rp->stop = true;
+    pthread_cond_broadcast(&rp->cv);
+    pthread_mutex_unlock(&rp->mu);
+    pthread_join(rp->th, NULL);
+    pthread_mutex_destroy(&rp->mu);
+    pthread_cond_destroy(&rp->cv);
+    for (int il = 0; il < rp->n_layer; il++) { free(rp->k[il]); free(rp->v[il]); }
+    free(rp->k); free(rp->v); free(rp->pos);
+    free(rp->chunk_row0); free(rp->chunk_n); free(rp->chunk_crc);
+    free(rp->acked); free(rp->pend_crc); free(rp->queue);
+    free(rp);
+}
+
+// room for n more rows (between evals: the holder's thread is idle)
+static void replica_reserve(struct replica * rp, int n) {
+    if (rp->n_rows + n <= rp->cap) return;
+    int cap = rp->cap ? 2 * rp->cap : 64;
+    while (cap < rp->n_rows + n) cap *= 2;
+    const size_t row = sizeof(float) * (size_t)rp->kv_dim;
+    for (int il = 0; il < rp->n_layer; il++) {
+        rp->k[il] = realloc(rp->k[il], row * (size_t)cap);
+        rp->v[il] = realloc(rp->v[il], row * (size_t)cap);
+        KVR_ASSERT(rp->k[il] && rp->v[il]);
+    }
+    rp->pos = realloc(rp->pos, sizeof(int32_t) * (size_t)cap);
+    KVR_ASSERT(rp->pos != NULL);
+    rp->cap = cap;
+}
+
+// an eval starts: its chunk of n rows at these positions will come layer by layer
+static void replica_begin(struct replica * rp, int n, const int32_t * pos) {
+    replica_reserve(rp, n);
+    memcpy(rp->pos + rp->n_rows, pos, sizeof(int32_t) * (size_t)n);
+    rp->pend_n = rp->behind ? 0 : n;
+    rp->q_head = rp->q_tail = 0;
+    for (int il = 0; il < rp->n_layer; il++) rp->acked[il] = false;
+}
+
+// layer il of the chunk is in: the holder checks it
+static void replica_queue(struct replica * rp, int il) {
+    pthread_mutex_lock(&rp->mu);
+    rp->queue[rp->q_tail++] = il;
+    pthread_cond_broadcast(&rp->cv);
+    pthread_mutex_unlock(&rp->mu);
+}
+
+// the sender's node: the eval's new rows of layer il (k, v: views of the rank's cache) into the
+// replica, through the backend (the cache may be device memory); the holder checks them
+static void replica_put(struct replica * rp, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
+    if (rp->pend_n == 0) return; // behind: it takes nothing until it is seeded again
+    KVR_ASSERT(k->ne[1] == rp->pend_n && il >= 0 && il < rp->n_layer);
+    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim, nb = kvr_nbytes(k);
+    kvr_backend_tensor_get(k, rp->k[il] + off, 0, nb);
+    kvr_backend_tensor_get(v, rp->v[il] + off, 0, nb);
+    replica_queue(rp, il);
+}
+
+// A decoded token of the plain single pass (its kept graph has no replica nodes): its rows of
+// every layer after the eval, one small transfer per layer and kind, straight into the replica
+static void replica_put_rows(struct replica * rp, struct kvr_backend * be, const struct kvr_kv_cache * c, int row0, int n) {
+    if (rp->pend_n == 0) return;
+    KVR_ASSERT(n == rp->pend_n);
+    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim;
+    for (int il = 0; il < rp->n_layer; il++) {
+        kvr_kv_cache_get_rows(be, c, il, row0, n, rp->k[il] + off, rp->v[il] + off);
+        replica_queue(rp, il);
+    }
+}
+
+// wait (at most timeout_s) until the holder checked everything put so far; false on timeout
+static bool replica_drain(struct replica * rp, double timeout_s) {
+    const double deadline = kvr_time_ms() + 1e3 * timeout_s;
+    pthread_mutex_lock(&rp->mu);
+    while (rp->q_head < rp->q_tail && kvr_time_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&rp->cv, &rp->mu, &ts);
+    }
+    const bool ok = rp->q_head == rp->q_tail;
+    pthread_mutex_unlock(&rp->mu);
+    return ok;
+}
+
+static void replica_add_chunk(struct replica * rp, int n, const uint32_t * crc) {
+    if (rp->n_chunks == rp->cap_chunks) {
+        rp->cap_chunks = rp->cap_chunks ? 2 * rp->cap_chunks : 16;
+        rp->chunk_row0 = realloc(rp->chunk_row0, sizeof(int) * (size_t)rp->cap_chunks);
+        rp->chunk_n = realloc(rp->chunk_n, sizeof(int) * (size_t)rp->cap_chunks);
+        rp->chunk_crc = realloc(rp->chunk_crc, sizeof(uint32_t) * (size_t)rp->cap_chunks * (size_t)rp->n_layer * 2);
+        KVR_ASSERT(rp->chunk_row0 && rp->chunk_n && rp->chunk_crc);
+    }
+    rp->chunk_row0[rp->n_chunks] = rp->n_rows;
+    rp->chunk_n[rp->n_chunks] = n;
+    memcpy(rp->chunk_crc + (size_t)rp->n_chunks * (size_t)rp->n_layer * 2, crc, sizeof(uint32_t) * (size_t)rp->n_layer * 2);
+    rp->n_chunks++;
+    rp->n_rows += n;
+}
+
+// the eval's end: commit its chunk when it succeeded and every layer was acknowledged, else drop
+// it (and a chunk that is not acknowledged in time leaves the replica behind). KVR_OK, or
+// KVR_ERR_COMM when the replica fell behind.
+static int replica_end(struct replica * rp, bool ok, double timeout_s) {
+    const bool drained = replica_drain(rp, timeout_s);
+    pthread_mutex_lock(&rp->mu);
+    const int n = rp->pend_n;
+    bool whole = drained;
+    for (int il = 0; il < rp->n_layer && whole; il++) whole = rp->acked[il];
+    if (!drained) rp->stop = true; // a thread that is stuck: it takes nothing more either
+    pthread_mutex_unlock(&rp->mu);
+    rp->pend_n = 0;
+    if (!ok || n == 0) return KVR_OK;
+    if (!whole) {
+        rp->behind = true;
+        return kvr_error(KVR_ERR_COMM, "the replica's chunk of %d rows was not acknowledged within %.1f s: it is behind from row %d",
+                         n, timeout_s, rp->n_rows);
+    }
+    replica_add_chunk(rp, n, rp->pend_crc);
+    return KVR_OK;
+}
+
+// A replica holding exactly these rows (a rank's whole cache) as one committed chunk: after a
+// recovery changed what a rank holds or who holds its replica
+static void replica_seed(struct replica * rp, struct kvr_backend * be, const struct kvr_kv_cache * c, const int32_t * pos, int n) {
+    rp->n_rows = rp->n_chunks = rp->pend_n = 0;
+    rp->behind = false;
+    if (n == 0) return;
+    replica_reserve(rp, n);
+    memcpy(rp->pos, pos, sizeof(int32_t) * (size_t)n);
+    uint32_t * crc = malloc(sizeof(uint32_t) * (size_t)rp->n_layer * 2);
+    KVR_ASSERT(crc != NULL);
+    for (int il = 0; il < rp->n_layer; il++) {
+        kvr_kv_cache_get_rows(be, c, il, 0, n, rp->k[il], rp->v[il]);
+        replica_crc(rp, il, 0, n, &crc[il * 2], &crc[il * 2 + 1]);
+    }
+    replica_add_chunk(rp, n, crc);
+    free(crc);
+}
+
+// Which committed rows can be trusted: ok[row] for rows [0, n_rows); a chunk whose data no longer
+// gives its CRC is refused whole (every layer: a position needs all of them). Returns the
+// refused chunks' count and describes the first in why.
+static int replica_check(const struct replica * rp, bool * ok, char * why, size_t cap) {
+    int bad = 0;
+    for (int ch = 0; ch < rp->n_chunks; ch++) {
+        const int r0 = rp->chunk_row0[ch], n = rp->chunk_n[ch];
+        bool good = true;
+        for (int il = 0; il < rp->n_layer && good; il++) {
+            uint32_t ck, cv;
+            replica_crc(rp, il, r0, n, &ck, &cv);
+            const uint32_t * want = rp->chunk_crc + ((size_t)ch * (size_t)rp->n_layer + (size_t)il) * 2;
+            if (ck != want[0] || cv != want[1]) {
+                good = false;
+                if (bad == 0) {
+                    snprintf(why, cap, "chunk %d (rows %d..%d, positions %d..%d), layer %d %s: CRC32C 0x%08x, the data gives 0x%08x",
+                             ch, r0, r0 + n - 1, rp->pos[r0], rp->pos[r0 + n - 1], il, ck != want[0] ? "K" : "V",
+                             ck != want[0] ? want[0] : want[1], ck != want[0] ? ck : cv);
+                }
+            }
+        }
+        bad += !good;
+        for (int i = r0; i < r0 + n; i++) ok[i] = good;
+    }
+    return bad;
+}
+
+//
 // replication and recovery of local ranks (--replicate): the driver's side
 //
 
@@ -2844,8 +3699,8 @@ static void dist_log(struct kvr_dist * d, const char * fmt, ...) {
 static struct replica * replica_of(struct kvr_dist * d, int i) {
     if (d->n_local < 2) return NULL;
     struct dist_rank * h = &d->ranks[(i + 1) % d->n_local];
-    if (!h->held) h->held = replica_new((int)d->m->hp.n_layer, h->cache->kv_dim);
-    return h->held;
+    if (!h->dv.held) h->dv.held = replica_new((int)d->m->hp.n_layer, h->cache->kv_dim);
+    return h->dv.held;
 }
 
 // every replica holds its rank's whole cache again (after a load, a truncation, a recompute)
@@ -2864,12 +3719,12 @@ static void replicas_begin(struct kvr_dist * d) {
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         struct replica * rp = d->p.replicate ? replica_of(d, i) : NULL;
-        dr->comm->replica_out = NULL;
+        dr->comm->dv.replica_out = NULL;
         if (!rp) continue;
         const int r = dr->rank;
         const int n = !pl->active[r] ? 0 : pl->store >= 0 ? (r == pl->store) : pl->cnt[r];
         replica_begin(rp, n, pl->pos[r]);
-        if (n > 0) dr->comm->replica_out = rp;
+        if (n > 0) dr->comm->dv.replica_out = rp;
     }
 }
 
@@ -2877,7 +3732,7 @@ static void replicas_begin(struct kvr_dist * d) {
 static void replicas_end(struct kvr_dist * d, bool ok) {
     if (!d->p.replicate) return;
     for (int i = 0; i < d->n_local; i++) {
-        struct replica * rp = d->n_local > 1 ? d->ranks[(i + 1) % d->n_local].held : NULL;
+        struct replica * rp = d->n_local > 1 ? d->ranks[(i + 1) % d->n_local].dv.held : NULL;
         if (rp && replica_end(rp, ok, d->p.timeout_s) != KVR_OK) {
             dist_log(d, "the replica of rank %d on rank %d: %s; a loss of rank %d recomputes what it lacks", i, (i + 1) % d->n_local,
                      kvr_last_error(), i);
@@ -2886,10 +3741,10 @@ static void replicas_end(struct kvr_dist * d, bool ok) {
 }
 
 int kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut) {
-    if (!d->p.replicate || rank < 0 || rank >= d->n_local || d->n_local < 2 || !d->ranks[(rank + 1) % d->n_local].held) {
+    if (!d->p.replicate || rank < 0 || rank >= d->n_local || d->n_local < 2 || !d->ranks[(rank + 1) % d->n_local].dv.held) {
         return kvr_error(KVR_ERR_ARG, "no replica of rank %d (--replicate off, or fewer than 2 ranks)", rank);
     }
-    struct replica * rp = d->ranks[(rank + 1) % d->n_local].held;
+    struct replica * rp = d->ranks[(rank + 1) % d->n_local].dv.held;
     if (row < 0 || row >= rp->n_rows) return kvr_error(KVR_ERR_ARG, "the replica of rank %d holds %d rows, not row %d", rank, rp->n_rows, row);
     if (!cut) {
         uint32_t bits;
@@ -2910,7 +3765,7 @@ int kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut) {
 struct row_src {
     int  rank;  // -1: nowhere
     int  row;
-    bool rep;   // the replica ranks[rank].held, else ranks[rank]'s cache
+    bool rep;   // the replica ranks[rank].dv.held, else ranks[rank]'s cache
 };
 
 static void src_read(const struct kvr_dist * d, const struct row_src * s, int il, int n, float * k, float * v) {
@@ -2919,9 +3774,9 @@ static void src_read(const struct kvr_dist * d, const struct row_src * s, int il
         kvr_kv_cache_get_rows(dr->be, dr->cache, il, s->row, n, k, v);
         return;
     }
-    const size_t off = (size_t)s->row * (size_t)dr->held->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)dr->held->kv_dim;
-    memcpy(k, dr->held->k[il] + off, bytes);
-    memcpy(v, dr->held->v[il] + off, bytes);
+    const size_t off = (size_t)s->row * (size_t)dr->dv.held->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)dr->dv.held->kv_dim;
+    memcpy(k, dr->dv.held->k[il] + off, bytes);
+    memcpy(v, dr->dv.held->v[il] + off, bytes);
 }
 
 // Write positions [keep, p0) into rank t's cache rows keep.. (chain), reading each run of
@@ -2956,7 +3811,7 @@ static void dist_rank_free(struct dist_rank * dr) {
     kvr_model_free(dr->model);
     kvr_backend_free(dr->be);
     rank_comm_free(dr->comm);
-    replica_free(dr->held);
+    replica_free(dr->dv.held);
     free(dr->logits);
     free(dr->spans);
     free(dr->graph_text);
@@ -2993,7 +3848,7 @@ static int dist_recover(struct kvr_dist * d, const char * cause) {
         }
     }
     for (int i = 0; i < N; i++) {
-        const struct replica * rp = d->ranks[i].held;
+        const struct replica * rp = d->ranks[i].dv.held;
         if (i == x || !rp || rp->n_rows == 0) continue;
         bool * ok = malloc(sizeof(bool) * (size_t)rp->n_rows);
         KVR_ASSERT(ok != NULL);
@@ -3107,8 +3962,8 @@ static int dist_recover(struct kvr_dist * d, const char * cause) {
     // the taker's successor held the lost rank's rows (now in the taker) or the taker's: either way
     // it now holds the taker's whole cache; the lost rank's predecessor's replica died with it
     if (M == 1) {
-        replica_free(d->ranks[0].held);
-        d->ranks[0].held = NULL;
+        replica_free(d->ranks[0].dv.held);
+        d->ranks[0].dv.held = NULL;
     } else if (p0 < n_past) {
         replicas_seed_all(d);
     } else {
@@ -3118,7 +3973,7 @@ static int dist_recover(struct kvr_dist * d, const char * cause) {
             if (rp) replica_seed(rp, d->ranks[i].be, d->ranks[i].cache, d->ranks[i].cache_pos, d->ranks[i].n_rows);
         }
     }
-    d->failover_restore_ms = kvr_time_ms() - t0;
+    d->dv.failover_restore_ms = kvr_time_ms() - t0;
     if (n_past == 0) {
         dist_log(d, "nothing was cached before this eval: nothing to restore");
     } else if (n_rep + n_copy == 0 && p0 < n_past) {
@@ -3127,10 +3982,10 @@ static int dist_recover(struct kvr_dist * d, const char * cause) {
         dist_log(d, "nothing of rank %d's was needed: rank %d holds every row", x, t);
     } else if (n_copy) {
         dist_log(d, "restored rank %d's rows into rank %d: %d from replicas (CRC32C checked), %d from the other ranks' caches, in %.1f ms",
-                 x, t, n_rep, n_copy, d->failover_restore_ms);
+                 x, t, n_rep, n_copy, d->dv.failover_restore_ms);
     } else {
         dist_log(d, "restored rank %d's %d rows from its replica on rank %d (CRC32C checked) into rank %d in %.1f ms", x, n_rep, succ, t,
-                 d->failover_restore_ms);
+                 d->dv.failover_restore_ms);
     }
     dist_log(d, "%d rank%s go on, renumbered 0..%d in ring order%s", M, M > 1 ? "s" : "", M - 1,
              M == 1 ? " (replication stops: no successor is left)" : "");
@@ -3144,9 +3999,9 @@ static int dist_recover(struct kvr_dist * d, const char * cause) {
         KVR_ASSERT(toks != NULL);
         memcpy(toks, d->seq + p0, sizeof(int32_t) * (size_t)n);
         const double t1 = kvr_time_ms();
-        d->recomputing = true;
+        d->dv.recomputing = true;
         const float * lg = kvr_dist_eval(d, toks, n);
-        d->recomputing = false;
+        d->dv.recomputing = false;
         free(toks);
         if (!lg) return KVR_ERR_COMM;
         dist_log(d, "recomputed tokens [%d, %d) (no copy held position %d) in %.0f ms", p0, n_past, p0, kvr_time_ms() - t1);
@@ -3157,96 +4012,190 @@ static int dist_recover(struct kvr_dist * d, const char * cause) {
 }
 
 //
-// the driver
+// the nodes DejaVu puts in a rank's graph: each right after the node that makes a layer's rows
+// final, so that they run as soon as the rows are there, overlapping the layers that follow
 //
 
-#ifdef KVR_MPI
-// MPI started once per process (it cannot be started twice: it ends with the process, not the
-// dist); d->n_ranks and *my_rank from MPI_COMM_WORLD; the MPI transport
-static struct transport * mpi_start(struct kvr_dist * d, int * my_rank) {
-    int inited = 0, provided = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-        MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
-        atexit(mpi_finalize);
+// Put each layer's nodes add[il*4 .. il*4+n_add[il]) into the sinks right after the sink they
+// depend on, after[il] (or, when that is no sink, in layer order at the end): they run as soon as
+// the layer's rows are there.
+static void sinks_after_layers(struct pass_ctx * pc, struct kvr_tensor ** add, const int * n_add, struct kvr_tensor ** after,
+                               int n_layer) {
+    struct kvr_tensor ** sinks = malloc(sizeof(*sinks) * (size_t)(pc->n_sinks + 4 * n_layer));
+    int n = 0;
+    bool * done = calloc((size_t)n_layer, sizeof(bool));
+    KVR_ASSERT(sinks && done);
+    for (int i = 0; i < pc->n_sinks; i++) {
+        sinks[n++] = pc->sinks[i];
+        for (int il = 0; il < n_layer; il++) {
+            if (after[il] != pc->sinks[i] || done[il]) continue;
+            for (int k = 0; k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
+            done[il] = true;
+        }
     }
-    MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
-    MPI_Comm_rank(MPI_COMM_WORLD, my_rank);
-    void * ub = NULL;
-    int flag = 0;
-    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
-    if (flag && *(int *)ub < kvr_tag((int)d->m->hp.n_layer, KVR_TAG_KIND_COUNT, 255)) {
-        kvr_error(KVR_ERR_UNSUPP, "MPI_TAG_UB %d is too small for %u layers", *(int *)ub, d->m->hp.n_layer);
-        return NULL;
+    for (int il = 0; il < n_layer; il++) {
+        for (int k = 0; !done[il] && k < n_add[il]; k++) sinks[n++] = add[il * 4 + k];
     }
-    struct transport * t = calloc(1, sizeof(*t));
-    KVR_ASSERT(t != NULL);
-    *t = (struct transport) { .isend = mpi_isend, .irecv = mpi_irecv, .wait = mpi_wait, .fail = mpi_fail, .cancel = mpi_cancel,
-                              .idle = mpi_idle, .free = mpi_free, .n_ranks = d->n_ranks, .early_recv = true };
+    free(pc->sinks);
+    pc->sinks = sinks;
+    pc->n_sinks = pc->cap_sinks = n;
+    free(done);
+}
+
+static struct kvr_tensor * layer_final(struct pass_ctx * pc, struct kvr_graph * g, int il) {
+    struct kvr_tensor * t = layer_final_find(pc, g, il);
+    KVR_ASSERT(t != NULL && "no store of this layer");
     return t;
 }
-#endif
 
-#ifdef KVR_NCCL
-// The NCCL ranks of this process. Started by mpirun (OpenMPI, MPICH's Hydra, PMIx): one rank, on
-// the GPU of its index among the node's processes, the unique id from rank 0 over MPI. Else this
-// process drives n_ranks GPUs, rank i on device i.
-static int nccl_start(struct kvr_dist * d, int * my_rank) {
-    int n_dev = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n_dev);
-    char no_dev[256] = "";
-    if (e != cudaSuccess || n_dev == 0) {
-        snprintf(no_dev, sizeof(no_dev), "--comm nccl: no CUDA device (cudaGetDeviceCount: %s): every NCCL rank needs a GPU",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+// Put t in the sinks right after layer il's final node (before what an earlier call put there),
+// so it runs as soon as the layer's rows are final. A rank that stores nothing in the layer (ring
+// decode): after the last sink of that layer.
+static struct kvr_tensor * sink_after_layer(struct pass_ctx * pc, struct kvr_graph * g, int il, struct kvr_tensor * t, const char * why) {
+    const struct kvr_tensor * after = layer_final_find(pc, g, il);
+    char prefix[32];
+    const int np = snprintf(prefix, sizeof(prefix), "blk.%d.", il);
+    int at = -1;
+    for (int i = 0; i < pc->n_sinks; i++) {
+        if (after ? pc->sinks[i] == after : strncmp(pc->sinks[i]->name, prefix, (size_t)np) == 0) at = i;
+        if (after && at >= 0) break;
     }
-    const bool under_mpirun = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
-    if (under_mpirun) {
-#ifdef KVR_MPI
-        d->host_tr = mpi_start(d, my_rank);
-        if (!d->host_tr) return KVR_ERR_UNSUPP;
-        MPI_Comm node;
-        int local = 0, n_node = 1;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *my_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &local);
-        MPI_Comm_size(node, &n_node);
-        MPI_Comm_free(&node);
-        // every process takes part in the broadcast, even one that cannot go on: the others
-        // then fail in the communicator's initialisation, within the timeout
-        struct { int ok; ncclUniqueId id; } boot;
-        memset(&boot, 0, sizeof(boot));
-        if (*my_rank == 0) boot.ok = ncclGetUniqueId(&boot.id) == ncclSuccess;
-        MPI_Bcast(&boot, (int)sizeof(boot), MPI_BYTE, 0, MPI_COMM_WORLD);
-        if (!boot.ok) return kvr_error(KVR_ERR_COMM, "rank %d: rank 0 could not make the NCCL unique id (NCCL_DEBUG=INFO tells why)", *my_rank);
-        if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "rank %d: %s", *my_rank, no_dev);
-        if (local >= n_dev) {
-            return kvr_error(KVR_ERR_DEVICE, "rank %d: --comm nccl: %d processes on this node, but %d GPUs (one process per GPU)",
-                             *my_rank, n_node, n_dev);
-        }
-        d->n_local = 1;
-        d->tr = nccl_new(d->n_ranks, *my_rank, 1, &local, boot.id, true, d->p.timeout_s);
-        return d->tr ? KVR_OK : KVR_ERR_COMM;
-#else
-        return kvr_error(KVR_ERR_UNSUPP, "--comm nccl under mpirun needs a build with MPI as well (make KVR_CUDA=1 KVR_MPI=1)");
-#endif
-    }
-    if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "%s", no_dev);
-    const int n = d->p.n_ranks > 0 ? d->p.n_ranks : 1;
-    if (d->p.device < 0 || d->p.device + n > n_dev) {
-        return kvr_error(KVR_ERR_DEVICE, "--comm nccl: %d ranks from GPU %d need GPUs %d..%d; this machine has %d", n, d->p.device,
-                         d->p.device, d->p.device + n - 1, n_dev);
-    }
-    if (n > 256) return kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", n);
-    int devices[256];
-    for (int i = 0; i < n; i++) devices[i] = d->p.device + i;
-    ncclUniqueId id;
-    const ncclResult_t e2 = ncclGetUniqueId(&id);
-    if (e2 != ncclSuccess) return kvr_error(KVR_ERR_COMM, "--comm nccl: ncclGetUniqueId failed: %s", ncclGetErrorString(e2));
-    d->n_ranks = d->n_local = n;
-    *my_rank = 0;
-    d->tr = nccl_new(n, 0, n, devices, id, false, d->p.timeout_s);
-    return d->tr ? KVR_OK : KVR_ERR_COMM;
+    KVR_ASSERT(at >= 0 && "no sink of this layer to put the node after");
+    struct kvr_tensor * anchor = pc->sinks[at];
+    sinks_put(pc, at + 1, t);
+    t->why = why;
+    return anchor;
 }
-#endif
+
+// --replicate: per layer, right after its rows are final, this eval's new rows of the rank go to
+// its replica on the ring successor (replica_put), overlapping the layers that follow
+static void add_replica_nodes(struct pass_ctx * pc, struct kvr_graph * g) {
+    if (!pc->dr->comm->dv.replica_out) return;
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int row0 = pc->dr->made_row0, n = pc->dr->made; // the rows this eval made on this rank
+    KVR_ASSERT(n == pc->dr->comm->dv.replica_out->pend_n || pc->dr->comm->dv.replica_out->pend_n == 0);
+    if (n == 0) return;
+    for (int il = 0; il < c->n_layer; il++) {
+        struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], row0, n), PEER_REPLICA, kvr_tag(il, KVR_TAG_K, 0));
+        t->src[1] = cache_rows(pc, c->v[il], row0, n);
+        kvr_set_name(t, "blk.%d.kv_replica", il);
+        t->src[2] = sink_after_layer(pc, g, il, t, "replicate: this layer's new K/V rows to the replica on the ring successor");
+    }
+}
+
+// The test hook's node, where this eval loses the rank (struct kvr_test_kill): right after the
+// layer's final store, before the layer's transfers and what streams or replicates its rows
+static void add_kill_node(struct pass_ctx * pc, struct kvr_graph * g) {
+    const int il = pc->dr->comm->dv.kill_layer;
+    if (il < 0) return;
+    struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, pc->dr->cache->k[il], 0, 1), PEER_KILL, kvr_tag(il, KVR_TAG_K, 0));
+    kvr_set_name(t, "blk.%d.kill", il);
+    t->src[1] = sink_after_layer(pc, g, il, t, "test hook KVR_TEST_KILL: this rank is lost here"); // and after it
+}
+
+// Streaming the cache while the prefill runs: per layer, right after its rows are final, a node
+// that hands rows [0, n_rows) of this rank's cache to the file stream, or (P/D) sends them to the
+// decode rank: the chain's rank with the whole cache sends it at once, a ring rank its two chunks,
+// each to its place. Each goes in the sinks list right after the layer's final store, so it runs
+// as soon as the layer's rows are there, before the layer's attention, overlapping what follows.
+static void add_stream_nodes(struct pass_ctx * pc, struct kvr_graph * g, int n_rows) {
+    struct eval_plan * pl = pc->pl;
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int n_layer = c->n_layer, r = pc->rank;
+    const bool ring = strategy_is_ring(pl->strat);
+    if (!ring && r != pl->owner) return; // the chain's last rank holds everything
+    if (n_rows == 0) return;
+    struct kvr_tensor ** add = calloc((size_t)n_layer * 4, sizeof(*add));
+    struct kvr_tensor ** after = calloc((size_t)n_layer, sizeof(*after));
+    int * n_add = calloc((size_t)n_layer, sizeof(int));
+    KVR_ASSERT(add && after && n_add);
+    for (int il = 0; il < n_layer; il++) {
+        struct kvr_tensor * dep = after[il] = layer_final(pc, g, il);
+        if (!pl->pd) {
+            struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], 0, n_rows), PEER_STREAM, kvr_tag(il, KVR_TAG_K, 0));
+            t->src[1] = cache_rows(pc, c->v[il], 0, n_rows);
+            t->src[2] = dep;
+            kvr_set_name(t, "blk.%d.kv_stream", il);
+            t->why = "stream: this layer's final K/V rows to the file, behind the compute";
+            add[il * 4 + n_add[il]++] = t;
+            continue;
+        }
+        // P/D: ring ranks hold chunks r and 2N-1-r of the prompt; the chain's rank all of it
+        const int D = pc->d->n_ranks - 1, nc = 2 * pl->N;
+        const int len[2] = { ring ? chunk_begin(pl->T, nc, r + 1) - chunk_begin(pl->T, nc, r) : n_rows,
+                             ring ? chunk_begin(pl->T, nc, nc - r) - chunk_begin(pl->T, nc, nc - 1 - r) : 0 };
+        for (int j = 0, row0 = 0; j < 2; row0 += len[j], j++) {
+            if (len[j] == 0) continue;
+            for (int kind = 0; kind < 2; kind++) {
+                struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, (kind ? c->v : c->k)[il], row0, len[j]), D,
+                                                 kvr_tag(il, kind ? KVR_TAG_V : KVR_TAG_K, STREAM_STEP + j));
+                t->src[1] = dep;
+                kvr_set_name(t, "blk.%d.%s_to_decode%d", il, kind ? "v" : "k", j);
+                t->why = "P/D: this layer's final K/V rows to the decode rank, while the prefill goes on";
+                add[il * 4 + n_add[il]++] = t;
+            }
+        }
+    }
+    sinks_after_layers(pc, add, n_add, after, n_layer);
+    free(add);
+    free(after);
+    free(n_add);
+}
+
+// Replication log (--replicate-dir): per layer, right after its rows are final, a node that hands
+// the rows this eval made on this rank (cache rows [row0, row0+n)) to the rank's log.
+static void add_log_nodes(struct pass_ctx * pc, struct kvr_graph * g, int row0, int n) {
+    struct kvr_kv_cache * c = pc->dr->cache;
+    const int n_layer = c->n_layer;
+    if (n == 0) return;
+    struct kvr_tensor ** add = calloc((size_t)n_layer * 4, sizeof(*add));
+    struct kvr_tensor ** after = calloc((size_t)n_layer, sizeof(*after));
+    int * n_add = calloc((size_t)n_layer, sizeof(int));
+    KVR_ASSERT(add && after && n_add);
+    for (int il = 0; il < n_layer; il++) {
+        struct kvr_tensor * t = kvr_send(pc->ctx, cache_rows(pc, c->k[il], row0, n), PEER_LOG, kvr_tag(il, KVR_TAG_K, 0));
+        t->src[1] = cache_rows(pc, c->v[il], row0, n);
+        t->src[2] = after[il] = layer_final(pc, g, il);
+        kvr_set_name(t, "blk.%d.kv_log", il);
+        t->why = "replication log: the rows this rank made in this layer, to its log behind the compute";
+        add[il * 4 + n_add[il]++] = t;
+    }
+    sinks_after_layers(pc, add, n_add, after, n_layer);
+    free(add);
+    free(after);
+    free(n_add);
+}
+
+// The decode rank's part of a P/D prefill: a graph of receives only, each layer's K and V rows
+// straight into its cache at their positions, in the order the prefill ranks send them.
+static void dejavu_receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g) {
+    struct eval_plan * pl = &d->plan;
+    struct kvr_kv_cache * c = dr->cache;
+    const bool ring = strategy_is_ring(pl->strat);
+    const int nc = 2 * pl->N;
+    for (int il = 0; il < c->n_layer; il++) {
+        for (int q = 0; q < (ring ? pl->N : 1); q++) {
+            for (int j = 0; j < (ring ? 2 : 1); j++) {
+                const int ch = j ? nc - 1 - q : q;
+                const int b = ring ? chunk_begin(pl->T, nc, ch) : 0, e = ring ? chunk_begin(pl->T, nc, ch + 1) : pl->T;
+                if (e == b) continue;
+                for (int kind = 0; kind < 2; kind++) {
+                    struct kvr_tensor * view = kvr_view_2d(ctx, (kind ? c->v : c->k)[il], c->kv_dim, e - b, c->k[il]->nb[1],
+                                                           (size_t)b * c->k[il]->nb[1]);
+                    struct kvr_tensor * t = kvr_recv(ctx, view, ring ? q : pl->owner, kvr_tag(il, kind ? KVR_TAG_V : KVR_TAG_K, STREAM_STEP + j));
+                    kvr_set_name(t, "blk.%d.%s_from_prefill%d", il, kind ? "v" : "k", ring ? q : pl->owner);
+                    t->why = "P/D: the decode rank's cache, layer by layer from the prefill";
+                    kvr_graph_expand(g, t);
+                }
+            }
+        }
+    }
+}
+
+//
+// the test hooks: KVR_TEST_KILL loses a rank at a point of an eval (struct kvr_test_kill in kvr.h),
+// the stall hook stops one before a transfer (kvr_dist_params.stall)
+//
 
 // KVR_TEST_KILL: "RANK:prefill:LAYER" or "RANK:decode:STEP", several separated by commas
 int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap) {
@@ -3278,333 +4227,30 @@ int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap)
     return -1;
 }
 
-struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p) {
-    static const struct kvr_dist_params defaults = { 0 }; // one local rank on the CPU, the single pass
-    if (!p) p = &defaults;
-    struct kvr_dist * d = calloc(1, sizeof(*d));
-    KVR_ASSERT(d != NULL);
-    d->m = m;
-    d->p = *p;
-    d->t_base = kvr_time_ms();
-    if (d->p.timeout_s <= 0) d->p.timeout_s = 60.0;
-    if ((unsigned)p->strategy >= KVR_STRATEGY_COUNT) {
-        kvr_error(KVR_ERR_ARG, "unknown strategy %d", (int)p->strategy);
-        free(d);
-        return NULL;
+// the stall hook: this rank stops before its first transfer at or after the layer, as a lost
+// process would; it comes back only when another rank gave up (or after two timeouts)
+static int comm_stall(struct rank_comm * c, int tag) {
+    if (c->dv.stall_layer < 0 || kvr_tag_layer(tag) < c->dv.stall_layer) return KVR_OK;
+    if (!c->dv.stalled) {
+        c->dv.stalled = true;
+        c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
     }
-    d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
-    int my_rank = 0;
-    if (p->comm == KVR_COMM_MPI) {
-#ifdef KVR_MPI
-        d->tr = d->host_tr = mpi_start(d, &my_rank);
-        if (!d->tr) {
-            free(d);
-            return NULL;
-        }
-        d->n_local = 1;
-#else
-        kvr_error(KVR_ERR_UNSUPP, "this build has no MPI transport (build with make KVR_MPI=1)");
-        free(d);
-        return NULL;
-#endif
-    } else if (p->comm == KVR_COMM_NCCL) {
-#ifdef KVR_NCCL
-        if (nccl_start(d, &my_rank) != KVR_OK) {
-            if (d->host_tr) d->host_tr->free(d->host_tr);
-            free(d);
-            return NULL;
-        }
-#else
-        kvr_error(KVR_ERR_UNSUPP, "this build has no NCCL transport (build with make KVR_CUDA=1)");
-        free(d);
-        return NULL;
-#endif
-    } else {
-        d->n_ranks = p->n_ranks > 0 ? p->n_ranks : 1;
-        d->n_local = d->n_ranks;
-        if (p->link_noise > 1.0 && p->link_gbps <= 0) {
-            kvr_error(KVR_ERR_ARG, "a noisy link (%g times slower) needs an emulated bandwidth (link_gbps)", p->link_noise);
-            free(d);
-            return NULL;
-        }
-        d->tr = local_new(d->n_ranks, p->link_gbps, p->link_latency_us, p->link_noise, p->link_seed);
-    }
-    if (d->n_ranks <= 256 && p->pd && (d->n_ranks < 2 || p->decode_rank != d->n_ranks - 1 || p->kv_stream)) {
-        kvr_error(KVR_ERR_ARG, d->n_ranks < 2 ? "prefill/decode disaggregation needs 2 ranks or more, not %d" :
-                  p->kv_stream ? "prefill/decode disaggregation streams to the decode rank, not to a file (%d ranks)" :
-                  "the decode rank must be the last of the %d ranks", d->n_ranks);
-        d->tr->free(d->tr);
-        free(d);
-        return NULL;
-    }
-    if (d->n_ranks > 256) {
-        kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", d->n_ranks);
-        d->tr->free(d->tr);
-        free(d);
-        return NULL;
-    }
-    if (p->replicate && (p->comm != KVR_COMM_LOCAL || d->n_ranks < 2 || p->pd)) {
-        kvr_error(KVR_ERR_ARG, p->comm != KVR_COMM_LOCAL ? "--replicate keeps each rank's replica in its successor's memory in this process "
-                  "(local ranks); across processes use --replicate-dir" : p->pd ? "--replicate does not go with --decode-rank"
-                  : "--replicate keeps each rank's rows on the next rank: it needs 2 ranks or more, not %d", d->n_ranks);
-        if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
-        d->tr->free(d->tr);
-        free(d);
-        return NULL;
-    }
-    // the kill hook's points, checked against this dist (a point that could never fire is a mistake)
-    int kill_rc = p->n_kill > (int)(sizeof(d->kill) / sizeof(d->kill[0])) || p->n_kill < 0
-                ? kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %d points, at most %d", p->n_kill, (int)(sizeof(d->kill) / sizeof(d->kill[0])))
-                : KVR_OK;
-    for (int i = 0; i < p->n_kill && kill_rc == KVR_OK; i++) {
-        const struct kvr_test_kill * k = &p->kill[i];
-        if (k->rank < 0 || k->rank >= d->n_ranks) {
-            kill_rc = kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: rank %d is not one of the %d ranks", k->rank, d->n_ranks);
-        } else if (k->at < 0 || (!k->decode && k->at >= (int)m->hp.n_layer)) {
-            kill_rc = kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %s %d is out of range (the model has %u layers)",
-                                k->decode ? "decode step" : "layer", k->at, m->hp.n_layer);
-        } else {
-            d->kill[d->n_kill++] = *k;
-        }
-    }
-    if (kill_rc != KVR_OK) {
-        if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
-        d->tr->free(d->tr);
-        free(d);
-        return NULL;
-    }
-    int n_ctx = p->n_ctx > 0 ? p->n_ctx : (int)(m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
-    if (n_ctx <= 0) n_ctx = 2048;
-    d->n_ctx = n_ctx;
-    int n_threads = p->n_threads;
-    if (n_threads <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = (int)(cores > 0 ? cores : 1) / (p->comm == KVR_COMM_LOCAL ? d->n_ranks : 1);
-        if (n_threads < 1) n_threads = 1;
-    }
-    d->rows = calloc((size_t)d->n_ranks, sizeof(int));
-    d->ranks = calloc((size_t)d->n_local, sizeof(struct dist_rank));
-    d->logits = calloc(m->hp.n_vocab, sizeof(float));
-    for (int i = 0; i < d->n_local; i++) {
-        struct dist_rank * dr = &d->ranks[i];
-        dr->rank = dr->id = my_rank + i; // local: 0 + i; one rank a process: the process's
-        int device = p->device + dr->rank;
-#ifdef KVR_NCCL
-        if (p->comm == KVR_COMM_NCCL) device = nccl_rank_of(d->tr, dr->rank)->device; // its node's GPU
-#endif
-        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = device,
-                                               .q8_activations = p->q8_activations, .vec_dot_order = p->vec_dot_order,
-                                               .trace = p->trace };
-        dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
-        dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
-        dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx, dr->be) : NULL;
-        if (!dr->cache) {
-            kvr_dist_free(d);
-            return NULL;
-        }
-        dr->cache_pos = calloc((size_t)n_ctx, sizeof(int32_t));
-#ifdef KVR_NCCL
-        if (p->comm == KVR_COMM_NCCL) { // NCCL moves device memory: the rank's transfers follow its compute stream
-            void * stream = kvr_backend_cuda_stream(dr->be);
-            if (!stream) {
-                kvr_error(KVR_ERR_ARG, "--comm nccl moves GPU memory: it needs the CUDA backend (--backend cuda)");
-                kvr_dist_free(d);
-                return NULL;
-            }
-            nccl_set_compute(d->tr, dr->rank, stream);
-        }
-#endif
-        dr->comm = rank_comm_new(d->tr, dr->rank, d->n_ranks, d->p.timeout_s);
-        dr->comm->base.device_ptrs = p->comm == KVR_COMM_NCCL; // NCCL moves device memory itself: nothing staged
-        dr->comm->own_process = d->host_tr != NULL; // one rank a process (MPI, NCCL under mpirun)
-        kvr_backend_set_comm(dr->be, &dr->comm->base);
-        dr->logits = calloc(m->hp.n_vocab, sizeof(float));
-        dr->reuse = kvr_eval_reuse_new();
-    }
-    d->last = p->strategy;
-    return d;
+    return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
 }
 
-static void swap_drop(struct kvr_dist * d);
-
-void kvr_dist_free(struct kvr_dist * d) {
-    if (!d) return;
-    swap_drop(d);
-    replog_restart(d); // what the logs have queued is written and synced
-    free(d->resume_prompt);
-    for (int i = 0; i < d->n_local; i++) dist_rank_free(&d->ranks[i]);
-    free(d->ranks);
-    free(d->rows);
-    free(d->logits);
-    free(d->seq);
-    plan_free(&d->plan);
-    if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
-    if (d->tr) d->tr->free(d->tr);
-    free(d);
-}
-
-void kvr_dist_reset(struct kvr_dist * d) {
-    replog_restart(d);
-    d->n_past = 0;
-    d->has_logits = false;
-    d->n_decode = 0;
-    for (int r = 0; r < d->n_ranks; r++) d->rows[r] = 0;
-    for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = 0;
-    replicas_seed_all(d);
-}
-
-int kvr_dist_rank(const struct kvr_dist * d) { return d->ranks[0].rank; }
-int kvr_dist_n_ranks(const struct kvr_dist * d) { return d->n_ranks; }
-int kvr_dist_n_past(const struct kvr_dist * d) { return d->n_past; }
-enum kvr_strategy kvr_dist_last_strategy(const struct kvr_dist * d) { return d->last; }
-
-int kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int cap) {
-    int n = 0;
-    for (int i = 0; i < d->n_local && n < cap; i++) {
-        if (!d->plan.active[d->ranks[i].rank]) continue;
-        out[n++] = d->ranks[i].comm->st;
+// The one place the test hook KVR_TEST_KILL acts (struct kvr_test_kill in kvr.h): the rank is lost
+// here. A rank that is a process of its own dies at once, as a crashed one would. A local rank's
+// thread stops without a word to its peers (no transport fail(): its transfers are withdrawn at
+// the graph's end as a stalled rank's are), so whoever waits on it times out as on a lost process.
+static int test_kill(struct rank_comm * c) {
+    if (c->dv.own_process) {
+        fprintf(stderr, "kvr: rank %d: killed by the test hook KVR_TEST_KILL at %s\n", c->base.rank, c->dv.kill_what);
+        fflush(stderr);
+        raise(SIGKILL);
     }
-    return n;
-}
-
-const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank) {
-    for (int i = 0; i < d->n_local; i++) {
-        if (d->ranks[i].rank == rank) return d->ranks[i].comm->sched.nodes ? &d->ranks[i].comm->sched : NULL;
-    }
-    return NULL;
-}
-
-int kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos, const struct kvr_kv_cache ** cache) {
-    for (int i = 0; i < d->n_local; i++) {
-        if (d->ranks[i].rank != rank) continue;
-        *pos = d->ranks[i].cache_pos;
-        *cache = d->ranks[i].cache;
-        return d->ranks[i].n_rows;
-    }
-    return -1;
-}
-
-static void seq_reserve(struct kvr_dist * d, int n) {
-    if (n <= d->seq_cap) return;
-    d->seq_cap = n > 2 * d->seq_cap ? n : 2 * d->seq_cap;
-    d->seq = realloc(d->seq, sizeof(int32_t) * (size_t)d->seq_cap);
-    KVR_ASSERT(d->seq != NULL);
-}
-
-// The stream of a first prefill: the file kvr_dist_kv_save would write after it (the chain's
-// last rank's whole cache, or every ring shard gathered, or under MPI this rank's PATH.R)
-static int stream_start(struct kvr_dist * d, const int32_t * tokens, int n, struct kv_stream ** out) {
-    const struct eval_plan * pl = &d->plan;
-    const bool ring = strategy_is_ring(pl->strat);
-    struct kvr_kv_shard sh[256];
-    int shard_ranks[256], n_sh = 0;
-    int32_t * seq = malloc(sizeof(int32_t) * (size_t)n);
-    KVR_ASSERT(seq != NULL);
-    for (int i = 0; i < n; i++) seq[i] = i;
-    for (int i = 0; i < d->n_local; i++) {
-        const int r = d->ranks[i].rank;
-        if (ring) {
-            sh[n_sh] = (struct kvr_kv_shard) { .rank = r, .n_rows = pl->cnt[r], .pos = pl->pos[r] };
-            shard_ranks[n_sh++] = r;
-        } else if (r == pl->owner) {
-            sh[n_sh] = (struct kvr_kv_shard) { .rank = 0, .n_rows = n, .pos = seq };
-            shard_ranks[n_sh++] = r;
-        }
-    }
-    int rc = KVR_OK;
-    if (n_sh > 0) {
-        const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
-                                           .shards = sh, .logits = true };
-        char p[4096];
-        if (ring && n_sh != d->n_ranks) kvr_dist_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
-        else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
-        rc = stream_open(out, p, d->m, &lay, shard_ranks, d->p.timeout_s);
-    }
-    free(seq);
-    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->stream = rc == KVR_OK ? *out : NULL;
-    return rc;
-}
-
-// DIR/rank-R.kvlog
-void kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap) {
-    snprintf(out, cap, "%s/rank-%d.kvlog", dir, rank);
-}
-
-// Close every local rank's log (what is queued is written and synced first); the next eval starts
-// new ones. A reset, a truncation or a load changes the cache in ways no step describes.
-static int replog_restart(struct kvr_dist * d) {
-    int rc = KVR_OK;
-    for (int i = 0; d->ranks && i < d->n_local; i++) { // (a dist kvr_dist_new gave up on is freed too)
-        const int rc2 = log_stop(d->ranks[i].log);
-        if (rc == KVR_OK) rc = rc2;
-        d->ranks[i].log = NULL;
-        if (d->ranks[i].comm) d->ranks[i].comm->log = NULL;
-    }
-    d->logs_open = false;
-    d->log_skip = false;
-    return rc;
-}
-
-// Before an eval with replicate_dir and no log open: a new log per local rank. A dist that holds
-// tokens already (a load, a truncation, a resume into another directory) starts it with a base
-// step: every row the rank holds and every token; the eval is then the log's step 1.
-static int replog_start(struct kvr_dist * d, const int32_t * tokens, int n) {
-    const char * dir = d->p.replicate_dir;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        return kvr_error(KVR_ERR_IO, "--replicate-dir %s: cannot create the directory: %s", dir, strerror(errno));
-    }
-    const bool base = d->n_past > 0;
-    const int kv_dim = (int)(d->m->hp.head_dim * d->m->hp.n_head_kv), n_layer = (int)d->m->hp.n_layer;
-    int rc = KVR_OK;
-    for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
-        struct dist_rank * dr = &d->ranks[i];
-        char path[4096];
-        kvr_dist_log_path(dir, dr->rank, path, sizeof(path));
-        const struct kvr_kv_log_head h = { .rank = dr->rank, .n_ranks = d->n_ranks, .strategy = (int)d->p.strategy,
-                                           .n_prompt = base ? d->n_past : n, .prompt = base ? d->seq : tokens,
-                                           .flags = base ? KVR_KV_LOG_BASE : 0 };
-        struct kvr_kv_log * w;
-        rc = kvr_kv_log_create(&w, path, d->m, &h);
-        if (rc != KVR_OK) break;
-        dr->log = log_start(w, path, d->p.timeout_s);
-        if (!dr->log) {
-            rc = KVR_ERR_NOMEM;
-            break;
-        }
-        if (!base) continue;
-        const int nr = dr->n_rows;
-        float * k = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1)), * v = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1));
-        KVR_ASSERT(k && v);
-        for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) {
-            kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, nr, k, v);
-            rc = log_put_rows(dr->log, 0, il, nr, NULL, NULL, k, v, kv_dim);
-        }
-        free(k);
-        free(v);
-        if (rc == KVR_OK) rc = log_put_commit(dr->log, 0, d->seq, d->n_past, dr->cache_pos, nr);
-    }
-    if (rc != KVR_OK) {
-        char keep[1024];
-        snprintf(keep, sizeof(keep), "%s", kvr_last_error());
-        replog_restart(d);
-        return kvr_error(rc, "%s", keep);
-    }
-    d->logs_open = true;
-    d->log_step = base ? 1 : 0;
-    return KVR_OK;
-}
-
-// After an eval went well: each local rank's commit of the step (the rows it made, none when it
-// made none or did not take part)
-static int replog_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
-    int rc = KVR_OK;
-    for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
-        struct dist_rank * dr = &d->ranks[i];
-        const int made = d->plan.active[dr->rank] ? dr->made : 0;
-        rc = log_put_commit(dr->log, d->log_step, tokens, n, d->plan.pos[dr->rank], made);
-    }
-    d->log_step++;
-    return rc;
+    c->dv.killed = true;
+    c->dv.t_killed = kvr_time_ms();
+    return kvr_error(KVR_ERR_COMM, "rank %d: lost: stopped by the test hook KVR_TEST_KILL at %s", c->base.rank, c->dv.kill_what);
 }
 
 // The kill hook's points that fall in this eval (struct kvr_test_kill): each rank concerned
@@ -3612,275 +4258,259 @@ static int replog_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
 // find it before the eval), which fails the eval.
 static int test_kill_arm(struct kvr_dist * d, bool decode) {
     const struct eval_plan * pl = &d->plan;
-    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->kill_layer = d->ranks[i].comm->kill_point = -1;
-    for (int k = 0; k < d->n_kill; k++) {
-        const struct kvr_test_kill * kp = &d->kill[k];
-        if (d->kill_fired[k] || kp->decode != decode || (decode && kp->at != d->n_steps)) continue;
+    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->dv.kill_layer = d->ranks[i].comm->dv.kill_point = -1;
+    for (int k = 0; k < d->dv.n_kill; k++) {
+        const struct kvr_test_kill * kp = &d->dv.kill[k];
+        if (d->dv.kill_fired[k] || kp->decode != decode || (decode && kp->at != d->dv.n_steps)) continue;
         struct dist_rank * dr = NULL;
         for (int i = 0; i < d->n_local; i++) {
             if (d->ranks[i].id == kp->rank) dr = &d->ranks[i];
         }
-        if (!dr || dr->comm->kill_point >= 0) continue;
+        if (!dr || dr->comm->dv.kill_point >= 0) continue;
         struct rank_comm * c = dr->comm;
         const bool idle = !pl->active[dr->rank] || (pl->pd && dr->rank == d->n_ranks - 1);
-        c->kill_point = k;
-        c->kill_layer = decode ? (int)d->m->hp.n_layer / 2 : kp->at;
+        c->dv.kill_point = k;
+        c->dv.kill_layer = decode ? (int)d->m->hp.n_layer / 2 : kp->at;
         if (idle) {
-            if (decode) snprintf(c->kill_what, sizeof(c->kill_what), "the start of decode step %d (it computes nothing in it)", kp->at);
-            else snprintf(c->kill_what, sizeof(c->kill_what), "the start of the prefill (it computes nothing in it)");
-            d->kill_fired[k] = true;
+            if (decode) snprintf(c->dv.kill_what, sizeof(c->dv.kill_what), "the start of decode step %d (it computes nothing in it)", kp->at);
+            else snprintf(c->dv.kill_what, sizeof(c->dv.kill_what), "the start of the prefill (it computes nothing in it)");
+            d->dv.kill_fired[k] = true;
             dr->lost = true;
             return test_kill(c);
         }
-        if (decode) snprintf(c->kill_what, sizeof(c->kill_what), "layer %d of decode step %d", c->kill_layer, kp->at);
-        else snprintf(c->kill_what, sizeof(c->kill_what), "layer %d of the prefill", c->kill_layer);
+        if (decode) snprintf(c->dv.kill_what, sizeof(c->dv.kill_what), "layer %d of decode step %d", c->dv.kill_layer, kp->at);
+        else snprintf(c->dv.kill_what, sizeof(c->dv.kill_what), "layer %d of the prefill", c->dv.kill_layer);
     }
     return KVR_OK;
 }
 
-static const float * dist_eval_once(struct kvr_dist * d, const int32_t * tokens, int n) {
-    const struct kvr_model * m = d->m;
-    if (n <= 0) {
-        kvr_error(KVR_ERR_ARG, "eval: no tokens");
-        return NULL;
-    }
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
-            kvr_error(KVR_ERR_ARG, "eval: token %d at index %d is outside the vocabulary of %u", tokens[i], i, m->hp.n_vocab);
-            return NULL;
-        }
-    }
-    for (int i = 0; i < d->n_local; i++) {
-        if (d->ranks[i].lost) {
-            kvr_error(KVR_ERR_COMM, "rank %d was lost in an earlier eval (%s); nothing was recovered", d->ranks[i].rank,
-                      d->ranks[i].comm->kill_what);
-            return NULL;
-        }
-    }
-    const bool decode = n == 1 && d->n_past > 0 && !d->recomputing;
-    if (plan_eval(d, n) != KVR_OK) return NULL;
-    struct eval_plan * pl = &d->plan;
-    d->tokens = tokens;
-    d->last = pl->strat;
-    if (d->p.comm == KVR_COMM_LOCAL) local_reset(d->tr);
-    if (test_kill_arm(d, decode) != KVR_OK) return NULL;
-    struct kv_stream * stream = NULL;
-    if (d->p.kv_stream && !d->streamed && d->n_past == 0 && stream_start(d, tokens, n, &stream) != KVR_OK) return NULL;
-    if (d->p.replicate_dir && !d->logs_open && replog_start(d, tokens, n) != KVR_OK) {
-        if (stream) stream_close(stream, false, NULL);
-        return NULL;
-    }
-    // the logs: every rank's rows of this eval (unless they hold them already), then the commits
-    const bool logging = d->logs_open && !d->log_skip;
-    for (int i = 0; i < d->n_local; i++) {
-        struct dist_rank * dr = &d->ranks[i];
-        dr->comm->log = logging ? dr->log : NULL;
-        if (dr->log) dr->log->step = d->log_step;
-    }
-    if (d->p.replicate) replicas_begin(d);
+//
+// the hooks
+//
 
-    // local: one thread per active rank; MPI: this process's rank, if active
-    pthread_t th[256];
-    void * args[256][2];
-    bool started[256] = { false };
-    for (int i = 0; i < d->n_local; i++) {
-        struct dist_rank * dr = &d->ranks[i];
-        dr->rc = KVR_OK;
-        if (!pl->active[dr->rank]) {
-            kvr_schedule_free(&dr->comm->sched); // it ran nothing this eval
-            continue;
-        }
-        if (d->n_local == 1) {
-            rank_eval(d, dr);
-            continue;
-        }
-        args[i][0] = d;
-        args[i][1] = dr;
-        if (pthread_create(&th[i], NULL, rank_thread, args[i]) != 0) {
-            dr->rc = kvr_error(KVR_ERR_NOMEM, "cannot start the thread of rank %d", dr->rank);
-            snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
-            d->tr->fail(d->tr, dr->rank, dr->err);
-            continue;
-        }
-        started[i] = true;
-    }
-    for (int i = 0; i < d->n_local; i++) {
-        if (started[i]) pthread_join(th[i], NULL);
-    }
-    bool all_ok = true;
+// Before an eval's ranks start (after its plan): the hooks armed for this eval, the stream of a
+// first prefill, the logs opened and told this eval's step, the replicas told its chunk.
+static int dejavu_eval_begin(struct kvr_dist * d, const int32_t * tokens, int n) {
+    d->dv.decode = n == 1 && d->n_past > 0 && !d->dv.recomputing;
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
-        if (c->killed) d->ranks[i].lost = d->kill_fired[c->kill_point] = true;
-        all_ok &= d->ranks[i].rc == KVR_OK;
+        c->dv.stalled = false;
+        c->dv.stall_layer = d->p.stall && d->ranks[i].rank == d->p.stall_rank ? d->p.stall_layer : -1;
     }
-    replicas_end(d, all_ok);
-    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->stream = NULL; // this eval's alone
-    for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->log = NULL;
-    if (d->p.graph_out) {
-        for (int i = 0; i < d->n_local; i++) {
-            struct dist_rank * dr = &d->ranks[i];
-            if (dr->graph_text) fwrite(dr->graph_text, 1, dr->graph_len, d->p.graph_out);
-            free(dr->graph_text);
-            dr->graph_text = NULL;
+    int rc = test_kill_arm(d, d->dv.decode);
+    if (rc != KVR_OK) return rc;
+    d->dv.stream = NULL;
+    if (d->p.kv_stream && !d->dv.streamed && d->n_past == 0) {
+        rc = stream_start(d, tokens, n, &d->dv.stream);
+        if (rc != KVR_OK) return rc;
+    }
+    if (d->p.replicate_dir && !d->dv.logs_open) {
+        rc = replog_start(d, tokens, n);
+        if (rc != KVR_OK) {
+            if (d->dv.stream) stream_close(d->dv.stream, false, NULL);
+            d->dv.stream = NULL;
+            for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->dv.stream = NULL;
+            return rc;
         }
-        d->p.graph_out = NULL;
     }
-    // report the root cause: a timeout on a peer that did not time out itself (it was lost or
-    // stalled) beats a timeout on a peer that was waiting too, which beats the echo of another
-    // rank's failure; a rank that the test hook stopped speaks last. Among timeouts of one kind,
-    // the earliest layer names where the peer stopped (a later one was only queued behind it),
-    // and a receive that never came beats a send that was never taken.
-    const char * err = NULL;
-    int rc = KVR_OK, best = -1, best_layer = INT_MAX;
-    bool best_send = true;
+    // the logs: every rank's rows of this eval (unless they hold them already), then the commits
+    d->dv.logging = d->dv.logs_open && !d->dv.log_skip;
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
-        if (dr->rc == KVR_OK) continue;
-        int score = 1;
-        const int peer = dr->comm->killed ? -1 : dr->comm->timeout_peer;
-        if (dr->comm->killed) {
-            score = 0;
-        } else if (peer >= 0) {
-            bool peer_timed_out = false;
-            for (int j = 0; j < d->n_local; j++) {
-                if (d->ranks[j].rank == peer) peer_timed_out = d->ranks[j].comm->timeout_peer >= 0;
-            }
-            score = peer_timed_out ? 3 : 4;
-        } else if (strstr(dr->err, "aborted:")) {
-            score = 2;
-        } else if (dr->comm->stalled) {
-            score = 0;
-        }
-        const int layer = peer >= 0 ? kvr_tag_layer(dr->comm->timeout_tag) : INT_MAX;
-        const bool send = peer >= 0 && dr->comm->timeout_send;
-        if (score > best || (score == best && (layer < best_layer || (layer == best_layer && best_send && !send)))) {
-            best = score;
-            best_layer = layer;
-            best_send = send;
-            err = dr->err;
-            rc = dr->rc;
-        }
+        dr->comm->dv.log = d->dv.logging ? dr->dv.log : NULL;
+        if (dr->dv.log) dr->dv.log->step = d->dv.log_step;
     }
-    if (rc != KVR_OK) {
-        kvr_error(rc, "%s", err);
-        // timeouts that race (ring ranks all waiting at once) may leave the lost rank unnamed:
-        // the test hook knows which rank it stopped, so the error says it
-        for (int i = 0; i < d->n_local; i++) {
-            const struct dist_rank * dr = &d->ranks[i];
-            char a[48], b[48], c[64];
-            snprintf(a, sizeof(a), "from rank %d", dr->rank);
-            snprintf(b, sizeof(b), "for rank %d to take", dr->rank);
-            snprintf(c, sizeof(c), "rank %d: lost", dr->rank);
-            if (!dr->comm->killed || strstr(err, a) || strstr(err, b) || strstr(err, c)) continue;
-            char msg[2048];
-            snprintf(msg, sizeof(msg), "%s", kvr_last_error());
-            kvr_error(rc, "%s; rank %d was lost there (stopped by the test hook KVR_TEST_KILL at %s)", msg, dr->rank, dr->comm->kill_what);
-        }
-        if (stream) {
-            char keep[1024];
-            snprintf(keep, sizeof(keep), "%s", kvr_last_error());
-            stream_close(stream, false, NULL);
-            kvr_error(rc, "%s", keep);
-        }
-        return NULL;
-    }
-    // logits: local ranks share memory; MPI ranks get them from the owner
-    const float * logits = NULL;
-    for (int i = 0; i < d->n_local; i++) {
-        if (d->ranks[i].rank == pl->owner) logits = d->ranks[i].logits;
-    }
-#ifdef KVR_MPI
-    if (d->host_tr) { // ranks in several processes: the owner sends its logits to every other one
-        struct transport * ht = d->host_tr;
-        const int me = d->ranks[0].rank;
-        const size_t bytes = sizeof(float) * m->hp.n_vocab;
-        const int tag = kvr_tag(0, KVR_TAG_LOGITS, 0);
-        // a receiver may wait while the owner computes a long prefill alone: ten timeouts
-        const double t0 = kvr_time_ms(), limit = me == pl->owner ? d->p.timeout_s : 10 * d->p.timeout_s;
-        struct tr_req * reqs = calloc((size_t)d->n_ranks, sizeof(*reqs));
-        KVR_ASSERT(reqs != NULL);
-        int rc2 = KVR_OK, n_req = 0;
-        for (int q = 0; q < d->n_ranks && rc2 == KVR_OK; q++) {
-            const bool send = me == pl->owner;
-            if (q == me || (!send && q != pl->owner)) continue;
-            struct tr_req * r = &reqs[n_req++];
-            *r = (struct tr_req) { .buf = send ? (void *)logits : d->logits, .n = bytes, .me = me, .peer = q, .tag = tag,
-                                   .is_send = send, .seq = -1 };
-            rc2 = send ? ht->isend(ht, r) : ht->irecv(ht, r);
-        }
-        for (int i = 0; i < n_req && rc2 == KVR_OK; i++) rc2 = ht->wait(ht, &reqs[i], t0 + 1e3 * limit, limit);
-        if (me == pl->owner) d->ranks[0].comm->st.bytes_sent += (int64_t)bytes * (d->n_ranks - 1);
-        d->ranks[0].comm->st.wait_ms += kvr_time_ms() - t0;
-        free(reqs);
-        if (me != pl->owner) logits = d->logits;
-        if (rc2 != KVR_OK) {
-            ht->fail(ht, me, kvr_last_error());
-            if (stream) stream_close(stream, false, NULL);
-            return NULL;
-        }
-    }
-#endif
-    KVR_ASSERT(logits != NULL);
-    if (logits != d->logits) memcpy(d->logits, logits, sizeof(float) * m->hp.n_vocab);
-    if (stream) {
-        d->streamed = true;
-        d->stream_bytes = stream->bytes;
-        if (stream_close(stream, true, d->logits) != KVR_OK) return NULL;
-    }
-    // every process keeps every rank's row count (the ring needs the block sizes)
-    for (int r = 0; r < d->n_ranks; r++) {
-        if (pl->pd) { // the decode rank holds the whole cache; the prefill ranks' rows are never read again
-            d->rows[r] = r == d->n_ranks - 1 ? n : 0;
-        } else if (pl->strat == KVR_STRATEGY_TSP || (pl->strat == KVR_STRATEGY_KVR)) {
-            int e = 0;
-            for (int q = 0; q <= r; q++) e += pl->cnt[q];
-            d->rows[r] = pl->strat == KVR_STRATEGY_TSP ? pl->T : e;
-        } else if (pl->strat == KVR_STRATEGY_SINGLE) {
-            if (r == d->n_ranks - 1) d->rows[r] += n;
-        } else if (pl->store >= 0) {
-            if (r == pl->store) d->rows[r] += 1;
-        } else {
-            d->rows[r] += pl->cnt[r];
-        }
-    }
-    if (pl->store >= 0) d->n_decode++;
-    if (decode) d->n_steps++;
-    seq_reserve(d, d->n_past + n);
-    memcpy(d->seq + d->n_past, tokens, sizeof(int32_t) * (size_t)n);
-    d->n_past += n;
-    d->has_logits = true;
-    if (logging && replog_commit(d, tokens, n) != KVR_OK) return NULL;
-    d->log_skip = false;
-    return d->logits;
+    if (d->p.replicate) replicas_begin(d);
+    return KVR_OK;
 }
 
-// One eval; with --replicate, a rank lost in it is recovered from (dist_recover) and the eval runs
-// again on the survivors, as often as ranks are lost and recovery is possible.
-const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
-    if (d->swap.out) {
-        kvr_error(KVR_ERR_ARG, "eval: the cache is swapped out (kvr_dist_kv_swap_in first)");
-        return NULL;
+// Whether a rank's eval of n tokens needs nodes after its layers' stores (its pass runs then,
+// also for the single strategy). A prompt's rows go to the replication log by the log's nodes, a
+// decoded token's after the eval (dejavu_rank_done), so that its graph is kept, and so do a
+// replica's (--replicate); a rank the kill hook stops in this eval: the hook is a node.
+static bool dejavu_rank_wants_pass(const struct kvr_dist * d, const struct dist_rank * dr, int n) {
+    const struct rank_dejavu * dv = &dr->comm->dv;
+    return dv->stream || d->plan.pd || (dv->log && n > 1) || (dv->replica_out && n > 1) || dv->kill_layer >= 0;
+}
+
+// After the strategy's pass of a rank: the nodes that hand each layer's final rows on
+static void dejavu_rank_nodes(struct pass_ctx * pc, struct kvr_graph * g) {
+    if (pc->dr->comm->dv.stream || pc->pl->pd) add_stream_nodes(pc, g, pc->n_final);
+    if (pc->dr->comm->dv.log) add_log_nodes(pc, g, pc->dr->made_row0, pc->dr->made);
+    add_replica_nodes(pc, g);
+    add_kill_node(pc, g); // last: it goes before everything else put after the layer's store
+}
+
+// A pseudo-peer's node (node_is_dejavu) runs: K in src[0], V in src[1]
+static int dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node) {
+    const int peer = node->op_params[0], il = kvr_tag_layer(node->op_params[1]);
+    if (peer == PEER_KILL) return test_kill(c);
+    if (peer == PEER_REPLICA) {
+        c->st.replica_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
+        replica_put(c->dv.replica_out, il, node->src[0], node->src[1]);
+        return KVR_OK;
     }
-    for (double t_lost = -1.0;;) {
-        const float * lg = dist_eval_once(d, tokens, n);
-        if (lg && t_lost >= 0) {
+    if (peer == PEER_LOG) {
+        const int rc = log_put_rows(c->dv.log, c->dv.log->step, il, (int)node->src[0]->ne[1], node->src[0], node->src[1], NULL, NULL,
+                                    (int)node->src[0]->ne[0]);
+        return rc == KVR_OK ? rc : comm_fail(c, rc);
+    }
+    // to the file stream, no peer
+    c->st.kv_stream_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
+    const int rc = stream_put(c->dv.stream, c->base.rank, il, node->src[0], node->src[1]);
+    return rc == KVR_OK ? rc : comm_fail(c, rc);
+}
+
+// After a rank's eval went well without its pass (a decode token of the single pass, its graph
+// kept): its new rows to the replica and the log, which no node took
+static int dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev) {
+    struct rank_dejavu * dv = &dr->comm->dv;
+    const int n_layer = dr->cache->n_layer;
+    if (ev->pass || dr->made == 0) return KVR_OK;
+    if (dv->replica_out) {
+        replica_put_rows(dv->replica_out, dr->be, dr->cache, dr->made_row0, dr->made);
+        dr->comm->st.replica_bytes += 2 * (int64_t)sizeof(float) * dr->cache->kv_dim * dr->made * n_layer;
+    }
+    if (!dv->log) return KVR_OK;
+    // one decoded token's rows, one small transfer per layer, to the log's writer
+    const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->made;
+    float * k = malloc(bytes), * v = malloc(bytes);
+    KVR_ASSERT(k && v);
+    int rc = KVR_OK;
+    for (int il = 0; il < n_layer && rc == KVR_OK; il++) {
+        kvr_kv_cache_get_rows(dr->be, dr->cache, il, dr->made_row0, dr->made, k, v);
+        rc = log_put_rows(dv->log, dv->log->step, il, dr->made, NULL, NULL, k, v, dr->cache->kv_dim);
+    }
+    free(k);
+    free(v);
+    if (rc != KVR_OK) dr->comm->tr->fail(dr->comm->tr, dr->rank, kvr_last_error());
+    return rc;
+}
+
+// Every rank of the eval is back: a rank the kill hook stopped is lost, the replicas' chunks are
+// committed (all_ok) or dropped, and the stream and the logs were this eval's alone
+static void dejavu_ranks_joined(struct kvr_dist * d, bool all_ok) {
+    for (int i = 0; i < d->n_local; i++) {
+        struct rank_comm * c = d->ranks[i].comm;
+        if (c->dv.killed) d->ranks[i].lost = d->dv.kill_fired[c->dv.kill_point] = true;
+    }
+    replicas_end(d, all_ok);
+    for (int i = 0; i < d->n_local; i++) {
+        d->ranks[i].comm->dv.stream = NULL;
+        d->ranks[i].comm->dv.log = NULL;
+    }
+}
+
+// The eval's end, before it counts: rc KVR_OK finishes the stream's file with the logits; an
+// error (the message set) drops it, keeping the message, and names a rank the kill hook stopped
+// when the message does not (timeouts that race, ring ranks all waiting at once, may leave the
+// lost rank unnamed).
+static int dejavu_eval_end(struct kvr_dist * d, int rc) {
+    struct kv_stream * st = d->dv.stream;
+    d->dv.stream = NULL;
+    if (rc == KVR_OK) {
+        if (!st) return KVR_OK;
+        d->dv.streamed = true;
+        d->dv.stream_bytes = st->bytes;
+        return stream_close(st, true, d->logits);
+    }
+    char err[1024];
+    snprintf(err, sizeof(err), "%s", kvr_last_error());
+    for (int i = 0; i < d->n_local; i++) {
+        const struct dist_rank * dr = &d->ranks[i];
+        char a[48], b[48], c[64];
+        snprintf(a, sizeof(a), "from rank %d", dr->rank);
+        snprintf(b, sizeof(b), "for rank %d to take", dr->rank);
+        snprintf(c, sizeof(c), "rank %d: lost", dr->rank);
+        if (!dr->comm->dv.killed || strstr(err, a) || strstr(err, b) || strstr(err, c)) continue;
+        char msg[2048];
+        snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+        kvr_error(rc, "%s; rank %d was lost there (stopped by the test hook KVR_TEST_KILL at %s)", msg, dr->rank, dr->comm->dv.kill_what);
+    }
+    if (st) {
+        char keep[1024];
+        snprintf(keep, sizeof(keep), "%s", kvr_last_error());
+        stream_close(st, false, NULL);
+        kvr_error(rc, "%s", keep);
+    }
+    return rc;
+}
+
+// The eval counted (its tokens are the dist's): the decode steps the kill hook counts, and each
+// local rank's commit of the step in its log
+static int dejavu_eval_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
+    if (d->dv.decode) d->dv.n_steps++;
+    if (d->dv.logging) {
+        const int rc = replog_commit(d, tokens, n);
+        if (rc != KVR_OK) return rc;
+    }
+    d->dv.log_skip = false;
+    return KVR_OK;
+}
+
+// An eval ended (lg: its logits, NULL when it failed). A rank lost in it, with --replicate: the
+// dist is recovered (dist_recover) and true says to run the eval again on the survivors; *t_lost
+// keeps when the first loss happened, for the log's line once the eval went on.
+static bool dejavu_failover(struct kvr_dist * d, const float * lg, int n, double * t_lost) {
+    if (lg) {
+        if (*t_lost >= 0) {
             dist_log(d, "the eval went on: its result came %.0f ms after the loss (found after %.0f ms, restored in %.1f ms)",
-                     kvr_time_ms() - t_lost, d->t_recover - t_lost, d->failover_restore_ms);
+                     kvr_time_ms() - *t_lost, d->dv.t_recover - *t_lost, d->dv.failover_restore_ms);
         }
-        bool any = false;
-        for (int i = 0; i < d->n_local; i++) any |= d->ranks[i].lost;
-        if (lg || !any || !d->p.replicate) return lg;
-        if (t_lost < 0) {
-            for (int i = 0; i < d->n_local; i++) {
-                if (d->ranks[i].lost) t_lost = d->ranks[i].comm->t_killed;
-            }
-        }
-        char cause[1024];
-        snprintf(cause, sizeof(cause), "%s", kvr_last_error());
-        d->t_recover = kvr_time_ms();
-        if (dist_recover(d, cause) != KVR_OK) return NULL;
-        dist_log(d, "the failed eval (%d token%s) runs again on %d rank%s", n, n > 1 ? "s" : "", d->n_ranks, d->n_ranks > 1 ? "s" : "");
+        return false;
     }
+    bool any = false;
+    for (int i = 0; i < d->n_local; i++) any |= d->ranks[i].lost;
+    if (!any || !d->p.replicate) return false;
+    if (*t_lost < 0) {
+        for (int i = 0; i < d->n_local; i++) {
+            if (d->ranks[i].lost) *t_lost = d->ranks[i].comm->dv.t_killed;
+        }
+    }
+    char cause[1024];
+    snprintf(cause, sizeof(cause), "%s", kvr_last_error());
+    d->dv.t_recover = kvr_time_ms();
+    if (dist_recover(d, cause) != KVR_OK) return false;
+    dist_log(d, "the failed eval (%d token%s) runs again on %d rank%s", n, n > 1 ? "s" : "", d->n_ranks, d->n_ranks > 1 ? "s" : "");
+    return true;
+}
+
+// kvr_dist_new: --replicate and the kill hook's points, checked against the dist (a point that
+// could never fire is a mistake); KVR_ERR_ARG with the message set
+static int dejavu_new(struct kvr_dist * d) {
+    const struct kvr_dist_params * p = &d->p;
+    if (p->replicate && (p->comm != KVR_COMM_LOCAL || d->n_ranks < 2 || p->pd)) {
+        return kvr_error(KVR_ERR_ARG, p->comm != KVR_COMM_LOCAL ? "--replicate keeps each rank's replica in its successor's memory in this process "
+                         "(local ranks); across processes use --replicate-dir" : p->pd ? "--replicate does not go with --decode-rank"
+                         : "--replicate keeps each rank's rows on the next rank: it needs 2 ranks or more, not %d", d->n_ranks);
+    }
+    const int cap = (int)(sizeof(d->dv.kill) / sizeof(d->dv.kill[0]));
+    if (p->n_kill > cap || p->n_kill < 0) return kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %d points, at most %d", p->n_kill, cap);
+    for (int i = 0; i < p->n_kill; i++) {
+        const struct kvr_test_kill * k = &p->kill[i];
+        if (k->rank < 0 || k->rank >= d->n_ranks) {
+            return kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: rank %d is not one of the %d ranks", k->rank, d->n_ranks);
+        }
+        if (k->at < 0 || (!k->decode && k->at >= (int)d->m->hp.n_layer)) {
+            return kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %s %d is out of range (the model has %u layers)",
+                             k->decode ? "decode step" : "layer", k->at, d->m->hp.n_layer);
+        }
+        d->dv.kill[d->dv.n_kill++] = *k;
+    }
+    return KVR_OK;
+}
+
+// kvr_dist_free: what the logs have queued is written and synced
+static void dejavu_free(struct kvr_dist * d) {
+    replog_restart(d);
+    free(d->dv.resume_prompt);
+}
+
+// kvr_dist_reset (the ranks hold nothing now): the logs start again with the next eval, the
+// replicas hold nothing
+static void dejavu_reset(struct kvr_dist * d) {
+    replog_restart(d);
+    replicas_seed_all(d);
 }
 
 //
@@ -4323,10 +4953,10 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
     struct kvr_kv_file f = { 0 };
     int holder = -1;
     if (rc == KVR_OK) {
-        d->resume_prompt = realloc(d->resume_prompt, sizeof(int32_t) * (size_t)(L0->n_prompt + 1));
-        KVR_ASSERT(d->resume_prompt != NULL);
-        memcpy(d->resume_prompt, L0->prompt, sizeof(int32_t) * (size_t)L0->n_prompt);
-        info->prompt = d->resume_prompt;
+        d->dv.resume_prompt = realloc(d->dv.resume_prompt, sizeof(int32_t) * (size_t)(L0->n_prompt + 1));
+        KVR_ASSERT(d->dv.resume_prompt != NULL);
+        memcpy(d->dv.resume_prompt, L0->prompt, sizeof(int32_t) * (size_t)L0->n_prompt);
+        info->prompt = d->dv.resume_prompt;
         info->n_prompt = L0->n_prompt;
         info->n_ranks = NL;
         info->strategy = (enum kvr_strategy)L0->strategy;
@@ -4366,14 +4996,14 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
             struct kvr_kv_log * w;
             rc = kvr_kv_log_append(&w, path, d->m, x);
             if (rc == KVR_OK) {
-                dr->log = log_start(w, path, d->p.timeout_s);
-                if (!dr->log) rc = KVR_ERR_NOMEM;
+                dr->dv.log = log_start(w, path, d->p.timeout_s);
+                if (!dr->dv.log) rc = KVR_ERR_NOMEM;
             }
         }
         if (rc == KVR_OK) {
-            d->logs_open = true;
-            d->log_step = S + 1;
-            d->log_skip = true; // the last token's eval below is step S's, which the logs hold
+            d->dv.logs_open = true;
+            d->dv.log_step = S + 1;
+            d->dv.log_skip = true; // the last token's eval below is step S's, which the logs hold
         } else if (rc != KVR_OK) {
             char keep[1024];
             snprintf(keep, sizeof(keep), "%s", kvr_last_error());
@@ -4467,15 +5097,6 @@ int kvr_dist_write_trace(const struct kvr_dist * d, const char * path) {
 //
 // swapping the caches out of the backends' memory and back (a server's idle conversations)
 //
-
-int kvr_dist_n_ctx(const struct kvr_dist * d) { return d->n_ctx; }
-
-struct kvr_backend * kvr_dist_backend(const struct kvr_dist * d, int rank) {
-    for (int i = 0; i < d->n_local; i++) {
-        if (d->ranks[i].rank == rank) return d->ranks[i].be;
-    }
-    return NULL;
-}
 
 bool kvr_dist_kv_swapped(const struct kvr_dist * d) { return d->swap.out; }
 

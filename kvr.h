@@ -1025,8 +1025,6 @@ struct kvr_kv_file {
 int  kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out);
 void kvr_kv_file_free(struct kvr_kv_file * f);
 
-
-
 //
 // 11. sessions: a model on its ranks (one by default), their caches, the tokens so far (kvr-comm.c)
 //
@@ -1755,7 +1753,8 @@ int               kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, 
 //
 // I4. replication logs
 //
-// Replication logs (kvr_dist_params.replicate_dir, kvr_dist_resume): one rank's cache rows,
+// Replication logs (kvr_dist_params.replicate_dir, kvr_dist_resume; written and read in kvr-comm.c,
+// read by tests/test-resume.c too): one rank's cache rows,
 // appended step by step while it computes, so that a run whose process was killed at any instant
 // can be resumed from what every rank acknowledged. Little-endian, append-only:
 //
@@ -1850,6 +1849,11 @@ struct kvr_kv_log_data {
 // the field); then the records are read up to the first damage, which is no error (see damage).
 int  kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out);
 void kvr_kv_log_free(struct kvr_kv_log_data * d);
+
+// The model's fingerprint, bytes 16..64 of a cache file's or a log's header h: written,
+// or checked (KVR_ERR_ARG naming the first field of another model; what: "cache", "log")
+void kvr_kv_fingerprint_put  (const struct kvr_model * m, uint8_t * h);
+int  kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what);
 
 //
 // I5. element math: one element or one block
