@@ -532,6 +532,9 @@ struct kvr_backend_params {
     bool q8_activations; // see kvr_backend_set_q8_activations (off: exact)
     bool vec_dot_order;  // see kvr_backend_set_vec_dot_order (off: llama.cpp's default build)
     bool trace;          // record spans (kvr_backend_spans)
+    bool ref_kernels;    // cpu: kvr.c's plain reference kernels instead of the fast ones (slow; what
+                         // the fast ones are checked against). KVR_REF=1 in the environment when a
+                         // CPU backend is made does the same.
 };
 
 // A backend by name: "cpu", or "cuda" in builds with make KVR_CUDA=1 (otherwise an error that says
