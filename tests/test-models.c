@@ -38,6 +38,10 @@
 // computes these small shapes in llama.cpp's order, matmuls, RoPE, attention and all, so there is
 // none).
 #define LOGIT_TOL 1e-4
+// With the plain reference kernels (KVR_REF=1) tiny-gemma3 is held to 2e-3 instead (measured
+// 1.2e-3): they sum in another order than llama.cpp, and that GELU's fp16 rounding turns the last
+// bits into whole fp16 steps. The other models stay within LOGIT_TOL.
+#define LOGIT_TOL_REF_GEMMA3 2e-3
 #define MAX_IDS   4096
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -431,7 +435,9 @@ int main(int argc, char ** argv) {
     static int32_t toks[MAX_IDS];
     for (int i = 0; i < 4; i++) {
         int n = 0;
-        struct kvr_model * m = test_reference(archs, names[i], NULL, LOGIT_TOL, toks, &n);
+        const char * ref_kernels = getenv("KVR_REF");
+        const bool ref = ref_kernels && *ref_kernels && strcmp(ref_kernels, "0") != 0;
+        struct kvr_model * m = test_reference(archs, names[i], NULL, ref && i == 3 ? LOGIT_TOL_REF_GEMMA3 : LOGIT_TOL, toks, &n);
         if (!m) continue;
         if (i == 0) test_llama3(m, toks, n);
         if (i == 1 || i == 2) test_qwen(m, i == 2);
