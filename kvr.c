@@ -12,7 +12,7 @@
 //    7. ops                         constructors: they record an op and its sources, nothing more
 //    8. graphs                      build, memory planning, the single-rank strategy pass
 //    9. backends                    buffers, tensors in and out, the comm protocol, backends by name
-//   10. CPU kernels                 one function per op (threads split the rows), one dispatch switch
+//   10. CPU kernels                 the plain reference kernels first (KVR_REF=1), then the fast ones, one dispatch switch
 //   11. CPU backend                 the thread pool walking a graph, the vtable, counters and spans
 //   12. GGUF reader                 every count, length and offset checked before use
 //   13. GGUF writer                 metadata and tensors out (kvr-gen, tests)
@@ -27,7 +27,7 @@
 // Reading order for one prefill: kvr_session_eval (18) -> kvr_eval_run (18, the road ranks take
 // too) -> kvr_model_build (17, models/llama.c) -> kvr_pass_single (8) -> kvr_graph_plan (8) ->
 // kvr_backend_graph_compute (9, the comm protocol) -> cpu_graph_compute (11) -> cpu_compute_node
-// (10) -> cpu_op_* (10).
+// (10) -> cpu_op_* (10), or ref_* (10) under KVR_REF=1.
 
 #define _GNU_SOURCE
 #define STB_DS_IMPLEMENTATION
@@ -1795,7 +1795,11 @@ bool kvr_backend_counters(struct kvr_backend * be, struct kvr_counters * out, bo
 
 //
 // 10. CPU kernels. Each takes the thread's (ith, nth) and does its share of the rows; the executor
-// (next section) runs them on its pool of threads, with a barrier between nodes.
+// (next section) runs them on its pool of threads, with a barrier between nodes. First the plain
+// reference kernels (ref_*), then every op's kernel (cpu_op_*): where that has fast paths (SIMD,
+// BLAS, tiles, decode rows, llama.cpp's summation orders, 8-bit activations), each is one named
+// function and cpu_op_* picks one. cpu_compute_node, at the end, runs the reference kernel of an
+// op when the backend was made with them (KVR_REF=1), else its cpu_op_*.
 //
 
 struct cpu_params {

@@ -19,6 +19,9 @@
 // The backend axis: with another backend available (CUDA in a make KVR_CUDA=1 build with a GPU),
 // every case's graph also runs there and is compared with the CPU's outputs by NMSE (a bound per
 // op, as ggml's test-backend-ops); without one, one line says why and the cases count as skipped.
+// The FAST_REF group runs graphs on the CPU's fast kernels and on its plain reference kernels
+// (kvr_backend_params.ref_kernels) and compares the two; under KVR_REF=1 every case above runs on
+// the reference kernels, and FAST_REF, which would compare them with themselves, says so and stops.
 
 #define _POSIX_C_SOURCE 200809L
 

@@ -9,6 +9,9 @@
 // ../shared/reference, every quantized tensor must agree with the Q8_0 file's copy of the same
 // weights within the format's error, and the Q4_0/Q5_0/Q8_0/Q4_K blocks must requantize to
 // llama.cpp's bytes (its reference quantizers are stable on their own output).
+// Every quantized matmul is also run by the CPU's fast paths and by its plain reference kernels
+// (kvr_backend_params.ref_kernels), exact and with 8-bit activations, and the two compared; under
+// KVR_REF=1 (every CPU backend on the reference kernels) that comparison is skipped.
 //
 //   test-quant [SHARED]      (default ../shared; without the files those checks count as skipped)
 //
