@@ -12,7 +12,7 @@
 //    7. ops                         constructors: they record an op and its sources, nothing more
 //    8. graphs                      build, memory planning, the single-rank strategy pass
 //    9. backends                    buffers, tensors in and out, the comm protocol, backends by name
-//   10. CPU kernels                 the plain reference kernels first (KVR_REF=1), then the fast ones, one dispatch switch
+//   10. CPU kernels                 plain reference kernels (KVR_REF=1), then the fast ones; one dispatch switch
 //   11. CPU backend                 the thread pool walking a graph, the vtable, counters and spans
 //   12. GGUF reader                 every count, length and offset checked before use
 //   13. GGUF writer                 metadata and tensors out (kvr-gen, tests)
