@@ -14,7 +14,7 @@
 //    7. ops                         constructors: they record an op and its sources, nothing more
 //    8. graphs                      build, memory planning, the single-rank strategy pass
 //    9. backends                    buffers, tensors in and out, the comm protocol, backends by name
-//   10. CPU kernels                 one function per op (threads split the rows), one dispatch switch
+//   10. CPU kernels                 plain reference kernels (KVR_REF=1), then the fast ones; one dispatch switch
 //   11. CPU backend                 the thread pool walking a graph, the vtable, counters and spans
 //   12. GGUF reader                 every count, length and offset checked before use
 //   13. GGUF writer                 metadata and tensors out (kvr-gen, tests)
@@ -29,7 +29,7 @@
 // Reading order for one prefill: kvr_session_eval (kvr-comm.c) -> rank_eval (kvr-comm.c) ->
 // kvr_eval_run (18) -> kvr_model_build (17, models/llama.c) -> kvr_pass_single (8) -> kvr_graph_plan (8) ->
 // kvr_backend_graph_compute (9, the comm protocol) -> cpu_graph_compute (11) -> cpu_compute_node
-// (10) -> cpu_op_* (10).
+// (10) -> cpu_op_* (10), or ref_* (10) under KVR_REF=1.
 
 #define _GNU_SOURCE
 #define STB_DS_IMPLEMENTATION
@@ -1825,7 +1825,11 @@ bool kvr_backend_counters(struct kvr_backend * be, struct kvr_counters * out, bo
 
 //
 // 10. CPU kernels. Each takes the thread's (ith, nth) and does its share of the rows; the executor
-// (next section) runs them on its pool of threads, with a barrier between nodes.
+// (next section) runs them on its pool of threads, with a barrier between nodes. First the plain
+// reference kernels (ref_*), then every op's kernel (cpu_op_*): where that has fast paths (SIMD,
+// BLAS, tiles, decode rows, llama.cpp's summation orders, 8-bit activations), each is one named
+// function and cpu_op_* picks one. cpu_compute_node, at the end, runs the reference kernel of an
+// op when the backend was made with them (KVR_REF=1), else its cpu_op_*.
 //
 
 struct cpu_params {
@@ -1835,6 +1839,7 @@ struct cpu_params {
     struct kvr_counters * counters; // this thread's, summed after the graph
     bool    q8_act;    // prefill matmuls over Q4_K quantize the activations (integer path)
     bool    vec_dot;   // small F32 sums of a batch in ggml_vec_dot_f32's order, not tinyBLAS's
+    bool    ref;       // the reference kernels, not the fast ones (KVR_REF=1: see below)
 };
 
 
@@ -1860,6 +1865,281 @@ static inline void * row_ptr_flat(const struct kvr_tensor * t, int64_t r) {
     const int64_t i2 = (r / t->ne[1]) % t->ne[2];
     const int64_t i3 = r / (t->ne[1] * t->ne[2]);
     return row_ptr(t, i1, i2, i3);
+}
+
+// The keys of an ATTN node: trailing rows at position INT32_MAX are no keys but the padding of a
+// kept decode graph (kvr_eval_reuse); they are neither computed nor counted, so a kept graph
+// computes exactly what a graph built for this token's keys would.
+static int64_t attn_keys(const int32_t * kpos, int64_t Tk) {
+    while (Tk > 0 && kpos[Tk - 1] == INT32_MAX) Tk--;
+    return Tk;
+}
+
+// The counters of an ATTN node (struct kvr_counters): the query-key pairs the tiled kernel
+// computes (KV head 0's tiles, tiles skipped by kvr_attn_tile not counted) and those causality
+// needs, whichever kernel runs, so that a test of the counters holds under KVR_REF=1 too.
+static void attn_count(int mode, const int32_t * qpos, int64_t Tq, int64_t BT, const int32_t * kpos, int64_t Tk,
+                       int64_t W, int64_t * dense, int64_t * causal) {
+    for (int64_t i0 = 0; i0 < Tq; i0 += BT) {
+        const int64_t bt = (i0 + BT <= Tq) ? BT : Tq - i0;
+        int32_t qmin = INT32_MAX, qmax = INT32_MIN;
+        for (int64_t i = 0; i < bt; i++) {
+            if (qpos[i0 + i] < qmin) qmin = qpos[i0 + i];
+            if (qpos[i0 + i] > qmax) qmax = qpos[i0 + i];
+        }
+        for (int64_t j0 = 0; j0 < Tk; j0 += KVR_ATTN_BK) {
+            const int64_t bk = (j0 + KVR_ATTN_BK <= Tk) ? KVR_ATTN_BK : Tk - j0;
+            int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+            for (int64_t j = 0; j < bk; j++) {
+                if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
+                if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
+            }
+            const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
+            if (tile == 0) continue;
+            *dense += bt * bk;
+            for (int64_t i = 0; i < bt; i++) {
+                if (tile == 1) { *causal += bk; continue; }
+                for (int64_t j = 0; j < bk; j++) *causal += kvr_attn_visible(qpos[i0 + i], kpos[j0 + j], W);
+            }
+        }
+    }
+}
+
+//
+// The reference kernels. Every op whose kernel below has a fast path (SIMD, BLAS, tiles, decode
+// rows, llama.cpp's summation orders, 8-bit activations) has one here too: a plain loop in the
+// obvious order, no SIMD, no BLAS, sums in double, weights converted to f32 a row at a time by
+// their type's own conversion (section 5). A CPU backend runs these instead of the fast kernels
+// when KVR_REF=1 is in the environment as it is made, or when kvr_backend_params.ref_kernels is
+// set: the fast paths are checked against them (test-ops, test-quant), and they are what to
+// switch to when a fast path is in doubt. Their own rounding is far below a fast path's, so the
+// two differ by the fast path's summation order alone (and by the fp16 steps GELU can turn that
+// into). GET_ROWS, ADD, MUL, ROPE, CPY, KV_STORE and MERGE_ATTN have one kernel each, already
+// plain, which both modes run. Threads split rows (or query rows) as the fast kernels do.
+//
+
+static void ref_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * a = dst->src[0];
+    const int64_t n = a->ne[0];
+    const float s = get_param_f32(dst, 0);
+    int64_t r0, r1;
+    row_range(kvr_nrows(a), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const float * x = row_ptr_flat(a, r);
+        float * y = row_ptr_flat(dst, r);
+        for (int64_t i = 0; i < n; i++) {
+            switch (dst->op) {
+                case KVR_OP_SCALE: y[i] = x[i] * s;                                 break;
+                case KVR_OP_SILU:  y[i] = (float)(x[i] / (1.0 + exp(-(double)x[i]))); break;
+                case KVR_OP_GELU:  y[i] = kvr_gelu_ggml(x[i], NULL);                break; // GGML's fp16 GELU is the op
+                default:           KVR_ASSERT(!"not a unary op");
+            }
+        }
+    }
+}
+
+static void ref_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * a = dst->src[0];
+    const int64_t n = a->ne[0];
+    const double eps = get_param_f32(dst, 0);
+    const bool rms = dst->op == KVR_OP_RMS_NORM;
+    int64_t r0, r1;
+    row_range(kvr_nrows(a), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const float * x = row_ptr_flat(a, r);
+        float * y = row_ptr_flat(dst, r);
+        double mean = 0.0, var = 0.0;
+        if (!rms) {
+            for (int64_t i = 0; i < n; i++) mean += x[i];
+            mean /= (double)n;
+        }
+        for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+        const double scale = 1.0 / sqrt(var / (double)n + eps);
+        for (int64_t i = 0; i < n; i++) y[i] = (float)((x[i] - mean) * scale);
+    }
+}
+
+static bool ref_quantized(enum kvr_type t) {
+    return kvr_blck_size(t) > 1;
+}
+
+// Tokens of activations the 8-bit reference quantizes at a time (its scratch holds them).
+#define REF_Q8_TOKENS 16
+
+// Floats of scratch a reference MUL_MAT takes: one weight row, and with 8-bit activations
+// REF_Q8_TOKENS tokens' quants (as floats) with a scale and Q8_1's s per block of 32.
+static size_t ref_mul_mat_floats(int64_t K, bool q8) {
+    return (size_t)K + (q8 ? (size_t)REF_Q8_TOKENS * (size_t)(K + 2 * (K / KVR_QK)) : 0);
+}
+
+// One token's activations rounded to 8 bits by ggml's rules, as the integer path below does
+// (kvr_backend_set_q8_activations): per block of 32 for the legacy types (Q8_0: d = amax/127
+// rounded to fp16, q = x * 127/amax rounded half to even; Q8_1's s = d * sum(q) rounded to
+// fp16), per super-block of 256 for the k-quants (Q8_K: the value of largest magnitude, the first
+// if tied, maps to -127, d = 1/scale in f32). q holds the quants, d the scale of each 32 values,
+// s the s of each block of 32.
+static void ref_quantize_act(enum kvr_type t, const float * x, int64_t K, float * q, float * d, float * s) {
+    if (kvr_blck_size(t) == KVR_QK_K) { // the k-quants
+        for (int64_t b = 0; b < K; b += KVR_QK_K) {
+            float amax = 0.0f, max = 0.0f;
+            for (int64_t j = 0; j < KVR_QK_K; j++) {
+                if (fabsf(x[b + j]) > amax) { amax = fabsf(x[b + j]); max = x[b + j]; }
+            }
+            const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+            for (int64_t j = 0; j < KVR_QK_K; j++) {
+                const float v = nearbyintf(iscale * x[b + j]);
+                q[b + j] = v > 127.0f ? 127.0f : v;
+            }
+            for (int64_t j = 0; j < KVR_QK_K / KVR_QK; j++) {
+                d[b / KVR_QK + j] = amax != 0.0f ? 1.0f / iscale : 0.0f;
+                s[b / KVR_QK + j] = 0.0f;
+            }
+        }
+    } else {
+        for (int64_t b = 0; b < K; b += KVR_QK) {
+            float amax = 0.0f;
+            for (int64_t j = 0; j < KVR_QK; j++) amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            float sum = 0.0f;
+            for (int64_t j = 0; j < KVR_QK; j++) {
+                q[b + j] = nearbyintf(x[b + j] * id);
+                sum += q[b + j];
+            }
+            d[b / KVR_QK] = kvr_half_to_f32(kvr_f32_to_half(amax / 127.0f));
+            s[b / KVR_QK] = kvr_half_to_f32(kvr_f32_to_half(amax / 127.0f * sum));
+        }
+    }
+}
+
+// The min of block b of a Q4_1 or Q5_1 row (0 for the other types): those meet Q8_1's s, as in
+// ggml's vec_dot (d d_a sum(q q_a) + m s), not the activations' own sum.
+static float ref_block_min(enum kvr_type t, const void * row, int64_t b) {
+    if (t == KVR_TYPE_Q4_1) return kvr_q_half(((const struct kvr_block_q4_1 *)row)[b].m);
+    if (t == KVR_TYPE_Q5_1) return kvr_q_half(((const struct kvr_block_q5_1 *)row)[b].m);
+    return 0.0f;
+}
+
+// Y[t][n] = W[n] . X[t] with 8-bit activations (see ref_quantize_act), every product exact in
+// double: a block contributes d_a * sum(w q_a) (Q4_1/Q5_1: d_a * sum((w - m) q_a) + m s).
+static void ref_mul_mat_q8(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * w = dst->src[0], * x = dst->src[1];
+    const int64_t K = w->ne[0], N = w->ne[1], T = x->ne[1] * x->ne[2] * x->ne[3], nb = K / KVR_QK;
+    KVR_ASSERT(ref_mul_mat_floats(K, true) <= p->wsize);
+    const to_float_fn to_float = type_to_float(w->type);
+    float * row = p->wdata, * q = row + K, * d = q + REF_Q8_TOKENS * K, * s = d + REF_Q8_TOKENS * nb;
+    int64_t n0, n1;
+    row_range(N, p->ith, p->nth, &n0, &n1);
+    for (int64_t t0 = 0; t0 < T && n1 > n0; t0 += REF_Q8_TOKENS) {
+        const int64_t nt = T - t0 < REF_Q8_TOKENS ? T - t0 : REF_Q8_TOKENS;
+        for (int64_t t = 0; t < nt; t++) {
+            ref_quantize_act(w->type, row_ptr_flat(x, t0 + t), K, q + t * K, d + t * nb, s + t * nb);
+        }
+        for (int64_t n = n0; n < n1; n++) {
+            const void * wr = row_ptr(w, n, 0, 0);
+            to_float(wr, row, K);
+            for (int64_t t = 0; t < nt; t++) {
+                double sum = 0.0;
+                for (int64_t b = 0; b < nb; b++) {
+                    const double m = ref_block_min(w->type, wr, b);
+                    double blk = 0.0;
+                    for (int64_t j = b * KVR_QK; j < (b + 1) * KVR_QK; j++) blk += (row[j] - m) * q[t * K + j];
+                    sum += blk * d[t * nb + b] + m * s[t * nb + b];
+                }
+                ((float *)dst->data)[(t0 + t) * N + n] = (float)sum;
+            }
+        }
+    }
+    p->counters->matmul_flops += 2 * K * (n1 - n0) * T;
+}
+
+// Y[t][n] = W[n] . X[t]: each weight row converted to f32 once, then one dot per token.
+static void ref_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * w = dst->src[0], * x = dst->src[1];
+    KVR_ASSERT(kvr_is_contiguous(dst));
+    if (p->q8_act && ref_quantized(w->type)) {
+        ref_mul_mat_q8(p, dst);
+        return;
+    }
+    const int64_t K = w->ne[0], N = w->ne[1], T = x->ne[1] * x->ne[2] * x->ne[3];
+    KVR_ASSERT(ref_mul_mat_floats(K, false) <= p->wsize);
+    const to_float_fn to_float = type_to_float(w->type);
+    float * row = p->wdata;
+    int64_t n0, n1;
+    row_range(N, p->ith, p->nth, &n0, &n1);
+    for (int64_t n = n0; n < n1; n++) {
+        to_float(row_ptr(w, n, 0, 0), row, K);
+        for (int64_t t = 0; t < T; t++) {
+            const float * xt = row_ptr_flat(x, t);
+            double sum = 0.0;
+            for (int64_t k = 0; k < K; k++) sum += (double)row[k] * xt[k];
+            ((float *)dst->data)[t * N + n] = (float)sum;
+        }
+    }
+    p->counters->matmul_flops += 2 * K * (n1 - n0) * T;
+}
+
+// Floats of scratch a reference ATTN takes: a row of scores and an output row, in double.
+static size_t ref_attn_floats(int64_t D, int64_t Tk) {
+    return 2 * (size_t)(Tk + D);
+}
+
+// Every (query token, head) on its own: the scores of the keys it sees, their softmax, the
+// weighted sum of the values, and the log-sum-exp of the scores (kvr.h's ATTN). A row that sees
+// no key has output 0 and log-sum-exp -inf.
+static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
+    const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
+    const double scale = get_param_f32(dst, 2);
+    const int64_t W = dst->op_params[3];
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], G = H / k->ne[1];
+    const int64_t Tk = attn_keys(kpos, k->ne[2]);
+    KVR_ASSERT(ref_attn_floats(D, Tk) <= p->wsize);
+    double * sc = (double *)p->wdata, * o = sc + Tk;
+    int64_t r0, r1;
+    row_range(Tq * H, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i = r / H, h = r % H, g = h / G;
+        const float * qr = row_ptr(q, h, i, 0);
+        float * out = row_ptr(dst, i, 0, 0);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < Tk; j++) {
+            sc[j] = -INFINITY;
+            if (!kvr_attn_visible(qpos[i], kpos[j], W)) continue;
+            const float * kj = row_ptr(k, g, j, 0);
+            double dot = 0.0;
+            for (int64_t e = 0; e < D; e++) dot += (double)qr[e] * kj[e];
+            sc[j] = dot * scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        double sum = 0.0;
+        for (int64_t e = 0; e < D; e++) o[e] = 0.0;
+        for (int64_t j = 0; j < Tk && mx > -INFINITY; j++) {
+            if (sc[j] == -INFINITY) continue;
+            const double pj = exp(sc[j] - mx);
+            const float * vj = row_ptr(v, g, j, 0);
+            sum += pj;
+            for (int64_t e = 0; e < D; e++) o[e] += pj * vj[e];
+        }
+        for (int64_t e = 0; e < D; e++) out[h * D + e] = sum > 0.0 ? (float)(o[e] / sum) : 0.0f;
+        out[D * H + h] = sum > 0.0 ? (float)(mx + log(sum)) : -INFINITY;
+    }
+    if (p->ith == 0) {
+        attn_count(dst->op_params[0], qpos, Tq, kvr_attn_tile_tokens(G), kpos, Tk, W,
+                   &p->counters->attn_dot_dense, &p->counters->attn_dot_causal);
+    }
+}
+
+// Floats of scratch every thread needs to run g's nodes through the reference kernels.
+static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
+    size_t need = 1024;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kvr_tensor * t = g->nodes[i];
+        size_t n = 0;
+        if (t->op == KVR_OP_MUL_MAT) n = ref_mul_mat_floats(t->src[0]->ne[0], q8_act && ref_quantized(t->src[0]->type));
+        if (t->op == KVR_OP_ATTN)    n = ref_attn_floats(t->src[0]->ne[0], t->src[1]->ne[2]);
+        if (n > need) need = n;
+    }
+    return need;
 }
 
 static void cpu_op_get_rows(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -3966,6 +4246,100 @@ static bool mm_uses_q8(const struct kvr_tensor * w, bool q8_act) {
     return q8_act && (qx_is_legacy(w->type) || qx_is_k(w->type));
 }
 
+// A MUL_MAT as its fast paths see it: Y[t][n] = W[n] . X[t] for n < N, t < T, the rows of X lda
+// floats apart, Y contiguous. Each path below does this thread's share of the rows and returns how
+// many; cpu_op_mul_mat picks one.
+struct mm_args {
+    const struct kvr_tensor * w;
+    int64_t       K, N, T;
+    const float * X;
+    int           lda;
+    float       * Y;
+};
+
+// 8-bit activations and integer products, when asked for (kvr_backend_set_q8_activations): what
+// llama.cpp's CPU backend computes, and faster than the exact paths. Threads split the rows, in
+// groups of 8 for a prefill (the kernel's interleave); each quantizes all the tokens, which costs
+// less than interleaving every row twice would.
+static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t r0, r1;
+    if (qx_uses_x8(m->w->type, m->T)) {
+        int64_t g0, g1;
+        row_range((m->N + 7) / 8, p->ith, p->nth, &g0, &g1);
+        r0 = 8 * g0;
+        r1 = 8 * g1 < m->N ? 8 * g1 : m->N;
+    } else {
+        row_range(m->N, p->ith, p->nth, &r0, &r1);
+    }
+    qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, r0, r1, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
+               p->wsize * sizeof(float));
+    return r1 > r0 ? r1 - r0 : 0;
+}
+
+// Small F32 matrices (decode too): one dot per output in llama.cpp's order (mm_tinyblas_order),
+// so that small models give its last bits (see MM_DOT_MAX_WEIGHTS).
+static int64_t mm_dot_llama(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t n0, n1;
+    row_range(m->N, p->ith, p->nth, &n0, &n1);
+    if (n1 <= n0) return 0;
+    float (* const dot)(const float *, const float *, int64_t) = mm_tinyblas_order(m->K, m->N, m->T, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    for (int64_t t = 0; t < m->T; t++) {
+        const float * xt = m->X + t * m->lda;
+        for (int64_t n = n0; n < n1; n++) {
+            m->Y[t * m->N + n] = dot((const float *)((const uint8_t *)m->w->data + n * m->w->nb[1]), xt, m->K);
+        }
+    }
+    return n1 - n0;
+}
+
+// Decode (a few tokens): every weight row read once in its stored form, no conversion pass over
+// memory and no sgemm packing of one row (see mv_mul).
+static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t n0, n1;
+    row_range(m->N, p->ith, p->nth, &n0, &n1);
+    if (n1 <= n0) return 0;
+    KVR_ASSERT((size_t)m->T * mv_act_floats(m->K) <= p->wsize);
+    mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
+    return n1 - n0;
+}
+
+// F32 prefill: sgemm straight from the weights.
+static int64_t mm_sgemm_f32(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t n0, n1;
+    row_range(m->N, p->ith, p->nth, &n0, &n1);
+    if (n1 <= n0) return 0;
+    const float * W = (const float *)((const uint8_t *)m->w->data + n0 * m->w->nb[1]);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->T, (int)(n1 - n0), (int)m->K,
+                1.0f, m->X, m->lda, W, (int)(m->w->nb[1] / sizeof(float)), 0.0f, m->Y + n0, (int)m->N);
+    return n1 - n0;
+}
+
+// The other types' prefill: rows converted to f32 a block at a time (mm_block_bytes), then sgemm
+// on each block.
+static int64_t mm_sgemm_converted(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t n0, n1;
+    row_range(m->N, p->ith, p->nth, &n0, &n1);
+    if (n1 <= n0) return 0;
+    const int64_t K = m->K;
+    const to_float_fn to_float = type_to_float(m->w->type);
+    int64_t rows = (int64_t)(mm_block_bytes(m->T) / ((size_t)K * sizeof(float)));
+    if (rows < 1) rows = 1;
+    if ((size_t)(rows * K) > p->wsize) rows = (int64_t)p->wsize / K;
+    KVR_ASSERT(rows >= 1);
+    for (int64_t b0 = n0; b0 < n1; b0 += rows) {
+        const int64_t nb = b0 + rows <= n1 ? rows : n1 - b0;
+        for (int64_t r = 0; r < nb; r++) {
+            to_float((const uint8_t *)m->w->data + (b0 + r) * m->w->nb[1], p->wdata + r * K, K);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->T, (int)nb, (int)K,
+                    1.0f, m->X, m->lda, p->wdata, (int)K, 0.0f, m->Y + b0, (int)m->N);
+    }
+    return n1 - n0;
+}
+
+// The fast MUL_MAT: one of the paths above (ref_mul_mat is the plain one). The order matters: the
+// integer path only when asked for; small F32 in llama.cpp's order even for decode; then decode
+// rows for every type that has a row kernel; sgemm for the rest.
 static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * w = dst->src[0], * x = dst->src[1];
     const int64_t K = w->ne[0], N = w->ne[1];
@@ -3974,61 +4348,14 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     KVR_ASSERT(x->ne[2] == 1 || x->nb[2] == x->nb[1] * (size_t)x->ne[1]);
     KVR_ASSERT(x->ne[3] == 1 || x->nb[3] == x->nb[2] * (size_t)x->ne[2]);
     KVR_ASSERT(kvr_is_contiguous(dst));
-    const int lda = (int)(x->nb[1] / sizeof(float));
-    const float * X = x->data;
-    float * Y = dst->data;
-    if (mm_uses_q8(w, p->q8_act)) {
-        // threads split the rows, in groups of 8 for a prefill (the kernel's interleave); each
-        // quantizes all the tokens, which costs less than interleaving every row twice would
-        int64_t r0, r1;
-        if (qx_uses_x8(w->type, T)) {
-            int64_t g0, g1;
-            row_range((N + 7) / 8, p->ith, p->nth, &g0, &g1);
-            r0 = 8 * g0;
-            r1 = 8 * g1 < N ? 8 * g1 : N;
-        } else {
-            row_range(N, p->ith, p->nth, &r0, &r1);
-        }
-        qx_mul_mat(w->type, w->data, w->nb[1], K, r0, r1, X, lda, T, Y, N, p->wdata, p->wsize * sizeof(float));
-        if (r1 > r0) p->counters->matmul_flops += 2 * K * (r1 - r0) * T;
-        return;
-    }
-    int64_t n0, n1;
-    row_range(N, p->ith, p->nth, &n0, &n1);
-    if (n1 <= n0) return;
-    if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) {
-        // small F32 (decode too): llama.cpp's order, before the decode path below
-        float (* const dot)(const float *, const float *, int64_t) = mm_tinyblas_order(K, N, T, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
-        for (int64_t t = 0; t < T; t++) {
-            const float * xt = X + t * lda;
-            for (int64_t n = n0; n < n1; n++) {
-                Y[t * N + n] = dot((const float *)((const uint8_t *)w->data + n * w->nb[1]), xt, K);
-            }
-        }
-    } else if (T <= MV_MAX_TOKENS && mv_row_kernel(w->type)) {
-        // decode: every row read once in its stored form (see mv_mul)
-        KVR_ASSERT((size_t)T * mv_act_floats(K) <= p->wsize);
-        mv_mul(w->type, w->data, w->nb[1], K, n0, n1, X, lda, T, Y, N, p->wdata);
-    } else if (w->type == KVR_TYPE_F32) {
-        const float * W = (const float *)((const uint8_t *)w->data + n0 * w->nb[1]);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)(n1 - n0), (int)K,
-                    1.0f, X, lda, W, (int)(w->nb[1] / sizeof(float)), 0.0f, Y + n0, (int)N);
-    } else {
-        const to_float_fn to_float = type_to_float(w->type);
-        int64_t rows = (int64_t)(mm_block_bytes(T) / ((size_t)K * sizeof(float)));
-        if (rows < 1) rows = 1;
-        if ((size_t)(rows * K) > p->wsize) rows = (int64_t)p->wsize / K;
-        KVR_ASSERT(rows >= 1);
-        for (int64_t b0 = n0; b0 < n1; b0 += rows) {
-            const int64_t nb = b0 + rows <= n1 ? rows : n1 - b0;
-            for (int64_t r = 0; r < nb; r++) {
-                to_float((const uint8_t *)w->data + (b0 + r) * w->nb[1], p->wdata + r * K, K);
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)nb, (int)K,
-                        1.0f, X, lda, p->wdata, (int)K, 0.0f, Y + b0, (int)N);
-        }
-    }
-    p->counters->matmul_flops += 2 * K * (n1 - n0) * T;
+    const struct mm_args m = { w, K, N, T, x->data, (int)(x->nb[1] / sizeof(float)), dst->data };
+    int64_t rows;
+    if (mm_uses_q8(w, p->q8_act))                                    rows = mm_q8(p, &m);
+    else if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) rows = mm_dot_llama(p, &m);
+    else if (T <= MV_MAX_TOKENS && mv_row_kernel(w->type))           rows = mm_decode(p, &m);
+    else if (w->type == KVR_TYPE_F32)                                rows = mm_sgemm_f32(p, &m);
+    else                                                             rows = mm_sgemm_converted(p, &m);
+    p->counters->matmul_flops += 2 * K * rows * T;
 }
 
 static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -4104,14 +4431,6 @@ static void cpu_op_cpy(const struct cpu_params * p, struct kvr_tensor * dst) {
 
 static bool attn_exact(int64_t Tq, int64_t Tk) {
     return Tq * Tk <= KVR_ATTN_EXACT_MAX_SCORES;
-}
-
-// The keys of an ATTN node: trailing rows at position INT32_MAX are no keys but the padding of a
-// kept decode graph (kvr_eval_reuse); they are neither computed nor counted, so a kept graph
-// computes exactly what a graph built for this token's keys would.
-static int64_t attn_keys(const int32_t * kpos, int64_t Tk) {
-    while (Tk > 0 && kpos[Tk - 1] == INT32_MAX) Tk--;
-    return Tk;
 }
 
 static int64_t attn_exact_keys(int64_t Tk) {
@@ -4275,18 +4594,16 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     p->counters->attn_dot_causal += dot_causal;
 }
 
-static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
+// Attention of larger shapes, flash-style: per KV head and tile of queries, the scores of a tile of
+// keys by one sgemm, an online softmax (kvr_softmax_*), the output by a second sgemm; tiles no
+// query sees are skipped (kvr_attn_tile).
+static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * dst, int64_t Tk) {
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
     const int mode = dst->op_params[0];
     const float scale = get_param_f32(dst, 2);
     const int64_t W = dst->op_params[3];       // sliding window (0: none): key j seen iff qp-W < kp <= qp
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1];
-    const int64_t Tk = attn_keys(kpos, k->ne[2]);
-    if (attn_exact(Tq, Tk)) {
-        cpu_op_attn_exact(p, dst, Tk);
-        return;
-    }
     const int64_t G = H / Hkv;                 // query heads per KV head
     const int64_t BT = kvr_attn_tile_tokens(G);    // tokens per query tile
     const int64_t row_len = dst->ne[0];        // D*H + H
@@ -4381,6 +4698,14 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     p->counters->attn_dot_causal += dot_causal;
 }
 
+// The fast ATTN: small shapes in llama.cpp's arithmetic (their references agree to the last bits),
+// larger ones tiled (ref_attn is the plain one).
+static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const int64_t Tk = attn_keys(dst->src[4]->data, dst->src[1]->ne[2]);
+    if (attn_exact(dst->src[0]->ne[2], Tk)) cpu_op_attn_exact(p, dst, Tk);
+    else                                    cpu_op_attn_tiled(p, dst, Tk);
+}
+
 static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int n = dst->op_params[0];
     const int64_t H = dst->op_params[1];
@@ -4416,7 +4741,8 @@ static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * d
     }
 }
 
-// The one dispatch point of the CPU backend.
+// The one dispatch point of the CPU backend: an op's reference kernel when they are asked for
+// (p->ref), else its fast one.
 static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t) {
     switch ((enum kvr_op)t->op) {
         case KVR_OP_GET_ROWS:   cpu_op_get_rows(p, t);   break;
@@ -4424,14 +4750,14 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_MUL:        cpu_op_binary(p, t);     break;
         case KVR_OP_SCALE:
         case KVR_OP_SILU:
-        case KVR_OP_GELU:       cpu_op_unary(p, t);      break;
+        case KVR_OP_GELU:       if (p->ref) ref_unary(p, t);   else cpu_op_unary(p, t);   break;
         case KVR_OP_RMS_NORM:
-        case KVR_OP_NORM:       cpu_op_norm(p, t);       break;
-        case KVR_OP_MUL_MAT:    cpu_op_mul_mat(p, t);    break;
+        case KVR_OP_NORM:       if (p->ref) ref_norm(p, t);    else cpu_op_norm(p, t);    break;
+        case KVR_OP_MUL_MAT:    if (p->ref) ref_mul_mat(p, t); else cpu_op_mul_mat(p, t); break;
         case KVR_OP_ROPE:       cpu_op_rope(p, t);       break;
         case KVR_OP_CPY:
         case KVR_OP_KV_STORE:   cpu_op_cpy(p, t);        break;
-        case KVR_OP_ATTN:       cpu_op_attn(p, t);       break;
+        case KVR_OP_ATTN:       if (p->ref) ref_attn(p, t);    else cpu_op_attn(p, t);    break;
         case KVR_OP_MERGE_ATTN: cpu_op_merge_attn(p, t); break;
         case KVR_OP_NONE:
         case KVR_OP_VIEW:                                break;
@@ -4469,6 +4795,7 @@ struct cpu_backend {
     bool                trace;
     bool                q8_act;       // kvr_backend_params' q8_activations
     bool                vec_dot;      // kvr_backend_params' vec_dot_order
+    bool                ref;          // the reference kernels (KVR_REF=1, kvr_backend_params.ref_kernels)
     struct kvr_span   * spans;        // stb_ds array
     int                 span_layer;   // layer of the open compute span (-1: none)
 };
@@ -4539,7 +4866,8 @@ static bool node_solo(const struct kvr_tensor * t) {
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
-    struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot };
+    struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
+                            cb->ref };
     struct cpu_params solo = p;
     solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -4660,7 +4988,7 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
             }
         }
     }
-    cpu_ensure_scratch(cb, cpu_scratch_floats(g, cb->n_threads, cb->q8_act));
+    cpu_ensure_scratch(cb, cb->ref ? ref_scratch_floats(g, cb->q8_act) : cpu_scratch_floats(g, cb->n_threads, cb->q8_act));
     const double t0 = kvr_time_ms();
     atomic_store(&cb->status, KVR_OK);
     cb->span_layer = -1;
@@ -4811,7 +5139,14 @@ static void cpu_counters(struct kvr_backend * be, struct kvr_counters * out, boo
     if (reset) memset(&cb->counters, 0, sizeof(cb->counters));
 }
 
-struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
+// KVR_REF=1 (any value but empty or 0) in the environment: every CPU backend made from then on
+// runs the reference kernels (section "CPU kernels").
+static bool cpu_ref_from_env(void) {
+    const char * v = getenv("KVR_REF");
+    return v && v[0] && strcmp(v, "0") != 0;
+}
+
+static struct kvr_backend * cpu_backend_make(int n_threads, bool ref) {
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
@@ -4823,6 +5158,7 @@ struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
     pthread_mutex_init(&cb->mu, NULL);
     pthread_cond_init(&cb->cv, NULL);
     cb->wsize = 1 << 16;
+    cb->ref   = ref || cpu_ref_from_env();
     cpu_start_threads(cb, n_threads);
     struct kvr_backend * be = kvr_calloc(1, sizeof(*be));
     be->iface = (struct kvr_backend_i) {
@@ -4849,11 +5185,15 @@ struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
 
 // The registry's constructor (section "backends"): the CPU's own options are read here, once.
 static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p) {
-    struct kvr_backend * be = kvr_backend_cpu_new(p->n_threads);
+    struct kvr_backend * be = cpu_backend_make(p->n_threads, p->ref_kernels);
     struct cpu_backend * cb = be->context;
     cb->q8_act  = p->q8_activations;
     cb->vec_dot = p->vec_dot_order;
     return be;
+}
+
+struct kvr_backend * kvr_backend_cpu_new(int n_threads) {
+    return cpu_backend_make(n_threads, false);
 }
 
 int kvr_graph_compute_cpu(struct kvr_graph * g, int n_threads) {

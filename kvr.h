@@ -552,6 +552,9 @@ struct kvr_backend_params {
     // are exact to rounding; only the last bits differ.
     bool vec_dot_order;
     bool trace;          // record spans (kvr_backend_spans)
+    bool ref_kernels;    // cpu: kvr.c's plain reference kernels instead of the fast ones (slow; what
+                         // the fast ones are checked against). KVR_REF=1 in the environment when a
+                         // CPU backend is made does the same.
 };
 
 // The registry: every backend kvr knows, whether this build has it or not, "cpu" first. A tool

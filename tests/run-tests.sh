@@ -66,6 +66,14 @@ done
 # through runs on every machine, not only on those with a GPU
 run "test-ops -b cpu" "$build/test-ops" -b cpu "$shared"
 
+# the same tests on the plain reference kernels (kvr.c's "CPU kernels") instead of the fast ones:
+# KVR_REF=1 puts every CPU backend on them. test-parallel runs its reduced matrix there (every
+# strategy and architecture; about a minute on 2 cores, the whole one takes twice as long).
+for t in test-ops test-quant test-models; do
+    [ -x "$build/$t" ] && run "KVR_REF=1 $t" env KVR_REF=1 "$build/$t" "$shared"
+done
+[ -x "$build/test-parallel" ] && run "KVR_REF=1 test-parallel --quick" env KVR_REF=1 "$build/test-parallel" "$shared" --quick
+
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
 # the command-line contract of every tool: flags, ranges, paths, context, prompt files
 [ -f tests/cli.sh ] && run "cli" sh tests/cli.sh "$build" "$shared"

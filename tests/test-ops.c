@@ -22,6 +22,9 @@
 // The backend axis: when that backend can be had (CUDA: a make KVR_CUDA=1 build with a GPU),
 // every case's graph also runs there and is compared with the CPU's outputs by NMSE (a bound per
 // op, as ggml's test-backend-ops); when not, one line says why and the cases count as skipped.
+// The FAST_REF group runs graphs on the CPU's fast kernels and on its plain reference kernels
+// (kvr_backend_params.ref_kernels) and compares the two; under KVR_REF=1 every case above runs on
+// the reference kernels, and FAST_REF, which would compare them with themselves, says so and stops.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -2144,6 +2147,158 @@ static void grp_counters(void) {
 }
 
 //
+// FAST_REF: the CPU backend's fast kernels against its plain reference kernels
+// (kvr_backend_params.ref_kernels, KVR_REF=1): the same graph computed by both into the same
+// memory, in shapes that reach every fast path: MUL_MAT's llama.cpp-order dots (1 token, a batch
+// in tinyBLAS's order, K and N off its multiples), decode rows (1-4 tokens), sgemm on F32 and on
+// converted rows; ATTN's llama.cpp-arithmetic kernel (up to 2^14 scores a head) and its tiled one;
+// the SIMD exp of SILU; NORM's GGML order. Both compute the same products; the tolerances are
+// what another order of the sums (and the fast exp's few ulp) can give: for a sum of K terms, K
+// units of 2^-24 of sum |term| (the bound of any order of K f32 additions).
+//
+
+#define ULP (1.0 / 16777216.0) // 2^-24
+
+// y (the graph's only output) by the fast kernels into *fast and by the reference kernels into
+// *ref, on nt threads; false (and the case failed) if either compute fails.
+static bool tc_compute_fast_ref(struct tcase * tc, struct kvr_tensor * y, float ** fast, float ** ref) {
+    struct kvr_graph * g = kvr_graph_new(tc->ctx, GRAPH_SIZE);
+    kvr_graph_expand(g, y);
+    struct kvr_backend_params bp = { .n_threads = tc->nt };
+    struct kvr_backend * be_fast = kvr_backend_new("cpu", &bp);
+    bp.ref_kernels = true;
+    struct kvr_backend * be_ref = kvr_backend_new("cpu", &bp);
+    struct kvr_buffer * buf = be_fast && be_ref ? kvr_backend_alloc_buffer(be_fast, kvr_graph_plan(g)) : NULL;
+    bool ok = buf != NULL;
+    if (ok) {
+        kvr_graph_place(g, buf);
+        int rc = kvr_backend_graph_compute(be_fast, g);
+        *fast = tc_read(tc, y);
+        memset(y->data, 0xFF, kvr_nbytes(y)); // NaN again: an element the reference leaves fails
+        if (rc == KVR_OK) rc = kvr_backend_graph_compute(be_ref, g);
+        *ref = tc_read(tc, y);
+        if (rc != KVR_OK) tc_fail(tc, "compute returned %d: %s", rc, kvr_last_error());
+        ok = rc == KVR_OK;
+    } else {
+        tc_fail(tc, "no CPU backends or buffer: %s", kvr_last_error());
+    }
+    kvr_buffer_free(buf);
+    kvr_backend_free(be_ref);
+    kvr_backend_free(be_fast);
+    return ok;
+}
+
+static double * tc_widen(struct tcase * tc, const float * x, int64_t n) {
+    double * d = tc_doubles(tc, n);
+    for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static void t_fr_mul_mat(enum kvr_type type, int K, int N, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "FAST_REF MUL_MAT(type=%s,K=%d,N=%d,T=%d)", type_str(type), K, N, T);
+    float * wr;
+    struct kvr_tensor * w = tc_weight(&tc, type, K, N, &wr);
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, K, T, 1, 1.0f);
+    struct kvr_tensor * y = kvr_mul_mat(tc.ctx, w, x);
+    float * fast, * ref;
+    tc_output(&tc, y, "y");
+    if (tc_compute_fast_ref(&tc, y, &fast, &ref)) {
+        double * extra = tc_doubles(&tc, (int64_t) N * T);
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t n = 0; n < N; n++) {
+                double mag = 0.0;
+                for (int64_t k = 0; k < K; k++) mag += fabs((double) wr[n * K + k] * ((const float *) x->data)[t * K + k]);
+                extra[t * N + n] = (K + 2) * ULP * mag; // K additions, the products, the result's rounding
+            }
+        }
+        tc_check(&tc, "y", fast, tc_widen(&tc, ref, (int64_t) N * T), (int64_t) N * T, N, 0.0, extra);
+    }
+    tc_end(&tc);
+}
+
+static void t_fr_attn(const struct attn_case * ac, int window, enum kvr_attn_mode mode, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "FAST_REF ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s,window=%d)", ac->hd, ac->H, ac->Hkv,
+             ac->Tq, ac->Tk, ac->pos, mode_str(mode), window);
+    const int hd = ac->hd, Tq = ac->Tq, Tk = ac->Tk;
+    struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, ac->H, Tq, 1.0f);
+    struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, ac->Hkv, Tk, 1.0f);
+    struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, ac->Hkv, Tk, 1.0f);
+    int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
+    attn_positions(ac->pos, Tq, Tk, qpos, kpos);
+    struct kvr_tensor * y = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos), NULL,
+                                     1.0f / sqrtf((float) hd), window, mode);
+    float * fast, * ref;
+    tc_output(&tc, y, "attn");
+    const int64_t n = ((int64_t) hd * ac->H + ac->H) * Tq;
+    // the scores are sums of hd products (|q|, |k| <= 1, so they move by hd ulp of hd/sqrt(hd)),
+    // the softmax's and the output's sums run over the keys, the fast exps are a few ulp off
+    if (tc_compute_fast_ref(&tc, y, &fast, &ref)) {
+        tc_check(&tc, "attn", fast, tc_widen(&tc, ref, n), n, (int64_t) hd * ac->H + ac->H,
+                 (2.0 * Tk + hd * sqrt((double) hd) + 16) * ULP, NULL);
+    }
+    tc_end(&tc);
+}
+
+// SILU (a SIMD exp: a few ulp), NORM (GGML's order of the sums) and RMS_NORM over rows of n
+static void t_fr_rows(int op, int n, int r, int nt) {
+    static const char * name[] = { "SILU", "NORM", "RMS_NORM", "GELU" };
+    struct tcase tc;
+    tc_begin(&tc, nt, "FAST_REF %s(n=%d,r=%d)", name[op], n, r);
+    struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, 4.0f);
+    struct kvr_tensor * y = op == 0 ? kvr_silu(tc.ctx, a) : op == 1 ? kvr_norm(tc.ctx, a, 1e-5f)
+                          : op == 2 ? kvr_rms_norm(tc.ctx, a, 1e-6f) : kvr_gelu(tc.ctx, a);
+    float * fast, * ref;
+    tc_output(&tc, y, "y");
+    if (tc_compute_fast_ref(&tc, y, &fast, &ref)) {
+        // GELU: the same fp16 table either way, bit for bit
+        const double tol = op == 0 ? 8 * ULP : op == 3 ? 0.0 : (2.0 * n + 8) * ULP;
+        tc_check(&tc, name[op], fast, tc_widen(&tc, ref, (int64_t) n * r), (int64_t) n * r, n, tol, NULL);
+    }
+    tc_end(&tc);
+}
+
+static void grp_fast_ref(void) {
+    const char * env = getenv("KVR_REF");
+    if (env && *env && strcmp(env, "0") != 0) {
+        printf("FAST_REF: not run: KVR_REF=1 puts every CPU backend on the reference kernels\n");
+        return;
+    }
+    static const int mm[][3] = {
+        {64, 36, 1}, {64, 36, 3}, {63, 37, 5}, {96, 36, 4}, {100, 7, 33}, // small: llama.cpp's dots (F32)
+        {544, 520, 1}, {544, 520, 4}, {544, 520, 9}, {4100, 70, 3}, {4100, 70, 17}, // decode rows, sgemm
+    };
+    static const enum kvr_type types[] = { KVR_TYPE_F32, KVR_TYPE_F16, KVR_TYPE_BF16 };
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t s = 0; s < sizeof(mm) / sizeof(mm[0]); s++) {
+            for (int nt = 1; nt <= 3; nt += 2) t_fr_mul_mat(types[ti], mm[s][0], mm[s][1], mm[s][2], nt);
+        }
+    }
+    static const struct { struct attn_case c; int window; } at[] = {
+        { { 64, 4, 4, 1, 1, "causal", false, false }, 0 },
+        { { 64, 8, 2, 33, 33, "causal", false, false }, 0 },     // llama.cpp's arithmetic, tinyBLAS's order
+        { { 64, 4, 2, 1, 67, "causal", false, false }, 0 },      // one decode step: ggml_vec_dot's order
+        { { 80, 4, 2, 33, 130, "mid", false, false }, 20 },
+        { { 16, 2, 1, 300, 300, "causal", false, false }, 0 },   // tiled: several key and query tiles
+        { { 64, 4, 2, 7, 3000, "mid", false, false }, 0 },
+        { { 16, 2, 2, 520, 520, "zz-2-1", false, false }, 50 },
+        { { 16, 2, 1, 40, 700, "shuffled", false, false }, 300 },
+    };
+    for (size_t c = 0; c < sizeof(at) / sizeof(at[0]); c++) {
+        for (int m = 0; m < 2; m++) {
+            for (int nt = 1; nt <= 3; nt += 2) t_fr_attn(&at[c].c, at[c].window, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+        }
+    }
+    for (int op = 0; op < 4; op++) {
+        for (int nt = 1; nt <= 3; nt += 2) {
+            t_fr_rows(op, 7, 3, nt);
+            t_fr_rows(op, 1030, 9, nt);
+        }
+    }
+}
+
+//
 // main
 //
 
@@ -2156,6 +2311,7 @@ static const struct group {
     { "SILU", grp_silu }, { "GELU", grp_gelu }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
     { "PASS", grp_pass }, { "COUNTERS", grp_counters },
+    { "FAST_REF", grp_fast_ref },
 };
 
 // Whether name is in the comma-separated list (case-insensitive).

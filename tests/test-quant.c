@@ -9,6 +9,9 @@
 // ../shared/reference, every quantized tensor must agree with the Q8_0 file's copy of the same
 // weights within the format's error, and the Q4_0/Q5_0/Q8_0/Q4_K blocks must requantize to
 // llama.cpp's bytes (its reference quantizers are stable on their own output).
+// Every quantized matmul is also run by the CPU's fast paths and by its plain reference kernels
+// (kvr_backend_params.ref_kernels), exact and with 8-bit activations, and the two compared; under
+// KVR_REF=1 (every CPU backend on the reference kernels) that comparison is skipped.
 //
 //   test-quant [SHARED]      (default ../shared; without the files those checks count as skipped)
 //
@@ -873,6 +876,103 @@ static void test_mul_q8(void) {
     for (int i = 0; i < N_QTYPES; i++) test_mul_q8_type(&qtypes[i], true);
 }
 
+// The fast MUL_MAT paths against the CPU backend's plain reference kernels
+// (kvr_backend_params.ref_kernels) for every quantized type, exact and with 8-bit activations:
+// 1 token (the decode rows; the integer path's one-token kernels), 2 and 4 (decode rows), 5 and
+// 13 (sgemm on converted rows; the integer path's interleave of 8 rows with a short tile of
+// tokens), 64 (a prefill); 37 rows (the 8-row groups end short, threads split them unevenly); K
+// of 29 legacy blocks (steps of 8 and a tail) or 3 super-blocks; 1 and 3 threads. Both sides
+// multiply the same values (the reference rounds the activations by the same rules); only the
+// order of the f32 sums differs, and the fast paths sum a block's scale, offset and min
+// separately. So the difference is held to the bound of any order of K f32 additions, K 2^-24 of
+// the sum of |term| over those terms (|d sc q x| + |m mn x|), twice over for the two sides.
+static void test_fast_vs_ref_type(const struct qtype * qt, bool q8, double * worst_out) {
+    const bool kq = qt->blck == 256;
+    const int64_t K = kq ? 768 : 928, N = 37, nb = K / qt->blck;
+    static const int Ts[] = { 1, 2, 4, 5, 13, 64 };
+    const int64_t T_max = 64;
+    uint8_t * wq = malloc((size_t)(nb * N * qt->size));
+    double * mag_w = malloc(sizeof(double) * (size_t)(K * N)); // |d sc q| + |m mn| of each weight
+    float * xs = malloc(sizeof(float) * (size_t)(K * T_max));
+    float * fast = malloc(sizeof(float) * (size_t)(N * T_max));
+    random_blocks(qt, wq, (int)(nb * N));
+    for (int64_t i = 0; i < K * T_max; i++) xs[i] = rng_normal();
+    for (int64_t nn = 0; nn < N; nn++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t * blk = wq + (nn * nb + b) * qt->size;
+            double d, m;
+            ref_block_floats(qt, blk, &d, &m);
+            for (int e = 0; e < qt->blck; e++) {
+                const struct ref_ints r = ref_int(qt->type, blk, e);
+                mag_w[nn * K + b * qt->blck + e] = fabs(d * r.sc * r.q) + fabs(m * (kq ? r.mn : 1));
+            }
+        }
+    }
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int T = Ts[ti];
+        for (int nth = 1; nth <= 3; nth += 2) {
+            struct kvr_context * ctx = kvr_init(8u << 20, false);
+            struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
+            struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+            memcpy(w->data, wq, (size_t)(nb * N * qt->size));
+            memcpy(x->data, xs, sizeof(float) * (size_t)(K * T));
+            struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+            y->flags |= KVR_FLAG_OUTPUT;
+            struct kvr_graph * g = kvr_graph_new(ctx, 16);
+            kvr_graph_expand(g, y);
+            struct kvr_backend_params bp = { .n_threads = nth, .q8_activations = q8 };
+            struct kvr_backend * be_fast = kvr_backend_new("cpu", &bp);
+            bp.ref_kernels = true;
+            struct kvr_backend * be_ref = kvr_backend_new("cpu", &bp);
+            struct kvr_buffer * buf = kvr_backend_alloc_buffer(be_fast, kvr_graph_plan(g));
+            KVR_ASSERT(be_fast && be_ref && buf);
+            kvr_graph_place(g, buf);
+            int rc = kvr_backend_graph_compute(be_fast, g);
+            memcpy(fast, y->data, sizeof(float) * (size_t)(N * T));
+            memset(y->data, 0xff, sizeof(float) * (size_t)(N * T)); // NaN: an element the reference leaves fails
+            if (rc == KVR_OK) rc = kvr_backend_graph_compute(be_ref, g);
+            CHECK(rc == KVR_OK, "%s fast vs ref%s T=%d, %d threads: compute returned %d (%s)", qt->name, q8 ? " (q8)" : "",
+                  T, nth, rc, kvr_last_error());
+            double worst = 0.0;
+            for (int64_t t = 0; t < T && rc == KVR_OK; t++) {
+                for (int64_t nn = 0; nn < N; nn++) {
+                    double mag = 0.0;
+                    for (int64_t e = 0; e < K; e++) mag += mag_w[nn * K + e] * fabs(xs[t * K + e]);
+                    const double r = fabs((double)fast[t * N + nn] - ((const float *)y->data)[t * N + nn]) / (mag + 1e-30);
+                    if (!(r <= worst)) worst = r; // a NaN stays the worst
+                }
+            }
+            const double bound = 2.0 * (double)K / 16777216.0;
+            CHECK(worst <= bound, "%s fast vs ref%s T=%d, %d threads: worst difference %.3g of sum |w x|, bound %.3g",
+                  qt->name, q8 ? " (q8)" : "", T, nth, worst, bound);
+            if (!(worst <= *worst_out)) *worst_out = worst;
+            kvr_buffer_free(buf);
+            kvr_backend_free(be_ref);
+            kvr_backend_free(be_fast);
+            kvr_free(ctx);
+        }
+    }
+    free(wq);
+    free(mag_w);
+    free(xs);
+    free(fast);
+}
+
+static void test_fast_vs_ref(void) {
+    const char * env = getenv("KVR_REF");
+    if (env && *env && strcmp(env, "0") != 0) {
+        printf("skipped: the fast paths against the reference kernels (KVR_REF=1 puts every CPU backend on the latter)\n");
+        n_skip++;
+        return;
+    }
+    double worst[2] = { 0.0, 0.0 };
+    for (int q8 = 0; q8 < 2; q8++) {
+        for (int i = 0; i < N_QTYPES; i++) test_fast_vs_ref_type(&qtypes[i], q8, &worst[q8]);
+    }
+    printf("fast paths vs reference kernels: worst difference %.3g (exact), %.3g (8-bit activations) of sum |w x|\n",
+           worst[0], worst[1]);
+}
+
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
 // tensor must match the Q8_0 file's copy within its format's error (a wrong bit layout gives an
 // error near sqrt(2)), and the Q4_0/Q5_0/Q8_0/Q4_K blocks llama.cpp wrote must come back byte for
@@ -997,6 +1097,7 @@ int main(int argc, char ** argv) {
     test_mul_mat_q8();
     test_mul_vec();
     test_mul_q8(); // after the exact checks, which keep their random inputs
+    test_fast_vs_ref();
     test_tiny_llama(shared);
 #endif
 
