@@ -1310,6 +1310,7 @@ struct dejavu {
     bool                     log_skip;    //   the next eval is one the logs hold already (a resume's last token)
     bool                     logging;     //   the running eval's rows go to them
     int32_t                * resume_prompt; // kvr_dist_resume's info->prompt
+    struct kvr_test_hooks    test;        // the params' hooks (stall; kill points copied below)
     struct kvr_test_kill     kill[16];    // the test hook's points (KVR_TEST_KILL)
     bool                     kill_fired[16];
     int                      n_kill;
@@ -4194,7 +4195,7 @@ static void dejavu_receive_graph(struct kvr_dist * d, struct dist_rank * dr, str
 
 //
 // the test hooks: KVR_TEST_KILL loses a rank at a point of an eval (struct kvr_test_kill in kvr.h),
-// the stall hook stops one before a transfer (kvr_dist_params.stall)
+// the stall hook stops one before a transfer (struct kvr_test_hooks)
 //
 
 // KVR_TEST_KILL: "RANK:prefill:LAYER" or "RANK:decode:STEP", several separated by commas
@@ -4295,7 +4296,7 @@ static int dejavu_eval_begin(struct kvr_dist * d, const int32_t * tokens, int n)
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
         c->dv.stalled = false;
-        c->dv.stall_layer = d->p.stall && d->ranks[i].rank == d->p.stall_rank ? d->p.stall_layer : -1;
+        c->dv.stall_layer = d->dv.test.stall && d->ranks[i].rank == d->dv.test.stall_rank ? d->dv.test.stall_layer : -1;
     }
     int rc = test_kill_arm(d, d->dv.decode);
     if (rc != KVR_OK) return rc;
@@ -4485,9 +4486,12 @@ static int dejavu_new(struct kvr_dist * d) {
                          : "--replicate keeps each rank's rows on the next rank: it needs 2 ranks or more, not %d", d->n_ranks);
     }
     const int cap = (int)(sizeof(d->dv.kill) / sizeof(d->dv.kill[0]));
-    if (p->n_kill > cap || p->n_kill < 0) return kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %d points, at most %d", p->n_kill, cap);
-    for (int i = 0; i < p->n_kill; i++) {
-        const struct kvr_test_kill * k = &p->kill[i];
+    if (p->test) d->dv.test = *p->test;
+    d->dv.test.kill = NULL; // the points are copied into dv.kill
+    const int n_kill = p->test ? p->test->n_kill : 0;
+    if (n_kill > cap || n_kill < 0) return kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: %d points, at most %d", n_kill, cap);
+    for (int i = 0; i < n_kill; i++) {
+        const struct kvr_test_kill * k = &p->test->kill[i];
         if (k->rank < 0 || k->rank >= d->n_ranks) {
             return kvr_error(KVR_ERR_ARG, "KVR_TEST_KILL: rank %d is not one of the %d ranks", k->rank, d->n_ranks);
         }

@@ -1117,15 +1117,12 @@ struct kvr_dist_params {
                                      //   device + r (the backend wraps it around the GPUs there are)
     int                device;       // cuda: the first rank's GPU (0 by default)
     const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)
-    bool               stall;        // test hook: rank stall_rank stops before its first transfer
-    int                stall_rank;   //   of layer stall_layer and never sends again, as a lost
-    int                stall_layer;  //   process would (off unless stall is set)
     bool               replicate;    // local ranks: every rank's new cache rows (each layer right after its
                                      //   store, prefill and decode) go to a replica in its ring successor's
                                      //   host memory, checked (CRC32C) and acknowledged layer by layer; a
                                      //   rank lost in an eval is then recovered from (see kvr_dist_eval)
-    const struct kvr_test_kill * kill; // test hook KVR_TEST_KILL (see struct kvr_test_kill): these
-    int                n_kill;       //   ranks are lost at these points (checked by kvr_dist_new)
+    const struct kvr_test_hooks * test; // kvr's own tests and tools: losing or stalling a rank on
+                                     //   purpose (kvr.h's internal part, "test hooks"); NULL: none
     FILE *             graph_out;    // print every rank's rewritten graph of the next eval
     double             auto_flops;   // auto's C (0: 1e11)
     double             auto_bw;      // auto's BW in bytes/s (0: the link, else 1e10)
@@ -1746,6 +1743,15 @@ struct kvr_test_kill {
 // Parse KVR_TEST_KILL's value into out (at most cap points): their count, or -1 with
 // kvr_last_error() naming the variable and what is wrong.
 int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap);
+
+// The hooks a session is made with (kvr_dist_params.test; copied, checked by kvr_dist_new).
+struct kvr_test_hooks {
+    bool                         stall;       // rank stall_rank stops before its first transfer of
+    int                          stall_rank;  //   layer stall_layer and never sends again, as a lost
+    int                          stall_layer; //   process would (KVR_TEST_STALL=RANK:LAYER in kvr-run)
+    const struct kvr_test_kill * kill;        // KVR_TEST_KILL: these ranks are lost at these points
+    int                          n_kill;
+};
 
 // Test hook (--replicate): damage the replica of rank `rank`'s rows as memory or a lost message
 // would: flip a bit of row `row` (layer 0, K), or (cut) forget its rows from the chunk holding

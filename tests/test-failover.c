@@ -68,8 +68,8 @@ static void test_hook(const struct kvr_model * m) {
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
         set_case("dist_new refuses point %zu", i);
         struct kvr_dist_params p = dist_params(KVR_STRATEGY_KVR, 3);
-        p.kill = &refused[i].k;
-        p.n_kill = 1;
+        const struct kvr_test_hooks hooks = { .kill = &refused[i].k, .n_kill = 1 };
+        p.test = &hooks;
         struct kvr_dist * d = kvr_dist_new(m, &p);
         CHECK(d == NULL && strstr(kvr_last_error(), "KVR_TEST_KILL") && strstr(kvr_last_error(), refused[i].want),
               "want an error with '%s': %s", refused[i].want, d ? "it was accepted" : kvr_last_error());
@@ -98,8 +98,8 @@ static void test_kill(const struct kvr_model * m, const int32_t * prompt, int n_
         const struct kvr_test_kill * k = &cases[c].k;
         set_case("kill %s N=%d %d:%s:%d", kvr_strategy_name(cases[c].s), cases[c].N, k->rank, k->decode ? "decode" : "prefill", k->at);
         struct kvr_dist_params p = dist_params(cases[c].s, cases[c].N);
-        p.kill = k;
-        p.n_kill = 1;
+        const struct kvr_test_hooks hooks = { .kill = k, .n_kill = 1 };
+        p.test = &hooks;
         struct kvr_dist * d = kvr_dist_new(m, &p);
         CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
         if (!d) continue;
@@ -228,8 +228,8 @@ struct rcase {
 static void run_case(const struct kvr_model * m, const struct ref * r, const int32_t * prompt, int n_prompt, const struct rcase * rc) {
     struct kvr_dist_params p = dist_params(rc->s, rc->N);
     p.replicate = true;
-    p.kill = rc->k;
-    p.n_kill = rc->n_kill;
+    const struct kvr_test_hooks hooks = { .kill = rc->k, .n_kill = rc->n_kill };
+    p.test = &hooks;
     char * log = NULL;
     size_t log_len = 0;
     p.log = open_memstream(&log, &log_len);

@@ -49,6 +49,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 
+#define KVR_BUILD // kvr.h's internal part: the stall test hook
 #include "kvr.h"
 #include "tests/check.h"
 
@@ -992,9 +993,8 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
         const int c = quick ? 2 * ci : ci;
         struct kvr_dist_params p = dist_params(cases[c].s, cases[c].N);
         p.timeout_s = timeout;
-        p.stall = true;
-        p.stall_rank = cases[c].rank;
-        p.stall_layer = cases[c].layer;
+        const struct kvr_test_hooks stall = { .stall = true, .stall_rank = cases[c].rank, .stall_layer = cases[c].layer };
+        p.test = &stall;
         set_case("stall %s %s N=%d rank %d layer %d", tm->name, kvr_strategy_name(cases[c].s), cases[c].N, cases[c].rank, cases[c].layer);
         struct kvr_dist * d = kvr_dist_new(tm->m, &p);
         CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
@@ -1023,7 +1023,7 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
         kvr_dist_free(d);
 
         // a new dist has nothing left of the failed one
-        p.stall = false;
+        p.test = NULL;
         p.timeout_s = 30.0;
         d = kvr_dist_new(tm->m, &p);
         CHECK(d != NULL, "kvr_dist_new after the stall: %s", kvr_last_error());

@@ -913,6 +913,12 @@ int kvr_run_main(int argc, char ** argv) {
             }
         }
     }
+    // the test hooks: KVR_TEST_KILL (parsed with the arguments) and KVR_TEST_STALL, "rank:layer",
+    // which stops that rank before that layer's transfers (checked by parse_args)
+    struct kvr_test_hooks hooks = { .kill = a.kill, .n_kill = a.n_kill };
+    if (getenv("KVR_TEST_STALL")) {
+        hooks.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &hooks.stall_rank, &hooks.stall_layer) == 2;
+    }
     struct kvr_dist_params dp = {
         .strategy = a.strategy, .comm = (enum kvr_comm_kind)a.comm, .n_ranks = a.n_ranks, .n_threads = a.n_threads, .n_ctx = n_ctx,
         .partition = counts, .fractions = fracs, .attn_mode = (enum kvr_attn_mode)a.attn_mode, .timeout_s = a.timeout_s,
@@ -923,11 +929,8 @@ int kvr_run_main(int argc, char ** argv) {
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
         .replicate_dir = a.replicate_dir,
-        .replicate = a.replicate, .kill = a.kill, .n_kill = a.n_kill,
+        .replicate = a.replicate, .test = &hooks,
     };
-    if (getenv("KVR_TEST_STALL")) { // test hook: "rank:layer" stops that rank before that layer's transfers (checked by parse_args)
-        dp.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &dp.stall_rank, &dp.stall_layer) == 2;
-    }
     dist = kvr_dist_new(model, &dp);
     if (!dist) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
