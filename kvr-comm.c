@@ -1,10 +1,10 @@
 // kvr-comm.c - ranks: the transports (threads of one process, MPI processes), the endpoint kvr's
 // comm protocol calls for communication nodes, the strategy passes that rewrite a rank's graph
 // (tsp, KV-Runahead, ring pass-KV, ring pass-Q, the ring decode), and the driver that runs one
-// eval on every rank: kvr_dist_eval. Which backend runs a rank is a name in the params: this file
+// eval on every rank: kvr_session_eval. Which backend runs a rank is a name in the params: this file
 // sees backends only through kvr.h's seam (buffers, the eval road, optional counters and spans).
 //
-// Reading order: kvr_dist_eval -> plan_eval (who holds which tokens) -> rank_eval (the rank's
+// Reading order: kvr_session_eval -> plan_eval (who holds which tokens) -> rank_eval (the rank's
 // inputs, then the eval road kvr_eval_run with rank_pass) -> pass_* -> comm_exec (the transfers).
 // After the driver, DejaVu: streaming the cache (to a file, or P/D to the decode rank), the
 // replication logs and their format, replicas and failover recovery, the test hooks, saving,
@@ -994,20 +994,20 @@ struct pass_ctx;
 struct kv_stream;
 struct kv_log;
 struct replica;
-static int  dejavu_eval_begin(struct kvr_dist * d, const int32_t * tokens, int n);
-static bool dejavu_rank_wants_pass(const struct kvr_dist * d, const struct dist_rank * dr, int n);
+static int  dejavu_eval_begin(struct kvr_session * d, const int32_t * tokens, int n);
+static bool dejavu_rank_wants_pass(const struct kvr_session * d, const struct dist_rank * dr, int n);
 static void dejavu_rank_nodes(struct pass_ctx * pc, struct kvr_graph * g);
-static void dejavu_receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g);
+static void dejavu_receive_graph(struct kvr_session * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g);
 static int  dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node);
 static int  comm_stall(struct rank_comm * c, int tag);
 static int  dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev);
-static void dejavu_ranks_joined(struct kvr_dist * d, bool all_ok);
-static int  dejavu_eval_end(struct kvr_dist * d, int rc);
-static int  dejavu_eval_commit(struct kvr_dist * d, const int32_t * tokens, int n);
-static bool dejavu_failover(struct kvr_dist * d, const float * lg, int n, double * t_lost);
-static int  dejavu_new(struct kvr_dist * d);
-static void dejavu_free(struct kvr_dist * d);
-static void dejavu_reset(struct kvr_dist * d);
+static void dejavu_ranks_joined(struct kvr_session * d, bool all_ok);
+static int  dejavu_eval_end(struct kvr_session * d, int rc);
+static int  dejavu_eval_commit(struct kvr_session * d, const int32_t * tokens, int n);
+static bool dejavu_failover(struct kvr_session * d, const float * lg, int n, double * t_lost);
+static int  dejavu_new(struct kvr_session * d);
+static void dejavu_free(struct kvr_session * d);
+static void dejavu_reset(struct kvr_session * d);
 static void dist_rank_free(struct dist_rank * dr); // beside the recovery, which replaces ranks
 
 //
@@ -1037,7 +1037,7 @@ struct rank_comm {
     struct kvr_comm    base;
     struct transport * tr;
     double             timeout_s;
-    struct kvr_schedule sched;      // this graph's transfers (kept after it for kvr_dist_schedule)
+    struct kvr_schedule sched;      // this graph's transfers (kept after it for kvr_session_schedule)
     struct tr_req    * reqs;        // one per transfer of sched
     void            ** node_mem;    // per comm node: its memory (RECV: where the data lands, once posted)
     const void      ** node_src;    //   and what it sends (once the rank reached it)
@@ -1309,7 +1309,7 @@ struct dejavu {
     int                      log_step;    //   the step the next eval is in them
     bool                     log_skip;    //   the next eval is one the logs hold already (a resume's last token)
     bool                     logging;     //   the running eval's rows go to them
-    int32_t                * resume_prompt; // kvr_dist_resume's info->prompt
+    int32_t                * resume_prompt; // kvr_session_resume's info->prompt
     struct kvr_test_hooks    test;        // the params' hooks (stall; kill points copied below)
     struct kvr_test_kill     kill[16];    // the test hook's points (KVR_TEST_KILL)
     bool                     kill_fired[16];
@@ -1330,9 +1330,9 @@ struct dist_swap {
     float ** v;
 };
 
-struct kvr_dist {
+struct kvr_session {
     const struct kvr_model * m;
-    struct kvr_dist_params   p;
+    struct kvr_session_params   p;
     enum layout              layout;
     int                      n_ranks;
     int                      n_local;     // ranks in this process
@@ -1352,7 +1352,7 @@ struct kvr_dist {
     int                      seq_cap;
     bool                     has_logits;  // logits are the last token's (an eval or a load since the reset)
     int                      n_ctx;       // cache rows of every rank
-    struct dist_swap         swap;        // the caches, while swapped out (kvr_dist_kv_swap_out)
+    struct dist_swap         swap;        // the caches, while swapped out (kvr_session_kv_swap_out)
     struct dejavu            dv;
 };
 
@@ -1377,7 +1377,7 @@ static void plan_contiguous(struct eval_plan * pl, const int * counts) {
     }
 }
 
-static int resolve_partition(struct kvr_dist * d, int T, int * counts, int N) { // N: the prefill's ranks
+static int resolve_partition(struct kvr_session * d, int T, int * counts, int N) { // N: the prefill's ranks
     if (d->p.partition) {
         int sum = 0;
         for (int r = 0; r < N; r++) {
@@ -1411,7 +1411,7 @@ static bool strategy_is_ring(enum kvr_strategy s) {
     return s == KVR_STRATEGY_RING_KV || s == KVR_STRATEGY_RING_Q || s == KVR_STRATEGY_AUTO;
 }
 
-static int plan_eval(struct kvr_dist * d, int T) {
+static int plan_eval(struct kvr_session * d, int T) {
     struct eval_plan * pl = &d->plan;
     plan_free(pl);
     // P/D: the first prefill runs on every rank but the decode rank (the last), which receives
@@ -1461,7 +1461,7 @@ static int plan_eval(struct kvr_dist * d, int T) {
                 const double bw = d->p.auto_bw > 0 ? d->p.auto_bw : d->p.link_gbps > 0 ? d->p.link_gbps * 1e9 / 8 : 1e10;
                 pl->strat = kvr_auto_pick(T, pl->P, N, (int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim,
                                           d->p.auto_flops > 0 ? d->p.auto_flops : 1e11, bw, why, sizeof(why));
-                if (d->p.log && kvr_dist_rank(d) == 0) fprintf(d->p.log, "%s\n", why);
+                if (d->p.log && kvr_session_rank(d) == 0) fprintf(d->p.log, "%s\n", why);
             }
             for (int r = 0; r < N; r++) {
                 pl->cnt[r] = kvr_ring_shard(T, pl->P, N, r, NULL);
@@ -1483,7 +1483,7 @@ static int plan_eval(struct kvr_dist * d, int T) {
 //
 
 struct pass_ctx {
-    struct kvr_dist     * d;
+    struct kvr_session     * d;
     struct dist_rank    * dr;
     struct kvr_context  * ctx;
     struct eval_plan    * pl;
@@ -1893,7 +1893,7 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
     a->n_sinks = pc->n_sinks;
 }
 
-static int rank_eval(struct kvr_dist * d, struct dist_rank * dr) {
+static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     const struct kvr_model * m = d->m;
     struct eval_plan * pl = &d->plan;
     const int r = dr->rank, c = pl->cnt[r];
@@ -2030,7 +2030,7 @@ static void * rank_thread(void * arg) {
 #ifdef KVR_MPI
 // MPI started once per process (it cannot be started twice: it ends with the process, not the
 // dist); d->n_ranks and *my_rank from MPI_COMM_WORLD; the MPI transport
-static struct transport * mpi_start(struct kvr_dist * d, int * my_rank) {
+static struct transport * mpi_start(struct kvr_session * d, int * my_rank) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -2058,7 +2058,7 @@ static struct transport * mpi_start(struct kvr_dist * d, int * my_rank) {
 // The NCCL ranks of this process. Started by mpirun (OpenMPI, MPICH's Hydra, PMIx): one rank, on
 // the GPU of its index among the node's processes, the unique id from rank 0 over MPI. Else this
 // process drives n_ranks GPUs, rank i on device i.
-static int nccl_start(struct kvr_dist * d, int * my_rank) {
+static int nccl_start(struct kvr_session * d, int * my_rank) {
     int n_dev = 0;
     const cudaError_t e = cudaGetDeviceCount(&n_dev);
     char no_dev[256] = "";
@@ -2115,10 +2115,10 @@ static int nccl_start(struct kvr_dist * d, int * my_rank) {
 }
 #endif
 
-struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p) {
-    static const struct kvr_dist_params defaults = { 0 }; // one local rank on the CPU, the single pass
+struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kvr_session_params * p) {
+    static const struct kvr_session_params defaults = { 0 }; // one local rank on the CPU, the single pass
     if (!p) p = &defaults;
-    struct kvr_dist * d = calloc(1, sizeof(*d));
+    struct kvr_session * d = calloc(1, sizeof(*d));
     KVR_ASSERT(d != NULL);
     d->m = m;
     d->p = *p;
@@ -2212,7 +2212,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
         dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx, dr->be) : NULL;
         if (!dr->cache) {
-            kvr_dist_free(d);
+            kvr_session_free(d);
             return NULL;
         }
         dr->cache_pos = calloc((size_t)n_ctx, sizeof(int32_t));
@@ -2221,7 +2221,7 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
             void * stream = kvr_backend_cuda_stream(dr->be);
             if (!stream) {
                 kvr_error(KVR_ERR_ARG, "--comm nccl moves GPU memory: it needs the CUDA backend (--backend cuda)");
-                kvr_dist_free(d);
+                kvr_session_free(d);
                 return NULL;
             }
             nccl_set_compute(d->tr, dr->rank, stream);
@@ -2238,9 +2238,9 @@ struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist
     return d;
 }
 
-static void swap_drop(struct kvr_dist * d);
+static void swap_drop(struct kvr_session * d);
 
-void kvr_dist_free(struct kvr_dist * d) {
+void kvr_session_free(struct kvr_session * d) {
     if (!d) return;
     swap_drop(d);
     dejavu_free(d);
@@ -2255,7 +2255,7 @@ void kvr_dist_free(struct kvr_dist * d) {
     free(d);
 }
 
-void kvr_dist_reset(struct kvr_dist * d) {
+void kvr_session_reset(struct kvr_session * d) {
     d->n_past = 0;
     d->has_logits = false;
     d->n_decode = 0;
@@ -2264,20 +2264,20 @@ void kvr_dist_reset(struct kvr_dist * d) {
     dejavu_reset(d);
 }
 
-int kvr_dist_rank(const struct kvr_dist * d) { return d->ranks[0].rank; }
-int kvr_dist_n_ranks(const struct kvr_dist * d) { return d->n_ranks; }
-int kvr_dist_n_past(const struct kvr_dist * d) { return d->n_past; }
-int kvr_dist_n_ctx(const struct kvr_dist * d) { return d->n_ctx; }
+int kvr_session_rank(const struct kvr_session * d) { return d->ranks[0].rank; }
+int kvr_session_n_ranks(const struct kvr_session * d) { return d->n_ranks; }
+int kvr_session_n_past(const struct kvr_session * d) { return d->n_past; }
+int kvr_session_n_ctx(const struct kvr_session * d) { return d->n_ctx; }
 
-struct kvr_backend * kvr_dist_backend(const struct kvr_dist * d, int rank) {
+struct kvr_backend * kvr_session_backend(const struct kvr_session * d, int rank) {
     for (int i = 0; i < d->n_local; i++) {
         if (d->ranks[i].rank == rank) return d->ranks[i].be;
     }
     return NULL;
 }
-enum kvr_strategy kvr_dist_last_strategy(const struct kvr_dist * d) { return d->last; }
+enum kvr_strategy kvr_session_last_strategy(const struct kvr_session * d) { return d->last; }
 
-int kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int cap) {
+int kvr_session_stats(const struct kvr_session * d, struct kvr_rank_stats * out, int cap) {
     int n = 0;
     for (int i = 0; i < d->n_local && n < cap; i++) {
         if (!d->plan.active[d->ranks[i].rank]) continue;
@@ -2286,14 +2286,14 @@ int kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int c
     return n;
 }
 
-const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank) {
+const struct kvr_schedule * kvr_session_schedule(const struct kvr_session * d, int rank) {
     for (int i = 0; i < d->n_local; i++) {
         if (d->ranks[i].rank == rank) return d->ranks[i].comm->sched.nodes ? &d->ranks[i].comm->sched : NULL;
     }
     return NULL;
 }
 
-int kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos, const struct kvr_kv_cache ** cache) {
+int kvr_session_cache(const struct kvr_session * d, int rank, const int32_t ** pos, const struct kvr_kv_cache ** cache) {
     for (int i = 0; i < d->n_local; i++) {
         if (d->ranks[i].rank != rank) continue;
         *pos = d->ranks[i].cache_pos;
@@ -2303,14 +2303,14 @@ int kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos, co
     return -1;
 }
 
-static void seq_reserve(struct kvr_dist * d, int n) {
+static void seq_reserve(struct kvr_session * d, int n) {
     if (n <= d->seq_cap) return;
     d->seq_cap = n > 2 * d->seq_cap ? n : 2 * d->seq_cap;
     d->seq = realloc(d->seq, sizeof(int32_t) * (size_t)d->seq_cap);
     KVR_ASSERT(d->seq != NULL);
 }
 
-static const float * dist_eval_once(struct kvr_dist * d, const int32_t * tokens, int n) {
+static const float * dist_eval_once(struct kvr_session * d, const int32_t * tokens, int n) {
     const struct kvr_model * m = d->m;
     if (n <= 0) {
         kvr_error(KVR_ERR_ARG, "eval: no tokens");
@@ -2483,9 +2483,9 @@ static const float * dist_eval_once(struct kvr_dist * d, const int32_t * tokens,
 
 // One eval; with --replicate, a rank lost in it is recovered from (dejavu_failover) and the eval
 // runs again on the survivors, as often as ranks are lost and recovery is possible.
-const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) {
+const float * kvr_session_eval(struct kvr_session * d, const int32_t * tokens, int n) {
     if (d->swap.out) {
-        kvr_error(KVR_ERR_ARG, "eval: the cache is swapped out (kvr_dist_kv_swap_in first)");
+        kvr_error(KVR_ERR_ARG, "eval: the cache is swapped out (kvr_session_kv_swap_in first)");
         return NULL;
     }
     double t_lost = -1.0; // when a rank was lost in this eval (-1: none yet)
@@ -2514,8 +2514,8 @@ const float * kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n) 
 //   dist_eval_once  dejavu_ranks_joined the ranks are back: lost ranks, replicas' chunks
 //                   dejavu_eval_end     the stream is finished (or dropped), a lost rank named
 //                   dejavu_eval_commit  the eval counts: the logs' commits
-//   kvr_dist_eval   dejavu_failover     a lost rank: recover and run the eval again (--replicate)
-//   kvr_dist_new, _free, _reset: dejavu_new (its parameters checked), dejavu_free, dejavu_reset
+//   kvr_session_eval   dejavu_failover     a lost rank: recover and run the eval again (--replicate)
+//   kvr_session_new, _free, _reset: dejavu_new (its parameters checked), dejavu_free, dejavu_reset
 //
 
 //
@@ -2653,9 +2653,9 @@ static int stream_close(struct kv_stream * st, bool ok, const float * logits) {
     return rc;
 }
 
-// The stream of a first prefill: the file kvr_dist_kv_save would write after it (the chain's
+// The stream of a first prefill: the file kvr_session_kv_save would write after it (the chain's
 // last rank's whole cache, or every ring shard gathered, or under MPI this rank's PATH.R)
-static int stream_start(struct kvr_dist * d, const int32_t * tokens, int n, struct kv_stream ** out) {
+static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, struct kv_stream ** out) {
     const struct eval_plan * pl = &d->plan;
     const bool ring = strategy_is_ring(pl->strat);
     struct kvr_kv_shard sh[256];
@@ -2678,7 +2678,7 @@ static int stream_start(struct kvr_dist * d, const int32_t * tokens, int n, stru
         const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
                                            .shards = sh, .logits = true };
         char p[4096];
-        if (ring && n_sh != d->n_ranks) kvr_dist_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
+        if (ring && n_sh != d->n_ranks) kvr_session_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
         else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
         rc = stream_open(out, p, d->m, &lay, shard_ranks, d->p.timeout_s);
     }
@@ -3122,7 +3122,7 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
 }
 
 //
-// replication logs (kvr_dist_params.replicate_dir): each rank appends to DIR/rank-R.kvlog the rows
+// replication logs (kvr_session_params.replicate_dir): each rank appends to DIR/rank-R.kvlog the rows
 // it made in an eval, each layer's as soon as they are final (a log node right after the layer's
 // store copies them out, as the file stream's does), and after the eval a commit with its tokens.
 // A writer thread per log writes behind the compute; after a commit it syncs (fdatasync) unless
@@ -3336,15 +3336,15 @@ static int log_stop(struct kv_log * lg) {
 }
 
 // DIR/rank-R.kvlog
-void kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap) {
+void kvr_session_log_path(const char * dir, int rank, char * out, size_t cap) {
     snprintf(out, cap, "%s/rank-%d.kvlog", dir, rank);
 }
 
 // Close every local rank's log (what is queued is written and synced first); the next eval starts
 // new ones. A reset, a truncation or a load changes the cache in ways no step describes.
-static int replog_restart(struct kvr_dist * d) {
+static int replog_restart(struct kvr_session * d) {
     int rc = KVR_OK;
-    for (int i = 0; d->ranks && i < d->n_local; i++) { // (a dist kvr_dist_new gave up on is freed too)
+    for (int i = 0; d->ranks && i < d->n_local; i++) { // (a dist kvr_session_new gave up on is freed too)
         const int rc2 = log_stop(d->ranks[i].dv.log);
         if (rc == KVR_OK) rc = rc2;
         d->ranks[i].dv.log = NULL;
@@ -3358,7 +3358,7 @@ static int replog_restart(struct kvr_dist * d) {
 // Before an eval with replicate_dir and no log open: a new log per local rank. A dist that holds
 // tokens already (a load, a truncation, a resume into another directory) starts it with a base
 // step: every row the rank holds and every token; the eval is then the log's step 1.
-static int replog_start(struct kvr_dist * d, const int32_t * tokens, int n) {
+static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
     const char * dir = d->p.replicate_dir;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         return kvr_error(KVR_ERR_IO, "--replicate-dir %s: cannot create the directory: %s", dir, strerror(errno));
@@ -3369,7 +3369,7 @@ static int replog_start(struct kvr_dist * d, const int32_t * tokens, int n) {
     for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
         struct dist_rank * dr = &d->ranks[i];
         char path[4096];
-        kvr_dist_log_path(dir, dr->rank, path, sizeof(path));
+        kvr_session_log_path(dir, dr->rank, path, sizeof(path));
         const struct kvr_kv_log_head h = { .rank = dr->rank, .n_ranks = d->n_ranks, .strategy = (int)d->p.strategy,
                                            .n_prompt = base ? d->n_past : n, .prompt = base ? d->seq : tokens,
                                            .flags = base ? KVR_KV_LOG_BASE : 0 };
@@ -3406,7 +3406,7 @@ static int replog_start(struct kvr_dist * d, const int32_t * tokens, int n) {
 
 // After an eval went well: each local rank's commit of the step (the rows it made, none when it
 // made none or did not take part)
-static int replog_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
+static int replog_commit(struct kvr_session * d, const int32_t * tokens, int n) {
     int rc = KVR_OK;
     for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
         struct dist_rank * dr = &d->ranks[i];
@@ -3681,12 +3681,12 @@ static int replica_check(const struct replica * rp, bool * ok, char * why, size_
 // replication and recovery of local ranks (--replicate): the driver's side
 //
 
-static void dist_log(struct kvr_dist * d, const char * fmt, ...)
+static void dist_log(struct kvr_session * d, const char * fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-static void dist_log(struct kvr_dist * d, const char * fmt, ...) {
+static void dist_log(struct kvr_session * d, const char * fmt, ...) {
     if (!d->p.log) return;
     va_list ap;
     va_start(ap, fmt);
@@ -3697,7 +3697,7 @@ static void dist_log(struct kvr_dist * d, const char * fmt, ...) {
 }
 
 // the replica of rank i's rows: on its ring successor (made when first needed; none on one rank)
-static struct replica * replica_of(struct kvr_dist * d, int i) {
+static struct replica * replica_of(struct kvr_session * d, int i) {
     if (d->n_local < 2) return NULL;
     struct dist_rank * h = &d->ranks[(i + 1) % d->n_local];
     if (!h->dv.held) h->dv.held = replica_new((int)d->m->hp.n_layer, h->cache->kv_dim);
@@ -3705,7 +3705,7 @@ static struct replica * replica_of(struct kvr_dist * d, int i) {
 }
 
 // every replica holds its rank's whole cache again (after a load, a truncation, a recompute)
-static void replicas_seed_all(struct kvr_dist * d) {
+static void replicas_seed_all(struct kvr_session * d) {
     if (!d->p.replicate) return;
     for (int i = 0; i < d->n_local; i++) {
         struct replica * rp = replica_of(d, i);
@@ -3715,7 +3715,7 @@ static void replicas_seed_all(struct kvr_dist * d) {
 }
 
 // an eval starts: where each rank's new rows go (the plan says how many, at which positions)
-static void replicas_begin(struct kvr_dist * d) {
+static void replicas_begin(struct kvr_session * d) {
     const struct eval_plan * pl = &d->plan;
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
@@ -3730,7 +3730,7 @@ static void replicas_begin(struct kvr_dist * d) {
 }
 
 // the eval's end: commit (ok) or drop every replica's chunk; a replica that fell behind is said
-static void replicas_end(struct kvr_dist * d, bool ok) {
+static void replicas_end(struct kvr_session * d, bool ok) {
     if (!d->p.replicate) return;
     for (int i = 0; i < d->n_local; i++) {
         struct replica * rp = d->n_local > 1 ? d->ranks[(i + 1) % d->n_local].dv.held : NULL;
@@ -3741,7 +3741,7 @@ static void replicas_end(struct kvr_dist * d, bool ok) {
     }
 }
 
-int kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut) {
+int kvr_session_test_replica(struct kvr_session * d, int rank, int row, bool cut) {
     if (!d->p.replicate || rank < 0 || rank >= d->n_local || d->n_local < 2 || !d->ranks[(rank + 1) % d->n_local].dv.held) {
         return kvr_error(KVR_ERR_ARG, "no replica of rank %d (--replicate off, or fewer than 2 ranks)", rank);
     }
@@ -3769,7 +3769,7 @@ struct row_src {
     bool rep;   // the replica ranks[rank].dv.held, else ranks[rank]'s cache
 };
 
-static void src_read(const struct kvr_dist * d, const struct row_src * s, int il, int n, float * k, float * v) {
+static void src_read(const struct kvr_session * d, const struct row_src * s, int il, int n, float * k, float * v) {
     const struct dist_rank * dr = &d->ranks[s->rank];
     if (!s->rep) {
         kvr_kv_cache_get_rows(dr->be, dr->cache, il, s->row, n, k, v);
@@ -3782,7 +3782,7 @@ static void src_read(const struct kvr_dist * d, const struct row_src * s, int il
 
 // Write positions [keep, p0) into rank t's cache rows keep.. (chain), reading each run of
 // consecutive rows of one source with one transfer per layer
-static void place_rows(struct kvr_dist * d, int t, const struct row_src * src, int keep, int p0) {
+static void place_rows(struct kvr_session * d, int t, const struct row_src * src, int keep, int p0) {
     struct dist_rank * T = &d->ranks[t];
     const int n = p0 - keep, kv = T->cache->kv_dim;
     T->n_rows = p0; // rows a failed eval wrote past p0 (a rank that finished its part) are dropped
@@ -3821,7 +3821,7 @@ static void dist_rank_free(struct dist_rank * dr) {
 // A local rank was lost in the eval that just failed (cause: its error). Rebuild the dist on the
 // survivors from their caches and the replicas they hold, recompute what no copy holds, so the
 // eval can run again. KVR_OK, or an error saying why not (the dist is then left as it was).
-static int dist_recover(struct kvr_dist * d, const char * cause) {
+static int dist_recover(struct kvr_session * d, const char * cause) {
     const double t0 = kvr_time_ms();
     const int N = d->n_ranks, n_past = d->n_past, n_layer = (int)d->m->hp.n_layer;
     int x = -1, n_lost = 0;
@@ -4001,7 +4001,7 @@ static int dist_recover(struct kvr_dist * d, const char * cause) {
         memcpy(toks, d->seq + p0, sizeof(int32_t) * (size_t)n);
         const double t1 = kvr_time_ms();
         d->dv.recomputing = true;
-        const float * lg = kvr_dist_eval(d, toks, n);
+        const float * lg = kvr_session_eval(d, toks, n);
         d->dv.recomputing = false;
         free(toks);
         if (!lg) return KVR_ERR_COMM;
@@ -4169,7 +4169,7 @@ static void add_log_nodes(struct pass_ctx * pc, struct kvr_graph * g, int row0, 
 
 // The decode rank's part of a P/D prefill: a graph of receives only, each layer's K and V rows
 // straight into its cache at their positions, in the order the prefill ranks send them.
-static void dejavu_receive_graph(struct kvr_dist * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g) {
+static void dejavu_receive_graph(struct kvr_session * d, struct dist_rank * dr, struct kvr_context * ctx, struct kvr_graph * g) {
     struct eval_plan * pl = &d->plan;
     struct kvr_kv_cache * c = dr->cache;
     const bool ring = strategy_is_ring(pl->strat);
@@ -4257,7 +4257,7 @@ static int test_kill(struct rank_comm * c) {
 // The kill hook's points that fall in this eval (struct kvr_test_kill): each rank concerned
 // stops at its layer; one that computes nothing in this eval is lost now (as a heartbeat would
 // find it before the eval), which fails the eval.
-static int test_kill_arm(struct kvr_dist * d, bool decode) {
+static int test_kill_arm(struct kvr_session * d, bool decode) {
     const struct eval_plan * pl = &d->plan;
     for (int i = 0; i < d->n_local; i++) d->ranks[i].comm->dv.kill_layer = d->ranks[i].comm->dv.kill_point = -1;
     for (int k = 0; k < d->dv.n_kill; k++) {
@@ -4291,7 +4291,7 @@ static int test_kill_arm(struct kvr_dist * d, bool decode) {
 
 // Before an eval's ranks start (after its plan): the hooks armed for this eval, the stream of a
 // first prefill, the logs opened and told this eval's step, the replicas told its chunk.
-static int dejavu_eval_begin(struct kvr_dist * d, const int32_t * tokens, int n) {
+static int dejavu_eval_begin(struct kvr_session * d, const int32_t * tokens, int n) {
     d->dv.decode = n == 1 && d->n_past > 0 && !d->dv.recomputing;
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
@@ -4329,7 +4329,7 @@ static int dejavu_eval_begin(struct kvr_dist * d, const int32_t * tokens, int n)
 // also for the single strategy). A prompt's rows go to the replication log by the log's nodes, a
 // decoded token's after the eval (dejavu_rank_done), so that its graph is kept, and so do a
 // replica's (--replicate); a rank the kill hook stops in this eval: the hook is a node.
-static bool dejavu_rank_wants_pass(const struct kvr_dist * d, const struct dist_rank * dr, int n) {
+static bool dejavu_rank_wants_pass(const struct kvr_session * d, const struct dist_rank * dr, int n) {
     const struct rank_dejavu * dv = &dr->comm->dv;
     return dv->stream || d->plan.pd || (dv->log && n > 1) || (dv->replica_out && n > 1) || dv->kill_layer >= 0;
 }
@@ -4390,7 +4390,7 @@ static int dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev) {
 
 // Every rank of the eval is back: a rank the kill hook stopped is lost, the replicas' chunks are
 // committed (all_ok) or dropped, and the stream and the logs were this eval's alone
-static void dejavu_ranks_joined(struct kvr_dist * d, bool all_ok) {
+static void dejavu_ranks_joined(struct kvr_session * d, bool all_ok) {
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
         if (c->dv.killed) d->ranks[i].lost = d->dv.kill_fired[c->dv.kill_point] = true;
@@ -4406,7 +4406,7 @@ static void dejavu_ranks_joined(struct kvr_dist * d, bool all_ok) {
 // error (the message set) drops it, keeping the message, and names a rank the kill hook stopped
 // when the message does not (timeouts that race, ring ranks all waiting at once, may leave the
 // lost rank unnamed).
-static int dejavu_eval_end(struct kvr_dist * d, int rc) {
+static int dejavu_eval_end(struct kvr_session * d, int rc) {
     struct kv_stream * st = d->dv.stream;
     d->dv.stream = NULL;
     if (rc == KVR_OK) {
@@ -4439,7 +4439,7 @@ static int dejavu_eval_end(struct kvr_dist * d, int rc) {
 
 // The eval counted (its tokens are the dist's): the decode steps the kill hook counts, and each
 // local rank's commit of the step in its log
-static int dejavu_eval_commit(struct kvr_dist * d, const int32_t * tokens, int n) {
+static int dejavu_eval_commit(struct kvr_session * d, const int32_t * tokens, int n) {
     if (d->dv.decode) d->dv.n_steps++;
     if (d->dv.logging) {
         const int rc = replog_commit(d, tokens, n);
@@ -4452,7 +4452,7 @@ static int dejavu_eval_commit(struct kvr_dist * d, const int32_t * tokens, int n
 // An eval ended (lg: its logits, NULL when it failed). A rank lost in it, with --replicate: the
 // dist is recovered (dist_recover) and true says to run the eval again on the survivors; *t_lost
 // keeps when the first loss happened, for the log's line once the eval went on.
-static bool dejavu_failover(struct kvr_dist * d, const float * lg, int n, double * t_lost) {
+static bool dejavu_failover(struct kvr_session * d, const float * lg, int n, double * t_lost) {
     if (lg) {
         if (*t_lost >= 0) {
             dist_log(d, "the eval went on: its result came %.0f ms after the loss (found after %.0f ms, restored in %.1f ms)",
@@ -4476,10 +4476,10 @@ static bool dejavu_failover(struct kvr_dist * d, const float * lg, int n, double
     return true;
 }
 
-// kvr_dist_new: --replicate and the kill hook's points, checked against the dist (a point that
+// kvr_session_new: --replicate and the kill hook's points, checked against the dist (a point that
 // could never fire is a mistake); KVR_ERR_ARG with the message set
-static int dejavu_new(struct kvr_dist * d) {
-    const struct kvr_dist_params * p = &d->p;
+static int dejavu_new(struct kvr_session * d) {
+    const struct kvr_session_params * p = &d->p;
     if (p->replicate && (p->comm != KVR_COMM_LOCAL || d->n_ranks < 2 || p->pd)) {
         return kvr_error(KVR_ERR_ARG, p->comm != KVR_COMM_LOCAL ? "--replicate keeps each rank's replica in its successor's memory in this process "
                          "(local ranks); across processes use --replicate-dir" : p->pd ? "--replicate does not go with --decode-rank"
@@ -4504,15 +4504,15 @@ static int dejavu_new(struct kvr_dist * d) {
     return KVR_OK;
 }
 
-// kvr_dist_free: what the logs have queued is written and synced
-static void dejavu_free(struct kvr_dist * d) {
+// kvr_session_free: what the logs have queued is written and synced
+static void dejavu_free(struct kvr_session * d) {
     replog_restart(d);
     free(d->dv.resume_prompt);
 }
 
-// kvr_dist_reset (the ranks hold nothing now): the logs start again with the next eval, the
+// kvr_session_reset (the ranks hold nothing now): the logs start again with the next eval, the
 // replicas hold nothing
-static void dejavu_reset(struct kvr_dist * d) {
+static void dejavu_reset(struct kvr_session * d) {
     replog_restart(d);
     replicas_seed_all(d);
 }
@@ -4524,22 +4524,22 @@ static void dejavu_reset(struct kvr_dist * d) {
 // each to its rank with the ring's next decode shard, so a continued run is the same bit for bit
 //
 
-const int32_t * kvr_dist_tokens(const struct kvr_dist * d) { return d->seq; }
-const float * kvr_dist_logits(const struct kvr_dist * d) { return d->has_logits ? d->logits : NULL; }
+const int32_t * kvr_session_tokens(const struct kvr_session * d) { return d->seq; }
+const float * kvr_session_logits(const struct kvr_session * d) { return d->has_logits ? d->logits : NULL; }
 
-static struct dist_rank * dist_local(struct kvr_dist * d, int rank) {
+static struct dist_rank * dist_local(struct kvr_session * d, int rank) {
     for (int i = 0; i < d->n_local; i++) {
         if (d->ranks[i].rank == rank) return &d->ranks[i];
     }
     return NULL;
 }
 
-void kvr_dist_kv_shard_path(const char * path, int rank, char * out, size_t cap) {
+void kvr_session_kv_shard_path(const char * path, int rank, char * out, size_t cap) {
     snprintf(out, cap, "%s.%d", path, rank);
 }
 
 // write shards [0, n) of lay, whose rows live in the caches of ranks dr[s] (rows 0..n_rows-1)
-static int dist_write(struct kvr_dist * d, const char * path, const struct kvr_kv_layout * lay, struct dist_rank ** dr) {
+static int dist_write(struct kvr_session * d, const char * path, const struct kvr_kv_layout * lay, struct dist_rank ** dr) {
     struct kvr_kv_writer * w;
     int rc = kvr_kv_writer_open(&w, path, d->m, lay);
     if (rc != KVR_OK) return rc;
@@ -4561,8 +4561,8 @@ static int dist_write(struct kvr_dist * d, const char * path, const struct kvr_k
     return rc;
 }
 
-int kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool per_rank) {
-    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_dist_kv_swap_in first)", path);
+int kvr_session_kv_save(struct kvr_session * d, const char * path, bool per_rank) {
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
     struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits };
     if (d->layout == LAYOUT_CHAIN) {
@@ -4592,7 +4592,7 @@ int kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool per_rank) {
         lay.shards = sh;
         rc = dist_write(d, path, &lay, drs);
         for (int r = 0; r < N && rc == KVR_OK; r++) {
-            kvr_dist_kv_shard_path(path, r, p, sizeof(p));
+            kvr_session_kv_shard_path(path, r, p, sizeof(p));
             remove(p);
         }
     } else {
@@ -4600,7 +4600,7 @@ int kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool per_rank) {
         lay.n_shards = 1;
         for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
             const int r = d->ranks[i].rank;
-            kvr_dist_kv_shard_path(path, r, p, sizeof(p));
+            kvr_session_kv_shard_path(path, r, p, sizeof(p));
             lay.shards = &sh[r];
             rc = dist_write(d, p, &lay, &drs[r]);
         }
@@ -4625,21 +4625,21 @@ static void file_rows_at(const struct kvr_kv_file * f, int il, const int32_t * w
     }
 }
 
-static int dist_restore(struct kvr_dist * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path);
+static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path);
 
-int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
-    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_dist_kv_swap_in first)", path);
+int kvr_session_kv_load(struct kvr_session * d, const char * path) {
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
     char p[4096];
     // the files: PATH (whole, or every shard gathered), or each rank's PATH.R
     struct kvr_kv_file ** fs = calloc((size_t)N, sizeof(*fs));
     KVR_ASSERT(fs != NULL);
     int rc = KVR_OK;
-    kvr_dist_kv_shard_path(path, 0, p, sizeof(p));
+    kvr_session_kv_shard_path(path, 0, p, sizeof(p));
     const bool per_rank = access(path, F_OK) != 0 && access(p, F_OK) == 0;
     if (per_rank) {
         for (int r = 0; r < N && rc == KVR_OK; r++) {
-            kvr_dist_kv_shard_path(path, r, p, sizeof(p));
+            kvr_session_kv_shard_path(path, r, p, sizeof(p));
             rc = kvr_kv_file_read(p, d->m, &fs[r]);
             if (rc != KVR_OK) break;
             const struct kvr_kv_file * f = fs[r];
@@ -4670,7 +4670,7 @@ int kvr_dist_kv_load(struct kvr_dist * d, const char * path) {
 // shard of rank r. A ring cache of as many ranks keeps its shards (when shards_fit); anything else
 // goes to the chain's last rank, or is split as a prefill of its tokens would be. Nothing changes
 // before everything fits; path names the files in errors.
-static int dist_restore(struct kvr_dist * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path) {
+static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path) {
     const int N = d->n_ranks;
     int rc = KVR_OK;
     const struct kvr_kv_file * f0 = fs[0];
@@ -4742,19 +4742,19 @@ static int dist_restore(struct kvr_dist * d, struct kvr_kv_file * const * fs, bo
 }
 
 //
-// resuming from the replication logs (kvr_dist_resume): every rank's log is read and checked, the
+// resuming from the replication logs (kvr_session_resume): every rank's log is read and checked, the
 // last step every log acknowledged is taken, the rows of the steps up to it are gathered into the
-// layout of a gathered cache file and restored as kvr_dist_kv_load restores one, all but the last
+// layout of a gathered cache file and restored as kvr_session_kv_load restores one, all but the last
 // token's, which is evaluated again for its logits (the logs hold no logits)
 //
 
-static void resume_note(const struct kvr_dist * d, const char * fmt, ...)
+static void resume_note(const struct kvr_session * d, const char * fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-static void resume_note(const struct kvr_dist * d, const char * fmt, ...) {
-    if (!d->p.log || kvr_dist_rank(d) != 0) return;
+static void resume_note(const struct kvr_session * d, const char * fmt, ...) {
+    if (!d->p.log || kvr_session_rank(d) != 0) return;
     va_list ap;
     va_start(ap, fmt);
     fprintf(d->p.log, "resume: ");
@@ -4766,7 +4766,7 @@ static void resume_note(const struct kvr_dist * d, const char * fmt, ...) {
 // Ranks in several processes (MPI) agree on the step taken: each sends what it found to every other
 // and takes the least. It is also the point after which every process has read every log, so one
 // that goes on to cut its log back or append to it changes nothing another is still reading.
-static int resume_agree(struct kvr_dist * d, int * S) {
+static int resume_agree(struct kvr_session * d, int * S) {
 #ifdef KVR_MPI
     struct transport * ht = d->host_tr;
     if (!ht || d->n_local == d->n_ranks) return KVR_OK;
@@ -4830,7 +4830,7 @@ static int resume_gather(struct kvr_kv_log_data ** L, int NL, int S, const char 
     char path[4096];
     for (int r = 0; r < NL && rc == KVR_OK; r++) {
         struct kvr_kv_file_shard * sh = &f->shards[r];
-        kvr_dist_log_path(dir, r, path, sizeof(path));
+        kvr_session_log_path(dir, r, path, sizeof(path));
         sh->rank = r;
         int cnt = 0;
         for (int s = 0; s <= S; s++) cnt += L[r]->steps[s].n_rows;
@@ -4873,12 +4873,12 @@ static int resume_gather(struct kvr_kv_log_data ** L, int NL, int S, const char 
     return rc;
 }
 
-int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * prompt, int n_prompt, struct kvr_resume_info * info) {
+int kvr_session_resume(struct kvr_session * d, const char * dir, const int32_t * prompt, int n_prompt, struct kvr_resume_info * info) {
     memset(info, 0, sizeof(*info));
     info->step = -1;
-    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "--resume %s: the cache is swapped out (kvr_dist_kv_swap_in first)", dir);
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "--resume %s: the cache is swapped out (kvr_session_kv_swap_in first)", dir);
     char path[4096], path0[4096];
-    kvr_dist_log_path(dir, 0, path0, sizeof(path0));
+    kvr_session_log_path(dir, 0, path0, sizeof(path0));
     struct kvr_kv_log_data * L0 = NULL;
     int rc = kvr_kv_log_read(path0, d->m, &L0);
     if (rc == KVR_ERR_IO && access(path0, F_OK) != 0) {
@@ -4896,7 +4896,7 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
     L[0] = L0;
     int S = L0->n_steps - 1;
     for (int r = 1; r < NL && rc == KVR_OK; r++) {
-        kvr_dist_log_path(dir, r, path, sizeof(path));
+        kvr_session_log_path(dir, r, path, sizeof(path));
         rc = kvr_kv_log_read(path, d->m, &L[r]);
         if (rc == KVR_ERR_ARG) break;
         if (rc != KVR_OK) {
@@ -4941,7 +4941,7 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
         for (int s = 0; L[r] && s <= S && rc == KVR_OK; s++) {
             const struct kvr_kv_log_step * a = &L[0]->steps[s], * b = &L[r]->steps[s];
             if (a->n_tokens != b->n_tokens || memcmp(a->tokens, b->tokens, sizeof(int32_t) * (size_t)a->n_tokens) != 0) {
-                kvr_dist_log_path(dir, r, path, sizeof(path));
+                kvr_session_log_path(dir, r, path, sizeof(path));
                 rc = kvr_error(KVR_ERR_ARG, "%s: the tokens of step %d differ from %s's: logs of different runs in %s", path, s, path0, dir);
             }
         }
@@ -4967,7 +4967,7 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
         for (int r = 0; r < NL; r++) {
             if (!L[r]) continue;
             info->bytes += L[r]->bytes;
-            kvr_dist_log_path(dir, r, path, sizeof(path));
+            kvr_session_log_path(dir, r, path, sizeof(path));
             if (L[r]->damage[0] && L[r]->n_steps) resume_note(d, "%s: %s: its steps 0..%d are whole", path, L[r]->damage, L[r]->n_steps - 1);
             if (L[r]->damage[0] && !L[r]->n_steps) resume_note(d, "%s: %s: none of its steps is whole", path, L[r]->damage);
             if (L[r]->n_steps - 1 > S) {
@@ -4996,7 +4996,7 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
             struct kvr_kv_log_data * x = L[dr->rank];
             x->good = x->steps[S].end;
             x->good_crc = x->steps[S].crc;
-            kvr_dist_log_path(dir, dr->rank, path, sizeof(path));
+            kvr_session_log_path(dir, dr->rank, path, sizeof(path));
             struct kvr_kv_log * w;
             rc = kvr_kv_log_append(&w, path, d->m, x);
             if (rc == KVR_OK) {
@@ -5019,7 +5019,7 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
     if (rc == KVR_OK && S >= 0) {
         // the last token again, for its logits: the eval the first run made of it
         const int32_t last = f.tokens[n - 1];
-        if (!kvr_dist_eval(d, &last, 1)) rc = kvr_error(KVR_ERR_COMM, "--resume %s: evaluating the last restored token: %s", dir, kvr_last_error());
+        if (!kvr_session_eval(d, &last, 1)) rc = kvr_error(KVR_ERR_COMM, "--resume %s: evaluating the last restored token: %s", dir, kvr_last_error());
     }
     if (rc == KVR_OK && S >= 0) {
         info->step = S;
@@ -5047,8 +5047,8 @@ int kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * promp
     return rc;
 }
 
-int kvr_dist_truncate(struct kvr_dist * d, int n) {
-    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "truncate: the cache is swapped out (kvr_dist_kv_swap_in first)");
+int kvr_session_truncate(struct kvr_session * d, int n) {
+    if (d->swap.out) return kvr_error(KVR_ERR_ARG, "truncate: the cache is swapped out (kvr_session_kv_swap_in first)");
     if (n < 0 || n > d->n_past) return kvr_error(KVR_ERR_ARG, "truncate: %d tokens, but the cache holds %d", n, d->n_past);
     if (n == d->n_past) return KVR_OK;
     if (d->layout == LAYOUT_RING && d->n_local != d->n_ranks) {
@@ -5072,7 +5072,7 @@ int kvr_dist_truncate(struct kvr_dist * d, int n) {
     return KVR_OK;
 }
 
-int kvr_dist_write_trace(const struct kvr_dist * d, const char * path) {
+int kvr_session_write_trace(const struct kvr_session * d, const char * path) {
     FILE * f = fopen(path, "w");
     if (!f) return kvr_error(KVR_ERR_IO, "%s: cannot write the trace: %s", path, strerror(errno));
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
@@ -5102,9 +5102,9 @@ int kvr_dist_write_trace(const struct kvr_dist * d, const char * path) {
 // swapping the caches out of the backends' memory and back (a server's idle conversations)
 //
 
-bool kvr_dist_kv_swapped(const struct kvr_dist * d) { return d->swap.out; }
+bool kvr_session_kv_swapped(const struct kvr_session * d) { return d->swap.out; }
 
-static void swap_drop(struct kvr_dist * d) {
+static void swap_drop(struct kvr_session * d) {
     const int n = d->n_local * (int)d->m->hp.n_layer;
     for (int i = 0; d->swap.k && i < n; i++) {
         free(d->swap.k[i]);
@@ -5117,16 +5117,16 @@ static void swap_drop(struct kvr_dist * d) {
     memset(&d->swap, 0, sizeof(d->swap));
 }
 
-int kvr_dist_kv_swap_out(struct kvr_dist * d, const char * path) {
+int kvr_session_kv_swap_out(struct kvr_session * d, const char * path) {
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "swap out: the cache is swapped out already");
     const int n_layer = (int)d->m->hp.n_layer;
     if (path) {
-        // the file of kvr_dist_kv_save, read back by kvr_dist_kv_load
+        // the file of kvr_session_kv_save, read back by kvr_session_kv_load
         if (d->n_local != d->n_ranks) {
             return kvr_error(KVR_ERR_UNSUPP, "swap out to %s: ranks in other processes would each need the file; swap to host memory "
                              "(no path)", path);
         }
-        const int rc = kvr_dist_kv_save(d, path, false);
+        const int rc = kvr_session_kv_save(d, path, false);
         if (rc != KVR_OK) return rc;
         d->swap.path = malloc(strlen(path) + 1);
         KVR_ASSERT(d->swap.path != NULL);
@@ -5159,7 +5159,7 @@ int kvr_dist_kv_swap_out(struct kvr_dist * d, const char * path) {
     return KVR_OK;
 }
 
-int kvr_dist_kv_swap_in(struct kvr_dist * d) {
+int kvr_session_kv_swap_in(struct kvr_session * d) {
     if (!d->swap.out) return kvr_error(KVR_ERR_ARG, "swap in: the cache is not swapped out");
     const int n_layer = (int)d->m->hp.n_layer;
     for (int i = 0; i < d->n_local; i++) {
@@ -5188,7 +5188,7 @@ int kvr_dist_kv_swap_in(struct kvr_dist * d) {
             }
             kvr_kv_file_free(f);
         }
-        if (rc == KVR_OK) rc = kvr_dist_kv_load(d, d->swap.path);
+        if (rc == KVR_OK) rc = kvr_session_kv_load(d, d->swap.path);
     } else {
         for (int i = 0; i < d->n_local; i++) {
             struct dist_rank * dr = &d->ranks[i];

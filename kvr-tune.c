@@ -607,7 +607,7 @@ static bool layer_full(const struct sim * S, int r, int l) {
 static double layer_post(const struct sim * S, int r, int l) {
     return S->tc[r].oproj + (l < S->m->n_layer - 1 ? S->tc[r].ffn : S->tc[r].ffn1);
 }
-// attention pairs as kvr_dist reports them: per layer whose attention ran on the rank (none ran
+// attention pairs as kvr_session reports them: per layer whose attention ran on the rank (none ran
 // on a rank without the output when the model has a single layer)
 static int64_t per_layer(int64_t x, int layers_run) {
     return layers_run > 0 ? x : 0;
@@ -835,7 +835,7 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
         if (rc == KVR_OK && sum != T) rc = kvr_error(KVR_ERR_ARG, "simulate: the counts add up to %d, not %d tokens", sum, T);
     } else if (ring) {
         for (int r = 0; r < N; r++) S->cnt[r] = kvr_ring_shard(T, 0, N, r, NULL);
-    } else { // single, tsp, kvr-e: the even split kvr_dist makes
+    } else { // single, tsp, kvr-e: the even split kvr_session makes
         for (int r = 0; r < N; r++) S->cnt[r] = (int)((int64_t)T * (r + 1) / N - (int64_t)T * r / N);
     }
     if (rc == KVR_OK) {

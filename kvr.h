@@ -927,7 +927,7 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
 //
 // KV cache files: a cache (or the shards of a sharded one) and its tokens, on disk.
 //
-// What kvr_session_kv_save, kvr_dist_kv_save and the streaming sinks write. Little-endian; a file
+// What kvr_session_kv_save, kvr_session_kv_save and the streaming sinks write. Little-endian; a file
 // is refused whole (nothing is loaded) when anything in it does not match: the message names the
 // field, what was found, what was expected, and the offset.
 //
@@ -1029,10 +1029,18 @@ int  kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_
 void kvr_kv_file_free(struct kvr_kv_file * f);
 
 //
-// 11. sessions: a model on its ranks (one by default), their caches, the tokens so far (kvr-comm.c)
+// 11. sessions: the one front door (kvr-comm.c)
 //
-// A prompt is spread over ranks; each rank builds the single-rank graph of its own tokens and a
-// strategy pass rewrites its ATTN_BLOCK nodes into cache writes, transfers and ATTN nodes:
+// A session is one conversation with a model: its KV cache, the tokens in it, the last logits.
+// Every prefill and decode step, every file, swap and failover goes through it. By default it is
+// one rank on the CPU (kvr_session_new(m, NULL)); the same calls run it on several ranks, threads of
+// this process, MPI processes or GPUs, by the params below (n_ranks, strategy, comm, backend).
+// Several conversations over one model are several sessions, each with its own cache; batching
+// their decode steps into one pass over the weights (a server's continuous batching) is to be one
+// call over several sessions, so the session stays the unit an embedder holds.
+//
+// A prompt is spread over the ranks; each rank builds the single-rank graph of its own tokens and
+// a strategy pass rewrites its ATTN_BLOCK nodes into cache writes, transfers and ATTN nodes:
 //
 //   single   one rank
 //   tsp      even contiguous split; ALL_GATHER of K and V every layer (every rank holds all)
@@ -1094,7 +1102,7 @@ struct kvr_capture {
     void               * user;
 };
 
-struct kvr_dist_params {
+struct kvr_session_params {
     enum kvr_strategy  strategy;
     enum kvr_comm_kind comm;
     int                n_ranks;      // local, NCCL in one process: how many; MPI: from the communicator
@@ -1110,7 +1118,7 @@ struct kvr_dist_params {
                                      //   a link this many times slower (the KV-Runahead paper's
                                      //   noisy sidecar); needs link_gbps; 0: off
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
-    bool               trace;        // record spans for kvr_dist_write_trace
+    bool               trace;        // record spans for kvr_session_write_trace
     bool               q8_activations; // see struct kvr_backend_params (off: exact)
     bool               vec_dot_order;  // see struct kvr_backend_params (off: llama.cpp's default build)
     const char *       backend;      // every rank's: a registered name (NULL: "cpu"); rank r asks for
@@ -1120,7 +1128,7 @@ struct kvr_dist_params {
     bool               replicate;    // local ranks: every rank's new cache rows (each layer right after its
                                      //   store, prefill and decode) go to a replica in its ring successor's
                                      //   host memory, checked (CRC32C) and acknowledged layer by layer; a
-                                     //   rank lost in an eval is then recovered from (see kvr_dist_eval)
+                                     //   rank lost in an eval is then recovered from (see kvr_session_eval)
     const struct kvr_test_hooks * test; // kvr's own tests and tools: losing or stalling a rank on
                                      //   purpose (kvr.h's internal part, "test hooks"); NULL: none
     FILE *             graph_out;    // print every rank's rewritten graph of the next eval
@@ -1130,7 +1138,7 @@ struct kvr_dist_params {
     const char *       kv_stream;    // the first prefill streams its cache to this KV cache file, layer by
                                      //   layer while it runs: each layer's rows are copied out as soon as
                                      //   they are final and a thread writes them behind the compute. The
-                                     //   file is then what kvr_dist_kv_save would write after the prefill
+                                     //   file is then what kvr_session_kv_save would write after the prefill
     bool               pd;           // prefill/decode disaggregation: rank decode_rank (the last one) only
     int                decode_rank;  //   decodes; the others run the first prefill with the strategy and
                                      //   stream the cache to it layer by layer while they compute (chain
@@ -1139,8 +1147,8 @@ struct kvr_dist_params {
     const char *       replicate_dir;// every rank of this process appends the rows it makes in each eval (each
                                      //   layer's as soon as they are final, prefill and decode) and, once the
                                      //   eval went well, the eval's tokens to its replication log
-                                     //   DIR/rank-R.kvlog (kvr_dist_log_path), written and synced by a thread
-                                     //   behind the compute: what kvr_dist_resume restarts from (NULL: none)
+                                     //   DIR/rank-R.kvlog (kvr_session_log_path), written and synced by a thread
+                                     //   behind the compute: what kvr_session_resume restarts from (NULL: none)
 };
 
 // Per-rank counters of the last eval (the papers' claims are checked against them). Pairs and
@@ -1166,10 +1174,10 @@ struct kvr_rank_stats {
     int64_t replica_bytes;    // cache bytes this rank put into its replica on its successor (--replicate)
 };
 
-struct kvr_dist;
+struct kvr_session;
 
-struct kvr_dist * kvr_dist_new(const struct kvr_model * m, const struct kvr_dist_params * p); // NULL + error
-void              kvr_dist_free(struct kvr_dist * d);
+struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kvr_session_params * p); // NULL + error
+void              kvr_session_free(struct kvr_session * s);
 // Evaluate n new tokens (a prompt, a later turn or one decode token) after those already
 // cached; returns the last token's logits in every process, or NULL with kvr_last_error().
 // With replicate, a local rank lost during the eval (the test hook KVR_TEST_KILL; one rank at a
@@ -1180,59 +1188,59 @@ void              kvr_dist_free(struct kvr_dist * d);
 // the tokens from the first position no copy holds (none when the replicas are whole), re-seeds
 // the replicas the loss broke, and runs the eval again. Greedy output is that of a run without
 // the loss; params.log says which rank was lost, what was restored and what was recomputed.
-const float *     kvr_dist_eval(struct kvr_dist * d, const int32_t * tokens, int n);
+const float *     kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.
-void              kvr_dist_reset(struct kvr_dist * d);
-int               kvr_dist_rank(const struct kvr_dist * d);    // this process's rank (local: 0)
-int               kvr_dist_n_ranks(const struct kvr_dist * d);
-int               kvr_dist_n_past(const struct kvr_dist * d);
-enum kvr_strategy kvr_dist_last_strategy(const struct kvr_dist * d); // what the last eval used
+void              kvr_session_reset(struct kvr_session * s);
+int               kvr_session_rank(const struct kvr_session * s);    // this process's rank (local: 0)
+int               kvr_session_n_ranks(const struct kvr_session * s);
+int               kvr_session_n_past(const struct kvr_session * s);
+enum kvr_strategy kvr_session_last_strategy(const struct kvr_session * s); // what the last eval used
 // Stats of the last eval for the ranks of this process (local: all); returns how many.
-int               kvr_dist_stats(const struct kvr_dist * d, struct kvr_rank_stats * out, int cap);
+int               kvr_session_stats(const struct kvr_session * s, struct kvr_rank_stats * out, int cap);
 // The rows a rank of this process holds: their absolute positions and the cache. In a layer with
 // a sliding window W, rows more than W-1 positions before the rank's last row may be stale: no query
 // of that rank sees them, so KV-Runahead hands down only the last W-1 rows of such a layer.
-int               kvr_dist_cache(const struct kvr_dist * d, int rank, const int32_t ** pos,
+int               kvr_session_cache(const struct kvr_session * s, int rank, const int32_t ** pos,
                                  const struct kvr_kv_cache ** cache);
 // Chrome trace JSON of every eval since the start (one track per rank of this process).
-int               kvr_dist_write_trace(const struct kvr_dist * d, const char * path);
-// The tokens in the cache (kvr_dist_n_past of them) and the last token's logits (NULL after a
+int               kvr_session_write_trace(const struct kvr_session * s, const char * path);
+// The tokens in the cache (kvr_session_n_past of them) and the last token's logits (NULL after a
 // reset or a truncation).
-const int32_t *   kvr_dist_tokens(const struct kvr_dist * d);
-const float *     kvr_dist_logits(const struct kvr_dist * d);
+const int32_t *   kvr_session_tokens(const struct kvr_session * s);
+const float *     kvr_session_logits(const struct kvr_session * s);
 // Keep only the first n tokens of the cache (a ring cache spread over MPI processes cannot).
-int               kvr_dist_truncate(struct kvr_dist * d, int n);
+int               kvr_session_truncate(struct kvr_session * s, int n);
 // Save the cache to a KV cache file. tsp, kvr and single hold the whole cache on the last rank:
 // one file of one shard, written by the process of that rank. ring-kv, ring-q and auto keep it
 // sharded: every rank's shard gathered to one file PATH (ranks of one process), or each rank's
 // shard in its own PATH.R (per_rank, and always under MPI), written by the rank's process. The
 // save replaces an earlier one at PATH in either form.
-int               kvr_dist_kv_save(struct kvr_dist * d, const char * path, bool per_rank);
-// Restore a cache saved by kvr_dist_kv_save or kvr_session_kv_save: PATH, or when it does not
+int               kvr_session_kv_save(struct kvr_session * s, const char * path, bool per_rank);
+// Restore a cache saved by kvr_session_kv_save or kvr_session_kv_save: PATH, or when it does not
 // exist every rank's PATH.R. A ring cache of as many ranks goes back to the same shards (and the
 // ring's next decode shard): continuing is then bit-identical to never having stopped, as it is
 // for the whole cache on the last rank of a chain. Any other cache is split as a prefill of its
-// tokens would be. Every file is checked whole first: on an error the dist is as it was.
-int               kvr_dist_kv_load(struct kvr_dist * d, const char * path);
+// tokens would be. Every file is checked whole first: on an error the session is as it was.
+int               kvr_session_kv_load(struct kvr_session * s, const char * path);
 // Swap: move the cache out of the backends' memory, to host memory (path NULL) or to a KV cache
-// file (what kvr_dist_kv_save writes; ranks of one process only), and free it there; swap it back
+// file (what kvr_session_kv_save writes; ranks of one process only), and free it there; swap it back
 // in before the next eval (evals, saves, loads and truncations fail while it is out; a swap file is
 // checked as any cache file, must hold the tokens swapped out, and is removed once back). Continuing
 // after a swap is bit-identical to never having swapped.
-int               kvr_dist_kv_swap_out(struct kvr_dist * d, const char * path);
-int               kvr_dist_kv_swap_in(struct kvr_dist * d);
-bool              kvr_dist_kv_swapped(const struct kvr_dist * d);
+int               kvr_session_kv_swap_out(struct kvr_session * s, const char * path);
+int               kvr_session_kv_swap_in(struct kvr_session * s);
+bool              kvr_session_kv_swapped(const struct kvr_session * s);
 // The cache rows of every rank (the context), and the backend of a rank of this process (NULL: not
-// one of this process): its rows (kvr_dist_cache) are read through it with kvr_kv_cache_get_rows.
-int               kvr_dist_n_ctx(const struct kvr_dist * d);
-struct kvr_backend * kvr_dist_backend(const struct kvr_dist * d, int rank);
+// one of this process): its rows (kvr_session_cache) are read through it with kvr_kv_cache_get_rows.
+int               kvr_session_n_ctx(const struct kvr_session * s);
+struct kvr_backend * kvr_session_backend(const struct kvr_session * s, int rank);
 // The file of one rank's shard: PATH.R.
-void              kvr_dist_kv_shard_path(const char * path, int rank, char * out, size_t cap);
+void              kvr_session_kv_shard_path(const char * path, int rank, char * out, size_t cap);
 
 // Restarting from the replication logs of a run that stopped (a process was lost): DIR/rank-R.kvlog.
 // Every rank's log is read whole and checked; the last step every log acknowledged is taken; the
-// rows of the steps up to it are restored into this dist's ranks (the same or fewer, any strategy:
-// a ring run of as many ranks keeps its shards, anything else is placed as kvr_dist_kv_load places
+// rows of the steps up to it are restored into this session's ranks (the same or fewer, any strategy:
+// a ring run of as many ranks keeps its shards, anything else is placed as kvr_session_kv_load places
 // a gathered cache); the last restored token is evaluated again for its logits (the logs hold
 // none), which is the eval the first run made of it when the ranks and strategy are the same. After
 // a damaged or cut log the good prefix is used and the rest recomputed by the caller's generation;
@@ -1243,18 +1251,18 @@ void              kvr_dist_kv_shard_path(const char * path, int rank, char * out
 // and strategy only); another replicate_dir starts new logs with every restored row.
 struct kvr_resume_info {
     int               step;       // the last step every rank acknowledged (-1: none, nothing restored)
-    int               n_tokens;   // the tokens restored (kvr_dist_tokens), 0 with step -1
+    int               n_tokens;   // the tokens restored (kvr_session_tokens), 0 with step -1
     int               n_prompt;   // the logs' first step's tokens: the prompt
-    const int32_t   * prompt;     //   (valid until the dist is freed)
+    const int32_t   * prompt;     //   (valid until the session is freed)
     int               n_ranks;    // the ranks that wrote the logs
     enum kvr_strategy strategy;   //   and their strategy
     int               recomputed; // steps some log holds past the one taken (or after a damage)
     int64_t           bytes;      // the logs' size
 };
-int               kvr_dist_resume(struct kvr_dist * d, const char * dir, const int32_t * prompt, int n_prompt,
+int               kvr_session_resume(struct kvr_session * s, const char * dir, const int32_t * prompt, int n_prompt,
                                   struct kvr_resume_info * info);
 // DIR/rank-R.kvlog
-void              kvr_dist_log_path(const char * dir, int rank, char * out, size_t cap);
+void              kvr_session_log_path(const char * dir, int rank, char * out, size_t cap);
 
 
 //
@@ -1280,7 +1288,7 @@ void    kvr_sampler_free(struct kvr_sampler * s);
 int32_t kvr_sample(struct kvr_sampler * s, const float * logits, int n_vocab);
 int32_t kvr_argmax(const float * x, int n);
 // Move the sampler on as n samples would have (one draw each when temp > 0): a run resumed after
-// n sampled tokens (kvr_dist_resume) then draws what the stopped run would have drawn next.
+// n sampled tokens (kvr_session_resume) then draws what the stopped run would have drawn next.
 void    kvr_sampler_skip(struct kvr_sampler * s, int n);
 
 //
@@ -1299,7 +1307,7 @@ void    kvr_sampler_skip(struct kvr_sampler * s, int n);
 //   model      a cost model and simulator: per-op costs from a hardware profile, model shapes
 //              from a GGUF file or a preset, every rank's timeline with the real dependencies of
 //              each strategy, the paper's lower bounds, and the same per-rank counters a real
-//              kvr_dist run reports (struct kvr_rank_stats), so the simulator is checkable.
+//              kvr_session run reports (struct kvr_rank_stats), so the simulator is checkable.
 //
 // Finding a table for a model on this machine, then using it:
 //
@@ -1310,7 +1318,7 @@ void    kvr_sampler_skip(struct kvr_sampler * s, int n);
 //
 //   double frac[4];
 //   if (kvr_tune_table_partition("parts.txt", "stories260K", 4, n_prompt, frac) == KVR_OK)
-//       params.fractions = frac;                               // struct kvr_dist_params
+//       params.fractions = frac;                               // struct kvr_session_params
 //
 // Times in this section are seconds, sizes bytes, rates per second.
 
@@ -1403,7 +1411,7 @@ int kvr_tune_model_preset(const char * name, struct kvr_tune_model * out);
 // tools write into tables and look up with; general.name is often just the architecture).
 int kvr_tune_model_from(const struct kvr_model * m, struct kvr_tune_model * out);
 
-// What to simulate: the same choices a kvr_dist run makes.
+// What to simulate: the same choices a kvr_session run makes.
 struct kvr_tune_plan {
     enum kvr_strategy  strategy;   // single, tsp, kvr, ring-kv or ring-q (auto: not here)
     int                n_ranks;
@@ -1414,7 +1422,7 @@ struct kvr_tune_plan {
 
 // One rank of a simulated prefill. The counters mean exactly what struct kvr_rank_stats's do:
 // per layer, per head; a query-key pair counts 1, K and V of c tokens count 2c rows. With the
-// "cpu" profile's tiles the four attn_dot/kv_rows fields equal a real kvr_dist run's of the same
+// "cpu" profile's tiles the four attn_dot/kv_rows fields equal a real kvr_session run's of the same
 // plan (tests/test-tune.c checks it), the pruned last layer of a rank without the logits included.
 struct kvr_tune_rank {
     int     rank;
@@ -1537,7 +1545,7 @@ int  kvr_tune_table_lookup(const struct kvr_tune_table * t, const char * model, 
 // Load + lookup + free, for kvr-run --partition table:FILE.
 int  kvr_tune_table_partition(const char * path, const char * model_name, int n_ranks, int n_tokens,
                               double * fractions_out);
-// Token counts from fractions, rounded as kvr_dist rounds them (cumulative, lround), so a
+// Token counts from fractions, rounded as kvr_session rounds them (cumulative, lround), so a
 // simulated plan is the plan the run executes.
 void kvr_tune_counts_from_fractions(const double * fractions, int n_ranks, int n_tokens, int * counts);
 
@@ -1563,7 +1571,7 @@ double kvr_time_ms(void);
 // I1. the eval road
 //
 // The eval road: one batch of tokens through a model on a backend, the same function for a
-// session (the one-rank case: the single pass) and for every rank of kvr_dist_eval (its
+// session (the one-rank case: the single pass) and for every rank of kvr_session_eval (its
 // strategy's pass):
 //
 //   kvr_model_build -> the pass rewrites every ATTN_BLOCK -> the graph is rebuilt from the
@@ -1717,7 +1725,7 @@ void kvr_schedule_free(struct kvr_schedule * s);
 void kvr_schedule_print(const struct kvr_schedule * s, FILE * f);
 // The schedule a rank of this process ran in its last eval (NULL: not a rank of this process,
 // or it ran no pass), with the transport's matches where it records them (local).
-const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int rank);
+const struct kvr_schedule * kvr_session_schedule(const struct kvr_session * s, int rank);
 
 //
 // I3. test hooks
@@ -1727,7 +1735,7 @@ const struct kvr_schedule * kvr_dist_schedule(const struct kvr_dist * d, int ran
 // prefill (any eval that is not a decode step) right after layer LAYER's rows are final in its
 // cache (its K/V store, or tsp's gather), before the layer's other transfers; "RANK:decode:STEP" loses
 // it in decode step STEP (0-based count of one-token evals after tokens are cached, since
-// kvr_dist_new) at layer n_layer/2. Several points, separated by commas, lose several ranks (or
+// kvr_session_new) at layer n_layer/2. Several points, separated by commas, lose several ranks (or
 // one rank later: each point fires once). What "lost" means:
 //   local ranks (threads): the rank's eval stops there without telling anyone; its transfers are
 //     withdrawn, so the peers that wait on it fail with the timeout error a lost process gives;
@@ -1744,7 +1752,7 @@ struct kvr_test_kill {
 // kvr_last_error() naming the variable and what is wrong.
 int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap);
 
-// The hooks a session is made with (kvr_dist_params.test; copied, checked by kvr_dist_new).
+// The hooks a session is made with (kvr_session_params.test; copied, checked by kvr_session_new).
 struct kvr_test_hooks {
     bool                         stall;       // rank stall_rank stops before its first transfer of
     int                          stall_rank;  //   layer stall_layer and never sends again, as a lost
@@ -1757,12 +1765,12 @@ struct kvr_test_hooks {
 // would: flip a bit of row `row` (layer 0, K), or (cut) forget its rows from the chunk holding
 // `row` on and every later one (a replica that fell behind). A recovery that needs them refuses
 // them and recomputes. KVR_OK, or KVR_ERR_ARG when there is no such replica or row.
-int               kvr_dist_test_replica(struct kvr_dist * d, int rank, int row, bool cut);
+int               kvr_session_test_replica(struct kvr_session * s, int rank, int row, bool cut);
 
 //
 // I4. replication logs
 //
-// Replication logs (kvr_dist_params.replicate_dir, kvr_dist_resume; written and read in kvr-comm.c,
+// Replication logs (kvr_session_params.replicate_dir, kvr_session_resume; written and read in kvr-comm.c,
 // read by tests/test-resume.c too): one rank's cache rows,
 // appended step by step while it computes, so that a run whose process was killed at any instant
 // can be resumed from what every rank acknowledged. Little-endian, append-only:

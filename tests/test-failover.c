@@ -2,7 +2,7 @@
 // of this process, with stories260K (SHARED/models; skipped, never passed, when it is missing):
 //
 //   hook      KVR_TEST_KILL's values: the forms that parse (one point, several), every malformed
-//             one refused naming the variable; kvr_dist_new refuses a rank or layer that does not
+//             one refused naming the variable; kvr_session_new refuses a rank or layer that does not
 //             exist
 //   kill      without --replicate a lost rank fails the eval as today: within three timeouts, the
 //             error names the lost rank (the peers' timeout, or the rank's own "lost" when nobody
@@ -28,8 +28,8 @@
 
 #define TIMEOUT_S 1.0 // every case that loses a rank waits this long for it, at most a few times
 
-static struct kvr_dist_params dist_params(enum kvr_strategy s, int N) {
-    return (struct kvr_dist_params){ .strategy = s, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = 256,
+static struct kvr_session_params dist_params(enum kvr_strategy s, int N) {
+    return (struct kvr_session_params){ .strategy = s, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = 256,
                                      .timeout_s = TIMEOUT_S };
 }
 
@@ -67,13 +67,13 @@ static void test_hook(const struct kvr_model * m) {
     };
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
         set_case("dist_new refuses point %zu", i);
-        struct kvr_dist_params p = dist_params(KVR_STRATEGY_KVR, 3);
+        struct kvr_session_params p = dist_params(KVR_STRATEGY_KVR, 3);
         const struct kvr_test_hooks hooks = { .kill = &refused[i].k, .n_kill = 1 };
         p.test = &hooks;
-        struct kvr_dist * d = kvr_dist_new(m, &p);
+        struct kvr_session * d = kvr_session_new(m, &p);
         CHECK(d == NULL && strstr(kvr_last_error(), "KVR_TEST_KILL") && strstr(kvr_last_error(), refused[i].want),
               "want an error with '%s': %s", refused[i].want, d ? "it was accepted" : kvr_last_error());
-        kvr_dist_free(d);
+        kvr_session_free(d);
     }
 }
 
@@ -97,18 +97,18 @@ static void test_kill(const struct kvr_model * m, const int32_t * prompt, int n_
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         const struct kvr_test_kill * k = &cases[c].k;
         set_case("kill %s N=%d %d:%s:%d", kvr_strategy_name(cases[c].s), cases[c].N, k->rank, k->decode ? "decode" : "prefill", k->at);
-        struct kvr_dist_params p = dist_params(cases[c].s, cases[c].N);
+        struct kvr_session_params p = dist_params(cases[c].s, cases[c].N);
         const struct kvr_test_hooks hooks = { .kill = k, .n_kill = 1 };
         p.test = &hooks;
-        struct kvr_dist * d = kvr_dist_new(m, &p);
-        CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+        struct kvr_session * d = kvr_session_new(m, &p);
+        CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
         if (!d) continue;
         const double t0 = kvr_time_ms();
-        const float * lg = kvr_dist_eval(d, prompt, n_prompt);
+        const float * lg = kvr_session_eval(d, prompt, n_prompt);
         int step = 0;
         for (; lg && k->decode && step <= k->at; step++) {
             const int32_t t = kvr_argmax(lg, (int)m->hp.n_vocab);
-            lg = kvr_dist_eval(d, &t, 1);
+            lg = kvr_session_eval(d, &t, 1);
         }
         const double ms = kvr_time_ms() - t0;
         char msg[1024];
@@ -123,11 +123,11 @@ static void test_kill(const struct kvr_model * m, const int32_t * prompt, int n_
         CHECK(strstr(msg, from) || strstr(msg, take) || strstr(msg, lost), "the error should name the lost rank %d: \"%s\"", k->rank, msg);
         if (verbose) printf("  %s: %.0f ms: %s\n", g_case, ms, msg);
         const int32_t t = 1;
-        lg = kvr_dist_eval(d, &t, 1);
+        lg = kvr_session_eval(d, &t, 1);
         char again[48];
         snprintf(again, sizeof(again), "rank %d was lost in an earlier eval", k->rank);
         CHECK(lg == NULL && strstr(kvr_last_error(), again), "the eval after the loss: %s", lg ? "ran" : kvr_last_error());
-        kvr_dist_free(d);
+        kvr_session_free(d);
     }
 }
 
@@ -145,18 +145,18 @@ struct ref {
 
 static bool ref_make(struct ref * r, const struct kvr_model * m, const int32_t * prompt, int n_prompt) {
     memset(r, 0, sizeof(*r));
-    struct kvr_dist * s = kvr_dist_new(m, &(struct kvr_dist_params){ .n_ctx = 256, .n_threads = 1 });
-    const float * lg = s ? kvr_dist_eval(s, prompt, n_prompt) : NULL;
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = 256, .n_threads = 1 });
+    const float * lg = s ? kvr_session_eval(s, prompt, n_prompt) : NULL;
     for (int i = 0; lg && i < N_DEC; i++) {
         r->ids[i] = kvr_argmax(lg, (int)m->hp.n_vocab);
-        lg = kvr_dist_eval(s, &r->ids[i], 1);
+        lg = kvr_session_eval(s, &r->ids[i], 1);
     }
     CHECK(lg != NULL, "the reference: %s", kvr_last_error());
-    if (!lg) { kvr_dist_free(s); return false; }
+    if (!lg) { kvr_session_free(s); return false; }
     const struct kvr_kv_cache * c;
     const int32_t * cpos;
-    kvr_dist_cache(s, 0, &cpos, &c);
-    r->n_total = kvr_dist_n_past(s);
+    kvr_session_cache(s, 0, &cpos, &c);
+    r->n_total = kvr_session_n_past(s);
     r->kv_dim = c->kv_dim;
     r->n_layer = c->n_layer;
     r->k = calloc((size_t)c->n_layer, sizeof(float *));
@@ -164,9 +164,9 @@ static bool ref_make(struct ref * r, const struct kvr_model * m, const int32_t *
     for (int il = 0; il < c->n_layer; il++) {
         r->k[il] = malloc(sizeof(float) * (size_t)r->n_total * (size_t)c->kv_dim);
         r->v[il] = malloc(sizeof(float) * (size_t)r->n_total * (size_t)c->kv_dim);
-        kvr_kv_cache_get_rows(kvr_dist_backend(s, 0), c, il, 0, r->n_total, r->k[il], r->v[il]);
+        kvr_kv_cache_get_rows(kvr_session_backend(s, 0), c, il, 0, r->n_total, r->k[il], r->v[il]);
     }
-    kvr_dist_free(s);
+    kvr_session_free(s);
     return true;
 }
 
@@ -178,15 +178,15 @@ static void ref_free(struct ref * r) {
 
 // Nothing half-restored: the chain's last rank holds every position [0, n) once, or the ring's
 // shards partition them; every row a rank holds is the reference's row at its position.
-static void check_rows(struct kvr_dist * d, const struct ref * r, bool ring, int n) {
-    const int N = kvr_dist_n_ranks(d);
+static void check_rows(struct kvr_session * d, const struct ref * r, bool ring, int n) {
+    const int N = kvr_session_n_ranks(d);
     int * seen = calloc((size_t)n, sizeof(int));
     double worst = 0.0;
     int worst_p = -1;
     for (int q = 0; q < N; q++) {
         const int32_t * pos;
         const struct kvr_kv_cache * c;
-        const int rows = kvr_dist_cache(d, q, &pos, &c);
+        const int rows = kvr_session_cache(d, q, &pos, &c);
         if (!ring && q != N - 1) continue; // a chain's other ranks hold prefixes nobody reads again
         float * k = malloc(sizeof(float) * (size_t)(rows + 1) * (size_t)r->kv_dim), * v = malloc(sizeof(float) * (size_t)(rows + 1) * (size_t)r->kv_dim);
         for (int il = 0; il < r->n_layer; il++) {
@@ -226,41 +226,41 @@ struct rcase {
 };
 
 static void run_case(const struct kvr_model * m, const struct ref * r, const int32_t * prompt, int n_prompt, const struct rcase * rc) {
-    struct kvr_dist_params p = dist_params(rc->s, rc->N);
+    struct kvr_session_params p = dist_params(rc->s, rc->N);
     p.replicate = true;
     const struct kvr_test_hooks hooks = { .kill = rc->k, .n_kill = rc->n_kill };
     p.test = &hooks;
     char * log = NULL;
     size_t log_len = 0;
     p.log = open_memstream(&log, &log_len);
-    struct kvr_dist * d = kvr_dist_new(m, &p);
-    CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+    struct kvr_session * d = kvr_session_new(m, &p);
+    CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
     if (!d) { fclose(p.log); free(log); return; }
     const double t0 = kvr_time_ms();
-    const float * lg = kvr_dist_eval(d, prompt, n_prompt);
+    const float * lg = kvr_session_eval(d, prompt, n_prompt);
     CHECK(lg != NULL, "the prompt: %s", kvr_last_error());
     int32_t ids[N_DEC];
     int steps = 0;
     for (; lg && steps < N_DEC; steps++) {
         ids[steps] = kvr_argmax(lg, (int)m->hp.n_vocab);
         if (rc->damage_rank >= 0 && steps == rc->damage_after) {
-            const int e = kvr_dist_test_replica(d, rc->damage_rank, rc->damage_row, rc->cut);
+            const int e = kvr_session_test_replica(d, rc->damage_rank, rc->damage_row, rc->cut);
             CHECK(e == KVR_OK, "damaging the replica: %s", kvr_last_error());
         }
-        lg = kvr_dist_eval(d, &ids[steps], 1);
+        lg = kvr_session_eval(d, &ids[steps], 1);
         CHECK(lg != NULL, "decode step %d: %s", steps, kvr_last_error());
     }
     const double ms = kvr_time_ms() - t0;
     fflush(p.log);
     CHECK(steps == N_DEC && memcmp(ids, r->ids, sizeof(ids)) == 0, "the greedy ids differ from the run without a loss (%d steps)", steps);
-    CHECK(kvr_dist_n_ranks(d) == rc->N - rc->n_kill, "%d ranks after losing %d of %d", kvr_dist_n_ranks(d), rc->n_kill, rc->N);
+    CHECK(kvr_session_n_ranks(d) == rc->N - rc->n_kill, "%d ranks after losing %d of %d", kvr_session_n_ranks(d), rc->n_kill, rc->N);
     if (steps == N_DEC) check_rows(d, r, rc->s == KVR_STRATEGY_RING_KV, n_prompt + N_DEC);
     for (int i = 0; i < 3 && rc->want[i]; i++) {
         CHECK(log && strstr(log, rc->want[i]), "the log should say \"%s\"; it is:\n%s", rc->want[i], log ? log : "");
     }
     CHECK(ms <= (3e3 * TIMEOUT_S + 3e3) * (rc->n_kill ? rc->n_kill : 1), "the run took %.0f ms", ms);
     if (verbose) printf("  %s: %.0f ms\n%s", g_case, ms, log ? log : "");
-    kvr_dist_free(d);
+    kvr_session_free(d);
     fclose(p.log);
     free(log);
 }
@@ -311,13 +311,13 @@ static void test_recover(const struct kvr_model * m, const int32_t * prompt, int
     const struct rcase none = { RKV, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { NULL, NULL, NULL } };
     set_case("replicate ring-kv N=3, nothing lost");
     run_case(m, &r, prompt, n_prompt, &none);
-    struct kvr_dist_params p = dist_params(KVR, 3);
+    struct kvr_session_params p = dist_params(KVR, 3);
     p.replicate = true;
-    struct kvr_dist * d = kvr_dist_new(m, &p);
+    struct kvr_session * d = kvr_session_new(m, &p);
     set_case("replicate kvr N=3: the bytes");
-    if (d && kvr_dist_eval(d, prompt, n_prompt)) {
+    if (d && kvr_session_eval(d, prompt, n_prompt)) {
         struct kvr_rank_stats st[4];
-        const int ns = kvr_dist_stats(d, st, 4);
+        const int ns = kvr_session_stats(d, st, 4);
         int64_t bytes = 0;
         for (int i = 0; i < ns; i++) bytes += st[i].replica_bytes;
         CHECK(bytes == (int64_t)n_prompt * r.kv_dim * 4 * 2 * r.n_layer, "%lld bytes replicated, the prompt's rows are %lld", (long long)bytes,
@@ -325,21 +325,21 @@ static void test_recover(const struct kvr_model * m, const int32_t * prompt, int
     } else {
         CHECK(false, "%s", kvr_last_error());
     }
-    kvr_dist_free(d);
+    kvr_session_free(d);
     // what --replicate does not do
     set_case("replicate refused");
     p = dist_params(KVR, 1);
     p.replicate = true;
-    d = kvr_dist_new(m, &p);
+    d = kvr_session_new(m, &p);
     CHECK(!d && strstr(kvr_last_error(), "2 ranks or more"), "one rank: %s", d ? "accepted" : kvr_last_error());
-    kvr_dist_free(d);
+    kvr_session_free(d);
     p = dist_params(KVR, 3);
     p.replicate = true;
     p.pd = true;
     p.decode_rank = 2;
-    d = kvr_dist_new(m, &p);
+    d = kvr_session_new(m, &p);
     CHECK(!d && strstr(kvr_last_error(), "--decode-rank"), "with P/D: %s", d ? "accepted" : kvr_last_error());
-    kvr_dist_free(d);
+    kvr_session_free(d);
     ref_free(&r);
 }
 

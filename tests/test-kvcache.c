@@ -1,5 +1,5 @@
 // tests/test-kvcache.c - KV cache files, save/restore, swap and streaming (kvr.h "KV cache files",
-// kvr_dist_kv_*), on stories260K from the shared directory:
+// kvr_session_kv_*), on stories260K from the shared directory:
 //
 //   crc        CRC32C against the standard check values
 //   session    a session saved after a prompt and 8 decoded tokens, loaded into a new session,
@@ -12,11 +12,11 @@
 //   malformed  every way a file can be wrong (truncations, bit flips, patched fields with their
 //              CRC mended, another model, a newer version, ...): each refused with KVR_ERR_*,
 //              a message naming what and where, and the session left exactly as it was
-//   dist       restore-and-continue through kvr_dist for single, tsp, kvr, ring-kv and ring-q on
+//   dist       restore-and-continue through kvr_session for single, tsp, kvr, ring-kv and ring-q on
 //              1..4 ranks: the logits of every continued step equal, bit for bit, those of the
 //              dist that never stopped; a gathered file loads across rank counts
 //   stream     kv_stream during the first prefill, every strategy on 1..4 ranks: the file written
-//              while the prefill ran equals kvr_dist_kv_save's after it, byte for byte; the bytes
+//              while the prefill ran equals kvr_session_kv_save's after it, byte for byte; the bytes
 //              streamed are the cache's
 //   P/D        prefill on N-1 ranks, decode on the last (every strategy, N = 2..4): the decode rank
 //              receives the whole cache, computes no prompt token, and continues as one rank does
@@ -105,28 +105,28 @@ static void test_crc(void) {
 static const int32_t prompt[] = { 1, 403, 407, 261, 378, 6, 8, 391, 153, 289, 327, 372, 260, 284, 320, 261 };
 #define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
 
-static struct kvr_dist * new_session(const struct kvr_model * m, int n_ctx) {
-    struct kvr_dist * s = kvr_dist_new(m, &(struct kvr_dist_params) { .n_ctx = n_ctx, .n_threads = 1 });
-    if (!s) { fprintf(stderr, "kvr_dist_new: %s\n", kvr_last_error()); exit(2); }
+static struct kvr_session * new_session(const struct kvr_model * m, int n_ctx) {
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_ctx, .n_threads = 1 });
+    if (!s) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
     return s;
 }
 
 // the cache of a session's one rank
-static const struct kvr_kv_cache * one_cache(const struct kvr_dist * s) {
+static const struct kvr_kv_cache * one_cache(const struct kvr_session * s) {
     const int32_t * pos;
     const struct kvr_kv_cache * c = NULL;
-    kvr_dist_cache(s, 0, &pos, &c);
+    kvr_session_cache(s, 0, &pos, &c);
     return c;
 }
 
 // greedy steps from the session's logits; ids and every step's logits out
-static bool run_greedy(struct kvr_dist * s, int n, int32_t * ids, float * logits_out, int n_vocab) {
+static bool run_greedy(struct kvr_session * s, int n, int32_t * ids, float * logits_out, int n_vocab) {
     for (int i = 0; i < n; i++) {
-        const float * l = kvr_dist_logits(s);
+        const float * l = kvr_session_logits(s);
         if (!l) return false;
         memcpy(logits_out + (size_t)i * n_vocab, l, sizeof(float) * (size_t)n_vocab);
         ids[i] = kvr_argmax(l, n_vocab);
-        if (!kvr_dist_eval(s, &ids[i], 1)) return false;
+        if (!kvr_session_eval(s, &ids[i], 1)) return false;
     }
     return true;
 }
@@ -134,16 +134,16 @@ static bool run_greedy(struct kvr_dist * s, int n, int32_t * ids, float * logits
 static void test_session(const struct kvr_model * m) {
     const int n_vocab = (int)m->hp.n_vocab, N = 16;
     set_case("session save after prompt + 8 tokens, load, continue 16");
-    struct kvr_dist * a = new_session(m, 128);
-    CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+    struct kvr_session * a = new_session(m, 128);
+    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
     int32_t pre[8];
     float * scratch = malloc(sizeof(float) * (size_t)n_vocab * 32);
     CHECK(run_greedy(a, 8, pre, scratch, n_vocab), "decode");
     char f1[640], f2[640];
     snprintf(f1, sizeof(f1), "%s", tmp_path("s1.kv"));
     snprintf(f2, sizeof(f2), "%s", tmp_path("s2.kv"));
-    CHECK(kvr_dist_kv_save(a, f1, false) == KVR_OK, "save: %s", kvr_last_error());
-    CHECK(kvr_dist_kv_save(a, f2, false) == KVR_OK, "save again: %s", kvr_last_error());
+    CHECK(kvr_session_kv_save(a, f1, false) == KVR_OK, "save: %s", kvr_last_error());
+    CHECK(kvr_session_kv_save(a, f2, false) == KVR_OK, "save again: %s", kvr_last_error());
     CHECK(same_file(f1, f2), "two saves of one cache differ");
     CHECK(access(tmp_path("s1.kv.part"), F_OK) != 0, "the .part file is left behind");
     // a destination that is not a regular file is refused and left as it was: the rename at the
@@ -154,21 +154,21 @@ static void test_session(const struct kvr_model * m) {
         unlink(fifo);
         struct stat st;
         if (mkfifo(fifo, 0600) == 0) {
-            CHECK(kvr_dist_kv_save(a, fifo, false) == KVR_ERR_ARG && strstr(kvr_last_error(), "not a regular file"),
+            CHECK(kvr_session_kv_save(a, fifo, false) == KVR_ERR_ARG && strstr(kvr_last_error(), "not a regular file"),
                   "save onto a FIFO: %s", kvr_last_error());
             CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
             unlink(fifo);
         } else {
             CHECK(0, "mkfifo %s: %s", fifo, strerror(errno));
         }
-        CHECK(kvr_dist_kv_save(a, tmp_dir, false) == KVR_ERR_ARG, "save onto a directory: %s", kvr_last_error());
+        CHECK(kvr_session_kv_save(a, tmp_dir, false) == KVR_ERR_ARG, "save onto a directory: %s", kvr_last_error());
     }
 
-    struct kvr_dist * b = new_session(m, 128);
-    CHECK(kvr_dist_eval(b, prompt, 3) != NULL, "b's own tokens first"); // overwritten by the load
-    CHECK(kvr_dist_kv_load(b, f1) == KVR_OK, "load: %s", kvr_last_error());
-    CHECK(kvr_dist_n_past(b) == N_PROMPT + 8, "n_past %d after the load, %d expected", kvr_dist_n_past(b), N_PROMPT + 8);
-    CHECK(memcmp(kvr_dist_tokens(b), kvr_dist_tokens(a), sizeof(int32_t) * (N_PROMPT + 8)) == 0, "tokens differ");
+    struct kvr_session * b = new_session(m, 128);
+    CHECK(kvr_session_eval(b, prompt, 3) != NULL, "b's own tokens first"); // overwritten by the load
+    CHECK(kvr_session_kv_load(b, f1) == KVR_OK, "load: %s", kvr_last_error());
+    CHECK(kvr_session_n_past(b) == N_PROMPT + 8, "n_past %d after the load, %d expected", kvr_session_n_past(b), N_PROMPT + 8);
+    CHECK(memcmp(kvr_session_tokens(b), kvr_session_tokens(a), sizeof(int32_t) * (N_PROMPT + 8)) == 0, "tokens differ");
     int32_t ia[N], ib[N];
     float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lb = malloc(sizeof(float) * (size_t)n_vocab * N);
     CHECK(run_greedy(a, N, ia, la, n_vocab), "a continues");
@@ -177,20 +177,20 @@ static void test_session(const struct kvr_model * m) {
     CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "restored logits differ (not bit-identical)");
 
     set_case("session truncate");
-    CHECK(kvr_dist_truncate(b, 5) == KVR_OK && kvr_dist_logits(b) == NULL, "truncate keeps logits");
-    CHECK(kvr_dist_truncate(b, 6) != KVR_OK, "truncate past n_past accepted");
+    CHECK(kvr_session_truncate(b, 5) == KVR_OK && kvr_session_logits(b) == NULL, "truncate keeps logits");
+    CHECK(kvr_session_truncate(b, 6) != KVR_OK, "truncate past n_past accepted");
 
     set_case("session swap to host memory and to a file");
     for (int k = 0; k < 2; k++) {
-        struct kvr_dist * c = new_session(m, 128);
-        CHECK(kvr_dist_kv_load(c, f1) == KVR_OK, "load: %s", kvr_last_error());
+        struct kvr_session * c = new_session(m, 128);
+        CHECK(kvr_session_kv_load(c, f1) == KVR_OK, "load: %s", kvr_last_error());
         const char * sp = k ? tmp_path("swap.kv") : NULL;
-        CHECK(kvr_dist_kv_swap_out(c, sp) == KVR_OK, "swap out: %s", kvr_last_error());
-        CHECK(kvr_dist_kv_swapped(c), "not swapped");
-        CHECK(kvr_dist_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while swapped out: %s", kvr_last_error());
-        CHECK(kvr_dist_kv_swap_out(c, sp) != KVR_OK, "swapped out twice");
+        CHECK(kvr_session_kv_swap_out(c, sp) == KVR_OK, "swap out: %s", kvr_last_error());
+        CHECK(kvr_session_kv_swapped(c), "not swapped");
+        CHECK(kvr_session_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while swapped out: %s", kvr_last_error());
+        CHECK(kvr_session_kv_swap_out(c, sp) != KVR_OK, "swapped out twice");
         if (sp) CHECK(access(sp, F_OK) == 0, "no swap file");
-        CHECK(kvr_dist_kv_swap_in(c) == KVR_OK, "swap in: %s", kvr_last_error());
+        CHECK(kvr_session_kv_swap_in(c) == KVR_OK, "swap in: %s", kvr_last_error());
         if (sp) CHECK(access(sp, F_OK) != 0, "the swap file is left behind");
         int32_t ic[N];
         float * lc = malloc(sizeof(float) * (size_t)n_vocab * N);
@@ -198,20 +198,20 @@ static void test_session(const struct kvr_model * m) {
         CHECK(memcmp(ia, ic, sizeof(ia)) == 0 && memcmp(la, lc, sizeof(float) * (size_t)n_vocab * N) == 0,
               "swap %s: the continuation differs", k ? "file" : "memory");
         free(lc);
-        kvr_dist_free(c);
+        kvr_session_free(c);
     }
     free(la);
     free(lb);
     free(scratch);
-    kvr_dist_free(a);
-    kvr_dist_free(b);
+    kvr_session_free(a);
+    kvr_session_free(b);
 }
 
 // a session's cache written as ring shards over 3 ranks (gathered), and as one rank's shard
 static void test_shards(const struct kvr_model * m) {
     set_case("shards");
-    struct kvr_dist * a = new_session(m, 64);
-    CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+    struct kvr_session * a = new_session(m, 64);
+    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill");
     const struct kvr_kv_cache * c = one_cache(a);
     const int n = N_PROMPT, R = 3, kv_dim = c->kv_dim;
     int32_t pos[3][N_PROMPT];
@@ -221,10 +221,10 @@ static void test_shards(const struct kvr_model * m) {
         sh[r].n_rows = kvr_ring_shard(n, 0, R, r, pos[r]);
         sh[r].pos = pos[r];
     }
-    const float * logits = kvr_dist_logits(a);
+    const float * logits = kvr_session_logits(a);
     for (int one = 0; one < 2; one++) {
         const char * path = tmp_path(one ? "shard1.kv" : "gathered.kv");
-        struct kvr_kv_layout lay = { .n_tokens = n, .tokens = kvr_dist_tokens(a), .n_ranks = R, .n_shards = one ? 1 : R,
+        struct kvr_kv_layout lay = { .n_tokens = n, .tokens = kvr_session_tokens(a), .n_ranks = R, .n_shards = one ? 1 : R,
                                      .shards = one ? &sh[1] : sh, .ring_next = 2, .logits = true, .chunk_rows = 3 };
         struct kvr_kv_writer * w;
         CHECK(kvr_kv_writer_open(&w, path, m, &lay) == KVR_OK, "open: %s", kvr_last_error());
@@ -233,7 +233,7 @@ static void test_shards(const struct kvr_model * m) {
             for (int s = 0; s < lay.n_shards; s++) {
                 const struct kvr_kv_shard * x = &lay.shards[s];
                 for (int i = 0; i < x->n_rows; i++) {
-                    kvr_kv_cache_get_rows(kvr_dist_backend(a, 0), c, il, x->pos[i], 1, k + (size_t)i * kv_dim, v + (size_t)i * kv_dim);
+                    kvr_kv_cache_get_rows(kvr_session_backend(a, 0), c, il, x->pos[i], 1, k + (size_t)i * kv_dim, v + (size_t)i * kv_dim);
                 }
                 CHECK(kvr_kv_writer_layer(w, il, s, k, v) == KVR_OK, "layer");
             }
@@ -248,31 +248,31 @@ static void test_shards(const struct kvr_model * m) {
             CHECK(f->shards[0].rank == (one ? 1 : 0) && f->shards[0].n_rows == sh[one].n_rows, "shard table");
             kvr_kv_file_free(f);
         }
-        struct kvr_dist * b = new_session(m, 64);
-        const int rc = kvr_dist_kv_load(b, path);
+        struct kvr_session * b = new_session(m, 64);
+        const int rc = kvr_session_kv_load(b, path);
         if (one) {
-            CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "shard of rank 1") && kvr_dist_n_past(b) == 0,
+            CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "shard of rank 1") && kvr_session_n_past(b) == 0,
                   "one shard loaded into a session: %d %s", rc, kvr_last_error());
         } else {
             CHECK(rc == KVR_OK, "gathered load: %s", kvr_last_error());
             // the rows land at their positions: the cache equals a's
-            bool same = kvr_dist_n_past(b) == n;
+            bool same = kvr_session_n_past(b) == n;
             float * x = malloc(sizeof(float) * (size_t)kv_dim * n), * y = malloc(sizeof(float) * (size_t)kv_dim * n);
             for (int il = 0; same && il < c->n_layer; il++) {
-                kvr_kv_cache_get_rows(kvr_dist_backend(a, 0), c, il, 0, n, x, NULL);
-                kvr_kv_cache_get_rows(kvr_dist_backend(b, 0), one_cache(b), il, 0, n, y, NULL);
+                kvr_kv_cache_get_rows(kvr_session_backend(a, 0), c, il, 0, n, x, NULL);
+                kvr_kv_cache_get_rows(kvr_session_backend(b, 0), one_cache(b), il, 0, n, y, NULL);
                 same = memcmp(x, y, sizeof(float) * (size_t)kv_dim * n) == 0;
-                kvr_kv_cache_get_rows(kvr_dist_backend(a, 0), c, il, 0, n, NULL, x);
-                kvr_kv_cache_get_rows(kvr_dist_backend(b, 0), one_cache(b), il, 0, n, NULL, y);
+                kvr_kv_cache_get_rows(kvr_session_backend(a, 0), c, il, 0, n, NULL, x);
+                kvr_kv_cache_get_rows(kvr_session_backend(b, 0), one_cache(b), il, 0, n, NULL, y);
                 same = same && memcmp(x, y, sizeof(float) * (size_t)kv_dim * n) == 0;
             }
             CHECK(same, "the gathered shards do not restore the cache");
             free(x);
             free(y);
         }
-        kvr_dist_free(b);
+        kvr_session_free(b);
     }
-    kvr_dist_free(a);
+    kvr_session_free(a);
 }
 
 //
@@ -296,11 +296,11 @@ static void mend_header(uint8_t * b) { put32(b + OFF_CRC, kvr_crc32c(0, b, OFF_C
 static void test_malformed(const struct kvr_model * m, const char * other_model_path) {
     const int n_vocab = (int)m->hp.n_vocab;
     set_case("malformed: setup");
-    struct kvr_dist * a = new_session(m, 64);
-    CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+    struct kvr_session * a = new_session(m, 64);
+    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill");
     char good[640];
     snprintf(good, sizeof(good), "%s", tmp_path("good.kv"));
-    CHECK(kvr_dist_kv_save(a, good, false) == KVR_OK, "save: %s", kvr_last_error());
+    CHECK(kvr_session_kv_save(a, good, false) == KVR_OK, "save: %s", kvr_last_error());
     size_t n;
     uint8_t * g = read_all(good, &n);
     const uint32_t n_tok = get32(g + OFF_FIELD(12)), kv_dim = m->hp.head_dim * m->hp.n_head_kv;
@@ -310,13 +310,13 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
     const size_t logits_off = n - 4 - 4 * (size_t)n_vocab;
 
     // the session that must stay as it is: other tokens, other logits
-    struct kvr_dist * s = new_session(m, 64);
-    CHECK(kvr_dist_eval(s, prompt + 2, 5) != NULL, "victim prefill");
+    struct kvr_session * s = new_session(m, 64);
+    CHECK(kvr_session_eval(s, prompt + 2, 5) != NULL, "victim prefill");
     float * want_logits = malloc(sizeof(float) * (size_t)n_vocab);
-    memcpy(want_logits, kvr_dist_logits(s), sizeof(float) * (size_t)n_vocab);
+    memcpy(want_logits, kvr_session_logits(s), sizeof(float) * (size_t)n_vocab);
     const size_t kb = sizeof(float) * kv_dim * 64;
     float * want_k = malloc(kb), * got_k = malloc(kb);
-    kvr_kv_cache_get_rows(kvr_dist_backend(s, 0), one_cache(s), 0, 0, 64, want_k, NULL);
+    kvr_kv_cache_get_rows(kvr_session_backend(s, 0), one_cache(s), 0, 0, 64, want_k, NULL);
 
     int n_cases = 0;
     for (int v = 0; ; v++) {
@@ -388,29 +388,29 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         const char * path = tmp_path("bad.kv");
         write_all(path, b, len);
         free(b);
-        const int rc = kvr_dist_kv_load(s, path);
+        const int rc = kvr_session_kv_load(s, path);
         const char * msg = kvr_last_error();
         CHECK(rc == mu.rc, "status %d, %d expected (%s)", rc, mu.rc, msg);
         CHECK(strstr(msg, mu.expect) != NULL && strstr(msg, path) != NULL, "message '%s' lacks '%s' or the path", msg, mu.expect);
         if (verbose) printf("  -> %s\n", msg);
         // nothing half-loaded: the session is as it was
-        CHECK(kvr_dist_n_past(s) == 5 && memcmp(kvr_dist_tokens(s), prompt + 2, 5 * sizeof(int32_t)) == 0, "tokens changed");
-        CHECK(kvr_dist_logits(s) && memcmp(kvr_dist_logits(s), want_logits, sizeof(float) * (size_t)n_vocab) == 0, "logits changed");
-        kvr_kv_cache_get_rows(kvr_dist_backend(s, 0), one_cache(s), 0, 0, 64, got_k, NULL);
+        CHECK(kvr_session_n_past(s) == 5 && memcmp(kvr_session_tokens(s), prompt + 2, 5 * sizeof(int32_t)) == 0, "tokens changed");
+        CHECK(kvr_session_logits(s) && memcmp(kvr_session_logits(s), want_logits, sizeof(float) * (size_t)n_vocab) == 0, "logits changed");
+        kvr_kv_cache_get_rows(kvr_session_backend(s, 0), one_cache(s), 0, 0, 64, got_k, NULL);
         CHECK(memcmp(got_k, want_k, kb) == 0, "the cache changed");
     }
     set_case("malformed: count");
     CHECK(n_cases >= 15, "%d malformed variants", n_cases);
 
     set_case("malformed: a missing file, another model's cache");
-    CHECK(kvr_dist_kv_load(s, tmp_path("none.kv")) == KVR_ERR_IO && strstr(kvr_last_error(), "cannot open"), "missing file: %s", kvr_last_error());
+    CHECK(kvr_session_kv_load(s, tmp_path("none.kv")) == KVR_ERR_IO && strstr(kvr_last_error(), "cannot open"), "missing file: %s", kvr_last_error());
     struct kvr_model * om = other_model_path ? kvr_model_load(other_model_path, NULL) : NULL;
     if (om) {
-        struct kvr_dist * o = new_session(om, 32);
-        const int rc = kvr_dist_kv_load(o, good);
+        struct kvr_session * o = new_session(om, 32);
+        const int rc = kvr_session_kv_load(o, good);
         CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "the cache is of another model"), "another model's cache: %d %s", rc, kvr_last_error());
         if (verbose) printf("  -> %s\n", kvr_last_error());
-        kvr_dist_free(o);
+        kvr_session_free(o);
         kvr_model_free(om);
     } else {
         n_skip++;
@@ -422,15 +422,15 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
     struct kvr_model * m8 = other_model_path ? kvr_model_load(other_model_path, NULL) : NULL;
     struct kvr_model * m4 = dot ? (memcpy(dot, "Q4_0", 4), kvr_model_load(q4, NULL)) : NULL;
     if (m8 && m4) {
-        struct kvr_dist * s8 = new_session(m8, 32), * s4 = new_session(m4, 32);
-        CHECK(kvr_dist_eval(s8, prompt, 4) != NULL, "Q8_0 prefill");
-        CHECK(kvr_dist_kv_save(s8, tmp_path("q8.kv"), false) == KVR_OK, "Q8_0 save");
-        const int rc = kvr_dist_kv_load(s4, tmp_path("q8.kv"));
+        struct kvr_session * s8 = new_session(m8, 32), * s4 = new_session(m4, 32);
+        CHECK(kvr_session_eval(s8, prompt, 4) != NULL, "Q8_0 prefill");
+        CHECK(kvr_session_kv_save(s8, tmp_path("q8.kv"), false) == KVR_OK, "Q8_0 save");
+        const int rc = kvr_session_kv_load(s4, tmp_path("q8.kv"));
         CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "offset 56: the cache is of another model: weights hash"),
               "a cache of other weights of the same shape: %d %s", rc, kvr_last_error());
         if (verbose) printf("  -> %s\n", kvr_last_error());
-        kvr_dist_free(s8);
-        kvr_dist_free(s4);
+        kvr_session_free(s8);
+        kvr_session_free(s4);
     } else {
         n_skip++;
     }
@@ -440,29 +440,29 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
     free(want_k);
     free(got_k);
     free(g);
-    kvr_dist_free(s);
-    kvr_dist_free(a);
+    kvr_session_free(s);
+    kvr_session_free(a);
 }
 
 //
-// dist: restore-and-continue through kvr_dist_kv_save/_load
+// dist: restore-and-continue through kvr_session_kv_save/_load
 //
 
-static struct kvr_dist * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks) {
-    struct kvr_dist_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 96, .timeout_s = 30 };
-    struct kvr_dist * d = kvr_dist_new(m, &p);
-    if (!d) { fprintf(stderr, "kvr_dist_new: %s\n", kvr_last_error()); exit(2); }
+static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks) {
+    struct kvr_session_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 96, .timeout_s = 30 };
+    struct kvr_session * d = kvr_session_new(m, &p);
+    if (!d) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
     return d;
 }
 
 // n greedy steps from the dist's logits, every step's logits out
-static bool dist_greedy(struct kvr_dist * d, int n, int32_t * ids, float * logits_out, int n_vocab) {
+static bool dist_greedy(struct kvr_session * d, int n, int32_t * ids, float * logits_out, int n_vocab) {
     for (int i = 0; i < n; i++) {
-        const float * l = kvr_dist_logits(d);
+        const float * l = kvr_session_logits(d);
         if (!l) return false;
         memcpy(logits_out + (size_t)i * n_vocab, l, sizeof(float) * (size_t)n_vocab);
         ids[i] = kvr_argmax(l, n_vocab);
-        if (!kvr_dist_eval(d, &ids[i], 1)) return false;
+        if (!kvr_session_eval(d, &ids[i], 1)) return false;
     }
     return true;
 }
@@ -480,77 +480,77 @@ static void test_dist(const struct kvr_model * m) {
                 if (per_rank && !ring) continue;
                 set_case("dist %s x%d%s: save after prompt + 5, load, continue %d", kvr_strategy_name(strats[si]), nr,
                          per_rank ? " (a file per rank)" : "", N);
-                struct kvr_dist * a = new_dist(m, strats[si], nr);
-                CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+                struct kvr_session * a = new_dist(m, strats[si], nr);
+                CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
                 int32_t pre[5], ia[N], ib[N];
                 CHECK(dist_greedy(a, 5, pre, scratch, n_vocab), "decode: %s", kvr_last_error());
                 char path[640];
                 snprintf(path, sizeof(path), "%s", tmp_path("dist.kv"));
-                CHECK(kvr_dist_kv_save(a, path, per_rank) == KVR_OK, "save: %s", kvr_last_error());
+                CHECK(kvr_session_kv_save(a, path, per_rank) == KVR_OK, "save: %s", kvr_last_error());
                 char p0[700];
-                kvr_dist_kv_shard_path(path, nr - 1, p0, sizeof(p0));
+                kvr_session_kv_shard_path(path, nr - 1, p0, sizeof(p0));
                 CHECK(access(per_rank ? p0 : path, F_OK) == 0, "no file written");
-                struct kvr_dist * b = new_dist(m, strats[si], nr);
-                CHECK(kvr_dist_eval(b, prompt + 3, 4) != NULL, "b's own tokens first");
-                CHECK(kvr_dist_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
-                CHECK(kvr_dist_n_past(b) == N_PROMPT + 5 && memcmp(kvr_dist_tokens(b), kvr_dist_tokens(a), sizeof(int32_t) * (N_PROMPT + 5)) == 0,
+                struct kvr_session * b = new_dist(m, strats[si], nr);
+                CHECK(kvr_session_eval(b, prompt + 3, 4) != NULL, "b's own tokens first");
+                CHECK(kvr_session_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
+                CHECK(kvr_session_n_past(b) == N_PROMPT + 5 && memcmp(kvr_session_tokens(b), kvr_session_tokens(a), sizeof(int32_t) * (N_PROMPT + 5)) == 0,
                       "tokens after the load");
                 CHECK(dist_greedy(a, N, ia, la, n_vocab), "a continues: %s", kvr_last_error());
                 CHECK(dist_greedy(b, N, ib, lb, n_vocab), "b continues: %s", kvr_last_error());
                 CHECK(memcmp(ia, ib, sizeof(ia)) == 0, "restored ids differ");
                 CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "restored logits differ (not bit-identical)");
                 // a later turn after the restore works as after a prefill (ring: the ring again)
-                CHECK(kvr_dist_eval(b, prompt, 7) != NULL, "a second turn after the restore: %s", kvr_last_error());
-                kvr_dist_free(b);
+                CHECK(kvr_session_eval(b, prompt, 7) != NULL, "a second turn after the restore: %s", kvr_last_error());
+                kvr_session_free(b);
                 // the gathered file of any layout into a single session: the same rows, close continuation
                 if (!per_rank) {
-                    struct kvr_dist * s = new_session(m, 96);
-                    CHECK(kvr_dist_kv_load(s, path) == KVR_OK, "into a session: %s", kvr_last_error());
+                    struct kvr_session * s = new_session(m, 96);
+                    CHECK(kvr_session_kv_load(s, path) == KVR_OK, "into a session: %s", kvr_last_error());
                     int32_t is[4];
                     float * ls = malloc(sizeof(float) * (size_t)n_vocab * 4);
                     CHECK(run_greedy(s, 4, is, ls, n_vocab), "the session continues");
                     CHECK(memcmp(is, ia, sizeof(is)) == 0, "the session's continuation differs");
                     free(ls);
-                    kvr_dist_free(s);
+                    kvr_session_free(s);
                 } else {
-                    struct kvr_dist * c = new_dist(m, KVR_STRATEGY_KVR, nr);
-                    const int rc = kvr_dist_kv_load(c, path);
+                    struct kvr_session * c = new_dist(m, KVR_STRATEGY_KVR, nr);
+                    const int rc = kvr_session_kv_load(c, path);
                     CHECK(nr == 1 ? rc == KVR_OK : rc == KVR_ERR_ARG, "per-rank files into a chain: %d %s", rc, kvr_last_error());
-                    kvr_dist_free(c);
+                    kvr_session_free(c);
                 }
-                kvr_dist_free(a);
+                kvr_session_free(a);
             }
         }
     }
     set_case("dist: a ring cache of 3 ranks into 2 ring ranks and into kvr x3");
     {
-        struct kvr_dist * a = new_dist(m, KVR_STRATEGY_RING_KV, 3);
-        CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill");
+        struct kvr_session * a = new_dist(m, KVR_STRATEGY_RING_KV, 3);
+        CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill");
         char path[640];
         snprintf(path, sizeof(path), "%s", tmp_path("ring3.kv"));
-        CHECK(kvr_dist_kv_save(a, path, false) == KVR_OK, "save");
+        CHECK(kvr_session_kv_save(a, path, false) == KVR_OK, "save");
         int32_t ia[4];
         CHECK(dist_greedy(a, 4, ia, la, n_vocab), "a continues");
         const enum kvr_strategy to[2] = { KVR_STRATEGY_RING_Q, KVR_STRATEGY_KVR };
         for (int k = 0; k < 2; k++) {
-            struct kvr_dist * b = new_dist(m, to[k], k ? 3 : 2);
-            CHECK(kvr_dist_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
+            struct kvr_session * b = new_dist(m, to[k], k ? 3 : 2);
+            CHECK(kvr_session_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
             int32_t ib[4];
             CHECK(dist_greedy(b, 4, ib, lb, n_vocab), "continues");
             CHECK(memcmp(ia, ib, sizeof(ia)) == 0, "the continuation differs");
-            kvr_dist_free(b);
+            kvr_session_free(b);
         }
         set_case("dist: a failed load leaves the dist as it was");
-        struct kvr_dist * b = new_dist(m, KVR_STRATEGY_RING_KV, 3);
-        CHECK(kvr_dist_eval(b, prompt, 6) != NULL, "prefill");
+        struct kvr_session * b = new_dist(m, KVR_STRATEGY_RING_KV, 3);
+        CHECK(kvr_session_eval(b, prompt, 6) != NULL, "prefill");
         write_all(tmp_path("bad.kv"), "KVRCACHE", 8);
-        CHECK(kvr_dist_kv_load(b, tmp_path("bad.kv")) == KVR_ERR_FORMAT, "a truncated file accepted");
-        CHECK(kvr_dist_n_past(b) == 6 && kvr_dist_logits(b) != NULL, "the dist changed");
-        struct kvr_dist * small = new_dist(m, KVR_STRATEGY_SINGLE, 1);
-        CHECK(kvr_dist_truncate(small, 1) == KVR_ERR_ARG, "truncate past n_past");
-        kvr_dist_free(small);
-        kvr_dist_free(b);
-        kvr_dist_free(a);
+        CHECK(kvr_session_kv_load(b, tmp_path("bad.kv")) == KVR_ERR_FORMAT, "a truncated file accepted");
+        CHECK(kvr_session_n_past(b) == 6 && kvr_session_logits(b) != NULL, "the dist changed");
+        struct kvr_session * small = new_dist(m, KVR_STRATEGY_SINGLE, 1);
+        CHECK(kvr_session_truncate(small, 1) == KVR_ERR_ARG, "truncate past n_past");
+        kvr_session_free(small);
+        kvr_session_free(b);
+        kvr_session_free(a);
     }
     free(la);
     free(lb);
@@ -569,10 +569,10 @@ static void test_stream_pd(const struct kvr_model * m) {
     float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lb = malloc(sizeof(float) * (size_t)n_vocab * N);
     float * lr = malloc(sizeof(float) * (size_t)n_vocab * N);
     // the reference: one rank
-    struct kvr_dist * ref = new_dist(m, KVR_STRATEGY_SINGLE, 1);
+    struct kvr_session * ref = new_dist(m, KVR_STRATEGY_SINGLE, 1);
     int32_t iref[N];
-    CHECK(kvr_dist_eval(ref, prompt, N_PROMPT) != NULL && dist_greedy(ref, N, iref, lr, n_vocab), "reference");
-    kvr_dist_free(ref);
+    CHECK(kvr_session_eval(ref, prompt, N_PROMPT) != NULL && dist_greedy(ref, N, iref, lr, n_vocab), "reference");
+    kvr_session_free(ref);
     for (size_t si = 0; si < sizeof(strats) / sizeof(strats[0]); si++) {
         for (int nr = 1; nr <= 4; nr++) {
             if (strats[si] == KVR_STRATEGY_SINGLE && nr > 1) continue;
@@ -580,35 +580,35 @@ static void test_stream_pd(const struct kvr_model * m) {
             char sp[640], vp[640];
             snprintf(sp, sizeof(sp), "%s", tmp_path("streamed.kv"));
             snprintf(vp, sizeof(vp), "%s", tmp_path("saved.kv"));
-            struct kvr_dist_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+            struct kvr_session_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
                                          .kv_stream = sp };
-            struct kvr_dist * a = kvr_dist_new(m, &p);
+            struct kvr_session * a = kvr_session_new(m, &p);
             CHECK(a != NULL, "dist: %s", kvr_last_error());
             if (!a) continue;
-            CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
-            CHECK(kvr_dist_kv_save(a, vp, false) == KVR_OK, "save: %s", kvr_last_error());
+            CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+            CHECK(kvr_session_kv_save(a, vp, false) == KVR_OK, "save: %s", kvr_last_error());
             CHECK(same_file(sp, vp), "the streamed file differs from the saved one");
             struct kvr_rank_stats st[8];
-            const int ns = kvr_dist_stats(a, st, 8);
+            const int ns = kvr_session_stats(a, st, 8);
             int64_t streamed = 0;
             for (int i = 0; i < ns; i++) streamed += st[i].kv_stream_bytes;
             CHECK(streamed == cache_bytes, "%lld bytes streamed, the cache has %lld", (long long)streamed, (long long)cache_bytes);
             // the stream was the first prefill's: a decode step writes nothing
             remove(sp);
             const int32_t tok = 5;
-            CHECK(kvr_dist_eval(a, &tok, 1) != NULL && access(sp, F_OK) != 0, "a decode step streamed again");
-            kvr_dist_free(a);
+            CHECK(kvr_session_eval(a, &tok, 1) != NULL && access(sp, F_OK) != 0, "a decode step streamed again");
+            kvr_session_free(a);
         }
         for (int nr = 2; nr <= 4; nr++) {
             set_case("P/D %s: %d prefill ranks, decode on rank %d", kvr_strategy_name(strats[si]), nr - 1, nr - 1);
-            struct kvr_dist_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+            struct kvr_session_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
                                          .pd = true, .decode_rank = nr - 1 };
-            struct kvr_dist * a = kvr_dist_new(m, &p);
+            struct kvr_session * a = kvr_session_new(m, &p);
             CHECK(a != NULL, "dist: %s", kvr_last_error());
             if (!a) continue;
-            CHECK(kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+            CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
             struct kvr_rank_stats st[8];
-            const int ns = kvr_dist_stats(a, st, 8);
+            const int ns = kvr_session_stats(a, st, 8);
             int64_t got = -1;
             for (int i = 0; i < ns; i++) {
                 if (st[i].rank == nr - 1) got = st[i].kv_stream_bytes;
@@ -625,27 +625,27 @@ static void test_stream_pd(const struct kvr_model * m) {
             // the chain strategies the same run without disaggregation on the prefill ranks gives
             // the same logits bit for bit (the same rows, decoded by one rank over all of them)
             if (!(strats[si] == KVR_STRATEGY_RING_KV || strats[si] == KVR_STRATEGY_RING_Q || strats[si] == KVR_STRATEGY_AUTO)) {
-                struct kvr_dist * b = new_dist(m, strats[si], nr - 1);
+                struct kvr_session * b = new_dist(m, strats[si], nr - 1);
                 int32_t ib[N];
-                CHECK(kvr_dist_eval(b, prompt, N_PROMPT) != NULL && dist_greedy(b, N, ib, lb, n_vocab), "without P/D");
+                CHECK(kvr_session_eval(b, prompt, N_PROMPT) != NULL && dist_greedy(b, N, ib, lb, n_vocab), "without P/D");
                 CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "P/D logits differ from the same strategy's on %d ranks", nr - 1);
-                kvr_dist_free(b);
+                kvr_session_free(b);
             }
             char vp[640];
             snprintf(vp, sizeof(vp), "%s", tmp_path("pd.kv"));
-            CHECK(kvr_dist_kv_save(a, vp, false) == KVR_OK, "save after P/D: %s", kvr_last_error());
-            struct kvr_dist * s = new_session(m, 96);
-            CHECK(kvr_dist_kv_load(s, vp) == KVR_OK && kvr_dist_n_past(s) == N_PROMPT + N, "the P/D cache into a session");
-            kvr_dist_free(s);
-            kvr_dist_free(a);
+            CHECK(kvr_session_kv_save(a, vp, false) == KVR_OK, "save after P/D: %s", kvr_last_error());
+            struct kvr_session * s = new_session(m, 96);
+            CHECK(kvr_session_kv_load(s, vp) == KVR_OK && kvr_session_n_past(s) == N_PROMPT + N, "the P/D cache into a session");
+            kvr_session_free(s);
+            kvr_session_free(a);
         }
     }
     set_case("P/D: refused setups");
-    struct kvr_dist_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .pd = true, .decode_rank = 1 };
-    CHECK(kvr_dist_new(m, &p) == NULL && strstr(kvr_last_error(), "last"), "decode rank 1 of 3: %s", kvr_last_error());
+    struct kvr_session_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .pd = true, .decode_rank = 1 };
+    CHECK(kvr_session_new(m, &p) == NULL && strstr(kvr_last_error(), "last"), "decode rank 1 of 3: %s", kvr_last_error());
     p.n_ranks = 1;
     p.decode_rank = 0;
-    CHECK(kvr_dist_new(m, &p) == NULL && strstr(kvr_last_error(), "2 ranks"), "P/D on 1 rank: %s", kvr_last_error());
+    CHECK(kvr_session_new(m, &p) == NULL && strstr(kvr_last_error(), "2 ranks"), "P/D on 1 rank: %s", kvr_last_error());
     free(la);
     free(lb);
     free(lr);
@@ -660,45 +660,45 @@ static void test_swap_ranks(const struct kvr_model * m) {
     enum { N = 6 };
     for (size_t si = 0; si < sizeof(strat) / sizeof(strat[0]); si++) {
         set_case("swap with 3 ranks, %s", kvr_strategy_name(strat[si]));
-        const struct kvr_dist_params dp = { .strategy = strat[si], .n_ranks = 3, .n_threads = 1, .n_ctx = 64 };
-        struct kvr_dist * a = kvr_dist_new(m, &dp);
-        CHECK(a && kvr_dist_eval(a, prompt, N_PROMPT) != NULL, "the reference prefill: %s", kvr_last_error());
+        const struct kvr_session_params dp = { .strategy = strat[si], .n_ranks = 3, .n_threads = 1, .n_ctx = 64 };
+        struct kvr_session * a = kvr_session_new(m, &dp);
+        CHECK(a && kvr_session_eval(a, prompt, N_PROMPT) != NULL, "the reference prefill: %s", kvr_last_error());
         if (!a) continue;
         int32_t ia[N];
         float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lc = malloc(sizeof(float) * (size_t)n_vocab * N);
         CHECK(run_greedy(a, N, ia, la, n_vocab), "the reference continues");
         for (int k = 0; k < 2; k++) {
-            struct kvr_dist * c = kvr_dist_new(m, &dp);
-            CHECK(c && kvr_dist_eval(c, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+            struct kvr_session * c = kvr_session_new(m, &dp);
+            CHECK(c && kvr_session_eval(c, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
             if (!c) continue;
             const char * sp = k ? tmp_path("swap-ranks.kv") : NULL;
-            CHECK(kvr_dist_kv_swap_out(c, sp) == KVR_OK && kvr_dist_kv_swapped(c), "swap out: %s", kvr_last_error());
-            CHECK(kvr_dist_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while out: %s", kvr_last_error());
-            CHECK(kvr_dist_truncate(c, 2) != KVR_OK && strstr(kvr_last_error(), "swapped out"), "truncate while out: %s", kvr_last_error());
+            CHECK(kvr_session_kv_swap_out(c, sp) == KVR_OK && kvr_session_kv_swapped(c), "swap out: %s", kvr_last_error());
+            CHECK(kvr_session_eval(c, prompt, 1) == NULL && strstr(kvr_last_error(), "swapped out"), "eval while out: %s", kvr_last_error());
+            CHECK(kvr_session_truncate(c, 2) != KVR_OK && strstr(kvr_last_error(), "swapped out"), "truncate while out: %s", kvr_last_error());
             if (sp) {
                 // another conversation's cache in the swap file's place: refused, still out
                 char keep[1100];
                 snprintf(keep, sizeof(keep), "%s.keep", sp);
                 CHECK(rename(sp, keep) == 0, "rename the swap file");
-                struct kvr_dist * o = kvr_dist_new(m, &dp);
-                CHECK(o && kvr_dist_eval(o, prompt + 1, N_PROMPT - 1) != NULL && kvr_dist_kv_save(o, sp, false) == KVR_OK,
+                struct kvr_session * o = kvr_session_new(m, &dp);
+                CHECK(o && kvr_session_eval(o, prompt + 1, N_PROMPT - 1) != NULL && kvr_session_kv_save(o, sp, false) == KVR_OK,
                       "another cache: %s", kvr_last_error());
-                kvr_dist_free(o);
-                CHECK(kvr_dist_kv_swap_in(c) != KVR_OK && strstr(kvr_last_error(), "other tokens") && kvr_dist_kv_swapped(c),
+                kvr_session_free(o);
+                CHECK(kvr_session_kv_swap_in(c) != KVR_OK && strstr(kvr_last_error(), "other tokens") && kvr_session_kv_swapped(c),
                       "another conversation's swap file taken: %s", kvr_last_error());
                 CHECK(rename(keep, sp) == 0, "the swap file back");
             }
-            CHECK(kvr_dist_kv_swap_in(c) == KVR_OK && !kvr_dist_kv_swapped(c), "swap in: %s", kvr_last_error());
+            CHECK(kvr_session_kv_swap_in(c) == KVR_OK && !kvr_session_kv_swapped(c), "swap in: %s", kvr_last_error());
             if (sp) CHECK(access(sp, F_OK) != 0, "the swap file is left behind");
             int32_t ic[N];
             CHECK(run_greedy(c, N, ic, lc, n_vocab), "continues after the swap");
             CHECK(memcmp(ia, ic, sizeof(ia)) == 0 && memcmp(la, lc, sizeof(float) * (size_t)n_vocab * N) == 0,
                   "swap to %s: the continuation differs", k ? "a file" : "memory");
-            kvr_dist_free(c);
+            kvr_session_free(c);
         }
         free(la);
         free(lc);
-        kvr_dist_free(a);
+        kvr_session_free(a);
     }
 }
 

@@ -272,14 +272,14 @@ static void test_weights_memory(const char * path) {
         free(want);
         float lr[64], lm[64];
         const float * er = NULL, * em = NULL;
-        struct kvr_dist * sr = kvr_dist_new(mr, &(struct kvr_dist_params){ .n_ctx = 16, .n_threads = 1 });
-        struct kvr_dist * sm = kvr_dist_new(mm, &(struct kvr_dist_params){ .n_ctx = 16, .n_threads = 1 });
+        struct kvr_session * sr = kvr_session_new(mr, &(struct kvr_session_params){ .n_ctx = 16, .n_threads = 1 });
+        struct kvr_session * sm = kvr_session_new(mm, &(struct kvr_session_params){ .n_ctx = 16, .n_threads = 1 });
         const int32_t toks[3] = { 1, 403, 407 };
-        if (sr && sm && (er = kvr_dist_eval(sr, toks, 3)) != NULL) memcpy(lr, er, sizeof(lr));
-        if (sr && sm && (em = kvr_dist_eval(sm, toks, 3)) != NULL) memcpy(lm, em, sizeof(lm));
+        if (sr && sm && (er = kvr_session_eval(sr, toks, 3)) != NULL) memcpy(lr, er, sizeof(lr));
+        if (sr && sm && (em = kvr_session_eval(sm, toks, 3)) != NULL) memcpy(lm, em, sizeof(lm));
         CHECK(er && em && memcmp(lr, lm, sizeof(lr)) == 0, "read and mapped weights: the logits differ (%s)", er && em ? "both ran" : kvr_last_error());
-        kvr_dist_free(sr);
-        kvr_dist_free(sm);
+        kvr_session_free(sr);
+        kvr_session_free(sm);
     }
     kvr_model_free(mr);
     kvr_model_free(mm);

@@ -2,7 +2,7 @@
 // the loader refuses.
 //
 // SHARED/reference/archs/tiny-{llama3,qwen2,qwen3,gemma3}.* (random weights, made by llama.cpp; see
-// SHARED/reference/README.md): each prompt's .tokens in one kvr_dist_eval, the last token's
+// SHARED/reference/README.md): each prompt's .tokens in one kvr_session_eval, the last token's
 // logits within LOGIT_TOL of .logits, the greedy continuation equal to .greedy. Then variants of
 // those files rewritten to a temporary GGUF, each showing that a piece of the recipe is used:
 //   - tiny-llama3 without rope_freqs.weight: the logits move (Llama 3's frequency factors count)
@@ -82,20 +82,20 @@ static double max_diff(const float * a, const float * b, int n, int * at) {
 }
 
 // The sessions of every case: 2 threads, and for Falcon ggml_vec_dot_f32's order (see LOGIT_TOL).
-static struct kvr_dist_params session_params(const struct kvr_model * m, int n_ctx) {
-    return (struct kvr_dist_params) { .n_ctx = n_ctx, .n_threads = 2, .vec_dot_order = m->hp.arch == KVR_ARCH_FALCON };
+static struct kvr_session_params session_params(const struct kvr_model * m, int n_ctx) {
+    return (struct kvr_session_params) { .n_ctx = n_ctx, .n_threads = 2, .vec_dot_order = m->hp.arch == KVR_ARCH_FALCON };
 }
 
 // The last-token logits of a prompt into out (n_vocab floats); false with a FAIL on error.
 static bool eval_prompt(const struct kvr_model * m, const int32_t * toks, int n, float * out, const char * what) {
-    const struct kvr_dist_params sp = session_params(m, n + 1);
-    struct kvr_dist * s = kvr_dist_new(m, &sp);
+    const struct kvr_session_params sp = session_params(m, n + 1);
+    struct kvr_session * s = kvr_session_new(m, &sp);
     CHECK(s != NULL, "%s: session: %s", what, kvr_last_error());
     if (!s) return false;
-    const float * lg = kvr_dist_eval(s, toks, n);
+    const float * lg = kvr_session_eval(s, toks, n);
     CHECK(lg != NULL, "%s: eval: %s", what, kvr_last_error());
     if (lg) memcpy(out, lg, sizeof(float) * m->hp.n_vocab);
-    kvr_dist_free(s);
+    kvr_session_free(s);
     return lg != NULL;
 }
 
@@ -129,10 +129,10 @@ static struct kvr_model * test_reference(const char * dir, const char * name, co
     const int n_want = read_floats(p_logits, want, V + 1);
     CHECK(n_want == V, "%s: the logits file has %d values, the vocabulary %d", name, n_want, V);
 
-    const struct kvr_dist_params sp = session_params(m, n_toks + n_greedy + 1);
-    struct kvr_dist * s = kvr_dist_new(m, &sp);
+    const struct kvr_session_params sp = session_params(m, n_toks + n_greedy + 1);
+    struct kvr_session * s = kvr_session_new(m, &sp);
     CHECK(s != NULL, "%s: session: %s", name, kvr_last_error());
-    const float * lg = s ? kvr_dist_eval(s, toks, n_toks) : NULL;
+    const float * lg = s ? kvr_session_eval(s, toks, n_toks) : NULL;
     CHECK(lg != NULL, "%s: eval of %d prompt tokens: %s", name, n_toks, kvr_last_error());
     if (lg && n_want == V) {
         int at;
@@ -147,7 +147,7 @@ static struct kvr_model * test_reference(const char * dir, const char * name, co
         const int32_t id = kvr_argmax(lg, V);
         got[n_got++] = id;
         if (n_got == n_greedy) break;
-        lg = kvr_dist_eval(s, &id, 1);
+        lg = kvr_session_eval(s, &id, 1);
         CHECK(lg != NULL, "%s: decode step %d: %s", name, n_got, kvr_last_error());
     }
     int bad = -1;
@@ -156,7 +156,7 @@ static struct kvr_model * test_reference(const char * dir, const char * name, co
     }
     CHECK(bad < 0, "%s: greedy id %d is %d, llama.cpp has %d", name, bad, bad >= 0 && bad < n_got ? got[bad] : -1,
           bad >= 0 ? greedy[bad] : -1);
-    kvr_dist_free(s);
+    kvr_session_free(s);
     free(want);
     return m;
 }

@@ -1889,7 +1889,7 @@ static void grp_graph(void) {
 // is flagged OUTPUT and read twice: through its own memory, and through blk -> MUL_MAT(I) ->
 // SCALE(2) -> SCALE(0.5), whose middle node would take the block's memory if it were free.
 // as_is: compute g as the pass left it; otherwise reset and expand g again from the outputs,
-// as kvr_dist_eval does.
+// as kvr_session_eval does.
 //
 
 static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_attn_mode mode, bool as_is, int nt) {

@@ -14,7 +14,7 @@
 //             and tsp/kvr, which continue on the last rank), then a short decode
 //   variants  the same checks with dense attention, emulated links (bandwidth and latency, and a
 //             noisy one: other interleavings of transfers and compute) and two threads per rank
-//   counters  kvr_dist_stats in dense mode against the closed forms: for an even split of C
+//   counters  kvr_session_stats in dense mode against the closed forms: for an even split of C
 //             tokens over p ranks TSP moves 2(p-1)C KV rows and KV-Runahead (p-1)C; dense pairs
 //             per rank are (C/p)*C and c_r*e_r; causal pairs and bytes agree; sent == received
 //   archs     the matrix's checks on llama.cpp's tiny llama3, qwen2, qwen3 and gemma3 (SHARED/reference/
@@ -260,29 +260,29 @@ static void ref_free(struct ref * r) {
 // turns[i] tokens at a time from toks, then n_dec greedy steps
 static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * toks, const int * turns, int n_turns, int n_dec) {
     memset(r, 0, sizeof(*r));
-    struct kvr_dist * s = kvr_dist_new(m, &(struct kvr_dist_params){ .n_ctx = N_CTX, .n_threads = 1 });
-    if (!s) { CHECK(false, "kvr_dist_new: %s", kvr_last_error()); return false; }
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = N_CTX, .n_threads = 1 });
+    if (!s) { CHECK(false, "kvr_session_new: %s", kvr_last_error()); return false; }
     r->n_vocab = (int)m->hp.n_vocab;
     const float * lg = NULL;
     int at = 0;
     for (int t = 0; t < n_turns; t++) {
-        lg = kvr_dist_eval(s, toks + at, turns[t]);
+        lg = kvr_session_eval(s, toks + at, turns[t]);
         at += turns[t];
-        if (!lg) { CHECK(false, "reference eval of %d tokens: %s", turns[t], kvr_last_error()); kvr_dist_free(s); return false; }
+        if (!lg) { CHECK(false, "reference eval of %d tokens: %s", turns[t], kvr_last_error()); kvr_session_free(s); return false; }
     }
     r->logits = xcalloc((size_t)r->n_vocab, sizeof(float));
     memcpy(r->logits, lg, sizeof(float) * (size_t)r->n_vocab);
     for (int i = 0; i < n_dec; i++) {
         r->cont[i] = kvr_argmax(lg, r->n_vocab);
-        lg = kvr_dist_eval(s, &r->cont[i], 1);
-        if (!lg) { CHECK(false, "reference decode: %s", kvr_last_error()); kvr_dist_free(s); return false; }
+        lg = kvr_session_eval(s, &r->cont[i], 1);
+        if (!lg) { CHECK(false, "reference decode: %s", kvr_last_error()); kvr_session_free(s); return false; }
     }
     r->dec_logits = xcalloc((size_t)r->n_vocab, sizeof(float));
     memcpy(r->dec_logits, lg, sizeof(float) * (size_t)r->n_vocab);
     const struct kvr_kv_cache * c;
     const int32_t * cpos;
-    kvr_dist_cache(s, 0, &cpos, &c);
-    r->n_total = kvr_dist_n_past(s);
+    kvr_session_cache(s, 0, &cpos, &c);
+    r->n_total = kvr_session_n_past(s);
     r->n_layer = c->n_layer;
     r->kv_dim = c->kv_dim;
     r->k = xcalloc((size_t)c->n_layer, sizeof(float *));
@@ -298,7 +298,7 @@ static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * 
             kvr_backend_tensor_get(c->v[il], r->v[il] + (size_t)p * c->kv_dim, (size_t)p * c->v[il]->nb[1], sizeof(float) * (size_t)c->kv_dim);
         }
     }
-    kvr_dist_free(s);
+    kvr_session_free(s);
     return true;
 }
 
@@ -342,8 +342,8 @@ static const char * cover_name(enum cover c) {
 }
 
 // n_pos: positions [0, n_pos) must be covered; rows at positions >= n_pos are errors
-static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_pos, enum cover cov) {
-    const int N = kvr_dist_n_ranks(d);
+static void check_cache(const struct kvr_session * d, const struct ref * r, int n_pos, enum cover cov) {
+    const int N = kvr_session_n_ranks(d);
     int * seen = xcalloc((size_t)N * (size_t)n_pos, sizeof(int));
     double worst = 0.0;
     char where[160] = "";
@@ -352,9 +352,9 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
     for (int q = 0; q < N; q++) {
         const int32_t * pos = NULL;
         const struct kvr_kv_cache * c = NULL;
-        if (mpi && q != kvr_dist_rank(d)) continue; // another process holds that rank
-        const int n = kvr_dist_cache(d, q, &pos, &c);
-        if (n < 0 || !c || (n > 0 && !pos)) { CHECK(false, "kvr_dist_cache(rank %d) returned %d", q, n); continue; }
+        if (mpi && q != kvr_session_rank(d)) continue; // another process holds that rank
+        const int n = kvr_session_cache(d, q, &pos, &c);
+        if (n < 0 || !c || (n > 0 && !pos)) { CHECK(false, "kvr_session_cache(rank %d) returned %d", q, n); continue; }
         if (c->n_layer != r->n_layer || c->kv_dim != r->kv_dim) {
             CHECK(false, "rank %d: cache of %d layers x %d, reference %d x %d", q, c->n_layer, c->kv_dim, r->n_layer, r->kv_dim);
             continue;
@@ -373,7 +373,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
             }
             for (int il = 0; il < c->n_layer; il++) {
                 // a chain's rows out of every later query's window need not have been handed down
-                // (kvr_dist_cache); a ring's shard rows are the rank's own, all of them checked
+                // (kvr_session_cache); a ring's shard rows are the rank's own, all of them checked
                 if (cov != COVER_PARTITION && r->window[il] > 0 && p <= last - r->window[il]) continue;
                 for (int kv = 0; kv < 2; kv++) {
                     const struct kvr_tensor * t = kv ? c->v[il] : c->k[il];
@@ -397,7 +397,7 @@ static void check_cache(const struct kvr_dist * d, const struct ref * r, int n_p
     if (worst <= tol_cache && worst > worst_cache) worst_cache = worst;
     int missing = 0, first_missing = -1, first_rank = -1, first_count = 0;
     // under MPI a process sees one rank: it checks what that rank must hold, the union is not known
-    const int me = mpi ? kvr_dist_rank(d) : -1;
+    const int me = mpi ? kvr_session_rank(d) : -1;
     if (mpi && cov == COVER_PARTITION) { free(seen); return; }
     if (mpi && cov == COVER_LAST && me != N - 1) { free(seen); return; }
     for (int p = 0; p < n_pos && mpi; p++) {
@@ -436,8 +436,8 @@ static enum cover cover_of(enum kvr_strategy s, int N, bool first) {
     return COVER_LAST;
 }
 
-static struct kvr_dist_params dist_params(enum kvr_strategy s, int N) {
-    return (struct kvr_dist_params){
+static struct kvr_session_params dist_params(enum kvr_strategy s, int N) {
+    return (struct kvr_session_params){
         .strategy = s, .comm = mpi ? KVR_COMM_MPI : KVR_COMM_LOCAL, .n_ranks = mpi ? 0 : N, .n_threads = 1, .n_ctx = N_CTX,
         .timeout_s = 30.0,
     };
@@ -446,21 +446,21 @@ static struct kvr_dist_params dist_params(enum kvr_strategy s, int N) {
 // A whole conversation on a dist: turns (the first with the given partition), checks after the
 // first and the last turn, then n_dec greedy steps; everything against the reference.
 static void run_dist(const struct kvr_model * m, const struct ref * r, const int32_t * toks, const int * turns, int n_turns,
-                     int n_dec, const struct kvr_dist_params * p) {
-    struct kvr_dist * d = kvr_dist_new(m, p);
-    CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+                     int n_dec, const struct kvr_session_params * p) {
+    struct kvr_session * d = kvr_session_new(m, p);
+    CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
     if (!d) return;
-    const int V = (int)m->hp.n_vocab, N = kvr_dist_n_ranks(d);
+    const int V = (int)m->hp.n_vocab, N = kvr_session_n_ranks(d);
     const float * lg = NULL;
     int at = 0;
     for (int t = 0; t < n_turns; t++) {
-        lg = kvr_dist_eval(d, toks + at, turns[t]);
+        lg = kvr_session_eval(d, toks + at, turns[t]);
         CHECK(lg != NULL, "eval of turn %d (%d tokens after %d): %s", t + 1, turns[t], at, kvr_last_error());
-        if (!lg) { kvr_dist_free(d); return; }
+        if (!lg) { kvr_session_free(d); return; }
         at += turns[t];
-        CHECK(kvr_dist_n_past(d) == at, "n_past %d after turn %d, want %d", kvr_dist_n_past(d), t + 1, at);
+        CHECK(kvr_session_n_past(d) == at, "n_past %d after turn %d, want %d", kvr_session_n_past(d), t + 1, at);
         if (p->strategy == KVR_STRATEGY_AUTO && N > 1) {
-            const enum kvr_strategy ls = kvr_dist_last_strategy(d);
+            const enum kvr_strategy ls = kvr_session_last_strategy(d);
             CHECK(ls == KVR_STRATEGY_RING_KV || ls == KVR_STRATEGY_RING_Q, "auto ran %s", kvr_strategy_name(ls));
         }
         if (t == 0 || t == n_turns - 1) check_cache(d, r, at, cover_of(p->strategy, N, t == 0));
@@ -469,12 +469,12 @@ static void run_dist(const struct kvr_model * m, const struct ref * r, const int
     double dd = max_abs_diff(lg, r->logits, V, &i_max);
     CHECK(dd <= tol_logits, "last-token logits differ by %.3g (token %d: %g vs %g)", dd, i_max, lg[i_max], r->logits[i_max]);
     if (dd <= tol_logits && dd > worst_logits) worst_logits = dd;
-    if (n_dec == 0) { kvr_dist_free(d); return; }
+    if (n_dec == 0) { kvr_session_free(d); return; }
     int32_t cont[N_DECODE];
     int n_ok = 0;
     for (int i = 0; i < n_dec; i++) {
         cont[i] = kvr_argmax(lg, V);
-        lg = kvr_dist_eval(d, &cont[i], 1);
+        lg = kvr_session_eval(d, &cont[i], 1);
         if (!lg) { CHECK(false, "decode step %d: %s", i + 1, kvr_last_error()); break; }
         n_ok++;
     }
@@ -491,7 +491,7 @@ static void run_dist(const struct kvr_model * m, const struct ref * r, const int
             check_cache(d, r, at + n_dec, cover_of(p->strategy, N, false));
         }
     }
-    kvr_dist_free(d);
+    kvr_session_free(d);
 }
 
 static void make_prompt(int32_t * out, int n, int n_vocab, uint64_t seed) {
@@ -600,7 +600,7 @@ static void test_matrix(const struct tmodel * models, int n_models) {
                         int counts[MAX_RANKS];
                         double fr[MAX_RANKS];
                         make_partition(part, T, N, counts, fr);
-                        struct kvr_dist_params p = dist_params(s, N);
+                        struct kvr_session_params p = dist_params(s, N);
                         if (part == 1 || part == 2) p.partition = counts;
                         if (part == 3) p.fractions = fr;
                         set_case("matrix %s T=%d %s N=%d%s%s", tm->name, T, kvr_strategy_name(s), N,
@@ -651,7 +651,7 @@ static void test_partial(const struct tmodel * models, int n_models) {
                 for (int si = 0; si < 5; si++) {
                     if (quick && si >= 3) continue;
                     const int N = ranks[ni];
-                    struct kvr_dist_params p = dist_params(strats[si], N);
+                    struct kvr_session_params p = dist_params(strats[si], N);
                     set_case("partial %s P=%d T=%d %s N=%d", tm->name, P, T, kvr_strategy_name(strats[si]), N);
                     const double t0 = kvr_time_ms();
                     const int f0 = n_fail;
@@ -693,7 +693,7 @@ static void test_variants(const struct tmodel * models, int n_models) {
             for (int v = 0; v < 4; v++) {
                 for (int si = 0; si < 5; si++) {
                     const int N = 3 + (si + v) % 2; // 3 and 4 ranks, alternating
-                    struct kvr_dist_params p = dist_params(strats[si], N);
+                    struct kvr_session_params p = dist_params(strats[si], N);
                     if (v == 0) p.attn_mode = KVR_ATTN_DENSE;
                     if (v == 1) { p.link_gbps = 2.0; p.link_latency_us = 50.0; }
                     if (v == 2) p.n_threads = 2;
@@ -739,19 +739,19 @@ static void test_counters(const struct tmodel * tm) {
             double fr[MAX_RANKS];
             make_partition(k == 2 ? 1 : 0, C, p, counts, fr);
             if (k != 2) for (int r = 0; r < p; r++) counts[r] = C / p;
-            struct kvr_dist_params dp = dist_params(ks[k], p);
+            struct kvr_session_params dp = dist_params(ks[k], p);
             dp.attn_mode = KVR_ATTN_DENSE;
             if (k == 2) dp.partition = counts;
             set_case("counters %s C=%d p=%d %s", tm->name, C, p, k == 2 ? "kvr uneven" : kvr_strategy_name(ks[k]));
-            struct kvr_dist * d = kvr_dist_new(m, &dp);
-            CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+            struct kvr_session * d = kvr_session_new(m, &dp);
+            CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
             if (!d) continue;
-            const float * lg = kvr_dist_eval(d, toks, C);
+            const float * lg = kvr_session_eval(d, toks, C);
             CHECK(lg != NULL, "eval: %s", kvr_last_error());
             runs++;
-            if (!lg) { kvr_dist_free(d); continue; }
+            if (!lg) { kvr_session_free(d); continue; }
             struct kvr_rank_stats st[MAX_RANKS];
-            const int n = kvr_dist_stats(d, st, MAX_RANKS);
+            const int n = kvr_session_stats(d, st, MAX_RANKS);
             CHECK(n == p, "stats of %d ranks, want %d", n, p);
             int64_t sent = 0, recv = 0, bsent = 0, brecv = 0;
             int s = 0;
@@ -793,7 +793,7 @@ static void test_counters(const struct tmodel * tm) {
                 CHECK(bsent == sent * kv_dim * (int64_t)sizeof(float) * n_layer, "%lld bytes sent for %lld rows of %d floats x %d layers",
                       (long long)bsent, (long long)sent, kv_dim, n_layer);
             }
-            kvr_dist_free(d);
+            kvr_session_free(d);
         }
     }
     group_end("counters", "%d runs (tsp, kvr even and uneven, ring-kv, ring-q; dense attention)", runs);
@@ -843,7 +843,7 @@ static void test_archs(const struct tmodel * models, int n_models) {
                         int counts[MAX_RANKS];
                         double fr[MAX_RANKS];
                         make_partition(part, turns[0], N, counts, fr);
-                        struct kvr_dist_params p = dist_params(st, N);
+                        struct kvr_session_params p = dist_params(st, N);
                         if (part == 1 || part == 2) p.partition = counts;
                         if (part == 3) p.fractions = fr;
                         set_case("archs %s %s %s N=%d%s%s", tm->name, shape ? "40+24" : "64", kvr_strategy_name(st), N,
@@ -894,11 +894,11 @@ static void test_window(const struct tmodel * tm) {
             const enum kvr_attn_mode mode = N == 3 ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
             const enum kvr_strategy st = k ? KVR_STRATEGY_RING_KV : KVR_STRATEGY_KVR;
             set_case("window %s T=%d %s N=%d%s", tm->name, T, kvr_strategy_name(st), N, mode == KVR_ATTN_DENSE ? " dense" : "");
-            struct kvr_dist * d = kvr_dist_new(m, &(struct kvr_dist_params){ .strategy = st, .n_ranks = N, .n_threads = 1,
+            struct kvr_session * d = kvr_session_new(m, &(struct kvr_session_params){ .strategy = st, .n_ranks = N, .n_threads = 1,
                                                                            .n_ctx = N_CTX, .timeout_s = 30.0, .attn_mode = mode });
-            CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+            CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
             if (!d) continue;
-            const float * lg = kvr_dist_eval(d, toks, T);
+            const float * lg = kvr_session_eval(d, toks, T);
             CHECK(lg != NULL, "eval: %s", kvr_last_error());
             if (lg) { // gemma3's tolerance: see test_archs
                 int at;
@@ -906,7 +906,7 @@ static void test_window(const struct tmodel * tm) {
                 CHECK(dd <= 5e-3, "logits differ from the single rank's by %.3g (token %d)", dd, at);
             }
             struct kvr_rank_stats sts[MAX_RANKS];
-            const int n = lg ? kvr_dist_stats(d, sts, MAX_RANKS) : 0;
+            const int n = lg ? kvr_session_stats(d, sts, MAX_RANKS) : 0;
             CHECK(!lg || n == N, "stats of %d ranks, want %d", n, N);
             runs++;
             int64_t sent = 0, recv = 0, full = 0;
@@ -962,7 +962,7 @@ static void test_window(const struct tmodel * tm) {
                       "whole blocks would be %lld", (long long)sent, least, (long long)full);
                 ring_ratio = (double)sent / (double)full;
             }
-            kvr_dist_free(d);
+            kvr_session_free(d);
         }
     }
     ref_free(&r);
@@ -991,16 +991,16 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
     for (int ci = 0; ci < n_cases; ci++) {
         // quick: one case per strategy
         const int c = quick ? 2 * ci : ci;
-        struct kvr_dist_params p = dist_params(cases[c].s, cases[c].N);
+        struct kvr_session_params p = dist_params(cases[c].s, cases[c].N);
         p.timeout_s = timeout;
         const struct kvr_test_hooks stall = { .stall = true, .stall_rank = cases[c].rank, .stall_layer = cases[c].layer };
         p.test = &stall;
         set_case("stall %s %s N=%d rank %d layer %d", tm->name, kvr_strategy_name(cases[c].s), cases[c].N, cases[c].rank, cases[c].layer);
-        struct kvr_dist * d = kvr_dist_new(tm->m, &p);
-        CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+        struct kvr_session * d = kvr_session_new(tm->m, &p);
+        CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
         if (!d) continue;
         const double t0 = kvr_time_ms();
-        const float * lg = kvr_dist_eval(d, prompt, 64);
+        const float * lg = kvr_session_eval(d, prompt, 64);
         const double ms = kvr_time_ms() - t0;
         char msg[1024];
         snprintf(msg, sizeof(msg), "%s", kvr_last_error());
@@ -1020,15 +1020,15 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
         snprintf(take, sizeof(take), "for %s to take", want_rank);
         CHECK(strstr(msg, from) || strstr(msg, take), "the error should name the stalled %s as the peer; it is: \"%s\"", want_rank, msg);
         if (verbose) printf("  %s: %.0f ms: %s\n", g_case, ms, msg);
-        kvr_dist_free(d);
+        kvr_session_free(d);
 
         // a new dist has nothing left of the failed one
         p.test = NULL;
         p.timeout_s = 30.0;
-        d = kvr_dist_new(tm->m, &p);
-        CHECK(d != NULL, "kvr_dist_new after the stall: %s", kvr_last_error());
+        d = kvr_session_new(tm->m, &p);
+        CHECK(d != NULL, "kvr_session_new after the stall: %s", kvr_last_error());
         if (!d) continue;
-        lg = kvr_dist_eval(d, prompt, 64);
+        lg = kvr_session_eval(d, prompt, 64);
         CHECK(lg != NULL, "eval of a new dist after the stall: %s", kvr_last_error());
         if (lg) {
             int at;
@@ -1036,7 +1036,7 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
             CHECK(dd <= TOL_LOGITS, "logits of a new dist after the stall differ by %.3g", dd);
             check_cache(d, r64, 64, cover_of(cases[c].s, cases[c].N, true));
         }
-        kvr_dist_free(d);
+        kvr_session_free(d);
     }
     group_end("stall", "%d cases (timeout %.1f s, bound %.1f s)", n_cases, timeout, 3 * timeout);
 }
@@ -1401,26 +1401,26 @@ static void test_trace(const struct tmodel * tm, const int32_t * prompt) {
     };
     const int n_cases = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int ci = 0; ci < n_cases; ci++) {
-        struct kvr_dist_params p = dist_params(cases[ci].s, cases[ci].N);
+        struct kvr_session_params p = dist_params(cases[ci].s, cases[ci].N);
         p.trace = true;
         set_case("trace %s %s N=%d", tm->name, kvr_strategy_name(cases[ci].s), cases[ci].N);
-        struct kvr_dist * d = kvr_dist_new(tm->m, &p);
-        CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+        struct kvr_session * d = kvr_session_new(tm->m, &p);
+        CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
         if (!d) continue;
-        const float * lg = kvr_dist_eval(d, prompt, 64);
+        const float * lg = kvr_session_eval(d, prompt, 64);
         CHECK(lg != NULL, "eval: %s", kvr_last_error());
         if (lg) { // and a decode step, so the trace spans two evals
             const int32_t tok = kvr_argmax(lg, (int)tm->m->hp.n_vocab);
-            lg = kvr_dist_eval(d, &tok, 1);
+            lg = kvr_session_eval(d, &tok, 1);
             CHECK(lg != NULL, "decode: %s", kvr_last_error());
         }
         char path[600];
         snprintf(path, sizeof(path), "%s/trace-%s-%d.json", tmp_dir, kvr_strategy_name(cases[ci].s), cases[ci].N);
-        const int rc = kvr_dist_write_trace(d, path);
-        CHECK(rc == KVR_OK, "kvr_dist_write_trace: %s", kvr_last_error());
+        const int rc = kvr_session_write_trace(d, path);
+        CHECK(rc == KVR_OK, "kvr_session_write_trace: %s", kvr_last_error());
         if (rc == KVR_OK) check_trace(path, cases[ci].N);
         remove(path);
-        kvr_dist_free(d);
+        kvr_session_free(d);
     }
     group_end("trace", "%d traces and the JSON parser", n_cases);
 }
@@ -1501,13 +1501,13 @@ int main(int argc, char ** argv) {
     }
     if (quick) printf("quick: a reduced matrix%s\n", SANITIZED ? " (sanitizer build; --full for all of it)" : "");
     if (mpi && models[1].m) {
-        struct kvr_dist_params p = dist_params(KVR_STRATEGY_KVR, 0);
-        struct kvr_dist * d = kvr_dist_new(models[1].m, &p);
+        struct kvr_session_params p = dist_params(KVR_STRATEGY_KVR, 0);
+        struct kvr_session * d = kvr_session_new(models[1].m, &p);
         CHECK(d != NULL, "an MPI dist: %s", kvr_last_error());
         if (!d) return 1;
-        mpi_size = kvr_dist_n_ranks(d);
-        printf("mpi: rank %d of %d\n", kvr_dist_rank(d), mpi_size);
-        kvr_dist_free(d);
+        mpi_size = kvr_session_n_ranks(d);
+        printf("mpi: rank %d of %d\n", kvr_session_rank(d), mpi_size);
+        kvr_session_free(d);
     }
     fflush(stdout);
 

@@ -1,5 +1,5 @@
-// tests/test-resume.c - replication logs and restarts (kvr.h "Replication logs", kvr_dist_params
-// .replicate_dir, kvr_dist_resume), on stories260K from the shared directory:
+// tests/test-resume.c - replication logs and restarts (kvr.h "Replication logs", kvr_session_params
+// .replicate_dir, kvr_session_resume), on stories260K from the shared directory:
 //
 //   format    a log written record by record reads back as written; cut at every byte of its last
 //             step, a flipped bit in each kind of record, a step that ran again: the acknowledged
@@ -227,34 +227,34 @@ static void test_format(const struct kvr_model * m, const char * other_path) {
 // runs: a clean one, one killed, resumed
 //
 
-static struct kvr_dist * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks, const char * dir, FILE * log) {
-    struct kvr_dist_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 64, .timeout_s = 30,
+static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks, const char * dir, FILE * log) {
+    struct kvr_session_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 64, .timeout_s = 30,
                                  .replicate_dir = dir, .log = log };
-    struct kvr_dist * d = kvr_dist_new(m, &p);
-    if (!d) { fprintf(stderr, "kvr_dist_new: %s\n", kvr_last_error()); exit(2); }
+    struct kvr_session * d = kvr_session_new(m, &p);
+    if (!d) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
     return d;
 }
 
 // greedy from the dist's logits until it holds n_total generated tokens; every step's logits out
-static bool greedy_to(struct kvr_dist * d, int n_total, int32_t * ids, float * logits, int n_vocab) {
-    for (int i = kvr_dist_n_past(d) - N_PROMPT; i < n_total; i++) {
-        const float * l = kvr_dist_logits(d);
+static bool greedy_to(struct kvr_session * d, int n_total, int32_t * ids, float * logits, int n_vocab) {
+    for (int i = kvr_session_n_past(d) - N_PROMPT; i < n_total; i++) {
+        const float * l = kvr_session_logits(d);
         if (!l) return false;
         if (logits) memcpy(logits + (size_t)i * n_vocab, l, sizeof(float) * (size_t)n_vocab);
         ids[i] = kvr_argmax(l, n_vocab);
-        if (i + 1 < n_total && !kvr_dist_eval(d, &ids[i], 1)) return false;
+        if (i + 1 < n_total && !kvr_session_eval(d, &ids[i], 1)) return false;
     }
     return true;
 }
 
 // the clean run: N_GEN greedy ids and the logits they came from
 static void clean_run(const struct kvr_model * m, enum kvr_strategy st, int nr, int32_t * ids, float * logits) {
-    struct kvr_dist * d = new_dist(m, st, nr, NULL, NULL);
-    if (!kvr_dist_eval(d, prompt, N_PROMPT) || !greedy_to(d, N_GEN, ids, logits, (int)m->hp.n_vocab)) {
+    struct kvr_session * d = new_dist(m, st, nr, NULL, NULL);
+    if (!kvr_session_eval(d, prompt, N_PROMPT) || !greedy_to(d, N_GEN, ids, logits, (int)m->hp.n_vocab)) {
         fprintf(stderr, "the clean run failed: %s\n", kvr_last_error());
         exit(2);
     }
-    kvr_dist_free(d);
+    kvr_session_free(d);
 }
 
 // A child process runs the prompt and k decode steps with the logs in dir, then dies (SIGKILL,
@@ -266,15 +266,15 @@ static bool child_run(const struct kvr_model * m, enum kvr_strategy st, int nr, 
     const pid_t pid = fork();
     if (pid < 0) { perror("fork"); exit(2); }
     if (pid == 0) {
-        struct kvr_dist * d = new_dist(m, st, nr, dir, NULL);
+        struct kvr_session * d = new_dist(m, st, nr, dir, NULL);
         struct kvr_resume_info ri;
-        if (resume_dir && kvr_dist_resume(d, resume_dir, prompt, N_PROMPT, &ri) != KVR_OK) _exit(3);
-        if (kvr_dist_n_past(d) == 0 && !kvr_dist_eval(d, prompt, N_PROMPT)) _exit(4);
+        if (resume_dir && kvr_session_resume(d, resume_dir, prompt, N_PROMPT, &ri) != KVR_OK) _exit(3);
+        if (kvr_session_n_past(d) == 0 && !kvr_session_eval(d, prompt, N_PROMPT)) _exit(4);
         int32_t ids[N_GEN + 1];
         if (!greedy_to(d, k + 1, ids, NULL, (int)m->hp.n_vocab)) _exit(5);
         // k decode steps are done (their evals returned): the point the process dies
         if (kill) raise(SIGKILL);
-        kvr_dist_free(d);
+        kvr_session_free(d);
         _exit(0);
     }
     int status = 0;
@@ -289,9 +289,9 @@ static void resume_and_check(const struct kvr_model * m, enum kvr_strategy st, i
     char * notes = NULL;
     size_t notes_len = 0;
     FILE * log = open_memstream(&notes, &notes_len);
-    struct kvr_dist * d = new_dist(m, st, nr, NULL, log);
+    struct kvr_session * d = new_dist(m, st, nr, NULL, log);
     struct kvr_resume_info ri;
-    const int rc = kvr_dist_resume(d, dir, prompt, N_PROMPT, &ri);
+    const int rc = kvr_session_resume(d, dir, prompt, N_PROMPT, &ri);
     fclose(log);
     CHECK(rc == KVR_OK, "resume: %s", kvr_last_error());
     if (want_step >= 0) CHECK(ri.step == want_step, "resumed at step %d, %d expected", ri.step, want_step);
@@ -299,15 +299,15 @@ static void resume_and_check(const struct kvr_model * m, enum kvr_strategy st, i
     if (verbose && notes) printf("%s", notes);
     free(notes);
     if (rc != KVR_OK) {
-        kvr_dist_free(d);
+        kvr_session_free(d);
         return;
     }
     // what was restored is the clean run's: the prompt and the ids up to the step
-    const int n = kvr_dist_n_past(d);
+    const int n = kvr_session_n_past(d);
     CHECK(ri.step < 0 ? n == 0 : n == ri.n_tokens && n >= N_PROMPT && n <= N_PROMPT + N_GEN, "%d tokens restored at step %d", n, ri.step);
-    CHECK(n == 0 || (!memcmp(kvr_dist_tokens(d), prompt, sizeof(prompt)) &&
-                     !memcmp(kvr_dist_tokens(d) + N_PROMPT, ref, sizeof(int32_t) * (size_t)(n - N_PROMPT))), "restored tokens differ");
-    if (n == 0) CHECK(kvr_dist_eval(d, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+    CHECK(n == 0 || (!memcmp(kvr_session_tokens(d), prompt, sizeof(prompt)) &&
+                     !memcmp(kvr_session_tokens(d) + N_PROMPT, ref, sizeof(int32_t) * (size_t)(n - N_PROMPT))), "restored tokens differ");
+    if (n == 0) CHECK(kvr_session_eval(d, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
     int32_t ids[N_GEN];
     float * lg = calloc((size_t)n_vocab * N_GEN, sizeof(float));
     CHECK(greedy_to(d, N_GEN, ids, lg, n_vocab), "continue: %s", kvr_last_error());
@@ -318,7 +318,7 @@ static void resume_and_check(const struct kvr_model * m, enum kvr_strategy st, i
               "the continuation's logits differ from the clean run's (not bit-identical)");
     }
     free(lg);
-    kvr_dist_free(d);
+    kvr_session_free(d);
 }
 
 static void test_killed(const struct kvr_model * m) {
@@ -367,7 +367,7 @@ static void test_damage(const struct kvr_model * m) {
     set_case("damage: a bad CRC in rank 2's step 3 rows");
     CHECK(child_run(m, KVR_STRATEGY_RING_KV, 3, dir, 8, false, NULL), "the child failed");
     char p2[700], saved[700];
-    kvr_dist_log_path(dir, 2, p2, sizeof(p2));
+    kvr_session_log_path(dir, 2, p2, sizeof(p2));
     snprintf(saved, sizeof(saved), "%s", tmp_path("damage-rank2.kvlog"));
     size_t n;
     uint8_t * g = read_all(p2, &n);
@@ -388,7 +388,7 @@ static void test_damage(const struct kvr_model * m) {
         write_all(p2, s, n2);
         free(s);
         char p0[700];
-        kvr_dist_log_path(dir, 0, p0, sizeof(p0));
+        kvr_session_log_path(dir, 0, p0, sizeof(p0));
         uint8_t * g0 = read_all(p0, &n2);
         const int64_t at4 = step_start(m, p0, 4);
         CHECK(at4 > 0, "step 4 of rank 0");
@@ -429,26 +429,26 @@ static void test_refused(const struct kvr_model * m, const char * other_path) {
     struct kvr_resume_info ri;
     set_case("refused: another prompt");
     {
-        struct kvr_dist * d = new_dist(m, KVR_STRATEGY_KVR, 2, NULL, NULL);
+        struct kvr_session * d = new_dist(m, KVR_STRATEGY_KVR, 2, NULL, NULL);
         int32_t other[N_PROMPT];
         memcpy(other, prompt, sizeof(other));
         other[5] = 100;
-        CHECK(kvr_dist_resume(d, dir, other, N_PROMPT, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "rank-0.kvlog: offset 116") &&
-              strstr(kvr_last_error(), "another prompt") && kvr_dist_n_past(d) == 0, "%s", kvr_last_error());
-        CHECK(kvr_dist_resume(d, dir, prompt, N_PROMPT - 1, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "offset 76") &&
-              strstr(kvr_last_error(), "prompt tokens 16") && kvr_dist_n_past(d) == 0, "%s", kvr_last_error());
+        CHECK(kvr_session_resume(d, dir, other, N_PROMPT, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "rank-0.kvlog: offset 116") &&
+              strstr(kvr_last_error(), "another prompt") && kvr_session_n_past(d) == 0, "%s", kvr_last_error());
+        CHECK(kvr_session_resume(d, dir, prompt, N_PROMPT - 1, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "offset 76") &&
+              strstr(kvr_last_error(), "prompt tokens 16") && kvr_session_n_past(d) == 0, "%s", kvr_last_error());
         // without a prompt: the logs'
-        CHECK(kvr_dist_resume(d, dir, NULL, 0, &ri) == KVR_OK && ri.n_prompt == N_PROMPT && !memcmp(ri.prompt, prompt, sizeof(prompt)) &&
-              ri.step == 3 && kvr_dist_n_past(d) == N_PROMPT + 3, "no prompt: %s", kvr_last_error());
-        kvr_dist_free(d);
+        CHECK(kvr_session_resume(d, dir, NULL, 0, &ri) == KVR_OK && ri.n_prompt == N_PROMPT && !memcmp(ri.prompt, prompt, sizeof(prompt)) &&
+              ri.step == 3 && kvr_session_n_past(d) == N_PROMPT + 3, "no prompt: %s", kvr_last_error());
+        kvr_session_free(d);
     }
     set_case("refused: another model");
     if (other_path) {
         struct kvr_model * o = kvr_model_load(other_path, NULL);
-        struct kvr_dist * d = o ? new_dist(o, KVR_STRATEGY_KVR, 2, NULL, NULL) : NULL;
-        CHECK(d && kvr_dist_resume(d, dir, NULL, 0, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "rank-0.kvlog: offset") &&
+        struct kvr_session * d = o ? new_dist(o, KVR_STRATEGY_KVR, 2, NULL, NULL) : NULL;
+        CHECK(d && kvr_session_resume(d, dir, NULL, 0, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "rank-0.kvlog: offset") &&
               strstr(kvr_last_error(), "the log is of another model"), "%s", kvr_last_error());
-        kvr_dist_free(d);
+        kvr_session_free(d);
         kvr_model_free(o);
     } else {
         skip("refused: another model (no tiny-llama-Q8_0.gguf in the shared references)");
@@ -458,23 +458,23 @@ static void test_refused(const struct kvr_model * m, const char * other_path) {
         const char * dir3 = tmp_path("refused3");
         CHECK(child_run(m, KVR_STRATEGY_KVR, 3, dir3, 3, false, NULL), "the child failed");
         char a[700], b[700];
-        kvr_dist_log_path(dir, 1, a, sizeof(a));
-        kvr_dist_log_path(dir3, 1, b, sizeof(b));
+        kvr_session_log_path(dir, 1, a, sizeof(a));
+        kvr_session_log_path(dir3, 1, b, sizeof(b));
         size_t n;
         uint8_t * g = read_all(b, &n);
         write_all(a, g, n); // rank 1 of 3 ranks among the logs of 2
         free(g);
-        struct kvr_dist * d = new_dist(m, KVR_STRATEGY_KVR, 2, NULL, NULL);
-        CHECK(kvr_dist_resume(d, dir, prompt, N_PROMPT, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "rank-1.kvlog: offset 68: ranks 3") &&
-              kvr_dist_n_past(d) == 0, "%s", kvr_last_error());
-        CHECK(kvr_dist_resume(d, tmp_path("nothing-here"), prompt, N_PROMPT, &ri) == KVR_ERR_IO && strstr(kvr_last_error(), "no replication logs"),
+        struct kvr_session * d = new_dist(m, KVR_STRATEGY_KVR, 2, NULL, NULL);
+        CHECK(kvr_session_resume(d, dir, prompt, N_PROMPT, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "rank-1.kvlog: offset 68: ranks 3") &&
+              kvr_session_n_past(d) == 0, "%s", kvr_last_error());
+        CHECK(kvr_session_resume(d, tmp_path("nothing-here"), prompt, N_PROMPT, &ri) == KVR_ERR_IO && strstr(kvr_last_error(), "no replication logs"),
               "%s", kvr_last_error());
         // the same directory for the new logs with other ranks: refused before anything changes
-        struct kvr_dist * e = new_dist(m, KVR_STRATEGY_KVR, 2, dir3, NULL);
-        CHECK(kvr_dist_resume(e, dir3, prompt, N_PROMPT, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "another directory") &&
-              kvr_dist_n_past(e) == 0, "%s", kvr_last_error());
-        kvr_dist_free(e);
-        kvr_dist_free(d);
+        struct kvr_session * e = new_dist(m, KVR_STRATEGY_KVR, 2, dir3, NULL);
+        CHECK(kvr_session_resume(e, dir3, prompt, N_PROMPT, &ri) == KVR_ERR_ARG && strstr(kvr_last_error(), "another directory") &&
+              kvr_session_n_past(e) == 0, "%s", kvr_last_error());
+        kvr_session_free(e);
+        kvr_session_free(d);
     }
 }
 

@@ -302,13 +302,13 @@ static bool swap_sends(struct kvr_schedule * s) {
 // the cases
 //
 
-static void check_eval(struct kvr_dist * d, enum kvr_strategy strat, bool decode, const char * what) {
-    const int N = kvr_dist_n_ranks(d);
+static void check_eval(struct kvr_session * d, enum kvr_strategy strat, bool decode, const char * what) {
+    const int N = kvr_session_n_ranks(d);
     struct kvr_schedule s[KVR_TUNE_MAX_RANKS];
     int n_xfers = 0;
     if (strat == KVR_STRATEGY_SINGLE) { // the last rank computes alone; the others ran nothing
         for (int r = 0; r < N; r++) {
-            const struct kvr_schedule * sr = kvr_dist_schedule(d, r);
+            const struct kvr_schedule * sr = kvr_session_schedule(d, r);
             CHECK((sr != NULL) == (r == N - 1), "%s: rank %d %s a schedule", what, r, sr ? "has" : "has no");
             if (sr) n_xfers += sr->n;
         }
@@ -316,7 +316,7 @@ static void check_eval(struct kvr_dist * d, enum kvr_strategy strat, bool decode
         return;
     }
     for (int r = 0; r < N; r++) {
-        const struct kvr_schedule * sr = kvr_dist_schedule(d, r);
+        const struct kvr_schedule * sr = kvr_session_schedule(d, r);
         CHECK(sr != NULL && sr->rank == r && sr->n_ranks == N, "%s: rank %d has no schedule", what, r);
         if (!sr) return;
         s[r] = *sr;
@@ -420,25 +420,25 @@ int main(int argc, char ** argv) {
                 for (int r = 0; r < N; r++) sum += part[r];
                 part[N - 1] += T0 - sum;
             }
-            struct kvr_dist_params dp = { .strategy = strat, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = 128,
+            struct kvr_session_params dp = { .strategy = strat, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = 128,
                                           .timeout_s = 30.0, .partition = uneven ? part : NULL };
             snprintf(g_case, sizeof(g_case), "%s%s, %d ranks", kvr_strategy_name(strat), uneven ? " (uneven)" : "", N);
-            struct kvr_dist * d = kvr_dist_new(model, &dp);
-            CHECK(d != NULL, "kvr_dist_new: %s", kvr_last_error());
+            struct kvr_session * d = kvr_session_new(model, &dp);
+            CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
             if (!d) continue;
             const char * what[3] = { "prefill", "second turn", "decode" };
             const int n[3] = { T0, T1, 1 };
             int at = 0;
             for (int e = 0; e < 3 + N_DEC - 1; e++) {
                 const int k = e < 3 ? e : 2;
-                const float * lg = kvr_dist_eval(d, toks + at, n[k]);
+                const float * lg = kvr_session_eval(d, toks + at, n[k]);
                 CHECK(lg != NULL, "%s: %s", what[k], kvr_last_error());
                 if (!lg) break;
                 at += n[k];
-                const enum kvr_strategy ran = kvr_dist_last_strategy(d);
+                const enum kvr_strategy ran = kvr_session_last_strategy(d);
                 check_eval(d, ran, k == 2 && ran == KVR_STRATEGY_RING_Q, what[k]); // a ring's decode: all-gathers
             }
-            kvr_dist_free(d);
+            kvr_session_free(d);
         }
     }
     kvr_model_free(model);

@@ -2,7 +2,7 @@
 // of synthetic objectives within one minimum stride, partition tables round-trip and interpolate
 // as the paper's example does (8k and 12k breakdowns -> 10k gives their average), profiles and
 // presets load and reject bad input with a message, the simulator keeps the papers' invariants,
-// and its per-rank counters equal those of a real kvr_dist prefill of the same plan
+// and its per-rank counters equal those of a real kvr_session prefill of the same plan
 // (stories260K from SHARED_DIR/models; skipped, never passed, when the file is missing).
 //
 // usage: test-tune [SHARED_DIR]      (default ../shared)
@@ -443,21 +443,21 @@ static void test_counters(const char * shared, const char * rel, const char * wa
             // the run gets token counts, or (2 and 4 ranks) the fractions themselves, so that its
             // rounding of fractions is checked against kvr_tune_counts_from_fractions
             const bool by_frac = cases[i].frac && N != 3;
-            struct kvr_dist_params dp = { .strategy = cases[i].s, .n_ranks = N, .n_threads = 1, .n_ctx = T,
+            struct kvr_session_params dp = { .strategy = cases[i].s, .n_ranks = N, .n_threads = 1, .n_ctx = T,
                                           .partition = cases[i].frac && !by_frac ? counts : NULL,
                                           .fractions = by_frac ? cases[i].frac : NULL, .attn_mode = am, .timeout_s = 30 };
             char what[128];
             snprintf(what, sizeof(what), "%s: %s %d ranks %s%s", want_name, kvr_strategy_name(cases[i].s), N, am == KVR_ATTN_DENSE ? "dense" : "causal",
                      cases[i].frac ? " uneven" : "");
-            struct kvr_dist * d = kvr_dist_new(model, &dp);
-            const float * logits = d ? kvr_dist_eval(d, tokens, T) : NULL;
+            struct kvr_session * d = kvr_session_new(model, &dp);
+            const float * logits = d ? kvr_session_eval(d, tokens, T) : NULL;
             if (!logits) {
                 CHECK(false, "counters %s: the real run failed: %s", what, kvr_last_error());
-                kvr_dist_free(d);
+                kvr_session_free(d);
                 continue;
             }
             struct kvr_rank_stats st[KVR_TUNE_MAX_RANKS];
-            const int n = kvr_dist_stats(d, st, KVR_TUNE_MAX_RANKS);
+            const int n = kvr_session_stats(d, st, KVR_TUNE_MAX_RANKS);
             static struct kvr_tune_sim sim;
             const struct kvr_tune_plan pl = { .strategy = cases[i].s, .n_ranks = N, .n_tokens = T,
                                               .counts = cases[i].frac ? counts : NULL, .attn_mode = am };
@@ -488,7 +488,7 @@ static void test_counters(const char * shared, const char * rel, const char * wa
                 }
             }
             CHECK(bok, "counters %s: bytes sent/received equal the run's%s", what, bok ? "" : diff);
-            kvr_dist_free(d);
+            kvr_session_free(d);
         }
     }
     free(tokens);

@@ -836,19 +836,19 @@ int main(int argc, char ** argv) {
                 struct step_split * sp = calloc((size_t)a.reps, sizeof(struct step_split));
                 // one dist per point, as llama-bench keeps one context: warm-up prefills, then
                 // the timed ones, the cache forgotten in between
-                struct kvr_dist_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = p->threads,
+                struct kvr_session_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = p->threads,
                                               .n_ctx = T + a.decode + 16, .attn_mode = attn, .link_gbps = p->link,
                                               .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
                                               .timeout_s = 3600, .q8_activations = a.q8_act, .replicate = a.replicate };
-                struct kvr_dist * d = kvr_dist_new(m, &dp);
+                struct kvr_session * d = kvr_session_new(m, &dp);
                 if (!d) {
                     p->ok = false;
                     snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
                 }
                 for (int w = 0; w < a.warmup && p->ok; w++) {
-                    kvr_dist_reset(d);
-                    if (!kvr_dist_eval(d, ids, T)) {
+                    kvr_session_reset(d);
+                    if (!kvr_session_eval(d, ids, T)) {
                         p->ok = false;
                         snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
                     }
@@ -865,9 +865,9 @@ int main(int argc, char ** argv) {
                         fpinned = fpinned && pin;
                     }
                     if (r == a.reps) break;
-                    kvr_dist_reset(d);
+                    kvr_session_reset(d);
                     const double t0 = kvr_time_ms();
-                    const float * logits = kvr_dist_eval(d, ids, T);
+                    const float * logits = kvr_session_eval(d, ids, T);
                     t[r] = kvr_time_ms() - t0;
                     if (!logits) {
                         p->ok = false;
@@ -883,9 +883,9 @@ int main(int argc, char ** argv) {
                         const double d0 = kvr_time_ms();
                         for (int k = 0; k < a.decode && logits; k++) {
                             const int32_t id = kvr_argmax(logits, (int)m->hp.n_vocab);
-                            logits = kvr_dist_eval(d, &id, 1);
+                            logits = kvr_session_eval(d, &id, 1);
                             struct kvr_rank_stats st[16];
-                            const int ns = logits ? kvr_dist_stats(d, st, 16) : 0;
+                            const int ns = logits ? kvr_session_stats(d, st, 16) : 0;
                             int w = 0;
                             for (int q = 1; q < ns; q++) if (st[q].ttft_ms > st[w].ttft_ms) w = q;
                             if (ns > 0) {
@@ -908,7 +908,7 @@ int main(int argc, char ** argv) {
                         fprintf(stderr, "kvr-bench:   then tg %d: %.1f ms, %.2f tok/s\n", a.decode, ms, dt[r]);
                     }
                 }
-                kvr_dist_free(d);
+                kvr_session_free(d);
                 if (fg) {
                     p->floor = stream_summary(fg, fn, fpinned);
                     const double bytes = decode_bytes(m, p->ctx + a.decode / 2.0);

@@ -178,17 +178,17 @@ static int run_once(const struct cmp_args * a, const struct kvr_model * model, s
     struct kvr_capture cap = {
         .names = r->cap.names, .n_names = r->cap.n_names, .got = capture_got, .user = &r->cap,
     };
-    struct kvr_dist_params dp = {
+    struct kvr_session_params dp = {
         .strategy = r->strategy, .comm = KVR_COMM_LOCAL, .n_ranks = r->n_ranks, .n_threads = a->n_threads,
         .n_ctx = n_ctx, .attn_mode = (enum kvr_attn_mode)a->attn_mode, .backend = r->backend, .device = r->device,
         .capture = &cap,
     };
-    struct kvr_dist * d = kvr_dist_new(model, &dp);
+    struct kvr_session * d = kvr_session_new(model, &dp);
     if (!d) {
         fprintf(stderr, "kvr-compare: %s: %s\n", r->label, kvr_last_error());
         return 2;
     }
-    const float * lg = kvr_dist_eval(d, ids, n_prompt);
+    const float * lg = kvr_session_eval(d, ids, n_prompt);
     int rc = KVR_OK;
     if (!lg) {
         fprintf(stderr, "kvr-compare: %s: the prefill failed: %s\n", r->label, kvr_last_error());
@@ -198,7 +198,7 @@ static int run_once(const struct cmp_args * a, const struct kvr_model * model, s
         r->cap.on = false;
         for (int s = 0; s < n_steps && rc == KVR_OK; s++) {
             if (make_feed) feed[s] = kvr_argmax(r->logits + (size_t)s * (size_t)n_vocab, n_vocab);
-            lg = kvr_dist_eval(d, &feed[s], 1);
+            lg = kvr_session_eval(d, &feed[s], 1);
             if (!lg) {
                 fprintf(stderr, "kvr-compare: %s: step %d failed: %s\n", r->label, s + 1, kvr_last_error());
                 rc = 1;
@@ -207,7 +207,7 @@ static int run_once(const struct cmp_args * a, const struct kvr_model * model, s
             memcpy(r->logits + (size_t)(s + 1) * (size_t)n_vocab, lg, sizeof(float) * (size_t)n_vocab);
         }
     }
-    kvr_dist_free(d);
+    kvr_session_free(d);
     return rc;
 }
 

@@ -284,7 +284,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     }
     if (a->prompt && kvr_cli_check_text("kvr-run", "-p", a->prompt, strlen(a->prompt))) return 2;
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
-    // under MPI the rank count is the communicator's: kvr_dist_new checks the decode rank there
+    // under MPI the rank count is the communicator's: kvr_session_new checks the decode rank there
     if (a->pd && a->comm == KVR_COMM_LOCAL && a->decode_rank != a->n_ranks - 1) {
         return kvr_cli_fail(&cli, "--decode-rank %d: the decode rank is the last of the %d ranks", a->decode_rank, a->n_ranks);
     }
@@ -346,15 +346,15 @@ static void print_piece(const struct kvr_vocab * v, int32_t id, bool * first) {
     fwrite(s, 1, (size_t)n, stdout);
 }
 
-static void print_stats(const struct kvr_dist * d) {
+static void print_stats(const struct kvr_session * d) {
     struct kvr_rank_stats st[256];
-    const int n = kvr_dist_stats(d, st, 256);
+    const int n = kvr_session_stats(d, st, 256);
     for (int i = 0; i < n; i++) {
         fprintf(stderr, "{\"rank\":%d,\"strategy\":\"%s\",\"tokens\":%d,\"attn_dot_dense\":%lld,\"attn_dot_causal\":%lld,"
                 "\"kv_rows_sent\":%lld,\"kv_rows_recv\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                 "\"wait_ms\":%.3f,\"ttft_ms\":%.3f,\"matmul_ms\":%.3f,\"attn_ms\":%.3f,\"compute_ms\":%.3f,"
                 "\"kv_stream_bytes\":%lld,\"replica_bytes\":%lld}\n",
-                st[i].rank, kvr_strategy_name(kvr_dist_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
+                st[i].rank, kvr_strategy_name(kvr_session_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
                 (long long)st[i].attn_dot_causal, (long long)st[i].kv_rows_sent, (long long)st[i].kv_rows_recv,
                 (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms,
                 st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms, (long long)st[i].kv_stream_bytes,
@@ -476,7 +476,7 @@ static char * chat_render(const char * family, const struct kvr_chat_message * m
 struct chat {
     const struct run_args  * a;
     const struct kvr_vocab * vocab;
-    struct kvr_dist        * dist;
+    struct kvr_session        * dist;
     const char             * family;  // the template family
     int                      n_ctx;
     struct kvr_chat_message * msgs;   // contents owned here
@@ -556,7 +556,7 @@ static const float * chat_prefill(struct chat * c, int * rc) {
     memcpy(ids + n_head, text_ids, sizeof(int32_t) * (size_t) n_text);
     free(text_ids);
     const float * logits = NULL;
-    const int n_past = kvr_dist_n_past(c->dist);
+    const int n_past = kvr_session_n_past(c->dist);
     if (n == 0) {
         *rc = 0; // nothing to add (a system message that the family writes into the first user turn)
     } else if (n_past + n > c->n_ctx) {
@@ -566,7 +566,7 @@ static const float * chat_prefill(struct chat * c, int * rc) {
     } else {
         if (c->a->verbose) print_ids("turn ids", ids, n);
         const double t0 = kvr_time_ms();
-        logits = kvr_dist_eval(c->dist, ids, n);
+        logits = kvr_session_eval(c->dist, ids, n);
         if (c->a->stats) print_stats(c->dist);
         if (!logits) {
             *rc = 1;
@@ -574,7 +574,7 @@ static const float * chat_prefill(struct chat * c, int * rc) {
         } else {
             if (c->a->verbose) {
                 fprintf(stderr, "turn %d: %d tokens prefilled on top of %d (%s) in %.1f ms\n", c->turn, n, n_past,
-                        kvr_strategy_name(kvr_dist_last_strategy(c->dist)), kvr_time_ms() - t0);
+                        kvr_strategy_name(kvr_session_last_strategy(c->dist)), kvr_time_ms() - t0);
             }
             c->bos = false;
             c->pending = -1;
@@ -609,12 +609,12 @@ static int chat_reply(struct chat * c, struct kvr_sampler * smp, const float * l
         fwrite(reply.s ? reply.s + before : "", 1, reply.len - before, stdout);
         fflush(stdout);
         if (c->a->n_predict_set && n_gen >= c->a->n_predict) break;
-        if (kvr_dist_n_past(c->dist) + 1 > c->n_ctx) {
+        if (kvr_session_n_past(c->dist) + 1 > c->n_ctx) {
             fprintf(stderr, "\nkvr-run: the context is full (%d tokens): the reply stops here and the chat ends (raise -c)\n", c->n_ctx);
             rc = 1;
             break;
         }
-        logits = kvr_dist_eval(c->dist, &id, 1);
+        logits = kvr_session_eval(c->dist, &id, 1);
         if (!logits) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
@@ -639,7 +639,7 @@ static int chat_reply(struct chat * c, struct kvr_sampler * smp, const float * l
 
 // The chat: an optional system message prefilled first, then user turns (first_user, then
 // stdin) each prefilled on top of the cache and answered. Returns the exit status.
-static int run_conversation(const struct run_args * a, const struct kvr_model * model, struct kvr_dist * dist,
+static int run_conversation(const struct run_args * a, const struct kvr_model * model, struct kvr_session * dist,
                             struct kvr_sampler * smp, const char * first_user, int n_ctx) {
     const struct kvr_vocab * vocab = kvr_model_vocab(model);
     const char * tmpl = a->chat_template ? a->chat_template : kvr_vocab_chat_template(vocab);
@@ -708,7 +708,7 @@ static int kv_file_tokens(const char * path) {
     char p[4096];
     FILE * f = fopen(path, "rb");
     if (!f) {
-        kvr_dist_kv_shard_path(path, 0, p, sizeof(p));
+        kvr_session_kv_shard_path(path, 0, p, sizeof(p));
         f = fopen(p, "rb");
     }
     if (!f) return -1;
@@ -723,27 +723,27 @@ static int kv_file_tokens(const char * path) {
 // --kv-load and --session: restore the cache; returns how many of the prompt's tokens are already
 // in it (session: the longest common prefix, so only the rest is prefilled), or -1 on an error.
 // A prompt that is all in the cache is prefilled from its last token, whose logits are needed.
-static int kv_restore(struct kvr_dist * d, const struct run_args * a, const int32_t * ids, int n_prompt, bool speaker) {
+static int kv_restore(struct kvr_session * d, const struct run_args * a, const int32_t * ids, int n_prompt, bool speaker) {
     const char * path = a->kv_load ? a->kv_load : a->session;
     if (a->session && kv_file_tokens(path) < 0) {
         if (a->verbose && speaker) fprintf(stderr, "session: %s does not exist yet: a new session\n", path);
         return 0;
     }
-    if (kvr_dist_kv_load(d, path) != KVR_OK) {
+    if (kvr_session_kv_load(d, path) != KVR_OK) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         return -1;
     }
-    const int n_cached = kvr_dist_n_past(d);
+    const int n_cached = kvr_session_n_past(d);
     if (a->kv_load) {
         if (a->verbose && speaker) fprintf(stderr, "kv-load: restored %d tokens from %s\n", n_cached, path);
         return 0; // the prompt, if any, is appended
     }
-    const int32_t * cached = kvr_dist_tokens(d);
+    const int32_t * cached = kvr_session_tokens(d);
     int reuse = 0;
     while (reuse < n_cached && reuse < n_prompt && cached[reuse] == ids[reuse]) reuse++;
-    const bool logits_fit = reuse == n_prompt && n_cached == n_prompt && kvr_dist_logits(d) != NULL;
+    const bool logits_fit = reuse == n_prompt && n_cached == n_prompt && kvr_session_logits(d) != NULL;
     if (reuse == n_prompt && !logits_fit) reuse--; // the last prompt token again, for its logits
-    if (kvr_dist_truncate(d, reuse) != KVR_OK) {
+    if (kvr_session_truncate(d, reuse) != KVR_OK) {
         fprintf(stderr, "kvr-run: %s: %s\n", path, kvr_last_error());
         return -1;
     }
@@ -754,8 +754,8 @@ static int kv_restore(struct kvr_dist * d, const struct run_args * a, const int3
     return reuse;
 }
 
-static int kv_save(struct kvr_dist * d, const char * path) {
-    if (kvr_dist_kv_save(d, path, false) != KVR_OK) {
+static int kv_save(struct kvr_session * d, const char * path) {
+    if (kvr_session_kv_save(d, path, false) != KVR_OK) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         return 1;
     }
@@ -809,7 +809,7 @@ int kvr_run_main(int argc, char ** argv) {
     int32_t * ids = NULL;
     int * counts = NULL;
     double * fracs = NULL;
-    struct kvr_dist * dist = NULL;
+    struct kvr_session * dist = NULL;
     int32_t * gen = NULL, * eog = NULL; // eog: the end-of-generation ids (--ignore-eos)
     float * masked = NULL;               // --ignore-eos: the logits with those at -inf
     int n_eog = 0;
@@ -919,7 +919,7 @@ int kvr_run_main(int argc, char ** argv) {
     if (getenv("KVR_TEST_STALL")) {
         hooks.stall = sscanf(getenv("KVR_TEST_STALL"), "%d:%d", &hooks.stall_rank, &hooks.stall_layer) == 2;
     }
-    struct kvr_dist_params dp = {
+    struct kvr_session_params dp = {
         .strategy = a.strategy, .comm = (enum kvr_comm_kind)a.comm, .n_ranks = a.n_ranks, .n_threads = a.n_threads, .n_ctx = n_ctx,
         .partition = counts, .fractions = fracs, .attn_mode = (enum kvr_attn_mode)a.attn_mode, .timeout_s = a.timeout_s,
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
@@ -931,20 +931,20 @@ int kvr_run_main(int argc, char ** argv) {
         .replicate_dir = a.replicate_dir,
         .replicate = a.replicate, .test = &hooks,
     };
-    dist = kvr_dist_new(model, &dp);
+    dist = kvr_session_new(model, &dp);
     if (!dist) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         goto done;
     }
     if ((counts || fracs) && a.comm != KVR_COMM_LOCAL) {
         // under MPI the rank count is the communicator's, known only now (and still before any work)
-        if (a.n_part > 0 && a.n_part != kvr_dist_n_ranks(dist)) {
-            fprintf(stderr, "kvr-run: --partition has %d entries for %d ranks\n", a.n_part, kvr_dist_n_ranks(dist));
+        if (a.n_part > 0 && a.n_part != kvr_session_n_ranks(dist)) {
+            fprintf(stderr, "kvr-run: --partition has %d entries for %d ranks\n", a.n_part, kvr_session_n_ranks(dist));
             goto done;
         }
     }
     // under MPI every rank runs this program; rank 0 speaks for all
-    const bool speaker = kvr_dist_rank(dist) == 0;
+    const bool speaker = kvr_session_rank(dist) == 0;
 
     if (!a.seed_set) a.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if (a.verbose && speaker) fprintf(stderr, "seed: %llu\n", (unsigned long long)a.seed);
@@ -964,7 +964,7 @@ int kvr_run_main(int argc, char ** argv) {
         // token's logits are there, and the text goes on from it
         struct kvr_resume_info ri;
         const double t_resume = kvr_time_ms();
-        if (kvr_dist_resume(dist, a.resume, n_prompt ? ids : NULL, n_prompt, &ri) != KVR_OK) {
+        if (kvr_session_resume(dist, a.resume, n_prompt ? ids : NULL, n_prompt, &ri) != KVR_OK) {
             fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
             goto done;
         }
@@ -1010,12 +1010,12 @@ int kvr_run_main(int argc, char ** argv) {
     rc = 0;
     const double t0 = kvr_time_ms();
     // only what the cache does not hold yet is prefilled
-    const float * logits = n_prompt > reuse ? kvr_dist_eval(dist, ids + reuse, n_prompt - reuse) : kvr_dist_logits(dist);
+    const float * logits = n_prompt > reuse ? kvr_session_eval(dist, ids + reuse, n_prompt - reuse) : kvr_session_logits(dist);
     const double t_prefill = kvr_time_ms();
     if (a.stats && n_prompt > reuse) print_stats(dist);
     // P/D: the prefill ranks' and the decode rank's times, for the line after the first decoded token
     static struct kvr_rank_stats pst[256];
-    const int n_pst = a.stats && a.pd && n_prompt > reuse ? kvr_dist_stats(dist, pst, 256) : 0;
+    const int n_pst = a.stats && a.pd && n_prompt > reuse ? kvr_session_stats(dist, pst, 256) : 0;
     if (!logits) {
         if (n_prompt > reuse) fprintf(stderr, "\nkvr-run: prefill failed: %s\n", kvr_last_error());
         else fprintf(stderr, "kvr-run: %s holds no logits to continue from: give a prompt\n", a.kv_load);
@@ -1048,7 +1048,7 @@ int kvr_run_main(int argc, char ** argv) {
     bool first_piece = false;
     // --resume: the tokens the stopped run generated up to the step taken, as it printed them
     for (int i = 0; i < n_resumed && n_gen < a.n_predict; i++) {
-        const int32_t id = kvr_dist_tokens(dist)[n_prompt + i];
+        const int32_t id = kvr_session_tokens(dist)[n_prompt + i];
         gen[n_gen++] = id;
         if (speaker) print_piece(vocab, id, &first_piece);
         t_first = kvr_time_ms();
@@ -1071,7 +1071,7 @@ int kvr_run_main(int argc, char ** argv) {
             pending = true;
             break;
         }
-        logits = kvr_dist_eval(dist, &id, 1);
+        logits = kvr_session_eval(dist, &id, 1);
         if (!logits) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
@@ -1083,7 +1083,7 @@ int kvr_run_main(int argc, char ** argv) {
     if (n_save) {
         // the cache then holds every printed token and the logits of what comes next: a run that
         // loads it continues where this one stopped
-        if (pending && !kvr_dist_eval(dist, &gen[n_gen - 1], 1)) {
+        if (pending && !kvr_session_eval(dist, &gen[n_gen - 1], 1)) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
             goto done;
@@ -1100,12 +1100,12 @@ int kvr_run_main(int argc, char ** argv) {
                 n_prompt - reuse, ttft, (n_prompt - reuse) / ((t_prefill - t0) / 1e3), n_gen > 1 ? (t_end - t_first) / (n_gen - 1) : 0.0);
     }
 done:
-    if (dist && a.trace && kvr_dist_write_trace(dist, a.trace) != KVR_OK) {
+    if (dist && a.trace && kvr_session_write_trace(dist, a.trace) != KVR_OK) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         if (rc == 0) rc = 1;
     }
     if (smp_init) kvr_sampler_free(&smp);
-    kvr_dist_free(dist);
+    kvr_session_free(dist);
     free(gen);
     free(eog);
     free(masked);

@@ -167,7 +167,7 @@ static int parse_args(int argc, char ** argv, struct args * a) {
         { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &attn, .meta = "MODE", .choices = "causal|dense", .given = &a->attn_set,
           .help = "causal or dense (default: the profile's kernel; --measured: causal)" },
         { .name = "--measured", .kind = KVR_CLI_SWITCH, .dst = &a->measured,
-          .help = "the objective is real prefills (kvr_dist, strategy kvr), median of RUNS (default 3)" },
+          .help = "the objective is real prefills (kvr_session, strategy kvr), median of RUNS (default 3)" },
         { .name = "-r", .kind = KVR_CLI_INT, .dst = &a->runs, .meta = "RUNS", .lo = 1, .hi = 1000000, .help = "runs per measured point (default 3)" },
         { .name = "-t", .kind = KVR_CLI_INT, .dst = &a->threads, .meta = "N", .lo = 1, .hi = KVR_MAX_THREADS, .help = "threads per rank when measuring (default: cores / ranks)" },
         { .name = "--min-stride", .kind = KVR_CLI_INT, .dst = &a->min_stride, .meta = "S", .lo = 1, .hi = 1000000,
@@ -317,14 +317,14 @@ static double measured_objective(const int * counts, int n_ranks, void * user) {
     double t[64];
     const int runs = ms->runs < 64 ? ms->runs : 64;
     for (int i = 0; i < runs; i++) {
-        struct kvr_dist_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = n_ranks, .n_threads = ms->threads, .n_ctx = ms->T,
+        struct kvr_session_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = n_ranks, .n_threads = ms->threads, .n_ctx = ms->T,
                                      .partition = counts, .attn_mode = ms->attn, .timeout_s = 120 };
-        struct kvr_dist * d = kvr_dist_new(ms->m, &p);
+        struct kvr_session * d = kvr_session_new(ms->m, &p);
         if (!d) return -1.0;
         const double t0 = kvr_time_ms();
-        const float * logits = kvr_dist_eval(d, ms->tokens, ms->T);
+        const float * logits = kvr_session_eval(d, ms->tokens, ms->T);
         t[i] = (kvr_time_ms() - t0) / 1e3;
-        kvr_dist_free(d);
+        kvr_session_free(d);
         if (!logits) return -1.0;
     }
     qsort(t, (size_t)runs, sizeof(double), cmp_double);

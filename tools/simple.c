@@ -30,8 +30,8 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
-    struct kvr_dist * sess = kvr_dist_new(model, &(struct kvr_dist_params) { .n_ctx = 512 });
-    const float * logits = sess ? kvr_dist_eval(sess, ids, n) : NULL; // the prefill
+    struct kvr_session * sess = kvr_session_new(model, &(struct kvr_session_params) { .n_ctx = 512 });
+    const float * logits = sess ? kvr_session_eval(sess, ids, n) : NULL; // the prefill
     printf("%s", argv[2]);
     for (int i = 0; i < 16 && logits; i++) {
         int32_t id = kvr_argmax(logits, kvr_vocab_n_tokens(vocab));   // greedy
@@ -39,11 +39,11 @@ int main(int argc, char ** argv) {
         char piece[128];
         int len = kvr_token_to_piece(vocab, id, piece, sizeof(piece), false);
         if (len > 0) printf("%.*s", len, piece);
-        logits = kvr_dist_eval(sess, &id, 1);                      // one decode step
+        logits = kvr_session_eval(sess, &id, 1);                      // one decode step
     }
     printf("\n");
     if (!logits) fprintf(stderr, "simple: %s\n", kvr_last_error());
-    kvr_dist_free(sess);
+    kvr_session_free(sess);
     kvr_model_free(model);
     return logits ? 0 : 1;
 }
