@@ -499,7 +499,7 @@ static void mpi_free(struct transport * t) {
 // Every wait polls the group's event and ncclCommGetAsyncError against the deadline; past it the
 // communicator is aborted (ncclCommAbort) and the error names peer, layer and transfer as the
 // other transports' do. NCCL cannot withdraw one operation, so a transfer given up (after a
-// failure) aborts the communicator: like MPI, a failed dist is not used again.
+// failure) aborts the communicator: like MPI, a failed session is not used again.
 //
 // Two launch shapes: one process drives every rank's GPU (rank i on device i, a thread each, the
 // communicators made together from one unique id), or one process per GPU under mpirun (the
@@ -723,7 +723,7 @@ static int nccl_copy(struct transport * t, int rank, void * dst, const void * sr
     return KVR_OK;
 }
 
-// the end of a dist: communicators finalized (flushed) then destroyed, or aborted when that
+// the end of a session: communicators finalized (flushed) then destroyed, or aborted when that
 // does not finish in time
 static void nccl_free(struct transport * t) {
     struct nccl_world * w = (struct nccl_world *)t;
@@ -1026,7 +1026,7 @@ struct rank_dejavu {
     int                stall_layer; // test hook (-1: off)
     bool               stalled;
     int                kill_layer;  // test hook KVR_TEST_KILL: the layer this eval loses the rank at (-1: off)
-    int                kill_point;  //   which point of the dist's list
+    int                kill_point;  //   which point of the session's list
     char               kill_what[128]; //   where, in words
     bool               killed;      //   it fired: this rank is lost
     double             t_killed;    //   when
@@ -1284,7 +1284,7 @@ struct dist_rank {
     struct kvr_buffer   * buf;        // activations, kept from eval to eval
     struct kvr_eval_reuse * reuse;    // the single pass's decode graph, kept between tokens
     float               * logits;
-    struct kvr_span     * spans;      // every eval's spans, times relative to the dist's start
+    struct kvr_span     * spans;      // every eval's spans, times relative to the session's start
     int                   n_spans, cap_spans;
     char                * graph_text; // --dump-graph output of the last eval
     size_t                graph_len;
@@ -1298,7 +1298,7 @@ struct dist_rank {
     } dv;                             // DejaVu's part
 };
 
-// DejaVu's part of a dist (file streaming, replication logs, replicas, failover recovery, resume)
+// DejaVu's part of a session (file streaming, replication logs, replicas, failover recovery, resume)
 // and the test hooks' (KVR_TEST_KILL): state the prefill road does not touch; DejaVu enters the
 // road through the dejavu_* hooks
 struct dejavu {
@@ -2029,7 +2029,7 @@ static void * rank_thread(void * arg) {
 
 #ifdef KVR_MPI
 // MPI started once per process (it cannot be started twice: it ends with the process, not the
-// dist); d->n_ranks and *my_rank from MPI_COMM_WORLD; the MPI transport
+// session); d->n_ranks and *my_rank from MPI_COMM_WORLD; the MPI transport
 static struct transport * mpi_start(struct kvr_session * d, int * my_rank) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
@@ -2180,7 +2180,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         free(d);
         return NULL;
     }
-    if (dejavu_new(d) != KVR_OK) { // --replicate and the kill hook's points, checked against this dist
+    if (dejavu_new(d) != KVR_OK) { // --replicate and the kill hook's points, checked against this session
         if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
         d->tr->free(d->tr);
         free(d);
@@ -3344,7 +3344,7 @@ void kvr_session_log_path(const char * dir, int rank, char * out, size_t cap) {
 // new ones. A reset, a truncation or a load changes the cache in ways no step describes.
 static int replog_restart(struct kvr_session * d) {
     int rc = KVR_OK;
-    for (int i = 0; d->ranks && i < d->n_local; i++) { // (a dist kvr_session_new gave up on is freed too)
+    for (int i = 0; d->ranks && i < d->n_local; i++) { // (a session kvr_session_new gave up on is freed too)
         const int rc2 = log_stop(d->ranks[i].dv.log);
         if (rc == KVR_OK) rc = rc2;
         d->ranks[i].dv.log = NULL;
@@ -3355,7 +3355,7 @@ static int replog_restart(struct kvr_session * d) {
     return rc;
 }
 
-// Before an eval with replicate_dir and no log open: a new log per local rank. A dist that holds
+// Before an eval with replicate_dir and no log open: a new log per local rank. A session that holds
 // tokens already (a load, a truncation, a resume into another directory) starts it with a base
 // step: every row the rank holds and every token; the eval is then the log's step 1.
 static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
@@ -3818,9 +3818,9 @@ static void dist_rank_free(struct dist_rank * dr) {
     free(dr->graph_text);
 }
 
-// A local rank was lost in the eval that just failed (cause: its error). Rebuild the dist on the
+// A local rank was lost in the eval that just failed (cause: its error). Rebuild the session on the
 // survivors from their caches and the replicas they hold, recompute what no copy holds, so the
-// eval can run again. KVR_OK, or an error saying why not (the dist is then left as it was).
+// eval can run again. KVR_OK, or an error saying why not (the session is then left as it was).
 static int dist_recover(struct kvr_session * d, const char * cause) {
     const double t0 = kvr_time_ms();
     const int N = d->n_ranks, n_past = d->n_past, n_layer = (int)d->m->hp.n_layer;
@@ -3934,7 +3934,7 @@ static int dist_recover(struct kvr_session * d, const char * cause) {
         d->ranks[i].n_rows = k;
     }
 
-    // 3. the dist without the lost rank: survivors renumbered in ring order, a new transport; the
+    // 3. the session without the lost rank: survivors renumbered in ring order, a new transport; the
     // replication logs (--replicate-dir) start again for the ranks there are now
     replog_restart(d);
     struct dist_rank gone = *dx;
@@ -4437,7 +4437,7 @@ static int dejavu_eval_end(struct kvr_session * d, int rc) {
     return rc;
 }
 
-// The eval counted (its tokens are the dist's): the decode steps the kill hook counts, and each
+// The eval counted (its tokens are the session's): the decode steps the kill hook counts, and each
 // local rank's commit of the step in its log
 static int dejavu_eval_commit(struct kvr_session * d, const int32_t * tokens, int n) {
     if (d->dv.decode) d->dv.n_steps++;
@@ -4450,7 +4450,7 @@ static int dejavu_eval_commit(struct kvr_session * d, const int32_t * tokens, in
 }
 
 // An eval ended (lg: its logits, NULL when it failed). A rank lost in it, with --replicate: the
-// dist is recovered (dist_recover) and true says to run the eval again on the survivors; *t_lost
+// session is recovered (dist_recover) and true says to run the eval again on the survivors; *t_lost
 // keeps when the first loss happened, for the log's line once the eval went on.
 static bool dejavu_failover(struct kvr_session * d, const float * lg, int n, double * t_lost) {
     if (lg) {
@@ -4476,7 +4476,7 @@ static bool dejavu_failover(struct kvr_session * d, const float * lg, int n, dou
     return true;
 }
 
-// kvr_session_new: --replicate and the kill hook's points, checked against the dist (a point that
+// kvr_session_new: --replicate and the kill hook's points, checked against the session (a point that
 // could never fire is a mistake); KVR_ERR_ARG with the message set
 static int dejavu_new(struct kvr_session * d) {
     const struct kvr_session_params * p = &d->p;

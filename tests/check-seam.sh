@@ -2,7 +2,8 @@
 # tests/check-seam.sh - the backend seam holds in the source: outside backend code nothing reads
 # or writes a tensor's data (the address may be device memory; inputs go in with
 # kvr_backend_tensor_set, outputs come out with kvr_backend_tensor_get), kvr-comm.c does not know
-# which backend runs a rank, and one function runs a prefill for sessions and ranks alike.
+# which backend runs a rank, and one road runs every eval: a session's ranks (one by default) each
+# through kvr_eval_run.
 # Prints one "N passed, M failed" line like every test program.
 #
 # The fence in kvr.c is its numbered section banners. Code that may use ->data:
@@ -45,7 +46,7 @@ out=$(kvr_c_uses)
 check "kvr.c's sections outside the backend fence use no tensor's data" [ -z "$out" ]
 [ -z "$out" ] || printf '%s\n' "$out"
 # the fence is there: the sections it names exist (a renamed banner must not open it silently)
-for s in "tensors and contexts" "graphs" "backends" "CPU kernels" "CPU backend" "GGUF reader" "GGUF writer" "tokenizers" "sessions"; do
+for s in "tensors and contexts" "graphs" "backends" "CPU kernels" "CPU backend" "GGUF reader" "GGUF writer" "tokenizers" "eval road"; do
     check "kvr.c has a section '$s'" grep -qE "^// [0-9]+\. $s" kvr.c
 done
 
@@ -65,8 +66,9 @@ check "kvr-comm.c runs a rank through kvr_eval_run" grep -q 'kvr_eval_run(' kvr-
 n=$(grep -c 'kvr_model_build(' kvr.c)
 # its definition and the eval road's call
 check "kvr.c builds a model's graph in one place, the eval road (kvr_model_build appears twice, found $n)" [ "$n" -eq 2 ]
-check "kvr_session_eval goes through kvr_eval_run" \
-    sh -c "sed -n '/^const float \* kvr_session_eval/,/^}/p' kvr.c | grep -q 'kvr_eval_run('"
+# one front door: the session is kvr-comm.c's; kvr.c has no second one
+check "kvr_session_eval is defined in kvr-comm.c and nowhere else" \
+    sh -c "grep -q '^const float \* kvr_session_eval(' kvr-comm.c && ! grep -q '^const float \* kvr_session_eval(' kvr.c"
 
 echo "check-seam: $pass passed, $fail failed"
 [ $fail -eq 0 ]

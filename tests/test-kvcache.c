@@ -12,9 +12,9 @@
 //   malformed  every way a file can be wrong (truncations, bit flips, patched fields with their
 //              CRC mended, another model, a newer version, ...): each refused with KVR_ERR_*,
 //              a message naming what and where, and the session left exactly as it was
-//   dist       restore-and-continue through kvr_session for single, tsp, kvr, ring-kv and ring-q on
+//   session       restore-and-continue through kvr_session for single, tsp, kvr, ring-kv and ring-q on
 //              1..4 ranks: the logits of every continued step equal, bit for bit, those of the
-//              dist that never stopped; a gathered file loads across rank counts
+//              session that never stopped; a gathered file loads across rank counts
 //   stream     kv_stream during the first prefill, every strategy on 1..4 ranks: the file written
 //              while the prefill ran equals kvr_session_kv_save's after it, byte for byte; the bytes
 //              streamed are the cache's
@@ -445,7 +445,7 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
 }
 
 //
-// dist: restore-and-continue through kvr_session_kv_save/_load
+// session: restore-and-continue through kvr_session_kv_save/_load
 //
 
 static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks) {
@@ -455,7 +455,7 @@ static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strate
     return d;
 }
 
-// n greedy steps from the dist's logits, every step's logits out
+// n greedy steps from the session's logits, every step's logits out
 static bool dist_greedy(struct kvr_session * d, int n, int32_t * ids, float * logits_out, int n_vocab) {
     for (int i = 0; i < n; i++) {
         const float * l = kvr_session_logits(d);

@@ -25,7 +25,7 @@
 //             local layer (closed form); ring-kv moves at least the rows a query ahead sees and
 //             fewer than whole blocks; the logits equal one rank's (dense attention on 3 ranks)
 //   stall     the stall hook stops one rank: the eval fails within 3 timeouts with an error that
-//             names the rank, the layer and the transfer; a new dist then works normally
+//             names the rank, the layer and the transfer; a new session then works normally
 //   trace     the Chrome trace parses as JSON (a strict parser written here) with one named
 //             track per rank, "X" spans with valid fields, layer spans, and comm spans
 //
@@ -83,7 +83,7 @@
 
 static bool         quick;
 static bool         mpi;           // --mpi: ranks are MPI processes
-static int          mpi_size;      //   how many (from a first dist)
+static int          mpi_size;      //   how many (from a first session)
 static const char * only;          // -o: comma-separated groups to run (NULL: all)
 static const char * shared_dir = "../shared";
 static char         tmp_dir[512];
@@ -328,7 +328,7 @@ static double max_rel_diff(const float * got, const float * ref, int n, int * at
 }
 
 //
-// what a dist's caches hold, against the reference
+// what a session's caches hold, against the reference
 //
 
 enum cover {
@@ -443,7 +443,7 @@ static struct kvr_session_params dist_params(enum kvr_strategy s, int N) {
     };
 }
 
-// A whole conversation on a dist: turns (the first with the given partition), checks after the
+// A whole conversation on a session: turns (the first with the given partition), checks after the
 // first and the last turn, then n_dec greedy steps; everything against the reference.
 static void run_dist(const struct kvr_model * m, const struct ref * r, const int32_t * toks, const int * turns, int n_turns,
                      int n_dec, const struct kvr_session_params * p) {
@@ -1022,7 +1022,7 @@ static void test_stall(const struct tmodel * tm, const struct ref * r64, const i
         if (verbose) printf("  %s: %.0f ms: %s\n", g_case, ms, msg);
         kvr_session_free(d);
 
-        // a new dist has nothing left of the failed one
+        // a new session has nothing left of the failed one
         p.test = NULL;
         p.timeout_s = 30.0;
         d = kvr_session_new(tm->m, &p);

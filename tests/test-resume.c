@@ -6,7 +6,7 @@
 //             prefix is kept and the damage named; header damage, a newer version, another model
 //             refused; a log continued after its acknowledged prefix reads whole
 //   killed    a child process runs a prompt and greedy steps with replicate_dir and kills itself
-//             (SIGKILL) after step k; a new dist resumes from the logs: the tokens restored are the
+//             (SIGKILL) after step k; a new session resumes from the logs: the tokens restored are the
 //             clean run's, and the continuation gives the clean run's ids (single, tsp, kvr,
 //             ring-kv, ring-q on 1..3 ranks); after a clean stop, every step is restored and the
 //             continued logits equal the clean run's bit for bit
@@ -235,7 +235,7 @@ static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strate
     return d;
 }
 
-// greedy from the dist's logits until it holds n_total generated tokens; every step's logits out
+// greedy from the session's logits until it holds n_total generated tokens; every step's logits out
 static bool greedy_to(struct kvr_session * d, int n_total, int32_t * ids, float * logits, int n_vocab) {
     for (int i = kvr_session_n_past(d) - N_PROMPT; i < n_total; i++) {
         const float * l = kvr_session_logits(d);
@@ -282,7 +282,7 @@ static bool child_run(const struct kvr_model * m, enum kvr_strategy st, int nr, 
     return kill ? WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL : WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-// resume from dir into a new dist and continue to N_GEN: the ids (and logits when exact) equal
+// resume from dir into a new session and continue to N_GEN: the ids (and logits when exact) equal
 static void resume_and_check(const struct kvr_model * m, enum kvr_strategy st, int nr, const char * dir, const int32_t * ref,
                              const float * ref_logits, int want_step, bool exact, const char * want_note) {
     const int n_vocab = (int)m->hp.n_vocab;

@@ -42,7 +42,7 @@
 static bool print; // -p
 
 //
-// copies of schedules (a mutation edits a copy; the dist keeps its own until the next eval)
+// copies of schedules (a mutation edits a copy; the session keeps its own until the next eval)
 //
 
 static struct kvr_schedule sched_copy(const struct kvr_schedule * s) {

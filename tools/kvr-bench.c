@@ -834,7 +834,7 @@ int main(int argc, char ** argv) {
                 double * t = calloc((size_t)a.reps, sizeof(double));
                 double * dt = calloc((size_t)a.reps, sizeof(double));
                 struct step_split * sp = calloc((size_t)a.reps, sizeof(struct step_split));
-                // one dist per point, as llama-bench keeps one context: warm-up prefills, then
+                // one session per point, as llama-bench keeps one context: warm-up prefills, then
                 // the timed ones, the cache forgotten in between
                 struct kvr_session_params dp = { .strategy = p->strat, .n_ranks = p->ranks, .n_threads = p->threads,
                                               .n_ctx = T + a.decode + 16, .attn_mode = attn, .link_gbps = p->link,

@@ -702,7 +702,7 @@ out:
 // The whole run; main() below, and the CLI fuzz target calls it in-process (tests/fuzz-cli.c), so
 // every path returns (no exit) and frees what it took.
 // The token count in a cache file's header (or in PATH.0's, rank 0's shard), to size the checks
-// of the context before the dist exists; -1 if there is no such file. Nothing else is trusted
+// of the context before the session exists; -1 if there is no such file. Nothing else is trusted
 // here: the load checks the whole file.
 static int kv_file_tokens(const char * path) {
     char p[4096];
