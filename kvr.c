@@ -1973,7 +1973,7 @@ static size_t ref_mul_mat_floats(int64_t K, bool q8) {
 }
 
 // One token's activations rounded to 8 bits by ggml's rules, as the integer path below does
-// (kvr_backend_set_q8_activations): per block of 32 for the legacy types (Q8_0: d = amax/127
+// (kvr_backend_params.q8_activations): per block of 32 for the legacy types (Q8_0: d = amax/127
 // rounded to fp16, q = x * 127/amax rounded half to even; Q8_1's s = d * sum(q) rounded to
 // fp16), per super-block of 256 for the k-quants (Q8_K: the value of largest magnitude, the first
 // if tied, maps to -127, d = 1/scale in f32). q holds the quants, d the scale of each 32 values,
@@ -4257,7 +4257,7 @@ struct mm_args {
     float       * Y;
 };
 
-// 8-bit activations and integer products, when asked for (kvr_backend_set_q8_activations): what
+// 8-bit activations and integer products, when asked for (kvr_backend_params.q8_activations): what
 // llama.cpp's CPU backend computes, and faster than the exact paths. Threads split the rows, in
 // groups of 8 for a prefill (the kernel's interleave); each quantizes all the tokens, which costs
 // less than interleaving every row twice would.
