@@ -1275,6 +1275,9 @@ struct dist_rank {
     int                   rank;
     int                   id;         // the rank it was started as (KVR_TEST_KILL names that)
     bool                  lost;       // the test hook KVR_TEST_KILL stopped it: it computes no more
+    atomic_int          * interrupt;  // the session's (kvr_session_interrupt)
+    bool                  interrupted;//   seen by this rank in the running eval
+    bool                  fail_peers; //   then its transport is failed (local ranks: peers stop waiting)
     struct kvr_kv_cache * cache;
     int32_t             * cache_pos;  // absolute position of every cache row
     int                   n_rows;
@@ -1352,6 +1355,7 @@ struct kvr_session {
     int                      seq_cap;
     bool                     has_logits;  // logits are the last token's (an eval or a load since the reset)
     int                      n_ctx;       // cache rows of every rank
+    atomic_int               interrupt;   // kvr_session_interrupt: stop the running or next eval
     struct dist_swap         swap;        // the caches, while swapped out (kvr_session_kv_swap_out)
     struct dejavu            dv;
 };
@@ -1865,6 +1869,22 @@ static void stores_as_sinks(struct pass_ctx * pc, struct kvr_graph * g) {
     }
 }
 
+// The backends' question before each node (struct kvr_backend.interrupted): the session's flag.
+// A rank's first sight of it becomes its error and, for local ranks, a failed transport, so that
+// peers waiting on it stop at once instead of timing out.
+static bool rank_interrupted(void * user) {
+    struct dist_rank * dr = user;
+    if (!atomic_load(dr->interrupt)) return false;
+    if (!dr->interrupted) {
+        dr->interrupted = true;
+        kvr_error(KVR_ERR_INTERRUPTED, "rank %d: interrupted", dr->rank);
+        if (dr->fail_peers) comm_fail(dr->comm, KVR_ERR_INTERRUPTED);
+    } else {
+        kvr_error(KVR_ERR_INTERRUPTED, "rank %d: interrupted", dr->rank);
+    }
+    return true;
+}
+
 static int rank_fail(struct dist_rank * dr, int rc) {
     dr->rc = rc;
     snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
@@ -2231,6 +2251,10 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         dr->comm->base.device_ptrs = p->comm == KVR_COMM_NCCL; // NCCL moves device memory itself: nothing staged
         dr->comm->dv.own_process = d->host_tr != NULL; // one rank a process (MPI, NCCL under mpirun)
         kvr_backend_set_comm(dr->be, &dr->comm->base);
+        dr->interrupt = &d->interrupt;
+        dr->fail_peers = p->comm == KVR_COMM_LOCAL; // MPI: a failed transport aborts the job
+        dr->be->interrupted = rank_interrupted;
+        dr->be->interrupted_user = dr;
         dr->logits = calloc(m->hp.n_vocab, sizeof(float));
         dr->reuse = kvr_eval_reuse_new();
     }
@@ -2253,6 +2277,10 @@ void kvr_session_free(struct kvr_session * d) {
     if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
     if (d->tr) d->tr->free(d->tr);
     free(d);
+}
+
+void kvr_session_interrupt(struct kvr_session * d) {
+    atomic_store(&d->interrupt, 1);
 }
 
 void kvr_session_reset(struct kvr_session * d) {
@@ -2329,6 +2357,10 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
             return NULL;
         }
     }
+    if (atomic_exchange(&d->interrupt, 0)) { // asked for between two evals: this one does not start
+        kvr_error(KVR_ERR_INTERRUPTED, "eval: interrupted");
+        return NULL;
+    }
     if (plan_eval(d, n) != KVR_OK) return NULL;
     struct eval_plan * pl = &d->plan;
     d->tokens = tokens;
@@ -2343,6 +2375,7 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         dr->rc = KVR_OK;
+        dr->interrupted = false;
         if (!pl->active[dr->rank]) {
             kvr_schedule_free(&dr->comm->sched); // it ran nothing this eval
             continue;
@@ -2411,6 +2444,13 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
             err = dr->err;
             rc = dr->rc;
         }
+    }
+    bool interrupted = false;
+    for (int i = 0; i < d->n_local; i++) interrupted |= d->ranks[i].interrupted;
+    if (interrupted) { // the interrupt, not the peers it stopped, is what happened
+        atomic_store(&d->interrupt, 0);
+        rc = KVR_ERR_INTERRUPTED;
+        err = "eval: interrupted";
     }
     if (rc != KVR_OK) {
         kvr_error(rc, "%s", err);

@@ -1244,6 +1244,9 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
         if (e != cudaSuccess) { rc = cu_fail(cb->device, "starting a graph", e, node); break; }
         for (int i = 0; i < g->n_nodes && rc == KVR_OK; i++) {
             node = g->nodes[i];
+            // the session's interrupt: nothing more is queued (what is queued finishes, and the
+            // graph's end waits for it as after any error)
+            if (kvr_backend_interrupted(be)) { rc = KVR_ERR_INTERRUPTED; break; }
             if (node_is_comm(node)) {
                 // everything before it completes, then kvr's comm routine runs it (it stages the
                 // data through tensor_get/tensor_set, which order themselves after this stream);

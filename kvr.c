@@ -1801,6 +1801,10 @@ void kvr_backend_set_comm(struct kvr_backend * be, struct kvr_comm * comm) {
     be->comm = comm;
 }
 
+bool kvr_backend_interrupted(struct kvr_backend * be) {
+    return be->interrupted && be->interrupted(be->interrupted_user);
+}
+
 void kvr_backend_set_threads(struct kvr_backend * be, int n_threads) {
     if (be->iface.set_threads) be->iface.set_threads(be, n_threads);
 }
@@ -4887,7 +4891,10 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
             while (j < g->n_nodes && node_is_noop(g->nodes[j])) j++;
             barrier = j == g->n_nodes || !node_solo(g->nodes[j]);
         } else {
-            cpu_compute_node(&p, t);
+            // the session's interrupt, asked at nodes every thread meets at a barrier after (so
+            // all of them see the status there and stop together); ith 0 skips its share
+            if (ith == 0 && kvr_backend_interrupted(cb->be)) atomic_store(&cb->status, KVR_ERR_INTERRUPTED);
+            else cpu_compute_node(&p, t);
         }
         if (barrier) cpu_barrier(cb);
         if (ith == 0) {

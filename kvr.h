@@ -62,7 +62,8 @@ enum kvr_status {
     KVR_ERR_NOMEM   = -5, // an allocation failed
     KVR_ERR_COMM    = -6, // a peer was lost or timed out
     KVR_ERR_DEVICE  = -7, // a device (GPU) is missing, or a call to it failed
-    KVR_ERR_STATUS_COUNT_ = 8,
+    KVR_ERR_INTERRUPTED = -8, // kvr_session_interrupt stopped the eval (nothing of it was kept)
+    KVR_ERR_STATUS_COUNT_ = 9,
 };
 
 // The message of the last error on this thread ("" when there was none). Thread-local.
@@ -489,6 +490,10 @@ struct kvr_backend {
     void *               context;  // the backend's
     struct kvr_comm *    comm;     // the rank's endpoint for comm nodes (kvr_backend_set_comm)
     void *               run;      // kvr's state of the graph being computed; backends leave it alone
+    // Asked before each node (kvr_backend_interrupted): true stops the graph there, the compute
+    // returning KVR_ERR_INTERRUPTED (the session's interrupt; NULL: never)
+    bool              (* interrupted)(void * user);
+    void *               interrupted_user;
 };
 
 #define KVR_MAX_THREADS 256
@@ -596,6 +601,9 @@ int                  kvr_backend_synchronize(struct kvr_backend * be);
 // What a backend's graph_compute calls for each communication node, in order (point 4).
 int                  kvr_backend_comm_node(struct kvr_backend * be, struct kvr_tensor * node);
 void                 kvr_backend_set_comm(struct kvr_backend * be, struct kvr_comm * comm);
+// What a backend's graph_compute asks before each node: true means stop there and return
+// KVR_ERR_INTERRUPTED (kvr_last_error() is set by then). Cheap: one load when nothing is pending.
+bool                 kvr_backend_interrupted(struct kvr_backend * be);
 
 // Memory. Buffers are freed by kvr_buffer_free (before their backend).
 struct kvr_buffer *  kvr_backend_alloc_buffer(struct kvr_backend * be, size_t size);   // NULL + error
@@ -1191,6 +1199,12 @@ void              kvr_session_free(struct kvr_session * s);
 const float *     kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.
 void              kvr_session_reset(struct kvr_session * s);
+// Stop the eval that is running, or else the next one, at its next node on every rank of this
+// process: it returns NULL with KVR_ERR_INTERRUPTED ("interrupted") and keeps nothing of the batch
+// (n_past, the tokens, the logits and the files are those of before it; rows it wrote past the
+// cache's end are never read), so the session goes on with the next eval. Safe to call from a
+// signal handler or another thread (it only sets a flag); the stopped eval clears it.
+void              kvr_session_interrupt(struct kvr_session * s);
 int               kvr_session_rank(const struct kvr_session * s);    // this process's rank (local: 0)
 int               kvr_session_n_ranks(const struct kvr_session * s);
 int               kvr_session_n_past(const struct kvr_session * s);

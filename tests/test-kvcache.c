@@ -32,10 +32,12 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static char         tmp_dir[512];
@@ -702,6 +704,77 @@ static void test_swap_ranks(const struct kvr_model * m) {
     }
 }
 
+// kvr_session_interrupt: asked for before an eval, that eval does not start; asked for during a
+// prefill over 3 ranks on a slow emulated link, every rank stops well before the prefill would
+// end (not after --comm-timeout). Either way the session keeps nothing of the batch and its next
+// prefill gives the logits of one never interrupted, bit for bit.
+struct interrupted_eval {
+    struct kvr_session * s;
+    const int32_t      * ids;
+    int                  n;
+    const float        * logits;
+    char                 err[256];
+};
+
+static void * interrupted_eval_run(void * arg) {
+    struct interrupted_eval * e = arg;
+    e->logits = kvr_session_eval(e->s, e->ids, e->n);
+    snprintf(e->err, sizeof(e->err), "%s", e->logits ? "" : kvr_last_error());
+    return NULL;
+}
+
+static void test_interrupt(const struct kvr_model * m) {
+    const int n_vocab = (int)m->hp.n_vocab;
+    set_case("interrupt before an eval");
+    struct kvr_session * ref = new_session(m, 64), * s = new_session(m, 64);
+    const float * want = kvr_session_eval(ref, prompt, N_PROMPT);
+    kvr_session_interrupt(s);
+    CHECK(kvr_session_eval(s, prompt, N_PROMPT) == NULL && strstr(kvr_last_error(), "interrupted"), "the eval ran: %s",
+          kvr_last_error());
+    CHECK(kvr_session_n_past(s) == 0 && kvr_session_logits(s) == NULL, "the interrupted eval left %d tokens", kvr_session_n_past(s));
+    const float * got = kvr_session_eval(s, prompt, N_PROMPT);
+    CHECK(want && got && memcmp(want, got, sizeof(float) * (size_t)n_vocab) == 0, "the next eval differs: %s", kvr_last_error());
+    kvr_session_free(s);
+    kvr_session_free(ref);
+
+    set_case("interrupt during a prefill on 3 ranks");
+    enum { T = 192 };
+    int32_t ids[T];
+    for (int i = 0; i < T; i++) ids[i] = prompt[i % N_PROMPT];
+    // about 0.1 s a layer's hop: the prefill lasts a second or more, each wait a fraction of it
+    const struct kvr_session_params dp = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .n_threads = 1, .n_ctx = 256,
+                                           .link_gbps = 0.004 };
+    ref = kvr_session_new(m, &dp);
+    double t0 = kvr_time_ms();
+    want = ref ? kvr_session_eval(ref, ids, T) : NULL;
+    const double full_ms = kvr_time_ms() - t0;
+    CHECK(want != NULL, "the uninterrupted prefill: %s", kvr_last_error());
+    s = kvr_session_new(m, &dp);
+    if (!want || !s) {
+        kvr_session_free(s);
+        kvr_session_free(ref);
+        return;
+    }
+    struct interrupted_eval e = { .s = s, .ids = ids, .n = T };
+    pthread_t th;
+    t0 = kvr_time_ms();
+    CHECK(pthread_create(&th, NULL, interrupted_eval_run, &e) == 0, "pthread_create");
+    const struct timespec wait = { (time_t)(full_ms / 8e3), (long)(fmod(full_ms / 8, 1e3) * 1e6) };
+    nanosleep(&wait, NULL);
+    kvr_session_interrupt(s);
+    pthread_join(th, NULL);
+    const double ms = kvr_time_ms() - t0;
+    CHECK(e.logits == NULL && strstr(e.err, "interrupted"), "the prefill was not interrupted: %s", e.logits ? "it ended" : e.err);
+    CHECK(ms < full_ms / 2, "interrupted after %.0f ms of a %.0f ms prefill", ms, full_ms);
+    CHECK(kvr_session_n_past(s) == 0, "the interrupted prefill left %d tokens", kvr_session_n_past(s));
+    got = kvr_session_eval(s, ids, T);
+    CHECK(got && memcmp(want, got, sizeof(float) * (size_t)n_vocab) == 0, "the prefill after the interrupt differs: %s",
+          got ? "logits" : kvr_last_error());
+    if (verbose) printf("  interrupted after %.0f ms of a %.0f ms prefill\n", ms, full_ms);
+    kvr_session_free(s);
+    kvr_session_free(ref);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -723,6 +796,7 @@ int main(int argc, char ** argv) {
         test_malformed(m, access(other, R_OK) == 0 ? other : NULL);
         test_dist(m);
         test_swap_ranks(m);
+        test_interrupt(m);
         test_stream_pd(m);
         kvr_model_free(m);
     }
