@@ -2279,8 +2279,8 @@ void kvr_session_free(struct kvr_session * d) {
     free(d);
 }
 
-void kvr_session_interrupt(struct kvr_session * d) {
-    atomic_store(&d->interrupt, 1);
+void kvr_session_interrupt(struct kvr_session * d, bool on) {
+    atomic_store(&d->interrupt, on ? 1 : 0);
 }
 
 void kvr_session_reset(struct kvr_session * d) {
@@ -2368,6 +2368,10 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
     if (d->p.comm == KVR_COMM_LOCAL) local_reset(d->tr);
     if (dejavu_eval_begin(d, tokens, n) != KVR_OK) return NULL;
 
+    // a failed eval keeps none of its rows, on the ranks that finished theirs too (a ring decode's
+    // storing rank may finish while another is stopped): their counts before it, restored then
+    int n_rows_before[256];
+    for (int i = 0; i < d->n_local; i++) n_rows_before[i] = d->ranks[i].n_rows;
     // local: one thread per active rank; MPI: this process's rank, if active
     pthread_t th[256];
     void * args[256][2];
@@ -2453,6 +2457,7 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
         err = "eval: interrupted";
     }
     if (rc != KVR_OK) {
+        for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = n_rows_before[i];
         kvr_error(rc, "%s", err);
         dejavu_eval_end(d, rc);
         return NULL;

@@ -1199,12 +1199,13 @@ void              kvr_session_free(struct kvr_session * s);
 const float *     kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.
 void              kvr_session_reset(struct kvr_session * s);
-// Stop the eval that is running, or else the next one, at its next node on every rank of this
+// on: stop the eval that is running, or else the next one, at its next node on every rank of this
 // process: it returns NULL with KVR_ERR_INTERRUPTED ("interrupted") and keeps nothing of the batch
 // (n_past, the tokens, the logits and the files are those of before it; rows it wrote past the
-// cache's end are never read), so the session goes on with the next eval. Safe to call from a
-// signal handler or another thread (it only sets a flag); the stopped eval clears it.
-void              kvr_session_interrupt(struct kvr_session * s);
+// cache's end are never read), so the session goes on with the next eval (local ranks; under MPI
+// the stopped eval ends the job, as any failed one). The stopped eval takes the request; off
+// withdraws one no eval took yet. Safe from a signal handler or another thread (it sets a flag).
+void              kvr_session_interrupt(struct kvr_session * s, bool on);
 int               kvr_session_rank(const struct kvr_session * s);    // this process's rank (local: 0)
 int               kvr_session_n_ranks(const struct kvr_session * s);
 int               kvr_session_n_past(const struct kvr_session * s);

@@ -3,7 +3,8 @@
 # SHARED/reference: the greedy text and logits of stories260K, the parallel strategies through
 # kvr-run, the MPI transport under mpirun (when the MPI build exists), --comm nccl without NCCL
 # or without a GPU, usage errors, a stalled
-# rank, and the smallest embedding (simple); prompts (escapes, special tokens) and the chat
+# rank, signals (Ctrl-C and SIGTERM in a prefill, in decode, in a chat), and the smallest
+# embedding (simple); prompts (escapes, special tokens) and the chat
 # (-cnv over a pipe, on every strategy, /exit, a full context); the real SmolLM2 where
 # tools/install-deps.sh installed it. Ends with "N passed, M failed, K skipped".
 build=${1:-build}
@@ -580,6 +581,61 @@ if [ -f "$model" ]; then
     fi
 else
     skp "--comm nccl ($model missing)"
+fi
+
+# signals: the first Ctrl-C or SIGTERM stops the run at the next layer or token, saves what was asked
+# and exits 128 + the signal with a line saying so; an interrupted prefill keeps and writes nothing
+# (no --kv-stream file or temporary, no --session); in a chat the first Ctrl-C ends the reply only
+if [ -f "$model" ]; then
+    i=0; : > "$tmp/long.txt"
+    while [ $i -lt 40 ]; do printf 'Once upon a time there was a little girl. ' >> "$tmp/long.txt"; i=$((i + 1)); done
+    # a slow emulated link stretches the prefill to seconds (the transfers are what take the time)
+    "$build/kvr-run" -m "$model" -f "$tmp/long.txt" -c 512 -n 8 --temp 0 --ranks 2 --strategy kvr --link-gbps 0.001 \
+        --kv-stream "$tmp/sig-stream.kv" --session "$tmp/sig-sess.kv" > /dev/null 2> "$tmp/sig.txt" &
+    pid=$!
+    sleep 0.5
+    start=$(date +%s)
+    kill -INT $pid
+    wait $pid; rc=$?; el=$(( $(date +%s) - start ))
+    left=$(ls "$tmp" | grep -c '^sig-s')
+    if [ $rc -eq 130 ] && [ $el -le 3 ] && [ "$left" -eq 0 ] && grep -q 'interrupted (Ctrl-C) during the prefill' "$tmp/sig.txt"; then
+        ok "Ctrl-C during a prefill: exit 130 within ${el}s, no stream file, temporary or session left"
+    else
+        bad "Ctrl-C during a prefill: rc=$rc after ${el}s, $left files left: $(tail -n 1 "$tmp/sig.txt")"
+    fi
+    for sig in INT TERM; do
+        # decode over a ring with a high link latency: slow tokens; the session is saved right after
+        # the prefill, so its file says when decoding has begun
+        rm -f "$tmp/sig-dec.kv"
+        "$build/kvr-run" -m "$model" -p "Once upon a time" -c 512 -n 400 --ignore-eos --temp 0 --ranks 2 --strategy ring-kv \
+            --link-latency-us 3000 --session "$tmp/sig-dec.kv" > "$tmp/sig-out.txt" 2> "$tmp/sig.txt" &
+        pid=$!
+        i=0; while [ ! -f "$tmp/sig-dec.kv" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+        sleep 0.3
+        kill -$sig $pid
+        wait $pid; rc=$?
+        want=130; [ $sig = TERM ] && want=143
+        "$build/kvr-run" -m "$model" --kv-load "$tmp/sig-dec.kv" -n 2 --temp 0 > /dev/null 2> "$tmp/sig-load.txt"; rl=$?
+        if [ $rc -eq $want ] && [ $rl -eq 0 ] && grep -q 'after [0-9]* generated tokens (the cache saved as asked)' "$tmp/sig.txt"; then
+            ok "SIG$sig during decode: exit $want, the session saved and loadable ($(grep -o 'after [0-9]* generated tokens' "$tmp/sig.txt"))"
+        else
+            bad "SIG$sig during decode: rc=$rc (want $want), load rc=$rl: $(tail -n 1 "$tmp/sig.txt")"
+        fi
+    done
+    # a chat: Ctrl-C during the first reply ends it; the second turn is still answered
+    { printf 'Once upon a time\n'; sleep 2; printf 'The end\n'; } | "$build/kvr-run" -m "$model" -cnv -c 512 -n 100 \
+        --temp 0 --ranks 2 --strategy ring-kv --link-latency-us 3000 -v > "$tmp/chat-sig.txt" 2> "$tmp/chat-sig-err.txt" &
+    pid=$!
+    i=0; while [ ! -s "$tmp/chat-sig.txt" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -INT $pid
+    wait $pid; rc=$?
+    if [ $rc -eq 0 ] && grep -q 'turn 1: the reply was interrupted' "$tmp/chat-sig-err.txt" && grep -q '^turn 2: ' "$tmp/chat-sig-err.txt"; then
+        ok "Ctrl-C in a chat ends the reply, not the chat (turn 2 answered, exit 0)"
+    else
+        bad "Ctrl-C in a chat: rc=$rc: $(tail -n 2 "$tmp/chat-sig-err.txt" | tr '\n' ' ')"
+    fi
+else
+    skp "signals ($model missing)"
 fi
 
 # usage errors: exit 2 and a usage line

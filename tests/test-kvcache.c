@@ -704,9 +704,9 @@ static void test_swap_ranks(const struct kvr_model * m) {
     }
 }
 
-// kvr_session_interrupt: asked for before an eval, that eval does not start; asked for during a
-// prefill over 3 ranks on a slow emulated link, every rank stops well before the prefill would
-// end (not after --comm-timeout). Either way the session keeps nothing of the batch and its next
+// kvr_session_interrupt: asked for before an eval, that eval does not start (withdrawn, it does);
+// asked for during a prefill over 3 ranks on a slow emulated link, every rank stops well before
+// the prefill would end (not after --comm-timeout). Either way the session keeps nothing of the batch and its next
 // prefill gives the logits of one never interrupted, bit for bit.
 struct interrupted_eval {
     struct kvr_session * s;
@@ -728,10 +728,12 @@ static void test_interrupt(const struct kvr_model * m) {
     set_case("interrupt before an eval");
     struct kvr_session * ref = new_session(m, 64), * s = new_session(m, 64);
     const float * want = kvr_session_eval(ref, prompt, N_PROMPT);
-    kvr_session_interrupt(s);
+    kvr_session_interrupt(s, true);
     CHECK(kvr_session_eval(s, prompt, N_PROMPT) == NULL && strstr(kvr_last_error(), "interrupted"), "the eval ran: %s",
           kvr_last_error());
     CHECK(kvr_session_n_past(s) == 0 && kvr_session_logits(s) == NULL, "the interrupted eval left %d tokens", kvr_session_n_past(s));
+    kvr_session_interrupt(s, true);
+    kvr_session_interrupt(s, false); // withdrawn before an eval took it
     const float * got = kvr_session_eval(s, prompt, N_PROMPT);
     CHECK(want && got && memcmp(want, got, sizeof(float) * (size_t)n_vocab) == 0, "the next eval differs: %s", kvr_last_error());
     kvr_session_free(s);
@@ -761,7 +763,7 @@ static void test_interrupt(const struct kvr_model * m) {
     CHECK(pthread_create(&th, NULL, interrupted_eval_run, &e) == 0, "pthread_create");
     const struct timespec wait = { (time_t)(full_ms / 8e3), (long)(fmod(full_ms / 8, 1e3) * 1e6) };
     nanosleep(&wait, NULL);
-    kvr_session_interrupt(s);
+    kvr_session_interrupt(s, true);
     pthread_join(th, NULL);
     const double ms = kvr_time_ms() - t0;
     CHECK(e.logits == NULL && strstr(e.err, "interrupted"), "the prefill was not interrupted: %s", e.logits ? "it ended" : e.err);

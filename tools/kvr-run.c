@@ -16,12 +16,31 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 // "1,2,3" -> ids; returns the count or -1 with a message
+// Ctrl-C (SIGINT) and SIGTERM: the first stops the run at the next token or layer (the session's
+// interrupt), after which it saves what it was asked to save and exits 128 + the signal (130, 143)
+// with a line saying so; a second ends the process at once. In a chat the first ends the reply.
+static volatile sig_atomic_t run_signal;
+static struct kvr_session * volatile run_session;
+
+static void on_signal(int sig) {
+    if (run_signal) _exit(128 + sig);
+    run_signal = sig;
+    if (run_session) kvr_session_interrupt(run_session, true);
+}
+
+// The line an interrupted run ends with; its exit status.
+static int interrupted(const char * where) {
+    fprintf(stderr, "\nkvr-run: %s %s\n", run_signal == SIGTERM ? "SIGTERM" : "interrupted (Ctrl-C)", where);
+    return 128 + run_signal;
+}
+
 static int parse_tokens(const char * s, int32_t ** out) {
     int n = 0, cap = 64;
     int32_t * ids = malloc(sizeof(int32_t) * (size_t)cap);
@@ -609,18 +628,25 @@ static int chat_reply(struct chat * c, struct kvr_sampler * smp, const float * l
         fwrite(reply.s ? reply.s + before : "", 1, reply.len - before, stdout);
         fflush(stdout);
         if (c->a->n_predict_set && n_gen >= c->a->n_predict) break;
+        if (run_signal) break; // Ctrl-C ends the reply, not the chat (SIGTERM: the chat too)
         if (kvr_session_n_past(c->dist) + 1 > c->n_ctx) {
             fprintf(stderr, "\nkvr-run: the context is full (%d tokens): the reply stops here and the chat ends (raise -c)\n", c->n_ctx);
             rc = 1;
             break;
         }
         logits = kvr_session_eval(c->dist, &id, 1);
+        if (!logits && run_signal) break; // its token stays pending, as after --n-predict
         if (!logits) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
             break;
         }
         c->pending = -1;
+    }
+    if (run_signal == SIGINT) { // the reply ended; the chat goes on with a fresh Ctrl-C
+        kvr_session_interrupt(c->dist, false);
+        run_signal = 0;
+        if (c->a->verbose) fprintf(stderr, "\nturn %d: the reply was interrupted\n", c->turn);
     }
     fputc('\n', stdout);
     fflush(stdout);
@@ -671,6 +697,7 @@ static int run_conversation(const struct run_args * a, const struct kvr_model * 
         char * user = first_user ? strdup(first_user) : read_turn(tty);
         const bool typed = first_user == NULL;
         first_user = NULL;
+        if (!user && run_signal) { rc = interrupted("while waiting for a turn: the chat ends"); break; }
         if (!user) break; // end of input
         if (strcmp(user, "/exit") == 0) {
             free(user);
@@ -687,10 +714,12 @@ static int run_conversation(const struct run_args * a, const struct kvr_model * 
         if (!added) { rc = 1; break; }
         const float * logits = chat_prefill(&c, &rc);
         if (!logits) {
-            if (rc == 0) { fprintf(stderr, "kvr-run: turn %d renders to no tokens\n", c.turn); rc = 2; }
+            if (run_signal) rc = interrupted("during a turn's prefill: the chat ends");
+            else if (rc == 0) { fprintf(stderr, "kvr-run: turn %d renders to no tokens\n", c.turn); rc = 2; }
             break;
         }
         if ((rc = chat_reply(&c, smp, logits)) != 0) break;
+        if (run_signal) { rc = interrupted("during a reply: the chat ends"); break; }
     }
 out:
     for (int i = 0; i < c.n_msgs; i++) free((void *) c.msgs[i].content);
@@ -936,6 +965,8 @@ int kvr_run_main(int argc, char ** argv) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         goto done;
     }
+    run_session = dist;
+    if (run_signal) kvr_session_interrupt(dist, true); // a signal while the model loaded
     if ((counts || fracs) && a.comm != KVR_COMM_LOCAL) {
         // under MPI the rank count is the communicator's, known only now (and still before any work)
         if (a.n_part > 0 && a.n_part != kvr_session_n_ranks(dist)) {
@@ -1016,6 +1047,10 @@ int kvr_run_main(int argc, char ** argv) {
     // P/D: the prefill ranks' and the decode rank's times, for the line after the first decoded token
     static struct kvr_rank_stats pst[256];
     const int n_pst = a.stats && a.pd && n_prompt > reuse ? kvr_session_stats(dist, pst, 256) : 0;
+    if (!logits && run_signal) {
+        rc = interrupted("during the prefill: nothing of it was kept or saved");
+        goto done;
+    }
     if (!logits) {
         if (n_prompt > reuse) fprintf(stderr, "\nkvr-run: prefill failed: %s\n", kvr_last_error());
         else fprintf(stderr, "kvr-run: %s holds no logits to continue from: give a prompt\n", a.kv_load);
@@ -1023,6 +1058,8 @@ int kvr_run_main(int argc, char ** argv) {
         goto done;
     }
     if (a.kv_save && (rc = kv_save(dist, a.kv_save)) != 0) goto done;
+    // as llama.cpp: the prompt's cache is saved as soon as it is made (again after generation)
+    if (a.session && n_prompt > reuse && (rc = kv_save(dist, a.session)) != 0) goto done;
     const int n_vocab = kvr_vocab_n_tokens(vocab);
     if (a.dump_logits && speaker) {
         FILE * f = fopen(a.dump_logits, "w");
@@ -1056,7 +1093,7 @@ int kvr_run_main(int argc, char ** argv) {
     kvr_sampler_skip(&smp, n_gen);
     fflush(stdout);
     bool pending = false; // the last sampled token is not in the cache yet
-    while (n_gen < a.n_predict) {
+    while (n_gen < a.n_predict && !run_signal) {
         if (masked) { // --ignore-eos, as llama.cpp does it: the end-of-generation tokens' logits are -inf
             memcpy(masked, logits, sizeof(float) * (size_t)n_vocab);
             for (int i = 0; i < n_eog; i++) masked[eog[i]] = -INFINITY;
@@ -1072,6 +1109,10 @@ int kvr_run_main(int argc, char ** argv) {
             break;
         }
         logits = kvr_session_eval(dist, &id, 1);
+        if (!logits && run_signal) { // the token is printed but not in the cache: it goes in below
+            pending = true;
+            break;
+        }
         if (!logits) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
@@ -1082,7 +1123,8 @@ int kvr_run_main(int argc, char ** argv) {
     t_end = kvr_time_ms();
     if (n_save) {
         // the cache then holds every printed token and the logits of what comes next: a run that
-        // loads it continues where this one stopped
+        // loads it continues where this one stopped (interrupted too: the request was taken)
+        kvr_session_interrupt(dist, false);
         if (pending && !kvr_session_eval(dist, &gen[n_gen - 1], 1)) {
             fprintf(stderr, "\nkvr-run: decode failed: %s\n", kvr_last_error());
             rc = 1;
@@ -1094,12 +1136,19 @@ int kvr_run_main(int argc, char ** argv) {
     if (isatty(1) && speaker) putchar('\n');
     fflush(stdout);
     if (a.verbose && speaker) print_ids("generated ids", gen, n_gen);
+    if (run_signal && rc == 0) {
+        char where[96];
+        snprintf(where, sizeof(where), "after %d generated token%s%s", n_gen, n_gen == 1 ? "" : "s",
+                 n_save ? " (the cache saved as asked)" : "");
+        rc = interrupted(where);
+    }
     const double ttft = t_first - t0;
     if (speaker) {
         fprintf(stderr, "timing: prompt_tokens=%d ttft_ms=%.3f prefill_tok_s=%.2f decode_ms_per_tok=%.3f\n",
                 n_prompt - reuse, ttft, (n_prompt - reuse) / ((t_prefill - t0) / 1e3), n_gen > 1 ? (t_end - t_first) / (n_gen - 1) : 0.0);
     }
 done:
+    run_session = NULL;
     if (dist && a.trace && kvr_session_write_trace(dist, a.trace) != KVR_OK) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         if (rc == 0) rc = 1;
@@ -1119,6 +1168,11 @@ done:
 
 #ifndef KVR_RUN_NO_MAIN
 int main(int argc, char ** argv) {
+    // no SA_RESTART: a read of the next chat turn returns at the signal
+    struct sigaction sa = { .sa_handler = on_signal };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     return kvr_run_main(argc, argv);
 }
 #endif
