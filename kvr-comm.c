@@ -1885,6 +1885,36 @@ static bool rank_interrupted(void * user) {
     return true;
 }
 
+// A rank's cache holds the rows the rank has and grows, doubling up to the session's context, when
+// an eval, a load or a recovery needs more: a rank that holds a ring shard, a chain's prefix or
+// nothing takes that much memory, not a whole context each (the rows move through host memory
+// once per doubling; a moved cache also rebuilds a kept decode graph, keyed on it).
+#define RANK_CACHE_MIN 256
+
+static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows) {
+    if (rows <= dr->cache->n_ctx) return KVR_OK;
+    if (rows > d->n_ctx) {
+        return kvr_error(KVR_ERR_ARG, "rank %d: %d rows exceed its context of %d (raise -c)", dr->rank, rows, d->n_ctx);
+    }
+    int cap = dr->cache->n_ctx > 0 ? dr->cache->n_ctx : RANK_CACHE_MIN;
+    while (cap < rows) cap *= 2;
+    if (cap > d->n_ctx) cap = d->n_ctx;
+    struct kvr_kv_cache * c = kvr_kv_cache_new(&d->m->hp, cap, dr->be);
+    if (!c) return KVR_ERR_NOMEM;
+    const size_t bytes = sizeof(float) * (size_t)c->kv_dim * (size_t)(dr->n_rows + 1);
+    float * k = malloc(bytes), * v = malloc(bytes);
+    KVR_ASSERT(k && v);
+    for (int il = 0; il < c->n_layer && dr->n_rows > 0; il++) {
+        kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, k, v);
+        kvr_kv_cache_set_rows(dr->be, c, il, 0, dr->n_rows, k, v);
+    }
+    free(k);
+    free(v);
+    kvr_kv_cache_free(dr->cache);
+    dr->cache = c;
+    return KVR_OK;
+}
+
 static int rank_fail(struct dist_rank * dr, int rc) {
     dr->rc = rc;
     snprintf(dr->err, sizeof(dr->err), "%s", kvr_last_error());
@@ -1933,9 +1963,9 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     // the rows this eval makes here (the replication log's): the P/D receiver makes none
     dr->made = receiver ? 0 : n_new;
     dr->made_row0 = chain && c ? pl->pos[r][0] : n_old;
-    if (n_old + n_new > dr->cache->n_ctx) {
+    if (n_old + n_new > d->n_ctx) {
         return rank_fail(dr, kvr_error(KVR_ERR_ARG, "rank %d: %d cached + %d new rows exceed its context of %d (raise -c)",
-                                       r, n_old, n_new, dr->cache->n_ctx));
+                                       r, n_old, n_new, d->n_ctx));
     }
     const int n_layer = (int)m->hp.n_layer;
     // the cache rows this rank attends over after its store; tsp's cover the whole prompt
@@ -1944,6 +1974,8 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     const int n_kpos = pl->strat == KVR_STRATEGY_TSP ? pl->T : pl->strat == KVR_STRATEGY_KVR ? e_r : n_old + n_new;
     // the rows this rank holds after the eval: tsp and kvr ranks keep the prefix they saw
     const int n_final = chain ? n_kpos : n_old + n_new;
+    const int rc_reserve = rank_reserve(d, dr, n_final > n_old + n_new ? n_final : n_old + n_new);
+    if (rc_reserve != KVR_OK) return rank_fail(dr, rc_reserve);
     // the inputs: this rank's tokens, and the positions of its cache rows after the eval
     int32_t * toks = malloc(sizeof(int32_t) * (size_t)(c + 1));
     int32_t * kpos = malloc(sizeof(int32_t) * (size_t)(n_kpos + 1));
@@ -2230,7 +2262,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
                                                .trace = p->trace };
         dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
-        dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx, dr->be) : NULL;
+        dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx < RANK_CACHE_MIN ? n_ctx : RANK_CACHE_MIN, dr->be) : NULL;
         if (!dr->cache) {
             kvr_session_free(d);
             return NULL;
@@ -3931,10 +3963,10 @@ static int dist_recover(struct kvr_session * d, const char * cause) {
     struct dist_rank * T = &d->ranks[t];
     int keep_t = 0; // the taker's own rows kept (positions < p0, a prefix)
     while (keep_t < T->n_rows && T->cache_pos[keep_t] < p0) keep_t++;
-    if ((ring ? keep_t + n_rep : p0) > T->cache->n_ctx) {
+    if ((ring ? keep_t + n_rep : p0) > d->n_ctx || rank_reserve(d, T, ring ? keep_t + n_rep : p0) != KVR_OK) {
         free(src);
         return kvr_error(KVR_ERR_ARG, "%s; rank %d cannot take over rank %d's rows: %d rows exceed its context of %d (raise -c)", cause, t, x,
-                         ring ? keep_t + n_rep : p0, T->cache->n_ctx);
+                         ring ? keep_t + n_rep : p0, d->n_ctx);
     }
 
     // 2. the rows into the taker (everything read before anything is written)
@@ -4741,10 +4773,14 @@ static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs,
             for (int i = 0; i < rows[r]; i++) pos[r][i] = i;
         }
         struct dist_rank * dr = dist_local(d, r);
-        if (dr && rows[r] > dr->cache->n_ctx) {
+        if (dr && rows[r] > d->n_ctx) {
             rc = kvr_error(KVR_ERR_ARG, "%s: rank %d would hold %d rows, more than its context of %d (raise -c)", path, r, rows[r],
-                           dr->cache->n_ctx);
+                           d->n_ctx);
         }
+    }
+    for (int r = 0; r < N && rc == KVR_OK; r++) { // room for them (the rows already held stay)
+        struct dist_rank * dr = dist_local(d, r);
+        if (dr) rc = rank_reserve(d, dr, rows[r]);
     }
     // everything checked: now the caches
     if (rc == KVR_OK) {
@@ -5209,7 +5245,8 @@ int kvr_session_kv_swap_in(struct kvr_session * d) {
     const int n_layer = (int)d->m->hp.n_layer;
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
-        dr->cache = kvr_kv_cache_new(&d->m->hp, d->n_ctx, dr->be);
+        const int cap = dr->n_rows > RANK_CACHE_MIN ? dr->n_rows : RANK_CACHE_MIN; // grows again as needed
+        dr->cache = kvr_kv_cache_new(&d->m->hp, cap < d->n_ctx ? cap : d->n_ctx, dr->be);
         if (!dr->cache) { // still swapped out: nothing is lost, another try may find the memory
             for (int j = 0; j < i; j++) {
                 kvr_kv_cache_free(d->ranks[j].cache);
