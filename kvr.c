@@ -7088,10 +7088,19 @@ static bool vocab_is_space(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
+// Whether markup[at, at + n) is all true.
+static bool vocab_all_markup(const bool * markup, size_t at, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!markup[at + i]) return false;
+    }
+    return true;
+}
+
 // Leaves the fragments of text[0, n) in sc->frags. User-defined tokens are always split out;
-// control and unknown ones only with parse_special.
+// control and unknown ones with parse_special, and then, where markup is given, only where their
+// text lies wholly in bytes it marks: a chat template's own markers, never what a user wrote.
 static void vocab_partition(const struct kvr_vocab * v, const char * text, size_t n, bool parse_special,
-                            struct vocab_scratch * sc) {
+                            const bool * markup, struct vocab_scratch * sc) {
     stbds_arrsetlen(sc->frags, 0);
     if (n == 0) {
         return;
@@ -7101,7 +7110,8 @@ static void vocab_partition(const struct kvr_vocab * v, const char * text, size_
     for (int k = 0; k < v->n_special; k++) {
         const int32_t id = v->special[k];
         const struct vocab_token * t = &v->tokens[id];
-        if (!parse_special && (t->attr & (VOCAB_ATTR_CONTROL | VOCAB_ATTR_UNKNOWN))) {
+        const bool gated = (t->attr & (VOCAB_ATTR_CONTROL | VOCAB_ATTR_UNKNOWN)) != 0;
+        if (gated && !parse_special) {
             continue;
         }
         stbds_arrsetlen(sc->frags2, 0);
@@ -7112,11 +7122,15 @@ static void vocab_partition(const struct kvr_vocab * v, const char * text, size_
                 stbds_arrput(sc->frags2, fr);
                 continue;
             }
-            size_t off = fr.off;
+            size_t off = fr.off, from = fr.off; // the fragment's rest starts at off; the search at from
             const size_t end = fr.off + fr.len;
             const char * p;
-            while (off < end && (p = vocab_memmem(text + off, end - off, t->text, t->len)) != NULL) {
+            while (from < end && (p = vocab_memmem(text + from, end - from, t->text, t->len)) != NULL) {
                 const size_t at = (size_t) (p - text);
+                if (gated && markup && !vocab_all_markup(markup, at, t->len)) {
+                    from = at + 1; // the text of a control token, written by a user: it stays text
+                    continue;
+                }
                 size_t left_end = at;
                 if (t->attr & VOCAB_ATTR_LSTRIP) {
                     while (left_end > off && vocab_is_space(text[left_end - 1])) left_end--;
@@ -7131,6 +7145,7 @@ static void vocab_partition(const struct kvr_vocab * v, const char * text, size_
                 if (t->attr & VOCAB_ATTR_RSTRIP) {
                     while (off < end && vocab_is_space(text[off])) off++;
                 }
+                from = off;
             }
             if (off < end) {
                 struct vocab_frag right = { -1, off, end - off };
@@ -7865,8 +7880,9 @@ static int bpe_tokenize(const struct kvr_vocab * v, const char * s, size_t n, st
 // the entry point
 //
 
-int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, int n_max, bool add_bos,
-                 bool parse_special) {
+// kvr_tokenize and kvr_tokenize_markup: markup NULL, or where control tokens may be recognised
+static int vocab_tokenize(const struct kvr_vocab * v, const char * text, const bool * markup, int32_t * out, int n_max,
+                          bool add_bos, bool parse_special) {
     if (v == NULL || text == NULL || n_max < 0 || (out == NULL && n_max > 0)) {
         return kvr_error(KVR_ERR_ARG, "kvr_tokenize: bad arguments (vocab %p, text %p, out %p, n_max %d)",
                          (const void *) v, (const void *) text, (void *) out, n_max);
@@ -7881,7 +7897,7 @@ int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, i
         stbds_arrput(sc.ids, v->bos);
     }
     const size_t n = strlen(text);
-    vocab_partition(v, text, n, parse_special, &sc);
+    vocab_partition(v, text, n, parse_special, markup, &sc);
     bool prev_special = true;  // SPM: a space goes before the first text and any text after a special token
     const int nf = (int) stbds_arrlen(sc.frags);
     for (int f = 0; f < nf && rc == KVR_OK; f++) {
@@ -7912,6 +7928,19 @@ int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, i
     }
     vocab_scratch_free(&sc);
     return rc;
+}
+
+int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, int n_max, bool add_bos,
+                 bool parse_special) {
+    return vocab_tokenize(v, text, NULL, out, n_max, add_bos, parse_special);
+}
+
+int kvr_tokenize_markup(const struct kvr_vocab * v, const char * text, const bool * markup, int32_t * out, int n_max,
+                        bool add_bos) {
+    if (markup == NULL) {
+        return kvr_error(KVR_ERR_ARG, "kvr_tokenize_markup: no markup array");
+    }
+    return vocab_tokenize(v, text, markup, out, n_max, add_bos, true);
 }
 
 void kvr_unescape(char * s) {
@@ -8150,30 +8179,41 @@ const char * kvr_chat_template_detect(const char * tmpl) {
 }
 
 // The text being rendered: every byte is counted, the ones that fit are written.
+// Whose each byte is goes to markup (when not NULL): the template's own (chat_put) or a message's
+// role or content (chat_text, chat_put_trim), which kvr_chat_tokenize keeps from becoming
+// control tokens.
 struct chat_out {
     char * buf;
+    bool * markup;
     size_t cap;
     size_t len;
 };
 
-static void chat_putn(struct chat_out * o, const char * s, size_t n) {
+static void chat_putn(struct chat_out * o, const char * s, size_t n, bool markup) {
     for (size_t i = 0; i < n; i++, o->len++) {
         if (o->len < o->cap) {
             o->buf[o->len] = s[i];
+            if (o->markup) o->markup[o->len] = markup;
         }
     }
 }
 
+// the template's markup
 static void chat_put(struct chat_out * o, const char * s) {
-    chat_putn(o, s, strlen(s));
+    chat_putn(o, s, strlen(s), true);
 }
 
-// s without the white space (C's isspace) at both ends, as llama.cpp's trim()
+// a message's role or content
+static void chat_text(struct chat_out * o, const char * s) {
+    chat_putn(o, s, strlen(s), false);
+}
+
+// a message's content without the white space (C's isspace) at both ends, as llama.cpp's trim()
 static void chat_put_trim(struct chat_out * o, const char * s) {
     size_t a = 0, b = strlen(s);
     while (a < b && vocab_is_space(s[a])) a++;
     while (b > a && vocab_is_space(s[b - 1])) b--;
-    chat_putn(o, s + a, b - a);
+    chat_putn(o, s + a, b - a, false);
 }
 
 static bool chat_is(const struct kvr_chat_message * m, const char * role) {
@@ -8186,7 +8226,7 @@ static bool chat_put_system(struct chat_out * o, const struct kvr_chat_message *
     const size_t len0 = o->len;
     for (int i = 0; i < n; i++) {
         if (chat_is(&msgs[i], "system")) {
-            if (trim) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+            if (trim) chat_put_trim(o, msgs[i].content); else chat_text(o, msgs[i].content);
         }
     }
     return o->len > len0;
@@ -8201,7 +8241,7 @@ struct chat_wrap {
 static void chat_put_wrapped(struct chat_out * o, const struct chat_wrap * w, const struct kvr_chat_message * msgs, int n,
                              bool add_ass) {
     for (int i = 0; i < n; i++) {
-        chat_put(o, w->pre); chat_put(o, msgs[i].role); chat_put(o, w->mid); chat_put(o, msgs[i].content); chat_put(o, w->post);
+        chat_put(o, w->pre); chat_text(o, msgs[i].role); chat_put(o, w->mid); chat_text(o, msgs[i].content); chat_put(o, w->post);
     }
     if (add_ass) chat_put(o, w->ass);
 }
@@ -8216,11 +8256,11 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         const char * sp = t == CHAT_MISTRAL_V7 ? " " : "";
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, "[SYSTEM_PROMPT]"); chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "[/SYSTEM_PROMPT]");
+                chat_put(o, "[SYSTEM_PROMPT]"); chat_put(o, sp); chat_text(o, msgs[i].content); chat_put(o, "[/SYSTEM_PROMPT]");
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, "[INST]"); chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "[/INST]");
+                chat_put(o, "[INST]"); chat_put(o, sp); chat_text(o, msgs[i].content); chat_put(o, "[/INST]");
             } else {
-                chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "</s>");
+                chat_put(o, sp); chat_text(o, msgs[i].content); chat_put(o, "</s>");
             }
         }
         break;
@@ -8237,12 +8277,12 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                 in_turn = true;
             }
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\n");
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, msgs[i].content); chat_put(o, lead); chat_put(o, "[/INST]");
+                chat_text(o, msgs[i].content); chat_put(o, lead); chat_put(o, "[/INST]");
             } else {
                 chat_put(o, trail);
-                if (t == CHAT_MISTRAL_V3) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+                if (t == CHAT_MISTRAL_V3) chat_put_trim(o, msgs[i].content); else chat_text(o, msgs[i].content);
                 chat_put(o, "</s>");
                 in_turn = false;
             }
@@ -8262,7 +8302,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                 in_turn = true;
             }
             const char * c = msgs[i].content;
-            void (*put)(struct chat_out *, const char *) = t == CHAT_LLAMA2_SYS_STRIP ? chat_put_trim : chat_put;
+            void (*put)(struct chat_out *, const char *) = t == CHAT_LLAMA2_SYS_STRIP ? chat_put_trim : chat_text;
             if (chat_is(&msgs[i], "system")) {
                 if (t == CHAT_LLAMA2) { // no system prompt in the format: it opens the first turn
                     put(o, c); chat_put(o, "\n");
@@ -8294,7 +8334,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_MONARCH: // every message but the first opens with BOS
         for (int i = 0; i < n; i++) {
             if (i > 0) chat_put(o, "<s>");
-            chat_put(o, msgs[i].role); chat_put(o, "\n"); chat_put(o, msgs[i].content); chat_put(o, "</s>\n");
+            chat_text(o, msgs[i].role); chat_put(o, "\n"); chat_text(o, msgs[i].content); chat_put(o, "</s>\n");
         }
         if (add_ass) chat_put(o, "<s>assistant\n");
         break;
@@ -8308,7 +8348,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                 continue;
             }
             const bool model = chat_is(&msgs[i], "assistant");
-            chat_put(o, "<start_of_turn>"); chat_put(o, model ? "model" : msgs[i].role); chat_put(o, "\n");
+            chat_put(o, "<start_of_turn>"); chat_text(o, model ? "model" : msgs[i].role); chat_put(o, "\n");
             if (sys >= 0 && !model) {
                 if (chat_put_system(o, msgs + sys, i - sys, true)) chat_put(o, "\n\n");
                 sys = -1;
@@ -8329,9 +8369,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                     if (chat_put_system(o, msgs + sys, i - sys, false)) chat_put(o, "\n\n");
                     sys = -1;
                 }
-                chat_put(o, msgs[i].content); chat_put(o, "\n\nAssistant: </s>");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\nAssistant: </s>");
             } else {
-                chat_put(o, msgs[i].content); chat_put(o, "</s>");
+                chat_text(o, msgs[i].content); chat_put(o, "</s>");
             }
         }
         break;
@@ -8341,9 +8381,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
             if (!chat_is(&msgs[i], "system")) {
                 const char c = msgs[i].role[0];
                 const char first[2] = { c >= 'a' && c <= 'z' ? (char) (c - 'a' + 'A') : c, 0 };
-                chat_put(o, "GPT4 Correct "); chat_put(o, first); chat_put(o, msgs[i].role[0] ? msgs[i].role + 1 : ""); chat_put(o, ": ");
+                chat_put(o, "GPT4 Correct "); chat_text(o, first); chat_text(o, msgs[i].role[0] ? msgs[i].role + 1 : ""); chat_put(o, ": ");
             }
-            chat_put(o, msgs[i].content); chat_put(o, "<|end_of_turn|>");
+            chat_text(o, msgs[i].content); chat_put(o, "<|end_of_turn|>");
         }
         if (add_ass) chat_put(o, "GPT4 Correct Assistant:");
         break;
@@ -8351,12 +8391,12 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_VICUNA_ORCA:
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                if (t == CHAT_VICUNA_ORCA) { chat_put(o, "SYSTEM: "); chat_put(o, msgs[i].content); chat_put(o, "\n"); }
-                else { chat_put(o, msgs[i].content); chat_put(o, "\n\n"); }
+                if (t == CHAT_VICUNA_ORCA) { chat_put(o, "SYSTEM: "); chat_text(o, msgs[i].content); chat_put(o, "\n"); }
+                else { chat_text(o, msgs[i].content); chat_put(o, "\n\n"); }
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, "USER: "); chat_put(o, msgs[i].content); chat_put(o, "\n");
+                chat_put(o, "USER: "); chat_text(o, msgs[i].content); chat_put(o, "\n");
             } else if (chat_is(&msgs[i], "assistant")) {
-                chat_put(o, "ASSISTANT: "); chat_put(o, msgs[i].content); chat_put(o, "</s>\n");
+                chat_put(o, "ASSISTANT: "); chat_text(o, msgs[i].content); chat_put(o, "</s>\n");
             }
         }
         if (add_ass) chat_put(o, "ASSISTANT:");
@@ -8364,11 +8404,11 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_DEEPSEEK:
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content);
+                chat_text(o, msgs[i].content);
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, "### Instruction:\n"); chat_put(o, msgs[i].content); chat_put(o, "\n");
+                chat_put(o, "### Instruction:\n"); chat_text(o, msgs[i].content); chat_put(o, "\n");
             } else if (chat_is(&msgs[i], "assistant")) {
-                chat_put(o, "### Response:\n"); chat_put(o, msgs[i].content); chat_put(o, "\n<|EOT|>\n");
+                chat_put(o, "### Response:\n"); chat_text(o, msgs[i].content); chat_put(o, "\n<|EOT|>\n");
             }
         }
         if (add_ass) chat_put(o, "### Response:\n");
@@ -8378,12 +8418,12 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         const bool v3 = t == CHAT_DEEPSEEK3;
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\n");
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, v3 ? "<\xef\xbd\x9cUser\xef\xbd\x9c>" : "User: "); chat_put(o, msgs[i].content);
+                chat_put(o, v3 ? "<\xef\xbd\x9cUser\xef\xbd\x9c>" : "User: "); chat_text(o, msgs[i].content);
                 if (!v3) chat_put(o, "\n\n");
             } else if (chat_is(&msgs[i], "assistant")) {
-                chat_put(o, v3 ? "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>" : "Assistant: "); chat_put(o, msgs[i].content);
+                chat_put(o, v3 ? "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>" : "Assistant: "); chat_text(o, msgs[i].content);
                 chat_put(o, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
             }
         }
@@ -8406,7 +8446,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         const char * open = v4 ? "<|header_start|>" : "<|start_header_id|>";
         const char * close = v4 ? "<|header_end|>\n\n" : "<|end_header_id|>\n\n";
         for (int i = 0; i < n; i++) {
-            chat_put(o, open); chat_put(o, msgs[i].role); chat_put(o, close);
+            chat_put(o, open); chat_text(o, msgs[i].role); chat_put(o, close);
             chat_put_trim(o, msgs[i].content); chat_put(o, v4 ? "<|eot|>" : "<|eot_id|>");
         }
         if (add_ass) { chat_put(o, open); chat_put(o, "assistant"); chat_put(o, close); }
@@ -8417,7 +8457,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_GLMEDGE:
         if (t != CHAT_GLMEDGE) chat_put(o, t == CHAT_CHATGLM3 ? "[gMASK]sop" : "[gMASK]<sop>");
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, t == CHAT_CHATGLM3 ? "|>\n " : "|>\n"); chat_put(o, msgs[i].content);
+            chat_put(o, "<|"); chat_text(o, msgs[i].role); chat_put(o, t == CHAT_CHATGLM3 ? "|>\n " : "|>\n"); chat_text(o, msgs[i].content);
         }
         if (add_ass) chat_put(o, t == CHAT_CHATGLM4 ? "<|assistant|>\n" : "<|assistant|>");
         break;
@@ -8435,7 +8475,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         for (int i = 0; i < n; i++) {
             const bool tool = t == CHAT_EXAONE4 && chat_is(&msgs[i], "tool");
             if (chat_is(&msgs[i], "system") || chat_is(&msgs[i], "assistant") || tool) {
-                chat_put(o, "[|"); chat_put(o, msgs[i].role); chat_put(o, "|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "[|endofturn|]\n");
+                chat_put(o, "[|"); chat_text(o, msgs[i].role); chat_put(o, "|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "[|endofturn|]\n");
             } else if (chat_is(&msgs[i], "user")) {
                 chat_put(o, "[|user|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "\n");
             }
@@ -8444,9 +8484,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         break;
     case CHAT_GRANITE:
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<|start_of_role|>"); chat_put(o, msgs[i].role); chat_put(o, "<|end_of_role|>");
+            chat_put(o, "<|start_of_role|>"); chat_text(o, msgs[i].role); chat_put(o, "<|end_of_role|>");
             if (chat_is(&msgs[i], "assistant_tool_call")) chat_put(o, "<|tool_call|>");
-            chat_put(o, msgs[i].content); chat_put(o, "<|end_of_text|>\n");
+            chat_text(o, msgs[i].content); chat_put(o, "<|end_of_text|>\n");
         }
         if (add_ass) chat_put(o, "<|start_of_role|>assistant<|end_of_role|>");
         break;
@@ -8458,16 +8498,16 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         chat_put(o, "<|im_start|>");
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\n");
             } else {
-                chat_put(o, chat_is(&msgs[i], "user") ? "User: " : "Assistant: "); chat_put(o, msgs[i].content); chat_put(o, "<end_of_utterance>\n");
+                chat_put(o, chat_is(&msgs[i], "user") ? "User: " : "Assistant: "); chat_text(o, msgs[i].content); chat_put(o, "<end_of_utterance>\n");
             }
         }
         if (add_ass) chat_put(o, "Assistant:");
         break;
     case CHAT_GPT_OSS:
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<|start|>"); chat_put(o, msgs[i].role); chat_put(o, "<|message|>"); chat_put(o, msgs[i].content);
+            chat_put(o, "<|start|>"); chat_text(o, msgs[i].role); chat_put(o, "<|message|>"); chat_text(o, msgs[i].content);
             chat_put(o, chat_is(&msgs[i], "assistant") ? "<|return|>" : "<|end|>");
         }
         if (add_ass) chat_put(o, "<|start|>assistant");
@@ -8478,14 +8518,14 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                               : chat_is(&msgs[i], "user") ? "<|im_user|>user<|im_middle|>"
                               : chat_is(&msgs[i], "assistant") ? "<|im_assistant|>assistant<|im_middle|>"
                               : chat_is(&msgs[i], "tool") ? "<|im_system|>tool<|im_middle|>" : "";
-            chat_put(o, head); chat_put(o, msgs[i].content); chat_put(o, "<|im_end|>");
+            chat_put(o, head); chat_text(o, msgs[i].content); chat_put(o, "<|im_end|>");
         }
         if (add_ass) chat_put(o, "<|im_assistant|>assistant<|im_middle|>");
         break;
     case CHAT_SEED_OSS:
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<seed:bos>"); chat_put(o, msgs[i].role); chat_put(o, "\n");
-            if (chat_is(&msgs[i], "assistant")) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+            chat_put(o, "<seed:bos>"); chat_text(o, msgs[i].role); chat_put(o, "\n");
+            if (chat_is(&msgs[i], "assistant")) chat_put_trim(o, msgs[i].content); else chat_text(o, msgs[i].content);
             chat_put(o, "<seed:eos>");
         }
         if (add_ass) chat_put(o, "<seed:bos>assistant\n");
@@ -8500,8 +8540,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     }
 }
 
-int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
-                   char * buf, int cap) {
+// kvr_chat_apply, and with markup not NULL kvr_chat_apply_markup
+static int chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                      char * buf, bool * markup, int cap) {
     enum chat_tmpl t;
     const int rc = chat_resolve(tmpl, &t);
     if (rc != KVR_OK) {
@@ -8516,15 +8557,49 @@ int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int 
             return kvr_error(KVR_ERR_ARG, "kvr_chat_apply: message %d has no %s", i, msgs[i].role ? "content" : "role");
         }
     }
-    struct chat_out o = { buf, (size_t) cap, 0 };
+    struct chat_out o = { buf, markup, (size_t) cap, 0 };
     chat_render(t, msgs, n_msgs, add_assistant, &o);
     if (o.len > INT32_MAX - 1) {
         return kvr_error(KVR_ERR_ARG, "kvr_chat_apply: the rendered conversation is longer than 2 GiB");
     }
     if (o.len < o.cap) {
         buf[o.len] = '\0';
+        if (markup) markup[o.len] = false;
     }
     return (int) o.len;
+}
+
+int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                   char * buf, int cap) {
+    return chat_apply(tmpl, msgs, n_msgs, add_assistant, buf, NULL, cap);
+}
+
+int kvr_chat_apply_markup(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                          char * buf, bool * markup, int cap) {
+    if (cap > 0 && markup == NULL) {
+        return kvr_error(KVR_ERR_ARG, "kvr_chat_apply_markup: a buffer of %d bytes and no markup array", cap);
+    }
+    return chat_apply(tmpl, msgs, n_msgs, add_assistant, buf, markup, cap);
+}
+
+int kvr_chat_tokenize(const struct kvr_vocab * v, const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs,
+                      bool add_assistant, bool add_bos, bool special_in_msgs, int32_t * out, int n_max) {
+    const int len = kvr_chat_apply_markup(tmpl, msgs, n_msgs, add_assistant, NULL, NULL, 0);
+    if (len < 0) {
+        return len;
+    }
+    char * text = malloc((size_t) len + 1);
+    bool * markup = malloc((size_t) len + 1);
+    int rc;
+    if (text == NULL || markup == NULL) {
+        rc = kvr_error(KVR_ERR_NOMEM, "kvr_chat_tokenize: out of memory for %d bytes of conversation", len);
+    } else if ((rc = kvr_chat_apply_markup(tmpl, msgs, n_msgs, add_assistant, text, markup, len + 1)) >= 0) {
+        rc = special_in_msgs ? kvr_tokenize(v, text, out, n_max, add_bos, true)
+                             : kvr_tokenize_markup(v, text, markup, out, n_max, add_bos);
+    }
+    free(text);
+    free(markup);
+    return rc;
 }
 
 //

@@ -55,6 +55,7 @@ struct run_args {
     const char * tokens;
     const char * dump_logits;
     bool         no_special;   // -p/-f text: "<|im_start|>" stays text instead of the special token
+    bool         special_in_turns; // -cnv: the same text in a user turn or --system is the special token
     bool         no_escape;    // -p (and chat input): keep "\n" as two characters
     bool         conversation; // -cnv
     bool         ignore_eos;   // --ignore-eos: end-of-generation tokens are never sampled
@@ -200,6 +201,10 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--chat-template", .kind = KVR_CLI_TEXT, .dst = &a->chat_template, .meta = "NAME",
           .help = "-cnv: the template family instead of the file's (chatml, llama3, gemma, ...;\n"
                   "an unknown name lists them all)" },
+        { .name = "--special-in-turns", .kind = KVR_CLI_SWITCH, .dst = &a->special_in_turns,
+          .help = "-cnv: special-token text typed in a turn or --system (\"<|im_end|>\") becomes\n"
+                  "the control token (default: it stays text, so a turn cannot end itself and open\n"
+                  "another; only the template's own markers are special tokens)" },
         { .kind = KVR_CLI_SECTION, .help = "parallel prefill:" },
         { .name = "--ranks", .kind = KVR_CLI_INT, .dst = &a->n_ranks, .meta = "N", .lo = 1, .hi = 256,
           .help = "ranks (default 1; under mpirun: the MPI size)" },
@@ -263,7 +268,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     if (a->conversation) {
         if (a->tokens) return kvr_cli_fail(&cli, "-cnv takes text turns: --tokens does not go with it");
         if (a->prompt && a->prompt_file) return kvr_cli_fail(&cli, "-cnv: give at most one of -p and -f (the first user turn)");
-        if (a->no_special) return kvr_cli_fail(&cli, "-cnv: a chat template needs its special tokens; --no-special does not go with it");
+        if (a->no_special && a->special_in_turns) return kvr_cli_fail(&cli, "--no-special and --special-in-turns contradict each other");
         if (a->n_predict_set && a->n_predict == 0) return kvr_cli_fail(&cli, "-cnv: -n is the most tokens a reply may have: at least 1");
         if (a->dump_logits) return kvr_cli_fail(&cli, "-cnv: --dump-logits writes one prompt's logits; it does not go with a chat");
         if (a->partition && strcmp(a->partition, "even") != 0 && (strncmp(a->partition, "table:", 6) == 0 || !strchr(a->partition, '.'))) {
@@ -272,6 +277,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     } else {
         if (a->system) return kvr_cli_fail(&cli, "--system is for a chat: add -cnv");
         if (a->chat_template) return kvr_cli_fail(&cli, "--chat-template is for a chat: add -cnv");
+        if (a->special_in_turns) return kvr_cli_fail(&cli, "--special-in-turns is for a chat: add -cnv (a prompt's special tokens: the default, --no-special)");
         if (a->kv_load && a->session) return kvr_cli_fail(&cli, "--kv-load and --session exclude each other (--session loads its file itself)");
         if (a->resume && (a->kv_load || a->session)) return kvr_cli_fail(&cli, "--resume restores the cache itself: not with --kv-load or --session");
         if (!!a->prompt + !!a->prompt_file + !!a->tokens > 1 || (!a->kv_load && !a->resume && !a->prompt && !a->prompt_file && !a->tokens)) {
@@ -368,15 +374,18 @@ static void print_ids(const char * label, const int32_t * ids, int n) {
     fprintf(stderr, "\n");
 }
 
-// text -> a new array of ids (its count in *n), or NULL with a message naming what failed
-static int32_t * tokenize_text(const struct kvr_vocab * vocab, const char * text, bool bos, bool special, int * n) {
-    const int need = kvr_tokenize(vocab, text, NULL, 0, bos, special);
+// text -> a new array of ids (its count in *n), or NULL with a message naming what failed. With
+// markup (a chat's rendering), control tokens only where it marks the template's own text.
+static int32_t * tokenize_text(const struct kvr_vocab * vocab, const char * text, const bool * markup, bool bos, bool special,
+                               int * n) {
+    const int need = markup ? kvr_tokenize_markup(vocab, text, markup, NULL, 0, bos) : kvr_tokenize(vocab, text, NULL, 0, bos, special);
     if (need < 0) {
         fprintf(stderr, "kvr-run: cannot tokenize the text: %s\n", kvr_last_error());
         return NULL;
     }
     int32_t * ids = malloc(sizeof(int32_t) * (size_t)(need + 1));
-    if (!ids || kvr_tokenize(vocab, text, ids, need + 1, bos, special) != need) {
+    if (!ids || (markup ? kvr_tokenize_markup(vocab, text, markup, ids, need + 1, bos)
+                        : kvr_tokenize(vocab, text, ids, need + 1, bos, special)) != need) {
         fprintf(stderr, "kvr-run: cannot tokenize the text: %s\n", ids ? kvr_last_error() : "out of memory");
         free(ids);
         return NULL;
@@ -461,15 +470,21 @@ static char * read_turn(bool tty) {
     return t.s ? t.s : strdup("");
 }
 
-// The conversation rendered by a template family into a new string.
-static char * chat_render(const char * family, const struct kvr_chat_message * msgs, int n, bool add_assistant) {
+// The conversation rendered by a template family into a new string; with markup, also which of
+// its bytes are the template's own (a new array in *markup).
+static char * chat_render(const char * family, const struct kvr_chat_message * msgs, int n, bool add_assistant, bool ** markup) {
     const int len = kvr_chat_apply(family, msgs, n, add_assistant, NULL, 0);
     char * buf = len >= 0 ? malloc((size_t) len + 1) : NULL;
-    if (!buf || kvr_chat_apply(family, msgs, n, add_assistant, buf, len + 1) != len) {
+    bool * mk = len >= 0 && markup ? malloc((size_t) len + 1) : NULL;
+    if (!buf || (markup && !mk) ||
+        (markup ? kvr_chat_apply_markup(family, msgs, n, add_assistant, buf, mk, len + 1)
+                : kvr_chat_apply(family, msgs, n, add_assistant, buf, len + 1)) != len) {
         fprintf(stderr, "kvr-run: cannot render the chat: %s\n", len < 0 ? kvr_last_error() : "out of memory");
         free(buf);
+        free(mk);
         return NULL;
     }
+    if (markup) *markup = mk;
     return buf;
 }
 
@@ -511,15 +526,19 @@ static bool chat_add(struct chat * c, const char * role, const char * content) {
 // newline first where that rendering ends with one (the newline after the end-of-turn token), and
 // the end-of-turn token first if the reply was cut off. Returns the last token's logits, or NULL
 // with *rc set (1: the context is full or the prefill failed, 2: bad input; 0: nothing to add).
+// The new text is tokenized with kvr_tokenize_markup: special tokens come from the template's own
+// markers only, unless --special-in-turns.
 static const float * chat_prefill(struct chat * c, int * rc) {
-    char * full = chat_render(c->family, c->msgs, c->n_msgs, c->msgs[c->n_msgs - 1].role[0] == 'u');
+    bool * full_mk = NULL;
+    char * full = chat_render(c->family, c->msgs, c->n_msgs, c->msgs[c->n_msgs - 1].role[0] == 'u', &full_mk);
     if (!full) { *rc = 2; return NULL; }
-    struct text delta = { 0 };
+    size_t start = c->cached.len; // the new text: full from start, after a newline where nl
+    bool nl = false;
     int32_t head[2];
     int n_head = 0;
     if (c->pending >= 0) head[n_head++] = c->pending;
     if (c->cached.len == 0 || strncmp(full, c->cached.s, c->cached.len) == 0) {
-        text_add(&delta, full + c->cached.len, strlen(full) - c->cached.len);
+        start = c->cached.len;
     } else {
         if (c->a->verbose) {
             size_t at = 0;
@@ -527,30 +546,38 @@ static const float * chat_prefill(struct chat * c, int * rc) {
             fprintf(stderr, "turn %d: the template writes the conversation otherwise than the cache holds it from byte %zu "
                     "(\"%.20s\" vs \"%.20s\"): llama.cpp's rule for the new turn\n", c->turn, at, full + at, c->cached.s + at);
         }
-        char * past = chat_render(c->family, c->msgs, c->n_msgs - 1, false);
-        if (!past) { free(full); *rc = 2; return NULL; }
+        char * past = chat_render(c->family, c->msgs, c->n_msgs - 1, false, NULL);
+        if (!past) { free(full); free(full_mk); *rc = 2; return NULL; }
         const size_t pl = strlen(past);
         if (!c->closed) {
             const int32_t eot = kvr_vocab_eot(c->vocab) >= 0 ? kvr_vocab_eot(c->vocab) : kvr_vocab_eos(c->vocab);
             if (eot >= 0) head[n_head++] = eot;
         }
-        if (pl > 0 && past[pl - 1] == '\n') text_add(&delta, "\n", 1);
-        const size_t skip = strncmp(full, past, pl) == 0 ? pl : 0;
-        text_add(&delta, full + skip, strlen(full) - skip);
+        nl = pl > 0 && past[pl - 1] == '\n';
+        start = strncmp(full, past, pl) == 0 ? pl : 0;
         free(past);
     }
-    if (delta.oom) {
+    const size_t rest = strlen(full) - start;
+    char * delta = malloc(nl + rest + 1);
+    bool * delta_mk = malloc(nl + rest + 1);
+    if (!delta || !delta_mk) {
         fprintf(stderr, "kvr-run: out of memory for the chat\n");
-        free(full); free(delta.s); *rc = 1; return NULL;
+        free(full); free(full_mk); free(delta); free(delta_mk); *rc = 1; return NULL;
     }
+    delta[0] = '\n';
+    delta_mk[0] = true; // the template's newline after an end of turn
+    memcpy(delta + nl, full + start, rest + 1);
+    memcpy(delta_mk + nl, full_mk + start, rest);
+    free(full_mk);
     int n_text = 0;
-    int32_t * text_ids = tokenize_text(c->vocab, delta.s ? delta.s : "", c->bos, true, &n_text);
-    if (!text_ids) { free(full); free(delta.s); *rc = 2; return NULL; }
+    int32_t * text_ids = tokenize_text(c->vocab, delta, c->a->special_in_turns ? NULL : delta_mk, c->bos, true, &n_text);
+    free(delta_mk);
+    if (!text_ids) { free(full); free(delta); *rc = 2; return NULL; }
     const int n = n_head + n_text;
     int32_t * ids = malloc(sizeof(int32_t) * (size_t) (n > 0 ? n : 1));
     if (!ids) {
         fprintf(stderr, "kvr-run: out of memory for the chat\n");
-        free(text_ids); free(full); free(delta.s); *rc = 1; return NULL;
+        free(text_ids); free(full); free(delta); *rc = 1; return NULL;
     }
     memcpy(ids, head, sizeof(int32_t) * (size_t) n_head);
     memcpy(ids + n_head, text_ids, sizeof(int32_t) * (size_t) n_text);
@@ -584,7 +611,7 @@ static const float * chat_prefill(struct chat * c, int * rc) {
     }
     free(ids);
     free(full);
-    free(delta.s);
+    free(delta);
     return logits;
 }
 
@@ -835,7 +862,7 @@ int kvr_run_main(int argc, char ** argv) {
             ids = malloc(sizeof(int32_t)); // --kv-load or --resume alone: nothing to append (the logs' prompt)
         } else if (!a.conversation) {
             // appended to a restored cache: no BOS
-            ids = tokenize_text(vocab, text, kvr_vocab_add_bos(vocab) && !a.kv_load, !a.no_special, &n_prompt);
+            ids = tokenize_text(vocab, text, NULL, kvr_vocab_add_bos(vocab) && !a.kv_load, !a.no_special, &n_prompt);
             if (!ids) goto done;
         }
     }
