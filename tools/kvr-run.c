@@ -5,8 +5,9 @@
 // parsed by tools/kvr-cli.h); every value, path and combination is checked, and the prompt
 // measured against the context, before the prompt is echoed: exit 2 for those, 1 for a run that
 // fails once started. With -cnv it is a chat instead (run_conversation): user turns from stdin,
-// the model's chat template applied, each turn prefilled on top of the cache the earlier ones
-// left, the replies streamed to stdout.
+// the model's chat template applied (its markers are special tokens, what the user typed is text:
+// kvr_tokenize_markup), each turn prefilled on top of the cache the earlier ones left, the
+// replies streamed to stdout.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -268,7 +269,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     if (a->conversation) {
         if (a->tokens) return kvr_cli_fail(&cli, "-cnv takes text turns: --tokens does not go with it");
         if (a->prompt && a->prompt_file) return kvr_cli_fail(&cli, "-cnv: give at most one of -p and -f (the first user turn)");
-        if (a->no_special && a->special_in_turns) return kvr_cli_fail(&cli, "--no-special and --special-in-turns contradict each other");
+        if (a->no_special && a->special_in_turns) return kvr_cli_fail(&cli, "-cnv: --no-special and --special-in-turns contradict each other");
         if (a->n_predict_set && a->n_predict == 0) return kvr_cli_fail(&cli, "-cnv: -n is the most tokens a reply may have: at least 1");
         if (a->dump_logits) return kvr_cli_fail(&cli, "-cnv: --dump-logits writes one prompt's logits; it does not go with a chat");
         if (a->partition && strcmp(a->partition, "even") != 0 && (strncmp(a->partition, "table:", 6) == 0 || !strchr(a->partition, '.'))) {
