@@ -7943,7 +7943,7 @@ int kvr_tokenize_markup(const struct kvr_vocab * v, const char * text, const boo
     return vocab_tokenize(v, text, markup, out, n_max, add_bos, true);
 }
 
-void kvr_unescape(char * s) {
+size_t kvr_unescape(char * s) {
     char * out = s;
     for (const char * p = s; *p; p++) {
         if (p[0] != '\\' || p[1] == '\0') {
@@ -7970,6 +7970,7 @@ void kvr_unescape(char * s) {
         }
     }
     *out = '\0';
+    return (size_t) (out - s);
 }
 
 //
@@ -8148,20 +8149,24 @@ static int chat_resolve(const char * tmpl, enum chat_tmpl * out) {
         *out = t;
         return KVR_OK;
     }
-    // an excerpt on one line: the first 80 bytes, newlines shown as \n, cut at a character
-    char ex[128];
+    // an excerpt on one line that cannot drive a terminal: the first 80 bytes, cut at a character,
+    // newlines as \n, control bytes (C0, DEL, C1) and bytes that are no UTF-8 as \xHH
+    char ex[400];
     size_t n = 0, i = 0;
-    for (; tmpl[i] && n + 3 < sizeof ex && i < 80; i++) {
-        if (tmpl[i] == '\n') {
-            ex[n++] = '\\';
-            ex[n++] = 'n';
+    const size_t tl = strlen(tmpl);
+    while (tmpl[i] && i < 80) {
+        size_t next = i;
+        const uint32_t cp = vocab_utf8_decode((const unsigned char *) tmpl, tl, &next);
+        const bool bad = cp == 0xFFFD && next == i + 1;
+        if (cp == '\n') {
+            n += (size_t) snprintf(ex + n, sizeof ex - n, "\\n");
+        } else if (bad || cp < 0x20 || (cp >= 0x7f && cp < 0xa0)) {
+            for (size_t k = i; k < next; k++) n += (size_t) snprintf(ex + n, sizeof ex - n, "\\x%02x", (unsigned char) tmpl[k]);
         } else {
-            ex[n++] = tmpl[i];
+            memcpy(ex + n, tmpl + i, next - i);
+            n += next - i;
         }
-    }
-    while (tmpl[i] && n > 0 && ((unsigned char) tmpl[i] & 0xc0) == 0x80) { // a cut inside a UTF-8 character
-        i--;
-        n--;
+        i = next;
     }
     ex[n] = '\0';
     const char * more = tmpl[i] ? "..." : "";

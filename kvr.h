@@ -767,7 +767,8 @@ int kvr_tokenize_markup(const struct kvr_vocab * v, const char * text, const boo
 int kvr_token_to_piece(const struct kvr_vocab * v, int32_t id, char * buf, int cap, bool special);
 // The escapes llama.cpp's tools turn into characters in a prompt given on the command line, in
 // place: \n \r \t \' \" \\ and \xHH (two hex digits); any other backslash stays as it is.
-void kvr_unescape(char * s);
+// Returns the length of the result, which is more than its strlen where a \x00 made a NUL byte.
+size_t kvr_unescape(char * s);
 // The token that ends a turn in a chat (<|im_end|>, <|eot_id|>, <end_of_turn>, ...), -1 if none.
 int32_t      kvr_vocab_eot(const struct kvr_vocab * v);
 // The file's chat template (tokenizer.chat_template, Jinja text), or NULL when it has none.

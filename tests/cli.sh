@@ -156,5 +156,35 @@ fi
 refused "--special-in-turns without -cnv" "^kvr-run: --special-in-turns is for a chat: add -cnv" $run -p hi --special-in-turns
 refused "--special-in-turns with --no-special" "contradict each other" $run -cnv --special-in-turns --no-special
 
+# a template's bytes are quoted, not sent to the terminal: control bytes as \xHH
+printf 'hi\n' | "$build/kvr-run" -m "$model" -cnv --chat-template "$(printf 'x\033[2J\033]0;t\007')" > "$tmp/out" 2> "$tmp/err"
+rc=$?
+if [ $rc -eq 2 ] && ! tr -d '\n' < "$tmp/err" | grep -q "$(printf '[\001-\037\177]')" && grep -qF 'unknown chat template "x\x1b[2J\x1b]0;t\x07"' "$tmp/err"; then
+    ok; echo "ok   --chat-template: control bytes quoted as \\xHH"
+else
+    bad "--chat-template with terminal escapes: exit $rc: $(od -c "$tmp/err" | head -n 3)"
+fi
+
+# the prompt and the model are given once: a second -p, -f or -m would silently replace the first
+for t in kvr-run kvr-tokenize; do
+    refused "$t: -p twice" "^$t: -p is given twice (first -p 'a'): give it once" "$build/$t" -m "$model" -p a -p b
+    refused "$t: -f twice" "^$t: -f is given twice (first -f '$model'): give it once" "$build/$t" -m "$model" -f "$model" -f "$model"
+    refused "$t: -m twice" "^$t: -m is given twice (first -m '$model'): give it once" "$build/$t" -m "$model" -m "$model" -p a
+done
+refused "kvr-run: --prompt after -p" "^kvr-run: --prompt is given twice (first -p 'a')" $run -p a --prompt b
+# -p's text after its escapes is held to what a -f file is: UTF-8 without NUL bytes
+for t in kvr-run kvr-tokenize; do
+    refused "$t -p 'a\\xff'" "^$t: -p (its escapes applied): invalid UTF-8 at byte 1 (line 1): prompts must be UTF-8 text" \
+        "$build/$t" -m "$model" -p 'a\xff'
+    refused "$t -p 'a\\x00b'" "^$t: -p (its escapes applied): a NUL byte at byte 1 (line 1)" "$build/$t" -m "$model" -p 'a\x00b'
+done
+"$build/kvr-tokenize" -m "$model" -p 'a\xff' --no-escape > /dev/null 2>&1 && ok || bad "kvr-tokenize --no-escape -p 'a\\xff' (ASCII) refused"
+
+# a file whose vocabulary cannot be loaded: bad input (2) in kvr-tokenize as in kvr-run
+u64() { printf "\\$(printf %03o "$1")\\000\\000\\000\\000\\000\\000\\000"; }
+{ printf 'GGUF\003\000\000\000'; u64 0; u64 1; u64 20; printf 'tokenizer.ggml.model\010\000\000\000'; u64 2; printf 't5'; } > "$tmp/t5.gguf"
+refused "kvr-tokenize: an unknown tokenizer model exits 2" "^kvr-tokenize: $tmp/t5.gguf: .*t5" "$build/kvr-tokenize" -m "$tmp/t5.gguf" -p hi
+refused "kvr-run: the same file exits 2" "^kvr-run: " $run -m "$tmp/t5.gguf" -p hi
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -6,7 +6,7 @@
 // size-needed contract of kvr_chat_apply; detection from template texts: the real one of
 // SmolLM2-135M-Instruct (from its GGUF when tools/install-deps.sh put it in models/gguf; skipped,
 // saying so, otherwise) and short characteristic pieces of the others; refusals that name what
-// they were given and the known names; kvr_chat_tokenize: control-token text in a message stays
+// they were given (control bytes quoted as \xHH) and the known names; kvr_chat_tokenize: control-token text in a message stays
 // text, the template's markup gives the special ids, a benign conversation the ids it always had;
 // the escapes kvr_unescape turns into characters.
 //
@@ -275,6 +275,13 @@ static void test_detection(void) {
     got = kvr_chat_template_detect(longt);
     CHECK(got == NULL && strstr(kvr_last_error(), "\"{{ line one }}\\nxxx") && strstr(kvr_last_error(), "x...\"") &&
           strlen(kvr_last_error()) < 300 + strlen(kvr_chat_template_names()), "a long template's excerpt: %s", kvr_last_error());
+    // a template's bytes are quoted so that they cannot drive the terminal the message goes to
+    got = kvr_chat_template_detect("{{ x }}\x1b]0;owned\x07\x1b[2J\xc2\x9b" "1m\tcaf\xc3\xa9 \xff!");
+    const char * err = kvr_last_error();
+    bool raw = false;
+    for (const unsigned char * p = (const unsigned char *) err; *p; p++) raw |= *p < 0x20 || *p == 0x7f || *p == 0xff;
+    CHECK(got == NULL && !raw && strstr(err, "\"{{ x }}\\x1b]0;owned\\x07\\x1b[2J\\xc2\\x9b1m\\x09caf\xc3\xa9 \\xff!\""),
+          "control bytes of a template are quoted as \\xHH, UTF-8 text as it is: %s", err);
     CHECK(kvr_chat_template_detect("") == NULL && kvr_chat_template_detect(NULL) == NULL, "no template is refused");
 }
 

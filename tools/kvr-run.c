@@ -148,9 +148,10 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     // its field to run_args and its line here (tools/kvr-cli.h has the kinds and ranges).
     char backend_help[1024];
     const struct kvr_cli_flag flags[] = {
-        { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF)" },
-        { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .empty_ok = true, .help = "prompt text" },
-        { .name = "-f", .alt = "--file", .kind = KVR_CLI_IN, .dst = &a->prompt_file, .meta = "FILE",
+        { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .once = true, .help = "model (GGUF)" },
+        { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .empty_ok = true, .once = true,
+          .help = "prompt text" },
+        { .name = "-f", .alt = "--file", .kind = KVR_CLI_IN, .dst = &a->prompt_file, .meta = "FILE", .once = true,
           .help = "read the prompt from a file (UTF-8 text: a NUL byte or invalid UTF-8 is an error)" },
         { .name = "--tokens", .kind = KVR_CLI_TEXT, .dst = &a->tokens, .meta = "LIST", .help = "prompt as comma-separated token ids (no BOS is added)" },
         { .name = "--no-special", .kind = KVR_CLI_SWITCH, .dst = &a->no_special,
@@ -289,7 +290,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     if (a->conversation && (a->kv_save || a->kv_load || a->session || a->kv_stream || a->pd || a->replicate_dir || a->resume)) {
         return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream, --decode-rank, --replicate-dir and --resume are for one prompt's run");
     }
-    if (a->prompt && kvr_cli_check_text("kvr-run", "-p", a->prompt, strlen(a->prompt))) return 2;
+    if (a->prompt && kvr_cli_check_prompt("kvr-run", a->prompt, !a->no_escape)) return 2;
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
     // under MPI the rank count is the communicator's: kvr_session_new checks the decode rank there
     if (a->pd && a->comm == KVR_COMM_LOCAL && a->decode_rank != a->n_ranks - 1) {
@@ -471,6 +472,23 @@ static char * read_turn(bool tty) {
     return t.s ? t.s : strdup("");
 }
 
+// At most max bytes of s on one line that cannot drive a terminal: newlines as \n, control bytes
+// (C0, DEL, and C1 as UTF-8 writes them) as \xHH.
+static void put_escaped(FILE * f, const char * s, size_t max) {
+    const unsigned char * u = (const unsigned char *) s;
+    for (size_t i = 0; i < max && u[i]; i++) {
+        if (u[i] == '\n') {
+            fputs("\\n", f);
+        } else if (u[i] < 0x20 || u[i] == 0x7f || (u[i] == 0xc2 && u[i + 1] >= 0x80 && u[i + 1] < 0xa0)) {
+            fprintf(f, "\\x%02x", u[i]);
+        } else if (i > 0 && u[i - 1] == 0xc2 && u[i] >= 0x80 && u[i] < 0xa0) {
+            fprintf(f, "\\x%02x", u[i]);
+        } else {
+            fputc(u[i], f);
+        }
+    }
+}
+
 // The conversation rendered by a template family into a new string; with markup, also which of
 // its bytes are the template's own (a new array in *markup).
 static char * chat_render(const char * family, const struct kvr_chat_message * msgs, int n, bool add_assistant, bool ** markup) {
@@ -544,8 +562,12 @@ static const float * chat_prefill(struct chat * c, int * rc) {
         if (c->a->verbose) {
             size_t at = 0;
             while (at < c->cached.len && full[at] == c->cached.s[at]) at++;
-            fprintf(stderr, "turn %d: the template writes the conversation otherwise than the cache holds it from byte %zu "
-                    "(\"%.20s\" vs \"%.20s\"): llama.cpp's rule for the new turn\n", c->turn, at, full + at, c->cached.s + at);
+            fprintf(stderr, "turn %d: the template writes the conversation otherwise than the cache holds it from byte %zu (\"",
+                    c->turn, at);
+            put_escaped(stderr, full + at, 20);
+            fputs("\" vs \"", stderr);
+            put_escaped(stderr, c->cached.s + at, 20);
+            fputs("\"): llama.cpp's rule for the new turn\n", stderr);
         }
         char * past = chat_render(c->family, c->msgs, c->n_msgs - 1, false, NULL);
         if (!past) { free(full); free(full_mk); *rc = 2; return NULL; }
