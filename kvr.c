@@ -188,6 +188,22 @@ size_t kvr_row_size(enum kvr_type t, int64_t ne0) {
     return (size_t)(ne0 / type_traits[t].blck_size) * type_traits[t].type_size;
 }
 
+// The bytes of a tensor of a known type and shape ne (each >= 0, ne[0] whole blocks) into *out;
+// false where a product overflows (blocks times the block's bytes, then times each further
+// dimension): a file's shape must not wrap to a small size that passes its bounds checks.
+static bool tensor_bytes(enum kvr_type type, const int64_t ne[KVR_MAX_DIMS], size_t * out) {
+    const uint64_t block = type_traits[type].type_size;
+    uint64_t bytes = (uint64_t)(ne[0] / type_traits[type].blck_size);
+    if (block && bytes > SIZE_MAX / block) return false;
+    bytes *= block;
+    for (int d = 1; d < KVR_MAX_DIMS; d++) {
+        if (ne[d] > 0 && bytes > SIZE_MAX / (uint64_t)ne[d]) return false;
+        bytes *= (uint64_t)ne[d];
+    }
+    *out = (size_t)bytes;
+    return true;
+}
+
 //
 // 4. quantized types: block layouts and their conversion to f32
 //
@@ -5442,10 +5458,7 @@ static int gguf_parse(struct kvr_gguf * g) {
         if (t->ne[0] % type_traits[type].blck_size != 0) {
             return gguf_fail(&r, what, "first dimension is not a multiple of the type's block size");
         }
-        const uint64_t rows = (uint64_t)(t->ne[0] ? nel / t->ne[0] : 0);
-        const uint64_t row  = (uint64_t)(t->ne[0] / type_traits[type].blck_size) * type_traits[type].type_size;
-        if (rows && row > UINT64_MAX / rows) return gguf_fail(&r, what, "byte size overflows");
-        t->size = (size_t)(row * rows);
+        if (!tensor_bytes(t->type, t->ne, &t->size)) return gguf_fail(&r, what, "byte size overflows");
         if (gguf_u64(&r, &t->offset, what)) return KVR_ERR_FORMAT;
         if (t->offset % g->alignment != 0) {
             r.off -= 8;
@@ -5871,12 +5884,10 @@ void kvr_gguf_add_tensor(struct kvr_gguf_writer * w, const char * name, enum kvr
         gw_fail(w, "row length is not a whole number of blocks in tensor", name, name_len);
         return;
     }
-    const size_t row = kvr_row_size(type, t.ne[0]);
-    if (rows > 0 && row > SIZE_MAX / (size_t) rows) {
+    if (!tensor_bytes(type, t.ne, &t.size)) {
         gw_fail(w, "tensor too large:", name, name_len);
         return;
     }
-    t.size = row * (size_t) rows;
     arrput(w->tensors, t);
     shput(w->names, name, 1);
 }
