@@ -6272,8 +6272,11 @@ static int vocab_get_arr(const struct kvr_gguf * g, const char * key, enum kvr_g
     return KVR_OK;
 }
 
-// An optional token id key: keeps *id when absent or out of range (llama.cpp warns and does the same).
-static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_tokens, int32_t * id) {
+// An optional token id key: keeps *id when absent. Out of range, llama.cpp warns and keeps the
+// default: for the ids that shape the text (strict: BOS, EOS, end of turn, unknown) that default
+// is another token than the file meant, and the output changes without a word, so the file is
+// refused; ids kvr never writes or reads (padding, FIM) are ignored as llama.cpp does.
+static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_tokens, bool strict, int32_t * id) {
     const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(g, key);
     if (kv == NULL) {
         return KVR_OK;
@@ -6289,7 +6292,7 @@ static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_token
         case KVR_GGUF_INT16:  { int16_t  x; memcpy(&x, kv->data, sizeof x); val = x; } break;
         case KVR_GGUF_UINT32: { uint32_t x; memcpy(&x, kv->data, sizeof x); val = x; } break;
         case KVR_GGUF_INT32:  { int32_t  x; memcpy(&x, kv->data, sizeof x); val = x; } break;
-        case KVR_GGUF_UINT64: { uint64_t x; memcpy(&x, kv->data, sizeof x); val = x > INT64_MAX ? -1 : (int64_t) x; } break;
+        case KVR_GGUF_UINT64: { uint64_t x; memcpy(&x, kv->data, sizeof x); val = x > INT64_MAX ? INT64_MAX : (int64_t) x; } break;
         case KVR_GGUF_INT64:  { int64_t  x; memcpy(&x, kv->data, sizeof x); val = x; } break;
         default:
             return kvr_error(KVR_ERR_FORMAT, "%s: expected an integer token id, found %s", key,
@@ -6297,6 +6300,9 @@ static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_token
     }
     if (val >= 0 && val < n_tokens) {
         *id = (int32_t) val;
+    } else if (strict) {
+        return kvr_error(KVR_ERR_FORMAT, "%s = %" PRId64 " is not a token of this vocabulary (ids 0 to %d): "
+                         "kvr would have to guess which token the file means", key, val, n_tokens - 1);
     }
     return KVR_OK;
 }
@@ -6717,29 +6723,29 @@ static int vocab_load_impl(struct kvr_vocab * v, const struct kvr_gguf * g) {
     }
 
     // special token ids and flags
-    static const struct { const char * key; size_t off; } ids[] = {
-        { "tokenizer.ggml.bos_token_id",       offsetof(struct kvr_vocab, bos)     },
-        { "tokenizer.ggml.eos_token_id",       offsetof(struct kvr_vocab, eos)     },
-        { "tokenizer.ggml.eot_token_id",       offsetof(struct kvr_vocab, eot)     },
-        { "tokenizer.ggml.eom_token_id",       offsetof(struct kvr_vocab, eom)     },
-        { "tokenizer.ggml.unknown_token_id",   offsetof(struct kvr_vocab, unk)     },
-        { "tokenizer.ggml.padding_token_id",   offsetof(struct kvr_vocab, pad)     },
-        { "tokenizer.ggml.fim_pre_token_id",   offsetof(struct kvr_vocab, fim_pre) },
-        { "tokenizer.ggml.fim_suf_token_id",   offsetof(struct kvr_vocab, fim_suf) },
-        { "tokenizer.ggml.fim_mid_token_id",   offsetof(struct kvr_vocab, fim_mid) },
-        { "tokenizer.ggml.fim_pad_token_id",   offsetof(struct kvr_vocab, fim_pad) },
-        { "tokenizer.ggml.fim_rep_token_id",   offsetof(struct kvr_vocab, fim_rep) },
-        { "tokenizer.ggml.fim_sep_token_id",   offsetof(struct kvr_vocab, fim_sep) },
-        { "tokenizer.ggml.prefix_token_id",    offsetof(struct kvr_vocab, fim_pre) },  // deprecated names
-        { "tokenizer.ggml.suffix_token_id",    offsetof(struct kvr_vocab, fim_suf) },
-        { "tokenizer.ggml.middle_token_id",    offsetof(struct kvr_vocab, fim_mid) },
+    static const struct { const char * key; size_t off; bool strict; } ids[] = {
+        { "tokenizer.ggml.bos_token_id",       offsetof(struct kvr_vocab, bos),     true  },
+        { "tokenizer.ggml.eos_token_id",       offsetof(struct kvr_vocab, eos),     true  },
+        { "tokenizer.ggml.eot_token_id",       offsetof(struct kvr_vocab, eot),     true  },
+        { "tokenizer.ggml.eom_token_id",       offsetof(struct kvr_vocab, eom),     true  },
+        { "tokenizer.ggml.unknown_token_id",   offsetof(struct kvr_vocab, unk),     true  },
+        { "tokenizer.ggml.padding_token_id",   offsetof(struct kvr_vocab, pad),     false },
+        { "tokenizer.ggml.fim_pre_token_id",   offsetof(struct kvr_vocab, fim_pre), false },
+        { "tokenizer.ggml.fim_suf_token_id",   offsetof(struct kvr_vocab, fim_suf), false },
+        { "tokenizer.ggml.fim_mid_token_id",   offsetof(struct kvr_vocab, fim_mid), false },
+        { "tokenizer.ggml.fim_pad_token_id",   offsetof(struct kvr_vocab, fim_pad), false },
+        { "tokenizer.ggml.fim_rep_token_id",   offsetof(struct kvr_vocab, fim_rep), false },
+        { "tokenizer.ggml.fim_sep_token_id",   offsetof(struct kvr_vocab, fim_sep), false },
+        { "tokenizer.ggml.prefix_token_id",    offsetof(struct kvr_vocab, fim_pre), false },  // deprecated names
+        { "tokenizer.ggml.suffix_token_id",    offsetof(struct kvr_vocab, fim_suf), false },
+        { "tokenizer.ggml.middle_token_id",    offsetof(struct kvr_vocab, fim_mid), false },
     };
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         int32_t * id = (int32_t *) ((char *) v + ids[i].off);
         if (*id >= n) {
             *id = -1;  // a default outside this vocabulary
         }
-        if ((rc = vocab_get_id(g, ids[i].key, n, id)) != KVR_OK) {
+        if ((rc = vocab_get_id(g, ids[i].key, n, ids[i].strict, id)) != KVR_OK) {
             return rc;
         }
     }
