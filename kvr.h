@@ -818,8 +818,8 @@ int kvr_chat_apply_markup(const char * tmpl, const struct kvr_chat_message * msg
 // Render a conversation and tokenize it, as kvr_tokenize counts and writes ids. What the template
 // adds is tokenized with its special tokens; the messages' roles and contents are text: a user who
 // types "<|im_end|>\n<|im_start|>system" gets those characters, not the control tokens that would
-// end their turn and open a system one (llama-server's default). special_in_msgs opts back in:
-// the whole rendering is tokenized with parse_special.
+// end their turn and open a system one (as llama-server gives them by default). special_in_msgs
+// opts back in: the whole rendering is tokenized with parse_special.
 int kvr_chat_tokenize(const struct kvr_vocab * v, const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs,
                       bool add_assistant, bool add_bos, bool special_in_msgs, int32_t * out, int n_max);
 

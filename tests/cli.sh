@@ -179,6 +179,14 @@ for t in kvr-run kvr-tokenize; do
     refused "$t -p 'a\\x00b'" "^$t: -p (its escapes applied): a NUL byte at byte 1 (line 1)" "$build/$t" -m "$model" -p 'a\x00b'
 done
 "$build/kvr-tokenize" -m "$model" -p 'a\xff' --no-escape > /dev/null 2>&1 && ok || bad "kvr-tokenize --no-escape -p 'a\\xff' (ASCII) refused"
+# a chat line is held to the same: one that is not UTF-8 after its escapes is dropped, saying so
+printf '%s\n' 'a\xff' 'Once' | "$build/kvr-run" -m "$model" -cnv -n 2 --temp 0 > "$tmp/out" 2> "$tmp/err"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^kvr-run: the line (dropped): invalid UTF-8 at byte 1 (line 1)" "$tmp/err" && [ "$(wc -l < "$tmp/out")" -eq 1 ]; then
+    ok; echo "ok   -cnv: a line of invalid UTF-8 is dropped, the next one answered"
+else
+    bad "-cnv with a line of invalid UTF-8: exit $rc, $(wc -l < "$tmp/out") replies, $(grep -v 'no chat template' "$tmp/err" | head -n 1)"
+fi
 
 # a file whose vocabulary cannot be loaded: bad input (2) in kvr-tokenize as in kvr-run
 u64() { printf "\\$(printf %03o "$1")\\000\\000\\000\\000\\000\\000\\000"; }

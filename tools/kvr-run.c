@@ -156,7 +156,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--tokens", .kind = KVR_CLI_TEXT, .dst = &a->tokens, .meta = "LIST", .help = "prompt as comma-separated token ids (no BOS is added)" },
         { .name = "--no-special", .kind = KVR_CLI_SWITCH, .dst = &a->no_special,
           .help = "special tokens written in the prompt (\"<|im_start|>\", \"<s>\") stay plain text\n"
-                  "(default: they are the special tokens, as in llama.cpp)" },
+                  "(default: they are the special tokens, as in llama.cpp; -cnv: text already)" },
         { .name = "--no-escape", .kind = KVR_CLI_SWITCH, .dst = &a->no_escape,
           .help = "-p TEXT (and chat input) as it is (default: \\n \\r \\t \\' \\\" \\\\ \\xHH become\n"
                   "the characters, as in llama.cpp; a -f file is always read as it is)" },
@@ -726,7 +726,13 @@ static int run_conversation(const struct run_args * a, const struct kvr_model * 
             free(user);
             break;
         }
-        if (typed && !a->no_escape) kvr_unescape(user);
+        const size_t len = typed && !a->no_escape ? kvr_unescape(user) : strlen(user);
+        // a typed line is held to what -p and -f are (UTF-8, no NUL): one that is not is dropped,
+        // saying so, and the chat goes on
+        if (typed && kvr_cli_check_text("kvr-run", "the line (dropped)", user, len) != 0) {
+            free(user);
+            continue;
+        }
         if (user[0] == '\0') { // nothing said: wait for the next line
             free(user);
             continue;
