@@ -5,7 +5,9 @@
 # work, print nothing on stdout and name the flag and the value on stderr; a value inside the
 # range must pass. Then the checks of kvr-run around the flags: bad combinations and paths, the
 # default context and a prompt longer than it, prompt files with a NUL byte or invalid UTF-8 (the
-# same in kvr-run and kvr-tokenize). Ends with "N passed, M failed, K skipped".
+# same in kvr-run and kvr-tokenize, and in -p after its escapes), -p, -f and -m given twice, a
+# vocabulary that cannot load (exit 2 in both), chat turns whose control-token text stays text
+# (SmolLM2, where it is), a template's control bytes quoted. Ends with "N passed, M failed, K skipped".
 build=${1:-build}
 shared=${2:-../shared}
 pass=0; fail=0; skip=0
@@ -172,6 +174,10 @@ for t in kvr-run kvr-tokenize; do
     refused "$t: -m twice" "^$t: -m is given twice (first -m '$model'): give it once" "$build/$t" -m "$model" -m "$model" -p a
 done
 refused "kvr-run: --prompt after -p" "^kvr-run: --prompt is given twice (first -p 'a')" $run -p a --prompt b
+refused "kvr-compare: -p twice" "^kvr-compare: -p is given twice (first -p 'a')" "$build/kvr-compare" -m "$model" -p a -p b
+for t in kvr-bench kvr-tune; do
+    refused "$t: -m twice" "^$t: -m is given twice (first -m '$model')" "$build/$t" -m "$model" -m "$model"
+done
 # -p's text after its escapes is held to what a -f file is: UTF-8 without NUL bytes
 for t in kvr-run kvr-tokenize; do
     refused "$t -p 'a\\xff'" "^$t: -p (its escapes applied): invalid UTF-8 at byte 1 (line 1): prompts must be UTF-8 text" \

@@ -6,9 +6,11 @@
 //     overflow, trailing junk and empty values are refused with a message naming the flag and value;
 //   - an input file must exist and be readable, an output file must be creatable where it is going
 //     (its directory writable), so a run never fails at its end for a path it was given at its start;
-//   - exit status 2 for every bad flag, value, path or combination (kvr_cli_fail), 0 after -h.
+//   - exit status 2 for every bad flag, value, path or combination (kvr_cli_fail), 0 after -h;
+//   - a flag marked once (the model, the prompt) given twice is refused, not silently replaced.
 // --list-flags prints the table one flag a line ("NAME ALT KIND LO HI OPEN") for tests and shell
-// completion. Prompt text (kvr-run, kvr-tokenize) is checked here too: UTF-8 without NUL bytes.
+// completion. Prompt text (kvr-run, kvr-tokenize) is checked here too: UTF-8 without NUL bytes,
+// in a file and in -p after its escapes.
 //
 // It is a header of static functions because the Makefile makes a program of every tools/*.c.
 // Nothing here is part of the library: embedders parse their own options.
