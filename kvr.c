@@ -188,6 +188,22 @@ size_t kvr_row_size(enum kvr_type t, int64_t ne0) {
     return (size_t)(ne0 / type_traits[t].blck_size) * type_traits[t].type_size;
 }
 
+// The bytes of a tensor of a known type and shape ne (each >= 0, ne[0] whole blocks) into *out;
+// false where a product overflows (blocks times the block's bytes, then times each further
+// dimension): a file's shape must not wrap to a small size that passes its bounds checks.
+static bool tensor_bytes(enum kvr_type type, const int64_t ne[KVR_MAX_DIMS], size_t * out) {
+    const uint64_t block = type_traits[type].type_size;
+    uint64_t bytes = (uint64_t)(ne[0] / type_traits[type].blck_size);
+    if (block && bytes > SIZE_MAX / block) return false;
+    bytes *= block;
+    for (int d = 1; d < KVR_MAX_DIMS; d++) {
+        if (ne[d] > 0 && bytes > SIZE_MAX / (uint64_t)ne[d]) return false;
+        bytes *= (uint64_t)ne[d];
+    }
+    *out = (size_t)bytes;
+    return true;
+}
+
 //
 // 4. quantized types: block layouts and their conversion to f32
 //
@@ -5449,10 +5465,7 @@ static int gguf_parse(struct kvr_gguf * g) {
         if (t->ne[0] % type_traits[type].blck_size != 0) {
             return gguf_fail(&r, what, "first dimension is not a multiple of the type's block size");
         }
-        const uint64_t rows = (uint64_t)(t->ne[0] ? nel / t->ne[0] : 0);
-        const uint64_t row  = (uint64_t)(t->ne[0] / type_traits[type].blck_size) * type_traits[type].type_size;
-        if (rows && row > UINT64_MAX / rows) return gguf_fail(&r, what, "byte size overflows");
-        t->size = (size_t)(row * rows);
+        if (!tensor_bytes(t->type, t->ne, &t->size)) return gguf_fail(&r, what, "byte size overflows");
         if (gguf_u64(&r, &t->offset, what)) return KVR_ERR_FORMAT;
         if (t->offset % g->alignment != 0) {
             r.off -= 8;
@@ -5878,12 +5891,10 @@ void kvr_gguf_add_tensor(struct kvr_gguf_writer * w, const char * name, enum kvr
         gw_fail(w, "row length is not a whole number of blocks in tensor", name, name_len);
         return;
     }
-    const size_t row = kvr_row_size(type, t.ne[0]);
-    if (rows > 0 && row > SIZE_MAX / (size_t) rows) {
+    if (!tensor_bytes(type, t.ne, &t.size)) {
         gw_fail(w, "tensor too large:", name, name_len);
         return;
     }
-    t.size = row * (size_t) rows;
     arrput(w->tensors, t);
     shput(w->names, name, 1);
 }
@@ -6268,8 +6279,11 @@ static int vocab_get_arr(const struct kvr_gguf * g, const char * key, enum kvr_g
     return KVR_OK;
 }
 
-// An optional token id key: keeps *id when absent or out of range (llama.cpp warns and does the same).
-static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_tokens, int32_t * id) {
+// An optional token id key: keeps *id when absent. Out of range, llama.cpp warns and keeps the
+// default: for the ids that shape the text (strict: BOS, EOS, end of turn, unknown) that default
+// is another token than the file meant, and the output changes without a word, so the file is
+// refused; ids kvr never writes or reads (padding, FIM) are ignored as llama.cpp does.
+static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_tokens, bool strict, int32_t * id) {
     const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(g, key);
     if (kv == NULL) {
         return KVR_OK;
@@ -6285,7 +6299,7 @@ static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_token
         case KVR_GGUF_INT16:  { int16_t  x; memcpy(&x, kv->data, sizeof x); val = x; } break;
         case KVR_GGUF_UINT32: { uint32_t x; memcpy(&x, kv->data, sizeof x); val = x; } break;
         case KVR_GGUF_INT32:  { int32_t  x; memcpy(&x, kv->data, sizeof x); val = x; } break;
-        case KVR_GGUF_UINT64: { uint64_t x; memcpy(&x, kv->data, sizeof x); val = x > INT64_MAX ? -1 : (int64_t) x; } break;
+        case KVR_GGUF_UINT64: { uint64_t x; memcpy(&x, kv->data, sizeof x); val = x > INT64_MAX ? INT64_MAX : (int64_t) x; } break;
         case KVR_GGUF_INT64:  { int64_t  x; memcpy(&x, kv->data, sizeof x); val = x; } break;
         default:
             return kvr_error(KVR_ERR_FORMAT, "%s: expected an integer token id, found %s", key,
@@ -6293,6 +6307,9 @@ static int vocab_get_id(const struct kvr_gguf * g, const char * key, int n_token
     }
     if (val >= 0 && val < n_tokens) {
         *id = (int32_t) val;
+    } else if (strict) {
+        return kvr_error(KVR_ERR_FORMAT, "%s = %" PRId64 " is not a token of this vocabulary (ids 0 to %d): "
+                         "kvr would have to guess which token the file means", key, val, n_tokens - 1);
     }
     return KVR_OK;
 }
@@ -6713,29 +6730,29 @@ static int vocab_load_impl(struct kvr_vocab * v, const struct kvr_gguf * g) {
     }
 
     // special token ids and flags
-    static const struct { const char * key; size_t off; } ids[] = {
-        { "tokenizer.ggml.bos_token_id",       offsetof(struct kvr_vocab, bos)     },
-        { "tokenizer.ggml.eos_token_id",       offsetof(struct kvr_vocab, eos)     },
-        { "tokenizer.ggml.eot_token_id",       offsetof(struct kvr_vocab, eot)     },
-        { "tokenizer.ggml.eom_token_id",       offsetof(struct kvr_vocab, eom)     },
-        { "tokenizer.ggml.unknown_token_id",   offsetof(struct kvr_vocab, unk)     },
-        { "tokenizer.ggml.padding_token_id",   offsetof(struct kvr_vocab, pad)     },
-        { "tokenizer.ggml.fim_pre_token_id",   offsetof(struct kvr_vocab, fim_pre) },
-        { "tokenizer.ggml.fim_suf_token_id",   offsetof(struct kvr_vocab, fim_suf) },
-        { "tokenizer.ggml.fim_mid_token_id",   offsetof(struct kvr_vocab, fim_mid) },
-        { "tokenizer.ggml.fim_pad_token_id",   offsetof(struct kvr_vocab, fim_pad) },
-        { "tokenizer.ggml.fim_rep_token_id",   offsetof(struct kvr_vocab, fim_rep) },
-        { "tokenizer.ggml.fim_sep_token_id",   offsetof(struct kvr_vocab, fim_sep) },
-        { "tokenizer.ggml.prefix_token_id",    offsetof(struct kvr_vocab, fim_pre) },  // deprecated names
-        { "tokenizer.ggml.suffix_token_id",    offsetof(struct kvr_vocab, fim_suf) },
-        { "tokenizer.ggml.middle_token_id",    offsetof(struct kvr_vocab, fim_mid) },
+    static const struct { const char * key; size_t off; bool strict; } ids[] = {
+        { "tokenizer.ggml.bos_token_id",       offsetof(struct kvr_vocab, bos),     true  },
+        { "tokenizer.ggml.eos_token_id",       offsetof(struct kvr_vocab, eos),     true  },
+        { "tokenizer.ggml.eot_token_id",       offsetof(struct kvr_vocab, eot),     true  },
+        { "tokenizer.ggml.eom_token_id",       offsetof(struct kvr_vocab, eom),     true  },
+        { "tokenizer.ggml.unknown_token_id",   offsetof(struct kvr_vocab, unk),     true  },
+        { "tokenizer.ggml.padding_token_id",   offsetof(struct kvr_vocab, pad),     false },
+        { "tokenizer.ggml.fim_pre_token_id",   offsetof(struct kvr_vocab, fim_pre), false },
+        { "tokenizer.ggml.fim_suf_token_id",   offsetof(struct kvr_vocab, fim_suf), false },
+        { "tokenizer.ggml.fim_mid_token_id",   offsetof(struct kvr_vocab, fim_mid), false },
+        { "tokenizer.ggml.fim_pad_token_id",   offsetof(struct kvr_vocab, fim_pad), false },
+        { "tokenizer.ggml.fim_rep_token_id",   offsetof(struct kvr_vocab, fim_rep), false },
+        { "tokenizer.ggml.fim_sep_token_id",   offsetof(struct kvr_vocab, fim_sep), false },
+        { "tokenizer.ggml.prefix_token_id",    offsetof(struct kvr_vocab, fim_pre), false },  // deprecated names
+        { "tokenizer.ggml.suffix_token_id",    offsetof(struct kvr_vocab, fim_suf), false },
+        { "tokenizer.ggml.middle_token_id",    offsetof(struct kvr_vocab, fim_mid), false },
     };
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         int32_t * id = (int32_t *) ((char *) v + ids[i].off);
         if (*id >= n) {
             *id = -1;  // a default outside this vocabulary
         }
-        if ((rc = vocab_get_id(g, ids[i].key, n, id)) != KVR_OK) {
+        if ((rc = vocab_get_id(g, ids[i].key, n, ids[i].strict, id)) != KVR_OK) {
             return rc;
         }
     }
@@ -7095,10 +7112,19 @@ static bool vocab_is_space(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
+// Whether markup[at, at + n) is all true.
+static bool vocab_all_markup(const bool * markup, size_t at, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (!markup[at + i]) return false;
+    }
+    return true;
+}
+
 // Leaves the fragments of text[0, n) in sc->frags. User-defined tokens are always split out;
-// control and unknown ones only with parse_special.
+// control and unknown ones with parse_special, and then, where markup is given, only where their
+// text lies wholly in bytes it marks: a chat template's own markers, never what a user wrote.
 static void vocab_partition(const struct kvr_vocab * v, const char * text, size_t n, bool parse_special,
-                            struct vocab_scratch * sc) {
+                            const bool * markup, struct vocab_scratch * sc) {
     stbds_arrsetlen(sc->frags, 0);
     if (n == 0) {
         return;
@@ -7108,7 +7134,8 @@ static void vocab_partition(const struct kvr_vocab * v, const char * text, size_
     for (int k = 0; k < v->n_special; k++) {
         const int32_t id = v->special[k];
         const struct vocab_token * t = &v->tokens[id];
-        if (!parse_special && (t->attr & (VOCAB_ATTR_CONTROL | VOCAB_ATTR_UNKNOWN))) {
+        const bool gated = (t->attr & (VOCAB_ATTR_CONTROL | VOCAB_ATTR_UNKNOWN)) != 0;
+        if (gated && !parse_special) {
             continue;
         }
         stbds_arrsetlen(sc->frags2, 0);
@@ -7119,11 +7146,15 @@ static void vocab_partition(const struct kvr_vocab * v, const char * text, size_
                 stbds_arrput(sc->frags2, fr);
                 continue;
             }
-            size_t off = fr.off;
+            size_t off = fr.off, from = fr.off; // the fragment's rest starts at off; the search at from
             const size_t end = fr.off + fr.len;
             const char * p;
-            while (off < end && (p = vocab_memmem(text + off, end - off, t->text, t->len)) != NULL) {
+            while (from < end && (p = vocab_memmem(text + from, end - from, t->text, t->len)) != NULL) {
                 const size_t at = (size_t) (p - text);
+                if (gated && markup && !vocab_all_markup(markup, at, t->len)) {
+                    from = at + 1; // the text of a control token, written by a user: it stays text
+                    continue;
+                }
                 size_t left_end = at;
                 if (t->attr & VOCAB_ATTR_LSTRIP) {
                     while (left_end > off && vocab_is_space(text[left_end - 1])) left_end--;
@@ -7138,6 +7169,7 @@ static void vocab_partition(const struct kvr_vocab * v, const char * text, size_
                 if (t->attr & VOCAB_ATTR_RSTRIP) {
                     while (off < end && vocab_is_space(text[off])) off++;
                 }
+                from = off;
             }
             if (off < end) {
                 struct vocab_frag right = { -1, off, end - off };
@@ -7872,8 +7904,9 @@ static int bpe_tokenize(const struct kvr_vocab * v, const char * s, size_t n, st
 // the entry point
 //
 
-int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, int n_max, bool add_bos,
-                 bool parse_special) {
+// kvr_tokenize and kvr_tokenize_markup: markup NULL, or where control tokens may be recognised
+static int vocab_tokenize(const struct kvr_vocab * v, const char * text, const bool * markup, int32_t * out, int n_max,
+                          bool add_bos, bool parse_special) {
     if (v == NULL || text == NULL || n_max < 0 || (out == NULL && n_max > 0)) {
         return kvr_error(KVR_ERR_ARG, "kvr_tokenize: bad arguments (vocab %p, text %p, out %p, n_max %d)",
                          (const void *) v, (const void *) text, (void *) out, n_max);
@@ -7888,7 +7921,7 @@ int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, i
         stbds_arrput(sc.ids, v->bos);
     }
     const size_t n = strlen(text);
-    vocab_partition(v, text, n, parse_special, &sc);
+    vocab_partition(v, text, n, parse_special, markup, &sc);
     bool prev_special = true;  // SPM: a space goes before the first text and any text after a special token
     const int nf = (int) stbds_arrlen(sc.frags);
     for (int f = 0; f < nf && rc == KVR_OK; f++) {
@@ -7921,7 +7954,20 @@ int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, i
     return rc;
 }
 
-void kvr_unescape(char * s) {
+int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, int n_max, bool add_bos,
+                 bool parse_special) {
+    return vocab_tokenize(v, text, NULL, out, n_max, add_bos, parse_special);
+}
+
+int kvr_tokenize_markup(const struct kvr_vocab * v, const char * text, const bool * markup, int32_t * out, int n_max,
+                        bool add_bos) {
+    if (markup == NULL) {
+        return kvr_error(KVR_ERR_ARG, "kvr_tokenize_markup: no markup array");
+    }
+    return vocab_tokenize(v, text, markup, out, n_max, add_bos, true);
+}
+
+size_t kvr_unescape(char * s) {
     char * out = s;
     for (const char * p = s; *p; p++) {
         if (p[0] != '\\' || p[1] == '\0') {
@@ -7948,6 +7994,7 @@ void kvr_unescape(char * s) {
         }
     }
     *out = '\0';
+    return (size_t) (out - s);
 }
 
 //
@@ -8126,20 +8173,24 @@ static int chat_resolve(const char * tmpl, enum chat_tmpl * out) {
         *out = t;
         return KVR_OK;
     }
-    // an excerpt on one line: the first 80 bytes, newlines shown as \n, cut at a character
-    char ex[128];
+    // an excerpt on one line that cannot drive a terminal: the first 80 bytes, cut at a character,
+    // newlines as \n, control bytes (C0, DEL, C1) and bytes that are no UTF-8 as \xHH
+    char ex[400];
     size_t n = 0, i = 0;
-    for (; tmpl[i] && n + 3 < sizeof ex && i < 80; i++) {
-        if (tmpl[i] == '\n') {
-            ex[n++] = '\\';
-            ex[n++] = 'n';
+    const size_t tl = strlen(tmpl);
+    while (tmpl[i] && i < 80) {
+        size_t next = i;
+        const uint32_t cp = vocab_utf8_decode((const unsigned char *) tmpl, tl, &next);
+        const bool bad = cp == 0xFFFD && next == i + 1;
+        if (cp == '\n') {
+            n += (size_t) snprintf(ex + n, sizeof ex - n, "\\n");
+        } else if (bad || cp < 0x20 || (cp >= 0x7f && cp < 0xa0)) {
+            for (size_t k = i; k < next; k++) n += (size_t) snprintf(ex + n, sizeof ex - n, "\\x%02x", (unsigned char) tmpl[k]);
         } else {
-            ex[n++] = tmpl[i];
+            memcpy(ex + n, tmpl + i, next - i);
+            n += next - i;
         }
-    }
-    while (tmpl[i] && n > 0 && ((unsigned char) tmpl[i] & 0xc0) == 0x80) { // a cut inside a UTF-8 character
-        i--;
-        n--;
+        i = next;
     }
     ex[n] = '\0';
     const char * more = tmpl[i] ? "..." : "";
@@ -8157,30 +8208,41 @@ const char * kvr_chat_template_detect(const char * tmpl) {
 }
 
 // The text being rendered: every byte is counted, the ones that fit are written.
+// Whose each byte is goes to markup (when not NULL): the template's own (chat_put) or a message's
+// role or content (chat_text, chat_put_trim), which kvr_chat_tokenize keeps from becoming
+// control tokens.
 struct chat_out {
     char * buf;
+    bool * markup;
     size_t cap;
     size_t len;
 };
 
-static void chat_putn(struct chat_out * o, const char * s, size_t n) {
+static void chat_putn(struct chat_out * o, const char * s, size_t n, bool markup) {
     for (size_t i = 0; i < n; i++, o->len++) {
         if (o->len < o->cap) {
             o->buf[o->len] = s[i];
+            if (o->markup) o->markup[o->len] = markup;
         }
     }
 }
 
+// the template's markup
 static void chat_put(struct chat_out * o, const char * s) {
-    chat_putn(o, s, strlen(s));
+    chat_putn(o, s, strlen(s), true);
 }
 
-// s without the white space (C's isspace) at both ends, as llama.cpp's trim()
+// a message's role or content
+static void chat_text(struct chat_out * o, const char * s) {
+    chat_putn(o, s, strlen(s), false);
+}
+
+// a message's content without the white space (C's isspace) at both ends, as llama.cpp's trim()
 static void chat_put_trim(struct chat_out * o, const char * s) {
     size_t a = 0, b = strlen(s);
     while (a < b && vocab_is_space(s[a])) a++;
     while (b > a && vocab_is_space(s[b - 1])) b--;
-    chat_putn(o, s + a, b - a);
+    chat_putn(o, s + a, b - a, false);
 }
 
 static bool chat_is(const struct kvr_chat_message * m, const char * role) {
@@ -8193,7 +8255,7 @@ static bool chat_put_system(struct chat_out * o, const struct kvr_chat_message *
     const size_t len0 = o->len;
     for (int i = 0; i < n; i++) {
         if (chat_is(&msgs[i], "system")) {
-            if (trim) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+            if (trim) chat_put_trim(o, msgs[i].content); else chat_text(o, msgs[i].content);
         }
     }
     return o->len > len0;
@@ -8208,7 +8270,7 @@ struct chat_wrap {
 static void chat_put_wrapped(struct chat_out * o, const struct chat_wrap * w, const struct kvr_chat_message * msgs, int n,
                              bool add_ass) {
     for (int i = 0; i < n; i++) {
-        chat_put(o, w->pre); chat_put(o, msgs[i].role); chat_put(o, w->mid); chat_put(o, msgs[i].content); chat_put(o, w->post);
+        chat_put(o, w->pre); chat_text(o, msgs[i].role); chat_put(o, w->mid); chat_text(o, msgs[i].content); chat_put(o, w->post);
     }
     if (add_ass) chat_put(o, w->ass);
 }
@@ -8223,11 +8285,11 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         const char * sp = t == CHAT_MISTRAL_V7 ? " " : "";
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, "[SYSTEM_PROMPT]"); chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "[/SYSTEM_PROMPT]");
+                chat_put(o, "[SYSTEM_PROMPT]"); chat_put(o, sp); chat_text(o, msgs[i].content); chat_put(o, "[/SYSTEM_PROMPT]");
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, "[INST]"); chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "[/INST]");
+                chat_put(o, "[INST]"); chat_put(o, sp); chat_text(o, msgs[i].content); chat_put(o, "[/INST]");
             } else {
-                chat_put(o, sp); chat_put(o, msgs[i].content); chat_put(o, "</s>");
+                chat_put(o, sp); chat_text(o, msgs[i].content); chat_put(o, "</s>");
             }
         }
         break;
@@ -8244,12 +8306,12 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                 in_turn = true;
             }
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\n");
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, msgs[i].content); chat_put(o, lead); chat_put(o, "[/INST]");
+                chat_text(o, msgs[i].content); chat_put(o, lead); chat_put(o, "[/INST]");
             } else {
                 chat_put(o, trail);
-                if (t == CHAT_MISTRAL_V3) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+                if (t == CHAT_MISTRAL_V3) chat_put_trim(o, msgs[i].content); else chat_text(o, msgs[i].content);
                 chat_put(o, "</s>");
                 in_turn = false;
             }
@@ -8269,7 +8331,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                 in_turn = true;
             }
             const char * c = msgs[i].content;
-            void (*put)(struct chat_out *, const char *) = t == CHAT_LLAMA2_SYS_STRIP ? chat_put_trim : chat_put;
+            void (*put)(struct chat_out *, const char *) = t == CHAT_LLAMA2_SYS_STRIP ? chat_put_trim : chat_text;
             if (chat_is(&msgs[i], "system")) {
                 if (t == CHAT_LLAMA2) { // no system prompt in the format: it opens the first turn
                     put(o, c); chat_put(o, "\n");
@@ -8301,7 +8363,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_MONARCH: // every message but the first opens with BOS
         for (int i = 0; i < n; i++) {
             if (i > 0) chat_put(o, "<s>");
-            chat_put(o, msgs[i].role); chat_put(o, "\n"); chat_put(o, msgs[i].content); chat_put(o, "</s>\n");
+            chat_text(o, msgs[i].role); chat_put(o, "\n"); chat_text(o, msgs[i].content); chat_put(o, "</s>\n");
         }
         if (add_ass) chat_put(o, "<s>assistant\n");
         break;
@@ -8315,7 +8377,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                 continue;
             }
             const bool model = chat_is(&msgs[i], "assistant");
-            chat_put(o, "<start_of_turn>"); chat_put(o, model ? "model" : msgs[i].role); chat_put(o, "\n");
+            chat_put(o, "<start_of_turn>"); chat_text(o, model ? "model" : msgs[i].role); chat_put(o, "\n");
             if (sys >= 0 && !model) {
                 if (chat_put_system(o, msgs + sys, i - sys, true)) chat_put(o, "\n\n");
                 sys = -1;
@@ -8336,9 +8398,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                     if (chat_put_system(o, msgs + sys, i - sys, false)) chat_put(o, "\n\n");
                     sys = -1;
                 }
-                chat_put(o, msgs[i].content); chat_put(o, "\n\nAssistant: </s>");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\nAssistant: </s>");
             } else {
-                chat_put(o, msgs[i].content); chat_put(o, "</s>");
+                chat_text(o, msgs[i].content); chat_put(o, "</s>");
             }
         }
         break;
@@ -8348,9 +8410,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
             if (!chat_is(&msgs[i], "system")) {
                 const char c = msgs[i].role[0];
                 const char first[2] = { c >= 'a' && c <= 'z' ? (char) (c - 'a' + 'A') : c, 0 };
-                chat_put(o, "GPT4 Correct "); chat_put(o, first); chat_put(o, msgs[i].role[0] ? msgs[i].role + 1 : ""); chat_put(o, ": ");
+                chat_put(o, "GPT4 Correct "); chat_text(o, first); chat_text(o, msgs[i].role[0] ? msgs[i].role + 1 : ""); chat_put(o, ": ");
             }
-            chat_put(o, msgs[i].content); chat_put(o, "<|end_of_turn|>");
+            chat_text(o, msgs[i].content); chat_put(o, "<|end_of_turn|>");
         }
         if (add_ass) chat_put(o, "GPT4 Correct Assistant:");
         break;
@@ -8358,12 +8420,12 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_VICUNA_ORCA:
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                if (t == CHAT_VICUNA_ORCA) { chat_put(o, "SYSTEM: "); chat_put(o, msgs[i].content); chat_put(o, "\n"); }
-                else { chat_put(o, msgs[i].content); chat_put(o, "\n\n"); }
+                if (t == CHAT_VICUNA_ORCA) { chat_put(o, "SYSTEM: "); chat_text(o, msgs[i].content); chat_put(o, "\n"); }
+                else { chat_text(o, msgs[i].content); chat_put(o, "\n\n"); }
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, "USER: "); chat_put(o, msgs[i].content); chat_put(o, "\n");
+                chat_put(o, "USER: "); chat_text(o, msgs[i].content); chat_put(o, "\n");
             } else if (chat_is(&msgs[i], "assistant")) {
-                chat_put(o, "ASSISTANT: "); chat_put(o, msgs[i].content); chat_put(o, "</s>\n");
+                chat_put(o, "ASSISTANT: "); chat_text(o, msgs[i].content); chat_put(o, "</s>\n");
             }
         }
         if (add_ass) chat_put(o, "ASSISTANT:");
@@ -8371,11 +8433,11 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_DEEPSEEK:
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content);
+                chat_text(o, msgs[i].content);
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, "### Instruction:\n"); chat_put(o, msgs[i].content); chat_put(o, "\n");
+                chat_put(o, "### Instruction:\n"); chat_text(o, msgs[i].content); chat_put(o, "\n");
             } else if (chat_is(&msgs[i], "assistant")) {
-                chat_put(o, "### Response:\n"); chat_put(o, msgs[i].content); chat_put(o, "\n<|EOT|>\n");
+                chat_put(o, "### Response:\n"); chat_text(o, msgs[i].content); chat_put(o, "\n<|EOT|>\n");
             }
         }
         if (add_ass) chat_put(o, "### Response:\n");
@@ -8385,12 +8447,12 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         const bool v3 = t == CHAT_DEEPSEEK3;
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\n");
             } else if (chat_is(&msgs[i], "user")) {
-                chat_put(o, v3 ? "<\xef\xbd\x9cUser\xef\xbd\x9c>" : "User: "); chat_put(o, msgs[i].content);
+                chat_put(o, v3 ? "<\xef\xbd\x9cUser\xef\xbd\x9c>" : "User: "); chat_text(o, msgs[i].content);
                 if (!v3) chat_put(o, "\n\n");
             } else if (chat_is(&msgs[i], "assistant")) {
-                chat_put(o, v3 ? "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>" : "Assistant: "); chat_put(o, msgs[i].content);
+                chat_put(o, v3 ? "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>" : "Assistant: "); chat_text(o, msgs[i].content);
                 chat_put(o, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
             }
         }
@@ -8413,7 +8475,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         const char * open = v4 ? "<|header_start|>" : "<|start_header_id|>";
         const char * close = v4 ? "<|header_end|>\n\n" : "<|end_header_id|>\n\n";
         for (int i = 0; i < n; i++) {
-            chat_put(o, open); chat_put(o, msgs[i].role); chat_put(o, close);
+            chat_put(o, open); chat_text(o, msgs[i].role); chat_put(o, close);
             chat_put_trim(o, msgs[i].content); chat_put(o, v4 ? "<|eot|>" : "<|eot_id|>");
         }
         if (add_ass) { chat_put(o, open); chat_put(o, "assistant"); chat_put(o, close); }
@@ -8424,7 +8486,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     case CHAT_GLMEDGE:
         if (t != CHAT_GLMEDGE) chat_put(o, t == CHAT_CHATGLM3 ? "[gMASK]sop" : "[gMASK]<sop>");
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<|"); chat_put(o, msgs[i].role); chat_put(o, t == CHAT_CHATGLM3 ? "|>\n " : "|>\n"); chat_put(o, msgs[i].content);
+            chat_put(o, "<|"); chat_text(o, msgs[i].role); chat_put(o, t == CHAT_CHATGLM3 ? "|>\n " : "|>\n"); chat_text(o, msgs[i].content);
         }
         if (add_ass) chat_put(o, t == CHAT_CHATGLM4 ? "<|assistant|>\n" : "<|assistant|>");
         break;
@@ -8442,7 +8504,7 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         for (int i = 0; i < n; i++) {
             const bool tool = t == CHAT_EXAONE4 && chat_is(&msgs[i], "tool");
             if (chat_is(&msgs[i], "system") || chat_is(&msgs[i], "assistant") || tool) {
-                chat_put(o, "[|"); chat_put(o, msgs[i].role); chat_put(o, "|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "[|endofturn|]\n");
+                chat_put(o, "[|"); chat_text(o, msgs[i].role); chat_put(o, "|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "[|endofturn|]\n");
             } else if (chat_is(&msgs[i], "user")) {
                 chat_put(o, "[|user|]"); chat_put_trim(o, msgs[i].content); chat_put(o, "\n");
             }
@@ -8451,9 +8513,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         break;
     case CHAT_GRANITE:
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<|start_of_role|>"); chat_put(o, msgs[i].role); chat_put(o, "<|end_of_role|>");
+            chat_put(o, "<|start_of_role|>"); chat_text(o, msgs[i].role); chat_put(o, "<|end_of_role|>");
             if (chat_is(&msgs[i], "assistant_tool_call")) chat_put(o, "<|tool_call|>");
-            chat_put(o, msgs[i].content); chat_put(o, "<|end_of_text|>\n");
+            chat_text(o, msgs[i].content); chat_put(o, "<|end_of_text|>\n");
         }
         if (add_ass) chat_put(o, "<|start_of_role|>assistant<|end_of_role|>");
         break;
@@ -8465,16 +8527,16 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
         chat_put(o, "<|im_start|>");
         for (int i = 0; i < n; i++) {
             if (chat_is(&msgs[i], "system")) {
-                chat_put(o, msgs[i].content); chat_put(o, "\n\n");
+                chat_text(o, msgs[i].content); chat_put(o, "\n\n");
             } else {
-                chat_put(o, chat_is(&msgs[i], "user") ? "User: " : "Assistant: "); chat_put(o, msgs[i].content); chat_put(o, "<end_of_utterance>\n");
+                chat_put(o, chat_is(&msgs[i], "user") ? "User: " : "Assistant: "); chat_text(o, msgs[i].content); chat_put(o, "<end_of_utterance>\n");
             }
         }
         if (add_ass) chat_put(o, "Assistant:");
         break;
     case CHAT_GPT_OSS:
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<|start|>"); chat_put(o, msgs[i].role); chat_put(o, "<|message|>"); chat_put(o, msgs[i].content);
+            chat_put(o, "<|start|>"); chat_text(o, msgs[i].role); chat_put(o, "<|message|>"); chat_text(o, msgs[i].content);
             chat_put(o, chat_is(&msgs[i], "assistant") ? "<|return|>" : "<|end|>");
         }
         if (add_ass) chat_put(o, "<|start|>assistant");
@@ -8485,14 +8547,14 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
                               : chat_is(&msgs[i], "user") ? "<|im_user|>user<|im_middle|>"
                               : chat_is(&msgs[i], "assistant") ? "<|im_assistant|>assistant<|im_middle|>"
                               : chat_is(&msgs[i], "tool") ? "<|im_system|>tool<|im_middle|>" : "";
-            chat_put(o, head); chat_put(o, msgs[i].content); chat_put(o, "<|im_end|>");
+            chat_put(o, head); chat_text(o, msgs[i].content); chat_put(o, "<|im_end|>");
         }
         if (add_ass) chat_put(o, "<|im_assistant|>assistant<|im_middle|>");
         break;
     case CHAT_SEED_OSS:
         for (int i = 0; i < n; i++) {
-            chat_put(o, "<seed:bos>"); chat_put(o, msgs[i].role); chat_put(o, "\n");
-            if (chat_is(&msgs[i], "assistant")) chat_put_trim(o, msgs[i].content); else chat_put(o, msgs[i].content);
+            chat_put(o, "<seed:bos>"); chat_text(o, msgs[i].role); chat_put(o, "\n");
+            if (chat_is(&msgs[i], "assistant")) chat_put_trim(o, msgs[i].content); else chat_text(o, msgs[i].content);
             chat_put(o, "<seed:eos>");
         }
         if (add_ass) chat_put(o, "<seed:bos>assistant\n");
@@ -8507,8 +8569,9 @@ static void chat_render(enum chat_tmpl t, const struct kvr_chat_message * msgs, 
     }
 }
 
-int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
-                   char * buf, int cap) {
+// kvr_chat_apply, and with markup not NULL kvr_chat_apply_markup
+static int chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                      char * buf, bool * markup, int cap) {
     enum chat_tmpl t;
     const int rc = chat_resolve(tmpl, &t);
     if (rc != KVR_OK) {
@@ -8523,15 +8586,49 @@ int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int 
             return kvr_error(KVR_ERR_ARG, "kvr_chat_apply: message %d has no %s", i, msgs[i].role ? "content" : "role");
         }
     }
-    struct chat_out o = { buf, (size_t) cap, 0 };
+    struct chat_out o = { buf, markup, (size_t) cap, 0 };
     chat_render(t, msgs, n_msgs, add_assistant, &o);
     if (o.len > INT32_MAX - 1) {
         return kvr_error(KVR_ERR_ARG, "kvr_chat_apply: the rendered conversation is longer than 2 GiB");
     }
     if (o.len < o.cap) {
         buf[o.len] = '\0';
+        if (markup) markup[o.len] = false;
     }
     return (int) o.len;
+}
+
+int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                   char * buf, int cap) {
+    return chat_apply(tmpl, msgs, n_msgs, add_assistant, buf, NULL, cap);
+}
+
+int kvr_chat_apply_markup(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                          char * buf, bool * markup, int cap) {
+    if (cap > 0 && markup == NULL) {
+        return kvr_error(KVR_ERR_ARG, "kvr_chat_apply_markup: a buffer of %d bytes and no markup array", cap);
+    }
+    return chat_apply(tmpl, msgs, n_msgs, add_assistant, buf, markup, cap);
+}
+
+int kvr_chat_tokenize(const struct kvr_vocab * v, const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs,
+                      bool add_assistant, bool add_bos, bool special_in_msgs, int32_t * out, int n_max) {
+    const int len = kvr_chat_apply_markup(tmpl, msgs, n_msgs, add_assistant, NULL, NULL, 0);
+    if (len < 0) {
+        return len;
+    }
+    char * text = malloc((size_t) len + 1);
+    bool * markup = malloc((size_t) len + 1);
+    int rc;
+    if (text == NULL || markup == NULL) {
+        rc = kvr_error(KVR_ERR_NOMEM, "kvr_chat_tokenize: out of memory for %d bytes of conversation", len);
+    } else if ((rc = kvr_chat_apply_markup(tmpl, msgs, n_msgs, add_assistant, text, markup, len + 1)) >= 0) {
+        rc = special_in_msgs ? kvr_tokenize(v, text, out, n_max, add_bos, true)
+                             : kvr_tokenize_markup(v, text, markup, out, n_max, add_bos);
+    }
+    free(text);
+    free(markup);
+    return rc;
 }
 
 //

@@ -763,12 +763,20 @@ bool               kvr_vocab_is_eog(const struct kvr_vocab * v, int32_t id); // 
 // return is the count needed. Negative on error.
 int kvr_tokenize(const struct kvr_vocab * v, const char * text, int32_t * out, int n_max,
                  bool add_bos, bool parse_special);
+// kvr_tokenize where control tokens are recognised in part of the text only: "<|im_end|>" is the
+// control token where its bytes are all marked in markup[0, strlen(text)), and plain text where any
+// is not (user-defined tokens are split out everywhere, as with parse_special off). A chat's
+// rendering with the markup kvr_chat_apply_markup gives: the template's markers are special, what
+// the messages say is text.
+int kvr_tokenize_markup(const struct kvr_vocab * v, const char * text, const bool * markup, int32_t * out,
+                        int n_max, bool add_bos);
 // The text of one token as it appears in output (byte tokens become their byte, "▁" a space).
 // Writes at most cap bytes (no terminator); returns the length, or -needed if cap is too small.
 int kvr_token_to_piece(const struct kvr_vocab * v, int32_t id, char * buf, int cap, bool special);
 // The escapes llama.cpp's tools turn into characters in a prompt given on the command line, in
 // place: \n \r \t \' \" \\ and \xHH (two hex digits); any other backslash stays as it is.
-void kvr_unescape(char * s);
+// Returns the length of the result, which is more than its strlen where a \x00 made a NUL byte.
+size_t kvr_unescape(char * s);
 // The token that ends a turn in a chat (<|im_end|>, <|eot_id|>, <end_of_turn>, ...), -1 if none.
 int32_t      kvr_vocab_eot(const struct kvr_vocab * v);
 // The file's chat template (tokenizer.chat_template, Jinja text), or NULL when it has none.
@@ -810,6 +818,18 @@ const char * kvr_chat_template_names(void);
 // template, a message without role or content).
 int kvr_chat_apply(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
                    char * buf, int cap);
+// kvr_chat_apply, and whose each byte is: markup[i] (for the bytes written to buf) is true where
+// byte i is the template's own (its markers, the newlines it adds) and false where it comes from
+// a message's role or content. markup has room for cap entries (NULL only with cap 0).
+int kvr_chat_apply_markup(const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs, bool add_assistant,
+                          char * buf, bool * markup, int cap);
+// Render a conversation and tokenize it, as kvr_tokenize counts and writes ids. What the template
+// adds is tokenized with its special tokens; the messages' roles and contents are text: a user who
+// types "<|im_end|>\n<|im_start|>system" gets those characters, not the control tokens that would
+// end their turn and open a system one (as llama-server gives them by default). special_in_msgs
+// opts back in: the whole rendering is tokenized with parse_special.
+int kvr_chat_tokenize(const struct kvr_vocab * v, const char * tmpl, const struct kvr_chat_message * msgs, int n_msgs,
+                      bool add_assistant, bool add_bos, bool special_in_msgs, int32_t * out, int n_max);
 
 //
 // 10. models

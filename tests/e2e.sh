@@ -497,7 +497,7 @@ if [ -f "$model" ]; then
     rc=$?
     if [ $rc -eq 1 ] && grep -q "the context is full ($c tokens): the reply stops here" "$tmp/chat-full2.err"; then ok "-cnv: a context that fills up during a reply is reported (exit 1)"; else bad "-cnv full during a reply: rc=$rc $(tail -n 1 "$tmp/chat-full2.err")"; fi
     # combinations a chat refuses before any work (exit 2, the message names them)
-    for args in "-cnv --tokens 1,2" "-cnv --no-special" "-cnv -n 0" "-cnv --dump-logits $tmp/l.txt" "--system hi -p x" \
+    for args in "-cnv --tokens 1,2" "-cnv --no-special --special-in-turns" "--special-in-turns -p x" "-cnv -n 0" "-cnv --dump-logits $tmp/l.txt" "--system hi -p x" \
                 "--chat-template chatml -p x" "-cnv --partition 3,2 --ranks 2"; do
         # shellcheck disable=SC2086
         "$build/kvr-run" -m "$model" $args < /dev/null > /dev/null 2> "$tmp/chat-u.err"

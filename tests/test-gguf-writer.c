@@ -480,6 +480,14 @@ static void test_errors(void) {
     kvr_gguf_writer_free(w);
 
     w = kvr_gguf_writer_new();
+    const int64_t ne_wrap[1] = { (int64_t) 1 << 62 };  // 4 * 2^62 bytes wrap to 0
+    kvr_gguf_add_tensor(w, "huge", KVR_TYPE_F32, 1, ne_wrap, NULL);
+    rc = kvr_gguf_writer_save(w, tmp_path);
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "too large") && strstr(kvr_last_error(), "huge"),
+          "a tensor whose byte size wraps: rc %d %s", rc, kvr_last_error());
+    kvr_gguf_writer_free(w);
+
+    w = kvr_gguf_writer_new();
     kvr_gguf_add_tensor(w, "x", (enum kvr_type) 5, 2, ne, x);   // 4 and 5 are gone from GGUF
     CHECK(kvr_gguf_writer_save(w, tmp_path) == KVR_ERR_ARG, "unknown type");
     kvr_gguf_writer_free(w);

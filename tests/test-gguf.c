@@ -1277,6 +1277,20 @@ int main(int argc, char ** argv) {
         free(v.p);
     }
     reject_patch("ne.bytes_wrap",          &std, at(&std, "t0.ne"), 1ull << 62, 8); // 4 * 2^62 * 3 bytes
+    {
+        struct var v = vdup(&std); // t.b as F32 [2^62]: the elements fit an int64, their 4 * 2^62 bytes wrap to 0
+        set_le(&v, at(&std, "t1.ne"), 1ull << 62, 8);
+        set_le(&v, at(&std, "t1.type"), KVR_TYPE_F32, 4);
+        reject("ne.f32_bytes_wrap_to_0", v.p, v.n);
+        CHECK(strstr(kvr_last_error(), "tensor 't.b'") && strstr(kvr_last_error(), "byte size overflows"),
+              "a 1-D F32 tensor of 2^62 elements: %s", kvr_last_error());
+        free(v.p);
+        v = vdup(&std); // the same in Q8_0 blocks: 2^57 blocks of 34 bytes do not wrap; far past the file
+        set_le(&v, at(&std, "t1.ne"), 1ull << 62, 8);
+        set_le(&v, at(&std, "t1.type"), KVR_TYPE_Q8_0, 4);
+        reject("ne.q8_0_past_the_file", v.p, v.n);
+        free(v.p);
+    }
     reject_patch("ne.int64_max",           &std, at(&std, "t1.ne"), INT64_MAX, 8);
     {
         struct var v = vdup(&std); // llama.cpp accepts 0 elements in ne[0] (it divides by ne[1..3])

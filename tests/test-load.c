@@ -6,7 +6,8 @@
 //     (formatting the error buffer into itself, as kvr_error("%s: %s", path, kvr_last_error())
 //     did, garbles exactly these);
 //   - suspicious hyper-parameters (NaN, zero, negative or infinite epsilons, RoPE bases and scaling
-//     factors; zero counts; head counts that do not divide) refused at load, naming the key.
+//     factors; zero counts; head counts that do not divide) refused at load, naming the key;
+//   - BOS and unknown-token ids outside the vocabulary refused, naming the key and the value.
 // The model variants are copies of SHARED/models/stories260K.gguf with a key changed; without
 // that file those cases are skipped.
 //
@@ -240,6 +241,19 @@ static void test_values(const struct kvr_gguf * stories) {
         CHECK(m == NULL && strstr(kvr_last_error(), quoted) && strncmp(kvr_last_error(), path, strlen(path)) == 0,
               "%s: %s; the message '%s' should start with the path and name %s", c->what, m ? "loaded" : "refused",
               m ? "" : kvr_last_error(), quoted);
+        kvr_model_free(m);
+    }
+    // token ids outside the vocabulary of 512: refused, where the default would stand in for them
+    // without a word (a BOS that add_bos puts before every prompt, an unknown-token id)
+    const struct override ids[] = { { "tokenizer.ggml.bos_token_id", KVR_GGUF_UINT32, 512, NULL },
+                                    { "tokenizer.ggml.unknown_token_id", KVR_GGUF_UINT32, 70000, NULL } };
+    for (int i = 0; i < 2; i++) {
+        if (!write_variant(stories, path, &ids[i], 1)) continue;
+        struct kvr_model * m = kvr_model_load(path, NULL);
+        char want[160];
+        snprintf(want, sizeof(want), "%s = %.0f is not a token of this vocabulary (ids 0 to 511)", ids[i].key, ids[i].num);
+        CHECK(m == NULL && strstr(kvr_last_error(), want) && strncmp(kvr_last_error(), path, strlen(path)) == 0,
+              "%s out of range: %s '%s'", ids[i].key, m ? "loaded" : "refused", m ? "" : kvr_last_error());
         kvr_model_free(m);
     }
     remove(path);

@@ -6,7 +6,8 @@
 // compared with the expected ids; the expected ids must also detokenize back to the text (byte
 // fallback SPM and byte-level BPE are lossless on valid UTF-8; SPM's leading space is dropped as
 // llama.cpp's detokenizer does). Then the reference prompts of SHARED/reference, the API's edge
-// cases (short buffers, special tokens, invalid UTF-8) and metadata errors on in-memory GGUFs.
+// cases (short buffers, special tokens, invalid UTF-8) and metadata errors on in-memory GGUFs (a
+// BOS, EOS, end-of-turn or unknown id outside the vocabulary is one; a padding id is ignored).
 //
 //   test-tokenizer [SHARED]      (default ../shared)
 //
@@ -455,12 +456,17 @@ static struct kvr_vocab * try_meta(int variant, struct kvr_gguf ** g, struct gbu
             gb_kv_str(b, "tokenizer.ggml.model", "llama"); n_kv++;
             gb_kv_strs(b, "tokenizer.ggml.tokens", (const char * const[]) { "a", "b", "a" }, 3); n_kv++;
             break;
-        case 11:  // a valid BPE vocabulary; a bos id past the end is ignored as llama.cpp does
+        case 11:  // a valid BPE vocabulary (its default BOS, 11, is past its end: none)
+        case 12:  // a BOS id past the end: refused (llama.cpp keeps the default, another token)
+        case 13:  // an EOS id one past the end: refused
+        case 14:  // a padding id past the end: kvr uses none, ignored as llama.cpp does
             gb_kv_str(b, "tokenizer.ggml.model", "gpt2"); n_kv++;
             gb_kv_str(b, "tokenizer.ggml.pre", "gpt-2"); n_kv++;
             gb_kv_strs(b, "tokenizer.ggml.tokens", bpe_toks, 4); n_kv++;
             gb_kv_strs(b, "tokenizer.ggml.merges", merges, 1); n_kv++;
-            gb_kv_u32(b, "tokenizer.ggml.bos_token_id", 4000000000u); n_kv++;
+            if (variant == 12) { gb_kv_u32(b, "tokenizer.ggml.bos_token_id", 4000000000u); n_kv++; }
+            if (variant == 13) { gb_kv_u32(b, "tokenizer.ggml.eos_token_id", 4); n_kv++; }
+            if (variant == 14) { gb_kv_u32(b, "tokenizer.ggml.padding_token_id", 99); n_kv++; }
             break;
     }
     const uint64_t nk = (uint64_t) n_kv;
@@ -486,6 +492,9 @@ static void test_metadata_errors(void) {
         { 9,  false, "add_bos_token wrong type",  "tokenizer.ggml.add_bos_token" },
         { 10, false, "duplicate tokens",          "tokenizer.ggml.tokens" },
         { 11, true,  "valid BPE",                 NULL },
+        { 12, false, "BOS id out of range",       "tokenizer.ggml.bos_token_id = 4000000000 is not a token of this vocabulary (ids 0 to 3)" },
+        { 13, false, "EOS id out of range",       "tokenizer.ggml.eos_token_id = 4 is not a token" },
+        { 14, true,  "padding id out of range",   NULL },
     };
     struct gbuf b = { 0 };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

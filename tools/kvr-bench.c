@@ -166,7 +166,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
     struct kvr_cli_reals links = { 1, { 0 } };
     int format = 0, attn = 0;
     const struct kvr_cli_flag flags[] = {
-        { .name = "-m", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF)" },
+        { .name = "-m", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .once = true, .help = "model (GGUF)" },
         { .name = "--ctx", .kind = KVR_CLI_INTS, .dst = &ctx, .meta = "LIST", .lo = 1, .hi = 1 << 24, .k_suffix = true, .max_n = 32,
           .help = "prompt lengths (default 512,2048; k suffix allowed: 1k,4k)" },
         { .name = "--strategy", .kind = KVR_CLI_CUSTOM, .dst = a, .meta = "LIST", .parse = parse_strategies,

@@ -6,9 +6,11 @@
 //     overflow, trailing junk and empty values are refused with a message naming the flag and value;
 //   - an input file must exist and be readable, an output file must be creatable where it is going
 //     (its directory writable), so a run never fails at its end for a path it was given at its start;
-//   - exit status 2 for every bad flag, value, path or combination (kvr_cli_fail), 0 after -h.
+//   - exit status 2 for every bad flag, value, path or combination (kvr_cli_fail), 0 after -h;
+//   - a flag marked once (the model, the prompt) given twice is refused, not silently replaced.
 // --list-flags prints the table one flag a line ("NAME ALT KIND LO HI OPEN") for tests and shell
-// completion. Prompt text (kvr-run, kvr-tokenize) is checked here too: UTF-8 without NUL bytes.
+// completion. Prompt text (kvr-run, kvr-tokenize) is checked here too: UTF-8 without NUL bytes,
+// in a file and in -p after its escapes.
 //
 // It is a header of static functions because the Makefile makes a program of every tools/*.c.
 // Nothing here is part of the library: embedders parse their own options.
@@ -68,6 +70,8 @@ struct kvr_cli_flag {
     const char        * choices;  // CHOICE: "a|b|c"
     int              (* parse)(const char * value, void * dst, char * why, size_t cap); // CUSTOM
     bool              * given;    // set to true when the flag appears (NULL: not tracked)
+    bool                once;     // given twice is an error (the model, the prompt: a second one
+                                  //   would silently replace the first)
 };
 
 struct kvr_cli {
@@ -385,8 +389,10 @@ static inline const struct kvr_cli_flag * kvr_cli_find(const struct kvr_cli * cl
 
 // Every flag of argv into its destination. Returns 0 to go on, 2 after a message on a bad
 // command line, -1 after -h or --list-flags (the caller exits with 0). A flag given twice takes
-// the last value, as llama.cpp's do.
+// the last value, as llama.cpp's do, unless it is marked once.
 static inline int kvr_cli_parse(const struct kvr_cli * cli, int argc, char ** argv) {
+    int seen_at[256] = { 0 }; // the argv index where each flag came (0: not yet)
+    KVR_ASSERT(cli->n_flags <= 256);
     for (int i = 0; i < cli->n_flags; i++) { // a table without ranges is our bug, not the user's
         const struct kvr_cli_flag * f = &cli->flags[i];
         const bool ranged = f->kind == KVR_CLI_INT || f->kind == KVR_CLI_REAL || f->kind == KVR_CLI_FLOAT ||
@@ -406,6 +412,12 @@ static inline int kvr_cli_parse(const struct kvr_cli * cli, int argc, char ** ar
             return kvr_cli_fail(cli, "unexpected argument '%.200s' (every value follows its flag)", arg);
         }
         if (f->given) *f->given = true;
+        const int k = (int)(f - cli->flags);
+        if (f->once && seen_at[k]) {
+            return kvr_cli_fail(cli, "%s is given twice (first %s '%.100s'): give it once", arg, argv[seen_at[k]],
+                                seen_at[k] + 1 < argc ? argv[seen_at[k] + 1] : "");
+        }
+        seen_at[k] = i;
         if (f->kind == KVR_CLI_SWITCH) {
             *(bool *)f->dst = true;
             continue;
@@ -498,6 +510,23 @@ static inline int kvr_cli_check_text(const char * prog, const char * what, const
     fprintf(stderr, "%s: %s: %s at byte %zu (line %d): prompts must be UTF-8 text\n", prog, what,
             nul ? "a NUL byte" : "invalid UTF-8", at, line);
     return 2;
+}
+
+// -p TEXT, checked as a prompt file is, after its escapes (escapes: kvr_unescape's), so that
+// "a\xff" or "a\x00b" is refused as the same bytes in a file are. Returns 0, or 2 after a message.
+static inline int kvr_cli_check_prompt(const char * prog, const char * s, bool escapes) {
+    if (!escapes) return kvr_cli_check_text(prog, "-p", s, strlen(s));
+    const size_t len = strlen(s);
+    char * copy = malloc(len + 1);
+    if (copy) memcpy(copy, s, len + 1);
+    if (!copy) {
+        fprintf(stderr, "%s: -p: out of memory\n", prog);
+        return 2;
+    }
+    const size_t n = kvr_unescape(copy);
+    const int rc = kvr_cli_check_text(prog, n == len ? "-p" : "-p (its escapes applied)", copy, n);
+    free(copy);
+    return rc;
 }
 
 // The whole of a prompt file, zero-terminated, checked by kvr_cli_check_text. Returns 0 with

@@ -217,8 +217,8 @@ static int parse_args(int argc, char ** argv, struct cmp_args * a) {
     bool strategy_set = false;
     char backend_help[1024];
     const struct kvr_cli_flag flags[] = {
-        { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF)" },
-        { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .help = "prompt text" },
+        { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .once = true, .help = "model (GGUF)" },
+        { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .once = true, .help = "prompt text" },
         { .name = "--tokens", .kind = KVR_CLI_TEXT, .dst = &a->tokens, .meta = "LIST", .help = "prompt as comma-separated token ids (no BOS is added)" },
         { .name = "--backend", .kind = KVR_CLI_CUSTOM, .dst = &a->backend, .meta = "NAME", .parse = kvr_cli_backend,
           .help = kvr_cli_backend_help(backend_help, sizeof(backend_help), "the backend checked against the CPU (default cpu), one of:") },

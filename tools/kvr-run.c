@@ -5,8 +5,9 @@
 // parsed by tools/kvr-cli.h); every value, path and combination is checked, and the prompt
 // measured against the context, before the prompt is echoed: exit 2 for those, 1 for a run that
 // fails once started. With -cnv it is a chat instead (run_conversation): user turns from stdin,
-// the model's chat template applied, each turn prefilled on top of the cache the earlier ones
-// left, the replies streamed to stdout.
+// the model's chat template applied (its markers are special tokens, what the user typed is text:
+// kvr_tokenize_markup), each turn prefilled on top of the cache the earlier ones left, the
+// replies streamed to stdout.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -74,6 +75,7 @@ struct run_args {
     const char * tokens;
     const char * dump_logits;
     bool         no_special;   // -p/-f text: "<|im_start|>" stays text instead of the special token
+    bool         special_in_turns; // -cnv: the same text in a user turn or --system is the special token
     bool         no_escape;    // -p (and chat input): keep "\n" as two characters
     bool         conversation; // -cnv
     bool         ignore_eos;   // --ignore-eos: end-of-generation tokens are never sampled
@@ -165,14 +167,15 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     // its field to run_args and its line here (tools/kvr-cli.h has the kinds and ranges).
     char backend_help[1024];
     const struct kvr_cli_flag flags[] = {
-        { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF)" },
-        { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .empty_ok = true, .help = "prompt text" },
-        { .name = "-f", .alt = "--file", .kind = KVR_CLI_IN, .dst = &a->prompt_file, .meta = "FILE",
+        { .name = "-m", .alt = "--model", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .once = true, .help = "model (GGUF)" },
+        { .name = "-p", .alt = "--prompt", .kind = KVR_CLI_TEXT, .dst = &a->prompt, .meta = "TEXT", .empty_ok = true, .once = true,
+          .help = "prompt text" },
+        { .name = "-f", .alt = "--file", .kind = KVR_CLI_IN, .dst = &a->prompt_file, .meta = "FILE", .once = true,
           .help = "read the prompt from a file (UTF-8 text: a NUL byte or invalid UTF-8 is an error)" },
         { .name = "--tokens", .kind = KVR_CLI_TEXT, .dst = &a->tokens, .meta = "LIST", .help = "prompt as comma-separated token ids (no BOS is added)" },
         { .name = "--no-special", .kind = KVR_CLI_SWITCH, .dst = &a->no_special,
           .help = "special tokens written in the prompt (\"<|im_start|>\", \"<s>\") stay plain text\n"
-                  "(default: they are the special tokens, as in llama.cpp)" },
+                  "(default: they are the special tokens, as in llama.cpp; -cnv: text already)" },
         { .name = "--no-escape", .kind = KVR_CLI_SWITCH, .dst = &a->no_escape,
           .help = "-p TEXT (and chat input) as it is (default: \\n \\r \\t \\' \\\" \\\\ \\xHH become\n"
                   "the characters, as in llama.cpp; a -f file is always read as it is)" },
@@ -219,6 +222,10 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--chat-template", .kind = KVR_CLI_TEXT, .dst = &a->chat_template, .meta = "NAME",
           .help = "-cnv: the template family instead of the file's (chatml, llama3, gemma, ...;\n"
                   "an unknown name lists them all)" },
+        { .name = "--special-in-turns", .kind = KVR_CLI_SWITCH, .dst = &a->special_in_turns,
+          .help = "-cnv: special-token text typed in a turn or --system (\"<|im_end|>\") becomes\n"
+                  "the control token (default: it stays text, so a turn cannot end itself and open\n"
+                  "another; only the template's own markers are special tokens)" },
         { .kind = KVR_CLI_SECTION, .help = "parallel prefill:" },
         { .name = "--ranks", .kind = KVR_CLI_INT, .dst = &a->n_ranks, .meta = "N", .lo = 1, .hi = 256,
           .help = "ranks (default 1; under mpirun: the MPI size)" },
@@ -282,7 +289,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     if (a->conversation) {
         if (a->tokens) return kvr_cli_fail(&cli, "-cnv takes text turns: --tokens does not go with it");
         if (a->prompt && a->prompt_file) return kvr_cli_fail(&cli, "-cnv: give at most one of -p and -f (the first user turn)");
-        if (a->no_special) return kvr_cli_fail(&cli, "-cnv: a chat template needs its special tokens; --no-special does not go with it");
+        if (a->no_special && a->special_in_turns) return kvr_cli_fail(&cli, "-cnv: --no-special and --special-in-turns contradict each other");
         if (a->n_predict_set && a->n_predict == 0) return kvr_cli_fail(&cli, "-cnv: -n is the most tokens a reply may have: at least 1");
         if (a->dump_logits) return kvr_cli_fail(&cli, "-cnv: --dump-logits writes one prompt's logits; it does not go with a chat");
         if (a->partition && strcmp(a->partition, "even") != 0 && (strncmp(a->partition, "table:", 6) == 0 || !strchr(a->partition, '.'))) {
@@ -291,6 +298,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     } else {
         if (a->system) return kvr_cli_fail(&cli, "--system is for a chat: add -cnv");
         if (a->chat_template) return kvr_cli_fail(&cli, "--chat-template is for a chat: add -cnv");
+        if (a->special_in_turns) return kvr_cli_fail(&cli, "--special-in-turns is for a chat: add -cnv (a prompt's special tokens: the default, --no-special)");
         if (a->kv_load && a->session) return kvr_cli_fail(&cli, "--kv-load and --session exclude each other (--session loads its file itself)");
         if (a->resume && (a->kv_load || a->session)) return kvr_cli_fail(&cli, "--resume restores the cache itself: not with --kv-load or --session");
         if (!!a->prompt + !!a->prompt_file + !!a->tokens > 1 || (!a->kv_load && !a->resume && !a->prompt && !a->prompt_file && !a->tokens)) {
@@ -301,7 +309,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
     if (a->conversation && (a->kv_save || a->kv_load || a->session || a->kv_stream || a->pd || a->replicate_dir || a->resume)) {
         return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream, --decode-rank, --replicate-dir and --resume are for one prompt's run");
     }
-    if (a->prompt && kvr_cli_check_text("kvr-run", "-p", a->prompt, strlen(a->prompt))) return 2;
+    if (a->prompt && kvr_cli_check_prompt("kvr-run", a->prompt, !a->no_escape)) return 2;
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
     // under MPI the rank count is the communicator's: kvr_session_new checks the decode rank there
     if (a->pd && a->comm == KVR_COMM_LOCAL && a->decode_rank != a->n_ranks - 1) {
@@ -387,15 +395,18 @@ static void print_ids(const char * label, const int32_t * ids, int n) {
     fprintf(stderr, "\n");
 }
 
-// text -> a new array of ids (its count in *n), or NULL with a message naming what failed
-static int32_t * tokenize_text(const struct kvr_vocab * vocab, const char * text, bool bos, bool special, int * n) {
-    const int need = kvr_tokenize(vocab, text, NULL, 0, bos, special);
+// text -> a new array of ids (its count in *n), or NULL with a message naming what failed. With
+// markup (a chat's rendering), control tokens only where it marks the template's own text.
+static int32_t * tokenize_text(const struct kvr_vocab * vocab, const char * text, const bool * markup, bool bos, bool special,
+                               int * n) {
+    const int need = markup ? kvr_tokenize_markup(vocab, text, markup, NULL, 0, bos) : kvr_tokenize(vocab, text, NULL, 0, bos, special);
     if (need < 0) {
         fprintf(stderr, "kvr-run: cannot tokenize the text: %s\n", kvr_last_error());
         return NULL;
     }
     int32_t * ids = malloc(sizeof(int32_t) * (size_t)(need + 1));
-    if (!ids || kvr_tokenize(vocab, text, ids, need + 1, bos, special) != need) {
+    if (!ids || (markup ? kvr_tokenize_markup(vocab, text, markup, ids, need + 1, bos)
+                        : kvr_tokenize(vocab, text, ids, need + 1, bos, special)) != need) {
         fprintf(stderr, "kvr-run: cannot tokenize the text: %s\n", ids ? kvr_last_error() : "out of memory");
         free(ids);
         return NULL;
@@ -480,15 +491,38 @@ static char * read_turn(bool tty) {
     return t.s ? t.s : strdup("");
 }
 
-// The conversation rendered by a template family into a new string.
-static char * chat_render(const char * family, const struct kvr_chat_message * msgs, int n, bool add_assistant) {
+// At most max bytes of s on one line that cannot drive a terminal: newlines as \n, control bytes
+// (C0, DEL, and C1 as UTF-8 writes them) as \xHH.
+static void put_escaped(FILE * f, const char * s, size_t max) {
+    const unsigned char * u = (const unsigned char *) s;
+    for (size_t i = 0; i < max && u[i]; i++) {
+        if (u[i] == '\n') {
+            fputs("\\n", f);
+        } else if (u[i] < 0x20 || u[i] == 0x7f || (u[i] == 0xc2 && u[i + 1] >= 0x80 && u[i + 1] < 0xa0)) {
+            fprintf(f, "\\x%02x", u[i]);
+        } else if (i > 0 && u[i - 1] == 0xc2 && u[i] >= 0x80 && u[i] < 0xa0) {
+            fprintf(f, "\\x%02x", u[i]);
+        } else {
+            fputc(u[i], f);
+        }
+    }
+}
+
+// The conversation rendered by a template family into a new string; with markup, also which of
+// its bytes are the template's own (a new array in *markup).
+static char * chat_render(const char * family, const struct kvr_chat_message * msgs, int n, bool add_assistant, bool ** markup) {
     const int len = kvr_chat_apply(family, msgs, n, add_assistant, NULL, 0);
     char * buf = len >= 0 ? malloc((size_t) len + 1) : NULL;
-    if (!buf || kvr_chat_apply(family, msgs, n, add_assistant, buf, len + 1) != len) {
+    bool * mk = len >= 0 && markup ? malloc((size_t) len + 1) : NULL;
+    if (!buf || (markup && !mk) ||
+        (markup ? kvr_chat_apply_markup(family, msgs, n, add_assistant, buf, mk, len + 1)
+                : kvr_chat_apply(family, msgs, n, add_assistant, buf, len + 1)) != len) {
         fprintf(stderr, "kvr-run: cannot render the chat: %s\n", len < 0 ? kvr_last_error() : "out of memory");
         free(buf);
+        free(mk);
         return NULL;
     }
+    if (markup) *markup = mk;
     return buf;
 }
 
@@ -530,46 +564,62 @@ static bool chat_add(struct chat * c, const char * role, const char * content) {
 // newline first where that rendering ends with one (the newline after the end-of-turn token), and
 // the end-of-turn token first if the reply was cut off. Returns the last token's logits, or NULL
 // with *rc set (1: the context is full or the prefill failed, 2: bad input; 0: nothing to add).
+// The new text is tokenized with kvr_tokenize_markup: special tokens come from the template's own
+// markers only, unless --special-in-turns.
 static const float * chat_prefill(struct chat * c, int * rc) {
-    char * full = chat_render(c->family, c->msgs, c->n_msgs, c->msgs[c->n_msgs - 1].role[0] == 'u');
+    bool * full_mk = NULL;
+    char * full = chat_render(c->family, c->msgs, c->n_msgs, c->msgs[c->n_msgs - 1].role[0] == 'u', &full_mk);
     if (!full) { *rc = 2; return NULL; }
-    struct text delta = { 0 };
+    size_t start = c->cached.len; // the new text: full from start, after a newline where nl
+    bool nl = false;
     int32_t head[2];
     int n_head = 0;
     if (c->pending >= 0) head[n_head++] = c->pending;
     if (c->cached.len == 0 || strncmp(full, c->cached.s, c->cached.len) == 0) {
-        text_add(&delta, full + c->cached.len, strlen(full) - c->cached.len);
+        start = c->cached.len;
     } else {
         if (c->a->verbose) {
             size_t at = 0;
             while (at < c->cached.len && full[at] == c->cached.s[at]) at++;
-            fprintf(stderr, "turn %d: the template writes the conversation otherwise than the cache holds it from byte %zu "
-                    "(\"%.20s\" vs \"%.20s\"): llama.cpp's rule for the new turn\n", c->turn, at, full + at, c->cached.s + at);
+            fprintf(stderr, "turn %d: the template writes the conversation otherwise than the cache holds it from byte %zu (\"",
+                    c->turn, at);
+            put_escaped(stderr, full + at, 20);
+            fputs("\" vs \"", stderr);
+            put_escaped(stderr, c->cached.s + at, 20);
+            fputs("\"): llama.cpp's rule for the new turn\n", stderr);
         }
-        char * past = chat_render(c->family, c->msgs, c->n_msgs - 1, false);
-        if (!past) { free(full); *rc = 2; return NULL; }
+        char * past = chat_render(c->family, c->msgs, c->n_msgs - 1, false, NULL);
+        if (!past) { free(full); free(full_mk); *rc = 2; return NULL; }
         const size_t pl = strlen(past);
         if (!c->closed) {
             const int32_t eot = kvr_vocab_eot(c->vocab) >= 0 ? kvr_vocab_eot(c->vocab) : kvr_vocab_eos(c->vocab);
             if (eot >= 0) head[n_head++] = eot;
         }
-        if (pl > 0 && past[pl - 1] == '\n') text_add(&delta, "\n", 1);
-        const size_t skip = strncmp(full, past, pl) == 0 ? pl : 0;
-        text_add(&delta, full + skip, strlen(full) - skip);
+        nl = pl > 0 && past[pl - 1] == '\n';
+        start = strncmp(full, past, pl) == 0 ? pl : 0;
         free(past);
     }
-    if (delta.oom) {
+    const size_t rest = strlen(full) - start;
+    char * delta = malloc(nl + rest + 1);
+    bool * delta_mk = malloc(nl + rest + 1);
+    if (!delta || !delta_mk) {
         fprintf(stderr, "kvr-run: out of memory for the chat\n");
-        free(full); free(delta.s); *rc = 1; return NULL;
+        free(full); free(full_mk); free(delta); free(delta_mk); *rc = 1; return NULL;
     }
+    delta[0] = '\n';
+    delta_mk[0] = true; // the template's newline after an end of turn
+    memcpy(delta + nl, full + start, rest + 1);
+    memcpy(delta_mk + nl, full_mk + start, rest);
+    free(full_mk);
     int n_text = 0;
-    int32_t * text_ids = tokenize_text(c->vocab, delta.s ? delta.s : "", c->bos, true, &n_text);
-    if (!text_ids) { free(full); free(delta.s); *rc = 2; return NULL; }
+    int32_t * text_ids = tokenize_text(c->vocab, delta, c->a->special_in_turns ? NULL : delta_mk, c->bos, true, &n_text);
+    free(delta_mk);
+    if (!text_ids) { free(full); free(delta); *rc = 2; return NULL; }
     const int n = n_head + n_text;
     int32_t * ids = malloc(sizeof(int32_t) * (size_t) (n > 0 ? n : 1));
     if (!ids) {
         fprintf(stderr, "kvr-run: out of memory for the chat\n");
-        free(text_ids); free(full); free(delta.s); *rc = 1; return NULL;
+        free(text_ids); free(full); free(delta); *rc = 1; return NULL;
     }
     memcpy(ids, head, sizeof(int32_t) * (size_t) n_head);
     memcpy(ids + n_head, text_ids, sizeof(int32_t) * (size_t) n_text);
@@ -603,7 +653,7 @@ static const float * chat_prefill(struct chat * c, int * rc) {
     }
     free(ids);
     free(full);
-    free(delta.s);
+    free(delta);
     return logits;
 }
 
@@ -703,7 +753,13 @@ static int run_conversation(const struct run_args * a, const struct kvr_model * 
             free(user);
             break;
         }
-        if (typed && !a->no_escape) kvr_unescape(user);
+        const size_t len = typed && !a->no_escape ? kvr_unescape(user) : strlen(user);
+        // a typed line is held to what -p and -f are (UTF-8, no NUL): one that is not is dropped,
+        // saying so, and the chat goes on
+        if (typed && kvr_cli_check_text("kvr-run", "the line (dropped)", user, len) != 0) {
+            free(user);
+            continue;
+        }
         if (user[0] == '\0') { // nothing said: wait for the next line
             free(user);
             continue;
@@ -864,7 +920,7 @@ int kvr_run_main(int argc, char ** argv) {
             ids = malloc(sizeof(int32_t)); // --kv-load or --resume alone: nothing to append (the logs' prompt)
         } else if (!a.conversation) {
             // appended to a restored cache: no BOS
-            ids = tokenize_text(vocab, text, kvr_vocab_add_bos(vocab) && !a.kv_load, !a.no_special, &n_prompt);
+            ids = tokenize_text(vocab, text, NULL, kvr_vocab_add_bos(vocab) && !a.kv_load, !a.no_special, &n_prompt);
             if (!ids) goto done;
         }
     }

@@ -7,8 +7,9 @@
 //
 //   kvr-tokenize -m FILE (-p TEXT | -f FILE) [--bos] [--no-special] [--no-escape] [--pieces]
 //
-// Exit status: 0 done, 1 the tokenizer failed, 2 bad flags, a file that cannot be read, or text
-// that is not UTF-8 (a NUL byte or an invalid sequence; see tools/kvr-cli.h).
+// Exit status: 0 done, 1 out of memory, 2 bad flags, a file that cannot be read, a vocabulary that
+// cannot be loaded or used as asked (--bos without a BOS), or text that is not UTF-8 (a NUL byte
+// or an invalid sequence, in a file or in -p after its escapes; see tools/kvr-cli.h), as kvr-run.
 
 #define _POSIX_C_SOURCE 200809L
 
@@ -23,9 +24,9 @@ int main(int argc, char ** argv) {
     const char * model = NULL, * prompt = NULL, * prompt_file = NULL;
     bool bos = false, special = false, no_special = false, no_escape = false, pieces = false;
     const struct kvr_cli_flag flags[] = {
-        { .name = "-m", .kind = KVR_CLI_IN, .dst = &model, .meta = "FILE", .help = "a GGUF model or vocab-only file" },
-        { .name = "-p", .kind = KVR_CLI_TEXT, .dst = &prompt, .meta = "TEXT", .empty_ok = true, .help = "the text" },
-        { .name = "-f", .kind = KVR_CLI_IN, .dst = &prompt_file, .meta = "FILE",
+        { .name = "-m", .kind = KVR_CLI_IN, .dst = &model, .meta = "FILE", .once = true, .help = "a GGUF model or vocab-only file" },
+        { .name = "-p", .kind = KVR_CLI_TEXT, .dst = &prompt, .meta = "TEXT", .empty_ok = true, .once = true, .help = "the text" },
+        { .name = "-f", .kind = KVR_CLI_IN, .dst = &prompt_file, .meta = "FILE", .once = true,
           .help = "read the text from a file (UTF-8; a NUL byte or invalid UTF-8 is an error, as in kvr-run)" },
         { .name = "--bos", .kind = KVR_CLI_SWITCH, .dst = &bos, .help = "add BOS (and EOS) as the model's tokenizer says" },
         { .name = "--no-special", .kind = KVR_CLI_SWITCH, .dst = &no_special,
@@ -51,7 +52,7 @@ int main(int argc, char ** argv) {
         return kvr_cli_fail(&cli, "--special and --no-special contradict each other");
     }
     special = !no_special;
-    if (prompt != NULL && kvr_cli_check_text("kvr-tokenize", "-p", prompt, strlen(prompt)) != 0) {
+    if (prompt != NULL && kvr_cli_check_prompt("kvr-tokenize", prompt, !no_escape) != 0) {
         return 2;
     }
 
@@ -74,20 +75,20 @@ int main(int argc, char ** argv) {
         return 2;
     }
     struct kvr_vocab * v = kvr_vocab_load(g);
-    if (v == NULL) {
+    if (v == NULL) { // a file whose vocabulary is malformed is bad input, as in kvr-run
         fprintf(stderr, "kvr-tokenize: %s: %s\n", model, kvr_last_error());
         kvr_gguf_close(g);
         free(text);
-        return 1;
+        return 2;
     }
 
     const char * t = text ? text : prompt;
     rc = 0;
     const int n = kvr_tokenize(v, t, NULL, 0, bos, special);
     int32_t * ids = n > 0 ? malloc((size_t) n * sizeof *ids) : NULL;
-    if (n < 0) {
-        fprintf(stderr, "kvr-tokenize: %s\n", kvr_last_error());
-        rc = 1;
+    if (n < 0) { // --bos with a vocabulary that has none: the input's fault, not the run's
+        fprintf(stderr, "kvr-tokenize: %s: %s\n", model, kvr_last_error());
+        rc = n == KVR_ERR_NOMEM ? 1 : 2;
     } else if (n > 0 && (ids == NULL || kvr_tokenize(v, t, ids, n, bos, special) != n)) {
         fprintf(stderr, "kvr-tokenize: %s\n", ids ? kvr_last_error() : "out of memory");
         rc = 1;

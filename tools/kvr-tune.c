@@ -155,7 +155,7 @@ static int parse_args(int argc, char ** argv, struct args * a) {
           .help = "TTFT of each strategy by the cost model, with TTFT*(p) (Eq. 3) and TTFT(p) (KVR-S,\nfree communication), as a markdown table" },
         { .name = "--show-profile", .kind = KVR_CLI_TEXT, .dst = &a->show, .meta = "N",
           .help = "print a built-in profile as a file (a100-nvlink, a100-10g, h100-nvlink, cpu)" },
-        { .name = "-m", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .help = "model (GGUF): its shapes, and for --measured the model that runs" },
+        { .name = "-m", .kind = KVR_CLI_IN, .dst = &a->model, .meta = "FILE", .once = true, .help = "model (GGUF): its shapes, and for --measured the model that runs" },
         { .name = "--preset", .kind = KVR_CLI_TEXT, .dst = &a->preset, .meta = "NAME", .help = "llama-7b, llama-13b, falcon-7b, tinyllama-1.1b [-mha|-mqa|-gqaN]" },
         { .name = "--profile", .kind = KVR_CLI_CUSTOM, .dst = &a->profile, .meta = "P", .parse = parse_profile, .help = "a built-in profile name or a profile file" },
         { .name = "--ranks", .kind = KVR_CLI_INTS, .dst = &ranks, .meta = "LIST", .lo = 1, .hi = KVR_TUNE_MAX_RANKS, .help = "rank counts, e.g. 2,4,8" },
