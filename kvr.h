@@ -87,7 +87,8 @@ int          kvr_error_prefix(int code, const char * fmt, ...)
 #define KVR_ASSERT(x) do { if (!(x)) kvr_abort(__FILE__, __LINE__, #x); } while (0)
 void kvr_abort(const char * file, int line, const char * expr);
 
-// Files: every file kvr and its tools read or write whole goes through these.
+// Files: every file kvr and its tools read, and every file they write whole, goes through these
+// (a replication log, appended to in place, is opened without following links: kvr-comm.c).
 //
 // kvr_file_read opens a file for reading ("rb") only if it is a regular file, and the open never
 // waits: a FIFO with no writer, a terminal or a device is refused at once (KVR_ERR_IO, the path
