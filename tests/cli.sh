@@ -147,6 +147,8 @@ refused "a FIFO as -m, at once" "^kvr-run: -m '$tmp/fifo': is a FIFO, not a regu
 refused "a FIFO as -f, at once" "^kvr-run: -f '$tmp/fifo': is a FIFO, not a regular file" timeout 5 $orun -f "$tmp/fifo"
 refused "a FIFO as --kv-load, at once" "^kvr-run: --kv-load '$tmp/fifo': is a FIFO, not a regular file" timeout 5 $orun --kv-load "$tmp/fifo"
 refused "a FIFO as --kv-load's rank 0 shard, at once" "^kvr-run: $tmp/kvl.0: a FIFO, not a regular file" sh -c "mkfifo '$tmp/kvl.0' && exec timeout 5 $orun --kv-load '$tmp/kvl'"
+mkdir "$tmp/R" && mkfifo "$tmp/R/rank-0.kvlog"
+refused "a FIFO as --resume's log, at once" "^kvr-run: --resume $tmp/R: " timeout 5 $orun --resume "$tmp/R"
 refused "a FIFO as --kv-save, before the run" "^kvr-run: --kv-save '$tmp/fifo': is a FIFO, not a regular file" timeout 5 $orun -p hi --kv-save "$tmp/fifo"
 refused "/dev/null as --kv-save, before the run" "^kvr-run: --kv-save '/dev/null': is a character device, not a regular file" $orun -p hi --kv-save /dev/null
 refused "a directory as --kv-save, before the run" "^kvr-run: --kv-save '$tmp': is a directory, not a regular file" $orun -p hi --kv-save "$tmp"
