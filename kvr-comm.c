@@ -2829,15 +2829,32 @@ static int kvl_writev(struct kvr_kv_log * w, struct iovec * iov, int n) {
     return KVR_OK;
 }
 
-static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, int flags) {
+// A log is appended to where it is, so it cannot be written beside and renamed as the cache files
+// are. Where a log could be planted (a directory others write in), it must not be a door: a
+// symbolic link is not followed (O_NOFOLLOW), anything but a regular file with one name is refused
+// (a FIFO, a device, a hard link to another file), and a new log is emptied only after that check.
+static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, bool create) {
     *out = NULL;
-    // as the cache writer: only a regular file, or nothing yet, may be the destination
     struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        return kvr_error(KVR_ERR_ARG, "%s: not a regular file: a replication log is a file of its own", path);
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        return kvr_error(KVR_ERR_ARG, "%s: %s, not a regular file: a replication log is a file of its own", path,
+                         S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a special file");
     }
-    const int fd = open(path, flags | O_CLOEXEC, 0644);
-    if (fd < 0) return kvr_error(KVR_ERR_IO, "%s: cannot write the replication log: %s", path, strerror(errno));
+    const int fd = open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    if (fd < 0) {
+        return kvr_error(errno == ELOOP ? KVR_ERR_ARG : KVR_ERR_IO, "%s: cannot write the replication log: %s", path,
+                         errno == ELOOP ? "a symbolic link" : strerror(errno));
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+        close(fd);
+        return kvr_error(KVR_ERR_ARG, "%s: %s: a replication log is a file of its own", path,
+                         S_ISREG(st.st_mode) ? "a file of more than one name (a hard link)" : "not a regular file");
+    }
+    if (create && ftruncate(fd, 0) != 0) {
+        const int rc = kvr_error(KVR_ERR_IO, "%s: cannot write the replication log: %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
     struct kvr_kv_log * w = must_calloc(1, sizeof(*w));
     w->fd = fd;
     w->path = strdup(path);
@@ -2870,7 +2887,7 @@ int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct 
                          h->rank, h->n_ranks, h->strategy, h->n_prompt);
     }
     struct kvr_kv_log * w;
-    int rc = kvl_open(&w, path, m, O_WRONLY | O_CREAT | O_TRUNC);
+    int rc = kvl_open(&w, path, m, true);
     if (rc != KVR_OK) return rc;
     uint8_t hd[KVR_KV_LOG_HEADER] = { 0 };
     memcpy(hd, "KVRKVLOG", 8);
@@ -2900,7 +2917,7 @@ int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct 
 
 int kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_data * d) {
     struct kvr_kv_log * w;
-    int rc = kvl_open(&w, path, m, O_WRONLY);
+    int rc = kvl_open(&w, path, m, false);
     if (rc != KVR_OK) return rc;
     // what follows the acknowledged prefix (a step cut short, damage) goes; the new steps follow it
     if (ftruncate(w->fd, (off_t)d->good) != 0 || lseek(w->fd, (off_t)d->good, SEEK_SET) != (off_t)d->good) {
@@ -3104,12 +3121,12 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
 
 int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out) {
     *out = NULL;
-    FILE * f = fopen(path, "rb");
-    if (!f) return kvr_error(KVR_ERR_IO, "%s: cannot open the replication log: %s", path, strerror(errno));
+    FILE * f = kvr_file_read(path); // a regular file, opened without waiting on a FIFO
+    if (!f) return KVR_ERR_IO;
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
         fclose(f);
-        return kvr_error(KVR_ERR_IO, "%s: not a regular file", path);
+        return kvr_error(KVR_ERR_IO, "%s: cannot open the replication log: %s", path, strerror(errno));
     }
     struct kvr_kv_log_data * d = must_calloc(1, sizeof(*d));
     uint8_t * b = d->mem = must_malloc((size_t)st.st_size + 4);
@@ -3439,6 +3456,10 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
     const char * dir = d->p.replicate_dir;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         return kvr_error(KVR_ERR_IO, "--replicate-dir %s: cannot create the directory: %s", dir, strerror(errno));
+    }
+    struct stat st; // the logs go into this directory itself, not where a link planted there points
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        return kvr_error(KVR_ERR_ARG, "--replicate-dir %s: %s", dir, S_ISLNK(st.st_mode) ? "a symbolic link, not a directory" : "not a directory");
     }
     const bool base = d->n_past > 0;
     const int kv_dim = (int)(d->m->hp.head_dim * d->m->hp.n_head_kv), n_layer = (int)d->m->hp.n_layer;
@@ -5154,8 +5175,9 @@ int kvr_session_truncate(struct kvr_session * d, int n) {
 }
 
 int kvr_session_write_trace(const struct kvr_session * d, const char * path) {
-    FILE * f = fopen(path, "w");
-    if (!f) return kvr_error(KVR_ERR_IO, "%s: cannot write the trace: %s", path, strerror(errno));
+    struct kvr_file * kf;
+    if (kvr_file_create(&kf, path) != KVR_OK) return KVR_ERR_IO;
+    FILE * f = kvr_file_stream(kf);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     bool first = true;
     for (int i = 0; i < d->n_local; i++) {
@@ -5175,8 +5197,7 @@ int kvr_session_write_trace(const struct kvr_session * d, const char * path) {
         }
     }
     fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) return kvr_error(KVR_ERR_IO, "%s: cannot write the trace", path);
-    return KVR_OK;
+    return kvr_file_commit(kf) != KVR_OK ? KVR_ERR_IO : KVR_OK;
 }
 
 //

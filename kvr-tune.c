@@ -138,8 +138,8 @@ static int profile_check(const struct kvr_tune_profile * p, const char * where) 
 }
 
 int kvr_tune_profile_load(const char * path, struct kvr_tune_profile * out) {
-    FILE * f = fopen(path, "r");
-    if (!f) return kvr_error(KVR_ERR_IO, "cannot open hardware profile '%s': %s", path, strerror(errno));
+    FILE * f = kvr_file_read(path); // a regular file, opened without waiting on a FIFO
+    if (!f) return kvr_error_prefix(KVR_ERR_IO, "cannot open hardware profile '%s'", path);
     struct kvr_tune_profile p;
     kvr_tune_profile_builtin("cpu", &p);
     snprintf(p.name, sizeof(p.name), "%s", path);
@@ -203,8 +203,9 @@ int kvr_tune_profile_load(const char * path, struct kvr_tune_profile * out) {
 }
 
 int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path) {
-    FILE * f = fopen(path, "w");
-    if (!f) return kvr_error(KVR_ERR_IO, "cannot write hardware profile '%s': %s", path, strerror(errno));
+    struct kvr_file * kf; // written beside path, renamed onto it whole
+    if (kvr_file_create(&kf, path) != KVR_OK) return kvr_error_prefix(KVR_ERR_IO, "cannot write hardware profile '%s'", path);
+    FILE * f = kvr_file_stream(kf);
     fprintf(f, "# kvr-tune hardware profile: what one rank can do and what connects the ranks\n");
     const double dv[PK_COUNT] = {
         [PK_MM_FLOPS] = p->matmul_flops, [PK_MM_EFF] = p->matmul_eff, [PK_AT_FLOPS] = p->attn_flops,
@@ -226,7 +227,7 @@ int kvr_tune_profile_save(const struct kvr_tune_profile * p, const char * path) 
         }
         fprintf(f, "%-15s %-16s # %s\n", pkey_names[k], v, pkey_help[k]);
     }
-    if (fclose(f) != 0) return kvr_error(KVR_ERR_IO, "cannot write hardware profile '%s': %s", path, strerror(errno));
+    if (kvr_file_commit(kf) != KVR_OK) return kvr_error_prefix(KVR_ERR_IO, "cannot write hardware profile '%s'", path);
     return KVR_OK;
 }
 
@@ -234,7 +235,7 @@ int kvr_tune_profile_get(const char * name_or_path, struct kvr_tune_profile * ou
     for (int i = 0; i < N_BUILTIN_PROFILES; i++) {
         if (!strcmp(name_or_path, builtin_profiles[i].name)) return kvr_tune_profile_builtin(name_or_path, out);
     }
-    FILE * f = fopen(name_or_path, "r");
+    FILE * f = kvr_file_read(name_or_path);
     if (!f) {
         return kvr_error(KVR_ERR_ARG, "'%s' is neither a built-in profile (a100-nvlink, a100-10g, h100-nvlink, cpu) nor a readable file",
                          name_or_path);
@@ -1182,8 +1183,8 @@ int kvr_tune_table_add(struct kvr_tune_table * t, const struct kvr_tune_entry * 
 }
 
 int kvr_tune_table_load(const char * path, struct kvr_tune_table * out) {
-    FILE * f = fopen(path, "r");
-    if (!f) return kvr_error(KVR_ERR_IO, "cannot open partition table '%s': %s", path, strerror(errno));
+    FILE * f = kvr_file_read(path); // a regular file, opened without waiting on a FIFO
+    if (!f) return kvr_error_prefix(KVR_ERR_IO, "cannot open partition table '%s'", path);
     struct kvr_tune_table t = { 0 };
     int * lines = NULL; // the line of every entry, for messages about repeats
     char line[8192];
@@ -1266,8 +1267,9 @@ int kvr_tune_table_save(const struct kvr_tune_table * t, const char * path) {
     for (const char * c = t->profile; *c; c++) {
         if (isspace((unsigned char)*c) || *c == '#') return kvr_error(KVR_ERR_ARG, "table: profile name '%s' has a space or '#'", t->profile);
     }
-    FILE * f = fopen(path, "w");
-    if (!f) return kvr_error(KVR_ERR_IO, "cannot write partition table '%s': %s", path, strerror(errno));
+    struct kvr_file * kf; // written beside path, renamed onto it whole
+    if (kvr_file_create(&kf, path) != KVR_OK) return kvr_error_prefix(KVR_ERR_IO, "cannot write partition table '%s'", path);
+    FILE * f = kvr_file_stream(kf);
     fprintf(f, "# kvr partition table (kvr-tune): model, ranks, prompt tokens, then each rank's fraction of the\n"
                "# prompt in rank order (KV-Runahead's partition); ttft= is what the search reached, in seconds\n");
     fprintf(f, "profile %s\n", t->profile);
@@ -1278,7 +1280,7 @@ int kvr_tune_table_save(const struct kvr_tune_table * t, const char * path) {
         if (e->ttft > 0) fprintf(f, " ttft=%.6g", e->ttft);
         fprintf(f, "\n");
     }
-    if (fclose(f) != 0) return kvr_error(KVR_ERR_IO, "cannot write partition table '%s': %s", path, strerror(errno));
+    if (kvr_file_commit(kf) != KVR_OK) return kvr_error_prefix(KVR_ERR_IO, "cannot write partition table '%s'", path);
     return KVR_OK;
 }
 

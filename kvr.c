@@ -5,7 +5,7 @@
 // kvr-comm.c. The sections come in dependency order (each uses only those above it), not in
 // kvr.h's; other files cite both by name:
 //
-//    1. errors                      the thread's last error message
+//    1. errors                      the thread's last error message; files read and written whole
 //    2. half precision              fp16 and bf16 conversions
 //    3. types                       block sizes and names of every element type
 //    4. quantized types             GGML's block layouts, dequantization, the reference quantizers
@@ -54,6 +54,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#ifdef __linux__
+#include <sys/random.h>
+#endif
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -128,6 +131,160 @@ static void * kvr_calloc(size_t n, size_t sz) {
     void * p = calloc(n ? n : 1, sz ? sz : 1);
     KVR_ASSERT(p != NULL && "out of memory");
     return p;
+}
+
+// files (kvr.h, after "errors"): the one way in for reading and the one way out for writing
+
+static const char * file_kind(mode_t mode) {
+    if (S_ISLNK(mode))  return "a symbolic link";
+    if (S_ISDIR(mode))  return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode))  return "a character device";
+    if (S_ISBLK(mode))  return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
+FILE * kvr_file_read(const char * path) {
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever if none
+    // comes; the fstat then refuses it (and anything else that is not a plain file)
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        kvr_error(KVR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st = { 0 };
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        kvr_error(KVR_ERR_IO, "%s: %s, not a regular file: only files are read", path, file_kind(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE * f = fdopen(fd, "rb");
+    if (!f) {
+        kvr_error(KVR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+int kvr_file_check_target(const char * path) {
+    struct stat st;
+    if (!*path) return kvr_error(KVR_ERR_ARG, "an empty path cannot be written");
+    // lstat: a link is refused itself, whatever it points to (the rename would replace the link,
+    // a writer that followed it would write where its planter chose)
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        return kvr_error(KVR_ERR_ARG, "%s: %s, not a regular file: a file is written beside it, then renamed onto its path",
+                         path, file_kind(st.st_mode));
+    }
+    return KVR_OK;
+}
+
+struct kvr_file {
+    FILE * f;
+    char * path;
+    char * temp;
+};
+
+// a name nobody can guess ahead (O_EXCL makes a taken one safe; this makes one unlikely)
+static uint64_t file_nonce(void) {
+    static atomic_uint_fast64_t counter;
+    uint64_t x = 0;
+#ifdef __linux__
+    if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != (ssize_t)sizeof(x)) x = 0;
+#endif
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    x ^= (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 40;
+    x += (uint64_t)atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; // splitmix64's finish
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+int kvr_file_create(struct kvr_file ** out, const char * path) {
+    *out = NULL;
+    int rc = kvr_file_check_target(path);
+    if (rc != KVR_OK) return rc;
+    const size_t cap = strlen(path) + 32;
+    char * temp = kvr_malloc(cap);
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        snprintf(temp, cap, "%s.%012" PRIx64 ".part", path, file_nonce() & UINT64_C(0xffffffffffff));
+        fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    FILE * f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot create a file beside it to write: %s", path, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(temp);
+        }
+        free(temp);
+        return rc;
+    }
+    struct kvr_file * kf = kvr_calloc(1, sizeof(*kf));
+    kf->f = f;
+    kf->path = strdup(path);
+    kf->temp = temp;
+    KVR_ASSERT(kf->path != NULL);
+    *out = kf;
+    return KVR_OK;
+}
+
+FILE * kvr_file_stream(struct kvr_file * f) { return f->f; }
+
+const char * kvr_file_temp_path(const struct kvr_file * f) { return f->temp; }
+
+void kvr_file_abort(struct kvr_file * f) {
+    if (!f) return;
+    if (f->f) fclose(f->f);
+    unlink(f->temp);
+    free(f->path);
+    free(f->temp);
+    free(f);
+}
+
+// a renamed file's new name is durable once its directory is synced
+static void file_sync_dir(const char * path) {
+    const char * slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    if (!slash) snprintf(dir, sizeof(dir), ".");
+    else if (slash == path) snprintf(dir, sizeof(dir), "/");
+    else snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+int kvr_file_commit(struct kvr_file * f) {
+    int rc = KVR_OK;
+    errno = 0;
+    // a write that failed earlier (a full disk) left the stream's error flag set: errno then
+    // still names why, unless the flush failed again and says it anew
+    if (fflush(f->f) != 0 || ferror(f->f)) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot write: %s", f->path, strerror(errno ? errno : EIO));
+    } else if (fsync(fileno(f->f)) != 0) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot sync to disk: %s", f->path, strerror(errno));
+    }
+    if (fclose(f->f) != 0 && rc == KVR_OK) rc = kvr_error(KVR_ERR_IO, "%s: cannot write: %s", f->path, strerror(errno));
+    f->f = NULL;
+    if (rc == KVR_OK) rc = kvr_file_check_target(f->path);
+    if (rc == KVR_OK && rename(f->temp, f->path) != 0) {
+        rc = kvr_error(KVR_ERR_IO, "%s: cannot rename %s onto it: %s", f->path, f->temp, strerror(errno));
+    }
+    if (rc != KVR_OK) {
+        kvr_file_abort(f);
+        return rc;
+    }
+    file_sync_dir(f->path);
+    free(f->path);
+    free(f->temp);
+    free(f);
+    return KVR_OK;
 }
 
 //
@@ -5519,26 +5676,24 @@ struct kvr_gguf * kvr_gguf_open_mem(const void * buf, size_t size) {
 }
 
 struct kvr_gguf * kvr_gguf_open(const char * path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        kvr_error(KVR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
+    FILE * f = kvr_file_read(path); // a regular file, opened without waiting on a FIFO
+    if (!f) return NULL;
+    const int fd = fileno(f);
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        kvr_error(KVR_ERR_IO, "%s: not a regular file", path);
-        close(fd);
+    if (fstat(fd, &st) != 0) {
+        kvr_error(KVR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        fclose(f);
         return NULL;
     }
     if (st.st_size < 4) {
-        close(fd);
+        fclose(f);
         kvr_error(KVR_ERR_FORMAT, "%s: gguf: magic at offset 0: file is %lld bytes, too short to be GGUF", path, (long long)st.st_size);
         return NULL;
     }
     // MAP_POPULATE: the pages are mapped now, at load, instead of faulting one by one inside the
     // first prefill's matmuls (where they would count against the time to the first token)
     void * p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-    close(fd);
+    fclose(f);
     if (p == MAP_FAILED) {
         kvr_error(KVR_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
         return NULL;
@@ -5969,10 +6124,10 @@ int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
         offset += gw_pad(w->tensors[i].size, align);
     }
 
-    FILE * f = fopen(path, "wb");
-    if (!f) {
-        return kvr_error(KVR_ERR_IO, "cannot open %s for writing: %s", path, strerror(errno));
-    }
+    struct kvr_file * kf;
+    const int frc = kvr_file_create(&kf, path); // whole or not at all, never through a planted link
+    if (frc != KVR_OK) return frc;
+    FILE * f = kvr_file_stream(kf);
     struct gw_out o = { .f = f, .pos = 0, .end = 0, .ok = true };
 
     // header and metadata: small, gathered in one buffer
@@ -6022,14 +6177,12 @@ int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
         }
     }
 
-    const int saved_errno = errno;
-    const bool closed = fclose(f) == 0;
-    if (!o.ok || !closed) {
-        const int e = !o.ok ? saved_errno : errno;
-        remove(path);
+    if (!o.ok) {
+        const int e = errno;
+        kvr_file_abort(kf);
         return kvr_error(KVR_ERR_IO, "cannot write %s: %s", path, e ? strerror(e) : "write error");
     }
-    return KVR_OK;
+    return kvr_file_commit(kf);
 }
 
 //
@@ -8832,9 +8985,9 @@ int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct 
 }
 
 struct kvr_kv_writer {
-    FILE    * f;
+    struct kvr_file * file;
+    FILE    * f;          // its stream
     char    * path;
-    char    * part;
     int       n_layer, kv_dim, n_shards, chunk_rows;
     int     * rows;       // per shard
     int       next_layer, next_shard;
@@ -8847,7 +9000,7 @@ struct kvr_kv_writer {
 static int kvw_write(struct kvr_kv_writer * w, const void * data, size_t n) {
     if (w->rc != KVR_OK) return w->rc;
     if (n && fwrite(data, 1, n, w->f) != n) {
-        w->rc = kvr_error(KVR_ERR_IO, "%s: cannot write the KV cache at offset %lld: %s", w->part, (long long)w->bytes, strerror(errno));
+        w->rc = kvr_error(KVR_ERR_IO, "%s: cannot write the KV cache at offset %lld: %s", w->path, (long long)w->bytes, strerror(errno));
         return w->rc;
     }
     w->bytes += (int64_t)n;
@@ -8881,25 +9034,16 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
         return kvr_error(KVR_ERR_ARG, "%s: a cache of %d tokens as %d of %d shards (ring next %d) cannot be written",
                          path, lay->n_tokens, lay->n_shards, lay->n_ranks, lay->ring_next);
     }
-    // The file is written beside its destination and renamed onto it at the end, so a reader never
-    // sees half a cache. That rename would replace whatever the path names: a device (as root,
-    // --kv-save /dev/null turned /dev/null into a regular file), a FIFO, a directory's entry.
-    // Only a regular file, or nothing yet, may be the destination.
-    struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        return kvr_error(KVR_ERR_ARG, "%s: not a regular file: a KV cache is written to a new file, then renamed onto its path",
-                         path);
-    }
+    // The file is written beside its destination and renamed onto it at the end (kvr_file_create),
+    // so a reader never sees half a cache; only a regular file, or nothing yet, may be the
+    // destination (as root, --kv-save /dev/null once turned the device into a regular file).
+    struct kvr_file * file;
+    const int frc = kvr_file_create(&file, path);
+    if (frc != KVR_OK) return frc;
     struct kvr_kv_writer * w = kvr_calloc(1, sizeof(*w));
+    w->file = file;
+    w->f = kvr_file_stream(file);
     w->path = strdup(path);
-    w->part = kvr_malloc(strlen(path) + 6);
-    sprintf(w->part, "%s.part", path);
-    w->f = fopen(w->part, "wb");
-    if (!w->f) {
-        int rc = kvr_error(KVR_ERR_IO, "%s: cannot write the KV cache: %s", w->part, strerror(errno));
-        free(w->path); free(w->part); free(w);
-        return rc;
-    }
     setvbuf(w->f, NULL, _IOFBF, 1 << 20);
     w->n_layer  = (int)m->hp.n_layer;
     w->kv_dim   = kv_dim;
@@ -8977,11 +9121,9 @@ int64_t kvr_kv_writer_bytes(const struct kvr_kv_writer * w) { return w->bytes; }
 
 void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
     if (!w) return;
-    if (w->f) fclose(w->f);
-    remove(w->part);
+    kvr_file_abort(w->file);
     free(w->rows);
     free(w->path);
-    free(w->part);
     free(w);
 }
 
@@ -8994,20 +9136,12 @@ int kvr_kv_writer_close(struct kvr_kv_writer * w, const float * logits) {
         kvw_write_crc(w, kvr_crc32c(0, logits, nb));
     }
     int rc = w->rc;
-    if (fclose(w->f) != 0 && rc == KVR_OK) rc = kvr_error(KVR_ERR_IO, "%s: cannot write the KV cache: %s", w->part, strerror(errno));
-    w->f = NULL;
-    if (rc == KVR_OK && rename(w->part, w->path) != 0) {
-        rc = kvr_error(KVR_ERR_IO, "%s: cannot rename to %s: %s", w->part, w->path, strerror(errno));
+    if (rc == KVR_OK) {
+        rc = kvr_file_commit(w->file); // frees the file either way
+        w->file = NULL;
     }
-    if (rc != KVR_OK) {
-        kvr_kv_writer_abort(w);
-        return rc;
-    }
-    free(w->rows);
-    free(w->path);
-    free(w->part);
-    free(w);
-    return KVR_OK;
+    kvr_kv_writer_abort(w);
+    return rc;
 }
 
 // the reader: one pass over the file, every byte checked before anything is returned
@@ -9269,8 +9403,8 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
 
 int kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out) {
     *out = NULL;
-    struct kvr_reader r = { .f = fopen(path, "rb"), .path = path };
-    if (!r.f) return kvr_error(KVR_ERR_IO, "%s: cannot open the KV cache: %s", path, strerror(errno));
+    struct kvr_reader r = { .f = kvr_file_read(path), .path = path };
+    if (!r.f) return KVR_ERR_IO;
     setvbuf(r.f, NULL, _IOFBF, 1 << 20);
     struct kvr_kv_file * f = kvr_calloc(1, sizeof(*f));
     const int rc = kv_file_parse(&r, m, f);

@@ -4,7 +4,8 @@
 // Read this file top to bottom as the manual:
 //
 //   1. errors         every call that can fail on user input returns an error code and leaves a
-//                     message naming what was wrong and where in kvr_last_error()
+//                     message naming what was wrong and where in kvr_last_error(); files read
+//                     without blocking, and written whole or not at all
 //   2. types          element types; the numbering is GGUF's, so a tensor's stored type maps 1:1
 //   3. tensors        struct kvr_tensor: ne[4] element counts, nb[4] byte strides, ne[0] fastest
 //   4. contexts       arenas that own tensor structs (and optionally their data)
@@ -86,6 +87,32 @@ int          kvr_error_prefix(int code, const char * fmt, ...)
 // Programmer errors only: never for user input.
 #define KVR_ASSERT(x) do { if (!(x)) kvr_abort(__FILE__, __LINE__, #x); } while (0)
 void kvr_abort(const char * file, int line, const char * expr);
+
+// Files: every file kvr and its tools read, and every file they write whole, goes through these
+// (a replication log, appended to in place, is opened without following links: kvr-comm.c).
+//
+// kvr_file_read opens a file for reading ("rb") only if it is a regular file, and the open never
+// waits: a FIFO with no writer, a terminal or a device is refused at once (KVR_ERR_IO, the path
+// and what it is named), not read from or blocked on.
+//
+// kvr_file_create, then writes to kvr_file_stream, then kvr_file_commit: the bytes go to a new
+// temporary file beside the target (a unique name in the target's directory, created with
+// O_EXCL | O_NOFOLLOW and the mode fopen would give it, so a link planted under any name is never
+// followed), which is flushed, synced and renamed onto the target (and the directory synced).
+// The target is then either its old self or the whole new file, never half of one; writers of
+// one path at once each leave a whole file (the last rename wins). A failed commit, and
+// kvr_file_abort, remove the temporary. Write errors (a full disk) are kept by the stream and
+// reported by the commit. The target must be a regular file or not exist yet: a symbolic link, a
+// directory, a device, a FIFO or a socket is refused by kvr_file_check_target (KVR_ERR_ARG,
+// naming what it is), which create and commit call and tools call before any work.
+struct kvr_file;
+FILE *       kvr_file_read        (const char * path);
+int          kvr_file_check_target(const char * path);
+int          kvr_file_create      (struct kvr_file ** out, const char * path);
+FILE *       kvr_file_stream      (struct kvr_file * f);
+const char * kvr_file_temp_path   (const struct kvr_file * f); // the temporary's name (tests)
+int          kvr_file_commit      (struct kvr_file * f);       // frees f
+void         kvr_file_abort       (struct kvr_file * f);       // frees f; NULL is ignored
 
 //
 // 2. types (values are GGUF's ggml_type ids)
@@ -1017,7 +1044,8 @@ struct kvr_kv_layout {
 // the tokens and the shard table; then kvr_kv_writer_layer for every layer in order and within a
 // layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous); then
 // close writes the logits (when the layout has them) and renames the file into place. Until then
-// the file is PATH.part, so a reader never sees half a file under PATH; abort removes it.
+// the file is a temporary beside PATH (kvr_file_create), so a reader never sees half a file under
+// PATH; abort removes it.
 struct kvr_kv_writer;
 int  kvr_kv_writer_open (struct kvr_kv_writer ** out, const char * path, const struct kvr_model * m,
                          const struct kvr_kv_layout * lay);

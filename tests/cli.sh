@@ -7,7 +7,9 @@
 # default context and a prompt longer than it, prompt files with a NUL byte or invalid UTF-8 (the
 # same in kvr-run and kvr-tokenize, and in -p after its escapes), -p, -f and -m given twice, a
 # vocabulary that cannot load (exit 2 in both), chat turns whose control-token text stays text
-# (SmolLM2, where it is), a template's control bytes quoted. Ends with "N passed, M failed, K skipped".
+# (SmolLM2, where it is), a template's control bytes quoted, outputs that are inputs, links or
+# special files, inputs that are FIFOs or devices, prompt files past the context, and write errors
+# (stdout, --dump-logits, --trace) exiting 1. Ends with "N passed, M failed, K skipped".
 build=${1:-build}
 shared=${2:-../shared}
 pass=0; fail=0; skip=0
@@ -199,6 +201,63 @@ u64() { printf "\\$(printf %03o "$1")\\000\\000\\000\\000\\000\\000\\000"; }
 { printf 'GGUF\003\000\000\000'; u64 0; u64 1; u64 20; printf 'tokenizer.ggml.model\010\000\000\000'; u64 2; printf 't5'; } > "$tmp/t5.gguf"
 refused "kvr-tokenize: an unknown tokenizer model exits 2" "^kvr-tokenize: $tmp/t5.gguf: .*t5" "$build/kvr-tokenize" -m "$tmp/t5.gguf" -p hi
 refused "kvr-run: the same file exits 2" "^kvr-run: " $run -m "$tmp/t5.gguf" -p hi
+
+# paths (tools/kvr-cli.h, kvr_file_*): no output may be an input, a link or a special file; no
+# input may be a FIFO or a device; -f is read only as far as the context can take; output that
+# cannot be written (stdout on a full disk or closed, a file past the disk's end) fails the run
+own=$tmp/own.gguf
+cp "$model" "$own"
+ln "$own" "$tmp/own-hard.gguf"
+orun="$build/kvr-run -m $own -n 4 --temp 0"
+refused "the model's own path as --kv-save" "^kvr-run: --kv-save '$own': is the same file as -m '$own'" $orun -p hi --kv-save "$own"
+refused "the model's own path as --dump-logits" "^kvr-run: --dump-logits '$own': is the same file as -m" $orun -p hi --dump-logits "$own"
+refused "a hard link of the model as --session" "^kvr-run: --session '$tmp/own-hard.gguf': is the same file as -m" $orun -p hi --session "$tmp/own-hard.gguf"
+printf 'Once upon a time' > "$tmp/p.txt"
+refused "the prompt file as --trace" "^kvr-run: --trace '$tmp/p.txt': is the same file as -f" $orun -f "$tmp/p.txt" --trace "$tmp/p.txt"
+if cmp -s "$model" "$own"; then ok; echo "ok   the model is unchanged"; else bad "the model was written over"; fi
+mkfifo "$tmp/fifo"
+refused "a FIFO as -m, at once" "^kvr-run: -m '$tmp/fifo': is a FIFO, not a regular file" timeout 5 "$build/kvr-run" -m "$tmp/fifo" -p hi
+refused "a FIFO as -f, at once" "^kvr-run: -f '$tmp/fifo': is a FIFO, not a regular file" timeout 5 $orun -f "$tmp/fifo"
+refused "a FIFO as --kv-load, at once" "^kvr-run: --kv-load '$tmp/fifo': is a FIFO, not a regular file" timeout 5 $orun --kv-load "$tmp/fifo"
+refused "a FIFO as --kv-load's rank 0 shard, at once" "^kvr-run: $tmp/kvl.0: a FIFO, not a regular file" sh -c "mkfifo '$tmp/kvl.0' && exec timeout 5 $orun --kv-load '$tmp/kvl'"
+mkdir "$tmp/R" && mkfifo "$tmp/R/rank-0.kvlog"
+refused "a FIFO as --resume's log, at once" "^kvr-run: --resume $tmp/R: " timeout 5 $orun --resume "$tmp/R"
+refused "a FIFO as --kv-save, before the run" "^kvr-run: --kv-save '$tmp/fifo': is a FIFO, not a regular file" timeout 5 $orun -p hi --kv-save "$tmp/fifo"
+refused "/dev/null as --kv-save, before the run" "^kvr-run: --kv-save '/dev/null': is a character device, not a regular file" $orun -p hi --kv-save /dev/null
+refused "a directory as --kv-save, before the run" "^kvr-run: --kv-save '$tmp': is a directory, not a regular file" $orun -p hi --kv-save "$tmp"
+printf 'keep' > "$tmp/victim"
+ln -s "$tmp/victim" "$tmp/link.kv"
+refused "a symbolic link as --session" "^kvr-run: --session '$tmp/link.kv': is a symbolic link, not a regular file" $orun -p hi --session "$tmp/link.kv"
+ln -s "$tmp" "$tmp/link-dir"
+refused "a symbolic link as --replicate-dir" "^kvr-run: --replicate-dir '$tmp/link-dir': is a symbolic link" $orun -p hi --ranks 2 --replicate-dir "$tmp/link-dir"
+# a writer that once named its temporary FILE.part followed a link planted there
+ln -s "$tmp/victim" "$tmp/s.kv.part"
+$orun -p hi --session "$tmp/s.kv" > /dev/null 2> "$tmp/err"
+if [ $? -eq 0 ] && [ "$(cat "$tmp/victim")" = keep ] && [ "$(head -c 8 "$tmp/s.kv")" = KVRCACHE ]; then ok; echo "ok   a link planted at --session's FILE.part is not followed"; else bad "--session with a link at FILE.part: $(head -n 1 "$tmp/err")"; fi
+refused "-f /dev/zero, at once" "^kvr-run: -f '/dev/zero': is a character device, not a regular file" timeout 5 $orun -f /dev/zero
+truncate -s 10G "$tmp/sparse.txt" 2> /dev/null && {
+    refused "-f of a 10 GB sparse file, at once" "^kvr-run: $tmp/sparse.txt: 10737418240 bytes, more than the 266240 a prompt of this context can take" timeout 5 $orun -f "$tmp/sparse.txt"
+    refused "-f of a file larger than -c 16 takes" "more than the 5120 a prompt" timeout 5 $orun -c 16 -f "$tmp/sparse.txt"
+}
+rm -f "$tmp/sparse.txt"
+# exit 1 with a message: stdout on a full disk or closed, --dump-logits and --trace past the disk's
+# end (RLIMIT_FSIZE: a file that cannot grow; /dev/full itself is refused as a device)
+write_fails() { # description, pattern, command...
+    what=$1; pat=$2; shift 2
+    "$@" 2> "$tmp/err"
+    rc=$?
+    if [ $rc -eq 1 ] && grep -q -- "$pat" "$tmp/err"; then ok; echo "ok   $what"; else bad "$what: exit $rc, stderr: $(head -n 1 "$tmp/err")"; fi
+}
+write_fails "stdout on a full disk" "^kvr-run: cannot write the text to stdout: No space left on device" sh -c "exec $orun -p hi > /dev/full"
+write_fails "stdout closed" "^kvr-run: cannot write the text to stdout: Bad file descriptor" sh -c "exec $orun -p hi >&-"
+printf 'old logits\n' > "$tmp/logits.txt"
+write_fails "--dump-logits past the disk's end" "^kvr-run: --dump-logits: $tmp/logits.txt: cannot write: File too large" \
+    sh -c "trap '' XFSZ; ulimit -f 1; exec $orun -p hi --dump-logits '$tmp/logits.txt' > /dev/null"
+if [ "$(cat "$tmp/logits.txt")" = "old logits" ]; then ok; echo "ok   the old --dump-logits file is left whole"; else bad "--dump-logits: the old file was cut"; fi
+write_fails "--trace past the disk's end" "^kvr-run: $tmp/t.json: cannot write: File too large" \
+    sh -c "trap '' XFSZ; ulimit -f 1; exec $orun -p hi --trace '$tmp/t.json' > /dev/null"
+rm -f "$tmp/s.kv.part" # the planted link
+if ls "$tmp" | grep -q '\.part$'; then bad "temporaries left: $(ls "$tmp" | grep '\.part$' | tr '\n' ' ')"; else ok; echo "ok   no temporary left"; fi
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -21,6 +21,11 @@
 //   P/D        prefill on N-1 ranks, decode on the last (every strategy, N = 2..4): the decode rank
 //              receives the whole cache, computes no prompt token, and continues as one rank does
 //              (same ids, logits within 1e-4; chain strategies: bit for bit as without P/D)
+//   files      a symbolic link planted where a writer could put its temporary (PATH.part, the
+//              name writers once used) redirects neither a save nor a stream: its target is left
+//              as it was; 4 threads saving to one path at once, 30 times: every save succeeds and
+//              the file left always loads; a save that hits a full disk (RLIMIT_FSIZE) fails with
+//              KVR_ERR_IO, leaves the old file whole and no temporary behind
 //
 // usage: test-kvcache [SHARED_DIR (default ../shared)] [-v]
 // Prints "kvcache: N passed, M failed" (", K skipped"); exits 1 on a failure.
@@ -30,12 +35,15 @@
 #include "kvr.h"
 #include "tests/check.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +56,15 @@ static char * tmp_path(const char * name) {
     char * p = buf[k++ % 8];
     snprintf(p, 640, "%s/%s", tmp_dir, name);
     return p;
+}
+
+// how many entries of tmp_dir start with prefix (leftover temporaries)
+static int count_prefixed(const char * prefix) {
+    DIR * d = opendir(tmp_dir);
+    int n = 0;
+    for (struct dirent * e; d && (e = readdir(d)); ) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d) closedir(d);
+    return n;
 }
 
 static uint8_t * read_all(const char * path, size_t * n) {
@@ -147,7 +164,7 @@ static void test_session(const struct kvr_model * m) {
     CHECK(kvr_session_kv_save(a, f1, false) == KVR_OK, "save: %s", kvr_last_error());
     CHECK(kvr_session_kv_save(a, f2, false) == KVR_OK, "save again: %s", kvr_last_error());
     CHECK(same_file(f1, f2), "two saves of one cache differ");
-    CHECK(access(tmp_path("s1.kv.part"), F_OK) != 0, "the .part file is left behind");
+    CHECK(count_prefixed("s1.kv.") == 0 && count_prefixed("s2.kv.") == 0, "a temporary is left behind");
     // a destination that is not a regular file is refused and left as it was: the rename at the
     // end would replace it (as root, --kv-save /dev/null once turned the device into a file)
     {
@@ -777,6 +794,124 @@ static void test_interrupt(const struct kvr_model * m) {
     kvr_session_free(ref);
 }
 
+//
+// files: the one writer (kvr_file_create/commit) under the ways a path can be attacked or raced
+//
+
+struct saver {
+    struct kvr_session * s;
+    const char         * path;
+    pthread_barrier_t  * go;
+    int                  rc;
+    char                 err[512];
+};
+
+static void * saver_thread(void * arg) {
+    struct saver * sv = arg;
+    pthread_barrier_wait(sv->go);
+    sv->rc = kvr_session_kv_save(sv->s, sv->path, false);
+    snprintf(sv->err, sizeof(sv->err), "%s", sv->rc == KVR_OK ? "" : kvr_last_error());
+    return NULL;
+}
+
+static void test_files(const struct kvr_model * m) {
+    set_case("files: a link planted at PATH.part redirects no save and no stream");
+    const char victim_text[] = "the victim's own bytes\n";
+    char victim[640], target[640], part[700];
+    snprintf(victim, sizeof(victim), "%s", tmp_path("victim.txt"));
+    snprintf(target, sizeof(target), "%s", tmp_path("planted.kv"));
+    snprintf(part, sizeof(part), "%s.part", target);
+    write_all(victim, victim_text, sizeof(victim_text) - 1);
+    CHECK(symlink(victim, part) == 0, "symlink: %s", strerror(errno));
+    struct kvr_session * a = new_session(m, 64);
+    CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+    CHECK(kvr_session_kv_save(a, target, false) == KVR_OK, "save: %s", kvr_last_error());
+    size_t n = 0;
+    uint8_t * v = read_all(victim, &n);
+    CHECK(v && n == sizeof(victim_text) - 1 && memcmp(v, victim_text, n) == 0, "the save wrote through the link into its target");
+    free(v);
+    struct kvr_session * b = new_session(m, 64);
+    CHECK(kvr_session_kv_load(b, target) == KVR_OK && kvr_session_n_past(b) == N_PROMPT, "the saved file: %s", kvr_last_error());
+    kvr_session_free(b);
+    {   // --kv-stream writes through the same writer
+        char stream[640], spart[700];
+        snprintf(stream, sizeof(stream), "%s", tmp_path("planted-stream.kv"));
+        snprintf(spart, sizeof(spart), "%s.part", stream);
+        CHECK(symlink(victim, spart) == 0, "symlink: %s", strerror(errno));
+        struct kvr_session * st = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 64, .n_threads = 1, .kv_stream = stream });
+        CHECK(st && kvr_session_eval(st, prompt, N_PROMPT) != NULL, "streamed prefill: %s", kvr_last_error());
+        kvr_session_free(st);
+        v = read_all(victim, &n);
+        CHECK(v && n == sizeof(victim_text) - 1 && memcmp(v, victim_text, n) == 0, "the stream wrote through the link into its target");
+        free(v);
+        b = new_session(m, 64);
+        CHECK(kvr_session_kv_load(b, stream) == KVR_OK, "the streamed file: %s", kvr_last_error());
+        kvr_session_free(b);
+    }
+    CHECK(count_prefixed("planted.kv.") == 1 && count_prefixed("planted-stream.kv.") == 1,
+          "temporaries left: %d and %d entries besides the planted links", count_prefixed("planted.kv.") - 1,
+          count_prefixed("planted-stream.kv.") - 1);
+
+    set_case("files: 4 savers of one path at once, 30 times");
+    enum { N_SAVERS = 4, N_TRIALS = 30 };
+    char race[640];
+    snprintf(race, sizeof(race), "%s", tmp_path("race.kv"));
+    struct kvr_session * ss[N_SAVERS];
+    for (int i = 0; i < N_SAVERS; i++) {
+        ss[i] = new_session(m, 64);
+        CHECK(kvr_session_eval(ss[i], prompt, N_PROMPT - i) != NULL, "prefill %d: %s", i, kvr_last_error());
+    }
+    int failed_saves = 0, bad_files = 0;
+    char first_err[512] = "";
+    for (int t = 0; t < N_TRIALS; t++) {
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, N_SAVERS);
+        pthread_t th[N_SAVERS];
+        struct saver sv[N_SAVERS];
+        for (int i = 0; i < N_SAVERS; i++) {
+            sv[i] = (struct saver) { .s = ss[i], .path = race, .go = &go };
+            pthread_create(&th[i], NULL, saver_thread, &sv[i]);
+        }
+        for (int i = 0; i < N_SAVERS; i++) {
+            pthread_join(th[i], NULL);
+            if (sv[i].rc != KVR_OK && failed_saves++ == 0) snprintf(first_err, sizeof(first_err), "%s", sv[i].err);
+        }
+        pthread_barrier_destroy(&go);
+        b = new_session(m, 64);
+        if (kvr_session_kv_load(b, race) != KVR_OK && bad_files++ == 0 && !first_err[0]) {
+            snprintf(first_err, sizeof(first_err), "%s", kvr_last_error());
+        }
+        kvr_session_free(b);
+    }
+    CHECK(failed_saves == 0, "%d of %d saves failed (first: %s)", failed_saves, N_SAVERS * N_TRIALS, first_err);
+    CHECK(bad_files == 0, "%d of %d files left by the savers do not load (first: %s)", bad_files, N_TRIALS, first_err);
+    CHECK(count_prefixed("race.kv") == 1, "%d temporaries left", count_prefixed("race.kv") - 1);
+    for (int i = 0; i < N_SAVERS; i++) kvr_session_free(ss[i]);
+
+    set_case("files: a save onto a full disk fails and leaves the old file");
+    size_t n_old = 0;
+    uint8_t * old = read_all(target, &n_old);
+    struct rlimit rl, small;
+    struct sigaction ign = { .sa_handler = SIG_IGN }, was;
+    sigaction(SIGXFSZ, &ign, &was); // a write past the limit then fails with EFBIG instead of killing
+    getrlimit(RLIMIT_FSIZE, &rl);
+    small = rl;
+    small.rlim_cur = 4096;
+    CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0, "setrlimit: %s", strerror(errno));
+    const int rc = kvr_session_kv_save(a, target, false);
+    const int err = errno;
+    setrlimit(RLIMIT_FSIZE, &rl);
+    sigaction(SIGXFSZ, &was, NULL);
+    CHECK(rc == KVR_ERR_IO && strstr(kvr_last_error(), "planted.kv"), "a save past the disk's end: %d, %s (errno %s)", rc, kvr_last_error(),
+          strerror(err));
+    v = read_all(target, &n);
+    CHECK(old && v && n == n_old && memcmp(v, old, n) == 0, "the old file changed");
+    CHECK(count_prefixed("planted.kv.") == 1, "the temporary is left behind");
+    free(old);
+    free(v);
+    kvr_session_free(a);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -800,6 +935,7 @@ int main(int argc, char ** argv) {
         test_swap_ranks(m);
         test_interrupt(m);
         test_stream_pd(m);
+        test_files(m);
         kvr_model_free(m);
     }
     char cmd[700];

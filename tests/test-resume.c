@@ -4,7 +4,10 @@
 //   format    a log written record by record reads back as written; cut at every byte of its last
 //             step, a flipped bit in each kind of record, a step that ran again: the acknowledged
 //             prefix is kept and the damage named; header damage, a newer version, another model
-//             refused; a log continued after its acknowledged prefix reads whole
+//             refused; a log continued after its acknowledged prefix reads whole; a symbolic link
+//             or a hard link where a log is created or continued is refused, its target left as
+//             it was; a FIFO is refused at once, not waited on; a --replicate-dir that is a
+//             symbolic link is refused
 //   killed    a child process runs a prompt and greedy steps with replicate_dir and kills itself
 //             (SIGKILL) after step k; a new session resumes from the logs: the tokens restored are the
 //             clean run's, and the continuation gives the clean run's ids (single, tsp, kvr,
@@ -86,6 +89,8 @@ static const int32_t prompt[] = { 1, 403, 407, 261, 378, 6, 8, 391, 153, 289, 32
 //
 // format
 //
+
+static void on_alarm(int sig) { (void)sig; }
 
 static void test_format(const struct kvr_model * m, const char * other_path) {
     const int L = (int)m->hp.n_layer, kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
@@ -221,6 +226,49 @@ static void test_format(const struct kvr_model * m, const char * other_path) {
     free(g);
     free(k);
     free(v);
+
+    set_case("format: a planted link, a hard link, a FIFO");
+    const char victim_text[] = "not a log\n";
+    char victim[700], link_path[700], hard[700], fifo[700];
+    snprintf(victim, sizeof(victim), "%s", tmp_path("victim.txt"));
+    snprintf(link_path, sizeof(link_path), "%s", tmp_path("link.kvlog"));
+    snprintf(hard, sizeof(hard), "%s", tmp_path("hard.kvlog"));
+    snprintf(fifo, sizeof(fifo), "%s", tmp_path("fifo.kvlog"));
+    write_all(victim, victim_text, sizeof(victim_text) - 1);
+    CHECK(symlink(victim, link_path) == 0 && link(victim, hard) == 0, "links: %s", strerror(errno));
+    struct kvr_kv_log_data * d0 = NULL;
+    CHECK(kvr_kv_log_read(path, m, &d0) == KVR_OK, "read: %s", kvr_last_error());
+    const char * targets[2] = { link_path, hard };
+    for (int i = 0; i < 2; i++) {
+        w = NULL;
+        CHECK(kvr_kv_log_create(&w, targets[i], m, &h) != KVR_OK && strstr(kvr_last_error(), targets[i]),
+              "a log created through %s: %s", targets[i], kvr_last_error());
+        if (w) kvr_kv_log_close(w);
+        w = NULL;
+        CHECK(d0 && kvr_kv_log_append(&w, targets[i], m, d0) != KVR_OK, "a log continued through %s", targets[i]);
+        if (w) kvr_kv_log_close(w);
+        uint8_t * vb = read_all(victim, &n);
+        CHECK(vb && n == sizeof(victim_text) - 1 && memcmp(vb, victim_text, n) == 0, "%s: the link's target was written", targets[i]);
+        free(vb);
+    }
+    kvr_kv_log_free(d0);
+    unlink(fifo);
+    if (mkfifo(fifo, 0600) == 0) {
+        // an open that waits for a writer would be cut by the alarm, long after the check's bound
+        struct sigaction on = { .sa_handler = on_alarm }, was;
+        sigaction(SIGALRM, &on, &was);
+        alarm(5);
+        const double t0 = kvr_time_ms();
+        struct kvr_kv_log_data * df = NULL;
+        const int rc = kvr_kv_log_read(fifo, m, &df);
+        const double ms = kvr_time_ms() - t0;
+        alarm(0);
+        sigaction(SIGALRM, &was, NULL);
+        CHECK(rc != KVR_OK && ms < 2000 && strstr(kvr_last_error(), "FIFO"), "a FIFO read as a log: %.0f ms, %s", ms, kvr_last_error());
+        kvr_kv_log_free(df);
+    } else {
+        CHECK(0, "mkfifo: %s", strerror(errno));
+    }
 }
 
 //
@@ -423,6 +471,21 @@ static void test_fewer(const struct kvr_model * m) {
     resume_and_check(m, KVR_STRATEGY_TSP, 3, dir2, ref, NULL, 4, false, NULL);
 }
 
+// a --replicate-dir that is a symbolic link: the logs would go where its planter chose
+static void test_linked_dir(const struct kvr_model * m) {
+    set_case("refused: a --replicate-dir that is a symbolic link");
+    char real[700], linked[700], log0[800];
+    snprintf(real, sizeof(real), "%s", tmp_path("real-dir"));
+    snprintf(linked, sizeof(linked), "%s", tmp_path("linked-dir"));
+    snprintf(log0, sizeof(log0), "%s/rank-0.kvlog", real);
+    CHECK(mkdir(real, 0755) == 0 && symlink(real, linked) == 0, "setup: %s", strerror(errno));
+    struct kvr_session * d = new_dist(m, KVR_STRATEGY_SINGLE, 1, linked, NULL);
+    CHECK(kvr_session_eval(d, prompt, 5) == NULL && strstr(kvr_last_error(), "symbolic link"), "eval: %s",
+          kvr_session_n_past(d) ? "ran" : kvr_last_error());
+    CHECK(access(log0, F_OK) != 0, "a log was written through the link");
+    kvr_session_free(d);
+}
+
 static void test_refused(const struct kvr_model * m, const char * other_path) {
     const char * dir = tmp_path("refused");
     CHECK(child_run(m, KVR_STRATEGY_KVR, 2, dir, 3, false, NULL), "the child failed");
@@ -519,6 +582,7 @@ int main(int argc, char ** argv) {
         test_damage(m);
         test_fewer(m);
         test_refused(m, o);
+        test_linked_dir(m);
         test_again(m);
         kvr_model_free(m);
     }

@@ -620,11 +620,12 @@ static bool same_series(const struct point * a, const struct point * b) {
 // TTFT (ms) against prompt length, one polyline per (strategy, ranks, link), with axes, ticks,
 // labels and a legend. Plain SVG 1.1: it opens in any browser.
 static int write_svg(const char * path, const struct point * pts, int np, const char * title) {
-    FILE * f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "kvr-bench: %s: cannot write: %s\n", path, strerror(errno));
+    struct kvr_file * kf; // written beside path, renamed onto it whole
+    if (kvr_file_create(&kf, path) != KVR_OK) {
+        fprintf(stderr, "kvr-bench: %s\n", kvr_last_error());
         return -1;
     }
+    FILE * f = kvr_file_stream(kf);
     const double W = 760, H = 460, L = 80, R = 200, T = 50, B = 60;
     double xmax = 1, ymax = 1;
     for (int i = 0; i < np; i++) {
@@ -678,8 +679,8 @@ static int write_svg(const char * path, const struct point * pts, int np, const 
         series++;
     }
     fprintf(f, "</svg>\n");
-    if (fclose(f) != 0) {
-        fprintf(stderr, "kvr-bench: %s: cannot write\n", path);
+    if (kvr_file_commit(kf) != KVR_OK) {
+        fprintf(stderr, "kvr-bench: %s\n", kvr_last_error());
         return -1;
     }
     return 0;

@@ -4,9 +4,13 @@
 // parsed. The contract, checked before a tool does any work:
 //   - a number is a whole decimal number or a finite real inside the flag's range; NaN, infinities,
 //     overflow, trailing junk and empty values are refused with a message naming the flag and value;
-//   - an input file must exist and be readable, an output file must be creatable where it is going
-//     (its directory writable), so a run never fails at its end for a path it was given at its start;
-//   - exit status 2 for every bad flag, value, path or combination (kvr_cli_fail), 0 after -h;
+//   - an input file must exist, be a regular file and be readable (a FIFO, a device or a directory
+//     is refused: nothing blocks on it or reads it endlessly); an output file must be creatable
+//     where it is going (its directory writable) and be a regular file or nothing yet (a symbolic
+//     link, a device, a FIFO or a directory is refused, as kvr_file_check_target does), and it
+//     must not be one of the run's input files (the same st_dev/st_ino: a model or a prompt is
+//     never written over), so a run never fails at its end for a path it was given at its start;
+//   - exit status 2 for every bad flag, value, path or combination (kvr_cli_fail), 0 after -h.
 //   - a flag marked once (the model, the prompt) given twice is refused, not silently replaced.
 // --list-flags prints the table one flag a line ("NAME ALT KIND LO HI OPEN") for tests and shell
 // completion. Prompt text (kvr-run, kvr-tokenize) is checked here too: UTF-8 without NUL bytes,
@@ -21,6 +25,7 @@
 #include "kvr.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -236,28 +241,53 @@ static inline int kvr_cli_parse_real(const struct kvr_cli_flag * f, const char *
     return 0;
 }
 
-// An input file: exists, is not a directory, can be read.
+static inline const char * kvr_cli_file_kind(mode_t mode) {
+    if (S_ISLNK(mode))  return "a symbolic link";
+    if (S_ISDIR(mode))  return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode))  return "a character device";
+    if (S_ISBLK(mode))  return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "a special file";
+}
+
+// An input file: exists, is a regular file (stat only: a FIFO is never opened here), can be read.
+// The library's opens (kvr_file_read) refuse the same without blocking, should it change since.
 static inline int kvr_cli_check_in(const char * path, char * why, size_t cap) {
     struct stat st;
     if (!*path) { snprintf(why, cap, "an empty path"); return -1; }
     if (stat(path, &st) != 0) { snprintf(why, cap, "cannot open: %s", strerror(errno)); return -1; }
-    if (S_ISDIR(st.st_mode)) { snprintf(why, cap, "is a directory, not a file"); return -1; }
+    if (!S_ISREG(st.st_mode)) { snprintf(why, cap, "is %s, not a regular file", kvr_cli_file_kind(st.st_mode)); return -1; }
     if (access(path, R_OK) != 0) { snprintf(why, cap, "cannot read: %s", strerror(errno)); return -1; }
     return 0;
 }
 
-// An output file: either it exists and can be written (not a directory), or its directory exists
-// and new files can be made in it. Nothing is created or truncated: a run that fails before its
-// end leaves an earlier file of that name as it was.
+// An input that may not exist yet (--kv-load's FILE with FILE.R beside it): if it is there, as
+// kvr_cli_check_in.
+static inline int kvr_cli_check_in_if_there(const char * path, char * why, size_t cap) {
+    struct stat st;
+    if (*path && stat(path, &st) != 0 && errno == ENOENT) return 0;
+    return kvr_cli_check_in(path, why, cap);
+}
+
+// An output file: a regular file that can be written, or nothing yet, in a directory where new
+// files can be made (every output is written beside its path, then renamed onto it:
+// kvr_file_create). A symbolic link is refused whatever it points to. Nothing is created or
+// truncated: a run that fails before its end leaves an earlier file of that name as it was.
 static inline int kvr_cli_check_out(const char * path, char * why, size_t cap) {
     struct stat st;
     if (!*path) { snprintf(why, cap, "an empty path"); return -1; }
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) { snprintf(why, cap, "is a directory, not a file"); return -1; }
+    if (lstat(path, &st) == 0) {
+        if (!S_ISREG(st.st_mode)) {
+            snprintf(why, cap, "is %s, not a regular file: outputs are written beside their path, then renamed onto it",
+                     kvr_cli_file_kind(st.st_mode));
+            return -1;
+        }
         if (access(path, W_OK) != 0) { snprintf(why, cap, "cannot write: %s", strerror(errno)); return -1; }
-        return 0;
+    } else if (errno != ENOENT) {
+        snprintf(why, cap, "cannot write: %s", strerror(errno));
+        return -1;
     }
-    if (errno != ENOENT) { snprintf(why, cap, "cannot write: %s", strerror(errno)); return -1; }
     const char * slash = strrchr(path, '/');
     char dir[4096];
     if (!slash) snprintf(dir, sizeof(dir), ".");
@@ -269,10 +299,12 @@ static inline int kvr_cli_check_out(const char * path, char * why, size_t cap) {
 }
 
 // A directory to write in: it exists and can be written, or its parent can be (it is made later).
+// Not a symbolic link: what is written goes into the directory named, not where a link points.
 static inline int kvr_cli_check_dir(const char * path, char * why, size_t cap) {
     struct stat st;
     if (!*path) { snprintf(why, cap, "an empty path"); return -1; }
-    if (stat(path, &st) == 0) {
+    if (lstat(path, &st) == 0) {
+        if (S_ISLNK(st.st_mode)) { snprintf(why, cap, "is a symbolic link, not a directory"); return -1; }
         if (!S_ISDIR(st.st_mode)) { snprintf(why, cap, "is not a directory"); return -1; }
         if (access(path, W_OK | X_OK) != 0) { snprintf(why, cap, "cannot write in it: %s", strerror(errno)); return -1; }
         return 0;
@@ -387,6 +419,26 @@ static inline const struct kvr_cli_flag * kvr_cli_find(const struct kvr_cli * cl
     return NULL;
 }
 
+// No output may be an input: writing it would destroy what the run reads (the model, the prompt),
+// whatever name, hard link or path reaches it (compared by st_dev and st_ino).
+static inline int kvr_cli_check_overlap(const struct kvr_cli * cli) {
+    for (int i = 0; i < cli->n_flags; i++) {
+        const struct kvr_cli_flag * o = &cli->flags[i];
+        const char * out = o->kind == KVR_CLI_OUT ? *(const char * const *)o->dst : NULL;
+        struct stat so, si;
+        if (!out || stat(out, &so) != 0) continue;
+        for (int j = 0; j < cli->n_flags; j++) {
+            const struct kvr_cli_flag * in = &cli->flags[j];
+            const char * inp = in->kind == KVR_CLI_IN ? *(const char * const *)in->dst : NULL;
+            if (inp && stat(inp, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+                return kvr_cli_fail(cli, "%s '%.200s': is the same file as %s '%.200s': it would be written over", o->name, out,
+                                    in->name, inp);
+            }
+        }
+    }
+    return 0;
+}
+
 // Every flag of argv into its destination. Returns 0 to go on, 2 after a message on a bad
 // command line, -1 after -h or --list-flags (the caller exits with 0). A flag given twice takes
 // the last value, as llama.cpp's do, unless it is marked once.
@@ -427,7 +479,18 @@ static inline int kvr_cli_parse(const struct kvr_cli * cli, int argc, char ** ar
         char why[512];
         if (kvr_cli_value(f, v, why, sizeof(why)) != 0) return kvr_cli_fail(cli, "%s '%.200s': %s", arg, v, why);
     }
-    return 0;
+    return kvr_cli_check_overlap(cli);
+}
+
+// A tool started with stdin, stdout or stderr closed would hand that number to the next file it
+// opens, and text meant for stdout would land in a cache being written. Each closed one is held by
+// /dev/null opened read-only: a write to it still fails (EBADF), and the tool reports that.
+static inline void kvr_cli_hold_std_fds(void) {
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+        const int got = open("/dev/null", O_RDONLY); // the lowest free number: fd itself
+        if (got >= 0 && got != fd) close(got);
+    }
 }
 
 //
@@ -529,30 +592,46 @@ static inline int kvr_cli_check_prompt(const char * prog, const char * s, bool e
     return rc;
 }
 
-// The whole of a prompt file, zero-terminated, checked by kvr_cli_check_text. Returns 0 with
-// *out (free it), or 2 after a message.
-static inline int kvr_cli_read_text(const char * prog, const char * path, char ** out, size_t * len) {
+// The whole of a prompt file, zero-terminated, checked by kvr_cli_check_text. A file of more
+// than max bytes (0: no bound) is refused having read at most max + 1 of them, so /dev/zero or a
+// huge sparse file costs nothing; only a regular file is read (kvr_file_read: no FIFO waited on).
+// Returns 0 with *out (free it), or 2 after a message.
+static inline int kvr_cli_read_text(const char * prog, const char * path, size_t max, char ** out, size_t * len) {
     *out = NULL;
-    FILE * f = fopen(path, "rb");
+    FILE * f = kvr_file_read(path);
     if (!f) {
-        fprintf(stderr, "%s: %s: cannot open: %s\n", prog, path, strerror(errno));
+        fprintf(stderr, "%s: %s\n", prog, kvr_last_error());
+        return 2;
+    }
+    struct stat st;
+    if (max && fstat(fileno(f), &st) == 0 && (uint64_t)st.st_size > (uint64_t)max) {
+        fprintf(stderr, "%s: %s: %lld bytes, more than the %zu a prompt of this context can take\n", prog, path,
+                (long long)st.st_size, max);
+        fclose(f);
         return 2;
     }
     size_t cap = 1 << 16, n = 0;
     char * buf = malloc(cap);
-    while (buf) {
+    while (buf && (!max || n <= max)) {
         if (n + 1 >= cap) {
             char * p = realloc(buf, cap * 2);
             if (!p) { free(buf); buf = NULL; break; }
             buf = p;
             cap *= 2;
         }
-        const size_t got = fread(buf + n, 1, cap - n - 1, f);
+        size_t want = cap - n - 1;
+        if (max && want > max + 1 - n) want = max + 1 - n; // one byte past the bound tells
+        const size_t got = fread(buf + n, 1, want, f);
         if (got == 0) break;
         n += got;
     }
     const bool err = ferror(f) != 0;
     fclose(f);
+    if (buf && max && n > max) {
+        fprintf(stderr, "%s: %s: more than the %zu bytes a prompt of this context can take\n", prog, path, max);
+        free(buf);
+        return 2;
+    }
     if (!buf || err) {
         fprintf(stderr, "%s: %s: %s\n", prog, path, buf ? "cannot read" : "out of memory");
         free(buf);

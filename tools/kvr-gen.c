@@ -22,6 +22,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -611,9 +612,12 @@ int main(int argc, char ** argv) {
     }
     kvr_gguf_close(g);
 
-    // pass 2: generate and write each tensor in place, a slab of rows at a time
-    FILE * f = fopen(tmp_path, "r+b");
+    // pass 2: generate and write each tensor in place, a slab of rows at a time; the file the
+    // writer just renamed into place, never a link planted under its name since (O_NOFOLLOW)
+    const int fd = open(tmp_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    FILE * f = fd >= 0 ? fdopen(fd, "r+b") : NULL;
     if (!f) {
+        if (fd >= 0) close(fd);
         fprintf(stderr, "kvr-gen: cannot open %s for writing: %s\n", tmp_path, strerror(errno));
         remove(tmp_path);
         arrfree(ts);

@@ -310,6 +310,10 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream, --decode-rank, --replicate-dir and --resume are for one prompt's run");
     }
     if (a->prompt && kvr_cli_check_prompt("kvr-run", a->prompt, !a->no_escape)) return 2;
+    char why[512];
+    if (a->kv_load && kvr_cli_check_in_if_there(a->kv_load, why, sizeof(why))) { // else its FILE.R shards
+        return kvr_cli_fail(&cli, "--kv-load '%.200s': %s", a->kv_load, why);
+    }
     if (!a->comm_set && getenv("OMPI_COMM_WORLD_SIZE")) a->comm = KVR_COMM_MPI; // started by mpirun
     // under MPI the rank count is the communicator's: kvr_session_new checks the decode rank there
     if (a->pd && a->comm == KVR_COMM_LOCAL && a->decode_rank != a->n_ranks - 1) {
@@ -791,10 +795,10 @@ out:
 // here: the load checks the whole file.
 static int kv_file_tokens(const char * path) {
     char p[4096];
-    FILE * f = fopen(path, "rb");
+    FILE * f = kvr_file_read(path); // not a FIFO: the load refuses what this skips
     if (!f) {
         kvr_session_kv_shard_path(path, 0, p, sizeof(p));
-        f = fopen(p, "rb");
+        f = kvr_file_read(p);
     }
     if (!f) return -1;
     uint8_t h[KVR_KV_FILE_HEADER];
@@ -868,15 +872,28 @@ static void print_pd_stats(const struct kvr_rank_stats * st, int n, int decode_r
             prefill_end, dr->ttft_ms, t_token, t_token - prefill_end);
 }
 
+// stdout carries the text: a write that failed there (a full disk, a closed descriptor) fails the
+// run, said once on stderr; true if so
+static bool stdout_failed(void) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return false;
+    fprintf(stderr, "\nkvr-run: cannot write the text to stdout: %s\n", errno ? strerror(errno) : "a write failed");
+    return true;
+}
+
 int kvr_run_main(int argc, char ** argv);
 int kvr_run_main(int argc, char ** argv) {
+    clearerr(stdout); // this run's write errors only (the CLI fuzz target calls this again and again)
     struct run_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
 
-    // the prompt file before the model: a bad file costs nothing to find
+    // the prompt file before the model: a bad file costs nothing to find. It is read up to what
+    // the largest context this run can have takes (-c, else at most 4096 tokens) at a generous 64
+    // bytes a token: -f /dev/zero or a huge file is refused without reading it whole
     char * text = NULL;
-    if (a.prompt_file && kvr_cli_read_text("kvr-run", a.prompt_file, &text, NULL)) return 2;
+    const size_t max_text = (size_t)(a.n_ctx > 0 ? a.n_ctx : 4096) * 64 + 4096;
+    if (a.prompt_file && kvr_cli_read_text("kvr-run", a.prompt_file, max_text, &text, NULL)) return 2;
     struct kvr_model * model = kvr_model_load(a.model, &(struct kvr_model_params){ .mmap = a.mmap });
     if (!model) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
@@ -1092,7 +1109,10 @@ int kvr_run_main(int argc, char ** argv) {
             print_piece(vocab, ids[i], &first);
         }
     }
-    fflush(stdout);
+    if (stdout_failed()) { // nowhere to put the text: no prefill for it
+        rc = 1;
+        goto done;
+    }
 
     rc = 0;
     const double t0 = kvr_time_ms();
@@ -1118,14 +1138,19 @@ int kvr_run_main(int argc, char ** argv) {
     if (a.session && n_prompt > reuse && (rc = kv_save(dist, a.session)) != 0) goto done;
     const int n_vocab = kvr_vocab_n_tokens(vocab);
     if (a.dump_logits && speaker) {
-        FILE * f = fopen(a.dump_logits, "w");
-        if (!f) {
-            fprintf(stderr, "kvr-run: %s: cannot write: %s\n", a.dump_logits, strerror(errno));
-            rc = 2;
+        struct kvr_file * kf;
+        if (kvr_file_create(&kf, a.dump_logits) != KVR_OK) {
+            fprintf(stderr, "kvr-run: --dump-logits: %s\n", kvr_last_error());
+            rc = 1;
             goto done;
         }
+        FILE * f = kvr_file_stream(kf);
         for (int i = 0; i < n_vocab; i++) fprintf(f, "%.9g\n", logits[i]);
-        fclose(f);
+        if (kvr_file_commit(kf) != KVR_OK) { // a full disk: the file is not put in place, the run fails
+            fprintf(stderr, "kvr-run: --dump-logits: %s\n", kvr_last_error());
+            rc = 1;
+            goto done;
+        }
     }
     double t_first = 0, t_end = 0;
     int n_gen = 0;
@@ -1159,7 +1184,10 @@ int kvr_run_main(int argc, char ** argv) {
         gen[n_gen++] = id;
         if (kvr_vocab_is_eog(vocab, id)) break;
         if (speaker) print_piece(vocab, id, &first_piece);
-        fflush(stdout);
+        if (stdout_failed()) {
+            rc = 1;
+            goto done;
+        }
         if (n_gen == a.n_predict) {
             pending = true;
             break;
@@ -1205,6 +1233,7 @@ int kvr_run_main(int argc, char ** argv) {
     }
 done:
     run_session = NULL;
+    if (rc == 0 && stdout_failed()) rc = 1;
     if (dist && a.trace && kvr_session_write_trace(dist, a.trace) != KVR_OK) {
         fprintf(stderr, "kvr-run: %s\n", kvr_last_error());
         if (rc == 0) rc = 1;
@@ -1229,6 +1258,7 @@ int main(int argc, char ** argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    kvr_cli_hold_std_fds();
     return kvr_run_main(argc, argv);
 }
 #endif

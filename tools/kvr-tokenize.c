@@ -57,7 +57,7 @@ int main(int argc, char ** argv) {
     }
 
     char * text = NULL;
-    if (prompt_file != NULL && kvr_cli_read_text("kvr-tokenize", prompt_file, &text, NULL) != 0) {
+    if (prompt_file != NULL && kvr_cli_read_text("kvr-tokenize", prompt_file, 0, &text, NULL) != 0) {
         return 2;
     }
     if (prompt != NULL && !no_escape) {
