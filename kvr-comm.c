@@ -145,6 +145,11 @@ struct transport {
 
 static int wait_error(const struct tr_req * r, double timeout_s) {
     const int tag = r->tag;
+    if (tag >= 0 && kvr_tag_kind(tag) == KVR_TAG_LOGITS) { // outside the schedule: no layer, no step
+        const char * what = kvr_tag_step(tag) ? "the step to resume from" : "the logits";
+        if (r->is_send) return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for rank %d to take %s", r->me, timeout_s, r->peer, what);
+        return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for %s from rank %d", r->me, timeout_s, what, r->peer);
+    }
     if (r->is_send) {
         return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for rank %d to take %s of layer %d (step %d)",
                          r->me, timeout_s, r->peer, kvr_tag_kind_name(kvr_tag_kind(tag)), kvr_tag_layer(tag), kvr_tag_step(tag));
@@ -409,7 +414,9 @@ static void local_reset(struct transport * t) {
 
 #ifdef KVR_MPI
 // the MPI transport: ranks are processes. A failure cannot be undone: the rank that sees it
-// prints the message and aborts the job, which ends every other rank with it.
+// prints the message and aborts the job, which ends every other rank with it. The abort's error
+// code is what mpirun exits with: 1, a run that failed once started (kvr-run's, the README's).
+#define MPI_FAIL_EXIT 1
 
 static int mpi_isend(struct transport * t, struct tr_req * r) {
     (void)t;
@@ -457,7 +464,7 @@ static void mpi_fail(struct transport * t, int rank, const char * msg) {
     (void)rank; // the message names it
     fprintf(stderr, "kvr: %s\n", msg);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 3);
+    MPI_Abort(MPI_COMM_WORLD, MPI_FAIL_EXIT);
 }
 
 static void mpi_cancel(struct transport * t, struct tr_req * r) {
@@ -698,7 +705,7 @@ static void nccl_fail(struct transport * t, int rank, const char * msg) {
         fprintf(stderr, "kvr: %s\n", msg);
         fflush(stderr);
         nccl_abort(nccl_rank_of(t, rank));
-        MPI_Abort(MPI_COMM_WORLD, 3);
+        MPI_Abort(MPI_COMM_WORLD, MPI_FAIL_EXIT);
     }
 #else
     (void)rank;
@@ -1029,7 +1036,7 @@ struct rank_dejavu {
     int                kill_point;  //   which point of the session's list
     char               kill_what[128]; //   where, in words
     bool               killed;      //   it fired: this rank is lost
-    double             t_killed;    //   when
+    double             t_killed;    //   when (the kill or stall hook stopped it)
     bool               own_process; // the rank is this process (MPI): a kill ends the process
 };
 
@@ -2428,8 +2435,12 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
         const int me = d->ranks[0].rank;
         const size_t bytes = sizeof(float) * m->hp.n_vocab;
         const int tag = kvr_tag(0, KVR_TAG_LOGITS, 0);
-        // a receiver may wait while the owner computes a long prefill alone: ten timeouts
-        const double t0 = kvr_time_ms(), limit = me == pl->owner ? d->p.timeout_s : 10 * d->p.timeout_s;
+        // the stall hook's layer n_layer: the owner stops before its logits go out
+        if (me == pl->owner) comm_stall(d->ranks[0].comm, kvr_tag((int)m->hp.n_layer, KVR_TAG_LOGITS, 0));
+        // every wait ends within the timeout, this one too: a receiver that finished its part
+        // early waits at most that long for the owner to finish the prefill alone (a longer
+        // stretch of compute needs a longer --comm-timeout), so a stopped owner is found then
+        const double t0 = kvr_time_ms(), limit = d->p.timeout_s;
         struct tr_req * reqs = calloc((size_t)d->n_ranks, sizeof(*reqs));
         KVR_ASSERT(reqs != NULL);
         int rc2 = KVR_OK, n_req = 0;
@@ -2509,7 +2520,8 @@ const float * kvr_session_eval(struct kvr_session * d, const int32_t * tokens, i
 //   rank_pass       dejavu_rank_nodes   the nodes that take each layer's final rows (P/D's
 //                   dejavu_receive_graph    decode rank: its whole graph)
 //   comm_exec       dejavu_comm_exec    those nodes run: rows to the stream, the log, the replica
-//                   comm_stall          the stall hook, before a rank's transfer
+//                   comm_stall          the stall hook, before a rank's transfer (and in
+//                                       dist_eval_once, before an MPI owner's logits)
 //   rank_eval       dejavu_rank_done    after the eval: a decode token's rows, which no node took
 //   dist_eval_once  dejavu_ranks_joined the ranks are back: lost ranks, replicas' chunks
 //                   dejavu_eval_end     the stream is finished (or dropped), a lost rank named
@@ -4229,12 +4241,21 @@ int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap)
 }
 
 // the stall hook: this rank stops before its first transfer at or after the layer, as a lost
-// process would; it comes back only when another rank gave up (or after two timeouts)
+// process would. A rank that is a process of its own stops for real (SIGSTOP, as `kill -STOP`
+// would: only a SIGCONT or the job's end moves it); a local rank's thread comes back only when
+// another rank gave up (or after two timeouts), and is then declared lost (--replicate).
 static int comm_stall(struct rank_comm * c, int tag) {
     if (c->dv.stall_layer < 0 || kvr_tag_layer(tag) < c->dv.stall_layer) return KVR_OK;
     if (!c->dv.stalled) {
         c->dv.stalled = true;
-        c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
+        c->dv.t_killed = kvr_time_ms();
+        if (c->dv.own_process) {
+            fprintf(stderr, "kvr: rank %d: stopped by the stall test hook at layer %d (SIGSTOP)\n", c->base.rank, kvr_tag_layer(tag));
+            fflush(stderr);
+            raise(SIGSTOP);
+        } else {
+            c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
+        }
     }
     return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
 }
@@ -4296,7 +4317,8 @@ static int dejavu_eval_begin(struct kvr_session * d, const int32_t * tokens, int
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
         c->dv.stalled = false;
-        c->dv.stall_layer = d->dv.test.stall && d->ranks[i].rank == d->dv.test.stall_rank ? d->dv.test.stall_layer : -1;
+        // the rank as started: after a recovery renumbered the survivors, nobody else stalls
+        c->dv.stall_layer = d->dv.test.stall && d->ranks[i].id == d->dv.test.stall_rank ? d->dv.test.stall_layer : -1;
     }
     int rc = test_kill_arm(d, d->dv.decode);
     if (rc != KVR_OK) return rc;
@@ -4775,8 +4797,8 @@ static int resume_agree(struct kvr_session * d, int * S) {
     int32_t * theirs = calloc((size_t)N, sizeof(int32_t));
     struct tr_req * reqs = calloc(2 * (size_t)N, sizeof(*reqs));
     KVR_ASSERT(theirs && reqs);
-    // another process may still be reading logs: ten timeouts, as for a prefill's logits
-    const double limit = 10 * d->p.timeout_s, t0 = kvr_time_ms();
+    // another process may still be reading logs: at most the timeout, as every wait
+    const double limit = d->p.timeout_s, t0 = kvr_time_ms();
     int rc = KVR_OK, n = 0;
     for (int q = 0; q < N && rc == KVR_OK; q++) {
         if (q == me) continue;
