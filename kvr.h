@@ -1760,6 +1760,8 @@ struct kvr_test_hooks {
                                               //   kvr-run; a process of its own: SIGSTOP; layer n_layer:
                                               //   before an MPI owner's logits go out). With --replicate
                                               //   the peers' timeout declares it lost and recovers.
+    bool                         stall_decode;  // the stall arms only in decode step stall_step (the
+    int                          stall_step;    //   steps KVR_TEST_KILL counts), not from the prefill on
     const struct kvr_test_kill * kill;        // KVR_TEST_KILL: these ranks are lost at these points
     int                          n_kill;
 };
