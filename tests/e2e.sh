@@ -99,6 +99,20 @@ for line in open(sys.argv[1]):
             fi
         done
     done
+    # a rank that stalls (issue 27, finding 5) is found by its peers' timeout, declared lost and
+    # recovered as a killed one: the clean run's text
+    for s in kvr ring-kv tsp; do
+        KVR_TEST_STALL=1:3 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy $s --replicate \
+            --comm-timeout 1 -v > "$tmp/fo.txt" 2> "$tmp/fo.err"
+        rc=$?
+        if [ $rc -eq 0 ] && cmp -s "$tmp/fo.txt" "$ref/stories260K-greedy.txt" &&
+            grep -q "failover: rank 1: it answered nobody for 1.0 s (--comm-timeout).*; declared lost" "$tmp/fo.err" &&
+            grep -q "failover: rank 1 of 3 was lost (" "$tmp/fo.err" && grep -q "failover: the failed eval .* runs again on 2 ranks" "$tmp/fo.err"; then
+            ok "--replicate --strategy $s KVR_TEST_STALL=1:3: the stalled rank is declared lost, the clean run's text"
+        else
+            bad "--replicate --strategy $s KVR_TEST_STALL=1:3: rc=$rc: $(grep failover "$tmp/fo.err" | head -n 2) $(tail -n 1 "$tmp/fo.err")"
+        fi
+    done
     KVR_TEST_KILL=2:decode:3 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > "$tmp/kill.out" 2> "$tmp/kill.txt"
     rc=$?
     if [ $rc -ne 0 ] && grep -q "rank 2: lost: stopped by the test hook KVR_TEST_KILL at layer 2 of decode step 3" "$tmp/kill.txt"; then
