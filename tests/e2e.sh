@@ -66,6 +66,16 @@ for line in open(sys.argv[1]):
     else
         bad "stalled rank: rc=$rc after ${el}s: $(tail -n 1 "$tmp/stall.txt")"
     fi
+    # the chain's last rank stalls after the others finished: nobody waits on a transfer from it, the
+    # driver's wait for its thread ends within the timeout, naming it
+    start=$(date +%s)
+    KVR_TEST_STALL=2:4 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
+    rc=$?; el=$(( $(date +%s) - start ))
+    if [ $rc -eq 1 ] && [ $el -le 3 ] && grep -q "rank 2: timed out after 1.0 s: it did not finish the eval after another rank did" "$tmp/stall.txt"; then
+        ok "the last rank stalled after the others finished: the run fails within the timeout, naming it"
+    else
+        bad "last rank stalled: rc=$rc after ${el}s: $(tail -n 1 "$tmp/stall.txt")"
+    fi
     # KVR_TEST_KILL without --replicate: the lost rank fails the run as a stalled one does, and a rank
     # lost in decode (the chain's last, which decodes alone) ends it with its own "lost" error. Which
     # neighbour of the lost rank 1 times out first is a race: rank 2 waiting for its K, or rank 0
