@@ -145,6 +145,11 @@ struct transport {
 
 static int wait_error(const struct tr_req * r, double timeout_s) {
     const int tag = r->tag;
+    if (tag >= 0 && kvr_tag_kind(tag) == KVR_TAG_LOGITS) { // outside the schedule: no layer, no step
+        const char * what = kvr_tag_step(tag) ? "the step to resume from" : "the logits";
+        if (r->is_send) return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for rank %d to take %s", r->me, timeout_s, r->peer, what);
+        return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for %s from rank %d", r->me, timeout_s, what, r->peer);
+    }
     if (r->is_send) {
         return kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s waiting for rank %d to take %s of layer %d (step %d)",
                          r->me, timeout_s, r->peer, kvr_tag_kind_name(kvr_tag_kind(tag)), kvr_tag_layer(tag), kvr_tag_step(tag));
@@ -173,6 +178,8 @@ struct local_world {
     int              * wait_tag;  //   (a timeout follows this chain to the rank that stopped)
     bool               failed;
     char               fail_msg[512];
+    int                stopped;   // the rank the first timeout's chain ended at, waiting for nobody
+    double             t_stopped; //   (-1: none), and since when at least (its peer's wait began)
 };
 
 static void req_list_add(struct tr_req *** list, int * n, int * cap, struct tr_req * r) {
@@ -283,6 +290,41 @@ static void local_explain(struct local_world * w, const struct tr_req * r, char 
     }
 }
 
+// called with the lock held, at the eval's first timeout (on r, whose wait began at t_wait): the
+// rank at the end of the chain of waits from r's peer, when it waits for nobody, is the one that
+// stopped (a stalled thread, or one stuck in its compute); a chain that comes back to r's rank is
+// a cycle, and no rank is blamed. --replicate declares that rank lost (dejavu_ranks_joined).
+static void local_find_stopped(struct local_world * w, const struct tr_req * r, double t_wait) {
+    int p = r->peer;
+    for (int hops = 0; p >= 0 && p < w->tr.n_ranks && w->wait_peer[p] >= 0 && hops <= w->tr.n_ranks; hops++) p = w->wait_peer[p];
+    if (p >= 0 && p < w->tr.n_ranks && p != r->me && w->wait_peer[p] < 0) {
+        w->stopped = p;
+        w->t_stopped = t_wait;
+    }
+}
+
+// the driver's wait for a rank's thread timed out (join_ranks): that rank stopped, unless a
+// transfer's timeout found one first
+static void local_mark_stopped(struct transport * t, int rank, double since) {
+    struct local_world * w = (struct local_world *)t;
+    pthread_mutex_lock(&w->mu);
+    if (w->stopped < 0) {
+        w->stopped = rank;
+        w->t_stopped = since;
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
+// the rank the eval's first timeout found stopped (-1: none) and since when at least
+static int local_stopped(struct transport * t, double * since) {
+    struct local_world * w = (struct local_world *)t;
+    pthread_mutex_lock(&w->mu);
+    const int p = w->stopped;
+    *since = w->t_stopped;
+    pthread_mutex_unlock(&w->mu);
+    return p;
+}
+
 static int local_wait(struct transport * t, struct tr_req * r, double deadline, double timeout_s) {
     struct local_world * w = (struct local_world *)t;
     pthread_mutex_lock(&w->mu);
@@ -308,6 +350,7 @@ static int local_wait(struct transport * t, struct tr_req * r, double deadline, 
         if (w->failed) {
             rc = kvr_error(KVR_ERR_COMM, "rank %d: aborted: %s", r->me, w->fail_msg);
         } else {
+            if (r->tag >= 0 && w->stopped < 0) local_find_stopped(w, r, deadline - 1e3 * timeout_s);
             char chain[512];
             local_explain(w, r, chain, sizeof(chain));
             wait_error(r, timeout_s);
@@ -383,6 +426,7 @@ static struct transport * local_new(int n_ranks, double gbps, double latency_us,
     w->wait_peer = malloc(sizeof(int) * (size_t)n_ranks);
     w->wait_tag  = calloc((size_t)n_ranks, sizeof(int));
     for (int i = 0; i < n_ranks; i++) w->wait_peer[i] = -1;
+    w->stopped = -1;
     w->tr = (struct transport) { .isend = local_isend, .irecv = local_irecv, .wait = local_wait, .fail = local_fail, .cancel = local_cancel,
                                  .idle = local_idle, .free = local_free, .n_ranks = n_ranks, .link_gbps = gbps, .link_latency_us = latency_us,
                                  .early_recv = true };
@@ -395,6 +439,7 @@ static void local_reset(struct transport * t) {
     pthread_mutex_lock(&w->mu);
     w->failed = false;
     w->fail_msg[0] = 0;
+    w->stopped = -1;
     w->n_sends = w->n_recvs = 0;
     for (int i = 0; i < w->tr.n_ranks; i++) w->wait_peer[i] = -1;
     for (int i = 0; i < w->tr.n_ranks * w->tr.n_ranks; i++) w->link_free[i] = 0.0;
@@ -409,7 +454,9 @@ static void local_reset(struct transport * t) {
 
 #ifdef KVR_MPI
 // the MPI transport: ranks are processes. A failure cannot be undone: the rank that sees it
-// prints the message and aborts the job, which ends every other rank with it.
+// prints the message and aborts the job, which ends every other rank with it. The abort's error
+// code is what mpirun exits with: 1, a run that failed once started (kvr-run's, the README's).
+#define MPI_FAIL_EXIT 1
 
 static int mpi_isend(struct transport * t, struct tr_req * r) {
     (void)t;
@@ -457,7 +504,7 @@ static void mpi_fail(struct transport * t, int rank, const char * msg) {
     (void)rank; // the message names it
     fprintf(stderr, "kvr: %s\n", msg);
     fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 3);
+    MPI_Abort(MPI_COMM_WORLD, MPI_FAIL_EXIT);
 }
 
 static void mpi_cancel(struct transport * t, struct tr_req * r) {
@@ -528,6 +575,8 @@ struct nccl_world {
     pthread_mutex_t    mu;
     bool               failed;
     char               fail_msg[512];
+    int                stopped;   // the rank the first timeout's chain ended at, waiting for nobody
+    double             t_stopped; //   (-1: none), and since when at least (its peer's wait began)
 };
 
 static struct nccl_rank * nccl_rank_of(struct transport * t, int rank) {
@@ -698,7 +747,7 @@ static void nccl_fail(struct transport * t, int rank, const char * msg) {
         fprintf(stderr, "kvr: %s\n", msg);
         fflush(stderr);
         nccl_abort(nccl_rank_of(t, rank));
-        MPI_Abort(MPI_COMM_WORLD, 3);
+        MPI_Abort(MPI_COMM_WORLD, MPI_FAIL_EXIT);
     }
 #else
     (void)rank;
@@ -1029,7 +1078,7 @@ struct rank_dejavu {
     int                kill_point;  //   which point of the session's list
     char               kill_what[128]; //   where, in words
     bool               killed;      //   it fired: this rank is lost
-    double             t_killed;    //   when
+    double             t_killed;    //   when (the kill or stall hook stopped it)
     bool               own_process; // the rank is this process (MPI): a kill ends the process
 };
 
@@ -1358,6 +1407,8 @@ struct kvr_session {
     atomic_int               interrupt;   // kvr_session_interrupt: stop the running or next eval
     struct dist_swap         swap;        // the caches, while swapped out (kvr_session_kv_swap_out)
     struct dejavu            dv;
+    bool                     wedged;      // a rank's thread did not stop when told: it may still run,
+                                          //   so nothing is freed and no eval runs (join_ranks)
 };
 
 static void plan_free(struct eval_plan * pl) {
@@ -2075,6 +2126,55 @@ static void * rank_thread(void * arg) {
     return NULL;
 }
 
+// The driver's wait for the ranks' threads, a wait like the ranks' own: once one came back, the
+// rest have the timeout to follow (as an MPI rank waits for the owner's logits). Past it the
+// eval fails (the transport wakes every waiting rank; a local rank still out is the one that
+// stopped) and they have another timeout to come back. A thread that does not is left running:
+// the session is wedged (it frees nothing and runs no eval). KVR_OK, or KVR_ERR_COMM with msg set.
+static int join_ranks(struct kvr_session * d, pthread_t * th, bool * started, char * msg, size_t cap) {
+    const double t_out = 1e3 * d->p.timeout_s;
+    double t_back = -1.0, t_told = -1.0; // when the first thread came back; when the rest were told to stop
+    int left = 0, rc = KVR_OK;
+    for (int i = 0; i < d->n_local; i++) left += started[i];
+    while (left > 0) {
+        for (int i = 0; i < d->n_local; i++) {
+            if (!started[i]) continue;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            if (pthread_timedjoin_np(th[i], NULL, &ts) != 0) continue;
+            started[i] = false;
+            left--;
+            if (t_back < 0) t_back = kvr_time_ms();
+        }
+        const double now = kvr_time_ms();
+        if (left == 0 || t_back < 0) continue;
+        if (t_told < 0 && now >= t_back + t_out) {
+            int first = -1;
+            for (int i = 0; i < d->n_local && first < 0; i++) if (started[i]) first = i;
+            rc = kvr_error(KVR_ERR_COMM, "rank %d: timed out after %.1f s: it did not finish the eval after another rank did (%d rank%s still out)",
+                           d->ranks[first].rank, d->p.timeout_s, left, left > 1 ? "s" : "");
+            snprintf(msg, cap, "%s", kvr_last_error());
+            if (d->p.comm == KVR_COMM_LOCAL) local_mark_stopped(d->tr, d->ranks[first].rank, t_back);
+            d->tr->fail(d->tr, d->ranks[first].rank, msg);
+            t_told = now;
+        } else if (t_told >= 0 && now >= t_told + t_out) {
+            for (int i = 0; i < d->n_local; i++) {
+                if (!started[i]) continue;
+                pthread_detach(th[i]);
+                started[i] = false;
+                rc = kvr_error(KVR_ERR_COMM, "rank %d did not stop within %.1f s of being told to: its thread still runs, so the session "
+                               "cannot go on (nothing of it is freed)", d->ranks[i].rank, d->p.timeout_s);
+                snprintf(msg, cap, "%s", kvr_last_error());
+            }
+            d->wedged = true;
+            left = 0;
+        }
+    }
+    return rc;
+}
+
 //
 // the driver
 //
@@ -2297,7 +2397,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
 static void swap_drop(struct kvr_session * d);
 
 void kvr_session_free(struct kvr_session * d) {
-    if (!d) return;
+    if (!d || d->wedged) return; // a thread that did not stop may still use all of it
     swap_drop(d);
     dejavu_free(d);
     for (int i = 0; i < d->n_local; i++) dist_rank_free(&d->ranks[i]);
@@ -2382,6 +2482,10 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
             return NULL;
         }
     }
+    if (d->wedged) {
+        kvr_error(KVR_ERR_COMM, "eval: a rank's thread of an earlier eval did not stop: the session cannot go on");
+        return NULL;
+    }
     for (int i = 0; i < d->n_local; i++) {
         if (d->ranks[i].lost) {
             kvr_error(KVR_ERR_COMM, "rank %d was lost in an earlier eval (%s); nothing was recovered", d->ranks[i].rank,
@@ -2430,10 +2534,13 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
         }
         started[i] = true;
     }
-    for (int i = 0; i < d->n_local; i++) {
-        if (started[i]) pthread_join(th[i], NULL);
+    char join_err[1024] = "";
+    const int join_rc = join_ranks(d, th, started, join_err, sizeof(join_err));
+    if (d->wedged) { // the thread may still write its rank's state: nothing of it is read
+        kvr_error(join_rc, "%s", join_err);
+        return NULL;
     }
-    bool all_ok = true;
+    bool all_ok = join_rc == KVR_OK;
     for (int i = 0; i < d->n_local; i++) all_ok &= d->ranks[i].rc == KVR_OK;
     dejavu_ranks_joined(d, all_ok);
     if (d->p.graph_out) {
@@ -2481,6 +2588,10 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
             rc = dr->rc;
         }
     }
+    if (join_rc != KVR_OK && best < 3) { // no transfer's timeout found the stopped rank: the driver's did
+        rc = join_rc;
+        err = join_err;
+    }
     bool interrupted = false;
     for (int i = 0; i < d->n_local; i++) interrupted |= d->ranks[i].interrupted;
     if (interrupted) { // the interrupt, not the peers it stopped, is what happened
@@ -2505,8 +2616,12 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
         const int me = d->ranks[0].rank;
         const size_t bytes = sizeof(float) * m->hp.n_vocab;
         const int tag = kvr_tag(0, KVR_TAG_LOGITS, 0);
-        // a receiver may wait while the owner computes a long prefill alone: ten timeouts
-        const double t0 = kvr_time_ms(), limit = me == pl->owner ? d->p.timeout_s : 10 * d->p.timeout_s;
+        // the stall hook's layer n_layer: the owner stops before its logits go out
+        if (me == pl->owner) comm_stall(d->ranks[0].comm, kvr_tag((int)m->hp.n_layer, KVR_TAG_LOGITS, 0));
+        // every wait ends within the timeout, this one too: a receiver that finished its part
+        // early waits at most that long for the owner to finish the prefill alone (a longer
+        // stretch of compute needs a longer --comm-timeout), so a stopped owner is found then
+        const double t0 = kvr_time_ms(), limit = d->p.timeout_s;
         struct tr_req * reqs = calloc((size_t)d->n_ranks, sizeof(*reqs));
         KVR_ASSERT(reqs != NULL);
         int rc2 = KVR_OK, n_req = 0;
@@ -2586,7 +2701,8 @@ const float * kvr_session_eval(struct kvr_session * d, const int32_t * tokens, i
 //   rank_pass       dejavu_rank_nodes   the nodes that take each layer's final rows (P/D's
 //                   dejavu_receive_graph    decode rank: its whole graph)
 //   comm_exec       dejavu_comm_exec    those nodes run: rows to the stream, the log, the replica
-//                   comm_stall          the stall hook, before a rank's transfer
+//                   comm_stall          the stall hook, before a rank's transfer (and in
+//                                       dist_eval_once, before an MPI owner's logits)
 //   rank_eval       dejavu_rank_done    after the eval: a decode token's rows, which no node took
 //   dist_eval_once  dejavu_ranks_joined the ranks are back: lost ranks, replicas' chunks
 //                   dejavu_eval_end     the stream is finished (or dropped), a lost rank named
@@ -4327,12 +4443,21 @@ int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap)
 }
 
 // the stall hook: this rank stops before its first transfer at or after the layer, as a lost
-// process would; it comes back only when another rank gave up (or after two timeouts)
+// process would. A rank that is a process of its own stops for real (SIGSTOP, as `kill -STOP`
+// would: only a SIGCONT or the job's end moves it); a local rank's thread comes back only when
+// another rank gave up (or after two timeouts), and is then declared lost (--replicate).
 static int comm_stall(struct rank_comm * c, int tag) {
     if (c->dv.stall_layer < 0 || kvr_tag_layer(tag) < c->dv.stall_layer) return KVR_OK;
     if (!c->dv.stalled) {
         c->dv.stalled = true;
-        c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
+        c->dv.t_killed = kvr_time_ms();
+        if (c->dv.own_process) {
+            fprintf(stderr, "kvr: rank %d: stopped by the stall test hook at layer %d (SIGSTOP)\n", c->base.rank, kvr_tag_layer(tag));
+            fflush(stderr);
+            raise(SIGSTOP);
+        } else {
+            c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
+        }
     }
     return kvr_error(KVR_ERR_COMM, "rank %d: stopped by the stall test hook at layer %d", c->base.rank, kvr_tag_layer(tag));
 }
@@ -4394,7 +4519,10 @@ static int dejavu_eval_begin(struct kvr_session * d, const int32_t * tokens, int
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
         c->dv.stalled = false;
-        c->dv.stall_layer = d->dv.test.stall && d->ranks[i].rank == d->dv.test.stall_rank ? d->dv.test.stall_layer : -1;
+        // the rank as started: after a recovery renumbered the survivors, nobody else stalls
+        const struct kvr_test_hooks * h = &d->dv.test;
+        const bool now = !h->stall_decode || (d->dv.decode && d->dv.n_steps == h->stall_step);
+        c->dv.stall_layer = h->stall && now && d->ranks[i].id == h->stall_rank ? h->stall_layer : -1;
     }
     int rc = test_kill_arm(d, d->dv.decode);
     if (rc != KVR_OK) return rc;
@@ -4486,12 +4614,27 @@ static int dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev) {
     return rc;
 }
 
-// Every rank of the eval is back: a rank the kill hook stopped is lost, the replicas' chunks are
-// committed (all_ok) or dropped, and the stream and the logs were this eval's alone
+// Every rank of the eval is back: a rank the kill hook stopped is lost, and so (--replicate) is a
+// rank that stopped answering: the one the first timeout's chain of waits ended at (local ranks;
+// its thread is back, so nothing of it runs any more and its state can go). The replicas' chunks
+// are committed (all_ok) or dropped, and the stream and the logs were this eval's alone.
 static void dejavu_ranks_joined(struct kvr_session * d, bool all_ok) {
+    bool killed = false;
     for (int i = 0; i < d->n_local; i++) {
         struct rank_comm * c = d->ranks[i].comm;
-        if (c->dv.killed) d->ranks[i].lost = d->dv.kill_fired[c->dv.kill_point] = true;
+        if (c->dv.killed) d->ranks[i].lost = d->dv.kill_fired[c->dv.kill_point] = killed = true;
+    }
+    double since = 0.0;
+    const int stopped = d->p.replicate && !all_ok && !killed && d->p.comm == KVR_COMM_LOCAL ? local_stopped(d->tr, &since) : -1;
+    for (int i = 0; i < d->n_local && stopped >= 0; i++) {
+        struct dist_rank * dr = &d->ranks[i];
+        if (dr->rank != stopped || dr->rc == KVR_OK) continue; // one that finished its part stopped nothing
+        struct rank_comm * c = dr->comm;
+        dr->lost = true;
+        if (!c->dv.stalled) c->dv.t_killed = since; // the stall hook knows when it stopped
+        snprintf(c->dv.kill_what, sizeof(c->dv.kill_what), "it answered nobody for %.1f s (--comm-timeout)%s", d->p.timeout_s,
+                 c->dv.stalled ? ": the stall test hook stopped it" : "");
+        dist_log(d, "rank %d: %s; declared lost", dr->rank, c->dv.kill_what);
     }
     replicas_end(d, all_ok);
     for (int i = 0; i < d->n_local; i++) {
@@ -4521,10 +4664,14 @@ static int dejavu_eval_end(struct kvr_session * d, int rc) {
         snprintf(a, sizeof(a), "from rank %d", dr->rank);
         snprintf(b, sizeof(b), "for rank %d to take", dr->rank);
         snprintf(c, sizeof(c), "rank %d: lost", dr->rank);
-        if (!dr->comm->dv.killed || strstr(err, a) || strstr(err, b) || strstr(err, c)) continue;
+        if (!dr->lost || strstr(err, a) || strstr(err, b) || strstr(err, c)) continue;
         char msg[2048];
         snprintf(msg, sizeof(msg), "%s", kvr_last_error());
-        kvr_error(rc, "%s; rank %d was lost there (stopped by the test hook KVR_TEST_KILL at %s)", msg, dr->rank, dr->comm->dv.kill_what);
+        if (dr->comm->dv.killed) {
+            kvr_error(rc, "%s; rank %d was lost there (stopped by the test hook KVR_TEST_KILL at %s)", msg, dr->rank, dr->comm->dv.kill_what);
+        } else {
+            kvr_error(rc, "%s; rank %d was lost there (%s)", msg, dr->rank, dr->comm->dv.kill_what);
+        }
     }
     if (st) {
         char keep[1024];
@@ -4877,8 +5024,8 @@ static int resume_agree(struct kvr_session * d, int * S) {
     int32_t * theirs = calloc((size_t)N, sizeof(int32_t));
     struct tr_req * reqs = calloc(2 * (size_t)N, sizeof(*reqs));
     KVR_ASSERT(theirs && reqs);
-    // another process may still be reading logs: ten timeouts, as for a prefill's logits
-    const double limit = 10 * d->p.timeout_s, t0 = kvr_time_ms();
+    // another process may still be reading logs: at most the timeout, as every wait
+    const double limit = d->p.timeout_s, t0 = kvr_time_ms();
     int rc = KVR_OK, n = 0;
     for (int q = 0; q < N && rc == KVR_OK; q++) {
         if (q == me) continue;

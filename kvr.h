@@ -1817,9 +1817,14 @@ int kvr_test_kill_parse(const char * value, struct kvr_test_kill * out, int cap)
 
 // The hooks a session is made with (kvr_session_params.test; copied, checked by kvr_session_new).
 struct kvr_test_hooks {
-    bool                         stall;       // rank stall_rank stops before its first transfer of
-    int                          stall_rank;  //   layer stall_layer and never sends again, as a lost
-    int                          stall_layer; //   process would (KVR_TEST_STALL=RANK:LAYER in kvr-run)
+    bool                         stall;       // rank stall_rank (as started) stops before its first
+    int                          stall_rank;  //   transfer of layer stall_layer and never sends again,
+    int                          stall_layer; //   as a stopped process would (KVR_TEST_STALL=RANK:LAYER in
+                                              //   kvr-run; a process of its own: SIGSTOP; layer n_layer:
+                                              //   before an MPI owner's logits go out). With --replicate
+                                              //   the peers' timeout declares it lost and recovers.
+    bool                         stall_decode;  // the stall arms only in decode step stall_step (the
+    int                          stall_step;    //   steps KVR_TEST_KILL counts), not from the prefill on
     const struct kvr_test_kill * kill;        // KVR_TEST_KILL: these ranks are lost at these points
     int                          n_kill;
 };

@@ -9,6 +9,9 @@
 //             waited for it), in the prefill (first, middle, last layer) and in a decode step, for
 //             kvr, tsp and ring-kv; a rank idle in the step is lost when the step starts; the
 //             next eval of that session is refused naming the lost rank
+//   recover   --replicate: a rank killed (the same points) or stalled (the stall hook: in the
+//             prefill and in decode steps; its peers' timeout declares it lost) is recovered: the
+//             greedy ids are the clean run's and the cache rows its rows, on one rank fewer
 //
 // usage: test-failover [SHARED_DIR (default ../shared)] [-v]
 // Prints "failover: N passed, M failed" (", K skipped"); exits 1 on a failure.
@@ -229,11 +232,20 @@ struct rcase {
     const char      * want[3]; // what the -v log must say
 };
 
-static void run_case(const struct kvr_model * m, const struct ref * r, const int32_t * prompt, int n_prompt, const struct rcase * rc) {
+// stall: the stall hook's rank and point (NULL: none); that rank is lost too
+static void run_case(const struct kvr_model * m, const struct ref * r, const int32_t * prompt, int n_prompt, const struct rcase * rc,
+                     const struct kvr_test_hooks * stall) {
     struct kvr_session_params p = dist_params(rc->s, rc->N);
     p.replicate = true;
-    const struct kvr_test_hooks hooks = { .kill = rc->k, .n_kill = rc->n_kill };
+    struct kvr_test_hooks hooks = { .kill = rc->k, .n_kill = rc->n_kill };
+    if (stall) {
+        hooks = *stall;
+        hooks.stall = true;
+        hooks.kill = rc->k;
+        hooks.n_kill = rc->n_kill;
+    }
     p.test = &hooks;
+    const int n_lost = rc->n_kill + (stall != NULL);
     char * log = NULL;
     size_t log_len = 0;
     p.log = open_memstream(&log, &log_len);
@@ -257,12 +269,12 @@ static void run_case(const struct kvr_model * m, const struct ref * r, const int
     const double ms = kvr_time_ms() - t0;
     fflush(p.log);
     CHECK(steps == N_DEC && memcmp(ids, r->ids, sizeof(ids)) == 0, "the greedy ids differ from the run without a loss (%d steps)", steps);
-    CHECK(kvr_session_n_ranks(d) == rc->N - rc->n_kill, "%d ranks after losing %d of %d", kvr_session_n_ranks(d), rc->n_kill, rc->N);
+    CHECK(kvr_session_n_ranks(d) == rc->N - n_lost, "%d ranks after losing %d of %d", kvr_session_n_ranks(d), n_lost, rc->N);
     if (steps == N_DEC) check_rows(d, r, rc->s == KVR_STRATEGY_RING_KV, n_prompt + N_DEC);
     for (int i = 0; i < 3 && rc->want[i]; i++) {
         CHECK(log && strstr(log, rc->want[i]), "the log should say \"%s\"; it is:\n%s", rc->want[i], log ? log : "");
     }
-    CHECK(ms <= (3e3 * TIMEOUT_S + 3e3) * (rc->n_kill ? rc->n_kill : 1), "the run took %.0f ms", ms);
+    CHECK(ms <= (3e3 * TIMEOUT_S + 3e3) * (n_lost ? n_lost : 1), "the run took %.0f ms", ms);
     if (verbose) printf("  %s: %.0f ms\n%s", g_case, ms, log ? log : "");
     kvr_session_free(d);
     fclose(p.log);
@@ -308,13 +320,37 @@ static void test_recover(const struct kvr_model * m, const int32_t * prompt, int
         }
         set_case("replicate %s N=%d KVR_TEST_KILL=%s%s", kvr_strategy_name(rc->s), rc->N, pts,
                  rc->damage_rank < 0 ? "" : rc->cut ? " (a replica behind)" : " (a replica's bit flipped)");
-        run_case(m, &r, prompt, n_prompt, rc);
+        run_case(m, &r, prompt, n_prompt, rc, NULL);
+    }
+    // a rank that stops answering (the stall hook: its thread waits until its peers gave up) is
+    // lost when their timeout finds it, and recovered as a killed one: prefill and decode steps
+    const struct { struct rcase c; struct kvr_test_hooks at; } stalls[] = {
+        { { KVR, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 1 of 3 was lost", "answered nobody for 1.0 s", "runs again on 2 ranks" } },
+          { .stall_rank = 1, .stall_layer = 3 } },
+        { { KVR, 4, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 3 of 4 was lost", "runs again on 3 ranks", NULL } },
+          { .stall_rank = 3, .stall_layer = L - 1 } },
+        { { TSP, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 1 of 3 was lost", "runs again on 2 ranks", NULL } },
+          { .stall_rank = 1, .stall_layer = 3 } },
+        { { TSP, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 0 of 3 was lost", NULL, NULL } }, { .stall_rank = 0, .stall_layer = 0 } },
+        { { RKV, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 1 of 3 was lost", "runs again on 2 ranks", NULL } },
+          { .stall_rank = 1, .stall_layer = 3 } },
+        { { RKV, 4, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 2 of 4 was lost", NULL, NULL } }, { .stall_rank = 2, .stall_layer = 0 } },
+        { { RKV, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 1 of 3 was lost", "from its replica on rank 2", "recomputed nothing" } },
+          { .stall_rank = 1, .stall_layer = 2, .stall_decode = true, .stall_step = 4 } },
+        { { RKV, 4, 0, { { 0, false, 0 } }, -1, 0, 0, false, { "rank 3 of 4 was lost", "from its replica on rank 0", NULL } },
+          { .stall_rank = 3, .stall_layer = 0, .stall_decode = true, .stall_step = 7 } },
+    };
+    for (size_t c = 0; c < sizeof(stalls) / sizeof(stalls[0]); c++) {
+        const struct kvr_test_hooks * at = &stalls[c].at;
+        set_case("replicate %s N=%d, rank %d stalls at layer %d of %s %d", kvr_strategy_name(stalls[c].c.s), stalls[c].c.N, at->stall_rank,
+                 at->stall_layer, at->stall_decode ? "decode step" : "the prefill", at->stall_decode ? at->stall_step : 0);
+        run_case(m, &r, prompt, n_prompt, &stalls[c].c, at);
     }
     // replication alone changes nothing but the bytes it moves: every rank puts each row it
     // computes, K and V, every layer, into its successor's replica
     const struct rcase none = { RKV, 3, 0, { { 0, false, 0 } }, -1, 0, 0, false, { NULL, NULL, NULL } };
     set_case("replicate ring-kv N=3, nothing lost");
-    run_case(m, &r, prompt, n_prompt, &none);
+    run_case(m, &r, prompt, n_prompt, &none, NULL);
     struct kvr_session_params p = dist_params(KVR, 3);
     p.replicate = true;
     struct kvr_session * d = kvr_session_new(m, &p);
