@@ -30,11 +30,13 @@
 static volatile sig_atomic_t run_signal;
 static struct kvr_session * volatile run_session;
 
+#ifndef KVR_RUN_NO_MAIN // main() installs it (the CLI fuzz target runs kvr_run_main without it)
 static void on_signal(int sig) {
     if (run_signal) _exit(128 + sig);
     run_signal = sig;
     if (run_session) kvr_session_interrupt(run_session, true);
 }
+#endif
 
 // The line an interrupted run ends with; its exit status.
 static int interrupted(const char * where) {
