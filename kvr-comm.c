@@ -2691,7 +2691,7 @@ static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, s
 // the replication log's format (kvr.h, "Replication logs"): the writer appends one record a call
 // with one writev(2), so a process killed at any instant leaves whole records and at most one cut
 // short; the reader keeps the acknowledged steps and says where and why the rest was left. The
-// header's bytes 16..64 are the cache file's model fingerprint (kvr.c writes and checks them).
+// header's bytes 16..64 and 84..92 are the cache file's model fingerprint (kvr.c writes and checks them).
 //
 
 static void * must_malloc(size_t n) {
@@ -3053,6 +3053,9 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
                                    KVR_KV_LOG_HEADER, (long long)size)
                        : kvr_error(KVR_ERR_UNSUPP, "%s: offset 8: version %u is newer than this kvr reads (%d)", path, get_u32(b + 8),
                                    KVR_KV_LOG_VERSION);
+    } else if (get_u32(b + 8) == 1) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 1 is older than this kvr reads (%d): its fingerprint does not cover "
+                       "the weights' bytes and the tokenizer, so the model it was made with cannot be told", path, KVR_KV_LOG_VERSION);
     } else if (get_u32(b + 8) != KVR_KV_LOG_VERSION) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr log version", path, get_u32(b + 8));
     } else if (size < KVR_KV_LOG_HEADER) {
@@ -3084,9 +3087,7 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
                                i == 0 ? 1u : 0u, lim[i].hi);
             }
         }
-        for (int o = 80; o < KVL_OFF_CRC && rc == KVR_OK; o += 4) {
-            if (get_u32(b + o)) rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: reserved field is %u, 0 expected", path, o, get_u32(b + o));
-        }
+        if (rc == KVR_OK && get_u32(b + 80)) rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 80: reserved field is %u, 0 expected", path, get_u32(b + 80));
     }
     const int64_t tok_end = KVR_KV_LOG_HEADER + 4 * (int64_t)d->n_prompt;
     if (rc == KVR_OK && size < tok_end + 4) {
