@@ -2942,6 +2942,11 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
         if (type == KVR_KV_LOG_ROWS) {
             snprintf(what, sizeof(what), "the rows of step %u, layer %u", step, a);
             if (a == 0 && layers > 0) layers = rows = 0; // the step ran again (its eval failed before its commit)
+            if (a >= (uint32_t)L) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: the model has %d layers: the log is damaged", (long long)off,
+                         what, L);
+                break;
+            }
             if (a != (uint32_t)layers || c == 0 || c > (1u << 24) || (layers > 0 && c != (uint32_t)rows)) {
                 snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u rows of layer %u where layer %d%s was expected: the log is damaged",
                          (long long)off, what, c, a, layers, layers > 0 ? " with as many rows as layer 0" : "");
