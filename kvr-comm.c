@@ -2130,6 +2130,9 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         return NULL;
     }
     d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
+    // a stream's or a log's header holds the model's fingerprint, whose hashes read every weight
+    // (seconds for a large model): made now, before any peer waits on this process with a timeout
+    if (p->kv_stream || p->replicate_dir) (void)kvr_model_weights_hash(m);
     int my_rank = 0;
     if (p->comm == KVR_COMM_MPI) {
 #ifdef KVR_MPI
