@@ -8666,8 +8666,8 @@ uint64_t kvr_hash64(uint64_t seed, const void * data, size_t n) {
     return h ^ h >> 32;
 }
 
-// The keys of the tokenizer that decide which text becomes which ids (not the chat template,
-// which changes the text, nor the special ids, whose tokens these arrays already fix).
+// The keys of the tokenizer that decide which text the ids in a cache stand for (not the chat
+// template nor the BOS/EOS ids: they change what a new prompt becomes, not what a cached id means).
 static const char * const vocab_hash_keys[] = {
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
     "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
@@ -8694,8 +8694,7 @@ static uint64_t vocab_hash(const struct kvr_gguf * g) {
     return h;
 }
 
-// The data section in pieces of 64 MiB, each piece's hash folded into the running one: the
-// whole is read once, at memory speed, and the pieces could be spread over threads later.
+// The tensors' metadata, then the whole data section (padding too) from the model's host copy.
 static uint64_t weights_hash(const struct kvr_model * m) {
     uint64_t h = kvr_hash64(0, "kvr weights", 11);
     const struct kvr_gguf * g = m->gguf;
@@ -8706,13 +8705,8 @@ static uint64_t weights_hash(const struct kvr_model * m) {
         h = kvr_hash64(h, t->name, strlen(t->name) + 1);
         h = kvr_hash64(h, f, sizeof(f));
     }
-    const size_t n = g->size - g->data_offset, piece = (size_t)64 << 20;
     const uint8_t * d = m->weights ? (const uint8_t *)m->weights->base : g->base + g->data_offset;
-    for (size_t o = 0; o < n; o += piece) {
-        const uint64_t hp = kvr_hash64(o, d + o, n - o < piece ? n - o : piece);
-        h = kvr_hash64(h, &hp, sizeof(hp));
-    }
-    return h;
+    return kvr_hash64(h, d, g->size - g->data_offset);
 }
 
 // Made on the first call, under one lock for every model: saves and loads are rare, and ranks
@@ -8781,7 +8775,7 @@ static const int kvh_fp_fields[] = {
 };
 #define KVH_FP_COUNT ((int)(sizeof(kvh_fp_fields) / sizeof(kvh_fp_fields[0])))
 
-// A header's fingerprint (bytes 16..64, the cache file's and the log's alike) against the model:
+// A header's fingerprint (bytes 16..64 and 84..92, the cache file's and the log's alike) against the model:
 // KVR_ERR_ARG naming the first field that differs, what the file has and what the model has.
 static int kv_check_model(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
     uint32_t fp[KVH_COUNT] = { 0 }, hv[KVH_COUNT];
