@@ -970,8 +970,8 @@ uint32_t kvr_crc32c(uint32_t crc, const void * data, size_t n);
 // the data section's bytes (kvr_hash64); tokenizer: tokenizer.ggml.model, pre, tokens, scores,
 // token_type and merges, the keys that decide the ids. Both are made once, on a model's first save,
 // load or log, and kept: they read every weight byte once, at about the speed of a copy (measured on
-// a loaded 2-core machine: 30-45 ms for SmolLM2's 92 MiB, 1.0-1.9 s for a 3.7 GiB F32 data section,
-// which is 20-120% of a load's time there), too much to add to every load.
+// a busy 2-core machine, 2-3.8 GB/s: 27-45 ms for SmolLM2's 92 MiB, 1.0-1.9 s for a 3.7 GiB F32 data
+// section; 13-120% of a load's time there), too much to add to every load.
 uint64_t kvr_model_weights_hash(const struct kvr_model * m);
 uint64_t kvr_model_vocab_hash  (const struct kvr_model * m);
 // A 64-bit hash of n bytes, seeded (not a cryptographic one: it tells models apart, it does not
