@@ -11,7 +11,8 @@
 //       build/fuzz-kvfile -max_total_time=60 -timeout=10 DIR
 //
 // KVR_FUZZ_KV_SEEDS=DIR writes the seeds into DIR first: caches and logs written by the library
-// (a whole cache with and without logits, ring shards, a log of two steps), raw and to be mended.
+// (a whole cache with and without logits, ring shards, a log of two steps and the same log with its
+// last step not committed), raw and to be mended.
 
 #define _POSIX_C_SOURCE 200809L
 #define KVR_BUILD // kvr.h's internal part: the replication log's reader and writer
@@ -140,8 +141,8 @@ static void write_file(const char * p, const void * b, size_t n) {
     FUZZ_CHECK(fclose(f) == 0);
 }
 
-// a seed: the mode byte, then the file at src
-static void seed(const char * dir, const char * name, int mode, const char * src) {
+// a seed: the mode byte, then the file at src without its last cut bytes
+static void seed(const char * dir, const char * name, int mode, const char * src, long cut) {
     FILE * f = fopen(src, "rb");
     FUZZ_CHECK(f != NULL);
     fseek(f, 0, SEEK_END);
@@ -149,11 +150,11 @@ static void seed(const char * dir, const char * name, int mode, const char * src
     fseek(f, 0, SEEK_SET);
     uint8_t * b = malloc((size_t)n + 1);
     b[0] = (uint8_t)mode;
-    FUZZ_CHECK(fread(b + 1, 1, (size_t)n, f) == (size_t)n);
+    FUZZ_CHECK(fread(b + 1, 1, (size_t)n, f) == (size_t)n && cut <= n);
     fclose(f);
     char p[1024];
     snprintf(p, sizeof(p), "%s/%s-%d", dir, name, mode);
-    write_file(p, b, (size_t)n + 1);
+    write_file(p, b, (size_t)(n - cut) + 1);
     free(b);
 }
 
@@ -167,16 +168,16 @@ static void write_seeds(const char * dir) {
     for (int lg = 0; lg < 2; lg++) {
         if (lg) kvr_session_truncate(s, 4); // forgets the logits
         FUZZ_CHECK(kvr_session_kv_save(s, p, false) == KVR_OK);
-        seed(dir, lg ? "cache-nologits" : "cache", 0, p);
-        seed(dir, lg ? "cache-nologits" : "cache", 2, p);
+        seed(dir, lg ? "cache-nologits" : "cache", 0, p, 0);
+        seed(dir, lg ? "cache-nologits" : "cache", 2, p, 0);
     }
     kvr_session_free(s);
     // the shards of a ring over 3 ranks, gathered
     s = kvr_session_new(model, &(struct kvr_session_params) { .n_ctx = 16, .n_threads = 1, .n_ranks = 3, .strategy = KVR_STRATEGY_RING_KV });
     FUZZ_CHECK(s != NULL && kvr_session_eval(s, prompt, 7) != NULL);
     FUZZ_CHECK(kvr_session_kv_save(s, p, false) == KVR_OK);
-    seed(dir, "cache-ring", 0, p);
-    seed(dir, "cache-ring", 2, p);
+    seed(dir, "cache-ring", 0, p, 0);
+    seed(dir, "cache-ring", 2, p, 0);
     kvr_session_free(s);
     // a log of two steps: the prompt's rows, then one decoded token's
     const int kv_dim = (int)(model->hp.head_dim * model->hp.n_head_kv);
@@ -192,8 +193,12 @@ static void write_seeds(const char * dir) {
     for (int il = 0; il < (int)model->hp.n_layer; il++) FUZZ_CHECK(kvr_kv_log_rows(w, 1, il, 1, k, v) == KVR_OK);
     FUZZ_CHECK(kvr_kv_log_commit(w, 1, prompt + 3, 1, &pos1, 1) == KVR_OK);
     FUZZ_CHECK(kvr_kv_log_close(w) == KVR_OK);
-    seed(dir, "log", 1, p);
-    seed(dir, "log", 3, p);
+    seed(dir, "log", 1, p, 0);
+    seed(dir, "log", 3, p, 0);
+    // and cut before its last commit: a step with every layer's rows and no commit, one record short
+    // of the checks on a layer past the last
+    seed(dir, "log-open", 1, p, 16 + 4 * 2 + 4);
+    seed(dir, "log-open", 3, p, 16 + 4 * 2 + 4);
     free(k);
     free(v);
     unlink(p);
