@@ -134,6 +134,10 @@ $(BUILD)/fuzz/%.o: %.c $(LIB_DEPS)
 $(BUILD)/fuzz-gguf: tests/fuzz-gguf.c $(FUZZ_OBJS) | $(BUILD)
 	$(CLANG) $(FUZZFLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
+# the readers of KV cache files and replication logs, on the same instrumented library
+$(BUILD)/fuzz-kvfile: tests/fuzz-kvfile.c $(FUZZ_OBJS) | $(BUILD)
+	$(CLANG) $(FUZZFLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJS) $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
 # kvr-run's whole command line in-process (tests/fuzz-cli.c includes tools/kvr-run.c); its library
 # keeps edge coverage but not comparison tracing, which would slow every matmul of every run ~4x
 FUZZ_CLI_OBJS := $(patsubst %.c,$(BUILD)/fuzz-cli-lib/%.o,$(LIB_SRCS))
@@ -179,7 +183,7 @@ cuda-gate:
 	echo "the CUDA build ($(BUILD)/cuda) took $$(( $$(date +%s) - t0 )) s"
 cuda-parts: $(BUILD)/libkvr.a $(BUILD)/kvr-run $(BUILD)/kvr-compare $(BUILD)/test-ops $(BUILD)/test-cuda-host
 
-test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-cli $(CUDA_GATE)
+test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-kvfile $(BUILD)/fuzz-cli $(CUDA_GATE)
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)
 
 # the main job on an embedded default: parallel prefill of a story on 2 ranks

@@ -2282,6 +2282,9 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         return NULL;
     }
     d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
+    // a stream's or a log's header holds the model's fingerprint, whose hashes read every weight
+    // (seconds for a large model): made now, before any peer waits on this process with a timeout
+    if (p->kv_stream || p->replicate_dir) (void)kvr_model_weights_hash(m);
     int my_rank = 0;
     if (p->comm == KVR_COMM_MPI) {
 #ifdef KVR_MPI
@@ -2884,7 +2887,7 @@ static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, s
 // the replication log's format (kvr.h, "Replication logs"): the writer appends one record a call
 // with one writev(2), so a process killed at any instant leaves whole records and at most one cut
 // short; the reader keeps the acknowledged steps and says where and why the rest was left. The
-// header's bytes 16..64 are the cache file's model fingerprint (kvr.c writes and checks them).
+// header's bytes 16..64 and 84..92 are the cache file's model fingerprint (kvr.c writes and checks them).
 //
 
 static void * must_malloc(size_t n) {
@@ -3152,6 +3155,11 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
         if (type == KVR_KV_LOG_ROWS) {
             snprintf(what, sizeof(what), "the rows of step %u, layer %u", step, a);
             if (a == 0 && layers > 0) layers = rows = 0; // the step ran again (its eval failed before its commit)
+            if (a >= (uint32_t)L) {
+                snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: the model has %d layers: the log is damaged", (long long)off,
+                         what, L);
+                break;
+            }
             if (a != (uint32_t)layers || c == 0 || c > (1u << 24) || (layers > 0 && c != (uint32_t)rows)) {
                 snprintf(d->damage, sizeof(d->damage), "offset %lld: %s: %u rows of layer %u where layer %d%s was expected: the log is damaged",
                          (long long)off, what, c, a, layers, layers > 0 ? " with as many rows as layer 0" : "");
@@ -3263,6 +3271,9 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
                                    KVR_KV_LOG_HEADER, (long long)size)
                        : kvr_error(KVR_ERR_UNSUPP, "%s: offset 8: version %u is newer than this kvr reads (%d)", path, get_u32(b + 8),
                                    KVR_KV_LOG_VERSION);
+    } else if (get_u32(b + 8) == 1) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 1 is older than this kvr reads (%d): its fingerprint does not cover "
+                       "the weights' bytes and the tokenizer, so the model it was made with cannot be told", path, KVR_KV_LOG_VERSION);
     } else if (get_u32(b + 8) != KVR_KV_LOG_VERSION) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr log version", path, get_u32(b + 8));
     } else if (size < KVR_KV_LOG_HEADER) {
@@ -3294,9 +3305,7 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
                                i == 0 ? 1u : 0u, lim[i].hi);
             }
         }
-        for (int o = 80; o < KVL_OFF_CRC && rc == KVR_OK; o += 4) {
-            if (get_u32(b + o)) rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: reserved field is %u, 0 expected", path, o, get_u32(b + o));
-        }
+        if (rc == KVR_OK && get_u32(b + 80)) rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 80: reserved field is %u, 0 expected", path, get_u32(b + 80));
     }
     const int64_t tok_end = KVR_KV_LOG_HEADER + 4 * (int64_t)d->n_prompt;
     if (rc == KVR_OK && size < tok_end + 4) {

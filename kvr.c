@@ -8890,24 +8890,102 @@ uint32_t kvr_crc32c(uint32_t crc, const void * data, size_t n) {
     return ~crc;
 }
 
-static uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
-    const uint8_t * p = data;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+// kvr_hash64: four lanes of 8-byte words, each step bijective in its lane (xor the word, multiply
+// by an odd constant, rotate), so a change confined to one lane always changes the result; the
+// lanes run in parallel in the CPU, so that memory, not the arithmetic, sets the pace (it runs at
+// about memcpy's speed). The tail and the length go into the last fold, then an avalanche spreads
+// every bit over the result.
+#define H64_K1 0x9e3779b97f4a7c15ull
+#define H64_K2 0xd6e8feb86659fd93ull
+
+static inline uint64_t h64_step(uint64_t s, uint64_t w) {
+    s = (s ^ w) * H64_K1;
+    return s << 31 | s >> 33;
 }
 
-uint64_t kvr_model_weights_hash(const struct kvr_model * m) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    const struct kvr_gguf * g = m->gguf;
-    for (uint64_t i = 0; g && i < g->n_tensors; i++) {
-        const struct kvr_gguf_tensor * t = &g->tensors[i];
-        const uint64_t f[7] = { (uint64_t)t->n_dims, (uint64_t)t->ne[0], (uint64_t)t->ne[1], (uint64_t)t->ne[2],
-                                (uint64_t)t->ne[3], (uint64_t)t->type, t->offset };
-        h = fnv1a(h, t->name, strlen(t->name) + 1);
-        h = fnv1a(h, f, sizeof(f));
+uint64_t kvr_hash64(uint64_t seed, const void * data, size_t n) {
+    const uint8_t * p = data;
+    uint64_t l[4] = { seed, seed ^ H64_K2, seed + H64_K1, ~seed };
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        uint64_t w[4];
+        memcpy(w, p + i, 32);
+        for (int j = 0; j < 4; j++) l[j] = h64_step(l[j], w[j]);
+    }
+    uint64_t t[4] = { 0 };
+    if (n > i) memcpy(t, p + i, n - i);
+    uint64_t h = seed ^ (uint64_t)n * H64_K2;
+    for (int j = 0; j < 4; j++) h = h64_step(h, l[j] ^ t[j] * H64_K2);
+    h ^= h >> 33;
+    h *= H64_K2;
+    h ^= h >> 29;
+    h *= H64_K1;
+    return h ^ h >> 32;
+}
+
+// The keys of the tokenizer that decide which text the ids in a cache stand for (not the chat
+// template nor the BOS/EOS ids: they change what a new prompt becomes, not what a cached id means).
+static const char * const vocab_hash_keys[] = {
+    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+};
+
+static uint64_t vocab_hash(const struct kvr_gguf * g) {
+    uint64_t h = kvr_hash64(0, "kvr tokenizer", 13);
+    for (size_t k = 0; k < sizeof(vocab_hash_keys) / sizeof(vocab_hash_keys[0]); k++) {
+        const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(g, vocab_hash_keys[k]);
+        h = kvr_hash64(h, vocab_hash_keys[k], strlen(vocab_hash_keys[k]) + 1);
+        if (!kv) continue; // absent: the name alone went in
+        const enum kvr_gguf_type et = kv->type == KVR_GGUF_ARRAY ? kv->arr_type : kv->type;
+        const uint64_t f[3] = { (uint64_t)kv->type, (uint64_t)et, kv->n };
+        h = kvr_hash64(h, f, sizeof(f));
+        if (et == KVR_GGUF_STRING) {
+            for (uint64_t j = 0; j < kv->n; j++) {
+                h = kvr_hash64(h, &kv->strs[j].len, sizeof(kv->strs[j].len));
+                h = kvr_hash64(h, kv->strs[j].s, kv->strs[j].len);
+            }
+        } else {
+            h = kvr_hash64(h, kv->data, (size_t)kv->n * gguf_type_size[et]);
+        }
     }
     return h;
 }
+
+// The tensors' metadata, then the whole data section (padding too) from the model's host copy.
+static uint64_t weights_hash(const struct kvr_model * m) {
+    uint64_t h = kvr_hash64(0, "kvr weights", 11);
+    const struct kvr_gguf * g = m->gguf;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct kvr_gguf_tensor * t = &g->tensors[i];
+        const uint64_t f[7] = { (uint64_t)t->n_dims, (uint64_t)t->ne[0], (uint64_t)t->ne[1], (uint64_t)t->ne[2],
+                                (uint64_t)t->ne[3], (uint64_t)t->type, t->offset };
+        h = kvr_hash64(h, t->name, strlen(t->name) + 1);
+        h = kvr_hash64(h, f, sizeof(f));
+    }
+    const uint8_t * d = m->weights ? (const uint8_t *)m->weights->base : g->base + g->data_offset;
+    return kvr_hash64(h, d, g->size - g->data_offset);
+}
+
+// Made on the first call, under one lock for every model: saves and loads are rare, and ranks
+// of one session may ask at once. A copy on a backend (kvr_model_to_backend) asks the model it
+// was made from, whose weights are in host memory.
+static pthread_mutex_t fp_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static const uint64_t * model_fp_hashes(const struct kvr_model * m) {
+    while (m->parent) m = m->parent;
+    struct kvr_model * mm = (struct kvr_model *)m; // the cache of a model that is const to its users
+    pthread_mutex_lock(&fp_mu);
+    if (!mm->fp_done) {
+        mm->fp_hash[0] = weights_hash(m);
+        mm->fp_hash[1] = vocab_hash(m->gguf);
+        mm->fp_done = true;
+    }
+    pthread_mutex_unlock(&fp_mu);
+    return mm->fp_hash;
+}
+
+uint64_t kvr_model_weights_hash(const struct kvr_model * m) { return model_fp_hashes(m)[0]; }
+uint64_t kvr_model_vocab_hash(const struct kvr_model * m) { return model_fp_hashes(m)[1]; }
 
 static void put_u32(uint8_t * p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static uint32_t get_u32(const uint8_t * p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
@@ -8917,13 +8995,13 @@ static uint32_t f32_as_u32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 // the header's fields, in file order from offset 16
 enum {
     KVH_ARCH, KVH_LAYERS, KVH_HEADS_KV, KVH_HEAD_DIM, KVH_TYPE, KVH_ROT, KVH_ROPE_MODE, KVH_ROPE_BASE, KVH_ROPE_SCALE,
-    KVH_VOCAB, KVH_HASH_LO, KVH_HASH_HI, KVH_TOKENS, KVH_RANKS, KVH_SHARDS, KVH_CHUNK, KVH_RING_NEXT, KVH_ZERO0,
-    KVH_ZERO1, KVH_CRC, KVH_COUNT,
+    KVH_VOCAB, KVH_HASH_LO, KVH_HASH_HI, KVH_TOKENS, KVH_RANKS, KVH_SHARDS, KVH_CHUNK, KVH_RING_NEXT, KVH_TOK_LO,
+    KVH_TOK_HI, KVH_CRC, KVH_COUNT,
 };
 static const char * const kvh_names[KVH_COUNT] = {
     "architecture", "layers", "KV heads", "head size", "cache type", "RoPE dims", "RoPE mode", "RoPE base",
     "RoPE scale", "vocabulary size", "weights hash", "weights hash", "tokens", "ranks", "shards", "rows per chunk",
-    "ring's next shard", "reserved", "reserved", "header CRC32C",
+    "ring's next shard", "tokenizer hash", "tokenizer hash", "header CRC32C",
 };
 #define KVH_OFFSET(f) (16 + 4 * (f))
 
@@ -8940,26 +9018,41 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
     fp[KVH_ROPE_BASE]  = f32_as_u32(hp->rope_freq_base);
     fp[KVH_ROPE_SCALE] = f32_as_u32(hp->rope_freq_scale);
     fp[KVH_VOCAB]      = hp->n_vocab;
-    const uint64_t h   = kvr_model_weights_hash(m);
-    fp[KVH_HASH_LO]    = (uint32_t)h;
-    fp[KVH_HASH_HI]    = (uint32_t)(h >> 32);
+    const uint64_t * h = model_fp_hashes(m);
+    fp[KVH_HASH_LO]    = (uint32_t)h[0];
+    fp[KVH_HASH_HI]    = (uint32_t)(h[0] >> 32);
+    fp[KVH_TOK_LO]     = (uint32_t)h[1];
+    fp[KVH_TOK_HI]     = (uint32_t)(h[1] >> 32);
 }
 
-// A header's fingerprint (bytes 16..64, the cache file's and the log's alike) against the model:
+// the fingerprint's fields: the model's shape, then the weights and tokenizer hashes
+static const int kvh_fp_fields[] = {
+    KVH_ARCH, KVH_LAYERS, KVH_HEADS_KV, KVH_HEAD_DIM, KVH_TYPE, KVH_ROT, KVH_ROPE_MODE, KVH_ROPE_BASE, KVH_ROPE_SCALE,
+    KVH_VOCAB, KVH_HASH_LO, KVH_HASH_HI, KVH_TOK_LO, KVH_TOK_HI,
+};
+#define KVH_FP_COUNT ((int)(sizeof(kvh_fp_fields) / sizeof(kvh_fp_fields[0])))
+
+// A header's fingerprint (bytes 16..64 and 84..92, the cache file's and the log's alike) against the model:
 // KVR_ERR_ARG naming the first field that differs, what the file has and what the model has.
 static int kv_check_model(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
     uint32_t fp[KVH_COUNT] = { 0 }, hv[KVH_COUNT];
     kv_fingerprint(m, fp);
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
-    for (int i = KVH_ARCH; i <= KVH_HASH_HI; i++) {
+    for (int fi = 0; fi < KVH_FP_COUNT; fi++) {
+        int i = kvh_fp_fields[fi];
         if (hv[i] == fp[i]) continue;
         char a[64], b[64];
+        const char * why = "";
         if (i == KVH_ROPE_BASE || i == KVH_ROPE_SCALE) {
             snprintf(a, sizeof(a), "%g", u32_as_f32(hv[i]));
             snprintf(b, sizeof(b), "%g", u32_as_f32(fp[i]));
-        } else if (i == KVH_HASH_LO || i == KVH_HASH_HI) {
-            snprintf(a, sizeof(a), "%016llx", (unsigned long long)hv[KVH_HASH_LO] | (unsigned long long)hv[KVH_HASH_HI] << 32);
-            snprintf(b, sizeof(b), "%016llx", (unsigned long long)fp[KVH_HASH_LO] | (unsigned long long)fp[KVH_HASH_HI] << 32);
+        } else if (i == KVH_HASH_LO || i == KVH_HASH_HI || i == KVH_TOK_LO || i == KVH_TOK_HI) {
+            const bool w = i == KVH_HASH_LO || i == KVH_HASH_HI;
+            i = w ? KVH_HASH_LO : KVH_TOK_LO;
+            snprintf(a, sizeof(a), "%016llx", (unsigned long long)hv[i] | (unsigned long long)hv[i + 1] << 32);
+            snprintf(b, sizeof(b), "%016llx", (unsigned long long)fp[i] | (unsigned long long)fp[i + 1] << 32);
+            why = w ? " (the weights differ: another model of the same shape, or the file was changed)"
+                    : " (the tokenizer differs: the cached ids mean other text)";
         } else if (i == KVH_TYPE) {
             snprintf(a, sizeof(a), "%s", kvr_type_name((enum kvr_type)hv[i]));
             snprintf(b, sizeof(b), "%s", kvr_type_name((enum kvr_type)fp[i]));
@@ -8967,17 +9060,17 @@ static int kv_check_model(const char * path, const uint8_t * h, const struct kvr
             snprintf(a, sizeof(a), "%u", hv[i]);
             snprintf(b, sizeof(b), "%u", fp[i]);
         }
-        return kvr_error(KVR_ERR_ARG, "%s: offset %d: the %s is of another model: %s %s, the model %s has %s",
-                         path, KVH_OFFSET(i == KVH_HASH_HI ? KVH_HASH_LO : i), what, kvh_names[i], a, m->path, b);
+        return kvr_error(KVR_ERR_ARG, "%s: offset %d: the %s is of another model: %s %s, the model %s has %s%s",
+                         path, KVH_OFFSET(i), what, kvh_names[i], a, m->path, b, why);
     }
     return KVR_OK;
 }
 
-// the fingerprint for the replication logs' header (kvr-comm.c), which shares bytes 16..64
+// the fingerprint for the replication logs' header (kvr-comm.c), which shares bytes 16..64 and 84..92
 void kvr_kv_fingerprint_put(const struct kvr_model * m, uint8_t * h) {
     uint32_t fp[KVH_COUNT] = { 0 };
     kv_fingerprint(m, fp);
-    for (int i = KVH_ARCH; i <= KVH_HASH_HI; i++) put_u32(h + KVH_OFFSET(i), fp[i]);
+    for (int fi = 0; fi < KVH_FP_COUNT; fi++) put_u32(h + KVH_OFFSET(kvh_fp_fields[fi]), fp[kvh_fp_fields[fi]]);
 }
 
 int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
@@ -9224,6 +9317,11 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     if (version > KVR_KV_FILE_VERSION) {
         return kvr_error(KVR_ERR_UNSUPP, "%s: offset 8: version %u is newer than this kvr reads (%d)", path, version, KVR_KV_FILE_VERSION);
     }
+    if (version == 1) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 1 is older than this kvr reads (%d): its fingerprint does not "
+                         "cover the weights' bytes and the tokenizer, so the model it was made with cannot be told; save it again",
+                         path, KVR_KV_FILE_VERSION);
+    }
     if (version != KVR_KV_FILE_VERSION) return kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr cache version", path, version);
     if (got < sizeof(h)) {
         return kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header at offset 0 needs %d bytes, the file ends after %zu", path, KVR_KV_FILE_HEADER, got);
@@ -9258,10 +9356,6 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     if (hv[KVH_RING_NEXT] >= hv[KVH_RANKS]) {
         return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the ring's next shard %u is not one of %u ranks", path,
                          KVH_OFFSET(KVH_RING_NEXT), hv[KVH_RING_NEXT], hv[KVH_RANKS]);
-    }
-    if (hv[KVH_ZERO0] || hv[KVH_ZERO1]) {
-        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: reserved field is %u, 0 expected", path,
-                         KVH_OFFSET(hv[KVH_ZERO0] ? KVH_ZERO0 : KVH_ZERO1), hv[KVH_ZERO0] ? hv[KVH_ZERO0] : hv[KVH_ZERO1]);
     }
     f->n_tokens   = (int)hv[KVH_TOKENS];
     f->n_ranks    = (int)hv[KVH_RANKS];

@@ -2,8 +2,8 @@
 # tests/e2e.sh BUILD SHARED - end-to-end checks of the tools against llama.cpp's outputs in
 # SHARED/reference: the greedy text and logits of stories260K, the parallel strategies through
 # kvr-run, the MPI transport under mpirun (when the MPI build exists), --comm nccl without NCCL
-# or without a GPU, usage errors, a stalled
-# rank, signals (Ctrl-C and SIGTERM in a prefill, in decode, in a chat), and the smallest
+# or without a GPU, usage errors, a stalled rank, caches refused by a model with one weight byte
+# changed, signals (Ctrl-C and SIGTERM in a prefill, in decode, in a chat), and the smallest
 # embedding (simple); prompts (escapes, special tokens) and the chat
 # (-cnv over a pipe, on every strategy, /exit, a full context); the real SmolLM2 where
 # tools/install-deps.sh installed it. Ends with "N passed, M failed, K skipped".
@@ -679,6 +679,35 @@ if [ -f "$model" ]; then
     fi
 else
     skp "signals ($model missing)"
+fi
+
+# a cache and a --session file of stories260K against a copy with one weight byte changed (near
+# the end of the file: the data section): refused, exit 2, naming the weights hash; the unchanged
+# copy loads them
+if [ -f "$model" ]; then
+    cp "$model" "$tmp/same.gguf"; cp "$model" "$tmp/pert.gguf"
+    sz=$(wc -c < "$model")
+    printf '\377' | dd of="$tmp/pert.gguf" bs=1 seek=$((sz - 100)) conv=notrunc 2> /dev/null
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --kv-save "$tmp/w.kv" > /dev/null 2>&1
+    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --session "$tmp/w.sess" > /dev/null 2>&1
+    if cmp -s "$model" "$tmp/pert.gguf"; then
+        bad "perturbed weights: the copy was not changed"
+    else
+        for f in "--kv-load $tmp/w.kv" "--session $tmp/w.sess"; do
+            # shellcheck disable=SC2086
+            "$build/kvr-run" -m "$tmp/pert.gguf" -p "Once upon a time" -n 4 --temp 0 $f > /dev/null 2> "$tmp/pert.txt"; rc=$?
+            if [ $rc -eq 2 ] && grep -q "offset 56: the cache is of another model: weights hash" "$tmp/pert.txt"; then
+                ok "perturbed weights: ${f%% *} of the original's file refused (exit 2)"
+            else
+                bad "perturbed weights: ${f%% *}: exit $rc: $(tail -n 1 "$tmp/pert.txt")"
+            fi
+            # shellcheck disable=SC2086
+            "$build/kvr-run" -m "$tmp/same.gguf" -p "Once upon a time" -n 4 --temp 0 $f > /dev/null 2> "$tmp/pert.txt"; rc=$?
+            [ $rc -eq 0 ] && ok "an unchanged copy: ${f%% *} loads" || bad "an unchanged copy: ${f%% *}: exit $rc: $(tail -n 1 "$tmp/pert.txt")"
+        done
+    fi
+else
+    skp "perturbed weights ($model missing)"
 fi
 
 # usage errors: exit 2 and a usage line

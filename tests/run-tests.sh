@@ -121,6 +121,18 @@ if [ -x "$build/fuzz-gguf" ] && [ -x "$build/test-gguf" ]; then
     run "fuzz-gguf (${FUZZ_SECONDS:-30} s)" "$build/fuzz-gguf" -max_total_time="${FUZZ_SECONDS:-30}" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build/" "$build/fuzz-corpus"
 fi
 
+# the KV cache file's and the replication log's readers under libFuzzer for a bounded time, seeded
+# with files the library writes (the target writes them into the corpus first)
+if [ -x "$build/fuzz-kvfile" ] && [ -f "$shared/models/stories260K.gguf" ]; then
+    mkdir -p "$build/fuzz-kv-corpus"
+    run "fuzz-kvfile (${FUZZ_SECONDS:-30} s)" env KVR_FUZZ_MODEL="$shared/models/stories260K.gguf" KVR_FUZZ_KV_SEEDS="$build/fuzz-kv-corpus" \
+        "$build/fuzz-kvfile" -max_total_time="${FUZZ_SECONDS:-30}" -timeout=10 -rss_limit_mb=2048 \
+        -artifact_prefix="$build/fuzz-kvfile-" "$build/fuzz-kv-corpus"
+elif [ -x "$build/fuzz-kvfile" ]; then
+    echo "skip fuzz-kvfile (no $shared/models/stories260K.gguf)"
+    skip=$((skip + 1))
+fi
+
 # kvr-run's command line under libFuzzer for a bounded time, with the stall hook among its inputs
 # (a hang past -timeout is a failure), seeded with a value of each kind for every flag
 if [ -x "$build/fuzz-cli" ] && [ -f "$shared/models/stories260K.gguf" ]; then

@@ -12,6 +12,9 @@
 //   malformed  every way a file can be wrong (truncations, bit flips, patched fields with their
 //              CRC mended, another model, a newer version, ...): each refused with KVR_ERR_*,
 //              a message naming what and where, and the session left exactly as it was
+//   weights    copies of the model file with one weight byte changed, or one tokenizer score:
+//              a cache (and a --session file) of the original is refused by each, naming the
+//              weights or the tokenizer hash; an unchanged copy loads it
 //   session       restore-and-continue through kvr_session for single, tsp, kvr, ring-kv and ring-q on
 //              1..4 ranks: the logits of every continued step equal, bit for bit, those of the
 //              session that never stopped; a gathered file loads across rank counts
@@ -312,6 +315,60 @@ struct mutation {
 
 static void mend_header(uint8_t * b) { put32(b + OFF_CRC, kvr_crc32c(0, b, OFF_CRC)); }
 
+// A copy of the model file at path with one byte changed at off (off < 0: none), loaded.
+static struct kvr_model * load_changed(const char * path, const char * name, long off) {
+    size_t n;
+    uint8_t * b = read_all(path, &n);
+    if (!b) return NULL;
+    if (off >= 0 && (size_t)off < n) b[off] ^= 0x01;
+    write_all(tmp_path(name), b, n);
+    free(b);
+    struct kvr_model * m = kvr_model_load(tmp_path(name), NULL);
+    CHECK(m != NULL, "%s: %s", name, kvr_last_error());
+    return m;
+}
+
+static void test_weights(const struct kvr_model * m, const char * path) {
+    set_case("weights: a cache of the original");
+    struct kvr_session * a = new_session(m, 32);
+    CHECK(kvr_session_eval(a, prompt, 6) != NULL, "prefill");
+    char good[640];
+    snprintf(good, sizeof(good), "%s", tmp_path("orig.kv"));
+    CHECK(kvr_session_kv_save(a, good, false) == KVR_OK, "save: %s", kvr_last_error());
+    kvr_session_free(a);
+
+    // a byte in the middle of the data section (a weight of some middle tensor), one in the
+    // tokenizer's scores (the text and the shapes stay as they were)
+    const struct kvr_gguf * g = m->gguf;
+    const long w_off = (long)(g->data_offset + (g->size - g->data_offset) / 2);
+    const struct kvr_gguf_kv * sc = kvr_gguf_get_kv(g, "tokenizer.ggml.scores");
+    const long t_off = sc && sc->n > 10 ? (long)((const uint8_t *)sc->data - g->base) + 4 * 10 + 2 : -1;
+    const struct { const char * name; long off; int rc; const char * expect; } v[] = {
+        { "same.gguf",      -1,    KVR_OK,      NULL },
+        { "weights.gguf",   w_off, KVR_ERR_ARG, "offset 56: the cache is of another model: weights hash" },
+        { "tokenizer.gguf", t_off, KVR_ERR_ARG, "offset 84: the cache is of another model: tokenizer hash" },
+    };
+    CHECK(t_off > 0, "the model has tokenizer scores");
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        set_case("weights: %s", v[i].name);
+        struct kvr_model * c = load_changed(path, v[i].name, v[i].off);
+        if (!c) continue;
+        struct kvr_session * s = new_session(c, 32);
+        // --kv-load's road and --session's (kvr-run loads an existing --session file the same way)
+        int rc = kvr_session_kv_load(s, good);
+        CHECK(rc == v[i].rc, "kv_load: %d, %d expected (%s)", rc, v[i].rc, rc ? kvr_last_error() : "");
+        if (v[i].expect) {
+            CHECK(strstr(kvr_last_error(), v[i].expect) != NULL, "message '%s' lacks '%s'", kvr_last_error(), v[i].expect);
+            CHECK(kvr_session_n_past(s) == 0, "nothing loaded");
+        } else {
+            CHECK(kvr_session_n_past(s) == 6, "the unchanged copy's load has %d tokens", kvr_session_n_past(s));
+        }
+        if (verbose && rc) printf("  -> %s\n", kvr_last_error());
+        kvr_session_free(s);
+        kvr_model_free(c);
+    }
+}
+
 static void test_malformed(const struct kvr_model * m, const char * other_model_path) {
     const int n_vocab = (int)m->hp.n_vocab;
     set_case("malformed: setup");
@@ -348,7 +405,7 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         case 1:  mu = (struct mutation) { "cut in the magic", KVR_ERR_FORMAT, "truncated" }; len = 5; break;
         case 2:  mu = (struct mutation) { "cut in the header", KVR_ERR_FORMAT, "truncated: the header at offset 0" }; len = 50; break;
         case 3:  mu = (struct mutation) { "another magic", KVR_ERR_FORMAT, "not a kvr cache file" }; memcpy(b, "GGUF", 4); break;
-        case 4:  mu = (struct mutation) { "a newer version", KVR_ERR_UNSUPP, "offset 8: version 2 is newer" }; put32(b + OFF_VERSION, 2); mend_header(b); break;
+        case 4:  mu = (struct mutation) { "a newer version", KVR_ERR_UNSUPP, "offset 8: version 3 is newer" }; put32(b + OFF_VERSION, KVR_KV_FILE_VERSION + 1); mend_header(b); break;
         case 5:  mu = (struct mutation) { "version 0", KVR_ERR_FORMAT, "version 0" }; put32(b + OFF_VERSION, 0); mend_header(b); break;
         case 6:  mu = (struct mutation) { "a bit flipped in the header", KVR_ERR_FORMAT, "offset 92: the header's CRC32C" }; b[30] ^= 0x10; break;
         case 7:  mu = (struct mutation) { "unknown flags", KVR_ERR_FORMAT, "offset 12: flags 0x5" }; put32(b + OFF_FLAGS, 5); mend_header(b); break;
@@ -365,7 +422,7 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         case 17: mu = (struct mutation) { "more tokens than the context", KVR_ERR_FORMAT, "tokens" }; put32(b + OFF_FIELD(12), 1u << 25); mend_header(b); break;
         case 18: mu = (struct mutation) { "shards of more ranks", KVR_ERR_FORMAT, "offset 72: 3 shards of a cache over 2 ranks" }; put32(b + OFF_FIELD(13), 2); put32(b + OFF_FIELD(14), 3); mend_header(b); break;
         case 19: mu = (struct mutation) { "ring's next shard outside", KVR_ERR_FORMAT, "offset 80: the ring's next shard 4" }; put32(b + OFF_FIELD(16), 4); mend_header(b); break;
-        case 20: mu = (struct mutation) { "reserved field set", KVR_ERR_FORMAT, "offset 84: reserved" }; put32(b + OFF_FIELD(17), 1); mend_header(b); break;
+        case 20: mu = (struct mutation) { "another tokenizer", KVR_ERR_ARG, "offset 84: the cache is of another model: tokenizer hash" }; b[90] ^= 4; mend_header(b); break;
         case 21: mu = (struct mutation) { "a token's bit flipped", KVR_ERR_FORMAT, "the CRC32C of the token ids" }; b[tok_off + 5] ^= 0x40; break;
         case 22: mu = (struct mutation) { "a token outside the vocabulary", KVR_ERR_FORMAT, "token 2 is 100000, outside the vocabulary" }; {
                      put32(b + tok_off + 8, 100000); put32(b + tok_off + 4 * n_tok, kvr_crc32c(0, b + tok_off, 4 * n_tok)); } break;
@@ -399,6 +456,9 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         case 38: mu = (struct mutation) { "smaller chunks than written", KVR_ERR_FORMAT, "rows is 16, 4 expected" }; {
                      // the size check is bypassed by a file of the size smaller chunks make: the chunk header tells
                      put32(b + OFF_FIELD(15), 4); mend_header(b); len = n + (size_t)2 * m->hp.n_layer * 3 * 24; memset(b + n, 0, len - n); } break;
+        case 39: mu = (struct mutation) { "an older version", KVR_ERR_FORMAT,
+                                          "offset 8: version 1 is older than this kvr reads (2): its fingerprint does not cover the weights' bytes" };
+                 put32(b + OFF_VERSION, 1); mend_header(b); break;
         default: break;
         }
         if (!mu.name) { free(b); break; }
@@ -931,6 +991,7 @@ int main(int argc, char ** argv) {
         test_session(m);
         test_shards(m);
         test_malformed(m, access(other, R_OK) == 0 ? other : NULL);
+        test_weights(m, path);
         test_dist(m);
         test_swap_ranks(m);
         test_interrupt(m);

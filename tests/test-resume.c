@@ -187,6 +187,18 @@ static void test_format(const struct kvr_model * m, const char * other_path) {
         write_all(tmp_path("new.kvlog"), b, n);
         struct kvr_kv_log_data * c = NULL;
         CHECK(kvr_kv_log_read(tmp_path("new.kvlog"), m, &c) == KVR_ERR_UNSUPP && strstr(kvr_last_error(), "offset 8"), "%s", kvr_last_error());
+        put32(b + 8, 1);
+        put32(b + 92, kvr_crc32c(0, b, 92));
+        write_all(tmp_path("old.kvlog"), b, n);
+        CHECK(kvr_kv_log_read(tmp_path("old.kvlog"), m, &c) == KVR_ERR_FORMAT &&
+              strstr(kvr_last_error(), "offset 8: version 1 is older than this kvr reads (2): its fingerprint does not cover the weights' bytes"),
+              "%s", kvr_last_error());
+        memcpy(b, g, n);
+        b[88] ^= 0x20; // the tokenizer hash
+        put32(b + 92, kvr_crc32c(0, b, 92));
+        write_all(tmp_path("tok.kvlog"), b, n);
+        CHECK(kvr_kv_log_read(tmp_path("tok.kvlog"), m, &c) == KVR_ERR_ARG && strstr(kvr_last_error(), "offset 84: the log is of another model: tokenizer hash"),
+              "%s", kvr_last_error());
         memcpy(b, g, n);
         put32(b + 20, get32(b + 20) + 1); // layers
         put32(b + 92, kvr_crc32c(0, b, 92));
@@ -200,6 +212,30 @@ static void test_format(const struct kvr_model * m, const char * other_path) {
                   strstr(kvr_last_error(), "another model"), "%s", kvr_last_error());
             kvr_model_free(o);
         }
+    }
+    // a rows record of a layer past the model's last, its CRC chained right: damage, not a write
+    // past the step's per-layer table
+    set_case("format: a layer past the model's");
+    {
+        const size_t rec = 16 + 8 * (size_t)kv_dim + 4;
+        uint8_t * b = malloc((size_t)ends[1] + (size_t)(L + 1) * rec);
+        memcpy(b, g, (size_t)ends[1]);
+        uint32_t crc = get32(b + ends[1] - 4);
+        size_t off = (size_t)ends[1];
+        for (int il = 0; il <= L; il++, off += rec) {
+            put32(b + off, KVR_KV_LOG_ROWS); put32(b + off + 4, 2); put32(b + off + 8, (uint32_t)il); put32(b + off + 12, 1);
+            memcpy(b + off + 16, k, 4 * (size_t)kv_dim);
+            memcpy(b + off + 16 + 4 * (size_t)kv_dim, v, 4 * (size_t)kv_dim);
+            crc = kvr_crc32c(crc, b + off, rec - 4);
+            put32(b + off + rec - 4, crc);
+        }
+        write_all(tmp_path("layer.kvlog"), b, off);
+        free(b);
+        struct kvr_kv_log_data * c = NULL;
+        CHECK(kvr_kv_log_read(tmp_path("layer.kvlog"), m, &c) == KVR_OK && c->n_steps == 2 && strstr(c->damage, "the log is damaged"),
+              "%s", c ? c->damage : kvr_last_error());
+        if (verbose && c) printf("  -> %s\n", c->damage);
+        kvr_kv_log_free(c);
     }
     set_case("format: continued after the acknowledged prefix");
     {
