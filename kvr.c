@@ -2052,33 +2052,39 @@ static int64_t attn_keys(const int32_t * kpos, int64_t Tk) {
     return Tk;
 }
 
-// The counters of an ATTN node (struct kvr_counters): the query-key pairs the tiled kernel
-// computes (KV head 0's tiles, tiles skipped by kvr_attn_tile not counted) and those causality
-// needs, whichever kernel runs, so that a test of the counters holds under KVR_REF=1 too.
+// The counters of an ATTN node (struct kvr_counters) for one tile of bt queries: the query-key
+// pairs the tiled kernel computes (KV head 0's tiles, tiles skipped by kvr_attn_tile not counted)
+// and those causality needs. The kernels that do not run the tiles (the exact one, the reference
+// one) count through it, so the counters are the same whichever kernel runs.
+static void attn_count_tile(int mode, const int32_t * qpos, int64_t bt, const int32_t * kpos, int64_t Tk, int64_t W,
+                            int64_t * dense, int64_t * causal) {
+    int32_t qmin = INT32_MAX, qmax = INT32_MIN;
+    for (int64_t i = 0; i < bt; i++) {
+        if (qpos[i] < qmin) qmin = qpos[i];
+        if (qpos[i] > qmax) qmax = qpos[i];
+    }
+    for (int64_t j0 = 0; j0 < Tk; j0 += KVR_ATTN_BK) {
+        const int64_t bk = (j0 + KVR_ATTN_BK <= Tk) ? KVR_ATTN_BK : Tk - j0;
+        int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+        for (int64_t j = 0; j < bk; j++) {
+            if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
+            if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
+        }
+        const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
+        if (tile == 0) continue;
+        *dense += bt * bk;
+        for (int64_t i = 0; i < bt; i++) {
+            if (tile == 1) { *causal += bk; continue; }
+            for (int64_t j = 0; j < bk; j++) *causal += kvr_attn_visible(qpos[i], kpos[j0 + j], W);
+        }
+    }
+}
+
+// The same for all Tq queries in tiles of BT.
 static void attn_count(int mode, const int32_t * qpos, int64_t Tq, int64_t BT, const int32_t * kpos, int64_t Tk,
                        int64_t W, int64_t * dense, int64_t * causal) {
     for (int64_t i0 = 0; i0 < Tq; i0 += BT) {
-        const int64_t bt = (i0 + BT <= Tq) ? BT : Tq - i0;
-        int32_t qmin = INT32_MAX, qmax = INT32_MIN;
-        for (int64_t i = 0; i < bt; i++) {
-            if (qpos[i0 + i] < qmin) qmin = qpos[i0 + i];
-            if (qpos[i0 + i] > qmax) qmax = qpos[i0 + i];
-        }
-        for (int64_t j0 = 0; j0 < Tk; j0 += KVR_ATTN_BK) {
-            const int64_t bk = (j0 + KVR_ATTN_BK <= Tk) ? KVR_ATTN_BK : Tk - j0;
-            int32_t kmin = INT32_MAX, kmax = INT32_MIN;
-            for (int64_t j = 0; j < bk; j++) {
-                if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
-                if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
-            }
-            const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
-            if (tile == 0) continue;
-            *dense += bt * bk;
-            for (int64_t i = 0; i < bt; i++) {
-                if (tile == 1) { *causal += bk; continue; }
-                for (int64_t j = 0; j < bk; j++) *causal += kvr_attn_visible(qpos[i0 + i], kpos[j0 + j], W);
-            }
-        }
+        attn_count_tile(mode, qpos + i0, (i0 + BT <= Tq) ? BT : Tq - i0, kpos, Tk, W, dense, causal);
     }
 }
 
@@ -4703,28 +4709,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
         const int64_t g = by_rows ? hi / G : hi;
         const int64_t h0 = by_rows ? hi : g * G, h1 = by_rows ? hi + 1 : (g + 1) * G;
         const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
-        if (hi == 0) {
-            int32_t qmin = INT32_MAX, qmax = INT32_MIN;
-            for (int64_t i = 0; i < bt; i++) {
-                if (qpos[i0 + i] < qmin) qmin = qpos[i0 + i];
-                if (qpos[i0 + i] > qmax) qmax = qpos[i0 + i];
-            }
-            for (int64_t j0 = 0; j0 < Tk; j0 += KVR_ATTN_BK) {
-                const int64_t bk = (j0 + KVR_ATTN_BK <= Tk) ? KVR_ATTN_BK : Tk - j0;
-                int32_t kmin = INT32_MAX, kmax = INT32_MIN;
-                for (int64_t j = 0; j < bk; j++) {
-                    if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
-                    if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
-                }
-                const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
-                if (tile == 0) continue;
-                dot_dense += bt * bk;
-                for (int64_t i = 0; i < bt; i++) {
-                    if (tile == 1) { dot_causal += bk; continue; }
-                    for (int64_t j = 0; j < bk; j++) dot_causal += kvr_attn_visible(qpos[i0 + i], kpos[j0 + j], W);
-                }
-            }
-        }
+        if (hi == 0) attn_count_tile(mode, qpos + i0, bt, kpos, Tk, W, &dot_dense, &dot_causal);
         for (int64_t j = 0; !by_rows && j < Tkp; j++) {
             const float * vj = j < Tk ? (const float *)((const uint8_t *)v->data + g * v->nb[1] + j * v->nb[2]) : NULL;
             for (int64_t d = 0; d < D; d++) VT[d * Tkp + j] = vj ? vj[d] : 0.0f;
