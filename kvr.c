@@ -135,14 +135,15 @@ static void * kvr_calloc(size_t n, size_t sz) {
 
 // files (kvr.h, after "errors"): the one way in for reading and the one way out for writing
 
-static const char * file_kind(mode_t mode) {
+const char * kvr_file_kind(unsigned int st_mode) {
+    const mode_t mode = (mode_t)st_mode;
     if (S_ISLNK(mode))  return "a symbolic link";
     if (S_ISDIR(mode))  return "a directory";
     if (S_ISFIFO(mode)) return "a FIFO";
     if (S_ISCHR(mode))  return "a character device";
     if (S_ISBLK(mode))  return "a block device";
     if (S_ISSOCK(mode)) return "a socket";
-    return "not a regular file";
+    return "a special file";
 }
 
 FILE * kvr_file_read(const char * path) {
@@ -155,7 +156,7 @@ FILE * kvr_file_read(const char * path) {
     }
     struct stat st = { 0 };
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        kvr_error(KVR_ERR_IO, "%s: %s, not a regular file: only files are read", path, file_kind(st.st_mode));
+        kvr_error(KVR_ERR_IO, "%s: %s, not a regular file: only files are read", path, kvr_file_kind(st.st_mode));
         close(fd);
         return NULL;
     }
@@ -175,7 +176,7 @@ int kvr_file_check_target(const char * path) {
     // a writer that followed it would write where its planter chose)
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
         return kvr_error(KVR_ERR_ARG, "%s: %s, not a regular file: a file is written beside it, then renamed onto its path",
-                         path, file_kind(st.st_mode));
+                         path, kvr_file_kind(st.st_mode));
     }
     return KVR_OK;
 }

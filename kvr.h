@@ -113,6 +113,8 @@ FILE *       kvr_file_stream      (struct kvr_file * f);
 const char * kvr_file_temp_path   (const struct kvr_file * f); // the temporary's name (tests)
 int          kvr_file_commit      (struct kvr_file * f);       // frees f
 void         kvr_file_abort       (struct kvr_file * f);       // frees f; NULL is ignored
+// What a file that is not a regular one is, by its stat st_mode ("a FIFO", "a symbolic link", ...).
+const char * kvr_file_kind        (unsigned int st_mode);
 
 //
 // 2. types (values are GGUF's ggml_type ids)

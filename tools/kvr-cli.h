@@ -241,23 +241,13 @@ static inline int kvr_cli_parse_real(const struct kvr_cli_flag * f, const char *
     return 0;
 }
 
-static inline const char * kvr_cli_file_kind(mode_t mode) {
-    if (S_ISLNK(mode))  return "a symbolic link";
-    if (S_ISDIR(mode))  return "a directory";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISCHR(mode))  return "a character device";
-    if (S_ISBLK(mode))  return "a block device";
-    if (S_ISSOCK(mode)) return "a socket";
-    return "a special file";
-}
-
 // An input file: exists, is a regular file (stat only: a FIFO is never opened here), can be read.
 // The library's opens (kvr_file_read) refuse the same without blocking, should it change since.
 static inline int kvr_cli_check_in(const char * path, char * why, size_t cap) {
     struct stat st;
     if (!*path) { snprintf(why, cap, "an empty path"); return -1; }
     if (stat(path, &st) != 0) { snprintf(why, cap, "cannot open: %s", strerror(errno)); return -1; }
-    if (!S_ISREG(st.st_mode)) { snprintf(why, cap, "is %s, not a regular file", kvr_cli_file_kind(st.st_mode)); return -1; }
+    if (!S_ISREG(st.st_mode)) { snprintf(why, cap, "is %s, not a regular file", kvr_file_kind(st.st_mode)); return -1; }
     if (access(path, R_OK) != 0) { snprintf(why, cap, "cannot read: %s", strerror(errno)); return -1; }
     return 0;
 }
@@ -280,7 +270,7 @@ static inline int kvr_cli_check_out(const char * path, char * why, size_t cap) {
     if (lstat(path, &st) == 0) {
         if (!S_ISREG(st.st_mode)) {
             snprintf(why, cap, "is %s, not a regular file: outputs are written beside their path, then renamed onto it",
-                     kvr_cli_file_kind(st.st_mode));
+                     kvr_file_kind(st.st_mode));
             return -1;
         }
         if (access(path, W_OK) != 0) { snprintf(why, cap, "cannot write: %s", strerror(errno)); return -1; }
