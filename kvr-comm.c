@@ -2890,18 +2890,6 @@ static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, s
 // header's bytes 16..64 and 84..92 are the cache file's model fingerprint (kvr.c writes and checks them).
 //
 
-static void * must_malloc(size_t n) {
-    void * p = malloc(n ? n : 1);
-    KVR_ASSERT(p != NULL && "out of memory");
-    return p;
-}
-
-static void * must_calloc(size_t n, size_t sz) {
-    void * p = calloc(n ? n : 1, sz ? sz : 1);
-    KVR_ASSERT(p != NULL && "out of memory");
-    return p;
-}
-
 static void put_u32(uint8_t * p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static uint32_t get_u32(const uint8_t * p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
@@ -2974,7 +2962,7 @@ static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kv
         close(fd);
         return rc;
     }
-    struct kvr_kv_log * w = must_calloc(1, sizeof(*w));
+    struct kvr_kv_log * w = kvr_calloc(1, sizeof(*w));
     w->fd = fd;
     w->path = strdup(path);
     w->n_layer = (int)m->hp.n_layer;
@@ -3018,7 +3006,7 @@ int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct 
     put_u32(hd + KVL_OFF_STRAT, (uint32_t)h->strategy);
     put_u32(hd + KVL_OFF_PROMPT, (uint32_t)h->n_prompt);
     put_u32(hd + KVL_OFF_CRC, kvr_crc32c(0, hd, KVL_OFF_CRC));
-    uint8_t * tok = must_malloc(4 * (size_t)h->n_prompt + 4);
+    uint8_t * tok = kvr_malloc(4 * (size_t)h->n_prompt + 4);
     for (int i = 0; i < h->n_prompt; i++) put_u32(tok + 4 * i, (uint32_t)h->prompt[i]);
     w->crc = kvr_crc32c(0, tok, 4 * (size_t)h->n_prompt);
     put_u32(tok + 4 * h->n_prompt, w->crc);
@@ -3070,7 +3058,7 @@ int kvr_kv_log_rows(struct kvr_kv_log * w, int step, int il, int n_rows, const f
 int kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens, const int32_t * pos, int n_rows) {
     KVR_ASSERT(step >= 0 && n_tokens >= 0 && n_rows >= 0);
     const size_t n = 16 + 4 * ((size_t)n_tokens + (size_t)n_rows) + 4;
-    uint8_t * b = must_malloc(n);
+    uint8_t * b = kvr_malloc(n);
     put_u32(b, KVR_KV_LOG_COMMIT);
     put_u32(b + 4, (uint32_t)step);
     put_u32(b + 8, (uint32_t)n_tokens);
@@ -3120,7 +3108,7 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
                               const struct kvr_model * m) {
     const int L = d->n_layer;
     const size_t row = sizeof(float) * (size_t)d->kv_dim;
-    float ** k = must_calloc((size_t)L, sizeof(float *)), ** v = must_calloc((size_t)L, sizeof(float *));
+    float ** k = kvr_calloc((size_t)L, sizeof(float *)), ** v = kvr_calloc((size_t)L, sizeof(float *));
     int layers = 0, rows = 0, cap = 0;     // the step being read: its ROWS records so far
     int64_t step_off = off;
     d->good = off;
@@ -3228,8 +3216,8 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
             if (c) {
                 s->k = k;
                 s->v = v;
-                k = must_calloc((size_t)L, sizeof(float *));
-                v = must_calloc((size_t)L, sizeof(float *));
+                k = kvr_calloc((size_t)L, sizeof(float *));
+                v = kvr_calloc((size_t)L, sizeof(float *));
             }
             layers = rows = 0;
             d->good = off + need;
@@ -3252,8 +3240,8 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
         fclose(f);
         return kvr_error(KVR_ERR_IO, "%s: cannot open the replication log: %s", path, strerror(errno));
     }
-    struct kvr_kv_log_data * d = must_calloc(1, sizeof(*d));
-    uint8_t * b = d->mem = must_malloc((size_t)st.st_size + 4);
+    struct kvr_kv_log_data * d = kvr_calloc(1, sizeof(*d));
+    uint8_t * b = d->mem = kvr_malloc((size_t)st.st_size + 4);
     const size_t got = st.st_size ? fread(b, 1, (size_t)st.st_size, f) : 0;
     const bool io = ferror(f);
     fclose(f);
@@ -3321,7 +3309,7 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
         }
     }
     if (rc == KVR_OK) {
-        d->prompt = must_malloc(4 * (size_t)d->n_prompt + 4);
+        d->prompt = kvr_malloc(4 * (size_t)d->n_prompt + 4);
         for (int i = 0; i < d->n_prompt && rc == KVR_OK; i++) {
             d->prompt[i] = (int32_t)get_u32(b + KVR_KV_LOG_HEADER + 4 * i);
             if (d->prompt[i] < 0 || (uint32_t)d->prompt[i] >= m->hp.n_vocab) {

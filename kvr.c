@@ -121,13 +121,13 @@ double kvr_time_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
-static void * kvr_malloc(size_t n) {
+void * kvr_malloc(size_t n) {
     void * p = malloc(n ? n : 1);
     KVR_ASSERT(p != NULL && "out of memory");
     return p;
 }
 
-static void * kvr_calloc(size_t n, size_t sz) {
+void * kvr_calloc(size_t n, size_t sz) {
     void * p = calloc(n ? n : 1, sz ? sz : 1);
     KVR_ASSERT(p != NULL && "out of memory");
     return p;

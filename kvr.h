@@ -1644,6 +1644,11 @@ double kvr_time_ms(void);
 
 #ifdef KVR_BUILD
 
+// malloc and calloc that abort on failure (kvr.c): for our own small structs, where running out of
+// memory is not an input error to report
+void * kvr_malloc(size_t n);
+void * kvr_calloc(size_t n, size_t sz);
+
 //
 // I1. the eval road
 //
