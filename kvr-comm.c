@@ -1550,7 +1550,8 @@ struct pass_ctx {
     struct kvr_tensor  ** step_pos;  // ring: positions received at step j (layer 0), reused
     bool                  receiver;  // P/D's decode rank: receives the cache, builds no model
     int                   n_final;   // cache rows this rank holds after the eval
-    float                 scale;     // of the ATTN_BLOCK being rewritten: its score scale
+    float                 scale;     // of the ATTN_BLOCK being rewritten: its score scale,
+    float                 softcap;   //   its scores' soft-capping (0: none)
     int                   window;    //   and its sliding window (0: none)
 };
 
@@ -1626,7 +1627,7 @@ static void pass_tsp(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     sink(pc, ks, "tsp: every rank's K rows into every rank's cache");
     sink(pc, vs, "tsp: every rank's V rows into every rank's cache");
     struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, T)), as_heads(pc, cache_rows(pc, c->v[il], 0, T)),
-                                     pos, pc->kpos, vs, pc->scale, pc->window, pc->d->p.attn_mode);
+                                     pos, pc->kpos, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
     kvr_replace_node(t, a, "tsp: attention over the gathered cache");
 }
 
@@ -1664,7 +1665,7 @@ static void pass_kvr(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     }
     struct kvr_tensor * kp = kvr_view_1d(pc->ctx, pc->kpos, e - lo_in, (size_t)lo_in * sizeof(int32_t));
     struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], lo_in, e - lo_in)),
-                                     as_heads(pc, cache_rows(pc, c->v[il], lo_in, e - lo_in)), pos, kp, vs, pc->scale, W,
+                                     as_heads(pc, cache_rows(pc, c->v[il], lo_in, e - lo_in)), pos, kp, vs, pc->scale, pc->softcap, W,
                                      pc->d->p.attn_mode);
     kvr_replace_node(t, a, W ? "kvr: sliding-window attention over cache [s_r-W+1, e_r)" : "kvr: attention over cache [0, e_r)");
 }
@@ -1723,7 +1724,7 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * vs = store_new(pc, il, k, v, pc->n_old);
     struct kvr_tensor * parts[256];
     struct kvr_tensor * bk = cache_rows(pc, c->k[il], 0, n_i), * bv = cache_rows(pc, c->v[il], 0, n_i), * bp = pc->kpos;
-    parts[0] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, vs, pc->scale, pc->window, pc->d->p.attn_mode);
+    parts[0] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
     kvr_set_name(parts[0], "blk.%d.attn_part0", il);
     parts[0]->why = "ring-kv: partial attention over this rank's own K/V";
     int held = 0; // the block held now is rows [held, ...) of its origin's block
@@ -1771,7 +1772,7 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         }
         bp = pc->step_pos[j];
         struct kvr_tensor * kp = a == 0 && b == rows ? bp : kvr_view_1d(pc->ctx, bp, b - a, (size_t)a * sizeof(int32_t));
-        parts[j] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, kp, NULL, pc->scale, pc->window, pc->d->p.attn_mode);
+        parts[j] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, kp, NULL, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
         kvr_set_name(parts[j], "blk.%d.attn_part%d", il, j);
         parts[j]->why = "ring-kv: partial attention over the visiting K/V block";
     }
@@ -1816,7 +1817,7 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             }
             bp = pc->step_pos[j];
         }
-        struct kvr_tensor * part = kvr_attn(pc->ctx, bq, kl, vl, bp, pc->kpos, vs, pc->scale, pc->window, pc->d->p.attn_mode);
+        struct kvr_tensor * part = kvr_attn(pc->ctx, bq, kl, vl, bp, pc->kpos, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
         kvr_set_name(part, "blk.%d.attn_part%d", il, j);
         part->why = "ring-q: partial attention of the visiting queries over this rank's K/V";
         prev_cp = NULL;
@@ -1850,7 +1851,7 @@ static void pass_ring_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il
     const int n_i = pc->n_old + (keep ? 1 : 0);
     struct kvr_tensor * vs = keep ? store_new(pc, il, k, v, pc->n_old) : NULL;
     struct kvr_tensor * part = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, n_i)),
-                                        as_heads(pc, cache_rows(pc, c->v[il], 0, n_i)), pos, pc->kpos, vs, pc->scale, pc->window,
+                                        as_heads(pc, cache_rows(pc, c->v[il], 0, n_i)), pos, pc->kpos, vs, pc->scale, pc->softcap, pc->window,
                                         pc->d->p.attn_mode);
     kvr_set_name(part, "blk.%d.attn_part", il);
     part->why = "ring decode: partial attention of the token over this rank's shard";
@@ -1875,8 +1876,9 @@ static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
     for (int b = 0; b < nb; b++) {
         struct kvr_tensor * t = blocks[b];
         const int il = t->op_params[0];
-        pc->scale  = kvr_attn_block_scale(t);
-        pc->window = kvr_attn_block_window(t);
+        pc->scale   = kvr_attn_block_scale(t);
+        pc->softcap = kvr_attn_block_softcap(t);
+        pc->window  = kvr_attn_block_window(t);
         switch (pc->pl->strat) {
             case KVR_STRATEGY_TSP:     pass_tsp(pc, t, il); break;
             case KVR_STRATEGY_KVR:     pass_kvr(pc, t, il); break;
@@ -2057,6 +2059,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
         .n_kpos     = n_kpos,
         .n_past     = n_old,
         .n_outputs  = !receiver && r == pl->owner ? 1 : 0,
+        .n_ctx      = d->n_ctx, // the sequence's context, not this rank's cache (grown as needed)
         .attn_mode  = d->p.attn_mode,
         // the plain single pass goes by the road's own (NULL); a strategy, or nodes DejaVu adds
         // after a layer's rows (dejavu_rank_nodes), need the rank's pass

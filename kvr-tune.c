@@ -1439,7 +1439,7 @@ static struct kvr_graph * graph_attn(struct kvr_context * ctx, int D, int H, int
     for (int i = 0; i < Tq; i++) ((int32_t *)qp->data)[i] = Tk - Tq + i;
     for (int i = 0; i < Tk; i++) ((int32_t *)kp->data)[i] = i;
     struct kvr_graph * g = kvr_graph_new(ctx, 16);
-    kvr_graph_expand(g, kvr_attn(ctx, q, k, v, qp, kp, NULL, 1.0f / sqrtf((float)D), 0, mode));
+    kvr_graph_expand(g, kvr_attn(ctx, q, k, v, qp, kp, NULL, 1.0f / sqrtf((float)D), 0.0f, 0, mode));
     return g;
 }
 

@@ -1185,6 +1185,19 @@ struct kvr_tensor * kvr_gelu(struct kvr_context * ctx, struct kvr_tensor * a) {
     return unary_op(ctx, KVR_OP_GELU, a);
 }
 
+struct kvr_tensor * kvr_gelu_exact(struct kvr_context * ctx, struct kvr_tensor * a) {
+    struct kvr_tensor * t = unary_op(ctx, KVR_OP_GELU, a);
+    t->op_params[0] = 1;
+    return t;
+}
+
+struct kvr_tensor * kvr_softcap(struct kvr_context * ctx, struct kvr_tensor * a, float cap) {
+    KVR_ASSERT(cap > 0.0f);
+    struct kvr_tensor * t = unary_op(ctx, KVR_OP_SOFTCAP, a);
+    set_param_f32(t, 0, cap);
+    return t;
+}
+
 struct kvr_tensor * kvr_mul_mat(struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x) {
     KVR_ASSERT(w->ne[0] == x->ne[0] && w->ne[2] == 1 && w->ne[3] == 1);
     KVR_ASSERT(x->type == KVR_TYPE_F32 && x->nb[0] == sizeof(float));
@@ -1196,7 +1209,8 @@ struct kvr_tensor * kvr_mul_mat(struct kvr_context * ctx, struct kvr_tensor * w,
 }
 
 struct kvr_tensor * kvr_rope(struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
-                             struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode, float freq_base, float freq_scale) {
+                             struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode, float freq_base, float freq_scale,
+                             float attn_factor) {
     KVR_ASSERT(a->type == KVR_TYPE_F32 && pos->type == KVR_TYPE_I32 && pos->ne[0] == a->ne[2]);
     KVR_ASSERT(n_rot > 0 && n_rot % 2 == 0 && n_rot <= a->ne[0]);
     KVR_ASSERT(!freqs || (freqs->type == KVR_TYPE_F32 && kvr_nelements(freqs) >= n_rot / 2));
@@ -1208,6 +1222,7 @@ struct kvr_tensor * kvr_rope(struct kvr_context * ctx, struct kvr_tensor * a, st
     t->op_params[1] = mode;
     set_param_f32(t, 2, freq_base);
     set_param_f32(t, 3, freq_scale);
+    set_param_f32(t, 4, attn_factor);
     return t;
 }
 
@@ -1237,7 +1252,8 @@ struct kvr_tensor * kvr_kv_store(struct kvr_context * ctx, struct kvr_tensor * a
 }
 
 struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
-                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il, float scale, int window) {
+                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il, float scale, float softcap,
+                                   int window) {
     KVR_ASSERT(q->ne[2] == k->ne[2] && k->ne[2] == v->ne[2] && pos->ne[0] == q->ne[2]);
     KVR_ASSERT(q->ne[0] == k->ne[0] && k->ne[0] == v->ne[0] && k->ne[1] == v->ne[1]);
     KVR_ASSERT(q->ne[1] % k->ne[1] == 0);
@@ -1250,15 +1266,17 @@ struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor *
     t->op_params[0] = il;
     t->op_params[1] = window > 0 ? window : 0;
     set_param_f32(t, 2, scale);
+    set_param_f32(t, 3, softcap > 0.0f ? softcap : 0.0f);
     return t;
 }
 
-float kvr_attn_block_scale(const struct kvr_tensor * block) { return get_param_f32(block, 2); }
-int   kvr_attn_block_window(const struct kvr_tensor * block) { return block->op_params[1]; }
+float kvr_attn_block_scale(const struct kvr_tensor * block)   { return get_param_f32(block, 2); }
+float kvr_attn_block_softcap(const struct kvr_tensor * block) { return get_param_f32(block, 3); }
+int   kvr_attn_block_window(const struct kvr_tensor * block)  { return block->op_params[1]; }
 
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
-                             struct kvr_tensor * dep, float scale, int window, enum kvr_attn_mode mode) {
+                             struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode) {
     KVR_ASSERT(q->type == KVR_TYPE_F32 && k->type == KVR_TYPE_F32 && v->type == KVR_TYPE_F32);
     KVR_ASSERT(q->ne[0] == k->ne[0] && k->ne[0] == v->ne[0] && k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2]);
     KVR_ASSERT(q->ne[1] % k->ne[1] == 0 && q->nb[0] == 4 && k->nb[0] == 4 && v->nb[0] == 4);
@@ -1276,6 +1294,7 @@ struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, st
     t->op_params[1] = (int32_t)n_head;
     set_param_f32(t, 2, scale);
     t->op_params[3] = window > 0 ? window : 0;
+    set_param_f32(t, 4, softcap > 0.0f ? softcap : 0.0f);
     return t;
 }
 
@@ -1700,7 +1719,7 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
         struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
         struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
-        struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t), W, mode);
+        struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t), kvr_attn_block_softcap(t), W, mode);
         // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
         kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
                                  : "single: causal attention over cache[0, n_past+T)");
@@ -2115,7 +2134,10 @@ static void ref_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
             switch (dst->op) {
                 case KVR_OP_SCALE: y[i] = x[i] * s;                                 break;
                 case KVR_OP_SILU:  y[i] = (float)(x[i] / (1.0 + exp(-(double)x[i]))); break;
-                case KVR_OP_GELU:  y[i] = kvr_gelu_ggml(x[i], NULL);                break; // GGML's fp16 GELU is the op
+                case KVR_OP_GELU: // GGML's fp16 GELU is the op, or its f32 formula (kvr_gelu_exact)
+                    y[i] = dst->op_params[0] ? kvr_gelu_tanh(x[i]) : kvr_gelu_ggml(x[i], NULL);
+                    break;
+                case KVR_OP_SOFTCAP: y[i] = (float)(s * tanh((double)x[i] / s)); break;
                 default:           KVR_ASSERT(!"not a unary op");
             }
         }
@@ -2273,7 +2295,7 @@ static size_t ref_attn_floats(int64_t D, int64_t Tk) {
 static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
-    const double scale = get_param_f32(dst, 2);
+    const double scale = get_param_f32(dst, 2), cap = get_param_f32(dst, 4);
     const int64_t W = dst->op_params[3];
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], G = H / k->ne[1];
     const int64_t Tk = attn_keys(kpos, k->ne[2]);
@@ -2292,7 +2314,7 @@ static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
             const float * kj = row_ptr(k, g, j, 0);
             double dot = 0.0;
             for (int64_t e = 0; e < D; e++) dot += (double)qr[e] * kj[e];
-            sc[j] = dot * scale;
+            sc[j] = cap > 0.0 ? cap * tanh(dot * scale / cap) : dot * scale;
             if (sc[j] > mx) mx = sc[j];
         }
         double sum = 0.0;
@@ -2441,7 +2463,7 @@ static void gelu_table_init(void) {
 }
 
 static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
-    if (dst->op == KVR_OP_GELU) pthread_once(&gelu_table_once, gelu_table_init);
+    if (dst->op == KVR_OP_GELU && !dst->op_params[0]) pthread_once(&gelu_table_once, gelu_table_init);
     const struct kvr_tensor * a = dst->src[0];
     const int64_t n = a->ne[0];
     const float s = get_param_f32(dst, 0);
@@ -2458,7 +2480,11 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 vec_silu(x, y, n);
                 break;
             case KVR_OP_GELU:
-                for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
+                if (dst->op_params[0]) for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_tanh(x[i]);
+                else                   for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
+                break;
+            case KVR_OP_SOFTCAP:
+                for (int64_t i = 0; i < n; i++) y[i] = kvr_softcap_f32(x[i], s);
                 break;
             default:
                 KVR_ASSERT(!"not a unary op");
@@ -4547,7 +4573,7 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     const float * ff = dst->src[2] ? (const float *)dst->src[2]->data : NULL; // per-pair divisors
     const int n_rot = dst->op_params[0];
     const int mode = dst->op_params[1];
-    const float freq_base = get_param_f32(dst, 2), freq_scale = get_param_f32(dst, 3);
+    const float freq_base = get_param_f32(dst, 2), freq_scale = get_param_f32(dst, 3), attn_factor = get_param_f32(dst, 4);
     const int64_t D = a->ne[0], H = a->ne[1], T = a->ne[2];
     // theta_i = pos * base^(-2i/n_rot), stepped by repeated multiplication as GGML does (this loop
     // is kvr_rope_theta for every pair at once); then divided by the pair's frequency factor and
@@ -4561,8 +4587,8 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
         float theta = (float)((const int32_t *)pos->data)[t];
         for (int i = 0; i < n_rot / 2; i++) {
             const float th = kvr_rope_angle(theta, ff, i, freq_scale);
-            cs[2 * i]     = cosf(th);
-            cs[2 * i + 1] = sinf(th);
+            cs[2 * i]     = cosf(th) * attn_factor;
+            cs[2 * i + 1] = sinf(th) * attn_factor;
             theta *= theta_scale;
         }
         for (int64_t h = 0; h < H; h++) {
@@ -4688,7 +4714,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
     const int mode = dst->op_params[0];
-    const float scale = get_param_f32(dst, 2);
+    const float scale = get_param_f32(dst, 2), cap = get_param_f32(dst, 4);
     const int64_t W = dst->op_params[3];
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1];
     const int64_t G = H / Hkv, BT = kvr_attn_tile_tokens(G), n_qt = (Tq + BT - 1) / BT;
@@ -4725,7 +4751,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     P[j] = -INFINITY;
                     if (j >= Tk || !kvr_attn_visible(qp, kpos[j], W)) continue;
                     const float * kj = (const float *)((const uint8_t *)k->data + g * k->nb[1] + j * k->nb[2]);
-                    P[j] = dot_f32_ggml(qr, kj, D) * scale;
+                    P[j] = kvr_softcap_f32(dot_f32_ggml(qr, kj, D) * scale, cap);
                     if (P[j] > mx) mx = P[j];
                 }
                 if (mx == -INFINITY) { // no key visible: O = 0, LSE = -inf
@@ -4764,7 +4790,7 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
     const int mode = dst->op_params[0];
-    const float scale = get_param_f32(dst, 2);
+    const float scale = get_param_f32(dst, 2), cap = get_param_f32(dst, 4); // cap: soft-capping (0: none)
     const int64_t W = dst->op_params[3];       // sliding window (0: none): key j seen iff qp-W < kp <= qp
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1];
     const int64_t G = H / Hkv;                 // query heads per KV head
@@ -4821,6 +4847,7 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
                 float * s = S + r * bk;
                 const int32_t qp = qpos[i0 + r / G];
                 int64_t seen = bk;
+                if (cap > 0.0f) for (int64_t j = 0; j < bk; j++) s[j] = kvr_softcap_f32(s[j], cap);
                 if (need_mask) {
                     seen = 0;
                     for (int64_t j = 0; j < bk; j++) {
@@ -4913,7 +4940,8 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_MUL:        cpu_op_binary(p, t);     break;
         case KVR_OP_SCALE:
         case KVR_OP_SILU:
-        case KVR_OP_GELU:       if (p->ref) ref_unary(p, t);   else cpu_op_unary(p, t);   break;
+        case KVR_OP_GELU:
+        case KVR_OP_SOFTCAP:    if (p->ref) ref_unary(p, t);   else cpu_op_unary(p, t);   break;
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:       if (p->ref) ref_norm(p, t);    else cpu_op_norm(p, t);    break;
         case KVR_OP_MUL_MAT:    if (p->ref) ref_mul_mat(p, t); else cpu_op_mul_mat(p, t); break;
@@ -9607,6 +9635,13 @@ static int load_common_hparams(struct kvr_model * m) {
         return KVR_ERR_FORMAT;
     }
     hp->rope_freq_scale = 1.0f;
+    // LongRoPE's converter writes the factor its cosines and sines are scaled by, and the context
+    // its short factors were made for (Phi-3); llama.cpp reads both for every architecture
+    if (hp_f32(m, "rope.scaling.attn_factor", &hp->rope_attn_factor, false, 1.0f) ||
+        hp_positive(m, "rope.scaling.attn_factor", hp->rope_attn_factor) ||
+        hp_u32(m, "rope.scaling.original_context_length", &hp->rope_n_ctx_orig, false, hp->n_ctx_train)) {
+        return KVR_ERR_FORMAT;
+    }
     char stype[32] = "none";
     const char * key = arch_key(m, "rope.scaling.type");
     if (kvr_gguf_get_kv(m->gguf, key) && kvr_gguf_get_str(m->gguf, key, stype, sizeof(stype))) {
@@ -9688,6 +9723,8 @@ static int load_embeddings(struct kvr_model * m, bool norm_bias) {
 #include "models/qwen.c"
 #include "models/falcon.c"
 #include "models/gemma3.c"
+#include "models/phi3.c"
+#include "models/gemma2.c"
 
 static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_LLAMA]  = { "llama",  KVR_ARCH_LLAMA,  llama_load,  llama_build  },
@@ -9695,6 +9732,8 @@ static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_QWEN2]  = { "qwen2",  KVR_ARCH_QWEN2,  qwen2_load,  llama_build  },
     [KVR_ARCH_QWEN3]  = { "qwen3",  KVR_ARCH_QWEN3,  qwen3_load,  llama_build  },
     [KVR_ARCH_GEMMA3] = { "gemma3", KVR_ARCH_GEMMA3, gemma3_load, gemma3_build },
+    [KVR_ARCH_PHI3]   = { "phi3",   KVR_ARCH_PHI3,   phi3_load,   llama_build  },
+    [KVR_ARCH_GEMMA2] = { "gemma2", KVR_ARCH_GEMMA2, gemma2_load, gemma2_build },
 };
 
 // The weight tensors of a model whose hyper-parameters are read, placed in m->weights (at their
@@ -9713,6 +9752,13 @@ static int model_load_weights(struct kvr_model * m) {
     if (!m->rope_freqs && kvr_gguf_get_tensor(m->gguf, "rope_freqs.weight")) {
         return kvr_error(KVR_ERR_UNSUPP, "%s: tensor 'rope_freqs.weight' (per-pair RoPE frequency factors) is not part of the %s graph kvr knows",
                          m->path, m->hp.arch_name);
+    }
+    static const char * const longrope[2] = { "rope_factors_short.weight", "rope_factors_long.weight" };
+    for (int i = 0; i < 2 && !m->rope_long; i++) {
+        if (kvr_gguf_get_tensor(m->gguf, longrope[i])) {
+            return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' (LongRoPE frequency factors) is not part of the %s graph kvr knows",
+                             m->path, longrope[i], m->hp.arch_name);
+        }
     }
     return KVR_OK;
 }
@@ -9866,7 +9912,11 @@ void kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap) {
     if (n >= 0 && (size_t)n < cap && n_local) {
         n += snprintf(buf + n, cap - (size_t)n, ", sliding window %u on %u of %u layers", hp->n_swa, n_local, hp->n_layer);
     }
-    if (n >= 0 && (size_t)n < cap && m->rope_freqs) snprintf(buf + n, cap - (size_t)n, ", RoPE frequency factors");
+    if (n >= 0 && (size_t)n < cap && m->rope_freqs) n += snprintf(buf + n, cap - (size_t)n, ", RoPE frequency factors");
+    if (n >= 0 && (size_t)n < cap && m->rope_long) n += snprintf(buf + n, cap - (size_t)n, ", LongRoPE factors");
+    if (n >= 0 && (size_t)n < cap && hp->attn_softcap > 0.0f) {
+        snprintf(buf + n, cap - (size_t)n, ", soft-capped scores (%g) and logits (%g)", hp->attn_softcap, hp->final_softcap);
+    }
 }
 
 struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b) {
@@ -9911,6 +9961,7 @@ static struct kvr_tensor * eval_model_build(const struct kvr_eval * ev, struct k
     b->ctx       = ctx;
     b->n_tokens  = n;
     b->n_outputs = ev->n_outputs;
+    b->n_ctx     = ev->n_ctx > 0 ? ev->n_ctx : ev->cache ? ev->cache->n_ctx : 0;
     b->tokens    = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "tokens");
     b->pos       = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n), "pos");
     *kpos        = kvr_set_name(kvr_new_tensor_1d(ctx, KVR_TYPE_I32, n_kpos), "kpos");

@@ -262,6 +262,8 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
     X(ROPE)        /* rotary embedding at absolute positions src1 i32                        */ \
     X(SILU)        /* x * sigmoid(x)                                                         */ \
     X(GELU)        /* tanh approximation as GGML's CPU path: fp16 in, fp16 table out         */ \
+                   /* (op_params[0] 1: the same formula in f32, kvr_gelu_exact)              */ \
+    X(SOFTCAP)     /* cap * tanh(x / cap): Gemma 2's final logit soft-capping                */ \
     X(CPY)         /* copy src0 into src1's memory (f32 -> f32/f16); result is a view of src1 */ \
     X(ATTN_BLOCK)  /* high level: causal attention of q over every key up to it. A strategy  */ \
                    /* pass rewrites it; it never reaches a backend                           */ \
@@ -307,26 +309,36 @@ struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * 
 // follow this rule (its sums are its own at every size).
 struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x);
 // a: [head_dim, n_head, T] f32; pos: [T] i32 absolute positions. Rotates the first n_rot dims:
-// pair i turns by the angle freq_scale * pos * freq_base^(-2i/n_rot) / freqs[i].
-// freqs: optional f32 [n_rot/2] per-pair frequency divisors (Llama 3's rope_freqs.weight), src[2];
-// NULL divides by 1. op_params: [0] n_rot, [1] mode, [2] freq_base, [3] freq_scale (f32 bits).
+// pair i turns by the angle freq_scale * pos * freq_base^(-2i/n_rot) / freqs[i], its cosine and
+// sine multiplied by attn_factor (1: a plain rotation; Phi-3's LongRoPE scales the rotated dims).
+// freqs: optional f32 [n_rot/2] per-pair frequency divisors (Llama 3's rope_freqs.weight, Phi-3's
+// rope_factors_short/long), src[2]; NULL divides by 1. op_params: [0] n_rot, [1] mode,
+// [2] freq_base, [3] freq_scale, [4] attn_factor (f32 bits).
 struct kvr_tensor * kvr_rope     (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
                                   struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode,
-                                  float freq_base, float freq_scale);
+                                  float freq_base, float freq_scale, float attn_factor);
 struct kvr_tensor * kvr_silu     (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_gelu     (struct kvr_context * ctx, struct kvr_tensor * a);
+// GELU's tanh approximation computed in f32 (kvr_gelu_tanh), without GGML's fp16 table: what
+// llama.cpp's GPU backends compute, and its CPU built without GGML_GELU_FP16 (Gemma 2's reference)
+struct kvr_tensor * kvr_gelu_exact(struct kvr_context * ctx, struct kvr_tensor * a);
+// cap * tanh(a / cap) elementwise (kvr_softcap_f32), cap > 0; op_params[0] cap (f32 bits)
+struct kvr_tensor * kvr_softcap  (struct kvr_context * ctx, struct kvr_tensor * a, float cap);
 struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 // a contiguous f32 copy of a (for instance of a strided view into a fused QKV projection)
 struct kvr_tensor * kvr_cont     (struct kvr_context * ctx, struct kvr_tensor * a);
 
 // High-level attention of layer il: q [head_dim, n_head, T], k/v [head_dim, n_head_kv, T] of the
-// same tokens, at positions pos [T], scores scaled by scale, each query seeing the keys of the last
-// `window` positions up to its own (0: every earlier key; see kvr_attn). The strategy pass
-// (kvr_pass_single, or those of kvr-comm.c) replaces it by cache writes, transfers and ATTN nodes;
-// it reads op_params [0] il, [1] window, [2] scale (f32 bits).
+// same tokens, at positions pos [T], scores scaled by scale and soft-capped by softcap (0: not;
+// see kvr_attn), each query seeing the keys of the last `window` positions up to its own (0: every
+// earlier key). The strategy pass (kvr_pass_single, or those of kvr-comm.c) replaces it by cache
+// writes, transfers and ATTN nodes; it reads op_params [0] il, [1] window, [2] scale, [3] softcap
+// (f32 bits).
 struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
-                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il, float scale, int window);
+                                   struct kvr_tensor * v, struct kvr_tensor * pos, int il, float scale, float softcap,
+                                   int window);
 float kvr_attn_block_scale(const struct kvr_tensor * block);
+float kvr_attn_block_softcap(const struct kvr_tensor * block);
 int   kvr_attn_block_window(const struct kvr_tensor * block);
 
 // Store new rows into a cache view: a [kv_dim, T] f32, dst a view [kv_dim, T] of the cache.
@@ -341,8 +353,11 @@ struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * 
 //        attention as llama.cpp's standard SWA: a query sees itself and the window-1 keys before it).
 //        Masking from positions, not indices, is what keeps every strategy and sharding correct.
 //   dep  optional: a node that must run first (the KV_STORE that filled k and v)
-//   scale multiplies q.k; window: 0 for full causal attention
-// op_params (a device kernel reads the same): [0] mode, [1] n_head, [2] scale (f32 bits), [3] window.
+//   scale multiplies q.k; softcap > 0 then caps each score s to softcap * tanh(s / softcap)
+//        before the mask and the softmax (Gemma 2's attention logit soft-capping; kvr_softcap_f32),
+//        0 leaves it; window: 0 for full causal attention
+// op_params (a device kernel reads the same): [0] mode, [1] n_head, [2] scale (f32 bits), [3] window,
+// [4] softcap (f32 bits).
 // In causal mode a tile is skipped when every key is after every query or, with a window, more
 // than window-1 positions before every query; the counters count the pairs the mask lets through.
 // result: [head_dim*n_head + n_head, Tq] f32: per query row, the output of each head, then the
@@ -355,7 +370,7 @@ struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * 
 // tiled at every size (its results agree to rounding, not to llama.cpp's bits).
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
-                             struct kvr_tensor * dep, float scale, int window, enum kvr_attn_mode mode);
+                             struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode);
 // Merge n partial ATTN results of the same queries (same layout as kvr_attn's result):
 // O = sum_i exp(lse_i - lse) O_i, lse = log(sum_i exp(lse_i)). Empty partials (lse -inf) drop out.
 struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head);
@@ -870,6 +885,8 @@ enum kvr_arch {
     KVR_ARCH_QWEN2  = 2, // Qwen2, Qwen2.5: Q/K/V biases
     KVR_ARCH_QWEN3  = 3, // per-head q/k RMS norms
     KVR_ARCH_GEMMA3 = 4, // sliding-window layers, q/k norms, post norms, GELU FFN
+    KVR_ARCH_PHI3   = 5, // Phi-3/3.5/4-mini: fused QKV and gate-up, partial LongRoPE
+    KVR_ARCH_GEMMA2 = 6, // soft-capped attention scores and logits, alternating windows, post norms
     KVR_ARCH_COUNT,
 };
 
@@ -890,6 +907,11 @@ struct kvr_hparams {
     enum kvr_rope_mode rope_mode;
     float    norm_eps;      // rms norm or layer norm epsilon
     uint32_t n_swa;         // the sliding window of the local layers (0: none); see kvr_layer.window
+    float    rope_attn_factor; // RoPE's cosines and sines times this (rope.scaling.attn_factor; 1: none)
+    uint32_t rope_n_ctx_orig;  // rope.scaling.original_context_length (n_ctx_train when absent): a
+                               //   context past it takes Phi-3's rope_factors_long (kvr_build.n_ctx)
+    float    attn_softcap;     // attention scores soft-capped at this (gemma2; 0: not)
+    float    final_softcap;    // logits soft-capped at this (gemma2; 0: not)
 };
 
 // Tensor pointers only: kvr_model_to_backend copies a layer field by field as an array.
@@ -924,6 +946,8 @@ struct kvr_model {
     struct kvr_tensor  * output_norm, * output_norm_b;
     struct kvr_tensor  * output;     // tok_embd when the file ties them
     struct kvr_tensor  * rope_freqs; // Llama 3.1+: per-pair RoPE frequency divisors [n_rot/2], or NULL
+    struct kvr_tensor  * rope_short, * rope_long; // Phi-3's LongRoPE divisors [n_rot/2] for a context up
+                                     //   to hp.rope_n_ctx_orig and past it, or NULL
     struct kvr_layer   * layers;
     char                 path[4096];   // as given to kvr_model_load (PATH_MAX on Linux)
 };
@@ -953,6 +977,8 @@ struct kvr_build {
     struct kvr_tensor  * pos;      // [T] i32 input: absolute positions
     int                  n_tokens;
     int                  n_outputs; // logits for the last n_outputs tokens only (0: none)
+    int                  n_ctx;     // the sequence's context (the session's): Phi-3's LongRoPE picks its
+                                    //   factors by it, as llama.cpp does by its n_ctx
 };
 // Build the forward graph up to the logits [n_vocab, n_outputs] (or the final hidden state when
 // n_outputs is 0). Attention is left as ATTN_BLOCK nodes for a strategy pass to rewrite.
@@ -1686,6 +1712,7 @@ struct kvr_eval {
     int                      n_kpos;
     int                      n_past;    // the single pass: cache rows before this batch
     int                      n_outputs; // 1: the logits of the last token; 0: none
+    int                      n_ctx;     // the sequence's context (kvr_build.n_ctx; 0: the cache's rows)
     enum kvr_attn_mode       attn_mode;
     void                  (* pass)(void * user, struct kvr_pass_args * a); // NULL: kvr_pass_single
     bool                     no_model;  // no model graph, no inputs, no outputs: the pass builds the
@@ -1968,7 +1995,8 @@ int  kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct
 // the CPU path and by nvcc for the GPU kernels (KVR_HD is __host__ __device__ there), so every
 // test of the CPU path also checks the arithmetic a GPU runs. Kept here: the quant
 // block layouts and the dequantization of one block of each type, fp16/bf16 conversion, RoPE's
-// angle and the rotation of a pair, GGML's GELU rule, the online-softmax step and its finish,
+// angle and the rotation of a pair, GGML's GELU rule (and the exact one), soft-capping, the
+// online-softmax step and its finish,
 // the log-sum-exp merge, and the attention tiles (which tiles of a causal block are computed).
 
 #if defined(__CUDACC__)
@@ -2412,6 +2440,19 @@ static inline KVR_HD float kvr_gelu_ggml(float x, const uint16_t * table) {
     if (x >= 10.0f) return x;
     const uint16_t h = kvr_f32_to_half(x);
     return kvr_half_to_f32(table ? table[h] : kvr_gelu_half(h));
+}
+
+// The same tanh approximation in f32 with no fp16 step (GGML's ggml_gelu_f32, as GCC contracts it):
+// what GGML computes without GGML_GELU_FP16, and its GPU backends.
+static inline KVR_HD float kvr_gelu_tanh(float x) {
+    const float c = 0.79788456080286535588f; // sqrt(2/pi)
+    return 0.5f * x * (1.0f + tanhf(c * x * fmaf(0.044715f * x, x, 1.0f)));
+}
+
+// Soft-capping (Gemma 2's attention scores and logits): cap * tanh(x / cap), in llama.cpp's steps
+// (a scale by 1/cap, tanh, a scale by cap); cap <= 0 leaves x as it is.
+static inline KVR_HD float kvr_softcap_f32(float x, float cap) {
+    return cap > 0.0f ? tanhf(x * (1.0f / cap)) * cap : x;
 }
 
 // The online softmax of attention, one row: a running max m and a running sum l of exp(s - m).

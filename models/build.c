@@ -3,14 +3,19 @@
 // pieces a layer has and in what order, the helpers here say how each piece becomes ops.
 //
 //   load_layer_attn / load_layer_ffn   find and shape-check a layer's weights
+//   load_rows                          rows of a fused weight as a weight of its own (no copy)
 //   load_rope_freqs                    Llama 3's per-pair RoPE frequency divisors, if present
+//   load_rope_longrope                 Phi-3's short and long LongRoPE divisors, if present
+//   load_swa_pattern                   which layers have a sliding window (gemma2, gemma3)
 //   cb                                 names a node "blk.<il>.<name>" (or "<name>" for il < 0)
 //   build_norm                         RMS or layer norm x weight (+ bias)
-//   build_rope                         RoPE with the model's mode, the layer's base and scale, and
-//                                      the model's per-pair frequency factors (Llama 3)
+//   build_rope                         RoPE with the model's mode, the layer's base and scale, the
+//                                      model's per-pair frequency factors (Llama 3; Phi-3's short or
+//                                      long ones by the context) and its attention factor
 //   build_qkv                          separate Q/K/V projections (+ biases), as heads
 //   build_attn                         q/k norms, RoPE, the ATTN_BLOCK a strategy pass rewrites
-//                                      (with the layer's window), the output projection (+ bias)
+//                                      (with the layer's window and the model's score soft-capping),
+//                                      the output projection (+ bias)
 //   build_ffn                          gated (act(gate x) * up x) or plain (act(up x)) FFN
 //   build_last_rows                    in the last layer, only the rows whose logits are wanted
 //   build_output                       final norm and the output matrix
@@ -31,7 +36,7 @@ static struct mb mb_init(const struct kvr_model * m, const struct kvr_build * b)
 }
 
 enum mb_norm { MB_NORM_RMS, MB_NORM_LAYER };
-enum mb_act  { MB_ACT_SILU, MB_ACT_GELU };
+enum mb_act  { MB_ACT_SILU, MB_ACT_GELU, MB_ACT_GELU_EXACT };
 
 //
 // loading
@@ -87,6 +92,22 @@ static int load_layer_ffn(struct kvr_model * m, uint32_t il, bool gated, unsigne
     return KVR_OK;
 }
 
+// Rows [row0, row0 + n) of the loaded weight fused [ne0, rows] as a weight [ne0, n] of its own,
+// named `name`: a tensor over the same bytes of the file (whole rows: whole quant blocks), so a
+// fused projection (Phi-3's attn_qkv, its gate-up ffn_up) is split with no copy and each part is
+// an ordinary matrix product.
+static struct kvr_tensor * load_rows(struct kvr_model * m, const struct kvr_tensor * fused, int64_t row0, int64_t n,
+                                     const char * name, int il) {
+    KVR_ASSERT(fused->buffer == m->weights && row0 >= 0 && n > 0 && row0 + n <= fused->ne[1]);
+    const int64_t ne[2] = { fused->ne[0], n };
+    struct kvr_tensor * t = kvr_new_tensor(m->ctx, fused->type, 2, ne);
+    kvr_buffer_place(m->weights, t, (size_t)((const uint8_t *)fused->data - (const uint8_t *)m->weights->base) +
+                                    (size_t)row0 * fused->nb[1]);
+    t->flags = KVR_FLAG_PARAM;
+    snprintf(t->name, sizeof(t->name), "blk.%d.%s", il, name);
+    return t;
+}
+
 // Llama 3.1+: rope_freqs.weight, the per-pair divisors of RoPE's frequencies (f32 [n_rot/2]);
 // every layer uses them (build_rope)
 static int load_rope_freqs(struct kvr_model * m) {
@@ -95,6 +116,47 @@ static int load_rope_freqs(struct kvr_model * m) {
         return kvr_error(KVR_ERR_UNSUPP, "%s: tensor 'rope_freqs.weight' has type %s; kvr reads it as f32 only",
                          m->path, kvr_type_name(m->rope_freqs->type));
     }
+    return KVR_OK;
+}
+
+// Phi-3: rope_factors_short.weight and rope_factors_long.weight, LongRoPE's per-pair divisors
+// (f32 [n_rot/2]) for contexts up to rope.scaling.original_context_length and past it; both or
+// neither (build_rope picks one by the context)
+static int load_rope_longrope(struct kvr_model * m) {
+    static const char * const names[2] = { "rope_factors_short.weight", "rope_factors_long.weight" };
+    struct kvr_tensor ** out[2] = { &m->rope_short, &m->rope_long };
+    for (int i = 0; i < 2; i++) {
+        if (model_tensor(m, out[i], false, 1, m->hp.n_rot / 2, 1, "%s", names[i])) return KVR_ERR_FORMAT;
+        if (*out[i] && (*out[i])->type != KVR_TYPE_F32) {
+            return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' has type %s; kvr reads it as f32 only", m->path, names[i],
+                             kvr_type_name((*out[i])->type));
+        }
+    }
+    if (!m->rope_short != !m->rope_long) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: tensor '%s' is missing (LongRoPE needs both '%s' and '%s')", m->path,
+                         names[m->rope_short ? 1 : 0], names[0], names[1]);
+    }
+    return KVR_OK;
+}
+
+// Which layers attend over a sliding window (gemma2, gemma3): attention.sliding_window_pattern as one
+// bool per layer (true: local), or a period n (every n-th layer global, il % n == n-1; n_default
+// when the key is absent; 0: every layer local), as llama.cpp's load_swa_pattern.
+static int load_swa_pattern(struct kvr_model * m, bool * local, uint32_t n_default) {
+    const struct kvr_hparams * hp = &m->hp;
+    const char * key = arch_key(m, "attention.sliding_window_pattern");
+    const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(m->gguf, key);
+    if (kv && kv->type == KVR_GGUF_ARRAY) {
+        if (kv->arr_type != KVR_GGUF_BOOL || kv->n != hp->n_layer) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' is an array of %" PRIu64 " %s, expected %u bools (one per layer)",
+                             m->path, key, kv->n, kvr_gguf_type_name(kv->arr_type), hp->n_layer);
+        }
+        for (uint32_t il = 0; il < hp->n_layer; il++) local[il] = ((const uint8_t *)kv->data)[il] != 0;
+        return KVR_OK;
+    }
+    uint32_t n = n_default;
+    if (hp_u32(m, "attention.sliding_window_pattern", &n, false, n_default)) return KVR_ERR_FORMAT;
+    for (uint32_t il = 0; il < hp->n_layer; il++) local[il] = n == 0 || il % n < n - 1;
     return KVR_OK;
 }
 
@@ -117,10 +179,20 @@ static struct kvr_tensor * build_norm(struct mb * g, struct kvr_tensor * x, stru
     return b ? cb(kvr_add(g->ctx, x, b), name, il) : x;
 }
 
+// The per-pair frequency divisors of this build: Llama 3's, or Phi-3's LongRoPE ones chosen by the
+// context as llama.cpp chooses them (its n_ctx, rounded up to a multiple of 256, past
+// original_context_length: the long factors; the prompt's length does not count), or none.
+static struct kvr_tensor * build_rope_factors(const struct mb * g) {
+    if (!g->m->rope_long) return g->m->rope_freqs;
+    const int64_t n_ctx = ((int64_t)g->b->n_ctx + 255) / 256 * 256;
+    return n_ctx > (int64_t)g->hp->rope_n_ctx_orig ? g->m->rope_long : g->m->rope_short;
+}
+
 // x: [head_dim, heads, T], rotated at the batch's positions with the layer's parameters
 static struct kvr_tensor * build_rope(struct mb * g, struct kvr_tensor * x, const char * name, int il) {
     const struct kvr_layer * l = &g->m->layers[il];
-    return cb(kvr_rope(g->ctx, x, g->b->pos, g->m->rope_freqs, (int)g->hp->n_rot, g->hp->rope_mode, l->rope_base, l->rope_scale),
+    return cb(kvr_rope(g->ctx, x, g->b->pos, build_rope_factors(g), (int)g->hp->n_rot, g->hp->rope_mode, l->rope_base,
+                       l->rope_scale, g->hp->rope_attn_factor),
               name, il);
 }
 
@@ -148,7 +220,7 @@ static struct kvr_tensor * build_attn(struct mb * g, const struct kvr_layer * l,
     if (l->attn_k_norm) k = build_norm(g, k, l->attn_k_norm, NULL, MB_NORM_RMS, "k_norm", il);
     q = build_rope(g, q, "q_rope", il);
     k = build_rope(g, k, "k_rope", il);
-    struct kvr_tensor * a = cb(kvr_attn_block(g->ctx, q, k, v, g->b->pos, il, scale, (int)l->window), "attn", il);
+    struct kvr_tensor * a = cb(kvr_attn_block(g->ctx, q, k, v, g->b->pos, il, scale, g->hp->attn_softcap, (int)l->window), "attn", il);
     struct kvr_tensor * o = cb(kvr_mul_mat(g->ctx, l->wo, kvr_attn_out(g->ctx, a, (int)g->hp->n_head)), "attn_proj", il);
     return l->bo ? cb(kvr_add(g->ctx, o, l->bo), "attn_proj_b", il) : o;
 }
@@ -161,7 +233,8 @@ static struct kvr_tensor * build_ffn(struct mb * g, struct kvr_tensor * x, struc
     struct kvr_tensor * u = cb(kvr_mul_mat(ctx, up, x), "ffn_up", il);
     if (up_b) u = cb(kvr_add(ctx, u, up_b), "ffn_up_b", il);
     struct kvr_tensor * a = gate ? cb(kvr_mul_mat(ctx, gate, x), "ffn_gate", il) : u;
-    a = cb(act == MB_ACT_SILU ? kvr_silu(ctx, a) : kvr_gelu(ctx, a), act == MB_ACT_SILU ? "ffn_silu" : "ffn_gelu", il);
+    a = cb(act == MB_ACT_SILU ? kvr_silu(ctx, a) : act == MB_ACT_GELU ? kvr_gelu(ctx, a) : kvr_gelu_exact(ctx, a),
+           act == MB_ACT_SILU ? "ffn_silu" : "ffn_gelu", il);
     if (gate) a = cb(kvr_mul(ctx, a, u), "ffn_gated", il);
     struct kvr_tensor * d = cb(kvr_mul_mat(ctx, down, a), "ffn_down", il);
     return down_b ? cb(kvr_add(ctx, d, down_b), "ffn_down_b", il) : d;
@@ -180,10 +253,11 @@ static struct kvr_tensor * build_inp_embd(struct mb * g) {
     return cb(kvr_get_rows(g->ctx, g->m->tok_embd, g->b->tokens), "inp_embd", -1);
 }
 
-// the final norm and the output matrix: the logits [n_vocab, n_outputs]; with no outputs wanted,
-// the last layer's state itself
+// the final norm and the output matrix: the logits [n_vocab, n_outputs], soft-capped where the
+// model says (gemma2); with no outputs wanted, the last layer's state itself
 static struct kvr_tensor * build_output(struct mb * g, struct kvr_tensor * x, enum mb_norm kind) {
     if (g->b->n_outputs == 0) return x;
     x = build_norm(g, x, g->m->output_norm, g->m->output_norm_b, kind, "out_norm", -1);
-    return cb(kvr_mul_mat(g->ctx, g->m->output, x), "logits", -1);
+    x = cb(kvr_mul_mat(g->ctx, g->m->output, x), "logits", -1);
+    return g->hp->final_softcap > 0.0f ? cb(kvr_softcap(g->ctx, x, g->hp->final_softcap), "logits_capped", -1) : x;
 }

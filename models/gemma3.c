@@ -15,24 +15,6 @@
 // llama.cpp's. Final logit softcapping (Gemma 2's) is refused: Gemma 3 files do not have it.
 // Compiled as part of kvr.c, over the helpers of models/build.c.
 
-static int gemma3_layer_pattern(struct kvr_model * m, bool * local) {
-    const struct kvr_hparams * hp = &m->hp;
-    const char * key = arch_key(m, "attention.sliding_window_pattern");
-    const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(m->gguf, key);
-    if (kv && kv->type == KVR_GGUF_ARRAY) {
-        if (kv->arr_type != KVR_GGUF_BOOL || kv->n != hp->n_layer) {
-            return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' is an array of %" PRIu64 " %s, expected %u bools (one per layer)",
-                             m->path, key, kv->n, kvr_gguf_type_name(kv->arr_type), hp->n_layer);
-        }
-        for (uint32_t il = 0; il < hp->n_layer; il++) local[il] = ((const uint8_t *)kv->data)[il] != 0;
-        return KVR_OK;
-    }
-    uint32_t n = 6;
-    if (hp_u32(m, "attention.sliding_window_pattern", &n, false, 6)) return KVR_ERR_FORMAT;
-    for (uint32_t il = 0; il < hp->n_layer; il++) local[il] = n == 0 || il % n < n - 1;
-    return KVR_OK;
-}
-
 static int gemma3_load(struct kvr_model * m) {
     struct kvr_hparams * hp = &m->hp;
     if (hp_f32(m, "attention.layer_norm_rms_epsilon", &hp->norm_eps, true, 0.0f) ||
@@ -53,7 +35,7 @@ static int gemma3_load(struct kvr_model * m) {
     }
     if (hp->n_swa > 0) {
         bool * local = kvr_calloc(hp->n_layer, sizeof(bool));
-        const int rc = gemma3_layer_pattern(m, local);
+        const int rc = load_swa_pattern(m, local, 6);
         for (uint32_t il = 0; il < hp->n_layer && rc == KVR_OK; il++) {
             if (!local[il]) continue;
             m->layers[il].window     = hp->n_swa;
@@ -72,10 +54,14 @@ static int gemma3_load(struct kvr_model * m) {
     return KVR_OK;
 }
 
-static struct kvr_tensor * gemma3_build(const struct kvr_model * m, const struct kvr_build * b) {
+// Gemma 2 (models/gemma2.c) is this graph with the exact GELU (act), no q/k norms in its files, and
+// the scores and logits soft-capped (build_attn and build_output read the model's caps). The 27B
+// model of each (n_layer_27b layers) scales its scores by 1/sqrt(n_embd/n_head).
+static struct kvr_tensor * gemma_build(const struct kvr_model * m, const struct kvr_build * b, enum mb_act act,
+                                       uint32_t n_layer_27b) {
     struct mb g = mb_init(m, b);
     const struct kvr_hparams * hp = &m->hp;
-    const float scale = 1.0f / sqrtf(hp->n_layer == 62 ? (float)(hp->n_embd / hp->n_head) : (float)hp->head_dim);
+    const float scale = 1.0f / sqrtf(hp->n_layer == n_layer_27b ? (float)(hp->n_embd / hp->n_head) : (float)hp->head_dim);
     struct kvr_tensor * x = cb(kvr_scale(g.ctx, build_inp_embd(&g), sqrtf((float)hp->n_embd)), "inp_scaled", -1), * q, * k, * v;
     for (int il = 0; il < (int)hp->n_layer; il++) {
         const struct kvr_layer * l = &m->layers[il];
@@ -86,9 +72,13 @@ static struct kvr_tensor * gemma3_build(const struct kvr_model * m, const struct
         x = cb(kvr_add(g.ctx, build_last_rows(&g, x, il), h), "attn_resid", il);
 
         h = build_norm(&g, x, l->ffn_norm, NULL, MB_NORM_RMS, "ffn_norm", il);
-        h = build_ffn(&g, h, l->ffn_up, NULL, l->ffn_gate, l->ffn_down, NULL, MB_ACT_GELU, il);
+        h = build_ffn(&g, h, l->ffn_up, NULL, l->ffn_gate, l->ffn_down, NULL, act, il);
         h = build_norm(&g, h, l->ffn_post_norm, NULL, MB_NORM_RMS, "ffn_post_norm", il);
         x = cb(kvr_add(g.ctx, x, h), "out", il);
     }
     return build_output(&g, x, MB_NORM_RMS);
+}
+
+static struct kvr_tensor * gemma3_build(const struct kvr_model * m, const struct kvr_build * b) {
+    return gemma_build(m, b, MB_ACT_GELU, 62);
 }

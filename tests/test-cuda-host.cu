@@ -252,7 +252,7 @@ static bool cpu_attn_counts(const int32_t * qpos, int Tq, const int32_t * kpos, 
     for (int64_t i = 0; i < kvr_nelements(v); i++) ((float *)v->data)[i] = rng_f(-1, 1);
     memcpy(qp->data, qpos, sizeof(int32_t) * (size_t)Tq);
     memcpy(kp->data, kpos, sizeof(int32_t) * (size_t)Tk);
-    struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, 0.5f, window, (enum kvr_attn_mode)mode);
+    struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, 0.5f, 0.0f, window, (enum kvr_attn_mode)mode);
     struct kvr_graph * g = kvr_graph_new(ctx, 64);
     kvr_graph_expand(g, out);
     struct kvr_backend * be = kvr_backend_cpu_new(1);

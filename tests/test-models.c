@@ -11,6 +11,14 @@
 //     attention.sliding_window: the logits move
 //   - general.architecture "mamba": refused, naming it and the supported architectures
 //   - rope_freqs.weight in a qwen2 file, final_logit_softcapping in a gemma3 file: refused, naming them
+// SHARED/reference/archs-next/tiny-{phi3,gemma2}.* the same way (tiny-gemma2 against its
+// .exactgelu outputs, llama.cpp with GELU in f32 as kvr computes it, and within 1e-2 of its stock
+// ones, whose GELU went through GGML's fp16 table), then their variants:
+//   - tiny-phi3: LongRoPE's short factors up to a context of 4096 (rounded up to 256, as
+//     llama.cpp), the long ones past it or past a rewritten original_context_length (the logits
+//     move by ~10); the attention factor used; missing factors, FFN width, ffn_up: refused
+//   - tiny-gemma2: both soft-caps and the window used; the default caps and pattern written out
+//     give the same bits; a missing post norm: refused, naming it
 // SHARED/reference/tiny-falcon-mqa.* (the Falcon graph, models/falcon.c: 3 layers, width 64, 4
 // query heads, 1 KV head, tied output) the same way, then its variants:
 //   - 40B-style attn_norm_2 with the same weights as attn_norm, zero QKV, attention output and
@@ -86,9 +94,10 @@ static struct kvr_session_params session_params(const struct kvr_model * m, int 
     return (struct kvr_session_params) { .n_ctx = n_ctx, .n_threads = 2, .vec_dot_order = m->hp.arch == KVR_ARCH_FALCON };
 }
 
-// The last-token logits of a prompt into out (n_vocab floats); false with a FAIL on error.
-static bool eval_prompt(const struct kvr_model * m, const int32_t * toks, int n, float * out, const char * what) {
-    const struct kvr_session_params sp = session_params(m, n + 1);
+// The last-token logits of a prompt in a session of n_ctx tokens into out (n_vocab floats); false
+// with a FAIL on error.
+static bool eval_prompt_ctx(const struct kvr_model * m, const int32_t * toks, int n, int n_ctx, float * out, const char * what) {
+    const struct kvr_session_params sp = session_params(m, n_ctx);
     struct kvr_session * s = kvr_session_new(m, &sp);
     CHECK(s != NULL, "%s: session: %s", what, kvr_last_error());
     if (!s) return false;
@@ -99,16 +108,21 @@ static bool eval_prompt(const struct kvr_model * m, const int32_t * toks, int n,
     return lg != NULL;
 }
 
-// A reference: NAME.gguf (or gguf_path) with NAME.tokens, .logits, .greedy under dir.
+static bool eval_prompt(const struct kvr_model * m, const int32_t * toks, int n, float * out, const char * what) {
+    return eval_prompt_ctx(m, toks, n, n + 1, out, what);
+}
+
+// A reference: NAME.gguf (or gguf_path) with NAME.tokens, NAME<out>.logits and NAME<out>.greedy
+// under dir (out: "" or the suffix of other outputs of the same model, ".exactgelu").
 // Returns the model (for the variants) or NULL; the caller frees it.
-static struct kvr_model * test_reference(const char * dir, const char * name, const char * gguf_path, double tol,
-                                         int32_t * toks, int * n_toks_out) {
+static struct kvr_model * test_reference_out(const char * dir, const char * name, const char * out, const char * gguf_path,
+                                             double tol, int32_t * toks, int * n_toks_out) {
     char p_gguf[1024], p_tokens[1024], p_logits[1024], p_greedy[1024];
     if (gguf_path) snprintf(p_gguf, sizeof p_gguf, "%s", gguf_path);
     else snprintf(p_gguf, sizeof p_gguf, "%s/%s.gguf", dir, name);
     snprintf(p_tokens, sizeof p_tokens, "%s/%s.tokens", dir, name);
-    snprintf(p_logits, sizeof p_logits, "%s/%s.logits", dir, name);
-    snprintf(p_greedy, sizeof p_greedy, "%s/%s.greedy", dir, name);
+    snprintf(p_logits, sizeof p_logits, "%s/%s%s.logits", dir, name, out);
+    snprintf(p_greedy, sizeof p_greedy, "%s/%s%s.greedy", dir, name, out);
     const char * paths[4] = { p_gguf, p_tokens, p_logits, p_greedy };
     for (int i = 0; i < 4; i++) {
         if (!file_exists(paths[i])) {
@@ -159,6 +173,11 @@ static struct kvr_model * test_reference(const char * dir, const char * name, co
     kvr_session_free(s);
     free(want);
     return m;
+}
+
+static struct kvr_model * test_reference(const char * dir, const char * name, const char * gguf_path, double tol,
+                                         int32_t * toks, int * n_toks_out) {
+    return test_reference_out(dir, name, "", gguf_path, tol, toks, n_toks_out);
 }
 
 //
@@ -246,15 +265,16 @@ static bool write_variant(const struct kvr_model * m, const struct variant * v) 
     return rc == KVR_OK;
 }
 
-// The variant loads and its logits equal base bit for bit (same) or differ by more than min_diff.
-static void variant_logits(const struct kvr_model * m, const struct variant * v, const int32_t * toks, int n,
-                           const float * base, bool same, double min_diff) {
+// The variant loads and its logits (in a session of n_ctx tokens; 0: the prompt's) equal base bit
+// for bit (same) or differ by more than min_diff.
+static void variant_logits_ctx(const struct kvr_model * m, const struct variant * v, const int32_t * toks, int n, int n_ctx,
+                               const float * base, bool same, double min_diff) {
     if (!write_variant(m, v)) return;
     struct kvr_model * mv = kvr_model_load(tmp_path, NULL);
     CHECK(mv != NULL, "%s: load: %s", v->what, kvr_last_error());
     if (!mv) return;
     float * got = malloc(sizeof(float) * m->hp.n_vocab);
-    if (eval_prompt(mv, toks, n, got, v->what)) {
+    if (eval_prompt_ctx(mv, toks, n, n_ctx > 0 ? n_ctx : n + 1, got, v->what)) {
         int at;
         const double d = max_diff(got, base, (int) m->hp.n_vocab, &at);
         printf("%-14s variant '%s': logits move by %.3g\n", m->hp.arch_name, v->what, d);
@@ -263,6 +283,11 @@ static void variant_logits(const struct kvr_model * m, const struct variant * v,
     }
     free(got);
     kvr_model_free(mv);
+}
+
+static void variant_logits(const struct kvr_model * m, const struct variant * v, const int32_t * toks, int n,
+                           const float * base, bool same, double min_diff) {
+    variant_logits_ctx(m, v, toks, n, 0, base, same, min_diff);
 }
 
 // The variant is refused, with a message containing each of the given strings.
@@ -340,6 +365,103 @@ static void test_gemma3(const struct kvr_model * m, const int32_t * toks, int n)
                                  .set_f32 = 30.0f };
     const char * names[] = { "gemma3.final_logit_softcapping" };
     variant_refused(m, &cap, names, 1);
+}
+
+// tiny-phi3 (archs-next): the fused weights split into parts, LongRoPE's factors chosen by the
+// session's context as llama.cpp chooses them by its n_ctx (rounded up to 256) against
+// original_context_length 4096: the references' context of 512 takes the short ones, as do 4096
+// and 3841 here (the same bits); 4097 and 8192 take the long ones (the logits move by ~10), and so
+// does 512 in the file rewritten with original_context_length 256 (the same bits as 8192). The
+// attention factor counts; a missing factor tensor or FFN width is refused, naming it.
+static void test_phi3(const struct kvr_model * m, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    const struct kvr_layer * l = &m->layers[0];
+    CHECK(hp->arch == KVR_ARCH_PHI3 && hp->n_rot == 24 && hp->head_dim == 32 && hp->n_ff == 256 && hp->rope_mode == KVR_ROPE_NEOX &&
+          m->rope_short && m->rope_long && hp->rope_n_ctx_orig == 4096 && hp->rope_attn_factor > 1.19f && hp->rope_attn_factor < 1.191f &&
+          l->wqkv && l->wq && l->wk && l->wv && l->ffn_gate && l->ffn_up && m->output == m->tok_embd && l->window == 0,
+          "tiny-phi3: arch %d, n_rot %u, head_dim %u, n_ff %u, LongRoPE %d, n_ctx_orig %u, attn_factor %g, fused parts %d",
+          (int) hp->arch, hp->n_rot, hp->head_dim, hp->n_ff, m->rope_long != NULL, hp->rope_n_ctx_orig, hp->rope_attn_factor,
+          l->wq != NULL && l->ffn_gate != NULL);
+    CHECK(l->wk->data == (const uint8_t *) l->wqkv->data + (size_t) 128 * l->wqkv->nb[1] &&
+          (const uint8_t *) l->ffn_up->data == (const uint8_t *) l->ffn_gate->data + (size_t) 256 * l->ffn_gate->nb[1],
+          "tiny-phi3: the parts of the fused weights are not views of them");
+    const int V = (int) hp->n_vocab;
+    float * base = malloc(sizeof(float) * (size_t) V * 3), * got = base + V, * lng = got + V;
+    if (eval_prompt_ctx(m, toks, n, 512, base, "tiny-phi3 n_ctx 512")) {
+        static const int same_ctx[2] = { 4096, 3841 };
+        for (int i = 0; i < 2; i++) {
+            if (!eval_prompt_ctx(m, toks, n, same_ctx[i], got, "tiny-phi3")) continue;
+            CHECK(memcmp(got, base, sizeof(float) * (size_t) V) == 0, "tiny-phi3: n_ctx %d should take the short factors", same_ctx[i]);
+        }
+        if (eval_prompt_ctx(m, toks, n, 8192, lng, "tiny-phi3 n_ctx 8192")) {
+            int at;
+            const double d = max_diff(lng, base, V, &at);
+            printf("%-14s n_ctx 8192 (long factors): logits move by %.3g\n", "tiny-phi3", d);
+            CHECK(d > 1.0, "tiny-phi3: n_ctx 8192 moved the logits by only %.3g: the long factors are not used", d);
+            if (eval_prompt_ctx(m, toks, n, 4097, got, "tiny-phi3 n_ctx 4097")) {
+                CHECK(memcmp(got, lng, sizeof(float) * (size_t) V) == 0, "tiny-phi3: n_ctx 4097 (4352 rounded) should take the long factors");
+            }
+            const struct variant orig = { .what = "phi3 with original_context_length 256",
+                                          .set_u32_key = "phi3.rope.scaling.original_context_length", .set_u32 = 256 };
+            variant_logits_ctx(m, &orig, toks, n, 512, lng, true, 0.0);
+        }
+        const struct variant moved = { .what = "phi3 without rope.scaling.attn_factor", .drop_key = "phi3.rope.scaling.attn_factor" };
+        variant_logits_ctx(m, &moved, toks, n, 512, base, false, 0.1);
+    }
+    free(base);
+    const struct variant bad[3] = {
+        { .what = "phi3 without rope_factors_long", .drop_tensor = "rope_factors_long.weight" },
+        { .what = "phi3 without feed_forward_length", .drop_key = "phi3.feed_forward_length" },
+        { .what = "phi3 without blk.1.ffn_up", .drop_tensor = "blk.1.ffn_up.weight" },
+    };
+    const char * names[3] = { "rope_factors_long.weight", "phi3.feed_forward_length", "blk.1.ffn_up.weight" };
+    for (int i = 0; i < 3; i++) variant_refused(m, &bad[i], &names[i], 1);
+}
+
+// tiny-gemma2 (archs-next): even layers local with window 16, both soft-caps read, and each of
+// them, and the window, used; the defaults written out give the same bits; a missing post norm is
+// refused, naming it. Its llama.cpp logits with GGML's fp16 GELU table (the stock .logits) are
+// ~5e-3 from the exact-GELU ones kvr computes: within 1e-2 here.
+static void test_gemma2(const struct kvr_model * m, const char * dir, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    bool pattern = hp->n_layer == 4 && hp->n_swa == 16;
+    for (uint32_t il = 0; il < hp->n_layer && pattern; il++) {
+        const struct kvr_layer * l = &m->layers[il];
+        pattern = l->window == (il % 2 == 0 ? 16u : 0u) && l->rope_base == 10000.0f && l->attn_post_norm && l->ffn_post_norm &&
+                  !l->attn_q_norm;
+    }
+    CHECK(hp->arch == KVR_ARCH_GEMMA2 && pattern && hp->attn_softcap == 50.0f && hp->final_softcap == 30.0f && m->output == m->tok_embd,
+          "tiny-gemma2: arch %d, window %u, softcaps %g and %g, the local/global pattern (even layers window 16) %s", (int) hp->arch,
+          hp->n_swa, hp->attn_softcap, hp->final_softcap, pattern ? "holds" : "does not hold");
+    const int V = (int) hp->n_vocab;
+    float * base = malloc(sizeof(float) * (size_t) V * 2), * stock = base + V;
+    char p_stock[1100];
+    snprintf(p_stock, sizeof p_stock, "%s/tiny-gemma2.logits", dir);
+    if (eval_prompt(m, toks, n, base, "tiny-gemma2")) {
+        if (read_floats(p_stock, stock, V) == V) {
+            int at;
+            const double d = max_diff(base, stock, V, &at);
+            printf("%-14s logits: max |kvr - llama.cpp's stock (fp16 GELU table)| = %.3g at id %d\n", "tiny-gemma2", d, at);
+            CHECK(d <= 1e-2, "tiny-gemma2: %.3g from the stock logits (fp16 GELU), more than the table's 1e-2", d);
+        } else {
+            skip("tiny-gemma2: %s not read", p_stock);
+        }
+        const struct variant same[2] = {
+            { .what = "gemma2 with the default softcaps", .drop_key = "gemma2.attn_logit_softcapping" },
+            { .what = "gemma2 with sliding_window_pattern 2", .set_u32_key = "gemma2.attention.sliding_window_pattern", .set_u32 = 2 },
+        };
+        for (int i = 0; i < 2; i++) variant_logits(m, &same[i], toks, n, base, true, 0.0);
+        const struct variant moved[3] = {
+            { .what = "gemma2 with attention softcap 1e6", .set_f32_key = "gemma2.attn_logit_softcapping", .set_f32 = 1e6f },
+            { .what = "gemma2 with final softcap 1e6", .set_f32_key = "gemma2.final_logit_softcapping", .set_f32 = 1e6f },
+            { .what = "gemma2 with window 4096", .set_u32_key = "gemma2.attention.sliding_window", .set_u32 = 4096 },
+        };
+        for (int i = 0; i < 3; i++) variant_logits(m, &moved[i], toks, n, base, false, 0.1);
+    }
+    free(base);
+    const struct variant bad = { .what = "gemma2 without blk.2.post_ffw_norm", .drop_tensor = "blk.2.post_ffw_norm.weight" };
+    const char * names[] = { "blk.2.post_ffw_norm.weight" };
+    variant_refused(m, &bad, names, 1);
 }
 
 static void test_falcon(const struct kvr_model * m, const int32_t * toks, int n) {
@@ -480,6 +602,18 @@ int main(int argc, char ** argv) {
         if (i == 1 || i == 2) test_qwen(m, i == 2);
         if (i == 3) test_gemma3(m, toks, n);
         if (i == 0 || i == 3) test_reuse(m, toks, n, names[i], i == 3);
+        kvr_model_free(m);
+    }
+
+    // the architectures of archs-next/ (phi3, gemma2; tiny-gemma2 against its exact-GELU outputs)
+    char next[1024];
+    snprintf(next, sizeof next, "%s/reference/archs-next", shared);
+    for (int i = 0; i < 2; i++) {
+        int n = 0;
+        struct kvr_model * m = test_reference_out(next, i ? "tiny-gemma2" : "tiny-phi3", i ? ".exactgelu" : "", NULL, LOGIT_TOL, toks, &n);
+        if (!m) continue;
+        if (i == 0) test_phi3(m, toks, n);
+        else test_gemma2(m, next, toks, n);
         kvr_model_free(m);
     }
 

@@ -645,6 +645,7 @@ struct attn_ref {
     const int32_t * qpos, * kpos;
     double scale;
     int window;          // 0: none; else key j is seen by query i only if qpos[i] - kpos[j] < window
+    double softcap;      // 0: none; else each scaled score s becomes softcap * tanh(s / softcap)
 };
 
 static bool ref_masked(const struct attn_ref * a, int i, int j) {
@@ -671,7 +672,7 @@ static void ref_attn(const struct attn_ref * a, double * out) {
                 for (int d = 0; d < a->hd; d++) {
                     dot += (double) q[d] * k[d];
                 }
-                s[j] = a->scale * dot;
+                s[j] = a->softcap > 0.0 ? a->softcap * tanh(a->scale * dot / a->softcap) : a->scale * dot;
                 m = fmax(m, s[j]);
             }
             for (int d = 0; d < a->hd; d++) {
@@ -706,7 +707,7 @@ static void ref_attn(const struct attn_ref * a, double * out) {
 // running product theta *= theta_scale), theta_i carries up to ~(3i + 4) ulps of itself, and an
 // error e in the angle moves the pair by e * |(x0, x1)|.
 static void ref_rope(const float * x, double * y, double * extra, int hd, int H, int T, const int32_t * pos,
-                     const float * ff, int n_rot, enum kvr_rope_mode mode, double base, double fs) {
+                     const float * ff, int n_rot, enum kvr_rope_mode mode, double base, double fs, double af) {
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
             const float * xr = x + ((int64_t) t * H + h) * hd;
@@ -720,10 +721,10 @@ static void ref_rope(const float * x, double * y, double * extra, int hd, int H,
                 const double theta = pos[t] * fs * pow(base, -2.0 * i / n_rot) / (ff ? ff[i] : 1.0);
                 const int i0 = mode == KVR_ROPE_NEOX ? i : 2 * i;
                 const int i1 = mode == KVR_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
-                const double x0 = xr[i0], x1 = xr[i1], c = cos(theta), s = sin(theta);
+                const double x0 = xr[i0], x1 = xr[i1], c = cos(theta) * af, s = sin(theta) * af;
                 yr[i0] = x0 * c - x1 * s;
                 yr[i1] = x0 * s + x1 * c;
-                er[i0] = er[i1] = (3.0 * i + 4.0) * 0x1p-24 * fabs(theta) * hypot(x0, x1);
+                er[i0] = er[i1] = (3.0 * i + 4.0) * 0x1p-24 * fabs(theta) * hypot(x0, x1) * af;
             }
         }
     }
@@ -907,19 +908,26 @@ static void grp_mul(void) { grp_binary(false); }
 // SCALE, SILU, GELU
 //
 
-enum unary_op { U_SCALE, U_SILU, U_GELU };
+enum unary_op { U_SCALE, U_SILU, U_GELU, U_GELU_EXACT, U_SOFTCAP };
+
+// GELU's tanh approximation with no rounding (kvr_gelu_exact's definition)
+static double ref_gelu_exact(double x) {
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+}
 
 static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) {
-    static const char * name[] = { "SCALE", "SILU", "GELU" };
+    static const char * name[] = { "SCALE", "SILU", "GELU", "GELU(exact)", "SOFTCAP" };
     struct tcase tc;
-    if (op == U_SCALE) {
-        tc_begin(&tc, nt, "SCALE(ne=[%d,%d],s=%g)", n, r, s);
+    if (op == U_SCALE || op == U_SOFTCAP) {
+        tc_begin(&tc, nt, "%s(ne=[%d,%d],%s=%g,x in +-%g)", name[op], n, r, op == U_SCALE ? "s" : "cap", s, amp);
     } else {
         tc_begin(&tc, nt, "%s(ne=[%d,%d],x in +-%g)", name[op], n, r, amp);
     }
     struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, amp);
-    struct kvr_tensor * y = op == U_SCALE ? kvr_scale(tc.ctx, a, s)
-                          : op == U_SILU  ? kvr_silu(tc.ctx, a) : kvr_gelu(tc.ctx, a);
+    struct kvr_tensor * y = op == U_SCALE      ? kvr_scale(tc.ctx, a, s)
+                          : op == U_SILU       ? kvr_silu(tc.ctx, a)
+                          : op == U_GELU       ? kvr_gelu(tc.ctx, a)
+                          : op == U_GELU_EXACT ? kvr_gelu_exact(tc.ctx, a) : kvr_softcap(tc.ctx, a, s);
     if (tc_shape(&tc, y, KVR_TYPE_F32, n, r, 1, 1)) {
         tc_output(&tc, y, "y");
         if (tc_compute(&tc, &y, 1)) {
@@ -927,7 +935,10 @@ static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) 
             const float * A = a->data;
             double * ref = tc_doubles(&tc, N);
             for (int64_t i = 0; i < N; i++) {
-                ref[i] = op == U_SCALE ? (double) A[i] * s : op == U_SILU ? ref_silu(A[i]) : ref_gelu(A[i]);
+                ref[i] = op == U_SCALE      ? (double) A[i] * s
+                       : op == U_SILU       ? ref_silu(A[i])
+                       : op == U_GELU       ? ref_gelu(A[i])
+                       : op == U_GELU_EXACT ? ref_gelu_exact(A[i]) : s * tanh(A[i] / (double) s);
             }
             tc_check(&tc, "y", tc_read(&tc, y), ref, N, n, op == U_GELU ? TOL_GELU : TOL_ELEM, NULL);
         }
@@ -960,7 +971,20 @@ static void grp_act(enum unary_op op) {
 }
 
 static void grp_silu(void) { grp_act(U_SILU); }
-static void grp_gelu(void) { grp_act(U_GELU); }
+static void grp_gelu(void) { grp_act(U_GELU); grp_act(U_GELU_EXACT); }
+
+// SOFTCAP: caps far above the inputs (nearly x), around them, and far below (nearly +-cap)
+static void grp_softcap(void) {
+    static const float cap[] = { 30.0f, 50.0f, 2.5f };
+    static const float amp[] = { 1.0f, 100.0f };
+    for (size_t i = 0; i < sizeof(g_un_shapes) / sizeof(g_un_shapes[0]); i++) {
+        for (size_t c = 0; c < sizeof(cap) / sizeof(cap[0]); c++) {
+            for (size_t j = 0; j < sizeof(amp) / sizeof(amp[0]); j++) {
+                for (int nt = 1; nt <= 3; nt += 2) t_unary(U_SOFTCAP, g_un_shapes[i][0], g_un_shapes[i][1], amp[j], cap[c], nt);
+            }
+        }
+    }
+}
 
 //
 // RMS_NORM, NORM. kind 0: random rows; 1: special rows (zero, constant, one-hot) among random
@@ -1088,13 +1112,15 @@ struct rope_case {
     float base, fs;
     const char * pos;   // "seq" 0.., "offset" 1000+3i, "large" up to 2^21
     bool strided;       // a: a view one head into rows of hd*(H + 2) floats (a fused qkv)
+    float af;           // the attention factor of cosines and sines (1: none)
 };
 
 // freqs: with per-pair frequency divisors (Llama 3's rope_freqs: 1, a ramp, then 8)
 static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, bool freqs, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "ROPE(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s,base=%g,freq_scale=%g,pos=%s%s%s)", rc->hd, rc->H,
-             rc->T, rc->n_rot, mode == KVR_ROPE_NEOX ? "neox" : "norm", rc->base, rc->fs, rc->pos,
+    const float af = rc->af;
+    tc_begin(&tc, nt, "ROPE(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s,base=%g,freq_scale=%g,attn_factor=%g,pos=%s%s%s)", rc->hd, rc->H,
+             rc->T, rc->n_rot, mode == KVR_ROPE_NEOX ? "neox" : "norm", rc->base, rc->fs, af, rc->pos,
              rc->strided ? ",a=strided view" : "", freqs ? ",freq factors" : "");
     const int64_t N = (int64_t) rc->hd * rc->H * rc->T;
     struct kvr_tensor * a;
@@ -1130,12 +1156,12 @@ static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, bool fr
         float * f = ff->data;
         for (int i = 0; i < rc->n_rot / 2; i++) f[i] = i < rc->n_rot / 8 ? 1.0f : i < rc->n_rot / 4 ? 1.0f + 7.0f * (float) i / (float) rc->n_rot : 8.0f;
     }
-    struct kvr_tensor * y = kvr_rope(tc.ctx, a, tc_input_i32(&tc, rc->T, pos), ff, rc->n_rot, mode, rc->base, rc->fs);
+    struct kvr_tensor * y = kvr_rope(tc.ctx, a, tc_input_i32(&tc, rc->T, pos), ff, rc->n_rot, mode, rc->base, rc->fs, af);
     if (tc_shape(&tc, y, KVR_TYPE_F32, rc->hd, rc->H, rc->T, 1)) {
         tc_output(&tc, y, "y");
         if (tc_compute(&tc, &y, 1)) {
             double * ref = tc_doubles(&tc, N), * extra = tc_doubles(&tc, N);
-            ref_rope(x, ref, extra, rc->hd, rc->H, rc->T, pos, ff ? ff->data : NULL, rc->n_rot, mode, rc->base, rc->fs);
+            ref_rope(x, ref, extra, rc->hd, rc->H, rc->T, pos, ff ? ff->data : NULL, rc->n_rot, mode, rc->base, rc->fs, af);
             tc_check(&tc, "y", tc_read(&tc, y), ref, N, rc->hd, TOL_ELEM, extra);
         }
     }
@@ -1144,16 +1170,19 @@ static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, bool fr
 
 static void grp_rope(void) {
     static const struct rope_case cases[] = {
-        { 16, 1, 1, 16, 10000.0f, 1.0f, "seq", false },
-        { 64, 4, 7, 64, 10000.0f, 1.0f, "seq", false },
-        { 64, 2, 33, 32, 10000.0f, 1.0f, "seq", false },
-        { 80, 3, 7, 80, 10000.0f, 1.0f, "offset", false },
-        { 80, 2, 7, 20, 10000.0f, 1.0f, "offset", false },
-        { 32, 4, 7, 24, 1e6f, 0.5f, "offset", false },
-        { 128, 2, 33, 128, 500000.0f, 0.25f, "large", false },
-        { 64, 3, 130, 64, 10000.0f, 1.0f, "large", false },
-        { 64, 4, 7, 64, 10000.0f, 1.0f, "offset", true },
-        { 80, 2, 33, 32, 10000.0f, 1.0f, "seq", true },
+        { 16, 1, 1, 16, 10000.0f, 1.0f, "seq", false, 1.0f },
+        { 64, 4, 7, 64, 10000.0f, 1.0f, "seq", false, 1.0f },
+        { 64, 2, 33, 32, 10000.0f, 1.0f, "seq", false, 1.0f },
+        { 80, 3, 7, 80, 10000.0f, 1.0f, "offset", false, 1.0f },
+        { 80, 2, 7, 20, 10000.0f, 1.0f, "offset", false, 1.0f },
+        { 32, 4, 7, 24, 1e6f, 0.5f, "offset", false, 1.0f },
+        { 128, 2, 33, 128, 500000.0f, 0.25f, "large", false, 1.0f },
+        { 64, 3, 130, 64, 10000.0f, 1.0f, "large", false, 1.0f },
+        { 64, 4, 7, 64, 10000.0f, 1.0f, "offset", true, 1.0f },
+        { 80, 2, 33, 32, 10000.0f, 1.0f, "seq", true, 1.0f },
+        // Phi-3's LongRoPE: 24 of 32 dims rotated, cosines and sines scaled (with its factors below)
+        { 32, 4, 33, 24, 10000.0f, 1.0f, "large", false, 1.190238f },
+        { 32, 6, 7, 24, 10000.0f, 1.0f, "offset", true, 0.75f },
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int m = 0; m < 2; m++) {
@@ -1284,7 +1313,7 @@ static void t_kv_store(int hd, int Hkv, int H, int n_ctx, int p, int T, int nt) 
     }
     const float scale = 1.0f / sqrtf((float) hd);
     struct kvr_tensor * attn = kvr_attn(tc.ctx, q, kv[0], kv[1], tc_input_i32(&tc, T, qpos),
-                                        tc_input_i32(&tc, p + T, kpos), store[0], scale, 0, KVR_ATTN_CAUSAL);
+                                        tc_input_i32(&tc, p + T, kpos), store[0], scale, 0.0f, 0, KVR_ATTN_CAUSAL);
     if (tc_shape(&tc, store[0], KVR_TYPE_F32, kv_dim, T, 1, 1) && tc_shape(&tc, store[1], KVR_TYPE_F32, kv_dim, T, 1, 1) &&
         tc_shape(&tc, attn, KVR_TYPE_F32, (int64_t) hd * H + H, T, 1, 1)) {
         tc_output(&tc, attn, "attn");
@@ -1384,10 +1413,10 @@ static void attn_positions(const char * kind, int Tq, int Tk, int32_t * qpos, in
     }
 }
 
-static void t_attn(const struct attn_case * ac, int window, enum kvr_attn_mode mode, int nt) {
+static void t_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s%s%s,window=%d)", ac->hd, ac->H, ac->Hkv, ac->Tq,
-             ac->Tk, ac->pos, mode_str(mode), ac->q_strided ? ",q=strided" : "", ac->hot ? ",hot" : "", window);
+    tc_begin(&tc, nt, "ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s%s%s,window=%d,softcap=%g)", ac->hd, ac->H, ac->Hkv,
+             ac->Tq, ac->Tk, ac->pos, mode_str(mode), ac->q_strided ? ",q=strided" : "", ac->hot ? ",hot" : "", window, softcap);
     const int hd = ac->hd, H = ac->H, Tq = ac->Tq, Tk = ac->Tk;
     const float amp = ac->hot ? 16.0f : 1.0f;
     struct kvr_tensor * q;
@@ -1408,7 +1437,7 @@ static void t_attn(const struct attn_case * ac, int window, enum kvr_attn_mode m
     attn_positions(ac->pos, Tq, Tk, qpos, kpos);
     const float scale = ac->hot ? 1.0f : 1.0f / sqrtf((float) hd);
     struct kvr_tensor * y = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos), NULL,
-                                     scale, window, mode);
+                                     scale, softcap, window, mode);
     const int64_t row = (int64_t) hd * H + H;
     if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1)) {
         tc_output(&tc, y, "attn");
@@ -1416,7 +1445,7 @@ static void t_attn(const struct attn_case * ac, int window, enum kvr_attn_mode m
             const struct attn_ref ar = {
                 .hd = hd, .H = H, .Hkv = ac->Hkv, .Tq = Tq, .Tk = Tk, .q = qd, .q_tok = q_tok,
                 .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * ac->Hkv,
-                .qpos = qpos, .kpos = kpos, .scale = scale, .window = window,
+                .qpos = qpos, .kpos = kpos, .scale = scale, .window = window, .softcap = softcap,
             };
             double * ref = tc_doubles(&tc, row * Tq);
             ref_attn(&ar, ref);
@@ -1456,7 +1485,7 @@ static void grp_attn(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int m = 0; m < 2; m++) {
             for (int nt = 1; nt <= 3; nt++) {
-                t_attn(&cases[c], 0, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+                t_attn(&cases[c], 0, 0.0f, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
             }
         }
     }
@@ -1479,7 +1508,27 @@ static void grp_attn(void) {
     for (size_t c = 0; c < sizeof(wcases) / sizeof(wcases[0]); c++) {
         for (int m = 0; m < 2; m++) {
             for (int nt = 1; nt <= 3; nt += 2) {
-                t_attn(&wcases[c].c, wcases[c].window, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+                t_attn(&wcases[c].c, wcases[c].window, 0.0f, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+            }
+        }
+    }
+    // soft-capped scores (gemma2): hot scores in the hundreds capped at 50 (most saturate), mild
+    // ones capped at 2 (every score bent); exact and tiled kernels, a decode step, zigzag shards,
+    // and a window
+    static const struct { struct attn_case c; int window; float cap; } ccases[] = {
+        { { 64, 4, 2, 33, 33, "causal", false, true }, 0, 50.0f },
+        { { 64, 8, 2, 33, 33, "causal", false, false }, 0, 2.0f },
+        { { 64, 4, 2, 1, 67, "causal", false, true }, 16, 50.0f },
+        { { 16, 4, 2, 10, 10, "zz-1-2", false, false }, 0, 0.5f },
+        { { 80, 6, 3, 7, 33, "causal", true, false }, 5, 2.0f },
+        { { 16, 2, 1, 300, 300, "causal", false, true }, 100, 50.0f },
+        { { 32, 4, 1, 1, 777, "causal", true, true }, 0, 30.0f },
+        { { 16, 2, 1, 40, 700, "shuffled", false, false }, 300, 1.0f },
+    };
+    for (size_t c = 0; c < sizeof(ccases) / sizeof(ccases[0]); c++) {
+        for (int m = 0; m < 2; m++) {
+            for (int nt = 1; nt <= 3; nt += 2) {
+                t_attn(&ccases[c].c, ccases[c].window, ccases[c].cap, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
             }
         }
     }
@@ -1560,11 +1609,11 @@ static void t_merge(int hd, int H, int Tq, int n, const char * kind, int nt) {
 // Keys [0, Tk) in n_chunks contiguous chunks, one ATTN each (views of k, v and kpos), merged;
 // queries: every token ("causal") or rank 1's zigzag shard over 4 ranks ("zz"), so some
 // partials are empty for some queries, as in a ring step.
-static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const char * qkind,
+static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const char * qkind, float softcap,
                            enum kvr_attn_mode mode, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "MERGE_ATTN(ATTN over %d key chunks,hd=%d,H=%d,Hkv=%d,Tk=%d,q=%s,mode=%s)", n_chunks, hd, H,
-             Hkv, Tk, qkind, mode_str(mode));
+    tc_begin(&tc, nt, "MERGE_ATTN(ATTN over %d key chunks,hd=%d,H=%d,Hkv=%d,Tk=%d,q=%s,softcap=%g,mode=%s)", n_chunks, hd, H,
+             Hkv, Tk, qkind, softcap, mode_str(mode));
     const int Tq = !strcmp(qkind, "zz") ? Tk / 4 : Tk;
     int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
     for (int j = 0; j < Tk; j++) kpos[j] = j;
@@ -1584,7 +1633,7 @@ static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const c
         struct kvr_tensor * kc = kvr_view_3d(tc.ctx, k, hd, Hkv, j1 - j0, k->nb[1], k->nb[2], (size_t) j0 * k->nb[2]);
         struct kvr_tensor * vc = kvr_view_3d(tc.ctx, v, hd, Hkv, j1 - j0, v->nb[1], v->nb[2], (size_t) j0 * v->nb[2]);
         struct kvr_tensor * pc = kvr_view_1d(tc.ctx, kp, j1 - j0, (size_t) j0 * sizeof(int32_t));
-        parts[c] = kvr_attn(tc.ctx, q, kc, vc, qp, pc, NULL, scale, 0, mode);
+        parts[c] = kvr_attn(tc.ctx, q, kc, vc, qp, pc, NULL, scale, softcap, 0, mode);
     }
     const int64_t row = (int64_t) hd * H + H;
     struct kvr_tensor * y = kvr_merge_attn(tc.ctx, parts, n_chunks, H);
@@ -1594,6 +1643,7 @@ static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const c
             const struct attn_ref ar = {
                 .hd = hd, .H = H, .Hkv = Hkv, .Tq = Tq, .Tk = Tk, .q = q->data, .q_tok = (int64_t) hd * H,
                 .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * Hkv, .qpos = qpos, .kpos = kpos, .scale = scale,
+                .softcap = softcap,
             };
             double * ref = tc_doubles(&tc, row * Tq);
             ref_attn(&ar, ref);
@@ -1613,14 +1663,16 @@ static void grp_merge_attn(void) {
             t_merge(cases[c].hd, cases[c].H, cases[c].Tq, cases[c].n, cases[c].kind, nt);
         }
     }
-    static const struct { int hd, H, Hkv, Tk, n; const char * q; } chunks[] = {
-        { 16, 4, 2, 40, 4, "zz" }, { 64, 4, 1, 33, 3, "causal" }, { 80, 2, 2, 130, 2, "causal" },
-        { 64, 2, 1, 80, KVR_MAX_SRC, "zz" }, { 16, 2, 1, 600, 3, "causal" },
+    // softcap: soft-capped partials (gemma2 on a ring) merge to the capped attention over all keys
+    static const struct { int hd, H, Hkv, Tk, n; const char * q; float softcap; } chunks[] = {
+        { 16, 4, 2, 40, 4, "zz", 0.0f }, { 64, 4, 1, 33, 3, "causal", 0.0f }, { 80, 2, 2, 130, 2, "causal", 0.0f },
+        { 64, 2, 1, 80, KVR_MAX_SRC, "zz", 0.0f }, { 16, 2, 1, 600, 3, "causal", 0.0f },
+        { 16, 4, 2, 40, 4, "zz", 0.5f }, { 64, 4, 1, 33, 3, "causal", 2.0f }, { 16, 2, 1, 600, 3, "causal", 1.0f },
     };
     for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
         for (int m = 0; m < 2; m++) {
             for (int nt = 1; nt <= 3; nt++) {
-                t_merge_chunks(chunks[c].hd, chunks[c].H, chunks[c].Hkv, chunks[c].Tk, chunks[c].n, chunks[c].q,
+                t_merge_chunks(chunks[c].hd, chunks[c].H, chunks[c].Hkv, chunks[c].Tk, chunks[c].n, chunks[c].q, chunks[c].softcap,
                                m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
             }
         }
@@ -1702,7 +1754,7 @@ static void t_view_ops(int hd, int H, int T, int nt) {
     struct kvr_tensor * y[3] = {
         kvr_mul(tc.ctx, v1, v2),
         kvr_scale(tc.ctx, kvr_view_1d(tc.ctx, t, (int64_t) n * T - 3, 3 * sizeof(float)), 0.5f),
-        kvr_rope(tc.ctx, kvr_reshape_3d(tc.ctx, t, hd, H, T), tc_input_i32(&tc, T, pos), NULL, hd, KVR_ROPE_NORM, 10000.0f,
+        kvr_rope(tc.ctx, kvr_reshape_3d(tc.ctx, t, hd, H, T), tc_input_i32(&tc, T, pos), NULL, hd, KVR_ROPE_NORM, 10000.0f, 1.0f,
                  1.0f),
     };
     if (tc_shape(&tc, y[0], KVR_TYPE_F32, n, half, 1, 1) && tc_shape(&tc, y[1], KVR_TYPE_F32, (int64_t) n * T - 3, 1, 1, 1) &&
@@ -1723,7 +1775,7 @@ static void t_view_ops(int hd, int H, int T, int nt) {
             for (int64_t i = 0; i < N - 3; i++) {
                 r1[i] = 0.5 * s[i + 3];
             }
-            ref_rope(s, r2, ex, hd, H, T, pos, NULL, hd, KVR_ROPE_NORM, 10000.0, 1.0);
+            ref_rope(s, r2, ex, hd, H, T, pos, NULL, hd, KVR_ROPE_NORM, 10000.0, 1.0, 1.0);
             tc_check(&tc, "mul of views", tc_read(&tc, y[0]), r0, (int64_t) n * half, n, TOL_ELEM, NULL);
             tc_check(&tc, "scale of view_1d", tc_read(&tc, y[1]), r1, N - 3, N - 3, TOL_ELEM, NULL);
             tc_check(&tc, "rope of reshape", tc_read(&tc, y[2]), r2, N, hd, TOL_ELEM, ex);
@@ -1743,7 +1795,7 @@ static void t_attn_out(int hd, int H, int Hkv, int T, int N, int nt) {
     for (int i = 0; i < T; i++) pos[i] = i;
     struct kvr_tensor * p = tc_input_i32(&tc, T, pos);
     const float scale = 1.0f / sqrtf((float) hd);
-    struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, p, p, NULL, scale, 0, KVR_ATTN_CAUSAL);
+    struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, p, p, NULL, scale, 0.0f, 0, KVR_ATTN_CAUSAL);
     struct kvr_tensor * o = kvr_attn_out(tc.ctx, attn, H);
     float * wr;
     struct kvr_tensor * wo = tc_weight(&tc, KVR_TYPE_F32, (int64_t) hd * H, N, &wr);
@@ -1892,10 +1944,10 @@ static void grp_graph(void) {
 // as kvr_session_eval does.
 //
 
-static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_attn_mode mode, bool as_is, int nt) {
+static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, float softcap, enum kvr_attn_mode mode, bool as_is, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "PASS(kvr_pass_single, 2 layers: hd=%d,H=%d,Hkv=%d,n_ctx=%d,T=%d then %d,mode=%s%s)", hd, H,
-             Hkv, n_ctx, T1, T2, mode_str(mode), as_is ? ",graph as the pass leaves it" : "");
+    tc_begin(&tc, nt, "PASS(kvr_pass_single, 2 layers: hd=%d,H=%d,Hkv=%d,n_ctx=%d,T=%d then %d,softcap=%g,mode=%s%s)", hd, H,
+             Hkv, n_ctx, T1, T2, softcap, mode_str(mode), as_is ? ",graph as the pass leaves it" : "");
     struct kvr_hparams hp;
     memset(&hp, 0, sizeof(hp));
     hp.arch = KVR_ARCH_LLAMA;
@@ -1958,7 +2010,7 @@ static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_a
             struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, Hkv, T, 1.0f);
             memcpy(allk[il] + n_past * kv_dim, k->data, sizeof(float) * (size_t) (kv_dim * T));
             memcpy(allv[il] + n_past * kv_dim, v->data, sizeof(float) * (size_t) (kv_dim * T));
-            blk[il] = kvr_attn_block(ctx, q[il], k, v, tpos, il, 1.0f / sqrtf((float) hd), 0);
+            blk[il] = kvr_attn_block(ctx, q[il], k, v, tpos, il, 1.0f / sqrtf((float) hd), softcap, 0);
             if (!tc_shape(&tc, blk[il], KVR_TYPE_F32, row, T, 1, 1)) {
                 goto done;
             }
@@ -2023,7 +2075,7 @@ static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, enum kvr_a
             const struct attn_ref ar = {
                 .hd = hd, .H = H, .Hkv = Hkv, .Tq = T, .Tk = e, .q = q[il]->data, .q_tok = (int64_t) hd * H,
                 .k = allk[il], .v = allv[il], .kv_tok = kv_dim, .qpos = pos, .kpos = kpos,
-                .scale = 1.0 / sqrt((double) hd),
+                .scale = 1.0 / sqrt((double) hd), .softcap = softcap,
             };
             double * ref = tc_doubles(&tc, row * T);
             ref_attn(&ar, ref);
@@ -2048,12 +2100,15 @@ static void grp_pass(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int m = 0; m < 2; m++) {
             for (int nt = 1; nt <= 3; nt++) {
-                t_pass(cases[c][0], cases[c][1], cases[c][2], cases[c][3], cases[c][4], cases[c][5],
+                t_pass(cases[c][0], cases[c][1], cases[c][2], cases[c][3], cases[c][4], cases[c][5], 0.0f,
                        m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, false, nt);
             }
         }
     }
-    t_pass(16, 4, 2, 64, 33, 7, KVR_ATTN_CAUSAL, true, 1);
+    t_pass(16, 4, 2, 64, 33, 7, 0.0f, KVR_ATTN_CAUSAL, true, 1);
+    // the block's soft-capping reaches the ATTN the pass makes (gemma2)
+    t_pass(16, 4, 2, 64, 33, 7, 1.0f, KVR_ATTN_CAUSAL, false, 2);
+    t_pass(64, 4, 1, 128, 67, 1, 0.5f, KVR_ATTN_DENSE, false, 3);
 }
 
 //
@@ -2073,7 +2128,7 @@ static void t_counters(int hd, int H, int Tq, int Tk, const char * pos, enum kvr
     attn_positions(pos, Tq, Tk, qpos, kpos);
     const float scale = 1.0f / sqrtf((float) hd);
     struct kvr_tensor * attn = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos),
-                                        NULL, scale, 0, mode);
+                                        NULL, scale, 0.0f, 0, mode);
     float * wr;
     struct kvr_tensor * w = tc_weight(&tc, KVR_TYPE_F16, K, N, &wr);
     struct kvr_tensor * x = tc_input_f32(&tc, 2, K, Tq, 1, 1.0f);
@@ -2217,10 +2272,10 @@ static void t_fr_mul_mat(enum kvr_type type, int K, int N, int T, int nt) {
     tc_end(&tc);
 }
 
-static void t_fr_attn(const struct attn_case * ac, int window, enum kvr_attn_mode mode, int nt) {
+static void t_fr_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "FAST_REF ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s,window=%d)", ac->hd, ac->H, ac->Hkv,
-             ac->Tq, ac->Tk, ac->pos, mode_str(mode), window);
+    tc_begin(&tc, nt, "FAST_REF ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s,window=%d,softcap=%g)", ac->hd, ac->H, ac->Hkv,
+             ac->Tq, ac->Tk, ac->pos, mode_str(mode), window, softcap);
     const int hd = ac->hd, Tq = ac->Tq, Tk = ac->Tk;
     struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, ac->H, Tq, 1.0f);
     struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, ac->Hkv, Tk, 1.0f);
@@ -2228,7 +2283,7 @@ static void t_fr_attn(const struct attn_case * ac, int window, enum kvr_attn_mod
     int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
     attn_positions(ac->pos, Tq, Tk, qpos, kpos);
     struct kvr_tensor * y = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos), NULL,
-                                     1.0f / sqrtf((float) hd), window, mode);
+                                     1.0f / sqrtf((float) hd), softcap, window, mode);
     float * fast, * ref;
     tc_output(&tc, y, "attn");
     const int64_t n = ((int64_t) hd * ac->H + ac->H) * Tq;
@@ -2243,17 +2298,19 @@ static void t_fr_attn(const struct attn_case * ac, int window, enum kvr_attn_mod
 
 // SILU (a SIMD exp: a few ulp), NORM (GGML's order of the sums) and RMS_NORM over rows of n
 static void t_fr_rows(int op, int n, int r, int nt) {
-    static const char * name[] = { "SILU", "NORM", "RMS_NORM", "GELU" };
+    static const char * name[] = { "SILU", "NORM", "RMS_NORM", "GELU", "GELU(exact)", "SOFTCAP" };
     struct tcase tc;
     tc_begin(&tc, nt, "FAST_REF %s(n=%d,r=%d)", name[op], n, r);
     struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, 4.0f);
     struct kvr_tensor * y = op == 0 ? kvr_silu(tc.ctx, a) : op == 1 ? kvr_norm(tc.ctx, a, 1e-5f)
-                          : op == 2 ? kvr_rms_norm(tc.ctx, a, 1e-6f) : kvr_gelu(tc.ctx, a);
+                          : op == 2 ? kvr_rms_norm(tc.ctx, a, 1e-6f) : op == 3 ? kvr_gelu(tc.ctx, a)
+                          : op == 4 ? kvr_gelu_exact(tc.ctx, a) : kvr_softcap(tc.ctx, a, 3.0f);
     float * fast, * ref;
     tc_output(&tc, y, "y");
     if (tc_compute_fast_ref(&tc, y, &fast, &ref)) {
-        // GELU: the same fp16 table either way, bit for bit
-        const double tol = op == 0 ? 8 * ULP : op == 3 ? 0.0 : (2.0 * n + 8) * ULP;
+        // GELU: the same fp16 table either way, bit for bit; its exact form and SOFTCAP: f32 against
+        // double, a few ulp
+        const double tol = op == 0 || op >= 4 ? 8 * ULP : op == 3 ? 0.0 : (2.0 * n + 8) * ULP;
         tc_check(&tc, name[op], fast, tc_widen(&tc, ref, (int64_t) n * r), (int64_t) n * r, n, tol, NULL);
     }
     tc_end(&tc);
@@ -2275,22 +2332,26 @@ static void grp_fast_ref(void) {
             for (int nt = 1; nt <= 3; nt += 2) t_fr_mul_mat(types[ti], mm[s][0], mm[s][1], mm[s][2], nt);
         }
     }
-    static const struct { struct attn_case c; int window; } at[] = {
-        { { 64, 4, 4, 1, 1, "causal", false, false }, 0 },
-        { { 64, 8, 2, 33, 33, "causal", false, false }, 0 },     // llama.cpp's arithmetic, tinyBLAS's order
-        { { 64, 4, 2, 1, 67, "causal", false, false }, 0 },      // one decode step: ggml_vec_dot's order
-        { { 80, 4, 2, 33, 130, "mid", false, false }, 20 },
-        { { 16, 2, 1, 300, 300, "causal", false, false }, 0 },   // tiled: several key and query tiles
-        { { 64, 4, 2, 7, 3000, "mid", false, false }, 0 },
-        { { 16, 2, 2, 520, 520, "zz-2-1", false, false }, 50 },
-        { { 16, 2, 1, 40, 700, "shuffled", false, false }, 300 },
+    static const struct { struct attn_case c; int window; float softcap; } at[] = {
+        { { 64, 4, 4, 1, 1, "causal", false, false }, 0, 0.0f },
+        { { 64, 8, 2, 33, 33, "causal", false, false }, 0, 0.0f },     // llama.cpp's arithmetic, tinyBLAS's order
+        { { 64, 4, 2, 1, 67, "causal", false, false }, 0, 0.0f },      // one decode step: ggml_vec_dot's order
+        { { 80, 4, 2, 33, 130, "mid", false, false }, 20, 0.0f },
+        { { 16, 2, 1, 300, 300, "causal", false, false }, 0, 0.0f },   // tiled: several key and query tiles
+        { { 64, 4, 2, 7, 3000, "mid", false, false }, 0, 0.0f },
+        { { 16, 2, 2, 520, 520, "zz-2-1", false, false }, 50, 0.0f },
+        { { 16, 2, 1, 40, 700, "shuffled", false, false }, 300, 0.0f },
+        { { 64, 8, 2, 33, 33, "causal", false, false }, 16, 1.0f },    // soft-capped scores (gemma2)
+        { { 16, 2, 1, 300, 300, "causal", false, false }, 0, 0.5f },
     };
     for (size_t c = 0; c < sizeof(at) / sizeof(at[0]); c++) {
         for (int m = 0; m < 2; m++) {
-            for (int nt = 1; nt <= 3; nt += 2) t_fr_attn(&at[c].c, at[c].window, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+            for (int nt = 1; nt <= 3; nt += 2) {
+                t_fr_attn(&at[c].c, at[c].window, at[c].softcap, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
+            }
         }
     }
-    for (int op = 0; op < 4; op++) {
+    for (int op = 0; op < 6; op++) {
         for (int nt = 1; nt <= 3; nt += 2) {
             t_fr_rows(op, 7, 3, nt);
             t_fr_rows(op, 1030, 9, nt);
@@ -2308,7 +2369,7 @@ static const struct group {
 } GROUPS[] = {
     { "GET_ROWS", grp_get_rows }, { "ADD", grp_add }, { "MUL", grp_mul }, { "SCALE", grp_scale },
     { "RMS_NORM", grp_rms_norm }, { "NORM", grp_norm }, { "MUL_MAT", grp_mul_mat }, { "ROPE", grp_rope },
-    { "SILU", grp_silu }, { "GELU", grp_gelu }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
+    { "SILU", grp_silu }, { "GELU", grp_gelu }, { "SOFTCAP", grp_softcap }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
     { "PASS", grp_pass }, { "COUNTERS", grp_counters },
     { "FAST_REF", grp_fast_ref },
