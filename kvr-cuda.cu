@@ -346,14 +346,17 @@ static __global__ void k_binary(int op, cu_tensor a, cu_tensor b, cu_tensor d, i
     }
 }
 
-// SCALE, SILU, GELU: a block per row
-static __global__ void k_unary(int op, cu_tensor a, cu_tensor d, float s, const uint16_t * gelu_table) {
+// SCALE, SILU, GELU (exact: its f32 formula, not the table), SOFTCAP (s: the cap): a block per row
+static __global__ void k_unary(int op, int exact, cu_tensor a, cu_tensor d, float s, const uint16_t * gelu_table) {
     const int64_t r = blockIdx.x;
     const float * x = (const float *)cu_row(a, r);
     float * y = (float *)cu_row(d, r);
     for (int64_t i = threadIdx.x; i < a.ne[0]; i += blockDim.x) {
         const float v = x[i];
-        y[i] = op == KVR_OP_SCALE ? v * s : op == KVR_OP_SILU ? v / (1.0f + expf(-v)) : kvr_gelu_ggml(v, gelu_table);
+        y[i] = op == KVR_OP_SCALE   ? v * s
+             : op == KVR_OP_SILU    ? v / (1.0f + expf(-v))
+             : op == KVR_OP_SOFTCAP ? kvr_softcap_f32(v, s)
+             : exact                ? kvr_gelu_tanh(v) : kvr_gelu_ggml(v, gelu_table);
     }
 }
 
@@ -399,7 +402,7 @@ static __global__ void k_norm(int rms, cu_tensor a, cu_tensor d, float eps) {
 
 // ROPE: a block per (head, token); a thread per rotated pair, then the dims past n_rot copied
 static __global__ void k_rope(cu_tensor a, cu_tensor d, const int32_t * pos, const float * freqs, int n_rot, int mode,
-                              float theta_scale, float freq_scale) {
+                              float theta_scale, float freq_scale, float attn_factor) {
     const int64_t H = a.ne[1];
     const int64_t h = blockIdx.x % H, t = blockIdx.x / H;
     const float * x = (const float *)(a.data + h * a.nb[1] + t * a.nb[2]);
@@ -409,7 +412,7 @@ static __global__ void k_rope(cu_tensor a, cu_tensor d, const int32_t * pos, con
         int i0, i1;
         kvr_rope_dims(mode, n_rot, i, &i0, &i1);
         float y0, y1;
-        kvr_rope_rotate(x[i0], x[i1], cosf(th), sinf(th), &y0, &y1);
+        kvr_rope_rotate(x[i0], x[i1], cosf(th) * attn_factor, sinf(th) * attn_factor, &y0, &y1);
         y[i0] = y0;
         y[i1] = y1;
     }
@@ -503,6 +506,7 @@ struct cu_attn_args {
     int D, H, Hkv, Tq, Tk, mode;
     int64_t window;               // sliding window (0: none)
     float scale;
+    float softcap;                // scores soft-capped at this (0: not)
     unsigned long long * count;   // [0] pairs computed, [1] pairs causality needs (KV head 0)
 };
 
@@ -599,7 +603,7 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
                         const int dd = lane + 32 * c;
                         if (dd < p.D) part += qr[c] * Ks[jj * p.D + dd];
                     }
-                    const float s = warp_sum(part) * p.scale;
+                    const float s = kvr_softcap_f32(warp_sum(part) * p.scale, p.softcap);
                     const bool visible = vis == 1 || kvr_attn_visible(qp, p.kpos[j0 + c0 + jj], p.window);
                     seen += visible;
                     if (lane == jj) my_s = visible ? s : -INFINITY;
@@ -744,7 +748,8 @@ static int op_unary(struct cu_backend * cb, struct kvr_tensor * node) {
     if (rows == 0) return KVR_OK;
     float s;
     memcpy(&s, &node->op_params[0], sizeof(s));
-    k_unary<<<(unsigned)rows, cu_threads_for(a->ne[0]), 0, cb->compute>>>(node->op, cu_t(a), cu_t(node), s, cb->gelu_table);
+    const int exact = node->op == KVR_OP_GELU && node->op_params[0];
+    k_unary<<<(unsigned)rows, cu_threads_for(a->ne[0]), 0, cb->compute>>>(node->op, exact, cu_t(a), cu_t(node), s, cb->gelu_table);
     CU_LAUNCHED();
     return KVR_OK;
 }
@@ -763,15 +768,16 @@ static int op_norm(struct cu_backend * cb, struct kvr_tensor * node) {
 static int op_rope(struct cu_backend * cb, struct kvr_tensor * node) {
     const struct kvr_tensor * a = node->src[0], * pos = node->src[1];
     const int n_rot = node->op_params[0], mode = node->op_params[1];
-    float freq_base, freq_scale;
+    float freq_base, freq_scale, attn_factor;
     memcpy(&freq_base, &node->op_params[2], sizeof(float));
     memcpy(&freq_scale, &node->op_params[3], sizeof(float));
+    memcpy(&attn_factor, &node->op_params[4], sizeof(float));
     const int64_t n = a->ne[1] * a->ne[2];
     if (n == 0) return KVR_OK;
     // theta_scale on the host, with the CPU's powf: every angle then starts from the same bits
     const float * freqs = node->src[2] ? (const float *)node->src[2]->data : NULL; // per-pair divisors
     k_rope<<<(unsigned)n, cu_threads_for(a->ne[0] / 2), 0, cb->compute>>>(cu_t(a), cu_t(node), (const int32_t *)pos->data,
-        freqs, n_rot, mode, kvr_rope_theta_scale(freq_base, n_rot), freq_scale);
+        freqs, n_rot, mode, kvr_rope_theta_scale(freq_base, n_rot), freq_scale, attn_factor);
     CU_LAUNCHED();
     return KVR_OK;
 }
@@ -885,6 +891,7 @@ static int op_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     p.mode = node->op_params[0];
     p.window = node->op_params[3];
     memcpy(&p.scale, &node->op_params[2], sizeof(float));
+    memcpy(&p.softcap, &node->op_params[4], sizeof(float));
     p.count = cb->dcount;
     if (p.Tq == 0) return KVR_OK;
     const size_t shmem = (size_t)(2 * CU_ATTN_CK * p.D) * sizeof(float);
@@ -1071,6 +1078,7 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
         case KVR_OP_SCALE:
         case KVR_OP_SILU:
         case KVR_OP_GELU:
+        case KVR_OP_SOFTCAP:
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:
             return a->type == KVR_TYPE_F32 && a->nb[0] == 4;
@@ -1118,7 +1126,8 @@ static int cu_compute_node(struct cu_backend * cb, struct kvr_tensor * t) {
         case KVR_OP_MUL:        return op_binary(cb, t);
         case KVR_OP_SCALE:
         case KVR_OP_SILU:
-        case KVR_OP_GELU:       return op_unary(cb, t);
+        case KVR_OP_GELU:
+        case KVR_OP_SOFTCAP:    return op_unary(cb, t);
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:       return op_norm(cb, t);
         case KVR_OP_MUL_MAT:    return op_mul_mat(cb, t);

@@ -10053,6 +10053,7 @@ static int eval_reuse_build(struct kvr_eval * ev, int n_kv) {
     r->n_kv       = n_kv;
     r->n_outputs  = ev->n_outputs;
     r->attn_mode  = ev->attn_mode;
+    r->n_ctx      = ev->n_ctx; // the graph's RoPE factors may depend on it (Phi-3)
     r->builds++;
     return KVR_OK;
 }
@@ -10068,7 +10069,7 @@ static int eval_run_reused(struct kvr_eval * ev) {
     const bool same = r->ctx && r->n_kv == n_kv && r->model == ev->model && r->backend == ev->backend &&
                       r->cache == ev->cache && r->cache_buf == ev->cache->k[0]->buffer && r->cache_base == ev->cache->k[0]->buffer->base && r->buf == *ev->compute &&
                       r->buf_base == (*ev->compute)->base && r->buf_size == (*ev->compute)->size &&
-                      r->n_outputs == ev->n_outputs && r->attn_mode == ev->attn_mode;
+                      r->n_outputs == ev->n_outputs && r->attn_mode == ev->attn_mode && r->n_ctx == ev->n_ctx;
     if (!same) {
         int rc = eval_reuse_build(ev, n_kv);
         if (rc != KVR_OK) return rc;

@@ -1760,7 +1760,7 @@ struct kvr_eval_reuse {
     struct kvr_buffer      * buf;        // the compute buffer it is placed in
     void                   * buf_base;
     size_t                   buf_size;
-    int                      n_kv, n_outputs, n_attn_layers;
+    int                      n_kv, n_outputs, n_attn_layers, n_ctx;
     enum kvr_attn_mode       attn_mode;
     // what happened (tests, benchmarks)
     int64_t                  builds, reuses;
