@@ -2,7 +2,9 @@
 // and benchmarks: the same tensor names, shapes and metadata keys as llama.cpp's convert script,
 // so the files load in kvr and in llama.cpp alike. Llama presets: tinyllama-1.1b, llama-7b and
 // the few-MB tiny (GQA), tiny-mha, tiny-mqa; falcon presets (7B layout, BPE vocabulary from
-// --vocab): falcon-7b and tiny.
+// --vocab): falcon-7b and tiny; phi3 (fused QKV and gate-up; LongRoPE factors when the context
+// exceeds 4096): phi-3.5-mini and tiny; gemma2 (head size of its own, post norms, soft-caps,
+// alternating windows, tied output): gemma-2-2b and tiny.
 //
 // Weights are uniform with the spread of a N(0, 1/fan_in) initialisation, so the residual stream
 // and the logits stay of order one through any number of layers; norm weights are 1 plus a little
@@ -36,7 +38,7 @@
 
 static const char * usage_line =
     "usage: kvr-gen --preset NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|...] [--seed S]\n"
-    "               [--vocab GGUF] [--arch llama|falcon] [--layers N] [--ctx N] [--heads N]\n"
+    "               [--vocab GGUF] [--arch llama|falcon|phi3|gemma2] [--layers N] [--ctx N] [--heads N]\n"
     "               [--kv-heads N] [--embd N] [--ff N] [--vocab-size N] [--threads N] [--quiet]";
 
 static void usage_error(const char * fmt, ...)
@@ -61,21 +63,28 @@ static void usage_error(const char * fmt, ...) {
 
 struct gen_shape {
     const char * name;
-    const char * arch;       // "llama" or "falcon"
+    const char * arch;       // "llama", "falcon", "phi3" or "gemma2"
     uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float    rope_base, norm_eps;
+    uint32_t head_dim;       // 0: n_embd / n_head
 };
 
 static const struct gen_shape presets[] = {
     // name              arch     embd  layers heads kv  ff     vocab  ctx   rope    eps
-    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f },
-    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f },
-    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f },
-    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f },
-    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f },
+    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f, 0 },
+    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f, 0 },
+    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f, 0 },
+    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f, 0 },
+    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f, 0 },
     // falcon: the vocabulary comes from --vocab (a BPE one: ggml-vocab-falcon.gguf)
-    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f },
-    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f },
+    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f, 0 },
+    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f, 0 },
+    // phi3: a context past 4096 brings LongRoPE's factors (Phi-3.5-mini's 128k)
+    { "phi-3.5-mini",   "phi3",   3072, 32,   32,   32, 8192,  32064, 131072, 10000, 1e-5f, 0 },
+    { "tiny",           "phi3",   256,  4,    8,    4,  768,   1024,  131072, 10000, 1e-5f, 0 },
+    // gemma2: the head size (key_length) is not n_embd / n_head
+    { "gemma-2-2b",     "gemma2", 2304, 26,   8,    4,  9216,  256000, 8192, 10000, 1e-6f, 256 },
+    { "tiny",           "gemma2", 256,  4,    8,    4,  768,   1024,  4096, 10000, 1e-6f, 64 },
 };
 
 //
@@ -194,6 +203,62 @@ static struct gen_tensor * falcon_tensors(const struct gen_shape * s, enum kvr_t
     }
     add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
     add_tensor(&ts, "output_norm.bias",   KVR_TYPE_F32, 1, embd, 1, bias_dist);
+    return ts;
+}
+
+// Phi-3: attention and FFN fused (attn_qkv: Q, K, V rows; ffn_up: gate rows, then up rows), an
+// untied output, and with a long context the LongRoPE divisors of every rotated pair (short ones
+// near 1, long ones up to ~11).
+static struct gen_tensor * phi3_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+    struct gen_tensor * ts = NULL;
+    const int64_t embd   = s->n_embd;
+    const int64_t embd_k = (int64_t) s->n_embd / s->n_head * s->n_head_kv;
+    char name[KVR_MAX_NAME];
+
+    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, (struct gen_dist) { 0.0f, 1.0f });
+    if (s->n_ctx > 4096) {
+        add_tensor(&ts, "rope_factors_long.weight",  KVR_TYPE_F32, 1, embd / s->n_head / 2, 1, (struct gen_dist) { 6.0f, 5.0f });
+        add_tensor(&ts, "rope_factors_short.weight", KVR_TYPE_F32, 1, embd / s->n_head / 2, 1, (struct gen_dist) { 1.25f, 0.25f });
+    }
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
+        add_tensor(&ts, BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("attn_qkv.weight"),    wtype, 2, embd, embd + 2*embd_k, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, embd, embd,    matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_norm.weight"),    KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("ffn_up.weight"),      wtype, 2, embd, 2 * (int64_t) s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+#undef BLK
+    }
+    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
+    add_tensor(&ts, "output.weight",      wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+    return ts;
+}
+
+// Gemma 2: separate Q/K/V of head_dim-wide heads, post-attention and post-FFN norms, the output
+// tied to the token embedding (no output.weight, as Gemma's converter writes it).
+static struct gen_tensor * gemma2_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+    struct gen_tensor * ts = NULL;
+    const int64_t embd = s->n_embd, q = (int64_t) s->head_dim * s->n_head, kv = (int64_t) s->head_dim * s->n_head_kv;
+    char name[KVR_MAX_NAME];
+
+    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
+        add_tensor(&ts, BLK("attn_norm.weight"),           KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("attn_q.weight"),              wtype, 2, embd, q,  matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_k.weight"),              wtype, 2, embd, kv, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_v.weight"),              wtype, 2, embd, kv, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_output.weight"),         wtype, 2, q, embd,  matrix_dist(q));
+        add_tensor(&ts, BLK("post_attention_norm.weight"), KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("ffn_norm.weight"),            KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("ffn_gate.weight"),            wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_up.weight"),              wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_down.weight"),            wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+        add_tensor(&ts, BLK("post_ffw_norm.weight"),       KVR_TYPE_F32, 1, embd, 1, norm_dist);
+#undef BLK
+    }
+    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
     return ts;
 }
 
@@ -416,14 +481,16 @@ int main(int argc, char ** argv) {
     bool quiet = false;
     const struct kvr_cli_flag flags[] = {
         { .name = "--preset", .kind = KVR_CLI_TEXT, .dst = &preset, .meta = "NAME",
-          .help = "llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\nfalcon: falcon-7b, tiny (MQA; both need --vocab)" },
+          .help = "llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\nfalcon: falcon-7b, tiny (MQA; both need --vocab);\n"
+                  "phi3: phi-3.5-mini, tiny; gemma2: gemma-2-2b, tiny" },
         { .name = "-o", .alt = "--output", .kind = KVR_CLI_OUT, .dst = &out_path, .meta = "FILE", .help = "the GGUF file to write" },
         { .name = "--type", .kind = KVR_CLI_CUSTOM, .dst = &wtype, .meta = "T", .parse = parse_type_flag,
           .help = "type of the weight matrices (default f32); norms are always f32" },
         { .name = "--seed", .kind = KVR_CLI_U64, .dst = &seed, .meta = "S", .help = "random seed (default 42); the same seed gives the same file" },
         { .name = "--vocab", .kind = KVR_CLI_IN, .dst = &vocab_path, .meta = "GGUF",
           .help = "copy the tokenizer (every tokenizer.* key) from this GGUF and take\nthe vocabulary size from it; without it a byte-fallback SPM\nvocabulary is made up" },
-        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon", .help = "llama (default) or falcon" },
+        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon|phi3|gemma2",
+          .help = "llama (default), falcon, phi3 or gemma2" },
         { .name = "--layers", .kind = KVR_CLI_INT, .dst = &o_layers, .meta = "N", .lo = 1, .hi = 4096, .help = "override the preset's layer count" },
         { .name = "--ctx", .kind = KVR_CLI_INT, .dst = &o_ctx, .meta = "N", .lo = 1, .hi = 1 << 24, .k_suffix = true, .help = "... its trained context length" },
         { .name = "--heads", .kind = KVR_CLI_INT, .dst = &o_heads, .meta = "N", .lo = 1, .hi = 4096, .help = "... its attention heads" },
@@ -441,14 +508,15 @@ int main(int argc, char ** argv) {
     if (prc) {
         return prc < 0 ? 0 : prc;
     }
-    const char * arch = arch_i == 1 ? "falcon" : "llama";
+    static const char * const archs[4] = { "llama", "falcon", "phi3", "gemma2" };
+    const char * arch = archs[arch_i];
     if (!preset) {
         usage_error("--preset is required");
     }
     if (!out_path) {
         usage_error("-o FILE is required");
     }
-    const bool falcon = strcmp(arch, "falcon") == 0;
+    const bool falcon = strcmp(arch, "falcon") == 0, phi3 = strcmp(arch, "phi3") == 0, gemma2 = strcmp(arch, "gemma2") == 0;
 
     struct gen_shape s = { 0 };
     bool found = false;
@@ -460,7 +528,8 @@ int main(int argc, char ** argv) {
     }
     if (!found) {
         usage_error("unknown %s preset '%s' (%s)", arch, preset,
-                    falcon ? "falcon-7b, tiny" : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
+                    falcon ? "falcon-7b, tiny" : phi3 ? "phi-3.5-mini, tiny" : gemma2 ? "gemma-2-2b, tiny"
+                           : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
     }
     if (falcon && !vocab_path) {
         usage_error("falcon models need --vocab (a BPE vocabulary such as ggml-vocab-falcon.gguf)");
@@ -497,8 +566,13 @@ int main(int argc, char ** argv) {
 
     // shape checks: what llama.cpp and kvr need of it
     const int64_t blck = kvr_blck_size(wtype);
-    if (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0) {
+    if (s.head_dim == 0 && (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0)) {
         usage_error("n_embd %u is not an even head size times %u heads", s.n_embd, s.n_head);
+    }
+    if (s.head_dim == 0) s.head_dim = s.n_embd / s.n_head;
+    if (s.head_dim % 2 != 0 || ((int64_t) s.head_dim * s.n_head) % blck != 0) {
+        usage_error("head size %u: odd, or %u heads of it not a multiple of %s's block of %lld", s.head_dim, s.n_head,
+                    kvr_type_name(wtype), (long long) blck);
     }
     if (s.n_head_kv > s.n_head || s.n_head % s.n_head_kv != 0) {
         usage_error("%u heads cannot share %u kv heads", s.n_head, s.n_head_kv);
@@ -547,7 +621,18 @@ int main(int argc, char ** argv) {
     }
     kvr_gguf_set_u32(w, "general.file_type", file_type_of(wtype));
     kvr_gguf_set_u32(w, ARCH_KEY("vocab_size"), s.n_vocab);
-    kvr_gguf_set_u32(w, ARCH_KEY("rope.dimension_count"), s.n_embd / s.n_head);
+    kvr_gguf_set_u32(w, ARCH_KEY("rope.dimension_count"), s.head_dim);
+    if (phi3 && s.n_ctx > 4096) { // LongRoPE: the converter's attention factor for the extension
+        kvr_gguf_set_u32(w, ARCH_KEY("rope.scaling.original_context_length"), 4096);
+        kvr_gguf_set_f32(w, ARCH_KEY("rope.scaling.attn_factor"), sqrtf(1.0f + logf((float) s.n_ctx / 4096.0f) / logf(4096.0f)));
+    }
+    if (gemma2) {
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.key_length"), s.head_dim);
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.value_length"), s.head_dim);
+        kvr_gguf_set_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f);
+        kvr_gguf_set_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f);
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.sliding_window"), 4096);
+    }
 #undef ARCH_KEY
 
     struct gen_vocab gv = { 0 };
@@ -569,7 +654,8 @@ int main(int argc, char ** argv) {
     kvr_gguf_set_u32(w, "general.quantization_version", 2);
 
     // pass 1: the header, every tensor reserved
-    struct gen_tensor * ts = falcon ? falcon_tensors(&s, wtype) : llama_tensors(&s, wtype);
+    struct gen_tensor * ts = falcon ? falcon_tensors(&s, wtype) : phi3 ? phi3_tensors(&s, wtype)
+                           : gemma2 ? gemma2_tensors(&s, wtype) : llama_tensors(&s, wtype);
     const int n_tensors = (int) arrlen(ts);
     for (int i = 0; i < n_tensors; i++) {
         kvr_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
