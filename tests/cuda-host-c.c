@@ -12,6 +12,8 @@ float    hd_c_bfloat_to_f32(uint16_t h) { return kvr_bfloat_to_f32(h); }
 uint16_t hd_c_f32_to_bfloat(float f)    { return kvr_f32_to_bfloat(f); }
 uint16_t hd_c_gelu_half(uint16_t h)     { return kvr_gelu_half(h); }
 float    hd_c_gelu_ggml(float x)        { return kvr_gelu_ggml(x, NULL); }
+float    hd_c_gelu_tanh(float x)        { return kvr_gelu_tanh(x); }
+float    hd_c_softcap_f32(float x, float cap) { return kvr_softcap_f32(x, cap); }
 float    hd_c_rope_theta_scale(float base, int n_rot)       { return kvr_rope_theta_scale(base, n_rot); }
 float    hd_c_rope_theta(int32_t pos, float scale, int i)   { return kvr_rope_theta(pos, scale, i); }
 void     hd_c_rope_rotate(float x0, float x1, float c, float s, float * y0, float * y1) { kvr_rope_rotate(x0, x1, c, s, y0, y1); }

@@ -423,17 +423,19 @@ for lg in "$ref"/*.logits; do
 done
 [ $found -eq 1 ] || skp "reference models ($ref missing)"
 
-# the architectures of models/ through kvr-run (ref/archs: tiny llama3, qwen2, qwen3, gemma3):
-# logits and greedy ids as above, then the same greedy ids from a parallel prefill on 3 ranks with
-# KV-Runahead and ring-kv (gemma3's sliding window included)
+# the architectures of models/ through kvr-run (ref/archs: tiny llama3, qwen2, qwen3, gemma3;
+# ref/archs-next: tiny phi3, and gemma2 against its exact-GELU outputs): logits and greedy ids as
+# above, then the same greedy ids from a parallel prefill on 3 ranks with KV-Runahead and ring-kv
+# (the gemmas' sliding windows included)
 found=0
-for lg in "$ref"/archs/*.logits; do
-    [ -f "$lg" ] || continue
-    name=$(basename "$lg" .logits)
-    a=$ref/archs/$name
-    [ -f "$a.gguf" ] && [ -f "$a.tokens" ] && [ -f "$a.greedy" ] || continue
+for out in "$ref"/archs/*.logits "$ref/archs-next/tiny-phi3.logits" "$ref/archs-next/tiny-gemma2.exactgelu.logits"; do
+    [ -f "$out" ] || continue
+    lg=$out
+    name=$(basename "$out" .logits)
+    a=$(dirname "$out")/${name%.exactgelu}
+    [ -f "$a.gguf" ] && [ -f "$a.tokens" ] && [ -f "${out%.logits}.greedy" ] || continue
     found=1
-    want=$(cat "$a.greedy")
+    want=$(cat "${out%.logits}.greedy")
     n=$(printf '%s' "$want" | tr ',' '\n' | grep -c .)
     "$build/kvr-run" -m "$a.gguf" --tokens "$(cat "$a.tokens")" -n "$n" --temp 0 -v \
         --dump-logits "$tmp/$name.txt" > /dev/null 2> "$tmp/$name.err"

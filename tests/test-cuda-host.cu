@@ -4,7 +4,7 @@
 // 1. The shared per-element functions of kvr.h (KVR_HD) as nvcc compiles them for the host,
 //    against the same functions as the C compiler builds them for the CPU path
 //    (tests/cuda-host-c.c, kvr.c's flags): the same bits for every fp16 and bf16 value, for every
-//    fp16 input of GELU, for random blocks of every quant type, for RoPE angles and rotations, the
+//    fp16 input of GELU (and random ones of its f32 form and of soft-capping), for random blocks of every quant type, for RoPE angles and rotations, the
 //    online-softmax step, the log-sum-exp merge and the attention tile rule. The device build of
 //    these functions is the same source; only the fused multiply-adds nvcc's device code may form
 //    can move its last bits (that, and the device's expf/sinf/cosf, is what kvr-compare measures
@@ -37,6 +37,8 @@ float    hd_c_bfloat_to_f32(uint16_t h);
 uint16_t hd_c_f32_to_bfloat(float f);
 uint16_t hd_c_gelu_half(uint16_t h);
 float    hd_c_gelu_ggml(float x);
+float    hd_c_gelu_tanh(float x);
+float    hd_c_softcap_f32(float x, float cap);
 float    hd_c_rope_theta_scale(float base, int n_rot);
 float    hd_c_rope_theta(int32_t pos, float scale, int i);
 void     hd_c_rope_rotate(float x0, float x1, float c, float s, float * y0, float * y1);
@@ -97,6 +99,18 @@ static void test_halves(void) {
         if (!same(kvr_gelu_ggml(x, NULL), hd_c_gelu_ggml(x))) { ok_g = false; bad_x = x; }
     }
     CHECK(ok_g, "kvr_gelu_ggml differs at %.9g", bad_x);
+    // GELU in f32 (gemma2) and soft-capping (gemma2's scores and logits, caps of 50 and 30 and a
+    // small one that saturates): the same bits
+    bool ok_t = true, ok_c = true;
+    float bad_t = 0.0f, bad_c = 0.0f, bad_cap = 0.0f;
+    static const float caps[3] = { 50.0f, 30.0f, 0.5f };
+    for (int i = 0; i < 1 << 18; i++) {
+        const float x = rng_f(-12.0f, 12.0f), y = rng_f(-200.0f, 200.0f), cap = caps[i % 3];
+        if (ok_t && !same(kvr_gelu_tanh(x), hd_c_gelu_tanh(x))) { ok_t = false; bad_t = x; }
+        if (ok_c && !same(kvr_softcap_f32(y, cap), hd_c_softcap_f32(y, cap))) { ok_c = false; bad_c = y; bad_cap = cap; }
+    }
+    CHECK(ok_t, "kvr_gelu_tanh differs at %.9g", bad_t);
+    CHECK(ok_c, "kvr_softcap_f32 differs at %.9g (cap %g)", bad_c, bad_cap);
 }
 
 struct qt { enum kvr_type type; int blck, size; int half[2], n_half; };
