@@ -29,8 +29,8 @@
 // puts it; KVR_SMOLLM2 overrides the path) against SHARED/reference/smollm2-{story,code,chat}:
 // logits of the Q4_1 file's exact math against llama.cpp's on the dequantized twin, greedy ids
 // (the reference stops early at <|im_end|>); a sanitizer build runs the chat prompt only. Decode
-// graph reuse on tiny-llama3 (kept graphs agree with built ones; one build per layout) and
-// tiny-gemma3 (sliding windows: never kept).
+// graph reuse on tiny-llama3 and tiny-phi3 (kept graphs agree with built ones; one build per
+// layout) and tiny-gemma3 and tiny-gemma2 (sliding windows: never kept).
 //
 //   test-models [SHARED]      (default ../shared)
 //
@@ -614,6 +614,7 @@ int main(int argc, char ** argv) {
         if (!m) continue;
         if (i == 0) test_phi3(m, toks, n);
         else test_gemma2(m, next, toks, n);
+        test_reuse(m, toks, n, i ? "tiny-gemma2" : "tiny-phi3", i == 1);
         kvr_model_free(m);
     }
 
