@@ -40,8 +40,13 @@ static int phi3_load(struct kvr_model * m) {
             l->wq = load_rows(m, l->wqkv, 0, q, "attn_qkv.weight (q)", (int)il);
             l->wk = load_rows(m, l->wqkv, q, kv, "attn_qkv.weight (k)", (int)il);
             l->wv = load_rows(m, l->wqkv, q + kv, kv, "attn_qkv.weight (v)", (int)il);
-        } else if (load_layer_attn(m, il, 0)) {
-            return KVR_ERR_FORMAT;
+        } else {
+            char q_name[KVR_MAX_NAME];
+            snprintf(q_name, sizeof(q_name), "blk.%u.attn_q.weight", il);
+            if (!kvr_gguf_get_tensor(m->gguf, q_name)) {
+                return kvr_error(KVR_ERR_FORMAT, "%s: tensor '%s' is missing (and there is no '%s')", m->path, name, q_name);
+            }
+            if (load_layer_attn(m, il, 0)) return KVR_ERR_FORMAT;
         }
         struct kvr_tensor * up = NULL;
         if (model_tensor(m, &l->ffn_norm, true, 1, E, 1, "blk.%u.ffn_norm.weight", il) ||

@@ -16,7 +16,7 @@
 // ones, whose GELU went through GGML's fp16 table), then their variants:
 //   - tiny-phi3: LongRoPE's short factors up to a context of 4096 (rounded up to 256, as
 //     llama.cpp), the long ones past it or past a rewritten original_context_length (the logits
-//     move by ~10); the attention factor used; missing factors, FFN width, ffn_up: refused
+//     move by ~10); the attention factor used; missing factors, FFN width, ffn_up, attn_qkv: refused
 //   - tiny-gemma2: both soft-caps and the window used; the default caps and pattern written out
 //     give the same bits; a missing post norm: refused, naming it
 // SHARED/reference/tiny-falcon-mqa.* (the Falcon graph, models/falcon.c: 3 layers, width 64, 4
@@ -409,13 +409,14 @@ static void test_phi3(const struct kvr_model * m, const int32_t * toks, int n) {
         variant_logits_ctx(m, &moved, toks, n, 512, base, false, 0.1);
     }
     free(base);
-    const struct variant bad[3] = {
+    const struct variant bad[4] = {
         { .what = "phi3 without rope_factors_long", .drop_tensor = "rope_factors_long.weight" },
         { .what = "phi3 without feed_forward_length", .drop_key = "phi3.feed_forward_length" },
         { .what = "phi3 without blk.1.ffn_up", .drop_tensor = "blk.1.ffn_up.weight" },
+        { .what = "phi3 without blk.2.attn_qkv", .drop_tensor = "blk.2.attn_qkv.weight" },
     };
-    const char * names[3] = { "rope_factors_long.weight", "phi3.feed_forward_length", "blk.1.ffn_up.weight" };
-    for (int i = 0; i < 3; i++) variant_refused(m, &bad[i], &names[i], 1);
+    const char * names[4] = { "rope_factors_long.weight", "phi3.feed_forward_length", "blk.1.ffn_up.weight", "blk.2.attn_qkv.weight" };
+    for (int i = 0; i < 4; i++) variant_refused(m, &bad[i], &names[i], 1);
 }
 
 // tiny-gemma2 (archs-next): even layers local with window 16, both soft-caps read, and each of
