@@ -98,11 +98,11 @@ static int load_layer_ffn(struct kvr_model * m, uint32_t il, bool gated, unsigne
 // an ordinary matrix product.
 static struct kvr_tensor * load_rows(struct kvr_model * m, const struct kvr_tensor * fused, int64_t row0, int64_t n,
                                      const char * name, int il) {
-    KVR_ASSERT(fused->buffer == m->weights && row0 >= 0 && n > 0 && row0 + n <= fused->ne[1]);
+    const struct kvr_gguf_tensor * gt = kvr_gguf_get_tensor(m->gguf, fused->name); // where the file has it
+    KVR_ASSERT(gt && fused->buffer == m->weights && row0 >= 0 && n > 0 && row0 + n <= fused->ne[1]);
     const int64_t ne[2] = { fused->ne[0], n };
     struct kvr_tensor * t = kvr_new_tensor(m->ctx, fused->type, 2, ne);
-    kvr_buffer_place(m->weights, t, (size_t)((const uint8_t *)fused->data - (const uint8_t *)m->weights->base) +
-                                    (size_t)row0 * fused->nb[1]);
+    kvr_buffer_place(m->weights, t, gt->offset + (size_t)row0 * fused->nb[1]);
     t->flags = KVR_FLAG_PARAM;
     snprintf(t->name, sizeof(t->name), "blk.%d.%s", il, name);
     return t;
