@@ -101,7 +101,10 @@ void kvr_abort(const char * file, int line, const char * expr);
 // followed), which is flushed, synced and renamed onto the target (and the directory synced).
 // The target is then either its old self or the whole new file, never half of one; writers of
 // one path at once each leave a whole file (the last rename wins). A failed commit, and
-// kvr_file_abort, remove the temporary. Write errors (a full disk) are kept by the stream and
+// kvr_file_abort, remove the temporary. The writer holds an flock on its temporary until then, so
+// one left by a killed writer is told from a live one's: kvr_file_create removes the target's
+// temporaries (PATH.<12 hex>.part) that nobody holds, only regular files of this user with one
+// link, never through a link. Write errors (a full disk) are kept by the stream and
 // reported by the commit. The target must be a regular file or not exist yet: a symbolic link, a
 // directory, a device, a FIFO or a socket is refused by kvr_file_check_target (KVR_ERR_ARG,
 // naming what it is), which create and commit call and tools call before any work.
@@ -110,7 +113,8 @@ FILE *       kvr_file_read        (const char * path);
 int          kvr_file_check_target(const char * path);
 int          kvr_file_create      (struct kvr_file ** out, const char * path);
 FILE *       kvr_file_stream      (struct kvr_file * f);
-const char * kvr_file_temp_path   (const struct kvr_file * f); // the temporary's name (tests)
+const char * kvr_file_temp_path   (const struct kvr_file * f); // the temporary's name (tests, kvr-gen)
+const char * kvr_file_target_path (const struct kvr_file * f); // the path it is renamed onto
 int          kvr_file_commit      (struct kvr_file * f);       // frees f
 void         kvr_file_abort       (struct kvr_file * f);       // frees f; NULL is ignored
 // What a file that is not a regular one is, by its stat st_mode ("a FIFO", "a symbolic link", ...).
@@ -754,6 +758,9 @@ void kvr_gguf_copy_kv(struct kvr_gguf_writer * w, const struct kvr_gguf * src, c
 void kvr_gguf_add_tensor(struct kvr_gguf_writer * w, const char * name, enum kvr_type type, int n_dims,
                          const int64_t * ne, const void * data);
 int  kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path);
+// The same bytes into a file being written (kvr_file_create), left open: the caller may write the
+// reserved tensors in place through kvr_file_stream, then commits it (or aborts it on an error).
+int  kvr_gguf_writer_write(struct kvr_gguf_writer * w, struct kvr_file * kf);
 
 //
 // 9. vocab

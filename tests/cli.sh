@@ -8,8 +8,8 @@
 # same in kvr-run and kvr-tokenize, and in -p after its escapes), -p, -f and -m given twice, a
 # vocabulary that cannot load (exit 2 in both), chat turns whose control-token text stays text
 # (SmolLM2, where it is), a template's control bytes quoted, outputs that are inputs, links or
-# special files, inputs that are FIFOs or devices, prompt files past the context, and write errors
-# (stdout, --dump-logits, --trace) exiting 1. Ends with "N passed, M failed, K skipped".
+# special files, inputs that are FIFOs or devices, prompt files past the context, write errors
+# (stdout, --dump-logits, --trace) exiting 1, and kvr-gen's temporary. Ends with "N passed, M failed, K skipped".
 build=${1:-build}
 shared=${2:-../shared}
 pass=0; fail=0; skip=0
@@ -256,7 +256,15 @@ write_fails "--dump-logits past the disk's end" "^kvr-run: --dump-logits: $tmp/l
 if [ "$(cat "$tmp/logits.txt")" = "old logits" ]; then ok; echo "ok   the old --dump-logits file is left whole"; else bad "--dump-logits: the old file was cut"; fi
 write_fails "--trace past the disk's end" "^kvr-run: $tmp/t.json: cannot write: File too large" \
     sh -c "trap '' XFSZ; ulimit -f 1; exec $orun -p hi --trace '$tmp/t.json' > /dev/null"
-rm -f "$tmp/s.kv.part" # the planted link
+# kvr-gen writes its two passes into one temporary of kvr_file_create's, not a fixed OUT.part
+ln -s "$tmp/victim" "$tmp/g.gguf.part"
+"$build/kvr-gen" --preset tiny --layers 1 --seed 1 -q -o "$tmp/g.gguf" 2> "$tmp/err"
+if [ $? -eq 0 ] && [ "$(cat "$tmp/victim")" = keep ] && "$build/kvr-run" -m "$tmp/g.gguf" --tokens 1 -n 1 > /dev/null 2>&1; then
+    ok; echo "ok   kvr-gen: a link planted at OUT.part is not followed, the model loads"
+else
+    bad "kvr-gen with a link at OUT.part: $(head -n 1 "$tmp/err")"
+fi
+rm -f "$tmp/s.kv.part" "$tmp/g.gguf.part" # the planted links
 if ls "$tmp" | grep -q '\.part$'; then bad "temporaries left: $(ls "$tmp" | grep '\.part$' | tr '\n' ' ')"; else ok; echo "ok   no temporary left"; fi
 
 echo "$pass passed, $fail failed, $skip skipped"

@@ -48,6 +48,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -874,6 +875,89 @@ static void * saver_thread(void * arg) {
     return NULL;
 }
 
+// does path name something (lstat: a link itself)?
+static bool exists(const char * path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+static bool has_text(const char * path, const char * text) {
+    size_t n = 0;
+    uint8_t * b = read_all(path, &n);
+    const bool same = b && n == strlen(text) && memcmp(b, text, n) == 0;
+    free(b);
+    return same;
+}
+
+// A writer killed before its commit leaves its temporary; the next writer of the target removes
+// it, and nothing else: not a live writer's, not a link or a hard link planted under such a name
+// (nor what they point to), not a directory, not a name of another form.
+static void test_dead_writers(void) {
+    set_case("files: a killed writer's temporary is removed by the next writer of the path, nothing else is");
+    char target[640], victim[640], victim2[700];
+    snprintf(target, sizeof(target), "%s", tmp_path("dead.kv"));
+    snprintf(victim, sizeof(victim), "%s", tmp_path("victim-dead.txt"));
+    snprintf(victim2, sizeof(victim2), "%s", tmp_path("victim-dead2.txt"));
+    write_all(victim, "victim one\n", 11);
+    write_all(victim2, "victim two\n", 11);
+    int fds[2];
+    CHECK(pipe(fds) == 0, "pipe: %s", strerror(errno));
+    const pid_t pid = fork();
+    if (pid == 0) { // the writer that dies half way: its temporary's name to the parent, then SIGKILL
+        close(fds[0]);
+        struct kvr_file * kf;
+        if (kvr_file_create(&kf, target) != KVR_OK) _exit(1);
+        fputs("half a file", kvr_file_stream(kf));
+        fflush(kvr_file_stream(kf));
+        const char * t = kvr_file_temp_path(kf);
+        if (write(fds[1], t, strlen(t)) != (ssize_t)strlen(t)) _exit(1);
+        close(fds[1]);
+        raise(SIGKILL);
+        _exit(1);
+    }
+    close(fds[1]);
+    char dead[700] = "";
+    const ssize_t nr = read(fds[0], dead, sizeof(dead) - 1);
+    close(fds[0]);
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+          "the writer did not die by SIGKILL (status %d)", status);
+    dead[nr > 0 ? nr : 0] = 0;
+    CHECK(nr > 0 && exists(dead), "the killed writer left no temporary ('%s')", dead);
+
+    // the names of temporaries that are not a dead writer's own file
+    char link_tmp[700], hard_tmp[700], dir_tmp[700], upper[700], plain[700], longer[700];
+    snprintf(link_tmp, sizeof(link_tmp), "%s.aaaaaaaaaaaa.part", target);
+    snprintf(hard_tmp, sizeof(hard_tmp), "%s.bbbbbbbbbbbb.part", target);
+    snprintf(dir_tmp, sizeof(dir_tmp), "%s.cccccccccccc.part", target);
+    snprintf(upper, sizeof(upper), "%s.DDDDDDDDDDDD.part", target);
+    snprintf(plain, sizeof(plain), "%s.part", target);
+    snprintf(longer, sizeof(longer), "%s.eeeeeeeeeeee.part.x", target);
+    CHECK(symlink(victim, link_tmp) == 0, "symlink: %s", strerror(errno));
+    CHECK(link(victim2, hard_tmp) == 0, "link: %s", strerror(errno));
+    CHECK(mkdir(dir_tmp, 0700) == 0, "mkdir: %s", strerror(errno));
+    write_all(upper, "x", 1);
+    write_all(plain, "x", 1);
+    write_all(longer, "x", 1);
+
+    struct kvr_file * live, * next;
+    CHECK(kvr_file_create(&live, target) == KVR_OK, "a live writer: %s", kvr_last_error());
+    fputs("the live writer's file", kvr_file_stream(live));
+    CHECK(kvr_file_create(&next, target) == KVR_OK, "the next writer: %s", kvr_last_error());
+    fputs("the next writer's file", kvr_file_stream(next));
+    CHECK(!exists(dead), "the killed writer's temporary is still there: %s", dead);
+    CHECK(exists(kvr_file_temp_path(live)), "a live writer's temporary was removed");
+    CHECK(kvr_file_commit(next) == KVR_OK && has_text(target, "the next writer's file"), "the next writer's commit: %s", kvr_last_error());
+    CHECK(kvr_file_commit(live) == KVR_OK && has_text(target, "the live writer's file"), "the live writer's commit: %s", kvr_last_error());
+    struct stat st;
+    CHECK(lstat(link_tmp, &st) == 0 && S_ISLNK(st.st_mode) && has_text(victim, "victim one\n"), "the planted link or its target was touched");
+    CHECK(lstat(hard_tmp, &st) == 0 && st.st_nlink == 2 && has_text(victim2, "victim two\n"), "the planted hard link or its file was touched");
+    CHECK(lstat(dir_tmp, &st) == 0 && S_ISDIR(st.st_mode), "the directory named like a temporary was removed");
+    CHECK(exists(upper) && exists(plain) && exists(longer), "a name of another form was removed");
+    // dead.kv itself, the 3 planted entries, the 3 names of other forms
+    CHECK(count_prefixed("dead.kv") == 7, "%d entries named dead.kv*, want 7", count_prefixed("dead.kv"));
+}
+
 static void test_files(const struct kvr_model * m) {
     set_case("files: a link planted at PATH.part redirects no save and no stream");
     const char victim_text[] = "the victim's own bytes\n";
@@ -970,6 +1054,7 @@ static void test_files(const struct kvr_model * m) {
     free(old);
     free(v);
     kvr_session_free(a);
+    test_dead_writers();
 }
 
 int main(int argc, char ** argv) {
