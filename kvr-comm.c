@@ -1073,6 +1073,7 @@ struct rank_dejavu {
     struct kv_log    * log;         // this eval's rows go to the rank's replication log (NULL: no)
     struct replica   * replica_out; // this eval's new rows go there (--replicate; NULL: none)
     int                stall_layer; // test hook (-1: off)
+    bool               stall_deaf;  //   a local rank's thread that does not come back when told to stop
     bool               stalled;
     int                kill_layer;  // test hook KVR_TEST_KILL: the layer this eval loses the rank at (-1: off)
     int                kill_point;  //   which point of the session's list
@@ -4452,6 +4453,11 @@ static int comm_stall(struct rank_comm * c, int tag) {
             fprintf(stderr, "kvr: rank %d: stopped by the stall test hook at layer %d (SIGSTOP)\n", c->base.rank, kvr_tag_layer(tag));
             fflush(stderr);
             raise(SIGSTOP);
+        } else if (c->dv.stall_deaf) {
+            // deaf to the transport's wake: back only after the driver gave up on it (three
+            // timeouts), as a thread stuck in a kernel or a library call would be
+            const double until = kvr_time_ms() + 5e3 * c->timeout_s;
+            while (kvr_time_ms() < until) nanosleep(&(struct timespec) { .tv_nsec = 10 * 1000000L }, NULL);
         } else {
             c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
         }
@@ -4520,6 +4526,7 @@ static int dejavu_eval_begin(struct kvr_session * d, const int32_t * tokens, int
         const struct kvr_test_hooks * h = &d->dv.test;
         const bool now = !h->stall_decode || (d->dv.decode && d->dv.n_steps == h->stall_step);
         c->dv.stall_layer = h->stall && now && d->ranks[i].id == h->stall_rank ? h->stall_layer : -1;
+        c->dv.stall_deaf = h->stall_deaf;
     }
     int rc = test_kill_arm(d, d->dv.decode);
     if (rc != KVR_OK) return rc;

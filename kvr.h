@@ -1265,6 +1265,9 @@ void              kvr_session_free(struct kvr_session * s);
 // the tokens from the first position no copy holds (none when the replicas are whole), re-seeds
 // the replicas the loss broke, and runs the eval again. Greedy output is that of a run without
 // the loss; params.log says which rank was lost, what was restored and what was recomputed.
+// A local rank's thread still out a timeout after it was told to stop (two timeouts after the
+// first rank came back) is left running: the session is wedged, this eval and every later one
+// fail (KVR_ERR_COMM), kvr_session_free frees nothing of it, and the model must stay loaded.
 const float *     kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.
 void              kvr_session_reset(struct kvr_session * s);
@@ -1851,6 +1854,9 @@ struct kvr_test_hooks {
                                               //   the peers' timeout declares it lost and recovers.
     bool                         stall_decode;  // the stall arms only in decode step stall_step (the
     int                          stall_step;    //   steps KVR_TEST_KILL counts), not from the prefill on
+    bool                         stall_deaf;    // a stalled local rank's thread does not come back when
+                                                //   told to stop: it sleeps five timeouts, past the three
+                                                //   the driver waits (the session is then wedged)
     const struct kvr_test_kill * kill;        // KVR_TEST_KILL: these ranks are lost at these points
     int                          n_kill;
 };
