@@ -1150,6 +1150,13 @@ int          kvr_strategy_parse(const char * name, enum kvr_strategy * out); // 
 // in order into pos (may be NULL) and returns their count.
 int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos);
 
+// How many of n_ranks ranks a first prefill of T tokens gives work to with strategy s (its even
+// split; a given partition is the caller's): the most that each get a token of the prompt. tsp,
+// kvr: T; the rings: by their shards (5 tokens fill 3 ranks, not 4); single: 1. pd: n_ranks - 1
+// prefill ranks and the decode rank. kvr_session_new refuses more than a context of n_ctx tokens
+// could use (KVR_ERR_ARG, but single and a given partition); fewer tokens leave ranks idle.
+int kvr_useful_ranks(enum kvr_strategy s, int T, int n_ranks, bool pd);
+
 // The choice of auto (the CP paper's Algorithm 5): pass-KV if T >= N*C*NKV*e/(2*NH*BW) or
 // T/(T+P) >= 2*NKV/NH - 4*T*BW/(N*C*e), else pass-Q. C: attention FLOP/s of one rank, BW: link
 // bytes/s, e: bytes per element. why (may be NULL) receives the rule with the numbers.

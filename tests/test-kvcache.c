@@ -875,6 +875,73 @@ static void * saver_thread(void * arg) {
     return NULL;
 }
 
+//
+// ranks: how many a prompt gives work to (kvr_useful_ranks), and what a session refuses
+//
+
+static void test_useful_ranks(const struct kvr_model * m) {
+    set_case("ranks: kvr_useful_ranks gives the most ranks that each get a token");
+    const enum kvr_strategy strats[] = { KVR_STRATEGY_SINGLE, KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV,
+                                         KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO };
+    int wrong = 0;
+    char first[256] = "";
+    for (size_t si = 0; si < sizeof(strats) / sizeof(strats[0]); si++) {
+        const enum kvr_strategy st = strats[si];
+        const bool ring = st == KVR_STRATEGY_RING_KV || st == KVR_STRATEGY_RING_Q || st == KVR_STRATEGY_AUTO;
+        for (int T = 1; T <= 40; T++) {
+            for (int n = 1; n <= 24; n++) {
+                const int u = kvr_useful_ranks(st, T, n, false);
+                // k ranks all get a token of T: the split's own counts
+                bool fits[25] = { false };
+                for (int k = 1; k <= n; k++) {
+                    if (st == KVR_STRATEGY_SINGLE) fits[k] = k == 1;
+                    else if (!ring) fits[k] = k <= T;
+                    else {
+                        fits[k] = true;
+                        for (int r = 0; r < k; r++) fits[k] &= kvr_ring_shard(T, 0, k, r, NULL) > 0;
+                    }
+                }
+                int want = 1;
+                for (int k = 1; k <= n; k++) if (fits[k]) want = k;
+                const int pd = kvr_useful_ranks(st, T, n + 1, true);
+                if ((u != want || pd != want + 1) && wrong++ == 0) {
+                    snprintf(first, sizeof(first), "%s T=%d n=%d: %d (P/D %d), want %d", kvr_strategy_name(st), T, n, u, pd, want);
+                }
+            }
+        }
+    }
+    CHECK(wrong == 0, "%d counts differ from the splits' (first: %s)", wrong, first);
+    // the finding's case, and the rings' counts that are not monotonic in the prompt
+    CHECK(kvr_useful_ranks(KVR_STRATEGY_RING_KV, 4, 64, false) == 4, "ring-kv, 4 tokens, 64 ranks: %d", kvr_useful_ranks(KVR_STRATEGY_RING_KV, 4, 64, false));
+    CHECK(kvr_useful_ranks(KVR_STRATEGY_RING_KV, 5, 4, false) == 3, "ring-kv, 5 tokens, 4 ranks: %d", kvr_useful_ranks(KVR_STRATEGY_RING_KV, 5, 4, false));
+    CHECK(kvr_useful_ranks(KVR_STRATEGY_KVR, 3, 9, true) == 4, "kvr P/D, 3 tokens, 9 ranks: %d", kvr_useful_ranks(KVR_STRATEGY_KVR, 3, 9, true));
+
+    set_case("ranks: a session of more ranks than its context can give a token is refused");
+    struct kvr_session_params p = { .strategy = KVR_STRATEGY_RING_KV, .n_ranks = 64, .n_threads = 1, .n_ctx = 16 };
+    struct kvr_session * s = kvr_session_new(m, &p);
+    CHECK(!s && strstr(kvr_last_error(), "64 ranks: a context of 16 tokens gives ring-kv work to at most 16"), "ring-kv x64, n_ctx 16: %s",
+          s ? "accepted" : kvr_last_error());
+    kvr_session_free(s);
+    p = (struct kvr_session_params) { .strategy = KVR_STRATEGY_KVR, .n_ranks = 6, .n_threads = 1, .n_ctx = 4, .pd = true, .decode_rank = 5 };
+    s = kvr_session_new(m, &p);
+    CHECK(!s && strstr(kvr_last_error(), "6 ranks: a context of 4 tokens gives kvr work to at most 5"), "kvr P/D x6, n_ctx 4: %s",
+          s ? "accepted" : kvr_last_error());
+    kvr_session_free(s);
+    // as many as the context fills; single (the last rank alone) and a given split are theirs
+    set_case("ranks: what a session accepts");
+    const int part[5] = { 4, 0, 0, 0, 0 };
+    const struct kvr_session_params ok[] = {
+        { .strategy = KVR_STRATEGY_RING_KV, .n_ranks = 16, .n_threads = 1, .n_ctx = 16 },
+        { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 5, .n_threads = 1, .n_ctx = 4 },
+        { .strategy = KVR_STRATEGY_KVR, .n_ranks = 5, .n_threads = 1, .n_ctx = 4, .partition = part },
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        s = kvr_session_new(m, &ok[i]);
+        CHECK(s != NULL, "%s x%d, n_ctx %d: %s", kvr_strategy_name(ok[i].strategy), ok[i].n_ranks, ok[i].n_ctx, kvr_last_error());
+        kvr_session_free(s);
+    }
+}
+
 // does path name something (lstat: a link itself)?
 static bool exists(const char * path) {
     struct stat st;
@@ -1082,6 +1149,7 @@ int main(int argc, char ** argv) {
         test_interrupt(m);
         test_stream_pd(m);
         test_files(m);
+        test_useful_ranks(m);
         kvr_model_free(m);
     }
     char cmd[700];
