@@ -104,10 +104,11 @@ void kvr_abort(const char * file, int line, const char * expr);
 // kvr_file_abort, remove the temporary. The writer holds an flock on its temporary until then, so
 // one left by a killed writer is told from a live one's: kvr_file_create removes the target's
 // temporaries (PATH.<12 hex>.part) that nobody holds, only regular files of this user with one
-// link, never through a link. Write errors (a full disk) are kept by the stream and
-// reported by the commit. The target must be a regular file or not exist yet: a symbolic link, a
-// directory, a device, a FIFO or a socket is refused by kvr_file_check_target (KVR_ERR_ARG,
-// naming what it is), which create and commit call and tools call before any work.
+// link, never through a link (a file of that name kept as an output of its own counts as one).
+// Write errors (a full disk) are kept by the stream and reported by the commit. The target must
+// be a regular file or not exist yet: a symbolic link, a directory, a device, a FIFO or a socket
+// is refused by kvr_file_check_target (KVR_ERR_ARG, naming what it is), which create and commit
+// call and tools call before any work.
 struct kvr_file;
 FILE *       kvr_file_read        (const char * path);
 int          kvr_file_check_target(const char * path);
