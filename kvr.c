@@ -42,6 +42,7 @@
 #include "kvr.h"
 
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -53,7 +54,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #ifdef __linux__

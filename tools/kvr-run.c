@@ -230,7 +230,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
                   "another; only the template's own markers are special tokens)" },
         { .kind = KVR_CLI_SECTION, .help = "parallel prefill:" },
         { .name = "--ranks", .kind = KVR_CLI_INT, .dst = &a->n_ranks, .meta = "N", .lo = 1, .hi = 256,
-          .help = "ranks (default 1; under mpirun: the MPI size)" },
+          .help = "ranks (default 1; under mpirun: the MPI size); more than the prompt\n"
+                  "gives a token each are capped (mpirun: refused)" },
         { .name = "--strategy", .kind = KVR_CLI_CUSTOM, .dst = &a->strategy, .meta = "S", .parse = parse_strategy, .given = &a->strategy_set,
           .help = "single|tsp|kvr|ring-kv|ring-q|auto (default: single for 1 rank, kvr otherwise)" },
         { .name = "--partition", .kind = KVR_CLI_TEXT, .dst = &a->partition, .meta = "P",
