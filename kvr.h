@@ -104,7 +104,9 @@ void kvr_abort(const char * file, int line, const char * expr);
 // kvr_file_abort, remove the temporary. The writer holds an flock on its temporary until then, so
 // one left by a killed writer is told from a live one's: kvr_file_create removes the target's
 // temporaries (PATH.<12 hex>.part) that nobody holds, only regular files of this user with one
-// link, never through a link (a file of that name kept as an output of its own counts as one).
+// link, never through a link (a file of that name kept as an output of its own counts as one;
+// where flock is emulated by per-process locks, as on NFS, two writers of one path in one process
+// can take each other's temporary: the commit that lost it fails, the target stays whole).
 // Write errors (a full disk) are kept by the stream and reported by the commit. The target must
 // be a regular file or not exist yet: a symbolic link, a directory, a device, a FIFO or a socket
 // is refused by kvr_file_check_target (KVR_ERR_ARG, naming what it is), which create and commit
