@@ -244,9 +244,11 @@ static void file_sweep_temps(const char * path) {
     const uid_t me = geteuid();
     for (struct dirent * e; (e = readdir(dp)) != NULL; ) {
         if (!file_is_temp_of(e->d_name, base, base_len)) continue;
+        struct stat st, now;
+        // nothing but this user's regular files is even opened (an open of a device can act)
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me) continue;
         const int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         if (fd < 0) continue;
-        struct stat st, now;
         if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == me && st.st_nlink == 1 &&
             flock(fd, LOCK_EX | LOCK_NB) == 0 &&
             fstatat(dfd, e->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino) {

@@ -958,7 +958,7 @@ static bool has_text(const char * path, const char * text) {
 
 // A writer killed before its commit leaves its temporary; the next writer of the target removes
 // it, and nothing else: not a live writer's, not a link or a hard link planted under such a name
-// (nor what they point to), not a directory, not a name of another form.
+// (nor what they point to), not a directory or a FIFO, not a name of another form.
 static void test_dead_writers(void) {
     set_case("files: a killed writer's temporary is removed by the next writer of the path, nothing else is");
     char target[640], victim[640], victim2[700];
@@ -993,16 +993,18 @@ static void test_dead_writers(void) {
     CHECK(nr > 0 && exists(dead), "the killed writer left no temporary ('%s')", dead);
 
     // the names of temporaries that are not a dead writer's own file
-    char link_tmp[700], hard_tmp[700], dir_tmp[700], upper[700], plain[700], longer[700];
+    char link_tmp[700], hard_tmp[700], dir_tmp[700], fifo_tmp[700], upper[700], plain[700], longer[700];
     snprintf(link_tmp, sizeof(link_tmp), "%s.aaaaaaaaaaaa.part", target);
     snprintf(hard_tmp, sizeof(hard_tmp), "%s.bbbbbbbbbbbb.part", target);
     snprintf(dir_tmp, sizeof(dir_tmp), "%s.cccccccccccc.part", target);
+    snprintf(fifo_tmp, sizeof(fifo_tmp), "%s.ffffffffffff.part", target);
     snprintf(upper, sizeof(upper), "%s.DDDDDDDDDDDD.part", target);
     snprintf(plain, sizeof(plain), "%s.part", target);
     snprintf(longer, sizeof(longer), "%s.eeeeeeeeeeee.part.x", target);
     CHECK(symlink(victim, link_tmp) == 0, "symlink: %s", strerror(errno));
     CHECK(link(victim2, hard_tmp) == 0, "link: %s", strerror(errno));
     CHECK(mkdir(dir_tmp, 0700) == 0, "mkdir: %s", strerror(errno));
+    CHECK(mkfifo(fifo_tmp, 0600) == 0, "mkfifo: %s", strerror(errno));
     write_all(upper, "x", 1);
     write_all(plain, "x", 1);
     write_all(longer, "x", 1);
@@ -1020,9 +1022,10 @@ static void test_dead_writers(void) {
     CHECK(lstat(link_tmp, &st) == 0 && S_ISLNK(st.st_mode) && has_text(victim, "victim one\n"), "the planted link or its target was touched");
     CHECK(lstat(hard_tmp, &st) == 0 && st.st_nlink == 2 && has_text(victim2, "victim two\n"), "the planted hard link or its file was touched");
     CHECK(lstat(dir_tmp, &st) == 0 && S_ISDIR(st.st_mode), "the directory named like a temporary was removed");
+    CHECK(lstat(fifo_tmp, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO named like a temporary was removed");
     CHECK(exists(upper) && exists(plain) && exists(longer), "a name of another form was removed");
-    // dead.kv itself, the 3 planted entries, the 3 names of other forms
-    CHECK(count_prefixed("dead.kv") == 7, "%d entries named dead.kv*, want 7", count_prefixed("dead.kv"));
+    // dead.kv itself, the 4 planted entries, the 3 names of other forms
+    CHECK(count_prefixed("dead.kv") == 8, "%d entries named dead.kv*, want 8", count_prefixed("dead.kv"));
 }
 
 static void test_files(const struct kvr_model * m) {
