@@ -81,6 +81,29 @@ int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos) {
     return n;
 }
 
+// A rank is useful to a prefill when the split gives it a token: one with none only relays (a
+// ring step or a chain hop of transfers every layer) and holds a cache for nothing. Decode asks
+// for no more: a chain decodes on its last rank alone, and a ring computes every new token on
+// every rank (only the attention is split over the shards), so a rank past those the prompt fills
+// adds a forward pass a step rather than sharing one. Rings are not held to 2N chunks of a token
+// each (T >= 2N): a rank with one empty chunk still computes its other one alongside the rest.
+int kvr_useful_ranks(enum kvr_strategy s, int T, int n_ranks, bool pd) {
+    const int n = pd ? n_ranks - 1 : n_ranks;
+    if (n < 1) return n_ranks;
+    int u = 1;
+    if (s == KVR_STRATEGY_TSP || s == KVR_STRATEGY_KVR) {
+        u = T < n ? T : n;
+    } else if (s != KVR_STRATEGY_SINGLE) { // the ring's shards: not monotonic in the count (T=4 fills 4 ranks, T=5 only 3)
+        for (u = n; u > 1; u--) {
+            int r = 0;
+            while (r < u && kvr_ring_shard(T, 0, u, r, NULL) > 0) r++;
+            if (r == u) break;
+        }
+    }
+    if (u < 1) u = 1;
+    return pd ? u + 1 : u;
+}
+
 enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
                                 double flops, double bw, char * why, size_t cap) {
     (void)head_dim; // D cancels in both sides of the paper's inequalities
@@ -1073,6 +1096,7 @@ struct rank_dejavu {
     struct kv_log    * log;         // this eval's rows go to the rank's replication log (NULL: no)
     struct replica   * replica_out; // this eval's new rows go there (--replicate; NULL: none)
     int                stall_layer; // test hook (-1: off)
+    bool               stall_deaf;  //   a local rank's thread that does not come back when told to stop
     bool               stalled;
     int                kill_layer;  // test hook KVR_TEST_KILL: the layer this eval loses the rank at (-1: off)
     int                kill_point;  //   which point of the session's list
@@ -2338,14 +2362,27 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         free(d);
         return NULL;
     }
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : (int)(m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
+    if (n_ctx <= 0) n_ctx = 2048;
+    // Refused: ranks that no prompt the context can hold gives a token (kvr_useful_ranks). A
+    // shorter prompt than the ranks need only leaves some idle (the results are the same): an
+    // application that knows its prompt asks kvr_useful_ranks first, as kvr-run does. single keeps
+    // its meaning (the last rank alone, P/D's one prefill rank), and a given partition its split.
+    const int useful = kvr_useful_ranks(p->strategy, n_ctx, d->n_ranks, p->pd);
+    if (p->strategy != KVR_STRATEGY_SINGLE && !p->partition && !p->fractions && useful < d->n_ranks) {
+        kvr_error(KVR_ERR_ARG, "%d ranks: a context of %d tokens gives %s work to at most %d (a rank must get a token of the prompt)",
+                  d->n_ranks, n_ctx, kvr_strategy_name(p->strategy), useful);
+        if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
     if (dejavu_new(d) != KVR_OK) { // --replicate and the kill hook's points, checked against this session
         if (d->host_tr && d->host_tr != d->tr) d->host_tr->free(d->host_tr);
         d->tr->free(d->tr);
         free(d);
         return NULL;
     }
-    int n_ctx = p->n_ctx > 0 ? p->n_ctx : (int)(m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
-    if (n_ctx <= 0) n_ctx = 2048;
     d->n_ctx = n_ctx;
     int n_threads = p->n_threads;
     if (n_threads <= 0) {
@@ -4455,6 +4492,11 @@ static int comm_stall(struct rank_comm * c, int tag) {
             fprintf(stderr, "kvr: rank %d: stopped by the stall test hook at layer %d (SIGSTOP)\n", c->base.rank, kvr_tag_layer(tag));
             fflush(stderr);
             raise(SIGSTOP);
+        } else if (c->dv.stall_deaf) {
+            // deaf to the transport's wake: back only after the driver gave up on it (three
+            // timeouts), as a thread stuck in a kernel or a library call would be
+            const double until = kvr_time_ms() + 5e3 * c->timeout_s;
+            while (kvr_time_ms() < until) nanosleep(&(struct timespec) { .tv_nsec = 10 * 1000000L }, NULL);
         } else {
             c->tr->idle(c->tr, kvr_time_ms() + 2e3 * c->timeout_s);
         }
@@ -4523,6 +4565,7 @@ static int dejavu_eval_begin(struct kvr_session * d, const int32_t * tokens, int
         const struct kvr_test_hooks * h = &d->dv.test;
         const bool now = !h->stall_decode || (d->dv.decode && d->dv.n_steps == h->stall_step);
         c->dv.stall_layer = h->stall && now && d->ranks[i].id == h->stall_rank ? h->stall_layer : -1;
+        c->dv.stall_deaf = h->stall_deaf;
     }
     int rc = test_kill_arm(d, d->dv.decode);
     if (rc != KVR_OK) return rc;

@@ -42,6 +42,7 @@
 #include "kvr.h"
 
 #include <assert.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -53,6 +54,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #ifdef __linux__
 #include <sys/random.h>
@@ -203,10 +205,66 @@ static uint64_t file_nonce(void) {
     return x ^ (x >> 31);
 }
 
+// Is name BASE.<12 lowercase hex>.part, a temporary kvr_file_create makes for the target BASE?
+static bool file_is_temp_of(const char * name, const char * base, size_t base_len) {
+    if (strncmp(name, base, base_len) != 0 || name[base_len] != '.') return false;
+    const char * h = name + base_len + 1;
+    for (int i = 0; i < 12; i++) {
+        if (!((h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'f'))) return false;
+    }
+    return strcmp(h + 12, ".part") == 0;
+}
+
+// A writer holds an exclusive flock on its temporary from just after creating it until the
+// rename or the removal: a temporary nobody holds is a dead writer's (killed before its commit or
+// abort) and is removed here, before a new writer of the same target makes its own, so they do not
+// pile up. Only what this user would have made is touched: a regular file it owns with one link,
+// opened without following a link (a planted link, or a hard link to another file, stays), locked
+// without waiting, and unlinked only while it still is the entry that was opened. A live writer
+// that has not locked its new temporary yet may lose it here; it sees that and makes another
+// (kvr_file_create). Best effort: whatever fails leaves the entry where it is.
+static void file_sweep_temps(const char * path) {
+    const char * slash = strrchr(path, '/');
+    const char * base = slash ? slash + 1 : path;
+    const size_t base_len = strlen(base);
+    char dir[PATH_MAX];
+    if (!slash) snprintf(dir, sizeof(dir), ".");
+    else if (slash == path) snprintf(dir, sizeof(dir), "/");
+    else if ((size_t)(slash - path) < sizeof(dir)) snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    else return;
+    const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return;
+    const int lfd = dup(dfd); // closedir closes the one it reads
+    DIR * dp = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (!dp) {
+        if (lfd >= 0) close(lfd);
+        close(dfd);
+        return;
+    }
+    const uid_t me = geteuid();
+    for (struct dirent * e; (e = readdir(dp)) != NULL; ) {
+        if (!file_is_temp_of(e->d_name, base, base_len)) continue;
+        struct stat st, now;
+        // nothing but this user's regular files is even opened (an open of a device can act)
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me) continue;
+        const int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == me && st.st_nlink == 1 &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dfd, e->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino) {
+            unlinkat(dfd, e->d_name, 0);
+        }
+        close(fd); // drops the lock
+    }
+    closedir(dp);
+    close(dfd);
+}
+
 int kvr_file_create(struct kvr_file ** out, const char * path) {
     *out = NULL;
     int rc = kvr_file_check_target(path);
     if (rc != KVR_OK) return rc;
+    file_sweep_temps(path);
     const size_t cap = strlen(path) + 32;
     char * temp = kvr_malloc(cap);
     int fd = -1;
@@ -214,6 +272,16 @@ int kvr_file_create(struct kvr_file ** out, const char * path) {
         snprintf(temp, cap, "%s.%012" PRIx64 ".part", path, file_nonce() & UINT64_C(0xffffffffffff));
         fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST) break;
+        if (fd < 0) continue;
+        // held until the rename or the removal: a sweep by another writer passes this one over. A
+        // sweep that came between the open and the lock unlinked it: then another name
+        // (on a filesystem without flock no sweep can lock it either, so it is kept)
+        struct stat st;
+        const bool taken = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+        if (taken || (fstat(fd, &st) == 0 && st.st_nlink == 0)) {
+            close(fd);
+            fd = -1;
+        }
     }
     FILE * f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
@@ -238,10 +306,12 @@ FILE * kvr_file_stream(struct kvr_file * f) { return f->f; }
 
 const char * kvr_file_temp_path(const struct kvr_file * f) { return f->temp; }
 
+const char * kvr_file_target_path(const struct kvr_file * f) { return f->path; }
+
 void kvr_file_abort(struct kvr_file * f) {
     if (!f) return;
+    unlink(f->temp); // while the lock is held: no sweep can have removed it, nor another writer taken its name
     if (f->f) fclose(f->f);
-    unlink(f->temp);
     free(f->path);
     free(f->temp);
     free(f);
@@ -271,9 +341,8 @@ int kvr_file_commit(struct kvr_file * f) {
     } else if (fsync(fileno(f->f)) != 0) {
         rc = kvr_error(KVR_ERR_IO, "%s: cannot sync to disk: %s", f->path, strerror(errno));
     }
-    if (fclose(f->f) != 0 && rc == KVR_OK) rc = kvr_error(KVR_ERR_IO, "%s: cannot write: %s", f->path, strerror(errno));
-    f->f = NULL;
     if (rc == KVR_OK) rc = kvr_file_check_target(f->path);
+    // renamed while its lock is held (the stream open): a sweep never takes a temporary about to be renamed
     if (rc == KVR_OK && rename(f->temp, f->path) != 0) {
         rc = kvr_error(KVR_ERR_IO, "%s: cannot rename %s onto it: %s", f->path, f->temp, strerror(errno));
     }
@@ -281,6 +350,7 @@ int kvr_file_commit(struct kvr_file * f) {
         kvr_file_abort(f);
         return rc;
     }
+    fclose(f->f); // flushed and synced above: nothing is left for the close to lose
     file_sync_dir(f->path);
     free(f->path);
     free(f->temp);
@@ -6123,6 +6193,19 @@ static void gw_skip(struct gw_out * o, uint64_t n) {
 }
 
 int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
+    struct kvr_file * kf;
+    const int frc = kvr_file_create(&kf, path); // whole or not at all, never through a planted link
+    if (frc != KVR_OK) return frc;
+    const int rc = kvr_gguf_writer_write(w, kf);
+    if (rc != KVR_OK) {
+        kvr_file_abort(kf);
+        return rc;
+    }
+    return kvr_file_commit(kf);
+}
+
+int kvr_gguf_writer_write(struct kvr_gguf_writer * w, struct kvr_file * kf) {
+    const char * path = kvr_file_target_path(kf);
     if (w->err) {
         return kvr_error(w->err, "%s (writing %s)", w->errmsg, path);
     }
@@ -6138,9 +6221,6 @@ int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
         offset += gw_pad(w->tensors[i].size, align);
     }
 
-    struct kvr_file * kf;
-    const int frc = kvr_file_create(&kf, path); // whole or not at all, never through a planted link
-    if (frc != KVR_OK) return frc;
     FILE * f = kvr_file_stream(kf);
     struct gw_out o = { .f = f, .pos = 0, .end = 0, .ok = true };
 
@@ -6193,10 +6273,9 @@ int kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path) {
 
     if (!o.ok) {
         const int e = errno;
-        kvr_file_abort(kf);
         return kvr_error(KVR_ERR_IO, "cannot write %s: %s", path, e ? strerror(e) : "write error");
     }
-    return kvr_file_commit(kf);
+    return KVR_OK;
 }
 
 //

@@ -101,16 +101,23 @@ void kvr_abort(const char * file, int line, const char * expr);
 // followed), which is flushed, synced and renamed onto the target (and the directory synced).
 // The target is then either its old self or the whole new file, never half of one; writers of
 // one path at once each leave a whole file (the last rename wins). A failed commit, and
-// kvr_file_abort, remove the temporary. Write errors (a full disk) are kept by the stream and
-// reported by the commit. The target must be a regular file or not exist yet: a symbolic link, a
-// directory, a device, a FIFO or a socket is refused by kvr_file_check_target (KVR_ERR_ARG,
-// naming what it is), which create and commit call and tools call before any work.
+// kvr_file_abort, remove the temporary. The writer holds an flock on its temporary until then, so
+// one left by a killed writer is told from a live one's: kvr_file_create removes the target's
+// temporaries (PATH.<12 hex>.part) that nobody holds, only regular files of this user with one
+// link, never through a link (a file of that name kept as an output of its own counts as one;
+// where flock is emulated by per-process locks, as on NFS, two writers of one path in one process
+// can take each other's temporary: the commit that lost it fails, the target stays whole).
+// Write errors (a full disk) are kept by the stream and reported by the commit. The target must
+// be a regular file or not exist yet: a symbolic link, a directory, a device, a FIFO or a socket
+// is refused by kvr_file_check_target (KVR_ERR_ARG, naming what it is), which create and commit
+// call and tools call before any work.
 struct kvr_file;
 FILE *       kvr_file_read        (const char * path);
 int          kvr_file_check_target(const char * path);
 int          kvr_file_create      (struct kvr_file ** out, const char * path);
 FILE *       kvr_file_stream      (struct kvr_file * f);
-const char * kvr_file_temp_path   (const struct kvr_file * f); // the temporary's name (tests)
+const char * kvr_file_temp_path   (const struct kvr_file * f); // the temporary's name (tests, kvr-gen)
+const char * kvr_file_target_path (const struct kvr_file * f); // the path it is renamed onto
 int          kvr_file_commit      (struct kvr_file * f);       // frees f
 void         kvr_file_abort       (struct kvr_file * f);       // frees f; NULL is ignored
 // What a file that is not a regular one is, by its stat st_mode ("a FIFO", "a symbolic link", ...).
@@ -769,6 +776,9 @@ void kvr_gguf_copy_kv(struct kvr_gguf_writer * w, const struct kvr_gguf * src, c
 void kvr_gguf_add_tensor(struct kvr_gguf_writer * w, const char * name, enum kvr_type type, int n_dims,
                          const int64_t * ne, const void * data);
 int  kvr_gguf_writer_save(struct kvr_gguf_writer * w, const char * path);
+// The same bytes into a file being written (kvr_file_create), left open: the caller may write the
+// reserved tensors in place through kvr_file_stream, then commits it (or aborts it on an error).
+int  kvr_gguf_writer_write(struct kvr_gguf_writer * w, struct kvr_file * kf);
 
 //
 // 9. vocab
@@ -1169,6 +1179,13 @@ int          kvr_strategy_parse(const char * name, enum kvr_strategy * out); // 
 // in order into pos (may be NULL) and returns their count.
 int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos);
 
+// How many of n_ranks ranks a first prefill of T tokens gives work to with strategy s (its even
+// split; a given partition is the caller's): the most that each get a token of the prompt. tsp,
+// kvr: T; the rings: by their shards (5 tokens fill 3 ranks, not 4); single: 1. pd: n_ranks - 1
+// prefill ranks and the decode rank. kvr_session_new refuses more than a context of n_ctx tokens
+// could use (KVR_ERR_ARG, but single and a given partition); fewer tokens leave ranks idle.
+int kvr_useful_ranks(enum kvr_strategy s, int T, int n_ranks, bool pd);
+
 // The choice of auto (the CP paper's Algorithm 5): pass-KV if T >= N*C*NKV*e/(2*NH*BW) or
 // T/(T+P) >= 2*NKV/NH - 4*T*BW/(N*C*e), else pass-Q. C: attention FLOP/s of one rank, BW: link
 // bytes/s, e: bytes per element. why (may be NULL) receives the rule with the numbers.
@@ -1284,6 +1301,9 @@ void              kvr_session_free(struct kvr_session * s);
 // the tokens from the first position no copy holds (none when the replicas are whole), re-seeds
 // the replicas the loss broke, and runs the eval again. Greedy output is that of a run without
 // the loss; params.log says which rank was lost, what was restored and what was recomputed.
+// A local rank's thread still out a timeout after it was told to stop (two timeouts after the
+// first rank came back) is left running: the session is wedged, this eval and every later one
+// fail (KVR_ERR_COMM), kvr_session_free frees nothing of it, and the model must stay loaded.
 const float *     kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.
 void              kvr_session_reset(struct kvr_session * s);
@@ -1871,6 +1891,9 @@ struct kvr_test_hooks {
                                               //   the peers' timeout declares it lost and recovers.
     bool                         stall_decode;  // the stall arms only in decode step stall_step (the
     int                          stall_step;    //   steps KVR_TEST_KILL counts), not from the prefill on
+    bool                         stall_deaf;    // a stalled local rank's thread does not come back when
+                                                //   told to stop: it sleeps five timeouts, past the three
+                                                //   the driver waits (the session is then wedged)
     const struct kvr_test_kill * kill;        // KVR_TEST_KILL: these ranks are lost at these points
     int                          n_kill;
 };

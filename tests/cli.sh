@@ -3,13 +3,14 @@
 # tool's flag list (--list-flags) is walked, and every numeric flag is given NaN, infinities,
 # overflow, junk, an empty value and values just outside its range: each must exit 2 before any
 # work, print nothing on stdout and name the flag and the value on stderr; a value inside the
-# range must pass. Then the checks of kvr-run around the flags: bad combinations and paths, the
-# default context and a prompt longer than it, prompt files with a NUL byte or invalid UTF-8 (the
-# same in kvr-run and kvr-tokenize, and in -p after its escapes), -p, -f and -m given twice, a
-# vocabulary that cannot load (exit 2 in both), chat turns whose control-token text stays text
-# (SmolLM2, where it is), a template's control bytes quoted, outputs that are inputs, links or
-# special files, inputs that are FIFOs or devices, prompt files past the context, and write errors
-# (stdout, --dump-logits, --trace) exiting 1. Ends with "N passed, M failed, K skipped".
+# range must pass. Then the checks of kvr-run around the flags: bad combinations and paths, --ranks
+# capped to what the prompt or the context gives work, the default context and a prompt longer than
+# it, prompt files with a NUL byte or invalid UTF-8 (the same in kvr-run and kvr-tokenize, and in -p
+# after its escapes), -p, -f and -m given twice, a vocabulary that cannot load (exit 2 in both), chat
+# turns whose control-token text stays text (SmolLM2, where it is), a template's control bytes
+# quoted, outputs that are inputs, links or special files, inputs that are FIFOs or devices, prompt
+# files past the context, write errors (stdout, --dump-logits, --trace) exiting 1, and kvr-gen's
+# temporary. Ends with "N passed, M failed, K skipped".
 build=${1:-build}
 shared=${2:-../shared}
 pass=0; fail=0; skip=0
@@ -106,6 +107,24 @@ refused "--replicate on one rank" "it needs 2 ranks or more, not 1" $run -p hi -
 refused "KVR_TEST_KILL naming a rank that does not exist" "KVR_TEST_KILL: rank 5 is not one of the 2 ranks" env KVR_TEST_KILL=5:decode:0 $run -p hi --ranks 2
 refused "--tokens with an id outside the vocabulary" "not in the vocabulary" $run --tokens 1,99999999
 refused "a stray argument" "unexpected argument 'stray'" $run -p hi stray
+
+# --ranks past what the prompt gives a token to is capped, saying so (kvr_useful_ranks); the text
+# is the one rank's. A chat's first turn is not known ahead: its context bounds it
+"$build/kvr-run" -m "$model" --tokens 1,403,407,261 -n 4 --temp 0 > "$tmp/one.txt" 2> /dev/null
+"$build/kvr-run" -m "$model" --tokens 1,403,407,261 -n 4 --temp 0 --ranks 64 --strategy ring-kv > "$tmp/out" 2> "$tmp/err"
+rc=$?
+if [ $rc -eq 0 ] && cmp -s "$tmp/out" "$tmp/one.txt" &&
+    grep -q "^kvr-run: --ranks 64: a 4-token prompt gives ring-kv work to 4 ranks (each needs a token of it): running 4$" "$tmp/err"; then
+    ok; echo "ok   --ranks 64 --strategy ring-kv on 4 tokens: capped to 4, saying so, the one rank's text"
+else
+    bad "--ranks 64 --strategy ring-kv on 4 tokens: exit $rc: $(head -n 1 "$tmp/err")"
+fi
+printf '' | "$build/kvr-run" -m "$model" -cnv -c 16 --ranks 20 --strategy ring-q > /dev/null 2> "$tmp/err"
+if grep -q "^kvr-run: --ranks 20: a context of 16 tokens gives ring-q work to 16 ranks (each needs a token of it): running 16$" "$tmp/err"; then
+    ok; echo "ok   -cnv -c 16 --ranks 20: capped by the context"
+else
+    bad "-cnv -c 16 --ranks 20: $(grep -v 'chat template' "$tmp/err" | head -n 1)"
+fi
 
 # the default context is what -h says, and a prompt longer than it is refused before any output
 if "$build/kvr-run" -h | grep -q "default 0: the model's trained context, at most 4096"; then ok; echo "ok   -h states the default context"; else bad "-h: the default context"; fi
@@ -256,7 +275,15 @@ write_fails "--dump-logits past the disk's end" "^kvr-run: --dump-logits: $tmp/l
 if [ "$(cat "$tmp/logits.txt")" = "old logits" ]; then ok; echo "ok   the old --dump-logits file is left whole"; else bad "--dump-logits: the old file was cut"; fi
 write_fails "--trace past the disk's end" "^kvr-run: $tmp/t.json: cannot write: File too large" \
     sh -c "trap '' XFSZ; ulimit -f 1; exec $orun -p hi --trace '$tmp/t.json' > /dev/null"
-rm -f "$tmp/s.kv.part" # the planted link
+# kvr-gen writes its two passes into one temporary of kvr_file_create's, not a fixed OUT.part
+ln -s "$tmp/victim" "$tmp/g.gguf.part"
+"$build/kvr-gen" --preset tiny --layers 1 --seed 1 -q -o "$tmp/g.gguf" 2> "$tmp/err"
+if [ $? -eq 0 ] && [ "$(cat "$tmp/victim")" = keep ] && "$build/kvr-run" -m "$tmp/g.gguf" --tokens 1 -n 1 > /dev/null 2>&1; then
+    ok; echo "ok   kvr-gen: a link planted at OUT.part is not followed, the model loads"
+else
+    bad "kvr-gen with a link at OUT.part: $(head -n 1 "$tmp/err")"
+fi
+rm -f "$tmp/s.kv.part" "$tmp/g.gguf.part" # the planted links
 if ls "$tmp" | grep -q '\.part$'; then bad "temporaries left: $(ls "$tmp" | grep '\.part$' | tr '\n' ' ')"; else ok; echo "ok   no temporary left"; fi
 
 echo "$pass passed, $fail failed, $skip skipped"

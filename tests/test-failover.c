@@ -12,6 +12,9 @@
 //   recover   --replicate: a rank killed (the same points) or stalled (the stall hook: in the
 //             prefill and in decode steps; its peers' timeout declares it lost) is recovered: the
 //             greedy ids are the clean run's and the cache rows its rows, on one rank fewer
+//   wedged    a stalled rank that does not stop when told (the hook's stall_deaf): the eval fails
+//             within three timeouts naming it, the session refuses every later eval, and freeing
+//             it frees nothing while its thread still runs
 //
 // usage: test-failover [SHARED_DIR (default ../shared)] [-v]
 // Prints "failover: N passed, M failed" (", K skipped"); exits 1 on a failure.
@@ -26,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 
@@ -383,6 +387,40 @@ static void test_recover(const struct kvr_model * m, const int32_t * prompt, int
     ref_free(&r);
 }
 
+//
+// 4. a rank that does not stop when told: the session is wedged
+//
+
+// A wedged session is never freed (its rank's thread may still run): kept reachable to the end
+static struct kvr_session * wedged;
+
+static void test_wedged(const struct kvr_model * m, const int32_t * prompt, int n_prompt) {
+    set_case("kvr N=3, rank 1 stalls and does not stop when told: the session is wedged within three timeouts");
+    const double t_out = 0.5;
+    struct kvr_session_params p = dist_params(KVR_STRATEGY_KVR, 3);
+    p.timeout_s = t_out;
+    const struct kvr_test_hooks hooks = { .stall = true, .stall_rank = 1, .stall_layer = 1, .stall_deaf = true };
+    p.test = &hooks;
+    struct kvr_session * d = kvr_session_new(m, &p);
+    CHECK(d != NULL, "session: %s", kvr_last_error());
+    if (!d) return;
+    const double t0 = kvr_time_ms();
+    const float * out = kvr_session_eval(d, prompt, n_prompt);
+    const double ms = kvr_time_ms() - t0;
+    CHECK(!out && strstr(kvr_last_error(), "rank 1 did not stop within 0.5 s of being told to"), "the eval: %s",
+          out ? "it gave logits" : kvr_last_error());
+    // the peers' timeout, the driver's wait for the rest, the wait after telling them to stop
+    CHECK(ms >= 2e3 * t_out && ms <= 3e3 * t_out + 2e3, "the eval gave up after %.0f ms, want about 3 timeouts of %.1f s", ms, t_out);
+    set_case("a wedged session runs no eval");
+    out = kvr_session_eval(d, prompt, 1);
+    CHECK(!out && strstr(kvr_last_error(), "did not stop: the session cannot go on"), "the next eval: %s", out ? "it ran" : kvr_last_error());
+    kvr_session_free(d); // frees nothing: the stalled thread is still asleep in it
+    wedged = d;
+    // the deaf rank comes back five timeouts after its stall and ends its eval on memory nobody
+    // freed: that happens here, while this test still runs (under ASan a use of freed memory shows)
+    while (kvr_time_ms() < t0 + 5e3 * t_out + 1e3) nanosleep(&(struct timespec) { .tv_nsec = 50 * 1000000L }, NULL);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -400,6 +438,7 @@ int main(int argc, char ** argv) {
         for (int i = 0; i < 40; i++) prompt[i] = 1 + (i * 37 + 11) % ((int)m->hp.n_vocab - 1);
         test_kill(m, prompt, 40);
         test_recover(m, prompt, 40);
+        test_wedged(m, prompt, 40);
         kvr_model_free(m);
     }
     return check_summary("failover");

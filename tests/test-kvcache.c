@@ -48,6 +48,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -874,6 +875,159 @@ static void * saver_thread(void * arg) {
     return NULL;
 }
 
+//
+// ranks: how many a prompt gives work to (kvr_useful_ranks), and what a session refuses
+//
+
+static void test_useful_ranks(const struct kvr_model * m) {
+    set_case("ranks: kvr_useful_ranks gives the most ranks that each get a token");
+    const enum kvr_strategy strats[] = { KVR_STRATEGY_SINGLE, KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV,
+                                         KVR_STRATEGY_RING_Q, KVR_STRATEGY_AUTO };
+    int wrong = 0;
+    char first[256] = "";
+    for (size_t si = 0; si < sizeof(strats) / sizeof(strats[0]); si++) {
+        const enum kvr_strategy st = strats[si];
+        const bool ring = st == KVR_STRATEGY_RING_KV || st == KVR_STRATEGY_RING_Q || st == KVR_STRATEGY_AUTO;
+        for (int T = 1; T <= 40; T++) {
+            for (int n = 1; n <= 24; n++) {
+                const int u = kvr_useful_ranks(st, T, n, false);
+                // k ranks all get a token of T: the split's own counts
+                bool fits[25] = { false };
+                for (int k = 1; k <= n; k++) {
+                    if (st == KVR_STRATEGY_SINGLE) fits[k] = k == 1;
+                    else if (!ring) fits[k] = k <= T;
+                    else {
+                        fits[k] = true;
+                        for (int r = 0; r < k; r++) fits[k] &= kvr_ring_shard(T, 0, k, r, NULL) > 0;
+                    }
+                }
+                int want = 1;
+                for (int k = 1; k <= n; k++) if (fits[k]) want = k;
+                const int pd = kvr_useful_ranks(st, T, n + 1, true);
+                if ((u != want || pd != want + 1) && wrong++ == 0) {
+                    snprintf(first, sizeof(first), "%s T=%d n=%d: %d (P/D %d), want %d", kvr_strategy_name(st), T, n, u, pd, want);
+                }
+            }
+        }
+    }
+    CHECK(wrong == 0, "%d counts differ from the splits' (first: %s)", wrong, first);
+    // the finding's case, and the rings' counts that are not monotonic in the prompt
+    CHECK(kvr_useful_ranks(KVR_STRATEGY_RING_KV, 4, 64, false) == 4, "ring-kv, 4 tokens, 64 ranks: %d", kvr_useful_ranks(KVR_STRATEGY_RING_KV, 4, 64, false));
+    CHECK(kvr_useful_ranks(KVR_STRATEGY_RING_KV, 5, 4, false) == 3, "ring-kv, 5 tokens, 4 ranks: %d", kvr_useful_ranks(KVR_STRATEGY_RING_KV, 5, 4, false));
+    CHECK(kvr_useful_ranks(KVR_STRATEGY_KVR, 3, 9, true) == 4, "kvr P/D, 3 tokens, 9 ranks: %d", kvr_useful_ranks(KVR_STRATEGY_KVR, 3, 9, true));
+
+    set_case("ranks: a session of more ranks than its context can give a token is refused");
+    struct kvr_session_params p = { .strategy = KVR_STRATEGY_RING_KV, .n_ranks = 64, .n_threads = 1, .n_ctx = 16 };
+    struct kvr_session * s = kvr_session_new(m, &p);
+    CHECK(!s && strstr(kvr_last_error(), "64 ranks: a context of 16 tokens gives ring-kv work to at most 16"), "ring-kv x64, n_ctx 16: %s",
+          s ? "accepted" : kvr_last_error());
+    kvr_session_free(s);
+    p = (struct kvr_session_params) { .strategy = KVR_STRATEGY_KVR, .n_ranks = 6, .n_threads = 1, .n_ctx = 4, .pd = true, .decode_rank = 5 };
+    s = kvr_session_new(m, &p);
+    CHECK(!s && strstr(kvr_last_error(), "6 ranks: a context of 4 tokens gives kvr work to at most 5"), "kvr P/D x6, n_ctx 4: %s",
+          s ? "accepted" : kvr_last_error());
+    kvr_session_free(s);
+    // as many as the context fills; single (the last rank alone) and a given split are theirs
+    set_case("ranks: what a session accepts");
+    const int part[5] = { 4, 0, 0, 0, 0 };
+    const struct kvr_session_params ok[] = {
+        { .strategy = KVR_STRATEGY_RING_KV, .n_ranks = 16, .n_threads = 1, .n_ctx = 16 },
+        { .strategy = KVR_STRATEGY_SINGLE, .n_ranks = 5, .n_threads = 1, .n_ctx = 4 },
+        { .strategy = KVR_STRATEGY_KVR, .n_ranks = 5, .n_threads = 1, .n_ctx = 4, .partition = part },
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        s = kvr_session_new(m, &ok[i]);
+        CHECK(s != NULL, "%s x%d, n_ctx %d: %s", kvr_strategy_name(ok[i].strategy), ok[i].n_ranks, ok[i].n_ctx, kvr_last_error());
+        kvr_session_free(s);
+    }
+}
+
+// does path name something (lstat: a link itself)?
+static bool exists(const char * path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+static bool has_text(const char * path, const char * text) {
+    size_t n = 0;
+    uint8_t * b = read_all(path, &n);
+    const bool same = b && n == strlen(text) && memcmp(b, text, n) == 0;
+    free(b);
+    return same;
+}
+
+// A writer killed before its commit leaves its temporary; the next writer of the target removes
+// it, and nothing else: not a live writer's, not a link or a hard link planted under such a name
+// (nor what they point to), not a directory or a FIFO, not a name of another form.
+static void test_dead_writers(void) {
+    set_case("files: a killed writer's temporary is removed by the next writer of the path, nothing else is");
+    char target[640], victim[640], victim2[700];
+    snprintf(target, sizeof(target), "%s", tmp_path("dead.kv"));
+    snprintf(victim, sizeof(victim), "%s", tmp_path("victim-dead.txt"));
+    snprintf(victim2, sizeof(victim2), "%s", tmp_path("victim-dead2.txt"));
+    write_all(victim, "victim one\n", 11);
+    write_all(victim2, "victim two\n", 11);
+    int fds[2];
+    CHECK(pipe(fds) == 0, "pipe: %s", strerror(errno));
+    const pid_t pid = fork();
+    if (pid == 0) { // the writer that dies half way: its temporary's name to the parent, then SIGKILL
+        close(fds[0]);
+        struct kvr_file * kf;
+        if (kvr_file_create(&kf, target) != KVR_OK) _exit(1);
+        fputs("half a file", kvr_file_stream(kf));
+        fflush(kvr_file_stream(kf));
+        const char * t = kvr_file_temp_path(kf);
+        if (write(fds[1], t, strlen(t)) != (ssize_t)strlen(t)) _exit(1);
+        close(fds[1]);
+        raise(SIGKILL);
+        _exit(1);
+    }
+    close(fds[1]);
+    char dead[700] = "";
+    const ssize_t nr = read(fds[0], dead, sizeof(dead) - 1);
+    close(fds[0]);
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+          "the writer did not die by SIGKILL (status %d)", status);
+    dead[nr > 0 ? nr : 0] = 0;
+    CHECK(nr > 0 && exists(dead), "the killed writer left no temporary ('%s')", dead);
+
+    // the names of temporaries that are not a dead writer's own file
+    char link_tmp[700], hard_tmp[700], dir_tmp[700], fifo_tmp[700], upper[700], plain[700], longer[700];
+    snprintf(link_tmp, sizeof(link_tmp), "%s.aaaaaaaaaaaa.part", target);
+    snprintf(hard_tmp, sizeof(hard_tmp), "%s.bbbbbbbbbbbb.part", target);
+    snprintf(dir_tmp, sizeof(dir_tmp), "%s.cccccccccccc.part", target);
+    snprintf(fifo_tmp, sizeof(fifo_tmp), "%s.ffffffffffff.part", target);
+    snprintf(upper, sizeof(upper), "%s.DDDDDDDDDDDD.part", target);
+    snprintf(plain, sizeof(plain), "%s.part", target);
+    snprintf(longer, sizeof(longer), "%s.eeeeeeeeeeee.part.x", target);
+    CHECK(symlink(victim, link_tmp) == 0, "symlink: %s", strerror(errno));
+    CHECK(link(victim2, hard_tmp) == 0, "link: %s", strerror(errno));
+    CHECK(mkdir(dir_tmp, 0700) == 0, "mkdir: %s", strerror(errno));
+    CHECK(mkfifo(fifo_tmp, 0600) == 0, "mkfifo: %s", strerror(errno));
+    write_all(upper, "x", 1);
+    write_all(plain, "x", 1);
+    write_all(longer, "x", 1);
+
+    struct kvr_file * live, * next;
+    CHECK(kvr_file_create(&live, target) == KVR_OK, "a live writer: %s", kvr_last_error());
+    fputs("the live writer's file", kvr_file_stream(live));
+    CHECK(kvr_file_create(&next, target) == KVR_OK, "the next writer: %s", kvr_last_error());
+    fputs("the next writer's file", kvr_file_stream(next));
+    CHECK(!exists(dead), "the killed writer's temporary is still there: %s", dead);
+    CHECK(exists(kvr_file_temp_path(live)), "a live writer's temporary was removed");
+    CHECK(kvr_file_commit(next) == KVR_OK && has_text(target, "the next writer's file"), "the next writer's commit: %s", kvr_last_error());
+    CHECK(kvr_file_commit(live) == KVR_OK && has_text(target, "the live writer's file"), "the live writer's commit: %s", kvr_last_error());
+    struct stat st;
+    CHECK(lstat(link_tmp, &st) == 0 && S_ISLNK(st.st_mode) && has_text(victim, "victim one\n"), "the planted link or its target was touched");
+    CHECK(lstat(hard_tmp, &st) == 0 && st.st_nlink == 2 && has_text(victim2, "victim two\n"), "the planted hard link or its file was touched");
+    CHECK(lstat(dir_tmp, &st) == 0 && S_ISDIR(st.st_mode), "the directory named like a temporary was removed");
+    CHECK(lstat(fifo_tmp, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO named like a temporary was removed");
+    CHECK(exists(upper) && exists(plain) && exists(longer), "a name of another form was removed");
+    // dead.kv itself, the 4 planted entries, the 3 names of other forms
+    CHECK(count_prefixed("dead.kv") == 8, "%d entries named dead.kv*, want 8", count_prefixed("dead.kv"));
+}
+
 static void test_files(const struct kvr_model * m) {
     set_case("files: a link planted at PATH.part redirects no save and no stream");
     const char victim_text[] = "the victim's own bytes\n";
@@ -970,6 +1124,7 @@ static void test_files(const struct kvr_model * m) {
     free(old);
     free(v);
     kvr_session_free(a);
+    test_dead_writers();
 }
 
 int main(int argc, char ** argv) {
@@ -997,6 +1152,7 @@ int main(int argc, char ** argv) {
         test_interrupt(m);
         test_stream_pd(m);
         test_files(m);
+        test_useful_ranks(m);
         kvr_model_free(m);
     }
     char cmd[700];

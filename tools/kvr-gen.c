@@ -661,11 +661,17 @@ int main(int argc, char ** argv) {
         kvr_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
     }
     const double t_start = kvr_time_ms();
-    // under a temporary name until every tensor is in: an interrupted run leaves no half-zero model
-    char * tmp_path = malloc(strlen(out_path) + 8);
-    KVR_ASSERT(tmp_path != NULL);
-    sprintf(tmp_path, "%s.part", out_path);
-    int rc = kvr_gguf_writer_save(w, tmp_path);
+    // one temporary beside out_path (kvr_file_create) until every tensor is in: an interrupted run
+    // leaves no half-zero model, a killed one a temporary the next run removes
+    struct kvr_file * kf;
+    int rc = kvr_file_create(&kf, out_path);
+    if (rc == KVR_OK) {
+        rc = kvr_gguf_writer_write(w, kf);
+        if (rc == KVR_OK && fflush(kvr_file_stream(kf)) != 0) {
+            rc = kvr_error(KVR_ERR_IO, "cannot write %s: %s", out_path, strerror(errno));
+        }
+        if (rc != KVR_OK) kvr_file_abort(kf);
+    }
     kvr_gguf_writer_free(w);
     free_vocab(&gv);
     if (vocab_src) {
@@ -674,17 +680,17 @@ int main(int argc, char ** argv) {
     if (rc != KVR_OK) {
         fprintf(stderr, "kvr-gen: %s\n", kvr_last_error());
         arrfree(ts);
-        free(tmp_path);
         return 1;
     }
 
-    // where the writer put each tensor, as a reader sees it
+    // where the writer put each tensor, as a reader sees it (the temporary is this run's own: made
+    // with O_EXCL and locked)
+    const char * tmp_path = kvr_file_temp_path(kf);
     struct kvr_gguf * g = kvr_gguf_open(tmp_path);
     if (!g) {
         fprintf(stderr, "kvr-gen: reopening %s: %s\n", tmp_path, kvr_last_error());
-        remove(tmp_path);
+        kvr_file_abort(kf);
         arrfree(ts);
-        free(tmp_path);
         return 1;
     }
     size_t max_row = 0, total = 0;
@@ -698,18 +704,8 @@ int main(int argc, char ** argv) {
     }
     kvr_gguf_close(g);
 
-    // pass 2: generate and write each tensor in place, a slab of rows at a time; the file the
-    // writer just renamed into place, never a link planted under its name since (O_NOFOLLOW)
-    const int fd = open(tmp_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-    FILE * f = fd >= 0 ? fdopen(fd, "r+b") : NULL;
-    if (!f) {
-        if (fd >= 0) close(fd);
-        fprintf(stderr, "kvr-gen: cannot open %s for writing: %s\n", tmp_path, strerror(errno));
-        remove(tmp_path);
-        arrfree(ts);
-        free(tmp_path);
-        return 1;
-    }
+    // pass 2: generate and write each tensor in place, a slab of rows at a time
+    FILE * f = kvr_file_stream(kf);
     const size_t slab_bytes = (size_t) 32 << 20;
     uint8_t * slab = malloc(slab_bytes > max_row ? slab_bytes : max_row);
     int64_t max_ne0 = 0;
@@ -721,6 +717,7 @@ int main(int argc, char ** argv) {
     struct gen_job * jobs = malloc((size_t) n_threads * sizeof(struct gen_job));
     if (!slab || !scratch || !threads || !jobs) {
         fprintf(stderr, "kvr-gen: out of memory\n");
+        kvr_file_abort(kf);
         return 1;
     }
     const bool tty = isatty(fileno(stderr));
@@ -781,22 +778,17 @@ int main(int argc, char ** argv) {
             done += n;
         }
     }
-    if (fclose(f) != 0) {
-        ok = false;
-    }
     if (!ok) {
         fprintf(stderr, "\nkvr-gen: writing %s failed: %s\n", tmp_path, errno ? strerror(errno) : "?");
-        remove(tmp_path);
-    } else if (rename(tmp_path, out_path) != 0) {
-        fprintf(stderr, "kvr-gen: cannot rename %s to %s: %s\n", tmp_path, out_path, strerror(errno));
-        remove(tmp_path);
+        kvr_file_abort(kf);
+    } else if (kvr_file_commit(kf) != KVR_OK) { // flushed, synced and renamed onto out_path, or removed
+        fprintf(stderr, "kvr-gen: %s\n", kvr_last_error());
         ok = false;
     } else if (!quiet) {
         const double secs = (kvr_time_ms() - t_start) / 1000.0;
         fprintf(stderr, "%swrote %s: %s, %d tensors, %.1f MB of weights in %.1f s\n", tty ? "\r\033[K" : "",
                 out_path, kvr_type_name(wtype), n_tensors, (double) total / 1e6, secs);
     }
-    free(tmp_path);
     free(slab);
     free(scratch);
     free(threads);

@@ -230,7 +230,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
                   "another; only the template's own markers are special tokens)" },
         { .kind = KVR_CLI_SECTION, .help = "parallel prefill:" },
         { .name = "--ranks", .kind = KVR_CLI_INT, .dst = &a->n_ranks, .meta = "N", .lo = 1, .hi = 256,
-          .help = "ranks (default 1; under mpirun: the MPI size)" },
+          .help = "ranks (default 1; under mpirun: the MPI size); more than the prompt\n"
+                  "gives a token each are capped (mpirun: refused)" },
         { .name = "--strategy", .kind = KVR_CLI_CUSTOM, .dst = &a->strategy, .meta = "S", .parse = parse_strategy, .given = &a->strategy_set,
           .help = "single|tsp|kvr|ring-kv|ring-q|auto (default: single for 1 rank, kvr otherwise)" },
         { .name = "--partition", .kind = KVR_CLI_TEXT, .dst = &a->partition, .meta = "P",
@@ -972,6 +973,25 @@ int kvr_run_main(int argc, char ** argv) {
         fprintf(stderr, "kvr-run: warning: -c %d is above the %d tokens the model was trained on: positions past them are\n"
                 "  beyond what its RoPE saw in training, and the text may degrade there\n", a.n_ctx, n_train);
     }
+    // --ranks past what the prompt can use (kvr_useful_ranks: each rank must get a token of it) is
+    // capped, saying so: the text is the same on fewer ranks, so the run goes on rather than
+    // ending. The prompt decides when the run starts from an empty cache with it; a chat's turns,
+    // a restored cache and resumed logs are bounded by the context only. A given partition is the
+    // user's split. Processes under mpirun cannot be capped: too many are refused once the
+    // communicator says how many there are (below).
+    const bool fresh = !a.conversation && !a.kv_load && !a.resume && !(a.session && kv_file_tokens(a.session) > 0);
+    const int t_split = fresh ? n_prompt : n_ctx;
+    const bool own_split = a.partition && strcmp(a.partition, "even") != 0;
+    char split_what[64];
+    snprintf(split_what, sizeof(split_what), fresh ? "a %d-token prompt" : "a context of %d tokens", t_split);
+    if (!own_split && kvr_useful_ranks(a.strategy, t_split, a.n_ranks, a.pd) < a.n_ranks) {
+        const int u = kvr_useful_ranks(a.strategy, t_split, a.n_ranks, a.pd);
+        fprintf(stderr, "kvr-run: --ranks %d: %s gives %s work to %d rank%s%s (each needs a token of it): running %d\n", a.n_ranks,
+                split_what, kvr_strategy_name(a.strategy), a.pd ? u - 1 : u, (a.pd ? u - 1 : u) > 1 ? "s" : "",
+                a.pd ? " and the decode rank" : "", u);
+        a.n_ranks = u;
+        if (a.pd) a.decode_rank = u - 1;
+    }
     {   // every local rank holds a cache of n_ctx positions: refuse what the machine cannot hold
         const double kv_bytes = 2.0 * hp->n_layer * (double)hp->head_dim * hp->n_head_kv * n_ctx * sizeof(float);
         const int local = a.comm == KVR_COMM_LOCAL ? a.n_ranks : 1;
@@ -1051,6 +1071,16 @@ int kvr_run_main(int argc, char ** argv) {
     }
     // under MPI every rank runs this program; rank 0 speaks for all
     const bool speaker = kvr_session_rank(dist) == 0;
+    if (!own_split && kvr_useful_ranks(a.strategy, t_split, kvr_session_n_ranks(dist), a.pd) < kvr_session_n_ranks(dist)) {
+        // processes started by mpirun (the local count was capped above): every one refuses alike
+        const int u = kvr_useful_ranks(a.strategy, t_split, kvr_session_n_ranks(dist), a.pd);
+        if (speaker) {
+            fprintf(stderr, "kvr-run: %d processes: %s gives %s work to %d rank%s%s (each needs a token of it): start %d (mpirun -np %d)\n",
+                    kvr_session_n_ranks(dist), split_what, kvr_strategy_name(a.strategy), a.pd ? u - 1 : u, (a.pd ? u - 1 : u) > 1 ? "s" : "",
+                    a.pd ? " and the decode rank" : "", u, u);
+        }
+        goto done;
+    }
 
     if (!a.seed_set) a.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if (a.verbose && speaker) fprintf(stderr, "seed: %llu\n", (unsigned long long)a.seed);
