@@ -15,7 +15,8 @@
 // llama.cpp's. Final logit softcapping (Gemma 2's) is refused: Gemma 3 files do not have it.
 // Compiled as part of kvr.c, over the helpers of models/build.c.
 
-static int gemma3_layer_pattern(struct kvr_model * m, bool * local) {
+// (also gpt-oss's, whose default period is 2: even layers local)
+static int gemma3_layer_pattern(struct kvr_model * m, bool * local, uint32_t n_default) {
     const struct kvr_hparams * hp = &m->hp;
     const char * key = arch_key(m, "attention.sliding_window_pattern");
     const struct kvr_gguf_kv * kv = kvr_gguf_get_kv(m->gguf, key);
@@ -27,8 +28,8 @@ static int gemma3_layer_pattern(struct kvr_model * m, bool * local) {
         for (uint32_t il = 0; il < hp->n_layer; il++) local[il] = ((const uint8_t *)kv->data)[il] != 0;
         return KVR_OK;
     }
-    uint32_t n = 6;
-    if (hp_u32(m, "attention.sliding_window_pattern", &n, false, 6)) return KVR_ERR_FORMAT;
+    uint32_t n = n_default;
+    if (hp_u32(m, "attention.sliding_window_pattern", &n, false, n_default)) return KVR_ERR_FORMAT;
     for (uint32_t il = 0; il < hp->n_layer; il++) local[il] = n == 0 || il % n < n - 1;
     return KVR_OK;
 }
@@ -53,7 +54,7 @@ static int gemma3_load(struct kvr_model * m) {
     }
     if (hp->n_swa > 0) {
         bool * local = kvr_calloc(hp->n_layer, sizeof(bool));
-        const int rc = gemma3_layer_pattern(m, local);
+        const int rc = gemma3_layer_pattern(m, local, 6);
         for (uint32_t il = 0; il < hp->n_layer && rc == KVR_OK; il++) {
             if (!local[il]) continue;
             m->layers[il].window     = hp->n_swa;
