@@ -490,7 +490,8 @@ static struct {
 // another order), and the largest over the ops of a graph.
 static double op_nmse_bound(int op) {
     switch (op) {
-        case KVR_OP_MUL_MAT:    return 5e-4;
+        case KVR_OP_MUL_MAT:
+        case KVR_OP_MUL_MAT_ID: return 5e-4;
         case KVR_OP_ATTN:
         case KVR_OP_MERGE_ATTN: return 1e-5;
         default:                return 1e-7;
@@ -2299,6 +2300,98 @@ static void grp_fast_ref(void) {
 }
 
 //
+// MoE: MOE_ROUTE (each gating) -> MUL_MAT_ID gate/up (x shared by a token's experts, with biases)
+// -> SWIGLU_OAI or SILU*MUL -> MUL_MAT_ID down (x one row per slot) -> MOE_SUM, against a
+// double-precision forward pass written from kvr.h's definitions
+//
+
+static void t_moe(int K, int F, int E, int k, int T, int gating, bool oai, bool bias, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "MOE(K=%d,F=%d,E=%d,k=%d,T=%d,gating=%d%s%s)", K, F, E, k, T, gating, oai ? ",swiglu_oai" : "",
+             bias ? ",biases" : "");
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, K, T, 1, 1.0f);
+    struct kvr_tensor * lg = tc_input_f32(&tc, 2, E, T, 1, 2.0f);
+    struct kvr_tensor * wg = tc_input_f32(&tc, 3, K, F, E, 0.3f), * wu = tc_input_f32(&tc, 3, K, F, E, 0.3f);
+    struct kvr_tensor * wd = tc_input_f32(&tc, 3, F, K, E, 0.3f);
+    struct kvr_tensor * bg = bias ? tc_input_f32(&tc, 2, F, E, 1, 1.0f) : NULL, * bu = bias ? tc_input_f32(&tc, 2, F, E, 1, 1.0f) : NULL;
+    struct kvr_tensor * bd = bias ? tc_input_f32(&tc, 2, K, E, 1, 1.0f) : NULL;
+    struct kvr_tensor * route = kvr_moe_route(tc.ctx, lg, k, (enum kvr_moe_gating)gating);
+    struct kvr_tensor * g = kvr_mul_mat_id(tc.ctx, wg, x, route, bg), * u = kvr_mul_mat_id(tc.ctx, wu, x, route, bu);
+    struct kvr_tensor * a = oai ? kvr_swiglu_oai(tc.ctx, g, u, 1.702f, 7.0f) : kvr_mul(tc.ctx, kvr_silu(tc.ctx, g), u);
+    struct kvr_tensor * y = kvr_moe_sum(tc.ctx, kvr_mul_mat_id(tc.ctx, wd, a, route, bd), route);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, K, T, 1, 1)) {
+        tc_output(&tc, y, "y");
+        if (tc_compute(&tc, &y, 1)) {
+            double * ref = tc_doubles(&tc, (int64_t)K * T), * act = tc_doubles(&tc, F);
+            const float * X = x->data, * L = lg->data, * G = wg->data, * U = wu->data, * D = wd->data;
+            for (int t = 0; t < T; t++) {
+                const float * l = L + (int64_t)t * E;
+                double p[256], w[16];
+                int id[16];
+                double mx = -INFINITY, sum = 0;
+                for (int e = 0; e < E; e++) mx = fmax(mx, l[e]);
+                for (int e = 0; e < E; e++) { p[e] = exp(l[e] - mx); sum += p[e]; }
+                for (int e = 0; e < E; e++) p[e] = gating == KVR_MOE_TOPK_SOFTMAX ? l[e] : p[e] / sum;
+                for (int j = 0; j < k; j++) { // the k largest, largest first
+                    id[j] = -1;
+                    for (int e = 0; e < E; e++) {
+                        bool used = false;
+                        for (int i = 0; i < j; i++) used = used || id[i] == e;
+                        if (!used && (id[j] < 0 || p[e] > p[id[j]])) id[j] = e;
+                    }
+                    w[j] = p[id[j]];
+                }
+                if (gating == KVR_MOE_TOPK_SOFTMAX) {
+                    double m = -INFINITY, s = 0;
+                    for (int j = 0; j < k; j++) m = fmax(m, w[j]);
+                    for (int j = 0; j < k; j++) { w[j] = exp(w[j] - m); s += w[j]; }
+                    for (int j = 0; j < k; j++) w[j] /= s;
+                } else if (gating == KVR_MOE_SOFTMAX_TOPK_NORM) {
+                    double s = 0;
+                    for (int j = 0; j < k; j++) s += w[j];
+                    for (int j = 0; j < k; j++) w[j] /= s;
+                }
+                for (int n = 0; n < K; n++) ref[(int64_t)t * K + n] = 0;
+                for (int j = 0; j < k; j++) {
+                    const int64_t e = id[j];
+                    for (int f = 0; f < F; f++) {
+                        double gv = 0, uv = 0;
+                        for (int c = 0; c < K; c++) {
+                            gv += (double)G[(e * F + f) * K + c] * X[(int64_t)t * K + c];
+                            uv += (double)U[(e * F + f) * K + c] * X[(int64_t)t * K + c];
+                        }
+                        if (bias) { gv += ((const float *)bg->data)[e * F + f]; uv += ((const float *)bu->data)[e * F + f]; }
+                        if (oai) {
+                            const double ga = fmin(gv, 7.0), ua = fmax(-7.0, fmin(uv, 7.0));
+                            act[f] = ga / (1 + exp(-1.702 * ga)) * (ua + 1);
+                        } else {
+                            act[f] = gv / (1 + exp(-gv)) * uv;
+                        }
+                    }
+                    for (int n = 0; n < K; n++) {
+                        double dv = bias ? ((const float *)bd->data)[e * K + n] : 0.0;
+                        for (int f = 0; f < F; f++) dv += (double)D[(e * K + n) * F + f] * act[f];
+                        ref[(int64_t)t * K + n] += w[j] * dv;
+                    }
+                }
+            }
+            tc_check(&tc, "y", tc_read(&tc, y), ref, (int64_t)K * T, K, TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_moe(void) {
+    for (int nt = 1; nt <= 3; nt++) {
+        t_moe(32, 16, 8, 2, 1, KVR_MOE_SOFTMAX_TOPK_NORM, false, false, nt);   // decode: x [K, 1] vs [F, k, 1]
+        t_moe(32, 16, 8, 2, 13, KVR_MOE_SOFTMAX_TOPK_NORM, false, false, nt);
+        t_moe(64, 32, 8, 2, 2, KVR_MOE_TOPK_SOFTMAX, true, true, nt);          // T == k: shared x is not per slot
+        t_moe(64, 24, 16, 4, 37, KVR_MOE_SOFTMAX_TOPK, false, true, nt);
+        t_moe(96, 40, 6, 1, 5, KVR_MOE_TOPK_SOFTMAX, true, true, nt);
+    }
+}
+
+//
 // main
 //
 
@@ -2310,7 +2403,7 @@ static const struct group {
     { "RMS_NORM", grp_rms_norm }, { "NORM", grp_norm }, { "MUL_MAT", grp_mul_mat }, { "ROPE", grp_rope },
     { "SILU", grp_silu }, { "GELU", grp_gelu }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
-    { "PASS", grp_pass }, { "COUNTERS", grp_counters },
+    { "PASS", grp_pass }, { "COUNTERS", grp_counters }, { "MOE", grp_moe },
     { "FAST_REF", grp_fast_ref },
 };
 
