@@ -15,7 +15,8 @@
 // MXFP4 file's exact path against its dequantized twin's outputs); then qwen3moe files with
 // expert_used_count > expert_count, no expert_count, no expert tensor, no expert width refused,
 // naming what; gpt-oss with every layer global or without YaRN moving the logits, without a
-// layer's sinks refused; the MXFP4 file with 8-bit activations near the twin (llama.cpp: 0.17).
+// layer's sinks refused; the MXFP4 file with 8-bit activations near the twin (llama.cpp: 0.17);
+// a tiny-qwen3moe decode step's expert bytes (kvr_rank_stats) are those of its 2 experts a layer.
 // SHARED/reference/tiny-falcon-mqa.* (the Falcon graph, models/falcon.c: 3 layers, width 64, 4
 // query heads, 1 KV head, tied output) the same way, then its variants:
 //   - 40B-style attn_norm_2 with the same weights as attn_norm, zero QKV, attention output and
@@ -463,6 +464,35 @@ static void test_reuse(const struct kvr_model * m, const int32_t * toks, int n, 
     kvr_backend_free(be);
 }
 
+// A decode step reads only the experts its token picked: the counter of a one-token eval is
+// n_used experts' gate, up and down matrices in every layer, a quarter of tiny-qwen3moe's experts
+// (2 of 8); the prompt's eval reads more (its tokens pick most experts) and never more than all.
+static void test_moe_bytes(const struct kvr_model * m, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    const struct kvr_layer * l = &m->layers[0];
+    const int64_t one = (int64_t)(l->ffn_gate_exps->nb[2] + l->ffn_up_exps->nb[2] + l->ffn_down_exps->nb[2]);
+    const int64_t all = one * hp->n_expert * hp->n_layer, want = one * hp->n_expert_used * hp->n_layer;
+    const struct kvr_session_params sp = session_params(m, n + 2);
+    struct kvr_session * s = kvr_session_new(m, &sp);
+    const float * lg = s ? kvr_session_eval(s, toks, n) : NULL;
+    struct kvr_rank_stats st;
+    CHECK(lg && kvr_session_stats(s, &st, 1) == 1, "tiny-qwen3moe bytes: %s", kvr_last_error());
+    const int64_t prefill = lg ? st.expert_bytes : 0;
+    const int32_t next = lg ? kvr_argmax(lg, (int)hp->n_vocab) : 0;
+    lg = lg ? kvr_session_eval(s, &next, 1) : NULL;
+    CHECK(lg && kvr_session_stats(s, &st, 1) == 1, "tiny-qwen3moe bytes: decode: %s", kvr_last_error());
+    if (lg) {
+        printf("%-14s expert bytes: decode step %lld (%u of %u experts a layer: %lld of %lld), prefill of %d tokens %lld\n",
+               "tiny-qwen3moe", (long long)st.expert_bytes, hp->n_expert_used, hp->n_expert, (long long)want, (long long)all, n,
+               (long long)prefill);
+        CHECK(st.expert_bytes == want, "tiny-qwen3moe: a decode step read %lld expert bytes, its experts hold %lld",
+              (long long)st.expert_bytes, (long long)want);
+        CHECK(prefill > want && prefill <= all, "tiny-qwen3moe: the prompt read %lld expert bytes (want in (%lld, %lld])",
+              (long long)prefill, (long long)want, (long long)all);
+    }
+    kvr_session_free(s);
+}
+
 // MoE files missing what the recipe needs, or with counts that do not fit: refused, naming the key
 // or the tensor
 static void test_moe_refused(const struct kvr_model * m) {
@@ -568,6 +598,7 @@ int main(int argc, char ** argv) {
         int n = 0;
         struct kvr_model * m = test_reference(next, moe_names[i], NULL, LOGIT_TOL, toks, &n);
         if (m && i == 0) test_moe_refused(m);
+        if (m && i == 0) test_moe_bytes(m, toks, n);
         if (m && i > 0) test_gptoss(m, toks, n, i == 2);
         kvr_model_free(m);
     }
