@@ -873,9 +873,12 @@ static void test_archs(const struct tmodel * models, int n_models, const char * 
     }
     tol_logits = TOL_LOGITS;
     tol_cache  = TOL_CACHE;
-    group_end(group, "%d runs (%s; prefill and two turns, %d greedy steps; worst passing "
-              "logits %.1e, cache %.1e; gemma3 %.1e and %.1e)", runs, which, N_DECODE, worst_logits, worst_cache, worst_gemma_logits,
-              worst_gemma_cache);
+    char gemma_worst[64] = "";
+    if (worst_gemma_logits > 0.0 || worst_gemma_cache > 0.0) {
+        snprintf(gemma_worst, sizeof(gemma_worst), "; gemma3 %.1e and %.1e", worst_gemma_logits, worst_gemma_cache);
+    }
+    group_end(group, "%d runs (%s; prefill and two turns, %d greedy steps; worst passing logits %.1e, cache %.1e%s)", runs,
+              which, N_DECODE, worst_logits, worst_cache, gemma_worst);
 }
 
 //
