@@ -2222,8 +2222,9 @@ static void attn_count(int mode, const int32_t * qpos, int64_t Tq, int64_t BT, c
 // set: the fast paths are checked against them (test-ops, test-quant), and they are what to
 // switch to when a fast path is in doubt. Their own rounding is far below a fast path's, so the
 // two differ by the fast path's summation order alone (and by the fp16 steps GELU can turn that
-// into). GET_ROWS, ADD, MUL, ROPE, CPY, KV_STORE and MERGE_ATTN have one kernel each, already
-// plain, which both modes run. Threads split rows (or query rows) as the fast kernels do.
+// into). GET_ROWS, ADD, MUL, ROPE, CPY, KV_STORE, MERGE_ATTN, MOE_ROUTE, MOE_SUM and SWIGLU_OAI
+// have one kernel each, already plain, which both modes run. Threads split rows (or query rows)
+// as the fast kernels do.
 //
 
 static void ref_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
