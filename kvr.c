@@ -4806,7 +4806,14 @@ static size_t mm_id_scratch_floats(const struct kvr_tensor * node, int n_threads
     const struct kvr_tensor * w = node->src[0];
     const int64_t K = w->ne[0], N = w->ne[1], T = node->ne[2];
     const int64_t rows = (N + n_threads - 1) / n_threads;
-    return (size_t)(T + T * K + T * rows + K) + mm_scratch_floats(w->type, K, rows, T, 1, q8_act);
+    // an expert meets 1..T tokens, and the paths' scratch is not monotone in the tokens (one token
+    // of the integer path keeps a decode layout of its own; a few use the row path)
+    size_t kernel = mm_scratch_floats(w->type, K, rows, T, 1, q8_act);
+    for (int64_t t = 1; t < T && t <= QX_ROW_TOKENS + 1; t++) {
+        const size_t n = mm_scratch_floats(w->type, K, rows, t, 1, q8_act);
+        if (n > kernel) kernel = n;
+    }
+    return (size_t)(T + T * K + T * rows + K) + kernel;
 }
 
 static void cpu_op_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -5451,8 +5458,8 @@ static void trace_node(struct cpu_backend * cb, const struct kvr_tensor * t, dou
 #define CPU_SOLO_ELEMS 16384
 
 static bool node_solo(const struct kvr_tensor * t) {
-    return !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_ATTN &&
-           kvr_nelements(t) <= CPU_SOLO_ELEMS;
+    return !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_MUL_MAT_ID &&
+           t->op != KVR_OP_ATTN && kvr_nelements(t) <= CPU_SOLO_ELEMS;
 }
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {

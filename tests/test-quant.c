@@ -974,6 +974,84 @@ static void test_fast_vs_ref_type(const struct qtype * qt, bool q8, double * wor
     free(fast);
 }
 
+// MUL_MAT_ID (a mixture of experts) of every quantized type and MXFP4, exact and with 8-bit
+// activations: the fast kernel (tokens grouped by expert through the MUL_MAT paths) against the
+// reference one (each token and expert on its own), held to test_fast_vs_ref_type's bound over
+// the magnitudes of the experts the tokens picked; 4 experts, 2 a token, decode and a prefill.
+static void test_fast_vs_ref_moe(const struct qtype * qt, bool q8, double * worst_out) {
+    const bool kq = qt->blck == 256;
+    const int64_t K = kq ? 768 : 928, N = 37, E = 4, k = 2, nb = K / qt->blck;
+    static const int Ts[] = { 1, 13 };
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int64_t T = Ts[ti];
+        struct kvr_context * ctx = kvr_init(8u << 20, false);
+        const int64_t ne[3] = { K, N, E };
+        struct kvr_tensor * w = kvr_new_tensor(ctx, qt->type, 3, ne);
+        struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+        struct kvr_tensor * lg = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, E, T);
+        random_blocks(qt, w->data, (int)(nb * N * E));
+        for (int64_t i = 0; i < K * T; i++) ((float *)x->data)[i] = rng_normal();
+        for (int64_t i = 0; i < E * T; i++) ((float *)lg->data)[i] = rng_normal();
+        struct kvr_tensor * route = kvr_moe_route(ctx, lg, (int)k, KVR_MOE_SOFTMAX_TOPK_NORM);
+        struct kvr_tensor * y = kvr_mul_mat_id(ctx, w, x, route, NULL);
+        y->flags |= KVR_FLAG_OUTPUT;
+        route->flags |= KVR_FLAG_OUTPUT;
+        struct kvr_graph * g = kvr_graph_new(ctx, 16);
+        kvr_graph_expand(g, y);
+        const int64_t n_out = N * k * T;
+        float * fast = malloc(sizeof(float) * (size_t)n_out);
+        struct kvr_backend_params bp = { .n_threads = 3, .q8_activations = q8 };
+        struct kvr_backend * be_fast = kvr_backend_new("cpu", &bp);
+        bp.ref_kernels = true;
+        struct kvr_backend * be_ref = kvr_backend_new("cpu", &bp);
+        struct kvr_buffer * buf = kvr_backend_alloc_buffer(be_fast, kvr_graph_plan(g));
+        KVR_ASSERT(be_fast && be_ref && buf);
+        kvr_graph_place(g, buf);
+        int rc = kvr_backend_graph_compute(be_fast, g);
+        memcpy(fast, y->data, sizeof(float) * (size_t)n_out);
+        memset(y->data, 0xff, sizeof(float) * (size_t)n_out);
+        if (rc == KVR_OK) rc = kvr_backend_graph_compute(be_ref, g);
+        CHECK(rc == KVR_OK, "%s MUL_MAT_ID fast vs ref%s T=%lld: %s", qt->name, q8 ? " (q8)" : "", (long long)T, kvr_last_error());
+        double worst = 0.0;
+        for (int64_t t = 0; t < T && rc == KVR_OK; t++) {
+            for (int64_t j = 0; j < k; j++) {
+                const int64_t e = (int64_t)((const float *)route->data)[t * 2 * k + k + j];
+                for (int64_t n = 0; n < N; n++) {
+                    const uint8_t * row = (const uint8_t *)w->data + (e * N + n) * nb * qt->size;
+                    double mag = 0.0;
+                    for (int64_t b = 0; b < nb; b++) {
+                        const uint8_t * blk = row + b * qt->size;
+                        double d = 1.0, m = 0.0;
+                        if (qt->type != KVR_TYPE_MXFP4) ref_block_floats(qt, blk, &d, &m);
+                        for (int c = 0; c < qt->blck; c++) {
+                            double mw;
+                            if (qt->type == KVR_TYPE_MXFP4) {
+                                mw = fabs(qt->ref(blk, c));
+                            } else {
+                                const struct ref_ints r = ref_int(qt->type, blk, c);
+                                mw = fabs(d * r.sc * r.q) + fabs(m * (kq ? r.mn : 1));
+                            }
+                            mag += mw * fabs(((const float *)x->data)[t * K + b * qt->blck + c]);
+                        }
+                    }
+                    const int64_t i = (t * k + j) * N + n;
+                    const double r = fabs((double)fast[i] - ((const float *)y->data)[i]) / (mag + 1e-30);
+                    if (!(r <= worst)) worst = r;
+                }
+            }
+        }
+        const double bound = 2.0 * (double)K / 16777216.0;
+        CHECK(worst <= bound, "%s MUL_MAT_ID fast vs ref%s T=%lld: worst difference %.3g of sum |w x|, bound %.3g", qt->name,
+              q8 ? " (q8)" : "", (long long)T, worst, bound);
+        if (!(worst <= *worst_out)) *worst_out = worst;
+        free(fast);
+        kvr_buffer_free(buf);
+        kvr_backend_free(be_ref);
+        kvr_backend_free(be_fast);
+        kvr_free(ctx);
+    }
+}
+
 static void test_fast_vs_ref(void) {
     const char * env = getenv("KVR_REF");
     if (env && *env && strcmp(env, "0") != 0) {
@@ -987,6 +1065,13 @@ static void test_fast_vs_ref(void) {
     }
     printf("fast paths vs reference kernels: worst difference %.3g (exact), %.3g (8-bit activations) of sum |w x|\n",
            worst[0], worst[1]);
+    double worst_id[2] = { 0.0, 0.0 };
+    for (int q8 = 0; q8 < 2; q8++) {
+        for (int i = 0; i < N_QTYPES; i++) test_fast_vs_ref_moe(&qtypes[i], q8, &worst_id[q8]);
+        test_fast_vs_ref_moe(&qtype_mxfp4, q8, &worst_id[q8]);
+    }
+    printf("MUL_MAT_ID fast vs reference kernels: worst difference %.3g (exact), %.3g (8-bit activations) of sum |w x|\n",
+           worst_id[0], worst_id[1]);
 }
 
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
