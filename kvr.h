@@ -359,8 +359,9 @@ enum kvr_moe_gating {
 struct kvr_tensor * kvr_moe_route(struct kvr_context * ctx, struct kvr_tensor * logits, int k, enum kvr_moe_gating gating);
 // y[:, j, t] = w[:, :, e] . x[:, j or 0, t] (+ b[:, e]) with e = token t's j-th expert: x is [K, T]
 // (every expert of a token reads the same row) or [K, k, T] (each its own); w [K, N, E] any supported
-// type with whole rows per expert. Only the rows of experts some token picked are read: tokens are
-// grouped by expert, and struct kvr_counters' expert_bytes counts the weight bytes read. b: optional
+// type with whole rows per expert. Only the rows of experts some token picked are read: on the CPU
+// tokens are grouped by expert and struct kvr_counters' expert_bytes counts the weight bytes read
+// (the CUDA kernel reads a token's experts' rows per token and counts none). b: optional
 // f32 [N, E], src[3]. result [N, k, T] f32.
 struct kvr_tensor * kvr_mul_mat_id(struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x,
                                    struct kvr_tensor * route, struct kvr_tensor * b);
@@ -620,7 +621,7 @@ struct kvr_counters {
     int64_t attn_dot_dense;   // query-key pairs computed (one head, one layer counts 1 per pair)
     int64_t attn_dot_causal;  // query-key pairs causality needs
     int64_t matmul_flops;     // 2*K*N*T per MUL_MAT (MUL_MAT_ID: per token and expert it ran)
-    int64_t expert_bytes;     // weight bytes MUL_MAT_ID read: the rows of the experts tokens picked
+    int64_t expert_bytes;     // weight bytes MUL_MAT_ID read: the rows of the experts tokens picked (CPU)
     double  compute_ms;
     double  op_ms[KVR_OP_COUNT]; // wall time per op kind (thread 0's view, barrier included)
 };
