@@ -196,8 +196,10 @@ static int load_moe_hparams(struct kvr_model * m) {
     }
     if (hp_u32(m, "expert_feed_forward_length", &hp->n_ff_exp, false, hp->n_ff / hp->n_expert_used)) return KVR_ERR_FORMAT;
     if (hp->n_ff_exp == 0) {
+        char ffn[128]; // arch_key's buffer is one: the second key is formatted into it later
+        snprintf(ffn, sizeof(ffn), "%s", arch_key(m, "feed_forward_length"));
         return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' is missing (and '%s' gives no width)", m->path,
-                         arch_key(m, "expert_feed_forward_length"), arch_key(m, "feed_forward_length"));
+                         arch_key(m, "expert_feed_forward_length"), ffn);
     }
     return KVR_OK;
 }
