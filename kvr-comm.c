@@ -1575,8 +1575,9 @@ struct pass_ctx {
     bool                  receiver;  // P/D's decode rank: receives the cache, builds no model
     int                   n_final;   // cache rows this rank holds after the eval
     float                 scale;     // of the ATTN_BLOCK being rewritten: its score scale,
-    float                 softcap;   //   its scores' soft-capping (0: none)
-    int                   window;    //   and its sliding window (0: none)
+    float                 softcap;   //   its scores' soft-capping (0: none),
+    int                   window;    //   its sliding window (0: none)
+    struct kvr_tensor   * attn_sinks;//   and its attention sinks (NULL: none; kvr_attn_sinks)
 };
 
 // t into the sinks at index at (the ones from there on move up one)
@@ -1622,17 +1623,25 @@ static struct kvr_tensor * store_new(struct pass_ctx * pc, int il, struct kvr_te
     return vs;
 }
 
-// merge partial attentions in groups the node's source slots allow
+// merge partial attentions in groups the node's source slots allow; the layer's attention sinks
+// (kept out of the partials) join the last merge, so they count once
 static struct kvr_tensor * merge_all(struct pass_ctx * pc, struct kvr_tensor ** parts, int n, int n_head, int il) {
     struct kvr_tensor * acc = parts[0];
+    const int slots = pc->attn_sinks ? KVR_MAX_SRC - 1 : KVR_MAX_SRC;
     int i = 1;
-    while (i < n) {
+    bool merged = false; // with sinks there is a merge (of parts[0] alone, if need be) to hold them
+    while (i < n || (!merged && pc->attn_sinks)) {
         struct kvr_tensor * grp[KVR_MAX_SRC];
         int g = 0;
         grp[g++] = acc;
-        while (g < KVR_MAX_SRC && i < n) grp[g++] = parts[i++];
+        while (g < slots && i < n) grp[g++] = parts[i++];
+        merged = true;
         acc = kvr_set_name(kvr_merge_attn(pc->ctx, grp, g, n_head), "blk.%d.attn_merge", il);
         acc->why = "merge the partial attentions by their log-sum-exp";
+    }
+    if (pc->attn_sinks) {
+        kvr_attn_sinks(acc, pc->attn_sinks);
+        acc->why = "merge the partial attentions by their log-sum-exp, with the attention sinks";
     }
     return acc;
 }
@@ -1652,7 +1661,7 @@ static void pass_tsp(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     sink(pc, vs, "tsp: every rank's V rows into every rank's cache");
     struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, T)), as_heads(pc, cache_rows(pc, c->v[il], 0, T)),
                                      pos, pc->kpos, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
-    kvr_replace_node(t, a, "tsp: attention over the gathered cache");
+    kvr_replace_node(t, kvr_attn_sinks(a, pc->attn_sinks), "tsp: attention over the gathered cache");
 }
 
 static void pass_kvr(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
@@ -1691,7 +1700,7 @@ static void pass_kvr(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], lo_in, e - lo_in)),
                                      as_heads(pc, cache_rows(pc, c->v[il], lo_in, e - lo_in)), pos, kp, vs, pc->scale, pc->softcap, W,
                                      pc->d->p.attn_mode);
-    kvr_replace_node(t, a, W ? "kvr: sliding-window attention over cache [s_r-W+1, e_r)" : "kvr: attention over cache [0, e_r)");
+    kvr_replace_node(t, kvr_attn_sinks(a, pc->attn_sinks), W ? "kvr: sliding-window attention over cache [s_r-W+1, e_r)" : "kvr: attention over cache [0, e_r)");
 }
 
 // an input buffer a receive is posted into: allocated before the graph runs
@@ -1900,9 +1909,10 @@ static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
     for (int b = 0; b < nb; b++) {
         struct kvr_tensor * t = blocks[b];
         const int il = t->op_params[0];
-        pc->scale   = kvr_attn_block_scale(t);
-        pc->softcap = kvr_attn_block_softcap(t);
-        pc->window  = kvr_attn_block_window(t);
+        pc->scale      = kvr_attn_block_scale(t);
+        pc->softcap    = kvr_attn_block_softcap(t);
+        pc->window     = kvr_attn_block_window(t);
+        pc->attn_sinks = kvr_attn_sinks_of(t);
         switch (pc->pl->strat) {
             case KVR_STRATEGY_TSP:     pass_tsp(pc, t, il); break;
             case KVR_STRATEGY_KVR:     pass_kvr(pc, t, il); break;
@@ -2118,7 +2128,8 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     dr->comm->st.tokens = c;
     dr->comm->st.attn_dot_dense  = attn_layers ? cn->attn_dot_dense / attn_layers : 0;
     dr->comm->st.attn_dot_causal = attn_layers ? cn->attn_dot_causal / attn_layers : 0;
-    dr->comm->st.matmul_ms = cn->op_ms[KVR_OP_MUL_MAT];
+    dr->comm->st.matmul_ms = cn->op_ms[KVR_OP_MUL_MAT] + cn->op_ms[KVR_OP_MUL_MAT_ID];
+    dr->comm->st.expert_bytes = cn->expert_bytes;
     dr->comm->st.attn_ms = cn->op_ms[KVR_OP_ATTN];
     dr->comm->st.compute_ms = 0.0;
     for (int k = 0; k < KVR_OP_COUNT; k++) {

@@ -293,7 +293,7 @@ static __device__ __forceinline__ float warp_max(float v) {
 // a thread's block buffer has the right size and kvr_dequant_block folds to one case.
 static __host__ __device__ constexpr int cu_blck(int type) {
     return type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1 || type == KVR_TYPE_Q5_0 || type == KVR_TYPE_Q5_1 ||
-           type == KVR_TYPE_Q8_0 || type == KVR_TYPE_Q8_1 ? KVR_QK
+           type == KVR_TYPE_Q8_0 || type == KVR_TYPE_Q8_1 || type == KVR_TYPE_MXFP4 ? KVR_QK
          : type == KVR_TYPE_Q2_K || type == KVR_TYPE_Q3_K || type == KVR_TYPE_Q4_K || type == KVR_TYPE_Q5_K ||
            type == KVR_TYPE_Q6_K || type == KVR_TYPE_Q8_K ? KVR_QK_K : 1;
 }
@@ -302,7 +302,8 @@ static __host__ __device__ constexpr int cu_blck(int type) {
 #define CU_WEIGHT_TYPES(X) \
     X(KVR_TYPE_F32) X(KVR_TYPE_F16) X(KVR_TYPE_BF16) \
     X(KVR_TYPE_Q4_0) X(KVR_TYPE_Q4_1) X(KVR_TYPE_Q5_0) X(KVR_TYPE_Q5_1) X(KVR_TYPE_Q8_0) X(KVR_TYPE_Q8_1) \
-    X(KVR_TYPE_Q2_K) X(KVR_TYPE_Q3_K) X(KVR_TYPE_Q4_K) X(KVR_TYPE_Q5_K) X(KVR_TYPE_Q6_K) X(KVR_TYPE_Q8_K)
+    X(KVR_TYPE_Q2_K) X(KVR_TYPE_Q3_K) X(KVR_TYPE_Q4_K) X(KVR_TYPE_Q5_K) X(KVR_TYPE_Q6_K) X(KVR_TYPE_Q8_K) \
+    X(KVR_TYPE_MXFP4)
 
 static bool cu_type_ok(enum kvr_type t) {
     switch (t) {
@@ -402,17 +403,19 @@ static __global__ void k_norm(int rms, cu_tensor a, cu_tensor d, float eps) {
 
 // ROPE: a block per (head, token); a thread per rotated pair, then the dims past n_rot copied
 static __global__ void k_rope(cu_tensor a, cu_tensor d, const int32_t * pos, const float * freqs, int n_rot, int mode,
-                              float theta_scale, float freq_scale, float attn_factor) {
+                              float theta_scale, float freq_scale, float ext_factor, float mscale, float corr_lo, float corr_hi) {
     const int64_t H = a.ne[1];
     const int64_t h = blockIdx.x % H, t = blockIdx.x / H;
     const float * x = (const float *)(a.data + h * a.nb[1] + t * a.nb[2]);
     float * y = (float *)(d.data + h * d.nb[1] + t * d.nb[2]);
     for (int i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        const float th = kvr_rope_angle(kvr_rope_theta(pos[t], theta_scale, i), freqs, i, freq_scale);
+        const float th = kvr_rope_theta(pos[t], theta_scale, i);
+        float c, sn; // YaRN's ramp and magnitude where the node has them (kvr_rope_yarn)
+        kvr_rope_yarn_cs(freqs ? th / freqs[i] : th, freq_scale, ext_factor, mscale, corr_lo, corr_hi, i, &c, &sn);
         int i0, i1;
         kvr_rope_dims(mode, n_rot, i, &i0, &i1);
         float y0, y1;
-        kvr_rope_rotate(x[i0], x[i1], cosf(th) * attn_factor, sinf(th) * attn_factor, &y0, &y1);
+        kvr_rope_rotate(x[i0], x[i1], c, sn, &y0, &y1);
         y[i0] = y0;
         y[i1] = y1;
     }
@@ -507,6 +510,7 @@ struct cu_attn_args {
     int64_t window;               // sliding window (0: none)
     float scale;
     float softcap;                // scores soft-capped at this (0: not)
+    const float * sink;           // per-head sink logits (NULL: none; kvr_attn_sinks)
     unsigned long long * count;   // [0] pairs computed, [1] pairs causality needs (KV head 0)
 };
 
@@ -625,6 +629,11 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
         }
         if (!active) continue;
         if (g == 0 && r % G == 0 && lane == 0) atomicAdd(&p.count[1], (unsigned long long)seen);
+        if (p.sink) { // the sink's logit: one more term of the denominator, no value
+            const float corr = kvr_softmax_step(&M, &L, kvr_softmax_max(M, p.sink[h]), 0.0f);
+            L += expf(p.sink[h] - M);
+            for (int c = 0; c < ND; c++) o[c] *= corr;
+        }
         float inv, lse;
         kvr_softmax_finish(M, L, &inv, &lse);
         float * out = (float *)(p.out + (i0 + i) * p.out_nb1);
@@ -676,6 +685,7 @@ struct cu_merge_args {
     char * out;
     int64_t out_nb1;
     int n, H, D;
+    const float * sink;           // per-head sink logits, added once to the merged result (NULL: none)
 };
 
 static __global__ void k_merge_attn(cu_merge_args p) {
@@ -687,10 +697,11 @@ static __global__ void k_merge_attn(cu_merge_args p) {
         float m = -INFINITY;
         for (int i = 0; i < p.n; i++) m = fmaxf(m, ((const float *)(p.part[i] + r * p.part_nb1[i]))[HD + h]);
         if (m == -INFINITY) {
-            out[e] = e < HD ? 0.0f : -INFINITY;
+            out[e] = e < HD ? 0.0f : p.sink ? p.sink[h] : -INFINITY;
             continue;
         }
-        float sum = 0.0f, acc = 0.0f;
+        if (p.sink) m = fmaxf(m, p.sink[h]);
+        float sum = p.sink ? kvr_lse_weight(p.sink[h], m) : 0.0f, acc = 0.0f;
         for (int i = 0; i < p.n; i++) {
             const float * part = (const float *)(p.part[i] + r * p.part_nb1[i]);
             const float w = kvr_lse_weight(part[HD + h], m);
@@ -699,6 +710,94 @@ static __global__ void k_merge_attn(cu_merge_args p) {
         }
         out[e] = e < HD ? acc * (1.0f / sum) : kvr_lse_merged(m, sum);
     }
+}
+
+// MOE_ROUTE: a thread per token, the CPU's rules (kvr_moe_route): softmax then the top k (weights
+// renormalised for KVR_MOE_SOFTMAX_TOPK_NORM), or the top k logits then their softmax
+static __global__ void k_moe_route(cu_tensor a, cu_tensor d, int k, int gating) {
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (t >= a.ne[1]) return;
+    const int64_t E = a.ne[0];
+    const float * x = (const float *)(a.data + t * a.nb[1]);
+    float * w = (float *)(d.data + t * d.nb[1]), * ids = w + k;
+    float mx = -INFINITY, inv = 1.0f;
+    if (gating != KVR_MOE_TOPK_SOFTMAX) {
+        for (int64_t e = 0; e < E; e++) mx = fmaxf(mx, x[e]);
+        double sum = 0.0;
+        for (int64_t e = 0; e < E; e++) sum += (double)expf(x[e] - mx);
+        inv = (float)(1.0 / sum);
+    }
+    for (int j = 0; j < k; j++) {
+        int64_t best = -1;
+        float best_v = -INFINITY;
+        for (int64_t e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j && !taken; i++) taken = (int64_t)ids[i] == e;
+            if (taken) continue;
+            const float v = gating == KVR_MOE_TOPK_SOFTMAX ? x[e] : expf(x[e] - mx) * inv;
+            if (best < 0 || v > best_v) { best = e; best_v = v; }
+        }
+        ids[j] = (float)best;
+        w[j] = best_v;
+    }
+    if (gating == KVR_MOE_TOPK_SOFTMAX) {
+        float m = -INFINITY;
+        for (int j = 0; j < k; j++) m = fmaxf(m, w[j]);
+        double sum = 0.0;
+        for (int j = 0; j < k; j++) { w[j] = expf(w[j] - m); sum += w[j]; }
+        const float is = (float)(1.0 / sum);
+        for (int j = 0; j < k; j++) w[j] *= is;
+    } else if (gating == KVR_MOE_SOFTMAX_TOPK_NORM) {
+        double sum = 0.0;
+        for (int j = 0; j < k; j++) sum += w[j];
+        const float s = fmaxf((float)sum, 6.103515625e-5f);
+        for (int j = 0; j < k; j++) w[j] /= s;
+    }
+}
+
+// MUL_MAT_ID: a block per (token, expert slot), a warp per output row at a time; each lane
+// dequantizes whole blocks of the row of the slot's expert (only the picked experts' rows are read)
+template <int TYPE>
+static __global__ void k_mul_mat_id(cu_tensor w, cu_tensor x, cu_tensor route, const char * b, int64_t b_nb1, cu_tensor d) {
+    constexpr int BS = cu_blck(TYPE);
+    const int64_t k = d.ne[1], T = d.ne[2], K = w.ne[0], N = w.ne[1];
+    const int64_t t = blockIdx.x / k, j = blockIdx.x % k;
+    const int64_t e = (int64_t)((const float *)(route.data + t * route.nb[1]))[route.ne[0] / 2 + j];
+    const bool shared = x.ne[2] == 1 && x.ne[1] == T;
+    const float * xr = (const float *)(x.data + (shared ? t * x.nb[1] : j * x.nb[1] + t * x.nb[2]));
+    float * y = (float *)(d.data + j * d.nb[1] + t * d.nb[2]);
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int64_t n = threadIdx.x / 32; n < N; n += warps) {
+        const char * row = w.data + e * w.nb[2] + n * w.nb[1];
+        float acc = 0.0f;
+        for (int64_t bi = lane; bi < K / BS; bi += 32) {
+            float v[BS];
+            kvr_dequant_block((enum kvr_type)TYPE, row, bi, v);
+            for (int q = 0; q < BS; q++) acc += v[q] * xr[bi * BS + q];
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[n] = b ? acc + ((const float *)(b + e * b_nb1))[n] : acc;
+    }
+}
+
+// MOE_SUM: a block per token; each product rounded, then added in order of the slots (the CPU's)
+static __global__ void k_moe_sum(cu_tensor y, cu_tensor route, cu_tensor d) {
+    const int64_t t = blockIdx.x, k = y.ne[1];
+    const float * w = (const float *)(route.data + t * route.nb[1]);
+    float * out = (float *)(d.data + t * d.nb[1]);
+    for (int64_t n = threadIdx.x; n < y.ne[0]; n += blockDim.x) {
+        float acc = __fmul_rn(((const float *)(y.data + t * y.nb[2]))[n], w[0]);
+        for (int64_t j = 1; j < k; j++) acc = __fadd_rn(acc, __fmul_rn(((const float *)(y.data + j * y.nb[1] + t * y.nb[2]))[n], w[j]));
+        out[n] = acc;
+    }
+}
+
+// SWIGLU_OAI: a thread per element (gate and up contiguous)
+static __global__ void k_swiglu_oai(const float * g, const float * u, float * y, int64_t n, float alpha, float limit) {
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float a = fminf(g[i], limit), c = fminf(fmaxf(u[i], -limit), limit);
+    y[i] = a / (1.0f + expf(alpha * (-a))) * (c + 1.0f);
 }
 
 //
@@ -768,16 +867,16 @@ static int op_norm(struct cu_backend * cb, struct kvr_tensor * node) {
 static int op_rope(struct cu_backend * cb, struct kvr_tensor * node) {
     const struct kvr_tensor * a = node->src[0], * pos = node->src[1];
     const int n_rot = node->op_params[0], mode = node->op_params[1];
-    float freq_base, freq_scale, attn_factor;
+    float freq_base, freq_scale, yarn[4];
     memcpy(&freq_base, &node->op_params[2], sizeof(float));
     memcpy(&freq_scale, &node->op_params[3], sizeof(float));
-    memcpy(&attn_factor, &node->op_params[4], sizeof(float));
+    memcpy(yarn, &node->op_params[4], sizeof(yarn)); // ext_factor, attn_factor, corr_lo, corr_hi
     const int64_t n = a->ne[1] * a->ne[2];
     if (n == 0) return KVR_OK;
     // theta_scale on the host, with the CPU's powf: every angle then starts from the same bits
     const float * freqs = node->src[2] ? (const float *)node->src[2]->data : NULL; // per-pair divisors
     k_rope<<<(unsigned)n, cu_threads_for(a->ne[0] / 2), 0, cb->compute>>>(cu_t(a), cu_t(node), (const int32_t *)pos->data,
-        freqs, n_rot, mode, kvr_rope_theta_scale(freq_base, n_rot), freq_scale, attn_factor);
+        freqs, n_rot, mode, kvr_rope_theta_scale(freq_base, n_rot), freq_scale, yarn[0], yarn[1], yarn[2], yarn[3]);
     CU_LAUNCHED();
     return KVR_OK;
 }
@@ -875,6 +974,53 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
     return KVR_OK;
 }
 
+static int op_moe_route(struct cu_backend * cb, struct kvr_tensor * node) {
+    const struct kvr_tensor * a = node->src[0];
+    if (a->ne[1] == 0) return KVR_OK;
+    k_moe_route<<<cu_blocks(a->ne[1], 64), 64, 0, cb->compute>>>(cu_t(a), cu_t(node), node->op_params[0], node->op_params[1]);
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
+static int op_mul_mat_id(struct cu_backend * cb, struct kvr_tensor * node) {
+    const struct kvr_tensor * w = node->src[0], * x = node->src[1], * route = node->src[2], * b = node->src[3];
+    const int64_t slots = node->ne[1] * node->ne[2];
+    if (slots == 0) return KVR_OK;
+    cb->counters.matmul_flops += 2 * w->ne[0] * w->ne[1] * slots;
+    switch (w->type) {
+#define CU_CASE(TYPE) case TYPE: \
+        k_mul_mat_id<TYPE><<<(unsigned)slots, 256, 0, cb->compute>>>(cu_t(w), cu_t(x), cu_t(route), \
+            b ? (const char *)b->data : NULL, b ? (int64_t)b->nb[1] : 0, cu_t(node)); break;
+        CU_WEIGHT_TYPES(CU_CASE)
+#undef CU_CASE
+        default:
+            return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: MUL_MAT_ID with weights of type %s (tensor '%s')", cb->device,
+                             kvr_type_name(w->type), node->name);
+    }
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
+static int op_moe_sum(struct cu_backend * cb, struct kvr_tensor * node) {
+    if (node->ne[1] == 0) return KVR_OK;
+    k_moe_sum<<<(unsigned)node->ne[1], cu_threads_for(node->ne[0]), 0, cb->compute>>>(cu_t(node->src[0]), cu_t(node->src[1]),
+                                                                                      cu_t(node));
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
+static int op_swiglu_oai(struct cu_backend * cb, struct kvr_tensor * node) {
+    const int64_t n = kvr_nelements(node);
+    if (n == 0) return KVR_OK;
+    float alpha, limit;
+    memcpy(&alpha, &node->op_params[0], sizeof(float));
+    memcpy(&limit, &node->op_params[1], sizeof(float));
+    k_swiglu_oai<<<cu_blocks(n, 256), 256, 0, cb->compute>>>((const float *)node->src[0]->data, (const float *)node->src[1]->data,
+                                                             (float *)node->data, n, alpha, limit);
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
 static int op_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     const struct kvr_tensor * q = node->src[0], * k = node->src[1], * v = node->src[2];
     cu_attn_args p;
@@ -892,6 +1038,7 @@ static int op_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     p.window = node->op_params[3];
     memcpy(&p.scale, &node->op_params[2], sizeof(float));
     memcpy(&p.softcap, &node->op_params[4], sizeof(float));
+    p.sink = node->src[6] ? (const float *)node->src[6]->data : NULL;
     p.count = cb->dcount;
     if (p.Tq == 0) return KVR_OK;
     const size_t shmem = (size_t)(2 * CU_ATTN_CK * p.D) * sizeof(float);
@@ -912,6 +1059,7 @@ static int op_merge_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     }
     p.out = (char *)node->data;
     p.out_nb1 = (int64_t)node->nb[1];
+    p.sink = kvr_attn_sinks_of(node) ? (const float *)kvr_attn_sinks_of(node)->data : NULL;
     if (node->ne[1] == 0) return KVR_OK;
     k_merge_attn<<<(unsigned)node->ne[1], 256, 0, cb->compute>>>(p);
     CU_LAUNCHED();
@@ -1102,6 +1250,14 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
             return a->ne[0] <= CU_ATTN_DMAX && t->src[1]->nb[0] == 4 && t->src[2]->nb[0] == 4;
         case KVR_OP_MERGE_ATTN:
             return true;
+        case KVR_OP_MUL_MAT_ID:
+            return cu_type_ok(a->type) && t->src[1]->type == KVR_TYPE_F32 && t->src[1]->nb[0] == 4 &&
+                   a->ne[0] % kvr_blck_size(a->type) == 0;
+        case KVR_OP_MOE_ROUTE:
+        case KVR_OP_MOE_SUM:
+            return a->type == KVR_TYPE_F32 && a->nb[0] == 4;
+        case KVR_OP_SWIGLU_OAI:
+            return kvr_is_contiguous(a) && kvr_is_contiguous(t->src[1]);
         case KVR_OP_SEND:        // through kvr_backend_comm_node: staged in host memory by kvr
         case KVR_OP_RECV:
         case KVR_OP_ALL_GATHER:
@@ -1136,6 +1292,10 @@ static int cu_compute_node(struct cu_backend * cb, struct kvr_tensor * t) {
         case KVR_OP_KV_STORE:   return op_cpy(cb, t);
         case KVR_OP_ATTN:       return op_attn(cb, t);
         case KVR_OP_MERGE_ATTN: return op_merge_attn(cb, t);
+        case KVR_OP_MUL_MAT_ID: return op_mul_mat_id(cb, t);
+        case KVR_OP_MOE_ROUTE:  return op_moe_route(cb, t);
+        case KVR_OP_MOE_SUM:    return op_moe_sum(cb, t);
+        case KVR_OP_SWIGLU_OAI: return op_swiglu_oai(cb, t);
         case KVR_OP_NONE:
         case KVR_OP_VIEW:       return KVR_OK;
         case KVR_OP_SEND:       // the graph loop hands these to kvr_backend_comm_node

@@ -297,14 +297,17 @@ int kvr_tune_model_from(const struct kvr_model * mdl, struct kvr_tune_model * ou
     double bytes = 0.0, elems = 0.0;
     if (mdl->layers) {
         const struct kvr_layer * l = &mdl->layers[0];
-        const struct kvr_tensor * w[] = { l->wq, l->wk, l->wv, l->wqkv, l->wo, l->ffn_gate, l->ffn_up, l->ffn_down };
+        const struct kvr_tensor * w[] = { l->wq, l->wk, l->wv, l->wqkv, l->wo, l->ffn_gate, l->ffn_up, l->ffn_down,
+                                           l->ffn_gate_exps, l->ffn_up_exps, l->ffn_down_exps };
         for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
             if (!w[i]) continue;
             bytes += (double)kvr_row_size(w[i]->type, w[i]->ne[0]) * (double)kvr_nrows(w[i]);
             elems += (double)kvr_nelements(w[i]);
         }
-        if (!l->ffn_gate) m.n_ffn_mats = 2;
+        if (!l->ffn_gate && !l->ffn_gate_exps) m.n_ffn_mats = 2;
     }
+    // a mixture of experts: a token's FFN is its n_expert_used experts' (FLOPs per token)
+    if (hp->n_expert) m.n_ff = (int)(hp->n_expert_used * hp->n_ff_exp);
     m.weight_bytes = elems > 0 ? bytes / elems : 0.0;
     // the table key: the file name (general.name is often just the architecture, "llama")
     char name[sizeof(mdl->path)];

@@ -401,6 +401,7 @@ static const struct type_traits type_traits[KVR_TYPE_COUNT] = {
     [KVR_TYPE_I64]  = { "i64",  1,   8   },
     [KVR_TYPE_F64]  = { "f64",  1,   8   },
     [KVR_TYPE_BF16] = { "bf16", 1,   2   },
+    [KVR_TYPE_MXFP4] = { "mxfp4", 32, 17 },
 };
 
 static bool type_known(enum kvr_type t) {
@@ -436,8 +437,8 @@ static bool tensor_bytes(enum kvr_type type, const int64_t ne[KVR_MAX_DIMS], siz
 // 4. quantized types: block layouts and their conversion to f32
 //
 
-// GGML's block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and the k-quants Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K, Q8_K. Their byte layouts and the dequantization of one block live in kvr.h's internal
+// GGML's block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, the k-quants Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K, Q8_K, and MXFP4. Their byte layouts and the dequantization of one block live in kvr.h's internal
 // section (struct kvr_block_*, kvr_dequant_*: plain loops with fixed trip counts), shared with the
 // CUDA kernels; here they run over rows, each per-block function inlined into a loop the compiler
 // vectorizes (a matmul dequantizes each weight row once and reuses it over every token). Then the
@@ -477,6 +478,7 @@ Q_TO_FLOAT(q4_K, KVR_QK_K)
 Q_TO_FLOAT(q5_K, KVR_QK_K)
 Q_TO_FLOAT(q6_K, KVR_QK_K)
 Q_TO_FLOAT(q8_K, KVR_QK_K)
+Q_TO_FLOAT(mxfp4, KVR_QK)
 #undef Q_TO_FLOAT
 
 //
@@ -511,6 +513,30 @@ static size_t q_from_float_q8_0(const float * x, void * dst, int64_t n) {
         }
     }
     return (size_t)(n/KVR_QK) * sizeof(struct kvr_block_q8_0);
+}
+
+// MXFP4 as ggml's reference quantizer: the exponent puts the block's largest magnitude in [4, 8)
+// times 2^(e-128) (8 is the largest doubled value but 12), then each value takes the code of the
+// nearest representable value, the first of equals (so +0 before -0, as ggml's search).
+static size_t q_from_float_mxfp4(const float * x, void * dst, int64_t n) {
+    struct kvr_block_mxfp4 * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK; i++, y++, x += KVR_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < KVR_QK; j++) amax = q_maxf(amax, fabsf(x[j]));
+        y->e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float d = kvr_e8m0_half(y->e);
+        for (int j = 0; j < KVR_QK; j++) {
+            int best = 0;
+            float err = fabsf((float)kvr_mxfp4_value(0) * d - x[j]);
+            for (int c = 1; c < 16; c++) {
+                const float e = fabsf((float)kvr_mxfp4_value(c) * d - x[j]);
+                if (e < err) { best = c; err = e; }
+            }
+            if (j < KVR_QK/2) y->qs[j] = (uint8_t)best;
+            else              y->qs[j - KVR_QK/2] |= (uint8_t)(best << 4);
+        }
+    }
+    return (size_t)(n/KVR_QK) * sizeof(struct kvr_block_mxfp4);
 }
 
 // The value of largest magnitude, with its sign (the first one on ties).
@@ -843,6 +869,7 @@ static const struct quant_traits {
     { KVR_TYPE_Q5_K, "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_K), q_to_float_q5_K, NULL },
     { KVR_TYPE_Q6_K, "q6_K", KVR_QK_K, sizeof(struct kvr_block_q6_K), q_to_float_q6_K, q_from_float_q6_K },
     { KVR_TYPE_Q8_K, "q8_K", KVR_QK_K, sizeof(struct kvr_block_q8_K), q_to_float_q8_K, NULL },
+    { KVR_TYPE_MXFP4, "mxfp4", KVR_QK, sizeof(struct kvr_block_mxfp4), q_to_float_mxfp4, q_from_float_mxfp4 },
 };
 
 // The traits of a quantized type; NULL for the plain types (f32, f16, bf16, integers) and unknowns.
@@ -1292,7 +1319,78 @@ struct kvr_tensor * kvr_rope(struct kvr_context * ctx, struct kvr_tensor * a, st
     t->op_params[1] = mode;
     set_param_f32(t, 2, freq_base);
     set_param_f32(t, 3, freq_scale);
-    set_param_f32(t, 4, attn_factor);
+    set_param_f32(t, 4, 0.0f); // no YaRN (kvr_rope_yarn)
+    set_param_f32(t, 5, attn_factor);
+    return t;
+}
+
+struct kvr_tensor * kvr_rope_yarn(struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
+                                  struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode, float freq_base,
+                                  float freq_scale, float ext_factor, float attn_factor, float corr_lo, float corr_hi) {
+    struct kvr_tensor * t = kvr_rope(ctx, a, pos, freqs, n_rot, mode, freq_base, freq_scale, attn_factor);
+    set_param_f32(t, 4, ext_factor);
+    set_param_f32(t, 6, corr_lo);
+    set_param_f32(t, 7, corr_hi);
+    return t;
+}
+
+// the dim whose wavelength turns n_turns times over n_ctx_orig positions (ggml's corr_dim)
+static float rope_yarn_corr_dim(int n_rot, int n_ctx_orig, float n_turns, float freq_base) {
+    return (float)n_rot * logf((float)n_ctx_orig / (n_turns * 2 * (float)M_PI)) / (2 * logf(freq_base));
+}
+
+void kvr_rope_yarn_corr_dims(int n_rot, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                             float * lo, float * hi) {
+    const float a = floorf(rope_yarn_corr_dim(n_rot, n_ctx_orig, beta_fast, freq_base));
+    const float b = ceilf(rope_yarn_corr_dim(n_rot, n_ctx_orig, beta_slow, freq_base));
+    *lo = a > 0.0f ? a : 0.0f;
+    *hi = b < (float)(n_rot - 1) ? b : (float)(n_rot - 1);
+}
+
+struct kvr_tensor * kvr_swiglu_oai(struct kvr_context * ctx, struct kvr_tensor * gate, struct kvr_tensor * up,
+                                   float alpha, float limit) {
+    KVR_ASSERT(gate->type == KVR_TYPE_F32 && up->type == KVR_TYPE_F32);
+    KVR_ASSERT(kvr_nelements(gate) == kvr_nelements(up) && kvr_is_contiguous(gate) && kvr_is_contiguous(up));
+    struct kvr_tensor * t = new_node_like(ctx, KVR_OP_SWIGLU_OAI, gate);
+    t->src[0] = gate;
+    t->src[1] = up;
+    set_param_f32(t, 0, alpha);
+    set_param_f32(t, 1, limit);
+    return t;
+}
+
+struct kvr_tensor * kvr_moe_route(struct kvr_context * ctx, struct kvr_tensor * logits, int k, enum kvr_moe_gating gating) {
+    KVR_ASSERT(logits->type == KVR_TYPE_F32 && logits->nb[0] == sizeof(float) && logits->ne[2] == 1 && logits->ne[3] == 1);
+    KVR_ASSERT(k >= 1 && k <= logits->ne[0] && (unsigned)gating < KVR_MOE_GATING_COUNT);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_MOE_ROUTE, KVR_TYPE_F32, 2 * k, logits->ne[1], 1, 1);
+    t->src[0] = logits;
+    t->op_params[0] = k;
+    t->op_params[1] = gating;
+    return t;
+}
+
+struct kvr_tensor * kvr_mul_mat_id(struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x,
+                                   struct kvr_tensor * route, struct kvr_tensor * b) {
+    const int64_t k = route->ne[0] / 2, T = route->ne[1];
+    KVR_ASSERT(route->op == KVR_OP_MOE_ROUTE || (route->type == KVR_TYPE_F32 && route->ne[0] % 2 == 0));
+    KVR_ASSERT(w->ne[0] == x->ne[0] && w->ne[3] == 1 && w->nb[0] == kvr_type_size(w->type));
+    KVR_ASSERT(x->type == KVR_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[3] == 1);
+    // x: [K, T] (one row a token) or [K, k, T] (one row per token and expert)
+    KVR_ASSERT((x->ne[1] == T && x->ne[2] == 1) || (x->ne[1] == k && x->ne[2] == T));
+    KVR_ASSERT(!b || (b->type == KVR_TYPE_F32 && b->ne[0] == w->ne[1] && b->ne[1] == w->ne[2]));
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_MUL_MAT_ID, KVR_TYPE_F32, w->ne[1], k, T, 1);
+    t->src[0] = w;
+    t->src[1] = x;
+    t->src[2] = route;
+    t->src[3] = b;
+    return t;
+}
+
+struct kvr_tensor * kvr_moe_sum(struct kvr_context * ctx, struct kvr_tensor * y, struct kvr_tensor * route) {
+    KVR_ASSERT(y->type == KVR_TYPE_F32 && y->ne[1] * 2 == route->ne[0] && y->ne[2] == route->ne[1]);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_MOE_SUM, KVR_TYPE_F32, y->ne[0], y->ne[2], 1, 1);
+    t->src[0] = y;
+    t->src[1] = route;
     return t;
 }
 
@@ -1342,6 +1440,29 @@ struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor *
 
 float kvr_attn_block_scale(const struct kvr_tensor * block)   { return get_param_f32(block, 2); }
 float kvr_attn_block_softcap(const struct kvr_tensor * block) { return get_param_f32(block, 3); }
+
+// where an op keeps its sinks: ATTN_BLOCK src[4], ATTN src[6], MERGE_ATTN of n parts src[n]
+static int attn_sinks_slot(const struct kvr_tensor * t) {
+    switch (t->op) {
+        case KVR_OP_ATTN_BLOCK: return 4;
+        case KVR_OP_ATTN:       return 6;
+        case KVR_OP_MERGE_ATTN: return t->op_params[0];
+        default:                KVR_ASSERT(!"attention sinks belong to ATTN_BLOCK, ATTN or MERGE_ATTN"); return 0;
+    }
+}
+
+struct kvr_tensor * kvr_attn_sinks(struct kvr_tensor * t, struct kvr_tensor * sinks) {
+    const int slot = attn_sinks_slot(t);
+    KVR_ASSERT(slot < KVR_MAX_SRC);
+    KVR_ASSERT(!sinks || (sinks->type == KVR_TYPE_F32 && kvr_nelements(sinks) >= (t->op == KVR_OP_ATTN_BLOCK ? t->src[0]->ne[1] : t->op_params[1])));
+    t->src[slot] = sinks;
+    return t;
+}
+
+struct kvr_tensor * kvr_attn_sinks_of(const struct kvr_tensor * t) {
+    const int slot = attn_sinks_slot(t);
+    return slot < KVR_MAX_SRC ? t->src[slot] : NULL;
+}
 int   kvr_attn_block_window(const struct kvr_tensor * block)  { return block->op_params[1]; }
 
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
@@ -1789,7 +1910,9 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
         struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
         struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
-        struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t), kvr_attn_block_softcap(t), W, mode);
+        struct kvr_tensor * a = kvr_attn_sinks(kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t),
+                                                        kvr_attn_block_softcap(t), W, mode),
+                                               kvr_attn_sinks_of(t));
         // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
         kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
                                  : "single: causal attention over cache[0, n_past+T)");
@@ -2187,8 +2310,9 @@ static void attn_count(int mode, const int32_t * qpos, int64_t Tq, int64_t BT, c
 // set: the fast paths are checked against them (test-ops, test-quant), and they are what to
 // switch to when a fast path is in doubt. Their own rounding is far below a fast path's, so the
 // two differ by the fast path's summation order alone (and by the fp16 steps GELU can turn that
-// into). GET_ROWS, ADD, MUL, ROPE, CPY, KV_STORE and MERGE_ATTN have one kernel each, already
-// plain, which both modes run. Threads split rows (or query rows) as the fast kernels do.
+// into). GET_ROWS, ADD, MUL, ROPE, CPY, KV_STORE, MERGE_ATTN, MOE_ROUTE, MOE_SUM and SWIGLU_OAI
+// have one kernel each, already plain, which both modes run. Threads split rows (or query rows)
+// as the fast kernels do.
 //
 
 static void ref_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -2369,6 +2493,7 @@ static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int64_t W = dst->op_params[3];
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], G = H / k->ne[1];
     const int64_t Tk = attn_keys(kpos, k->ne[2]);
+    const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
     KVR_ASSERT(ref_attn_floats(D, Tk) <= p->wsize);
     double * sc = (double *)p->wdata, * o = sc + Tk;
     int64_t r0, r1;
@@ -2387,7 +2512,9 @@ static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
             sc[j] = cap > 0.0 ? cap * tanh(dot * scale / cap) : dot * scale;
             if (sc[j] > mx) mx = sc[j];
         }
-        double sum = 0.0;
+        // a sink is one more term of the denominator, with no value
+        if (sink && sink[h] > mx) mx = sink[h];
+        double sum = sink ? exp((double)sink[h] - mx) : 0.0;
         for (int64_t e = 0; e < D; e++) o[e] = 0.0;
         for (int64_t j = 0; j < Tk && mx > -INFINITY; j++) {
             if (sc[j] == -INFINITY) continue;
@@ -2405,6 +2532,72 @@ static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
 }
 
+// MoE: token t's j-th expert (a MOE_ROUTE row holds k weights, then k expert ids)
+static inline int64_t moe_expert(const struct kvr_tensor * route, int64_t t, int64_t j) {
+    return (int64_t)((const float *)row_ptr(route, t, 0, 0))[route->ne[0] / 2 + j];
+}
+
+static inline float moe_weight(const struct kvr_tensor * route, int64_t t, int64_t j) {
+    return ((const float *)row_ptr(route, t, 0, 0))[j];
+}
+
+// the row of x that token t's j-th expert reads: x [K, T] shared by a token's experts, or [K, k, T]
+// (T = 1: [K, 1] or [K, k, 1], the same where k = 1)
+static inline const float * moe_x_row(const struct kvr_tensor * x, int64_t T, int64_t t, int64_t j) {
+    return x->ne[2] == 1 && x->ne[1] == T ? row_ptr(x, t, 0, 0) : row_ptr(x, j, t, 0);
+}
+
+// Floats of scratch a reference MUL_MAT_ID takes: a weight row, and with 8-bit activations one
+// token's quants with a scale and s per block of 32.
+static size_t ref_mul_mat_id_floats(int64_t K, bool q8) {
+    return (size_t)K + (q8 ? (size_t)(K + 2 * (K / KVR_QK)) : 0);
+}
+
+// Every (token, expert) pair on its own: y[n, j, t] = W_e[n] . x (+ b[n, e]), in double; the
+// 8-bit activations as ref_mul_mat_q8 quantizes them, where asked for.
+static void ref_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * w = dst->src[0], * x = dst->src[1], * route = dst->src[2], * b = dst->src[3];
+    const int64_t K = w->ne[0], N = w->ne[1], E = w->ne[2], k = dst->ne[1], T = dst->ne[2], nb = K / KVR_QK;
+    const bool q8 = p->q8_act && ref_quantized(w->type);
+    KVR_ASSERT(ref_mul_mat_id_floats(K, q8) <= p->wsize);
+    const to_float_fn to_float = type_to_float(w->type);
+    float * row = p->wdata, * q = row + K, * d = q + K, * sc = d + nb;
+    int64_t r0, r1;
+    row_range(T * k, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t t = r / k, j = r % k, e = moe_expert(route, t, j);
+        KVR_ASSERT(e >= 0 && e < E);
+        const float * xt = moe_x_row(x, T, t, j);
+        if (q8) ref_quantize_act(w->type, xt, K, q, d, sc);
+        float * y = row_ptr(dst, j, t, 0);
+        for (int64_t n = 0; n < N; n++) {
+            const void * wr = row_ptr(w, n, e, 0);
+            to_float(wr, row, K);
+            double sum = 0.0;
+            if (q8) {
+                for (int64_t bi = 0; bi < nb; bi++) {
+                    const double m = ref_block_min(w->type, wr, bi);
+                    double blk = 0.0;
+                    for (int64_t i = bi * KVR_QK; i < (bi + 1) * KVR_QK; i++) blk += (row[i] - m) * q[i];
+                    sum += blk * d[bi] + m * sc[bi];
+                }
+            } else {
+                for (int64_t i = 0; i < K; i++) sum += (double)row[i] * xt[i];
+            }
+            y[n] = (float)sum + (b ? ((const float *)row_ptr(b, e, 0, 0))[n] : 0.0f);
+        }
+        p->counters->matmul_flops += 2 * K * N;
+    }
+    // the bytes of the experts some token picked, once each (what the fast kernel reads)
+    if (p->ith == 0) {
+        for (int64_t e = 0; e < E; e++) {
+            bool used = false;
+            for (int64_t r = 0; r < T * k && !used; r++) used = moe_expert(route, r / k, r % k) == e;
+            if (used) p->counters->expert_bytes += N * (int64_t)w->nb[1];
+        }
+    }
+}
+
 // Floats of scratch every thread needs to run g's nodes through the reference kernels.
 static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
     size_t need = 1024;
@@ -2413,6 +2606,7 @@ static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
         size_t n = 0;
         if (t->op == KVR_OP_MUL_MAT) n = ref_mul_mat_floats(t->src[0]->ne[0], q8_act && ref_quantized(t->src[0]->type));
         if (t->op == KVR_OP_ATTN)    n = ref_attn_floats(t->src[0]->ne[0], t->src[1]->ne[2]);
+        if (t->op == KVR_OP_MUL_MAT_ID) n = ref_mul_mat_id_floats(t->src[0]->ne[0], q8_act && ref_quantized(t->src[0]->type));
         if (n > need) need = n;
     }
     return need;
@@ -4620,6 +4814,56 @@ static int64_t mm_sgemm_converted(const struct cpu_params * p, const struct mm_a
 // The fast MUL_MAT: one of the paths above (ref_mul_mat is the plain one). The order matters: the
 // integer path only when asked for; small F32 in llama.cpp's order even for decode; then decode
 // rows for every type that has a row kernel; sgemm for the rest.
+// MXFP4 with 8-bit activations, as llama.cpp's CPU backend multiplies it: each token's 32 values
+// of a block rounded to Q8_0 (qx_quantize_q8), then per block d_a 2^(e-128) times the integer sum
+// of the doubled E2M1 values and the quants (ggml_vec_dot_mxfp4_q8_0). Tokens a chunk at a time.
+#define MM_MXFP4_TOKENS 16
+
+static size_t mm_mxfp4_q8_bytes(int64_t K) {
+    return (size_t)MM_MXFP4_TOKENS * (size_t)(K / KVR_QK) * sizeof(struct qx_q8);
+}
+
+static int64_t mm_mxfp4_q8(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t n0, n1;
+    row_range(m->N, p->ith, p->nth, &n0, &n1);
+    if (n1 <= n0) return 0;
+    const int64_t nb = m->K / KVR_QK;
+    KVR_ASSERT(mm_mxfp4_q8_bytes(m->K) <= p->wsize * sizeof(float));
+    struct qx_q8 * act = (struct qx_q8 *)p->wdata;
+    for (int64_t t0 = 0; t0 < m->T; t0 += MM_MXFP4_TOKENS) {
+        const int64_t nt = m->T - t0 < MM_MXFP4_TOKENS ? m->T - t0 : MM_MXFP4_TOKENS;
+        for (int64_t t = 0; t < nt; t++) qx_quantize_q8(m->X + (t0 + t) * m->lda, act + t * nb, m->K);
+        for (int64_t n = n0; n < n1; n++) {
+            const struct kvr_block_mxfp4 * wb = (const struct kvr_block_mxfp4 *)((const uint8_t *)m->w->data + n * m->w->nb[1]);
+            for (int64_t t = 0; t < nt; t++) {
+                const struct qx_q8 * a = act + t * nb;
+                float sum = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    int lo = 0, hi = 0;
+                    for (int j = 0; j < KVR_QK/2; j++) {
+                        lo += a[b].qs[j]            * kvr_mxfp4_value(wb[b].qs[j] & 0x0f);
+                        hi += a[b].qs[j + KVR_QK/2] * kvr_mxfp4_value(wb[b].qs[j] >>   4);
+                    }
+                    sum += a[b].d * kvr_e8m0_half(wb[b].e) * (float)(lo + hi);
+                }
+                m->Y[(t0 + t) * m->N + n] = sum;
+            }
+        }
+    }
+    return n1 - n0;
+}
+
+// One of the paths above for a MUL_MAT (or one expert of a MUL_MAT_ID): this thread's rows; how many.
+static int64_t mm_run(const struct cpu_params * p, const struct mm_args * m) {
+    const enum kvr_type t = m->w->type;
+    if (mm_uses_q8(m->w, p->q8_act))                        return mm_q8(p, m);
+    if (p->q8_act && t == KVR_TYPE_MXFP4)                   return mm_mxfp4_q8(p, m);
+    if (t == KVR_TYPE_F32 && m->K * m->N <= MM_DOT_MAX_WEIGHTS) return mm_dot_llama(p, m);
+    if (m->T <= MV_MAX_TOKENS && mv_row_kernel(t))          return mm_decode(p, m);
+    if (t == KVR_TYPE_F32)                                  return mm_sgemm_f32(p, m);
+    return mm_sgemm_converted(p, m);
+}
+
 static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * w = dst->src[0], * x = dst->src[1];
     const int64_t K = w->ne[0], N = w->ne[1];
@@ -4629,13 +4873,183 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     KVR_ASSERT(x->ne[3] == 1 || x->nb[3] == x->nb[2] * (size_t)x->ne[2]);
     KVR_ASSERT(kvr_is_contiguous(dst));
     const struct mm_args m = { w, K, N, T, x->data, (int)(x->nb[1] / sizeof(float)), dst->data };
-    int64_t rows;
-    if (mm_uses_q8(w, p->q8_act))                                    rows = mm_q8(p, &m);
-    else if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) rows = mm_dot_llama(p, &m);
-    else if (T <= MV_MAX_TOKENS && mv_row_kernel(w->type))           rows = mm_decode(p, &m);
-    else if (w->type == KVR_TYPE_F32)                                rows = mm_sgemm_f32(p, &m);
-    else                                                             rows = mm_sgemm_converted(p, &m);
-    p->counters->matmul_flops += 2 * K * rows * T;
+    p->counters->matmul_flops += 2 * K * mm_run(p, &m) * T;
+}
+
+// The scratch floats of a matmul of [K, N] weights of type `type` by T tokens on one of n_threads
+// threads (what mm_run's paths use of p->wdata).
+static size_t mm_scratch_floats(enum kvr_type type, int64_t K, int64_t N, int64_t T, int n_threads, bool q8_act) {
+    int64_t rows = (N + n_threads - 1) / n_threads;
+    const int64_t cap = (int64_t)(mm_block_bytes(T) / ((size_t)K * sizeof(float)));
+    if (rows > cap) rows = cap > 0 ? cap : 1;
+    size_t n = type == KVR_TYPE_F32 ? 0 : (size_t)(rows * K);
+    if ((size_t)K * 2 > n) n = (size_t)K * 2;
+    if (q8_act && (qx_is_legacy(type) || qx_is_k(type))) n = qx_scratch_bytes(type, K, T) / sizeof(float) + 1;
+    if (q8_act && type == KVR_TYPE_MXFP4 && mm_mxfp4_q8_bytes(K) / sizeof(float) + 1 > n) n = mm_mxfp4_q8_bytes(K) / sizeof(float) + 1;
+    if (T <= MV_MAX_TOKENS && (size_t)T * mv_act_floats(K) > n) n = (size_t)T * mv_act_floats(K);
+    return n;
+}
+
+// MUL_MAT_ID: tokens grouped by expert. Each thread takes a slice of the rows of every expert;
+// for each expert some token picked it gathers those tokens' rows of x, multiplies its slice of
+// the expert's matrix by them through mm_run (the MUL_MAT paths, one thread's worth), and puts the
+// products (+ bias) where the tokens' slots are. The rows of experts no token picked are not read.
+// Small products sum in ggml_vec_dot_f32's order over the rows converted to f32 (mul_mat_id takes
+// no tinyBLAS path in llama.cpp), so small MoE models give its bits, quantized experts those of
+// their dequantized twin.
+static size_t mm_id_scratch_floats(const struct kvr_tensor * node, int n_threads, bool q8_act) {
+    const struct kvr_tensor * w = node->src[0];
+    const int64_t K = w->ne[0], N = w->ne[1], T = node->ne[2];
+    const int64_t rows = (N + n_threads - 1) / n_threads;
+    // an expert meets 1..T tokens, and the paths' scratch is not monotone in the tokens (one token
+    // of the integer path keeps a decode layout of its own; a few use the row path)
+    size_t kernel = mm_scratch_floats(w->type, K, rows, T, 1, q8_act);
+    for (int64_t t = 1; t < T && t <= QX_ROW_TOKENS + 1; t++) {
+        const size_t n = mm_scratch_floats(w->type, K, rows, t, 1, q8_act);
+        if (n > kernel) kernel = n;
+    }
+    return (size_t)(T + T * K + T * rows + K) + kernel;
+}
+
+static void cpu_op_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * w = dst->src[0], * x = dst->src[1], * route = dst->src[2], * b = dst->src[3];
+    const int64_t K = w->ne[0], N = w->ne[1], E = w->ne[2], k = dst->ne[1], T = dst->ne[2];
+    int64_t n0, n1;
+    row_range(N, p->ith, p->nth, &n0, &n1);
+    const int64_t rows = n1 - n0;
+    if (rows <= 0) return;
+    int32_t * slot = (int32_t *)p->wdata;      // [T] the (token, j) slots of one expert
+    float * X = p->wdata + T;                  // [n_e, K] their rows of x
+    float * Y = X + T * K;                     // [n_e, rows] the products
+    float * row = Y + T * rows;                // [K] one weight row in f32
+    struct cpu_params q = *p;                  // one thread's worth of mm_run, on this slice
+    q.ith = 0;
+    q.nth = 1;
+    q.vec_dot = true;
+    q.wdata = row + K;
+    KVR_ASSERT((size_t)(T + T * K + T * rows + K) <= p->wsize);
+    q.wsize = p->wsize - (size_t)(T + T * K + T * rows + K);
+    const to_float_fn to_float = type_to_float(w->type);
+    const bool dots = !(p->q8_act && (ref_quantized(w->type))) && K * rows <= MM_DOT_MAX_WEIGHTS;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t n_e = 0;
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t j = 0; j < k; j++) {
+                const int64_t id = moe_expert(route, t, j);
+                KVR_ASSERT(id >= 0 && id < E);
+                if (id == e) slot[n_e++] = (int32_t)(t * k + j);
+            }
+        }
+        if (n_e == 0) continue;
+        KVR_ASSERT(n_e <= T);
+        for (int64_t s = 0; s < n_e; s++) memcpy(X + s * K, moe_x_row(x, T, slot[s] / k, slot[s] % k), (size_t)K * sizeof(float));
+        const uint8_t * we = (const uint8_t *)w->data + e * w->nb[2] + n0 * w->nb[1];
+        if (dots) {
+            for (int64_t r = 0; r < rows; r++) {
+                to_float(we + r * w->nb[1], row, K);
+                for (int64_t s = 0; s < n_e; s++) Y[s * rows + r] = dot_f32_ggml(row, X + s * K, K);
+            }
+        } else {
+            struct kvr_tensor ws = *w;         // this thread's rows of expert e as a matrix
+            ws.data  = (void *)we;
+            ws.ne[1] = rows;
+            ws.ne[2] = 1;
+            const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y };
+            mm_run(&q, &m);
+        }
+        for (int64_t s = 0; s < n_e; s++) {
+            float * y = (float *)row_ptr(dst, slot[s] % k, slot[s] / k, 0) + n0;
+            const float * bias = b ? (const float *)row_ptr(b, e, 0, 0) + n0 : NULL;
+            for (int64_t r = 0; r < rows; r++) y[r] = bias ? Y[s * rows + r] + bias[r] : Y[s * rows + r];
+        }
+        p->counters->matmul_flops += 2 * K * rows * n_e;
+        p->counters->expert_bytes += rows * (int64_t)w->nb[1];
+    }
+}
+
+// Router: each token's k experts and their weights (kvr_moe_route). The softmax is ggml's soft_max
+// (max, then expf, the sum in double, times its inverse); the top k are taken largest first, the
+// first index among equals.
+static void cpu_op_moe_route(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * a = dst->src[0];
+    const int64_t E = a->ne[0], k = dst->op_params[0];
+    const int gating = dst->op_params[1];
+    int64_t r0, r1;
+    row_range(a->ne[1], p->ith, p->nth, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++) {
+        const float * x = row_ptr(a, t, 0, 0);
+        float * out = row_ptr(dst, t, 0, 0), * w = out, * ids = out + k;
+        float mx = -INFINITY, inv = 1.0f;
+        if (gating != KVR_MOE_TOPK_SOFTMAX) {
+            for (int64_t e = 0; e < E; e++) mx = x[e] > mx ? x[e] : mx;
+            double sum = 0.0;
+            for (int64_t e = 0; e < E; e++) sum += (double)expf(x[e] - mx);
+            inv = (float)(1.0 / sum);
+        }
+        // the score the experts are ranked by: the probability, or the logit itself
+        for (int64_t j = 0; j < k; j++) {
+            int64_t best = -1;
+            float best_v = -INFINITY;
+            for (int64_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (int64_t i = 0; i < j && !taken; i++) taken = (int64_t)ids[i] == e;
+                if (taken) continue;
+                const float v = gating == KVR_MOE_TOPK_SOFTMAX ? x[e] : expf(x[e] - mx) * inv;
+                if (best < 0 || v > best_v) { best = e; best_v = v; }
+            }
+            ids[j] = (float)best;
+            w[j] = best_v;
+        }
+        if (gating == KVR_MOE_TOPK_SOFTMAX) { // softmax over the k selected logits
+            float m = -INFINITY;
+            for (int64_t j = 0; j < k; j++) m = w[j] > m ? w[j] : m;
+            double sum = 0.0;
+            for (int64_t j = 0; j < k; j++) { w[j] = expf(w[j] - m); sum += w[j]; }
+            const float is = (float)(1.0 / sum);
+            for (int64_t j = 0; j < k; j++) w[j] *= is;
+        } else if (gating == KVR_MOE_SOFTMAX_TOPK_NORM) {
+            double sum = 0.0;
+            for (int64_t j = 0; j < k; j++) sum += w[j];
+            // llama.cpp clamps the sum at the smallest normal fp16 so that it never divides by 0
+            const float s = (float)sum < 6.103515625e-5f ? 6.103515625e-5f : (float)sum;
+            for (int64_t j = 0; j < k; j++) w[j] /= s;
+        }
+    }
+}
+
+static void cpu_op_moe_sum(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * y = dst->src[0], * route = dst->src[1];
+    const int64_t N = y->ne[0], k = y->ne[1];
+    int64_t r0, r1;
+    row_range(dst->ne[1], p->ith, p->nth, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++) {
+        float * out = row_ptr(dst, t, 0, 0);
+        // each product rounded, then added in order of j: llama.cpp's mul, then its chain of adds
+        const float w0 = moe_weight(route, t, 0);
+        const float * y0 = row_ptr(y, 0, t, 0);
+        for (int64_t n = 0; n < N; n++) out[n] = y0[n] * w0;
+        for (int64_t j = 1; j < k; j++) {
+            const float wj = moe_weight(route, t, j);
+            const float * yj = row_ptr(y, j, t, 0);
+            for (int64_t n = 0; n < N; n++) {
+                const float v = yj[n] * wj;
+                out[n] += v;
+            }
+        }
+    }
+}
+
+static void cpu_op_swiglu_oai(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const float * g = dst->src[0]->data, * u = dst->src[1]->data;
+    float * y = dst->data;
+    const float alpha = get_param_f32(dst, 0), limit = get_param_f32(dst, 1);
+    int64_t i0, i1;
+    row_range(kvr_nelements(dst), p->ith, p->nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        const float a = g[i] < limit ? g[i] : limit;
+        const float b = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        y[i] = a / (1.0f + expf(alpha * (-a))) * (b + 1.0f);
+    }
 }
 
 static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -4643,11 +5057,13 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     const float * ff = dst->src[2] ? (const float *)dst->src[2]->data : NULL; // per-pair divisors
     const int n_rot = dst->op_params[0];
     const int mode = dst->op_params[1];
-    const float freq_base = get_param_f32(dst, 2), freq_scale = get_param_f32(dst, 3), attn_factor = get_param_f32(dst, 4);
+    const float freq_base = get_param_f32(dst, 2), freq_scale = get_param_f32(dst, 3);
+    const float ext_factor = get_param_f32(dst, 4), mscale = get_param_f32(dst, 5);
+    const float corr_lo = get_param_f32(dst, 6), corr_hi = get_param_f32(dst, 7);
     const int64_t D = a->ne[0], H = a->ne[1], T = a->ne[2];
     // theta_i = pos * base^(-2i/n_rot), stepped by repeated multiplication as GGML does (this loop
     // is kvr_rope_theta for every pair at once); then divided by the pair's frequency factor and
-    // scaled, in GGML's order (rope_yarn: kvr_rope_angle)
+    // scaled, with YaRN's ramp where the node has it, in GGML's order (rope_yarn: kvr_rope_yarn_cs)
     const float theta_scale = kvr_rope_theta_scale(freq_base, n_rot);
     int64_t r0, r1;
     row_range(T, p->ith, p->nth, &r0, &r1);
@@ -4656,9 +5072,8 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     for (int64_t t = r0; t < r1; t++) {
         float theta = (float)((const int32_t *)pos->data)[t];
         for (int i = 0; i < n_rot / 2; i++) {
-            const float th = kvr_rope_angle(theta, ff, i, freq_scale);
-            cs[2 * i]     = cosf(th) * attn_factor;
-            cs[2 * i + 1] = sinf(th) * attn_factor;
+            kvr_rope_yarn_cs(ff ? theta / ff[i] : theta, freq_scale, ext_factor, mscale, corr_lo, corr_hi, i,
+                             &cs[2 * i], &cs[2 * i + 1]);
             theta *= theta_scale;
         }
         for (int64_t h = 0; h < H; h++) {
@@ -4789,6 +5204,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1];
     const int64_t G = H / Hkv, BT = kvr_attn_tile_tokens(G), n_qt = (Tq + BT - 1) / BT;
     const int64_t row_len = dst->ne[0], Tkp = attn_exact_keys(Tk);
+    const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
     float (* const dot_kv)(const float *, const float *, int64_t) = mm_tinyblas_order(Tkp, D, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
     // In ggml_vec_dot_f32's order (one query, or --vec-dot-order) the values need no transpose:
     // see attn_exact_pv. tinyBLAS's order dots rows of V^T: this KV head's values transposed.
@@ -4824,11 +5240,13 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     P[j] = kvr_softcap_f32(dot_f32_ggml(qr, kj, D) * scale, cap);
                     if (P[j] > mx) mx = P[j];
                 }
-                if (mx == -INFINITY) { // no key visible: O = 0, LSE = -inf
+                if (mx == -INFINITY) { // no key visible: O = 0, LSE = -inf (or the sink's logit)
                     for (int64_t d = 0; d < D; d++) out[h * D + d] = 0.0f;
-                    out[D * H + h] = -INFINITY;
+                    out[D * H + h] = sink ? sink[h] : -INFINITY;
                     continue;
                 }
+                // a sink joins the max and the denominator, as ggml's soft_max with sinks
+                if (sink && sink[h] > mx) mx = sink[h];
                 double sum = 0.0;
                 for (int64_t j0 = 0; j0 < Tkp; j0 += 8) {
                     float e[8];
@@ -4838,6 +5256,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     sum += (double)((h4[0] + h4[2]) + (h4[1] + h4[3]));
                     memcpy(P + j0, e, sizeof(e));
                 }
+                if (sink) sum += (double)expf(sink[h] - mx);
                 const float inv = (float)(1.0 / sum);
                 for (int64_t j = 0; j < Tkp; j++) P[j] *= inv;
                 if (by_rows) {
@@ -4870,6 +5289,7 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
     const int ldk = (int)(k->nb[2] / sizeof(float));
     const int ldv = (int)(v->nb[2] / sizeof(float));
     const int64_t R = BT * G;                  // rows of a tile: (token, head) token-major
+    const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
 
     float * Q = p->wdata;                      // [R, D] the tile's queries, gathered
     float * S = Q + R * D;                     // [R, BK] scores, then probabilities
@@ -4946,6 +5366,13 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
             float * out = (float *)dst->data + (i0 + i) * row_len;
             float * lse = out + D * H + h;
             float inv;
+            if (sink) { // the sink's logit as one more key with no value
+                const float corr = kvr_softmax_step(&M[r], &L[r], kvr_softmax_max(M[r], sink[h]), 0.0f);
+                L[r] += expf(sink[h] - M[r]);
+                if (corr != 1.0f) {
+                    for (int64_t d = 0; d < D; d++) O[r * D + d] *= corr;
+                }
+            }
             kvr_softmax_finish(M[r], L[r], &inv, lse); // a row that saw no key: O = 0, LSE = -inf
             if (inv != 0.0f) {
                 for (int64_t d = 0; d < D; d++) out[h * D + d] = O[r * D + d] * inv;
@@ -4969,6 +5396,7 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
 static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int n = dst->op_params[0];
     const int64_t H = dst->op_params[1];
+    const float * sink = kvr_attn_sinks_of(dst) ? (const float *)kvr_attn_sinks_of(dst)->data : NULL;
     const int64_t row_len = dst->ne[0], D = (row_len - H) / H;
     int64_t r0, r1;
     row_range(dst->ne[1], p->ith, p->nth, &r0, &r1);
@@ -4983,10 +5411,12 @@ static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * d
             float * o = out + h * D;
             for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
             if (m == -INFINITY) {
-                out[D * H + h] = -INFINITY;
+                out[D * H + h] = sink ? sink[h] : -INFINITY;
                 continue;
             }
-            float sum = 0.0f;
+            // the sink, once, where every key's partial is in: one more term of the denominator
+            if (sink && sink[h] > m) m = sink[h];
+            float sum = sink ? kvr_lse_weight(sink[h], m) : 0.0f;
             for (int i = 0; i < n; i++) {
                 const float * part = row_ptr(dst->src[i], r, 0, 0);
                 const float w = kvr_lse_weight(part[D * H + h], m);
@@ -5015,6 +5445,10 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:       if (p->ref) ref_norm(p, t);    else cpu_op_norm(p, t);    break;
         case KVR_OP_MUL_MAT:    if (p->ref) ref_mul_mat(p, t); else cpu_op_mul_mat(p, t); break;
+        case KVR_OP_MUL_MAT_ID: if (p->ref) ref_mul_mat_id(p, t); else cpu_op_mul_mat_id(p, t); break;
+        case KVR_OP_MOE_ROUTE:  cpu_op_moe_route(p, t);  break;
+        case KVR_OP_MOE_SUM:    cpu_op_moe_sum(p, t);    break;
+        case KVR_OP_SWIGLU_OAI: cpu_op_swiglu_oai(p, t); break;
         case KVR_OP_ROPE:       cpu_op_rope(p, t);       break;
         case KVR_OP_CPY:
         case KVR_OP_KV_STORE:   cpu_op_cpy(p, t);        break;
@@ -5121,8 +5555,8 @@ static void trace_node(struct cpu_backend * cb, const struct kvr_tensor * t, dou
 #define CPU_SOLO_ELEMS 16384
 
 static bool node_solo(const struct kvr_tensor * t) {
-    return !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_ATTN &&
-           kvr_nelements(t) <= CPU_SOLO_ELEMS;
+    return !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_MUL_MAT_ID &&
+           t->op != KVR_OP_ATTN && kvr_nelements(t) <= CPU_SOLO_ELEMS;
 }
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
@@ -5201,20 +5635,15 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
     size_t need = 1 << 16;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
-        if (t->op == KVR_OP_MUL_MAT || t->op == KVR_OP_GET_ROWS) {
+        if (t->op == KVR_OP_MUL_MAT) {
             const struct kvr_tensor * w = t->src[0];
             const int64_t T = t->src[1]->ne[1] * t->src[1]->ne[2] * t->src[1]->ne[3];
-            int64_t rows = (w->ne[1] + n_threads - 1) / n_threads;
-            const int64_t cap = (int64_t)(mm_block_bytes(T) / ((size_t)w->ne[0] * sizeof(float)));
-            if (rows > cap) rows = cap > 0 ? cap : 1;
-            size_t n = w->type == KVR_TYPE_F32 || t->op != KVR_OP_MUL_MAT ? 0 : (size_t)(rows * w->ne[0]);
-            if ((size_t)w->ne[0] * 2 > n) n = (size_t)w->ne[0] * 2;
-            if (t->op == KVR_OP_MUL_MAT && mm_uses_q8(w, q8_act)) {
-                n = qx_scratch_bytes(w->type, w->ne[0], T) / sizeof(float) + 1;
-            }
-            if (t->op == KVR_OP_MUL_MAT && T <= MV_MAX_TOKENS && (size_t)T * mv_act_floats(w->ne[0]) > n) {
-                n = (size_t)T * mv_act_floats(w->ne[0]);
-            }
+            const size_t n = mm_scratch_floats(w->type, w->ne[0], w->ne[1], T, n_threads, q8_act);
+            if (n > need) need = n;
+        }
+        if (t->op == KVR_OP_GET_ROWS && (size_t)t->src[0]->ne[0] * 2 > need) need = (size_t)t->src[0]->ne[0] * 2;
+        if (t->op == KVR_OP_MUL_MAT_ID) {
+            const size_t n = mm_id_scratch_floats(t, n_threads, q8_act);
             if (n > need) need = n;
         }
         if (t->op == KVR_OP_ATTN) {
@@ -5273,6 +5702,7 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
         cb->counters.attn_dot_dense  += cb->thread_counters[i].attn_dot_dense;
         cb->counters.attn_dot_causal += cb->thread_counters[i].attn_dot_causal;
         cb->counters.matmul_flops    += cb->thread_counters[i].matmul_flops;
+        cb->counters.expert_bytes    += cb->thread_counters[i].expert_bytes;
         for (int k = 0; k < KVR_OP_COUNT; k++) cb->counters.op_ms[k] += cb->thread_counters[i].op_ms[k];
         memset(&cb->thread_counters[i], 0, sizeof(cb->thread_counters[i]));
     }
@@ -9721,6 +10151,7 @@ static int load_common_hparams(struct kvr_model * m) {
         hp_u32(m, "rope.scaling.original_context_length", &hp->rope_n_ctx_orig, false, hp->n_ctx_train)) {
         return KVR_ERR_FORMAT;
     }
+    hp->rope_ext_factor = 0.0f;
     char stype[32] = "none";
     const char * key = arch_key(m, "rope.scaling.type");
     if (kvr_gguf_get_kv(m->gguf, key) && kvr_gguf_get_str(m->gguf, key, stype, sizeof(stype))) {
@@ -9731,10 +10162,34 @@ static int load_common_hparams(struct kvr_model * m) {
         if (hp_f32(m, "rope.scaling.factor", &factor, true, 1.0f)) return KVR_ERR_FORMAT;
         if (hp_positive(m, "rope.scaling.factor", factor)) return KVR_ERR_FORMAT;
         hp->rope_freq_scale = 1.0f / factor;
+    } else if (strcmp(stype, "yarn") == 0) {
+        // llama.cpp's YaRN: ext_factor 1; the attention factor it passes to the rope is its
+        // get_mscale(factor) times the cancelling 1/(1 + 0.1 ln factor) (the rope multiplies
+        // that back) times rope.scaling.attn_factor; beta_fast 32 and beta_slow 1 (kvr_rope_yarn_corr_dims)
+        float factor, attn = 1.0f, log_mul = 0.0f;
+        if (hp_f32(m, "rope.scaling.factor", &factor, true, 1.0f) || hp_positive(m, "rope.scaling.factor", factor) ||
+            hp_u32(m, "rope.scaling.original_context_length", &hp->rope_n_ctx_orig, false, hp->n_ctx_train) ||
+            hp_f32(m, "rope.scaling.attn_factor", &attn, false, 1.0f) || hp_positive(m, "rope.scaling.attn_factor", attn) ||
+            hp_f32(m, "rope.scaling.yarn_log_multiplier", &log_mul, false, 0.0f)) {
+            return KVR_ERR_FORMAT;
+        }
+        if (log_mul != 0.0f) {
+            return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = %g (DeepSeek's YaRN magnitude) is not supported", m->path,
+                             arch_key(m, "rope.scaling.yarn_log_multiplier"), (double)log_mul);
+        }
+        if (hp->rope_n_ctx_orig == 0) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = 0 is not a context length", m->path,
+                             arch_key(m, "rope.scaling.original_context_length"));
+        }
+        hp->rope_freq_scale = 1.0f / factor;
+        hp->rope_ext_factor = 1.0f;
+        const float f = 1.0f / hp->rope_freq_scale;
+        const float ms = f <= 1.0f ? 1.0f : fmaf(0.1f, logf(f), 1.0f);
+        hp->rope_attn_factor = ms * (1.0f / fmaf(0.1f, logf(f), 1.0f)) * attn;
     } else if (strcmp(stype, "none") != 0) {
         // (Llama 3.1+'s scaling comes as the tensor rope_freqs.weight, not as a type: the converter
         // writes none, and llama.cpp refuses a type it does not know, as here)
-        return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = '%s' is not supported (none and linear are; Llama 3.1's "
+        return kvr_error(KVR_ERR_UNSUPP, "%s: metadata '%s' = '%s' is not supported (none, linear and yarn are; Llama 3.1's "
                          "scaling is read from the tensor rope_freqs.weight)", m->path, arch_key(m, "rope.scaling.type"), stype);
     }
     return KVR_OK;
@@ -9760,6 +10215,35 @@ static int model_tensor(struct kvr_model * m, struct kvr_tensor ** out, bool req
     if (!ok) {
         return kvr_error(KVR_ERR_FORMAT, "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
                          m->path, name, gt->ne[0], gt->ne[1], gt->ne[2], gt->ne[3], ne0, ne1);
+    }
+    if (!kvr_type_supported(gt->type)) {
+        return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' has type %s, which kvr cannot compute with yet",
+                         m->path, name, kvr_type_name(gt->type));
+    }
+    struct kvr_tensor * t = kvr_new_tensor(m->ctx, gt->type, gt->n_dims, gt->ne);
+    kvr_buffer_place(m->weights, t, gt->offset);
+    t->flags = KVR_FLAG_PARAM;
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    *out = t;
+    return KVR_OK;
+}
+
+// The same for a 3-D weight [ne0, ne1, ne2] (a mixture of experts' stacked matrices).
+static int model_tensor_3d(struct kvr_model * m, struct kvr_tensor ** out, bool required, int64_t ne0, int64_t ne1,
+                           int64_t ne2, const char * fmt, ...) {
+    char name[KVR_MAX_NAME];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
+    *out = NULL;
+    const struct kvr_gguf_tensor * gt = kvr_gguf_get_tensor(m->gguf, name);
+    if (!gt) {
+        return required ? kvr_error(KVR_ERR_FORMAT, "%s: tensor '%s' is missing", m->path, name) : KVR_OK;
+    }
+    if (gt->n_dims != 3 || gt->ne[0] != ne0 || gt->ne[1] != ne1 || gt->ne[2] != ne2) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 ", %" PRId64 "]",
+                         m->path, name, gt->ne[0], gt->ne[1], gt->ne[2], gt->ne[3], ne0, ne1, ne2);
     }
     if (!kvr_type_supported(gt->type)) {
         return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' has type %s, which kvr cannot compute with yet",
@@ -9804,6 +10288,7 @@ static int load_embeddings(struct kvr_model * m, bool norm_bias) {
 #include "models/gemma3.c"
 #include "models/phi3.c"
 #include "models/gemma2.c"
+#include "models/moe.c"
 
 static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_LLAMA]  = { "llama",  KVR_ARCH_LLAMA,  llama_load,  llama_build  },
@@ -9813,6 +10298,8 @@ static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_GEMMA3] = { "gemma3", KVR_ARCH_GEMMA3, gemma3_load, gemma3_build },
     [KVR_ARCH_PHI3]   = { "phi3",   KVR_ARCH_PHI3,   phi3_load,   llama_build  },
     [KVR_ARCH_GEMMA2] = { "gemma2", KVR_ARCH_GEMMA2, gemma2_load, gemma2_build },
+    [KVR_ARCH_QWEN3MOE] = { "qwen3moe", KVR_ARCH_QWEN3MOE, qwen3moe_load, qwen3moe_build },
+    [KVR_ARCH_GPTOSS]   = { "gpt-oss",  KVR_ARCH_GPTOSS,   gptoss_load,   gptoss_build   },
 };
 
 // The weight tensors of a model whose hyper-parameters are read, placed in m->weights (at their
@@ -9990,6 +10477,12 @@ void kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap) {
     }
     if (n >= 0 && (size_t)n < cap && n_local) {
         n += snprintf(buf + n, cap - (size_t)n, ", sliding window %u on %u of %u layers", hp->n_swa, n_local, hp->n_layer);
+    }
+    if (n >= 0 && (size_t)n < cap && hp->n_expert) {
+        n += snprintf(buf + n, cap - (size_t)n, ", %u experts (%u a token, ffn %u)", hp->n_expert, hp->n_expert_used, hp->n_ff_exp);
+    }
+    if (n >= 0 && (size_t)n < cap && hp->rope_ext_factor != 0.0f) {
+        n += snprintf(buf + n, cap - (size_t)n, ", YaRN x%g", (double)(1.0f / hp->rope_freq_scale));
     }
     if (n >= 0 && (size_t)n < cap && m->rope_freqs) n += snprintf(buf + n, cap - (size_t)n, ", RoPE frequency factors");
     if (n >= 0 && (size_t)n < cap && m->rope_long) n += snprintf(buf + n, cap - (size_t)n, ", LongRoPE factors");

@@ -148,6 +148,7 @@ enum kvr_type {
     KVR_TYPE_I64   = 27,
     KVR_TYPE_F64   = 28,
     KVR_TYPE_BF16  = 30,
+    KVR_TYPE_MXFP4 = 39, // OCP microscaling FP4: 32 E2M1 values and one E8M0 exponent (gpt-oss experts)
     KVR_TYPE_COUNT = 40,
 };
 
@@ -178,7 +179,7 @@ size_t kvr_from_float(enum kvr_type type, const float * src, void * dst, int64_t
 //
 
 #define KVR_MAX_DIMS      4
-#define KVR_MAX_SRC       6
+#define KVR_MAX_SRC       8
 #define KVR_MAX_OP_PARAMS 16
 #define KVR_MAX_NAME      64
 
@@ -266,11 +267,15 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
     X(RMS_NORM)    /* x / sqrt(mean(x^2) + eps) per row                                      */ \
     X(NORM)        /* (x - mean) / sqrt(var + eps) per row                                   */ \
     X(MUL_MAT)     /* src0 [K, N] (weight, any supported type) x src1 [K, T] f32 -> [N, T]   */ \
+    X(MUL_MAT_ID)  /* expert-indexed MUL_MAT: src0 [K, N, E] by the experts src2 routed to   */ \
+    X(MOE_ROUTE)   /* the experts of each token and their weights, from router logits        */ \
+    X(MOE_SUM)     /* each token's expert outputs summed with their routing weights          */ \
     X(ROPE)        /* rotary embedding at absolute positions src1 i32                        */ \
     X(SILU)        /* x * sigmoid(x)                                                         */ \
     X(GELU)        /* tanh approximation as GGML's CPU path: fp16 in, fp16 table out         */ \
                    /* (op_params[0] 1: the same formula in f32, kvr_gelu_exact)              */ \
     X(SOFTCAP)     /* cap * tanh(x / cap): Gemma 2's final logit soft-capping                */ \
+    X(SWIGLU_OAI)  /* gpt-oss's clamped SwiGLU of gate src0 and up src1                      */ \
     X(CPY)         /* copy src0 into src1's memory (f32 -> f32/f16); result is a view of src1 */ \
     X(ATTN_BLOCK)  /* high level: causal attention of q over every key up to it. A strategy  */ \
                    /* pass rewrites it; it never reaches a backend                           */ \
@@ -320,10 +325,23 @@ struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * 
 // sine multiplied by attn_factor (1: a plain rotation; Phi-3's LongRoPE scales the rotated dims).
 // freqs: optional f32 [n_rot/2] per-pair frequency divisors (Llama 3's rope_freqs.weight, Phi-3's
 // rope_factors_short/long), src[2]; NULL divides by 1. op_params: [0] n_rot, [1] mode,
-// [2] freq_base, [3] freq_scale, [4] attn_factor (f32 bits).
+// [2] freq_base, [3] freq_scale, [5] attn_factor (f32 bits; [4] ext_factor 0: see kvr_rope_yarn).
 struct kvr_tensor * kvr_rope     (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
                                   struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode,
                                   float freq_base, float freq_scale, float attn_factor);
+// RoPE with YaRN (NeoX or normal pairs): the angle of pair i mixes the interpolated angle
+// (freq_scale x the plain one) with the plain one by ramp_i * ext_factor, ramp_i = 1 - clamp((i -
+// corr_lo) / max(0.001, corr_hi - corr_lo), 0, 1), and cos and sin are multiplied by attn_factor
+// x (1 + 0.1 ln(1/freq_scale)) (ggml's rope_yarn; ext_factor 0: kvr_rope times attn_factor).
+// corr_lo/hi: kvr_rope_yarn_corr_dims. op_params [4] ext_factor, [5] attn_factor, [6] corr_lo,
+// [7] corr_hi (f32 bits); kvr_rope sets ext_factor 0.
+struct kvr_tensor * kvr_rope_yarn(struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * pos,
+                                  struct kvr_tensor * freqs, int n_rot, enum kvr_rope_mode mode, float freq_base,
+                                  float freq_scale, float ext_factor, float attn_factor, float corr_lo, float corr_hi);
+// The pairs where YaRN's ramp starts and ends (ggml_rope_yarn_corr_dims): the dims whose wavelength
+// makes beta_fast and beta_slow turns over n_ctx_orig positions, floored / ceiled, within [0, n_rot-1].
+void kvr_rope_yarn_corr_dims(int n_rot, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                             float * lo, float * hi);
 struct kvr_tensor * kvr_silu     (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_gelu     (struct kvr_context * ctx, struct kvr_tensor * a);
 // GELU's tanh approximation computed in f32 (kvr_gelu_tanh), without GGML's fp16 table: what
@@ -331,6 +349,41 @@ struct kvr_tensor * kvr_gelu     (struct kvr_context * ctx, struct kvr_tensor * 
 struct kvr_tensor * kvr_gelu_exact(struct kvr_context * ctx, struct kvr_tensor * a);
 // cap * tanh(a / cap) elementwise (kvr_softcap_f32), cap > 0; op_params[0] cap (f32 bits)
 struct kvr_tensor * kvr_softcap  (struct kvr_context * ctx, struct kvr_tensor * a, float cap);
+// gpt-oss's SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit), g * sigmoid(alpha g) * (u + 1)
+// (the model hard-codes alpha 1.702 and limit 7). gate and up: the same shape, f32, contiguous.
+struct kvr_tensor * kvr_swiglu_oai(struct kvr_context * ctx, struct kvr_tensor * gate, struct kvr_tensor * up,
+                                   float alpha, float limit);
+
+// Mixture of experts, as llama.cpp's build_moe_ffn computes it (one token's FFN is the weighted sum
+// of the FFNs of the k experts its router picks):
+//
+//   route = kvr_moe_route(logits [E, T], k, gating)      [2k, T]: weights, then expert ids
+//   g     = kvr_mul_mat_id(gate_exps [K, F, E], x [K, T], route, bias [F, E] or NULL)   [F, k, T]
+//   u     = kvr_mul_mat_id(up_exps, x, route, bias)        act = silu(g) * u (or kvr_swiglu_oai)
+//   d     = kvr_mul_mat_id(down_exps [F, K, E], act [F, k, T], route, bias)             [K, k, T]
+//   out   = kvr_moe_sum(d, route)                          [K, T]
+//
+// How the k experts and their weights come from a token's router logits (bias already added):
+enum kvr_moe_gating {
+    KVR_MOE_SOFTMAX_TOPK      = 0, // p = softmax over all E; the k largest p; weights p (mixtral-style)
+    KVR_MOE_SOFTMAX_TOPK_NORM = 1, //   the same, the weights divided by their sum (>= 6.1e-5): qwen3moe
+    KVR_MOE_TOPK_SOFTMAX      = 2, // the k largest logits; weights the softmax over those k: gpt-oss
+    KVR_MOE_GATING_COUNT,
+};
+// route: f32 [2k, T]; row t holds token t's k weights, then its k expert ids (as exact floats, in
+// the order of the selection: largest first). op_params [0] k, [1] gating.
+struct kvr_tensor * kvr_moe_route(struct kvr_context * ctx, struct kvr_tensor * logits, int k, enum kvr_moe_gating gating);
+// y[:, j, t] = w[:, :, e] . x[:, j or 0, t] (+ b[:, e]) with e = token t's j-th expert: x is [K, T]
+// (every expert of a token reads the same row) or [K, k, T] (each its own); w [K, N, E] any supported
+// type with whole rows per expert. Only the rows of experts some token picked are read: on the CPU
+// tokens are grouped by expert and struct kvr_counters' expert_bytes counts the weight bytes read
+// (the CUDA kernel reads a token's experts' rows per token and counts none). b: optional
+// f32 [N, E], src[3]. result [N, k, T] f32.
+struct kvr_tensor * kvr_mul_mat_id(struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x,
+                                   struct kvr_tensor * route, struct kvr_tensor * b);
+// out[:, t] = sum over j in order of w_jt y[:, j, t]: y [N, k, T], route as above. result [N, T]
+struct kvr_tensor * kvr_moe_sum(struct kvr_context * ctx, struct kvr_tensor * y, struct kvr_tensor * route);
+struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 // a contiguous f32 copy of a (for instance of a strided view into a fused QKV projection)
 struct kvr_tensor * kvr_cont     (struct kvr_context * ctx, struct kvr_tensor * a);
@@ -347,6 +400,14 @@ struct kvr_tensor * kvr_attn_block(struct kvr_context * ctx, struct kvr_tensor *
 float kvr_attn_block_scale(const struct kvr_tensor * block);
 float kvr_attn_block_softcap(const struct kvr_tensor * block);
 int   kvr_attn_block_window(const struct kvr_tensor * block);
+// Attention sinks (gpt-oss): sinks f32 [n_head], head h's logit s_h joins the softmax's denominator
+// and adds no value: p_j = e^(a_j - m) / (sum_j e^(a_j - m) + e^(s_h - m)), m = max(max_j a_j, s_h),
+// s_h not scaled. Set on an ATTN_BLOCK (src[4]; a strategy pass hands it on), on an ATTN (src[6]: its
+// output and LSE then include the sink), or on a MERGE_ATTN of n parts (src[n]: added to the merged
+// result). Partials that are merged must not have it: the sink is counted once, where the softmax
+// over every key is complete. Returns t; kvr_attn_sinks_of reads it back (NULL: none).
+struct kvr_tensor * kvr_attn_sinks(struct kvr_tensor * t, struct kvr_tensor * sinks);
+struct kvr_tensor * kvr_attn_sinks_of(const struct kvr_tensor * t);
 
 // Store new rows into a cache view: a [kv_dim, T] f32, dst a view [kv_dim, T] of the cache.
 // The result is dst itself seen as a node, so readers of the cache can depend on the store.
@@ -582,7 +643,8 @@ struct kvr_span {
 struct kvr_counters {
     int64_t attn_dot_dense;   // query-key pairs computed (one head, one layer counts 1 per pair)
     int64_t attn_dot_causal;  // query-key pairs causality needs
-    int64_t matmul_flops;     // 2*K*N*T per MUL_MAT
+    int64_t matmul_flops;     // 2*K*N*T per MUL_MAT (MUL_MAT_ID: per token and expert it ran)
+    int64_t expert_bytes;     // weight bytes MUL_MAT_ID read: the rows of the experts tokens picked (CPU)
     double  compute_ms;
     double  op_ms[KVR_OP_COUNT]; // wall time per op kind (thread 0's view, barrier included)
 };
@@ -895,8 +957,10 @@ enum kvr_arch {
     KVR_ARCH_QWEN2  = 2, // Qwen2, Qwen2.5: Q/K/V biases
     KVR_ARCH_QWEN3  = 3, // per-head q/k RMS norms
     KVR_ARCH_GEMMA3 = 4, // sliding-window layers, q/k norms, post norms, GELU FFN
-    KVR_ARCH_PHI3   = 5, // Phi-3/3.5/4-mini: fused QKV and gate-up, partial LongRoPE
-    KVR_ARCH_GEMMA2 = 6, // soft-capped attention scores and logits, alternating windows, post norms
+    KVR_ARCH_PHI3     = 5, // Phi-3/3.5/4-mini: fused QKV and gate-up, partial LongRoPE
+    KVR_ARCH_GEMMA2   = 6, // soft-capped attention scores and logits, alternating windows, post norms
+    KVR_ARCH_QWEN3MOE = 7, // qwen3's attention, a mixture-of-experts FFN (softmax, top-k, renormalised)
+    KVR_ARCH_GPTOSS   = 8, // gpt-oss: alternating sliding window, attention sinks, YaRN, biases, MoE
     KVR_ARCH_COUNT,
 };
 
@@ -920,8 +984,13 @@ struct kvr_hparams {
     float    rope_attn_factor; // RoPE's cosines and sines times this (rope.scaling.attn_factor; 1: none)
     uint32_t rope_n_ctx_orig;  // rope.scaling.original_context_length (n_ctx_train when absent): a
                                //   context past it takes Phi-3's rope_factors_long (kvr_build.n_ctx)
+    float    rope_ext_factor;  // YaRN's (rope.scaling.type yarn; kvr_rope_yarn): 0 without it
     float    attn_softcap;     // attention scores soft-capped at this (gemma2; 0: not)
     float    final_softcap;    // logits soft-capped at this (gemma2; 0: not)
+    // mixture of experts (0 experts: a dense FFN)
+    uint32_t n_expert;      // expert_count
+    uint32_t n_expert_used; // expert_used_count: experts per token
+    uint32_t n_ff_exp;      // expert_feed_forward_length: one expert's FFN width
 };
 
 // Tensor pointers only: kvr_model_to_backend copies a layer field by field as an array.
@@ -935,6 +1004,11 @@ struct kvr_layer {
     struct kvr_tensor * ffn_up_b, * ffn_down_b;
     struct kvr_tensor * attn_q_norm, * attn_k_norm;     // per-head RMS norms of Q and K (qwen3, gemma3)
     struct kvr_tensor * attn_post_norm, * ffn_post_norm; // norms of each branch's output (gemma3)
+    struct kvr_tensor * attn_sinks;                     // per-head sink logits [n_head] (gpt-oss)
+    // mixture of experts: the router [n_embd -> n_expert] and the experts' matrices [in, out, n_expert]
+    struct kvr_tensor * ffn_gate_inp, * ffn_gate_inp_b;
+    struct kvr_tensor * ffn_gate_exps, * ffn_up_exps, * ffn_down_exps;
+    struct kvr_tensor * ffn_gate_exps_b, * ffn_up_exps_b, * ffn_down_exps_b; // [out, n_expert] (gpt-oss)
     // what differs between layers of one model (gemma3: local and global layers)
     uint32_t window;        // sliding-window attention: the last `window` positions (0: all)
     float    rope_base, rope_scale;
@@ -1279,6 +1353,7 @@ struct kvr_rank_stats {
     double  wait_ms;          // blocked in transfers
     double  ttft_ms;          // this rank's eval, start to end
     double  matmul_ms;        // wall time in MUL_MAT nodes (the first thread's view, barriers included)
+    int64_t expert_bytes;     // mixture-of-experts weight bytes read (struct kvr_counters' expert_bytes)
     double  attn_ms;          // in ATTN nodes, the same way
     int64_t kv_stream_bytes;  // cache bytes this rank streamed out (--kv-stream, P/D) or, the decode
                               //   rank, received
@@ -2179,6 +2254,14 @@ struct kvr_block_q8_K {        // x = d * q (intermediate type of ggml's k-quant
     uint8_t bsums[KVR_QK_K/16*2];  // int16 sums of 16 quants
 };
 
+// MXFP4 (OCP microscaling, GGML's layout): 32 values share one E8M0 exponent; each value is a
+// 4-bit E2M1 code whose magnitude GGML keeps doubled (0, 1, 2, 3, 4, 6, 8, 12; bit 3 the sign), so
+// x = kvalue(code) * 2^(e - 128), exact in f32.
+struct kvr_block_mxfp4 {
+    uint8_t e;                 // the shared exponent (E8M0: 2^(e - 127))
+    uint8_t qs[KVR_QK/2];      // element j: low nibble of qs[j]; element j+16: high nibble
+};
+
 #if defined(__cplusplus)
 #define KVR_STATIC_ASSERT(x, msg) static_assert(x, msg)
 #else
@@ -2196,6 +2279,7 @@ KVR_STATIC_ASSERT(sizeof(struct kvr_block_q4_K) == 144, "q4_K size");
 KVR_STATIC_ASSERT(sizeof(struct kvr_block_q5_K) == 176, "q5_K size");
 KVR_STATIC_ASSERT(sizeof(struct kvr_block_q6_K) == 210, "q6_K size");
 KVR_STATIC_ASSERT(sizeof(struct kvr_block_q8_K) == 292, "q8_K size");
+KVR_STATIC_ASSERT(sizeof(struct kvr_block_mxfp4) == 17, "mxfp4 size");
 
 static inline KVR_HD float kvr_q_half(const uint8_t * p) {
     return kvr_half_to_f32((uint16_t)(p[0] | (p[1] << 8)));
@@ -2390,6 +2474,27 @@ static inline KVR_HD void kvr_dequant_q8_K(const struct kvr_block_q8_K * KVR_RES
     }
 }
 
+// The doubled E2M1 value of a 4-bit MXFP4 code (GGML's kvalues_mxfp4), without a table so that a
+// GPU thread computes it too: 0..3 as they are, then 4, 6, 8, 12; bit 3 is the sign.
+static inline KVR_HD int kvr_mxfp4_value(int code) {
+    const int m = code & 7;
+    const int v = m < 4 ? m : (4 + 2 * (m & 1)) << ((m >> 1) & 1);
+    return code & 8 ? -v : v;
+}
+
+// 2^(e - 128): half the E8M0 scale, as GGML multiplies the doubled values (e < 2: subnormal)
+static inline KVR_HD float kvr_e8m0_half(uint8_t e) {
+    return kvr_f32_of_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
+
+static inline KVR_HD void kvr_dequant_mxfp4(const struct kvr_block_mxfp4 * KVR_RESTRICT b, float * KVR_RESTRICT y) {
+    const float d = kvr_e8m0_half(b->e);
+    for (int j = 0; j < KVR_QK/2; j++) {
+        y[j]            = (float)kvr_mxfp4_value(b->qs[j] & 0x0f) * d;
+        y[j + KVR_QK/2] = (float)kvr_mxfp4_value(b->qs[j] >>   4) * d;
+    }
+}
+
 // One block of any supported type: block i of a row (a plain type's "block" is one element).
 // The GPU's per-block kernels call this; the CPU's row loops call the typed functions directly.
 static inline KVR_HD void kvr_dequant_block(enum kvr_type type, const void * row, int64_t i, float * KVR_RESTRICT y) {
@@ -2410,6 +2515,7 @@ static inline KVR_HD void kvr_dequant_block(enum kvr_type type, const void * row
         case KVR_TYPE_Q5_K: kvr_dequant_q5_K((const struct kvr_block_q5_K *)p + i, y); break;
         case KVR_TYPE_Q6_K: kvr_dequant_q6_K((const struct kvr_block_q6_K *)p + i, y); break;
         case KVR_TYPE_Q8_K: kvr_dequant_q8_K((const struct kvr_block_q8_K *)p + i, y); break;
+        case KVR_TYPE_MXFP4: kvr_dequant_mxfp4((const struct kvr_block_mxfp4 *)p + i, y); break;
         default: break; // callers check kvr_type_supported first
     }
 }
@@ -2437,6 +2543,24 @@ static inline KVR_HD void kvr_rope_dims(int mode, int n_rot, int i, int * i0, in
 // in GGML's order (rope_yarn)
 static inline KVR_HD float kvr_rope_angle(float theta, const float * freqs, int i, float freq_scale) {
     return (freqs ? theta / freqs[i] : theta) * freq_scale;
+}
+
+// cos and sin of pair i (of theta, the angle before freq_scale, divided by the pair's factor),
+// with YaRN's ramp between the interpolated and the plain angle where ext_factor is not 0, times
+// mscale (and YaRN's magnitude correction): ggml's rope_yarn, its products fused as GCC fuses them
+// there. ext_factor 0 and mscale 1 give kvr_rope_angle's angle and plain cos and sin.
+static inline KVR_HD void kvr_rope_yarn_cs(float theta, float freq_scale, float ext_factor, float mscale,
+                                           float corr_lo, float corr_hi, int i, float * c, float * s) {
+    const float interp = freq_scale * theta;
+    float angle = interp;
+    if (ext_factor != 0.0f) {
+        const float y = ((float)i - corr_lo) / fmaxf(0.001f, corr_hi - corr_lo);
+        const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * ext_factor;
+        angle = fmaf(interp, 1.0f - ramp, theta * ramp);
+        mscale *= fmaf(0.1f, logf(1.0f / freq_scale), 1.0f);
+    }
+    *c = cosf(angle) * mscale;
+    *s = sinf(angle) * mscale;
 }
 
 // (x0, x1) rotated by the angle whose cosine and sine are c and s. The first product of each

@@ -11,12 +11,14 @@
 //   build_norm                         RMS or layer norm x weight (+ bias)
 //   build_rope                         RoPE with the model's mode, the layer's base and scale, the
 //                                      model's per-pair frequency factors (Llama 3; Phi-3's short or
-//                                      long ones by the context) and its attention factor
+//                                      long ones by the context) and its attention factor, or YaRN
 //   build_qkv                          separate Q/K/V projections (+ biases), as heads
 //   build_attn                         q/k norms, RoPE, the ATTN_BLOCK a strategy pass rewrites
-//                                      (with the layer's window and the model's score soft-capping),
-//                                      the output projection (+ bias)
+//                                      (with the layer's window and sinks and the model's score
+//                                      soft-capping), the output projection (+ bias)
 //   build_ffn                          gated (act(gate x) * up x) or plain (act(up x)) FFN
+//   load_moe_hparams / load_layer_moe  a mixture of experts' counts, its router and expert tensors
+//   build_moe                          route, the experts' gated FFNs (MUL_MAT_ID), their weighted sum
 //   build_last_rows                    in the last layer, only the rows whose logits are wanted
 //   build_output                       final norm and the output matrix
 //
@@ -36,7 +38,7 @@ static struct mb mb_init(const struct kvr_model * m, const struct kvr_build * b)
 }
 
 enum mb_norm { MB_NORM_RMS, MB_NORM_LAYER };
-enum mb_act  { MB_ACT_SILU, MB_ACT_GELU, MB_ACT_GELU_EXACT };
+enum mb_act  { MB_ACT_SILU, MB_ACT_GELU, MB_ACT_GELU_EXACT, MB_ACT_SWIGLU_OAI };
 
 //
 // loading
@@ -191,8 +193,15 @@ static struct kvr_tensor * build_rope_factors(const struct mb * g) {
 // x: [head_dim, heads, T], rotated at the batch's positions with the layer's parameters
 static struct kvr_tensor * build_rope(struct mb * g, struct kvr_tensor * x, const char * name, int il) {
     const struct kvr_layer * l = &g->m->layers[il];
-    return cb(kvr_rope(g->ctx, x, g->b->pos, build_rope_factors(g), (int)g->hp->n_rot, g->hp->rope_mode, l->rope_base,
-                       l->rope_scale, g->hp->rope_attn_factor),
+    const struct kvr_hparams * hp = g->hp;
+    if (hp->rope_ext_factor != 0.0f) { // YaRN: the ramp's dims follow the layer's base, as ggml's rope op does
+        float lo, hi;
+        kvr_rope_yarn_corr_dims((int)hp->n_rot, (int)hp->rope_n_ctx_orig, l->rope_base, 32.0f, 1.0f, &lo, &hi);
+        return cb(kvr_rope_yarn(g->ctx, x, g->b->pos, build_rope_factors(g), (int)hp->n_rot, hp->rope_mode, l->rope_base,
+                                l->rope_scale, hp->rope_ext_factor, hp->rope_attn_factor, lo, hi), name, il);
+    }
+    return cb(kvr_rope(g->ctx, x, g->b->pos, build_rope_factors(g), (int)hp->n_rot, hp->rope_mode, l->rope_base,
+                       l->rope_scale, hp->rope_attn_factor),
               name, il);
 }
 
@@ -220,7 +229,9 @@ static struct kvr_tensor * build_attn(struct mb * g, const struct kvr_layer * l,
     if (l->attn_k_norm) k = build_norm(g, k, l->attn_k_norm, NULL, MB_NORM_RMS, "k_norm", il);
     q = build_rope(g, q, "q_rope", il);
     k = build_rope(g, k, "k_rope", il);
-    struct kvr_tensor * a = cb(kvr_attn_block(g->ctx, q, k, v, g->b->pos, il, scale, g->hp->attn_softcap, (int)l->window), "attn", il);
+    struct kvr_tensor * a = cb(kvr_attn_sinks(kvr_attn_block(g->ctx, q, k, v, g->b->pos, il, scale, g->hp->attn_softcap,
+                                                             (int)l->window), l->attn_sinks),
+                               "attn", il);
     struct kvr_tensor * o = cb(kvr_mul_mat(g->ctx, l->wo, kvr_attn_out(g->ctx, a, (int)g->hp->n_head)), "attn_proj", il);
     return l->bo ? cb(kvr_add(g->ctx, o, l->bo), "attn_proj_b", il) : o;
 }
@@ -238,6 +249,85 @@ static struct kvr_tensor * build_ffn(struct mb * g, struct kvr_tensor * x, struc
     if (gate) a = cb(kvr_mul(ctx, a, u), "ffn_gated", il);
     struct kvr_tensor * d = cb(kvr_mul_mat(ctx, down, a), "ffn_down", il);
     return down_b ? cb(kvr_add(ctx, d, down_b), "ffn_down_b", il) : d;
+}
+
+// A mixture of experts' counts: expert_count and expert_used_count (required, 1 <= used <= count),
+// expert_feed_forward_length (llama.cpp's default when absent: feed_forward_length / used).
+static int load_moe_hparams(struct kvr_model * m) {
+    struct kvr_hparams * hp = &m->hp;
+    if (hp_u32(m, "expert_count", &hp->n_expert, true, 0) || hp_u32(m, "expert_used_count", &hp->n_expert_used, true, 0)) {
+        return KVR_ERR_FORMAT;
+    }
+    if (hp->n_expert == 0 || hp->n_expert > 4096) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = %u is not a count from 1 to 4096", m->path,
+                         arch_key(m, "expert_count"), hp->n_expert);
+    }
+    if (hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert) {
+        char count[128];
+        snprintf(count, sizeof(count), "%s", arch_key(m, "expert_count"));
+        return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' = %u is not a count from 1 to '%s' = %u", m->path,
+                         arch_key(m, "expert_used_count"), hp->n_expert_used, count, hp->n_expert);
+    }
+    if (hp_u32(m, "expert_feed_forward_length", &hp->n_ff_exp, false, hp->n_ff / hp->n_expert_used)) return KVR_ERR_FORMAT;
+    if (hp->n_ff_exp == 0) {
+        char ffn[128]; // arch_key's buffer is one: the second key is formatted into it later
+        snprintf(ffn, sizeof(ffn), "%s", arch_key(m, "feed_forward_length"));
+        return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' is missing (and '%s' gives no width)", m->path,
+                         arch_key(m, "expert_feed_forward_length"), ffn);
+    }
+    return KVR_OK;
+}
+
+// The FFN norm (ffn_norm.weight, or another norm a recipe names: norm NULL keeps it), the router
+// ffn_gate_inp [n_embd -> n_expert] and the experts ffn_{gate,up}_exps [n_embd, n_ff_exp, n_expert],
+// ffn_down_exps [n_ff_exp, n_embd, n_expert]; with biases (the router's, each expert's: gpt-oss)
+// where the file has them.
+static int load_layer_moe(struct kvr_model * m, uint32_t il, bool norm) {
+    const struct kvr_hparams * hp = &m->hp;
+    struct kvr_layer * l = &m->layers[il];
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp, X = hp->n_expert;
+    if ((norm && model_tensor(m, &l->ffn_norm, true, 1, E, 1, "blk.%u.ffn_norm.weight", il)) ||
+        model_tensor(m, &l->ffn_gate_inp, true, 2, E, X, "blk.%u.ffn_gate_inp.weight", il) ||
+        model_tensor(m, &l->ffn_gate_inp_b, false, 1, X, 1, "blk.%u.ffn_gate_inp.bias", il) ||
+        model_tensor_3d(m, &l->ffn_gate_exps, true, E, F, X, "blk.%u.ffn_gate_exps.weight", il) ||
+        model_tensor_3d(m, &l->ffn_up_exps, true, E, F, X, "blk.%u.ffn_up_exps.weight", il) ||
+        model_tensor_3d(m, &l->ffn_down_exps, true, F, E, X, "blk.%u.ffn_down_exps.weight", il) ||
+        model_tensor(m, &l->ffn_gate_exps_b, false, 2, F, X, "blk.%u.ffn_gate_exps.bias", il) ||
+        model_tensor(m, &l->ffn_up_exps_b, false, 2, F, X, "blk.%u.ffn_up_exps.bias", il) ||
+        model_tensor(m, &l->ffn_down_exps_b, false, 2, E, X, "blk.%u.ffn_down_exps.bias", il)) {
+        return KVR_ERR_FORMAT;
+    }
+    const struct kvr_tensor * f32[] = { l->ffn_gate_inp_b, l->ffn_gate_exps_b, l->ffn_up_exps_b, l->ffn_down_exps_b };
+    for (size_t i = 0; i < sizeof(f32) / sizeof(f32[0]); i++) {
+        if (f32[i] && f32[i]->type != KVR_TYPE_F32) {
+            return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' has type %s; kvr reads expert biases as f32 only",
+                             m->path, f32[i]->name, kvr_type_name(f32[i]->type));
+        }
+    }
+    return KVR_OK;
+}
+
+// The mixture of experts of layer il over x [n_embd, T]: the router's logits (+ bias), each token's
+// experts and weights by `gating`, the experts' gated FFNs (act(gate x) * up x, + their biases) by
+// MUL_MAT_ID (only the picked experts' rows are read), down, and the weighted sum per token.
+static struct kvr_tensor * build_moe(struct mb * g, const struct kvr_layer * l, struct kvr_tensor * x,
+                                     enum kvr_moe_gating gating, enum mb_act act, int il) {
+    struct kvr_context * ctx = g->ctx;
+    struct kvr_tensor * logits = cb(kvr_mul_mat(ctx, l->ffn_gate_inp, x), "ffn_moe_logits", il);
+    if (l->ffn_gate_inp_b) logits = cb(kvr_add(ctx, logits, l->ffn_gate_inp_b), "ffn_moe_logits_b", il);
+    struct kvr_tensor * route = cb(kvr_moe_route(ctx, logits, (int)g->hp->n_expert_used, gating), "ffn_moe_route", il);
+    struct kvr_tensor * up = cb(kvr_mul_mat_id(ctx, l->ffn_up_exps, x, route, l->ffn_up_exps_b), "ffn_moe_up", il);
+    struct kvr_tensor * gate = cb(kvr_mul_mat_id(ctx, l->ffn_gate_exps, x, route, l->ffn_gate_exps_b), "ffn_moe_gate", il);
+    struct kvr_tensor * a;
+    if (act == MB_ACT_SWIGLU_OAI) {
+        // gpt-oss's constants are in llama.cpp's code, not in the file
+        a = cb(kvr_swiglu_oai(ctx, gate, up, 1.702f, 7.0f), "ffn_moe_swiglu", il);
+    } else {
+        a = act == MB_ACT_SILU ? kvr_silu(ctx, gate) : kvr_gelu(ctx, gate);
+        a = cb(kvr_mul(ctx, cb(a, "ffn_moe_act", il), up), "ffn_moe_gated", il);
+    }
+    struct kvr_tensor * down = cb(kvr_mul_mat_id(ctx, l->ffn_down_exps, a, route, l->ffn_down_exps_b), "ffn_moe_down", il);
+    return cb(kvr_moe_sum(ctx, down, route), "ffn_moe_out", il);
 }
 
 // In the last layer, after the attention, only the rows whose logits are wanted go on: the last

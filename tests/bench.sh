@@ -2,7 +2,8 @@
 # tests/bench.sh BUILD - what `make bench` runs: prefill speed of a tinyllama-1.1b-shaped model
 # (random weights from kvr-gen, written once into BUILD/bench/) at 512 and 2048 prompt tokens
 # with 2 threads, beside what OpenBLAS sgemm reaches on the same shapes; decode speed beside
-# prefill for F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and SmolLM2-135M (see below); then the parallel
+# prefill for F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, SmolLM2-135M and a Qwen3-30B-A3B-shaped mixture of
+# experts (2 layers; see below); then the parallel
 # prefill table of KV-Runahead's kind on 2 ranks x 1 thread: single (2 threads and 1), tsp,
 # kvr-e (even), kvr-s (searched), kvr-p (interpolated from the other lengths), ring-kv, with no
 # link emulation and with a 10 Gb/s link, each beside the simulator's prediction (calibrated here
@@ -75,6 +76,21 @@ if [ -n "$dec_types" ] && [ -f "$smol" ]; then
     echo
     echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1 with 8-bit activations (--q8-act)"
     "$build/kvr-bench" -m "$smol" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
+    echo
+fi
+
+# a mixture of experts in a real shape: Qwen3-30B-A3B's layers (128 experts of width 768, 8 a token,
+# GQA 32/4 with head size 128), 2 of its 48, Q8_0, a made-up vocabulary of 32000; decode beside
+# prefill, the floor counting the picked experts only (a step reads 8 of 128). KVR_BENCH_MOE=none skips.
+if [ "${KVR_BENCH_MOE:-}" != none ]; then
+    model=$dir/qwen3-30b-a3b-2l-q8_0.gguf
+    [ -f "$model" ] || "$build/kvr-gen" --arch qwen3moe --preset qwen3-30b-a3b --layers 2 --vocab-size 32000 --type q8_0 \
+        --seed 1 -o "$model"
+    echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0"
+    "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo
+    echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0 with 8-bit activations (--q8-act)"
+    "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
     echo
 fi
 

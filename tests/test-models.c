@@ -19,6 +19,12 @@
 //     move by ~10); the attention factor used; missing factors, FFN width, ffn_up, attn_qkv: refused
 //   - tiny-gemma2: both soft-caps and the window used; the default caps and pattern written out
 //     give the same bits; a missing post norm: refused, naming it
+// SHARED/reference/archs-next/tiny-{qwen3moe,gptoss,gptoss-mxfp4}.* (models/moe.c) the same way (the
+// MXFP4 file's exact path against its dequantized twin's outputs); then qwen3moe files with
+// expert_used_count > expert_count, no expert_count, no expert tensor, no expert width refused,
+// naming what; gpt-oss with every layer global or without YaRN moving the logits, without a
+// layer's sinks refused; the MXFP4 file with 8-bit activations near the twin (llama.cpp: 0.17);
+// a tiny-qwen3moe decode step's expert bytes (kvr_rank_stats) are those of its 2 experts a layer.
 // SHARED/reference/tiny-falcon-mqa.* (the Falcon graph, models/falcon.c: 3 layers, width 64, 4
 // query heads, 1 KV head, tied output) the same way, then its variants:
 //   - 40B-style attn_norm_2 with the same weights as attn_norm, zero QKV, attention output and
@@ -581,6 +587,106 @@ static void test_reuse(const struct kvr_model * m, const int32_t * toks, int n, 
     kvr_backend_free(be);
 }
 
+// A decode step reads only the experts its token picked: the counter of a one-token eval is
+// n_used experts' gate, up and down matrices in every layer, a quarter of tiny-qwen3moe's experts
+// (2 of 8); the prompt's eval reads more (its tokens pick most experts) and never more than all.
+static void test_moe_bytes(const struct kvr_model * m, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    const struct kvr_layer * l = &m->layers[0];
+    const int64_t one = (int64_t)(l->ffn_gate_exps->nb[2] + l->ffn_up_exps->nb[2] + l->ffn_down_exps->nb[2]);
+    const int64_t all = one * hp->n_expert * hp->n_layer, want = one * hp->n_expert_used * hp->n_layer;
+    const struct kvr_session_params sp = session_params(m, n + 2);
+    struct kvr_session * s = kvr_session_new(m, &sp);
+    const float * lg = s ? kvr_session_eval(s, toks, n) : NULL;
+    struct kvr_rank_stats st;
+    CHECK(lg && kvr_session_stats(s, &st, 1) == 1, "tiny-qwen3moe bytes: %s", kvr_last_error());
+    const int64_t prefill = lg ? st.expert_bytes : 0;
+    const int32_t next = lg ? kvr_argmax(lg, (int)hp->n_vocab) : 0;
+    lg = lg ? kvr_session_eval(s, &next, 1) : NULL;
+    CHECK(lg && kvr_session_stats(s, &st, 1) == 1, "tiny-qwen3moe bytes: decode: %s", kvr_last_error());
+    if (lg) {
+        printf("%-14s expert bytes: decode step %lld (%u of %u experts a layer: %lld of %lld), prefill of %d tokens %lld\n",
+               "tiny-qwen3moe", (long long)st.expert_bytes, hp->n_expert_used, hp->n_expert, (long long)want, (long long)all, n,
+               (long long)prefill);
+        CHECK(st.expert_bytes == want, "tiny-qwen3moe: a decode step read %lld expert bytes, its experts hold %lld",
+              (long long)st.expert_bytes, (long long)want);
+        CHECK(prefill > want && prefill <= all, "tiny-qwen3moe: the prompt read %lld expert bytes (want in (%lld, %lld])",
+              (long long)prefill, (long long)want, (long long)all);
+    }
+    kvr_session_free(s);
+}
+
+// MoE files missing what the recipe needs, or with counts that do not fit: refused, naming the key
+// or the tensor
+static void test_moe_refused(const struct kvr_model * m) {
+    const struct kvr_hparams * hp = &m->hp;
+    CHECK(hp->arch == KVR_ARCH_QWEN3MOE && hp->n_expert == 8 && hp->n_expert_used == 2 && hp->n_ff_exp == 64 &&
+          m->layers[0].ffn_gate_exps && !m->layers[0].ffn_gate_inp_b && m->layers[0].attn_q_norm,
+          "tiny-qwen3moe: arch %d, %u experts, %u used, expert ffn %u", (int)hp->arch, hp->n_expert, hp->n_expert_used, hp->n_ff_exp);
+    const struct variant used = { .what = "qwen3moe with 9 of 8 experts used", .set_u32_key = "qwen3moe.expert_used_count", .set_u32 = 9 };
+    const char * n_used[] = { "qwen3moe.expert_used_count", "= 9", "qwen3moe.expert_count" };
+    variant_refused(m, &used, n_used, 3);
+    const struct variant count = { .what = "qwen3moe without expert_count", .drop_key = "qwen3moe.expert_count" };
+    const char * n_count[] = { "qwen3moe.expert_count", "missing" };
+    variant_refused(m, &count, n_count, 2);
+    const struct variant exps = { .what = "qwen3moe without blk.2.ffn_down_exps", .drop_tensor = "blk.2.ffn_down_exps.weight" };
+    const char * n_exps[] = { "blk.2.ffn_down_exps.weight", "missing" };
+    variant_refused(m, &exps, n_exps, 2);
+    // without expert_feed_forward_length llama.cpp's default width (384 / 2) does not fit the experts
+    const struct variant ffn = { .what = "qwen3moe without expert_feed_forward_length", .drop_key = "qwen3moe.expert_feed_forward_length" };
+    const char * n_ffn[] = { "blk.0.ffn_gate_exps.weight", "192" };
+    variant_refused(m, &ffn, n_ffn, 2);
+}
+
+// gpt-oss's pieces are used (the alternating window, YaRN), the sinks are required; the MXFP4 file
+// through 8-bit activations (--q8-act) lands near its twin, as llama.cpp's own run does (0.17)
+static void test_gptoss(const struct kvr_model * m, const int32_t * toks, int n, bool mxfp4) {
+    const struct kvr_hparams * hp = &m->hp;
+    const struct kvr_layer * l = m->layers;
+    bool ok = hp->arch == KVR_ARCH_GPTOSS && hp->n_layer == 4 && hp->rope_ext_factor == 1.0f && hp->rope_n_ctx_orig == 4096 &&
+              hp->rope_freq_scale == 1.0f / 32.0f;
+    for (uint32_t il = 0; il < hp->n_layer && ok; il++) {
+        ok = l[il].window == (il % 2 == 0 ? 16u : 0u) && l[il].attn_sinks && l[il].bq && l[il].bo && l[il].ffn_gate_inp_b &&
+             l[il].ffn_down_exps_b && l[il].ffn_down_exps->type == (mxfp4 ? KVR_TYPE_MXFP4 : KVR_TYPE_F32);
+    }
+    CHECK(ok, "%s: arch %d, YaRN %g over %u, the even layers local, sinks, biases, expert type %s", mxfp4 ? "tiny-gptoss-mxfp4" : "tiny-gptoss",
+          (int)hp->arch, (double)hp->rope_ext_factor, hp->rope_n_ctx_orig, kvr_type_name(l[0].ffn_down_exps->type));
+    float * base = malloc(sizeof(float) * hp->n_vocab);
+    if (!mxfp4 && eval_prompt(m, toks, n, base, "tiny-gptoss")) {
+        const struct variant moved[] = {
+            { .what = "gpt-oss with every layer global", .set_u32_key = "gpt-oss.attention.sliding_window_pattern", .set_u32 = 1 },
+            { .what = "gpt-oss without YaRN", .set_str_key = "gpt-oss.rope.scaling.type", .set_str = "none" },
+        };
+        for (int i = 0; i < 2; i++) variant_logits(m, &moved[i], toks, n, base, false, 0.5);
+        const struct variant sinks = { .what = "gpt-oss without blk.1.attn_sinks", .drop_tensor = "blk.1.attn_sinks.weight" };
+        const char * n_sinks[] = { "blk.1.attn_sinks.weight" };
+        variant_refused(m, &sinks, n_sinks, 1);
+    }
+    if (mxfp4) {
+        char p_logits[sizeof m->path + 8];
+        snprintf(p_logits, sizeof p_logits, "%s", m->path);
+        char * dot = strrchr(p_logits, '.');
+        if (dot) snprintf(dot, sizeof p_logits - (size_t)(dot - p_logits), ".logits");
+        float * want = malloc(sizeof(float) * (hp->n_vocab + 1));
+        const int n_want = read_floats(p_logits, want, (int)hp->n_vocab + 1);
+        struct kvr_session_params sp = session_params(m, n + 1);
+        sp.q8_activations = true;
+        struct kvr_session * s = kvr_session_new(m, &sp);
+        const float * lg = s ? kvr_session_eval(s, toks, n) : NULL;
+        CHECK(lg != NULL && n_want == (int)hp->n_vocab, "tiny-gptoss-mxfp4 --q8-act: %s", kvr_last_error());
+        if (lg && n_want == (int)hp->n_vocab) {
+            int at;
+            const double d = max_diff(lg, want, (int)hp->n_vocab, &at);
+            printf("%-14s --q8-act (Q8_0 activations): max |kvr - twin| = %.3g (llama.cpp on the file: 0.17)\n", "tiny-gptoss-mxfp4", d);
+            CHECK(d > 1e-3 && d < 0.5, "tiny-gptoss-mxfp4 --q8-act: %.3g from the twin; 8-bit activations should move it, by less than 0.5", d);
+            CHECK(kvr_argmax(lg, (int)hp->n_vocab) == kvr_argmax(want, (int)hp->n_vocab), "tiny-gptoss-mxfp4 --q8-act: another first greedy id");
+        }
+        kvr_session_free(s);
+        free(want);
+    }
+    free(base);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * dir = getenv("TMPDIR");
@@ -606,7 +712,7 @@ int main(int argc, char ** argv) {
         kvr_model_free(m);
     }
 
-    // the architectures of archs-next/ (phi3, gemma2; tiny-gemma2 against its exact-GELU outputs)
+    // the architectures of archs-next/: phi3 and gemma2 (tiny-gemma2 against its exact-GELU outputs)
     char next[1024];
     snprintf(next, sizeof next, "%s/reference/archs-next", shared);
     for (int i = 0; i < 2; i++) {
@@ -616,6 +722,17 @@ int main(int argc, char ** argv) {
         if (i == 0) test_phi3(m, toks, n);
         else test_gemma2(m, next, toks, n);
         test_reuse(m, toks, n, i ? "tiny-gemma2" : "tiny-phi3", i == 1);
+        kvr_model_free(m);
+    }
+    // the mixture-of-experts architectures (models/moe.c); tiny-gptoss-mxfp4 with its MXFP4 experts
+    // against the dequantized twin's outputs, which the exact path computes
+    static const char * const moe_names[3] = { "tiny-qwen3moe", "tiny-gptoss", "tiny-gptoss-mxfp4" };
+    for (int i = 0; i < 3; i++) {
+        int n = 0;
+        struct kvr_model * m = test_reference(next, moe_names[i], NULL, LOGIT_TOL, toks, &n);
+        if (m && i == 0) test_moe_refused(m);
+        if (m && i == 0) test_moe_bytes(m, toks, n);
+        if (m && i > 0) test_gptoss(m, toks, n, i == 2);
         kvr_model_free(m);
     }
 

@@ -490,7 +490,8 @@ static struct {
 // another order), and the largest over the ops of a graph.
 static double op_nmse_bound(int op) {
     switch (op) {
-        case KVR_OP_MUL_MAT:    return 5e-4;
+        case KVR_OP_MUL_MAT:
+        case KVR_OP_MUL_MAT_ID: return 5e-4;
         case KVR_OP_ATTN:
         case KVR_OP_MERGE_ATTN: return 1e-5;
         default:                return 1e-7;
@@ -646,6 +647,7 @@ struct attn_ref {
     double scale;
     int window;          // 0: none; else key j is seen by query i only if qpos[i] - kpos[j] < window
     double softcap;      // 0: none; else each scaled score s becomes softcap * tanh(s / softcap)
+    const float * sinks; // NULL: none; else head h's sink logit joins each softmax's denominator
 };
 
 static bool ref_masked(const struct attn_ref * a, int i, int j) {
@@ -678,11 +680,12 @@ static void ref_attn(const struct attn_ref * a, double * out) {
             for (int d = 0; d < a->hd; d++) {
                 o[d] = 0.0;
             }
+            if (a->sinks) m = fmax(m, a->sinks[h]);
             if (m == -INFINITY) {
                 out[i * row + (int64_t) a->hd * a->H + h] = -INFINITY;
                 continue;
             }
-            double sum = 0.0;
+            double sum = a->sinks ? exp(a->sinks[h] - m) : 0.0; // a sink: a term with no value
             for (int j = 0; j < a->Tk; j++) {
                 if (ref_masked(a, i, j)) {
                     continue;
@@ -706,8 +709,9 @@ static void ref_attn(const struct attn_ref * a, double * out) {
 // y = x rotated; extra = the allowance of an f32 angle: whatever the method (one powf, or ggml's
 // running product theta *= theta_scale), theta_i carries up to ~(3i + 4) ulps of itself, and an
 // error e in the angle moves the pair by e * |(x0, x1)|.
-static void ref_rope(const float * x, double * y, double * extra, int hd, int H, int T, const int32_t * pos,
-                     const float * ff, int n_rot, enum kvr_rope_mode mode, double base, double fs, double af) {
+// yarn NULL: plain RoPE; else { ext_factor, attn_factor, corr_lo, corr_hi } as kvr_rope_yarn defines them
+static void ref_rope_yarn(const float * x, double * y, double * extra, int hd, int H, int T, const int32_t * pos,
+                          const float * ff, int n_rot, enum kvr_rope_mode mode, double base, double fs, const float * yarn) {
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
             const float * xr = x + ((int64_t) t * H + h) * hd;
@@ -718,13 +722,22 @@ static void ref_rope(const float * x, double * y, double * extra, int hd, int H,
                 er[d] = 0.0;
             }
             for (int i = 0; i < n_rot / 2; i++) {
-                const double theta = pos[t] * fs * pow(base, -2.0 * i / n_rot) / (ff ? ff[i] : 1.0);
+                const double plain = pos[t] * pow(base, -2.0 * i / n_rot) / (ff ? ff[i] : 1.0);
+                double theta = plain * fs, mscale = 1.0;
+                if (yarn) {
+                    mscale = yarn[1];
+                    if (yarn[0] != 0.0f) { // the interpolated angle mixed with the plain one by the ramp
+                        const double r = (1.0 - fmin(1.0, fmax(0.0, (i - yarn[2]) / fmax(0.001, yarn[3] - yarn[2])))) * yarn[0];
+                        theta = theta * (1.0 - r) + plain * r;
+                        mscale *= 1.0 + 0.1 * log(1.0 / fs);
+                    }
+                }
                 const int i0 = mode == KVR_ROPE_NEOX ? i : 2 * i;
                 const int i1 = mode == KVR_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
-                const double x0 = xr[i0], x1 = xr[i1], c = cos(theta) * af, s = sin(theta) * af;
+                const double x0 = xr[i0], x1 = xr[i1], c = cos(theta) * mscale, s = sin(theta) * mscale;
                 yr[i0] = x0 * c - x1 * s;
                 yr[i1] = x0 * s + x1 * c;
-                er[i0] = er[i1] = (3.0 * i + 4.0) * 0x1p-24 * fabs(theta) * hypot(x0, x1) * af;
+                er[i0] = er[i1] = (3.0 * i + 4.0) * 0x1p-24 * fmax(fabs(theta), fabs(plain)) * hypot(x0, x1) * mscale;
             }
         }
     }
@@ -1116,12 +1129,25 @@ struct rope_case {
 };
 
 // freqs: with per-pair frequency divisors (Llama 3's rope_freqs: 1, a ramp, then 8)
+// af: the attention factor (kvr_rope's; YaRN's ramp off)
+static void ref_rope(const float * x, double * y, double * extra, int hd, int H, int T, const int32_t * pos,
+                     const float * ff, int n_rot, enum kvr_rope_mode mode, double base, double fs, float af) {
+    const float plain[4] = { 0.0f, af, 0.0f, 0.0f };
+    ref_rope_yarn(x, y, extra, hd, H, T, pos, ff, n_rot, mode, base, fs, plain);
+}
+
+// yarn: NULL, or { ext_factor, attn_factor, corr_lo, corr_hi } (kvr_rope_yarn)
+static void t_rope_yarn(const struct rope_case * rc, enum kvr_rope_mode mode, bool freqs, const float * yarn, int nt);
+
 static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, bool freqs, int nt) {
+    t_rope_yarn(rc, mode, freqs, NULL, nt);
+}
+
+static void t_rope_yarn(const struct rope_case * rc, enum kvr_rope_mode mode, bool freqs, const float * yarn, int nt) {
     struct tcase tc;
-    const float af = rc->af;
-    tc_begin(&tc, nt, "ROPE(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s,base=%g,freq_scale=%g,attn_factor=%g,pos=%s%s%s)", rc->hd, rc->H,
-             rc->T, rc->n_rot, mode == KVR_ROPE_NEOX ? "neox" : "norm", rc->base, rc->fs, af, rc->pos,
-             rc->strided ? ",a=strided view" : "", freqs ? ",freq factors" : "");
+    tc_begin(&tc, nt, "ROPE(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s,base=%g,freq_scale=%g,attn_factor=%g,pos=%s%s%s%s)", rc->hd, rc->H,
+             rc->T, rc->n_rot, mode == KVR_ROPE_NEOX ? "neox" : "norm", rc->base, rc->fs, yarn ? yarn[1] : rc->af, rc->pos,
+             rc->strided ? ",a=strided view" : "", freqs ? ",freq factors" : "", yarn ? ",yarn" : "");
     const int64_t N = (int64_t) rc->hd * rc->H * rc->T;
     struct kvr_tensor * a;
     float * x;   // a's values, dense
@@ -1156,12 +1182,15 @@ static void t_rope(const struct rope_case * rc, enum kvr_rope_mode mode, bool fr
         float * f = ff->data;
         for (int i = 0; i < rc->n_rot / 2; i++) f[i] = i < rc->n_rot / 8 ? 1.0f : i < rc->n_rot / 4 ? 1.0f + 7.0f * (float) i / (float) rc->n_rot : 8.0f;
     }
-    struct kvr_tensor * y = kvr_rope(tc.ctx, a, tc_input_i32(&tc, rc->T, pos), ff, rc->n_rot, mode, rc->base, rc->fs, af);
+    struct kvr_tensor * pt = tc_input_i32(&tc, rc->T, pos);
+    struct kvr_tensor * y = yarn ? kvr_rope_yarn(tc.ctx, a, pt, ff, rc->n_rot, mode, rc->base, rc->fs, yarn[0], yarn[1], yarn[2], yarn[3])
+                                 : kvr_rope(tc.ctx, a, pt, ff, rc->n_rot, mode, rc->base, rc->fs, rc->af);
     if (tc_shape(&tc, y, KVR_TYPE_F32, rc->hd, rc->H, rc->T, 1)) {
         tc_output(&tc, y, "y");
         if (tc_compute(&tc, &y, 1)) {
             double * ref = tc_doubles(&tc, N), * extra = tc_doubles(&tc, N);
-            ref_rope(x, ref, extra, rc->hd, rc->H, rc->T, pos, ff ? ff->data : NULL, rc->n_rot, mode, rc->base, rc->fs, af);
+            if (yarn) ref_rope_yarn(x, ref, extra, rc->hd, rc->H, rc->T, pos, ff ? ff->data : NULL, rc->n_rot, mode, rc->base, rc->fs, yarn);
+            else ref_rope(x, ref, extra, rc->hd, rc->H, rc->T, pos, ff ? ff->data : NULL, rc->n_rot, mode, rc->base, rc->fs, rc->af);
             tc_check(&tc, "y", tc_read(&tc, y), ref, N, rc->hd, TOL_ELEM, extra);
         }
     }
@@ -1191,6 +1220,27 @@ static void grp_rope(void) {
             }
             if (cases[c].n_rot >= 16) t_rope(&cases[c], m ? KVR_ROPE_NEOX : KVR_ROPE_NORM, true, 2);
         }
+    }
+    // YaRN (gpt-oss: factor 32 over 4096 positions, base 150000): the ramp's dims as ggml's
+    // ggml_rope_yarn_corr_dims gives them for a head of 32 ([4, 9], the reference README's), and the
+    // rotation with the ramp, the magnitude, an attention factor, another base, positions far out
+    float lo, hi;
+    kvr_rope_yarn_corr_dims(32, 4096, 150000.0f, 32.0f, 1.0f, &lo, &hi);
+    {
+        struct tcase tc;
+        tc_begin(&tc, 1, "ROPE(yarn corr dims of n_rot 32, 4096 positions, base 150000)");
+        if (lo != 4.0f || hi != 9.0f) tc_fail(&tc, "corr dims [%g, %g], expected [4, 9]", (double)lo, (double)hi);
+        tc_end(&tc);
+    }
+    static const struct rope_case ycases[] = {
+        { 32, 8, 33, 32, 150000.0f, 1.0f / 32.0f, "seq", false, 1.0f },
+        { 64, 4, 7, 64, 150000.0f, 1.0f / 32.0f, "large", false, 1.0f },
+        { 64, 3, 9, 48, 10000.0f, 0.25f, "offset", true, 1.0f },
+    };
+    const float yarn[3][4] = { { 1.0f, 1.0f, lo, hi }, { 1.0f, 0.7f, 6.0f, 20.0f }, { 0.5f, 1.0f, 2.0f, 2.0f } };
+    for (size_t c = 0; c < sizeof(ycases) / sizeof(ycases[0]); c++) {
+        for (int nt = 1; nt <= 3; nt += 2) t_rope_yarn(&ycases[c], KVR_ROPE_NEOX, false, yarn[c], nt);
+        t_rope_yarn(&ycases[c], KVR_ROPE_NORM, c == 1, yarn[c], 2);
     }
 }
 
@@ -1413,10 +1463,11 @@ static void attn_positions(const char * kind, int Tq, int Tk, int32_t * qpos, in
     }
 }
 
-static void t_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt) {
+static void t_attn_sinks(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, bool sinks, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s%s%s,window=%d,softcap=%g)", ac->hd, ac->H, ac->Hkv,
-             ac->Tq, ac->Tk, ac->pos, mode_str(mode), ac->q_strided ? ",q=strided" : "", ac->hot ? ",hot" : "", window, softcap);
+    tc_begin(&tc, nt, "ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s%s%s,window=%d,softcap=%g%s)", ac->hd, ac->H, ac->Hkv,
+             ac->Tq, ac->Tk, ac->pos, mode_str(mode), ac->q_strided ? ",q=strided" : "", ac->hot ? ",hot" : "", window, softcap,
+             sinks ? ",sinks" : "");
     const int hd = ac->hd, H = ac->H, Tq = ac->Tq, Tk = ac->Tk;
     const float amp = ac->hot ? 16.0f : 1.0f;
     struct kvr_tensor * q;
@@ -1438,6 +1489,9 @@ static void t_attn(const struct attn_case * ac, int window, float softcap, enum 
     const float scale = ac->hot ? 1.0f : 1.0f / sqrtf((float) hd);
     struct kvr_tensor * y = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos), NULL,
                                      scale, softcap, window, mode);
+    // sink logits around the scores' range (hot: in the hundreds, as the scores)
+    struct kvr_tensor * sk = sinks ? tc_input_f32(&tc, 1, H, 1, 1, ac->hot ? 200.0f : 3.0f) : NULL;
+    if (sk) kvr_attn_sinks(y, sk);
     const int64_t row = (int64_t) hd * H + H;
     if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1)) {
         tc_output(&tc, y, "attn");
@@ -1446,6 +1500,7 @@ static void t_attn(const struct attn_case * ac, int window, float softcap, enum 
                 .hd = hd, .H = H, .Hkv = ac->Hkv, .Tq = Tq, .Tk = Tk, .q = qd, .q_tok = q_tok,
                 .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * ac->Hkv,
                 .qpos = qpos, .kpos = kpos, .scale = scale, .window = window, .softcap = softcap,
+                .sinks = sk ? sk->data : NULL,
             };
             double * ref = tc_doubles(&tc, row * Tq);
             ref_attn(&ar, ref);
@@ -1453,6 +1508,10 @@ static void t_attn(const struct attn_case * ac, int window, float softcap, enum 
         }
     }
     tc_end(&tc);
+}
+
+static void t_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt) {
+    t_attn_sinks(ac, window, softcap, mode, false, nt);
 }
 
 static void grp_attn(void) {
@@ -1532,6 +1591,21 @@ static void grp_attn(void) {
             }
         }
     }
+    // attention sinks (gpt-oss): the exact kernel and the tiled one, GQA, windows, a decode step,
+    // rows that see no key (O 0, LSE the sink's logit), scores in the hundreds
+    static const struct { struct attn_case c; int window; } scases[] = {
+        { { 64, 8, 2, 33, 33, "causal", false, false }, 0 },
+        { { 32, 8, 2, 64, 64, "causal", false, false }, 16 },
+        { { 64, 4, 2, 1, 67, "causal", false, false }, 0 },
+        { { 64, 4, 4, 7, 9, "masked", false, false }, 0 },
+        { { 16, 4, 2, 10, 10, "zz-1-2", false, false }, 0 },
+        { { 64, 4, 2, 33, 33, "causal", false, true }, 0 },
+        { { 16, 2, 1, 300, 300, "causal", false, true }, 100 },
+        { { 16, 2, 1, 40, 700, "shuffled", false, false }, 0 },
+    };
+    for (size_t c = 0; c < sizeof(scases) / sizeof(scases[0]); c++) {
+        for (int nt = 1; nt <= 3; nt += 2) t_attn_sinks(&scases[c].c, scases[c].window, 0.0f, KVR_ATTN_CAUSAL, true, nt);
+    }
 }
 
 //
@@ -1609,11 +1683,11 @@ static void t_merge(int hd, int H, int Tq, int n, const char * kind, int nt) {
 // Keys [0, Tk) in n_chunks contiguous chunks, one ATTN each (views of k, v and kpos), merged;
 // queries: every token ("causal") or rank 1's zigzag shard over 4 ranks ("zz"), so some
 // partials are empty for some queries, as in a ring step.
-static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const char * qkind, float softcap,
-                           enum kvr_attn_mode mode, int nt) {
+static void t_merge_chunks_sinks(int hd, int H, int Hkv, int Tk, int n_chunks, const char * qkind, float softcap,
+                                 enum kvr_attn_mode mode, bool sinks, int nt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "MERGE_ATTN(ATTN over %d key chunks,hd=%d,H=%d,Hkv=%d,Tk=%d,q=%s,softcap=%g,mode=%s)", n_chunks, hd, H,
-             Hkv, Tk, qkind, softcap, mode_str(mode));
+    tc_begin(&tc, nt, "MERGE_ATTN(ATTN over %d key chunks,hd=%d,H=%d,Hkv=%d,Tk=%d,q=%s,softcap=%g,mode=%s%s)", n_chunks, hd, H,
+             Hkv, Tk, qkind, softcap, mode_str(mode), sinks ? ",sinks on the merge" : "");
     const int Tq = !strcmp(qkind, "zz") ? Tk / 4 : Tk;
     int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
     for (int j = 0; j < Tk; j++) kpos[j] = j;
@@ -1637,6 +1711,9 @@ static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const c
     }
     const int64_t row = (int64_t) hd * H + H;
     struct kvr_tensor * y = kvr_merge_attn(tc.ctx, parts, n_chunks, H);
+    // the sinks once, on the merge of partials that have none: the softmax over all keys with them
+    struct kvr_tensor * sk = sinks ? tc_input_f32(&tc, 1, H, 1, 1, 3.0f) : NULL;
+    if (sk) kvr_attn_sinks(y, sk);
     if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1)) {
         tc_output(&tc, y, "merged");
         if (tc_compute(&tc, &y, 1)) {
@@ -1644,6 +1721,7 @@ static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const c
                 .hd = hd, .H = H, .Hkv = Hkv, .Tq = Tq, .Tk = Tk, .q = q->data, .q_tok = (int64_t) hd * H,
                 .k = k->data, .v = v->data, .kv_tok = (int64_t) hd * Hkv, .qpos = qpos, .kpos = kpos, .scale = scale,
                 .softcap = softcap,
+                .sinks = sk ? sk->data : NULL,
             };
             double * ref = tc_doubles(&tc, row * Tq);
             ref_attn(&ar, ref);
@@ -1651,6 +1729,11 @@ static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const c
         }
     }
     tc_end(&tc);
+}
+
+static void t_merge_chunks(int hd, int H, int Hkv, int Tk, int n_chunks, const char * qkind, float softcap,
+                           enum kvr_attn_mode mode, int nt) {
+    t_merge_chunks_sinks(hd, H, Hkv, Tk, n_chunks, qkind, softcap, mode, false, nt);
 }
 
 static void grp_merge_attn(void) {
@@ -1676,6 +1759,11 @@ static void grp_merge_attn(void) {
                                m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
             }
         }
+    }
+    for (int nt = 1; nt <= 3; nt += 2) { // one chunk too: a merge of one partial is where ring decode of 1 rank adds them
+        t_merge_chunks_sinks(16, 4, 2, 40, 4, "zz", 0.0f, KVR_ATTN_CAUSAL, true, nt);
+        t_merge_chunks_sinks(64, 4, 1, 33, 1, "causal", 20.0f, KVR_ATTN_CAUSAL, true, nt);
+        t_merge_chunks_sinks(64, 2, 1, 80, KVR_MAX_SRC - 1, "zz", 0.0f, KVR_ATTN_CAUSAL, true, nt);
     }
 }
 
@@ -2272,6 +2360,38 @@ static void t_fr_mul_mat(enum kvr_type type, int K, int N, int T, int nt) {
     tc_end(&tc);
 }
 
+// MUL_MAT_ID, fast (tokens grouped by expert, the MUL_MAT paths per expert) against the reference
+// (every token and expert on its own), held to the bound of any order of the K additions over the
+// largest of the experts' |w x|; both count the same expert bytes
+static void t_fr_mul_mat_id(enum kvr_type type, int K, int N, int E, int k, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "FAST_REF MUL_MAT_ID(type=%s,K=%d,N=%d,E=%d,k=%d,T=%d)", type_str(type), K, N, E, k, T);
+    float * wr;
+    struct kvr_tensor * w2 = tc_weight(&tc, type, K, (int64_t) N * E, &wr);
+    struct kvr_tensor * w = kvr_view_3d(tc.ctx, w2, K, N, E, w2->nb[1], w2->nb[1] * (size_t) N, 0);
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, K, T, 1, 1.0f);
+    struct kvr_tensor * route = kvr_moe_route(tc.ctx, tc_input_f32(&tc, 2, E, T, 1, 3.0f), k, KVR_MOE_SOFTMAX_TOPK_NORM);
+    struct kvr_tensor * y = kvr_mul_mat_id(tc.ctx, w, x, route, NULL);
+    float * fast, * ref;
+    tc_output(&tc, y, "y");
+    if (tc_compute_fast_ref(&tc, y, &fast, &ref)) {
+        double * extra = tc_doubles(&tc, (int64_t) N * k * T);
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t n = 0; n < N; n++) {
+                double mag = 0.0;
+                for (int64_t e = 0; e < E; e++) {
+                    double m = 0.0;
+                    for (int64_t c = 0; c < K; c++) m += fabs((double) wr[(e * N + n) * K + c] * ((const float *) x->data)[t * K + c]);
+                    mag = fmax(mag, m);
+                }
+                for (int64_t j = 0; j < k; j++) extra[(t * k + j) * N + n] = (K + 2) * ULP * mag;
+            }
+        }
+        tc_check(&tc, "y", fast, tc_widen(&tc, ref, (int64_t) N * k * T), (int64_t) N * k * T, N, 0.0, extra);
+    }
+    tc_end(&tc);
+}
+
 static void t_fr_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt) {
     struct tcase tc;
     tc_begin(&tc, nt, "FAST_REF ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s,window=%d,softcap=%g)", ac->hd, ac->H, ac->Hkv,
@@ -2351,11 +2471,111 @@ static void grp_fast_ref(void) {
             }
         }
     }
+    static const int id[][5] = { // K, N, E, k, T: llama.cpp's dots; decode rows; sgemm over the grouped tokens
+        { 64, 36, 8, 2, 5 }, { 544, 520, 4, 2, 1 }, { 544, 520, 4, 2, 9 }, { 1040, 300, 6, 3, 40 },
+    };
+    for (size_t ti = 0; ti < 2; ti++) {
+        for (size_t c = 0; c < sizeof(id) / sizeof(id[0]); c++) {
+            for (int nt = 1; nt <= 3; nt += 2) t_fr_mul_mat_id(types[ti], id[c][0], id[c][1], id[c][2], id[c][3], id[c][4], nt);
+        }
+    }
     for (int op = 0; op < 6; op++) {
         for (int nt = 1; nt <= 3; nt += 2) {
             t_fr_rows(op, 7, 3, nt);
             t_fr_rows(op, 1030, 9, nt);
         }
+    }
+}
+
+//
+// MoE: MOE_ROUTE (each gating) -> MUL_MAT_ID gate/up (x shared by a token's experts, with biases)
+// -> SWIGLU_OAI or SILU*MUL -> MUL_MAT_ID down (x one row per slot) -> MOE_SUM, against a
+// double-precision forward pass written from kvr.h's definitions
+//
+
+static void t_moe(int K, int F, int E, int k, int T, int gating, bool oai, bool bias, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "MOE(K=%d,F=%d,E=%d,k=%d,T=%d,gating=%d%s%s)", K, F, E, k, T, gating, oai ? ",swiglu_oai" : "",
+             bias ? ",biases" : "");
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, K, T, 1, 1.0f);
+    struct kvr_tensor * lg = tc_input_f32(&tc, 2, E, T, 1, 2.0f);
+    struct kvr_tensor * wg = tc_input_f32(&tc, 3, K, F, E, 0.3f), * wu = tc_input_f32(&tc, 3, K, F, E, 0.3f);
+    struct kvr_tensor * wd = tc_input_f32(&tc, 3, F, K, E, 0.3f);
+    struct kvr_tensor * bg = bias ? tc_input_f32(&tc, 2, F, E, 1, 1.0f) : NULL, * bu = bias ? tc_input_f32(&tc, 2, F, E, 1, 1.0f) : NULL;
+    struct kvr_tensor * bd = bias ? tc_input_f32(&tc, 2, K, E, 1, 1.0f) : NULL;
+    struct kvr_tensor * route = kvr_moe_route(tc.ctx, lg, k, (enum kvr_moe_gating)gating);
+    struct kvr_tensor * g = kvr_mul_mat_id(tc.ctx, wg, x, route, bg), * u = kvr_mul_mat_id(tc.ctx, wu, x, route, bu);
+    struct kvr_tensor * a = oai ? kvr_swiglu_oai(tc.ctx, g, u, 1.702f, 7.0f) : kvr_mul(tc.ctx, kvr_silu(tc.ctx, g), u);
+    struct kvr_tensor * y = kvr_moe_sum(tc.ctx, kvr_mul_mat_id(tc.ctx, wd, a, route, bd), route);
+    if (tc_shape(&tc, y, KVR_TYPE_F32, K, T, 1, 1)) {
+        tc_output(&tc, y, "y");
+        if (tc_compute(&tc, &y, 1)) {
+            double * ref = tc_doubles(&tc, (int64_t)K * T), * act = tc_doubles(&tc, F);
+            const float * X = x->data, * L = lg->data, * G = wg->data, * U = wu->data, * D = wd->data;
+            for (int t = 0; t < T; t++) {
+                const float * l = L + (int64_t)t * E;
+                double p[256], w[16];
+                int id[16];
+                double mx = -INFINITY, sum = 0;
+                for (int e = 0; e < E; e++) mx = fmax(mx, l[e]);
+                for (int e = 0; e < E; e++) { p[e] = exp(l[e] - mx); sum += p[e]; }
+                for (int e = 0; e < E; e++) p[e] = gating == KVR_MOE_TOPK_SOFTMAX ? l[e] : p[e] / sum;
+                for (int j = 0; j < k; j++) { // the k largest, largest first
+                    id[j] = -1;
+                    for (int e = 0; e < E; e++) {
+                        bool used = false;
+                        for (int i = 0; i < j; i++) used = used || id[i] == e;
+                        if (!used && (id[j] < 0 || p[e] > p[id[j]])) id[j] = e;
+                    }
+                    w[j] = p[id[j]];
+                }
+                if (gating == KVR_MOE_TOPK_SOFTMAX) {
+                    double m = -INFINITY, s = 0;
+                    for (int j = 0; j < k; j++) m = fmax(m, w[j]);
+                    for (int j = 0; j < k; j++) { w[j] = exp(w[j] - m); s += w[j]; }
+                    for (int j = 0; j < k; j++) w[j] /= s;
+                } else if (gating == KVR_MOE_SOFTMAX_TOPK_NORM) {
+                    double s = 0;
+                    for (int j = 0; j < k; j++) s += w[j];
+                    for (int j = 0; j < k; j++) w[j] /= s;
+                }
+                for (int n = 0; n < K; n++) ref[(int64_t)t * K + n] = 0;
+                for (int j = 0; j < k; j++) {
+                    const int64_t e = id[j];
+                    for (int f = 0; f < F; f++) {
+                        double gv = 0, uv = 0;
+                        for (int c = 0; c < K; c++) {
+                            gv += (double)G[(e * F + f) * K + c] * X[(int64_t)t * K + c];
+                            uv += (double)U[(e * F + f) * K + c] * X[(int64_t)t * K + c];
+                        }
+                        if (bias) { gv += ((const float *)bg->data)[e * F + f]; uv += ((const float *)bu->data)[e * F + f]; }
+                        if (oai) {
+                            const double ga = fmin(gv, 7.0), ua = fmax(-7.0, fmin(uv, 7.0));
+                            act[f] = ga / (1 + exp(-1.702 * ga)) * (ua + 1);
+                        } else {
+                            act[f] = gv / (1 + exp(-gv)) * uv;
+                        }
+                    }
+                    for (int n = 0; n < K; n++) {
+                        double dv = bias ? ((const float *)bd->data)[e * K + n] : 0.0;
+                        for (int f = 0; f < F; f++) dv += (double)D[(e * K + n) * F + f] * act[f];
+                        ref[(int64_t)t * K + n] += w[j] * dv;
+                    }
+                }
+            }
+            tc_check(&tc, "y", tc_read(&tc, y), ref, (int64_t)K * T, K, TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_moe(void) {
+    for (int nt = 1; nt <= 3; nt++) {
+        t_moe(32, 16, 8, 2, 1, KVR_MOE_SOFTMAX_TOPK_NORM, false, false, nt);   // decode: x [K, 1] vs [F, k, 1]
+        t_moe(32, 16, 8, 2, 13, KVR_MOE_SOFTMAX_TOPK_NORM, false, false, nt);
+        t_moe(64, 32, 8, 2, 2, KVR_MOE_TOPK_SOFTMAX, true, true, nt);          // T == k: shared x is not per slot
+        t_moe(64, 24, 16, 4, 37, KVR_MOE_SOFTMAX_TOPK, false, true, nt);
+        t_moe(96, 40, 6, 1, 5, KVR_MOE_TOPK_SOFTMAX, true, true, nt);
     }
 }
 
@@ -2371,7 +2591,7 @@ static const struct group {
     { "RMS_NORM", grp_rms_norm }, { "NORM", grp_norm }, { "MUL_MAT", grp_mul_mat }, { "ROPE", grp_rope },
     { "SILU", grp_silu }, { "GELU", grp_gelu }, { "SOFTCAP", grp_softcap }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
-    { "PASS", grp_pass }, { "COUNTERS", grp_counters },
+    { "PASS", grp_pass }, { "COUNTERS", grp_counters }, { "MOE", grp_moe },
     { "FAST_REF", grp_fast_ref },
 };
 

@@ -186,6 +186,16 @@ static float ref_q8_K(const uint8_t * b, int e) {
     return d * (float)sbits8(b, 4 + e);
 }
 
+// MXFP4: byte 0 the E8M0 exponent e, element j of 0..15 the low nibble of byte 1+j and element
+// j+16 its high nibble, a 4-bit E2M1 code (sign in bit 3) whose value ggml keeps doubled; x =
+// value * 2^(e-128); the values are integers, so code 8 is +0 as in ggml's table
+static float ref_mxfp4(const uint8_t * b, int e) {
+    static const int doubled_e2m1[8] = { 0, 1, 2, 3, 4, 6, 8, 12 };
+    const int code = field(b, 1 + e%16, e/16, 4);
+    const int v = doubled_e2m1[code & 7];
+    return ldexpf((float)(code & 8 ? -v : v), (int)b[0] - 128);
+}
+
 struct qtype {
     enum kvr_type type;
     const char *  name;
@@ -210,6 +220,8 @@ static const struct qtype qtypes[] = {
     { KVR_TYPE_Q6_K, "q6_K", 256, 210, { 208, 0 }, 1, -1, ref_q6_K, 0.03 },
     { KVR_TYPE_Q8_K, "q8_K", 256, 292, { 0,   0 }, 0,  0, ref_q8_K, 0    },
 };
+// MXFP4 has its own checks (test_mxfp4): the generic integer references above do not know its codes
+static const struct qtype qtype_mxfp4 = { KVR_TYPE_MXFP4, "mxfp4", 32, 17, { 0, 0 }, 0, -1, ref_mxfp4, 0 };
 #define N_QTYPES ((int)(sizeof qtypes / sizeof qtypes[0]))
 
 // Random blocks: random bytes, then scales replaced by finite values of a sane range (half
@@ -228,6 +240,10 @@ static void random_blocks(const struct qtype * qt, uint8_t * buf, int nblocks) {
         if (qt->f32 >= 0) {
             const float d = rng_uniform() * 0.01f;
             memcpy(b + qt->f32, &d, 4);
+        }
+        if (qt->type == KVR_TYPE_MXFP4) { // exponents around 2^0, and 0 and 1 (subnormal scales) now and then
+            const uint64_t r = rng_u64();
+            b[0] = (uint8_t)(r % 8 == 0 ? r / 8 % 2 : 108 + r / 8 % 32);
         }
     }
 }
@@ -958,6 +974,84 @@ static void test_fast_vs_ref_type(const struct qtype * qt, bool q8, double * wor
     free(fast);
 }
 
+// MUL_MAT_ID (a mixture of experts) of every quantized type and MXFP4, exact and with 8-bit
+// activations: the fast kernel (tokens grouped by expert through the MUL_MAT paths) against the
+// reference one (each token and expert on its own), held to test_fast_vs_ref_type's bound over
+// the magnitudes of the experts the tokens picked; 4 experts, 2 a token, decode and a prefill.
+static void test_fast_vs_ref_moe(const struct qtype * qt, bool q8, double * worst_out) {
+    const bool kq = qt->blck == 256;
+    const int64_t K = kq ? 768 : 928, N = 37, E = 4, k = 2, nb = K / qt->blck;
+    static const int Ts[] = { 1, 13 };
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int64_t T = Ts[ti];
+        struct kvr_context * ctx = kvr_init(8u << 20, false);
+        const int64_t ne[3] = { K, N, E };
+        struct kvr_tensor * w = kvr_new_tensor(ctx, qt->type, 3, ne);
+        struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+        struct kvr_tensor * lg = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, E, T);
+        random_blocks(qt, w->data, (int)(nb * N * E));
+        for (int64_t i = 0; i < K * T; i++) ((float *)x->data)[i] = rng_normal();
+        for (int64_t i = 0; i < E * T; i++) ((float *)lg->data)[i] = rng_normal();
+        struct kvr_tensor * route = kvr_moe_route(ctx, lg, (int)k, KVR_MOE_SOFTMAX_TOPK_NORM);
+        struct kvr_tensor * y = kvr_mul_mat_id(ctx, w, x, route, NULL);
+        y->flags |= KVR_FLAG_OUTPUT;
+        route->flags |= KVR_FLAG_OUTPUT;
+        struct kvr_graph * g = kvr_graph_new(ctx, 16);
+        kvr_graph_expand(g, y);
+        const int64_t n_out = N * k * T;
+        float * fast = malloc(sizeof(float) * (size_t)n_out);
+        struct kvr_backend_params bp = { .n_threads = 3, .q8_activations = q8 };
+        struct kvr_backend * be_fast = kvr_backend_new("cpu", &bp);
+        bp.ref_kernels = true;
+        struct kvr_backend * be_ref = kvr_backend_new("cpu", &bp);
+        struct kvr_buffer * buf = kvr_backend_alloc_buffer(be_fast, kvr_graph_plan(g));
+        KVR_ASSERT(be_fast && be_ref && buf);
+        kvr_graph_place(g, buf);
+        int rc = kvr_backend_graph_compute(be_fast, g);
+        memcpy(fast, y->data, sizeof(float) * (size_t)n_out);
+        memset(y->data, 0xff, sizeof(float) * (size_t)n_out);
+        if (rc == KVR_OK) rc = kvr_backend_graph_compute(be_ref, g);
+        CHECK(rc == KVR_OK, "%s MUL_MAT_ID fast vs ref%s T=%lld: %s", qt->name, q8 ? " (q8)" : "", (long long)T, kvr_last_error());
+        double worst = 0.0;
+        for (int64_t t = 0; t < T && rc == KVR_OK; t++) {
+            for (int64_t j = 0; j < k; j++) {
+                const int64_t e = (int64_t)((const float *)route->data)[t * 2 * k + k + j];
+                for (int64_t n = 0; n < N; n++) {
+                    const uint8_t * row = (const uint8_t *)w->data + (e * N + n) * nb * qt->size;
+                    double mag = 0.0;
+                    for (int64_t b = 0; b < nb; b++) {
+                        const uint8_t * blk = row + b * qt->size;
+                        double d = 1.0, m = 0.0;
+                        if (qt->type != KVR_TYPE_MXFP4) ref_block_floats(qt, blk, &d, &m);
+                        for (int c = 0; c < qt->blck; c++) {
+                            double mw;
+                            if (qt->type == KVR_TYPE_MXFP4) {
+                                mw = fabs(qt->ref(blk, c));
+                            } else {
+                                const struct ref_ints r = ref_int(qt->type, blk, c);
+                                mw = fabs(d * r.sc * r.q) + fabs(m * (kq ? r.mn : 1));
+                            }
+                            mag += mw * fabs(((const float *)x->data)[t * K + b * qt->blck + c]);
+                        }
+                    }
+                    const int64_t i = (t * k + j) * N + n;
+                    const double r = fabs((double)fast[i] - ((const float *)y->data)[i]) / (mag + 1e-30);
+                    if (!(r <= worst)) worst = r;
+                }
+            }
+        }
+        const double bound = 2.0 * (double)K / 16777216.0;
+        CHECK(worst <= bound, "%s MUL_MAT_ID fast vs ref%s T=%lld: worst difference %.3g of sum |w x|, bound %.3g", qt->name,
+              q8 ? " (q8)" : "", (long long)T, worst, bound);
+        if (!(worst <= *worst_out)) *worst_out = worst;
+        free(fast);
+        kvr_buffer_free(buf);
+        kvr_backend_free(be_ref);
+        kvr_backend_free(be_fast);
+        kvr_free(ctx);
+    }
+}
+
 static void test_fast_vs_ref(void) {
     const char * env = getenv("KVR_REF");
     if (env && *env && strcmp(env, "0") != 0) {
@@ -971,6 +1065,13 @@ static void test_fast_vs_ref(void) {
     }
     printf("fast paths vs reference kernels: worst difference %.3g (exact), %.3g (8-bit activations) of sum |w x|\n",
            worst[0], worst[1]);
+    double worst_id[2] = { 0.0, 0.0 };
+    for (int q8 = 0; q8 < 2; q8++) {
+        for (int i = 0; i < N_QTYPES; i++) test_fast_vs_ref_moe(&qtypes[i], q8, &worst_id[q8]);
+        test_fast_vs_ref_moe(&qtype_mxfp4, q8, &worst_id[q8]);
+    }
+    printf("MUL_MAT_ID fast vs reference kernels: worst difference %.3g (exact), %.3g (8-bit activations) of sum |w x|\n",
+           worst_id[0], worst_id[1]);
 }
 
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
@@ -1053,6 +1154,102 @@ static void test_tiny_llama(const char * shared) {
 
 // kvr.h's shared half-precision conversions on every half: to f32 exactly as the reference
 // decodes it, back to the same half (nan stays nan), and bf16 likewise through its bits
+// MXFP4 (gpt-oss's experts): the block layout bit for bit (test_dequant, at odd addresses too, and
+// through kvr_dequant_block), a row's dot and a graph's MUL_MAT; the quantizer against ggml's
+// rule (the exponent floor(log2 amax) - 2, each value the nearest code, the first of equals); and
+// the 8-bit path (--q8-act) against ggml's vec_dot_mxfp4_q8_0 in integers: per block d_a 2^(e-128)
+// times the sum of doubled E2M1 values times the Q8_0 quants.
+static void test_mxfp4(void) {
+    const struct qtype * qt = &qtype_mxfp4;
+    CHECK(kvr_blck_size(qt->type) == 32 && kvr_type_size(qt->type) == 17 && strcmp(kvr_type_name(qt->type), "mxfp4") == 0,
+          "mxfp4: block %lld x %zu bytes, name %s", (long long)kvr_blck_size(qt->type), kvr_type_size(qt->type), kvr_type_name(qt->type));
+    test_dequant(qt);
+    test_row_dot(qt);
+#ifndef QUANT_STANDALONE
+    test_mul_mat(qt);
+#endif
+    // the quantizer: ggml's rule written out here
+    enum { NB = 64 };
+    float x[NB * 32];
+    uint8_t got[NB * 17], want[NB * 17];
+    for (int b = 0; b < NB; b++) {
+        const float scale = ldexpf(1.0f, (int)(rng_u64() % 20) - 10);
+        for (int i = 0; i < 32; i++) x[b * 32 + i] = b % 9 == 4 ? 0.0f : rng_normal() * scale;
+        if (b % 5 == 1) x[b * 32 + 3] = -x[b * 32 + 3] * 0.0f; // a -0
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fabsf(x[b * 32 + i]) > amax ? fabsf(x[b * 32 + i]) : amax;
+        uint8_t * blk = want + b * 17;
+        blk[0] = amax > 0 ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+        memset(blk + 1, 0, 16);
+        for (int i = 0; i < 32; i++) {
+            int best = 0;
+            float err = INFINITY;
+            for (int c = 0; c < 16; c++) {
+                uint8_t probe[17] = { blk[0] };
+                probe[1] = (uint8_t)c;
+                const float e = fabsf(ref_mxfp4(probe, 0) - x[b * 32 + i]);
+                if (e < err) { err = e; best = c; }
+            }
+            blk[1 + i % 16] |= (uint8_t)(best << (i < 16 ? 0 : 4));
+        }
+    }
+    CHECK(kvr_from_float(KVR_TYPE_MXFP4, x, got, NB * 32) == NB * 17, "mxfp4: from_float wrote another size");
+    int bad = 0;
+    for (int b = 0; b < NB; b++) bad += memcmp(got + b * 17, want + b * 17, 17) != 0;
+    CHECK(bad == 0, "mxfp4 quantizer: %d of %d blocks differ from ggml's rule", bad, NB);
+#ifndef QUANT_STANDALONE
+    // the 8-bit path, decode and prefill, 1 and 3 threads
+    const int64_t K = 320, N = 29;
+    static const int Ts[] = { 1, 3, 37 };
+    for (int nth = 1; nth <= 3; nth += 2) {
+        for (int ti = 0; ti < 3; ti++) {
+            const int64_t T = Ts[ti];
+            struct kvr_context * ctx = kvr_init(4u << 20, false);
+            struct kvr_tensor * w = kvr_new_tensor_2d(ctx, KVR_TYPE_MXFP4, K, N);
+            struct kvr_tensor * xt = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+            random_blocks(qt, w->data, (int)(K / 32 * N));
+            for (int64_t i = 0; i < K * T; i++) ((float *)xt->data)[i] = rng_normal();
+            struct kvr_tensor * y = kvr_mul_mat(ctx, w, xt);
+            y->flags |= KVR_FLAG_OUTPUT;
+            struct kvr_graph * g = kvr_graph_new(ctx, 16);
+            kvr_graph_expand(g, y);
+            struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nth, .q8_activations = true });
+            struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
+            kvr_graph_place(g, buf);
+            const int rc = kvr_backend_graph_compute(be, g);
+            CHECK(rc == KVR_OK, "mxfp4 q8 mul_mat: %s", kvr_last_error());
+            double worst = 0;
+            for (int64_t t = 0; t < T && rc == KVR_OK; t++) {
+                const float * xr = (const float *)xt->data + t * K;
+                for (int64_t n = 0; n < N; n++) {
+                    const uint8_t * row = (const uint8_t *)w->data + n * w->nb[1];
+                    double ref = 0, mag = 0;
+                    for (int64_t b = 0; b < K / 32; b++) {
+                        int8_t q[32];
+                        float d, sd;
+                        ref_act_q8_0(xr + 32 * b, q, &d, &sd);
+                        long sumi = 0;
+                        for (int e = 0; e < 32; e++) {
+                            const float v = ref_mxfp4(row + 17 * b, e); // doubled value times 2^(e-128)
+                            sumi += lrintf(ldexpf(v, 128 - (int)row[17 * b])) * q[e];
+                            mag += fabs((double)v * xr[32 * b + e]);
+                        }
+                        ref += (double)d * ldexp(1.0, (int)row[17 * b] - 128) * (double)sumi;
+                    }
+                    const double err = fabs(((const float *)y->data)[t * N + n] - ref) / (mag + 1e-30);
+                    if (err > worst) worst = err;
+                }
+            }
+            CHECK(worst <= 1e-5, "mxfp4 q8 mul_mat T=%lld, %d threads: worst relative error %.3g against the integer reference",
+                  (long long)T, nth, worst);
+            kvr_buffer_free(buf);
+            kvr_backend_free(be);
+            kvr_free(ctx);
+        }
+    }
+#endif
+}
+
 static void test_halves(void) {
     int bad_h = -1, bad_b = -1;
     for (uint32_t i = 0; i < 65536; i++) {
@@ -1079,6 +1276,7 @@ int main(int argc, char ** argv) {
     (void)shared;
     rng_state = 0x5eed0000u;
     test_halves();
+    test_mxfp4();
 
     for (int i = 0; i < N_QTYPES; i++) {
         const struct qtype * qt = &qtypes[i];

@@ -574,15 +574,17 @@ static int run_kernels(const struct bench_args * a, int threads) {
 }
 
 // Bytes one decode step reads: every weight matrix once (the token embedding only when it is also
-// the output matrix: otherwise one row of it), and the K and V rows of every layer attention reads
-// at n_kv cached tokens (f32).
+// the output matrix: otherwise one row of it; a mixture of experts' 3-D expert tensors only for the
+// experts the token picks, n_expert_used of n_expert), and the K and V rows of every layer attention
+// reads at n_kv cached tokens (f32).
 static double decode_bytes(const struct kvr_model * m, double n_kv) {
     const struct kvr_gguf * g = m->gguf;
     const bool tied = kvr_gguf_get_tensor(g, "output.weight") == NULL;
     double bytes = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         if (!tied && !strcmp(g->tensors[i].name, "token_embd.weight")) continue;
-        bytes += (double)g->tensors[i].size;
+        const bool experts = m->hp.n_expert > 0 && g->tensors[i].n_dims == 3 && g->tensors[i].ne[2] == m->hp.n_expert;
+        bytes += (double)g->tensors[i].size * (experts ? (double)m->hp.n_expert_used / m->hp.n_expert : 1.0);
     }
     const double kv_dim = (double)m->hp.head_dim * m->hp.n_head_kv;
     return bytes + n_kv * m->hp.n_layer * 2.0 * kv_dim * sizeof(float);

@@ -4,7 +4,9 @@
 // the few-MB tiny (GQA), tiny-mha, tiny-mqa; falcon presets (7B layout, BPE vocabulary from
 // --vocab): falcon-7b and tiny; phi3 (fused QKV and gate-up; LongRoPE factors when the context
 // exceeds 4096): phi-3.5-mini and tiny; gemma2 (head size of its own, post norms, soft-caps,
-// alternating windows, tied output): gemma-2-2b and tiny.
+// alternating windows, tied output): gemma-2-2b and tiny; qwen3moe presets (a mixture of experts,
+// head size 128 from attention.key_length): qwen3-30b-a3b (its layer shapes: 128 experts of width
+// 768, 8 a token; --layers makes fewer of them) and tiny.
 //
 // Weights are uniform with the spread of a N(0, 1/fan_in) initialisation, so the residual stream
 // and the logits stay of order one through any number of layers; norm weights are 1 plus a little
@@ -38,7 +40,7 @@
 
 static const char * usage_line =
     "usage: kvr-gen --preset NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|...] [--seed S]\n"
-    "               [--vocab GGUF] [--arch llama|falcon|phi3|gemma2] [--layers N] [--ctx N] [--heads N]\n"
+    "               [--vocab GGUF] [--arch llama|falcon|phi3|gemma2|qwen3moe] [--layers N] [--ctx N] [--heads N]\n"
     "               [--kv-heads N] [--embd N] [--ff N] [--vocab-size N] [--threads N] [--quiet]";
 
 static void usage_error(const char * fmt, ...)
@@ -63,28 +65,32 @@ static void usage_error(const char * fmt, ...) {
 
 struct gen_shape {
     const char * name;
-    const char * arch;       // "llama", "falcon", "phi3" or "gemma2"
+    const char * arch;       // "llama", "falcon", "phi3", "gemma2" or "qwen3moe"
     uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float    rope_base, norm_eps;
     uint32_t head_dim;       // 0: n_embd / n_head
+    uint32_t n_expert, n_expert_used, n_ff_exp; // qwen3moe
 };
 
 static const struct gen_shape presets[] = {
-    // name              arch     embd  layers heads kv  ff     vocab  ctx   rope    eps
-    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f, 0 },
-    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f, 0 },
-    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f, 0 },
-    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f, 0 },
-    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f, 0 },
+    // name              arch     embd  layers heads kv  ff     vocab  ctx   rope    eps    head experts used ffn_exp
+    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0 },
     // falcon: the vocabulary comes from --vocab (a BPE one: ggml-vocab-falcon.gguf)
-    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f, 0 },
-    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f, 0 },
+    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f, 0, 0, 0, 0 },
     // phi3: a context past 4096 brings LongRoPE's factors (Phi-3.5-mini's 128k)
-    { "phi-3.5-mini",   "phi3",   3072, 32,   32,   32, 8192,  32064, 131072, 10000, 1e-5f, 0 },
-    { "tiny",           "phi3",   256,  4,    8,    4,  768,   1024,  131072, 10000, 1e-5f, 0 },
+    { "phi-3.5-mini",   "phi3",   3072, 32,   32,   32, 8192,  32064, 131072, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "tiny",           "phi3",   256,  4,    8,    4,  768,   1024,  131072, 10000, 1e-5f, 0, 0, 0, 0 },
     // gemma2: the head size (key_length) is not n_embd / n_head
-    { "gemma-2-2b",     "gemma2", 2304, 26,   8,    4,  9216,  256000, 8192, 10000, 1e-6f, 256 },
-    { "tiny",           "gemma2", 256,  4,    8,    4,  768,   1024,  4096, 10000, 1e-6f, 64 },
+    { "gemma-2-2b",     "gemma2", 2304, 26,   8,    4,  9216,  256000, 8192, 10000, 1e-6f, 256, 0, 0, 0 },
+    { "tiny",           "gemma2", 256,  4,    8,    4,  768,   1024,  4096, 10000, 1e-6f, 64, 0, 0, 0 },
+    // qwen3moe: Qwen3-30B-A3B's layers (48 of them there); n_ff is the file's unused dense width
+    { "qwen3-30b-a3b",  "qwen3moe", 2048, 48, 32,   4,  6144, 151936, 40960, 1e6f, 1e-6f, 128, 128, 8, 768 },
+    { "tiny",           "qwen3moe", 256,  4,  8,    2,  768,   1024,  4096,  1e6f, 1e-6f, 64,  8,   2, 128 },
 };
 
 //
@@ -137,14 +143,14 @@ struct gen_tensor {
     char            name[KVR_MAX_NAME];
     enum kvr_type   type;
     int             n_dims;
-    int64_t         ne[2];
+    int64_t         ne[3];   // ne[2]: the experts of a 3-D expert tensor (1 otherwise)
     struct gen_dist dist;
     uint64_t        file_offset; // where its data goes, from the reopened file
 };
 
 static void add_tensor(struct gen_tensor ** ts, const char * name, enum kvr_type type, int n_dims,
                        int64_t ne0, int64_t ne1, struct gen_dist dist) {
-    struct gen_tensor t = { .type = type, .n_dims = n_dims, .ne = { ne0, ne1 }, .dist = dist };
+    struct gen_tensor t = { .type = type, .n_dims = n_dims, .ne = { ne0, ne1, 1 }, .dist = dist };
     snprintf(t.name, sizeof(t.name), "%s", name);
     arrput(*ts, t);
 }
@@ -235,6 +241,40 @@ static struct gen_tensor * phi3_tensors(const struct gen_shape * s, enum kvr_typ
     return ts;
 }
 
+// Qwen3-MoE: Qwen 3's attention (head size head_dim, q/k RMS norms) and a mixture of experts in
+// every layer: the router ffn_gate_inp (f32, as the converter keeps it) and the experts' gate, up
+// and down matrices stacked [in, out, n_expert].
+static struct gen_tensor * qwen3moe_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+    struct gen_tensor * ts = NULL;
+    const int64_t embd = s->n_embd, q = (int64_t) s->head_dim * s->n_head, kv = (int64_t) s->head_dim * s->n_head_kv;
+    const int64_t F = s->n_ff_exp, E = s->n_expert;
+    char name[KVR_MAX_NAME];
+
+    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, (struct gen_dist) { 0.0f, 1.0f });
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
+        add_tensor(&ts, BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("attn_q.weight"),      wtype, 2, embd, q,  matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_k.weight"),      wtype, 2, embd, kv, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_v.weight"),      wtype, 2, embd, kv, matrix_dist(embd));
+        add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, q, embd,  matrix_dist(q));
+        add_tensor(&ts, BLK("attn_q_norm.weight"), KVR_TYPE_F32, 1, s->head_dim, 1, norm_dist);
+        add_tensor(&ts, BLK("attn_k_norm.weight"), KVR_TYPE_F32, 1, s->head_dim, 1, norm_dist);
+        add_tensor(&ts, BLK("ffn_norm.weight"),    KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("ffn_gate_inp.weight"), KVR_TYPE_F32, 2, embd, E, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_gate_exps.weight"), wtype, 3, embd, F, matrix_dist(embd));
+        arrlast(ts).ne[2] = E;
+        add_tensor(&ts, BLK("ffn_up_exps.weight"),   wtype, 3, embd, F, matrix_dist(embd));
+        arrlast(ts).ne[2] = E;
+        add_tensor(&ts, BLK("ffn_down_exps.weight"), wtype, 3, F, embd, matrix_dist(F));
+        arrlast(ts).ne[2] = E;
+#undef BLK
+    }
+    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
+    add_tensor(&ts, "output.weight",      wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+    return ts;
+}
+
 // Gemma 2: separate Q/K/V of head_dim-wide heads, post-attention and post-FFN norms, the output
 // tied to the token embedding (no output.weight, as Gemma's converter writes it).
 static struct gen_tensor * gemma2_tensors(const struct gen_shape * s, enum kvr_type wtype) {
@@ -278,6 +318,7 @@ static uint32_t file_type_of(enum kvr_type t) {
         case KVR_TYPE_Q5_K: return 16; // Q5_K_S
         case KVR_TYPE_Q6_K: return 18;
         case KVR_TYPE_BF16: return 32;
+        case KVR_TYPE_MXFP4: return 38; // MXFP4_MOE
         default:            return 0;
     }
 }
@@ -482,15 +523,15 @@ int main(int argc, char ** argv) {
     const struct kvr_cli_flag flags[] = {
         { .name = "--preset", .kind = KVR_CLI_TEXT, .dst = &preset, .meta = "NAME",
           .help = "llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\nfalcon: falcon-7b, tiny (MQA; both need --vocab);\n"
-                  "phi3: phi-3.5-mini, tiny; gemma2: gemma-2-2b, tiny" },
+                  "phi3: phi-3.5-mini, tiny; gemma2: gemma-2-2b, tiny; qwen3moe: qwen3-30b-a3b, tiny" },
         { .name = "-o", .alt = "--output", .kind = KVR_CLI_OUT, .dst = &out_path, .meta = "FILE", .help = "the GGUF file to write" },
         { .name = "--type", .kind = KVR_CLI_CUSTOM, .dst = &wtype, .meta = "T", .parse = parse_type_flag,
           .help = "type of the weight matrices (default f32); norms are always f32" },
         { .name = "--seed", .kind = KVR_CLI_U64, .dst = &seed, .meta = "S", .help = "random seed (default 42); the same seed gives the same file" },
         { .name = "--vocab", .kind = KVR_CLI_IN, .dst = &vocab_path, .meta = "GGUF",
           .help = "copy the tokenizer (every tokenizer.* key) from this GGUF and take\nthe vocabulary size from it; without it a byte-fallback SPM\nvocabulary is made up" },
-        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon|phi3|gemma2",
-          .help = "llama (default), falcon, phi3 or gemma2" },
+        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon|phi3|gemma2|qwen3moe",
+          .help = "llama (default), falcon, phi3, gemma2 or qwen3moe (mixture of experts)" },
         { .name = "--layers", .kind = KVR_CLI_INT, .dst = &o_layers, .meta = "N", .lo = 1, .hi = 4096, .help = "override the preset's layer count" },
         { .name = "--ctx", .kind = KVR_CLI_INT, .dst = &o_ctx, .meta = "N", .lo = 1, .hi = 1 << 24, .k_suffix = true, .help = "... its trained context length" },
         { .name = "--heads", .kind = KVR_CLI_INT, .dst = &o_heads, .meta = "N", .lo = 1, .hi = 4096, .help = "... its attention heads" },
@@ -508,7 +549,7 @@ int main(int argc, char ** argv) {
     if (prc) {
         return prc < 0 ? 0 : prc;
     }
-    static const char * const archs[4] = { "llama", "falcon", "phi3", "gemma2" };
+    static const char * const archs[5] = { "llama", "falcon", "phi3", "gemma2", "qwen3moe" };
     const char * arch = archs[arch_i];
     if (!preset) {
         usage_error("--preset is required");
@@ -517,6 +558,7 @@ int main(int argc, char ** argv) {
         usage_error("-o FILE is required");
     }
     const bool falcon = strcmp(arch, "falcon") == 0, phi3 = strcmp(arch, "phi3") == 0, gemma2 = strcmp(arch, "gemma2") == 0;
+    const bool moe = strcmp(arch, "qwen3moe") == 0;
 
     struct gen_shape s = { 0 };
     bool found = false;
@@ -529,7 +571,7 @@ int main(int argc, char ** argv) {
     if (!found) {
         usage_error("unknown %s preset '%s' (%s)", arch, preset,
                     falcon ? "falcon-7b, tiny" : phi3 ? "phi-3.5-mini, tiny" : gemma2 ? "gemma-2-2b, tiny"
-                           : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
+                           : moe ? "qwen3-30b-a3b, tiny" : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
     }
     if (falcon && !vocab_path) {
         usage_error("falcon models need --vocab (a BPE vocabulary such as ggml-vocab-falcon.gguf)");
@@ -573,6 +615,9 @@ int main(int argc, char ** argv) {
     if (s.head_dim % 2 != 0 || ((int64_t) s.head_dim * s.n_head) % blck != 0) {
         usage_error("head size %u: odd, or %u heads of it not a multiple of %s's block of %lld", s.head_dim, s.n_head,
                     kvr_type_name(wtype), (long long) blck);
+    }
+    if (moe && s.n_ff_exp % blck != 0) {
+        usage_error("type %s needs the expert width (%u) to be a multiple of %lld", kvr_type_name(wtype), s.n_ff_exp, (long long) blck);
     }
     if (s.n_head_kv > s.n_head || s.n_head % s.n_head_kv != 0) {
         usage_error("%u heads cannot share %u kv heads", s.n_head, s.n_head_kv);
@@ -633,6 +678,13 @@ int main(int argc, char ** argv) {
         kvr_gguf_set_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f);
         kvr_gguf_set_u32(w, ARCH_KEY("attention.sliding_window"), 4096);
     }
+    if (moe) {
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.key_length"), s.head_dim);
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.value_length"), s.head_dim);
+        kvr_gguf_set_u32(w, ARCH_KEY("expert_count"), s.n_expert);
+        kvr_gguf_set_u32(w, ARCH_KEY("expert_used_count"), s.n_expert_used);
+        kvr_gguf_set_u32(w, ARCH_KEY("expert_feed_forward_length"), s.n_ff_exp);
+    }
 #undef ARCH_KEY
 
     struct gen_vocab gv = { 0 };
@@ -655,7 +707,7 @@ int main(int argc, char ** argv) {
 
     // pass 1: the header, every tensor reserved
     struct gen_tensor * ts = falcon ? falcon_tensors(&s, wtype) : phi3 ? phi3_tensors(&s, wtype)
-                           : gemma2 ? gemma2_tensors(&s, wtype) : llama_tensors(&s, wtype);
+                           : gemma2 ? gemma2_tensors(&s, wtype) : moe ? qwen3moe_tensors(&s, wtype) : llama_tensors(&s, wtype);
     const int n_tensors = (int) arrlen(ts);
     for (int i = 0; i < n_tensors; i++) {
         kvr_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
@@ -700,7 +752,7 @@ int main(int argc, char ** argv) {
         ts[i].file_offset = (uint64_t) g->data_offset + gt->offset;
         const size_t row = kvr_row_size(ts[i].type, ts[i].ne[0]);
         max_row = row > max_row ? row : max_row;
-        total += row * (size_t) ts[i].ne[1];
+        total += row * (size_t) (ts[i].ne[1] * ts[i].ne[2]);
     }
     kvr_gguf_close(g);
 
@@ -735,7 +787,7 @@ int main(int argc, char ** argv) {
             last_report = now;
         }
         const size_t  row_size = kvr_row_size(t->type, t->ne[0]);
-        const int64_t rows     = t->ne[1];
+        const int64_t rows     = t->ne[1] * t->ne[2]; // an expert tensor's experts one after the other
         const int64_t slab_rows = (int64_t) (slab_bytes / row_size) > 0 ? (int64_t) (slab_bytes / row_size) : 1;
         const uint64_t th = hash_name(t->name);
         if (fseeko(f, (off_t) t->file_offset, SEEK_SET) != 0) {

@@ -387,12 +387,12 @@ static void print_stats(const struct kvr_session * d) {
         fprintf(stderr, "{\"rank\":%d,\"strategy\":\"%s\",\"tokens\":%d,\"attn_dot_dense\":%lld,\"attn_dot_causal\":%lld,"
                 "\"kv_rows_sent\":%lld,\"kv_rows_recv\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                 "\"wait_ms\":%.3f,\"ttft_ms\":%.3f,\"matmul_ms\":%.3f,\"attn_ms\":%.3f,\"compute_ms\":%.3f,"
-                "\"kv_stream_bytes\":%lld,\"replica_bytes\":%lld}\n",
+                "\"kv_stream_bytes\":%lld,\"replica_bytes\":%lld,\"expert_bytes\":%lld}\n",
                 st[i].rank, kvr_strategy_name(kvr_session_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
                 (long long)st[i].attn_dot_causal, (long long)st[i].kv_rows_sent, (long long)st[i].kv_rows_recv,
                 (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms,
                 st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms, (long long)st[i].kv_stream_bytes,
-                (long long)st[i].replica_bytes);
+                (long long)st[i].replica_bytes, (long long)st[i].expert_bytes);
     }
 }
 
