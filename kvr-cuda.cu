@@ -164,7 +164,10 @@ static int cu_wait(struct cu_backend * cb, cudaEvent_t ev, const char * what, co
 }
 
 //
-// device memory: a caching pool (cudaMalloc is slow and synchronizes; graphs allocate every eval)
+// device memory: a caching pool over CUDA's stream-ordered allocator. cudaFree would wait for the
+// whole device, NCCL's stream included, with no deadline (a peer that dies mid-transfer would hang
+// it); cudaFreeAsync on the compute stream returns a block once the work queued before it is done,
+// and nothing waits. Graphs allocate every eval: freed blocks are kept for reuse.
 //
 
 static int pool_alloc(struct cu_backend * cb, size_t size, void ** out) {
@@ -182,12 +185,12 @@ static int pool_alloc(struct cu_backend * cb, size_t size, void ** out) {
         a = cb->cached[best];
         cb->cached[best] = cb->cached[--cb->n_cached];
     } else {
-        cudaError_t e = cudaMalloc(&a.ptr, size);
+        cudaError_t e = cudaMallocAsync(&a.ptr, size, cb->compute);
         if (e == cudaErrorMemoryAllocation && cb->n_cached > 0) {
-            cudaGetLastError(); // clear it, give the cache back, try once more
-            for (int i = 0; i < cb->n_cached; i++) CU(cudaFree(cb->cached[i].ptr));
+            cudaGetLastError(); // clear it, give the cache back, try once more (the stream reuses it)
+            for (int i = 0; i < cb->n_cached; i++) CU(cudaFreeAsync(cb->cached[i].ptr, cb->compute));
             cb->n_cached = 0;
-            e = cudaMalloc(&a.ptr, size);
+            e = cudaMallocAsync(&a.ptr, size, cb->compute);
         }
         if (e != cudaSuccess) {
             cudaGetLastError();
@@ -209,17 +212,19 @@ static int pool_alloc(struct cu_backend * cb, size_t size, void ** out) {
 }
 
 // Freed blocks go to the cache (the largest is released when it is full). Work queued on the
-// compute stream may still use a block: a later user of it queues behind that work.
-static void pool_free(struct cu_backend * cb, void * ptr) {
-    if (!ptr) return;
+// compute stream may still use a block: a later user of it, and its release, queue behind that
+// work. Work on the copy stream must be ordered before the compute stream's by the caller.
+static int pool_free(struct cu_backend * cb, void * ptr) {
+    const struct kvr_tensor * node = NULL;
+    if (!ptr) return KVR_OK;
     int i = 0;
     while (i < cb->n_live && cb->live[i].ptr != ptr) i++;
     KVR_ASSERT(i < cb->n_live && "freeing a buffer this backend did not allocate");
     struct cu_alloc a = cb->live[i];
     cb->live[i] = cb->live[--cb->n_live];
     if (a.size > CU_POOL_BIG) { // weights and caches: keeping them would keep the memory
-        cudaFree(a.ptr);
-        return;
+        CU(cudaFreeAsync(a.ptr, cb->compute));
+        return KVR_OK;
     }
     if (cb->n_cached == CU_POOL_CACHED) {
         int big = 0;
@@ -229,18 +234,20 @@ static void pool_free(struct cu_backend * cb, void * ptr) {
             cb->cached[big] = a;
             a = t;
         }
-        cudaFree(a.ptr); // synchronizes the device: nothing queued still uses it afterwards
-        return;
+        CU(cudaFreeAsync(a.ptr, cb->compute));
+        return KVR_OK;
     }
     cb->cached[cb->n_cached++] = a;
+    return KVR_OK;
 }
 
-// A scratch buffer of at least n bytes (grown, never shrunk; growing waits for queued work).
+// A scratch buffer of at least n bytes (grown, never shrunk). The old one is released in stream
+// order, behind the kernels queued that read it: nothing waits.
 static int scratch(struct cu_backend * cb, void ** buf, size_t * have, size_t n, const struct kvr_tensor * node) {
     if (n <= *have) return KVR_OK;
+    (void)node;
     if (*buf) {
-        CU(cudaStreamSynchronize(cb->compute));
-        pool_free(cb, *buf);
+        CU_TRY(pool_free(cb, *buf));
         *buf = NULL;
         *have = 0;
     }
@@ -950,9 +957,12 @@ static int cu_idle(struct cu_backend * cb) {
 
 static void cu_buf_free(struct kvr_backend * be, struct kvr_buffer * buf) {
     struct cu_backend * cb = (struct cu_backend *)be->context;
-    // an upload may still be writing it: the memory goes back to the pool once nothing uses it
-    cu_stick(cb, cu_idle(cb));
-    pool_free(cb, buf->base);
+    const struct kvr_tensor * node = NULL;
+    // an upload may still be writing it: the release queues behind the copy stream's work too
+    int rc = cudaSetDevice(cb->device) == cudaSuccess ? KVR_OK : cu_fail(cb->device, "cudaSetDevice", cudaGetLastError(), node);
+    if (rc == KVR_OK) rc = cu_order(cb, cb->copy, cb->compute, node);
+    if (rc == KVR_OK) rc = pool_free(cb, buf->base);
+    cu_stick(cb, rc);
     buf->base = NULL;
 }
 
@@ -1026,9 +1036,15 @@ static int cu_buf_from_host(struct kvr_backend * be, struct kvr_buffer * buf, co
     struct cu_backend * cb = (struct cu_backend *)be->context;
     CU_TRY(cu_buf_alloc(be, buf));
     const int rc = cu_upload(cb, (char *)buf->base, (const char *)host, buf->size, NULL);
-    if (rc != KVR_OK) {
-        pool_free(cb, buf->base);
+    if (rc != KVR_OK) { // the error of the upload is the one returned; a failing release sticks
+        const struct kvr_tensor * node = NULL;
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+        int rf = cu_order(cb, cb->copy, cb->compute, node);
+        if (rf == KVR_OK) rf = pool_free(cb, buf->base);
+        cu_stick(cb, rf);
         buf->base = NULL;
+        return kvr_error(rc, "%s", msg);
     }
     return rc;
 }
@@ -1303,9 +1319,22 @@ static void cu_counters(struct kvr_backend * be, struct kvr_counters * out, bool
 
 static void cu_free(struct kvr_backend * be) {
     struct cu_backend * cb = (struct cu_backend *)be->context;
-    if (cb->device >= 0 && cudaSetDevice(cb->device) == cudaSuccess) {
-        if (cb->compute) cudaStreamSynchronize(cb->compute);
-        if (cb->copy) cudaStreamSynchronize(cb->copy);
+    // what is queued must end before the memory goes, within the deadline; a device that does not
+    // get there (a hung kernel or transfer) keeps its memory, handles and streams until the process
+    // ends: freeing them would wait for it without one
+    bool idle = cb->device >= 0 && cudaSetDevice(cb->device) == cudaSuccess;
+    if (idle && cb->compute && cb->copy && cb->ev_order && cb->ev_done) { // else nothing was queued
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", kvr_last_error()); // a constructor's error stays the last one
+        idle = cu_idle(cb) == KVR_OK;
+        if (!idle) fprintf(stderr, "%s: freeing the backend: %s (its memory stays until the process ends)\n", cb->name, kvr_last_error());
+        kvr_error(KVR_OK, "%s", msg);
+    }
+    if (idle) {
+        // device memory in stream order (no wait for the whole device, NCCL's streams included);
+        // the streams are idle, so the pinned buffers' release finds nothing to wait for
+        for (int i = 0; i < cb->n_live; i++) cudaFreeAsync(cb->live[i].ptr, cb->compute);
+        for (int i = 0; i < cb->n_cached; i++) cudaFreeAsync(cb->cached[i].ptr, cb->compute);
         if (cb->blas) cublasDestroy(cb->blas);
         for (int i = 0; i < cb->n_ev_node; i++) cudaEventDestroy(cb->ev_node[i]);
         if (cb->ev_order) cudaEventDestroy(cb->ev_order);
@@ -1317,8 +1346,6 @@ static void cu_free(struct kvr_backend * be) {
         if (cb->hcount) cudaFreeHost(cb->hcount);
         if (cb->compute) cudaStreamDestroy(cb->compute);
         if (cb->copy) cudaStreamDestroy(cb->copy);
-        for (int i = 0; i < cb->n_live; i++) cudaFree(cb->live[i].ptr); // gelu table, scratch, counters
-        for (int i = 0; i < cb->n_cached; i++) cudaFree(cb->cached[i].ptr);
     }
     free(cb->live);
     free(cb->ev_node);
@@ -1356,9 +1383,8 @@ static int cu_init(struct cu_backend * cb, const struct kvr_backend_params * p) 
     const struct kvr_tensor * node = NULL;
     int n = 0;
     CU_TRY(cu_device_count(&n));
-    // ranks ask for the device of their index: rank r runs on device r mod (devices)
-    const int want = p && p->device > 0 ? p->device : 0;
-    cb->device = want % n;
+    // the rank's GPU by the one rule of every launch (kvr.h, kvr_rank_gpu): node rank, first GPU
+    cb->device = kvr_rank_gpu(p ? p->node_rank : 0, p ? p->device : 0, n);
     snprintf(cb->name, sizeof(cb->name), "cuda:%d", cb->device);
     CU(cudaSetDevice(cb->device));
     CU(cudaGetDeviceProperties(&cb->prop, cb->device));
@@ -1400,9 +1426,9 @@ void * kvr_backend_cuda_stream(struct kvr_backend * be) {
     return (void *)((struct cu_backend *)be->context)->compute;
 }
 
-// The registry's constructor of "cuda" (kvr.c's "backends"): of p it reads device (p may be NULL:
-// device 0); the CPU's fields are ignored: no 8-bit activations here (q8_activations), and its
-// sums are in its own order (vec_dot_order).
+// The registry's constructor of "cuda" (kvr.c's "backends"): of p it reads device and node_rank
+// (p may be NULL: device 0); the CPU's fields are ignored: no 8-bit activations here
+// (q8_activations), and its sums are in its own order (vec_dot_order).
 struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {
     struct cu_backend * cb = (struct cu_backend *)calloc(1, sizeof(*cb));
     struct kvr_backend * be = (struct kvr_backend *)calloc(1, sizeof(*be));

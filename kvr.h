@@ -569,7 +569,8 @@ struct kvr_counters {
 // fixed for the backend's life (a different setting is a new backend).
 struct kvr_backend_params {
     int  n_threads;      // cpu: threads (<= 0: all cores)
-    int  device;         // cuda: the GPU's index
+    int  device;         // cuda: the first GPU of this node's ranks (see kvr_rank_gpu)
+    int  node_rank;      // cuda: this rank's index among the ranks of its node (0: the first)
     // cpu: matmuls over quantized weights (every type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K ...
     // Q6_K, Q8_K), prefill and decode, quantize the activations to 8 bits by llama.cpp's rules
     // (Q8_0/Q8_1 blocks of 32 for the legacy types, Q8_K super-blocks of 256 for the k-quants) and
@@ -590,6 +591,15 @@ struct kvr_backend_params {
                          // the fast ones are checked against). KVR_REF=1 in the environment when a
                          // CPU backend is made does the same.
 };
+
+// The GPU a rank runs on, one rule for every launch (one process driving several ranks, one rank
+// a process under mpirun or Slurm, MPI or NCCL): its index among the ranks of its node, counted from
+// the first GPU asked for, modulo the GPUs the process sees. A launcher that shows each process one
+// GPU (CUDA_VISIBLE_DEVICES per rank, Slurm's --gpus-per-task=1) makes that 0 for every rank; with
+// every GPU of a node visible, the node's ranks take its GPUs in turn. Never a global rank: with
+// several nodes and round-robin placement that would put two ranks of a node on one GPU. visible
+// < 1: -1 (there is no GPU); first < 0 counts as 0.
+int kvr_rank_gpu(int node_rank, int first, int visible);
 
 // The registry: every backend kvr knows, whether this build has it or not, "cpu" first. A tool
 // lists these in its help and its errors; kvr_backend_new looks names up here.
