@@ -10,9 +10,10 @@
 // arithmetic they run; the launchers and the one dispatch switch; supports_op as one switch over
 // every op and type; the constructor.
 //
-// Matrix products go to cuBLAS with f32 accumulation: F32 weights as they are, F16/BF16 weights
-// against activations converted to F16/BF16, quantized weights dequantized tile by tile into F16
-// first (one token at a time instead: a dequantize-and-dot kernel). Attention is one kernel that
+// Matrix products: prompts (more than 8 tokens) go to cuBLAS in f32, F32 weights as they are and
+// every other type expanded to F32 tile by tile (no F16 in them: activations above 65504 stay
+// finite, and the product is the CPU's exact one up to the order of the sums); up to 8 tokens, a
+// kernel reads the weights in their own type, a warp per row (k_dot8). Attention is one kernel that
 // returns O and the log-sum-exp at absolute positions with the CPU kernel's tiles (kvr.h's
 // kvr_attn_tile): causal tiles that no query can see are skipped, dense mode computes them all.
 //
@@ -89,7 +90,7 @@ static int cublas_fail(int device, const char * call, cublasStatus_t s, const st
 
 #define CU_STAGE_BYTES   ((size_t)16 << 20) // each of the two pinned staging buffers
 #define CU_POOL_CACHED   32                 // freed device blocks kept for reuse
-#define CU_W16_TILE      ((size_t)64 << 20) // bytes of dequantized F16 weights per cuBLAS call
+#define CU_W32_TILE      ((size_t)64 << 20) // bytes of F32 weight rows expanded per cuBLAS call
 #define CU_DOT_MAX_T     8                  // quantized MUL_MAT over at most this many tokens: dot kernel
 #define CU_POOL_BIG      ((size_t)1 << 30)  // freed blocks larger than this go back to the driver
 
@@ -114,8 +115,7 @@ struct cu_backend {
     struct cu_alloc   cached[CU_POOL_CACHED]; int n_cached;
     void            * stage[2];    // pinned host staging
     uint16_t        * gelu_table;  // device copy of the CPU's GELU table (kvr_gelu_half of every fp16)
-    void            * w16;  size_t w16_bytes;   // dequantized weight tiles (F16)
-    void            * x16;  size_t x16_bytes;   // activations converted to F16/BF16
+    void            * w32;  size_t w32_bytes;   // weight tiles expanded to F32 (prefill)
     unsigned long long * dcount;   // device: [attn dense, attn causal, bad ids]
     unsigned long long * hcount;   // pinned copy of it
 
@@ -296,8 +296,8 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Elements per block of a type, at compile time: the kernels are instantiated per weight type so
-// a thread's block buffer has the right size and kvr_dequant_block folds to one case.
+// Elements per block of a type, at compile time: the kernels are instantiated per weight type, and
+// the plain types (a block of one element) alone have rows whose length is not a multiple of 8.
 static __host__ __device__ constexpr int cu_blck(int type) {
     return type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1 || type == KVR_TYPE_Q5_0 || type == KVR_TYPE_Q5_1 ||
            type == KVR_TYPE_Q8_0 || type == KVR_TYPE_Q8_1 ? KVR_QK
@@ -322,11 +322,10 @@ static bool cu_type_ok(enum kvr_type t) {
     }
 }
 
-// GET_ROWS: a block per picked row, a thread per quant block of it
+// GET_ROWS: a block per picked row, a thread per 8 elements of it (kvr_dequant8)
 template <int TYPE>
 static __global__ void k_get_rows(const char * a, int64_t a_nb1, int64_t ne0, int64_t a_rows, const int32_t * ids,
                                   char * dst, int64_t d_nb1, unsigned long long * bad) {
-    constexpr int BS = cu_blck(TYPE);
     const int64_t i  = blockIdx.x;
     const int32_t id = ids[i];
     float * y = (float *)(dst + i * d_nb1);
@@ -335,10 +334,13 @@ static __global__ void k_get_rows(const char * a, int64_t a_nb1, int64_t ne0, in
         return;
     }
     const char * row = a + id * a_nb1;
-    for (int64_t b = threadIdx.x; b < ne0 / BS; b += blockDim.x) {
-        float v[BS];
-        kvr_dequant_block((enum kvr_type)TYPE, row, b, v);
-        for (int j = 0; j < BS; j++) y[b * BS + j] = v[j];
+    for (int64_t g = threadIdx.x; g < ne0 / 8; g += blockDim.x) {
+        float v[8];
+        kvr_dequant8((enum kvr_type)TYPE, row, g, v);
+        for (int j = 0; j < 8; j++) y[8 * g + j] = v[j];
+    }
+    if constexpr (cu_blck(TYPE) == 1) { // a plain row's tail (blocks are whole groups)
+        for (int64_t e = ne0 / 8 * 8 + threadIdx.x; e < ne0; e += blockDim.x) kvr_dequant_block((enum kvr_type)TYPE, row, e, y + e);
     }
 }
 
@@ -435,59 +437,119 @@ static __global__ void k_cpy(cu_tensor a, cu_tensor d, int same_rows, int to_f16
     }
 }
 
-// quantized weights -> F16 tile [rows, K], a thread per quant block
+// Weights that are not F32 -> an F32 tile [rows, K] for cuBLAS's f32 product (prefill): a thread
+// per 8 elements of a row (kvr_dequant8), two 16-byte stores. F32, not F16: an activation above
+// 65504 would overflow F16 (inf, then NaN), and f32 keeps the product the CPU's exact one.
 template <int TYPE>
-static __global__ void k_dequant_f16(const char * w, int64_t nb1, int64_t K, int64_t rows, __half * out) {
-    constexpr int BS = cu_blck(TYPE);
-    const int64_t nblk = K / BS;
+static __global__ void k_dequant_f32(const char * w, int64_t nb1, int64_t K, int64_t rows, float * out) {
+    const int64_t ng = (K + 7) / 8; // a plain row's last group may be partial
     const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (idx >= rows * nblk) return;
-    const int64_t r = idx / nblk, b = idx % nblk;
-    float v[BS];
-    kvr_dequant_block((enum kvr_type)TYPE, w + r * nb1, b, v);
-    __half * o = out + r * K + b * BS;
-    for (int j = 0; j < BS; j++) o[j] = __float2half_rn(v[j]);
+    if (idx >= rows * ng) return;
+    const int64_t r = idx / ng, g = idx % ng;
+    const char * row = w + r * nb1;
+    float * o = out + r * K + g * 8;
+    if (8 * g + 8 > K) {
+        if constexpr (cu_blck(TYPE) == 1) { // blocks of the quantized types are whole groups
+            for (int64_t e = 8 * g; e < K; e++) kvr_dequant_block((enum kvr_type)TYPE, row, e, out + r * K + e);
+        }
+        return;
+    }
+    float v[8];
+    kvr_dequant8((enum kvr_type)TYPE, row, g, v);
+    if (K % 8 == 0) { // 16-byte stores: the tile is 256-aligned, its rows 32-byte multiples
+        ((float4 *)o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+        for (int j = 0; j < 8; j++) o[j] = v[j];
+    }
 }
 
-// activations [K, T] (row stride ldx floats) -> a contiguous F16 or BF16 matrix for cuBLAS
-template <typename T>
-static __device__ __forceinline__ T cu_from_f32(float v);
-template <> __device__ __forceinline__ __half        cu_from_f32<__half>(float v)        { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 cu_from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+// One to CU_DOT_MAX_T tokens over weights of any type but F32 (decode): a warp per output row.
+// Lane l takes the row's groups of 8 elements l, l+32, ... (kvr_dequant8: 8 floats in registers,
+// never a whole block), so the warp's 32 lanes read 32 consecutive groups, every weight byte once,
+// and each group's 8 activations of a token as two 16-byte loads when the rows allow it (x_vec);
+// a butterfly of shuffles sums the lanes. cu_dot8_lane is the lane's whole work, shared by the
+// kernel and its host emulation (kvr_cuda_dot8_emulate, which tests/test-cuda-host.cu checks
+// against the CPU's MUL_MAT for every type).
+#define CU_DOT_WARPS 4
 
-template <typename T>
-static __global__ void k_x_convert(const float * x, int64_t ldx, int64_t K, int64_t n, T * out) {
-    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (idx >= n) return;
-    out[idx] = cu_from_f32<T>(x[(idx / K) * ldx + idx % K]);
+static __host__ __device__ inline void cu_load8(const float * p, bool vec, float v[8]) {
+    if (vec) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        for (int j = 0; j < 8; j++) v[j] = p[j];
+    }
 }
 
-// a few tokens over quantized weights: a warp per output row, each lane dequantizes whole blocks
-// of the row and dots them with every token
 template <int TYPE>
-static __global__ void k_dq_dot(const char * w, int64_t nb1, int64_t K, int64_t N, const float * x, int64_t ldx,
-                                int T, float * y) {
-    constexpr int BS = cu_blck(TYPE);
-    const int lane = threadIdx.x % 32;
-    const int64_t n = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
-    if (n >= N) return;
-    float acc[CU_DOT_MAX_T];
+static __host__ __device__ inline void cu_dot8_lane(const char * row, int64_t K, const float * x, int64_t ldx, int T,
+                                                    bool x_vec, int lane, float acc[CU_DOT_MAX_T]) {
     for (int t = 0; t < CU_DOT_MAX_T; t++) acc[t] = 0.0f;
-    const char * row = w + n * nb1;
-    for (int64_t b = lane; b < K / BS; b += 32) {
-        float v[BS];
-        kvr_dequant_block((enum kvr_type)TYPE, row, b, v);
+    const int64_t ng = K / 8;
+    for (int64_t g = lane; g < ng; g += 32) {
+        float v[8];
+        kvr_dequant8((enum kvr_type)TYPE, row, g, v);
         for (int t = 0; t < CU_DOT_MAX_T; t++) {
             if (t >= T) break;
-            const float * xt = x + t * ldx + b * BS;
+            float xv[8];
+            cu_load8(x + t * ldx + g * 8, x_vec, xv);
             float s = 0.0f;
-            for (int j = 0; j < BS; j++) s += v[j] * xt[j];
+            for (int j = 0; j < 8; j++) s += v[j] * xv[j];
             acc[t] += s;
         }
     }
-    for (int t = 0; t < T; t++) {
+    if constexpr (cu_blck(TYPE) == 1) { // a plain row's tail past the last whole group
+        for (int64_t e = ng * 8 + lane; e < K; e += 32) {
+            float v;
+            kvr_dequant_block((enum kvr_type)TYPE, row, e, &v);
+            for (int t = 0; t < CU_DOT_MAX_T; t++) {
+                if (t >= T) break;
+                acc[t] += v * x[t * ldx + e];
+            }
+        }
+    }
+}
+
+template <int TYPE>
+static __global__ void __launch_bounds__(CU_DOT_WARPS * 32) k_dot8(const char * w, int64_t nb1, int64_t K, int64_t N,
+                                                                  const float * x, int64_t ldx, int T, bool x_vec, float * y) {
+    const int lane = threadIdx.x % 32;
+    const int64_t n = blockIdx.x * (int64_t)CU_DOT_WARPS + threadIdx.x / 32;
+    if (n >= N) return; // a whole warp leaves: the shuffles below see only full warps
+    float acc[CU_DOT_MAX_T];
+    cu_dot8_lane<TYPE>(w + n * nb1, K, x, ldx, T, x_vec, lane, acc);
+#pragma unroll
+    for (int t = 0; t < CU_DOT_MAX_T; t++) {
+        if (t >= T) break;
         const float s = warp_sum(acc[t]);
         if (lane == 0) y[t * N + n] = s;
+    }
+}
+
+// The host emulation of k_dot8's warp for one row: the 32 lanes as an array, each running
+// cu_dot8_lane, then warp_sum's butterfly (lane l adds lane l ^ o, o = 16 .. 1) as the shuffles do.
+void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
+                           float * y) {
+    KVR_ASSERT(T >= 1 && T <= CU_DOT_MAX_T);
+    float acc[32][CU_DOT_MAX_T];
+    for (int lane = 0; lane < 32; lane++) {
+        switch (type) {
+#define CU_CASE(TY) case TY: cu_dot8_lane<TY>((const char *)row, K, x, ldx, T, false, lane, acc[lane]); break;
+            CU_WEIGHT_TYPES(CU_CASE)
+#undef CU_CASE
+            default: KVR_ASSERT(!"a type the backend does not read");
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float v[32];
+        for (int l = 0; l < 32; l++) v[l] = acc[l][t];
+        for (int o = 16; o > 0; o >>= 1) {
+            float nv[32];
+            for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+            memcpy(v, nv, sizeof(v));
+        }
+        y[t] = v[0];
     }
 }
 
@@ -793,17 +855,6 @@ static int op_cpy(struct cu_backend * cb, struct kvr_tensor * node) {
     return KVR_OK;
 }
 
-// x [K, T] f32 with row stride ldx into a contiguous F16/BF16 copy in the x16 scratch
-static int mm_convert_x(struct cu_backend * cb, struct kvr_tensor * node, const float * x, int64_t ldx, int64_t K,
-                        int64_t T, bool bf16) {
-    CU_TRY(scratch(cb, &cb->x16, &cb->x16_bytes, (size_t)(K * T) * 2, node));
-    const int64_t n = K * T;
-    if (bf16) k_x_convert<__nv_bfloat16><<<cu_blocks(n, 256), 256, 0, cb->compute>>>(x, ldx, K, n, (__nv_bfloat16 *)cb->x16);
-    else      k_x_convert<__half><<<cu_blocks(n, 256), 256, 0, cb->compute>>>(x, ldx, K, n, (__half *)cb->x16);
-    CU_LAUNCHED();
-    return KVR_OK;
-}
-
 // Y [N, T] = W [K, N]^T X [K, T] in cuBLAS's column-major terms: W's rows are columns of K, so
 // Y (N x T, ldc N) = op_T(W) (N x K) * X (K x T), accumulated in f32.
 static int mm_gemm(struct cu_backend * cb, struct kvr_tensor * node, int64_t N, int64_t T, int64_t K,
@@ -823,25 +874,15 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
     float * Y = (float *)node->data;
     if (T == 0 || N == 0) return KVR_OK;
     cb->counters.matmul_flops += 2 * K * N * T;
-    switch (w->type) {
-        case KVR_TYPE_F32:
-            return mm_gemm(cb, node, N, T, K, w->data, CUDA_R_32F, (int64_t)(w->nb[1] / 4), X, CUDA_R_32F, ldx, Y, N);
-        case KVR_TYPE_F16:
-        case KVR_TYPE_BF16: {
-            const bool bf = w->type == KVR_TYPE_BF16;
-            CU_TRY(mm_convert_x(cb, node, X, ldx, K, T, bf));
-            return mm_gemm(cb, node, N, T, K, w->data, bf ? CUDA_R_16BF : CUDA_R_16F, (int64_t)(w->nb[1] / 2), cb->x16,
-                           bf ? CUDA_R_16BF : CUDA_R_16F, K, Y, N);
-        }
-        default:
-            break;
+    if (w->type == KVR_TYPE_F32) {
+        return mm_gemm(cb, node, N, T, K, w->data, CUDA_R_32F, (int64_t)(w->nb[1] / 4), X, CUDA_R_32F, ldx, Y, N);
     }
-    if (T <= CU_DOT_MAX_T) { // decode: no tile, no conversion of the activations
-        const int warps = 4;
+    if (T <= CU_DOT_MAX_T) { // decode: no tile, the weights read once
+        const bool x_vec = ((uintptr_t)X % 16 == 0) && ldx % 4 == 0;
         switch (w->type) {
 #define CU_CASE(TYPE) case TYPE: \
-            k_dq_dot<TYPE><<<cu_blocks(N, warps), 32 * warps, 0, cb->compute>>>((const char *)w->data, (int64_t)w->nb[1], \
-                K, N, X, ldx, (int)T, Y); break;
+            k_dot8<TYPE><<<cu_blocks(N, CU_DOT_WARPS), 32 * CU_DOT_WARPS, 0, cb->compute>>>((const char *)w->data, \
+                (int64_t)w->nb[1], K, N, X, ldx, (int)T, x_vec, Y); break;
             CU_WEIGHT_TYPES(CU_CASE)
 #undef CU_CASE
             default:
@@ -851,19 +892,18 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
         CU_LAUNCHED();
         return KVR_OK;
     }
-    // prefill: a tile of weight rows dequantized into F16, then one cuBLAS call per tile
-    CU_TRY(mm_convert_x(cb, node, X, ldx, K, T, false));
-    int64_t tile = (int64_t)(CU_W16_TILE / ((size_t)K * 2));
+    // prefill: a tile of weight rows expanded to F32, then one cuBLAS f32 product per tile
+    int64_t tile = (int64_t)(CU_W32_TILE / ((size_t)K * 4));
     if (tile < 1) tile = 1;
     if (tile > N) tile = N;
-    CU_TRY(scratch(cb, &cb->w16, &cb->w16_bytes, (size_t)(tile * K) * 2, node));
+    CU_TRY(scratch(cb, &cb->w32, &cb->w32_bytes, (size_t)(tile * K) * 4, node));
     for (int64_t n0 = 0; n0 < N; n0 += tile) {
         const int64_t rows = n0 + tile <= N ? tile : N - n0;
         const char * W = (const char *)w->data + n0 * (int64_t)w->nb[1];
-        const int64_t nblk = rows * (K / kvr_blck_size(w->type));
+        const int64_t ng = rows * ((K + 7) / 8);
         switch (w->type) {
 #define CU_CASE(TYPE) case TYPE: \
-            k_dequant_f16<TYPE><<<cu_blocks(nblk, 128), 128, 0, cb->compute>>>(W, (int64_t)w->nb[1], K, rows, (__half *)cb->w16); break;
+            k_dequant_f32<TYPE><<<cu_blocks(ng, 128), 128, 0, cb->compute>>>(W, (int64_t)w->nb[1], K, rows, (float *)cb->w32); break;
             CU_WEIGHT_TYPES(CU_CASE)
 #undef CU_CASE
             default:
@@ -871,7 +911,7 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
                                  kvr_type_name(w->type), node->name);
         }
         CU_LAUNCHED();
-        CU_TRY(mm_gemm(cb, node, rows, T, K, cb->w16, CUDA_R_16F, K, cb->x16, CUDA_R_16F, K, Y + n0, N));
+        CU_TRY(mm_gemm(cb, node, rows, T, K, cb->w32, CUDA_R_32F, K, X, CUDA_R_32F, ldx, Y + n0, N));
     }
     return KVR_OK;
 }

@@ -14,7 +14,10 @@
 //    the CPU kernel run on the same positions: contiguous causal blocks, the ring strategies'
 //    zig-zag shards, a KV-Runahead rank's block over a longer cache, decode, GQA/MQA groups, dense
 //    mode, with and without a sliding window.
-// 3. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
+// 3. The one-token matmul kernel: each lane's 8 elements (kvr_dequant8) against whole blocks, bit
+//    for bit, and the kernel's warp emulated on the host (lanes as arrays, its shuffles' sums)
+//    against the CPU's MUL_MAT, for every weight type.
+// 4. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
 //    CUDA device was found (with one, it succeeds and names it).
 //
 //   test-cuda-host [SHARED (ignored)]     prints "cuda-host: N passed, M failed"
@@ -112,6 +115,31 @@ static const struct qt qtypes[] = {
     { KVR_TYPE_F32, 1, 4, { 0, 0 }, 0 },
 };
 
+// nb random blocks of type q (or elements, of the plain types) with finite scales (half exponents
+// 0..18: subnormals too)
+static void random_blocks(const struct qt * q, uint8_t * buf, int nb) {
+    for (int i = 0; i < nb * q->size; i++) buf[i] = (uint8_t)rng_u64();
+    for (int k = 0; k < nb; k++) {
+        uint8_t * blk = buf + k * q->size;
+        for (int j = 0; j < q->n_half; j++) {
+            const uint16_t h = (uint16_t)((rng_u64() & 0x8000) | ((rng_u64() % 19) << 10) | (rng_u64() & 0x3ff));
+            blk[q->half[j]] = (uint8_t)h;
+            blk[q->half[j] + 1] = (uint8_t)(h >> 8);
+        }
+        if (q->type == KVR_TYPE_Q8_K) {
+            const float d = rng_f(-0.01f, 0.01f);
+            memcpy(blk, &d, 4);
+        }
+        if (q->type == KVR_TYPE_F32) { // finite values
+            const float v = rng_f(-4.0f, 4.0f);
+            memcpy(blk, &v, 4);
+        }
+        if (q->type == KVR_TYPE_F16 || q->type == KVR_TYPE_BF16) { // finite: exponent below all ones
+            blk[1] &= 0xbf; // the exponent's top bit
+        }
+    }
+}
+
 static void test_dequant(void) {
     enum { NB = 64 };
     static uint8_t buf[NB * 292 + 1];
@@ -120,19 +148,7 @@ static void test_dequant(void) {
         const struct qt * q = &qtypes[t];
         int64_t bad = -1;
         for (int round = 0; round < 16 && bad < 0; round++) {
-            for (int i = 0; i < NB * q->size; i++) buf[i] = (uint8_t)rng_u64();
-            for (int k = 0; k < NB; k++) { // finite scales (half exponents 0..18: subnormals too)
-                uint8_t * blk = buf + k * q->size;
-                for (int j = 0; j < q->n_half; j++) {
-                    const uint16_t h = (uint16_t)((rng_u64() & 0x8000) | ((rng_u64() % 19) << 10) | (rng_u64() & 0x3ff));
-                    blk[q->half[j]] = (uint8_t)h;
-                    blk[q->half[j] + 1] = (uint8_t)(h >> 8);
-                }
-                if (q->type == KVR_TYPE_Q8_K) {
-                    const float d = rng_f(-0.01f, 0.01f);
-                    memcpy(blk, &d, 4);
-                }
-            }
+            random_blocks(q, buf, NB);
             const int odd = round % 2; // blocks at odd addresses too
             if (odd) memmove(buf + 1, buf, (size_t)NB * q->size);
             for (int64_t k = 0; k < NB; k++) {
@@ -326,7 +342,84 @@ static void test_tiles(void) {
 }
 
 //
-// 3. no device: a clear error, quickly
+// 3. the one-token matmul kernel
+//
+
+// kvr_dequant8 (a GPU lane's 8 elements) against kvr_dequant_block, bit for bit, every type, and
+// nvcc's host build of it against the C compiler's (through the blocks it must equal)
+static void test_dequant8(void) {
+    enum { NB = 48 };
+    static uint8_t buf[NB * 292 + 1];
+    static float a[NB * 256], b[8];
+    for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++) {
+        const struct qt * q = &qtypes[t];
+        int64_t bad = -1;
+        for (int round = 0; round < 8 && bad < 0; round++) {
+            random_blocks(q, buf, NB);
+            const int odd = round % 2;
+            if (odd) memmove(buf + 1, buf, (size_t)NB * q->size);
+            for (int64_t k = 0; k < NB; k++) hd_c_dequant_block(q->type, buf + odd, k, a + k * q->blck);
+            for (int64_t g = 0; g < (int64_t)NB * q->blck / 8 && bad < 0; g++) {
+                kvr_dequant8(q->type, buf + odd, g, b);
+                for (int j = 0; j < 8; j++) {
+                    if (!same(a[8 * g + j], b[j]) && !(isnan(b[j]) && isnan(a[8 * g + j]))) bad = 8 * g + j;
+                }
+            }
+        }
+        CHECK(bad < 0, "kvr_dequant8(%s) differs from kvr_dequant_block at element %lld", kvr_type_name(q->type), (long long)bad);
+    }
+}
+
+// The one-token matmul kernel's warp emulated on the host (kvr_cuda_dot8_emulate) against the CPU
+// backend's MUL_MAT of the same weights (every type) and 1..8 tokens: the same products summed in
+// another order, so they agree to f32 rounding of the sum of |w x|.
+static void test_dot8(void) {
+    for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++) {
+        const struct qt * q = &qtypes[t];
+        const int64_t Ks[] = { q->blck == 1 ? 77 : q->blck, q->blck == 1 ? 2048 : 8 * q->blck > 2048 ? 2048 : 8 * q->blck };
+        for (int ki = 0; ki < 2; ki++) {
+            const int64_t K = Ks[ki], N = 3;
+            for (int T = 1; T <= 8; T += (T < 3 ? 1 : 5)) {
+                struct kvr_context * ctx = kvr_init(64u << 20, false);
+                KVR_ASSERT(ctx != NULL);
+                struct kvr_tensor * w = kvr_new_tensor_2d(ctx, q->type, K, N);
+                struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+                random_blocks(q, (uint8_t *)w->data, (int)(N * K / q->blck));
+                float * xs = (float *)x->data;
+                for (int64_t i = 0; i < K * T; i++) xs[i] = rng_f(-2.0f, 2.0f);
+                struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+                struct kvr_graph * g = kvr_graph_new(ctx, 16);
+                kvr_graph_expand(g, y);
+                const int rc = kvr_graph_compute_cpu(g, 1);
+                double worst = 0.0;
+                bool finite = rc == KVR_OK;
+                for (int64_t n = 0; n < N && finite; n++) {
+                    const char * row = (const char *)w->data + n * (int64_t)w->nb[1];
+                    float got[8];
+                    kvr_cuda_dot8_emulate(q->type, row, K, xs, K, T, got);
+                    for (int tt = 0; tt < T; tt++) {
+                        double mag = 0.0; // the scale of the sum's rounding: sum |w x|
+                        for (int64_t e = 0; e < K; e++) {
+                            float v[256];
+                            kvr_dequant_block(q->type, row, e / q->blck, v);
+                            mag += fabs((double)v[e % q->blck] * xs[tt * K + e]);
+                        }
+                        const float cpu = ((const float *)y->data)[tt * N + n];
+                        finite = finite && isfinite(got[tt]) && isfinite(cpu);
+                        const double err = fabs((double)got[tt] - cpu) / (mag > 0 ? mag : 1.0);
+                        worst = err > worst ? err : worst;
+                    }
+                }
+                CHECK(finite && worst < 4e-6, "k_dot8 emulated, %s, K %lld, %d tokens: worst |kernel - cpu| / sum|w x| %.2e%s",
+                      kvr_type_name(q->type), (long long)K, T, worst, finite ? "" : " (a value is not finite)");
+                kvr_free(ctx);
+            }
+        }
+    }
+}
+
+//
+// 4. no device: a clear error, quickly
 //
 
 static void test_no_device(void) {
@@ -349,6 +442,8 @@ int main(int argc, char ** argv) {
     (void)argv;
     test_halves();
     test_dequant();
+    test_dequant8();
+    test_dot8();
     test_rope();
     test_softmax();
     test_tile_rule();
