@@ -93,6 +93,7 @@ static int cublas_fail(int device, const char * call, cublasStatus_t s, const st
 #define CU_W32_TILE      ((size_t)64 << 20) // bytes of F32 weight rows expanded per cuBLAS call
 #define CU_DOT_MAX_T     8                  // quantized MUL_MAT over at most this many tokens: dot kernel
 #define CU_POOL_BIG      ((size_t)1 << 30)  // freed blocks larger than this go back to the driver
+#define CU_BLAS_WORKSPACE ((size_t)32 << 20) // cuBLAS's workspace (what it asks for on Hopper)
 
 struct cu_alloc { void * ptr; size_t size; };
 
@@ -109,6 +110,10 @@ struct cu_backend {
     double           timeout_ms;   // every device wait polls against this deadline
     FILE           * progress;     // the upload's progress line (stderr, when it takes long)
     bool             sync_nodes;   // KVR_CUDA_SYNC=1: wait after every node (errors name their node)
+    bool             node_times;   // events around every node (kvr_backend_params.node_times, trace)
+    cudaGraphExec_t  replay;       // the last captured graph, instantiated; updated in place while
+                                   // the node topology stays (decode: every step)
+    int64_t          n_replays, n_instantiated; // how often it was updated and launched, or made anew
 
     // memory: live allocations and a small cache of freed blocks
     struct cu_alloc * live;   int n_live, cap_live;
@@ -1246,7 +1251,7 @@ static int cu_account(struct cu_backend * cb, struct kvr_graph * g, const double
     }
     cb->counters.attn_dot_dense  += (int64_t)cb->hcount[0];
     cb->counters.attn_dot_causal += (int64_t)cb->hcount[1];
-    for (int i = 0; i < g->n_nodes; i++) {
+    for (int i = 0; i < g->n_nodes && (cb->node_times || cb->trace); i++) {
         const struct kvr_tensor * t = g->nodes[i];
         if (t->op == KVR_OP_NONE || t->op == KVR_OP_VIEW) continue;
         double t0, t1;
@@ -1264,6 +1269,70 @@ static int cu_account(struct cu_backend * cb, struct kvr_graph * g, const double
         if (cb->trace) cu_span(cb, t, t0, t1);
     }
     return KVR_OK;
+}
+
+// Whether a graph can run as one CUDA graph: no transfer (those wait on the host), and no node
+// that may grow a buffer (a prompt's matmul over weights that are not F32 expands them into a
+// scratch tile, and an allocation may not happen inside a capture). Decode steps qualify.
+static bool cu_graph_capturable(const struct kvr_graph * g) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kvr_tensor * t = g->nodes[i];
+        if (node_is_comm(t)) return false;
+        if (t->op == KVR_OP_MUL_MAT && t->src[0]->type != KVR_TYPE_F32 &&
+            t->src[1]->ne[1] * t->src[1]->ne[2] * t->src[1]->ne[3] > CU_DOT_MAX_T) return false;
+    }
+    return true;
+}
+
+// The graph's kernels and cuBLAS calls captured from the compute stream into a CUDA graph, which
+// then runs as one launch: the GPU goes from kernel to kernel without a launch gap each (a decode
+// step has hundreds of small ones). The instantiated graph is kept and updated in place by the
+// next capture when only the kernels' arguments changed (cudaGraphExecUpdate: the next decode
+// step, one more key), else made anew. The capture ends on every path, errors included: a stream
+// left capturing would refuse all later work.
+static int cu_run_captured(struct cu_backend * cb, struct kvr_graph * g) {
+    struct kvr_tensor * node = NULL;
+    CU_TRY(cu_order(cb, cb->copy, cb->compute, node)); // outside the capture: a plain wait
+    CU(cudaStreamBeginCapture(cb->compute, cudaStreamCaptureModeThreadLocal));
+    int rc = KVR_OK;
+    cudaError_t e = cudaMemsetAsync(cb->dcount, 0, 3 * sizeof(unsigned long long), cb->compute);
+    if (e != cudaSuccess) rc = cu_fail(cb->device, "starting a captured graph", e, node);
+    for (int i = 0; i < g->n_nodes && rc == KVR_OK; i++) {
+        node = g->nodes[i];
+        rc = cu_compute_node(cb, node);
+    }
+    node = NULL;
+    if (rc == KVR_OK) {
+        e = cudaMemcpyAsync(cb->hcount, cb->dcount, 3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, cb->compute);
+        if (e != cudaSuccess) rc = cu_fail(cb->device, "ending a captured graph", e, node);
+    }
+    cudaGraph_t cg = NULL;
+    e = cudaStreamEndCapture(cb->compute, &cg);
+    if (rc == KVR_OK && e != cudaSuccess) rc = cu_fail(cb->device, "cudaStreamEndCapture", e, node);
+    if (rc == KVR_OK && cb->replay) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(cb->replay, cg, &info) == cudaSuccess) {
+            cb->n_replays++;
+        } else { // another topology: made anew below
+            cudaGetLastError();
+            cudaGraphExecDestroy(cb->replay);
+            cb->replay = NULL;
+        }
+    }
+    if (rc == KVR_OK && !cb->replay) {
+        e = cudaGraphInstantiate(&cb->replay, cg, 0);
+        if (e != cudaSuccess) {
+            cb->replay = NULL;
+            rc = cu_fail(cb->device, "cudaGraphInstantiate", e, node);
+        } else {
+            cb->n_instantiated++;
+        }
+    }
+    if (cg) cudaGraphDestroy(cg);
+    if (rc != KVR_OK) return rc;
+    CU(cudaGraphLaunch(cb->replay, cb->compute));
+    CU(cudaEventRecord(cb->ev_done, cb->compute));
+    return cu_wait(cb, cb->ev_done, "the graph", node);
 }
 
 static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
@@ -1288,7 +1357,15 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
             }
         }
     }
-    CU_TRY(cu_events(cb, g->n_nodes + 1));
+    const bool timed = cb->node_times || cb->trace;
+    if (!timed && !cb->sync_nodes && cu_graph_capturable(g)) {
+        const double t0 = kvr_time_ms();
+        int rc = cu_run_captured(cb, g);
+        if (rc == KVR_OK) rc = cu_account(cb, g, NULL, t0);
+        if (rc == KVR_OK) cb->counters.compute_ms += kvr_time_ms() - t0;
+        return rc;
+    }
+    if (timed) CU_TRY(cu_events(cb, g->n_nodes + 1));
     double * host_t = (double *)calloc((size_t)(2 * g->n_nodes + 1), sizeof(double));
     KVR_ASSERT(host_t != NULL);
     int rc = KVR_OK;
@@ -1296,7 +1373,7 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     do {
         if ((rc = cu_order(cb, cb->copy, cb->compute, node)) != KVR_OK) break;
         cudaError_t e = cudaMemsetAsync(cb->dcount, 0, 3 * sizeof(unsigned long long), cb->compute);
-        if (e == cudaSuccess) e = cudaEventRecord(cb->ev_node[0], cb->compute);
+        if (e == cudaSuccess && timed) e = cudaEventRecord(cb->ev_node[0], cb->compute);
         if (e != cudaSuccess) { rc = cu_fail(cb->device, "starting a graph", e, node); break; }
         for (int i = 0; i < g->n_nodes && rc == KVR_OK; i++) {
             node = g->nodes[i];
@@ -1323,7 +1400,7 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
                     else rc = cu_wait(cb, cb->ev_done, "a node", node);
                 }
             }
-            if (rc == KVR_OK && (e = cudaEventRecord(cb->ev_node[i + 1], cb->compute)) != cudaSuccess) {
+            if (rc == KVR_OK && timed && (e = cudaEventRecord(cb->ev_node[i + 1], cb->compute)) != cudaSuccess) {
                 rc = cu_fail(cb->device, "cudaEventRecord", e, node);
             }
         }
@@ -1375,6 +1452,7 @@ static void cu_free(struct kvr_backend * be) {
         // the streams are idle, so the pinned buffers' release finds nothing to wait for
         for (int i = 0; i < cb->n_live; i++) cudaFreeAsync(cb->live[i].ptr, cb->compute);
         for (int i = 0; i < cb->n_cached; i++) cudaFreeAsync(cb->cached[i].ptr, cb->compute);
+        if (cb->replay) cudaGraphExecDestroy(cb->replay);
         if (cb->blas) cublasDestroy(cb->blas);
         for (int i = 0; i < cb->n_ev_node; i++) cudaEventDestroy(cb->ev_node[i]);
         if (cb->ev_order) cudaEventDestroy(cb->ev_order);
@@ -1446,6 +1524,9 @@ static int cu_init(struct cu_backend * cb, const struct kvr_backend_params * p) 
     CU(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)(2 * CU_ATTN_CK * CU_ATTN_DMAX * sizeof(float))));
     void * q = NULL;
+    // cuBLAS's workspace given up front: a capture (cu_run_captured) must not find it allocating
+    CU_TRY(pool_alloc(cb, CU_BLAS_WORKSPACE, &q));
+    CUBLAS(cublasSetWorkspace(cb->blas, q, CU_BLAS_WORKSPACE));
     CU_TRY(pool_alloc(cb, 3 * sizeof(unsigned long long), &q));
     cb->dcount = (unsigned long long *)q;
     // GELU's table, as the CPU builds it (kvr_gelu_half of every fp16 value), uploaded once
@@ -1496,6 +1577,7 @@ struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {
     be->iface.set_trace     = cu_set_trace;
     be->iface.spans         = cu_spans;
     be->iface.counters      = cu_counters;
+    cb->node_times = p && p->node_times;
     const int rc = cu_init(cb, p);
     if (rc != KVR_OK) {
         char msg[512];

@@ -587,6 +587,8 @@ struct kvr_backend_params {
     // are exact to rounding; only the last bits differ.
     bool vec_dot_order;
     bool trace;          // record spans (kvr_backend_spans)
+    bool node_times;     // cuda: time every node by events (the counters' op_ms; trace implies it).
+                         // Off, a graph without transfers or growing buffers runs as one CUDA graph
     bool ref_kernels;    // cpu: kvr.c's plain reference kernels instead of the fast ones (slow; what
                          // the fast ones are checked against). KVR_REF=1 in the environment when a
                          // CPU backend is made does the same.
@@ -1199,11 +1201,13 @@ struct kvr_session_params {
                                      //   noisy sidecar); needs link_gbps; 0: off
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_session_write_trace
+    bool               node_times;   // cuda: time every node (kvr_rank_stats' matmul_ms, attn_ms: --stats);
+                                     //   off, decode steps run as replayed CUDA graphs, those times 0
     bool               q8_activations; // see struct kvr_backend_params (off: exact)
     bool               vec_dot_order;  // see struct kvr_backend_params (off: llama.cpp's default build)
-    const char *       backend;      // every rank's: a registered name (NULL: "cpu"); rank r asks for
-                                     //   device + r (the backend wraps it around the GPUs there are)
-    int                device;       // cuda: the first rank's GPU (0 by default)
+    const char *       backend;      // every rank's: a registered name (NULL: "cpu"); a rank's GPU is
+                                     //   kvr_rank_gpu of its index on its node, from device
+    int                device;       // cuda: the first GPU of a node's ranks (0 by default)
     const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)
     bool               replicate;    // local ranks: every rank's new cache rows (each layer right after its
                                      //   store, prefill and decode) go to a replica in its ring successor's
