@@ -28,12 +28,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+namespace wmma = nvcuda::wmma;
 
 //
 // errors
@@ -739,6 +742,368 @@ void kvr_cuda_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos,
     }
 }
 
+// ATTN on tensor cores (FlashAttention-2's schedule, written with WMMA): F16 K/V (the cache's type),
+// f32 scores, softmax and output accumulators. Why WMMA and not cuBLAS GEMMs over tiles: the
+// scores never leave the multiprocessor (memory O(T): no T x T buffer, not even per tile in
+// device memory), and one kernel does the masking, the online softmax and the LSE the ring
+// strategies' merges need. A thread block takes one KV head and CU_FA_BQ query rows of it (the
+// rows are tokens times the query heads of the group, token-major, as the CPU kernel's tiles:
+// GQA/MQA read every key once for the whole group); 4 warps of 16 rows each. Per key tile of BK
+// keys, decided from its extreme positions by kvr_attn_tile (skipped when no query of the block
+// can see a key of it; masked per element when some cannot):
+//   1. K and V of the tile into shared memory (16-byte copies), the block's Q already there (F16,
+//      scaled by the softmax scale first, so large queries stay in F16's range)
+//   2. S = Q K^T, 16x16x16 HMMA tiles with f32 accumulators, into shared memory (a warp's own rows)
+//   3. two lanes per row: mask, row max, exp, row sum, the running max and sum (kvr_softmax_step,
+//      the CPU kernel's function), P = exp(S - m) as F16, the factor the row's output is scaled by
+//   4. O (f32, shared memory: D up to 256 would not fit in registers without spilling) scaled by
+//      that factor, then O += P V, HMMA again
+// At the end O / l and the LSE (kvr_softmax_finish), as k_attn writes them. A row that sees no key
+// has O = 0 and LSE -inf. The counters (pairs computed, pairs causality needs) are counted apart,
+// on the CPU kernel's tiles (k_attn_count), so that they mean what the CPU's mean.
+// kvr_cuda_fattn_emulate runs this algorithm on the host (its warps' lanes as loops, its shared
+// tiles as arrays, F16 rounding where the kernel rounds); tests/test-cuda-host.cu checks it and
+// kvr_cuda_fattn_pairs (the pairs the schedule computes) against the CPU kernel.
+#define CU_FA_BQ    64
+#define CU_FA_WARPS 4
+
+static __host__ __device__ constexpr int cu_fa_bk(int D) { return D >= 256 ? 32 : 64; }
+
+static __host__ __device__ constexpr size_t cu_fa_smem(int D) {
+    return (size_t)CU_FA_BQ * D * 4                    // O, f32
+         + (size_t)CU_FA_BQ * cu_fa_bk(D) * 4          // S, f32
+         + (size_t)CU_FA_BQ * D * 2                    // Q, f16
+         + (size_t)2 * cu_fa_bk(D) * D * 2             // K and V, f16
+         + (size_t)CU_FA_BQ * cu_fa_bk(D) * 2          // P, f16
+         + (size_t)CU_FA_BQ * 4 * 2;                   // per row: factor, position
+}
+
+// the head dims the kernel is built for (multiples of 16: whole HMMA tiles)
+static bool cu_fa_dim(int D) { return D == 64 || D == 80 || D == 96 || D == 128 || D == 256; }
+
+// The grid: a block per (KV head, tile of CU_FA_BQ rows), KV head fastest; a block's rows.
+static __host__ __device__ inline int64_t cu_fa_blocks(int H, int Hkv, int64_t Tq) {
+    return Hkv * ((Tq * (H / Hkv) + CU_FA_BQ - 1) / CU_FA_BQ);
+}
+
+static __host__ __device__ inline void cu_fa_block(int64_t block, int H, int Hkv, int64_t Tq, int * g, int64_t * r0,
+                                                   int64_t * nr) {
+    const int64_t rows = Tq * (H / Hkv);
+    *g  = (int)(block % Hkv);
+    *r0 = (block / Hkv) * CU_FA_BQ;
+    *nr = *r0 + CU_FA_BQ <= rows ? CU_FA_BQ : rows - *r0;
+}
+
+// The extreme positions of a block's tokens, and one key tile's decision for the block (host and
+// device): 0 skip, 1 all visible, 2 masked per element (kvr_attn_tile, as the CPU kernel decides).
+static __host__ __device__ inline void cu_fa_qrange(const int32_t * qpos, int64_t i_first, int64_t i_last, int32_t * qmin,
+                                                    int32_t * qmax) {
+    *qmin = INT32_MAX;
+    *qmax = INT32_MIN;
+    for (int64_t i = i_first; i <= i_last; i++) {
+        *qmin = qpos[i] < *qmin ? qpos[i] : *qmin;
+        *qmax = qpos[i] > *qmax ? qpos[i] : *qmax;
+    }
+}
+
+static __host__ __device__ inline int cu_fa_tile(int32_t qmin, int32_t qmax, const int32_t * kpos, int64_t j0, int64_t bk,
+                                                 int mode, int64_t window) {
+    int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+    for (int64_t j = j0; j < j0 + bk; j++) {
+        kmin = kpos[j] < kmin ? kpos[j] : kmin;
+        kmax = kpos[j] > kmax ? kpos[j] : kmax;
+    }
+    return kvr_attn_tile(mode, qmin, qmax, kmin, kmax, window);
+}
+
+struct cu_fattn_args {
+    const char * q, * k, * v;
+    int64_t q_nb1, q_nb2, k_nb1, k_nb2, v_nb1, v_nb2;
+    const int32_t * qpos, * kpos;
+    char * out;
+    int64_t out_nb1;
+    int H, Hkv, Tq, Tk, mode;
+    int64_t window;
+    float scale;
+};
+
+template <int D>
+static __global__ void __launch_bounds__(CU_FA_WARPS * 32) k_fattn(cu_fattn_args p) {
+    constexpr int BK = cu_fa_bk(D);
+    extern __shared__ __align__(128) unsigned char fa_sh[];
+    float  * Os = (float *)fa_sh;                       // [BQ][D]
+    float  * Ss = Os + CU_FA_BQ * D;                    // [BQ][BK]
+    __half * Qs = (__half *)(Ss + CU_FA_BQ * BK);      // [BQ][D]
+    __half * Ks = Qs + CU_FA_BQ * D;                    // [BK][D]
+    __half * Vs = Ks + BK * D;                          // [BK][D]
+    __half * Ps = Vs + BK * D;                          // [BQ][BK]
+    float  * corr_s = (float *)(Ps + CU_FA_BQ * BK);   // [BQ]
+    int32_t * qp_s = (int32_t *)(corr_s + CU_FA_BQ);   // [BQ]
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int G = p.H / p.Hkv;
+    int g;
+    int64_t r0, nr;
+    cu_fa_block(blockIdx.x, p.H, p.Hkv, p.Tq, &g, &r0, &nr);
+
+    // Q (scaled, F16), O = 0, the rows' positions
+    for (int e = tid; e < CU_FA_BQ * D; e += blockDim.x) {
+        const int row = e / D, d = e % D;
+        float q = 0.0f;
+        if (row < nr) {
+            const int64_t r = r0 + row, i = r / G;
+            const int h = g * G + (int)(r % G);
+            q = ((const float *)(p.q + h * p.q_nb1 + i * p.q_nb2))[d] * p.scale;
+        }
+        Qs[e] = __float2half_rn(q);
+        Os[e] = 0.0f;
+    }
+    if (tid < CU_FA_BQ) qp_s[tid] = tid < nr ? p.qpos[(r0 + tid) / G] : 0;
+    __syncthreads();
+    // the softmax state of row `my_row`, kept by its two lanes alike
+    const int my_row = warp * 16 + lane / 2, half_id = lane % 2;
+    const bool row_live = my_row < nr;
+    const int32_t my_qp = qp_s[my_row];
+    float M = -INFINITY, L = 0.0f;
+    int32_t qmin, qmax;
+    cu_fa_qrange(p.qpos, r0 / G, (r0 + nr - 1) / G, &qmin, &qmax);
+
+    for (int64_t j0 = 0; j0 < p.Tk; j0 += BK) {
+        const int64_t bk = j0 + BK <= p.Tk ? BK : p.Tk - j0;
+        // every thread decides alike (the same reads): the block stays in step
+        const int vis = cu_fa_tile(qmin, qmax, p.kpos, j0, bk, p.mode, p.window);
+        if (vis == 0) continue;
+        // 1. K and V, 8 halves (16 bytes) a copy; keys past Tk are zeros
+        for (int e = tid; e < BK * D / 8; e += blockDim.x) {
+            const int jj = e / (D / 8), c = e % (D / 8);
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (jj < bk) {
+                kv = ((const uint4 *)(p.k + g * p.k_nb1 + (j0 + jj) * p.k_nb2))[c];
+                vv = ((const uint4 *)(p.v + g * p.v_nb1 + (j0 + jj) * p.v_nb2))[c];
+            }
+            ((uint4 *)Ks)[e] = kv;
+            ((uint4 *)Vs)[e] = vv;
+        }
+        __syncthreads();
+        // 2. S = Q K^T for this warp's 16 rows (loops kept rolled: one fragment set live at a time)
+#pragma unroll 1
+        for (int n = 0; n < BK / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < D / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+                wmma::load_matrix_sync(a, Qs + warp * 16 * D + kk * 16, D);
+                wmma::load_matrix_sync(b, Ks + n * 16 * D + kk * 16, D);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Ss + warp * 16 * BK + n * 16, acc, BK, wmma::mem_row_major);
+        }
+        __syncwarp();
+        // 3. the online softmax, two lanes a row, each half of the tile's keys
+        {
+            float * srow = Ss + my_row * BK;
+            __half * prow = Ps + my_row * BK;
+            const int c0 = half_id * (BK / 2);
+            float mx = -INFINITY;
+            for (int c = c0; c < c0 + BK / 2; c++) {
+                const bool ok = row_live && c < bk && (vis == 1 || kvr_attn_visible(my_qp, p.kpos[j0 + c], p.window));
+                if (!ok) srow[c] = -INFINITY;
+                mx = fmaxf(mx, srow[c]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            float corr = 1.0f;
+            if (mx == -INFINITY) { // nothing visible for this row in this tile
+                for (int c = c0; c < c0 + BK / 2; c++) prow[c] = __float2half_rn(0.0f);
+            } else {
+                const float m_new = kvr_softmax_max(M, mx);
+                float sum = 0.0f;
+                for (int c = c0; c < c0 + BK / 2; c++) {
+                    const float pj = srow[c] == -INFINITY ? 0.0f : expf(srow[c] - m_new);
+                    const __half ph = __float2half_rn(pj);
+                    prow[c] = ph;
+                    sum += __half2float(ph); // l sums what P V multiplies: the rounded weights
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                corr = kvr_softmax_step(&M, &L, m_new, sum);
+            }
+            if (half_id == 0) corr_s[my_row] = corr;
+        }
+        __syncwarp();
+        // 4. O = O * corr + P V
+        for (int e = lane; e < 16 * D; e += 32) {
+            const int row = warp * 16 + e / D;
+            Os[row * D + e % D] *= corr_s[row];
+        }
+        __syncwarp();
+#pragma unroll 1
+        for (int n = 0; n < D / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, Os + warp * 16 * D + n * 16, D, wmma::mem_row_major);
+            for (int kk = 0; kk < BK / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+                wmma::load_matrix_sync(a, Ps + warp * 16 * BK + kk * 16, BK);
+                wmma::load_matrix_sync(b, Vs + kk * 16 * D + n * 16, D);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Os + warp * 16 * D + n * 16, acc, D, wmma::mem_row_major);
+        }
+        __syncthreads(); // K, V are overwritten next
+    }
+    // the rows' ends: O / l and the LSE
+    float inv = 0.0f, lse = -INFINITY;
+    kvr_softmax_finish(M, L, &inv, &lse);
+    if (half_id == 0) corr_s[my_row] = inv;
+    if (half_id == 0 && row_live) {
+        const int64_t r = r0 + my_row;
+        ((float *)(p.out + (r / G) * p.out_nb1))[D * p.H + g * G + (int)(r % G)] = lse;
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * D; e += 32) {
+        const int row = warp * 16 + e / D, d = e % D;
+        if (row >= nr) continue;
+        const int64_t r = r0 + row;
+        ((float *)(p.out + (r / G) * p.out_nb1))[(g * G + (int)(r % G)) * D + d] = Os[row * D + d] * corr_s[row];
+    }
+}
+
+// The counters of an ATTN run by k_fattn, on the CPU kernel's tiles (kvr_attn_tile_tokens x
+// KVR_ATTN_BK, KV head 0) so that they mean what the CPU's and k_attn's mean: a thread per
+// (query tile, key tile); [0] its tokens times its keys when computed, [1] the visible pairs.
+static __global__ void k_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos, int64_t Tk, int G, int mode,
+                                    int64_t window, unsigned long long * count) {
+    const int64_t BT = kvr_attn_tile_tokens(G);
+    const int64_t nqt = (Tq + BT - 1) / BT, nkt = (Tk + KVR_ATTN_BK - 1) / KVR_ATTN_BK;
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= nqt * nkt) return;
+    const int64_t i0 = (idx / nkt) * BT, j0 = (idx % nkt) * KVR_ATTN_BK;
+    const int64_t bt = i0 + BT <= Tq ? BT : Tq - i0, bk = j0 + KVR_ATTN_BK <= Tk ? KVR_ATTN_BK : Tk - j0;
+    int32_t qmin, qmax;
+    cu_fa_qrange(qpos, i0, i0 + bt - 1, &qmin, &qmax);
+    const int vis = cu_fa_tile(qmin, qmax, kpos, j0, bk, mode, window);
+    if (vis == 0) return;
+    unsigned long long seen = (unsigned long long)(bt * bk);
+    if (vis == 2) {
+        seen = 0;
+        for (int64_t i = i0; i < i0 + bt; i++) {
+            for (int64_t j = j0; j < j0 + bk; j++) seen += kvr_attn_visible(qpos[i], kpos[j], window);
+        }
+    }
+    atomicAdd(&count[0], (unsigned long long)(bt * bk));
+    atomicAdd(&count[1], seen);
+}
+
+// k_fattn's algorithm on the host, for tests/test-cuda-host.cu: the same grid, tiles and decisions
+// (the functions above), the warps' HMMA products as sums over F16 inputs in f32, P rounded to F16
+// and the running state per row as the kernel's lanes keep them. q: f32 [Tq][H][D]; k, v: F16 bits
+// [Tk][Hkv][D]; out: [Tq][H*D + H] as ATTN's result.
+void kvr_cuda_fattn_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                            const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode, int64_t window, float scale,
+                            float * out) {
+    KVR_ASSERT(cu_fa_dim(D));
+    const int BK = cu_fa_bk(D), G = H / Hkv;
+    float * Os = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * D));
+    float * Qs = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * D));
+    float * S = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * BK));
+    float * P = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * BK));
+    KVR_ASSERT(Os && Qs && S && P);
+    for (int64_t b = 0; b < cu_fa_blocks(H, Hkv, Tq); b++) {
+        int g;
+        int64_t r0, nr;
+        cu_fa_block(b, H, Hkv, Tq, &g, &r0, &nr);
+        float M[CU_FA_BQ], L[CU_FA_BQ];
+        for (int row = 0; row < CU_FA_BQ; row++) {
+            M[row] = -INFINITY;
+            L[row] = 0.0f;
+            for (int d = 0; d < D; d++) {
+                const int64_t r = r0 + row;
+                const float x = row < nr ? q[((r / G) * H + g * G + r % G) * D + d] * scale : 0.0f;
+                Qs[row * D + d] = kvr_half_to_f32(kvr_f32_to_half(x));
+                Os[row * D + d] = 0.0f;
+            }
+        }
+        int32_t qmin, qmax;
+        cu_fa_qrange(qpos, r0 / G, (r0 + nr - 1) / G, &qmin, &qmax);
+        for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+            const int64_t bk = j0 + BK <= Tk ? BK : Tk - j0;
+            const int vis = cu_fa_tile(qmin, qmax, kpos, j0, bk, mode, window);
+            if (vis == 0) continue;
+            for (int row = 0; row < CU_FA_BQ; row++) {
+                for (int c = 0; c < BK; c++) {
+                    float s = 0.0f;
+                    for (int d = 0; d < D && c < bk; d++) s += Qs[row * D + d] * kvr_half_to_f32(k[((j0 + c) * Hkv + g) * D + d]);
+                    S[row * BK + c] = s;
+                }
+            }
+            for (int row = 0; row < CU_FA_BQ; row++) {
+                const bool live = row < nr;
+                const int32_t qp = live ? qpos[(r0 + row) / G] : 0;
+                float mx = -INFINITY;
+                for (int c = 0; c < BK; c++) {
+                    const bool ok = live && c < bk && (vis == 1 || kvr_attn_visible(qp, kpos[j0 + c], window));
+                    if (!ok) S[row * BK + c] = -INFINITY;
+                    mx = S[row * BK + c] > mx ? S[row * BK + c] : mx;
+                }
+                float corr = 1.0f;
+                if (mx == -INFINITY) {
+                    for (int c = 0; c < BK; c++) P[row * BK + c] = 0.0f;
+                } else {
+                    const float m_new = kvr_softmax_max(M[row], mx);
+                    float sum[2] = { 0.0f, 0.0f }; // the two lanes' halves, added as the shuffle does
+                    for (int c = 0; c < BK; c++) {
+                        const float pj = S[row * BK + c] == -INFINITY ? 0.0f : expf(S[row * BK + c] - m_new);
+                        P[row * BK + c] = kvr_half_to_f32(kvr_f32_to_half(pj));
+                        sum[c / (BK / 2)] += P[row * BK + c];
+                    }
+                    corr = kvr_softmax_step(&M[row], &L[row], m_new, sum[0] + sum[1]);
+                }
+                for (int d = 0; d < D; d++) {
+                    float o = Os[row * D + d] * corr;
+                    for (int c = 0; c < bk; c++) o += P[row * BK + c] * kvr_half_to_f32(v[((j0 + c) * Hkv + g) * D + d]);
+                    Os[row * D + d] = o;
+                }
+            }
+        }
+        for (int64_t row = 0; row < nr; row++) {
+            const int64_t r = r0 + row;
+            const int h = g * G + (int)(r % G);
+            float inv, lse;
+            kvr_softmax_finish(M[row], L[row], &inv, &lse);
+            float * o = out + (r / G) * (int64_t)(H * D + H);
+            for (int d = 0; d < D; d++) o[h * D + d] = Os[row * D + d] * inv;
+            o[H * D + h] = lse;
+        }
+    }
+    free(Os); free(Qs); free(S); free(P);
+}
+
+// The pairs k_fattn's schedule computes as visible: cover[(h * Tq + i) * Tk + j] counts how often
+// query head h of token i and key j are (the grid, the skipped tiles, the masks).
+void kvr_cuda_fattn_pairs(int D, const int32_t * qpos, const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode,
+                          int64_t window, int32_t * cover) {
+    const int BK = cu_fa_bk(D), G = H / Hkv;
+    memset(cover, 0, sizeof(int32_t) * (size_t)H * (size_t)Tq * (size_t)Tk);
+    for (int64_t b = 0; b < cu_fa_blocks(H, Hkv, Tq); b++) {
+        int g;
+        int64_t r0, nr;
+        cu_fa_block(b, H, Hkv, Tq, &g, &r0, &nr);
+        int32_t qmin, qmax;
+        cu_fa_qrange(qpos, r0 / G, (r0 + nr - 1) / G, &qmin, &qmax);
+        for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+            const int64_t bk = j0 + BK <= Tk ? BK : Tk - j0;
+            const int vis = cu_fa_tile(qmin, qmax, kpos, j0, bk, mode, window);
+            if (vis == 0) continue;
+            for (int64_t row = 0; row < nr; row++) {
+                const int64_t r = r0 + row, i = r / G;
+                const int h = g * G + (int)(r % G);
+                for (int64_t c = 0; c < bk; c++) {
+                    if (vis == 1 || kvr_attn_visible(qpos[i], kpos[j0 + c], window)) cover[((int64_t)h * Tq + i) * Tk + j0 + c]++;
+                }
+            }
+        }
+    }
+}
+
 // MERGE_ATTN: a block per query row; a thread per output element, then one per head's LSE
 struct cu_merge_args {
     const char * part[KVR_MAX_SRC];
@@ -941,6 +1306,56 @@ static int op_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     if (p.Tq == 0) return KVR_OK;
     const size_t shmem = (size_t)(2 * CU_ATTN_CK * p.D) * sizeof(float);
     k_attn<<<(unsigned)cu_attn_blocks(p.H, p.Hkv, p.Tq), CU_ATTN_WARPS * 32, shmem, cb->compute>>>(p);
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
+// Whether k_fattn runs this ATTN: F16 K/V rows of 16-byte aligned strides, f32 queries and
+// output rows, a head dim it is built for; else k_attn does.
+static bool cu_fattn_ok(const struct kvr_tensor * t) {
+    const struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2];
+    const bool f16 = k->type == KVR_TYPE_F16 && v->type == KVR_TYPE_F16 && k->nb[0] == 2 && v->nb[0] == 2;
+    const bool aligned = (k->nb[1] | k->nb[2] | v->nb[1] | v->nb[2]) % 16 == 0 &&
+                         ((uintptr_t)k->data | (uintptr_t)v->data) % 16 == 0; // data NULL: checked again at the launch
+    return f16 && aligned && q->type == KVR_TYPE_F32 && q->nb[0] == 4 && t->type == KVR_TYPE_F32 && cu_fa_dim((int)q->ne[0]) &&
+           k->ne[0] == q->ne[0] && v->ne[0] == q->ne[0] && q->ne[1] % k->ne[1] == 0;
+}
+
+static int op_fattn(struct cu_backend * cb, struct kvr_tensor * node) {
+    const struct kvr_tensor * q = node->src[0], * k = node->src[1], * v = node->src[2];
+    KVR_ASSERT(cu_fattn_ok(node)); // the dispatch asked; the data's alignment too, now it is placed
+    cu_fattn_args p;
+    p.q = (const char *)q->data; p.k = (const char *)k->data; p.v = (const char *)v->data;
+    p.q_nb1 = (int64_t)q->nb[1]; p.q_nb2 = (int64_t)q->nb[2];
+    p.k_nb1 = (int64_t)k->nb[1]; p.k_nb2 = (int64_t)k->nb[2];
+    p.v_nb1 = (int64_t)v->nb[1]; p.v_nb2 = (int64_t)v->nb[2];
+    p.qpos = (const int32_t *)node->src[3]->data;
+    p.kpos = (const int32_t *)node->src[4]->data;
+    p.out = (char *)node->data;
+    p.out_nb1 = (int64_t)node->nb[1];
+    p.H = (int)q->ne[1]; p.Hkv = (int)k->ne[1];
+    p.Tq = (int)q->ne[2]; p.Tk = (int)k->ne[2];
+    p.mode = node->op_params[0];
+    p.window = node->op_params[3];
+    memcpy(&p.scale, &node->op_params[2], sizeof(float));
+    if (p.Tq == 0) return KVR_OK;
+    const int64_t nq = (p.Tq + kvr_attn_tile_tokens(p.H / p.Hkv) - 1) / kvr_attn_tile_tokens(p.H / p.Hkv);
+    const int64_t nk = (p.Tk + KVR_ATTN_BK - 1) / KVR_ATTN_BK;
+    if (nq * nk > 0) {
+        k_attn_count<<<cu_blocks(nq * nk, 128), 128, 0, cb->compute>>>(p.qpos, p.Tq, p.kpos, p.Tk, p.H / p.Hkv, p.mode, p.window,
+                                                                       cb->dcount);
+        CU_LAUNCHED();
+    }
+    const unsigned blocks = (unsigned)cu_fa_blocks(p.H, p.Hkv, p.Tq);
+    const int threads = CU_FA_WARPS * 32;
+    switch ((int)q->ne[0]) {
+        case 64:  k_fattn<64><<<blocks, threads, cu_fa_smem(64), cb->compute>>>(p); break;
+        case 80:  k_fattn<80><<<blocks, threads, cu_fa_smem(80), cb->compute>>>(p); break;
+        case 96:  k_fattn<96><<<blocks, threads, cu_fa_smem(96), cb->compute>>>(p); break;
+        case 128: k_fattn<128><<<blocks, threads, cu_fa_smem(128), cb->compute>>>(p); break;
+        case 256: k_fattn<256><<<blocks, threads, cu_fa_smem(256), cb->compute>>>(p); break;
+        default: KVR_ASSERT(!"a head dim cu_fattn_ok refuses");
+    }
     CU_LAUNCHED();
     return KVR_OK;
 }
@@ -1152,7 +1567,7 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
             return a->type == KVR_TYPE_F32 && a->nb[0] == 4 && (t->type == KVR_TYPE_F32 || t->type == KVR_TYPE_F16) &&
                    (t->ne[0] == a->ne[0] ? t->nb[0] == kvr_type_size(t->type) : kvr_is_contiguous(t));
         case KVR_OP_ATTN:
-            return a->ne[0] <= CU_ATTN_DMAX && t->src[1]->nb[0] == 4 && t->src[2]->nb[0] == 4;
+            return cu_fattn_ok(t) || (a->ne[0] <= CU_ATTN_DMAX && t->src[1]->nb[0] == 4 && t->src[2]->nb[0] == 4);
         case KVR_OP_MERGE_ATTN:
             return true;
         case KVR_OP_SEND:        // through kvr_backend_comm_node: staged in host memory by kvr
@@ -1186,7 +1601,7 @@ static int cu_compute_node(struct cu_backend * cb, struct kvr_tensor * t) {
         case KVR_OP_ROPE:       return op_rope(cb, t);
         case KVR_OP_CPY:
         case KVR_OP_KV_STORE:   return op_cpy(cb, t);
-        case KVR_OP_ATTN:       return op_attn(cb, t);
+        case KVR_OP_ATTN:       return cu_fattn_ok(t) ? op_fattn(cb, t) : op_attn(cb, t);
         case KVR_OP_MERGE_ATTN: return op_merge_attn(cb, t);
         case KVR_OP_NONE:
         case KVR_OP_VIEW:       return KVR_OK;
@@ -1523,6 +1938,11 @@ static int cu_init(struct cu_backend * cb, const struct kvr_backend_params * p) 
     CUBLAS(cublasSetStream(cb->blas, cb->compute));
     CU(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)(2 * CU_ATTN_CK * CU_ATTN_DMAX * sizeof(float))));
+    CU(cudaFuncSetAttribute(k_fattn<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(64)));
+    CU(cudaFuncSetAttribute(k_fattn<80>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(80)));
+    CU(cudaFuncSetAttribute(k_fattn<96>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(96)));
+    CU(cudaFuncSetAttribute(k_fattn<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(128)));
+    CU(cudaFuncSetAttribute(k_fattn<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(256)));
     void * q = NULL;
     // cuBLAS's workspace given up front: a capture (cu_run_captured) must not find it allocating
     CU_TRY(pool_alloc(cb, CU_BLAS_WORKSPACE, &q));

@@ -2628,6 +2628,14 @@ void kvr_cuda_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos,
 // kvr-cuda.cu: the one-token matmul kernel's warp (k_dot8) run on the host for one weight row of
 // type `type` and K elements against T <= 8 tokens (x, row stride ldx): its lanes as an array, its
 // shuffles' sums in their order. y[t] is what the kernel writes for token t.
+// kvr-cuda.cu: the tensor-core attention kernel (k_fattn) run on the host for head dim D (64, 80,
+// 96, 128 or 256): q f32 [Tq][H][D], k and v F16 bits [Tk][Hkv][D], out [Tq][H*D + H] as ATTN's
+// result. And the pairs its schedule computes as visible: cover[(h*Tq + i)*Tk + j] (H*Tq*Tk counts).
+void kvr_cuda_fattn_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                            const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode, int64_t window, float scale,
+                            float * out);
+void kvr_cuda_fattn_pairs(int D, const int32_t * qpos, const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode,
+                          int64_t window, int32_t * cover);
 void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
                            float * y);
 #endif

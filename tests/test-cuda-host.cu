@@ -17,7 +17,11 @@
 // 3. The one-token matmul kernel: each lane's 8 elements (kvr_dequant8) against whole blocks, bit
 //    for bit, and the kernel's warp emulated on the host (lanes as arrays, its shuffles' sums)
 //    against the CPU's MUL_MAT, for every weight type.
-// 4. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
+// 4. The tensor-core attention kernel (k_fattn): the pairs its schedule computes are exactly the
+//    visible ones over a grid of prompt length, cached length, window, head dim, GQA group and rank
+//    slice (and the CPU kernel's counter), and its algorithm run on the host (kvr_cuda_fattn_emulate)
+//    agrees with the CPU's ATTN on F16 keys and values.
+// 5. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
 //    CUDA device was found (with one, it succeeds and names it).
 //
 //   test-cuda-host [SHARED (ignored)]     prints "cuda-host: N passed, M failed"
@@ -419,7 +423,142 @@ static void test_dot8(void) {
 }
 
 //
-// 4. no device: a clear error, quickly
+// 4. the tensor-core attention kernel (k_fattn): its schedule and its algorithm
+//
+
+// Query and key positions of one shape: a rank's slice of a sequence of `cached` cached tokens
+// and T new ones. slice 0: the whole prompt after the cache (one rank, KV-Runahead's chain link);
+// slice 1 and 2: the zig-zag shards of 2 ranks (ring strategies: chunks r and 3 - r of 4), every
+// key of the sequence visible to the causal rule; slice 3: decode (T = 1).
+static int fa_positions(int slice, int cached, int T, int32_t * qpos, int32_t * kpos, int * Tq, int * Tk) {
+    const int S = cached + T;
+    *Tk = S;
+    for (int j = 0; j < S; j++) kpos[j] = j;
+    if (slice == 0 || slice == 3) {
+        const int n = slice == 3 ? 1 : T;
+        for (int i = 0; i < n; i++) qpos[i] = S - n + i;
+        *Tq = n;
+        return 1;
+    }
+    const int r = slice - 1, m = T / 4;
+    if (m == 0) return 0;
+    int n = 0;
+    for (int i = 0; i < m; i++) qpos[n++] = cached + r * m + i;
+    for (int i = 0; i < m; i++) qpos[n++] = cached + (3 - r) * m + i;
+    *Tq = n;
+    return 1;
+}
+
+// The pairs the kernel's schedule computes (grid, skipped tiles, masks) are exactly the visible
+// ones, each once, for every query head, over prompt length, cached length, window, head dim (its
+// key tile), GQA group and rank slice; and their count per token is the CPU kernel's counter of
+// the pairs causality needs.
+static void test_fattn_schedule(void) {
+    enum { TMAX = 130, SMAX = 330, HMAX = 8 };
+    static int32_t qpos[TMAX], kpos[SMAX], cover[HMAX * TMAX * SMAX];
+    const int Ts[] = { 1, 17, 64, 65, 130 }, caches[] = { 0, 31, 200 }, windows[] = { 0, 1, 9, 64, 1000 };
+    const int heads[][2] = { { 4, 4 }, { 8, 2 }, { 6, 1 } }, dims[] = { 64, 256 };
+    int cases = 0, bad = 0, bad_cpu = 0;
+    char what[160] = "";
+    for (int ti = 0; ti < 5; ti++) for (int ci = 0; ci < 3; ci++) for (int wi = 0; wi < 5; wi++)
+    for (int hi = 0; hi < 3; hi++) for (int di = 0; di < 2; di++) for (int slice = 0; slice < 4; slice++) {
+        int Tq, Tk;
+        if (!fa_positions(slice, caches[ci], Ts[ti], qpos, kpos, &Tq, &Tk)) continue;
+        const int H = heads[hi][0], Hkv = heads[hi][1], win = windows[wi];
+        kvr_cuda_fattn_pairs(dims[di], qpos, kpos, H, Hkv, Tq, Tk, KVR_ATTN_CAUSAL, win, cover);
+        cases++;
+        int64_t visible_h0 = 0;
+        bool ok = true;
+        for (int h = 0; h < H && ok; h++) {
+            for (int i = 0; i < Tq && ok; i++) {
+                for (int j = 0; j < Tk && ok; j++) {
+                    const int want = kvr_attn_visible(qpos[i], kpos[j], win) ? 1 : 0;
+                    ok = cover[((int64_t)h * Tq + i) * Tk + j] == want;
+                    if (h == 0) visible_h0 += want;
+                }
+            }
+        }
+        if (!ok && bad++ == 0) snprintf(what, sizeof(what), "T %d, cached %d, window %d, %d/%d heads, D %d, slice %d", Ts[ti], caches[ci],
+                                          win, H, Hkv, dims[di], slice);
+        // the CPU kernel's counter on the same positions (a subset: it runs a graph each)
+        if (di == 0 && hi == 1 && wi % 2 == 0) {
+            int64_t dense = 0, causal = 0;
+            if (!cpu_attn_counts(qpos, Tq, kpos, Tk, H, Hkv, KVR_ATTN_CAUSAL, win, &dense, &causal) || causal != visible_h0) bad_cpu++;
+        }
+    }
+    CHECK(cases > 500 && bad == 0, "k_fattn's schedule: %d of %d shapes cover a pair wrongly (first: %s)", bad, cases, what);
+    CHECK(bad_cpu == 0, "k_fattn's visible pairs differ from the CPU kernel's counter in %d shapes", bad_cpu);
+}
+
+// The kernel's algorithm emulated on the host against the CPU's ATTN on the same F16 keys and
+// values: every head dim, GQA and MQA, prompt, zig-zag slice and decode, with and without a window,
+// causal and dense. F16 queries and probabilities move the output by ~1e-3 of the values' scale.
+static void test_fattn_emulated(void) {
+    const int dims[] = { 64, 80, 96, 128, 256 };
+    const int heads[][2] = { { 4, 2 }, { 4, 1 }, { 2, 2 } };
+    int cases = 0, bad = 0;
+    double worst_o = 0.0, worst_l = 0.0;
+    char what[160] = "";
+    for (int di = 0; di < 5; di++) for (int hi = 0; hi < 3; hi++) for (int slice = 0; slice < 4; slice++)
+    for (int wi = 0; wi < 2; wi++) for (int dense = 0; dense < 2; dense++) {
+        if (dense && (slice != 0 || wi != 0)) continue;
+        const int D = dims[di], H = heads[hi][0], Hkv = heads[hi][1], win = wi ? 24 : 0;
+        const int cached = 37, T = slice == 3 ? 1 : 70;
+        int32_t qpos[128], kpos[160];
+        int Tq, Tk;
+        if (!fa_positions(slice, cached, T, qpos, kpos, &Tq, &Tk)) continue;
+        struct kvr_context * ctx = kvr_init((size_t)64 << 20, false);
+        KVR_ASSERT(ctx != NULL);
+        struct kvr_tensor * q  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
+        struct kvr_tensor * k  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * v  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq);
+        struct kvr_tensor * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
+        uint16_t * k16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        uint16_t * v16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        float * emu = (float *)malloc(sizeof(float) * (size_t)((H * D + H) * Tq));
+        KVR_ASSERT(k16 && v16 && emu);
+        for (int64_t i = 0; i < kvr_nelements(q); i++) ((float *)q->data)[i] = rng_f(-2, 2);
+        for (int64_t i = 0; i < kvr_nelements(k); i++) { // F16 keys and values: what the cache holds
+            k16[i] = kvr_f32_to_half(rng_f(-2, 2));
+            v16[i] = kvr_f32_to_half(rng_f(-1, 1));
+            ((float *)k->data)[i] = kvr_half_to_f32(k16[i]);
+            ((float *)v->data)[i] = kvr_half_to_f32(v16[i]);
+        }
+        memcpy(qp->data, qpos, sizeof(int32_t) * (size_t)Tq);
+        memcpy(kp->data, kpos, sizeof(int32_t) * (size_t)Tk);
+        const float scale = 1.0f / sqrtf((float)D);
+        const int mode = dense ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
+        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, win, (enum kvr_attn_mode)mode);
+        struct kvr_graph * g = kvr_graph_new(ctx, 16);
+        kvr_graph_expand(g, out);
+        const bool ran = kvr_graph_compute_cpu(g, 1) == KVR_OK;
+        kvr_cuda_fattn_emulate(D, (const float *)q->data, k16, v16, qpos, kpos, H, Hkv, Tq, Tk, mode, win, scale, emu);
+        bool ok = ran;
+        for (int i = 0; i < Tq && ok; i++) {
+            const float * c = (const float *)((const char *)out->data + (size_t)i * out->nb[1]);
+            const float * e = emu + (size_t)i * (size_t)(H * D + H);
+            for (int x = 0; x < H * D + H; x++) {
+                const bool lse = x >= H * D;
+                if (isinf(c[x]) || isinf(e[x])) { ok = ok && c[x] == e[x]; continue; }
+                const double d = fabs((double)c[x] - e[x]);
+                if (lse) worst_l = d > worst_l ? d : worst_l; else worst_o = d > worst_o ? d : worst_o;
+                ok = ok && !isnan(e[x]) && d <= 2e-3;
+            }
+        }
+        cases++;
+        if (!ok && bad++ == 0) snprintf(what, sizeof(what), "D %d, %d/%d heads, slice %d, window %d, %s%s", D, H, Hkv, slice, win,
+                                          dense ? "dense" : "causal", ran ? "" : " (the CPU's ATTN failed)");
+        free(k16); free(v16); free(emu);
+        kvr_free(ctx);
+    }
+    CHECK(cases >= 60 && bad == 0, "k_fattn emulated against the CPU's ATTN: %d of %d shapes off (first: %s); worst |O| %.2e, |LSE| %.2e",
+          bad, cases, what, worst_o, worst_l);
+    printf("k_fattn emulated: %d shapes, worst |O - cpu| %.2e, |LSE - cpu| %.2e\n", cases, worst_o, worst_l);
+}
+
+//
+// 5. no device: a clear error, quickly
 //
 
 static void test_no_device(void) {
@@ -448,6 +587,8 @@ int main(int argc, char ** argv) {
     test_softmax();
     test_tile_rule();
     test_tiles();
+    test_fattn_schedule();
+    test_fattn_emulated();
     test_no_device();
     return check_summary("cuda-host");
 }
