@@ -124,6 +124,7 @@ struct cu_backend {
     void            * stage[2];    // pinned host staging
     uint16_t        * gelu_table;  // device copy of the CPU's GELU table (kvr_gelu_half of every fp16)
     void            * w32;  size_t w32_bytes;   // weight tiles expanded to F32 (prefill)
+    float           * fd_part;     // flash-decoding's partial results (CU_FD_BYTES, made at start)
     unsigned long long * dcount;   // device: [attn dense, attn causal, bad ids]
     unsigned long long * hcount;   // pinned copy of it
 
@@ -1104,6 +1105,225 @@ void kvr_cuda_fattn_pairs(int D, const int32_t * qpos, const int32_t * kpos, int
     }
 }
 
+// Decode attention split over the keys (flash-decoding): a step has few query rows (tokens x the
+// heads of a group), so a block per KV head would leave most of the GPU idle while one
+// multiprocessor streams the head's whole cache. Instead a block per (KV head, split of the keys):
+// each computes its rows' partial output and LSE over its keys into a fixed buffer, and
+// k_fdec_merge combines the splits by their LSE (kvr_lse_weight, as MERGE_ATTN does). In a block,
+// 8 warps; keys come in sub-tiles of 32 (F16, shared memory, rows padded by 2 halves against bank
+// conflicts); lane j scores key j of the sub-tile against the row's query (in shared memory),
+// the warp folds the 32 scores into its rows' running max and sum (kvr_softmax_step), and lane l
+// keeps output dims l, l+32, ... of each of its rows. Up to CU_FD_ROWS rows (a warp keeps
+// CU_FD_RPW); more go to k_fattn. kvr_cuda_fdec_emulate runs it on the host.
+#define CU_FD_WARPS 8
+#define CU_FD_RPW   2
+#define CU_FD_ROWS  (CU_FD_WARPS * CU_FD_RPW)
+#define CU_FD_KT    32
+#define CU_FD_SPLIT_MIN 256                   // keys a split takes at least
+#define CU_FD_MAX_SPLITS 64
+#define CU_FD_BYTES ((size_t)8 << 20)         // the partial results' buffer
+
+// How many splits a decode ATTN gets (0: not this kernel): a split per CU_FD_SPLIT_MIN keys, at
+// most CU_FD_MAX_SPLITS and what the buffer holds ([split][row][D + 1] floats per KV head).
+static __host__ __device__ inline int cu_fd_splits(int D, int H, int Hkv, int64_t Tq, int64_t Tk) {
+    const int64_t rows = Tq * (H / Hkv);
+    if (rows > CU_FD_ROWS || Tk < 2 * CU_FD_SPLIT_MIN) return 0;
+    int64_t n = (Tk + CU_FD_SPLIT_MIN - 1) / CU_FD_SPLIT_MIN;
+    if (n > CU_FD_MAX_SPLITS) n = CU_FD_MAX_SPLITS;
+    const int64_t fit = (int64_t)(CU_FD_BYTES / ((size_t)Hkv * (size_t)rows * (size_t)(D + 1) * sizeof(float)));
+    if (n > fit) n = fit;
+    return n >= 2 ? (int)n : 0;
+}
+
+// the keys of split s of n: [*j0, *j1), a whole number of sub-tiles each but the last
+static __host__ __device__ inline void cu_fd_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1) {
+    const int64_t per = ((Tk + n - 1) / n + CU_FD_KT - 1) / CU_FD_KT * CU_FD_KT;
+    *j0 = s * per < Tk ? s * per : Tk;
+    *j1 = *j0 + per < Tk ? *j0 + per : Tk;
+}
+
+template <int D>
+static __global__ void __launch_bounds__(CU_FD_WARPS * 32) k_fdec(cu_fattn_args p, int n_split, float * part) {
+    constexpr int ND = D / 32 > 0 ? (D + 31) / 32 : 1, DP = D + 2;
+    __shared__ __half Ks[CU_FD_KT * DP], Vs[CU_FD_KT * DP];
+    __shared__ float qs[CU_FD_WARPS][D];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int G = p.H / p.Hkv, g = blockIdx.x % p.Hkv, s = blockIdx.x / p.Hkv;
+    const int rows = p.Tq * G;
+    int64_t j0, j1;
+    cu_fd_split(p.Tk, n_split, s, &j0, &j1);
+    float M[CU_FD_RPW], L[CU_FD_RPW], o[CU_FD_RPW][ND];
+    for (int k = 0; k < CU_FD_RPW; k++) {
+        M[k] = -INFINITY;
+        L[k] = 0.0f;
+        for (int c = 0; c < ND; c++) o[k][c] = 0.0f;
+    }
+    for (int64_t t0 = j0; t0 < j1; t0 += CU_FD_KT) {
+        const int kt = (int)(t0 + CU_FD_KT <= j1 ? CU_FD_KT : j1 - t0);
+        __syncthreads(); // the previous sub-tile is consumed
+        for (int e = tid; e < CU_FD_KT * D; e += blockDim.x) {
+            const int jj = e / D, d = e % D;
+            __half kh = __float2half_rn(0.0f), vh = kh;
+            if (jj < kt) {
+                kh = ((const __half *)(p.k + g * p.k_nb1 + (t0 + jj) * p.k_nb2))[d];
+                vh = ((const __half *)(p.v + g * p.v_nb1 + (t0 + jj) * p.v_nb2))[d];
+            }
+            Ks[jj * DP + d] = kh;
+            Vs[jj * DP + d] = vh;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < CU_FD_RPW; k++) {
+            const int row = warp + k * CU_FD_WARPS;
+            if (row >= rows) break; // the whole warp alike
+            const int64_t i = row / G;
+            const int h = g * G + row % G;
+            const float * qrow = (const float *)(p.q + h * p.q_nb1 + i * p.q_nb2);
+            for (int d = lane; d < D; d += 32) qs[warp][d] = qrow[d];
+            __syncwarp();
+            const int32_t qp = p.qpos[i];
+            float sc = -INFINITY;
+            if (lane < kt && kvr_attn_visible(qp, p.kpos[t0 + lane], p.window)) {
+                float acc = 0.0f;
+                for (int d = 0; d < D; d++) acc += qs[warp][d] * __half2float(Ks[lane * DP + d]);
+                sc = acc * p.scale;
+            }
+            __syncwarp(); // qs is rewritten for the next row
+            const float mx = warp_max(sc);
+            if (mx == -INFINITY) continue;
+            const float m_new = kvr_softmax_max(M[k], mx);
+            const float pj = sc == -INFINITY ? 0.0f : expf(sc - m_new);
+            const float corr = kvr_softmax_step(&M[k], &L[k], m_new, warp_sum(pj));
+            for (int c = 0; c < ND; c++) o[k][c] *= corr;
+            for (int jj = 0; jj < kt; jj++) {
+                const float w = __shfl_sync(0xffffffffu, pj, jj);
+                for (int c = 0; c < ND; c++) {
+                    const int d = lane + 32 * c;
+                    if (d < D) o[k][c] += w * __half2float(Vs[jj * DP + d]);
+                }
+            }
+        }
+    }
+    // this split's part of each row: O / l and the LSE, [split][KV head][row][D + 1]
+#pragma unroll
+    for (int k = 0; k < CU_FD_RPW; k++) {
+        const int row = warp + k * CU_FD_WARPS;
+        if (row >= rows) break;
+        float inv, lse;
+        kvr_softmax_finish(M[k], L[k], &inv, &lse);
+        float * dst = part + (((int64_t)s * p.Hkv + g) * rows + row) * (D + 1);
+        for (int c = 0; c < ND; c++) {
+            const int d = lane + 32 * c;
+            if (d < D) dst[d] = o[k][c] * inv;
+        }
+        if (lane == 0) dst[D] = lse;
+    }
+}
+
+// The splits merged: a block per (KV head, row), a thread per output element and the LSE.
+static __global__ void k_fdec_merge(cu_fattn_args p, int D, int n_split, const float * part) {
+    const int G = p.H / p.Hkv, rows = p.Tq * G;
+    const int g = blockIdx.x % p.Hkv, row = blockIdx.x / p.Hkv;
+    const int64_t i = row / G;
+    const int h = g * G + row % G;
+    float * out = (float *)(p.out + i * p.out_nb1);
+    for (int e = threadIdx.x; e <= D; e += blockDim.x) {
+        float m = -INFINITY;
+        for (int s = 0; s < n_split; s++) m = fmaxf(m, part[(((int64_t)s * p.Hkv + g) * rows + row) * (D + 1) + D]);
+        float sum = 0.0f, acc = 0.0f;
+        for (int s = 0; s < n_split && m != -INFINITY; s++) {
+            const float * pr = part + (((int64_t)s * p.Hkv + g) * rows + row) * (D + 1);
+            const float w = kvr_lse_weight(pr[D], m);
+            sum += w;
+            if (e < D && w != 0.0f) acc += w * pr[e];
+        }
+        if (e < D) out[h * D + e] = m == -INFINITY ? 0.0f : acc * (1.0f / sum);
+        else out[D * p.H + h] = m == -INFINITY ? -INFINITY : kvr_lse_merged(m, sum);
+    }
+}
+
+// k_fdec and k_fdec_merge on the host (tests/test-cuda-host.cu): the same splits and sub-tiles,
+// a warp's lanes as loops; layouts as kvr_cuda_fattn_emulate's. n_split: cu_fd_splits' choice
+// (returned; 0: the kernel would not take this shape, out untouched).
+int kvr_cuda_fdec_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                          const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int64_t window, float scale, float * out) {
+    const int n = cu_fd_splits(D, H, Hkv, Tq, Tk);
+    if (n == 0) return 0;
+    const int G = H / Hkv, rows = Tq * G;
+    float * part = (float *)malloc(sizeof(float) * (size_t)n * (size_t)Hkv * (size_t)rows * (size_t)(D + 1));
+    KVR_ASSERT(part != NULL);
+    for (int s = 0; s < n; s++) {
+        int64_t j0, j1;
+        cu_fd_split(Tk, n, s, &j0, &j1);
+        for (int g = 0; g < Hkv; g++) {
+            for (int row = 0; row < rows; row++) {
+                const int64_t i = row / G;
+                const int h = g * G + row % G;
+                float M = -INFINITY, L = 0.0f, o[256] = { 0 };
+                for (int64_t t0 = j0; t0 < j1; t0 += CU_FD_KT) {
+                    const int kt = (int)(t0 + CU_FD_KT <= j1 ? CU_FD_KT : j1 - t0);
+                    float sc[CU_FD_KT], mx = -INFINITY;
+                    for (int l = 0; l < CU_FD_KT; l++) {
+                        sc[l] = -INFINITY;
+                        if (l < kt && kvr_attn_visible(qpos[i], kpos[t0 + l], window)) {
+                            float acc = 0.0f;
+                            for (int d = 0; d < D; d++) acc += q[(i * H + h) * D + d] * kvr_half_to_f32(k[((t0 + l) * Hkv + g) * D + d]);
+                            sc[l] = acc * scale;
+                        }
+                        mx = sc[l] > mx ? sc[l] : mx;
+                    }
+                    if (mx == -INFINITY) continue;
+                    const float m_new = kvr_softmax_max(M, mx);
+                    float pj[CU_FD_KT], sum[CU_FD_KT];
+                    for (int l = 0; l < CU_FD_KT; l++) sum[l] = pj[l] = sc[l] == -INFINITY ? 0.0f : expf(sc[l] - m_new);
+                    for (int off = 16; off > 0; off >>= 1) { // warp_sum's butterfly
+                        float nv[CU_FD_KT];
+                        for (int l = 0; l < CU_FD_KT; l++) nv[l] = sum[l] + sum[l ^ off];
+                        memcpy(sum, nv, sizeof(sum));
+                    }
+                    const float corr = kvr_softmax_step(&M, &L, m_new, sum[0]);
+                    for (int d = 0; d < D; d++) {
+                        o[d] *= corr;
+                        for (int jj = 0; jj < kt; jj++) o[d] += pj[jj] * kvr_half_to_f32(v[((t0 + jj) * Hkv + g) * D + d]);
+                    }
+                }
+                float inv, lse;
+                kvr_softmax_finish(M, L, &inv, &lse);
+                float * dst = part + (((int64_t)s * Hkv + g) * rows + row) * (D + 1);
+                for (int d = 0; d < D; d++) dst[d] = o[d] * inv;
+                dst[D] = lse;
+            }
+        }
+    }
+    for (int g = 0; g < Hkv; g++) {
+        for (int row = 0; row < rows; row++) {
+            const int64_t i = row / G;
+            const int h = g * G + row % G;
+            float * o = out + i * (int64_t)(H * D + H);
+            for (int e = 0; e <= D; e++) {
+                float m = -INFINITY;
+                for (int s = 0; s < n; s++) m = fmaxf(m, part[(((int64_t)s * Hkv + g) * rows + row) * (D + 1) + D]);
+                float sum = 0.0f, acc = 0.0f;
+                for (int s = 0; s < n && m != -INFINITY; s++) {
+                    const float * pr = part + (((int64_t)s * Hkv + g) * rows + row) * (D + 1);
+                    const float w = kvr_lse_weight(pr[D], m);
+                    sum += w;
+                    if (e < D && w != 0.0f) acc += w * pr[e];
+                }
+                if (e < D) o[h * D + e] = m == -INFINITY ? 0.0f : acc * (1.0f / sum);
+                else o[D * H + h] = m == -INFINITY ? -INFINITY : kvr_lse_merged(m, sum);
+            }
+        }
+    }
+    free(part);
+    return n;
+}
+
+// The splits of Tk keys into n: every key in exactly one, in order (tests/test-cuda-host.cu).
+void kvr_cuda_fdec_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1) {
+    cu_fd_split(Tk, n, s, j0, j1);
+}
+
 // MERGE_ATTN: a block per query row; a thread per output element, then one per head's LSE
 struct cu_merge_args {
     const char * part[KVR_MAX_SRC];
@@ -1321,9 +1541,8 @@ static bool cu_fattn_ok(const struct kvr_tensor * t) {
            k->ne[0] == q->ne[0] && v->ne[0] == q->ne[0] && q->ne[1] % k->ne[1] == 0;
 }
 
-static int op_fattn(struct cu_backend * cb, struct kvr_tensor * node) {
+static cu_fattn_args cu_fattn_args_of(const struct kvr_tensor * node) {
     const struct kvr_tensor * q = node->src[0], * k = node->src[1], * v = node->src[2];
-    KVR_ASSERT(cu_fattn_ok(node)); // the dispatch asked; the data's alignment too, now it is placed
     cu_fattn_args p;
     p.q = (const char *)q->data; p.k = (const char *)k->data; p.v = (const char *)v->data;
     p.q_nb1 = (int64_t)q->nb[1]; p.q_nb2 = (int64_t)q->nb[2];
@@ -1338,17 +1557,43 @@ static int op_fattn(struct cu_backend * cb, struct kvr_tensor * node) {
     p.mode = node->op_params[0];
     p.window = node->op_params[3];
     memcpy(&p.scale, &node->op_params[2], sizeof(float));
+    return p;
+}
+
+// ATTN with F16 K/V: flash-decoding when a step's few rows would leave the GPU idle, else k_fattn;
+// the counters on the CPU's tiles either way
+static int op_fattn(struct cu_backend * cb, struct kvr_tensor * node) {
+    const struct kvr_tensor * node_c = node;
+    KVR_ASSERT(cu_fattn_ok(node_c)); // the dispatch asked; the data's alignment too, now it is placed
+    const cu_fattn_args p = cu_fattn_args_of(node);
+    const int D = (int)node->src[0]->ne[0];
     if (p.Tq == 0) return KVR_OK;
-    const int64_t nq = (p.Tq + kvr_attn_tile_tokens(p.H / p.Hkv) - 1) / kvr_attn_tile_tokens(p.H / p.Hkv);
-    const int64_t nk = (p.Tk + KVR_ATTN_BK - 1) / KVR_ATTN_BK;
+    const int64_t BT = kvr_attn_tile_tokens(p.H / p.Hkv);
+    const int64_t nq = (p.Tq + BT - 1) / BT, nk = (p.Tk + KVR_ATTN_BK - 1) / KVR_ATTN_BK;
     if (nq * nk > 0) {
         k_attn_count<<<cu_blocks(nq * nk, 128), 128, 0, cb->compute>>>(p.qpos, p.Tq, p.kpos, p.Tk, p.H / p.Hkv, p.mode, p.window,
                                                                        cb->dcount);
         CU_LAUNCHED();
     }
+    const int n_split = p.mode == KVR_ATTN_CAUSAL ? cu_fd_splits(D, p.H, p.Hkv, p.Tq, p.Tk) : 0;
+    if (n_split > 0) {
+        const unsigned blocks = (unsigned)(p.Hkv * n_split);
+        switch (D) {
+            case 64:  k_fdec<64><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 80:  k_fdec<80><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 96:  k_fdec<96><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 128: k_fdec<128><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 256: k_fdec<256><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            default: KVR_ASSERT(!"a head dim cu_fattn_ok refuses");
+        }
+        CU_LAUNCHED();
+        k_fdec_merge<<<(unsigned)(p.Hkv * p.Tq * (p.H / p.Hkv)), 128, 0, cb->compute>>>(p, D, n_split, cb->fd_part);
+        CU_LAUNCHED();
+        return KVR_OK;
+    }
     const unsigned blocks = (unsigned)cu_fa_blocks(p.H, p.Hkv, p.Tq);
     const int threads = CU_FA_WARPS * 32;
-    switch ((int)q->ne[0]) {
+    switch (D) {
         case 64:  k_fattn<64><<<blocks, threads, cu_fa_smem(64), cb->compute>>>(p); break;
         case 80:  k_fattn<80><<<blocks, threads, cu_fa_smem(80), cb->compute>>>(p); break;
         case 96:  k_fattn<96><<<blocks, threads, cu_fa_smem(96), cb->compute>>>(p); break;
@@ -1947,6 +2192,8 @@ static int cu_init(struct cu_backend * cb, const struct kvr_backend_params * p) 
     // cuBLAS's workspace given up front: a capture (cu_run_captured) must not find it allocating
     CU_TRY(pool_alloc(cb, CU_BLAS_WORKSPACE, &q));
     CUBLAS(cublasSetWorkspace(cb->blas, q, CU_BLAS_WORKSPACE));
+    CU_TRY(pool_alloc(cb, CU_FD_BYTES, &q));
+    cb->fd_part = (float *)q;
     CU_TRY(pool_alloc(cb, 3 * sizeof(unsigned long long), &q));
     cb->dcount = (unsigned long long *)q;
     // GELU's table, as the CPU builds it (kvr_gelu_half of every fp16 value), uploaded once

@@ -2636,6 +2636,12 @@ void kvr_cuda_fattn_emulate(int D, const float * q, const uint16_t * k, const ui
                             float * out);
 void kvr_cuda_fattn_pairs(int D, const int32_t * qpos, const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode,
                           int64_t window, int32_t * cover);
+// kvr-cuda.cu: decode attention split over the keys (k_fdec, then k_fdec_merge) run on the host,
+// layouts as above (causal); returns the number of splits (0: the kernel does not take this
+// shape, out untouched). And split s of n's keys, [*j0, *j1).
+int  kvr_cuda_fdec_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                           const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int64_t window, float scale, float * out);
+void kvr_cuda_fdec_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1);
 void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
                            float * y);
 #endif

@@ -20,7 +20,9 @@
 // 4. The tensor-core attention kernel (k_fattn): the pairs its schedule computes are exactly the
 //    visible ones over a grid of prompt length, cached length, window, head dim, GQA group and rank
 //    slice (and the CPU kernel's counter), and its algorithm run on the host (kvr_cuda_fattn_emulate)
-//    agrees with the CPU's ATTN on F16 keys and values.
+//    agrees with the CPU's ATTN on F16 keys and values. Flash-decoding (decode attention split
+//    over the keys, merged by LSE): its splits partition the keys, and its kernels run on the host
+//    (kvr_cuda_fdec_emulate) agree with the CPU's ATTN.
 // 5. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
 //    CUDA device was found (with one, it succeeds and names it).
 //
@@ -557,6 +559,95 @@ static void test_fattn_emulated(void) {
     printf("k_fattn emulated: %d shapes, worst |O - cpu| %.2e, |LSE - cpu| %.2e\n", cases, worst_o, worst_l);
 }
 
+// Flash-decoding's splits: every key in exactly one split, in order, each split but the last a
+// whole number of 32-key sub-tiles.
+static void test_fdec_splits(void) {
+    int bad = 0, cases = 0;
+    for (int64_t Tk = 1; Tk < 5000; Tk += 1 + Tk / 7) {
+        for (int n = 2; n <= 64; n++) {
+            int64_t next = 0;
+            bool ok = true;
+            for (int s = 0; s < n; s++) {
+                int64_t j0, j1;
+                kvr_cuda_fdec_split(Tk, n, s, &j0, &j1);
+                ok = ok && j0 == next && j1 >= j0 && (j1 == Tk || (j1 - j0) % 32 == 0);
+                next = j1;
+            }
+            ok = ok && next == Tk;
+            cases++;
+            bad += !ok;
+        }
+    }
+    CHECK(bad == 0, "flash-decoding's splits: %d of %d (keys, splits) do not partition the keys", bad, cases);
+}
+
+// Flash-decoding emulated (the splits' partial outputs and their LSE merge) against the CPU's ATTN
+// on F16 keys and values: one and two tokens, GQA and MQA, every head dim, with and without a
+// window, cached lengths that give 2 to 17 splits.
+static void test_fdec_emulated(void) {
+    const int dims[] = { 64, 80, 96, 128, 256 }, Tks[] = { 600, 1000, 4100 };
+    const int heads[][2] = { { 8, 2 }, { 4, 4 }, { 16, 1 } };
+    int cases = 0, bad = 0, most = 0;
+    double worst = 0.0;
+    char what[160] = "";
+    for (int di = 0; di < 5; di++) for (int ti = 0; ti < 3; ti++) for (int hi = 0; hi < 3; hi++)
+    for (int Tq = 1; Tq <= 2; Tq++) for (int wi = 0; wi < 2; wi++) {
+        if (ti == 2 && di != 3 && di != 4) continue; // the longest cache at two head dims
+        const int D = dims[di], H = heads[hi][0], Hkv = heads[hi][1], Tk = Tks[ti], win = wi ? 300 : 0;
+        int32_t qpos[2], * kpos = (int32_t *)malloc(sizeof(int32_t) * (size_t)Tk);
+        KVR_ASSERT(kpos != NULL);
+        for (int j = 0; j < Tk; j++) kpos[j] = j;
+        for (int i = 0; i < Tq; i++) qpos[i] = Tk - Tq + i;
+        struct kvr_context * ctx = kvr_init((size_t)160 << 20, false);
+        KVR_ASSERT(ctx != NULL);
+        struct kvr_tensor * q  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
+        struct kvr_tensor * k  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * v  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq);
+        struct kvr_tensor * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
+        uint16_t * k16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        uint16_t * v16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        float * emu = (float *)malloc(sizeof(float) * (size_t)((H * D + H) * Tq));
+        KVR_ASSERT(k16 && v16 && emu);
+        for (int64_t i = 0; i < kvr_nelements(q); i++) ((float *)q->data)[i] = rng_f(-2, 2);
+        for (int64_t i = 0; i < kvr_nelements(k); i++) {
+            k16[i] = kvr_f32_to_half(rng_f(-2, 2));
+            v16[i] = kvr_f32_to_half(rng_f(-1, 1));
+            ((float *)k->data)[i] = kvr_half_to_f32(k16[i]);
+            ((float *)v->data)[i] = kvr_half_to_f32(v16[i]);
+        }
+        memcpy(qp->data, qpos, sizeof(int32_t) * (size_t)Tq);
+        memcpy(kp->data, kpos, sizeof(int32_t) * (size_t)Tk);
+        const float scale = 1.0f / sqrtf((float)D);
+        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, win, KVR_ATTN_CAUSAL);
+        struct kvr_graph * g = kvr_graph_new(ctx, 16);
+        kvr_graph_expand(g, out);
+        bool ok = kvr_graph_compute_cpu(g, 1) == KVR_OK;
+        const int n = kvr_cuda_fdec_emulate(D, (const float *)q->data, k16, v16, qpos, kpos, H, Hkv, Tq, Tk, win, scale, emu);
+        // the kernel takes up to 16 rows (tokens x the group's heads); more go to k_fattn
+        const bool taken = Tq * (H / Hkv) <= 16;
+        ok = ok && (taken ? n >= 2 : n == 0);
+        most = n > most ? n : most;
+        for (int i = 0; i < Tq && ok && taken; i++) {
+            const float * c = (const float *)((const char *)out->data + (size_t)i * out->nb[1]);
+            const float * e = emu + (size_t)i * (size_t)(H * D + H);
+            for (int x = 0; x < H * D + H; x++) {
+                const double d = fabs((double)c[x] - e[x]);
+                worst = d > worst ? d : worst;
+                ok = ok && isfinite(e[x]) && d <= 1e-4;
+            }
+        }
+        cases++;
+        if (!ok && bad++ == 0) snprintf(what, sizeof(what), "D %d, %d keys, %d/%d heads, %d tokens, window %d: %d splits", D, Tk, H, Hkv,
+                                          Tq, win, n);
+        free(kpos); free(k16); free(v16); free(emu);
+        kvr_free(ctx);
+    }
+    CHECK(cases >= 100 && bad == 0 && most >= 16, "flash-decoding emulated against the CPU's ATTN: %d of %d shapes off (first: %s); "
+          "worst %.2e, most splits %d", bad, cases, what, worst, most);
+    printf("flash-decoding emulated: %d shapes, up to %d splits, worst |out - cpu| %.2e\n", cases, most, worst);
+}
+
 //
 // 5. no device: a clear error, quickly
 //
@@ -589,6 +680,8 @@ int main(int argc, char ** argv) {
     test_tiles();
     test_fattn_schedule();
     test_fattn_emulated();
+    test_fdec_splits();
+    test_fdec_emulated();
     test_no_device();
     return check_summary("cuda-host");
 }
