@@ -98,6 +98,7 @@ fi
 # run
 # ---------------------------------------------------------------------------------------------
 probe || exit 2
+export PATH="$PATH:/usr/local/cuda/bin" # the toolkit's cuobjdump, compute-sanitizer
 pack=$2
 [ -n "$pack" ] && [ -f "$pack/MANIFEST" ] || { echo "gpu-check: no pack at '$pack' (make gpu-pack makes one)"; exit 1; }
 t_start=$(date +%s)
@@ -265,6 +266,14 @@ for ty in f16 q4_k; do
     done
     rm -f "$model"
 done
+
+# the tensor-core kernel's machine code: HMMA instructions in k_fattn (what make KVR_CUDA=1 built)
+if command -v cuobjdump > /dev/null 2>&1; then
+    cuobjdump -sass "$bin/test-ops" > "$work/sass" 2>> "$log"
+    n=$(awk '/Function : / { f = /k_fattn/ } f && /HMMA|HGMMA/ { n++ } END { print n + 0 }' "$work/sass")
+    if [ "$n" -gt 0 ]; then pass=$((pass + 1)); note "| SASS of k_fattn | ok: $n HMMA/HGMMA instructions | |"
+    else fail=$((fail + 1)); note "| SASS of k_fattn | FAIL: no HMMA | |"; fi
+fi
 
 # 5. the sanitizers, last: they are the slowest
 if command -v compute-sanitizer > /dev/null 2>&1; then
