@@ -4,22 +4,25 @@
 // What lives here, top to bottom: error handling (every CUDA and cuBLAS call checked, a failure
 // becomes a kvr error naming the call, the op and the tensor); the backend's state (one device,
 // a compute stream and a transfer stream ordered by events, a cuBLAS handle, a caching pool of
-// device memory, pinned staging buffers); the kernels, one short __global__ function per op,
-// written simply (a thread per block or element, a block per row, a warp per attention row) and
-// built on the per-element math of kvr.h's internal section (KVR_HD), so the CPU tests check the
-// arithmetic they run; the launchers and the one dispatch switch; supports_op as one switch over
-// every op and type; the constructor.
+// device memory over the stream-ordered allocator, pinned staging buffers); the kernels, built on
+// the per-element math of kvr.h's internal section (KVR_HD), so the CPU tests check the arithmetic
+// they run, most of them written simply (a thread per block or element, a block per row); the
+// launchers and the one dispatch switch; supports_op as one switch over every op and type; graphs
+// run node by node or captured as one CUDA graph (cu_run_captured); the constructor.
 //
 // Matrix products: prompts (more than 8 tokens) go to cuBLAS in f32, F32 weights as they are and
 // every other type expanded to F32 tile by tile (no F16 in them: activations above 65504 stay
 // finite, and the product is the CPU's exact one up to the order of the sums); up to 8 tokens, a
-// kernel reads the weights in their own type, a warp per row (k_dot8). Attention is one kernel that
-// returns O and the log-sum-exp at absolute positions with the CPU kernel's tiles (kvr.h's
-// kvr_attn_tile): causal tiles that no query can see are skipped, dense mode computes them all.
+// kernel reads the weights in their own type, a warp per row (k_dot8). Attention returns O and the
+// log-sum-exp at absolute positions, tiles decided by the CPU kernel's rule (kvr.h's
+// kvr_attn_tile: causal tiles that no query can see are skipped, dense mode computes them all):
+// over F16 K/V on tensor cores for prompts (k_fattn) and split over the keys for decode steps
+// (k_fdec, flash-decoding); over F32 K/V one scalar kernel (k_attn).
 //
 // Nothing here has run on a GPU on the machines kvr is developed on (they have none): it is
-// compiled with -Werror for sm_80 and sm_90, the KVR_HD math is tested on the host as nvcc
-// compiles it (tests/test-cuda-host.cu), and tools/kvr-compare is what checks a real device.
+// compiled with -Werror for sm_80 and sm_90; the KVR_HD math, the matmul and attention kernels'
+// schedules and their algorithms are tested on the host (tests/test-cuda-host.cu); make gpu-check
+// (tests/gpu-check.sh) is what checks a real device.
 
 #define KVR_BUILD
 #include "kvr.h"
@@ -1563,8 +1566,9 @@ static cu_fattn_args cu_fattn_args_of(const struct kvr_tensor * node) {
 // ATTN with F16 K/V: flash-decoding when a step's few rows would leave the GPU idle, else k_fattn;
 // the counters on the CPU's tiles either way
 static int op_fattn(struct cu_backend * cb, struct kvr_tensor * node) {
-    const struct kvr_tensor * node_c = node;
-    KVR_ASSERT(cu_fattn_ok(node_c)); // the dispatch asked; the data's alignment too, now it is placed
+    if (!cu_fattn_ok(node)) { // the dispatch asked before the data was placed: its alignment now
+        return kvr_error(KVR_ERR_UNSUPP, "%s: ATTN '%s' has F16 keys or values not 16-byte aligned", cb->name, node->name);
+    }
     const cu_fattn_args p = cu_fattn_args_of(node);
     const int D = (int)node->src[0]->ne[0];
     if (p.Tq == 0) return KVR_OK;
@@ -2110,10 +2114,10 @@ static void cu_free(struct kvr_backend * be) {
     if (idle) {
         // device memory in stream order (no wait for the whole device, NCCL's streams included);
         // the streams are idle, so the pinned buffers' release finds nothing to wait for
+        if (cb->replay) cudaGraphExecDestroy(cb->replay);
+        if (cb->blas) cublasDestroy(cb->blas); // before its workspace goes
         for (int i = 0; i < cb->n_live; i++) cudaFreeAsync(cb->live[i].ptr, cb->compute);
         for (int i = 0; i < cb->n_cached; i++) cudaFreeAsync(cb->cached[i].ptr, cb->compute);
-        if (cb->replay) cudaGraphExecDestroy(cb->replay);
-        if (cb->blas) cublasDestroy(cb->blas);
         for (int i = 0; i < cb->n_ev_node; i++) cudaEventDestroy(cb->ev_node[i]);
         if (cb->ev_order) cudaEventDestroy(cb->ev_order);
         if (cb->ev_done) cudaEventDestroy(cb->ev_done);
