@@ -218,6 +218,9 @@ fi
 # 2. the host test and the op cases
 step "test-cuda-host" 60 "$bin/test-cuda-host"
 step "test-ops -b cuda (KVR_CUDA_SYNC=1)" 150 env KVR_CUDA_SYNC=1 "$bin/test-ops" -b cuda
+if grep -q 'skipped, not run' "$work/step.out"; then # the GPU is there but kvr could not use it
+    fail=$((fail + 1)); note "| test-ops -b cuda | FAIL: $(grep -m 1 'skipped, not run' "$work/step.out" | tr '|' '/') | |"
+fi
 
 # 3. kvr-compare on every reference model
 prompt="Once upon a time, there was a little girl named Lily. She loved to play outside"
