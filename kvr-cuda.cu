@@ -479,7 +479,9 @@ static __global__ void k_dequant_f32(const char * w, int64_t nb1, int64_t K, int
 // One to CU_DOT_MAX_T tokens over weights of any type but F32 (decode): a warp per output row.
 // Lane l takes the row's groups of 8 elements l, l+32, ... (kvr_dequant8: 8 floats in registers,
 // never a whole block), so the warp's 32 lanes read 32 consecutive groups, every weight byte once,
-// and each group's 8 activations of a token as two 16-byte loads when the rows allow it (x_vec);
+// the group's weights in one wide load where the type and the rows' alignment allow it (F16, BF16,
+// Q4_K: cu_weights8; the other types byte by byte, coalesced across the warp), and each group's 8
+// activations of a token as two 16-byte loads when the rows allow it (x_vec);
 // a butterfly of shuffles sums the lanes. cu_dot8_lane is the lane's whole work, shared by the
 // kernel and its host emulation (kvr_cuda_dot8_emulate, which tests/test-cuda-host.cu checks
 // against the CPU's MUL_MAT for every type).
@@ -494,14 +496,53 @@ static __host__ __device__ inline void cu_load8(const float * p, bool vec, float
     }
 }
 
+// A lane's 8 weights: kvr_dequant8's values, the bytes read in one 16-byte (F16, BF16) or 8-byte
+// (Q4_K's quants) load when the rows are aligned for it (w_vec), else byte by byte
+template <int TYPE>
+static __host__ __device__ inline void cu_weights8(const char * row, int64_t g, bool w_vec, float v[8]) {
+    if constexpr (TYPE == KVR_TYPE_F16 || TYPE == KVR_TYPE_BF16) {
+        if (w_vec) {
+            const uint4 u = ((const uint4 *)row)[g];
+            const uint32_t w[4] = { u.x, u.y, u.z, u.w };
+            for (int j = 0; j < 8; j++) {
+                const uint16_t h = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
+                v[j] = TYPE == KVR_TYPE_F16 ? kvr_half_to_f32(h) : kvr_bfloat_to_f32(h);
+            }
+            return;
+        }
+    }
+    if constexpr (TYPE == KVR_TYPE_Q4_K) {
+        if (w_vec) {
+            const struct kvr_block_q4_K * b = (const struct kvr_block_q4_K *)row + g / 32;
+            const int e0 = 8 * (int)(g % 32), gg = e0 / 64, hi = (e0 % 64) / 32;
+            const uint2 u = *(const uint2 *)(b->qs + 32*gg + e0 % 32);
+            float dl, ml;
+            kvr_k4_scale1(b, 2*gg + hi, &dl, &ml);
+            for (int j = 0; j < 8; j++) {
+                const int q = (int)(((j < 4 ? u.x : u.y) >> (8 * (j % 4))) & 0xff);
+                v[j] = dl * (float)(hi ? q >> 4 : q & 0x0f) - ml;
+            }
+            return;
+        }
+    }
+    (void)w_vec;
+    kvr_dequant8((enum kvr_type)TYPE, row, g, v);
+}
+
+// whether rows at w, nb1 bytes apart, allow cu_weights8's wide loads
+static bool cu_w_vec(enum kvr_type type, const void * w, int64_t nb1) {
+    const bool wide = type == KVR_TYPE_F16 || type == KVR_TYPE_BF16 || type == KVR_TYPE_Q4_K;
+    return wide && (uintptr_t)w % 16 == 0 && nb1 % 16 == 0;
+}
+
 template <int TYPE>
 static __host__ __device__ inline void cu_dot8_lane(const char * row, int64_t K, const float * x, int64_t ldx, int T,
-                                                    bool x_vec, int lane, float acc[CU_DOT_MAX_T]) {
+                                                    bool x_vec, bool w_vec, int lane, float acc[CU_DOT_MAX_T]) {
     for (int t = 0; t < CU_DOT_MAX_T; t++) acc[t] = 0.0f;
     const int64_t ng = K / 8;
     for (int64_t g = lane; g < ng; g += 32) {
         float v[8];
-        kvr_dequant8((enum kvr_type)TYPE, row, g, v);
+        cu_weights8<TYPE>(row, g, w_vec, v);
         for (int t = 0; t < CU_DOT_MAX_T; t++) {
             if (t >= T) break;
             float xv[8];
@@ -525,12 +566,13 @@ static __host__ __device__ inline void cu_dot8_lane(const char * row, int64_t K,
 
 template <int TYPE>
 static __global__ void __launch_bounds__(CU_DOT_WARPS * 32) k_dot8(const char * w, int64_t nb1, int64_t K, int64_t N,
-                                                                  const float * x, int64_t ldx, int T, bool x_vec, float * y) {
+                                                                  const float * x, int64_t ldx, int T, bool x_vec, bool w_vec,
+                                                                  float * y) {
     const int lane = threadIdx.x % 32;
     const int64_t n = blockIdx.x * (int64_t)CU_DOT_WARPS + threadIdx.x / 32;
     if (n >= N) return; // a whole warp leaves: the shuffles below see only full warps
     float acc[CU_DOT_MAX_T];
-    cu_dot8_lane<TYPE>(w + n * nb1, K, x, ldx, T, x_vec, lane, acc);
+    cu_dot8_lane<TYPE>(w + n * nb1, K, x, ldx, T, x_vec, w_vec, lane, acc);
 #pragma unroll
     for (int t = 0; t < CU_DOT_MAX_T; t++) {
         if (t >= T) break;
@@ -542,12 +584,13 @@ static __global__ void __launch_bounds__(CU_DOT_WARPS * 32) k_dot8(const char * 
 // The host emulation of k_dot8's warp for one row: the 32 lanes as an array, each running
 // cu_dot8_lane, then warp_sum's butterfly (lane l adds lane l ^ o, o = 16 .. 1) as the shuffles do.
 void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
-                           float * y) {
+                           bool w_vec, float * y) {
     KVR_ASSERT(T >= 1 && T <= CU_DOT_MAX_T);
+    KVR_ASSERT(!w_vec || cu_w_vec(type, row, 0));
     float acc[32][CU_DOT_MAX_T];
     for (int lane = 0; lane < 32; lane++) {
         switch (type) {
-#define CU_CASE(TY) case TY: cu_dot8_lane<TY>((const char *)row, K, x, ldx, T, false, lane, acc[lane]); break;
+#define CU_CASE(TY) case TY: cu_dot8_lane<TY>((const char *)row, K, x, ldx, T, false, w_vec, lane, acc[lane]); break;
             CU_WEIGHT_TYPES(CU_CASE)
 #undef CU_CASE
             default: KVR_ASSERT(!"a type the backend does not read");
@@ -1472,10 +1515,11 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
     }
     if (T <= CU_DOT_MAX_T) { // decode: no tile, the weights read once
         const bool x_vec = ((uintptr_t)X % 16 == 0) && ldx % 4 == 0;
+        const bool w_vec = cu_w_vec(w->type, w->data, (int64_t)w->nb[1]);
         switch (w->type) {
 #define CU_CASE(TYPE) case TYPE: \
             k_dot8<TYPE><<<cu_blocks(N, CU_DOT_WARPS), 32 * CU_DOT_WARPS, 0, cb->compute>>>((const char *)w->data, \
-                (int64_t)w->nb[1], K, N, X, ldx, (int)T, x_vec, Y); break;
+                (int64_t)w->nb[1], K, N, X, ldx, (int)T, x_vec, w_vec, Y); break;
             CU_WEIGHT_TYPES(CU_CASE)
 #undef CU_CASE
             default:

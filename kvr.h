@@ -2377,6 +2377,16 @@ static inline KVR_HD void kvr_dequant_block(enum kvr_type type, const void * row
     }
 }
 
+// Scale and min j of the 8 of a Q4_K or Q5_K block (their d, dmin and scales lie alike), times d
+// and dmin: kvr_k4_scales_f's entry j alone.
+static inline KVR_HD void kvr_k4_scale1(const struct kvr_block_q4_K * b, int j, float * dl, float * ml) {
+    const uint8_t * s = b->scales;
+    const int sc = j < 4 ? s[j] & 63     : (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >>   4) | ((s[j]     >> 6) << 4);
+    *dl = kvr_q_half(b->d)    * (float)sc;
+    *ml = kvr_q_half(b->dmin) * (float)mn;
+}
+
 // Eight elements of a row, 8g .. 8g+7, of any supported type, with the bits kvr_dequant_block gives
 // them: what one lane of the GPU's matmul kernels holds at a time instead of a whole block (256
 // floats of a k-quant in one thread spilled to local memory). Every block size is a multiple of 8,
@@ -2467,11 +2477,8 @@ static inline KVR_HD void kvr_dequant8(enum kvr_type type, const void * row, int
             const uint8_t * b = p + (g / 32) * (five ? 176 : 144);
             const struct kvr_block_q4_K * b4 = (const struct kvr_block_q4_K *)b; // d, dmin, scales: the same places
             const int e0 = 8 * (int)(g % 32), gg = e0 / 64, hi = (e0 % 64) / 32, l0 = e0 % 32;
-            const int jj = 2*gg + hi;
-            const uint8_t * s = b4->scales;
-            const int sc = jj < 4 ? s[jj] & 63     : (s[jj + 4] & 0x0f) | ((s[jj - 4] >> 6) << 4);
-            const int mn = jj < 4 ? s[jj + 4] & 63 : (s[jj + 4] >>   4) | ((s[jj]     >> 6) << 4);
-            const float dl = kvr_q_half(b4->d) * (float)sc, ml = kvr_q_half(b4->dmin) * (float)mn;
+            float dl, ml;
+            kvr_k4_scale1(b4, 2*gg + hi, &dl, &ml);
             if (five) {
                 const struct kvr_block_q5_K * b5 = (const struct kvr_block_q5_K *)b;
                 const uint8_t * q = b5->qs + 32*gg + l0, * qh = b5->qh + l0;
@@ -2627,7 +2634,8 @@ void kvr_cuda_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos,
                          int mode, int64_t window, int64_t * dense, int64_t * causal);
 // kvr-cuda.cu: the one-token matmul kernel's warp (k_dot8) run on the host for one weight row of
 // type `type` and K elements against T <= 8 tokens (x, row stride ldx): its lanes as an array, its
-// shuffles' sums in their order. y[t] is what the kernel writes for token t.
+// shuffles' sums in their order, its wide weight loads when w_vec (the row 16-byte aligned; F16,
+// BF16, Q4_K). y[t] is what the kernel writes for token t.
 // kvr-cuda.cu: the tensor-core attention kernel (k_fattn) run on the host for head dim D (64, 80,
 // 96, 128 or 256): q f32 [Tq][H][D], k and v F16 bits [Tk][Hkv][D], out [Tq][H*D + H] as ATTN's
 // result. And the pairs its schedule computes as visible: cover[(h*Tq + i)*Tk + j] (H*Tq*Tk counts).
@@ -2643,7 +2651,7 @@ int  kvr_cuda_fdec_emulate(int D, const float * q, const uint16_t * k, const uin
                            const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int64_t window, float scale, float * out);
 void kvr_cuda_fdec_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1);
 void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
-                           float * y);
+                           bool w_vec, float * y);
 #endif
 
 #endif // KVR_BUILD

@@ -380,6 +380,7 @@ static void test_dequant8(void) {
 // backend's MUL_MAT of the same weights (every type) and 1..8 tokens: the same products summed in
 // another order, so they agree to f32 rounding of the sum of |w x|.
 static void test_dot8(void) {
+    int n_wide = 0;
     for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++) {
         const struct qt * q = &qtypes[t];
         const int64_t Ks[] = { q->blck == 1 ? 77 : q->blck, q->blck == 1 ? 2048 : 8 * q->blck > 2048 ? 2048 : 8 * q->blck };
@@ -401,8 +402,16 @@ static void test_dot8(void) {
                 bool finite = rc == KVR_OK;
                 for (int64_t n = 0; n < N && finite; n++) {
                     const char * row = (const char *)w->data + n * (int64_t)w->nb[1];
-                    float got[8];
-                    kvr_cuda_dot8_emulate(q->type, row, K, xs, K, T, got);
+                    float got[8], wide[8];
+                    kvr_cuda_dot8_emulate(q->type, row, K, xs, K, T, false, got);
+                    // the wide loads of the aligned rows give the same bits
+                    const bool can_wide = (q->type == KVR_TYPE_F16 || q->type == KVR_TYPE_BF16 || q->type == KVR_TYPE_Q4_K) &&
+                                          (uintptr_t)row % 16 == 0;
+                    if (can_wide) {
+                        kvr_cuda_dot8_emulate(q->type, row, K, xs, K, T, true, wide);
+                        for (int tt = 0; tt < T; tt++) finite = finite && same(wide[tt], got[tt]);
+                        n_wide++;
+                    }
                     for (int tt = 0; tt < T; tt++) {
                         double mag = 0.0; // the scale of the sum's rounding: sum |w x|
                         for (int64_t e = 0; e < K; e++) {
@@ -417,11 +426,12 @@ static void test_dot8(void) {
                     }
                 }
                 CHECK(finite && worst < 4e-6, "k_dot8 emulated, %s, K %lld, %d tokens: worst |kernel - cpu| / sum|w x| %.2e%s",
-                      kvr_type_name(q->type), (long long)K, T, worst, finite ? "" : " (a value is not finite)");
+                      kvr_type_name(q->type), (long long)K, T, worst, finite ? "" : " (a value is not finite, or wide loads differ)");
                 kvr_free(ctx);
             }
         }
     }
+    CHECK(n_wide >= 30, "k_dot8's wide weight loads were emulated on %d rows only", n_wide);
 }
 
 //
