@@ -476,15 +476,16 @@ static __global__ void k_dequant_f32(const char * w, int64_t nb1, int64_t K, int
     }
 }
 
-// One to CU_DOT_MAX_T tokens over weights of any type but F32 (decode): a warp per output row.
-// Lane l takes the row's groups of 8 elements l, l+32, ... (kvr_dequant8: 8 floats in registers,
-// never a whole block), so the warp's 32 lanes read 32 consecutive groups, every weight byte once,
-// the group's weights in one wide load where the type and the rows' alignment allow it (F16, BF16,
-// Q4_K: cu_weights8; the other types byte by byte, coalesced across the warp), and each group's 8
-// activations of a token as two 16-byte loads when the rows allow it (x_vec);
-// a butterfly of shuffles sums the lanes. cu_dot8_lane is the lane's whole work, shared by the
-// kernel and its host emulation (kvr_cuda_dot8_emulate, which tests/test-cuda-host.cu checks
-// against the CPU's MUL_MAT for every type).
+// One to CU_DOT_MAX_T tokens over weights of any type but F32 (decode): a warp per output row. Lane
+// l takes the row's groups of 8 elements l, l+32, ... (kvr_dequant8: 8 floats in registers, never a
+// whole block), so the warp's 32 lanes read 32 consecutive groups: a block is fetched by one warp
+// in one pass (the two halves of a 4-bit block share bytes: two lanes read them from one cache
+// line); the group's weights in one wide load where the type and the rows' alignment allow it (F16,
+// BF16, Q4_K: cu_weights8; the other types byte by byte, coalesced across the warp), and each
+// group's 8 activations of a token as two 16-byte loads when the rows allow it (x_vec); a butterfly
+// of shuffles sums the lanes. cu_dot8_lane is the lane's whole work, shared by the kernel and its
+// host emulation (kvr_cuda_dot8_emulate, which tests/test-cuda-host.cu checks against the CPU's
+// MUL_MAT for every type).
 #define CU_DOT_WARPS 4
 
 static __host__ __device__ inline void cu_load8(const float * p, bool vec, float v[8]) {
