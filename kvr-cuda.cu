@@ -2219,6 +2219,12 @@ static int cu_init(struct cu_backend * cb, const struct kvr_backend_params * p) 
         return kvr_error(KVR_ERR_DEVICE, "%s (%s) has compute capability %d.%d; this build runs on 8.0 and newer",
                          cb->name, cb->prop.name, cb->prop.major, cb->prop.minor);
     }
+    int pools = 0; // the device memory pool is CUDA's stream-ordered allocator (see pool_alloc)
+    CU(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cb->device));
+    if (!pools) {
+        return kvr_error(KVR_ERR_DEVICE, "%s (%s) has no stream-ordered memory pools (cudaMallocAsync), which this backend "
+                         "allocates from", cb->name, cb->prop.name);
+    }
     CU(cudaStreamCreateWithFlags(&cb->compute, cudaStreamNonBlocking));
     CU(cudaStreamCreateWithFlags(&cb->copy, cudaStreamNonBlocking));
     CU(cudaEventCreateWithFlags(&cb->ev_order, cudaEventDisableTiming));
