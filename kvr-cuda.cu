@@ -12,7 +12,8 @@
 //
 // Matrix products: prompts (more than 8 tokens) go to cuBLAS in f32, F32 weights as they are and
 // every other type expanded to F32 tile by tile (no F16 in them: activations above 65504 stay
-// finite, and the product is the CPU's exact one up to the order of the sums); up to 8 tokens, a
+// finite, and the product is the CPU's exact one up to the order of the sums; KVR_CUDA_TF32=1
+// trades that for tensor cores in TF32, which keeps f32's range); up to 8 tokens, a
 // kernel reads the weights in their own type, a warp per row (k_dot8). Attention returns O and the
 // log-sum-exp at absolute positions, tiles decided by the CPU kernel's rule (kvr.h's
 // kvr_attn_tile: causal tiles that no query can see are skipped, dense mode computes them all):
@@ -117,6 +118,8 @@ struct cu_backend {
     FILE           * progress;     // the upload's progress line (stderr, when it takes long)
     bool             sync_nodes;   // KVR_CUDA_SYNC=1: wait after every node (errors name their node)
     bool             node_times;   // events around every node (kvr_backend_params.node_times, trace)
+    bool             tf32;         // KVR_CUDA_TF32=1: prompts' products on tensor cores in TF32 (10-bit
+                                   // mantissas, f32's range: ~1e-3 relative, not the CPU's exact math)
     cudaGraphExec_t  replay;       // the last captured graph, instantiated; updated in place while
                                    // the node topology stays (decode: every step)
     int64_t          n_replays, n_instantiated; // how often it was updated and launched, or made anew
@@ -1499,7 +1502,8 @@ static int mm_gemm(struct cu_backend * cb, struct kvr_tensor * node, int64_t N, 
                    int64_t ldy) {
     const float one = 1.0f, zero = 0.0f;
     CUBLAS(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one, W, wt, (int)ldw, X, xt,
-                        (int)ldx, &zero, Y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                        (int)ldx, &zero, Y, CUDA_R_32F, (int)ldy,
+                        cb->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return KVR_OK;
 }
 
@@ -2282,6 +2286,8 @@ struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {
     if (env && atof(env) > 0) cb->timeout_ms = atof(env) * 1e3;
     env = getenv("KVR_CUDA_SYNC");
     cb->sync_nodes = env && env[0] == '1';
+    env = getenv("KVR_CUDA_TF32");
+    cb->tf32 = env && env[0] == '1';
     cb->progress = stderr;
     cb->span_layer = -1;
     be->context = cb;

@@ -20,6 +20,7 @@
 #        4. speed: tinyllama-1.1b-shaped F16 and Q4_K models made by kvr-gen; kvr-bench --backend cuda:
 #           TTFT at 512, 4k, 16k, 32k prompt tokens, decode tok/s after 4k and 32k, beside the bounds
 #        5. compute-sanitizer memcheck and racecheck on test-ops' ATTN, MERGE_ATTN and MUL_MAT cases
+#        6. when time is left: prefill at 4k and 32k again with KVR_CUDA_TF32=1 (tensor-core products)
 #       The results (markdown) go to $OUT/gpu-check.md when OUT is set, else DIR/gpu-check.md; the
 #       whole log beside them (gpu-check.log). Exit 0: every step passed; 1: a step failed or ran out
 #       of time; 2: no GPU (said in one line, within seconds).
@@ -267,7 +268,8 @@ for ty in f16 q4_k; do
             }' >> "$speed"
         done
     done
-    rm -f "$model"
+    # the same prompts' products on tensor cores (KVR_CUDA_TF32=1), after the sanitizers below
+    [ -f "$model" ] && mv "$model" "$work/keep-$ty.gguf"
 done
 
 # the tensor-core kernel's machine code: HMMA instructions in k_fattn (what make KVR_CUDA=1 built)
@@ -288,6 +290,25 @@ else
     note "| compute-sanitizer | FAIL: not installed | |"
     fail=$((fail + 1))
 fi
+
+# prefill with KVR_CUDA_TF32=1 (what the exact f32 products cost against tensor cores), if time is left
+for ty in f16 q4_k; do
+    model=$work/keep-$ty.gguf
+    [ -f "$model" ] || continue
+    wbytes=$(wc -c < "$model")
+    if step "kvr-bench $ty --ctx 4k,32k KVR_CUDA_TF32=1" 150 env KVR_CUDA_TF32=1 "$bin/kvr-bench" --backend cuda -m "$model" --ctx 4k,32k -r 1 --warmup 0 -o csv; then
+        grep -E '^single,' "$work/step.out" | while IFS=, read -r _ _ _ _ p _ med _; do
+            awk -v ty="$ty tf32" -v p="$p" -v med="$med" -v wb="$wbytes" -v bw="${bw:-0}" -v tc="${tc:-0}" 'BEGIN {
+                matmul = 22 * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 2048 * 32000
+                flops = 2 * matmul * p + 2 * 2 * p * p / 2 * 22 * 32 * 64
+                tb = (tc > 0 ? flops / tc : 0); mb = (bw > 0 ? wb / bw : 0)
+                bound = (tb > mb ? tb : mb) * 1e3
+                printf "| %s | %d | %.1f | %.1f | %.0f%% | - | - | - |\n", ty, p, med, bound, med > 0 ? 100 * bound / med : 0
+            }' >> "$speed"
+        done
+    fi
+    rm -f "$model"
+done
 
 cat "$speed" >> "$res"
 {
