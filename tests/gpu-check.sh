@@ -262,9 +262,10 @@ for ty in f16 q4_k; do
                 bound = (tb > mb ? tb : mb) * 1e3
                 kv = 2 * 22 * 4 * 64 * 2 * p
                 dbound = (bw > 0 ? bw / (wb + kv) : 0)
-                printf "| %s | %d | %.1f | %.1f | %.0f%% | %s | %s | %s |\n", ty, p, med, bound, med > 0 ? 100 * bound / med : 0,
-                       dec > 0 ? sprintf("%.1f", dec) : "-", dbound > 0 ? sprintf("%.0f", dbound) : "-",
-                       dec > 0 && dbound > 0 ? sprintf("%.0f%%", 100 * dec / dbound) : "-"
+                # (comparisons in parentheses: a bare > among the printf arguments is a redirection)
+                printf "| %s | %d | %.1f | %.1f | %.0f%% | %s | %s | %s |\n", ty, p, med, bound, (med > 0 ? 100 * bound / med : 0),
+                       (dec > 0 ? sprintf("%.1f", dec) : "-"), (dbound > 0 ? sprintf("%.0f", dbound) : "-"),
+                       (dec > 0 && dbound > 0 ? sprintf("%.0f%%", 100 * dec / dbound) : "-")
             }' >> "$speed"
         done
     done
@@ -303,7 +304,7 @@ for ty in f16 q4_k; do
                 flops = 2 * matmul * p + 2 * 2 * p * p / 2 * 22 * 32 * 64
                 tb = (tc > 0 ? flops / tc : 0); mb = (bw > 0 ? wb / bw : 0)
                 bound = (tb > mb ? tb : mb) * 1e3
-                printf "| %s | %d | %.1f | %.1f | %.0f%% | - | - | - |\n", ty, p, med, bound, med > 0 ? 100 * bound / med : 0
+                printf "| %s | %d | %.1f | %.1f | %.0f%% | - | - | - |\n", ty, p, med, bound, (med > 0 ? 100 * bound / med : 0)
             }' >> "$speed"
         done
     fi
