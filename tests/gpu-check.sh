@@ -114,6 +114,14 @@ left() { echo $((budget - ($(date +%s) - t_start))); }
 
 # step NAME SECONDS CMD...: run CMD with a deadline (its own, cut to what is left of the budget);
 # its output goes to $work/step.out and the log. Returns CMD's status (124: out of time, 125: no time).
+# after a kvr-bench step: it exits 0 even when a point failed; a point missing from its CSV fails here
+bench_points() { # name, points wanted
+    got=$(grep -c '^single,' "$work/step.out")
+    if [ "$got" -lt "$2" ]; then
+        fail=$((fail + 1)); note "| $1 | FAIL: $got of $2 points timed: $(grep -m 1 '^kvr-bench: ' "$work/step.out" | tr '|' '/') | |"
+    fi
+}
+
 step() {
     name=$1; limit=$2; shift 2
     l=$(left)
@@ -254,6 +262,7 @@ for ty in f16 q4_k; do
     for set in "512,4k 3 1" "16k,32k 1 0"; do
         set -- $set
         step "kvr-bench $ty --ctx $1" 200 "$bin/kvr-bench" --backend cuda -m "$model" --ctx "$1" -r "$2" --warmup "$3" --decode 32 -o csv || continue
+        bench_points "kvr-bench $ty --ctx $1" 2
         grep -E '^single,' "$work/step.out" | while IFS=, read -r _ _ _ _ p _ med _ _ _ _ _ _ _ _ dec _ _ _; do
             awk -v ty=$ty -v p="$p" -v med="$med" -v dec="$dec" -v wb="$wbytes" -v bw="${bw:-0}" -v tc="${tc:-0}" 'BEGIN {
                 matmul = 22 * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 2048 * 32000
@@ -298,6 +307,7 @@ for ty in f16 q4_k; do
     [ -f "$model" ] || continue
     wbytes=$(wc -c < "$model")
     if step "kvr-bench $ty --ctx 4k,32k KVR_CUDA_TF32=1" 150 env KVR_CUDA_TF32=1 "$bin/kvr-bench" --backend cuda -m "$model" --ctx 4k,32k -r 1 --warmup 0 -o csv; then
+        bench_points "kvr-bench $ty KVR_CUDA_TF32=1" 2
         grep -E '^single,' "$work/step.out" | while IFS=, read -r _ _ _ _ p _ med _; do
             awk -v ty="$ty tf32" -v p="$p" -v med="$med" -v wb="$wbytes" -v bw="${bw:-0}" -v tc="${tc:-0}" 'BEGIN {
                 matmul = 22 * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 2048 * 32000
