@@ -6,6 +6,9 @@
 #   make test         every test (plus a second build under ASan+UBSan, bounded fuzz runs and,
 #                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
 #   make bench        the benchmarks (long: about two hours; not part of make test)
+#   make gpu-check    on a machine with an NVIDIA GPU: the GPU's tests, kvr-compare on every
+#                     reference model, a speed table (under 8 min; tests/gpu-check.sh). Without one:
+#                     says so, exit 2. make gpu-pack: the folder it runs from (gpu-pack/)
 #   make fuzz-cli     kvr-run's command line under libFuzzer for FUZZ_CLI_SECONDS (default 30 min)
 #   make install PREFIX=/usr/local
 
@@ -59,12 +62,12 @@ TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildc
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench install clean help demo mpi cuda-gate cuda-parts FORCE
+.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench install clean help demo mpi cuda-gate cuda-parts gpu-check gpu-pack gpu-pack-parts FORCE
 
 all: $(BUILD)/libkvr.a tools
 
 help:
-	@sed -n '1,11p' Makefile
+	@sed -n '1,14p' Makefile
 
 $(BUILD) $(ASAN):
 	mkdir -p $@
@@ -182,6 +185,21 @@ cuda-gate:
 	@t0=$$(date +%s); $(MAKE) --no-print-directory BUILD=$(BUILD)/cuda KVR_CUDA=1 cuda-parts && \
 	echo "the CUDA build ($(BUILD)/cuda) took $$(( $$(date +%s) - t0 )) s"
 cuda-parts: $(BUILD)/libkvr.a $(BUILD)/kvr-run $(BUILD)/kvr-compare $(BUILD)/test-ops $(BUILD)/test-cuda-host
+
+# make gpu-check runs from one folder that also travels alone to a bare machine with a GPU (the
+# CUDA toolkit and driver, nothing else): gpu-pack/ (ignored by git), made from a CUDA build for
+# any x86-64 with AVX2 (the GPU machine's processor is not this one) by tests/gpu-check.sh pack.
+GPU_PACK  ?= gpu-pack
+gpu-pack:
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/gpu-pack KVR_CUDA=1 ARCHFLAGS=-march=x86-64-v3 gpu-pack-parts
+	sh tests/gpu-check.sh pack $(BUILD)/gpu-pack $(SHARED) $(GPU_PACK)
+gpu-pack-parts: $(BUILD)/libkvr.a $(BUILD)/kvr-run $(BUILD)/kvr-compare $(BUILD)/kvr-bench $(BUILD)/kvr-gen \
+                $(BUILD)/test-ops $(BUILD)/test-cuda-host
+
+gpu-check:
+	@sh tests/gpu-check.sh probe
+	$(MAKE) --no-print-directory gpu-pack
+	sh tests/gpu-check.sh run $(GPU_PACK)
 
 test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-kvfile $(BUILD)/fuzz-cli $(CUDA_GATE)
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)

@@ -1412,6 +1412,7 @@ struct kvr_session {
     enum layout              layout;
     int                      n_ranks;
     int                      n_local;     // ranks in this process
+    int                      node_rank;   // under mpirun: this process's index among its node's (else 0)
     struct dist_rank       * ranks;       // n_local of them
     int                    * rows;        // cache rows of every rank (all processes keep it)
     struct transport       * tr;
@@ -2229,6 +2230,11 @@ static struct transport * mpi_start(struct kvr_session * d, int * my_rank) {
     }
     MPI_Comm_size(MPI_COMM_WORLD, &d->n_ranks);
     MPI_Comm_rank(MPI_COMM_WORLD, my_rank);
+    // the index among the processes of this node picks the GPU (kvr_rank_gpu), never the global rank
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *my_rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &d->node_rank);
+    MPI_Comm_free(&node);
     void * ub = NULL;
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
@@ -2247,7 +2253,7 @@ static struct transport * mpi_start(struct kvr_session * d, int * my_rank) {
 #ifdef KVR_NCCL
 // The NCCL ranks of this process. Started by mpirun (OpenMPI, MPICH's Hydra, PMIx): one rank, on
 // the GPU of its index among the node's processes, the unique id from rank 0 over MPI. Else this
-// process drives n_ranks GPUs, rank i on device i.
+// process drives n_ranks GPUs, rank i on the i-th from --device (both by kvr_rank_gpu).
 static int nccl_start(struct kvr_session * d, int * my_rank) {
     int n_dev = 0;
     const cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -2261,12 +2267,6 @@ static int nccl_start(struct kvr_session * d, int * my_rank) {
 #ifdef KVR_MPI
         d->host_tr = mpi_start(d, my_rank);
         if (!d->host_tr) return KVR_ERR_UNSUPP;
-        MPI_Comm node;
-        int local = 0, n_node = 1;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *my_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &local);
-        MPI_Comm_size(node, &n_node);
-        MPI_Comm_free(&node);
         // every process takes part in the broadcast, even one that cannot go on: the others
         // then fail in the communicator's initialisation, within the timeout
         struct { int ok; ncclUniqueId id; } boot;
@@ -2275,12 +2275,12 @@ static int nccl_start(struct kvr_session * d, int * my_rank) {
         MPI_Bcast(&boot, (int)sizeof(boot), MPI_BYTE, 0, MPI_COMM_WORLD);
         if (!boot.ok) return kvr_error(KVR_ERR_COMM, "rank %d: rank 0 could not make the NCCL unique id (NCCL_DEBUG=INFO tells why)", *my_rank);
         if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "rank %d: %s", *my_rank, no_dev);
-        if (local >= n_dev) {
-            return kvr_error(KVR_ERR_DEVICE, "rank %d: --comm nccl: %d processes on this node, but %d GPUs (one process per GPU)",
-                             *my_rank, n_node, n_dev);
-        }
+        // more processes on a node than GPUs each sees is right when the launcher shows each its
+        // own (CUDA_VISIBLE_DEVICES per rank: every one takes its device 0); two ranks really on
+        // one GPU are refused by NCCL's initialisation, whose error names them
+        int device = kvr_rank_gpu(d->node_rank, d->p.device, n_dev);
         d->n_local = 1;
-        d->tr = nccl_new(d->n_ranks, *my_rank, 1, &local, boot.id, true, d->p.timeout_s);
+        d->tr = nccl_new(d->n_ranks, *my_rank, 1, &device, boot.id, true, d->p.timeout_s);
         return d->tr ? KVR_OK : KVR_ERR_COMM;
 #else
         return kvr_error(KVR_ERR_UNSUPP, "--comm nccl under mpirun needs a build with MPI as well (make KVR_CUDA=1 KVR_MPI=1)");
@@ -2288,13 +2288,12 @@ static int nccl_start(struct kvr_session * d, int * my_rank) {
     }
     if (no_dev[0]) return kvr_error(KVR_ERR_DEVICE, "%s", no_dev);
     const int n = d->p.n_ranks > 0 ? d->p.n_ranks : 1;
-    if (d->p.device < 0 || d->p.device + n > n_dev) {
-        return kvr_error(KVR_ERR_DEVICE, "--comm nccl: %d ranks from GPU %d need GPUs %d..%d; this machine has %d", n, d->p.device,
-                         d->p.device, d->p.device + n - 1, n_dev);
+    if (n > n_dev) { // NCCL runs one rank a GPU
+        return kvr_error(KVR_ERR_DEVICE, "--comm nccl: %d ranks need %d GPUs; this process sees %d", n, n, n_dev);
     }
     if (n > 256) return kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", n);
     int devices[256];
-    for (int i = 0; i < n; i++) devices[i] = d->p.device + i;
+    for (int i = 0; i < n; i++) devices[i] = kvr_rank_gpu(i, d->p.device, n_dev);
     ncclUniqueId id;
     const ncclResult_t e2 = ncclGetUniqueId(&id);
     if (e2 != ncclSuccess) return kvr_error(KVR_ERR_COMM, "--comm nccl: ncclGetUniqueId failed: %s", ncclGetErrorString(e2));
@@ -2407,13 +2406,17 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         dr->rank = dr->id = my_rank + i; // local: 0 + i; one rank a process: the process's
-        int device = p->device + dr->rank;
+        // the GPU: this rank's index on its node from the first one asked for (kvr_rank_gpu)
+        int device = p->device, node_rank = p->comm == KVR_COMM_LOCAL ? dr->rank : d->node_rank;
 #ifdef KVR_NCCL
-        if (p->comm == KVR_COMM_NCCL) device = nccl_rank_of(d->tr, dr->rank)->device; // its node's GPU
+        if (p->comm == KVR_COMM_NCCL) { // chosen by nccl_start by the same rule
+            device = nccl_rank_of(d->tr, dr->rank)->device;
+            node_rank = 0;
+        }
 #endif
-        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = device,
+        const struct kvr_backend_params bp = { .n_threads = n_threads, .device = device, .node_rank = node_rank,
                                                .q8_activations = p->q8_activations, .vec_dot_order = p->vec_dot_order,
-                                               .trace = p->trace };
+                                               .trace = p->trace, .node_times = p->node_times };
         dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
         dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx < RANK_CACHE_MIN ? n_ctx : RANK_CACHE_MIN, dr->be) : NULL;

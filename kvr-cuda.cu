@@ -4,21 +4,26 @@
 // What lives here, top to bottom: error handling (every CUDA and cuBLAS call checked, a failure
 // becomes a kvr error naming the call, the op and the tensor); the backend's state (one device,
 // a compute stream and a transfer stream ordered by events, a cuBLAS handle, a caching pool of
-// device memory, pinned staging buffers); the kernels, one short __global__ function per op,
-// written simply (a thread per block or element, a block per row, a warp per attention row) and
-// built on the per-element math of kvr.h's internal section (KVR_HD), so the CPU tests check the
-// arithmetic they run; the launchers and the one dispatch switch; supports_op as one switch over
-// every op and type; the constructor.
+// device memory over the stream-ordered allocator, pinned staging buffers); the kernels, built on
+// the per-element math of kvr.h's internal section (KVR_HD), so the CPU tests check the arithmetic
+// they run, most of them written simply (a thread per block or element, a block per row); the
+// launchers and the one dispatch switch; supports_op as one switch over every op and type; graphs
+// run node by node or captured as one CUDA graph (cu_run_captured); the constructor.
 //
-// Matrix products go to cuBLAS with f32 accumulation: F32 weights as they are, F16/BF16 weights
-// against activations converted to F16/BF16, quantized weights dequantized tile by tile into F16
-// first (one token at a time instead: a dequantize-and-dot kernel). Attention is one kernel that
-// returns O and the log-sum-exp at absolute positions with the CPU kernel's tiles (kvr.h's
-// kvr_attn_tile): causal tiles that no query can see are skipped, dense mode computes them all.
+// Matrix products: prompts (more than 8 tokens) go to cuBLAS in f32, F32 weights as they are and
+// every other type expanded to F32 tile by tile (no F16 in them: activations above 65504 stay
+// finite, and the product is the CPU's exact one up to the order of the sums; KVR_CUDA_TF32=1
+// trades that for tensor cores in TF32, which keeps f32's range); up to 8 tokens, a
+// kernel reads the weights in their own type, a warp per row (k_dot8). Attention returns O and the
+// log-sum-exp at absolute positions, tiles decided by the CPU kernel's rule (kvr.h's
+// kvr_attn_tile: causal tiles that no query can see are skipped, dense mode computes them all):
+// over F16 K/V on tensor cores for prompts (k_fattn) and split over the keys for decode steps
+// (k_fdec, flash-decoding); over F32 K/V one scalar kernel (k_attn).
 //
 // Nothing here has run on a GPU on the machines kvr is developed on (they have none): it is
-// compiled with -Werror for sm_80 and sm_90, the KVR_HD math is tested on the host as nvcc
-// compiles it (tests/test-cuda-host.cu), and tools/kvr-compare is what checks a real device.
+// compiled with -Werror for sm_80 and sm_90; the KVR_HD math, the matmul and attention kernels'
+// schedules and their algorithms are tested on the host (tests/test-cuda-host.cu); make gpu-check
+// (tests/gpu-check.sh) is what checks a real device.
 
 #define KVR_BUILD
 #include "kvr.h"
@@ -27,12 +32,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+namespace wmma = nvcuda::wmma;
 
 //
 // errors
@@ -89,9 +97,10 @@ static int cublas_fail(int device, const char * call, cublasStatus_t s, const st
 
 #define CU_STAGE_BYTES   ((size_t)16 << 20) // each of the two pinned staging buffers
 #define CU_POOL_CACHED   32                 // freed device blocks kept for reuse
-#define CU_W16_TILE      ((size_t)64 << 20) // bytes of dequantized F16 weights per cuBLAS call
+#define CU_W32_TILE      ((size_t)64 << 20) // bytes of F32 weight rows expanded per cuBLAS call
 #define CU_DOT_MAX_T     8                  // quantized MUL_MAT over at most this many tokens: dot kernel
 #define CU_POOL_BIG      ((size_t)1 << 30)  // freed blocks larger than this go back to the driver
+#define CU_BLAS_WORKSPACE ((size_t)32 << 20) // cuBLAS's workspace (what it asks for on Hopper)
 
 struct cu_alloc { void * ptr; size_t size; };
 
@@ -108,14 +117,20 @@ struct cu_backend {
     double           timeout_ms;   // every device wait polls against this deadline
     FILE           * progress;     // the upload's progress line (stderr, when it takes long)
     bool             sync_nodes;   // KVR_CUDA_SYNC=1: wait after every node (errors name their node)
+    bool             node_times;   // events around every node (kvr_backend_params.node_times, trace)
+    bool             tf32;         // KVR_CUDA_TF32=1: prompts' products on tensor cores in TF32 (10-bit
+                                   // mantissas, f32's range: ~1e-3 relative, not the CPU's exact math)
+    cudaGraphExec_t  replay;       // the last captured graph, instantiated; updated in place while
+                                   // the node topology stays (decode: every step)
+    int64_t          n_replays, n_instantiated; // how often it was updated and launched, or made anew
 
     // memory: live allocations and a small cache of freed blocks
     struct cu_alloc * live;   int n_live, cap_live;
     struct cu_alloc   cached[CU_POOL_CACHED]; int n_cached;
     void            * stage[2];    // pinned host staging
     uint16_t        * gelu_table;  // device copy of the CPU's GELU table (kvr_gelu_half of every fp16)
-    void            * w16;  size_t w16_bytes;   // dequantized weight tiles (F16)
-    void            * x16;  size_t x16_bytes;   // activations converted to F16/BF16
+    void            * w32;  size_t w32_bytes;   // weight tiles expanded to F32 (prefill)
+    float           * fd_part;     // flash-decoding's partial results (CU_FD_BYTES, made at start)
     unsigned long long * dcount;   // device: [attn dense, attn causal, bad ids]
     unsigned long long * hcount;   // pinned copy of it
 
@@ -164,7 +179,10 @@ static int cu_wait(struct cu_backend * cb, cudaEvent_t ev, const char * what, co
 }
 
 //
-// device memory: a caching pool (cudaMalloc is slow and synchronizes; graphs allocate every eval)
+// device memory: a caching pool over CUDA's stream-ordered allocator. cudaFree would wait for the
+// whole device, NCCL's stream included, with no deadline (a peer that dies mid-transfer would hang
+// it); cudaFreeAsync on the compute stream returns a block once the work queued before it is done,
+// and nothing waits. Graphs allocate every eval: freed blocks are kept for reuse.
 //
 
 static int pool_alloc(struct cu_backend * cb, size_t size, void ** out) {
@@ -182,12 +200,12 @@ static int pool_alloc(struct cu_backend * cb, size_t size, void ** out) {
         a = cb->cached[best];
         cb->cached[best] = cb->cached[--cb->n_cached];
     } else {
-        cudaError_t e = cudaMalloc(&a.ptr, size);
+        cudaError_t e = cudaMallocAsync(&a.ptr, size, cb->compute);
         if (e == cudaErrorMemoryAllocation && cb->n_cached > 0) {
-            cudaGetLastError(); // clear it, give the cache back, try once more
-            for (int i = 0; i < cb->n_cached; i++) CU(cudaFree(cb->cached[i].ptr));
+            cudaGetLastError(); // clear it, give the cache back, try once more (the stream reuses it)
+            for (int i = 0; i < cb->n_cached; i++) CU(cudaFreeAsync(cb->cached[i].ptr, cb->compute));
             cb->n_cached = 0;
-            e = cudaMalloc(&a.ptr, size);
+            e = cudaMallocAsync(&a.ptr, size, cb->compute);
         }
         if (e != cudaSuccess) {
             cudaGetLastError();
@@ -209,17 +227,19 @@ static int pool_alloc(struct cu_backend * cb, size_t size, void ** out) {
 }
 
 // Freed blocks go to the cache (the largest is released when it is full). Work queued on the
-// compute stream may still use a block: a later user of it queues behind that work.
-static void pool_free(struct cu_backend * cb, void * ptr) {
-    if (!ptr) return;
+// compute stream may still use a block: a later user of it, and its release, queue behind that
+// work. Work on the copy stream must be ordered before the compute stream's by the caller.
+static int pool_free(struct cu_backend * cb, void * ptr) {
+    const struct kvr_tensor * node = NULL;
+    if (!ptr) return KVR_OK;
     int i = 0;
     while (i < cb->n_live && cb->live[i].ptr != ptr) i++;
     KVR_ASSERT(i < cb->n_live && "freeing a buffer this backend did not allocate");
     struct cu_alloc a = cb->live[i];
     cb->live[i] = cb->live[--cb->n_live];
     if (a.size > CU_POOL_BIG) { // weights and caches: keeping them would keep the memory
-        cudaFree(a.ptr);
-        return;
+        CU(cudaFreeAsync(a.ptr, cb->compute));
+        return KVR_OK;
     }
     if (cb->n_cached == CU_POOL_CACHED) {
         int big = 0;
@@ -229,18 +249,20 @@ static void pool_free(struct cu_backend * cb, void * ptr) {
             cb->cached[big] = a;
             a = t;
         }
-        cudaFree(a.ptr); // synchronizes the device: nothing queued still uses it afterwards
-        return;
+        CU(cudaFreeAsync(a.ptr, cb->compute));
+        return KVR_OK;
     }
     cb->cached[cb->n_cached++] = a;
+    return KVR_OK;
 }
 
-// A scratch buffer of at least n bytes (grown, never shrunk; growing waits for queued work).
+// A scratch buffer of at least n bytes (grown, never shrunk). The old one is released in stream
+// order, behind the kernels queued that read it: nothing waits.
 static int scratch(struct cu_backend * cb, void ** buf, size_t * have, size_t n, const struct kvr_tensor * node) {
     if (n <= *have) return KVR_OK;
+    (void)node;
     if (*buf) {
-        CU(cudaStreamSynchronize(cb->compute));
-        pool_free(cb, *buf);
+        CU_TRY(pool_free(cb, *buf));
         *buf = NULL;
         *have = 0;
     }
@@ -289,8 +311,8 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Elements per block of a type, at compile time: the kernels are instantiated per weight type so
-// a thread's block buffer has the right size and kvr_dequant_block folds to one case.
+// Elements per block of a type, at compile time: the kernels are instantiated per weight type, and
+// the plain types (a block of one element) alone have rows whose length is not a multiple of 8.
 static __host__ __device__ constexpr int cu_blck(int type) {
     return type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1 || type == KVR_TYPE_Q5_0 || type == KVR_TYPE_Q5_1 ||
            type == KVR_TYPE_Q8_0 || type == KVR_TYPE_Q8_1 || type == KVR_TYPE_MXFP4 ? KVR_QK
@@ -316,11 +338,10 @@ static bool cu_type_ok(enum kvr_type t) {
     }
 }
 
-// GET_ROWS: a block per picked row, a thread per quant block of it
+// GET_ROWS: a block per picked row, a thread per 8 elements of it (kvr_dequant8)
 template <int TYPE>
 static __global__ void k_get_rows(const char * a, int64_t a_nb1, int64_t ne0, int64_t a_rows, const int32_t * ids,
                                   char * dst, int64_t d_nb1, unsigned long long * bad) {
-    constexpr int BS = cu_blck(TYPE);
     const int64_t i  = blockIdx.x;
     const int32_t id = ids[i];
     float * y = (float *)(dst + i * d_nb1);
@@ -329,10 +350,13 @@ static __global__ void k_get_rows(const char * a, int64_t a_nb1, int64_t ne0, in
         return;
     }
     const char * row = a + id * a_nb1;
-    for (int64_t b = threadIdx.x; b < ne0 / BS; b += blockDim.x) {
-        float v[BS];
-        kvr_dequant_block((enum kvr_type)TYPE, row, b, v);
-        for (int j = 0; j < BS; j++) y[b * BS + j] = v[j];
+    for (int64_t g = threadIdx.x; g < ne0 / 8; g += blockDim.x) {
+        float v[8];
+        kvr_dequant8((enum kvr_type)TYPE, row, g, v);
+        for (int j = 0; j < 8; j++) y[8 * g + j] = v[j];
+    }
+    if constexpr (cu_blck(TYPE) == 1) { // a plain row's tail (blocks are whole groups)
+        for (int64_t e = ne0 / 8 * 8 + threadIdx.x; e < ne0; e += blockDim.x) kvr_dequant_block((enum kvr_type)TYPE, row, e, y + e);
     }
 }
 
@@ -434,59 +458,163 @@ static __global__ void k_cpy(cu_tensor a, cu_tensor d, int same_rows, int to_f16
     }
 }
 
-// quantized weights -> F16 tile [rows, K], a thread per quant block
+// Weights that are not F32 -> an F32 tile [rows, K] for cuBLAS's f32 product (prefill): a thread
+// per 8 elements of a row (kvr_dequant8), two 16-byte stores. F32, not F16: an activation above
+// 65504 would overflow F16 (inf, then NaN), and f32 keeps the product the CPU's exact one.
 template <int TYPE>
-static __global__ void k_dequant_f16(const char * w, int64_t nb1, int64_t K, int64_t rows, __half * out) {
-    constexpr int BS = cu_blck(TYPE);
-    const int64_t nblk = K / BS;
+static __global__ void k_dequant_f32(const char * w, int64_t nb1, int64_t K, int64_t rows, float * out) {
+    const int64_t ng = (K + 7) / 8; // a plain row's last group may be partial
     const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (idx >= rows * nblk) return;
-    const int64_t r = idx / nblk, b = idx % nblk;
-    float v[BS];
-    kvr_dequant_block((enum kvr_type)TYPE, w + r * nb1, b, v);
-    __half * o = out + r * K + b * BS;
-    for (int j = 0; j < BS; j++) o[j] = __float2half_rn(v[j]);
+    if (idx >= rows * ng) return;
+    const int64_t r = idx / ng, g = idx % ng;
+    const char * row = w + r * nb1;
+    float * o = out + r * K + g * 8;
+    if (8 * g + 8 > K) {
+        if constexpr (cu_blck(TYPE) == 1) { // blocks of the quantized types are whole groups
+            for (int64_t e = 8 * g; e < K; e++) kvr_dequant_block((enum kvr_type)TYPE, row, e, out + r * K + e);
+        }
+        return;
+    }
+    float v[8];
+    kvr_dequant8((enum kvr_type)TYPE, row, g, v);
+    if (K % 8 == 0) { // 16-byte stores: the tile is 256-aligned, its rows 32-byte multiples
+        ((float4 *)o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+        for (int j = 0; j < 8; j++) o[j] = v[j];
+    }
 }
 
-// activations [K, T] (row stride ldx floats) -> a contiguous F16 or BF16 matrix for cuBLAS
-template <typename T>
-static __device__ __forceinline__ T cu_from_f32(float v);
-template <> __device__ __forceinline__ __half        cu_from_f32<__half>(float v)        { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 cu_from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+// One to CU_DOT_MAX_T tokens over weights of any type but F32 (decode): a warp per output row. Lane
+// l takes the row's groups of 8 elements l, l+32, ... (kvr_dequant8: 8 floats in registers, never a
+// whole block), so the warp's 32 lanes read 32 consecutive groups: a block is fetched by one warp
+// in one pass (the two halves of a 4-bit block share bytes: two lanes read them from one cache
+// line); the group's weights in one wide load where the type and the rows' alignment allow it (F16,
+// BF16, Q4_K: cu_weights8; the other types byte by byte, coalesced across the warp), and each
+// group's 8 activations of a token as two 16-byte loads when the rows allow it (x_vec); a butterfly
+// of shuffles sums the lanes. cu_dot8_lane is the lane's whole work, shared by the kernel and its
+// host emulation (kvr_cuda_dot8_emulate, which tests/test-cuda-host.cu checks against the CPU's
+// MUL_MAT for every type).
+#define CU_DOT_WARPS 4
 
-template <typename T>
-static __global__ void k_x_convert(const float * x, int64_t ldx, int64_t K, int64_t n, T * out) {
-    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (idx >= n) return;
-    out[idx] = cu_from_f32<T>(x[(idx / K) * ldx + idx % K]);
+static __host__ __device__ inline void cu_load8(const float * p, bool vec, float v[8]) {
+    if (vec) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        for (int j = 0; j < 8; j++) v[j] = p[j];
+    }
 }
 
-// a few tokens over quantized weights: a warp per output row, each lane dequantizes whole blocks
-// of the row and dots them with every token
+// A lane's 8 weights: kvr_dequant8's values, the bytes read in one 16-byte (F16, BF16) or 8-byte
+// (Q4_K's quants) load when the rows are aligned for it (w_vec), else byte by byte
 template <int TYPE>
-static __global__ void k_dq_dot(const char * w, int64_t nb1, int64_t K, int64_t N, const float * x, int64_t ldx,
-                                int T, float * y) {
-    constexpr int BS = cu_blck(TYPE);
-    const int lane = threadIdx.x % 32;
-    const int64_t n = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
-    if (n >= N) return;
-    float acc[CU_DOT_MAX_T];
+static __host__ __device__ inline void cu_weights8(const char * row, int64_t g, bool w_vec, float v[8]) {
+    if constexpr (TYPE == KVR_TYPE_F16 || TYPE == KVR_TYPE_BF16) {
+        if (w_vec) {
+            const uint4 u = ((const uint4 *)row)[g];
+            const uint32_t w[4] = { u.x, u.y, u.z, u.w };
+            for (int j = 0; j < 8; j++) {
+                const uint16_t h = (uint16_t)(w[j / 2] >> (16 * (j % 2)));
+                v[j] = TYPE == KVR_TYPE_F16 ? kvr_half_to_f32(h) : kvr_bfloat_to_f32(h);
+            }
+            return;
+        }
+    }
+    if constexpr (TYPE == KVR_TYPE_Q4_K) {
+        if (w_vec) {
+            const struct kvr_block_q4_K * b = (const struct kvr_block_q4_K *)row + g / 32;
+            const int e0 = 8 * (int)(g % 32), gg = e0 / 64, hi = (e0 % 64) / 32;
+            const uint2 u = *(const uint2 *)(b->qs + 32*gg + e0 % 32);
+            float dl, ml;
+            kvr_k4_scale1(b, 2*gg + hi, &dl, &ml);
+            for (int j = 0; j < 8; j++) {
+                const int q = (int)(((j < 4 ? u.x : u.y) >> (8 * (j % 4))) & 0xff);
+                v[j] = dl * (float)(hi ? q >> 4 : q & 0x0f) - ml;
+            }
+            return;
+        }
+    }
+    (void)w_vec;
+    kvr_dequant8((enum kvr_type)TYPE, row, g, v);
+}
+
+// whether rows at w, nb1 bytes apart, allow cu_weights8's wide loads
+static bool cu_w_vec(enum kvr_type type, const void * w, int64_t nb1) {
+    const bool wide = type == KVR_TYPE_F16 || type == KVR_TYPE_BF16 || type == KVR_TYPE_Q4_K;
+    return wide && (uintptr_t)w % 16 == 0 && nb1 % 16 == 0;
+}
+
+template <int TYPE>
+static __host__ __device__ inline void cu_dot8_lane(const char * row, int64_t K, const float * x, int64_t ldx, int T,
+                                                    bool x_vec, bool w_vec, int lane, float acc[CU_DOT_MAX_T]) {
     for (int t = 0; t < CU_DOT_MAX_T; t++) acc[t] = 0.0f;
-    const char * row = w + n * nb1;
-    for (int64_t b = lane; b < K / BS; b += 32) {
-        float v[BS];
-        kvr_dequant_block((enum kvr_type)TYPE, row, b, v);
+    const int64_t ng = K / 8;
+    for (int64_t g = lane; g < ng; g += 32) {
+        float v[8];
+        cu_weights8<TYPE>(row, g, w_vec, v);
         for (int t = 0; t < CU_DOT_MAX_T; t++) {
             if (t >= T) break;
-            const float * xt = x + t * ldx + b * BS;
+            float xv[8];
+            cu_load8(x + t * ldx + g * 8, x_vec, xv);
             float s = 0.0f;
-            for (int j = 0; j < BS; j++) s += v[j] * xt[j];
+            for (int j = 0; j < 8; j++) s += v[j] * xv[j];
             acc[t] += s;
         }
     }
-    for (int t = 0; t < T; t++) {
+    if constexpr (cu_blck(TYPE) == 1) { // a plain row's tail past the last whole group
+        for (int64_t e = ng * 8 + lane; e < K; e += 32) {
+            float v;
+            kvr_dequant_block((enum kvr_type)TYPE, row, e, &v);
+            for (int t = 0; t < CU_DOT_MAX_T; t++) {
+                if (t >= T) break;
+                acc[t] += v * x[t * ldx + e];
+            }
+        }
+    }
+}
+
+template <int TYPE>
+static __global__ void __launch_bounds__(CU_DOT_WARPS * 32) k_dot8(const char * w, int64_t nb1, int64_t K, int64_t N,
+                                                                  const float * x, int64_t ldx, int T, bool x_vec, bool w_vec,
+                                                                  float * y) {
+    const int lane = threadIdx.x % 32;
+    const int64_t n = blockIdx.x * (int64_t)CU_DOT_WARPS + threadIdx.x / 32;
+    if (n >= N) return; // a whole warp leaves: the shuffles below see only full warps
+    float acc[CU_DOT_MAX_T];
+    cu_dot8_lane<TYPE>(w + n * nb1, K, x, ldx, T, x_vec, w_vec, lane, acc);
+#pragma unroll
+    for (int t = 0; t < CU_DOT_MAX_T; t++) {
+        if (t >= T) break;
         const float s = warp_sum(acc[t]);
         if (lane == 0) y[t * N + n] = s;
+    }
+}
+
+// The host emulation of k_dot8's warp for one row: the 32 lanes as an array, each running
+// cu_dot8_lane, then warp_sum's butterfly (lane l adds lane l ^ o, o = 16 .. 1) as the shuffles do.
+void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
+                           bool w_vec, float * y) {
+    KVR_ASSERT(T >= 1 && T <= CU_DOT_MAX_T);
+    KVR_ASSERT(!w_vec || cu_w_vec(type, row, 0));
+    float acc[32][CU_DOT_MAX_T];
+    for (int lane = 0; lane < 32; lane++) {
+        switch (type) {
+#define CU_CASE(TY) case TY: cu_dot8_lane<TY>((const char *)row, K, x, ldx, T, false, w_vec, lane, acc[lane]); break;
+            CU_WEIGHT_TYPES(CU_CASE)
+#undef CU_CASE
+            default: KVR_ASSERT(!"a type the backend does not read");
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float v[32];
+        for (int l = 0; l < 32; l++) v[l] = acc[l][t];
+        for (int o = 16; o > 0; o >>= 1) {
+            float nv[32];
+            for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+            memcpy(v, nv, sizeof(v));
+        }
+        y[t] = v[0];
     }
 }
 
@@ -676,6 +804,587 @@ void kvr_cuda_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos,
             }
         }
     }
+}
+
+// ATTN on tensor cores (FlashAttention-2's schedule, written with WMMA): F16 K/V (the cache's type),
+// f32 scores, softmax and output accumulators. Why WMMA and not cuBLAS GEMMs over tiles: the
+// scores never leave the multiprocessor (memory O(T): no T x T buffer, not even per tile in
+// device memory), and one kernel does the masking, the online softmax and the LSE the ring
+// strategies' merges need. A thread block takes one KV head and CU_FA_BQ query rows of it (the
+// rows are tokens times the query heads of the group, token-major, as the CPU kernel's tiles:
+// GQA/MQA read every key once for the whole group); 4 warps of 16 rows each. Per key tile of BK
+// keys, decided from its extreme positions by kvr_attn_tile (skipped when no query of the block
+// can see a key of it; masked per element when some cannot):
+//   1. K and V of the tile into shared memory (16-byte copies), the block's Q already there (F16,
+//      scaled by the softmax scale first, so large queries stay in F16's range)
+//   2. S = Q K^T, 16x16x16 HMMA tiles with f32 accumulators, into shared memory (a warp's own rows)
+//   3. two lanes per row: mask, row max, exp, row sum, the running max and sum (kvr_softmax_step,
+//      the CPU kernel's function), P = exp(S - m) as F16, the factor the row's output is scaled by
+//   4. O (f32, shared memory: D up to 256 would not fit in registers without spilling) scaled by
+//      that factor, then O += P V, HMMA again
+// At the end O / l and the LSE (kvr_softmax_finish), as k_attn writes them. A row that sees no key
+// has O = 0 and LSE -inf. The counters (pairs computed, pairs causality needs) are counted apart,
+// on the CPU kernel's tiles (k_attn_count), so that they mean what the CPU's mean.
+// kvr_cuda_fattn_emulate runs this algorithm on the host (its warps' lanes as loops, its shared
+// tiles as arrays, F16 rounding where the kernel rounds); tests/test-cuda-host.cu checks it and
+// kvr_cuda_fattn_pairs (the pairs the schedule computes) against the CPU kernel.
+#define CU_FA_BQ    64
+#define CU_FA_WARPS 4
+
+static __host__ __device__ constexpr int cu_fa_bk(int D) { return D >= 256 ? 32 : 64; }
+
+static __host__ __device__ constexpr size_t cu_fa_smem(int D) {
+    return (size_t)CU_FA_BQ * D * 4                    // O, f32
+         + (size_t)CU_FA_BQ * cu_fa_bk(D) * 4          // S, f32
+         + (size_t)CU_FA_BQ * D * 2                    // Q, f16
+         + (size_t)2 * cu_fa_bk(D) * D * 2             // K and V, f16
+         + (size_t)CU_FA_BQ * cu_fa_bk(D) * 2          // P, f16
+         + (size_t)CU_FA_BQ * 4 * 2;                   // per row: factor, position
+}
+
+// the head dims the kernel is built for (multiples of 16: whole HMMA tiles)
+static bool cu_fa_dim(int D) { return D == 64 || D == 80 || D == 96 || D == 128 || D == 256; }
+
+// The grid: a block per (KV head, tile of CU_FA_BQ rows), KV head fastest; a block's rows.
+static __host__ __device__ inline int64_t cu_fa_blocks(int H, int Hkv, int64_t Tq) {
+    return Hkv * ((Tq * (H / Hkv) + CU_FA_BQ - 1) / CU_FA_BQ);
+}
+
+static __host__ __device__ inline void cu_fa_block(int64_t block, int H, int Hkv, int64_t Tq, int * g, int64_t * r0,
+                                                   int64_t * nr) {
+    const int64_t rows = Tq * (H / Hkv);
+    *g  = (int)(block % Hkv);
+    *r0 = (block / Hkv) * CU_FA_BQ;
+    *nr = *r0 + CU_FA_BQ <= rows ? CU_FA_BQ : rows - *r0;
+}
+
+// The extreme positions of a block's tokens, and one key tile's decision for the block (host and
+// device): 0 skip, 1 all visible, 2 masked per element (kvr_attn_tile, as the CPU kernel decides).
+static __host__ __device__ inline void cu_fa_qrange(const int32_t * qpos, int64_t i_first, int64_t i_last, int32_t * qmin,
+                                                    int32_t * qmax) {
+    *qmin = INT32_MAX;
+    *qmax = INT32_MIN;
+    for (int64_t i = i_first; i <= i_last; i++) {
+        *qmin = qpos[i] < *qmin ? qpos[i] : *qmin;
+        *qmax = qpos[i] > *qmax ? qpos[i] : *qmax;
+    }
+}
+
+static __host__ __device__ inline int cu_fa_tile(int32_t qmin, int32_t qmax, const int32_t * kpos, int64_t j0, int64_t bk,
+                                                 int mode, int64_t window) {
+    int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+    for (int64_t j = j0; j < j0 + bk; j++) {
+        kmin = kpos[j] < kmin ? kpos[j] : kmin;
+        kmax = kpos[j] > kmax ? kpos[j] : kmax;
+    }
+    return kvr_attn_tile(mode, qmin, qmax, kmin, kmax, window);
+}
+
+struct cu_fattn_args {
+    const char * q, * k, * v;
+    int64_t q_nb1, q_nb2, k_nb1, k_nb2, v_nb1, v_nb2;
+    const int32_t * qpos, * kpos;
+    char * out;
+    int64_t out_nb1;
+    int H, Hkv, Tq, Tk, mode;
+    int64_t window;
+    float scale;
+};
+
+template <int D>
+static __global__ void __launch_bounds__(CU_FA_WARPS * 32) k_fattn(cu_fattn_args p) {
+    constexpr int BK = cu_fa_bk(D);
+    extern __shared__ __align__(128) unsigned char fa_sh[];
+    float  * Os = (float *)fa_sh;                       // [BQ][D]
+    float  * Ss = Os + CU_FA_BQ * D;                    // [BQ][BK]
+    __half * Qs = (__half *)(Ss + CU_FA_BQ * BK);      // [BQ][D]
+    __half * Ks = Qs + CU_FA_BQ * D;                    // [BK][D]
+    __half * Vs = Ks + BK * D;                          // [BK][D]
+    __half * Ps = Vs + BK * D;                          // [BQ][BK]
+    float  * corr_s = (float *)(Ps + CU_FA_BQ * BK);   // [BQ]
+    int32_t * qp_s = (int32_t *)(corr_s + CU_FA_BQ);   // [BQ]
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int G = p.H / p.Hkv;
+    int g;
+    int64_t r0, nr;
+    cu_fa_block(blockIdx.x, p.H, p.Hkv, p.Tq, &g, &r0, &nr);
+
+    // Q (scaled, F16), O = 0, the rows' positions
+    for (int e = tid; e < CU_FA_BQ * D; e += blockDim.x) {
+        const int row = e / D, d = e % D;
+        float q = 0.0f;
+        if (row < nr) {
+            const int64_t r = r0 + row, i = r / G;
+            const int h = g * G + (int)(r % G);
+            q = ((const float *)(p.q + h * p.q_nb1 + i * p.q_nb2))[d] * p.scale;
+        }
+        Qs[e] = __float2half_rn(q);
+        Os[e] = 0.0f;
+    }
+    if (tid < CU_FA_BQ) qp_s[tid] = tid < nr ? p.qpos[(r0 + tid) / G] : 0;
+    __syncthreads();
+    // the softmax state of row `my_row`, kept by its two lanes alike
+    const int my_row = warp * 16 + lane / 2, half_id = lane % 2;
+    const bool row_live = my_row < nr;
+    const int32_t my_qp = qp_s[my_row];
+    float M = -INFINITY, L = 0.0f;
+    int32_t qmin, qmax;
+    cu_fa_qrange(p.qpos, r0 / G, (r0 + nr - 1) / G, &qmin, &qmax);
+
+    for (int64_t j0 = 0; j0 < p.Tk; j0 += BK) {
+        const int64_t bk = j0 + BK <= p.Tk ? BK : p.Tk - j0;
+        // every thread decides alike (the same reads): the block stays in step
+        const int vis = cu_fa_tile(qmin, qmax, p.kpos, j0, bk, p.mode, p.window);
+        if (vis == 0) continue;
+        // 1. K and V, 8 halves (16 bytes) a copy; keys past Tk are zeros
+        for (int e = tid; e < BK * D / 8; e += blockDim.x) {
+            const int jj = e / (D / 8), c = e % (D / 8);
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (jj < bk) {
+                kv = ((const uint4 *)(p.k + g * p.k_nb1 + (j0 + jj) * p.k_nb2))[c];
+                vv = ((const uint4 *)(p.v + g * p.v_nb1 + (j0 + jj) * p.v_nb2))[c];
+            }
+            ((uint4 *)Ks)[e] = kv;
+            ((uint4 *)Vs)[e] = vv;
+        }
+        __syncthreads();
+        // 2. S = Q K^T for this warp's 16 rows (loops kept rolled: one fragment set live at a time)
+#pragma unroll 1
+        for (int n = 0; n < BK / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < D / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+                wmma::load_matrix_sync(a, Qs + warp * 16 * D + kk * 16, D);
+                wmma::load_matrix_sync(b, Ks + n * 16 * D + kk * 16, D);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Ss + warp * 16 * BK + n * 16, acc, BK, wmma::mem_row_major);
+        }
+        __syncwarp();
+        // 3. the online softmax, two lanes a row, each half of the tile's keys
+        {
+            float * srow = Ss + my_row * BK;
+            __half * prow = Ps + my_row * BK;
+            const int c0 = half_id * (BK / 2);
+            float mx = -INFINITY;
+            for (int c = c0; c < c0 + BK / 2; c++) {
+                const bool ok = row_live && c < bk && (vis == 1 || kvr_attn_visible(my_qp, p.kpos[j0 + c], p.window));
+                if (!ok) srow[c] = -INFINITY;
+                mx = fmaxf(mx, srow[c]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            float corr = 1.0f;
+            if (mx == -INFINITY) { // nothing visible for this row in this tile
+                for (int c = c0; c < c0 + BK / 2; c++) prow[c] = __float2half_rn(0.0f);
+            } else {
+                const float m_new = kvr_softmax_max(M, mx);
+                float sum = 0.0f;
+                for (int c = c0; c < c0 + BK / 2; c++) {
+                    const float pj = srow[c] == -INFINITY ? 0.0f : expf(srow[c] - m_new);
+                    const __half ph = __float2half_rn(pj);
+                    prow[c] = ph;
+                    sum += __half2float(ph); // l sums what P V multiplies: the rounded weights
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                corr = kvr_softmax_step(&M, &L, m_new, sum);
+            }
+            if (half_id == 0) corr_s[my_row] = corr;
+        }
+        __syncwarp();
+        // 4. O = O * corr + P V
+        for (int e = lane; e < 16 * D; e += 32) {
+            const int row = warp * 16 + e / D;
+            Os[row * D + e % D] *= corr_s[row];
+        }
+        __syncwarp();
+#pragma unroll 1
+        for (int n = 0; n < D / 16; n++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, Os + warp * 16 * D + n * 16, D, wmma::mem_row_major);
+            for (int kk = 0; kk < BK / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+                wmma::load_matrix_sync(a, Ps + warp * 16 * BK + kk * 16, BK);
+                wmma::load_matrix_sync(b, Vs + kk * 16 * D + n * 16, D);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Os + warp * 16 * D + n * 16, acc, D, wmma::mem_row_major);
+        }
+        __syncthreads(); // K, V are overwritten next
+    }
+    // the rows' ends: O / l and the LSE
+    float inv = 0.0f, lse = -INFINITY;
+    kvr_softmax_finish(M, L, &inv, &lse);
+    if (half_id == 0) corr_s[my_row] = inv;
+    if (half_id == 0 && row_live) {
+        const int64_t r = r0 + my_row;
+        ((float *)(p.out + (r / G) * p.out_nb1))[D * p.H + g * G + (int)(r % G)] = lse;
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * D; e += 32) {
+        const int row = warp * 16 + e / D, d = e % D;
+        if (row >= nr) continue;
+        const int64_t r = r0 + row;
+        ((float *)(p.out + (r / G) * p.out_nb1))[(g * G + (int)(r % G)) * D + d] = Os[row * D + d] * corr_s[row];
+    }
+}
+
+// The counters of an ATTN run by k_fattn, on the CPU kernel's tiles (kvr_attn_tile_tokens x
+// KVR_ATTN_BK, KV head 0) so that they mean what the CPU's and k_attn's mean: a thread per
+// (query tile, key tile); [0] its tokens times its keys when computed, [1] the visible pairs.
+static __global__ void k_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos, int64_t Tk, int G, int mode,
+                                    int64_t window, unsigned long long * count) {
+    const int64_t BT = kvr_attn_tile_tokens(G);
+    const int64_t nqt = (Tq + BT - 1) / BT, nkt = (Tk + KVR_ATTN_BK - 1) / KVR_ATTN_BK;
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= nqt * nkt) return;
+    const int64_t i0 = (idx / nkt) * BT, j0 = (idx % nkt) * KVR_ATTN_BK;
+    const int64_t bt = i0 + BT <= Tq ? BT : Tq - i0, bk = j0 + KVR_ATTN_BK <= Tk ? KVR_ATTN_BK : Tk - j0;
+    int32_t qmin, qmax;
+    cu_fa_qrange(qpos, i0, i0 + bt - 1, &qmin, &qmax);
+    const int vis = cu_fa_tile(qmin, qmax, kpos, j0, bk, mode, window);
+    if (vis == 0) return;
+    unsigned long long seen = (unsigned long long)(bt * bk);
+    if (vis == 2) {
+        seen = 0;
+        for (int64_t i = i0; i < i0 + bt; i++) {
+            for (int64_t j = j0; j < j0 + bk; j++) seen += kvr_attn_visible(qpos[i], kpos[j], window);
+        }
+    }
+    atomicAdd(&count[0], (unsigned long long)(bt * bk));
+    atomicAdd(&count[1], seen);
+}
+
+// k_fattn's algorithm on the host, for tests/test-cuda-host.cu: the same grid, tiles and decisions
+// (the functions above), the warps' HMMA products as sums over F16 inputs in f32, P rounded to F16
+// and the running state per row as the kernel's lanes keep them. q: f32 [Tq][H][D]; k, v: F16 bits
+// [Tk][Hkv][D]; out: [Tq][H*D + H] as ATTN's result.
+void kvr_cuda_fattn_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                            const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode, int64_t window, float scale,
+                            float * out) {
+    KVR_ASSERT(cu_fa_dim(D));
+    const int BK = cu_fa_bk(D), G = H / Hkv;
+    float * Os = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * D));
+    float * Qs = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * D));
+    float * S = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * BK));
+    float * P = (float *)malloc(sizeof(float) * (size_t)(CU_FA_BQ * BK));
+    KVR_ASSERT(Os && Qs && S && P);
+    for (int64_t b = 0; b < cu_fa_blocks(H, Hkv, Tq); b++) {
+        int g;
+        int64_t r0, nr;
+        cu_fa_block(b, H, Hkv, Tq, &g, &r0, &nr);
+        float M[CU_FA_BQ], L[CU_FA_BQ];
+        for (int row = 0; row < CU_FA_BQ; row++) {
+            M[row] = -INFINITY;
+            L[row] = 0.0f;
+            for (int d = 0; d < D; d++) {
+                const int64_t r = r0 + row;
+                const float x = row < nr ? q[((r / G) * H + g * G + r % G) * D + d] * scale : 0.0f;
+                Qs[row * D + d] = kvr_half_to_f32(kvr_f32_to_half(x));
+                Os[row * D + d] = 0.0f;
+            }
+        }
+        int32_t qmin, qmax;
+        cu_fa_qrange(qpos, r0 / G, (r0 + nr - 1) / G, &qmin, &qmax);
+        for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+            const int64_t bk = j0 + BK <= Tk ? BK : Tk - j0;
+            const int vis = cu_fa_tile(qmin, qmax, kpos, j0, bk, mode, window);
+            if (vis == 0) continue;
+            for (int row = 0; row < CU_FA_BQ; row++) {
+                for (int c = 0; c < BK; c++) {
+                    float s = 0.0f;
+                    for (int d = 0; d < D && c < bk; d++) s += Qs[row * D + d] * kvr_half_to_f32(k[((j0 + c) * Hkv + g) * D + d]);
+                    S[row * BK + c] = s;
+                }
+            }
+            for (int row = 0; row < CU_FA_BQ; row++) {
+                const bool live = row < nr;
+                const int32_t qp = live ? qpos[(r0 + row) / G] : 0;
+                float mx = -INFINITY;
+                for (int c = 0; c < BK; c++) {
+                    const bool ok = live && c < bk && (vis == 1 || kvr_attn_visible(qp, kpos[j0 + c], window));
+                    if (!ok) S[row * BK + c] = -INFINITY;
+                    mx = S[row * BK + c] > mx ? S[row * BK + c] : mx;
+                }
+                float corr = 1.0f;
+                if (mx == -INFINITY) {
+                    for (int c = 0; c < BK; c++) P[row * BK + c] = 0.0f;
+                } else {
+                    const float m_new = kvr_softmax_max(M[row], mx);
+                    float sum[2] = { 0.0f, 0.0f }; // the two lanes' halves, added as the shuffle does
+                    for (int c = 0; c < BK; c++) {
+                        const float pj = S[row * BK + c] == -INFINITY ? 0.0f : expf(S[row * BK + c] - m_new);
+                        P[row * BK + c] = kvr_half_to_f32(kvr_f32_to_half(pj));
+                        sum[c / (BK / 2)] += P[row * BK + c];
+                    }
+                    corr = kvr_softmax_step(&M[row], &L[row], m_new, sum[0] + sum[1]);
+                }
+                for (int d = 0; d < D; d++) {
+                    float o = Os[row * D + d] * corr;
+                    for (int c = 0; c < bk; c++) o += P[row * BK + c] * kvr_half_to_f32(v[((j0 + c) * Hkv + g) * D + d]);
+                    Os[row * D + d] = o;
+                }
+            }
+        }
+        for (int64_t row = 0; row < nr; row++) {
+            const int64_t r = r0 + row;
+            const int h = g * G + (int)(r % G);
+            float inv, lse;
+            kvr_softmax_finish(M[row], L[row], &inv, &lse);
+            float * o = out + (r / G) * (int64_t)(H * D + H);
+            for (int d = 0; d < D; d++) o[h * D + d] = Os[row * D + d] * inv;
+            o[H * D + h] = lse;
+        }
+    }
+    free(Os); free(Qs); free(S); free(P);
+}
+
+// The pairs k_fattn's schedule computes as visible: cover[(h * Tq + i) * Tk + j] counts how often
+// query head h of token i and key j are (the grid, the skipped tiles, the masks).
+void kvr_cuda_fattn_pairs(int D, const int32_t * qpos, const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode,
+                          int64_t window, int32_t * cover) {
+    const int BK = cu_fa_bk(D), G = H / Hkv;
+    memset(cover, 0, sizeof(int32_t) * (size_t)H * (size_t)Tq * (size_t)Tk);
+    for (int64_t b = 0; b < cu_fa_blocks(H, Hkv, Tq); b++) {
+        int g;
+        int64_t r0, nr;
+        cu_fa_block(b, H, Hkv, Tq, &g, &r0, &nr);
+        int32_t qmin, qmax;
+        cu_fa_qrange(qpos, r0 / G, (r0 + nr - 1) / G, &qmin, &qmax);
+        for (int64_t j0 = 0; j0 < Tk; j0 += BK) {
+            const int64_t bk = j0 + BK <= Tk ? BK : Tk - j0;
+            const int vis = cu_fa_tile(qmin, qmax, kpos, j0, bk, mode, window);
+            if (vis == 0) continue;
+            for (int64_t row = 0; row < nr; row++) {
+                const int64_t r = r0 + row, i = r / G;
+                const int h = g * G + (int)(r % G);
+                for (int64_t c = 0; c < bk; c++) {
+                    if (vis == 1 || kvr_attn_visible(qpos[i], kpos[j0 + c], window)) cover[((int64_t)h * Tq + i) * Tk + j0 + c]++;
+                }
+            }
+        }
+    }
+}
+
+// Decode attention split over the keys (flash-decoding): a step has few query rows (tokens x the
+// heads of a group), so a block per KV head would leave most of the GPU idle while one
+// multiprocessor streams the head's whole cache. Instead a block per (KV head, split of the keys):
+// each computes its rows' partial output and LSE over its keys into a fixed buffer, and
+// k_fdec_merge combines the splits by their LSE (kvr_lse_weight, as MERGE_ATTN does). In a block,
+// 8 warps; keys come in sub-tiles of 32 (F16, shared memory, rows padded by 2 halves against bank
+// conflicts); lane j scores key j of the sub-tile against the row's query (in shared memory),
+// the warp folds the 32 scores into its rows' running max and sum (kvr_softmax_step), and lane l
+// keeps output dims l, l+32, ... of each of its rows. Up to CU_FD_ROWS rows (a warp keeps
+// CU_FD_RPW); more go to k_fattn. kvr_cuda_fdec_emulate runs it on the host.
+#define CU_FD_WARPS 8
+#define CU_FD_RPW   2
+#define CU_FD_ROWS  (CU_FD_WARPS * CU_FD_RPW)
+#define CU_FD_KT    32
+#define CU_FD_SPLIT_MIN 256                   // keys a split takes at least
+#define CU_FD_MAX_SPLITS 64
+#define CU_FD_BYTES ((size_t)8 << 20)         // the partial results' buffer
+
+// How many splits a decode ATTN gets (0: not this kernel): a split per CU_FD_SPLIT_MIN keys, at
+// most CU_FD_MAX_SPLITS and what the buffer holds ([split][row][D + 1] floats per KV head).
+static __host__ __device__ inline int cu_fd_splits(int D, int H, int Hkv, int64_t Tq, int64_t Tk) {
+    const int64_t rows = Tq * (H / Hkv);
+    if (rows > CU_FD_ROWS || Tk < 2 * CU_FD_SPLIT_MIN) return 0;
+    int64_t n = (Tk + CU_FD_SPLIT_MIN - 1) / CU_FD_SPLIT_MIN;
+    if (n > CU_FD_MAX_SPLITS) n = CU_FD_MAX_SPLITS;
+    const int64_t fit = (int64_t)(CU_FD_BYTES / ((size_t)Hkv * (size_t)rows * (size_t)(D + 1) * sizeof(float)));
+    if (n > fit) n = fit;
+    return n >= 2 ? (int)n : 0;
+}
+
+// the keys of split s of n: [*j0, *j1), a whole number of sub-tiles each but the last
+static __host__ __device__ inline void cu_fd_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1) {
+    const int64_t per = ((Tk + n - 1) / n + CU_FD_KT - 1) / CU_FD_KT * CU_FD_KT;
+    *j0 = s * per < Tk ? s * per : Tk;
+    *j1 = *j0 + per < Tk ? *j0 + per : Tk;
+}
+
+template <int D>
+static __global__ void __launch_bounds__(CU_FD_WARPS * 32) k_fdec(cu_fattn_args p, int n_split, float * part) {
+    constexpr int ND = D / 32 > 0 ? (D + 31) / 32 : 1, DP = D + 2;
+    __shared__ __half Ks[CU_FD_KT * DP], Vs[CU_FD_KT * DP];
+    __shared__ float qs[CU_FD_WARPS][D];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int G = p.H / p.Hkv, g = blockIdx.x % p.Hkv, s = blockIdx.x / p.Hkv;
+    const int rows = p.Tq * G;
+    int64_t j0, j1;
+    cu_fd_split(p.Tk, n_split, s, &j0, &j1);
+    float M[CU_FD_RPW], L[CU_FD_RPW], o[CU_FD_RPW][ND];
+    for (int k = 0; k < CU_FD_RPW; k++) {
+        M[k] = -INFINITY;
+        L[k] = 0.0f;
+        for (int c = 0; c < ND; c++) o[k][c] = 0.0f;
+    }
+    for (int64_t t0 = j0; t0 < j1; t0 += CU_FD_KT) {
+        const int kt = (int)(t0 + CU_FD_KT <= j1 ? CU_FD_KT : j1 - t0);
+        __syncthreads(); // the previous sub-tile is consumed
+        for (int e = tid; e < CU_FD_KT * D; e += blockDim.x) {
+            const int jj = e / D, d = e % D;
+            __half kh = __float2half_rn(0.0f), vh = kh;
+            if (jj < kt) {
+                kh = ((const __half *)(p.k + g * p.k_nb1 + (t0 + jj) * p.k_nb2))[d];
+                vh = ((const __half *)(p.v + g * p.v_nb1 + (t0 + jj) * p.v_nb2))[d];
+            }
+            Ks[jj * DP + d] = kh;
+            Vs[jj * DP + d] = vh;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < CU_FD_RPW; k++) {
+            const int row = warp + k * CU_FD_WARPS;
+            if (row >= rows) break; // the whole warp alike
+            const int64_t i = row / G;
+            const int h = g * G + row % G;
+            const float * qrow = (const float *)(p.q + h * p.q_nb1 + i * p.q_nb2);
+            for (int d = lane; d < D; d += 32) qs[warp][d] = qrow[d];
+            __syncwarp();
+            const int32_t qp = p.qpos[i];
+            float sc = -INFINITY;
+            if (lane < kt && kvr_attn_visible(qp, p.kpos[t0 + lane], p.window)) {
+                float acc = 0.0f;
+                for (int d = 0; d < D; d++) acc += qs[warp][d] * __half2float(Ks[lane * DP + d]);
+                sc = acc * p.scale;
+            }
+            __syncwarp(); // qs is rewritten for the next row
+            const float mx = warp_max(sc);
+            if (mx == -INFINITY) continue;
+            const float m_new = kvr_softmax_max(M[k], mx);
+            const float pj = sc == -INFINITY ? 0.0f : expf(sc - m_new);
+            const float corr = kvr_softmax_step(&M[k], &L[k], m_new, warp_sum(pj));
+            for (int c = 0; c < ND; c++) o[k][c] *= corr;
+            for (int jj = 0; jj < kt; jj++) {
+                const float w = __shfl_sync(0xffffffffu, pj, jj);
+                for (int c = 0; c < ND; c++) {
+                    const int d = lane + 32 * c;
+                    if (d < D) o[k][c] += w * __half2float(Vs[jj * DP + d]);
+                }
+            }
+        }
+    }
+    // this split's part of each row: O / l and the LSE, [split][KV head][row][D + 1]
+#pragma unroll
+    for (int k = 0; k < CU_FD_RPW; k++) {
+        const int row = warp + k * CU_FD_WARPS;
+        if (row >= rows) break;
+        float inv, lse;
+        kvr_softmax_finish(M[k], L[k], &inv, &lse);
+        float * dst = part + (((int64_t)s * p.Hkv + g) * rows + row) * (D + 1);
+        for (int c = 0; c < ND; c++) {
+            const int d = lane + 32 * c;
+            if (d < D) dst[d] = o[k][c] * inv;
+        }
+        if (lane == 0) dst[D] = lse;
+    }
+}
+
+// The splits merged: a block per (KV head, row), a thread per output element and the LSE.
+static __global__ void k_fdec_merge(cu_fattn_args p, int D, int n_split, const float * part) {
+    const int G = p.H / p.Hkv, rows = p.Tq * G;
+    const int g = blockIdx.x % p.Hkv, row = blockIdx.x / p.Hkv;
+    const int64_t i = row / G;
+    const int h = g * G + row % G;
+    float * out = (float *)(p.out + i * p.out_nb1);
+    for (int e = threadIdx.x; e <= D; e += blockDim.x) {
+        float m = -INFINITY;
+        for (int s = 0; s < n_split; s++) m = fmaxf(m, part[(((int64_t)s * p.Hkv + g) * rows + row) * (D + 1) + D]);
+        float sum = 0.0f, acc = 0.0f;
+        for (int s = 0; s < n_split && m != -INFINITY; s++) {
+            const float * pr = part + (((int64_t)s * p.Hkv + g) * rows + row) * (D + 1);
+            const float w = kvr_lse_weight(pr[D], m);
+            sum += w;
+            if (e < D && w != 0.0f) acc += w * pr[e];
+        }
+        if (e < D) out[h * D + e] = m == -INFINITY ? 0.0f : acc * (1.0f / sum);
+        else out[D * p.H + h] = m == -INFINITY ? -INFINITY : kvr_lse_merged(m, sum);
+    }
+}
+
+// k_fdec and k_fdec_merge on the host (tests/test-cuda-host.cu): the same splits and sub-tiles,
+// a warp's lanes as loops; layouts as kvr_cuda_fattn_emulate's. n_split: cu_fd_splits' choice
+// (returned; 0: the kernel would not take this shape, out untouched).
+int kvr_cuda_fdec_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                          const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int64_t window, float scale, float * out) {
+    const int n = cu_fd_splits(D, H, Hkv, Tq, Tk);
+    if (n == 0) return 0;
+    const int G = H / Hkv, rows = Tq * G;
+    float * part = (float *)malloc(sizeof(float) * (size_t)n * (size_t)Hkv * (size_t)rows * (size_t)(D + 1));
+    KVR_ASSERT(part != NULL);
+    for (int s = 0; s < n; s++) {
+        int64_t j0, j1;
+        cu_fd_split(Tk, n, s, &j0, &j1);
+        for (int g = 0; g < Hkv; g++) {
+            for (int row = 0; row < rows; row++) {
+                const int64_t i = row / G;
+                const int h = g * G + row % G;
+                float M = -INFINITY, L = 0.0f, o[256] = { 0 };
+                for (int64_t t0 = j0; t0 < j1; t0 += CU_FD_KT) {
+                    const int kt = (int)(t0 + CU_FD_KT <= j1 ? CU_FD_KT : j1 - t0);
+                    float sc[CU_FD_KT], mx = -INFINITY;
+                    for (int l = 0; l < CU_FD_KT; l++) {
+                        sc[l] = -INFINITY;
+                        if (l < kt && kvr_attn_visible(qpos[i], kpos[t0 + l], window)) {
+                            float acc = 0.0f;
+                            for (int d = 0; d < D; d++) acc += q[(i * H + h) * D + d] * kvr_half_to_f32(k[((t0 + l) * Hkv + g) * D + d]);
+                            sc[l] = acc * scale;
+                        }
+                        mx = sc[l] > mx ? sc[l] : mx;
+                    }
+                    if (mx == -INFINITY) continue;
+                    const float m_new = kvr_softmax_max(M, mx);
+                    float pj[CU_FD_KT], sum[CU_FD_KT];
+                    for (int l = 0; l < CU_FD_KT; l++) sum[l] = pj[l] = sc[l] == -INFINITY ? 0.0f : expf(sc[l] - m_new);
+                    for (int off = 16; off > 0; off >>= 1) { // warp_sum's butterfly
+                        float nv[CU_FD_KT];
+                        for (int l = 0; l < CU_FD_KT; l++) nv[l] = sum[l] + sum[l ^ off];
+                        memcpy(sum, nv, sizeof(sum));
+                    }
+                    const float corr = kvr_softmax_step(&M, &L, m_new, sum[0]);
+                    for (int d = 0; d < D; d++) {
+                        o[d] *= corr;
+                        for (int jj = 0; jj < kt; jj++) o[d] += pj[jj] * kvr_half_to_f32(v[((t0 + jj) * Hkv + g) * D + d]);
+                    }
+                }
+                float inv, lse;
+                kvr_softmax_finish(M, L, &inv, &lse);
+                float * dst = part + (((int64_t)s * Hkv + g) * rows + row) * (D + 1);
+                for (int d = 0; d < D; d++) dst[d] = o[d] * inv;
+                dst[D] = lse;
+            }
+        }
+    }
+    for (int g = 0; g < Hkv; g++) {
+        for (int row = 0; row < rows; row++) {
+            const int64_t i = row / G;
+            const int h = g * G + row % G;
+            float * o = out + i * (int64_t)(H * D + H);
+            for (int e = 0; e <= D; e++) {
+                float m = -INFINITY;
+                for (int s = 0; s < n; s++) m = fmaxf(m, part[(((int64_t)s * Hkv + g) * rows + row) * (D + 1) + D]);
+                float sum = 0.0f, acc = 0.0f;
+                for (int s = 0; s < n && m != -INFINITY; s++) {
+                    const float * pr = part + (((int64_t)s * Hkv + g) * rows + row) * (D + 1);
+                    const float w = kvr_lse_weight(pr[D], m);
+                    sum += w;
+                    if (e < D && w != 0.0f) acc += w * pr[e];
+                }
+                if (e < D) o[h * D + e] = m == -INFINITY ? 0.0f : acc * (1.0f / sum);
+                else o[D * H + h] = m == -INFINITY ? -INFINITY : kvr_lse_merged(m, sum);
+            }
+        }
+    }
+    free(part);
+    return n;
+}
+
+// The splits of Tk keys into n: every key in exactly one, in order (tests/test-cuda-host.cu).
+void kvr_cuda_fdec_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1) {
+    cu_fd_split(Tk, n, s, j0, j1);
 }
 
 // MERGE_ATTN: a block per query row; a thread per output element, then one per head's LSE
@@ -891,17 +1600,6 @@ static int op_cpy(struct cu_backend * cb, struct kvr_tensor * node) {
     return KVR_OK;
 }
 
-// x [K, T] f32 with row stride ldx into a contiguous F16/BF16 copy in the x16 scratch
-static int mm_convert_x(struct cu_backend * cb, struct kvr_tensor * node, const float * x, int64_t ldx, int64_t K,
-                        int64_t T, bool bf16) {
-    CU_TRY(scratch(cb, &cb->x16, &cb->x16_bytes, (size_t)(K * T) * 2, node));
-    const int64_t n = K * T;
-    if (bf16) k_x_convert<__nv_bfloat16><<<cu_blocks(n, 256), 256, 0, cb->compute>>>(x, ldx, K, n, (__nv_bfloat16 *)cb->x16);
-    else      k_x_convert<__half><<<cu_blocks(n, 256), 256, 0, cb->compute>>>(x, ldx, K, n, (__half *)cb->x16);
-    CU_LAUNCHED();
-    return KVR_OK;
-}
-
 // Y [N, T] = W [K, N]^T X [K, T] in cuBLAS's column-major terms: W's rows are columns of K, so
 // Y (N x T, ldc N) = op_T(W) (N x K) * X (K x T), accumulated in f32.
 static int mm_gemm(struct cu_backend * cb, struct kvr_tensor * node, int64_t N, int64_t T, int64_t K,
@@ -909,7 +1607,8 @@ static int mm_gemm(struct cu_backend * cb, struct kvr_tensor * node, int64_t N, 
                    int64_t ldy) {
     const float one = 1.0f, zero = 0.0f;
     CUBLAS(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one, W, wt, (int)ldw, X, xt,
-                        (int)ldx, &zero, Y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                        (int)ldx, &zero, Y, CUDA_R_32F, (int)ldy,
+                        cb->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return KVR_OK;
 }
 
@@ -921,25 +1620,16 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
     float * Y = (float *)node->data;
     if (T == 0 || N == 0) return KVR_OK;
     cb->counters.matmul_flops += 2 * K * N * T;
-    switch (w->type) {
-        case KVR_TYPE_F32:
-            return mm_gemm(cb, node, N, T, K, w->data, CUDA_R_32F, (int64_t)(w->nb[1] / 4), X, CUDA_R_32F, ldx, Y, N);
-        case KVR_TYPE_F16:
-        case KVR_TYPE_BF16: {
-            const bool bf = w->type == KVR_TYPE_BF16;
-            CU_TRY(mm_convert_x(cb, node, X, ldx, K, T, bf));
-            return mm_gemm(cb, node, N, T, K, w->data, bf ? CUDA_R_16BF : CUDA_R_16F, (int64_t)(w->nb[1] / 2), cb->x16,
-                           bf ? CUDA_R_16BF : CUDA_R_16F, K, Y, N);
-        }
-        default:
-            break;
+    if (w->type == KVR_TYPE_F32) {
+        return mm_gemm(cb, node, N, T, K, w->data, CUDA_R_32F, (int64_t)(w->nb[1] / 4), X, CUDA_R_32F, ldx, Y, N);
     }
-    if (T <= CU_DOT_MAX_T) { // decode: no tile, no conversion of the activations
-        const int warps = 4;
+    if (T <= CU_DOT_MAX_T) { // decode: no tile, the weights read once
+        const bool x_vec = ((uintptr_t)X % 16 == 0) && ldx % 4 == 0;
+        const bool w_vec = cu_w_vec(w->type, w->data, (int64_t)w->nb[1]);
         switch (w->type) {
 #define CU_CASE(TYPE) case TYPE: \
-            k_dq_dot<TYPE><<<cu_blocks(N, warps), 32 * warps, 0, cb->compute>>>((const char *)w->data, (int64_t)w->nb[1], \
-                K, N, X, ldx, (int)T, Y); break;
+            k_dot8<TYPE><<<cu_blocks(N, CU_DOT_WARPS), 32 * CU_DOT_WARPS, 0, cb->compute>>>((const char *)w->data, \
+                (int64_t)w->nb[1], K, N, X, ldx, (int)T, x_vec, w_vec, Y); break;
             CU_WEIGHT_TYPES(CU_CASE)
 #undef CU_CASE
             default:
@@ -949,19 +1639,18 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
         CU_LAUNCHED();
         return KVR_OK;
     }
-    // prefill: a tile of weight rows dequantized into F16, then one cuBLAS call per tile
-    CU_TRY(mm_convert_x(cb, node, X, ldx, K, T, false));
-    int64_t tile = (int64_t)(CU_W16_TILE / ((size_t)K * 2));
+    // prefill: a tile of weight rows expanded to F32, then one cuBLAS f32 product per tile
+    int64_t tile = (int64_t)(CU_W32_TILE / ((size_t)K * 4));
     if (tile < 1) tile = 1;
     if (tile > N) tile = N;
-    CU_TRY(scratch(cb, &cb->w16, &cb->w16_bytes, (size_t)(tile * K) * 2, node));
+    CU_TRY(scratch(cb, &cb->w32, &cb->w32_bytes, (size_t)(tile * K) * 4, node));
     for (int64_t n0 = 0; n0 < N; n0 += tile) {
         const int64_t rows = n0 + tile <= N ? tile : N - n0;
         const char * W = (const char *)w->data + n0 * (int64_t)w->nb[1];
-        const int64_t nblk = rows * (K / kvr_blck_size(w->type));
+        const int64_t ng = rows * ((K + 7) / 8);
         switch (w->type) {
 #define CU_CASE(TYPE) case TYPE: \
-            k_dequant_f16<TYPE><<<cu_blocks(nblk, 128), 128, 0, cb->compute>>>(W, (int64_t)w->nb[1], K, rows, (__half *)cb->w16); break;
+            k_dequant_f32<TYPE><<<cu_blocks(ng, 128), 128, 0, cb->compute>>>(W, (int64_t)w->nb[1], K, rows, (float *)cb->w32); break;
             CU_WEIGHT_TYPES(CU_CASE)
 #undef CU_CASE
             default:
@@ -969,7 +1658,7 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
                                  kvr_type_name(w->type), node->name);
         }
         CU_LAUNCHED();
-        CU_TRY(mm_gemm(cb, node, rows, T, K, cb->w16, CUDA_R_16F, K, cb->x16, CUDA_R_16F, K, Y + n0, N));
+        CU_TRY(mm_gemm(cb, node, rows, T, K, cb->w32, CUDA_R_32F, K, X, CUDA_R_32F, ldx, Y + n0, N));
     }
     return KVR_OK;
 }
@@ -1047,6 +1736,82 @@ static int op_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     return KVR_OK;
 }
 
+// Whether k_fattn runs this ATTN: F16 K/V rows of 16-byte aligned strides, f32 queries and
+// output rows, a head dim it is built for; else k_attn does.
+static bool cu_fattn_ok(const struct kvr_tensor * t) {
+    const struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2];
+    const bool f16 = k->type == KVR_TYPE_F16 && v->type == KVR_TYPE_F16 && k->nb[0] == 2 && v->nb[0] == 2;
+    const bool aligned = (k->nb[1] | k->nb[2] | v->nb[1] | v->nb[2]) % 16 == 0 &&
+                         ((uintptr_t)k->data | (uintptr_t)v->data) % 16 == 0; // data NULL: checked again at the launch
+    return f16 && aligned && q->type == KVR_TYPE_F32 && q->nb[0] == 4 && t->type == KVR_TYPE_F32 && cu_fa_dim((int)q->ne[0]) &&
+           k->ne[0] == q->ne[0] && v->ne[0] == q->ne[0] && q->ne[1] % k->ne[1] == 0;
+}
+
+static cu_fattn_args cu_fattn_args_of(const struct kvr_tensor * node) {
+    const struct kvr_tensor * q = node->src[0], * k = node->src[1], * v = node->src[2];
+    cu_fattn_args p;
+    p.q = (const char *)q->data; p.k = (const char *)k->data; p.v = (const char *)v->data;
+    p.q_nb1 = (int64_t)q->nb[1]; p.q_nb2 = (int64_t)q->nb[2];
+    p.k_nb1 = (int64_t)k->nb[1]; p.k_nb2 = (int64_t)k->nb[2];
+    p.v_nb1 = (int64_t)v->nb[1]; p.v_nb2 = (int64_t)v->nb[2];
+    p.qpos = (const int32_t *)node->src[3]->data;
+    p.kpos = (const int32_t *)node->src[4]->data;
+    p.out = (char *)node->data;
+    p.out_nb1 = (int64_t)node->nb[1];
+    p.H = (int)q->ne[1]; p.Hkv = (int)k->ne[1];
+    p.Tq = (int)q->ne[2]; p.Tk = (int)k->ne[2];
+    p.mode = node->op_params[0];
+    p.window = node->op_params[3];
+    memcpy(&p.scale, &node->op_params[2], sizeof(float));
+    return p;
+}
+
+// ATTN with F16 K/V: flash-decoding when a step's few rows would leave the GPU idle, else k_fattn;
+// the counters on the CPU's tiles either way
+static int op_fattn(struct cu_backend * cb, struct kvr_tensor * node) {
+    if (!cu_fattn_ok(node)) { // the dispatch asked before the data was placed: its alignment now
+        return kvr_error(KVR_ERR_UNSUPP, "%s: ATTN '%s' has F16 keys or values not 16-byte aligned", cb->name, node->name);
+    }
+    const cu_fattn_args p = cu_fattn_args_of(node);
+    const int D = (int)node->src[0]->ne[0];
+    if (p.Tq == 0) return KVR_OK;
+    const int64_t BT = kvr_attn_tile_tokens(p.H / p.Hkv);
+    const int64_t nq = (p.Tq + BT - 1) / BT, nk = (p.Tk + KVR_ATTN_BK - 1) / KVR_ATTN_BK;
+    if (nq * nk > 0) {
+        k_attn_count<<<cu_blocks(nq * nk, 128), 128, 0, cb->compute>>>(p.qpos, p.Tq, p.kpos, p.Tk, p.H / p.Hkv, p.mode, p.window,
+                                                                       cb->dcount);
+        CU_LAUNCHED();
+    }
+    const int n_split = p.mode == KVR_ATTN_CAUSAL ? cu_fd_splits(D, p.H, p.Hkv, p.Tq, p.Tk) : 0;
+    if (n_split > 0) {
+        const unsigned blocks = (unsigned)(p.Hkv * n_split);
+        switch (D) {
+            case 64:  k_fdec<64><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 80:  k_fdec<80><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 96:  k_fdec<96><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 128: k_fdec<128><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            case 256: k_fdec<256><<<blocks, CU_FD_WARPS * 32, 0, cb->compute>>>(p, n_split, cb->fd_part); break;
+            default: KVR_ASSERT(!"a head dim cu_fattn_ok refuses");
+        }
+        CU_LAUNCHED();
+        k_fdec_merge<<<(unsigned)(p.Hkv * p.Tq * (p.H / p.Hkv)), 128, 0, cb->compute>>>(p, D, n_split, cb->fd_part);
+        CU_LAUNCHED();
+        return KVR_OK;
+    }
+    const unsigned blocks = (unsigned)cu_fa_blocks(p.H, p.Hkv, p.Tq);
+    const int threads = CU_FA_WARPS * 32;
+    switch (D) {
+        case 64:  k_fattn<64><<<blocks, threads, cu_fa_smem(64), cb->compute>>>(p); break;
+        case 80:  k_fattn<80><<<blocks, threads, cu_fa_smem(80), cb->compute>>>(p); break;
+        case 96:  k_fattn<96><<<blocks, threads, cu_fa_smem(96), cb->compute>>>(p); break;
+        case 128: k_fattn<128><<<blocks, threads, cu_fa_smem(128), cb->compute>>>(p); break;
+        case 256: k_fattn<256><<<blocks, threads, cu_fa_smem(256), cb->compute>>>(p); break;
+        default: KVR_ASSERT(!"a head dim cu_fattn_ok refuses");
+    }
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
 static int op_merge_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     cu_merge_args p;
     memset(&p, 0, sizeof(p));
@@ -1105,9 +1870,12 @@ static int cu_idle(struct cu_backend * cb) {
 
 static void cu_buf_free(struct kvr_backend * be, struct kvr_buffer * buf) {
     struct cu_backend * cb = (struct cu_backend *)be->context;
-    // an upload may still be writing it: the memory goes back to the pool once nothing uses it
-    cu_stick(cb, cu_idle(cb));
-    pool_free(cb, buf->base);
+    const struct kvr_tensor * node = NULL;
+    // an upload may still be writing it: the release queues behind the copy stream's work too
+    int rc = cudaSetDevice(cb->device) == cudaSuccess ? KVR_OK : cu_fail(cb->device, "cudaSetDevice", cudaGetLastError(), node);
+    if (rc == KVR_OK) rc = cu_order(cb, cb->copy, cb->compute, node);
+    if (rc == KVR_OK) rc = pool_free(cb, buf->base);
+    cu_stick(cb, rc);
     buf->base = NULL;
 }
 
@@ -1181,9 +1949,15 @@ static int cu_buf_from_host(struct kvr_backend * be, struct kvr_buffer * buf, co
     struct cu_backend * cb = (struct cu_backend *)be->context;
     CU_TRY(cu_buf_alloc(be, buf));
     const int rc = cu_upload(cb, (char *)buf->base, (const char *)host, buf->size, NULL);
-    if (rc != KVR_OK) {
-        pool_free(cb, buf->base);
+    if (rc != KVR_OK) { // the error of the upload is the one returned; a failing release sticks
+        const struct kvr_tensor * node = NULL;
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", kvr_last_error());
+        int rf = cu_order(cb, cb->copy, cb->compute, node);
+        if (rf == KVR_OK) rf = pool_free(cb, buf->base);
+        cu_stick(cb, rf);
         buf->base = NULL;
+        return kvr_error(rc, "%s", msg);
     }
     return rc;
 }
@@ -1247,7 +2021,7 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
             return a->type == KVR_TYPE_F32 && a->nb[0] == 4 && (t->type == KVR_TYPE_F32 || t->type == KVR_TYPE_F16) &&
                    (t->ne[0] == a->ne[0] ? t->nb[0] == kvr_type_size(t->type) : kvr_is_contiguous(t));
         case KVR_OP_ATTN:
-            return a->ne[0] <= CU_ATTN_DMAX && t->src[1]->nb[0] == 4 && t->src[2]->nb[0] == 4;
+            return cu_fattn_ok(t) || (a->ne[0] <= CU_ATTN_DMAX && t->src[1]->nb[0] == 4 && t->src[2]->nb[0] == 4);
         case KVR_OP_MERGE_ATTN:
             return true;
         case KVR_OP_MUL_MAT_ID:
@@ -1290,7 +2064,7 @@ static int cu_compute_node(struct cu_backend * cb, struct kvr_tensor * t) {
         case KVR_OP_ROPE:       return op_rope(cb, t);
         case KVR_OP_CPY:
         case KVR_OP_KV_STORE:   return op_cpy(cb, t);
-        case KVR_OP_ATTN:       return op_attn(cb, t);
+        case KVR_OP_ATTN:       return cu_fattn_ok(t) ? op_fattn(cb, t) : op_attn(cb, t);
         case KVR_OP_MERGE_ATTN: return op_merge_attn(cb, t);
         case KVR_OP_MUL_MAT_ID: return op_mul_mat_id(cb, t);
         case KVR_OP_MOE_ROUTE:  return op_moe_route(cb, t);
@@ -1359,7 +2133,7 @@ static int cu_account(struct cu_backend * cb, struct kvr_graph * g, const double
     }
     cb->counters.attn_dot_dense  += (int64_t)cb->hcount[0];
     cb->counters.attn_dot_causal += (int64_t)cb->hcount[1];
-    for (int i = 0; i < g->n_nodes; i++) {
+    for (int i = 0; i < g->n_nodes && (cb->node_times || cb->trace); i++) {
         const struct kvr_tensor * t = g->nodes[i];
         if (t->op == KVR_OP_NONE || t->op == KVR_OP_VIEW) continue;
         double t0, t1;
@@ -1377,6 +2151,70 @@ static int cu_account(struct cu_backend * cb, struct kvr_graph * g, const double
         if (cb->trace) cu_span(cb, t, t0, t1);
     }
     return KVR_OK;
+}
+
+// Whether a graph can run as one CUDA graph: no transfer (those wait on the host), and no node
+// that may grow a buffer (a prompt's matmul over weights that are not F32 expands them into a
+// scratch tile, and an allocation may not happen inside a capture). Decode steps qualify.
+static bool cu_graph_capturable(const struct kvr_graph * g) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct kvr_tensor * t = g->nodes[i];
+        if (node_is_comm(t)) return false;
+        if (t->op == KVR_OP_MUL_MAT && t->src[0]->type != KVR_TYPE_F32 &&
+            t->src[1]->ne[1] * t->src[1]->ne[2] * t->src[1]->ne[3] > CU_DOT_MAX_T) return false;
+    }
+    return true;
+}
+
+// The graph's kernels and cuBLAS calls captured from the compute stream into a CUDA graph, which
+// then runs as one launch: the GPU goes from kernel to kernel without a launch gap each (a decode
+// step has hundreds of small ones). The instantiated graph is kept and updated in place by the
+// next capture when only the kernels' arguments changed (cudaGraphExecUpdate: the next decode
+// step, one more key), else made anew. The capture ends on every path, errors included: a stream
+// left capturing would refuse all later work.
+static int cu_run_captured(struct cu_backend * cb, struct kvr_graph * g) {
+    struct kvr_tensor * node = NULL;
+    CU_TRY(cu_order(cb, cb->copy, cb->compute, node)); // outside the capture: a plain wait
+    CU(cudaStreamBeginCapture(cb->compute, cudaStreamCaptureModeThreadLocal));
+    int rc = KVR_OK;
+    cudaError_t e = cudaMemsetAsync(cb->dcount, 0, 3 * sizeof(unsigned long long), cb->compute);
+    if (e != cudaSuccess) rc = cu_fail(cb->device, "starting a captured graph", e, node);
+    for (int i = 0; i < g->n_nodes && rc == KVR_OK; i++) {
+        node = g->nodes[i];
+        rc = cu_compute_node(cb, node);
+    }
+    node = NULL;
+    if (rc == KVR_OK) {
+        e = cudaMemcpyAsync(cb->hcount, cb->dcount, 3 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, cb->compute);
+        if (e != cudaSuccess) rc = cu_fail(cb->device, "ending a captured graph", e, node);
+    }
+    cudaGraph_t cg = NULL;
+    e = cudaStreamEndCapture(cb->compute, &cg);
+    if (rc == KVR_OK && e != cudaSuccess) rc = cu_fail(cb->device, "cudaStreamEndCapture", e, node);
+    if (rc == KVR_OK && cb->replay) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(cb->replay, cg, &info) == cudaSuccess) {
+            cb->n_replays++;
+        } else { // another topology: made anew below
+            cudaGetLastError();
+            cudaGraphExecDestroy(cb->replay);
+            cb->replay = NULL;
+        }
+    }
+    if (rc == KVR_OK && !cb->replay) {
+        e = cudaGraphInstantiate(&cb->replay, cg, 0);
+        if (e != cudaSuccess) {
+            cb->replay = NULL;
+            rc = cu_fail(cb->device, "cudaGraphInstantiate", e, node);
+        } else {
+            cb->n_instantiated++;
+        }
+    }
+    if (cg) cudaGraphDestroy(cg);
+    if (rc != KVR_OK) return rc;
+    CU(cudaGraphLaunch(cb->replay, cb->compute));
+    CU(cudaEventRecord(cb->ev_done, cb->compute));
+    return cu_wait(cb, cb->ev_done, "the graph", node);
 }
 
 static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
@@ -1401,7 +2239,15 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
             }
         }
     }
-    CU_TRY(cu_events(cb, g->n_nodes + 1));
+    const bool timed = cb->node_times || cb->trace;
+    if (!timed && !cb->sync_nodes && cu_graph_capturable(g)) {
+        const double t0 = kvr_time_ms();
+        int rc = cu_run_captured(cb, g);
+        if (rc == KVR_OK) rc = cu_account(cb, g, NULL, t0);
+        if (rc == KVR_OK) cb->counters.compute_ms += kvr_time_ms() - t0;
+        return rc;
+    }
+    if (timed) CU_TRY(cu_events(cb, g->n_nodes + 1));
     double * host_t = (double *)calloc((size_t)(2 * g->n_nodes + 1), sizeof(double));
     KVR_ASSERT(host_t != NULL);
     int rc = KVR_OK;
@@ -1409,7 +2255,7 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     do {
         if ((rc = cu_order(cb, cb->copy, cb->compute, node)) != KVR_OK) break;
         cudaError_t e = cudaMemsetAsync(cb->dcount, 0, 3 * sizeof(unsigned long long), cb->compute);
-        if (e == cudaSuccess) e = cudaEventRecord(cb->ev_node[0], cb->compute);
+        if (e == cudaSuccess && timed) e = cudaEventRecord(cb->ev_node[0], cb->compute);
         if (e != cudaSuccess) { rc = cu_fail(cb->device, "starting a graph", e, node); break; }
         for (int i = 0; i < g->n_nodes && rc == KVR_OK; i++) {
             node = g->nodes[i];
@@ -1436,7 +2282,7 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
                     else rc = cu_wait(cb, cb->ev_done, "a node", node);
                 }
             }
-            if (rc == KVR_OK && (e = cudaEventRecord(cb->ev_node[i + 1], cb->compute)) != cudaSuccess) {
+            if (rc == KVR_OK && timed && (e = cudaEventRecord(cb->ev_node[i + 1], cb->compute)) != cudaSuccess) {
                 rc = cu_fail(cb->device, "cudaEventRecord", e, node);
             }
         }
@@ -1472,10 +2318,24 @@ static void cu_counters(struct kvr_backend * be, struct kvr_counters * out, bool
 
 static void cu_free(struct kvr_backend * be) {
     struct cu_backend * cb = (struct cu_backend *)be->context;
-    if (cb->device >= 0 && cudaSetDevice(cb->device) == cudaSuccess) {
-        if (cb->compute) cudaStreamSynchronize(cb->compute);
-        if (cb->copy) cudaStreamSynchronize(cb->copy);
-        if (cb->blas) cublasDestroy(cb->blas);
+    // what is queued must end before the memory goes, within the deadline; a device that does not
+    // get there (a hung kernel or transfer) keeps its memory, handles and streams until the process
+    // ends: freeing them would wait for it without one
+    bool idle = cb->device >= 0 && cudaSetDevice(cb->device) == cudaSuccess;
+    if (idle && cb->compute && cb->copy && cb->ev_order && cb->ev_done) { // else nothing was queued
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", kvr_last_error()); // a constructor's error stays the last one
+        idle = cu_idle(cb) == KVR_OK;
+        if (!idle) fprintf(stderr, "%s: freeing the backend: %s (its memory stays until the process ends)\n", cb->name, kvr_last_error());
+        kvr_error(KVR_OK, "%s", msg);
+    }
+    if (idle) {
+        // device memory in stream order (no wait for the whole device, NCCL's streams included);
+        // the streams are idle, so the pinned buffers' release finds nothing to wait for
+        if (cb->replay) cudaGraphExecDestroy(cb->replay);
+        if (cb->blas) cublasDestroy(cb->blas); // before its workspace goes
+        for (int i = 0; i < cb->n_live; i++) cudaFreeAsync(cb->live[i].ptr, cb->compute);
+        for (int i = 0; i < cb->n_cached; i++) cudaFreeAsync(cb->cached[i].ptr, cb->compute);
         for (int i = 0; i < cb->n_ev_node; i++) cudaEventDestroy(cb->ev_node[i]);
         if (cb->ev_order) cudaEventDestroy(cb->ev_order);
         if (cb->ev_done) cudaEventDestroy(cb->ev_done);
@@ -1486,8 +2346,6 @@ static void cu_free(struct kvr_backend * be) {
         if (cb->hcount) cudaFreeHost(cb->hcount);
         if (cb->compute) cudaStreamDestroy(cb->compute);
         if (cb->copy) cudaStreamDestroy(cb->copy);
-        for (int i = 0; i < cb->n_live; i++) cudaFree(cb->live[i].ptr); // gelu table, scratch, counters
-        for (int i = 0; i < cb->n_cached; i++) cudaFree(cb->cached[i].ptr);
     }
     free(cb->live);
     free(cb->ev_node);
@@ -1525,15 +2383,20 @@ static int cu_init(struct cu_backend * cb, const struct kvr_backend_params * p) 
     const struct kvr_tensor * node = NULL;
     int n = 0;
     CU_TRY(cu_device_count(&n));
-    // ranks ask for the device of their index: rank r runs on device r mod (devices)
-    const int want = p && p->device > 0 ? p->device : 0;
-    cb->device = want % n;
+    // the rank's GPU by the one rule of every launch (kvr.h, kvr_rank_gpu): node rank, first GPU
+    cb->device = kvr_rank_gpu(p ? p->node_rank : 0, p ? p->device : 0, n);
     snprintf(cb->name, sizeof(cb->name), "cuda:%d", cb->device);
     CU(cudaSetDevice(cb->device));
     CU(cudaGetDeviceProperties(&cb->prop, cb->device));
     if (cb->prop.major < 8) {
         return kvr_error(KVR_ERR_DEVICE, "%s (%s) has compute capability %d.%d; this build runs on 8.0 and newer",
                          cb->name, cb->prop.name, cb->prop.major, cb->prop.minor);
+    }
+    int pools = 0; // the device memory pool is CUDA's stream-ordered allocator (see pool_alloc)
+    CU(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cb->device));
+    if (!pools) {
+        return kvr_error(KVR_ERR_DEVICE, "%s (%s) has no stream-ordered memory pools (cudaMallocAsync), which this backend "
+                         "allocates from", cb->name, cb->prop.name);
     }
     CU(cudaStreamCreateWithFlags(&cb->compute, cudaStreamNonBlocking));
     CU(cudaStreamCreateWithFlags(&cb->copy, cudaStreamNonBlocking));
@@ -1548,7 +2411,17 @@ static int cu_init(struct cu_backend * cb, const struct kvr_backend_params * p) 
     CUBLAS(cublasSetStream(cb->blas, cb->compute));
     CU(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)(2 * CU_ATTN_CK * CU_ATTN_DMAX * sizeof(float))));
+    CU(cudaFuncSetAttribute(k_fattn<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(64)));
+    CU(cudaFuncSetAttribute(k_fattn<80>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(80)));
+    CU(cudaFuncSetAttribute(k_fattn<96>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(96)));
+    CU(cudaFuncSetAttribute(k_fattn<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(128)));
+    CU(cudaFuncSetAttribute(k_fattn<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cu_fa_smem(256)));
     void * q = NULL;
+    // cuBLAS's workspace given up front: a capture (cu_run_captured) must not find it allocating
+    CU_TRY(pool_alloc(cb, CU_BLAS_WORKSPACE, &q));
+    CUBLAS(cublasSetWorkspace(cb->blas, q, CU_BLAS_WORKSPACE));
+    CU_TRY(pool_alloc(cb, CU_FD_BYTES, &q));
+    cb->fd_part = (float *)q;
     CU_TRY(pool_alloc(cb, 3 * sizeof(unsigned long long), &q));
     cb->dcount = (unsigned long long *)q;
     // GELU's table, as the CPU builds it (kvr_gelu_half of every fp16 value), uploaded once
@@ -1569,9 +2442,9 @@ void * kvr_backend_cuda_stream(struct kvr_backend * be) {
     return (void *)((struct cu_backend *)be->context)->compute;
 }
 
-// The registry's constructor of "cuda" (kvr.c's "backends"): of p it reads device (p may be NULL:
-// device 0); the CPU's fields are ignored: no 8-bit activations here (q8_activations), and its
-// sums are in its own order (vec_dot_order).
+// The registry's constructor of "cuda" (kvr.c's "backends"): of p it reads device and node_rank
+// (p may be NULL: device 0); the CPU's fields are ignored: no 8-bit activations here
+// (q8_activations), and its sums are in its own order (vec_dot_order).
 struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {
     struct cu_backend * cb = (struct cu_backend *)calloc(1, sizeof(*cb));
     struct kvr_backend * be = (struct kvr_backend *)calloc(1, sizeof(*be));
@@ -1582,6 +2455,8 @@ struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {
     if (env && atof(env) > 0) cb->timeout_ms = atof(env) * 1e3;
     env = getenv("KVR_CUDA_SYNC");
     cb->sync_nodes = env && env[0] == '1';
+    env = getenv("KVR_CUDA_TF32");
+    cb->tf32 = env && env[0] == '1';
     cb->progress = stderr;
     cb->span_layer = -1;
     be->context = cb;
@@ -1599,6 +2474,7 @@ struct kvr_backend * kvr_backend_cuda_new(const struct kvr_backend_params * p) {
     be->iface.set_trace     = cu_set_trace;
     be->iface.spans         = cu_spans;
     be->iface.counters      = cu_counters;
+    cb->node_times = p && p->node_times;
     const int rc = cu_init(cb, p);
     if (rc != KVR_OK) {
         char msg[512];

@@ -2147,6 +2147,12 @@ char * kvr_backend_names(char * buf, size_t cap, const char * sep) {
     return buf;
 }
 
+int kvr_rank_gpu(int node_rank, int first, int visible) {
+    if (visible < 1) return -1;
+    const int64_t i = (int64_t)(first > 0 ? first : 0) + (node_rank > 0 ? node_rank : 0);
+    return (int)(i % visible);
+}
+
 struct kvr_backend * kvr_backend_new(const char * name, const struct kvr_backend_params * p) {
     const struct kvr_backend_params def = { 0 };
     if (!p) p = &def;

@@ -653,7 +653,8 @@ struct kvr_counters {
 // fixed for the backend's life (a different setting is a new backend).
 struct kvr_backend_params {
     int  n_threads;      // cpu: threads (<= 0: all cores)
-    int  device;         // cuda: the GPU's index
+    int  device;         // cuda: the first GPU of this node's ranks (see kvr_rank_gpu)
+    int  node_rank;      // cuda: this rank's index among the ranks of its node (0: the first)
     // cpu: matmuls over quantized weights (every type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K ...
     // Q6_K, Q8_K), prefill and decode, quantize the activations to 8 bits by llama.cpp's rules
     // (Q8_0/Q8_1 blocks of 32 for the legacy types, Q8_K super-blocks of 256 for the k-quants) and
@@ -670,10 +671,21 @@ struct kvr_backend_params {
     // are exact to rounding; only the last bits differ.
     bool vec_dot_order;
     bool trace;          // record spans (kvr_backend_spans)
+    bool node_times;     // cuda: time every node by events (the counters' op_ms; trace implies it).
+                         // Off, a graph without transfers or growing buffers runs as one CUDA graph
     bool ref_kernels;    // cpu: kvr.c's plain reference kernels instead of the fast ones (slow; what
                          // the fast ones are checked against). KVR_REF=1 in the environment when a
                          // CPU backend is made does the same.
 };
+
+// The GPU a rank runs on, one rule for every launch (one process driving several ranks, one rank
+// a process under mpirun or Slurm, MPI or NCCL): its index among the ranks of its node, counted from
+// the first GPU asked for, modulo the GPUs the process sees. A launcher that shows each process one
+// GPU (CUDA_VISIBLE_DEVICES per rank, Slurm's --gpus-per-task=1) makes that 0 for every rank; with
+// every GPU of a node visible, the node's ranks take its GPUs in turn. Never a global rank: with
+// several nodes and round-robin placement that would put two ranks of a node on one GPU. visible
+// < 1: -1 (there is no GPU); first < 0 counts as 0.
+int kvr_rank_gpu(int node_rank, int first, int visible);
 
 // The registry: every backend kvr knows, whether this build has it or not, "cpu" first. A tool
 // lists these in its help and its errors; kvr_backend_new looks names up here.
@@ -1306,11 +1318,13 @@ struct kvr_session_params {
                                      //   noisy sidecar); needs link_gbps; 0: off
     uint64_t           link_seed;    //   which pairs: seeded, reproducible
     bool               trace;        // record spans for kvr_session_write_trace
+    bool               node_times;   // cuda: time every node (kvr_rank_stats' matmul_ms, attn_ms: --stats);
+                                     //   off, decode steps run as replayed CUDA graphs, those times 0
     bool               q8_activations; // see struct kvr_backend_params (off: exact)
     bool               vec_dot_order;  // see struct kvr_backend_params (off: llama.cpp's default build)
-    const char *       backend;      // every rank's: a registered name (NULL: "cpu"); rank r asks for
-                                     //   device + r (the backend wraps it around the GPUs there are)
-    int                device;       // cuda: the first rank's GPU (0 by default)
+    const char *       backend;      // every rank's: a registered name (NULL: "cpu"); a rank's GPU is
+                                     //   kvr_rank_gpu of its index on its node, from device
+    int                device;       // cuda: the first GPU of a node's ranks (0 by default)
     const struct kvr_capture * capture; // intermediates to hand out after each eval (NULL: none)
     bool               replicate;    // local ranks: every rank's new cache rows (each layer right after its
                                      //   store, prefill and decode) go to a replica in its ring successor's
@@ -2520,6 +2534,143 @@ static inline KVR_HD void kvr_dequant_block(enum kvr_type type, const void * row
     }
 }
 
+// Scale and min j of the 8 of a Q4_K or Q5_K block (their d, dmin and scales lie alike), times d
+// and dmin: kvr_k4_scales_f's entry j alone.
+static inline KVR_HD void kvr_k4_scale1(const struct kvr_block_q4_K * b, int j, float * dl, float * ml) {
+    const uint8_t * s = b->scales;
+    const int sc = j < 4 ? s[j] & 63     : (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >>   4) | ((s[j]     >> 6) << 4);
+    *dl = kvr_q_half(b->d)    * (float)sc;
+    *ml = kvr_q_half(b->dmin) * (float)mn;
+}
+
+// Eight elements of a row, 8g .. 8g+7, of any supported type, with the bits kvr_dequant_block gives
+// them: what one lane of the GPU's matmul kernels holds at a time instead of a whole block (256
+// floats of a k-quant in one thread spilled to local memory). Every block size is a multiple of 8,
+// so a group never straddles two blocks. tests/test-cuda-host.cu checks it against
+// kvr_dequant_block for every type.
+static inline KVR_HD void kvr_dequant8(enum kvr_type type, const void * row, int64_t g, float * KVR_RESTRICT y) {
+    const uint8_t * p = (const uint8_t *)row;
+    switch (type) {
+        case KVR_TYPE_F32:
+            for (int j = 0; j < 8; j++) y[j] = kvr_f32_of_bits(kvr_q_u32le(p + 4*(8*g + j)));
+            break;
+        case KVR_TYPE_F16:
+        case KVR_TYPE_BF16:
+            for (int j = 0; j < 8; j++) {
+                const uint8_t * h = p + 2*(8*g + j);
+                const uint16_t v = (uint16_t)(h[0] | (h[1] << 8));
+                y[j] = type == KVR_TYPE_F16 ? kvr_half_to_f32(v) : kvr_bfloat_to_f32(v);
+            }
+            break;
+        case KVR_TYPE_Q4_0:
+        case KVR_TYPE_Q4_1: { // elements e < 16: low nibble of byte e; else high nibble of byte e-16
+            const int e0 = 8 * (int)(g % 4);
+            const uint8_t * b = p + (g / 4) * (type == KVR_TYPE_Q4_0 ? 18 : 20);
+            const float d = kvr_q_half(b);
+            const uint8_t * qs = b + (type == KVR_TYPE_Q4_0 ? 2 : 4);
+            for (int j = 0; j < 8; j++) {
+                const int e = e0 + j;
+                const int q = e < 16 ? qs[e] & 0x0f : qs[e - 16] >> 4;
+                y[j] = type == KVR_TYPE_Q4_0 ? (float)(q - 8) * d : (float)q * d + kvr_q_half(b + 2);
+            }
+            break;
+        }
+        case KVR_TYPE_Q5_0:
+        case KVR_TYPE_Q5_1: {
+            const int e0 = 8 * (int)(g % 4);
+            const bool one = type == KVR_TYPE_Q5_1;
+            const uint8_t * b = p + (g / 4) * (one ? 24 : 22);
+            const float d = kvr_q_half(b);
+            const uint32_t qh = kvr_q_u32le(b + (one ? 4 : 2));
+            const uint8_t * qs = b + (one ? 8 : 6);
+            for (int j = 0; j < 8; j++) {
+                const int e = e0 + j;
+                const int q = e < 16 ? (qs[e] & 0x0f) | (int)(((qh >> e) << 4) & 0x10)
+                                     : (qs[e - 16] >> 4) | (int)((qh >> 12 >> (e - 16)) & 0x10);
+                y[j] = one ? (float)q * d + kvr_q_half(b + 2) : (float)(q - 16) * d;
+            }
+            break;
+        }
+        case KVR_TYPE_Q8_0:
+        case KVR_TYPE_Q8_1: {
+            const int e0 = 8 * (int)(g % 4);
+            const bool one = type == KVR_TYPE_Q8_1;
+            const uint8_t * b = p + (g / 4) * (one ? 36 : 34);
+            const float d = kvr_q_half(b);
+            const int8_t * qs = (const int8_t *)(b + (one ? 4 : 2));
+            for (int j = 0; j < 8; j++) y[j] = (float)qs[e0 + j] * d;
+            break;
+        }
+        case KVR_TYPE_Q2_K: {
+            const struct kvr_block_q2_K * b = (const struct kvr_block_q2_K *)p + g / 32;
+            const int e0 = 8 * (int)(g % 32), r = e0 / 16, l0 = e0 % 16;
+            const uint8_t * q = b->qs + (r/8)*32 + (r%2)*16 + l0;
+            const int shift = 2*((r%8)/2);
+            const float dl = kvr_q_half(b->d)    * (float)(b->scales[r] & 0x0f);
+            const float ml = kvr_q_half(b->dmin) * (float)(b->scales[r] >>   4);
+            for (int j = 0; j < 8; j++) y[j] = dl * (float)((q[j] >> shift) & 3) - ml;
+            break;
+        }
+        case KVR_TYPE_Q3_K: {
+            const struct kvr_block_q3_K * b = (const struct kvr_block_q3_K *)p + g / 32;
+            const int e0 = 8 * (int)(g % 32), r = e0 / 16, l0 = e0 % 16;
+            // scale r alone, as kvr_q3_scales packs it
+            const int lo = r < 8 ? b->scales[r] & 0x0f : b->scales[r - 8] >> 4;
+            const int sc = lo | (((b->scales[8 + r%4] >> (2*(r/4))) & 3) << 4);
+            const uint8_t * q  = b->qs + (r/8)*32 + (r%2)*16 + l0;
+            const uint8_t * hm = b->hmask + (r%2)*16 + l0;
+            const int shift = 2*((r%8)/2), hbit = r/2;
+            const float dl = kvr_q_half(b->d) * (float)(sc - 32);
+            for (int j = 0; j < 8; j++) {
+                const int v = (int)(((q[j] >> shift) & 3) | (((hm[j] >> hbit) & 1) << 2)) - 4;
+                y[j] = dl * (float)v;
+            }
+            break;
+        }
+        case KVR_TYPE_Q4_K:
+        case KVR_TYPE_Q5_K: {
+            const bool five = type == KVR_TYPE_Q5_K;
+            const uint8_t * b = p + (g / 32) * (five ? 176 : 144);
+            const struct kvr_block_q4_K * b4 = (const struct kvr_block_q4_K *)b; // d, dmin, scales: the same places
+            const int e0 = 8 * (int)(g % 32), gg = e0 / 64, hi = (e0 % 64) / 32, l0 = e0 % 32;
+            float dl, ml;
+            kvr_k4_scale1(b4, 2*gg + hi, &dl, &ml);
+            if (five) {
+                const struct kvr_block_q5_K * b5 = (const struct kvr_block_q5_K *)b;
+                const uint8_t * q = b5->qs + 32*gg + l0, * qh = b5->qh + l0;
+                for (int j = 0; j < 8; j++) {
+                    const int v = hi ? (q[j] >> 4) | (((qh[j] >> (2*gg + 1)) & 1) << 4) : (q[j] & 0x0f) | (((qh[j] >> (2*gg)) & 1) << 4);
+                    y[j] = dl * (float)v - ml;
+                }
+            } else {
+                const uint8_t * q = b4->qs + 32*gg + l0;
+                for (int j = 0; j < 8; j++) y[j] = dl * (float)(hi ? q[j] >> 4 : q[j] & 0x0f) - ml;
+            }
+            break;
+        }
+        case KVR_TYPE_Q6_K: {
+            const struct kvr_block_q6_K * b = (const struct kvr_block_q6_K *)p + g / 32;
+            const int e0 = 8 * (int)(g % 32), h = e0 / 128, quarter = (e0 % 128) / 32, l0 = e0 % 32;
+            const uint8_t * ql = b->ql + 64*h + (quarter % 2) * 32 + l0, * qh = b->qh + 32*h + l0;
+            const float ds = kvr_q_half(b->d) * (float)b->scales[8*h + l0/16 + 2*quarter];
+            for (int j = 0; j < 8; j++) {
+                const int v = ((quarter < 2 ? ql[j] & 0x0f : ql[j] >> 4) | (((qh[j] >> (2*quarter)) & 3) << 4)) - 32;
+                y[j] = ds * (float)v;
+            }
+            break;
+        }
+        case KVR_TYPE_Q8_K: {
+            const struct kvr_block_q8_K * b = (const struct kvr_block_q8_K *)p + g / 32;
+            const int e0 = 8 * (int)(g % 32);
+            const float d = kvr_f32_of_bits(kvr_q_u32le(b->d));
+            for (int j = 0; j < 8; j++) y[j] = d * (float)b->qs[e0 + j];
+            break;
+        }
+        default: break; // callers check kvr_type_supported first
+    }
+}
+
 // RoPE. Pair i of n_rot/2 rotates dims (2i, 2i+1) (normal) or (i, i + n_rot/2) (NeoX) by the
 // angle pos * freq_scale * theta_scale^i, theta_scale = freq_base^(-2/n_rot). The power is a
 // running product from pos, as GGML steps it (not powf per pair), so angles carry GGML's bits.
@@ -2669,6 +2820,26 @@ static inline KVR_HD int kvr_attn_tile(int mode, int32_t qmin, int32_t qmax, int
 // CPU kernel's counters.
 void kvr_cuda_attn_count(const int32_t * qpos, int64_t Tq, const int32_t * kpos, int64_t Tk, int H, int Hkv,
                          int mode, int64_t window, int64_t * dense, int64_t * causal);
+// kvr-cuda.cu: the one-token matmul kernel's warp (k_dot8) run on the host for one weight row of
+// type `type` and K elements against T <= 8 tokens (x, row stride ldx): its lanes as an array, its
+// shuffles' sums in their order, its wide weight loads when w_vec (the row 16-byte aligned; F16,
+// BF16, Q4_K). y[t] is what the kernel writes for token t.
+// kvr-cuda.cu: the tensor-core attention kernel (k_fattn) run on the host for head dim D (64, 80,
+// 96, 128 or 256): q f32 [Tq][H][D], k and v F16 bits [Tk][Hkv][D], out [Tq][H*D + H] as ATTN's
+// result. And the pairs its schedule computes as visible: cover[(h*Tq + i)*Tk + j] (H*Tq*Tk counts).
+void kvr_cuda_fattn_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                            const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode, int64_t window, float scale,
+                            float * out);
+void kvr_cuda_fattn_pairs(int D, const int32_t * qpos, const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int mode,
+                          int64_t window, int32_t * cover);
+// kvr-cuda.cu: decode attention split over the keys (k_fdec, then k_fdec_merge) run on the host,
+// layouts as above (causal); returns the number of splits (0: the kernel does not take this
+// shape, out untouched). And split s of n's keys, [*j0, *j1).
+int  kvr_cuda_fdec_emulate(int D, const float * q, const uint16_t * k, const uint16_t * v, const int32_t * qpos,
+                           const int32_t * kpos, int H, int Hkv, int Tq, int Tk, int64_t window, float scale, float * out);
+void kvr_cuda_fdec_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1);
+void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
+                           bool w_vec, float * y);
 #endif
 
 #endif // KVR_BUILD

@@ -89,6 +89,15 @@ if [ -x "$build/cuda/test-cuda-host" ]; then
     run "cuda: test-ops" "$build/cuda/test-ops" "$shared"
     run "cuda: kvr-run and kvr-compare" sh tests/cuda.sh "$build/cuda" "$shared"
 fi
+# make gpu-check on a machine without a GPU: one line saying so, exit 2, at once (with a GPU, the
+# probe passes and make gpu-check itself is the test)
+gpu_check() {
+    out=$(sh tests/gpu-check.sh run "$build/no-such-pack" 2>&1); rc=$?
+    if sh tests/gpu-check.sh probe > /dev/null; then echo "a GPU is here: make gpu-check is its test"; echo "1 passed, 0 failed"; return 0; fi
+    if [ $rc -eq 2 ] && echo "$out" | grep -q '^gpu-check: no NVIDIA GPU here'; then echo "$out"; echo "1 passed, 0 failed"; return 0; fi
+    echo "$out"; echo "gpu-check without a GPU: exit $rc"; return 1
+}
+run "gpu-check without a GPU" gpu_check
 
 # the shape of the source a reader relies on (kvr.c's contents, no pasted-file seams)
 run "source checks" sh tests/check-source.sh

@@ -6,6 +6,9 @@
 // GPU's: every comm node's memory must then reach the transport staged through tensor_get and
 // come back through tensor_set, receives must be posted before the backend starts, sends
 // finished after it ends, and the first error must stop the graph and be the one reported.
+// Last, kvr_rank_gpu (the GPU of a rank) over launch shapes: one process driving several ranks,
+// one rank a process with every GPU of the node visible or one GPU each (CUDA_VISIBLE_DEVICES per
+// rank), several nodes with block and round-robin placement.
 //
 // usage: test-backend [SHARED_DIR (default ../shared)]
 
@@ -410,6 +413,74 @@ static void test_model_to_backend(const char * shared) {
     kvr_model_free(m);
 }
 
+//
+// the GPU of a rank over launch shapes
+//
+
+// One launch: `nodes` nodes of `gpus` GPUs, `procs` processes of one rank per node (placed
+// round-robin over the nodes, or in blocks), each seeing every GPU of its node or only its own
+// (the launcher's CUDA_VISIBLE_DEVICES=node rank, which makes that GPU the process's device 0).
+// Every process must get a device it sees; a node's processes must use distinct physical GPUs when
+// there are enough, and share them evenly when not.
+static void rank_gpu_launch(int nodes, int gpus, int procs, bool round_robin, bool one_each, int first) {
+    const int world = nodes * procs;
+    int use[16][16] = { { 0 } }; // [node][physical GPU]
+    int seen_on_node[16] = { 0 };
+    bool in_range = true;
+    for (int r = 0; r < world; r++) {
+        const int node = round_robin ? r % nodes : r / procs;
+        const int node_rank = seen_on_node[node]++; // MPI_Comm_split_type's rank, keyed by world rank
+        const int visible = one_each ? 1 : gpus;
+        const int dev = kvr_rank_gpu(node_rank, one_each ? 0 : first, visible);
+        in_range = in_range && dev >= 0 && dev < visible;
+        const int phys = one_each ? node_rank % gpus : dev;
+        if (dev >= 0 && dev < visible) use[node][phys]++;
+    }
+    int worst = 0, least = 1 << 30;
+    for (int n = 0; n < nodes; n++) {
+        for (int g = 0; g < gpus; g++) {
+            worst = use[n][g] > worst ? use[n][g] : worst;
+            least = use[n][g] < least ? use[n][g] : least;
+        }
+    }
+    const int want_worst = (procs + gpus - 1) / gpus, want_least = procs / gpus;
+    CHECK(in_range && worst == want_worst && least == want_least,
+          "%d nodes x %d GPUs, %d processes a node (%s, %s, first %d): a GPU has %d..%d ranks, want %d..%d%s", nodes, gpus,
+          procs, round_robin ? "round-robin" : "blocks", one_each ? "one GPU visible each" : "all visible", first, least,
+          worst, want_least, want_worst, in_range ? "" : "; a device out of range");
+}
+
+static void test_rank_gpu(void) {
+    CHECK(kvr_rank_gpu(0, 0, 0) == -1 && kvr_rank_gpu(3, 0, -1) == -1, "no GPU visible: -1");
+    CHECK(kvr_rank_gpu(0, -5, 4) == 0 && kvr_rank_gpu(-1, 2, 4) == 2, "negative first or rank count as 0");
+    // one process, n ranks from GPU `first`: rank i on (first + i) mod visible, distinct while n <= visible
+    for (int visible = 1; visible <= 8; visible++) {
+        for (int first = 0; first < 10; first++) {
+            int hit[8] = { 0 }, dup = 0;
+            for (int i = 0; i < visible; i++) {
+                const int dev = kvr_rank_gpu(i, first, visible);
+                if (dev < 0 || dev >= visible || hit[dev]++) dup++;
+            }
+            CHECK(dup == 0 && kvr_rank_gpu(0, first, visible) == first % visible,
+                  "one process, %d GPUs from %d: %d ranks collide or leave the GPUs", visible, first, dup);
+        }
+    }
+    // one rank a process: every node shape, placement and visibility
+    for (int nodes = 1; nodes <= 4; nodes++) {
+        for (int gpus = 1; gpus <= 8; gpus *= 2) {
+            for (int procs = 1; procs <= 2 * gpus && procs <= 16; procs++) {
+                for (int rr = 0; rr < 2; rr++) {
+                    rank_gpu_launch(nodes, gpus, procs, rr, false, 0);
+                    rank_gpu_launch(nodes, gpus, procs, rr, true, 0);
+                    if (gpus > 1) rank_gpu_launch(nodes, gpus, procs, rr, false, 1);
+                }
+            }
+        }
+    }
+    // (the rule replaced, the global rank modulo the GPUs, fails the round-robin shapes above: on
+    // 2 nodes of 2 GPUs it put world ranks 0 and 2, both on node 0, on GPU 0)
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     test_registry();
@@ -419,5 +490,6 @@ int main(int argc, char ** argv) {
     test_first_error();
     test_foreign_memory();
     test_model_to_backend(shared);
+    test_rank_gpu();
     return check_summary("backend");
 }

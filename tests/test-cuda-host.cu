@@ -14,7 +14,16 @@
 //    the CPU kernel run on the same positions: contiguous causal blocks, the ring strategies'
 //    zig-zag shards, a KV-Runahead rank's block over a longer cache, decode, GQA/MQA groups, dense
 //    mode, with and without a sliding window.
-// 3. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
+// 3. The one-token matmul kernel: each lane's 8 elements (kvr_dequant8) against whole blocks, bit
+//    for bit, and the kernel's warp emulated on the host (lanes as arrays, its shuffles' sums)
+//    against the CPU's MUL_MAT, for every weight type.
+// 4. The tensor-core attention kernel (k_fattn): the pairs its schedule computes are exactly the
+//    visible ones over a grid of prompt length, cached length, window, head dim, GQA group and rank
+//    slice (and the CPU kernel's counter), and its algorithm run on the host (kvr_cuda_fattn_emulate)
+//    agrees with the CPU's ATTN on F16 keys and values. Flash-decoding (decode attention split
+//    over the keys, merged by LSE): its splits partition the keys, and its kernels run on the host
+//    (kvr_cuda_fdec_emulate) agree with the CPU's ATTN.
+// 5. Without a device: kvr_backend_new("cuda") fails within seconds with a message saying that no
 //    CUDA device was found (with one, it succeeds and names it).
 //
 //   test-cuda-host [SHARED (ignored)]     prints "cuda-host: N passed, M failed"
@@ -126,6 +135,31 @@ static const struct qt qtypes[] = {
     { KVR_TYPE_F32, 1, 4, { 0, 0 }, 0 },
 };
 
+// nb random blocks of type q (or elements, of the plain types) with finite scales (half exponents
+// 0..18: subnormals too)
+static void random_blocks(const struct qt * q, uint8_t * buf, int nb) {
+    for (int i = 0; i < nb * q->size; i++) buf[i] = (uint8_t)rng_u64();
+    for (int k = 0; k < nb; k++) {
+        uint8_t * blk = buf + k * q->size;
+        for (int j = 0; j < q->n_half; j++) {
+            const uint16_t h = (uint16_t)((rng_u64() & 0x8000) | ((rng_u64() % 19) << 10) | (rng_u64() & 0x3ff));
+            blk[q->half[j]] = (uint8_t)h;
+            blk[q->half[j] + 1] = (uint8_t)(h >> 8);
+        }
+        if (q->type == KVR_TYPE_Q8_K) {
+            const float d = rng_f(-0.01f, 0.01f);
+            memcpy(blk, &d, 4);
+        }
+        if (q->type == KVR_TYPE_F32) { // finite values
+            const float v = rng_f(-4.0f, 4.0f);
+            memcpy(blk, &v, 4);
+        }
+        if (q->type == KVR_TYPE_F16 || q->type == KVR_TYPE_BF16) { // finite: exponent below all ones
+            blk[1] &= 0xbf; // the exponent's top bit
+        }
+    }
+}
+
 static void test_dequant(void) {
     enum { NB = 64 };
     static uint8_t buf[NB * 292 + 1];
@@ -134,19 +168,7 @@ static void test_dequant(void) {
         const struct qt * q = &qtypes[t];
         int64_t bad = -1;
         for (int round = 0; round < 16 && bad < 0; round++) {
-            for (int i = 0; i < NB * q->size; i++) buf[i] = (uint8_t)rng_u64();
-            for (int k = 0; k < NB; k++) { // finite scales (half exponents 0..18: subnormals too)
-                uint8_t * blk = buf + k * q->size;
-                for (int j = 0; j < q->n_half; j++) {
-                    const uint16_t h = (uint16_t)((rng_u64() & 0x8000) | ((rng_u64() % 19) << 10) | (rng_u64() & 0x3ff));
-                    blk[q->half[j]] = (uint8_t)h;
-                    blk[q->half[j] + 1] = (uint8_t)(h >> 8);
-                }
-                if (q->type == KVR_TYPE_Q8_K) {
-                    const float d = rng_f(-0.01f, 0.01f);
-                    memcpy(blk, &d, 4);
-                }
-            }
+            random_blocks(q, buf, NB);
             const int odd = round % 2; // blocks at odd addresses too
             if (odd) memmove(buf + 1, buf, (size_t)NB * q->size);
             for (int64_t k = 0; k < NB; k++) {
@@ -340,7 +362,318 @@ static void test_tiles(void) {
 }
 
 //
-// 3. no device: a clear error, quickly
+// 3. the one-token matmul kernel
+//
+
+// kvr_dequant8 (a GPU lane's 8 elements) against kvr_dequant_block, bit for bit, every type, and
+// nvcc's host build of it against the C compiler's (through the blocks it must equal)
+static void test_dequant8(void) {
+    enum { NB = 48 };
+    static uint8_t buf[NB * 292 + 1];
+    static float a[NB * 256], b[8];
+    for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++) {
+        const struct qt * q = &qtypes[t];
+        int64_t bad = -1;
+        for (int round = 0; round < 8 && bad < 0; round++) {
+            random_blocks(q, buf, NB);
+            const int odd = round % 2;
+            if (odd) memmove(buf + 1, buf, (size_t)NB * q->size);
+            for (int64_t k = 0; k < NB; k++) hd_c_dequant_block(q->type, buf + odd, k, a + k * q->blck);
+            for (int64_t g = 0; g < (int64_t)NB * q->blck / 8 && bad < 0; g++) {
+                kvr_dequant8(q->type, buf + odd, g, b);
+                for (int j = 0; j < 8; j++) {
+                    if (!same(a[8 * g + j], b[j]) && !(isnan(b[j]) && isnan(a[8 * g + j]))) bad = 8 * g + j;
+                }
+            }
+        }
+        CHECK(bad < 0, "kvr_dequant8(%s) differs from kvr_dequant_block at element %lld", kvr_type_name(q->type), (long long)bad);
+    }
+}
+
+// The one-token matmul kernel's warp emulated on the host (kvr_cuda_dot8_emulate) against the CPU
+// backend's MUL_MAT of the same weights (every type) and 1..8 tokens: the same products summed in
+// another order, so they agree to f32 rounding of the sum of |w x|.
+static void test_dot8(void) {
+    int n_wide = 0;
+    for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++) {
+        const struct qt * q = &qtypes[t];
+        const int64_t Ks[] = { q->blck == 1 ? 77 : q->blck, q->blck == 1 ? 2048 : 8 * q->blck > 2048 ? 2048 : 8 * q->blck };
+        for (int ki = 0; ki < 2; ki++) {
+            const int64_t K = Ks[ki], N = 3;
+            for (int T = 1; T <= 8; T += (T < 3 ? 1 : 5)) {
+                struct kvr_context * ctx = kvr_init(64u << 20, false);
+                KVR_ASSERT(ctx != NULL);
+                struct kvr_tensor * w = kvr_new_tensor_2d(ctx, q->type, K, N);
+                struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+                random_blocks(q, (uint8_t *)w->data, (int)(N * K / q->blck));
+                float * xs = (float *)x->data;
+                for (int64_t i = 0; i < K * T; i++) xs[i] = rng_f(-2.0f, 2.0f);
+                struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+                struct kvr_graph * g = kvr_graph_new(ctx, 16);
+                kvr_graph_expand(g, y);
+                const int rc = kvr_graph_compute_cpu(g, 1);
+                double worst = 0.0;
+                bool finite = rc == KVR_OK;
+                for (int64_t n = 0; n < N && finite; n++) {
+                    const char * row = (const char *)w->data + n * (int64_t)w->nb[1];
+                    float got[8], wide[8];
+                    kvr_cuda_dot8_emulate(q->type, row, K, xs, K, T, false, got);
+                    // the wide loads of the aligned rows give the same bits
+                    const bool can_wide = (q->type == KVR_TYPE_F16 || q->type == KVR_TYPE_BF16 || q->type == KVR_TYPE_Q4_K) &&
+                                          (uintptr_t)row % 16 == 0;
+                    if (can_wide) {
+                        kvr_cuda_dot8_emulate(q->type, row, K, xs, K, T, true, wide);
+                        for (int tt = 0; tt < T; tt++) finite = finite && same(wide[tt], got[tt]);
+                        n_wide++;
+                    }
+                    for (int tt = 0; tt < T; tt++) {
+                        double mag = 0.0; // the scale of the sum's rounding: sum |w x|
+                        for (int64_t e = 0; e < K; e++) {
+                            float v[256];
+                            kvr_dequant_block(q->type, row, e / q->blck, v);
+                            mag += fabs((double)v[e % q->blck] * xs[tt * K + e]);
+                        }
+                        const float cpu = ((const float *)y->data)[tt * N + n];
+                        finite = finite && isfinite(got[tt]) && isfinite(cpu);
+                        const double err = fabs((double)got[tt] - cpu) / (mag > 0 ? mag : 1.0);
+                        worst = err > worst ? err : worst;
+                    }
+                }
+                CHECK(finite && worst < 4e-6, "k_dot8 emulated, %s, K %lld, %d tokens: worst |kernel - cpu| / sum|w x| %.2e%s",
+                      kvr_type_name(q->type), (long long)K, T, worst, finite ? "" : " (a value is not finite, or wide loads differ)");
+                kvr_free(ctx);
+            }
+        }
+    }
+    CHECK(n_wide >= 30, "k_dot8's wide weight loads were emulated on %d rows only", n_wide);
+}
+
+//
+// 4. the tensor-core attention kernel (k_fattn): its schedule and its algorithm
+//
+
+// Query and key positions of one shape: a rank's slice of a sequence of `cached` cached tokens
+// and T new ones. slice 0: the whole prompt after the cache (one rank, KV-Runahead's chain link);
+// slice 1 and 2: the zig-zag shards of 2 ranks (ring strategies: chunks r and 3 - r of 4), every
+// key of the sequence visible to the causal rule; slice 3: decode (T = 1).
+static int fa_positions(int slice, int cached, int T, int32_t * qpos, int32_t * kpos, int * Tq, int * Tk) {
+    const int S = cached + T;
+    *Tk = S;
+    for (int j = 0; j < S; j++) kpos[j] = j;
+    if (slice == 0 || slice == 3) {
+        const int n = slice == 3 ? 1 : T;
+        for (int i = 0; i < n; i++) qpos[i] = S - n + i;
+        *Tq = n;
+        return 1;
+    }
+    const int r = slice - 1, m = T / 4;
+    if (m == 0) return 0;
+    int n = 0;
+    for (int i = 0; i < m; i++) qpos[n++] = cached + r * m + i;
+    for (int i = 0; i < m; i++) qpos[n++] = cached + (3 - r) * m + i;
+    *Tq = n;
+    return 1;
+}
+
+// The pairs the kernel's schedule computes (grid, skipped tiles, masks) are exactly the visible
+// ones, each once, for every query head, over prompt length, cached length, window, head dim (its
+// key tile), GQA group and rank slice; and their count per token is the CPU kernel's counter of
+// the pairs causality needs.
+static void test_fattn_schedule(void) {
+    enum { TMAX = 130, SMAX = 330, HMAX = 8 };
+    static int32_t qpos[TMAX], kpos[SMAX], cover[HMAX * TMAX * SMAX];
+    const int Ts[] = { 1, 17, 64, 65, 130 }, caches[] = { 0, 31, 200 }, windows[] = { 0, 1, 9, 64, 1000 };
+    const int heads[][2] = { { 4, 4 }, { 8, 2 }, { 6, 1 } }, dims[] = { 64, 256 };
+    int cases = 0, bad = 0, bad_cpu = 0;
+    char what[160] = "";
+    for (int ti = 0; ti < 5; ti++) for (int ci = 0; ci < 3; ci++) for (int wi = 0; wi < 5; wi++)
+    for (int hi = 0; hi < 3; hi++) for (int di = 0; di < 2; di++) for (int slice = 0; slice < 4; slice++) {
+        int Tq, Tk;
+        if (!fa_positions(slice, caches[ci], Ts[ti], qpos, kpos, &Tq, &Tk)) continue;
+        const int H = heads[hi][0], Hkv = heads[hi][1], win = windows[wi];
+        kvr_cuda_fattn_pairs(dims[di], qpos, kpos, H, Hkv, Tq, Tk, KVR_ATTN_CAUSAL, win, cover);
+        cases++;
+        int64_t visible_h0 = 0;
+        bool ok = true;
+        for (int h = 0; h < H && ok; h++) {
+            for (int i = 0; i < Tq && ok; i++) {
+                for (int j = 0; j < Tk && ok; j++) {
+                    const int want = kvr_attn_visible(qpos[i], kpos[j], win) ? 1 : 0;
+                    ok = cover[((int64_t)h * Tq + i) * Tk + j] == want;
+                    if (h == 0) visible_h0 += want;
+                }
+            }
+        }
+        if (!ok && bad++ == 0) snprintf(what, sizeof(what), "T %d, cached %d, window %d, %d/%d heads, D %d, slice %d", Ts[ti], caches[ci],
+                                          win, H, Hkv, dims[di], slice);
+        // the CPU kernel's counter on the same positions (a subset: it runs a graph each)
+        if (di == 0 && hi == 1 && wi % 2 == 0) {
+            int64_t dense = 0, causal = 0;
+            if (!cpu_attn_counts(qpos, Tq, kpos, Tk, H, Hkv, KVR_ATTN_CAUSAL, win, &dense, &causal) || causal != visible_h0) bad_cpu++;
+        }
+    }
+    CHECK(cases > 500 && bad == 0, "k_fattn's schedule: %d of %d shapes cover a pair wrongly (first: %s)", bad, cases, what);
+    CHECK(bad_cpu == 0, "k_fattn's visible pairs differ from the CPU kernel's counter in %d shapes", bad_cpu);
+}
+
+// The kernel's algorithm emulated on the host against the CPU's ATTN on the same F16 keys and
+// values: every head dim, GQA and MQA, prompt, zig-zag slice and decode, with and without a window,
+// causal and dense. F16 queries and probabilities move the output by ~1e-3 of the values' scale.
+static void test_fattn_emulated(void) {
+    const int dims[] = { 64, 80, 96, 128, 256 };
+    const int heads[][2] = { { 4, 2 }, { 4, 1 }, { 2, 2 } };
+    int cases = 0, bad = 0;
+    double worst_o = 0.0, worst_l = 0.0;
+    char what[160] = "";
+    for (int di = 0; di < 5; di++) for (int hi = 0; hi < 3; hi++) for (int slice = 0; slice < 4; slice++)
+    for (int wi = 0; wi < 2; wi++) for (int dense = 0; dense < 2; dense++) {
+        if (dense && (slice != 0 || wi != 0)) continue;
+        const int D = dims[di], H = heads[hi][0], Hkv = heads[hi][1], win = wi ? 24 : 0;
+        const int cached = 37, T = slice == 3 ? 1 : 70;
+        int32_t qpos[128], kpos[160];
+        int Tq, Tk;
+        if (!fa_positions(slice, cached, T, qpos, kpos, &Tq, &Tk)) continue;
+        struct kvr_context * ctx = kvr_init((size_t)64 << 20, false);
+        KVR_ASSERT(ctx != NULL);
+        struct kvr_tensor * q  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
+        struct kvr_tensor * k  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * v  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq);
+        struct kvr_tensor * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
+        uint16_t * k16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        uint16_t * v16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        float * emu = (float *)malloc(sizeof(float) * (size_t)((H * D + H) * Tq));
+        KVR_ASSERT(k16 && v16 && emu);
+        for (int64_t i = 0; i < kvr_nelements(q); i++) ((float *)q->data)[i] = rng_f(-2, 2);
+        for (int64_t i = 0; i < kvr_nelements(k); i++) { // F16 keys and values: what the cache holds
+            k16[i] = kvr_f32_to_half(rng_f(-2, 2));
+            v16[i] = kvr_f32_to_half(rng_f(-1, 1));
+            ((float *)k->data)[i] = kvr_half_to_f32(k16[i]);
+            ((float *)v->data)[i] = kvr_half_to_f32(v16[i]);
+        }
+        memcpy(qp->data, qpos, sizeof(int32_t) * (size_t)Tq);
+        memcpy(kp->data, kpos, sizeof(int32_t) * (size_t)Tk);
+        const float scale = 1.0f / sqrtf((float)D);
+        const int mode = dense ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
+        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, win, (enum kvr_attn_mode)mode);
+        struct kvr_graph * g = kvr_graph_new(ctx, 16);
+        kvr_graph_expand(g, out);
+        const bool ran = kvr_graph_compute_cpu(g, 1) == KVR_OK;
+        kvr_cuda_fattn_emulate(D, (const float *)q->data, k16, v16, qpos, kpos, H, Hkv, Tq, Tk, mode, win, scale, emu);
+        bool ok = ran;
+        for (int i = 0; i < Tq && ok; i++) {
+            const float * c = (const float *)((const char *)out->data + (size_t)i * out->nb[1]);
+            const float * e = emu + (size_t)i * (size_t)(H * D + H);
+            for (int x = 0; x < H * D + H; x++) {
+                const bool lse = x >= H * D;
+                if (isinf(c[x]) || isinf(e[x])) { ok = ok && c[x] == e[x]; continue; }
+                const double d = fabs((double)c[x] - e[x]);
+                if (lse) worst_l = d > worst_l ? d : worst_l; else worst_o = d > worst_o ? d : worst_o;
+                ok = ok && !isnan(e[x]) && d <= 2e-3;
+            }
+        }
+        cases++;
+        if (!ok && bad++ == 0) snprintf(what, sizeof(what), "D %d, %d/%d heads, slice %d, window %d, %s%s", D, H, Hkv, slice, win,
+                                          dense ? "dense" : "causal", ran ? "" : " (the CPU's ATTN failed)");
+        free(k16); free(v16); free(emu);
+        kvr_free(ctx);
+    }
+    CHECK(cases >= 60 && bad == 0, "k_fattn emulated against the CPU's ATTN: %d of %d shapes off (first: %s); worst |O| %.2e, |LSE| %.2e",
+          bad, cases, what, worst_o, worst_l);
+    printf("k_fattn emulated: %d shapes, worst |O - cpu| %.2e, |LSE - cpu| %.2e\n", cases, worst_o, worst_l);
+}
+
+// Flash-decoding's splits: every key in exactly one split, in order, each split but the last a
+// whole number of 32-key sub-tiles.
+static void test_fdec_splits(void) {
+    int bad = 0, cases = 0;
+    for (int64_t Tk = 1; Tk < 5000; Tk += 1 + Tk / 7) {
+        for (int n = 2; n <= 64; n++) {
+            int64_t next = 0;
+            bool ok = true;
+            for (int s = 0; s < n; s++) {
+                int64_t j0, j1;
+                kvr_cuda_fdec_split(Tk, n, s, &j0, &j1);
+                ok = ok && j0 == next && j1 >= j0 && (j1 == Tk || (j1 - j0) % 32 == 0);
+                next = j1;
+            }
+            ok = ok && next == Tk;
+            cases++;
+            bad += !ok;
+        }
+    }
+    CHECK(bad == 0, "flash-decoding's splits: %d of %d (keys, splits) do not partition the keys", bad, cases);
+}
+
+// Flash-decoding emulated (the splits' partial outputs and their LSE merge) against the CPU's ATTN
+// on F16 keys and values: one and two tokens, GQA and MQA, every head dim, with and without a
+// window, cached lengths that give 2 to 17 splits.
+static void test_fdec_emulated(void) {
+    const int dims[] = { 64, 80, 96, 128, 256 }, Tks[] = { 600, 1000, 4100 };
+    const int heads[][2] = { { 8, 2 }, { 4, 4 }, { 16, 1 } };
+    int cases = 0, bad = 0, most = 0;
+    double worst = 0.0;
+    char what[160] = "";
+    for (int di = 0; di < 5; di++) for (int ti = 0; ti < 3; ti++) for (int hi = 0; hi < 3; hi++)
+    for (int Tq = 1; Tq <= 2; Tq++) for (int wi = 0; wi < 2; wi++) {
+        if (ti == 2 && di != 3 && di != 4) continue; // the longest cache at two head dims
+        const int D = dims[di], H = heads[hi][0], Hkv = heads[hi][1], Tk = Tks[ti], win = wi ? 300 : 0;
+        int32_t qpos[2], * kpos = (int32_t *)malloc(sizeof(int32_t) * (size_t)Tk);
+        KVR_ASSERT(kpos != NULL);
+        for (int j = 0; j < Tk; j++) kpos[j] = j;
+        for (int i = 0; i < Tq; i++) qpos[i] = Tk - Tq + i;
+        struct kvr_context * ctx = kvr_init((size_t)160 << 20, false);
+        KVR_ASSERT(ctx != NULL);
+        struct kvr_tensor * q  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, H, Tq);
+        struct kvr_tensor * k  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * v  = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, D, Hkv, Tk);
+        struct kvr_tensor * qp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tq);
+        struct kvr_tensor * kp = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, Tk);
+        uint16_t * k16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        uint16_t * v16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(D * Hkv * Tk));
+        float * emu = (float *)malloc(sizeof(float) * (size_t)((H * D + H) * Tq));
+        KVR_ASSERT(k16 && v16 && emu);
+        for (int64_t i = 0; i < kvr_nelements(q); i++) ((float *)q->data)[i] = rng_f(-2, 2);
+        for (int64_t i = 0; i < kvr_nelements(k); i++) {
+            k16[i] = kvr_f32_to_half(rng_f(-2, 2));
+            v16[i] = kvr_f32_to_half(rng_f(-1, 1));
+            ((float *)k->data)[i] = kvr_half_to_f32(k16[i]);
+            ((float *)v->data)[i] = kvr_half_to_f32(v16[i]);
+        }
+        memcpy(qp->data, qpos, sizeof(int32_t) * (size_t)Tq);
+        memcpy(kp->data, kpos, sizeof(int32_t) * (size_t)Tk);
+        const float scale = 1.0f / sqrtf((float)D);
+        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, win, KVR_ATTN_CAUSAL);
+        struct kvr_graph * g = kvr_graph_new(ctx, 16);
+        kvr_graph_expand(g, out);
+        bool ok = kvr_graph_compute_cpu(g, 1) == KVR_OK;
+        const int n = kvr_cuda_fdec_emulate(D, (const float *)q->data, k16, v16, qpos, kpos, H, Hkv, Tq, Tk, win, scale, emu);
+        // the kernel takes up to 16 rows (tokens x the group's heads); more go to k_fattn
+        const bool taken = Tq * (H / Hkv) <= 16;
+        ok = ok && (taken ? n >= 2 : n == 0);
+        most = n > most ? n : most;
+        for (int i = 0; i < Tq && ok && taken; i++) {
+            const float * c = (const float *)((const char *)out->data + (size_t)i * out->nb[1]);
+            const float * e = emu + (size_t)i * (size_t)(H * D + H);
+            for (int x = 0; x < H * D + H; x++) {
+                const double d = fabs((double)c[x] - e[x]);
+                worst = d > worst ? d : worst;
+                ok = ok && isfinite(e[x]) && d <= 1e-4;
+            }
+        }
+        cases++;
+        if (!ok && bad++ == 0) snprintf(what, sizeof(what), "D %d, %d keys, %d/%d heads, %d tokens, window %d: %d splits", D, Tk, H, Hkv,
+                                          Tq, win, n);
+        free(kpos); free(k16); free(v16); free(emu);
+        kvr_free(ctx);
+    }
+    CHECK(cases >= 100 && bad == 0 && most >= 16, "flash-decoding emulated against the CPU's ATTN: %d of %d shapes off (first: %s); "
+          "worst %.2e, most splits %d", bad, cases, what, worst, most);
+    printf("flash-decoding emulated: %d shapes, up to %d splits, worst |out - cpu| %.2e\n", cases, most, worst);
+}
+
+//
+// 5. no device: a clear error, quickly
 //
 
 static void test_no_device(void) {
@@ -363,10 +696,16 @@ int main(int argc, char ** argv) {
     (void)argv;
     test_halves();
     test_dequant();
+    test_dequant8();
+    test_dot8();
     test_rope();
     test_softmax();
     test_tile_rule();
     test_tiles();
+    test_fattn_schedule();
+    test_fattn_emulated();
+    test_fdec_splits();
+    test_fdec_emulated();
     test_no_device();
     return check_summary("cuda-host");
 }

@@ -17,7 +17,8 @@
 // ops, the eval's fixed costs (graph build, planning, placement, starting the threads) and what
 // happens outside the eval (the argmax, the driver).
 //
-// Prompts are random token ids (seeded), so no tokenizer work is timed.
+// Prompts are random token ids (seeded), so no tokenizer work is timed. --backend cuda times the
+// GPU instead (make gpu-check's speed table, which puts the GPU's own bounds beside it).
 
 #define _GNU_SOURCE // pthread_setaffinity_np, sched_getaffinity
 
@@ -59,6 +60,7 @@ struct bench_args {
     bool         sgemm;
     bool         q8_act;         // quantized matmuls with 8-bit activations (prefill and decode)
     bool         mmap;           // weights left in the file's mapping (kvr_model_params.mmap)
+    const char * backend;        // what runs the model (NULL: the CPU)
     bool         replicate;      // --replicate: each rank's new rows also go to its successor's replica
     enum kvr_type kernel_types[KVR_TYPE_COUNT]; // --kernels: the weight types to time (no model)
     int          n_kernel_types;
@@ -179,6 +181,8 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
         { .name = "--single-threads", .kind = KVR_CLI_INTS, .dst = &single, .meta = "L", .lo = 1, .hi = KVR_MAX_THREADS, .max_n = 4,
           .help = "single's thread counts, e.g. 2,1 (default: all cores)" },
         { .name = "-r", .kind = KVR_CLI_INT, .dst = &a->reps, .meta = "N", .lo = 1, .hi = 1000, .help = "runs per point (default 3); the table shows the median and the range" },
+        { .name = "--backend", .kind = KVR_CLI_CUSTOM, .dst = &a->backend, .meta = "NAME", .parse = kvr_cli_backend,
+          .help = "what runs the model (default cpu; make gpu-check times cuda); another backend than\nthe CPU has no host memory-bandwidth floor: its column stays 0" },
         { .name = "--warmup", .kind = KVR_CLI_INT, .dst = &a->warmup, .meta = "N", .lo = 0, .hi = 100, .help = "untimed prefills before each point's runs (default 1)" },
         { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &attn, .meta = "causal|dense", .choices = "causal|dense", .help = "attention kernel mode (default causal)" },
         { .name = "--link-gbps", .kind = KVR_CLI_REALS, .dst = &links, .meta = "LIST", .lo = 0, .hi = 1e6, .max_n = 8,
@@ -843,7 +847,8 @@ int main(int argc, char ** argv) {
                                               .n_ctx = T + a.decode + 16, .attn_mode = attn, .link_gbps = p->link,
                                               .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
-                                              .timeout_s = 3600, .q8_activations = a.q8_act, .replicate = a.replicate };
+                                              .timeout_s = 3600, .q8_activations = a.q8_act, .replicate = a.replicate,
+                                              .backend = a.backend };
                 struct kvr_session * d = kvr_session_new(m, &dp);
                 if (!d) {
                     p->ok = false;
@@ -858,7 +863,8 @@ int main(int argc, char ** argv) {
                 }
                 // the floor is read between the runs (before each, and after the last), so that it
                 // sees the machine as the runs do: the memory's speed here moves with other tenants
-                double * fg = a.decode > 0 ? malloc(sizeof(double) * FLOOR_MAX_PASSES) : NULL;
+                const bool on_cpu = !a.backend || !strcmp(a.backend, "cpu");
+                double * fg = a.decode > 0 && on_cpu ? malloc(sizeof(double) * FLOOR_MAX_PASSES) : NULL;
                 int fn = 0;
                 bool fpinned = true;
                 for (int r = 0; r <= a.reps && p->ok; r++) {

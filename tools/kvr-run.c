@@ -1047,7 +1047,7 @@ int kvr_run_main(int argc, char ** argv) {
         .strategy = a.strategy, .comm = (enum kvr_comm_kind)a.comm, .n_ranks = a.n_ranks, .n_threads = a.n_threads, .n_ctx = n_ctx,
         .partition = counts, .fractions = fracs, .attn_mode = (enum kvr_attn_mode)a.attn_mode, .timeout_s = a.timeout_s,
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
-        .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL,
+        .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL, .node_times = a.stats,
         .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act, .vec_dot_order = a.vec_dot_order,
         .backend = a.backend, .device = a.device,
         .log = a.verbose ? stderr : NULL,
