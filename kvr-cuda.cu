@@ -1743,8 +1743,12 @@ static bool cu_fattn_ok(const struct kvr_tensor * t) {
     const bool f16 = k->type == KVR_TYPE_F16 && v->type == KVR_TYPE_F16 && k->nb[0] == 2 && v->nb[0] == 2;
     const bool aligned = (k->nb[1] | k->nb[2] | v->nb[1] | v->nb[2]) % 16 == 0 &&
                          ((uintptr_t)k->data | (uintptr_t)v->data) % 16 == 0; // data NULL: checked again at the launch
-    return f16 && aligned && q->type == KVR_TYPE_F32 && q->nb[0] == 4 && t->type == KVR_TYPE_F32 && cu_fa_dim((int)q->ne[0]) &&
-           k->ne[0] == q->ne[0] && v->ne[0] == q->ne[0] && q->ne[1] % k->ne[1] == 0;
+    // soft-capped scores (gemma2) and sinks (gpt-oss) are k_attn's alone
+    float softcap;
+    memcpy(&softcap, &t->op_params[4], sizeof(float));
+    const bool plain = softcap == 0.0f && !kvr_attn_sinks_of(t);
+    return f16 && aligned && plain && q->type == KVR_TYPE_F32 && q->nb[0] == 4 && t->type == KVR_TYPE_F32 &&
+           cu_fa_dim((int)q->ne[0]) && k->ne[0] == q->ne[0] && v->ne[0] == q->ne[0] && q->ne[1] % k->ne[1] == 0;
 }
 
 static cu_fattn_args cu_fattn_args_of(const struct kvr_tensor * node) {

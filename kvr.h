@@ -2576,6 +2576,16 @@ static inline KVR_HD void kvr_dequant8(enum kvr_type type, const void * row, int
             }
             break;
         }
+        case KVR_TYPE_MXFP4: { // byte 0 the exponent, then Q4_0's nibble order
+            const int e0 = 8 * (int)(g % 4);
+            const uint8_t * b = p + (g / 4) * 17;
+            const float d = kvr_e8m0_half(b[0]);
+            for (int j = 0; j < 8; j++) {
+                const int e = e0 + j;
+                y[j] = (float)kvr_mxfp4_value(e < 16 ? b[1 + e] & 0x0f : b[1 + e - 16] >> 4) * d;
+            }
+            break;
+        }
         case KVR_TYPE_Q5_0:
         case KVR_TYPE_Q5_1: {
             const int e0 = 8 * (int)(g % 4);

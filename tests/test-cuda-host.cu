@@ -132,7 +132,7 @@ static const struct qt qtypes[] = {
     { KVR_TYPE_Q4_K, 256, 144, { 0, 2 }, 2 },  { KVR_TYPE_Q5_K, 256, 176, { 0, 2 }, 2 },
     { KVR_TYPE_Q6_K, 256, 210, { 208, 0 }, 1 }, { KVR_TYPE_Q8_K, 256, 292, { 0, 0 }, 0 },
     { KVR_TYPE_F16, 1, 2, { 0, 0 }, 0 },       { KVR_TYPE_BF16, 1, 2, { 0, 0 }, 0 },
-    { KVR_TYPE_F32, 1, 4, { 0, 0 }, 0 },
+    { KVR_TYPE_F32, 1, 4, { 0, 0 }, 0 },       { KVR_TYPE_MXFP4, 32, 17, { 0, 0 }, 0 },
 };
 
 // nb random blocks of type q (or elements, of the plain types) with finite scales (half exponents
@@ -154,6 +154,7 @@ static void random_blocks(const struct qt * q, uint8_t * buf, int nb) {
             const float v = rng_f(-4.0f, 4.0f);
             memcpy(blk, &v, 4);
         }
+        if (q->type == KVR_TYPE_MXFP4) blk[0] = (uint8_t)(1 + rng_u64() % 140); // E8M0 2^-127..2^12: subnormal scales too, no overflow
         if (q->type == KVR_TYPE_F16 || q->type == KVR_TYPE_BF16) { // finite: exponent below all ones
             blk[1] &= 0xbf; // the exponent's top bit
         }
@@ -555,7 +556,7 @@ static void test_fattn_emulated(void) {
         memcpy(kp->data, kpos, sizeof(int32_t) * (size_t)Tk);
         const float scale = 1.0f / sqrtf((float)D);
         const int mode = dense ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
-        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, win, (enum kvr_attn_mode)mode);
+        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, 0.0f, win, (enum kvr_attn_mode)mode);
         struct kvr_graph * g = kvr_graph_new(ctx, 16);
         kvr_graph_expand(g, out);
         const bool ran = kvr_graph_compute_cpu(g, 1) == KVR_OK;
@@ -643,7 +644,7 @@ static void test_fdec_emulated(void) {
         memcpy(qp->data, qpos, sizeof(int32_t) * (size_t)Tq);
         memcpy(kp->data, kpos, sizeof(int32_t) * (size_t)Tk);
         const float scale = 1.0f / sqrtf((float)D);
-        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, win, KVR_ATTN_CAUSAL);
+        struct kvr_tensor * out = kvr_attn(ctx, q, k, v, qp, kp, NULL, scale, 0.0f, win, KVR_ATTN_CAUSAL);
         struct kvr_graph * g = kvr_graph_new(ctx, 16);
         kvr_graph_expand(g, out);
         bool ok = kvr_graph_compute_cpu(g, 1) == KVR_OK;
