@@ -1674,38 +1674,95 @@ void kvr_replace_node(struct kvr_tensor * node, const struct kvr_tensor * by, co
 // the single-rank strategy pass: ATTN_BLOCK -> KV_STORE + KV_STORE + ATTN over the cache
 //
 
+// One ATTN_BLOCK t of the single pass: its T tokens' K/V stored at cache rows [n_past, n_past+T),
+// then t becomes their attention over the cache (kpos: the positions of rows 0..n_past+T-1).
+static void pass_single_block(struct kvr_context * ctx, struct kvr_tensor * t, struct kvr_kv_cache * cache,
+                              int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode) {
+    struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
+    const int il = t->op_params[0];
+    const int64_t D = k->ne[0], Hkv = k->ne[1], T = k->ne[2];
+    KVR_ASSERT(D * Hkv == cache->kv_dim && n_past + T <= cache->n_ctx && kpos->ne[0] == n_past + T);
+    struct kvr_tensor * kc = cache->k[il], * vc = cache->v[il];
+    const size_t row = kc->nb[1];
+    struct kvr_tensor * k_dst = kvr_view_2d(ctx, kc, cache->kv_dim, T, row, (size_t)n_past * row);
+    struct kvr_tensor * v_dst = kvr_view_2d(ctx, vc, cache->kv_dim, T, row, (size_t)n_past * row);
+    struct kvr_tensor * k_new = kvr_reshape_2d(ctx, k, cache->kv_dim, T);
+    struct kvr_tensor * v_new = kvr_reshape_2d(ctx, v, cache->kv_dim, T);
+    struct kvr_tensor * ks = kvr_set_name(kvr_kv_store(ctx, k_new, k_dst), "blk.%d.k_store", il);
+    struct kvr_tensor * vs = kvr_set_name(kvr_kv_store(ctx, v_new, v_dst), "blk.%d.v_store", il);
+    ks->why = vs->why = "single: append this batch's K/V at [n_past, n_past+T)";
+    // the ATTN reads the cache through views that depend on both stores
+    vs->src[2] = ks;
+    // a sliding-window layer reads only the rows its first query can still see
+    const int W = kvr_attn_block_window(t);
+    const int64_t lo = W > 0 && n_past - W + 1 > 0 ? n_past - W + 1 : 0, n = n_past + T - lo;
+    struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
+    struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
+    struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
+    struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t), W, mode);
+    // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
+    kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
+                             : "single: causal attention over cache[0, n_past+T)");
+}
+
 void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * cache,
                      int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (t->op == KVR_OP_ATTN_BLOCK) pass_single_block(ctx, t, cache, n_past, kpos, mode);
+    }
+    kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
+}
+
+// The batch of several sequences: token b of every ATTN_BLOCK is sequence b's next token. Each
+// token's attention is the single pass's over its own cache (a one-token block of its own,
+// rewritten by pass_single_block) over the rows the kept decode graph of a solo decode reads
+// (kvr_eval_reuse), so a batch computes what solo decodes compute; the outputs are copied into the
+// columns of one [C, T] tensor, and the ATTN_BLOCK becomes a view of it, so its readers need no
+// rewiring.
+void kvr_pass_batch(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * const * caches,
+                    const int * n_past, const int * n_kv, struct kvr_tensor * kpos, enum kvr_attn_mode mode) {
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
         if (t->op != KVR_OP_ATTN_BLOCK) continue;
         struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
         const int il = t->op_params[0];
-        const int64_t D = k->ne[0], Hkv = k->ne[1], T = k->ne[2];
-        KVR_ASSERT(D * Hkv == cache->kv_dim && n_past + T <= cache->n_ctx && kpos->ne[0] == n_past + T);
-        struct kvr_tensor * kc = cache->k[il], * vc = cache->v[il];
-        const size_t row = kc->nb[1];
-        struct kvr_tensor * k_dst = kvr_view_2d(ctx, kc, cache->kv_dim, T, row, (size_t)n_past * row);
-        struct kvr_tensor * v_dst = kvr_view_2d(ctx, vc, cache->kv_dim, T, row, (size_t)n_past * row);
-        struct kvr_tensor * k_new = kvr_reshape_2d(ctx, k, cache->kv_dim, T);
-        struct kvr_tensor * v_new = kvr_reshape_2d(ctx, v, cache->kv_dim, T);
-        struct kvr_tensor * ks = kvr_set_name(kvr_kv_store(ctx, k_new, k_dst), "blk.%d.k_store", il);
-        struct kvr_tensor * vs = kvr_set_name(kvr_kv_store(ctx, v_new, v_dst), "blk.%d.v_store", il);
-        ks->why = vs->why = "single: append this batch's K/V at [n_past, n_past+T)";
-        // the ATTN reads the cache through views that depend on both stores
-        vs->src[2] = ks;
-        // a sliding-window layer reads only the rows its first query can still see
-        const int W = kvr_attn_block_window(t);
-        const int64_t lo = W > 0 && n_past - W + 1 > 0 ? n_past - W + 1 : 0, n = n_past + T - lo;
-        struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
-        struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
-        struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
-        struct kvr_tensor * a = kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t), W, mode);
-        // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
-        kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
-                                 : "single: causal attention over cache[0, n_past+T)");
+        const int64_t T = q->ne[2], C = t->ne[0];
+        struct kvr_tensor * out = kvr_set_name(kvr_new_tensor_2d(ctx, KVR_TYPE_F32, C, T), "blk.%d.attn_batch", il);
+        struct kvr_tensor * prev = NULL;
+        int64_t k0 = 0; // sequence b's key positions start here in kpos
+        for (int64_t b = 0; b < T; b++) {
+            struct kvr_tensor * qb = kvr_view_3d(ctx, q, q->ne[0], q->ne[1], 1, q->nb[1], q->nb[2], (size_t)b * q->nb[2]);
+            struct kvr_tensor * kb = kvr_view_3d(ctx, k, k->ne[0], k->ne[1], 1, k->nb[1], k->nb[2], (size_t)b * k->nb[2]);
+            struct kvr_tensor * vb = kvr_view_3d(ctx, v, v->ne[0], v->ne[1], 1, v->nb[1], v->nb[2], (size_t)b * v->nb[2]);
+            struct kvr_tensor * pb = kvr_view_1d(ctx, pos, 1, (size_t)b * sizeof(int32_t));
+            KVR_ASSERT(n_kv[b] > n_past[b] && n_kv[b] <= caches[b]->n_ctx);
+            struct kvr_tensor * kp = kvr_view_1d(ctx, kpos, n_kv[b], (size_t)k0 * sizeof(int32_t));
+            k0 += n_kv[b];
+            struct kvr_tensor * blk = kvr_attn_block(ctx, qb, kb, vb, pb, il, kvr_attn_block_scale(t), kvr_attn_block_window(t));
+            kvr_set_name(blk, "blk.%d.attn_seq%d", il, (int)b);
+            // as the kept decode graph: attention over n_kv rows, the stores moved to row n_past
+            pass_single_block(ctx, blk, caches[b], n_kv[b] - 1, kp, mode);
+            struct kvr_tensor * vs = blk->src[5], * ks = vs->src[2];
+            KVR_ASSERT(vs->op == KVR_OP_KV_STORE && ks->op == KVR_OP_KV_STORE);
+            struct kvr_tensor * moved[4] = { ks, ks->src[1], vs, vs->src[1] };
+            for (int j = 0; j < 4; j++) moved[j]->view_offs = (size_t)n_past[b] * moved[j]->nb[1];
+            struct kvr_tensor * col = kvr_view_2d(ctx, out, C, 1, out->nb[1], (size_t)b * out->nb[1]);
+            struct kvr_tensor * cp = kvr_cpy(ctx, blk, col);
+            cp->src[2] = prev; // the copies run in order, each before the view that reads them all
+            cp->why = "batch: this sequence's attention into its column";
+            prev = cp;
+        }
+        KVR_ASSERT(k0 == kpos->ne[0]);
+        struct kvr_tensor * all = kvr_view_2d(ctx, out, C, T, out->nb[1], 0);
+        all->src[1] = prev;
+        kvr_replace_node(t, all, "batch: every sequence's attention over its own cache, one column each");
     }
-    kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
+    // every token through the kernels one token's decode uses: the same sums, however many tokens
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->op == KVR_OP_MUL_MAT) g->nodes[i]->op_params[0] = KVR_MM_ROWS;
+    }
+    kvr_graph_rebuild(g);
 }
 
 //
@@ -4482,8 +4539,12 @@ static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) 
     int64_t n0, n1;
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
-    KVR_ASSERT((size_t)m->T * mv_act_floats(m->K) <= p->wsize);
-    mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
+    // more tokens than the row kernel takes (a decode batch, KVR_MM_ROWS): MV_MAX_TOKENS at a time
+    for (int64_t t0 = 0; t0 < m->T; t0 += MV_MAX_TOKENS) {
+        const int64_t T = m->T - t0 < MV_MAX_TOKENS ? m->T - t0 : MV_MAX_TOKENS;
+        KVR_ASSERT((size_t)T * mv_act_floats(m->K) <= p->wsize);
+        mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X + t0 * m->lda, m->lda, T, m->Y + t0 * m->N, m->N, p->wdata);
+    }
     return n1 - n0;
 }
 
@@ -4536,7 +4597,7 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     int64_t rows;
     if (mm_uses_q8(w, p->q8_act))                                    rows = mm_q8(p, &m);
     else if (w->type == KVR_TYPE_F32 && K * N <= MM_DOT_MAX_WEIGHTS) rows = mm_dot_llama(p, &m);
-    else if (T <= MV_MAX_TOKENS && mv_row_kernel(w->type))           rows = mm_decode(p, &m);
+    else if ((T <= MV_MAX_TOKENS || dst->op_params[0] == KVR_MM_ROWS) && mv_row_kernel(w->type)) rows = mm_decode(p, &m);
     else if (w->type == KVR_TYPE_F32)                                rows = mm_sgemm_f32(p, &m);
     else                                                             rows = mm_sgemm_converted(p, &m);
     p->counters->matmul_flops += 2 * K * rows * T;
@@ -5114,8 +5175,10 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             if (t->op == KVR_OP_MUL_MAT && mm_uses_q8(w, q8_act)) {
                 n = qx_scratch_bytes(w->type, w->ne[0], T) / sizeof(float) + 1;
             }
-            if (t->op == KVR_OP_MUL_MAT && T <= MV_MAX_TOKENS && (size_t)T * mv_act_floats(w->ne[0]) > n) {
-                n = (size_t)T * mv_act_floats(w->ne[0]);
+            const int64_t Tr = T < MV_MAX_TOKENS ? T : MV_MAX_TOKENS; // the row kernel's tokens at a time
+            const bool by_rows = T <= MV_MAX_TOKENS || t->op_params[0] == KVR_MM_ROWS;
+            if (t->op == KVR_OP_MUL_MAT && by_rows && (size_t)Tr * mv_act_floats(w->ne[0]) > n) {
+                n = (size_t)Tr * mv_act_floats(w->ne[0]);
             }
             if (n > need) need = n;
         }
@@ -10121,7 +10184,8 @@ int kvr_eval_run(struct kvr_eval * ev) {
     int rc = kvr_backend_graph_compute(ev->backend, g);
     if (rc == KVR_OK) rc = kvr_backend_synchronize(ev->backend);
     if (rc == KVR_OK && ev->n_outputs) {
-        kvr_backend_tensor_get(out, ev->logits, kvr_nbytes(out) - sizeof(float) * m->hp.n_vocab, sizeof(float) * m->hp.n_vocab);
+        const size_t nb = sizeof(float) * m->hp.n_vocab * (size_t)ev->n_outputs;
+        kvr_backend_tensor_get(out, ev->logits, kvr_nbytes(out) - nb, nb);
     }
     for (ptrdiff_t i = 0; rc == KVR_OK && i < arrlen(captured); i++) {
         ev->capture->got(ev->capture->user, captured[i], captured_id[i] / ev->capture->n_names,
