@@ -54,7 +54,17 @@ NVCC_LIBS := -L$(NCCL_HOME)/lib -Xlinker -rpath,$(NCCL_HOME)/lib -lnccl # what n
 KVR_DEFS  := -DKVR_CUDA   # kvr.c, the tools and tests (kvr.h declares the CUDA entry points)
 LDLIBS    += $(CUDA_LIBS)
 endif
-TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
+TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(filter-out tools/kvr-server.c,$(wildcard tools/*.c)))
+# kvr-server needs libmicrohttpd and jansson (Debian's libmicrohttpd-dev, libjansson-dev; installed
+# by tools/install-deps.sh): built where pkg-config finds both, said and skipped where it does not
+SERVER_LIBS := $(shell pkg-config --libs libmicrohttpd jansson 2>/dev/null)
+SERVER_OK   := $(shell pkg-config --exists libmicrohttpd jansson 2>/dev/null && echo 1)
+ifeq ($(SERVER_OK),1)
+TOOLS     += $(BUILD)/kvr-server
+SERVER_ASAN := $(ASAN)/kvr-server
+else
+$(info kvr-server is not built: libmicrohttpd and jansson were not found by pkg-config (tools/install-deps.sh installs libmicrohttpd-dev and libjansson-dev))
+endif
 TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -107,6 +117,9 @@ tools: $(TOOLS)
 $(BUILD)/%: tools/%.c kvr.h $(wildcard tools/*.h) $(BUILD)/libkvr.a | $(BUILD)
 	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
+$(BUILD)/kvr-server: tools/kvr-server.c kvr.h $(BUILD)/libkvr.a | $(BUILD)
+	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS) $(SERVER_LIBS)
+
 $(BUILD)/test-%: tests/test-%.c kvr.h $(wildcard tests/*.h) $(BUILD)/libkvr.a | $(BUILD)
 	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
@@ -122,6 +135,10 @@ $(ASAN)/kvr-tune.o: $(LIB_DEPS) | $(ASAN)
 
 $(ASAN)/test-%: tests/test-%.c kvr.h $(wildcard tests/*.h) $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+# the server under ASan + UBSan (tests/server.sh runs a short session against it)
+$(ASAN)/kvr-server: tools/kvr-server.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o $(EXTRA_SRCS) -o $@ $(LDLIBS) $(SERVER_LIBS)
 
 # the fuzz targets: the library built once with clang's sanitizers and fuzzer instrumentation
 FUZZFLAGS := -std=c11 -O1 -g -I. -pthread -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN)
@@ -183,7 +200,7 @@ cuda-gate:
 	echo "the CUDA build ($(BUILD)/cuda) took $$(( $$(date +%s) - t0 )) s"
 cuda-parts: $(BUILD)/libkvr.a $(BUILD)/kvr-run $(BUILD)/kvr-compare $(BUILD)/test-ops $(BUILD)/test-cuda-host
 
-test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-kvfile $(BUILD)/fuzz-cli $(CUDA_GATE)
+test: all tests $(ASAN_TESTS) $(SERVER_ASAN) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-kvfile $(BUILD)/fuzz-cli $(CUDA_GATE)
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)
 
 # the main job on an embedded default: parallel prefill of a story on 2 ranks
