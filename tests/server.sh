@@ -5,8 +5,9 @@
 # venv made once in BUILD/server-venv; skipped, saying so, where PyPI cannot be reached) drive them.
 # The greedy texts they expect are kvr-run's for the same turns, made first. Then a server with
 # --cache-dir (an idle slot swapped out to a file and back, the answer unchanged), SIGTERM while a
-# stream runs (it ends whole, the server exits 0), and, where ASAN_BUILD has kvr-server, a short
-# session against the sanitizer build. Every wait is bounded (timeout, curl --max-time).
+# stream runs (it ends whole, the server exits 0), --ranks (a prompt prefilled on 2 ranks and handed
+# to a slot, answering as kvr-run on 2 ranks) and, where ASAN_BUILD has kvr-server, a short session
+# against the sanitizer build. Every wait is bounded (timeout, curl --max-time).
 
 build=${1:-build}
 asan=${2:-}
@@ -88,6 +89,9 @@ words = text.split()
 exp["completion"] = {"prompt": prompt, "n": 16, "text": text, "stop": words[1] if len(words) > 2 else text[2:4]}
 topics = ["the moon", "bread", "a river", "winter", "music", "trees", "the ocean", "a city"]
 exp["concurrent"] = [chat("Tell me one fact about %s." % t, 16) for t in topics]
+q = ("Here is a note: the old lighthouse keeper wrote in his log that the ship passed the rocks at dawn, carrying wool, "
+     "salt and letters to the northern island. The weather was calm and the sea was grey. What did the ship carry?")
+exp["ranks"] = {"q": q, "n": 24, "text": run(["-cnv", "-p", q, "-n", "24", "--ranks", "2", "--strategy", "kvr"])[:-1]}
 exp["document"] = " ".join("Part %d: the old lighthouse keeper wrote in his log that the ship number %d passed "
                            "the rocks at dawn, carrying wool, salt and letters to the northern island." % (i, i * 7 % 31)
                            for i in range(12))
@@ -174,7 +178,23 @@ else
     bad "kvr-server --cache-dir did not start"
 fi
 
-# 3. the sanitizer build: malformed requests, one greedy chat, a disconnect
+# 3. --ranks: a long prompt prefilled on 2 local ranks (KV-Runahead) and its cache handed to a slot
+if start_server ranks "$build/kvr-server" -np 2 -c 2048 -t $threads --ranks 2 --strategy kvr --ranks-min 32; then
+    python3 - "$url" "$tmp/expected.json" <<'PY' && ok "--ranks 2 --strategy kvr: the handed-over prefill answers as kvr-run -cnv --ranks 2 --strategy kvr" || bad "--ranks: answer differs"
+import json, sys, urllib.request
+url, exp = sys.argv[1], json.load(open(sys.argv[2]))["ranks"]
+req = urllib.request.Request(url + "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": exp["q"]}],
+                             "temperature": 0, "max_tokens": exp["n"]}).encode(), {"Content-Type": "application/json"})
+got = json.load(urllib.request.urlopen(req, timeout=300))["choices"][0]["message"]["content"]
+assert got == exp["text"], (got, exp["text"])
+PY
+    curl -s --max-time 10 "$url/metrics" | grep -q '^kvr_handoffs_total 1$' && ok "--ranks: one hand-off counted" || bad "--ranks: no hand-off counted"
+    stop_server "$pid" 30 && ok "--ranks server: exit 0" || bad "--ranks server: exit $?"
+else
+    bad "kvr-server --ranks did not start"
+fi
+
+# 4. the sanitizer build: malformed requests, one greedy chat, a disconnect
 if [ -n "$asan" ] && [ -x "$asan/kvr-server" ]; then
     if start_server asan "$asan/kvr-server" -np 2 -c 2048 -t $threads; then
         out=$(QUICK=1 timeout 600 python3 tests/server-client.py "$url" "$pid" "$tmp/expected.json" 2>&1)

@@ -35,6 +35,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -62,6 +63,7 @@ struct req {
     int32_t     * prompt;
     int           n_prompt;
     int           max_tokens;     // -1: until the end of the turn or the context
+    bool          ignore_eos;     // llama-server's: end-of-generation tokens are never sampled
     struct kvr_sampler_params sp;
     char        * stop[SRV_MAX_STOP];
     int           n_stop;
@@ -90,7 +92,7 @@ struct req {
     size_t        out_len, out_off;
 };
 
-enum slot_state { SLOT_IDLE, SLOT_PREFILL, SLOT_DECODE };
+enum slot_state { SLOT_IDLE, SLOT_PREFILL, SLOT_DECODE, SLOT_HANDOFF };
 
 struct slot {
     int                  id;
@@ -110,6 +112,8 @@ struct srv {
     // options
     const char * model_path, * host, * api_key, * cache_dir, * chat_template;
     int          port, n_slots, n_ctx, n_threads, chunk, queue_max, max_body, verbose;
+    int          n_ranks, ranks_min;      // --ranks, --ranks-min: long prompts prefilled on ranks
+    enum kvr_strategy strategy;
     double       timeout_s, drain_s, swap_idle_s, read_timeout_s;
     // the model
     struct kvr_model * model;
@@ -117,6 +121,8 @@ struct srv {
     const char * family;
     char         model_id[256];
     struct slot * slots;
+    int32_t     * eog;            // the end-of-generation tokens (ignore_eos masks them)
+    int           n_eog;
     // shared state
     pthread_mutex_t mu;
     pthread_cond_t  work;         // the scheduler waits for requests
@@ -130,6 +136,17 @@ struct srv {
     double    m_ttft_sum;
     long long m_ttft_count, m_batch_steps, m_batch_tokens, m_swaps_out, m_swaps_in;
     pthread_t sched;
+    // the parallel prefill (--ranks): one session of n_ranks local ranks, run by its own thread,
+    // whose cache is handed to a slot through a KV cache file (the P/D hand-off)
+    struct kvr_session * pf;
+    pthread_t       pf_thread;
+    pthread_cond_t  pf_cv;
+    struct slot   * pf_slot;      // the slot whose prompt it prefills (NULL: idle)
+    bool            pf_done;      //   finished: pf_rc, pf_err, the file pf_path
+    int             pf_rc;
+    char            pf_err[512];
+    char            pf_path[4096];
+    long long       m_handoffs;
 };
 
 static struct srv g_srv;
@@ -284,7 +301,7 @@ static void slot_finish_locked(struct slot * sl, const char * finish) {
 static void slot_fail_locked(struct slot * sl, int status, const char * msg) {
     struct req * r = sl->r;
     r->err_status = status;
-    snprintf(r->err, sizeof(r->err), "%s", msg);
+    snprintf(r->err, sizeof(r->err), "%.250s", msg);
     g_srv.m_errors++;
     slot_finish_locked(sl, "error");
 }
@@ -389,6 +406,15 @@ static void admit_locked(void) {
             kvr_session_reset(best->s);
             keep = 0;
         }
+        // a long prompt with little of it cached goes to the ranks while the pf session is free
+        if (g_srv.pf && !g_srv.pf_slot && r->n_prompt - keep >= g_srv.ranks_min) {
+            kvr_session_reset(best->s);
+            keep = 0;
+            best->state = SLOT_HANDOFF;
+            g_srv.pf_slot = best;
+            g_srv.pf_done = false;
+            pthread_cond_signal(&g_srv.pf_cv);
+        }
         best->n_done = keep;
         r->n_cached = keep;
         g_srv.m_prompt_tokens += r->n_prompt;
@@ -396,6 +422,80 @@ static void admit_locked(void) {
         kvr_sampler_init(&best->smp, &r->sp);
         logf_v("slot %d: request %s, %d prompt tokens, %d cached", best->id, r->id, r->n_prompt, keep);
     }
+}
+
+// The parallel prefill's thread: a prompt on the ranks, its cache saved for the slot to load.
+static void * pf_main(void * arg) {
+    (void)arg;
+    struct srv * S = &g_srv;
+    pthread_mutex_lock(&S->mu);
+    while (!S->stop) {
+        if (!S->pf_slot || S->pf_done) {
+            struct timespec ts;
+            abs_deadline(&ts, 100.0);
+            pthread_cond_timedwait(&S->pf_cv, &S->mu, &ts);
+            continue;
+        }
+        struct req * r = S->pf_slot->r; // the slot keeps it while the hand-off runs
+        pthread_mutex_unlock(&S->mu);
+        const double t0 = now_ms();
+        kvr_session_reset(S->pf);
+        int rc = kvr_session_eval(S->pf, r->prompt, r->n_prompt) ? KVR_OK : KVR_ERR_ARG;
+        if (rc == KVR_OK) rc = kvr_session_kv_save(S->pf, S->pf_path, false);
+        pthread_mutex_lock(&S->mu);
+        S->pf_rc = rc;
+        snprintf(S->pf_err, sizeof(S->pf_err), "%s", rc == KVR_OK ? "" : kvr_last_error());
+        S->pf_done = true;
+        logf_v("request %s: %d prompt tokens prefilled on %d ranks (%s) in %.0f ms", r->id, r->n_prompt, S->n_ranks,
+               kvr_strategy_name(S->strategy), now_ms() - t0);
+        pthread_cond_signal(&S->work);
+    }
+    pthread_mutex_unlock(&S->mu);
+    return NULL;
+}
+
+// The slot's next token from logits (ignore_eos: with every end-of-generation token masked).
+static int32_t slot_sample(struct slot * sl, const float * logits, int n_vocab, float * scratch) {
+    if (!sl->r->ignore_eos) return kvr_sample(&sl->smp, logits, n_vocab);
+    memcpy(scratch, logits, sizeof(float) * (size_t)n_vocab);
+    for (int i = 0; i < g_srv.n_eog; i++) scratch[g_srv.eog[i]] = -INFINITY;
+    return kvr_sample(&sl->smp, scratch, n_vocab);
+}
+
+// The hand-off's end (mu held): the ranks' cache into the slot, which then decodes (or fails).
+static void handoff_finish_locked(float * scratch, int n_vocab) {
+    struct srv * S = &g_srv;
+    struct slot * sl = S->pf_slot;
+    int rc = S->pf_rc;
+    char err[600];
+    snprintf(err, sizeof(err), "%.500s", S->pf_err);
+    if (rc == KVR_OK && !sl->r->cancelled) {
+        rc = kvr_session_kv_load(sl->s, S->pf_path);
+        if (rc != KVR_OK) snprintf(err, sizeof(err), "%.500s", kvr_last_error());
+    }
+    unlink(S->pf_path);
+    S->pf_slot = NULL;
+    S->pf_done = false;
+    if (sl->r->cancelled) {
+        S->m_cancelled++;
+        kvr_session_reset(sl->s);
+        slot_keep_tokens(sl);
+        slot_finish_locked(sl, "cancelled");
+        return;
+    }
+    if (rc != KVR_OK) {
+        char msg[700];
+        snprintf(msg, sizeof(msg), "prefill on %d ranks failed: %s", S->n_ranks, err);
+        kvr_session_reset(sl->s);
+        slot_keep_tokens(sl);
+        slot_fail_locked(sl, 500, msg);
+        return;
+    }
+    S->m_handoffs++;
+    sl->n_done = sl->r->n_prompt;
+    sl->state = SLOT_DECODE;
+    const int32_t id = slot_sample(sl, kvr_session_logits(sl->s), n_vocab, scratch);
+    if (slot_emit_locked(sl, id)) slot_keep_tokens(sl);
 }
 
 static void * sched_main(void * arg) {
@@ -406,12 +506,17 @@ static void * sched_main(void * arg) {
     int32_t * gtok = malloc(sizeof(int32_t) * (size_t)S->n_slots);
     KVR_ASSERT(group && gslot && gtok);
     const int n_vocab = kvr_vocab_n_tokens(S->vocab);
+    float * scratch = malloc(sizeof(float) * (size_t)n_vocab);
+    KVR_ASSERT(scratch != NULL);
     pthread_mutex_lock(&S->mu);
     while (!S->stop) {
+        // a finished hand-off goes on in its slot; a cancelled one stops the ranks
+        if (S->pf_slot && S->pf_done) handoff_finish_locked(scratch, n_vocab);
+        if (S->pf_slot && S->pf_slot->r->cancelled) kvr_session_interrupt(S->pf, true);
         // cancelled requests free their slots
         for (int i = 0; i < S->n_slots; i++) {
             struct slot * sl = &S->slots[i];
-            if (sl->state != SLOT_IDLE && sl->r->cancelled) {
+            if (sl->state != SLOT_IDLE && sl->state != SLOT_HANDOFF && sl->r->cancelled) {
                 logf_v("slot %d: request %s cancelled (its client went away)", sl->id, sl->r->id);
                 S->m_cancelled++;
                 slot_keep_tokens(sl);
@@ -419,8 +524,17 @@ static void * sched_main(void * arg) {
             }
         }
         admit_locked();
-        bool busy = false;
-        for (int i = 0; i < S->n_slots; i++) busy |= S->slots[i].state != SLOT_IDLE;
+        bool busy = false, work = false;
+        for (int i = 0; i < S->n_slots; i++) {
+            busy |= S->slots[i].state != SLOT_IDLE;
+            work |= S->slots[i].state == SLOT_PREFILL || S->slots[i].state == SLOT_DECODE;
+        }
+        if (busy && !work) { // only a hand-off runs: wait for it
+            struct timespec ts;
+            abs_deadline(&ts, 100.0);
+            pthread_cond_timedwait(&S->work, &S->mu, &ts);
+            continue;
+        }
         if (!busy) {
             // idle slots' caches out to files after --swap-idle seconds
             if (S->cache_dir) {
@@ -466,7 +580,7 @@ static void * sched_main(void * arg) {
                 sl->n_done += n;
                 if (sl->n_done == r->n_prompt) {
                     sl->state = SLOT_DECODE;
-                    const int32_t id = kvr_sample(&sl->smp, lg, n_vocab);
+                    const int32_t id = slot_sample(sl, lg, n_vocab, scratch);
                     if (slot_emit_locked(sl, id)) slot_keep_tokens(sl);
                 }
             }
@@ -484,7 +598,9 @@ static void * sched_main(void * arg) {
             n++;
         }
         if (n > 0) {
-            const int rc = kvr_session_eval_batch(group, gtok, n);
+            // one sequence alone goes through its session's kept decode graph (the same result)
+            const int rc = n == 1 ? (kvr_session_eval(group[0], gtok, 1) ? KVR_OK : KVR_ERR_ARG)
+                                  : kvr_session_eval_batch(group, gtok, n);
             pthread_mutex_lock(&S->mu);
             S->m_batch_steps++;
             S->m_batch_tokens += n;
@@ -497,7 +613,7 @@ static void * sched_main(void * arg) {
                     slot_fail_locked(sl, 500, msg);
                     continue;
                 }
-                const int32_t id = kvr_sample(&sl->smp, kvr_session_logits(sl->s), n_vocab);
+                const int32_t id = slot_sample(sl, kvr_session_logits(sl->s), n_vocab, scratch);
                 if (slot_emit_locked(sl, id)) slot_keep_tokens(sl);
             }
             pthread_mutex_unlock(&S->mu);
@@ -508,6 +624,7 @@ static void * sched_main(void * arg) {
     free(group);
     free(gslot);
     free(gtok);
+    free(scratch);
     return NULL;
 }
 
@@ -737,6 +854,10 @@ static struct req * parse_request(struct MHD_Connection * c, enum req_kind kind,
         if (!json_is_integer(v)) BAD("seed", "'seed' must be an integer");
         r->sp.seed = (uint64_t)json_integer_value(v);
     }
+    if ((v = json_object_get(root, "ignore_eos")) && !json_is_null(v)) {
+        if (!json_is_boolean(v)) BAD("ignore_eos", "'ignore_eos' must be true or false");
+        r->ignore_eos = json_is_true(v);
+    }
     if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
         if (!json_is_integer(v) || json_integer_value(v) != 1) BAD("n", "'n' must be 1 (one choice per request)");
     }
@@ -938,6 +1059,7 @@ static enum MHD_Result handle_metrics(struct MHD_Connection * c) {
     fprintf(f, "# HELP kvr_slots_total Slots (--parallel).\n# TYPE kvr_slots_total gauge\nkvr_slots_total %d\n", S->n_slots);
     fprintf(f, "# HELP kvr_cache_tokens Tokens held in the slots' caches in memory (idle slots' as last kept).\n# TYPE kvr_cache_tokens gauge\nkvr_cache_tokens %lld\n", cached);
     fprintf(f, "# HELP kvr_cache_tokens_capacity Tokens the slots' caches can hold.\n# TYPE kvr_cache_tokens_capacity gauge\nkvr_cache_tokens_capacity %lld\n", (long long)S->n_slots * S->n_ctx);
+    fprintf(f, "# HELP kvr_handoffs_total Prompts prefilled on --ranks and handed to a slot.\n# TYPE kvr_handoffs_total counter\nkvr_handoffs_total %lld\n", S->m_handoffs);
     fprintf(f, "# HELP kvr_slots_swapped Idle slots whose cache is in --cache-dir.\n# TYPE kvr_slots_swapped gauge\nkvr_slots_swapped %d\n", swapped);
     fprintf(f, "# HELP kvr_swaps_total Caches swapped out and in.\n# TYPE kvr_swaps_total counter\nkvr_swaps_total{dir=\"out\"} %lld\nkvr_swaps_total{dir=\"in\"} %lld\n", S->m_swaps_out, S->m_swaps_in);
     pthread_mutex_unlock(&S->mu);
@@ -1037,6 +1159,9 @@ static void usage(FILE * f) {
         "  -c, --ctx-size N       context of each slot in tokens (default 4096)\n"
         "  -t, --threads N        CPU threads of a step (default: all cores)\n"
         "  --chunk N              prompt tokens prefilled between two decode steps (default 256)\n"
+        "  --ranks N              prefill long prompts on N local ranks beside the batch (default 1: off)\n"
+        "  --strategy S           ... with this strategy (kvr-run's: tsp, kvr, ring-kv, ring-q, auto; default kvr)\n"
+        "  --ranks-min N          ... when at least N prompt tokens are not cached (default 1024)\n"
         "  --queue N              requests that may wait for a slot; more get 503 (default 64)\n"
         "  --api-key KEY          require Authorization: Bearer KEY on /v1/*\n"
         "  --cache-dir DIR        swap idle slots' caches out to files in DIR\n"
@@ -1085,6 +1210,9 @@ static int parse_args(int argc, char ** argv) {
     S->drain_s = 30;
     S->swap_idle_s = 10;
     S->read_timeout_s = 30;
+    S->n_ranks = 1;
+    S->ranks_min = 1024;
+    S->strategy = KVR_STRATEGY_KVR;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i];
         const char * v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1097,6 +1225,14 @@ static int parse_args(int argc, char ** argv) {
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) rc = parse_int(a, v, 8, 1 << 20, &S->n_ctx);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = parse_int(a, v, 1, KVR_MAX_THREADS, &S->n_threads);
         else if (!strcmp(a, "--chunk")) rc = parse_int(a, v, 1, 1 << 20, &S->chunk);
+        else if (!strcmp(a, "--ranks")) rc = parse_int(a, v, 1, 256, &S->n_ranks);
+        else if (!strcmp(a, "--ranks-min")) rc = parse_int(a, v, 1, 1 << 20, &S->ranks_min);
+        else if (!strcmp(a, "--strategy")) {
+            if (!v || kvr_strategy_parse(v, &S->strategy) != KVR_OK) {
+                fprintf(stderr, "kvr-server: --strategy: %s\n", v ? kvr_last_error() : "needs a value");
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--queue")) rc = parse_int(a, v, 0, 1 << 20, &S->queue_max);
         else if (!strcmp(a, "--api-key")) S->api_key = v;
         else if (!strcmp(a, "--cache-dir")) S->cache_dir = v;
@@ -1157,6 +1293,12 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "kvr-server: %s: %s\n", S->chat_template ? "--chat-template" : S->model_path, kvr_last_error());
         return 2;
     }
+    const int n_vocab = kvr_vocab_n_tokens(S->vocab);
+    S->eog = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    KVR_ASSERT(S->eog != NULL);
+    for (int i = 0; i < n_vocab; i++) {
+        if (kvr_vocab_is_eog(S->vocab, i)) S->eog[S->n_eog++] = i;
+    }
     const char * base = strrchr(S->model_path, '/');
     snprintf(S->model_id, sizeof(S->model_id), "%s", base ? base + 1 : S->model_path);
     S->slots = calloc((size_t)S->n_slots, sizeof(struct slot));
@@ -1173,6 +1315,20 @@ int main(int argc, char ** argv) {
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->work, NULL);
     pthread_cond_init(&S->out, NULL);
+    pthread_cond_init(&S->pf_cv, NULL);
+    if (S->n_ranks > 1) {
+        S->pf = kvr_session_new(S->model, &(struct kvr_session_params){ .n_ranks = S->n_ranks, .strategy = S->strategy, .n_ctx = S->n_ctx });
+        if (!S->pf) {
+            fprintf(stderr, "kvr-server: --ranks %d --strategy %s: %s\n", S->n_ranks, kvr_strategy_name(S->strategy), kvr_last_error());
+            return 1;
+        }
+        const char * dir = S->cache_dir ? S->cache_dir : getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+        snprintf(S->pf_path, sizeof(S->pf_path), "%s/kvr-server-%d-handoff.kvc", dir, (int)getpid());
+        if (pthread_create(&S->pf_thread, NULL, pf_main, NULL) != 0) {
+            fprintf(stderr, "kvr-server: cannot start the prefill thread\n");
+            return 1;
+        }
+    }
     struct sigaction sa = { .sa_handler = on_signal };
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
@@ -1225,9 +1381,16 @@ int main(int argc, char ** argv) {
     S->stop = true;
     pthread_cond_broadcast(&S->work);
     pthread_cond_broadcast(&S->out);
+    pthread_cond_broadcast(&S->pf_cv);
     pthread_mutex_unlock(&S->mu);
+    if (S->pf) kvr_session_interrupt(S->pf, true);
     MHD_stop_daemon(d);
     pthread_join(S->sched, NULL);
+    if (S->pf) {
+        pthread_join(S->pf_thread, NULL);
+        kvr_session_free(S->pf);
+        unlink(S->pf_path);
+    }
     for (int i = 0; i < S->n_slots; i++) {
         struct slot * sl = &S->slots[i];
         if (sl->swapped) { // its file goes with it
@@ -1246,6 +1409,7 @@ int main(int argc, char ** argv) {
         req_unref_locked(r);
     }
     free(S->slots);
+    free(S->eog);
     kvr_model_free(S->model);
     fprintf(stderr, "kvr-server: stopped\n");
     return 0;
