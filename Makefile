@@ -5,7 +5,7 @@
 #   make KVR_CUDA=1   the same with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90 plus PTX)
 #   make test         every test (plus a second build under ASan+UBSan, bounded fuzz runs and,
 #                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
-#   make bench        the benchmarks (long: about two hours; not part of make test)
+#   make bench        the benchmarks (long: about two hours; not part of make test), kvr-server's too
 #   make fuzz-cli     kvr-run's command line under libFuzzer for FUZZ_CLI_SECONDS (default 30 min)
 #   make install PREFIX=/usr/local
 
@@ -227,6 +227,7 @@ bench: all
 	sh tests/bench.sh $(BUILD)
 	python3 tests/paper-tables.py $(BUILD) $(BUILD)/bench/paper-tables.md
 	@echo "the simulated paper setting: $(BUILD)/bench/paper-tables.md"
+	$(if $(SERVER_OK),python3 tools/server-bench.py $(BUILD) --out $(BUILD)/bench/server.md,@echo "kvr-server is not built: its bench is skipped")
 
 install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

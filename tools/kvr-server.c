@@ -975,6 +975,9 @@ static enum MHD_Result handle_completion(struct MHD_Connection * c, enum req_kin
     snprintf(r->id, sizeof(r->id), "%s-%lld", kind == REQ_CHAT ? "chatcmpl" : "cmpl", (long long)atomic_fetch_add(&counter, 1));
     r->created = (long long)time(NULL);
     r->t_arrive = now_ms();
+    // the body is in: from here on the connection waits for us, not for the client (a long prefill
+    // must not look like a silent client)
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)(g_srv.timeout_s + 60));
     const union MHD_ConnectionInfo * ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     r->fd = ci ? ci->connect_fd : -1;
     pthread_mutex_lock(&g_srv.mu);
