@@ -3824,6 +3824,7 @@ static float dot_f32_ggml(const float * x, const float * y, int64_t n) {
 //     no extra instruction.
 
 #define MV_MAX_TOKENS 4   // up to this many tokens a matmul goes row by row (the row stays in L1)
+#define MV_BATCH_TOKENS 8 // KVR_MM_ROWS (a decode batch): this many tokens a pass over the rows
 
 struct mv_act {
     const float * x;    // K activations
@@ -4081,6 +4082,70 @@ static inline __attribute__((always_inline)) float mv_q4_1(const void * row, con
 MV_ROW_DEN(q4_0, mv_q4_0)
 MV_ROW_DEN(q4_1, mv_q4_1)
 
+// mv_q4 of one row for T <= MV_BATCH_TOKENS tokens at once (a decode batch): the row's nibbles and
+// scales are unpacked once and used by every token, and each token's sums are made by the same
+// operations in the same order as mv_q4_step's (the same bits as T calls of mv_q4), so batching
+// saves the unpacking, not the arithmetic a token's result is made of.
+static inline __attribute__((always_inline)) void mv_q4_tokens(const uint8_t * row, const struct mv_act * a, int64_t T, int64_t K,
+                                                                const bool min, const bool den, float * y, int64_t ldy) {
+    const size_t bs = min ? sizeof(struct kvr_block_q4_1) : sizeof(struct kvr_block_q4_0);
+    const int64_t nb = K / KVR_QK;
+    __m256 acc[MV_BATCH_TOKENS];
+    for (int64_t t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i += 2) {
+        const bool two = i + 1 < nb;
+        const uint8_t * b = row + (size_t)i * bs, * q = b + (min ? 4 : 2);
+        const __m128i lo = _mm_loadu_si128((const __m128i *)q);
+        __m256i v = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128((const __m128i *)(q + bs)), 1)
+                        : _mm256_zextsi128_si256(lo);
+        __m256 nib[8];
+        for (int k = 0; k < 8; k++) {
+            if (den && k == 4) v = _mm256_srli_epi32(v, 16);
+            nib[k] = mv_nib(v, k, den);
+        }
+        const __m256 d = mv_half_pair(b, two ? b + bs : NULL);
+        const __m256 m = min ? mv_half_pair(b + 2, two ? b + bs + 2 : NULL) : _mm256_setzero_ps();
+        for (int64_t t = 0; t < T; t++) {
+            const float * xp = a[t].xp + 32 * i;
+            const __m256 xo = _mm256_loadu_ps(a[t].xo + 4 * i);
+            __m256 s2[2] = { min ? _mm256_setzero_ps() : _mm256_mul_ps(xo, _mm256_set1_ps(-8.0f)), _mm256_setzero_ps() };
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) s2[k & 1] = _mm256_fmadd_ps(nib[k], _mm256_loadu_ps(xp + 8 * k), s2[k & 1]);
+            acc[t] = _mm256_fmadd_ps(_mm256_add_ps(s2[0], s2[1]), d, acc[t]);
+            if (min) acc[t] = _mm256_fmadd_ps(m, xo, acc[t]);
+        }
+    }
+    for (int64_t t = 0; t < T; t++) y[t * ldy] = mv_hsum(acc[t]) * a[t].unscale;
+}
+
+// A row for several tokens at once (mv_mul with T > 1), for the types that have such a kernel.
+typedef void (* mv_tokens_fn)(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy);
+#define MV_TOKENS(name, min) \
+    static void mv_tokens_##name(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy) { \
+        if (a->den) mv_q4_tokens(row, a, T, K, min, true, y, ldy); else mv_q4_tokens(row, a, T, K, min, false, y, ldy); \
+    }
+MV_TOKENS(q4_0, false)
+MV_TOKENS(q4_1, true)
+#undef MV_TOKENS
+
+// mv_q8_blocks for several tokens: each block's bytes converted once, each token's sums as there.
+static void mv_q8_tokens(const uint8_t * b, size_t bs, size_t qo, const struct mv_act * a, int64_t T, int64_t nb, float * y, int64_t ldy) {
+    __m256 acc[MV_BATCH_TOKENS][2];
+    for (int64_t t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++, b += bs) {
+        __m256 w[4];
+        for (int j = 0; j < 4; j++) w[j] = mv_i8x8(_mm_loadl_epi64((const __m128i *)(b + qo + 8 * j)));
+        const __m256 d = _mm256_set1_ps(mv_half(b));
+        for (int64_t t = 0; t < T; t++) {
+            const float * x = a[t].x + i * KVR_QK;
+            __m256 s2 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+            for (int j = 1; j < 4; j++) s2 = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + 8 * j), s2);
+            acc[t][i & 1] = _mm256_fmadd_ps(s2, d, acc[t][i & 1]);
+        }
+    }
+    for (int64_t t = 0; t < T; t++) y[t * ldy] = mv_hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+
 static float mv_row_q5_0(const void * row, const struct mv_act * a, int64_t K) {
     const struct kvr_block_q5_0 * b = row;
     const float * x = a->x;
@@ -4121,6 +4186,19 @@ static float mv_q8_blocks(const uint8_t * b, size_t bs, size_t qo, const float *
 
 static float mv_row_q8_0(const void * row, const struct mv_act * a, int64_t K) {
     return mv_q8_blocks(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a->x, K / KVR_QK);
+}
+
+static void mv_tokens_q8_0(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy) {
+    mv_q8_tokens(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a, T, K / KVR_QK, y, ldy);
+}
+
+static mv_tokens_fn mv_tokens_kernel(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: return mv_tokens_q4_0;
+        case KVR_TYPE_Q4_1: return mv_tokens_q4_1;
+        case KVR_TYPE_Q8_0: return mv_tokens_q8_0;
+        default:            return NULL;
+    }
 }
 
 static float mv_row_q8_1(const void * row, const struct mv_act * a, int64_t K) {
@@ -4397,6 +4475,12 @@ MV_ROW(q3_K, KVR_TYPE_Q3_K) MV_ROW(q4_K, KVR_TYPE_Q4_K) MV_ROW(q5_K, KVR_TYPE_Q5
 MV_ROW(f16, KVR_TYPE_F16)   MV_ROW(bf16, KVR_TYPE_BF16)
 #undef MV_ROW
 
+typedef void (* mv_tokens_fn)(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy);
+static mv_tokens_fn mv_tokens_kernel(enum kvr_type t) {
+    (void)t;
+    return NULL;
+}
+
 #endif
 
 static float mv_row_f32(const void * row, const struct mv_act * a, int64_t K) {
@@ -4430,7 +4514,7 @@ static mv_row_fn mv_row_kernel(enum kvr_type t) {
 static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
                    const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, float * scratch) {
     const mv_row_fn row_fn = mv_row_kernel(type);
-    KVR_ASSERT(row_fn && T <= MV_MAX_TOKENS);
+    KVR_ASSERT(row_fn && T <= MV_BATCH_TOKENS);
     const bool den = mv_den_fast();
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     // quants read as subnormal floats would read as 0 under denormals-are-zero (which an
@@ -4438,11 +4522,13 @@ static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t
     const unsigned csr = _mm_getcsr();
     if (den && (csr & 0x0040u)) _mm_setcsr(csr & ~0x0040u);
 #endif
-    struct mv_act act[MV_MAX_TOKENS];
+    struct mv_act act[MV_BATCH_TOKENS];
     for (int64_t t = 0; t < T; t++) mv_act_init(&act[t], type, X + t * ldx, K, scratch + (size_t)t * mv_act_floats(K), den);
+    const mv_tokens_fn tokens_fn = T > 1 ? mv_tokens_kernel(type) : NULL;
     for (int64_t n = n0; n < n1; n++) {
         const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
-        for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
+        if (tokens_fn) tokens_fn(row, act, T, K, Y + n, ldy);
+        else for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
     }
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     if (den && (csr & 0x0040u)) _mm_setcsr(csr);
@@ -4539,9 +4625,11 @@ static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) 
     int64_t n0, n1;
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
-    // more tokens than the row kernel takes (a decode batch, KVR_MM_ROWS): MV_MAX_TOKENS at a time
-    for (int64_t t0 = 0; t0 < m->T; t0 += MV_MAX_TOKENS) {
-        const int64_t T = m->T - t0 < MV_MAX_TOKENS ? m->T - t0 : MV_MAX_TOKENS;
+    // more tokens than one pass over the rows takes (a decode batch, KVR_MM_ROWS: MV_BATCH_TOKENS,
+    // the row kernels' group there; MV_MAX_TOKENS otherwise): a group at a time
+    const int64_t G = m->T > MV_MAX_TOKENS ? MV_BATCH_TOKENS : MV_MAX_TOKENS;
+    for (int64_t t0 = 0; t0 < m->T; t0 += G) {
+        const int64_t T = m->T - t0 < G ? m->T - t0 : G;
         KVR_ASSERT((size_t)T * mv_act_floats(m->K) <= p->wsize);
         mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X + t0 * m->lda, m->lda, T, m->Y + t0 * m->N, m->N, p->wdata);
     }
@@ -5175,8 +5263,8 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             if (t->op == KVR_OP_MUL_MAT && mm_uses_q8(w, q8_act)) {
                 n = qx_scratch_bytes(w->type, w->ne[0], T) / sizeof(float) + 1;
             }
-            const int64_t Tr = T < MV_MAX_TOKENS ? T : MV_MAX_TOKENS; // the row kernel's tokens at a time
             const bool by_rows = T <= MV_MAX_TOKENS || t->op_params[0] == KVR_MM_ROWS;
+            const int64_t Tr = T <= MV_MAX_TOKENS ? T : T < MV_BATCH_TOKENS ? T : MV_BATCH_TOKENS; // tokens a pass
             if (t->op == KVR_OP_MUL_MAT && by_rows && (size_t)Tr * mv_act_floats(w->ne[0]) > n) {
                 n = (size_t)Tr * mv_act_floats(w->ne[0]);
             }

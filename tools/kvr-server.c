@@ -474,6 +474,7 @@ static void handoff_finish_locked(float * scratch, int n_vocab) {
         if (rc != KVR_OK) snprintf(err, sizeof(err), "%.500s", kvr_last_error());
     }
     unlink(S->pf_path);
+    kvr_session_interrupt(S->pf, false); // one asked for after its eval ended must not stop the next
     S->pf_slot = NULL;
     S->pf_done = false;
     if (sl->r->cancelled) {
