@@ -131,6 +131,7 @@ struct srv {
     int             q_len;
     bool            stop, draining;
     int             active_conns;
+    int             live_reqs;    // requests made and not yet freed (their answers may be on the way)
     // metrics (under mu)
     long long m_requests, m_errors, m_completions, m_prompt_tokens, m_cached_tokens, m_gen_tokens, m_cancelled;
     double    m_ttft_sum;
@@ -232,6 +233,7 @@ static json_t * json_text(const char * s, size_t n) {
 
 static void req_unref_locked(struct req * r) {
     if (--r->refs > 0) return;
+    g_srv.live_reqs--;
     free(r->prompt);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->text);
@@ -322,7 +324,13 @@ static bool slot_emit_locked(struct slot * sl, int32_t id) {
     g_srv.m_gen_tokens++;
     char buf[256];
     int n = kvr_token_to_piece(g_srv.vocab, id, buf, sizeof(buf), false);
-    if (n > 0) req_text_add(r, buf, (size_t)n);
+    if (n > 0) {
+        req_text_add(r, buf, (size_t)n);
+    } else if (n < 0) { // a piece longer than buf
+        char * big = malloc((size_t)-n);
+        if (big && (n = kvr_token_to_piece(g_srv.vocab, id, big, -n, false)) > 0) req_text_add(r, big, (size_t)n);
+        free(big);
+    }
     const size_t at = req_stop_at(r);
     if (at != SIZE_MAX) {
         r->len = at;
@@ -822,6 +830,9 @@ static struct req * parse_request(struct MHD_Connection * c, enum req_kind kind,
     r->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)r << 16);
     r->refs = 1;
     r->fd = -1;
+    pthread_mutex_lock(&g_srv.mu);
+    g_srv.live_reqs++;
+    pthread_mutex_unlock(&g_srv.mu);
     const char * bad = NULL;      // the field that is wrong
     char why[512] = "";
 #define BAD(field, ...) do { bad = field; snprintf(why, sizeof(why), __VA_ARGS__); goto fail; } while (0)
@@ -962,7 +973,9 @@ static struct req * parse_request(struct MHD_Connection * c, enum req_kind kind,
     return r;
 fail:
     json_decref(root);
+    pthread_mutex_lock(&g_srv.mu);
     req_unref_locked(r);
+    pthread_mutex_unlock(&g_srv.mu);
     *ret = send_error(c, 400, bad, "%s", why);
     return NULL;
 }
@@ -1343,7 +1356,7 @@ int main(int argc, char ** argv) {
         return 1;
     }
     struct MHD_Daemon * d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ERROR_LOG,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC,
         0, NULL, NULL, on_request, NULL,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(S->queue_max + S->n_slots + 16),
@@ -1371,13 +1384,17 @@ int main(int argc, char ** argv) {
     pthread_mutex_lock(&S->mu);
     S->draining = true;
     pthread_mutex_unlock(&S->mu);
+    // every request answered (a kept-alive idle connection does not hold the exit back beyond a
+    // second, which lets the last answers' bytes leave)
     const double t_end = now_ms() + S->drain_s * 1e3;
+    double t_idle = -1.0;
     for (;;) {
         pthread_mutex_lock(&S->mu);
-        bool busy = S->q_len > 0 || S->active_conns > 0;
-        for (int i = 0; i < S->n_slots; i++) busy |= S->slots[i].state != SLOT_IDLE;
+        const bool busy = S->live_reqs > 0;
+        const bool conns = S->active_conns > 0;
         pthread_mutex_unlock(&S->mu);
-        if (!busy || now_ms() > t_end) break;
+        if (!busy && t_idle < 0) t_idle = now_ms();
+        if ((!busy && (!conns || now_ms() - t_idle > 1e3)) || now_ms() > t_end) break;
         struct timespec ts = { 0, 50 * 1000 * 1000 };
         nanosleep(&ts, NULL);
     }

@@ -23,7 +23,7 @@ ap.add_argument("build")
 ap.add_argument("model", nargs="?", default="models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf")
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--doc-tokens", type=int, default=2048)
-ap.add_argument("--tokens", type=int, default=64, help="tokens each stream generates")
+ap.add_argument("--tokens", type=int, default=32, help="tokens each stream generates")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 if not os.path.exists(a.model):
@@ -128,7 +128,14 @@ for name, cmd in servers:
     p, port = start(cmd[:] + slots if name == "kvr-server" else [llama, "-m", a.model, "-t", str(a.threads), "--host", "127.0.0.1"] + slots, log)
     try:
         stream(port, "/v1/completions", {"prompt": "Warm up.", "max_tokens": 4, "temperature": 0})
-        results[name] = {"rate": {n: decode_rate(port, p.pid, n) for n in (1, 2, 4, 8)}}
+        # the levels interleaved, three rounds, the best of each: the machine's other load moves
+        # single runs by more than the differences measured
+        rate = {}
+        for _ in range(3):
+            for n in (1, 2, 4, 8):
+                w, c = decode_rate(port, p.pid, n)
+                rate[n] = (max(w, rate.get(n, (0, 0))[0]), max(c, rate.get(n, (0, 0))[1]))
+        results[name] = {"rate": rate}
     finally:
         stop(p)
     one = ["-np", "1"] if name == "kvr-server" else ["-np", "1", "-c", "4096", "--cache-reuse", "0"]
@@ -140,7 +147,7 @@ for name, cmd in servers:
 
 cpus = os.cpu_count()
 out = ["## kvr-server (SmolLM2-135M-Instruct Q4_1, %d threads, %d-core machine shared with other jobs: busy, figures are rough)" % (a.threads, cpus), "",
-       "Aggregate decode rate (wall clock; the load of the machine moves it) and tokens per CPU second of the server",
+       "Aggregate decode rate (wall clock, best of 3 interleaved rounds; the load of the machine moves it) and tokens per CPU second",
        "(what batching saves: one pass over the weights for every stream; less moved by the load):", "",
        "| server | 1 stream | 2 streams | 4 streams | 8 streams | 4 vs 1 |", "|---|---|---|---|---|---|"]
 for name, r in results.items():
