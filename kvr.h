@@ -1118,8 +1118,8 @@ void kvr_kv_file_free(struct kvr_kv_file * f);
 // one rank on the CPU (kvr_session_new(m, NULL)); the same calls run it on several ranks, threads of
 // this process, MPI processes or GPUs, by the params below (n_ranks, strategy, comm, backend).
 // Several conversations over one model are several sessions, each with its own cache; batching
-// their decode steps into one pass over the weights (a server's continuous batching) is to be one
-// call over several sessions, so the session stays the unit an embedder holds.
+// their decode steps into one pass over the weights (a server's continuous batching) is one call
+// over several sessions, kvr_session_eval_batch, so the session stays the unit an embedder holds.
 //
 // A prompt is spread over the ranks; each rank builds the single-rank graph of its own tokens and
 // a strategy pass rewrites its ATTN_BLOCK nodes into cache writes, transfers and ATTN nodes:
