@@ -4091,7 +4091,12 @@ static inline __attribute__((always_inline)) void mv_q4_tokens(const uint8_t * r
     const size_t bs = min ? sizeof(struct kvr_block_q4_1) : sizeof(struct kvr_block_q4_0);
     const int64_t nb = K / KVR_QK;
     __m256 acc[MV_BATCH_TOKENS];
-    for (int64_t t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    const float * xps[MV_BATCH_TOKENS], * xos[MV_BATCH_TOKENS];
+    for (int64_t t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+        xps[t] = a[t].xp;
+        xos[t] = a[t].xo;
+    }
     for (int64_t i = 0; i < nb; i += 2) {
         const bool two = i + 1 < nb;
         const uint8_t * b = row + (size_t)i * bs, * q = b + (min ? 4 : 2);
@@ -4105,9 +4110,10 @@ static inline __attribute__((always_inline)) void mv_q4_tokens(const uint8_t * r
         }
         const __m256 d = mv_half_pair(b, two ? b + bs : NULL);
         const __m256 m = min ? mv_half_pair(b + 2, two ? b + bs + 2 : NULL) : _mm256_setzero_ps();
+#pragma GCC unroll 8
         for (int64_t t = 0; t < T; t++) {
-            const float * xp = a[t].xp + 32 * i;
-            const __m256 xo = _mm256_loadu_ps(a[t].xo + 4 * i);
+            const float * xp = xps[t] + 32 * i;
+            const __m256 xo = _mm256_loadu_ps(xos[t] + 4 * i);
             __m256 s2[2] = { min ? _mm256_setzero_ps() : _mm256_mul_ps(xo, _mm256_set1_ps(-8.0f)), _mm256_setzero_ps() };
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) s2[k & 1] = _mm256_fmadd_ps(nib[k], _mm256_loadu_ps(xp + 8 * k), s2[k & 1]);
@@ -4119,25 +4125,41 @@ static inline __attribute__((always_inline)) void mv_q4_tokens(const uint8_t * r
 }
 
 // A row for several tokens at once (mv_mul with T > 1), for the types that have such a kernel.
+// The token count is made a constant of each copy, so the accumulators stay in registers.
 typedef void (* mv_tokens_fn)(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy);
+#define MV_TOKENS_T(f, T, ...) \
+    switch (T) { \
+        case 2: f(2, __VA_ARGS__); break; case 3: f(3, __VA_ARGS__); break; case 4: f(4, __VA_ARGS__); break; \
+        case 5: f(5, __VA_ARGS__); break; case 6: f(6, __VA_ARGS__); break; case 7: f(7, __VA_ARGS__); break; \
+        default: KVR_ASSERT(T == 8); f(8, __VA_ARGS__); break; \
+    }
+#define MV_Q4_CALL(T, row, a, K, min, den, y, ldy) mv_q4_tokens(row, a, T, K, min, den, y, ldy)
 #define MV_TOKENS(name, min) \
     static void mv_tokens_##name(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy) { \
-        if (a->den) mv_q4_tokens(row, a, T, K, min, true, y, ldy); else mv_q4_tokens(row, a, T, K, min, false, y, ldy); \
+        if (a->den) { MV_TOKENS_T(MV_Q4_CALL, T, row, a, K, min, true, y, ldy) } \
+        else        { MV_TOKENS_T(MV_Q4_CALL, T, row, a, K, min, false, y, ldy) } \
     }
 MV_TOKENS(q4_0, false)
 MV_TOKENS(q4_1, true)
 #undef MV_TOKENS
+#undef MV_Q4_CALL
 
 // mv_q8_blocks for several tokens: each block's bytes converted once, each token's sums as there.
-static void mv_q8_tokens(const uint8_t * b, size_t bs, size_t qo, const struct mv_act * a, int64_t T, int64_t nb, float * y, int64_t ldy) {
+static inline __attribute__((always_inline)) void mv_q8_tokens(const uint8_t * b, size_t bs, size_t qo, const struct mv_act * a,
+                                                                int64_t T, int64_t nb, float * y, int64_t ldy) {
     __m256 acc[MV_BATCH_TOKENS][2];
-    for (int64_t t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    const float * xs[MV_BATCH_TOKENS];
+    for (int64_t t = 0; t < T; t++) {
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        xs[t] = a[t].x;
+    }
     for (int64_t i = 0; i < nb; i++, b += bs) {
         __m256 w[4];
         for (int j = 0; j < 4; j++) w[j] = mv_i8x8(_mm_loadl_epi64((const __m128i *)(b + qo + 8 * j)));
         const __m256 d = _mm256_set1_ps(mv_half(b));
+#pragma GCC unroll 8
         for (int64_t t = 0; t < T; t++) {
-            const float * x = a[t].x + i * KVR_QK;
+            const float * x = xs[t] + i * KVR_QK;
             __m256 s2 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
             for (int j = 1; j < 4; j++) s2 = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + 8 * j), s2);
             acc[t][i & 1] = _mm256_fmadd_ps(s2, d, acc[t][i & 1]);
@@ -4188,9 +4210,13 @@ static float mv_row_q8_0(const void * row, const struct mv_act * a, int64_t K) {
     return mv_q8_blocks(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a->x, K / KVR_QK);
 }
 
+#define MV_Q8_CALL(T, row, a, K, y, ldy) \
+    mv_q8_tokens(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a, T, (K) / KVR_QK, y, ldy)
 static void mv_tokens_q8_0(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy) {
-    mv_q8_tokens(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a, T, K / KVR_QK, y, ldy);
+    MV_TOKENS_T(MV_Q8_CALL, T, row, a, K, y, ldy)
 }
+#undef MV_Q8_CALL
+#undef MV_TOKENS_T
 
 static mv_tokens_fn mv_tokens_kernel(enum kvr_type t) {
     switch (t) {
