@@ -46,7 +46,7 @@ start_server() {
     pids="$pids $pid"
     i=0
     while [ $i -lt 600 ]; do # a sanitizer build loads slowly: up to 60 s
-        line=$(sed -n 's/^listening on //p' "$tmp/$name.out")
+        line=$(sed -n 's/^listening on //p' "$tmp/$name.out" 2> /dev/null) # the file may not be made yet
         if [ -n "$line" ]; then url="http://$line"; return 0; fi
         kill -0 "$pid" 2> /dev/null || break
         sleep 0.1
