@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # tests/server-client.py - the client side of tests/server.sh: drives a running kvr-server with
 # the Python standard library (raw HTTP: malformed requests, a client that hangs up mid-stream,
-# concurrency, a bounded load run) and, where the openai package is importable (the venv
+# a long prefill admitted in chunks beside a running stream, concurrency, a bounded load run) and, where the openai package is importable (the venv
 # tests/server.sh makes), with OpenAI's own client. Greedy answers are compared with the texts
 # kvr-run gave for the same turns (a JSON file tests/server.sh wrote).
 #
@@ -189,6 +189,46 @@ def section_3():
 
 if not quick:
     section_3()
+
+# 3b. a long prefill is admitted in chunks (--chunk, 256 tokens): a running stream goes on
+# between them instead of waiting for the whole prompt
+def section_3b():
+    doc = " ".join([expected["document"]] * 3)
+    times, stop = [], threading.Event()
+
+    def reader():
+        s = socket.create_connection((host, port), timeout=300)
+        body = json.dumps({"prompt": "1, 2, 3, 4,", "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+        auth = ("Authorization: Bearer %s\r\n" % api_key) if api_key else ""
+        s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
+                   % (auth, len(body))).encode() + body)
+        while not stop.is_set():
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            times.extend([time.time()] * chunk.count(b"data: "))
+        s.close()
+    th = threading.Thread(target=reader)
+    th.start()
+    for _ in range(600):
+        if len(times) >= 3:
+            break
+        time.sleep(0.1)
+    t0 = time.time()
+    status, j = post("/v1/completions", {"prompt": doc, "max_tokens": 1, "temperature": 0})
+    t1 = time.time()
+    stop.set()
+    th.join(60)
+    during = [t for t in times if t0 <= t <= t1]
+    gaps = [b - a for a, b in zip([t0] + during, during + [t1])]
+    n = j["usage"]["prompt_tokens"] if status == 200 else 0
+    check(status == 200 and n > 3 * 256 and len(during) >= 3 and max(gaps) < 0.5 * (t1 - t0),
+          "a %d-token prefill (%.1f s) let the running stream on: %d tokens meanwhile, longest wait %.1f s"
+          % (n, t1 - t0, len(during), max(gaps)))
+
+
+if not quick:
+    section_3b()
 
 # 4. concurrent greedy requests: each equals its solo answer
 def section_4():
