@@ -5,7 +5,7 @@
 #   make KVR_CUDA=1   the same with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90 plus PTX)
 #   make test         every test (plus a second build under ASan+UBSan, bounded fuzz runs and,
 #                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
-#   make bench        the benchmarks (long: about two hours; not part of make test)
+#   make bench        the benchmarks (long: about two hours; not part of make test), kvr-server's too
 #   make gpu-check    on a machine with an NVIDIA GPU: the GPU's tests, kvr-compare on every
 #                     reference model, a speed table (under 8 min; tests/gpu-check.sh). Without one:
 #                     says so, exit 2. make gpu-pack: the folder it runs from (gpu-pack/)
@@ -57,7 +57,17 @@ NVCC_LIBS := -L$(NCCL_HOME)/lib -Xlinker -rpath,$(NCCL_HOME)/lib -lnccl # what n
 KVR_DEFS  := -DKVR_CUDA   # kvr.c, the tools and tests (kvr.h declares the CUDA entry points)
 LDLIBS    += $(CUDA_LIBS)
 endif
-TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(wildcard tools/*.c))
+TOOLS     := $(patsubst tools/%.c,$(BUILD)/%,$(filter-out tools/kvr-server.c,$(wildcard tools/*.c)))
+# kvr-server needs libmicrohttpd and jansson (Debian's libmicrohttpd-dev, libjansson-dev; installed
+# by tools/install-deps.sh): built where pkg-config finds both, said and skipped where it does not
+SERVER_LIBS := $(shell pkg-config --libs libmicrohttpd jansson 2>/dev/null)
+SERVER_OK   := $(shell pkg-config --exists libmicrohttpd jansson 2>/dev/null && echo 1)
+ifeq ($(SERVER_OK),1)
+TOOLS     += $(BUILD)/kvr-server
+SERVER_ASAN := $(ASAN)/kvr-server
+else
+$(info kvr-server is not built: libmicrohttpd and jansson were not found by pkg-config (tools/install-deps.sh installs libmicrohttpd-dev and libjansson-dev))
+endif
 TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -110,6 +120,9 @@ tools: $(TOOLS)
 $(BUILD)/%: tools/%.c kvr.h $(wildcard tools/*.h) $(BUILD)/libkvr.a | $(BUILD)
 	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
+$(BUILD)/kvr-server: tools/kvr-server.c kvr.h $(BUILD)/libkvr.a | $(BUILD)
+	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS) $(SERVER_LIBS)
+
 $(BUILD)/test-%: tests/test-%.c kvr.h $(wildcard tests/*.h) $(BUILD)/libkvr.a | $(BUILD)
 	$(CC) $(CFLAGS) $(KVR_DEFS) $< $(BUILD)/libkvr.a $(EXTRA_SRCS) -o $@ $(LDLIBS)
 
@@ -125,6 +138,10 @@ $(ASAN)/kvr-tune.o: $(LIB_DEPS) | $(ASAN)
 
 $(ASAN)/test-%: tests/test-%.c kvr.h $(wildcard tests/*.h) $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
 	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o $(EXTRA_SRCS) -o $@ $(LDLIBS)
+
+# the server under ASan + UBSan (tests/server.sh runs a short session against it)
+$(ASAN)/kvr-server: tools/kvr-server.c kvr.h $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o | $(ASAN)
+	$(CC) $(filter-out $(OPT),$(CFLAGS)) $(SANFLAGS) $< $(ASAN)/kvr.o $(ASAN)/kvr-comm.o $(ASAN)/kvr-tune.o $(EXTRA_SRCS) -o $@ $(LDLIBS) $(SERVER_LIBS)
 
 # the fuzz targets: the library built once with clang's sanitizers and fuzzer instrumentation
 FUZZFLAGS := -std=c11 -O1 -g -I. -pthread -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN)
@@ -201,7 +218,7 @@ gpu-check:
 	$(MAKE) --no-print-directory gpu-pack
 	sh tests/gpu-check.sh run $(GPU_PACK)
 
-test: all tests $(ASAN_TESTS) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-kvfile $(BUILD)/fuzz-cli $(CUDA_GATE)
+test: all tests $(ASAN_TESTS) $(SERVER_ASAN) $(MPI_RUN) $(BUILD)/fuzz-gguf $(BUILD)/fuzz-kvfile $(BUILD)/fuzz-cli $(CUDA_GATE)
 	SHARED=$(SHARED) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/run-tests.sh $(BUILD) $(ASAN)
 
 # the main job on an embedded default: parallel prefill of a story on 2 ranks
@@ -228,6 +245,7 @@ bench: all
 	sh tests/bench.sh $(BUILD)
 	python3 tests/paper-tables.py $(BUILD) $(BUILD)/bench/paper-tables.md
 	@echo "the simulated paper setting: $(BUILD)/bench/paper-tables.md"
+	$(if $(SERVER_OK),python3 tools/server-bench.py $(BUILD) --out $(BUILD)/bench/server.md,@echo "kvr-server is not built: its bench is skipped")
 
 install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

@@ -2745,6 +2745,136 @@ const float * kvr_session_eval(struct kvr_session * d, const int32_t * tokens, i
     return lg;
 }
 
+// The continuous batch (kvr_session_eval_batch): one decode token of every session in one graph
+// on the first session's backend, each token's attention over its own session's cache
+// (kvr_pass_batch). The sessions are plain ones (one local rank of the chain layout, nothing of
+// DejaVu on), so nothing but their cache, rows, tokens and logits changes, as in a single eval.
+struct batch_pass {
+    struct kvr_kv_cache ** caches;
+    const int            * n_past, * n_kv;
+    enum kvr_attn_mode     mode;
+};
+
+static void batch_pass(void * user, struct kvr_pass_args * a) {
+    const struct batch_pass * bp = user;
+    kvr_pass_batch(a->ctx, a->g, bp->caches, bp->n_past, bp->n_kv, a->kpos, bp->mode);
+}
+
+// Why session i of a batch cannot take part (NULL: it can).
+static const char * batch_refusal(struct kvr_session * const * s, int n, int i) {
+    const struct kvr_session * d = s[i];
+    if (d->m != s[0]->m) return "it is of another model than session 0";
+    if (d->p.comm != KVR_COMM_LOCAL || d->n_ranks != 1 || d->layout != LAYOUT_CHAIN || d->p.pd) return "it is not one local rank of the single pass";
+    if (d->p.replicate || d->p.replicate_dir || d->p.kv_stream || d->p.capture || d->p.test || d->p.graph_out) {
+        return "it replicates, logs, streams, captures, dumps its graph or runs test hooks (batches do none of these)";
+    }
+    if (d->swap.out) return "its cache is swapped out (kvr_session_kv_swap_in first)";
+    if (d->wedged || d->ranks[0].lost) return "an earlier eval left it unable to go on";
+    if (strcmp(kvr_backend_name(d->ranks[0].be), kvr_backend_name(s[0]->ranks[0].be)) != 0) return "its backend is not session 0's kind";
+    if (d->n_past + 1 > d->n_ctx) return "its context is full";
+    for (int j = 0; j < i; j++) {
+        if (s[j] == d) return "it is in the batch twice";
+    }
+    (void)n;
+    return NULL;
+}
+
+int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * tokens, int n) {
+    if (n <= 0 || !s || !tokens) return kvr_error(KVR_ERR_ARG, "eval batch: no sessions");
+    if (n > KVR_BATCH_MAX) return kvr_error(KVR_ERR_ARG, "eval batch: %d sessions, at most %d", n, KVR_BATCH_MAX);
+    const struct kvr_model * m = s[0]->m;
+    for (int i = 0; i < n; i++) {
+        const char * why = s[i] ? batch_refusal(s, n, i) : "it is NULL";
+        if (why) return kvr_error(KVR_ERR_ARG, "eval batch: session %d cannot be batched: %s", i, why);
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= m->hp.n_vocab) {
+            return kvr_error(KVR_ERR_ARG, "eval batch: token %d of session %d is outside the vocabulary of %u", tokens[i], i, m->hp.n_vocab);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (atomic_exchange(&s[i]->interrupt, 0)) return kvr_error(KVR_ERR_INTERRUPTED, "eval batch: session %d: interrupted", i);
+    }
+    // room for the new row in every cache first: a grown cache is a new buffer the graph must name
+    for (int i = 0; i < n; i++) {
+        const int rc = rank_reserve(s[i], &s[i]->ranks[0], s[i]->ranks[0].n_rows + 1);
+        if (rc != KVR_OK) return kvr_error_prefix(rc, "eval batch: session %d", i);
+    }
+    // each token's attention reads the rows a solo decode's kept graph reads (kvr_eval_reuse: the
+    // next multiple of KVR_REUSE_ROWS, where no layer has a sliding window), so both compute alike
+    bool windows = false;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) windows |= m->layers[il].window > 0;
+    struct kvr_kv_cache ** caches = kvr_malloc(sizeof(*caches) * (size_t)n);
+    int * n_past = kvr_malloc(sizeof(int) * 2 * (size_t)n), * n_kv = n_past + n;
+    int32_t * pos = kvr_malloc(sizeof(int32_t) * (size_t)n);
+    int n_kpos = 0;
+    for (int i = 0; i < n; i++) {
+        caches[i] = s[i]->ranks[0].cache;
+        n_past[i] = s[i]->ranks[0].n_rows;
+        pos[i] = s[i]->n_past;
+        n_kv[i] = windows ? n_past[i] + 1 : (n_past[i] / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS;
+        if (n_kv[i] > caches[i]->n_ctx) n_kv[i] = caches[i]->n_ctx;
+        n_kpos += n_kv[i];
+    }
+    int32_t * kpos = kvr_malloc(sizeof(int32_t) * (size_t)n_kpos);
+    for (int i = 0, at = 0; i < n; i++) {
+        const struct dist_rank * dr = &s[i]->ranks[0];
+        memcpy(kpos + at, dr->cache_pos, sizeof(int32_t) * (size_t)dr->n_rows);
+        kpos[at + dr->n_rows] = pos[i];
+        for (int j = dr->n_rows + 1; j < n_kv[i]; j++) kpos[at + j] = INT32_MAX;
+        at += n_kv[i];
+    }
+    float * logits = malloc(sizeof(float) * m->hp.n_vocab * (size_t)n);
+    if (!logits) {
+        free(caches); free(n_past); free(pos); free(kpos);
+        return kvr_error(KVR_ERR_NOMEM, "eval batch: cannot allocate the logits of %d sessions", n);
+    }
+    struct dist_rank * dr0 = &s[0]->ranks[0];
+    struct batch_pass bp = { .caches = caches, .n_past = n_past, .n_kv = n_kv, .mode = s[0]->p.attn_mode };
+    local_reset(s[0]->tr);
+    dr0->interrupted = false;
+    struct kvr_eval ev = {
+        .model      = dr0->model,
+        .backend    = dr0->be,
+        .cache      = dr0->cache,
+        .tokens     = tokens,
+        .pos        = pos,
+        .n_tokens   = n,
+        .kpos       = kpos,
+        .n_kpos     = n_kpos,
+        .n_outputs  = n,
+        .attn_mode  = s[0]->p.attn_mode,
+        .pass       = batch_pass,
+        .pass_user  = &bp,
+        .graph_size = (int)m->hp.n_layer * (48 + 16 * n) + 256,
+        .name       = "eval batch",
+        .compute    = &dr0->buf,
+        .logits     = logits,
+    };
+    int rc = kvr_eval_run(&ev);
+    if (rc != KVR_OK && dr0->interrupted) {
+        atomic_store(&s[0]->interrupt, 0);
+        rc = kvr_error(KVR_ERR_INTERRUPTED, "eval batch: interrupted");
+    }
+    if (rc == KVR_OK) {
+        for (int i = 0; i < n; i++) {
+            struct kvr_session * d = s[i];
+            struct dist_rank * dr = &d->ranks[0];
+            dr->cache_pos[dr->n_rows++] = pos[i];
+            d->rows[0] += 1;
+            d->last = KVR_STRATEGY_SINGLE;
+            memcpy(d->logits, logits + (size_t)i * m->hp.n_vocab, sizeof(float) * m->hp.n_vocab);
+            seq_reserve(d, d->n_past + 1);
+            d->seq[d->n_past++] = tokens[i];
+            d->has_logits = true;
+        }
+    }
+    free(logits);
+    free(caches);
+    free(n_past);
+    free(pos);
+    free(kpos);
+    return rc;
+}
+
 //
 // DejaVu: the cache beyond the prefill (DESIGN.md, "KV streaming and failover"): streamed while it
 // is made (to a file, or to the decode rank: P/D), appended to per-rank replication logs, kept as

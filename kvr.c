@@ -1884,40 +1884,99 @@ void kvr_replace_node(struct kvr_tensor * node, const struct kvr_tensor * by, co
 // the single-rank strategy pass: ATTN_BLOCK -> KV_STORE + KV_STORE + ATTN over the cache
 //
 
+// One ATTN_BLOCK t of the single pass: its T tokens' K/V stored at cache rows [n_past, n_past+T),
+// then t becomes their attention over the cache (kpos: the positions of rows 0..n_past+T-1).
+static void pass_single_block(struct kvr_context * ctx, struct kvr_tensor * t, struct kvr_kv_cache * cache,
+                              int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode) {
+    struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
+    const int il = t->op_params[0];
+    const int64_t D = k->ne[0], Hkv = k->ne[1], T = k->ne[2];
+    KVR_ASSERT(D * Hkv == cache->kv_dim && n_past + T <= cache->n_ctx && kpos->ne[0] == n_past + T);
+    struct kvr_tensor * kc = cache->k[il], * vc = cache->v[il];
+    const size_t row = kc->nb[1];
+    struct kvr_tensor * k_dst = kvr_view_2d(ctx, kc, cache->kv_dim, T, row, (size_t)n_past * row);
+    struct kvr_tensor * v_dst = kvr_view_2d(ctx, vc, cache->kv_dim, T, row, (size_t)n_past * row);
+    struct kvr_tensor * k_new = kvr_reshape_2d(ctx, k, cache->kv_dim, T);
+    struct kvr_tensor * v_new = kvr_reshape_2d(ctx, v, cache->kv_dim, T);
+    struct kvr_tensor * ks = kvr_set_name(kvr_kv_store(ctx, k_new, k_dst), "blk.%d.k_store", il);
+    struct kvr_tensor * vs = kvr_set_name(kvr_kv_store(ctx, v_new, v_dst), "blk.%d.v_store", il);
+    ks->why = vs->why = "single: append this batch's K/V at [n_past, n_past+T)";
+    // the ATTN reads the cache through views that depend on both stores
+    vs->src[2] = ks;
+    // a sliding-window layer reads only the rows its first query can still see
+    const int W = kvr_attn_block_window(t);
+    const int64_t lo = W > 0 && n_past - W + 1 > 0 ? n_past - W + 1 : 0, n = n_past + T - lo;
+    struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
+    struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
+    struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
+    struct kvr_tensor * a = kvr_attn_sinks(kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t),
+                                                    kvr_attn_block_softcap(t), W, mode),
+                                           kvr_attn_sinks_of(t));
+    // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
+    kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
+                             : "single: causal attention over cache[0, n_past+T)");
+}
+
 void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * cache,
                      int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (t->op == KVR_OP_ATTN_BLOCK) pass_single_block(ctx, t, cache, n_past, kpos, mode);
+    }
+    kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
+}
+
+// The batch of several sequences: token b of every ATTN_BLOCK is sequence b's next token. Each
+// token's attention is the single pass's over its own cache (a one-token block of its own,
+// rewritten by pass_single_block) over the rows the kept decode graph of a solo decode reads
+// (kvr_eval_reuse), so a batch computes what solo decodes compute; the outputs are copied into the
+// columns of one [C, T] tensor, and the ATTN_BLOCK becomes a view of it, so its readers need no
+// rewiring.
+void kvr_pass_batch(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * const * caches,
+                    const int * n_past, const int * n_kv, struct kvr_tensor * kpos, enum kvr_attn_mode mode) {
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
         if (t->op != KVR_OP_ATTN_BLOCK) continue;
         struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
         const int il = t->op_params[0];
-        const int64_t D = k->ne[0], Hkv = k->ne[1], T = k->ne[2];
-        KVR_ASSERT(D * Hkv == cache->kv_dim && n_past + T <= cache->n_ctx && kpos->ne[0] == n_past + T);
-        struct kvr_tensor * kc = cache->k[il], * vc = cache->v[il];
-        const size_t row = kc->nb[1];
-        struct kvr_tensor * k_dst = kvr_view_2d(ctx, kc, cache->kv_dim, T, row, (size_t)n_past * row);
-        struct kvr_tensor * v_dst = kvr_view_2d(ctx, vc, cache->kv_dim, T, row, (size_t)n_past * row);
-        struct kvr_tensor * k_new = kvr_reshape_2d(ctx, k, cache->kv_dim, T);
-        struct kvr_tensor * v_new = kvr_reshape_2d(ctx, v, cache->kv_dim, T);
-        struct kvr_tensor * ks = kvr_set_name(kvr_kv_store(ctx, k_new, k_dst), "blk.%d.k_store", il);
-        struct kvr_tensor * vs = kvr_set_name(kvr_kv_store(ctx, v_new, v_dst), "blk.%d.v_store", il);
-        ks->why = vs->why = "single: append this batch's K/V at [n_past, n_past+T)";
-        // the ATTN reads the cache through views that depend on both stores
-        vs->src[2] = ks;
-        // a sliding-window layer reads only the rows its first query can still see
-        const int W = kvr_attn_block_window(t);
-        const int64_t lo = W > 0 && n_past - W + 1 > 0 ? n_past - W + 1 : 0, n = n_past + T - lo;
-        struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
-        struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
-        struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
-        struct kvr_tensor * a = kvr_attn_sinks(kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t),
-                                                        kvr_attn_block_softcap(t), W, mode),
-                                               kvr_attn_sinks_of(t));
-        // turn the ATTN_BLOCK node itself into the ATTN, so its readers need no rewiring
-        kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
-                                 : "single: causal attention over cache[0, n_past+T)");
+        const int64_t T = q->ne[2], C = t->ne[0];
+        struct kvr_tensor * out = kvr_set_name(kvr_new_tensor_2d(ctx, KVR_TYPE_F32, C, T), "blk.%d.attn_batch", il);
+        struct kvr_tensor * prev = NULL;
+        int64_t k0 = 0; // sequence b's key positions start here in kpos
+        for (int64_t b = 0; b < T; b++) {
+            struct kvr_tensor * qb = kvr_view_3d(ctx, q, q->ne[0], q->ne[1], 1, q->nb[1], q->nb[2], (size_t)b * q->nb[2]);
+            struct kvr_tensor * kb = kvr_view_3d(ctx, k, k->ne[0], k->ne[1], 1, k->nb[1], k->nb[2], (size_t)b * k->nb[2]);
+            struct kvr_tensor * vb = kvr_view_3d(ctx, v, v->ne[0], v->ne[1], 1, v->nb[1], v->nb[2], (size_t)b * v->nb[2]);
+            struct kvr_tensor * pb = kvr_view_1d(ctx, pos, 1, (size_t)b * sizeof(int32_t));
+            KVR_ASSERT(n_kv[b] > n_past[b] && n_kv[b] <= caches[b]->n_ctx);
+            struct kvr_tensor * kp = kvr_view_1d(ctx, kpos, n_kv[b], (size_t)k0 * sizeof(int32_t));
+            k0 += n_kv[b];
+            struct kvr_tensor * blk = kvr_attn_sinks(kvr_attn_block(ctx, qb, kb, vb, pb, il, kvr_attn_block_scale(t),
+                                                                    kvr_attn_block_softcap(t), kvr_attn_block_window(t)),
+                                                     kvr_attn_sinks_of(t));
+            kvr_set_name(blk, "blk.%d.attn_seq%d", il, (int)b);
+            // as the kept decode graph: attention over n_kv rows, the stores moved to row n_past
+            pass_single_block(ctx, blk, caches[b], n_kv[b] - 1, kp, mode);
+            struct kvr_tensor * vs = blk->src[5], * ks = vs->src[2];
+            KVR_ASSERT(vs->op == KVR_OP_KV_STORE && ks->op == KVR_OP_KV_STORE);
+            struct kvr_tensor * moved[4] = { ks, ks->src[1], vs, vs->src[1] };
+            for (int j = 0; j < 4; j++) moved[j]->view_offs = (size_t)n_past[b] * moved[j]->nb[1];
+            struct kvr_tensor * col = kvr_view_2d(ctx, out, C, 1, out->nb[1], (size_t)b * out->nb[1]);
+            struct kvr_tensor * cp = kvr_cpy(ctx, blk, col);
+            cp->src[2] = prev; // the copies run in order, each before the view that reads them all
+            cp->why = "batch: this sequence's attention into its column";
+            prev = cp;
+        }
+        KVR_ASSERT(k0 == kpos->ne[0]);
+        struct kvr_tensor * all = kvr_view_2d(ctx, out, C, T, out->nb[1], 0);
+        all->src[1] = prev;
+        kvr_replace_node(t, all, "batch: every sequence's attention over its own cache, one column each");
     }
-    kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
+    // every token through the kernels one token's decode uses: the same sums, however many tokens
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->op == KVR_OP_MUL_MAT) g->nodes[i]->op_params[0] = KVR_MM_ROWS;
+    }
+    kvr_graph_rebuild(g);
 }
 
 //
@@ -4063,6 +4122,7 @@ static float dot_f32_ggml(const float * x, const float * y, int64_t n) {
 //     no extra instruction.
 
 #define MV_MAX_TOKENS 4   // up to this many tokens a matmul goes row by row (the row stays in L1)
+#define MV_BATCH_TOKENS 8 // KVR_MM_ROWS (a decode batch): this many tokens a pass over the rows
 
 struct mv_act {
     const float * x;    // K activations
@@ -4320,6 +4380,92 @@ static inline __attribute__((always_inline)) float mv_q4_1(const void * row, con
 MV_ROW_DEN(q4_0, mv_q4_0)
 MV_ROW_DEN(q4_1, mv_q4_1)
 
+// mv_q4 of one row for T <= MV_BATCH_TOKENS tokens at once (a decode batch): the row's nibbles and
+// scales are unpacked once and used by every token, and each token's sums are made by the same
+// operations in the same order as mv_q4_step's (the same bits as T calls of mv_q4), so batching
+// saves the unpacking, not the arithmetic a token's result is made of.
+static inline __attribute__((always_inline)) void mv_q4_tokens(const uint8_t * row, const struct mv_act * a, int64_t T, int64_t K,
+                                                                const bool min, const bool den, float * y, int64_t ldy) {
+    const size_t bs = min ? sizeof(struct kvr_block_q4_1) : sizeof(struct kvr_block_q4_0);
+    const int64_t nb = K / KVR_QK;
+    __m256 acc[MV_BATCH_TOKENS];
+    const float * xps[MV_BATCH_TOKENS], * xos[MV_BATCH_TOKENS];
+    for (int64_t t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+        xps[t] = a[t].xp;
+        xos[t] = a[t].xo;
+    }
+    for (int64_t i = 0; i < nb; i += 2) {
+        const bool two = i + 1 < nb;
+        const uint8_t * b = row + (size_t)i * bs, * q = b + (min ? 4 : 2);
+        const __m128i lo = _mm_loadu_si128((const __m128i *)q);
+        __m256i v = two ? _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128((const __m128i *)(q + bs)), 1)
+                        : _mm256_zextsi128_si256(lo);
+        __m256 nib[8];
+        for (int k = 0; k < 8; k++) {
+            if (den && k == 4) v = _mm256_srli_epi32(v, 16);
+            nib[k] = mv_nib(v, k, den);
+        }
+        const __m256 d = mv_half_pair(b, two ? b + bs : NULL);
+        const __m256 m = min ? mv_half_pair(b + 2, two ? b + bs + 2 : NULL) : _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (int64_t t = 0; t < T; t++) {
+            const float * xp = xps[t] + 32 * i;
+            const __m256 xo = _mm256_loadu_ps(xos[t] + 4 * i);
+            __m256 s2[2] = { min ? _mm256_setzero_ps() : _mm256_mul_ps(xo, _mm256_set1_ps(-8.0f)), _mm256_setzero_ps() };
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) s2[k & 1] = _mm256_fmadd_ps(nib[k], _mm256_loadu_ps(xp + 8 * k), s2[k & 1]);
+            acc[t] = _mm256_fmadd_ps(_mm256_add_ps(s2[0], s2[1]), d, acc[t]);
+            if (min) acc[t] = _mm256_fmadd_ps(m, xo, acc[t]);
+        }
+    }
+    for (int64_t t = 0; t < T; t++) y[t * ldy] = mv_hsum(acc[t]) * a[t].unscale;
+}
+
+// A row for several tokens at once (mv_mul with T > 1), for the types that have such a kernel.
+// The token count is made a constant of each copy, so the accumulators stay in registers.
+typedef void (* mv_tokens_fn)(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy);
+#define MV_TOKENS_T(f, T, ...) \
+    switch (T) { \
+        case 2: f(2, __VA_ARGS__); break; case 3: f(3, __VA_ARGS__); break; case 4: f(4, __VA_ARGS__); break; \
+        case 5: f(5, __VA_ARGS__); break; case 6: f(6, __VA_ARGS__); break; case 7: f(7, __VA_ARGS__); break; \
+        default: KVR_ASSERT(T == 8); f(8, __VA_ARGS__); break; \
+    }
+#define MV_Q4_CALL(T, row, a, K, min, den, y, ldy) mv_q4_tokens(row, a, T, K, min, den, y, ldy)
+#define MV_TOKENS(name, min) \
+    static void mv_tokens_##name(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy) { \
+        if (a->den) { MV_TOKENS_T(MV_Q4_CALL, T, row, a, K, min, true, y, ldy) } \
+        else        { MV_TOKENS_T(MV_Q4_CALL, T, row, a, K, min, false, y, ldy) } \
+    }
+MV_TOKENS(q4_0, false)
+MV_TOKENS(q4_1, true)
+#undef MV_TOKENS
+#undef MV_Q4_CALL
+
+// mv_q8_blocks for several tokens: each block's bytes converted once, each token's sums as there.
+static inline __attribute__((always_inline)) void mv_q8_tokens(const uint8_t * b, size_t bs, size_t qo, const struct mv_act * a,
+                                                                int64_t T, int64_t nb, float * y, int64_t ldy) {
+    __m256 acc[MV_BATCH_TOKENS][2];
+    const float * xs[MV_BATCH_TOKENS];
+    for (int64_t t = 0; t < T; t++) {
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+        xs[t] = a[t].x;
+    }
+    for (int64_t i = 0; i < nb; i++, b += bs) {
+        __m256 w[4];
+        for (int j = 0; j < 4; j++) w[j] = mv_i8x8(_mm_loadl_epi64((const __m128i *)(b + qo + 8 * j)));
+        const __m256 d = _mm256_set1_ps(mv_half(b));
+#pragma GCC unroll 8
+        for (int64_t t = 0; t < T; t++) {
+            const float * x = xs[t] + i * KVR_QK;
+            __m256 s2 = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+            for (int j = 1; j < 4; j++) s2 = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + 8 * j), s2);
+            acc[t][i & 1] = _mm256_fmadd_ps(s2, d, acc[t][i & 1]);
+        }
+    }
+    for (int64_t t = 0; t < T; t++) y[t * ldy] = mv_hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+
 static float mv_row_q5_0(const void * row, const struct mv_act * a, int64_t K) {
     const struct kvr_block_q5_0 * b = row;
     const float * x = a->x;
@@ -4360,6 +4506,23 @@ static float mv_q8_blocks(const uint8_t * b, size_t bs, size_t qo, const float *
 
 static float mv_row_q8_0(const void * row, const struct mv_act * a, int64_t K) {
     return mv_q8_blocks(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a->x, K / KVR_QK);
+}
+
+#define MV_Q8_CALL(T, row, a, K, y, ldy) \
+    mv_q8_tokens(row, sizeof(struct kvr_block_q8_0), offsetof(struct kvr_block_q8_0, qs), a, T, (K) / KVR_QK, y, ldy)
+static void mv_tokens_q8_0(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy) {
+    MV_TOKENS_T(MV_Q8_CALL, T, row, a, K, y, ldy)
+}
+#undef MV_Q8_CALL
+#undef MV_TOKENS_T
+
+static mv_tokens_fn mv_tokens_kernel(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: return mv_tokens_q4_0;
+        case KVR_TYPE_Q4_1: return mv_tokens_q4_1;
+        case KVR_TYPE_Q8_0: return mv_tokens_q8_0;
+        default:            return NULL;
+    }
 }
 
 static float mv_row_q8_1(const void * row, const struct mv_act * a, int64_t K) {
@@ -4636,6 +4799,12 @@ MV_ROW(q3_K, KVR_TYPE_Q3_K) MV_ROW(q4_K, KVR_TYPE_Q4_K) MV_ROW(q5_K, KVR_TYPE_Q5
 MV_ROW(f16, KVR_TYPE_F16)   MV_ROW(bf16, KVR_TYPE_BF16)
 #undef MV_ROW
 
+typedef void (* mv_tokens_fn)(const void * row, const struct mv_act * a, int64_t T, int64_t K, float * y, int64_t ldy);
+static mv_tokens_fn mv_tokens_kernel(enum kvr_type t) {
+    (void)t;
+    return NULL;
+}
+
 #endif
 
 static float mv_row_f32(const void * row, const struct mv_act * a, int64_t K) {
@@ -4669,7 +4838,7 @@ static mv_row_fn mv_row_kernel(enum kvr_type t) {
 static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
                    const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, float * scratch) {
     const mv_row_fn row_fn = mv_row_kernel(type);
-    KVR_ASSERT(row_fn && T <= MV_MAX_TOKENS);
+    KVR_ASSERT(row_fn && T <= MV_BATCH_TOKENS);
     const bool den = mv_den_fast();
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     // quants read as subnormal floats would read as 0 under denormals-are-zero (which an
@@ -4677,11 +4846,13 @@ static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t
     const unsigned csr = _mm_getcsr();
     if (den && (csr & 0x0040u)) _mm_setcsr(csr & ~0x0040u);
 #endif
-    struct mv_act act[MV_MAX_TOKENS];
+    struct mv_act act[MV_BATCH_TOKENS];
     for (int64_t t = 0; t < T; t++) mv_act_init(&act[t], type, X + t * ldx, K, scratch + (size_t)t * mv_act_floats(K), den);
+    const mv_tokens_fn tokens_fn = T > 1 ? mv_tokens_kernel(type) : NULL;
     for (int64_t n = n0; n < n1; n++) {
         const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
-        for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
+        if (tokens_fn) tokens_fn(row, act, T, K, Y + n, ldy);
+        else for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
     }
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     if (den && (csr & 0x0040u)) _mm_setcsr(csr);
@@ -4735,6 +4906,7 @@ struct mm_args {
     const float * X;
     int           lda;
     float       * Y;
+    bool          by_rows; // a decode batch (KVR_MM_ROWS): every token through the row kernels
 };
 
 // 8-bit activations and integer products, when asked for (kvr_backend_params.q8_activations): what
@@ -4778,8 +4950,14 @@ static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) 
     int64_t n0, n1;
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
-    KVR_ASSERT((size_t)m->T * mv_act_floats(m->K) <= p->wsize);
-    mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
+    // more tokens than one pass over the rows takes (a decode batch, KVR_MM_ROWS: MV_BATCH_TOKENS,
+    // the row kernels' group there; MV_MAX_TOKENS otherwise): a group at a time
+    const int64_t G = m->T > MV_MAX_TOKENS ? MV_BATCH_TOKENS : MV_MAX_TOKENS;
+    for (int64_t t0 = 0; t0 < m->T; t0 += G) {
+        const int64_t T = m->T - t0 < G ? m->T - t0 : G;
+        KVR_ASSERT((size_t)T * mv_act_floats(m->K) <= p->wsize);
+        mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X + t0 * m->lda, m->lda, T, m->Y + t0 * m->N, m->N, p->wdata);
+    }
     return n1 - n0;
 }
 
@@ -4865,7 +5043,7 @@ static int64_t mm_run(const struct cpu_params * p, const struct mm_args * m) {
     if (mm_uses_q8(m->w, p->q8_act))                        return mm_q8(p, m);
     if (p->q8_act && t == KVR_TYPE_MXFP4)                   return mm_mxfp4_q8(p, m);
     if (t == KVR_TYPE_F32 && m->K * m->N <= MM_DOT_MAX_WEIGHTS) return mm_dot_llama(p, m);
-    if (m->T <= MV_MAX_TOKENS && mv_row_kernel(t))          return mm_decode(p, m);
+    if ((m->T <= MV_MAX_TOKENS || m->by_rows) && mv_row_kernel(t)) return mm_decode(p, m);
     if (t == KVR_TYPE_F32)                                  return mm_sgemm_f32(p, m);
     return mm_sgemm_converted(p, m);
 }
@@ -4878,13 +5056,13 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     KVR_ASSERT(x->ne[2] == 1 || x->nb[2] == x->nb[1] * (size_t)x->ne[1]);
     KVR_ASSERT(x->ne[3] == 1 || x->nb[3] == x->nb[2] * (size_t)x->ne[2]);
     KVR_ASSERT(kvr_is_contiguous(dst));
-    const struct mm_args m = { w, K, N, T, x->data, (int)(x->nb[1] / sizeof(float)), dst->data };
+    const struct mm_args m = { w, K, N, T, x->data, (int)(x->nb[1] / sizeof(float)), dst->data, dst->op_params[0] == KVR_MM_ROWS };
     p->counters->matmul_flops += 2 * K * mm_run(p, &m) * T;
 }
 
 // The scratch floats of a matmul of [K, N] weights of type `type` by T tokens on one of n_threads
 // threads (what mm_run's paths use of p->wdata).
-static size_t mm_scratch_floats(enum kvr_type type, int64_t K, int64_t N, int64_t T, int n_threads, bool q8_act) {
+static size_t mm_scratch_floats(enum kvr_type type, int64_t K, int64_t N, int64_t T, int n_threads, bool q8_act, bool by_rows) {
     int64_t rows = (N + n_threads - 1) / n_threads;
     const int64_t cap = (int64_t)(mm_block_bytes(T) / ((size_t)K * sizeof(float)));
     if (rows > cap) rows = cap > 0 ? cap : 1;
@@ -4892,7 +5070,9 @@ static size_t mm_scratch_floats(enum kvr_type type, int64_t K, int64_t N, int64_
     if ((size_t)K * 2 > n) n = (size_t)K * 2;
     if (q8_act && (qx_is_legacy(type) || qx_is_k(type))) n = qx_scratch_bytes(type, K, T) / sizeof(float) + 1;
     if (q8_act && type == KVR_TYPE_MXFP4 && mm_mxfp4_q8_bytes(K) / sizeof(float) + 1 > n) n = mm_mxfp4_q8_bytes(K) / sizeof(float) + 1;
-    if (T <= MV_MAX_TOKENS && (size_t)T * mv_act_floats(K) > n) n = (size_t)T * mv_act_floats(K);
+    // the row kernels take a decode batch MV_BATCH_TOKENS tokens a pass
+    const int64_t Tr = T <= MV_MAX_TOKENS ? T : T < MV_BATCH_TOKENS ? T : MV_BATCH_TOKENS;
+    if ((T <= MV_MAX_TOKENS || by_rows) && (size_t)Tr * mv_act_floats(K) > n) n = (size_t)Tr * mv_act_floats(K);
     return n;
 }
 
@@ -4909,9 +5089,9 @@ static size_t mm_id_scratch_floats(const struct kvr_tensor * node, int n_threads
     const int64_t rows = (N + n_threads - 1) / n_threads;
     // an expert meets 1..T tokens, and the paths' scratch is not monotone in the tokens (one token
     // of the integer path keeps a decode layout of its own; a few use the row path)
-    size_t kernel = mm_scratch_floats(w->type, K, rows, T, 1, q8_act);
+    size_t kernel = mm_scratch_floats(w->type, K, rows, T, 1, q8_act, false);
     for (int64_t t = 1; t < T && t <= QX_ROW_TOKENS + 1; t++) {
-        const size_t n = mm_scratch_floats(w->type, K, rows, t, 1, q8_act);
+        const size_t n = mm_scratch_floats(w->type, K, rows, t, 1, q8_act, false);
         if (n > kernel) kernel = n;
     }
     return (size_t)(T + T * K + T * rows + K) + kernel;
@@ -4960,7 +5140,7 @@ static void cpu_op_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * d
             ws.data  = (void *)we;
             ws.ne[1] = rows;
             ws.ne[2] = 1;
-            const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y };
+            const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y, false };
             mm_run(&q, &m);
         }
         for (int64_t s = 0; s < n_e; s++) {
@@ -5644,7 +5824,7 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
         if (t->op == KVR_OP_MUL_MAT) {
             const struct kvr_tensor * w = t->src[0];
             const int64_t T = t->src[1]->ne[1] * t->src[1]->ne[2] * t->src[1]->ne[3];
-            const size_t n = mm_scratch_floats(w->type, w->ne[0], w->ne[1], T, n_threads, q8_act);
+            const size_t n = mm_scratch_floats(w->type, w->ne[0], w->ne[1], T, n_threads, q8_act, t->op_params[0] == KVR_MM_ROWS);
             if (n > need) need = n;
         }
         if (t->op == KVR_OP_GET_ROWS && (size_t)t->src[0]->ne[0] * 2 > need) need = (size_t)t->src[0]->ne[0] * 2;
@@ -10751,7 +10931,8 @@ int kvr_eval_run(struct kvr_eval * ev) {
     int rc = kvr_backend_graph_compute(ev->backend, g);
     if (rc == KVR_OK) rc = kvr_backend_synchronize(ev->backend);
     if (rc == KVR_OK && ev->n_outputs) {
-        kvr_backend_tensor_get(out, ev->logits, kvr_nbytes(out) - sizeof(float) * m->hp.n_vocab, sizeof(float) * m->hp.n_vocab);
+        const size_t nb = sizeof(float) * m->hp.n_vocab * (size_t)ev->n_outputs;
+        kvr_backend_tensor_get(out, ev->logits, kvr_nbytes(out) - nb, nb);
     }
     for (ptrdiff_t i = 0; rc == KVR_OK && i < arrlen(captured); i++) {
         ev->capture->got(ev->capture->user, captured[i], captured_id[i] / ev->capture->n_names,

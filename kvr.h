@@ -319,6 +319,10 @@ struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * 
 // struct kvr_backend_params' vec_dot_order), so small models give llama.cpp's bits; larger ones go
 // through sgemm. The CUDA backend does not
 // follow this rule (its sums are its own at every size).
+// op_params[0] KVR_MM_ROWS (kvr_pass_batch sets it): every token of x through the kernel one
+// decode token uses, whatever their number, so each token's row of the result is what it would be
+// alone (a decode batch: one read of the weights for several sequences; CPU backend).
+#define KVR_MM_ROWS 1
 struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x);
 // a: [head_dim, n_head, T] f32; pos: [T] i32 absolute positions. Rotates the first n_rot dims:
 // pair i turns by the angle freq_scale * pos * freq_base^(-2i/n_rot) / freqs[i], its cosine and
@@ -514,6 +518,14 @@ void kvr_graph_rebuild(struct kvr_graph * g);
 struct kvr_kv_cache;
 void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * cache,
                      int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode);
+// The batch of T sequences (kvr_session_eval_batch): token b is the next one of sequence b, whose
+// n_past[b] rows are in caches[b]. Every ATTN_BLOCK becomes, per token, the single pass over its
+// own cache: its K/V stored at row n_past[b], attention over rows [0, n_kv[b]) (n_kv[b] > n_past[b];
+// rows past the token carry position INT32_MAX in kpos, which the causal mask hides: the layout of
+// a solo decode's kept graph), the T outputs side by side. kpos holds each sequence's n_kv[b] row
+// positions in turn.
+void kvr_pass_batch(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * const * caches,
+                    const int * n_past, const int * n_kv, struct kvr_tensor * kpos, enum kvr_attn_mode mode);
 
 //
 // 7. backends
@@ -1228,8 +1240,8 @@ void kvr_kv_file_free(struct kvr_kv_file * f);
 // one rank on the CPU (kvr_session_new(m, NULL)); the same calls run it on several ranks, threads of
 // this process, MPI processes or GPUs, by the params below (n_ranks, strategy, comm, backend).
 // Several conversations over one model are several sessions, each with its own cache; batching
-// their decode steps into one pass over the weights (a server's continuous batching) is to be one
-// call over several sessions, so the session stays the unit an embedder holds.
+// their decode steps into one pass over the weights (a server's continuous batching) is one call
+// over several sessions, kvr_session_eval_batch, so the session stays the unit an embedder holds.
 //
 // A prompt is spread over the ranks; each rank builds the single-rank graph of its own tokens and
 // a strategy pass rewrites its ATTN_BLOCK nodes into cache writes, transfers and ATTN nodes:
@@ -1394,6 +1406,17 @@ void              kvr_session_free(struct kvr_session * s);
 // first rank came back) is left running: the session is wedged, this eval and every later one
 // fail (KVR_ERR_COMM), kvr_session_free frees nothing of it, and the model must stay loaded.
 const float *     kvr_session_eval(struct kvr_session * s, const int32_t * tokens, int n);
+// One decode token for each of n sessions of one model, in one graph: one pass over the weights
+// for all of them (a server's continuous batching). Session i gets tokens[i] as
+// kvr_session_eval(s[i], &tokens[i], 1) would give it (the same ids greedy; logits equal to
+// rounding: the matrix products see n rows), its logits then in kvr_session_logits(s[i]). Every
+// session must be one local rank of the single pass on a backend of session 0's kind, over the same
+// model, with nothing of DejaVu (replicate, logs, streams, captures, test hooks) and its cache in;
+// at most KVR_BATCH_MAX of them, each once. The batch runs on session 0's backend and threads;
+// kvr_session_interrupt of any of them before, or of session 0 during it, stops it. All or nothing:
+// on an error (KVR_ERR_ARG naming the session and why) no session has changed.
+#define KVR_BATCH_MAX 256
+int               kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.
 void              kvr_session_reset(struct kvr_session * s);
 // on: stop the eval that is running, or else the next one, at its next node on every rank of this
@@ -1820,7 +1843,7 @@ struct kvr_eval {
     const int32_t          * kpos;      // n_kpos positions of the cache rows attention reads
     int                      n_kpos;
     int                      n_past;    // the single pass: cache rows before this batch
-    int                      n_outputs; // 1: the logits of the last token; 0: none
+    int                      n_outputs; // n: the logits of the last n tokens (logits: n * n_vocab floats); 0: none
     int                      n_ctx;     // the sequence's context (kvr_build.n_ctx; 0: the cache's rows)
     enum kvr_attn_mode       attn_mode;
     void                  (* pass)(void * user, struct kvr_pass_args * a); // NULL: kvr_pass_single
@@ -1832,7 +1855,7 @@ struct kvr_eval {
     const struct kvr_capture * capture;  // intermediates to hand out (NULL: none)
     const char             * name;       // prefixes error messages (NULL: "eval")
     struct kvr_buffer     ** compute;    // the activations' buffer: the caller's, grown here as needed
-    float                  * logits;     // n_vocab floats, written when n_outputs and all went well
+    float                  * logits;     // n_outputs * n_vocab floats, written when all went well
     struct kvr_eval_reuse  * reuse;      // decode graphs kept between evals (NULL: build every eval)
     // what it reports
     int                      n_attn_layers; // layers whose attention ran (counters are per layer)

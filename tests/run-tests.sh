@@ -77,6 +77,9 @@ done
 [ -f tests/e2e.sh ] && run "e2e" sh tests/e2e.sh "$build" "$shared"
 # the command-line contract of every tool: flags, ranges, paths, context, prompt files
 [ -f tests/cli.sh ] && run "cli" sh tests/cli.sh "$build" "$shared"
+# kvr-server end to end: curl, the openai client, malformed requests, disconnects, a load run,
+# --cache-dir, SIGTERM; the sanitizer build's server too
+[ -f tests/server.sh ] && run "server" sh tests/server.sh "$build" "$asan"
 
 # kvr-compare on the CPU strategies: per-layer NMSE against one rank, --tol 0, a missing backend
 [ -f tests/compare.sh ] && run "kvr-compare" sh tests/compare.sh "$build" "$shared"

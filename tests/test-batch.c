@@ -1,0 +1,158 @@
+// tests/test-batch.c - kvr_session_eval_batch, the continuous batch of kvr-server: one decode
+// token of several sessions in one graph must give each session what its own decode gives (the
+// same greedy ids, logits within 1e-5), whatever the sessions' lengths, order and number, and the
+// same token after a batch as after a solo decode (the cache rows it stored are the right ones).
+// Its refusals leave every session as it was: the same session twice, a swapped-out cache, a
+// token outside the vocabulary, an interrupt.
+//
+// Models: SmolLM2-135M-Instruct (models/gguf, or $KVR_SMOLLM2) and stories260K (SHARED/models);
+// each is skipped, saying so, where its file is not there.
+//
+//   test-batch [SHARED]
+
+#define KVR_BUILD
+#include "kvr.h"
+#include "tests/check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_SEQ   5
+#define N_STEPS 6
+
+static const char * const prompts[N_SEQ] = {
+    "The capital of France is",
+    "Once upon a time, there was a little girl who liked to walk in the forest. One day",
+    "1, 2, 3,",
+    "A",
+    "Here is a short poem about the sea and the wind that blows over it:",
+};
+
+static float max_diff(const float * a, const float * b, int n) {
+    float d = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float e = fabsf(a[i] - b[i]);
+        if (!(e <= d)) d = e; // a NaN makes it NaN
+    }
+    return d;
+}
+
+static struct kvr_session * prefilled(const struct kvr_model * m, const char * text) {
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = 256, .n_threads = 2 });
+    if (!s) return NULL;
+    int32_t ids[256];
+    const int n = kvr_tokenize(kvr_model_vocab(m), text, ids, 256, kvr_vocab_add_bos(kvr_model_vocab(m)), false);
+    if (n <= 0 || n > 200 || !kvr_session_eval(s, ids, n)) {
+        kvr_session_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void check_model(const char * name, const char * path) {
+    FILE * f = fopen(path, "rb");
+    if (!f) {
+        skip("%s: %s is not there", name, path);
+        return;
+    }
+    fclose(f);
+    struct kvr_model * m = kvr_model_load(path, NULL);
+    CHECK(m != NULL, "%s: load: %s", name, kvr_last_error());
+    if (!m) return;
+    const int n_vocab = (int)m->hp.n_vocab;
+    struct kvr_session * batch[N_SEQ], * solo[N_SEQ];
+    bool made = true;
+    for (int i = 0; i < N_SEQ; i++) {
+        batch[i] = prefilled(m, prompts[i]);
+        solo[i] = prefilled(m, prompts[i]);
+        made &= batch[i] && solo[i];
+    }
+    CHECK(made, "%s: sessions prefilled: %s", name, kvr_last_error());
+    if (!made) goto out;
+
+    // the batches of each step: all five, then fewer in another order, one alone, and so on
+    static const int members[N_STEPS][N_SEQ + 1] = {
+        { 5, 0, 1, 2, 3, 4 }, { 3, 4, 2, 0 }, { 1, 3 }, { 5, 4, 3, 2, 1, 0 }, { 2, 1, 0 }, { 5, 2, 0, 4, 1, 3 },
+    };
+    for (int step = 0; step < N_STEPS; step++) {
+        set_case("%s step %d", name, step);
+        const int n = members[step][0];
+        struct kvr_session * group[N_SEQ];
+        int32_t toks[N_SEQ];
+        for (int j = 0; j < n; j++) {
+            const int i = members[step][1 + j];
+            group[j] = batch[i];
+            toks[j] = kvr_argmax(kvr_session_logits(batch[i]), n_vocab);
+            const int32_t solo_tok = kvr_argmax(kvr_session_logits(solo[i]), n_vocab);
+            CHECK(toks[j] == solo_tok, "sequence %d: the batch's next id %d, solo's %d", i, toks[j], solo_tok);
+        }
+        const int rc = kvr_session_eval_batch(group, toks, n);
+        CHECK(rc == KVR_OK, "a batch of %d: %s", n, kvr_last_error());
+        if (rc != KVR_OK) break;
+        for (int j = 0; j < n; j++) {
+            const int i = members[step][1 + j];
+            const float * lg = kvr_session_eval(solo[i], &toks[j], 1);
+            CHECK(lg != NULL, "sequence %d solo: %s", i, kvr_last_error());
+            if (!lg) continue;
+            const float d = max_diff(kvr_session_logits(batch[i]), lg, n_vocab);
+            CHECK(d <= 1e-5f, "sequence %d: logits differ by %g from its solo decode", i, (double)d);
+            CHECK(kvr_session_n_past(batch[i]) == kvr_session_n_past(solo[i]), "sequence %d: n_past %d, solo %d", i,
+                  kvr_session_n_past(batch[i]), kvr_session_n_past(solo[i]));
+            CHECK(memcmp(kvr_session_tokens(batch[i]), kvr_session_tokens(solo[i]), sizeof(int32_t) * (size_t)kvr_session_n_past(solo[i])) == 0,
+                  "sequence %d: the cached tokens are the solo decode's", i);
+        }
+    }
+
+    // refusals: nothing changes
+    set_case("%s refusals", name);
+    int past[N_SEQ];
+    for (int i = 0; i < N_SEQ; i++) past[i] = kvr_session_n_past(batch[i]);
+    struct kvr_session * twice[2] = { batch[0], batch[0] };
+    int32_t two[2] = { 1, 2 };
+    CHECK(kvr_session_eval_batch(twice, two, 2) == KVR_ERR_ARG && strstr(kvr_last_error(), "twice"),
+          "the same session twice is refused: %s", kvr_last_error());
+    struct kvr_session * pair[2] = { batch[1], batch[2] };
+    int32_t bad[2] = { 1, n_vocab };
+    CHECK(kvr_session_eval_batch(pair, bad, 2) == KVR_ERR_ARG && strstr(kvr_last_error(), "vocabulary"),
+          "a token outside the vocabulary is refused: %s", kvr_last_error());
+    CHECK(kvr_session_eval_batch(pair, two, 0) == KVR_ERR_ARG, "an empty batch is refused");
+    CHECK(kvr_session_kv_swap_out(batch[2], NULL) == KVR_OK, "swap out: %s", kvr_last_error());
+    CHECK(kvr_session_eval_batch(pair, two, 2) == KVR_ERR_ARG && strstr(kvr_last_error(), "swapped"),
+          "a swapped-out session is refused: %s", kvr_last_error());
+    CHECK(kvr_session_kv_swap_in(batch[2]) == KVR_OK, "swap in: %s", kvr_last_error());
+    kvr_session_interrupt(batch[2], true);
+    CHECK(kvr_session_eval_batch(pair, two, 2) == KVR_ERR_INTERRUPTED, "an interrupt stops the batch: %s", kvr_last_error());
+    for (int i = 0; i < N_SEQ; i++) {
+        CHECK(kvr_session_n_past(batch[i]) == past[i], "session %d: n_past %d after the refusals, %d before", i,
+              kvr_session_n_past(batch[i]), past[i]);
+    }
+    // and the batch goes on after them, as the solo decodes do
+    {
+        int32_t toks[2] = { kvr_argmax(kvr_session_logits(batch[1]), n_vocab), kvr_argmax(kvr_session_logits(batch[2]), n_vocab) };
+        CHECK(kvr_session_eval_batch(pair, toks, 2) == KVR_OK, "a batch after the refusals: %s", kvr_last_error());
+        for (int j = 0; j < 2; j++) {
+            const float * lg = kvr_session_eval(solo[1 + j], &toks[j], 1);
+            const float d = lg ? max_diff(kvr_session_logits(batch[1 + j]), lg, n_vocab) : INFINITY;
+            CHECK(d <= 1e-5f, "sequence %d after the refusals: logits differ by %g", 1 + j, (double)d);
+        }
+    }
+out:
+    for (int i = 0; i < N_SEQ; i++) {
+        kvr_session_free(batch[i]);
+        kvr_session_free(solo[i]);
+    }
+    kvr_model_free(m);
+    set_case("%s", "");
+}
+
+int main(int argc, char ** argv) {
+    const char * shared = argc > 1 ? argv[1] : "../shared";
+    const char * smol = getenv("KVR_SMOLLM2");
+    if (!smol || !*smol) smol = "models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
+    check_model("SmolLM2", smol);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
+    check_model("stories260K", path);
+    return check_summary("test-batch");
+}
