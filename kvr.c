@@ -1185,6 +1185,14 @@ struct kvr_tensor * kvr_gelu(struct kvr_context * ctx, struct kvr_tensor * a) {
     return unary_op(ctx, KVR_OP_GELU, a);
 }
 
+struct kvr_tensor * kvr_sigmoid(struct kvr_context * ctx, struct kvr_tensor * a) {
+    return unary_op(ctx, KVR_OP_SIGMOID, a);
+}
+
+struct kvr_tensor * kvr_softplus(struct kvr_context * ctx, struct kvr_tensor * a) {
+    return unary_op(ctx, KVR_OP_SOFTPLUS, a);
+}
+
 struct kvr_tensor * kvr_mul_mat(struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x) {
     KVR_ASSERT(w->ne[0] == x->ne[0] && w->ne[2] == 1 && w->ne[3] == 1);
     KVR_ASSERT(x->type == KVR_TYPE_F32 && x->nb[0] == sizeof(float));
@@ -1293,6 +1301,90 @@ struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor *
 
 struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * attn, int n_head) {
     return kvr_view_2d(ctx, attn, attn->ne[0] - n_head, attn->ne[1], attn->nb[1], 0);
+}
+
+int64_t kvr_gdn_state_floats(const struct kvr_gdn_shape * sh) {
+    const int64_t C = 2 * (int64_t)sh->n_k * sh->d_k + (int64_t)sh->n_v * sh->d_v;
+    return (int64_t)(sh->d_conv - 1) * C + (int64_t)sh->n_v * sh->d_v * sh->d_k;
+}
+
+struct kvr_tensor * kvr_gdn_block(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * conv,
+                                  struct kvr_tensor * g, struct kvr_tensor * beta, const struct kvr_gdn_shape * sh) {
+    const int64_t C = 2 * (int64_t)sh->n_k * sh->d_k + (int64_t)sh->n_v * sh->d_v, T = x->ne[1];
+    KVR_ASSERT(x->type == KVR_TYPE_F32 && x->ne[0] == C && x->nb[0] == sizeof(float) && x->ne[2] == 1);
+    KVR_ASSERT(conv->type == KVR_TYPE_F32 && conv->ne[0] == sh->d_conv && conv->ne[1] == C);
+    KVR_ASSERT(g->ne[0] == sh->n_v && g->ne[1] == T && beta->ne[0] == sh->n_v && beta->ne[1] == T);
+    KVR_ASSERT(sh->n_v % sh->n_k == 0 && sh->d_k == sh->d_v && sh->d_conv >= 1);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_GDN_BLOCK, KVR_TYPE_F32, sh->d_v, sh->n_v, T, 1);
+    t->src[0] = x;
+    t->src[1] = conv;
+    t->src[2] = g;
+    t->src[3] = beta;
+    const int32_t p[6] = { sh->il, sh->d_conv, sh->n_k, sh->d_k, sh->n_v, sh->d_v };
+    memcpy(t->op_params, p, sizeof(p));
+    set_param_f32(t, 6, sh->eps);
+    return t;
+}
+
+void kvr_gdn_block_shape(const struct kvr_tensor * block, struct kvr_gdn_shape * sh) {
+    KVR_ASSERT(block->op == KVR_OP_GDN_BLOCK);
+    const int32_t * p = block->op_params;
+    *sh = (struct kvr_gdn_shape){ .il = p[0], .d_conv = p[1], .n_k = p[2], .d_k = p[3], .n_v = p[4], .d_v = p[5],
+                                  .eps = get_param_f32(block, 6) };
+}
+
+struct kvr_tensor * kvr_ssm_conv(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * w,
+                                 struct kvr_tensor * state, bool fresh) {
+    const int64_t C = x->ne[0], K = w->ne[0];
+    KVR_ASSERT(x->type == KVR_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[2] == 1 && x->ne[3] == 1);
+    KVR_ASSERT(w->type == KVR_TYPE_F32 && w->ne[1] == C && w->nb[0] == sizeof(float));
+    KVR_ASSERT(state->type == KVR_TYPE_F32 && kvr_is_contiguous(state) && kvr_nelements(state) == (K - 1) * C);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_SSM_CONV, KVR_TYPE_F32, C, x->ne[1], 1, 1);
+    t->src[0] = x;
+    t->src[1] = w;
+    t->src[2] = state;
+    t->op_params[0] = fresh;
+    return t;
+}
+
+struct kvr_tensor * kvr_gdn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k, struct kvr_tensor * v,
+                            struct kvr_tensor * g, struct kvr_tensor * beta, struct kvr_tensor * state, float eps, bool fresh) {
+    const int64_t Dk = q->ne[0], Hk = q->ne[1], Dv = v->ne[0], Hv = v->ne[1], T = v->ne[2];
+    KVR_ASSERT(q->type == KVR_TYPE_F32 && k->type == KVR_TYPE_F32 && v->type == KVR_TYPE_F32);
+    KVR_ASSERT(q->nb[0] == 4 && k->nb[0] == 4 && v->nb[0] == 4 && g->nb[0] == 4 && beta->nb[0] == 4);
+    KVR_ASSERT(k->ne[0] == Dk && k->ne[1] == Hk && q->ne[2] == T && k->ne[2] == T && Hv % Hk == 0);
+    KVR_ASSERT(g->ne[0] == Hv && g->ne[1] == T && beta->ne[0] == Hv && beta->ne[1] == T);
+    KVR_ASSERT(state->type == KVR_TYPE_F32 && kvr_is_contiguous(state) && kvr_nelements(state) == Hv * Dv * Dk);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_GDN, KVR_TYPE_F32, Dv, Hv, T, 1);
+    t->src[0] = q;
+    t->src[1] = k;
+    t->src[2] = v;
+    t->src[3] = g;
+    t->src[4] = beta;
+    t->src[5] = state;
+    t->op_params[0] = fresh;
+    set_param_f32(t, 1, eps);
+    return t;
+}
+
+struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_tensor * block, int64_t t0, int64_t n,
+                                    struct kvr_tensor * state, bool fresh) {
+    struct kvr_gdn_shape sh;
+    kvr_gdn_block_shape(block, &sh);
+    struct kvr_tensor * x = block->src[0], * g = block->src[2], * beta = block->src[3];
+    const int64_t C = x->ne[0], nc = (int64_t)(sh.d_conv - 1) * C;
+    KVR_ASSERT(t0 >= 0 && n >= 1 && t0 + n <= x->ne[1] && kvr_nelements(state) == kvr_gdn_state_floats(&sh));
+    struct kvr_tensor * xs = kvr_view_2d(ctx, x, C, n, x->nb[1], (size_t)t0 * x->nb[1]);
+    struct kvr_tensor * cs = kvr_view_1d(ctx, state, nc, 0);
+    struct kvr_tensor * ss = kvr_view_1d(ctx, state, kvr_gdn_state_floats(&sh) - nc, (size_t)nc * sizeof(float));
+    struct kvr_tensor * c = kvr_set_name(kvr_ssm_conv(ctx, xs, block->src[1], cs, fresh), "blk.%d.ssm_conv", sh.il);
+    const size_t fk = (size_t)sh.d_k * sizeof(float);
+    struct kvr_tensor * q = kvr_view_3d(ctx, c, sh.d_k, sh.n_k, n, fk, c->nb[1], 0);
+    struct kvr_tensor * k = kvr_view_3d(ctx, c, sh.d_k, sh.n_k, n, fk, c->nb[1], (size_t)sh.n_k * fk);
+    struct kvr_tensor * v = kvr_view_3d(ctx, c, sh.d_v, sh.n_v, n, (size_t)sh.d_v * sizeof(float), c->nb[1], 2 * (size_t)sh.n_k * fk);
+    struct kvr_tensor * gs = kvr_view_2d(ctx, g, sh.n_v, n, g->nb[1], (size_t)t0 * g->nb[1]);
+    struct kvr_tensor * bs = kvr_view_2d(ctx, beta, sh.n_v, n, beta->nb[1], (size_t)t0 * beta->nb[1]);
+    return kvr_set_name(kvr_gdn(ctx, q, k, v, gs, bs, ss, sh.eps, fresh), "blk.%d.gdn", sh.il);
 }
 
 static const char * const tag_kind_names[KVR_TAG_KIND_COUNT] = {
@@ -1705,6 +1797,15 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         kvr_replace_node(t, a, W ? "single: sliding-window attention over the cache rows its window reaches"
                                  : "single: causal attention over cache[0, n_past+T)");
     }
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (t->op != KVR_OP_GDN_BLOCK) continue;
+        struct kvr_tensor * st = cache->state ? cache->state[t->op_params[0]] : NULL;
+        KVR_ASSERT(st != NULL && "a recurrent layer's cache has its state");
+        kvr_replace_node(t, kvr_gdn_segment(ctx, t, 0, t->ne[2], st, n_past == 0),
+                         n_past == 0 ? "single: the recurrence from the zero state; the cache's state becomes its end"
+                                     : "single: the recurrence on from the cache's state, updated in place");
+    }
     kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
 }
 
@@ -1870,8 +1971,8 @@ static int check_buffer(struct kvr_backend * be, const struct kvr_tensor * node,
 int kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
-        if (t->op == KVR_OP_ATTN_BLOCK) {
-            return kvr_error(KVR_ERR_ARG, "graph node '%s' is an ATTN_BLOCK: run a strategy pass first", t->name);
+        if (t->op == KVR_OP_ATTN_BLOCK || t->op == KVR_OP_GDN_BLOCK) {
+            return kvr_error(KVR_ERR_ARG, "graph node '%s' is an %s: run a strategy pass first", t->name, kvr_op_name(t->op));
         }
         if (!node_is_noop(t) && !t->data) {
             return kvr_error(KVR_ERR_ARG, "graph node '%s' has no memory: plan and place the graph first", t->name);
@@ -2116,6 +2217,8 @@ static void ref_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 case KVR_OP_SCALE: y[i] = x[i] * s;                                 break;
                 case KVR_OP_SILU:  y[i] = (float)(x[i] / (1.0 + exp(-(double)x[i]))); break;
                 case KVR_OP_GELU:  y[i] = kvr_gelu_ggml(x[i], NULL);                break; // GGML's fp16 GELU is the op
+                case KVR_OP_SIGMOID:  y[i] = (float)(1.0 / (1.0 + exp(-(double)x[i]))); break;
+                case KVR_OP_SOFTPLUS: y[i] = x[i] > 20.0f ? x[i] : (float)log1p(exp((double)x[i])); break;
                 default:           KVR_ASSERT(!"not a unary op");
             }
         }
@@ -2313,6 +2416,76 @@ static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
 }
 
+// SSM_CONV in double: each channel's taps over its history, then SiLU.
+static void ref_ssm_conv(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * x = dst->src[0], * w = dst->src[1];
+    float * state = dst->src[2]->data;
+    const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0];
+    const bool fresh = dst->op_params[0];
+    int64_t c0, c1;
+    row_range(C, p->ith, p->nth, &c0, &c1);
+    for (int64_t c = c0; c < c1; c++) {
+        const float * wc = row_ptr(w, c, 0, 0);
+        float * st = state + c * (K - 1);
+        for (int64_t t = 0; t < T; t++) {
+            double sum = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t j = t - (K - 1) + k; // the input's token; < 0: from the state
+                const float xv = j >= 0 ? ((const float *)row_ptr(x, j, 0, 0))[c] : fresh ? 0.0f : st[K - 1 + j];
+                sum += (double)wc[k] * xv;
+            }
+            ((float *)row_ptr(dst, t, 0, 0))[c] = (float)(sum / (1.0 + exp(-sum)));
+        }
+        // the last K-1 inputs, the newest last (with fewer than K-1 tokens, some of the old ones)
+        for (int64_t i = 0; i < K - 1; i++) {
+            const int64_t j = T - (K - 1) + i;
+            st[i] = j >= 0 ? ((const float *)row_ptr(x, j, 0, 0))[c] : fresh ? 0.0f : st[i + T];
+        }
+    }
+}
+
+// GDN in double: every value head on its own, its state as floats between tokens (as stored).
+static void ref_gdn(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * g = dst->src[3], * b = dst->src[4];
+    float * state = dst->src[5]->data;
+    const int64_t Dk = q->ne[0], Hk = q->ne[1], Dv = v->ne[0], Hv = v->ne[1], T = v->ne[2];
+    const double eps = get_param_f32(dst, 1), scale = 1.0 / sqrt((double)Dk);
+    KVR_ASSERT((size_t)(4 * Dk) <= p->wsize);
+    double * qn = (double *)p->wdata, * kn = qn + Dk;
+    int64_t h0, h1;
+    row_range(Hv, p->ith, p->nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++) {
+        float * S = state + h * Dv * Dk;
+        if (dst->op_params[0]) memset(S, 0, sizeof(float) * (size_t)(Dv * Dk));
+        for (int64_t t = 0; t < T; t++) {
+            const float * qr = row_ptr(q, h % Hk, t, 0), * kr = row_ptr(k, h % Hk, t, 0), * vr = row_ptr(v, h, t, 0);
+            double sq = 0.0, sk = 0.0;
+            for (int64_t i = 0; i < Dk; i++) {
+                sq += (double)qr[i] * qr[i];
+                sk += (double)kr[i] * kr[i];
+            }
+            for (int64_t i = 0; i < Dk; i++) {
+                qn[i] = qr[i] / sqrt(sq + eps);
+                kn[i] = kr[i] / sqrt(sk + eps);
+            }
+            const double eg = exp((double)((const float *)row_ptr(g, t, 0, 0))[h]);
+            const double beta = ((const float *)row_ptr(b, t, 0, 0))[h];
+            float * o = row_ptr(dst, h, t, 0);
+            for (int64_t j = 0; j < Dv; j++) {
+                float * s = S + j * Dk;
+                double kd = 0.0, od = 0.0;
+                for (int64_t i = 0; i < Dk; i++) kd += eg * s[i] * kn[i];
+                const double d = beta * (vr[j] - kd);
+                for (int64_t i = 0; i < Dk; i++) {
+                    s[i] = (float)(eg * s[i] + kn[i] * d);
+                    od += (double)s[i] * qn[i];
+                }
+                o[j] = (float)(od * scale);
+            }
+        }
+    }
+}
+
 // Floats of scratch every thread needs to run g's nodes through the reference kernels.
 static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
     size_t need = 1024;
@@ -2321,6 +2494,7 @@ static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
         size_t n = 0;
         if (t->op == KVR_OP_MUL_MAT) n = ref_mul_mat_floats(t->src[0]->ne[0], q8_act && ref_quantized(t->src[0]->type));
         if (t->op == KVR_OP_ATTN)    n = ref_attn_floats(t->src[0]->ne[0], t->src[1]->ne[2]);
+        if (t->op == KVR_OP_GDN)     n = 4 * (size_t)t->src[0]->ne[0];
         if (n > need) need = n;
     }
     return need;
@@ -2459,6 +2633,12 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 break;
             case KVR_OP_GELU:
                 for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
+                break;
+            case KVR_OP_SIGMOID:
+                for (int64_t i = 0; i < n; i++) y[i] = kvr_sigmoid_f32(x[i]);
+                break;
+            case KVR_OP_SOFTPLUS:
+                for (int64_t i = 0; i < n; i++) y[i] = kvr_softplus_f32(x[i]);
                 break;
             default:
                 KVR_ASSERT(!"not a unary op");
@@ -4904,6 +5084,61 @@ static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * d
     }
 }
 
+// SSM_CONV: threads take channels; each channel's window of K inputs slides over its history
+// (the state, or zeros when fresh) and then the batch, summed in GGML's order (oldest tap first,
+// f32), then SiLU; the last K-1 inputs become the channel's state.
+#define SSM_CONV_MAX_K 16
+
+static void cpu_op_ssm_conv(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * x = dst->src[0], * w = dst->src[1];
+    float * state = dst->src[2]->data;
+    const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0];
+    KVR_ASSERT(K >= 1 && K <= SSM_CONV_MAX_K);
+    const bool fresh = dst->op_params[0];
+    int64_t c0, c1;
+    row_range(C, p->ith, p->nth, &c0, &c1);
+    for (int64_t c = c0; c < c1; c++) {
+        const float * wc = row_ptr(w, c, 0, 0);
+        float * st = state + c * (K - 1);
+        float win[SSM_CONV_MAX_K];
+        for (int64_t i = 0; i < K - 1; i++) win[i] = fresh ? 0.0f : st[i];
+        for (int64_t t = 0; t < T; t++) {
+            win[K - 1] = ((const float *)row_ptr(x, t, 0, 0))[c];
+            float sum = 0.0f;
+            for (int64_t k = 0; k < K; k++) sum += win[k] * wc[k];
+            ((float *)row_ptr(dst, t, 0, 0))[c] = sum / (1.0f + expf(-sum));
+            memmove(win, win + 1, sizeof(float) * (size_t)(K - 1));
+        }
+        memcpy(st, win, sizeof(float) * (size_t)(K - 1));
+    }
+}
+
+// GDN: threads take value heads; a head's state stays in place while its tokens go through it
+// row by row (kvr.h's kvr_gdn_row, the GPU's too), q and k L2-normalised into the scratch first.
+// The recurrent form, token by token, as llama.cpp's CPU op.
+static void cpu_op_gdn(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * g = dst->src[3], * b = dst->src[4];
+    float * state = dst->src[5]->data;
+    const int64_t Dk = q->ne[0], Hk = q->ne[1], Dv = v->ne[0], Hv = v->ne[1], T = v->ne[2];
+    const float eps = get_param_f32(dst, 1), scale = 1.0f / sqrtf((float)Dv);
+    KVR_ASSERT((size_t)(2 * Dk) <= p->wsize);
+    float * qn = p->wdata, * kn = qn + Dk;
+    int64_t h0, h1;
+    row_range(Hv, p->ith, p->nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++) {
+        float * S = state + h * Dv * Dk;
+        if (dst->op_params[0]) memset(S, 0, sizeof(float) * (size_t)(Dv * Dk));
+        for (int64_t t = 0; t < T; t++) {
+            kvr_gdn_l2_norm(row_ptr(q, h % Hk, t, 0), qn, (int)Dk, eps);
+            kvr_gdn_l2_norm(row_ptr(k, h % Hk, t, 0), kn, (int)Dk, eps);
+            const float eg = expf(((const float *)row_ptr(g, t, 0, 0))[h]), beta = ((const float *)row_ptr(b, t, 0, 0))[h];
+            const float * vr = row_ptr(v, h, t, 0);
+            float * o = row_ptr(dst, h, t, 0);
+            for (int64_t j = 0; j < Dv; j++) o[j] = kvr_gdn_row(S + j * Dk, kn, qn, (int)Dk, eg, beta, vr[j]) * scale;
+        }
+    }
+}
+
 // The one dispatch point of the CPU backend: an op's reference kernel when they are asked for
 // (p->ref), else its fast one.
 static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t) {
@@ -4913,7 +5148,11 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_MUL:        cpu_op_binary(p, t);     break;
         case KVR_OP_SCALE:
         case KVR_OP_SILU:
-        case KVR_OP_GELU:       if (p->ref) ref_unary(p, t);   else cpu_op_unary(p, t);   break;
+        case KVR_OP_GELU:
+        case KVR_OP_SIGMOID:
+        case KVR_OP_SOFTPLUS:   if (p->ref) ref_unary(p, t);   else cpu_op_unary(p, t);   break;
+        case KVR_OP_SSM_CONV:   if (p->ref) ref_ssm_conv(p, t); else cpu_op_ssm_conv(p, t); break;
+        case KVR_OP_GDN:        if (p->ref) ref_gdn(p, t);     else cpu_op_gdn(p, t);     break;
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:       if (p->ref) ref_norm(p, t);    else cpu_op_norm(p, t);    break;
         case KVR_OP_MUL_MAT:    if (p->ref) ref_mul_mat(p, t); else cpu_op_mul_mat(p, t); break;
@@ -4929,6 +5168,7 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_ALL_GATHER:
         case KVR_OP_ALL_TO_ALL:
         case KVR_OP_ATTN_BLOCK:
+        case KVR_OP_GDN_BLOCK:
         case KVR_OP_COUNT:      KVR_ASSERT(!"op cannot run on the CPU backend");
     }
 }
@@ -5119,6 +5359,7 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             }
             if (n > need) need = n;
         }
+        if (t->op == KVR_OP_GDN && (size_t)(2 * t->src[0]->ne[0]) > need) need = (size_t)(2 * t->src[0]->ne[0]);
         if (t->op == KVR_OP_ATTN) {
             const int64_t D = t->src[0]->ne[0], G = t->src[0]->ne[1] / t->src[1]->ne[1];
             const size_t rows = (size_t)(kvr_attn_tile_tokens(G) * G);
@@ -5187,7 +5428,8 @@ static const char * cpu_name(struct kvr_backend * be) { (void)be; return "cpu"; 
 static bool cpu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t) {
     (void)be;
     switch (t->op) {
-        case KVR_OP_ATTN_BLOCK: return false;
+        case KVR_OP_ATTN_BLOCK:
+        case KVR_OP_GDN_BLOCK:  return false;
         case KVR_OP_MUL_MAT:
         case KVR_OP_GET_ROWS:   return kvr_type_supported(t->src[0]->type);
         default:                return (unsigned)t->op < KVR_OP_COUNT;
@@ -8774,13 +9016,24 @@ int kvr_chat_tokenize(const struct kvr_vocab * v, const char * tmpl, const struc
 // 15. KV cache
 //
 
+int64_t kvr_hp_state_floats(const struct kvr_hparams * hp) {
+    if (hp->n_recurrent == 0) return 0;
+    const struct kvr_gdn_shape sh = {
+        .d_conv = (int)hp->ssm_d_conv, .n_k = (int)hp->ssm_n_group, .d_k = (int)hp->ssm_d_state,
+        .n_v = (int)hp->ssm_dt_rank, .d_v = (int)hp->ssm_d_state,
+    };
+    return kvr_gdn_state_floats(&sh);
+}
+
 struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be) {
     const int kv_dim = (int)(hp->head_dim * hp->n_head_kv);
-    // every layer's K and V in one buffer, each at an aligned offset
+    // every layer's K and V in one buffer, each at an aligned offset, then the recurrent layers' states
     const size_t one = ((size_t)kv_dim * (size_t)n_ctx * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
-    const size_t bytes = (size_t)2 * hp->n_layer * one;
+    const int64_t n_state = kvr_hp_state_floats(hp);
+    const size_t one_state = ((size_t)n_state * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
+    const size_t bytes = (size_t)2 * hp->n_layer * one + (size_t)hp->n_recurrent * one_state;
     struct kvr_kv_cache * c = kvr_calloc(1, sizeof(*c));
-    c->ctx = kvr_init((size_t)(2 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), true);
+    c->ctx = kvr_init((size_t)(3 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), true);
     c->buf = c->ctx ? kvr_backend_alloc_buffer(be, bytes) : NULL;
     if (!c->buf) {
         char msg[sizeof(kvr_errbuf)];
@@ -8801,6 +9054,15 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx,
         kvr_buffer_place(c->buf, c->k[il], (2 * (size_t)il) * one);
         kvr_buffer_place(c->buf, c->v[il], (2 * (size_t)il + 1) * one);
     }
+    c->n_state = n_state;
+    c->state = n_state ? kvr_calloc(hp->n_layer, sizeof(struct kvr_tensor *)) : NULL;
+    size_t at = (size_t)2 * hp->n_layer * one;
+    for (uint32_t il = 0; il < hp->n_layer && n_state; il++) {
+        if (!kvr_layer_recurrent(hp, (int)il)) continue;
+        c->state[il] = kvr_set_name(kvr_new_tensor_1d(c->ctx, KVR_TYPE_F32, n_state), "cache_state.%u", il);
+        kvr_buffer_place(c->buf, c->state[il], at);
+        at += one_state;
+    }
     // cleared now, so the first prefill does not pay for faulting the cache's pages in
     kvr_buffer_clear(c->buf, 0);
     return c;
@@ -8812,6 +9074,7 @@ void kvr_kv_cache_free(struct kvr_kv_cache * c) {
     kvr_free(c->ctx);
     free(c->k);
     free(c->v);
+    free(c->state);
     free(c);
 }
 
@@ -9688,6 +9951,7 @@ static int load_embeddings(struct kvr_model * m, bool norm_bias) {
 #include "models/qwen.c"
 #include "models/falcon.c"
 #include "models/gemma3.c"
+#include "models/qwen35.c"
 
 static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_LLAMA]  = { "llama",  KVR_ARCH_LLAMA,  llama_load,  llama_build  },
@@ -9695,6 +9959,7 @@ static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_QWEN2]  = { "qwen2",  KVR_ARCH_QWEN2,  qwen2_load,  llama_build  },
     [KVR_ARCH_QWEN3]  = { "qwen3",  KVR_ARCH_QWEN3,  qwen3_load,  llama_build  },
     [KVR_ARCH_GEMMA3] = { "gemma3", KVR_ARCH_GEMMA3, gemma3_load, gemma3_build },
+    [KVR_ARCH_QWEN35] = { "qwen35", KVR_ARCH_QWEN35, qwen35_load, qwen35_build },
 };
 
 // The weight tensors of a model whose hyper-parameters are read, placed in m->weights (at their
@@ -9953,6 +10218,8 @@ static int eval_compute_buffer(struct kvr_eval * ev, struct kvr_graph * g, size_
 // Whether an eval is one token of the plain single pass (see kvr_eval_reuse in kvr.h).
 static bool eval_reusable(const struct kvr_eval * ev) {
     if (!ev->reuse || ev->pass || ev->no_model || ev->graph_out || ev->capture || ev->n_tokens != 1 || ev->n_kpos != ev->n_past + 1) return false;
+    // a recurrent layer's first token starts from the zero state, which a kept graph does not
+    if (ev->n_past == 0 && ev->model->hp.n_recurrent > 0) return false;
     for (uint32_t il = 0; il < ev->model->hp.n_layer; il++) {
         if (ev->model->layers[il].window > 0) return false;
     }

@@ -262,12 +262,18 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
     X(ROPE)        /* rotary embedding at absolute positions src1 i32                        */ \
     X(SILU)        /* x * sigmoid(x)                                                         */ \
     X(GELU)        /* tanh approximation as GGML's CPU path: fp16 in, fp16 table out         */ \
+    X(SIGMOID)     /* 1 / (1 + exp(-x))                                                      */ \
+    X(SOFTPLUS)    /* log(1 + exp(x)), x itself above 20 (GGML's)                            */ \
     X(CPY)         /* copy src0 into src1's memory (f32 -> f32/f16); result is a view of src1 */ \
     X(ATTN_BLOCK)  /* high level: causal attention of q over every key up to it. A strategy  */ \
                    /* pass rewrites it; it never reaches a backend                           */ \
     X(KV_STORE)    /* write new K or V rows (src0) into the cache view src1                  */ \
     X(ATTN)        /* attention of q over k/v at absolute positions; output O and LSE        */ \
     X(MERGE_ATTN)  /* combine partial attention outputs by their log-sum-exp                 */ \
+    X(GDN_BLOCK)   /* high level: a Gated DeltaNet layer's recurrence over this batch, its   */ \
+                   /* state left to a strategy pass (which rewrites it); never on a backend  */ \
+    X(SSM_CONV)    /* short causal depthwise convolution + SiLU over a carried state         */ \
+    X(GDN)         /* the gated delta rule over a carried state, per value head              */ \
     X(SEND)        /* send src0 to a peer rank (asynchronous; completes by the graph's end)  */ \
     X(RECV)        /* receive into src0's memory from a peer (posted when the graph starts)  */ \
     X(ALL_GATHER)  /* every rank's block of rows lands in every rank's copy (src1's memory)  */ \
@@ -315,6 +321,8 @@ struct kvr_tensor * kvr_rope     (struct kvr_context * ctx, struct kvr_tensor * 
                                   float freq_base, float freq_scale);
 struct kvr_tensor * kvr_silu     (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_gelu     (struct kvr_context * ctx, struct kvr_tensor * a);
+struct kvr_tensor * kvr_sigmoid  (struct kvr_context * ctx, struct kvr_tensor * a);
+struct kvr_tensor * kvr_softplus (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 // a contiguous f32 copy of a (for instance of a strided view into a fused QKV projection)
 struct kvr_tensor * kvr_cont     (struct kvr_context * ctx, struct kvr_tensor * a);
@@ -361,6 +369,48 @@ struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, st
 struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head);
 // The output part of an ATTN or MERGE_ATTN result: a view [head_dim*n_head, Tq].
 struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * attn, int n_head);
+
+// Gated DeltaNet, the linear-attention layers of Qwen3.5 (llama.cpp's qwen35 graph). Such a layer
+// keeps a state instead of K/V rows: the last d_conv-1 inputs of its convolution, then one
+// d_k x d_v matrix per value head (kvr_gdn_state_floats). The shapes of one layer:
+struct kvr_gdn_shape {
+    int   il;       // the layer
+    int   d_conv;   // convolution kernel size (ssm.conv_kernel)
+    int   n_k, d_k; // key heads (ssm.group_count) and their size (ssm.state_size)
+    int   n_v, d_v; // value heads (ssm.time_step_rank) and their size (d_k: llama.cpp requires it)
+    float eps;      // of the L2 norms of q and k
+};
+// High-level recurrence of layer sh->il over this batch, what the model's graph holds; a strategy
+// pass rewrites it into kvr_gdn_segment's nodes over the state it chooses, as ATTN_BLOCK.
+//   x     [C, T] f32: each token's mixed projection q | k | v, C = 2*n_k*d_k + n_v*d_v (rows may be strided)
+//   conv  [d_conv, C] f32: the depthwise convolution (ssm_conv1d)
+//   g     [n_v, T] f32: each value head's log decay, softplus(alpha + dt_bias) * ssm_a (negative)
+//   beta  [n_v, T] f32: each value head's write strength, sigmoid(W_beta x)
+// result: the output o [d_v, n_v, T] of every value head.
+struct kvr_tensor * kvr_gdn_block(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * conv,
+                                  struct kvr_tensor * g, struct kvr_tensor * beta, const struct kvr_gdn_shape * sh);
+void    kvr_gdn_block_shape(const struct kvr_tensor * block, struct kvr_gdn_shape * sh);
+int64_t kvr_gdn_state_floats(const struct kvr_gdn_shape * sh);
+// Tokens [t0, t0+n) of a GDN_BLOCK as nodes over state [kvr_gdn_state_floats] f32, updated in
+// place: before, the state after token t0-1 (fresh: the zero state of an empty sequence, whatever
+// state holds); after, the state after token t0+n-1. Returns o [d_v, n_v, n] (the GDN node, after
+// the SSM_CONV node it reads); readers of the new state depend on it.
+struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_tensor * block, int64_t t0, int64_t n,
+                                    struct kvr_tensor * state, bool fresh);
+// The two kernels of a segment, each updating its part of the state in place (src[2] / src[5]):
+// SSM_CONV: x [C, T] (rows may be strided), w [d_conv, C], state [(d_conv-1)*C] f32 (channel c's
+//   last d_conv-1 inputs at [c*(d_conv-1)], oldest first). result [C, T]:
+//   silu(sum_k w[k, c] * x[t-d_conv+1+k, c]), the inputs before t = 0 taken from the state.
+// GDN: q, k [d_k, n_k, T], v [d_v, n_v, T] (rows may be strided), g, beta [n_v, T], state
+//   [n_v * d_v * d_k] f32 (head h's matrix S at [h*d_v*d_k], stored transposed: S[i][j] at [j*d_k + i]).
+//   Value head h uses key head h % n_k (llama.cpp's converter orders the value heads so). q and k
+//   are L2-normalised first (x / sqrt(sum x^2 + eps)); then per token S = e^g S, d = beta (v - S^T k),
+//   S += k d^T, o = S^T q / sqrt(d_k). result [d_v, n_v, T].
+// op_params: SSM_CONV [0] fresh; GDN [0] fresh, [1] eps (f32 bits).
+struct kvr_tensor * kvr_ssm_conv(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * w,
+                                 struct kvr_tensor * state, bool fresh);
+struct kvr_tensor * kvr_gdn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k, struct kvr_tensor * v,
+                            struct kvr_tensor * g, struct kvr_tensor * beta, struct kvr_tensor * state, float eps, bool fresh);
 
 // Communication nodes (executed through the backend's struct kvr_comm; see "backends" and "sessions").
 // tag: what the message is (layer, kind, step): kvr_tag() packs it, and errors name it.
@@ -870,6 +920,7 @@ enum kvr_arch {
     KVR_ARCH_QWEN2  = 2, // Qwen2, Qwen2.5: Q/K/V biases
     KVR_ARCH_QWEN3  = 3, // per-head q/k RMS norms
     KVR_ARCH_GEMMA3 = 4, // sliding-window layers, q/k norms, post norms, GELU FFN
+    KVR_ARCH_QWEN35 = 5, // Qwen3.5: Gated DeltaNet layers beside gated full-attention layers
     KVR_ARCH_COUNT,
 };
 
@@ -890,7 +941,22 @@ struct kvr_hparams {
     enum kvr_rope_mode rope_mode;
     float    norm_eps;      // rms norm or layer norm epsilon
     uint32_t n_swa;         // the sliding window of the local layers (0: none); see kvr_layer.window
+    // Gated DeltaNet layers (qwen35; all 0 in a model without them). Which layers they are:
+    // kvr_layer_recurrent. Such a layer keeps a state of kvr_hp_state_floats floats per sequence.
+    uint32_t ssm_d_conv;    // ssm.conv_kernel
+    uint32_t ssm_d_state;   // ssm.state_size: the size of a key head and of a value head
+    uint32_t ssm_n_group;   // ssm.group_count: key heads
+    uint32_t ssm_dt_rank;   // ssm.time_step_rank: value heads
+    uint32_t n_recurrent;   // how many layers are recurrent
+    uint64_t recurrent[64]; // bit il: layer il is a Gated DeltaNet layer (block_count <= 4096)
 };
+
+static inline bool kvr_layer_recurrent(const struct kvr_hparams * hp, int il) {
+    return (hp->recurrent[il >> 6] >> (il & 63)) & 1;
+}
+// the state of one recurrent layer, in floats (0 without recurrent layers): the convolution's
+// last ssm_d_conv-1 inputs of every channel, then a d x d matrix per value head
+int64_t kvr_hp_state_floats(const struct kvr_hparams * hp);
 
 // Tensor pointers only: kvr_model_to_backend copies a layer field by field as an array.
 struct kvr_layer {
@@ -903,6 +969,8 @@ struct kvr_layer {
     struct kvr_tensor * ffn_up_b, * ffn_down_b;
     struct kvr_tensor * attn_q_norm, * attn_k_norm;     // per-head RMS norms of Q and K (qwen3, gemma3)
     struct kvr_tensor * attn_post_norm, * ffn_post_norm; // norms of each branch's output (gemma3)
+    // Gated DeltaNet (qwen35): wqkv is the mixed q|k|v projection, ssm_gate the output gate z
+    struct kvr_tensor * ssm_gate, * ssm_conv1d, * ssm_dt_b, * ssm_a, * ssm_beta, * ssm_alpha, * ssm_norm, * ssm_out;
     // what differs between layers of one model (gemma3: local and global layers)
     uint32_t window;        // sliding-window attention: the last `window` positions (0: all)
     float    rope_base, rope_scale;
@@ -971,6 +1039,10 @@ struct kvr_kv_cache {
     struct kvr_buffer  * buf;        // every layer's K and V, cleared to zero when made
     struct kvr_tensor ** k;
     struct kvr_tensor ** v;
+    // recurrent layers (kvr_layer_recurrent): each its state [n_state] f32 in buf (NULL for the
+    // others), the state after the last cached token; their K and V are never written
+    int64_t              n_state;    // kvr_hp_state_floats (0: no recurrent layer)
+    struct kvr_tensor ** state;
 };
 
 struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be);
@@ -2472,6 +2544,37 @@ static inline KVR_HD bool kvr_attn_visible(int32_t qp, int32_t kp, int64_t windo
 static inline KVR_HD int kvr_attn_tile(int mode, int32_t qmin, int32_t qmax, int32_t kmin, int32_t kmax, int64_t window) {
     if (mode == KVR_ATTN_CAUSAL && (kmin > qmax || (window > 0 && (int64_t)qmin - kmax >= window))) return 0;
     return kmax > qmin || (window > 0 && (int64_t)qmax - kmin >= window) ? 2 : 1;
+}
+
+// Gated DeltaNet (Qwen3.5's linear attention), in GGML's f32 arithmetic: sigmoid and softplus as
+// its unary ops, the L2 norm of q and k as llama.cpp forms it (an RMS norm with eps/n, then a
+// scale by 1/sqrt(n)), and one step of one row of a head's state.
+static inline KVR_HD float kvr_sigmoid_f32(float x)  { return 1.0f / (1.0f + expf(-x)); }
+static inline KVR_HD float kvr_softplus_f32(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+
+static inline KVR_HD void kvr_gdn_l2_norm(const float * x, float * y, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps / (float)n), post = 1.0f / sqrtf((float)n);
+    for (int i = 0; i < n; i++) y[i] = x[i] * scale * post;
+}
+
+// Row j of a value head's transposed state (the column S[:, j], n = d_k floats) through one token:
+// it decays by eg = e^g, d = beta (v_j - S[:, j].k), S[:, j] += d k; returns S[:, j].q (the output
+// before its 1/sqrt(d_k)). The rows of a head are independent: a GPU thread can take one.
+static inline KVR_HD float kvr_gdn_row(float * s, const float * k, const float * q, int n, float eg, float beta, float v) {
+    float kd = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s[i] *= eg;
+        kd += s[i] * k[i];
+    }
+    const float d = (v - kd) * beta;
+    float o = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s[i] += k[i] * d;
+        o += s[i] * q[i];
+    }
+    return o;
 }
 
 #ifdef KVR_CUDA

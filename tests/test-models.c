@@ -458,6 +458,48 @@ static void test_reuse(const struct kvr_model * m, const int32_t * toks, int n, 
     kvr_backend_free(be);
 }
 
+// tiny-qwen35: the hybrid layout as llama.cpp reads it, a prompt in two evals (the second on the
+// cache, through the recurrent states) against one, and its key variants.
+static void test_qwen35(const struct kvr_model * m, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    CHECK(hp->arch == KVR_ARCH_QWEN35 && hp->n_recurrent == 3 && !kvr_layer_recurrent(hp, 3) && kvr_layer_recurrent(hp, 0) &&
+          hp->ssm_d_conv == 4 && hp->ssm_d_state == 32 && hp->ssm_n_group == 2 && hp->ssm_dt_rank == 4 && hp->n_rot == 16,
+          "tiny-qwen35: arch %d, %u recurrent layers, conv %u, state %u, groups %u, v heads %u, n_rot %u", (int) hp->arch,
+          hp->n_recurrent, hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_n_group, hp->ssm_dt_rank, hp->n_rot);
+    const int V = (int) hp->n_vocab;
+    float * base = malloc(sizeof(float) * (size_t) V);
+    if (!eval_prompt(m, toks, n, base, "tiny-qwen35")) { free(base); return; }
+    // the prompt in pieces of 1, 2 and the rest: the states carry over, the logits agree
+    const struct kvr_session_params sp = session_params(m, n + 1);
+    struct kvr_session * s = kvr_session_new(m, &sp);
+    const float * lg = s ? kvr_session_eval(s, toks, 1) : NULL;
+    if (lg) lg = kvr_session_eval(s, toks + 1, 2);
+    if (lg) lg = kvr_session_eval(s, toks + 3, n - 3);
+    CHECK(lg != NULL, "tiny-qwen35: the prompt in three evals: %s", kvr_last_error());
+    if (lg) {
+        int at;
+        const double d = max_diff(lg, base, V, &at);
+        printf("tiny-qwen35    the prompt as 1 + 2 + %d tokens: max |logit - one eval| = %.3g\n", n - 3, d);
+        CHECK(d <= 1e-5, "tiny-qwen35: the prompt in three evals differs from one eval by %.3g at id %d", d, at);
+    }
+    kvr_session_free(s);
+    const struct variant same[] = {
+        { .what = "qwen35: full_attention_interval left to its default 4", .drop_key = "qwen35.full_attention_interval" },
+    };
+    variant_logits(m, &same[0], toks, n, base, true, 0.0);
+    const struct variant moved = { .what = "qwen35: full_attention_interval 2", .set_u32_key = "qwen35.full_attention_interval", .set_u32 = 2 };
+    write_variant(m, &moved);
+    struct kvr_model * mv = kvr_model_load(tmp_path, NULL);
+    CHECK(mv == NULL, "qwen35: full_attention_interval 2 loaded, but layer 1 has no attn_q.weight");
+    if (!mv) printf("%-14s refused as it should: %s\n", "qwen35", kvr_last_error());
+    kvr_model_free(mv);
+    const char * conv[] = { "qwen35.ssm.conv_kernel" };
+    variant_refused(m, &(struct variant){ .what = "qwen35 without ssm.conv_kernel", .drop_key = "qwen35.ssm.conv_kernel" }, conv, 1);
+    const char * a_name[] = { "blk.1.ssm_a" };
+    variant_refused(m, &(struct variant){ .what = "qwen35 without blk.1.ssm_a", .drop_tensor = "blk.1.ssm_a" }, a_name, 1);
+    free(base);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * dir = getenv("TMPDIR");
@@ -480,6 +522,15 @@ int main(int argc, char ** argv) {
         if (i == 1 || i == 2) test_qwen(m, i == 2);
         if (i == 3) test_gemma3(m, toks, n);
         if (i == 0 || i == 3) test_reuse(m, toks, n, names[i], i == 3);
+        kvr_model_free(m);
+    }
+
+    char next[1024];
+    snprintf(next, sizeof next, "%s/reference/archs-next", shared);
+    {
+        int n = 0;
+        struct kvr_model * m = test_reference(next, "tiny-qwen35", NULL, LOGIT_TOL, toks, &n);
+        if (m) test_qwen35(m, toks, n);
         kvr_model_free(m);
     }
 

@@ -907,10 +907,20 @@ static void grp_mul(void) { grp_binary(false); }
 // SCALE, SILU, GELU
 //
 
-enum unary_op { U_SCALE, U_SILU, U_GELU };
+enum unary_op { U_SCALE, U_SILU, U_GELU, U_SIGMOID, U_SOFTPLUS };
+
+static double ref_unary_op(enum unary_op op, double x) {
+    switch (op) {
+        case U_SILU:     return ref_silu((float) x);
+        case U_GELU:     return ref_gelu((float) x);
+        case U_SIGMOID:  return 1.0 / (1.0 + exp(-x));
+        case U_SOFTPLUS: return x > 20.0 ? x : log1p(exp(x)); // GGML's: the identity above 20
+        default:         return x;
+    }
+}
 
 static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) {
-    static const char * name[] = { "SCALE", "SILU", "GELU" };
+    static const char * name[] = { "SCALE", "SILU", "GELU", "SIGMOID", "SOFTPLUS" };
     struct tcase tc;
     if (op == U_SCALE) {
         tc_begin(&tc, nt, "SCALE(ne=[%d,%d],s=%g)", n, r, s);
@@ -919,7 +929,8 @@ static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) 
     }
     struct kvr_tensor * a = tc_input_f32(&tc, 2, n, r, 1, amp);
     struct kvr_tensor * y = op == U_SCALE ? kvr_scale(tc.ctx, a, s)
-                          : op == U_SILU  ? kvr_silu(tc.ctx, a) : kvr_gelu(tc.ctx, a);
+                          : op == U_SILU  ? kvr_silu(tc.ctx, a) : op == U_GELU ? kvr_gelu(tc.ctx, a)
+                          : op == U_SIGMOID ? kvr_sigmoid(tc.ctx, a) : kvr_softplus(tc.ctx, a);
     if (tc_shape(&tc, y, KVR_TYPE_F32, n, r, 1, 1)) {
         tc_output(&tc, y, "y");
         if (tc_compute(&tc, &y, 1)) {
@@ -927,7 +938,7 @@ static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) 
             const float * A = a->data;
             double * ref = tc_doubles(&tc, N);
             for (int64_t i = 0; i < N; i++) {
-                ref[i] = op == U_SCALE ? (double) A[i] * s : op == U_SILU ? ref_silu(A[i]) : ref_gelu(A[i]);
+                ref[i] = op == U_SCALE ? (double) A[i] * s : ref_unary_op(op, A[i]);
             }
             tc_check(&tc, "y", tc_read(&tc, y), ref, N, n, op == U_GELU ? TOL_GELU : TOL_ELEM, NULL);
         }
@@ -961,6 +972,108 @@ static void grp_act(enum unary_op op) {
 
 static void grp_silu(void) { grp_act(U_SILU); }
 static void grp_gelu(void) { grp_act(U_GELU); }
+static void grp_sigmoid(void) { grp_act(U_SIGMOID); }
+static void grp_softplus(void) { grp_act(U_SOFTPLUS); }
+
+//
+// GDN: a Gated DeltaNet layer's recurrence (SSM_CONV then GDN, kvr_gdn_segment) over a carried
+// state, in two segments [0, n1) and [n1, T) one after the other on the same state, against a
+// double-precision reference of the whole sequence written from kvr.h's definition: the outputs
+// of both segments and the state after the last token. The state starts from random values (the
+// reference starts from them too) or, fresh, from zero whatever it holds.
+//
+
+struct gdn_case { int d_conv, n_k, d_k, n_v, T, n1; bool fresh; };
+
+static void t_gdn(const struct gdn_case * gc, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "GDN(d_conv=%d,n_k=%d,d=%d,n_v=%d,T=%d,split=%d,fresh=%d)", gc->d_conv, gc->n_k, gc->d_k, gc->n_v,
+             gc->T, gc->n1, gc->fresh);
+    const struct kvr_gdn_shape sh = { .il = 0, .d_conv = gc->d_conv, .n_k = gc->n_k, .d_k = gc->d_k, .n_v = gc->n_v,
+                                      .d_v = gc->d_k, .eps = 1e-6f };
+    const int K = gc->d_conv, D = gc->d_k, Hk = gc->n_k, Hv = gc->n_v, T = gc->T;
+    const int C = 2 * Hk * D + Hv * D;
+    const int64_t NS = kvr_gdn_state_floats(&sh), NC = (int64_t) (K - 1) * C;
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, C, T, 1, 1.0f);
+    struct kvr_tensor * w = tc_input_f32(&tc, 2, K, C, 1, 0.7f);
+    struct kvr_tensor * g = tc_input_f32(&tc, 2, Hv, T, 1, 1.0f);
+    struct kvr_tensor * b = tc_input_f32(&tc, 2, Hv, T, 1, 1.0f);
+    struct kvr_tensor * st = tc_input_f32(&tc, 1, NS, 1, 1, 0.5f);
+    for (int i = 0; i < Hv * T; i++) {
+        ((float *) g->data)[i] = -fabsf(((float *) g->data)[i]) * 0.5f;       // a decay: log of a factor < 1
+        ((float *) b->data)[i] = 0.5f + 0.5f * ((float *) b->data)[i];        // a write strength in (0, 1)
+    }
+    double * S = tc_doubles(&tc, NS); // the reference state, from the initial one
+    for (int64_t i = 0; i < NS; i++) S[i] = gc->fresh ? 0.0 : ((const float *) st->data)[i];
+    struct kvr_tensor * blk = kvr_gdn_block(tc.ctx, x, w, g, b, &sh);
+    struct kvr_tensor * y[2];
+    y[0] = kvr_gdn_segment(tc.ctx, blk, 0, gc->n1, st, gc->fresh);
+    y[1] = kvr_gdn_segment(tc.ctx, blk, gc->n1, T - gc->n1, st, false);
+    y[1]->src[0]->view_src->src[3] = y[0]; // the second segment's convolution after the first segment
+    if (tc_shape(&tc, y[0], KVR_TYPE_F32, D, Hv, gc->n1, 1) && tc_shape(&tc, y[1], KVR_TYPE_F32, D, Hv, T - gc->n1, 1)) {
+        tc_output(&tc, y[0], "y0");
+        tc_output(&tc, y[1], "y1");
+        if (tc_compute(&tc, y, 2)) {
+            const float * X = x->data, * W = w->data, * G = g->data, * B = b->data;
+            double * ref = tc_doubles(&tc, (int64_t) D * Hv * T), * c = tc_doubles(&tc, C), * q = tc_doubles(&tc, D),
+                   * k = tc_doubles(&tc, D);
+            for (int t = 0; t < T; t++) {
+                for (int ch = 0; ch < C; ch++) { // the convolution over the history (rolled below), then SiLU
+                    double sum = 0.0;
+                    for (int j = 0; j < K; j++) {
+                        const double xv = j < K - 1 ? S[(int64_t) ch * (K - 1) + j] : X[(int64_t) t * C + ch];
+                        sum += W[(int64_t) ch * K + j] * xv;
+                    }
+                    c[ch] = sum / (1.0 + exp(-sum));
+                }
+                for (int h = 0; h < Hv; h++) {
+                    const int kh = h % Hk;
+                    double nq = 0.0, nk = 0.0;
+                    for (int i = 0; i < D; i++) {
+                        nq += c[kh * D + i] * c[kh * D + i];
+                        nk += c[Hk * D + kh * D + i] * c[Hk * D + kh * D + i];
+                    }
+                    for (int i = 0; i < D; i++) {
+                        q[i] = c[kh * D + i] / sqrt(nq + 1e-6);
+                        k[i] = c[Hk * D + kh * D + i] / sqrt(nk + 1e-6);
+                    }
+                    const double eg = exp(G[t * Hv + h]), beta = B[t * Hv + h];
+                    for (int j = 0; j < D; j++) { // column j of S (row j as stored)
+                        double * s = S + NC + ((int64_t) h * D + j) * D, kd = 0.0, o = 0.0;
+                        for (int i = 0; i < D; i++) kd += (s[i] *= eg) * k[i];
+                        const double d = beta * (c[2 * Hk * D + h * D + j] - kd);
+                        for (int i = 0; i < D; i++) o += (s[i] += k[i] * d) * q[i];
+                        ref[((int64_t) t * Hv + h) * D + j] = o / sqrt((double) D);
+                    }
+                }
+                for (int ch = 0; ch < C; ch++) { // the history moves on by this token
+                    double * hs = S + (int64_t) ch * (K - 1);
+                    for (int j = 0; j + 1 < K - 1; j++) hs[j] = hs[j + 1];
+                    if (K > 1) hs[K - 2] = X[(int64_t) t * C + ch];
+                }
+            }
+            const int64_t n0 = (int64_t) D * Hv * gc->n1, n1 = (int64_t) D * Hv * T - n0;
+            tc_check(&tc, "y0", tc_read(&tc, y[0]), ref, n0, D, TOL_RED, NULL);
+            tc_check(&tc, "y1", tc_read(&tc, y[1]), ref + n0, n1, D, TOL_RED, NULL);
+            tc_check(&tc, "state", tc_read(&tc, st), S, NS, NS, TOL_RED, NULL);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_gdn(void) {
+    static const struct gdn_case cases[] = {
+        { 4, 2, 32, 4, 9, 4, false },  // tiny-qwen35's heads
+        { 4, 2, 32, 4, 9, 4, true },
+        { 4, 1, 16, 3, 5, 1, false },  // a segment shorter than the convolution's history
+        { 4, 2, 8, 2, 2, 1, true },
+        { 2, 3, 16, 6, 40, 33, false },
+        { 1, 1, 4, 1, 3, 2, false },   // no history at all
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int nt = 1; nt <= 3; nt++) t_gdn(&cases[i], nt);
+    }
+}
 
 //
 // RMS_NORM, NORM. kind 0: random rows; 1: special rows (zero, constant, one-hot) among random
@@ -2308,7 +2421,8 @@ static const struct group {
 } GROUPS[] = {
     { "GET_ROWS", grp_get_rows }, { "ADD", grp_add }, { "MUL", grp_mul }, { "SCALE", grp_scale },
     { "RMS_NORM", grp_rms_norm }, { "NORM", grp_norm }, { "MUL_MAT", grp_mul_mat }, { "ROPE", grp_rope },
-    { "SILU", grp_silu }, { "GELU", grp_gelu }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
+    { "SILU", grp_silu }, { "GELU", grp_gelu }, { "SIGMOID", grp_sigmoid }, { "SOFTPLUS", grp_softplus },
+    { "GDN", grp_gdn }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
     { "PASS", grp_pass }, { "COUNTERS", grp_counters },
     { "FAST_REF", grp_fast_ref },
