@@ -1131,6 +1131,7 @@ static int comm_post(struct rank_comm * c, int i) {
     if (!x->send) return c->tr->irecv(c->tr, r);
     c->st.bytes_sent += x->bytes;
     if (tag_is_kv(x->tag)) c->st.kv_rows_sent += x->rows;
+    if (kvr_tag_kind(x->tag) == KVR_TAG_STATE) c->st.state_bytes_sent += x->bytes;
     if (kvr_tag_step(x->tag) >= STREAM_STEP) c->st.kv_stream_bytes += x->bytes; // P/D: to the decode rank
     return c->tr->isend(c->tr, r);
 }
@@ -1250,6 +1251,7 @@ static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, voi
         if (rc != KVR_OK) break;
         c->st.bytes_recv += s->x[i].bytes;
         if (tag_is_kv(s->x[i].tag)) c->st.kv_rows_recv += s->x[i].rows;
+        if (kvr_tag_kind(s->x[i].tag) == KVR_TAG_STATE) c->st.state_bytes_recv += s->x[i].bytes;
         if (kvr_tag_step(s->x[i].tag) >= STREAM_STEP) c->st.kv_stream_bytes += s->x[i].bytes; // P/D: the decode rank's
     }
     return rc == KVR_OK ? rc : comm_fail(c, rc);
@@ -1547,11 +1549,14 @@ struct pass_ctx {
     struct kvr_tensor   * kpos;      // positions of this rank's cache rows after the store
     struct kvr_tensor  ** sinks;
     int                   n_sinks, cap_sinks;
-    struct kvr_tensor  ** step_pos;  // ring: positions received at step j (layer 0), reused
+    struct kvr_tensor  ** step_pos;  // ring: positions received at step j (first_attn), reused
+    int                   first_attn; // the first layer with attention (a hybrid's may not be 0)
     bool                  receiver;  // P/D's decode rank: receives the cache, builds no model
     int                   n_final;   // cache rows this rank holds after the eval
     float                 scale;     // of the ATTN_BLOCK being rewritten: its score scale
     int                   window;    //   and its sliding window (0: none)
+    struct kvr_tensor  ** late;      // sinks that go after every other (the ring's state broadcasts)
+    int                   n_late;
 };
 
 // t into the sinks at index at (the ones from there on move up one)
@@ -1742,7 +1747,7 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         kvr_set_name(sv, "blk.%d.v_send%d", il, j);
         sink(pc, sk, pc->window ? "ring-kv: the K rows the ranks ahead can see, on to the next rank" : "ring-kv: K block on to the next rank");
         sink(pc, sv, pc->window ? "ring-kv: the V rows the ranks ahead can see, on to the next rank" : "ring-kv: V block on to the next rank");
-        if (il == 0) {
+        if (il == pc->first_attn) {
             struct kvr_tensor * sp = kvr_send(pc->ctx, bp, next, kvr_tag(0, KVR_TAG_KPOS, j));
             kvr_set_name(sp, "kpos_send%d", j);
             sink(pc, sp, "ring-kv: positions of the whole K/V block (once, all layers share them)");
@@ -1764,7 +1769,7 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         // every block that is sent is received, even where only the output would need it
         sink(pc, bk, "ring-kv: K block of rank (i-j) mod N from the previous rank");
         sink(pc, bv, "ring-kv: V block of rank (i-j) mod N from the previous rank");
-        if (il == 0) {
+        if (il == pc->first_attn) {
             pc->step_pos[j] = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_I32, rows, 1, 1), prev, kvr_tag(0, KVR_TAG_KPOS, j));
             kvr_set_name(pc->step_pos[j], "kpos_recv%d", j);
             sink(pc, pc->step_pos[j], "ring-kv: positions of the K/V block of step j");
@@ -1799,7 +1804,7 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             struct kvr_tensor * sq = kvr_send(pc->ctx, bq, next, kvr_tag(il, KVR_TAG_Q, j));
             kvr_set_name(sq, "blk.%d.q_send%d", il, j);
             sink(pc, sq, "ring-q: queries on to the next rank");
-            if (il == 0) {
+            if (il == pc->first_attn) {
                 struct kvr_tensor * sp = kvr_send(pc->ctx, bp, next, kvr_tag(0, KVR_TAG_QPOS, j));
                 kvr_set_name(sp, "qpos_send%d", j);
                 sink(pc, sp, "ring-q: positions of the queries (once, all layers share them)");
@@ -1809,7 +1814,7 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             bq = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, D, H, cs), prev, kvr_tag(il, KVR_TAG_Q, j));
             kvr_set_name(bq, "blk.%d.q_recv%d", il, j);
             sink(pc, bq, "ring-q: queries of rank (i-j) mod N from the previous rank");
-            if (il == 0) {
+            if (il == pc->first_attn) {
                 pc->step_pos[j] = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_I32, cs, 1, 1), prev, kvr_tag(0, KVR_TAG_QPOS, j));
                 kvr_set_name(pc->step_pos[j], "qpos_recv%d", j);
                 sink(pc, pc->step_pos[j], "ring-q: positions of the visiting queries");
@@ -1864,17 +1869,166 @@ static void pass_ring_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il
     kvr_replace_node(t, merge_all(pc, parts, N, H, il), "ring decode: partials merged by log-sum-exp");
 }
 
+//
+// recurrent layers (Gated DeltaNet): no K/V rows travel, the state does, along the tokens' order.
+// A chain rank (tsp, kvr) receives the state after tokens [0, s_r) from rank r-1 into its cache,
+// runs its tokens on and hands the state after [0, e_r) to rank r+1: the last rank ends with it.
+// The ring's 2N chunks run in token order too: chunk c's rank takes the state from chunk c-1's
+// (rank c for c < N, 2N-1-c after; empty chunks are passed over), and the last chunk's rank hands
+// the final state to every rank, which all keep it: a ring decode runs the token on every rank
+// from its own copy, and the next ring prefill starts from the first chunk's rank's copy. Each
+// hop moves one state, whatever the prompt's length.
+//
+
+static int ring_chunk_rank(int N, int c) { return c < N ? c : 2 * N - 1 - c; }
+static int ring_chunk_size(int T, int N, int c) { return chunk_begin(T, 2 * N, c + 1) - chunk_begin(T, 2 * N, c); }
+
+// a state in transit: an input buffer of the graph, placed before it runs and never reused
+static struct kvr_tensor * state_buf(struct pass_ctx * pc) {
+    return kvr_set_name(recv_buf(pc, KVR_TYPE_F32, pc->dr->cache->n_state, 1, 1), "state buffer");
+}
+
+// What the block's readers read instead of it: a view of the segment's output o, so that o stays
+// the one node that runs the recurrence (the state's sends depend on it); with no tokens here, an
+// empty view.
+static void gdn_replace(struct pass_ctx * pc, struct kvr_tensor * t, struct kvr_tensor * o, const char * why) {
+    struct kvr_tensor * src = o ? o : t->src[0];
+    kvr_replace_node(t, kvr_view_3d(pc->ctx, src, t->ne[0], t->ne[1], t->ne[2], t->ne[0] * sizeof(float),
+                                    t->ne[0] * t->ne[1] * sizeof(float), 0), why);
+}
+
+static struct kvr_tensor * state_send(struct pass_ctx * pc, struct kvr_tensor * st, struct kvr_tensor * after, int peer,
+                                      int tag, const char * why) {
+    struct kvr_tensor * s = kvr_send(pc->ctx, st, peer, tag);
+    s->src[1] = after;
+    kvr_set_name(s, "blk.%d.state_send", kvr_tag_layer(tag));
+    return s->why = why, s;
+}
+
+static void pass_gdn_chain(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    struct kvr_tensor * st = pc->dr->cache->state[il];
+    const int r = pc->rank, n = (int)t->ne[2];
+    KVR_ASSERT(pc->pl->P == 0 && "a chain runs on several ranks for a first prefill only");
+    int s = 0;
+    for (int q = 0; q < r; q++) s += pc->pl->cnt[q];
+    struct kvr_tensor * got = NULL;
+    if (s > 0) {
+        got = kvr_set_name(kvr_recv(pc->ctx, st, r - 1, kvr_tag(il, KVR_TAG_STATE, 0)), "blk.%d.state_recv", il);
+        got->why = "chain: the recurrent state after tokens [0, s_r) from rank r-1, into this rank's cache";
+    }
+    struct kvr_tensor * o = n > 0 ? kvr_gdn_segment(pc->ctx, t, 0, n, st, s == 0, got) : NULL;
+    // a rank without tokens hands the state on, or keeps it: the last rank holds the whole cache
+    if (!o && got) sink(pc, got, "chain: the recurrent state after tokens [0, s_r) from rank r-1, into this rank's cache");
+    if (r < pc->N - 1 && s + n > 0) {
+        sink(pc, state_send(pc, st, o ? o : got, r + 1, kvr_tag(il, KVR_TAG_STATE, 0), NULL),
+             "chain: the recurrent state after tokens [0, e_r) on to rank r+1");
+    }
+    gdn_replace(pc, t, o, s == 0 ? "chain: the recurrence from the zero state" : "chain: the recurrence on from rank r-1's state");
+}
+
+static void pass_gdn_ring(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    const struct eval_plan * pl = pc->pl;
+    struct kvr_kv_cache * cache = pc->dr->cache;
+    const int N = pc->N, r = pc->rank, T = pl->T, nc = 2 * N;
+    KVR_ASSERT(nc <= STREAM_STEP && "the state's tags number the chunks");
+    int first = -1, last = -1;
+    for (int c = 0; c < nc; c++) {
+        if (ring_chunk_size(T, N, c) == 0) continue;
+        if (first < 0) first = c;
+        last = c;
+    }
+    struct kvr_tensor * part[2] = { NULL, NULL }, * buf = NULL, * prev = NULL;
+    int t0 = 0;
+    for (int k = 0; k < 2; k++) {
+        const int c = k == 0 ? r : nc - 1 - r, n = ring_chunk_size(T, N, c);
+        if (n == 0) continue;
+        int pc_ = c - 1, nc_ = c + 1; // the chunks before and after it that hold tokens
+        while (pc_ >= 0 && ring_chunk_size(T, N, pc_) == 0) pc_--;
+        while (nc_ < nc && ring_chunk_size(T, N, nc_) == 0) nc_++;
+        struct kvr_tensor * dep = NULL;
+        if (pc_ < 0) { // the sequence's first new tokens: on from this rank's copy (or from zero)
+            buf = state_buf(pc);
+            if (pl->P > 0) dep = kvr_cpy(pc->ctx, cache->state[il], buf);
+        } else if (ring_chunk_rank(N, pc_) == r) { // the chunk before is this rank's too
+            dep = prev;
+        } else {
+            buf = state_buf(pc);
+            dep = kvr_set_name(kvr_recv(pc->ctx, buf, ring_chunk_rank(N, pc_), kvr_tag(il, KVR_TAG_STATE, c)), "blk.%d.state_recv", il);
+            dep->why = "ring: the recurrent state before this chunk from the rank of the chunk before";
+        }
+        struct kvr_tensor * o = kvr_gdn_segment(pc->ctx, t, t0, n, buf, pc_ < 0 && pl->P == 0, dep);
+        if (nc_ < nc && ring_chunk_rank(N, nc_) != r) {
+            sink(pc, state_send(pc, buf, o, ring_chunk_rank(N, nc_), kvr_tag(il, KVR_TAG_STATE, nc_), NULL),
+                 "ring: the recurrent state after this chunk on to the rank of the next one");
+        }
+        if (nc_ == nc) { // the last chunk: its state is every rank's
+            struct kvr_tensor * keep = kvr_cpy(pc->ctx, buf, cache->state[il]);
+            keep->src[2] = o;
+            sink(pc, keep, "ring: the final recurrent state into this rank's cache");
+            for (int q = 0; q < N; q++) {
+                if (q != r) sink(pc, state_send(pc, buf, o, q, kvr_tag(il, KVR_TAG_STATE, 0), NULL), "ring: the final recurrent state to every rank");
+            }
+        }
+        part[k] = o;
+        prev = o;
+        t0 += n;
+    }
+    if (ring_chunk_rank(N, last) != r) {
+        struct kvr_tensor * got = kvr_recv(pc->ctx, cache->state[il], ring_chunk_rank(N, last), kvr_tag(il, KVR_TAG_STATE, 0));
+        kvr_set_name(got, "blk.%d.state_final", il);
+        got->why = "ring: the final recurrent state from the last chunk's rank, into this rank's cache";
+        pc->late = realloc(pc->late, sizeof(*pc->late) * (size_t)(pc->n_late + 1));
+        KVR_ASSERT(pc->late != NULL);
+        pc->late[pc->n_late++] = got;
+    }
+    if (!part[0] || !part[1]) {
+        gdn_replace(pc, t, part[0] ? part[0] : part[1], "ring: the recurrence over this rank's chunk");
+        return;
+    }
+    // both chunks: their outputs side by side, as the batch's rows are
+    const int64_t w = t->ne[0] * t->ne[1], n0 = part[0]->ne[2];
+    struct kvr_tensor * rows = kvr_set_name(recv_buf(pc, KVR_TYPE_F32, w, t->ne[2], 1), "gdn rows");
+    const size_t row = (size_t)w * sizeof(float);
+    struct kvr_tensor * ca = kvr_cpy(pc->ctx, kvr_reshape_2d(pc->ctx, part[0], w, n0), kvr_view_2d(pc->ctx, rows, w, n0, row, 0));
+    struct kvr_tensor * cb = kvr_cpy(pc->ctx, kvr_reshape_2d(pc->ctx, part[1], w, t->ne[2] - n0),
+                                     kvr_view_2d(pc->ctx, rows, w, t->ne[2] - n0, row, (size_t)n0 * row));
+    cb->src[2] = ca;
+    struct kvr_tensor * all = kvr_view_3d(pc->ctx, rows, t->ne[0], t->ne[1], t->ne[2], t->ne[0] * sizeof(float), row, 0);
+    all->src[1] = cb;
+    kvr_replace_node(t, all, "ring: the recurrence over this rank's two chunks, each on from the chunk before");
+}
+
+// a ring decode: every rank runs the token on from its own copy of the state
+static void pass_gdn_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    kvr_replace_node(t, kvr_gdn_segment(pc->ctx, t, 0, t->ne[2], pc->dr->cache->state[il], false, NULL),
+                     "ring decode: the token on from this rank's copy of the recurrent state");
+}
+
 static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
     const int n_nodes = g->n_nodes;
     struct kvr_tensor ** blocks = malloc(sizeof(*blocks) * (size_t)(n_nodes ? n_nodes : 1));
     int nb = 0;
     for (int i = 0; i < n_nodes; i++) {
-        if (g->nodes[i]->op == KVR_OP_ATTN_BLOCK) blocks[nb++] = g->nodes[i];
+        if (g->nodes[i]->op == KVR_OP_ATTN_BLOCK || g->nodes[i]->op == KVR_OP_GDN_BLOCK) blocks[nb++] = g->nodes[i];
     }
     const bool decode = pc->pl->store >= 0;
+    pc->first_attn = -1;
+    for (int b = 0; b < nb && pc->first_attn < 0; b++) {
+        if (blocks[b]->op == KVR_OP_ATTN_BLOCK) pc->first_attn = blocks[b]->op_params[0];
+    }
     for (int b = 0; b < nb; b++) {
         struct kvr_tensor * t = blocks[b];
         const int il = t->op_params[0];
+        if (t->op == KVR_OP_GDN_BLOCK) {
+            switch (pc->pl->strat) {
+                case KVR_STRATEGY_TSP:
+                case KVR_STRATEGY_KVR:     pass_gdn_chain(pc, t, il); break;
+                case KVR_STRATEGY_RING_KV:
+                case KVR_STRATEGY_RING_Q:  if (decode) pass_gdn_decode(pc, t, il); else pass_gdn_ring(pc, t, il); break;
+                default:                   KVR_ASSERT(!"no pass for this strategy");
+            }
+            continue;
+        }
         pc->scale  = kvr_attn_block_scale(t);
         pc->window = kvr_attn_block_window(t);
         switch (pc->pl->strat) {
@@ -1986,6 +2140,7 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
         stores_as_sinks(pc, a->g);
     } else {
         run_pass(pc, a->g);
+        for (int i = 0; i < pc->n_late; i++) sinks_put(pc, pc->n_sinks, pc->late[i]);
     }
     dejavu_rank_nodes(pc, a->g); // what streams, logs or replicates each layer's final rows
     // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
@@ -2075,6 +2230,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     if (rc == KVR_OK) rc = dejavu_rank_done(dr, &ev); // a decode token's rows, which no node handed on
     if (graph_out) fclose(graph_out);
     free(pc.sinks);
+    free(pc.late);
     free(toks);
     free(kpos);
     if (rc == KVR_OK) {

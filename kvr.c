@@ -1368,7 +1368,7 @@ struct kvr_tensor * kvr_gdn(struct kvr_context * ctx, struct kvr_tensor * q, str
 }
 
 struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_tensor * block, int64_t t0, int64_t n,
-                                    struct kvr_tensor * state, bool fresh) {
+                                    struct kvr_tensor * state, bool fresh, struct kvr_tensor * dep) {
     struct kvr_gdn_shape sh;
     kvr_gdn_block_shape(block, &sh);
     struct kvr_tensor * x = block->src[0], * g = block->src[2], * beta = block->src[3];
@@ -1378,6 +1378,7 @@ struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_t
     struct kvr_tensor * cs = kvr_view_1d(ctx, state, nc, 0);
     struct kvr_tensor * ss = kvr_view_1d(ctx, state, kvr_gdn_state_floats(&sh) - nc, (size_t)nc * sizeof(float));
     struct kvr_tensor * c = kvr_set_name(kvr_ssm_conv(ctx, xs, block->src[1], cs, fresh), "blk.%d.ssm_conv", sh.il);
+    c->src[3] = dep;
     const size_t fk = (size_t)sh.d_k * sizeof(float);
     struct kvr_tensor * q = kvr_view_3d(ctx, c, sh.d_k, sh.n_k, n, fk, c->nb[1], 0);
     struct kvr_tensor * k = kvr_view_3d(ctx, c, sh.d_k, sh.n_k, n, fk, c->nb[1], (size_t)sh.n_k * fk);
@@ -1388,7 +1389,7 @@ struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_t
 }
 
 static const char * const tag_kind_names[KVR_TAG_KIND_COUNT] = {
-    "K", "V", "key positions", "Q", "query positions", "partial attention", "logits",
+    "K", "V", "key positions", "Q", "query positions", "partial attention", "logits", "recurrent state",
 };
 
 const char * kvr_tag_kind_name(int kind) {
@@ -1802,7 +1803,7 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         if (t->op != KVR_OP_GDN_BLOCK) continue;
         struct kvr_tensor * st = cache->state ? cache->state[t->op_params[0]] : NULL;
         KVR_ASSERT(st != NULL && "a recurrent layer's cache has its state");
-        kvr_replace_node(t, kvr_gdn_segment(ctx, t, 0, t->ne[2], st, n_past == 0),
+        kvr_replace_node(t, kvr_gdn_segment(ctx, t, 0, t->ne[2], st, n_past == 0, NULL),
                          n_past == 0 ? "single: the recurrence from the zero state; the cache's state becomes its end"
                                      : "single: the recurrence on from the cache's state, updated in place");
     }
@@ -9097,6 +9098,15 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
     if (v) kvr_backend_tensor_set(c->v[il], v, row * (size_t)row0, row * (size_t)n);
 }
 
+void kvr_kv_cache_get_state(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, float * out) {
+    KVR_ASSERT(il >= 0 && il < c->n_layer && c->state && c->state[il] && c->buf->backend == be);
+    kvr_backend_tensor_get(c->state[il], out, 0, sizeof(float) * (size_t)c->n_state);
+}
+
+void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, int il, const float * in) {
+    KVR_ASSERT(il >= 0 && il < c->n_layer && c->state && c->state[il] && c->buf->backend == be);
+    kvr_backend_tensor_set(c->state[il], in, 0, sizeof(float) * (size_t)c->n_state);
+}
 
 //
 // 16. KV cache files (kvr.h, "KV cache files"): the writer a save or a stream feeds layer by layer,
@@ -10380,9 +10390,11 @@ int kvr_eval_run(struct kvr_eval * ev) {
 
     // inputs in, compute, outputs out
     if (!ev->no_model) {
-        kvr_backend_tensor_set(b.tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)n);
-        kvr_backend_tensor_set(b.pos, ev->pos, 0, sizeof(int32_t) * (size_t)n);
-        kvr_backend_tensor_set(kpos, ev->kpos, 0, sizeof(int32_t) * (size_t)ev->n_kpos);
+        // an input no node reads is not placed: the key positions of a rank without the output
+        // whose sinks reach no attention (a hybrid model whose last attention is after its sends)
+        if (b.tokens->data) kvr_backend_tensor_set(b.tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)n);
+        if (b.pos->data) kvr_backend_tensor_set(b.pos, ev->pos, 0, sizeof(int32_t) * (size_t)n);
+        if (kpos->data) kvr_backend_tensor_set(kpos, ev->kpos, 0, sizeof(int32_t) * (size_t)ev->n_kpos);
     }
     kvr_backend_counters(ev->backend, NULL, true);
     int rc = kvr_backend_graph_compute(ev->backend, g);

@@ -393,10 +393,11 @@ void    kvr_gdn_block_shape(const struct kvr_tensor * block, struct kvr_gdn_shap
 int64_t kvr_gdn_state_floats(const struct kvr_gdn_shape * sh);
 // Tokens [t0, t0+n) of a GDN_BLOCK as nodes over state [kvr_gdn_state_floats] f32, updated in
 // place: before, the state after token t0-1 (fresh: the zero state of an empty sequence, whatever
-// state holds); after, the state after token t0+n-1. Returns o [d_v, n_v, n] (the GDN node, after
-// the SSM_CONV node it reads); readers of the new state depend on it.
+// state holds); after, the state after token t0+n-1. dep (optional): a node that must run first
+// (the receive that filled state, or the segment before on the same state). Returns o
+// [d_v, n_v, n] (the GDN node, after the SSM_CONV node it reads); readers of the new state depend on it.
 struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_tensor * block, int64_t t0, int64_t n,
-                                    struct kvr_tensor * state, bool fresh);
+                                    struct kvr_tensor * state, bool fresh, struct kvr_tensor * dep);
 // The two kernels of a segment, each updating its part of the state in place (src[2] / src[5]):
 // SSM_CONV: x [C, T] (rows may be strided), w [d_conv, C], state [(d_conv-1)*C] f32 (channel c's
 //   last d_conv-1 inputs at [c*(d_conv-1)], oldest first). result [C, T]:
@@ -406,7 +407,8 @@ struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_t
 //   Value head h uses key head h % n_k (llama.cpp's converter orders the value heads so). q and k
 //   are L2-normalised first (x / sqrt(sum x^2 + eps)); then per token S = e^g S, d = beta (v - S^T k),
 //   S += k d^T, o = S^T q / sqrt(d_k). result [d_v, n_v, T].
-// op_params: SSM_CONV [0] fresh; GDN [0] fresh, [1] eps (f32 bits).
+// op_params: SSM_CONV [0] fresh; GDN [0] fresh, [1] eps (f32 bits). SSM_CONV's src[3] may hold a
+// node it must run after (kvr_gdn_segment's dep).
 struct kvr_tensor * kvr_ssm_conv(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * w,
                                  struct kvr_tensor * state, bool fresh);
 struct kvr_tensor * kvr_gdn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k, struct kvr_tensor * v,
@@ -430,6 +432,7 @@ struct kvr_tensor * kvr_all_to_all(struct kvr_context * ctx, struct kvr_tensor *
 
 enum kvr_tag_kind {
     KVR_TAG_K = 0, KVR_TAG_V, KVR_TAG_KPOS, KVR_TAG_Q, KVR_TAG_QPOS, KVR_TAG_PARTIAL, KVR_TAG_LOGITS,
+    KVR_TAG_STATE, // a recurrent layer's state (kvr_kv_cache.state) handed on
     KVR_TAG_KIND_COUNT,
 };
 static inline int kvr_tag(int layer, enum kvr_tag_kind kind, int step) { return (layer << 12) | ((int)kind << 8) | (step & 0xff); }
@@ -1054,6 +1057,9 @@ void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * 
                            float * k, float * v);
 void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
                            const float * k, const float * v);
+// A recurrent layer's state (n_state floats) out of and into the cache, through its backend.
+void kvr_kv_cache_get_state(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, float * out);
+void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, int il, const float * in);
 
 //
 // KV cache files: a cache (or the shards of a sharded one) and its tokens, on disk.
@@ -1314,6 +1320,8 @@ struct kvr_rank_stats {
     double  compute_ms;       // in all the nodes of its graphs but the transfers' (the rest of it: norms,
                               //   RoPE, copies, ...)
     int64_t replica_bytes;    // cache bytes this rank put into its replica on its successor (--replicate)
+    int64_t state_bytes_sent; // recurrent layers' states handed on (part of bytes_sent): per layer and
+    int64_t state_bytes_recv; //   rank boundary a constant, whatever the prompt's length
 };
 
 struct kvr_session;

@@ -1007,9 +1007,8 @@ static void t_gdn(const struct gdn_case * gc, int nt) {
     for (int64_t i = 0; i < NS; i++) S[i] = gc->fresh ? 0.0 : ((const float *) st->data)[i];
     struct kvr_tensor * blk = kvr_gdn_block(tc.ctx, x, w, g, b, &sh);
     struct kvr_tensor * y[2];
-    y[0] = kvr_gdn_segment(tc.ctx, blk, 0, gc->n1, st, gc->fresh);
-    y[1] = kvr_gdn_segment(tc.ctx, blk, gc->n1, T - gc->n1, st, false);
-    y[1]->src[0]->view_src->src[3] = y[0]; // the second segment's convolution after the first segment
+    y[0] = kvr_gdn_segment(tc.ctx, blk, 0, gc->n1, st, gc->fresh, NULL);
+    y[1] = kvr_gdn_segment(tc.ctx, blk, gc->n1, T - gc->n1, st, false, y[0]); // on from the first segment's state
     if (tc_shape(&tc, y[0], KVR_TYPE_F32, D, Hv, gc->n1, 1) && tc_shape(&tc, y[1], KVR_TYPE_F32, D, Hv, T - gc->n1, 1)) {
         tc_output(&tc, y[0], "y0");
         tc_output(&tc, y[1], "y1");
