@@ -1382,6 +1382,7 @@ struct dist_swap {
     char   * path;   // the file (NULL: host memory)
     float ** k;      // [n_local * n_layer]: rank i's rows of layer il at [i * n_layer + il]
     float ** v;
+    float ** state;  // [n_local]: rank i's recurrent states (states_get; NULL without)
 };
 
 struct kvr_session {
@@ -2096,6 +2097,26 @@ static bool rank_interrupted(void * user) {
 // once per doubling; a moved cache also rebuilds a kept decode graph, keyed on it).
 #define RANK_CACHE_MIN 256
 
+// Every recurrent layer's state of a rank's cache, n_layer * n_state floats (a layer without
+// state: untouched), out through its backend and back in.
+static void states_get(const struct dist_rank * dr, float * out) {
+    const struct kvr_kv_cache * c = dr->cache;
+    for (int il = 0; il < c->n_layer && c->state; il++) {
+        if (c->state[il]) kvr_kv_cache_get_state(dr->be, c, il, out + (size_t)il * (size_t)c->n_state);
+    }
+}
+
+static void states_set(struct dist_rank * dr, const float * in) {
+    struct kvr_kv_cache * c = dr->cache;
+    for (int il = 0; il < c->n_layer && c->state; il++) {
+        if (c->state[il]) kvr_kv_cache_set_state(dr->be, c, il, in + (size_t)il * (size_t)c->n_state);
+    }
+}
+
+static size_t states_floats(const struct kvr_session * d) {
+    return (size_t)d->m->hp.n_layer * (size_t)kvr_hp_state_floats(&d->m->hp);
+}
+
 static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows) {
     if (rows <= dr->cache->n_ctx) return KVR_OK;
     if (rows > d->n_ctx) {
@@ -2115,8 +2136,12 @@ static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows)
     }
     free(k);
     free(v);
+    float * st = c->n_state ? malloc(sizeof(float) * states_floats(d)) : NULL;
+    if (st) states_get(dr, st); // the recurrent states go along
     kvr_kv_cache_free(dr->cache);
     dr->cache = c;
+    if (st) states_set(dr, st);
+    free(st);
     return KVR_OK;
 }
 
@@ -2438,6 +2463,16 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         return NULL;
     }
     d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
+    if (m->hp.n_recurrent > 0 && (p->pd || p->kv_stream || p->replicate || p->replicate_dir)) {
+        // those move cache rows layer by layer as they are made; a recurrent layer's state is
+        // final only at its eval's end, and none of them carries it yet
+        kvr_error(KVR_ERR_UNSUPP, "%s: %s is not supported for a model with recurrent layers (%s, %u of %u layers): their "
+                  "state does not travel with it yet", m->path, p->pd ? "prefill/decode disaggregation" : p->kv_stream ?
+                  "streaming the cache (kv_stream)" : p->replicate ? "replication (replicate)" : "replication logs (replicate_dir)",
+                  m->hp.arch_name, m->hp.n_recurrent, m->hp.n_layer);
+        free(d);
+        return NULL;
+    }
     // a stream's or a log's header holds the model's fingerprint, whose hashes read every weight
     // (seconds for a large model): made now, before any peer waits on this process with a timeout
     if (p->kv_stream || p->replicate_dir) (void)kvr_model_weights_hash(m);
@@ -4952,6 +4987,14 @@ static int dist_write(struct kvr_session * d, const char * path, const struct kv
             rc = kvr_kv_writer_layer(w, il, s, k, v);
         }
     }
+    // every shard's rank holds the same states: the first one's
+    float * st = dr[0]->cache->n_state ? malloc(sizeof(float) * (size_t)dr[0]->cache->n_state) : NULL;
+    for (int il = 0; il < (int)d->m->hp.n_layer && st && rc == KVR_OK; il++) {
+        if (!kvr_layer_recurrent(&d->m->hp, il)) continue;
+        kvr_kv_cache_get_state(dr[0]->be, dr[0]->cache, il, st);
+        rc = kvr_kv_writer_state(w, il, st);
+    }
+    free(st);
     if (rc == KVR_OK) rc = kvr_kv_writer_close(w, d->logits);
     else kvr_kv_writer_abort(w);
     free(k);
@@ -5121,6 +5164,9 @@ static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs,
                     file_rows_at(f, il, pos[r], rows[r], k, v, slot);
                     kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, rows[r], k, v);
                 }
+            }
+            for (int il = 0; il < (int)d->m->hp.n_layer && f->state; il++) { // every rank's copy of the states
+                if (f->state[il]) kvr_kv_cache_set_state(dr->be, dr->cache, il, f->state[il]);
             }
             memcpy(dr->cache_pos, pos[r], sizeof(int32_t) * (size_t)rows[r]);
             dr->n_rows = rows[r];
@@ -5453,6 +5499,11 @@ int kvr_session_truncate(struct kvr_session * d, int n) {
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "truncate: the cache is swapped out (kvr_session_kv_swap_in first)");
     if (n < 0 || n > d->n_past) return kvr_error(KVR_ERR_ARG, "truncate: %d tokens, but the cache holds %d", n, d->n_past);
     if (n == d->n_past) return KVR_OK;
+    if (n > 0 && d->m->hp.n_recurrent > 0) {
+        // a recurrent layer keeps the state after the last token only: no earlier one is known
+        return kvr_error(KVR_ERR_UNSUPP, "truncate: %s's %u recurrent layers keep their state after the last of the %d tokens only; "
+                         "the cache can keep all of them or none, not %d", d->m->hp.arch_name, d->m->hp.n_recurrent, d->n_past, n);
+    }
     if (d->layout == LAYOUT_RING && d->n_local != d->n_ranks) {
         return kvr_error(KVR_ERR_UNSUPP, "truncate: a ring cache spread over processes (every process would need every shard's rows)");
     }
@@ -5514,6 +5565,8 @@ static void swap_drop(struct kvr_session * d) {
     }
     free(d->swap.k);
     free(d->swap.v);
+    for (int i = 0; d->swap.state && i < d->n_local; i++) free(d->swap.state[i]);
+    free(d->swap.state);
     if (d->swap.path) remove(d->swap.path);
     free(d->swap.path);
     memset(&d->swap, 0, sizeof(d->swap));
@@ -5550,6 +5603,18 @@ int kvr_session_kv_swap_out(struct kvr_session * d, const char * path) {
                                      (2 * bytes * (size_t)n_layer) >> 20, dr->rank);
                 }
                 kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
+            }
+        }
+        if (d->m->hp.n_recurrent > 0) {
+            d->swap.state = calloc((size_t)d->n_local, sizeof(float *));
+            KVR_ASSERT(d->swap.state != NULL);
+            for (int i = 0; i < d->n_local; i++) {
+                d->swap.state[i] = malloc(sizeof(float) * states_floats(d));
+                if (!d->swap.state[i]) {
+                    swap_drop(d);
+                    return kvr_error(KVR_ERR_NOMEM, "swap out: cannot allocate host memory for rank %d's recurrent states", d->ranks[i].rank);
+                }
+                states_get(&d->ranks[i], d->swap.state[i]);
             }
         }
     }
@@ -5598,6 +5663,7 @@ int kvr_session_kv_swap_in(struct kvr_session * d) {
             for (int il = 0; il < n_layer; il++) {
                 kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
             }
+            if (d->swap.state) states_set(dr, d->swap.state[i]);
         }
     }
     if (rc != KVR_OK) { // still swapped out: the file stays for another try

@@ -9343,6 +9343,8 @@ struct kvr_kv_writer {
     int       n_layer, kv_dim, n_shards, chunk_rows;
     int     * rows;       // per shard
     int       next_layer, next_shard;
+    const struct kvr_hparams * hp; // which layers are recurrent
+    int       next_state;          // the recurrent layer whose state comes next (n_layer: done)
     bool      logits;
     int       n_vocab;
     int64_t   bytes;
@@ -9405,11 +9407,14 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     w->logits   = lay->logits;
     w->n_vocab  = (int)m->hp.n_vocab;
     w->rows     = kvr_calloc((size_t)lay->n_shards, sizeof(int));
+    w->hp       = &m->hp;
+    w->next_state = 0;
+    while (w->next_state < w->n_layer && !kvr_layer_recurrent(w->hp, w->next_state)) w->next_state++;
 
     uint8_t h[KVR_KV_FILE_HEADER] = { 0 };
     memcpy(h, "KVRCACHE", 8);
     put_u32(h + 8, KVR_KV_FILE_VERSION);
-    put_u32(h + 12, lay->logits ? KVR_KV_FILE_LOGITS : 0);
+    put_u32(h + 12, (lay->logits ? KVR_KV_FILE_LOGITS : 0) | (m->hp.n_recurrent ? KVR_KV_FILE_STATE : 0));
     uint32_t fp[KVH_COUNT] = { 0 };
     kv_fingerprint(m, fp);
     fp[KVH_TOKENS]    = (uint32_t)lay->n_tokens;
@@ -9469,6 +9474,19 @@ int kvr_kv_writer_layer(struct kvr_kv_writer * w, int il, int shard, const float
     return w->rc;
 }
 
+int kvr_kv_writer_state(struct kvr_kv_writer * w, int il, const float * state) {
+    KVR_ASSERT(w->next_layer == w->n_layer && il == w->next_state); // after the layers, recurrent ones in order
+    uint8_t ch[8];
+    const int64_t n = kvr_hp_state_floats(w->hp);
+    put_u32(ch, (uint32_t)il);
+    put_u32(ch + 4, (uint32_t)n);
+    kvw_write(w, ch, sizeof(ch));
+    kvw_write(w, state, sizeof(float) * (size_t)n);
+    kvw_write_crc(w, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), state, sizeof(float) * (size_t)n));
+    do w->next_state++; while (w->next_state < w->n_layer && !kvr_layer_recurrent(w->hp, w->next_state));
+    return w->rc;
+}
+
 int64_t kvr_kv_writer_bytes(const struct kvr_kv_writer * w) { return w->bytes; }
 
 void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
@@ -9480,7 +9498,7 @@ void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
 }
 
 int kvr_kv_writer_close(struct kvr_kv_writer * w, const float * logits) {
-    KVR_ASSERT(w->next_layer == w->n_layer); // every layer written
+    KVR_ASSERT(w->next_layer == w->n_layer && w->next_state >= w->n_layer); // every layer and state written
     KVR_ASSERT(!w->logits || logits != NULL);
     if (w->logits) {
         const size_t nb = sizeof(float) * (size_t)w->n_vocab;
@@ -9554,6 +9572,8 @@ void kvr_kv_file_free(struct kvr_kv_file * f) {
         free(sh->pos);
     }
     free(f->shards);
+    for (int il = 0; f->state && il < f->n_layer; il++) free(f->state[il]);
+    free(f->state);
     free(f->tokens);
     free(f->logits);
     free(f);
@@ -9592,9 +9612,14 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                          path, KVH_OFFSET(KVH_CRC), get_u32(h + KVH_OFFSET(KVH_CRC)), crc);
     }
     f->flags = get_u32(h + 12);
-    if (f->flags & ~(uint32_t)KVR_KV_FILE_LOGITS) {
+    const uint32_t known = KVR_KV_FILE_LOGITS | KVR_KV_FILE_STATE;
+    if (f->flags & ~known) {
         return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know (0x%x)", path, f->flags,
-                         f->flags & ~(uint32_t)KVR_KV_FILE_LOGITS);
+                         f->flags & ~known);
+    }
+    if (!(f->flags & KVR_KV_FILE_STATE) != !m->hp.n_recurrent) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the file %s recurrent states, the model %s has %u recurrent layers", path,
+                         f->flags & KVR_KV_FILE_STATE ? "holds" : "holds no", m->path, m->hp.n_recurrent);
     }
     uint32_t hv[KVH_COUNT];
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
@@ -9700,6 +9725,8 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
         need += (int64_t)f->n_layer * 2 * (chunks * 24 + n * f->kv_dim * (int64_t)sizeof(float));
     }
     if (f->flags & KVR_KV_FILE_LOGITS) need += 4 * (int64_t)m->hp.n_vocab + 4;
+    f->n_state = kvr_hp_state_floats(&m->hp);
+    if (f->flags & KVR_KV_FILE_STATE) need += (int64_t)m->hp.n_recurrent * (12 + 4 * f->n_state);
     struct stat st;
     if (fstat(fileno(r->f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size != need) {
         return kvr_error(KVR_ERR_FORMAT, "%s: %s: the file has %lld bytes, its header and shard table make %lld", path,
@@ -9741,6 +9768,25 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                 }
             }
         }
+    }
+    if (f->flags & KVR_KV_FILE_STATE) f->state = kvr_calloc((size_t)f->n_layer, sizeof(float *));
+    for (int il = 0; il < f->n_layer && (f->flags & KVR_KV_FILE_STATE); il++) {
+        if (!kvr_layer_recurrent(&m->hp, il)) continue;
+        const int64_t at = r->off;
+        uint8_t ch[8];
+        char what[64];
+        snprintf(what, sizeof(what), "the recurrent state of layer %d", il);
+        rc = kvrd_read(r, ch, sizeof(ch), what);
+        if (rc != KVR_OK) return rc;
+        if (get_u32(ch) != (uint32_t)il || get_u32(ch + 4) != (uint32_t)f->n_state) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: %s: layer %u of %u floats, layer %d of %lld expected", path,
+                             (long long)at, what, get_u32(ch), get_u32(ch + 4), il, (long long)f->n_state);
+        }
+        f->state[il] = kvr_malloc(sizeof(float) * (size_t)f->n_state);
+        const size_t nb = sizeof(float) * (size_t)f->n_state;
+        rc = kvrd_read(r, f->state[il], nb, what);
+        if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), f->state[il], nb), what);
+        if (rc != KVR_OK) return rc;
     }
     if (f->flags & KVR_KV_FILE_LOGITS) {
         f->logits = kvr_malloc(sizeof(float) * m->hp.n_vocab);

@@ -1085,6 +1085,10 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 //                  layers: layer by layer, shard by shard, K rows then V rows in chunks of at most
 //                  "rows per chunk" rows: (layer, shard, 0 = K | 1 = V, first row, rows) u32,
 //                  rows x kv_dim f32, then a CRC32C over the chunk's header and data
+//                  flag STATE: each recurrent layer's state, in layer order: (layer, floats) u32,
+//                  the state f32 (kvr_kv_cache.state: the state after the last token), then a
+//                  CRC32C over the header and the data; the file of a model with recurrent layers
+//                  always has it (one state: every shard's rank holds the same)
 //                  flag LOGITS: the last token's logits, n_vocab f32, then their CRC32C
 //
 // A whole cache has 1 rank and 1 shard whose positions are 0..n_tokens-1. A sharded one (the
@@ -1096,6 +1100,7 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 
 enum kvr_kv_file_flag {
     KVR_KV_FILE_LOGITS = 1, // the logits of the last token follow the layers
+    KVR_KV_FILE_STATE  = 2, // the recurrent layers' states follow the layers (an older kvr refuses the bit)
 };
 
 // CRC32C (Castagnoli), the checksum of the file's sections: crc = kvr_crc32c(0, data, n), or
@@ -1142,6 +1147,8 @@ struct kvr_kv_writer;
 int  kvr_kv_writer_open (struct kvr_kv_writer ** out, const char * path, const struct kvr_model * m,
                          const struct kvr_kv_layout * lay);
 int  kvr_kv_writer_layer(struct kvr_kv_writer * w, int il, int shard, const float * k, const float * v);
+// after the layers, a model with recurrent layers: each one's state (n_state floats), in layer order
+int  kvr_kv_writer_state(struct kvr_kv_writer * w, int il, const float * state);
 int  kvr_kv_writer_close(struct kvr_kv_writer * w, const float * logits); // frees w
 void kvr_kv_writer_abort(struct kvr_kv_writer * w);                        // frees w
 // Bytes written so far (the stream's size for --stats).
@@ -1169,6 +1176,8 @@ struct kvr_kv_file {
     struct kvr_kv_file_shard * shards;
     float                    * logits;  // n_vocab floats, or NULL without the LOGITS flag
     int64_t                    bytes;   // the file's size
+    int64_t                    n_state; // floats of a recurrent layer's state (0: none)
+    float                   ** state;   // per layer: a recurrent layer's state, NULL for the others
 };
 
 // KVR_ERR_IO (cannot open or read), KVR_ERR_FORMAT (malformed, damaged or truncated),
