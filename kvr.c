@@ -5088,26 +5088,22 @@ static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * d
 // SSM_CONV: threads take channels; each channel's window of K inputs slides over its history
 // (the state, or zeros when fresh) and then the batch, summed in GGML's order (oldest tap first,
 // f32), then SiLU; the last K-1 inputs become the channel's state.
-#define SSM_CONV_MAX_K 16
-
 static void cpu_op_ssm_conv(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * x = dst->src[0], * w = dst->src[1];
     float * state = dst->src[2]->data;
     const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0];
-    KVR_ASSERT(K >= 1 && K <= SSM_CONV_MAX_K);
+    KVR_ASSERT(K >= 1 && K <= KVR_SSM_CONV_MAX_K);
     const bool fresh = dst->op_params[0];
     int64_t c0, c1;
     row_range(C, p->ith, p->nth, &c0, &c1);
     for (int64_t c = c0; c < c1; c++) {
         const float * wc = row_ptr(w, c, 0, 0);
         float * st = state + c * (K - 1);
-        float win[SSM_CONV_MAX_K];
+        float win[KVR_SSM_CONV_MAX_K];
         for (int64_t i = 0; i < K - 1; i++) win[i] = fresh ? 0.0f : st[i];
         for (int64_t t = 0; t < T; t++) {
             win[K - 1] = ((const float *)row_ptr(x, t, 0, 0))[c];
-            float sum = 0.0f;
-            for (int64_t k = 0; k < K; k++) sum += win[k] * wc[k];
-            ((float *)row_ptr(dst, t, 0, 0))[c] = sum / (1.0f + expf(-sum));
+            ((float *)row_ptr(dst, t, 0, 0))[c] = kvr_ssm_conv_out(win, wc, (int)K);
             memmove(win, win + 1, sizeof(float) * (size_t)(K - 1));
         }
         memcpy(st, win, sizeof(float) * (size_t)(K - 1));

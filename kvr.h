@@ -2569,6 +2569,15 @@ static inline KVR_HD int kvr_attn_tile(int mode, int32_t qmin, int32_t qmax, int
 static inline KVR_HD float kvr_sigmoid_f32(float x)  { return 1.0f / (1.0f + expf(-x)); }
 static inline KVR_HD float kvr_softplus_f32(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
 
+// one output of the short convolution: the taps over the window of K inputs, oldest first, summed
+// in order (ggml_ssm_conv's f32 sum), then SiLU
+#define KVR_SSM_CONV_MAX_K 16
+static inline KVR_HD float kvr_ssm_conv_out(const float * win, const float * w, int K) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) sum += win[k] * w[k];
+    return sum / (1.0f + expf(-sum));
+}
+
 static inline KVR_HD void kvr_gdn_l2_norm(const float * x, float * y, int n, float eps) {
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);

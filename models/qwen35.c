@@ -148,7 +148,7 @@ static int qwen35_load_layers(struct kvr_model * m, qwen35_ffn_load_fn ffn) {
         return KVR_ERR_FORMAT;
     }
     const struct { const char * suffix; uint32_t v, max; } counts[] = {
-        { "ssm.conv_kernel", hp->ssm_d_conv, SSM_CONV_MAX_K }, { "ssm.state_size", hp->ssm_d_state, 1024 },
+        { "ssm.conv_kernel", hp->ssm_d_conv, KVR_SSM_CONV_MAX_K }, { "ssm.state_size", hp->ssm_d_state, 1024 },
         { "ssm.group_count", hp->ssm_n_group, 4096 }, { "ssm.time_step_rank", hp->ssm_dt_rank, 4096 },
     };
     for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
