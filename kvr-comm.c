@@ -2279,8 +2279,10 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
         const bool comm = k == KVR_OP_SEND || k == KVR_OP_RECV || k == KVR_OP_ALL_GATHER || k == KVR_OP_ALL_TO_ALL;
         if (!comm) dr->comm->st.compute_ms += cn->op_ms[k]; // the transfers' nodes wait: wait_ms
     }
-    dr->comm->st.kv_rows_sent /= n_layer;
-    dr->comm->st.kv_rows_recv /= n_layer;
+    // rows are per layer that moves them: a recurrent layer moves its state instead
+    const int kv_layers = n_layer - (int)m->hp.n_recurrent > 0 ? n_layer - (int)m->hp.n_recurrent : 1;
+    dr->comm->st.kv_rows_sent /= kv_layers;
+    dr->comm->st.kv_rows_recv /= kv_layers;
     dr->comm->st.ttft_ms = kvr_time_ms() - t0;
     if (d->p.trace) {
         int ns;

@@ -1568,6 +1568,12 @@ struct kvr_tune_model {
     int    n_vocab;
     int    n_ffn_mats;       // 3: gated FFN (llama: gate, up, down); 2: up, down (falcon)
     double weight_bytes;     // bytes per weight element; 0: the profile's
+    // recurrent layers (Gated DeltaNet, qwen35): no attention, a cost linear in the tokens and one
+    // state handed on per rank boundary, whatever the prompt's length (all 0: none)
+    int    n_recurrent;      // how many; which: bit il of recurrent
+    uint64_t recurrent[64];
+    double state_floats;     // a layer's state (kvr_hp_state_floats)
+    double rec_floats;       // the recurrence's state elements per token (value heads x d_k x d_v)
 };
 
 // Presets: "llama-7b", "llama-13b", "falcon-7b" (MQA), "tinyllama-1.1b" (GQA 32/4), optionally
