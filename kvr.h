@@ -481,6 +481,8 @@ void kvr_graph_rebuild(struct kvr_graph * g);
 //
 // The single-rank strategy: every ATTN_BLOCK becomes KV_STORE(k), KV_STORE(v) into the cache at
 // positions [n_past, n_past + T) and ATTN(q, cache[0 : n_past + T]). kpos must hold 0..n_past+T-1.
+// Every GDN_BLOCK becomes its recurrence over the layer's state in the cache (from the zero state
+// when n_past is 0), updated in place.
 struct kvr_kv_cache;
 void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * cache,
                      int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode);
@@ -1374,7 +1376,8 @@ int               kvr_session_write_trace(const struct kvr_session * s, const ch
 // reset or a truncation).
 const int32_t *   kvr_session_tokens(const struct kvr_session * s);
 const float *     kvr_session_logits(const struct kvr_session * s);
-// Keep only the first n tokens of the cache (a ring cache spread over MPI processes cannot).
+// Keep only the first n tokens of the cache (a ring cache spread over MPI processes cannot; a model
+// with recurrent layers keeps all or none: KVR_ERR_UNSUPP, their state is known after the last only).
 int               kvr_session_truncate(struct kvr_session * s, int n);
 // Save the cache to a KV cache file. tsp, kvr and single hold the whole cache on the last rank:
 // one file of one shard, written by the process of that rank. ring-kv, ring-q and auto keep it
