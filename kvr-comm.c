@@ -2522,6 +2522,14 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         free(d);
         return NULL;
     }
+    if (d->n_ranks > STREAM_STEP / 2 && m->hp.n_recurrent > 0 && strategy_is_ring(p->strategy)) {
+        // the recurrent states' transfer tags number the ring's 2N chunks below the streams' steps
+        kvr_error(KVR_ERR_UNSUPP, "%s: a ring of %d ranks over a model with recurrent layers: at most %d", m->path, d->n_ranks,
+                  STREAM_STEP / 2);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
     if (d->n_ranks > 256) {
         kvr_error(KVR_ERR_ARG, "%d ranks: at most 256 are supported", d->n_ranks);
         d->tr->free(d->tr);

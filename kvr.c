@@ -10434,9 +10434,9 @@ int kvr_eval_run(struct kvr_eval * ev) {
     if (!ev->no_model) {
         // an input no node reads is not placed: the key positions of a rank without the output
         // whose sinks reach no attention (a hybrid model whose last attention is after its sends)
-        if (b.tokens->data) kvr_backend_tensor_set(b.tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)n);
-        if (b.pos->data) kvr_backend_tensor_set(b.pos, ev->pos, 0, sizeof(int32_t) * (size_t)n);
-        if (kpos->data) kvr_backend_tensor_set(kpos, ev->kpos, 0, sizeof(int32_t) * (size_t)ev->n_kpos);
+        if (b.tokens->buffer) kvr_backend_tensor_set(b.tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)n);
+        if (b.pos->buffer) kvr_backend_tensor_set(b.pos, ev->pos, 0, sizeof(int32_t) * (size_t)n);
+        if (kpos->buffer) kvr_backend_tensor_set(kpos, ev->kpos, 0, sizeof(int32_t) * (size_t)ev->n_kpos);
     }
     kvr_backend_counters(ev->backend, NULL, true);
     int rc = kvr_backend_graph_compute(ev->backend, g);

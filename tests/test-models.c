@@ -11,6 +11,10 @@
 //     attention.sliding_window: the logits move
 //   - general.architecture "mamba": refused, naming it and the supported architectures
 //   - rope_freqs.weight in a qwen2 file, final_logit_softcapping in a gemma3 file: refused, naming them
+// SHARED/reference/archs-next/tiny-qwen35.* (qwen35: Gated DeltaNet layers 0-2, gated full attention in
+// layer 3) the same way, then: the prompt as three evals on the cache (the recurrent states carry
+// over) within 1e-5 of one eval; full_attention_interval left to its default: the same logits, bit
+// for bit; interval 2, no ssm.conv_kernel, no blk.1.ssm_a: refused, naming what is missing
 // SHARED/reference/tiny-falcon-mqa.* (the Falcon graph, models/falcon.c: 3 layers, width 64, 4
 // query heads, 1 KV head, tied output) the same way, then its variants:
 //   - 40B-style attn_norm_2 with the same weights as attn_norm, zero QKV, attention output and
