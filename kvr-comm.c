@@ -1898,12 +1898,11 @@ static void gdn_replace(struct pass_ctx * pc, struct kvr_tensor * t, struct kvr_
                                     t->ne[0] * t->ne[1] * sizeof(float), 0), why);
 }
 
-static struct kvr_tensor * state_send(struct pass_ctx * pc, struct kvr_tensor * st, struct kvr_tensor * after, int peer,
-                                      int tag, const char * why) {
+// a send of state to peer once the node after has run (the segment that made it)
+static struct kvr_tensor * state_send(struct pass_ctx * pc, struct kvr_tensor * st, struct kvr_tensor * after, int peer, int tag) {
     struct kvr_tensor * s = kvr_send(pc->ctx, st, peer, tag);
     s->src[1] = after;
-    kvr_set_name(s, "blk.%d.state_send", kvr_tag_layer(tag));
-    return s->why = why, s;
+    return kvr_set_name(s, "blk.%d.state_send", kvr_tag_layer(tag));
 }
 
 static void pass_gdn_chain(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
@@ -1921,7 +1920,7 @@ static void pass_gdn_chain(struct pass_ctx * pc, struct kvr_tensor * t, int il) 
     // a rank without tokens hands the state on, or keeps it: the last rank holds the whole cache
     if (!o && got) sink(pc, got, "chain: the recurrent state after tokens [0, s_r) from rank r-1, into this rank's cache");
     if (r < pc->N - 1 && s + n > 0) {
-        sink(pc, state_send(pc, st, o ? o : got, r + 1, kvr_tag(il, KVR_TAG_STATE, 0), NULL),
+        sink(pc, state_send(pc, st, o ? o : got, r + 1, kvr_tag(il, KVR_TAG_STATE, 0)),
              "chain: the recurrent state after tokens [0, e_r) on to rank r+1");
     }
     gdn_replace(pc, t, o, s == 0 ? "chain: the recurrence from the zero state" : "chain: the recurrence on from rank r-1's state");
@@ -1959,7 +1958,7 @@ static void pass_gdn_ring(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         }
         struct kvr_tensor * o = kvr_gdn_segment(pc->ctx, t, t0, n, buf, pc_ < 0 && pl->P == 0, dep);
         if (nc_ < nc && ring_chunk_rank(N, nc_) != r) {
-            sink(pc, state_send(pc, buf, o, ring_chunk_rank(N, nc_), kvr_tag(il, KVR_TAG_STATE, nc_), NULL),
+            sink(pc, state_send(pc, buf, o, ring_chunk_rank(N, nc_), kvr_tag(il, KVR_TAG_STATE, nc_)),
                  "ring: the recurrent state after this chunk on to the rank of the next one");
         }
         if (nc_ == nc) { // the last chunk: its state is every rank's
@@ -1967,7 +1966,7 @@ static void pass_gdn_ring(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             keep->src[2] = o;
             sink(pc, keep, "ring: the final recurrent state into this rank's cache");
             for (int q = 0; q < N; q++) {
-                if (q != r) sink(pc, state_send(pc, buf, o, q, kvr_tag(il, KVR_TAG_STATE, 0), NULL), "ring: the final recurrent state to every rank");
+                if (q != r) sink(pc, state_send(pc, buf, o, q, kvr_tag(il, KVR_TAG_STATE, 0)), "ring: the final recurrent state to every rank");
             }
         }
         part[k] = o;

@@ -10183,6 +10183,10 @@ void kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap) {
     if (n >= 0 && (size_t)n < cap && n_local) {
         n += snprintf(buf + n, cap - (size_t)n, ", sliding window %u on %u of %u layers", hp->n_swa, n_local, hp->n_layer);
     }
+    if (n >= 0 && (size_t)n < cap && hp->n_recurrent) {
+        n += snprintf(buf + n, cap - (size_t)n, ", %u of %u layers Gated DeltaNet (state %lld floats each)", hp->n_recurrent,
+                      hp->n_layer, (long long)kvr_hp_state_floats(hp));
+    }
     if (n >= 0 && (size_t)n < cap && m->rope_freqs) snprintf(buf + n, cap - (size_t)n, ", RoPE frequency factors");
 }
 
