@@ -1344,6 +1344,7 @@ struct dist_rank {
     size_t                graph_len;
     int                   rc;
     char                  err[1024];
+    bool                  computed;   // the last eval reached its graph's compute (a recurrent state may have moved)
     int                   made;       // the rows the last eval made here (positions: the plan's pos[rank])
     int                   made_row0;  //   at cache rows [made_row0, made_row0 + made)
     struct {
@@ -2179,6 +2180,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     const int r = dr->rank, c = pl->cnt[r];
     const double t0 = kvr_time_ms();
     dr->rc = KVR_OK;
+    dr->computed = false;
     dr->err[0] = 0;
     memset(&dr->comm->st, 0, sizeof(dr->comm->st));
     dr->comm->timeout_peer = -1;
@@ -2250,6 +2252,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
         .logits     = dr->logits,
         .reuse      = dr->reuse, // the road alone decides whether this eval may run it (eval_reusable)
     };
+    dr->computed = true;
     int rc = kvr_eval_run(&ev);
     if (rc == KVR_OK) rc = dejavu_rank_done(dr, &ev); // a decode token's rows, which no node handed on
     if (graph_out) fclose(graph_out);
@@ -2804,8 +2807,15 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
     }
     if (rc != KVR_OK) {
         for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = n_rows_before[i];
-        kvr_error(rc, "%s", err);
+        // recurrent layers update their state in place as the eval runs: once a rank computed,
+        // the states are no longer those of the cached tokens, so none of them is kept
+        bool moved = false;
+        for (int i = 0; i < d->n_local; i++) moved |= d->ranks[i].computed;
+        const int lost = m->hp.n_recurrent > 0 && moved ? d->n_past : 0;
+        if (lost) kvr_error(rc, "%s (the recurrent layers' states had moved on: the %d cached tokens are forgotten)", err, lost);
+        else kvr_error(rc, "%s", err);
         dejavu_eval_end(d, rc);
+        if (lost) kvr_session_reset(d);
         return NULL;
     }
     // logits: local ranks share memory; MPI ranks get them from the owner

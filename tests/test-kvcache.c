@@ -643,6 +643,25 @@ static void test_dist(const struct kvr_model * m) {
     free(scratch);
 }
 
+// kvr_session_interrupt: asked for before an eval, that eval does not start (withdrawn, it does);
+// asked for during a prefill over 3 ranks on a slow emulated link, every rank stops well before
+// the prefill would end (not after --comm-timeout). Either way the session keeps nothing of the batch and its next
+// prefill gives the logits of one never interrupted, bit for bit.
+struct interrupted_eval {
+    struct kvr_session * s;
+    const int32_t      * ids;
+    int                  n;
+    const float        * logits;
+    char                 err[256];
+};
+
+static void * interrupted_eval_run(void * arg) {
+    struct interrupted_eval * e = arg;
+    e->logits = kvr_session_eval(e->s, e->ids, e->n);
+    snprintf(e->err, sizeof(e->err), "%s", e->logits ? "" : kvr_last_error());
+    return NULL;
+}
+
 //
 // a hybrid model: the recurrent layers' states travel with the cache
 //
@@ -735,6 +754,46 @@ static void test_hybrid(const struct kvr_model * m) {
         }
         free(b);
         kvr_session_free(a);
+    }
+    set_case("hybrid: a failed eval");
+    {
+        // refused before it computes (past the context): the cache is kept and goes on as before
+        struct kvr_session * a = new_session(m, 32), * b = new_session(m, 32);
+        int32_t ids[40];
+        for (int i = 0; i < 40; i++) ids[i] = prompt[i % N_PROMPT];
+        CHECK(kvr_session_eval(a, prompt, N_PROMPT) && kvr_session_eval(b, prompt, N_PROMPT), "prefill: %s", kvr_last_error());
+        CHECK(kvr_session_eval(b, ids, 40) == NULL && kvr_session_n_past(b) == N_PROMPT, "40 more tokens in a context of 32: %s",
+              kvr_last_error());
+        const float * la1 = kvr_session_eval(a, prompt, 4);
+        if (la1) memcpy(la, la1, sizeof(float) * (size_t)n_vocab);
+        const float * lb1 = kvr_session_eval(b, prompt, 4);
+        CHECK(la1 && lb1 && memcmp(la, lb1, sizeof(float) * (size_t)n_vocab) == 0, "after the refused eval the cache differs");
+        kvr_session_free(a);
+        kvr_session_free(b);
+        // interrupted while it computes a second turn on a slow ring: the states had moved, so the
+        // cache is forgotten, said so, and the prompt again gives the first turn's logits, bit for bit
+        const struct kvr_session_params dp = { .strategy = KVR_STRATEGY_RING_KV, .n_ranks = 2, .n_threads = 1, .n_ctx = 96,
+                                               .link_gbps = 0.002, .timeout_s = 60 };
+        struct kvr_session * s = kvr_session_new(m, &dp);
+        const float * want = s ? kvr_session_eval(s, prompt, N_PROMPT) : NULL;
+        if (want) memcpy(la, want, sizeof(float) * (size_t)n_vocab);
+        CHECK(want != NULL, "the first turn: %s", kvr_last_error());
+        if (want) {
+            struct interrupted_eval e = { .s = s, .ids = ids, .n = 40 };
+            pthread_t th;
+            CHECK(pthread_create(&th, NULL, interrupted_eval_run, &e) == 0, "pthread_create");
+            const struct timespec wait = { 0, 150 * 1000 * 1000 }; // the turn takes about 0.7 s: 9 states at 250 kB/s
+            nanosleep(&wait, NULL);
+            kvr_session_interrupt(s, true);
+            pthread_join(th, NULL);
+            CHECK(e.logits == NULL && strstr(e.err, "interrupted") && strstr(e.err, "forgotten") && kvr_session_n_past(s) == 0,
+                  "the interrupted turn: %s, %d tokens kept", e.logits ? "it ended" : e.err, kvr_session_n_past(s));
+            if (verbose) printf("  %s\n", e.err);
+            const float * got = kvr_session_eval(s, prompt, N_PROMPT);
+            CHECK(got && memcmp(la, got, sizeof(float) * (size_t)n_vocab) == 0, "the prompt after the interrupt differs: %s",
+                  got ? "logits" : kvr_last_error());
+        }
+        kvr_session_free(s);
     }
     set_case("hybrid: streaming, P/D and replication refused");
     {
@@ -897,25 +956,6 @@ static void test_swap_ranks(const struct kvr_model * m) {
         free(lc);
         kvr_session_free(a);
     }
-}
-
-// kvr_session_interrupt: asked for before an eval, that eval does not start (withdrawn, it does);
-// asked for during a prefill over 3 ranks on a slow emulated link, every rank stops well before
-// the prefill would end (not after --comm-timeout). Either way the session keeps nothing of the batch and its next
-// prefill gives the logits of one never interrupted, bit for bit.
-struct interrupted_eval {
-    struct kvr_session * s;
-    const int32_t      * ids;
-    int                  n;
-    const float        * logits;
-    char                 err[256];
-};
-
-static void * interrupted_eval_run(void * arg) {
-    struct interrupted_eval * e = arg;
-    e->logits = kvr_session_eval(e->s, e->ids, e->n);
-    snprintf(e->err, sizeof(e->err), "%s", e->logits ? "" : kvr_last_error());
-    return NULL;
 }
 
 static void test_interrupt(const struct kvr_model * m) {
