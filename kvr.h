@@ -1358,6 +1358,8 @@ void              kvr_session_reset(struct kvr_session * s);
 // cache's end are never read), so the session goes on with the next eval (local ranks; under MPI
 // the stopped eval ends the job, as any failed one). The stopped eval takes the request; off
 // withdraws one no eval took yet. Safe from a signal handler or another thread (it sets a flag).
+// A model with recurrent layers cannot give the batch back once its ranks computed (their states
+// move on in place): such a stopped or failed eval forgets every cached token, and its error says so.
 void              kvr_session_interrupt(struct kvr_session * s, bool on);
 int               kvr_session_rank(const struct kvr_session * s);    // this process's rank (local: 0)
 int               kvr_session_n_ranks(const struct kvr_session * s);
