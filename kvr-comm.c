@@ -1155,6 +1155,7 @@ static int comm_post(struct rank_comm * c, int i) {
     if (!x->send) return c->tr->irecv(c->tr, r);
     c->st.bytes_sent += x->bytes;
     if (tag_is_kv(x->tag)) c->st.kv_rows_sent += x->rows;
+    if (kvr_tag_kind(x->tag) == KVR_TAG_STATE) c->st.state_bytes_sent += x->bytes;
     if (kvr_tag_step(x->tag) >= STREAM_STEP) c->st.kv_stream_bytes += x->bytes; // P/D: to the decode rank
     return c->tr->isend(c->tr, r);
 }
@@ -1274,6 +1275,7 @@ static int comm_exec(struct kvr_comm * base, const struct kvr_tensor * node, voi
         if (rc != KVR_OK) break;
         c->st.bytes_recv += s->x[i].bytes;
         if (tag_is_kv(s->x[i].tag)) c->st.kv_rows_recv += s->x[i].rows;
+        if (kvr_tag_kind(s->x[i].tag) == KVR_TAG_STATE) c->st.state_bytes_recv += s->x[i].bytes;
         if (kvr_tag_step(s->x[i].tag) >= STREAM_STEP) c->st.kv_stream_bytes += s->x[i].bytes; // P/D: the decode rank's
     }
     return rc == KVR_OK ? rc : comm_fail(c, rc);
@@ -1366,6 +1368,7 @@ struct dist_rank {
     size_t                graph_len;
     int                   rc;
     char                  err[1024];
+    bool                  computed;   // the last eval reached its graph's compute (a recurrent state may have moved)
     int                   made;       // the rows the last eval made here (positions: the plan's pos[rank])
     int                   made_row0;  //   at cache rows [made_row0, made_row0 + made)
     struct {
@@ -1404,6 +1407,7 @@ struct dist_swap {
     char   * path;   // the file (NULL: host memory)
     float ** k;      // [n_local * n_layer]: rank i's rows of layer il at [i * n_layer + il]
     float ** v;
+    float ** state;  // [n_local]: rank i's recurrent states (states_get; NULL without)
 };
 
 struct kvr_session {
@@ -1572,13 +1576,16 @@ struct pass_ctx {
     struct kvr_tensor   * kpos;      // positions of this rank's cache rows after the store
     struct kvr_tensor  ** sinks;
     int                   n_sinks, cap_sinks;
-    struct kvr_tensor  ** step_pos;  // ring: positions received at step j (layer 0), reused
+    struct kvr_tensor  ** step_pos;  // ring: positions received at step j (first_attn), reused
+    int                   first_attn; // the first layer with attention (a hybrid's may not be 0)
     bool                  receiver;  // P/D's decode rank: receives the cache, builds no model
     int                   n_final;   // cache rows this rank holds after the eval
     float                 scale;     // of the ATTN_BLOCK being rewritten: its score scale,
     float                 softcap;   //   its scores' soft-capping (0: none),
     int                   window;    //   its sliding window (0: none)
     struct kvr_tensor   * attn_sinks;//   and its attention sinks (NULL: none; kvr_attn_sinks)
+    struct kvr_tensor  ** late;      // sinks that go after every other (the ring's state broadcasts)
+    int                   n_late;
 };
 
 // t into the sinks at index at (the ones from there on move up one)
@@ -1777,7 +1784,7 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         kvr_set_name(sv, "blk.%d.v_send%d", il, j);
         sink(pc, sk, pc->window ? "ring-kv: the K rows the ranks ahead can see, on to the next rank" : "ring-kv: K block on to the next rank");
         sink(pc, sv, pc->window ? "ring-kv: the V rows the ranks ahead can see, on to the next rank" : "ring-kv: V block on to the next rank");
-        if (il == 0) {
+        if (il == pc->first_attn) {
             struct kvr_tensor * sp = kvr_send(pc->ctx, bp, next, kvr_tag(0, KVR_TAG_KPOS, j));
             kvr_set_name(sp, "kpos_send%d", j);
             sink(pc, sp, "ring-kv: positions of the whole K/V block (once, all layers share them)");
@@ -1799,7 +1806,7 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         // every block that is sent is received, even where only the output would need it
         sink(pc, bk, "ring-kv: K block of rank (i-j) mod N from the previous rank");
         sink(pc, bv, "ring-kv: V block of rank (i-j) mod N from the previous rank");
-        if (il == 0) {
+        if (il == pc->first_attn) {
             pc->step_pos[j] = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_I32, rows, 1, 1), prev, kvr_tag(0, KVR_TAG_KPOS, j));
             kvr_set_name(pc->step_pos[j], "kpos_recv%d", j);
             sink(pc, pc->step_pos[j], "ring-kv: positions of the K/V block of step j");
@@ -1834,7 +1841,7 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             struct kvr_tensor * sq = kvr_send(pc->ctx, bq, next, kvr_tag(il, KVR_TAG_Q, j));
             kvr_set_name(sq, "blk.%d.q_send%d", il, j);
             sink(pc, sq, "ring-q: queries on to the next rank");
-            if (il == 0) {
+            if (il == pc->first_attn) {
                 struct kvr_tensor * sp = kvr_send(pc->ctx, bp, next, kvr_tag(0, KVR_TAG_QPOS, j));
                 kvr_set_name(sp, "qpos_send%d", j);
                 sink(pc, sp, "ring-q: positions of the queries (once, all layers share them)");
@@ -1844,7 +1851,7 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             bq = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, D, H, cs), prev, kvr_tag(il, KVR_TAG_Q, j));
             kvr_set_name(bq, "blk.%d.q_recv%d", il, j);
             sink(pc, bq, "ring-q: queries of rank (i-j) mod N from the previous rank");
-            if (il == 0) {
+            if (il == pc->first_attn) {
                 pc->step_pos[j] = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_I32, cs, 1, 1), prev, kvr_tag(0, KVR_TAG_QPOS, j));
                 kvr_set_name(pc->step_pos[j], "qpos_recv%d", j);
                 sink(pc, pc->step_pos[j], "ring-q: positions of the visiting queries");
@@ -1899,17 +1906,165 @@ static void pass_ring_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il
     kvr_replace_node(t, merge_all(pc, parts, N, H, il), "ring decode: partials merged by log-sum-exp");
 }
 
+//
+// recurrent layers (Gated DeltaNet): no K/V rows travel, the state does, along the tokens' order.
+// A chain rank (tsp, kvr) receives the state after tokens [0, s_r) from rank r-1 into its cache,
+// runs its tokens on and hands the state after [0, e_r) to rank r+1: the last rank ends with it.
+// The ring's 2N chunks run in token order too: chunk c's rank takes the state from chunk c-1's
+// (rank c for c < N, 2N-1-c after; empty chunks are passed over), and the last chunk's rank hands
+// the final state to every rank, which all keep it: a ring decode runs the token on every rank
+// from its own copy, and the next ring prefill starts from the first chunk's rank's copy. Each
+// hop moves one state, whatever the prompt's length.
+//
+
+static int ring_chunk_rank(int N, int c) { return c < N ? c : 2 * N - 1 - c; }
+static int ring_chunk_size(int T, int N, int c) { return chunk_begin(T, 2 * N, c + 1) - chunk_begin(T, 2 * N, c); }
+
+// a state in transit: an input buffer of the graph, placed before it runs and never reused
+static struct kvr_tensor * state_buf(struct pass_ctx * pc) {
+    return kvr_set_name(recv_buf(pc, KVR_TYPE_F32, pc->dr->cache->n_state, 1, 1), "state buffer");
+}
+
+// What the block's readers read instead of it: a view of the segment's output o, so that o stays
+// the one node that runs the recurrence (the state's sends depend on it); with no tokens here, an
+// empty view.
+static void gdn_replace(struct pass_ctx * pc, struct kvr_tensor * t, struct kvr_tensor * o, const char * why) {
+    struct kvr_tensor * src = o ? o : t->src[0];
+    kvr_replace_node(t, kvr_view_3d(pc->ctx, src, t->ne[0], t->ne[1], t->ne[2], t->ne[0] * sizeof(float),
+                                    t->ne[0] * t->ne[1] * sizeof(float), 0), why);
+}
+
+// a send of state to peer once the node after has run (the segment that made it)
+static struct kvr_tensor * state_send(struct pass_ctx * pc, struct kvr_tensor * st, struct kvr_tensor * after, int peer, int tag) {
+    struct kvr_tensor * s = kvr_send(pc->ctx, st, peer, tag);
+    s->src[1] = after;
+    return kvr_set_name(s, "blk.%d.state_send", kvr_tag_layer(tag));
+}
+
+static void pass_gdn_chain(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    struct kvr_tensor * st = pc->dr->cache->state[il];
+    const int r = pc->rank, n = (int)t->ne[2];
+    KVR_ASSERT(pc->pl->P == 0 && "a chain runs on several ranks for a first prefill only");
+    int s = 0;
+    for (int q = 0; q < r; q++) s += pc->pl->cnt[q];
+    struct kvr_tensor * got = NULL;
+    if (s > 0) {
+        got = kvr_set_name(kvr_recv(pc->ctx, st, r - 1, kvr_tag(il, KVR_TAG_STATE, 0)), "blk.%d.state_recv", il);
+        got->why = "chain: the recurrent state after tokens [0, s_r) from rank r-1, into this rank's cache";
+    }
+    struct kvr_tensor * o = n > 0 ? kvr_gdn_segment(pc->ctx, t, 0, n, st, s == 0, got) : NULL;
+    // a rank without tokens hands the state on, or keeps it: the last rank holds the whole cache
+    if (!o && got) sink(pc, got, "chain: the recurrent state after tokens [0, s_r) from rank r-1, into this rank's cache");
+    if (r < pc->N - 1 && s + n > 0) {
+        sink(pc, state_send(pc, st, o ? o : got, r + 1, kvr_tag(il, KVR_TAG_STATE, 0)),
+             "chain: the recurrent state after tokens [0, e_r) on to rank r+1");
+    }
+    gdn_replace(pc, t, o, s == 0 ? "chain: the recurrence from the zero state" : "chain: the recurrence on from rank r-1's state");
+}
+
+static void pass_gdn_ring(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    const struct eval_plan * pl = pc->pl;
+    struct kvr_kv_cache * cache = pc->dr->cache;
+    const int N = pc->N, r = pc->rank, T = pl->T, nc = 2 * N;
+    KVR_ASSERT(nc <= STREAM_STEP && "the state's tags number the chunks");
+    int first = -1, last = -1;
+    for (int c = 0; c < nc; c++) {
+        if (ring_chunk_size(T, N, c) == 0) continue;
+        if (first < 0) first = c;
+        last = c;
+    }
+    struct kvr_tensor * part[2] = { NULL, NULL }, * buf = NULL, * prev = NULL;
+    int t0 = 0;
+    for (int k = 0; k < 2; k++) {
+        const int c = k == 0 ? r : nc - 1 - r, n = ring_chunk_size(T, N, c);
+        if (n == 0) continue;
+        int pc_ = c - 1, nc_ = c + 1; // the chunks before and after it that hold tokens
+        while (pc_ >= 0 && ring_chunk_size(T, N, pc_) == 0) pc_--;
+        while (nc_ < nc && ring_chunk_size(T, N, nc_) == 0) nc_++;
+        struct kvr_tensor * dep = NULL;
+        if (pc_ < 0) { // the sequence's first new tokens: on from this rank's copy (or from zero)
+            buf = state_buf(pc);
+            if (pl->P > 0) dep = kvr_cpy(pc->ctx, cache->state[il], buf);
+        } else if (ring_chunk_rank(N, pc_) == r) { // the chunk before is this rank's too
+            dep = prev;
+        } else {
+            buf = state_buf(pc);
+            dep = kvr_set_name(kvr_recv(pc->ctx, buf, ring_chunk_rank(N, pc_), kvr_tag(il, KVR_TAG_STATE, c)), "blk.%d.state_recv", il);
+            dep->why = "ring: the recurrent state before this chunk from the rank of the chunk before";
+        }
+        struct kvr_tensor * o = kvr_gdn_segment(pc->ctx, t, t0, n, buf, pc_ < 0 && pl->P == 0, dep);
+        if (nc_ < nc && ring_chunk_rank(N, nc_) != r) {
+            sink(pc, state_send(pc, buf, o, ring_chunk_rank(N, nc_), kvr_tag(il, KVR_TAG_STATE, nc_)),
+                 "ring: the recurrent state after this chunk on to the rank of the next one");
+        }
+        if (nc_ == nc) { // the last chunk: its state is every rank's
+            struct kvr_tensor * keep = kvr_cpy(pc->ctx, buf, cache->state[il]);
+            keep->src[2] = o;
+            sink(pc, keep, "ring: the final recurrent state into this rank's cache");
+            for (int q = 0; q < N; q++) {
+                if (q != r) sink(pc, state_send(pc, buf, o, q, kvr_tag(il, KVR_TAG_STATE, 0)), "ring: the final recurrent state to every rank");
+            }
+        }
+        part[k] = o;
+        prev = o;
+        t0 += n;
+    }
+    if (ring_chunk_rank(N, last) != r) {
+        struct kvr_tensor * got = kvr_recv(pc->ctx, cache->state[il], ring_chunk_rank(N, last), kvr_tag(il, KVR_TAG_STATE, 0));
+        kvr_set_name(got, "blk.%d.state_final", il);
+        got->why = "ring: the final recurrent state from the last chunk's rank, into this rank's cache";
+        pc->late = realloc(pc->late, sizeof(*pc->late) * (size_t)(pc->n_late + 1));
+        KVR_ASSERT(pc->late != NULL);
+        pc->late[pc->n_late++] = got;
+    }
+    if (!part[0] || !part[1]) {
+        gdn_replace(pc, t, part[0] ? part[0] : part[1], "ring: the recurrence over this rank's chunk");
+        return;
+    }
+    // both chunks: their outputs side by side, as the batch's rows are
+    const int64_t w = t->ne[0] * t->ne[1], n0 = part[0]->ne[2];
+    struct kvr_tensor * rows = kvr_set_name(recv_buf(pc, KVR_TYPE_F32, w, t->ne[2], 1), "gdn rows");
+    const size_t row = (size_t)w * sizeof(float);
+    struct kvr_tensor * ca = kvr_cpy(pc->ctx, kvr_reshape_2d(pc->ctx, part[0], w, n0), kvr_view_2d(pc->ctx, rows, w, n0, row, 0));
+    struct kvr_tensor * cb = kvr_cpy(pc->ctx, kvr_reshape_2d(pc->ctx, part[1], w, t->ne[2] - n0),
+                                     kvr_view_2d(pc->ctx, rows, w, t->ne[2] - n0, row, (size_t)n0 * row));
+    cb->src[2] = ca;
+    struct kvr_tensor * all = kvr_view_3d(pc->ctx, rows, t->ne[0], t->ne[1], t->ne[2], t->ne[0] * sizeof(float), row, 0);
+    all->src[1] = cb;
+    kvr_replace_node(t, all, "ring: the recurrence over this rank's two chunks, each on from the chunk before");
+}
+
+// a ring decode: every rank runs the token on from its own copy of the state
+static void pass_gdn_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
+    kvr_replace_node(t, kvr_gdn_segment(pc->ctx, t, 0, t->ne[2], pc->dr->cache->state[il], false, NULL),
+                     "ring decode: the token on from this rank's copy of the recurrent state");
+}
+
 static void run_pass(struct pass_ctx * pc, struct kvr_graph * g) {
     const int n_nodes = g->n_nodes;
     struct kvr_tensor ** blocks = malloc(sizeof(*blocks) * (size_t)(n_nodes ? n_nodes : 1));
     int nb = 0;
     for (int i = 0; i < n_nodes; i++) {
-        if (g->nodes[i]->op == KVR_OP_ATTN_BLOCK) blocks[nb++] = g->nodes[i];
+        if (g->nodes[i]->op == KVR_OP_ATTN_BLOCK || g->nodes[i]->op == KVR_OP_GDN_BLOCK) blocks[nb++] = g->nodes[i];
     }
     const bool decode = pc->pl->store >= 0;
+    pc->first_attn = -1;
+    for (int b = 0; b < nb && pc->first_attn < 0; b++) {
+        if (blocks[b]->op == KVR_OP_ATTN_BLOCK) pc->first_attn = blocks[b]->op_params[0];
+    }
     for (int b = 0; b < nb; b++) {
         struct kvr_tensor * t = blocks[b];
         const int il = t->op_params[0];
+        if (t->op == KVR_OP_GDN_BLOCK) {
+            switch (pc->pl->strat) {
+                case KVR_STRATEGY_TSP:
+                case KVR_STRATEGY_KVR:     pass_gdn_chain(pc, t, il); break;
+                case KVR_STRATEGY_RING_KV:
+                case KVR_STRATEGY_RING_Q:  if (decode) pass_gdn_decode(pc, t, il); else pass_gdn_ring(pc, t, il); break;
+                default:                   KVR_ASSERT(!"no pass for this strategy");
+            }
+            continue;
+        }
         pc->scale      = kvr_attn_block_scale(t);
         pc->softcap    = kvr_attn_block_softcap(t);
         pc->window     = kvr_attn_block_window(t);
@@ -1979,6 +2134,26 @@ static bool rank_interrupted(void * user) {
 // once per doubling; a moved cache also rebuilds a kept decode graph, keyed on it).
 #define RANK_CACHE_MIN 256
 
+// Every recurrent layer's state of a rank's cache, n_layer * n_state floats (a layer without
+// state: untouched), out through its backend and back in.
+static void states_get(const struct dist_rank * dr, float * out) {
+    const struct kvr_kv_cache * c = dr->cache;
+    for (int il = 0; il < c->n_layer && c->state; il++) {
+        if (c->state[il]) kvr_kv_cache_get_state(dr->be, c, il, out + (size_t)il * (size_t)c->n_state);
+    }
+}
+
+static void states_set(struct dist_rank * dr, const float * in) {
+    struct kvr_kv_cache * c = dr->cache;
+    for (int il = 0; il < c->n_layer && c->state; il++) {
+        if (c->state[il]) kvr_kv_cache_set_state(dr->be, c, il, in + (size_t)il * (size_t)c->n_state);
+    }
+}
+
+static size_t states_floats(const struct kvr_session * d) {
+    return (size_t)d->m->hp.n_layer * (size_t)kvr_hp_state_floats(&d->m->hp);
+}
+
 static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows) {
     if (rows <= dr->cache->n_ctx) return KVR_OK;
     if (rows > d->n_ctx) {
@@ -1998,8 +2173,12 @@ static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows)
     }
     free(k);
     free(v);
+    float * st = c->n_state ? malloc(sizeof(float) * states_floats(d)) : NULL;
+    if (st) states_get(dr, st); // the recurrent states go along
     kvr_kv_cache_free(dr->cache);
     dr->cache = c;
+    if (st) states_set(dr, st);
+    free(st);
     return KVR_OK;
 }
 
@@ -2023,6 +2202,7 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
         stores_as_sinks(pc, a->g);
     } else {
         run_pass(pc, a->g);
+        for (int i = 0; i < pc->n_late; i++) sinks_put(pc, pc->n_sinks, pc->late[i]);
     }
     dejavu_rank_nodes(pc, a->g); // what streams, logs or replicates each layer's final rows
     // sinks first, in layer order: a send then runs as soon as what it sends exists, not after
@@ -2037,6 +2217,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     const int r = dr->rank, c = pl->cnt[r];
     const double t0 = kvr_time_ms();
     dr->rc = KVR_OK;
+    dr->computed = false;
     dr->err[0] = 0;
     memset(&dr->comm->st, 0, sizeof(dr->comm->st));
     dr->comm->timeout_peer = -1;
@@ -2109,10 +2290,12 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
         .logits     = dr->logits,
         .reuse      = dr->reuse, // the road alone decides whether this eval may run it (eval_reusable)
     };
+    dr->computed = true;
     int rc = kvr_eval_run(&ev);
     if (rc == KVR_OK) rc = dejavu_rank_done(dr, &ev); // a decode token's rows, which no node handed on
     if (graph_out) fclose(graph_out);
     free(pc.sinks);
+    free(pc.late);
     free(toks);
     free(kpos);
     if (rc == KVR_OK) {
@@ -2137,8 +2320,10 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
         const bool comm = k == KVR_OP_SEND || k == KVR_OP_RECV || k == KVR_OP_ALL_GATHER || k == KVR_OP_ALL_TO_ALL;
         if (!comm) dr->comm->st.compute_ms += cn->op_ms[k]; // the transfers' nodes wait: wait_ms
     }
-    dr->comm->st.kv_rows_sent /= n_layer;
-    dr->comm->st.kv_rows_recv /= n_layer;
+    // rows are per layer that moves them: a recurrent layer moves its state instead
+    const int kv_layers = n_layer - (int)m->hp.n_recurrent > 0 ? n_layer - (int)m->hp.n_recurrent : 1;
+    dr->comm->st.kv_rows_sent /= kv_layers;
+    dr->comm->st.kv_rows_recv /= kv_layers;
     dr->comm->st.ttft_ms = kvr_time_ms() - t0;
     if (d->p.trace) {
         int ns;
@@ -2319,6 +2504,16 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         return NULL;
     }
     d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
+    if (m->hp.n_recurrent > 0 && (p->pd || p->kv_stream || p->replicate || p->replicate_dir)) {
+        // those move cache rows layer by layer as they are made; a recurrent layer's state is
+        // final only at its eval's end, and none of them carries it yet
+        kvr_error(KVR_ERR_UNSUPP, "%s: %s is not supported for a model with recurrent layers (%s, %u of %u layers): their "
+                  "state does not travel with it yet", m->path, p->pd ? "prefill/decode disaggregation" : p->kv_stream ?
+                  "streaming the cache (kv_stream)" : p->replicate ? "replication (replicate)" : "replication logs (replicate_dir)",
+                  m->hp.arch_name, m->hp.n_recurrent, m->hp.n_layer);
+        free(d);
+        return NULL;
+    }
     // a stream's or a log's header holds the model's fingerprint, whose hashes read every weight
     // (seconds for a large model): made now, before any peer waits on this process with a timeout
     if (p->kv_stream || p->replicate_dir) (void)kvr_model_weights_hash(m);
@@ -2362,6 +2557,14 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         kvr_error(KVR_ERR_ARG, d->n_ranks < 2 ? "prefill/decode disaggregation needs 2 ranks or more, not %d" :
                   p->kv_stream ? "prefill/decode disaggregation streams to the decode rank, not to a file (%d ranks)" :
                   "the decode rank must be the last of the %d ranks", d->n_ranks);
+        d->tr->free(d->tr);
+        free(d);
+        return NULL;
+    }
+    if (d->n_ranks > STREAM_STEP / 2 && m->hp.n_recurrent > 0 && strategy_is_ring(p->strategy)) {
+        // the recurrent states' transfer tags number the ring's 2N chunks below the streams' steps
+        kvr_error(KVR_ERR_UNSUPP, "%s: a ring of %d ranks over a model with recurrent layers: at most %d", m->path, d->n_ranks,
+                  STREAM_STEP / 2);
         d->tr->free(d->tr);
         free(d);
         return NULL;
@@ -2658,8 +2861,15 @@ static const float * dist_eval_once(struct kvr_session * d, const int32_t * toke
     }
     if (rc != KVR_OK) {
         for (int i = 0; i < d->n_local; i++) d->ranks[i].n_rows = n_rows_before[i];
-        kvr_error(rc, "%s", err);
+        // recurrent layers update their state in place as the eval runs: once a rank computed,
+        // the states are no longer those of the cached tokens, so none of them is kept
+        bool moved = false;
+        for (int i = 0; i < d->n_local; i++) moved |= d->ranks[i].computed;
+        const int lost = m->hp.n_recurrent > 0 && moved ? d->n_past : 0;
+        if (lost) kvr_error(rc, "%s (the recurrent layers' states had moved on: the %d cached tokens are forgotten)", err, lost);
+        else kvr_error(rc, "%s", err);
         dejavu_eval_end(d, rc);
+        if (lost) kvr_session_reset(d);
         return NULL;
     }
     // logits: local ranks share memory; MPI ranks get them from the owner
@@ -2783,6 +2993,10 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
     if (n <= 0 || !s || !tokens) return kvr_error(KVR_ERR_ARG, "eval batch: no sessions");
     if (n > KVR_BATCH_MAX) return kvr_error(KVR_ERR_ARG, "eval batch: %d sessions, at most %d", n, KVR_BATCH_MAX);
     const struct kvr_model * m = s[0]->m;
+    if (m->hp.n_recurrent) { // kvr_pass_batch rewrites attention only: a recurrent layer's state is per sequence
+        return kvr_error(KVR_ERR_UNSUPP, "eval batch: %s has %u Gated DeltaNet layers; their sessions decode one at a time",
+                         m->hp.arch_name, m->hp.n_recurrent);
+    }
     for (int i = 0; i < n; i++) {
         const char * why = s[i] ? batch_refusal(s, n, i) : "it is NULL";
         if (why) return kvr_error(KVR_ERR_ARG, "eval batch: session %d cannot be batched: %s", i, why);
@@ -4986,6 +5200,14 @@ static int dist_write(struct kvr_session * d, const char * path, const struct kv
             rc = kvr_kv_writer_layer(w, il, s, k, v);
         }
     }
+    // every shard's rank holds the same states: the first one's
+    float * st = dr[0]->cache->n_state ? malloc(sizeof(float) * (size_t)dr[0]->cache->n_state) : NULL;
+    for (int il = 0; il < (int)d->m->hp.n_layer && st && rc == KVR_OK; il++) {
+        if (!kvr_layer_recurrent(&d->m->hp, il)) continue;
+        kvr_kv_cache_get_state(dr[0]->be, dr[0]->cache, il, st);
+        rc = kvr_kv_writer_state(w, il, st);
+    }
+    free(st);
     if (rc == KVR_OK) rc = kvr_kv_writer_close(w, d->logits);
     else kvr_kv_writer_abort(w);
     free(k);
@@ -5155,6 +5377,9 @@ static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs,
                     file_rows_at(f, il, pos[r], rows[r], k, v, slot);
                     kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, rows[r], k, v);
                 }
+            }
+            for (int il = 0; il < (int)d->m->hp.n_layer && f->state; il++) { // every rank's copy of the states
+                if (f->state[il]) kvr_kv_cache_set_state(dr->be, dr->cache, il, f->state[il]);
             }
             memcpy(dr->cache_pos, pos[r], sizeof(int32_t) * (size_t)rows[r]);
             dr->n_rows = rows[r];
@@ -5487,6 +5712,11 @@ int kvr_session_truncate(struct kvr_session * d, int n) {
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "truncate: the cache is swapped out (kvr_session_kv_swap_in first)");
     if (n < 0 || n > d->n_past) return kvr_error(KVR_ERR_ARG, "truncate: %d tokens, but the cache holds %d", n, d->n_past);
     if (n == d->n_past) return KVR_OK;
+    if (n > 0 && d->m->hp.n_recurrent > 0) {
+        // a recurrent layer keeps the state after the last token only: no earlier one is known
+        return kvr_error(KVR_ERR_UNSUPP, "truncate: %s's %u recurrent layers keep their state after the last of the %d tokens only; "
+                         "the cache can keep all of them or none, not %d", d->m->hp.arch_name, d->m->hp.n_recurrent, d->n_past, n);
+    }
     if (d->layout == LAYOUT_RING && d->n_local != d->n_ranks) {
         return kvr_error(KVR_ERR_UNSUPP, "truncate: a ring cache spread over processes (every process would need every shard's rows)");
     }
@@ -5548,6 +5778,8 @@ static void swap_drop(struct kvr_session * d) {
     }
     free(d->swap.k);
     free(d->swap.v);
+    for (int i = 0; d->swap.state && i < d->n_local; i++) free(d->swap.state[i]);
+    free(d->swap.state);
     if (d->swap.path) remove(d->swap.path);
     free(d->swap.path);
     memset(&d->swap, 0, sizeof(d->swap));
@@ -5584,6 +5816,18 @@ int kvr_session_kv_swap_out(struct kvr_session * d, const char * path) {
                                      (2 * bytes * (size_t)n_layer) >> 20, dr->rank);
                 }
                 kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
+            }
+        }
+        if (d->m->hp.n_recurrent > 0) {
+            d->swap.state = calloc((size_t)d->n_local, sizeof(float *));
+            KVR_ASSERT(d->swap.state != NULL);
+            for (int i = 0; i < d->n_local; i++) {
+                d->swap.state[i] = malloc(sizeof(float) * states_floats(d));
+                if (!d->swap.state[i]) {
+                    swap_drop(d);
+                    return kvr_error(KVR_ERR_NOMEM, "swap out: cannot allocate host memory for rank %d's recurrent states", d->ranks[i].rank);
+                }
+                states_get(&d->ranks[i], d->swap.state[i]);
             }
         }
     }
@@ -5632,6 +5876,7 @@ int kvr_session_kv_swap_in(struct kvr_session * d) {
             for (int il = 0; il < n_layer; il++) {
                 kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
             }
+            if (d->swap.state) states_set(dr, d->swap.state[i]);
         }
     }
     if (rc != KVR_OK) { // still swapped out: the file stays for another try

@@ -371,17 +371,60 @@ static __global__ void k_binary(int op, cu_tensor a, cu_tensor b, cu_tensor d, i
     }
 }
 
-// SCALE, SILU, GELU (exact: its f32 formula, not the table), SOFTCAP (s: the cap): a block per row
+// SCALE, SILU, GELU (exact: its f32 formula, not the table), SOFTCAP (s: the cap), SIGMOID, SOFTPLUS: a block per row
 static __global__ void k_unary(int op, int exact, cu_tensor a, cu_tensor d, float s, const uint16_t * gelu_table) {
     const int64_t r = blockIdx.x;
     const float * x = (const float *)cu_row(a, r);
     float * y = (float *)cu_row(d, r);
     for (int64_t i = threadIdx.x; i < a.ne[0]; i += blockDim.x) {
         const float v = x[i];
-        y[i] = op == KVR_OP_SCALE   ? v * s
-             : op == KVR_OP_SILU    ? v / (1.0f + expf(-v))
-             : op == KVR_OP_SOFTCAP ? kvr_softcap_f32(v, s)
-             : exact                ? kvr_gelu_tanh(v) : kvr_gelu_ggml(v, gelu_table);
+        y[i] = op == KVR_OP_SCALE    ? v * s
+             : op == KVR_OP_SILU     ? v / (1.0f + expf(-v))
+             : op == KVR_OP_SOFTCAP  ? kvr_softcap_f32(v, s)
+             : op == KVR_OP_SIGMOID  ? kvr_sigmoid_f32(v)
+             : op == KVR_OP_SOFTPLUS ? kvr_softplus_f32(v)
+             : exact                 ? kvr_gelu_tanh(v) : kvr_gelu_ggml(v, gelu_table);
+    }
+}
+
+// SSM_CONV: a thread per channel, its window sliding over the tokens in order (kvr.h's
+// kvr_ssm_conv_out), the last K-1 inputs left in the state
+static __global__ void k_ssm_conv(cu_tensor x, const float * w, int K, float * state, int fresh, cu_tensor d) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, C = x.ne[0];
+    if (c >= C) return;
+    float win[KVR_SSM_CONV_MAX_K];
+    float * st = state + c * (K - 1);
+    for (int i = 0; i < K - 1; i++) win[i] = fresh ? 0.0f : st[i];
+    for (int64_t t = 0; t < x.ne[1]; t++) {
+        win[K - 1] = ((const float *)(x.data + t * x.nb[1]))[c];
+        ((float *)(d.data + t * d.nb[1]))[c] = kvr_ssm_conv_out(win, w + c * K, K);
+        for (int i = 0; i + 1 < K; i++) win[i] = win[i + 1];
+    }
+    for (int i = 0; i < K - 1; i++) st[i] = win[i];
+}
+
+// GDN: a block per value head, a thread per row of its state (kvr.h's kvr_gdn_row); per token the
+// first thread L2-normalises q and k into shared memory
+static __global__ void k_gdn(cu_tensor q, cu_tensor k, cu_tensor v, cu_tensor g, cu_tensor b, float * state, int fresh,
+                             float eps, cu_tensor d) {
+    extern __shared__ float qk[];
+    const int64_t h = blockIdx.x, Dk = q.ne[0], Hk = q.ne[1], Dv = v.ne[0], T = v.ne[2];
+    float * qn = qk, * kn = qk + Dk, * S = state + h * Dv * Dk;
+    const float scale = 1.0f / sqrtf((float)Dv);
+    for (int64_t j = threadIdx.x; j < Dv && fresh; j += blockDim.x) {
+        for (int64_t i = 0; i < Dk; i++) S[j * Dk + i] = 0.0f;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            kvr_gdn_l2_norm((const float *)(q.data + (h % Hk) * q.nb[1] + t * q.nb[2]), qn, (int)Dk, eps);
+            kvr_gdn_l2_norm((const float *)(k.data + (h % Hk) * k.nb[1] + t * k.nb[2]), kn, (int)Dk, eps);
+        }
+        __syncthreads();
+        const float eg = expf(((const float *)(g.data + t * g.nb[1]))[h]), beta = ((const float *)(b.data + t * b.nb[1]))[h];
+        const float * vr = (const float *)(v.data + h * v.nb[1] + t * v.nb[2]);
+        float * o = (float *)(d.data + h * d.nb[1] + t * d.nb[2]);
+        for (int64_t j = threadIdx.x; j < Dv; j += blockDim.x) o[j] = kvr_gdn_row(S + j * Dk, kn, qn, (int)Dk, eg, beta, vr[j]) * scale;
     }
 }
 
@@ -1562,6 +1605,27 @@ static int op_unary(struct cu_backend * cb, struct kvr_tensor * node) {
     return KVR_OK;
 }
 
+static int op_ssm_conv(struct cu_backend * cb, struct kvr_tensor * node) {
+    const struct kvr_tensor * x = node->src[0], * w = node->src[1];
+    if (x->ne[1] == 0 || x->ne[0] == 0) return KVR_OK;
+    k_ssm_conv<<<cu_blocks(x->ne[0], 128), 128, 0, cb->compute>>>(cu_t(x), (const float *)w->data, (int)w->ne[0],
+        (float *)node->src[2]->data, node->op_params[0], cu_t(node));
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
+static int op_gdn(struct cu_backend * cb, struct kvr_tensor * node) {
+    const struct kvr_tensor * q = node->src[0], * v = node->src[2];
+    if (v->ne[1] == 0) return KVR_OK;
+    float eps;
+    memcpy(&eps, &node->op_params[1], sizeof(eps));
+    k_gdn<<<(unsigned)v->ne[1], cu_threads_for(v->ne[0]), 2 * (size_t)q->ne[0] * sizeof(float), cb->compute>>>(
+        cu_t(q), cu_t(node->src[1]), cu_t(v), cu_t(node->src[3]), cu_t(node->src[4]), (float *)node->src[5]->data,
+        node->op_params[0], eps, cu_t(node));
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
 static int op_norm(struct cu_backend * cb, struct kvr_tensor * node) {
     const struct kvr_tensor * a = node->src[0];
     const int64_t rows = kvr_nrows(a);
@@ -2005,9 +2069,16 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
         case KVR_OP_SILU:
         case KVR_OP_GELU:
         case KVR_OP_SOFTCAP:
+        case KVR_OP_SIGMOID:
+        case KVR_OP_SOFTPLUS:
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:
             return a->type == KVR_TYPE_F32 && a->nb[0] == 4;
+        case KVR_OP_SSM_CONV:
+            return a->type == KVR_TYPE_F32 && a->nb[0] == 4 && t->src[1]->type == KVR_TYPE_F32 && kvr_is_contiguous(t->src[1]) &&
+                   t->src[1]->ne[0] <= KVR_SSM_CONV_MAX_K && kvr_is_contiguous(t->src[2]);
+        case KVR_OP_GDN:   // q and k normalised in shared memory: 2 * d_k floats
+            return a->ne[0] <= 4096 && kvr_is_contiguous(t->src[5]);
         case KVR_OP_MUL_MAT: {
             const struct kvr_tensor * x = t->src[1];
             if (!cu_type_ok(a->type) || x->type != KVR_TYPE_F32 || a->ne[0] % kvr_blck_size(a->type) != 0) return false;
@@ -2042,6 +2113,7 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
         case KVR_OP_ALL_TO_ALL:
             return true;
         case KVR_OP_ATTN_BLOCK:  // a strategy pass rewrites it; it never reaches a backend
+        case KVR_OP_GDN_BLOCK:
         case KVR_OP_COUNT:
             return false;
     }
@@ -2062,6 +2134,10 @@ static int cu_compute_node(struct cu_backend * cb, struct kvr_tensor * t) {
         case KVR_OP_SILU:
         case KVR_OP_GELU:
         case KVR_OP_SOFTCAP:    return op_unary(cb, t);
+        case KVR_OP_SIGMOID:
+        case KVR_OP_SOFTPLUS:   return op_unary(cb, t);
+        case KVR_OP_SSM_CONV:   return op_ssm_conv(cb, t);
+        case KVR_OP_GDN:        return op_gdn(cb, t);
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:       return op_norm(cb, t);
         case KVR_OP_MUL_MAT:    return op_mul_mat(cb, t);
@@ -2081,6 +2157,7 @@ static int cu_compute_node(struct cu_backend * cb, struct kvr_tensor * t) {
         case KVR_OP_ALL_GATHER:
         case KVR_OP_ALL_TO_ALL:
         case KVR_OP_ATTN_BLOCK:
+        case KVR_OP_GDN_BLOCK:
         case KVR_OP_COUNT:      break;
     }
     return kvr_error(KVR_ERR_UNSUPP, "%s: no kernel for op %s (node '%s')", cb->name, kvr_op_name((enum kvr_op)t->op), t->name);

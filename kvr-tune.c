@@ -293,6 +293,10 @@ int kvr_tune_model_from(const struct kvr_model * mdl, struct kvr_tune_model * ou
     if (m.n_layer <= 0 || m.n_head <= 0 || m.n_head_kv <= 0 || m.head_dim <= 0) {
         return kvr_error(KVR_ERR_ARG, "model '%s' has no layers or heads", mdl->path);
     }
+    m.n_recurrent = (int)hp->n_recurrent;
+    memcpy(m.recurrent, hp->recurrent, sizeof(m.recurrent));
+    m.state_floats = (double)kvr_hp_state_floats(hp);
+    m.rec_floats = (double)hp->ssm_dt_rank * hp->ssm_d_state * hp->ssm_d_state;
     // bytes per weight element, from the matrices of the first layer as stored
     double bytes = 0.0, elems = 0.0;
     if (mdl->layers) {
@@ -347,6 +351,11 @@ static int runs_total(const struct runs * r) {
 static struct runs runs_range(int start, int len) {
     struct runs r = { .n = len > 0 ? 1 : 0, .start = { start, 0 }, .len = { len, 0 } };
     return r;
+}
+
+// tokens of chunk c of the ring's 2N (kvr_ring_shard's split)
+static int chunk_tokens(int T, int N, int c) {
+    return (int)((int64_t)T * (c + 1) / (2 * N)) - (int)((int64_t)T * c / (2 * N));
 }
 
 // the ring shard of rank i: chunks i and 2N-1-i of 2N (kvr_ring_shard's split)
@@ -440,7 +449,13 @@ struct tok_costs {
     double ffn;     // FFN norm, FFN, residual
     double ffn1;    // the same for one token (the owner's last layer keeps only the last row)
     double logits;  // final norm and output row of one token (the owner, once)
+    double rec;     // a recurrent layer's recurrence over the tokens: each token reads and writes the
+                    //   state about four times (decay, k, update, q), token after token
 };
+
+static bool sim_recurrent(const struct kvr_tune_model * m, int l) {
+    return m->n_recurrent > 0 && ((m->recurrent[l >> 6] >> (l & 63)) & 1);
+}
 
 static double elem_time(const struct kvr_tune_profile * hw, double n) {
     return n * hw->elem_bytes / hw->mem_bw;
@@ -474,6 +489,7 @@ static void token_costs(const struct kvr_tune_model * m, const struct kvr_tune_p
     c->q      = mm_time(m, hw, T, E, qd) + elem_time(hw, 2 * T * qd);
     c->oproj  = mm_time(m, hw, T, qd, E) + elem_time(hw, 3 * T * E);
     c->ffn    = ffn_time(m, hw, T);
+    c->rec    = elem_time(hw, 4 * T * m->rec_floats);
 }
 
 // tokens per query tile: a GQA-packing kernel fills its rows with the heads of fewer tokens
@@ -617,6 +633,13 @@ static int64_t per_layer(int64_t x, int layers_run) {
     return layers_run > 0 ? x : 0;
 }
 
+// the layers whose attention runs on a rank: the attention layers (a hybrid's recurrent ones have
+// none), less the last layer on a rank without the output
+static int attn_layers_run(const struct sim * S, bool all) {
+    const int L = S->m->n_layer;
+    return L - S->m->n_recurrent - (!all && !sim_recurrent(S->m, L - 1) ? 1 : 0);
+}
+
 // single, tsp, kvr: contiguous slices; rank r attends over keys [0, kend(r))
 static void sim_chain(struct sim * S) {
     const struct kvr_tune_plan * P = S->plan;
@@ -634,7 +657,7 @@ static void sim_chain(struct sim * S) {
         int64_t d, c;
         attn_pairs(&q, &k, tile_tokens(S->m, S->hw), S->hw->attn_tile_k, P->attn_mode, &d, &c);
         at[r] = attn_time(S->m, S->hw, d); // the kernel's time follows what it computes
-        const int ran = r == S->owner ? L : L - 1;
+        const int ran = attn_layers_run(S, r == S->owner);
         R->attn_dot_dense = per_layer(d, ran);
         R->attn_dot_causal = per_layer(c, ran);
         if (tsp) {
@@ -644,11 +667,30 @@ static void sim_chain(struct sim * S) {
             R->kv_rows_sent = r < N - 1 && acc > 0 ? 2LL * acc : 0;
             R->kv_rows_recv = r > 0 && s[r] > 0 ? 2LL * s[r] : 0;
         }
-        R->bytes_sent = (int64_t)(R->kv_rows_sent * S->kvd * eb) * L;
-        R->bytes_recv = (int64_t)(R->kv_rows_recv * S->kvd * eb) * L;
+        const int La = L - S->m->n_recurrent; // layers with attention and K/V rows
+        R->bytes_sent = (int64_t)(R->kv_rows_sent * S->kvd * eb) * La;
+        R->bytes_recv = (int64_t)(R->kv_rows_recv * S->kvd * eb) * La;
+        // the recurrent layers: one state from r-1 and one on to r+1 (a rank without tokens relays it)
+        const int64_t sb = (int64_t)(S->m->state_floats * 4) * S->m->n_recurrent;
+        if (N > 1 && r < N - 1 && acc > 0) R->bytes_sent += sb;
+        if (N > 1 && r > 0 && s[r] > 0) R->bytes_recv += sb;
         run_for(S, r, S->tc[r].embed);
     }
     for (int l = 0; l < L; l++) {
+        if (sim_recurrent(S->m, l)) {
+            // the chain of states, tsp's too: rank r's recurrence starts when r-1's has ended and
+            // its state arrived; the projections before it overlap the wait
+            double arrive = 0.0;
+            for (int r = 0; r < N; r++) {
+                struct kvr_tune_rank * R = &S->out->ranks[r];
+                run_for(S, r, S->hw->layer_overhead + S->tc[r].pre_kv + S->tc[r].q);
+                if (r > 0 && s[r] > 0) wait_until(R, &S->cur[r], arrive);
+                run_for(S, r, S->tc[r].rec);
+                if (r < N - 1 && s[r] + S->cnt[r] > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, S->cur[r], S->m->state_floats * 4);
+                if (layer_full(S, r, l)) run_for(S, r, layer_post(S, r, l));
+            }
+            continue;
+        }
         if (tsp) {
             for (int r = 0; r < N; r++) run_for(S, r, S->hw->layer_overhead + S->tc[r].pre_kv);
             // two collectives, K then V: every rank sends its rows to every other as soon as it
@@ -729,33 +771,76 @@ static void sim_ring(struct sim * S) {
             at[i * N + j] = attn_time(S->m, S->hw, d);
         }
         // pass-Q: the all-to-all needs every partial, so every rank attends in every layer
-        const int ran = passq || i == S->owner ? L : L - 1;
+        const int ran = attn_layers_run(S, passq || i == S->owner);
         R->attn_dot_dense = per_layer(dsum, ran);
         R->attn_dot_causal = per_layer(csum, ran);
+        const int La = L - S->m->n_recurrent; // the K/V (or Q) traffic is the attention layers'
+        const bool hybrid = S->m->n_recurrent > 0;
         // what crosses the wires (the totals kvr_rank_stats keeps, positions included)
         for (int j = 1; j < N; j++) {
             const int sent = S->cnt[(i + N - j + 1) % N], got = S->cnt[(i + N - j) % N];
             if (passq) {
-                R->bytes_sent += (int64_t)(sent * qd * eb) * L + 4LL * sent;
-                R->bytes_recv += (int64_t)(got * qd * eb) * L + 4LL * got;
+                R->bytes_sent += (int64_t)(sent * qd * eb) * La + 4LL * sent;
+                R->bytes_recv += (int64_t)(got * qd * eb) * La + 4LL * got;
             } else {
                 R->kv_rows_sent += 2LL * sent;
                 R->kv_rows_recv += 2LL * got;
-                R->bytes_sent += (int64_t)(2.0 * sent * S->kvd * eb) * L + 4LL * sent;
-                R->bytes_recv += (int64_t)(2.0 * got * S->kvd * eb) * L + 4LL * got;
+                R->bytes_sent += (int64_t)(2.0 * sent * S->kvd * eb) * La + 4LL * sent;
+                R->bytes_recv += (int64_t)(2.0 * got * S->kvd * eb) * La + 4LL * got;
             }
         }
         if (passq) {
             const double row = qd * eb + H * 4; // outputs, then one f32 log-sum-exp per head
             for (int s = 0; s < N; s++) {
                 if (s == i) continue;
-                R->bytes_sent += (int64_t)(S->cnt[s] * row) * L;
-                R->bytes_recv += (int64_t)(S->cnt[i] * row) * L;
+                R->bytes_sent += (int64_t)(S->cnt[s] * row) * La;
+                R->bytes_recv += (int64_t)(S->cnt[i] * row) * La;
             }
+        }
+        if (hybrid) {
+            // the states: chunk c's rank hands its state to chunk c+1's (kvr-comm.c's pass_gdn_ring,
+            // empty chunks passed over), then the last chunk's rank to every other rank
+            const int64_t sb = (int64_t)(S->m->state_floats * 4) * S->m->n_recurrent;
+            int prev = -1, last = -1;
+            for (int c = 0; c < 2 * N; c++) {
+                if (chunk_tokens(T, N, c) == 0) continue;
+                const int h = c < N ? c : 2 * N - 1 - c;
+                if (prev >= 0 && prev != h) {
+                    if (prev == i) R->bytes_sent += sb;
+                    if (h == i) R->bytes_recv += sb;
+                }
+                prev = last = h;
+            }
+            if (last == i) R->bytes_sent += sb * (N - 1);
+            else if (last >= 0) R->bytes_recv += sb;
         }
         run_for(S, i, S->tc[i].embed);
     }
     for (int l = 0; l < L; l++) {
+        if (sim_recurrent(S->m, l)) {
+            // the 2N chunks in token order, each rank's recurrence over its chunk after the state
+            // of the chunk before arrived; the final state's copies to every rank are off the path
+            for (int i = 0; i < N; i++) run_for(S, i, S->hw->layer_overhead + S->tc[i].pre_kv + S->tc[i].q);
+            double arrive = 0.0;
+            int prev = -1;
+            for (int c = 0; c < 2 * N; c++) {
+                const int n = chunk_tokens(T, N, c), h = c < N ? c : 2 * N - 1 - c;
+                if (n == 0) continue;
+                if (prev >= 0 && prev != h) wait_until(&S->out->ranks[h], &S->cur[h], arrive);
+                run_for(S, h, S->tc[h].rec * n / (S->cnt[h] > 0 ? S->cnt[h] : 1));
+                arrive = S->cur[h];
+                const int nx = c + 1 < 2 * N ? c + 1 : -1;
+                if (nx >= 0) {
+                    const int hn = nx < N ? nx : 2 * N - 1 - nx;
+                    if (hn != h) arrive = link_xfer(&S->L, S->out, h, hn, S->cur[h], S->m->state_floats * 4);
+                }
+                prev = h;
+            }
+            for (int i = 0; i < N; i++) {
+                if (layer_full(S, i, l)) run_for(S, i, layer_post(S, i, l));
+            }
+            continue;
+        }
         for (int i = 0; i < N; i++) {
             run_for(S, i, S->hw->layer_overhead + S->tc[i].pre_kv + S->tc[i].store + (passq ? S->tc[i].q : 0.0));
             ready[i * N + 0] = S->cur[i];

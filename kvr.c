@@ -1295,6 +1295,14 @@ struct kvr_tensor * kvr_softcap(struct kvr_context * ctx, struct kvr_tensor * a,
     return t;
 }
 
+struct kvr_tensor * kvr_sigmoid(struct kvr_context * ctx, struct kvr_tensor * a) {
+    return unary_op(ctx, KVR_OP_SIGMOID, a);
+}
+
+struct kvr_tensor * kvr_softplus(struct kvr_context * ctx, struct kvr_tensor * a) {
+    return unary_op(ctx, KVR_OP_SOFTPLUS, a);
+}
+
 struct kvr_tensor * kvr_mul_mat(struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x) {
     KVR_ASSERT(w->ne[0] == x->ne[0] && w->ne[2] == 1 && w->ne[3] == 1);
     KVR_ASSERT(x->type == KVR_TYPE_F32 && x->nb[0] == sizeof(float));
@@ -1505,8 +1513,93 @@ struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * a
     return kvr_view_2d(ctx, attn, attn->ne[0] - n_head, attn->ne[1], attn->nb[1], 0);
 }
 
+int64_t kvr_gdn_state_floats(const struct kvr_gdn_shape * sh) {
+    const int64_t C = 2 * (int64_t)sh->n_k * sh->d_k + (int64_t)sh->n_v * sh->d_v;
+    return (int64_t)(sh->d_conv - 1) * C + (int64_t)sh->n_v * sh->d_v * sh->d_k;
+}
+
+struct kvr_tensor * kvr_gdn_block(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * conv,
+                                  struct kvr_tensor * g, struct kvr_tensor * beta, const struct kvr_gdn_shape * sh) {
+    const int64_t C = 2 * (int64_t)sh->n_k * sh->d_k + (int64_t)sh->n_v * sh->d_v, T = x->ne[1];
+    KVR_ASSERT(x->type == KVR_TYPE_F32 && x->ne[0] == C && x->nb[0] == sizeof(float) && x->ne[2] == 1);
+    KVR_ASSERT(conv->type == KVR_TYPE_F32 && conv->ne[0] == sh->d_conv && conv->ne[1] == C);
+    KVR_ASSERT(g->ne[0] == sh->n_v && g->ne[1] == T && beta->ne[0] == sh->n_v && beta->ne[1] == T);
+    KVR_ASSERT(sh->n_v % sh->n_k == 0 && sh->d_k == sh->d_v && sh->d_conv >= 1);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_GDN_BLOCK, KVR_TYPE_F32, sh->d_v, sh->n_v, T, 1);
+    t->src[0] = x;
+    t->src[1] = conv;
+    t->src[2] = g;
+    t->src[3] = beta;
+    const int32_t p[6] = { sh->il, sh->d_conv, sh->n_k, sh->d_k, sh->n_v, sh->d_v };
+    memcpy(t->op_params, p, sizeof(p));
+    set_param_f32(t, 6, sh->eps);
+    return t;
+}
+
+void kvr_gdn_block_shape(const struct kvr_tensor * block, struct kvr_gdn_shape * sh) {
+    KVR_ASSERT(block->op == KVR_OP_GDN_BLOCK);
+    const int32_t * p = block->op_params;
+    *sh = (struct kvr_gdn_shape){ .il = p[0], .d_conv = p[1], .n_k = p[2], .d_k = p[3], .n_v = p[4], .d_v = p[5],
+                                  .eps = get_param_f32(block, 6) };
+}
+
+struct kvr_tensor * kvr_ssm_conv(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * w,
+                                 struct kvr_tensor * state, bool fresh) {
+    const int64_t C = x->ne[0], K = w->ne[0];
+    KVR_ASSERT(x->type == KVR_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[2] == 1 && x->ne[3] == 1);
+    KVR_ASSERT(w->type == KVR_TYPE_F32 && w->ne[1] == C && w->nb[0] == sizeof(float));
+    KVR_ASSERT(state->type == KVR_TYPE_F32 && kvr_is_contiguous(state) && kvr_nelements(state) == (K - 1) * C);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_SSM_CONV, KVR_TYPE_F32, C, x->ne[1], 1, 1);
+    t->src[0] = x;
+    t->src[1] = w;
+    t->src[2] = state;
+    t->op_params[0] = fresh;
+    return t;
+}
+
+struct kvr_tensor * kvr_gdn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k, struct kvr_tensor * v,
+                            struct kvr_tensor * g, struct kvr_tensor * beta, struct kvr_tensor * state, float eps, bool fresh) {
+    const int64_t Dk = q->ne[0], Hk = q->ne[1], Dv = v->ne[0], Hv = v->ne[1], T = v->ne[2];
+    KVR_ASSERT(q->type == KVR_TYPE_F32 && k->type == KVR_TYPE_F32 && v->type == KVR_TYPE_F32);
+    KVR_ASSERT(q->nb[0] == 4 && k->nb[0] == 4 && v->nb[0] == 4 && g->nb[0] == 4 && beta->nb[0] == 4);
+    KVR_ASSERT(k->ne[0] == Dk && k->ne[1] == Hk && q->ne[2] == T && k->ne[2] == T && Hv % Hk == 0);
+    KVR_ASSERT(g->ne[0] == Hv && g->ne[1] == T && beta->ne[0] == Hv && beta->ne[1] == T);
+    KVR_ASSERT(state->type == KVR_TYPE_F32 && kvr_is_contiguous(state) && kvr_nelements(state) == Hv * Dv * Dk);
+    struct kvr_tensor * t = new_node(ctx, KVR_OP_GDN, KVR_TYPE_F32, Dv, Hv, T, 1);
+    t->src[0] = q;
+    t->src[1] = k;
+    t->src[2] = v;
+    t->src[3] = g;
+    t->src[4] = beta;
+    t->src[5] = state;
+    t->op_params[0] = fresh;
+    set_param_f32(t, 1, eps);
+    return t;
+}
+
+struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_tensor * block, int64_t t0, int64_t n,
+                                    struct kvr_tensor * state, bool fresh, struct kvr_tensor * dep) {
+    struct kvr_gdn_shape sh;
+    kvr_gdn_block_shape(block, &sh);
+    struct kvr_tensor * x = block->src[0], * g = block->src[2], * beta = block->src[3];
+    const int64_t C = x->ne[0], nc = (int64_t)(sh.d_conv - 1) * C;
+    KVR_ASSERT(t0 >= 0 && n >= 1 && t0 + n <= x->ne[1] && kvr_nelements(state) == kvr_gdn_state_floats(&sh));
+    struct kvr_tensor * xs = kvr_view_2d(ctx, x, C, n, x->nb[1], (size_t)t0 * x->nb[1]);
+    struct kvr_tensor * cs = kvr_view_1d(ctx, state, nc, 0);
+    struct kvr_tensor * ss = kvr_view_1d(ctx, state, kvr_gdn_state_floats(&sh) - nc, (size_t)nc * sizeof(float));
+    struct kvr_tensor * c = kvr_set_name(kvr_ssm_conv(ctx, xs, block->src[1], cs, fresh), "blk.%d.ssm_conv", sh.il);
+    c->src[3] = dep;
+    const size_t fk = (size_t)sh.d_k * sizeof(float);
+    struct kvr_tensor * q = kvr_view_3d(ctx, c, sh.d_k, sh.n_k, n, fk, c->nb[1], 0);
+    struct kvr_tensor * k = kvr_view_3d(ctx, c, sh.d_k, sh.n_k, n, fk, c->nb[1], (size_t)sh.n_k * fk);
+    struct kvr_tensor * v = kvr_view_3d(ctx, c, sh.d_v, sh.n_v, n, (size_t)sh.d_v * sizeof(float), c->nb[1], 2 * (size_t)sh.n_k * fk);
+    struct kvr_tensor * gs = kvr_view_2d(ctx, g, sh.n_v, n, g->nb[1], (size_t)t0 * g->nb[1]);
+    struct kvr_tensor * bs = kvr_view_2d(ctx, beta, sh.n_v, n, beta->nb[1], (size_t)t0 * beta->nb[1]);
+    return kvr_set_name(kvr_gdn(ctx, q, k, v, gs, bs, ss, sh.eps, fresh), "blk.%d.gdn", sh.il);
+}
+
 static const char * const tag_kind_names[KVR_TAG_KIND_COUNT] = {
-    "K", "V", "key positions", "Q", "query positions", "partial attention", "logits",
+    "K", "V", "key positions", "Q", "query positions", "partial attention", "logits", "recurrent state",
 };
 
 const char * kvr_tag_kind_name(int kind) {
@@ -1923,6 +2016,15 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
         struct kvr_tensor * t = g->nodes[i];
         if (t->op == KVR_OP_ATTN_BLOCK) pass_single_block(ctx, t, cache, n_past, kpos, mode);
     }
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (t->op != KVR_OP_GDN_BLOCK) continue;
+        struct kvr_tensor * st = cache->state ? cache->state[t->op_params[0]] : NULL;
+        KVR_ASSERT(st != NULL && "a recurrent layer's cache has its state");
+        kvr_replace_node(t, kvr_gdn_segment(ctx, t, 0, t->ne[2], st, n_past == 0, NULL),
+                         n_past == 0 ? "single: the recurrence from the zero state; the cache's state becomes its end"
+                                     : "single: the recurrence on from the cache's state, updated in place");
+    }
     kvr_graph_rebuild(g); // the stores are reachable only through the rewritten nodes
 }
 
@@ -2141,8 +2243,8 @@ static int check_buffer(struct kvr_backend * be, const struct kvr_tensor * node,
 int kvr_backend_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
-        if (t->op == KVR_OP_ATTN_BLOCK) {
-            return kvr_error(KVR_ERR_ARG, "graph node '%s' is an ATTN_BLOCK: run a strategy pass first", t->name);
+        if (t->op == KVR_OP_ATTN_BLOCK || t->op == KVR_OP_GDN_BLOCK) {
+            return kvr_error(KVR_ERR_ARG, "graph node '%s' is an %s: run a strategy pass first", t->name, kvr_op_name(t->op));
         }
         if (!node_is_noop(t) && !t->data) {
             return kvr_error(KVR_ERR_ARG, "graph node '%s' has no memory: plan and place the graph first", t->name);
@@ -2397,6 +2499,8 @@ static void ref_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                     y[i] = dst->op_params[0] ? kvr_gelu_tanh(x[i]) : kvr_gelu_ggml(x[i], NULL);
                     break;
                 case KVR_OP_SOFTCAP: y[i] = (float)(s * tanh((double)x[i] / s)); break;
+                case KVR_OP_SIGMOID:  y[i] = (float)(1.0 / (1.0 + exp(-(double)x[i]))); break;
+                case KVR_OP_SOFTPLUS: y[i] = x[i] > 20.0f ? x[i] : (float)log1p(exp((double)x[i])); break;
                 default:           KVR_ASSERT(!"not a unary op");
             }
         }
@@ -2663,6 +2767,76 @@ static void ref_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * dst)
     }
 }
 
+// SSM_CONV in double: each channel's taps over its history, then SiLU.
+static void ref_ssm_conv(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * x = dst->src[0], * w = dst->src[1];
+    float * state = dst->src[2]->data;
+    const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0];
+    const bool fresh = dst->op_params[0];
+    int64_t c0, c1;
+    row_range(C, p->ith, p->nth, &c0, &c1);
+    for (int64_t c = c0; c < c1; c++) {
+        const float * wc = row_ptr(w, c, 0, 0);
+        float * st = state + c * (K - 1);
+        for (int64_t t = 0; t < T; t++) {
+            double sum = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t j = t - (K - 1) + k; // the input's token; < 0: from the state
+                const float xv = j >= 0 ? ((const float *)row_ptr(x, j, 0, 0))[c] : fresh ? 0.0f : st[K - 1 + j];
+                sum += (double)wc[k] * xv;
+            }
+            ((float *)row_ptr(dst, t, 0, 0))[c] = (float)(sum / (1.0 + exp(-sum)));
+        }
+        // the last K-1 inputs, the newest last (with fewer than K-1 tokens, some of the old ones)
+        for (int64_t i = 0; i < K - 1; i++) {
+            const int64_t j = T - (K - 1) + i;
+            st[i] = j >= 0 ? ((const float *)row_ptr(x, j, 0, 0))[c] : fresh ? 0.0f : st[i + T];
+        }
+    }
+}
+
+// GDN in double: every value head on its own, its state as floats between tokens (as stored).
+static void ref_gdn(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * g = dst->src[3], * b = dst->src[4];
+    float * state = dst->src[5]->data;
+    const int64_t Dk = q->ne[0], Hk = q->ne[1], Dv = v->ne[0], Hv = v->ne[1], T = v->ne[2];
+    const double eps = get_param_f32(dst, 1), scale = 1.0 / sqrt((double)Dk);
+    KVR_ASSERT((size_t)(4 * Dk) <= p->wsize);
+    double * qn = (double *)p->wdata, * kn = qn + Dk;
+    int64_t h0, h1;
+    row_range(Hv, p->ith, p->nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++) {
+        float * S = state + h * Dv * Dk;
+        if (dst->op_params[0]) memset(S, 0, sizeof(float) * (size_t)(Dv * Dk));
+        for (int64_t t = 0; t < T; t++) {
+            const float * qr = row_ptr(q, h % Hk, t, 0), * kr = row_ptr(k, h % Hk, t, 0), * vr = row_ptr(v, h, t, 0);
+            double sq = 0.0, sk = 0.0;
+            for (int64_t i = 0; i < Dk; i++) {
+                sq += (double)qr[i] * qr[i];
+                sk += (double)kr[i] * kr[i];
+            }
+            for (int64_t i = 0; i < Dk; i++) {
+                qn[i] = qr[i] / sqrt(sq + eps);
+                kn[i] = kr[i] / sqrt(sk + eps);
+            }
+            const double eg = exp((double)((const float *)row_ptr(g, t, 0, 0))[h]);
+            const double beta = ((const float *)row_ptr(b, t, 0, 0))[h];
+            float * o = row_ptr(dst, h, t, 0);
+            for (int64_t j = 0; j < Dv; j++) {
+                float * s = S + j * Dk;
+                double kd = 0.0, od = 0.0;
+                for (int64_t i = 0; i < Dk; i++) kd += eg * s[i] * kn[i];
+                const double d = beta * (vr[j] - kd);
+                for (int64_t i = 0; i < Dk; i++) {
+                    s[i] = (float)(eg * s[i] + kn[i] * d);
+                    od += (double)s[i] * qn[i];
+                }
+                o[j] = (float)(od * scale);
+            }
+        }
+    }
+}
+
 // Floats of scratch every thread needs to run g's nodes through the reference kernels.
 static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
     size_t need = 1024;
@@ -2672,6 +2846,7 @@ static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
         if (t->op == KVR_OP_MUL_MAT) n = ref_mul_mat_floats(t->src[0]->ne[0], q8_act && ref_quantized(t->src[0]->type));
         if (t->op == KVR_OP_ATTN)    n = ref_attn_floats(t->src[0]->ne[0], t->src[1]->ne[2]);
         if (t->op == KVR_OP_MUL_MAT_ID) n = ref_mul_mat_id_floats(t->src[0]->ne[0], q8_act && ref_quantized(t->src[0]->type));
+        if (t->op == KVR_OP_GDN)     n = 4 * (size_t)t->src[0]->ne[0];
         if (n > need) need = n;
     }
     return need;
@@ -2814,6 +2989,12 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 break;
             case KVR_OP_SOFTCAP:
                 for (int64_t i = 0; i < n; i++) y[i] = kvr_softcap_f32(x[i], s);
+                break;
+            case KVR_OP_SIGMOID:
+                for (int64_t i = 0; i < n; i++) y[i] = kvr_sigmoid_f32(x[i]);
+                break;
+            case KVR_OP_SOFTPLUS:
+                for (int64_t i = 0; i < n; i++) y[i] = kvr_softplus_f32(x[i]);
                 break;
             default:
                 KVR_ASSERT(!"not a unary op");
@@ -5617,6 +5798,83 @@ static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * d
     }
 }
 
+// SSM_CONV: threads take channels; each channel's window of K inputs slides over its history
+// (the state, or zeros when fresh) and then the batch, summed in GGML's order (oldest tap first,
+// f32), then SiLU; the last K-1 inputs become the channel's state.
+static void cpu_op_ssm_conv(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * x = dst->src[0], * w = dst->src[1];
+    float * state = dst->src[2]->data;
+    const int64_t C = x->ne[0], T = x->ne[1], K = w->ne[0];
+    KVR_ASSERT(K >= 1 && K <= KVR_SSM_CONV_MAX_K);
+    const bool fresh = dst->op_params[0];
+    int64_t c0, c1;
+    row_range(C, p->ith, p->nth, &c0, &c1);
+    for (int64_t c = c0; c < c1; c++) {
+        const float * wc = row_ptr(w, c, 0, 0);
+        float * st = state + c * (K - 1);
+        float win[KVR_SSM_CONV_MAX_K];
+        for (int64_t i = 0; i < K - 1; i++) win[i] = fresh ? 0.0f : st[i];
+        for (int64_t t = 0; t < T; t++) {
+            win[K - 1] = ((const float *)row_ptr(x, t, 0, 0))[c];
+            ((float *)row_ptr(dst, t, 0, 0))[c] = kvr_ssm_conv_out(win, wc, (int)K);
+            memmove(win, win + 1, sizeof(float) * (size_t)(K - 1));
+        }
+        memcpy(st, win, sizeof(float) * (size_t)(K - 1));
+    }
+}
+
+// One row of a head's state through one token: kvr.h's kvr_gdn_row, with AVX2 8 lanes at a time
+// (the sums in 8 partial sums, as GGML's vector dots make them: another order than the scalar one).
+static float gdn_row(float * s, const float * k, const float * q, int n, float eg, float beta, float v) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (n % 8 == 0) {
+        const __m256 g8 = _mm256_set1_ps(eg);
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < n; i += 8) {
+            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + i), g8);
+            _mm256_storeu_ps(s + i, x);
+            acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + i), acc);
+        }
+        const __m256 d8 = _mm256_set1_ps((v - mv_hsum(acc)) * beta);
+        acc = _mm256_setzero_ps();
+        for (int i = 0; i < n; i += 8) {
+            const __m256 x = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), d8, _mm256_loadu_ps(s + i));
+            _mm256_storeu_ps(s + i, x);
+            acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(q + i), acc);
+        }
+        return mv_hsum(acc);
+    }
+#endif
+    return kvr_gdn_row(s, k, q, n, eg, beta, v);
+}
+
+// GDN: threads take value heads; a head's state stays in place while its tokens go through it
+// row by row (gdn_row), q and k L2-normalised into the scratch first. The recurrent form, token by
+// token, as llama.cpp's CPU op: its work is O(T) and a small part of a layer's (Qwen3.5-0.8B's
+// shapes: about 1% of the projections' FLOPs), so the chunked form brings the CPU nothing.
+static void cpu_op_gdn(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * g = dst->src[3], * b = dst->src[4];
+    float * state = dst->src[5]->data;
+    const int64_t Dk = q->ne[0], Hk = q->ne[1], Dv = v->ne[0], Hv = v->ne[1], T = v->ne[2];
+    const float eps = get_param_f32(dst, 1), scale = 1.0f / sqrtf((float)Dv);
+    KVR_ASSERT((size_t)(2 * Dk) <= p->wsize);
+    float * qn = p->wdata, * kn = qn + Dk;
+    int64_t h0, h1;
+    row_range(Hv, p->ith, p->nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++) {
+        float * S = state + h * Dv * Dk;
+        if (dst->op_params[0]) memset(S, 0, sizeof(float) * (size_t)(Dv * Dk));
+        for (int64_t t = 0; t < T; t++) {
+            kvr_gdn_l2_norm(row_ptr(q, h % Hk, t, 0), qn, (int)Dk, eps);
+            kvr_gdn_l2_norm(row_ptr(k, h % Hk, t, 0), kn, (int)Dk, eps);
+            const float eg = expf(((const float *)row_ptr(g, t, 0, 0))[h]), beta = ((const float *)row_ptr(b, t, 0, 0))[h];
+            const float * vr = row_ptr(v, h, t, 0);
+            float * o = row_ptr(dst, h, t, 0);
+            for (int64_t j = 0; j < Dv; j++) o[j] = gdn_row(S + j * Dk, kn, qn, (int)Dk, eg, beta, vr[j]) * scale;
+        }
+    }
+}
+
 // The one dispatch point of the CPU backend: an op's reference kernel when they are asked for
 // (p->ref), else its fast one.
 static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t) {
@@ -5628,6 +5886,10 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_SILU:
         case KVR_OP_GELU:
         case KVR_OP_SOFTCAP:    if (p->ref) ref_unary(p, t);   else cpu_op_unary(p, t);   break;
+        case KVR_OP_SIGMOID:
+        case KVR_OP_SOFTPLUS:   if (p->ref) ref_unary(p, t);   else cpu_op_unary(p, t);   break;
+        case KVR_OP_SSM_CONV:   if (p->ref) ref_ssm_conv(p, t); else cpu_op_ssm_conv(p, t); break;
+        case KVR_OP_GDN:        if (p->ref) ref_gdn(p, t);     else cpu_op_gdn(p, t);     break;
         case KVR_OP_RMS_NORM:
         case KVR_OP_NORM:       if (p->ref) ref_norm(p, t);    else cpu_op_norm(p, t);    break;
         case KVR_OP_MUL_MAT:    if (p->ref) ref_mul_mat(p, t); else cpu_op_mul_mat(p, t); break;
@@ -5647,6 +5909,7 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_ALL_GATHER:
         case KVR_OP_ALL_TO_ALL:
         case KVR_OP_ATTN_BLOCK:
+        case KVR_OP_GDN_BLOCK:
         case KVR_OP_COUNT:      KVR_ASSERT(!"op cannot run on the CPU backend");
     }
 }
@@ -5832,6 +6095,7 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             const size_t n = mm_id_scratch_floats(t, n_threads, q8_act);
             if (n > need) need = n;
         }
+        if (t->op == KVR_OP_GDN && (size_t)(2 * t->src[0]->ne[0]) > need) need = (size_t)(2 * t->src[0]->ne[0]);
         if (t->op == KVR_OP_ATTN) {
             const int64_t D = t->src[0]->ne[0], G = t->src[0]->ne[1] / t->src[1]->ne[1];
             const size_t rows = (size_t)(kvr_attn_tile_tokens(G) * G);
@@ -5901,7 +6165,8 @@ static const char * cpu_name(struct kvr_backend * be) { (void)be; return "cpu"; 
 static bool cpu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t) {
     (void)be;
     switch (t->op) {
-        case KVR_OP_ATTN_BLOCK: return false;
+        case KVR_OP_ATTN_BLOCK:
+        case KVR_OP_GDN_BLOCK:  return false;
         case KVR_OP_MUL_MAT:
         case KVR_OP_GET_ROWS:   return kvr_type_supported(t->src[0]->type);
         default:                return (unsigned)t->op < KVR_OP_COUNT;
@@ -9497,13 +9762,24 @@ int kvr_chat_tokenize(const struct kvr_vocab * v, const char * tmpl, const struc
 // 15. KV cache
 //
 
+int64_t kvr_hp_state_floats(const struct kvr_hparams * hp) {
+    if (hp->n_recurrent == 0) return 0;
+    const struct kvr_gdn_shape sh = {
+        .d_conv = (int)hp->ssm_d_conv, .n_k = (int)hp->ssm_n_group, .d_k = (int)hp->ssm_d_state,
+        .n_v = (int)hp->ssm_dt_rank, .d_v = (int)hp->ssm_d_state,
+    };
+    return kvr_gdn_state_floats(&sh);
+}
+
 struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be) {
     const int kv_dim = (int)(hp->head_dim * hp->n_head_kv);
-    // every layer's K and V in one buffer, each at an aligned offset
+    // every layer's K and V in one buffer, each at an aligned offset, then the recurrent layers' states
     const size_t one = ((size_t)kv_dim * (size_t)n_ctx * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
-    const size_t bytes = (size_t)2 * hp->n_layer * one;
+    const int64_t n_state = kvr_hp_state_floats(hp);
+    const size_t one_state = ((size_t)n_state * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
+    const size_t bytes = (size_t)2 * hp->n_layer * one + (size_t)hp->n_recurrent * one_state;
     struct kvr_kv_cache * c = kvr_calloc(1, sizeof(*c));
-    c->ctx = kvr_init((size_t)(2 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), true);
+    c->ctx = kvr_init((size_t)(3 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), true);
     c->buf = c->ctx ? kvr_backend_alloc_buffer(be, bytes) : NULL;
     if (!c->buf) {
         char msg[sizeof(kvr_errbuf)];
@@ -9524,6 +9800,15 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx,
         kvr_buffer_place(c->buf, c->k[il], (2 * (size_t)il) * one);
         kvr_buffer_place(c->buf, c->v[il], (2 * (size_t)il + 1) * one);
     }
+    c->n_state = n_state;
+    c->state = n_state ? kvr_calloc(hp->n_layer, sizeof(struct kvr_tensor *)) : NULL;
+    size_t at = (size_t)2 * hp->n_layer * one;
+    for (uint32_t il = 0; il < hp->n_layer && n_state; il++) {
+        if (!kvr_layer_recurrent(hp, (int)il)) continue;
+        c->state[il] = kvr_set_name(kvr_new_tensor_1d(c->ctx, KVR_TYPE_F32, n_state), "cache_state.%u", il);
+        kvr_buffer_place(c->buf, c->state[il], at);
+        at += one_state;
+    }
     // cleared now, so the first prefill does not pay for faulting the cache's pages in
     kvr_buffer_clear(c->buf, 0);
     return c;
@@ -9535,6 +9820,7 @@ void kvr_kv_cache_free(struct kvr_kv_cache * c) {
     kvr_free(c->ctx);
     free(c->k);
     free(c->v);
+    free(c->state);
     free(c);
 }
 
@@ -9557,6 +9843,15 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
     if (v) kvr_backend_tensor_set(c->v[il], v, row * (size_t)row0, row * (size_t)n);
 }
 
+void kvr_kv_cache_get_state(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, float * out) {
+    KVR_ASSERT(il >= 0 && il < c->n_layer && c->state && c->state[il] && c->buf->backend == be);
+    kvr_backend_tensor_get(c->state[il], out, 0, sizeof(float) * (size_t)c->n_state);
+}
+
+void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, int il, const float * in) {
+    KVR_ASSERT(il >= 0 && il < c->n_layer && c->state && c->state[il] && c->buf->backend == be);
+    kvr_backend_tensor_set(c->state[il], in, 0, sizeof(float) * (size_t)c->n_state);
+}
 
 //
 // 16. KV cache files (kvr.h, "KV cache files"): the writer a save or a stream feeds layer by layer,
@@ -9793,6 +10088,8 @@ struct kvr_kv_writer {
     int       n_layer, kv_dim, n_shards, chunk_rows;
     int     * rows;       // per shard
     int       next_layer, next_shard;
+    const struct kvr_hparams * hp; // which layers are recurrent
+    int       next_state;          // the recurrent layer whose state comes next (n_layer: done)
     bool      logits;
     int       n_vocab;
     int64_t   bytes;
@@ -9855,11 +10152,14 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     w->logits   = lay->logits;
     w->n_vocab  = (int)m->hp.n_vocab;
     w->rows     = kvr_calloc((size_t)lay->n_shards, sizeof(int));
+    w->hp       = &m->hp;
+    w->next_state = 0;
+    while (w->next_state < w->n_layer && !kvr_layer_recurrent(w->hp, w->next_state)) w->next_state++;
 
     uint8_t h[KVR_KV_FILE_HEADER] = { 0 };
     memcpy(h, "KVRCACHE", 8);
     put_u32(h + 8, KVR_KV_FILE_VERSION);
-    put_u32(h + 12, lay->logits ? KVR_KV_FILE_LOGITS : 0);
+    put_u32(h + 12, (lay->logits ? KVR_KV_FILE_LOGITS : 0) | (m->hp.n_recurrent ? KVR_KV_FILE_STATE : 0));
     uint32_t fp[KVH_COUNT] = { 0 };
     kv_fingerprint(m, fp);
     fp[KVH_TOKENS]    = (uint32_t)lay->n_tokens;
@@ -9919,6 +10219,19 @@ int kvr_kv_writer_layer(struct kvr_kv_writer * w, int il, int shard, const float
     return w->rc;
 }
 
+int kvr_kv_writer_state(struct kvr_kv_writer * w, int il, const float * state) {
+    KVR_ASSERT(w->next_layer == w->n_layer && il == w->next_state); // after the layers, recurrent ones in order
+    uint8_t ch[8];
+    const int64_t n = kvr_hp_state_floats(w->hp);
+    put_u32(ch, (uint32_t)il);
+    put_u32(ch + 4, (uint32_t)n);
+    kvw_write(w, ch, sizeof(ch));
+    kvw_write(w, state, sizeof(float) * (size_t)n);
+    kvw_write_crc(w, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), state, sizeof(float) * (size_t)n));
+    do w->next_state++; while (w->next_state < w->n_layer && !kvr_layer_recurrent(w->hp, w->next_state));
+    return w->rc;
+}
+
 int64_t kvr_kv_writer_bytes(const struct kvr_kv_writer * w) { return w->bytes; }
 
 void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
@@ -9930,7 +10243,7 @@ void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
 }
 
 int kvr_kv_writer_close(struct kvr_kv_writer * w, const float * logits) {
-    KVR_ASSERT(w->next_layer == w->n_layer); // every layer written
+    KVR_ASSERT(w->next_layer == w->n_layer && w->next_state >= w->n_layer); // every layer and state written
     KVR_ASSERT(!w->logits || logits != NULL);
     if (w->logits) {
         const size_t nb = sizeof(float) * (size_t)w->n_vocab;
@@ -10004,6 +10317,8 @@ void kvr_kv_file_free(struct kvr_kv_file * f) {
         free(sh->pos);
     }
     free(f->shards);
+    for (int il = 0; f->state && il < f->n_layer; il++) free(f->state[il]);
+    free(f->state);
     free(f->tokens);
     free(f->logits);
     free(f);
@@ -10042,9 +10357,14 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                          path, KVH_OFFSET(KVH_CRC), get_u32(h + KVH_OFFSET(KVH_CRC)), crc);
     }
     f->flags = get_u32(h + 12);
-    if (f->flags & ~(uint32_t)KVR_KV_FILE_LOGITS) {
+    const uint32_t known = KVR_KV_FILE_LOGITS | KVR_KV_FILE_STATE;
+    if (f->flags & ~known) {
         return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know (0x%x)", path, f->flags,
-                         f->flags & ~(uint32_t)KVR_KV_FILE_LOGITS);
+                         f->flags & ~known);
+    }
+    if (!(f->flags & KVR_KV_FILE_STATE) != !m->hp.n_recurrent) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the file %s recurrent states, the model %s has %u recurrent layers", path,
+                         f->flags & KVR_KV_FILE_STATE ? "holds" : "holds no", m->path, m->hp.n_recurrent);
     }
     uint32_t hv[KVH_COUNT];
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
@@ -10150,6 +10470,8 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
         need += (int64_t)f->n_layer * 2 * (chunks * 24 + n * f->kv_dim * (int64_t)sizeof(float));
     }
     if (f->flags & KVR_KV_FILE_LOGITS) need += 4 * (int64_t)m->hp.n_vocab + 4;
+    f->n_state = kvr_hp_state_floats(&m->hp);
+    if (f->flags & KVR_KV_FILE_STATE) need += (int64_t)m->hp.n_recurrent * (12 + 4 * f->n_state);
     struct stat st;
     if (fstat(fileno(r->f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size != need) {
         return kvr_error(KVR_ERR_FORMAT, "%s: %s: the file has %lld bytes, its header and shard table make %lld", path,
@@ -10191,6 +10513,25 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                 }
             }
         }
+    }
+    if (f->flags & KVR_KV_FILE_STATE) f->state = kvr_calloc((size_t)f->n_layer, sizeof(float *));
+    for (int il = 0; il < f->n_layer && (f->flags & KVR_KV_FILE_STATE); il++) {
+        if (!kvr_layer_recurrent(&m->hp, il)) continue;
+        const int64_t at = r->off;
+        uint8_t ch[8];
+        char what[64];
+        snprintf(what, sizeof(what), "the recurrent state of layer %d", il);
+        rc = kvrd_read(r, ch, sizeof(ch), what);
+        if (rc != KVR_OK) return rc;
+        if (get_u32(ch) != (uint32_t)il || get_u32(ch + 4) != (uint32_t)f->n_state) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: %s: layer %u of %u floats, layer %d of %lld expected", path,
+                             (long long)at, what, get_u32(ch), get_u32(ch + 4), il, (long long)f->n_state);
+        }
+        f->state[il] = kvr_malloc(sizeof(float) * (size_t)f->n_state);
+        const size_t nb = sizeof(float) * (size_t)f->n_state;
+        rc = kvrd_read(r, f->state[il], nb, what);
+        if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), f->state[il], nb), what);
+        if (rc != KVR_OK) return rc;
     }
     if (f->flags & KVR_KV_FILE_LOGITS) {
         f->logits = kvr_malloc(sizeof(float) * m->hp.n_vocab);
@@ -10475,6 +10816,7 @@ static int load_embeddings(struct kvr_model * m, bool norm_bias) {
 #include "models/phi3.c"
 #include "models/gemma2.c"
 #include "models/moe.c"
+#include "models/qwen35.c"
 
 static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_LLAMA]  = { "llama",  KVR_ARCH_LLAMA,  llama_load,  llama_build  },
@@ -10486,6 +10828,7 @@ static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_GEMMA2] = { "gemma2", KVR_ARCH_GEMMA2, gemma2_load, gemma2_build },
     [KVR_ARCH_QWEN3MOE] = { "qwen3moe", KVR_ARCH_QWEN3MOE, qwen3moe_load, qwen3moe_build },
     [KVR_ARCH_GPTOSS]   = { "gpt-oss",  KVR_ARCH_GPTOSS,   gptoss_load,   gptoss_build   },
+    [KVR_ARCH_QWEN35] = { "qwen35", KVR_ARCH_QWEN35, qwen35_load, qwen35_build },
 };
 
 // The weight tensors of a model whose hyper-parameters are read, placed in m->weights (at their
@@ -10670,6 +11013,10 @@ void kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap) {
     if (n >= 0 && (size_t)n < cap && hp->rope_ext_factor != 0.0f) {
         n += snprintf(buf + n, cap - (size_t)n, ", YaRN x%g", (double)(1.0f / hp->rope_freq_scale));
     }
+    if (n >= 0 && (size_t)n < cap && hp->n_recurrent) {
+        n += snprintf(buf + n, cap - (size_t)n, ", %u of %u layers Gated DeltaNet (state %lld floats each)", hp->n_recurrent,
+                      hp->n_layer, (long long)kvr_hp_state_floats(hp));
+    }
     if (n >= 0 && (size_t)n < cap && m->rope_freqs) n += snprintf(buf + n, cap - (size_t)n, ", RoPE frequency factors");
     if (n >= 0 && (size_t)n < cap && m->rope_long) n += snprintf(buf + n, cap - (size_t)n, ", LongRoPE factors");
     if (n >= 0 && (size_t)n < cap && hp->attn_softcap > 0.0f) {
@@ -10762,6 +11109,8 @@ static int eval_compute_buffer(struct kvr_eval * ev, struct kvr_graph * g, size_
 // Whether an eval is one token of the plain single pass (see kvr_eval_reuse in kvr.h).
 static bool eval_reusable(const struct kvr_eval * ev) {
     if (!ev->reuse || ev->pass || ev->no_model || ev->graph_out || ev->capture || ev->n_tokens != 1 || ev->n_kpos != ev->n_past + 1) return false;
+    // a recurrent layer's first token starts from the zero state, which a kept graph does not
+    if (ev->n_past == 0 && ev->model->hp.n_recurrent > 0) return false;
     for (uint32_t il = 0; il < ev->model->hp.n_layer; il++) {
         if (ev->model->layers[il].window > 0) return false;
     }
@@ -10923,9 +11272,11 @@ int kvr_eval_run(struct kvr_eval * ev) {
 
     // inputs in, compute, outputs out
     if (!ev->no_model) {
-        kvr_backend_tensor_set(b.tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)n);
-        kvr_backend_tensor_set(b.pos, ev->pos, 0, sizeof(int32_t) * (size_t)n);
-        kvr_backend_tensor_set(kpos, ev->kpos, 0, sizeof(int32_t) * (size_t)ev->n_kpos);
+        // an input no node reads is not placed: the key positions of a rank without the output
+        // whose sinks reach no attention (a hybrid model whose last attention is after its sends)
+        if (b.tokens->buffer) kvr_backend_tensor_set(b.tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)n);
+        if (b.pos->buffer) kvr_backend_tensor_set(b.pos, ev->pos, 0, sizeof(int32_t) * (size_t)n);
+        if (kpos->buffer) kvr_backend_tensor_set(kpos, ev->kpos, 0, sizeof(int32_t) * (size_t)ev->n_kpos);
     }
     kvr_backend_counters(ev->backend, NULL, true);
     int rc = kvr_backend_graph_compute(ev->backend, g);

@@ -276,12 +276,18 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
                    /* (op_params[0] 1: the same formula in f32, kvr_gelu_exact)              */ \
     X(SOFTCAP)     /* cap * tanh(x / cap): Gemma 2's final logit soft-capping                */ \
     X(SWIGLU_OAI)  /* gpt-oss's clamped SwiGLU of gate src0 and up src1                      */ \
+    X(SIGMOID)     /* 1 / (1 + exp(-x))                                                      */ \
+    X(SOFTPLUS)    /* log(1 + exp(x)), x itself above 20 (GGML's)                            */ \
     X(CPY)         /* copy src0 into src1's memory (f32 -> f32/f16); result is a view of src1 */ \
     X(ATTN_BLOCK)  /* high level: causal attention of q over every key up to it. A strategy  */ \
                    /* pass rewrites it; it never reaches a backend                           */ \
     X(KV_STORE)    /* write new K or V rows (src0) into the cache view src1                  */ \
     X(ATTN)        /* attention of q over k/v at absolute positions; output O and LSE        */ \
     X(MERGE_ATTN)  /* combine partial attention outputs by their log-sum-exp                 */ \
+    X(GDN_BLOCK)   /* high level: a Gated DeltaNet layer's recurrence over this batch, its   */ \
+                   /* state left to a strategy pass (which rewrites it); never on a backend  */ \
+    X(SSM_CONV)    /* short causal depthwise convolution + SiLU over a carried state         */ \
+    X(GDN)         /* the gated delta rule over a carried state, per value head              */ \
     X(SEND)        /* send src0 to a peer rank (asynchronous; completes by the graph's end)  */ \
     X(RECV)        /* receive into src0's memory from a peer (posted when the graph starts)  */ \
     X(ALL_GATHER)  /* every rank's block of rows lands in every rank's copy (src1's memory)  */ \
@@ -387,7 +393,8 @@ struct kvr_tensor * kvr_mul_mat_id(struct kvr_context * ctx, struct kvr_tensor *
                                    struct kvr_tensor * route, struct kvr_tensor * b);
 // out[:, t] = sum over j in order of w_jt y[:, j, t]: y [N, k, T], route as above. result [N, T]
 struct kvr_tensor * kvr_moe_sum(struct kvr_context * ctx, struct kvr_tensor * y, struct kvr_tensor * route);
-struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
+struct kvr_tensor * kvr_sigmoid  (struct kvr_context * ctx, struct kvr_tensor * a);
+struct kvr_tensor * kvr_softplus (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 // a contiguous f32 copy of a (for instance of a strided view into a fused QKV projection)
 struct kvr_tensor * kvr_cont     (struct kvr_context * ctx, struct kvr_tensor * a);
@@ -449,6 +456,50 @@ struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor *
 // The output part of an ATTN or MERGE_ATTN result: a view [head_dim*n_head, Tq].
 struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * attn, int n_head);
 
+// Gated DeltaNet, the linear-attention layers of Qwen3.5 (llama.cpp's qwen35 graph). Such a layer
+// keeps a state instead of K/V rows: the last d_conv-1 inputs of its convolution, then one
+// d_k x d_v matrix per value head (kvr_gdn_state_floats). The shapes of one layer:
+struct kvr_gdn_shape {
+    int   il;       // the layer
+    int   d_conv;   // convolution kernel size (ssm.conv_kernel)
+    int   n_k, d_k; // key heads (ssm.group_count) and their size (ssm.state_size)
+    int   n_v, d_v; // value heads (ssm.time_step_rank) and their size (d_k: llama.cpp requires it)
+    float eps;      // of the L2 norms of q and k
+};
+// High-level recurrence of layer sh->il over this batch, what the model's graph holds; a strategy
+// pass rewrites it into kvr_gdn_segment's nodes over the state it chooses, as ATTN_BLOCK.
+//   x     [C, T] f32: each token's mixed projection q | k | v, C = 2*n_k*d_k + n_v*d_v (rows may be strided)
+//   conv  [d_conv, C] f32: the depthwise convolution (ssm_conv1d)
+//   g     [n_v, T] f32: each value head's log decay, softplus(alpha + dt_bias) * ssm_a (negative)
+//   beta  [n_v, T] f32: each value head's write strength, sigmoid(W_beta x)
+// result: the output o [d_v, n_v, T] of every value head.
+struct kvr_tensor * kvr_gdn_block(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * conv,
+                                  struct kvr_tensor * g, struct kvr_tensor * beta, const struct kvr_gdn_shape * sh);
+void    kvr_gdn_block_shape(const struct kvr_tensor * block, struct kvr_gdn_shape * sh);
+int64_t kvr_gdn_state_floats(const struct kvr_gdn_shape * sh);
+// Tokens [t0, t0+n) of a GDN_BLOCK as nodes over state [kvr_gdn_state_floats] f32, updated in
+// place: before, the state after token t0-1 (fresh: the zero state of an empty sequence, whatever
+// state holds); after, the state after token t0+n-1. dep (optional): a node that must run first
+// (the receive that filled state, or the segment before on the same state). Returns o
+// [d_v, n_v, n] (the GDN node, after the SSM_CONV node it reads); readers of the new state depend on it.
+struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_tensor * block, int64_t t0, int64_t n,
+                                    struct kvr_tensor * state, bool fresh, struct kvr_tensor * dep);
+// The two kernels of a segment, each updating its part of the state in place (src[2] / src[5]):
+// SSM_CONV: x [C, T] (rows may be strided), w [d_conv, C], state [(d_conv-1)*C] f32 (channel c's
+//   last d_conv-1 inputs at [c*(d_conv-1)], oldest first). result [C, T]:
+//   silu(sum_k w[k, c] * x[t-d_conv+1+k, c]), the inputs before t = 0 taken from the state.
+// GDN: q, k [d_k, n_k, T], v [d_v, n_v, T] (rows may be strided), g, beta [n_v, T], state
+//   [n_v * d_v * d_k] f32 (head h's matrix S at [h*d_v*d_k], stored transposed: S[i][j] at [j*d_k + i]).
+//   Value head h uses key head h % n_k (llama.cpp's converter orders the value heads so). q and k
+//   are L2-normalised first (x / sqrt(sum x^2 + eps)); then per token S = e^g S, d = beta (v - S^T k),
+//   S += k d^T, o = S^T q / sqrt(d_k). result [d_v, n_v, T].
+// op_params: SSM_CONV [0] fresh; GDN [0] fresh, [1] eps (f32 bits). SSM_CONV's src[3] may hold a
+// node it must run after (kvr_gdn_segment's dep).
+struct kvr_tensor * kvr_ssm_conv(struct kvr_context * ctx, struct kvr_tensor * x, struct kvr_tensor * w,
+                                 struct kvr_tensor * state, bool fresh);
+struct kvr_tensor * kvr_gdn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k, struct kvr_tensor * v,
+                            struct kvr_tensor * g, struct kvr_tensor * beta, struct kvr_tensor * state, float eps, bool fresh);
+
 // Communication nodes (executed through the backend's struct kvr_comm; see "backends" and "sessions").
 // tag: what the message is (layer, kind, step): kvr_tag() packs it, and errors name it.
 //   send:       src goes to rank peer. Its memory is kept alive until the graph ends.
@@ -467,6 +518,7 @@ struct kvr_tensor * kvr_all_to_all(struct kvr_context * ctx, struct kvr_tensor *
 
 enum kvr_tag_kind {
     KVR_TAG_K = 0, KVR_TAG_V, KVR_TAG_KPOS, KVR_TAG_Q, KVR_TAG_QPOS, KVR_TAG_PARTIAL, KVR_TAG_LOGITS,
+    KVR_TAG_STATE, // a recurrent layer's state (kvr_kv_cache.state) handed on
     KVR_TAG_KIND_COUNT,
 };
 static inline int kvr_tag(int layer, enum kvr_tag_kind kind, int step) { return (layer << 12) | ((int)kind << 8) | (step & 0xff); }
@@ -515,6 +567,8 @@ void kvr_graph_rebuild(struct kvr_graph * g);
 //
 // The single-rank strategy: every ATTN_BLOCK becomes KV_STORE(k), KV_STORE(v) into the cache at
 // positions [n_past, n_past + T) and ATTN(q, cache[0 : n_past + T]). kpos must hold 0..n_past+T-1.
+// Every GDN_BLOCK becomes its recurrence over the layer's state in the cache (from the zero state
+// when n_past is 0), updated in place.
 struct kvr_kv_cache;
 void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * cache,
                      int n_past, struct kvr_tensor * kpos, enum kvr_attn_mode mode);
@@ -985,6 +1039,7 @@ enum kvr_arch {
     KVR_ARCH_GEMMA2   = 6, // soft-capped attention scores and logits, alternating windows, post norms
     KVR_ARCH_QWEN3MOE = 7, // qwen3's attention, a mixture-of-experts FFN (softmax, top-k, renormalised)
     KVR_ARCH_GPTOSS   = 8, // gpt-oss: alternating sliding window, attention sinks, YaRN, biases, MoE
+    KVR_ARCH_QWEN35   = 9, // Qwen3.5: Gated DeltaNet layers beside gated full-attention layers
     KVR_ARCH_COUNT,
 };
 
@@ -1015,7 +1070,22 @@ struct kvr_hparams {
     uint32_t n_expert;      // expert_count
     uint32_t n_expert_used; // expert_used_count: experts per token
     uint32_t n_ff_exp;      // expert_feed_forward_length: one expert's FFN width
+    // Gated DeltaNet layers (qwen35; all 0 in a model without them). Which layers they are:
+    // kvr_layer_recurrent. Such a layer keeps a state of kvr_hp_state_floats floats per sequence.
+    uint32_t ssm_d_conv;    // ssm.conv_kernel
+    uint32_t ssm_d_state;   // ssm.state_size: the size of a key head and of a value head
+    uint32_t ssm_n_group;   // ssm.group_count: key heads
+    uint32_t ssm_dt_rank;   // ssm.time_step_rank: value heads
+    uint32_t n_recurrent;   // how many layers are recurrent
+    uint64_t recurrent[64]; // bit il: layer il is a Gated DeltaNet layer (block_count <= 4096)
 };
+
+static inline bool kvr_layer_recurrent(const struct kvr_hparams * hp, int il) {
+    return (hp->recurrent[il >> 6] >> (il & 63)) & 1;
+}
+// the state of one recurrent layer, in floats (0 without recurrent layers): the convolution's
+// last ssm_d_conv-1 inputs of every channel, then a d x d matrix per value head
+int64_t kvr_hp_state_floats(const struct kvr_hparams * hp);
 
 // Tensor pointers only: kvr_model_to_backend copies a layer field by field as an array.
 struct kvr_layer {
@@ -1033,6 +1103,8 @@ struct kvr_layer {
     struct kvr_tensor * ffn_gate_inp, * ffn_gate_inp_b;
     struct kvr_tensor * ffn_gate_exps, * ffn_up_exps, * ffn_down_exps;
     struct kvr_tensor * ffn_gate_exps_b, * ffn_up_exps_b, * ffn_down_exps_b; // [out, n_expert] (gpt-oss)
+    // Gated DeltaNet (qwen35): wqkv is the mixed q|k|v projection, ssm_gate the output gate z
+    struct kvr_tensor * ssm_gate, * ssm_conv1d, * ssm_dt_b, * ssm_a, * ssm_beta, * ssm_alpha, * ssm_norm, * ssm_out;
     // what differs between layers of one model (gemma3: local and global layers)
     uint32_t window;        // sliding-window attention: the last `window` positions (0: all)
     float    rope_base, rope_scale;
@@ -1105,6 +1177,10 @@ struct kvr_kv_cache {
     struct kvr_buffer  * buf;        // every layer's K and V, cleared to zero when made
     struct kvr_tensor ** k;
     struct kvr_tensor ** v;
+    // recurrent layers (kvr_layer_recurrent): each its state [n_state] f32 in buf (NULL for the
+    // others), the state after the last cached token; their K and V are never written
+    int64_t              n_state;    // kvr_hp_state_floats (0: no recurrent layer)
+    struct kvr_tensor ** state;
 };
 
 struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be);
@@ -1116,6 +1192,9 @@ void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * 
                            float * k, float * v);
 void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
                            const float * k, const float * v);
+// A recurrent layer's state (n_state floats) out of and into the cache, through its backend.
+void kvr_kv_cache_get_state(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, float * out);
+void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, int il, const float * in);
 
 //
 // KV cache files: a cache (or the shards of a sharded one) and its tokens, on disk.
@@ -1141,6 +1220,10 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
 //                  layers: layer by layer, shard by shard, K rows then V rows in chunks of at most
 //                  "rows per chunk" rows: (layer, shard, 0 = K | 1 = V, first row, rows) u32,
 //                  rows x kv_dim f32, then a CRC32C over the chunk's header and data
+//                  flag STATE: each recurrent layer's state, in layer order: (layer, floats) u32,
+//                  the state f32 (kvr_kv_cache.state: the state after the last token), then a
+//                  CRC32C over the header and the data; the file of a model with recurrent layers
+//                  always has it (one state: every shard's rank holds the same)
 //                  flag LOGITS: the last token's logits, n_vocab f32, then their CRC32C
 //
 // A whole cache has 1 rank and 1 shard whose positions are 0..n_tokens-1. A sharded one (the
@@ -1152,6 +1235,7 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
 
 enum kvr_kv_file_flag {
     KVR_KV_FILE_LOGITS = 1, // the logits of the last token follow the layers
+    KVR_KV_FILE_STATE  = 2, // the recurrent layers' states follow the layers (an older kvr refuses the bit)
 };
 
 // CRC32C (Castagnoli), the checksum of the file's sections: crc = kvr_crc32c(0, data, n), or
@@ -1198,6 +1282,8 @@ struct kvr_kv_writer;
 int  kvr_kv_writer_open (struct kvr_kv_writer ** out, const char * path, const struct kvr_model * m,
                          const struct kvr_kv_layout * lay);
 int  kvr_kv_writer_layer(struct kvr_kv_writer * w, int il, int shard, const float * k, const float * v);
+// after the layers, a model with recurrent layers: each one's state (n_state floats), in layer order
+int  kvr_kv_writer_state(struct kvr_kv_writer * w, int il, const float * state);
 int  kvr_kv_writer_close(struct kvr_kv_writer * w, const float * logits); // frees w
 void kvr_kv_writer_abort(struct kvr_kv_writer * w);                        // frees w
 // Bytes written so far (the stream's size for --stats).
@@ -1225,6 +1311,8 @@ struct kvr_kv_file {
     struct kvr_kv_file_shard * shards;
     float                    * logits;  // n_vocab floats, or NULL without the LOGITS flag
     int64_t                    bytes;   // the file's size
+    int64_t                    n_state; // floats of a recurrent layer's state (0: none)
+    float                   ** state;   // per layer: a recurrent layer's state, NULL for the others
 };
 
 // KVR_ERR_IO (cannot open or read), KVR_ERR_FORMAT (malformed, damaged or truncated),
@@ -1386,6 +1474,8 @@ struct kvr_rank_stats {
     double  compute_ms;       // in all the nodes of its graphs but the transfers' (the rest of it: norms,
                               //   RoPE, copies, ...)
     int64_t replica_bytes;    // cache bytes this rank put into its replica on its successor (--replicate)
+    int64_t state_bytes_sent; // recurrent layers' states handed on (part of bytes_sent): per layer and
+    int64_t state_bytes_recv; //   rank boundary a constant, whatever the prompt's length
 };
 
 struct kvr_session;
@@ -1425,6 +1515,8 @@ void              kvr_session_reset(struct kvr_session * s);
 // cache's end are never read), so the session goes on with the next eval (local ranks; under MPI
 // the stopped eval ends the job, as any failed one). The stopped eval takes the request; off
 // withdraws one no eval took yet. Safe from a signal handler or another thread (it sets a flag).
+// A model with recurrent layers cannot give the batch back once its ranks computed (their states
+// move on in place): such a stopped or failed eval forgets every cached token, and its error says so.
 void              kvr_session_interrupt(struct kvr_session * s, bool on);
 int               kvr_session_rank(const struct kvr_session * s);    // this process's rank (local: 0)
 int               kvr_session_n_ranks(const struct kvr_session * s);
@@ -1443,7 +1535,8 @@ int               kvr_session_write_trace(const struct kvr_session * s, const ch
 // reset or a truncation).
 const int32_t *   kvr_session_tokens(const struct kvr_session * s);
 const float *     kvr_session_logits(const struct kvr_session * s);
-// Keep only the first n tokens of the cache (a ring cache spread over MPI processes cannot).
+// Keep only the first n tokens of the cache (a ring cache spread over MPI processes cannot; a model
+// with recurrent layers keeps all or none: KVR_ERR_UNSUPP, their state is known after the last only).
 int               kvr_session_truncate(struct kvr_session * s, int n);
 // Save the cache to a KV cache file. tsp, kvr and single hold the whole cache on the last rank:
 // one file of one shard, written by the process of that rank. ring-kv, ring-q and auto keep it
@@ -1637,6 +1730,12 @@ struct kvr_tune_model {
     int    n_vocab;
     int    n_ffn_mats;       // 3: gated FFN (llama: gate, up, down); 2: up, down (falcon)
     double weight_bytes;     // bytes per weight element; 0: the profile's
+    // recurrent layers (Gated DeltaNet, qwen35): no attention, a cost linear in the tokens and one
+    // state handed on per rank boundary, whatever the prompt's length (all 0: none)
+    int    n_recurrent;      // how many; which: bit il of recurrent
+    uint64_t recurrent[64];
+    double state_floats;     // a layer's state (kvr_hp_state_floats)
+    double rec_floats;       // the recurrence's state elements per token (value heads x d_k x d_v)
 };
 
 // Presets: "llama-7b", "llama-13b", "falcon-7b" (MQA), "tinyllama-1.1b" (GQA 32/4), optionally
@@ -2844,6 +2943,46 @@ static inline KVR_HD bool kvr_attn_visible(int32_t qp, int32_t kp, int64_t windo
 static inline KVR_HD int kvr_attn_tile(int mode, int32_t qmin, int32_t qmax, int32_t kmin, int32_t kmax, int64_t window) {
     if (mode == KVR_ATTN_CAUSAL && (kmin > qmax || (window > 0 && (int64_t)qmin - kmax >= window))) return 0;
     return kmax > qmin || (window > 0 && (int64_t)qmax - kmin >= window) ? 2 : 1;
+}
+
+// Gated DeltaNet (Qwen3.5's linear attention), in GGML's f32 arithmetic: sigmoid and softplus as
+// its unary ops, the L2 norm of q and k as llama.cpp forms it (an RMS norm with eps/n, then a
+// scale by 1/sqrt(n)), and one step of one row of a head's state.
+static inline KVR_HD float kvr_sigmoid_f32(float x)  { return 1.0f / (1.0f + expf(-x)); }
+static inline KVR_HD float kvr_softplus_f32(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+
+// one output of the short convolution: the taps over the window of K inputs, oldest first, summed
+// in order (ggml_ssm_conv's f32 sum), then SiLU
+#define KVR_SSM_CONV_MAX_K 16
+static inline KVR_HD float kvr_ssm_conv_out(const float * win, const float * w, int K) {
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) sum += win[k] * w[k];
+    return sum / (1.0f + expf(-sum));
+}
+
+static inline KVR_HD void kvr_gdn_l2_norm(const float * x, float * y, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps / (float)n), post = 1.0f / sqrtf((float)n);
+    for (int i = 0; i < n; i++) y[i] = x[i] * scale * post;
+}
+
+// Row j of a value head's transposed state (the column S[:, j], n = d_k floats) through one token:
+// it decays by eg = e^g, d = beta (v_j - S[:, j].k), S[:, j] += d k; returns S[:, j].q (the output
+// before its 1/sqrt(d_k)). The rows of a head are independent: a GPU thread can take one.
+static inline KVR_HD float kvr_gdn_row(float * s, const float * k, const float * q, int n, float eg, float beta, float v) {
+    float kd = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s[i] *= eg;
+        kd += s[i] * k[i];
+    }
+    const float d = (v - kd) * beta;
+    float o = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s[i] += k[i] * d;
+        o += s[i] * q[i];
+    }
+    return o;
 }
 
 #ifdef KVR_CUDA

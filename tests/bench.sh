@@ -12,7 +12,8 @@
 # moved between the two: this shared machine drifts (16% slower matmuls over one two-hour sitting).
 # Long: the parallel table at 1k..8k takes about two hours on 2 cores (3 runs a point up
 # to 4k, one at 8k: an 8k prefill takes minutes).
-# Then the overhead of streaming the cache to a file during a 2048-token prefill (--kv-stream),
+# Then a hybrid model (Qwen3.5-0.8B's shapes) on one rank and on two. Then the overhead of
+# streaming the cache to a file during a 2048-token prefill (--kv-stream),
 # of the replication logs (--replicate-dir) with the time a --resume takes, and what failover
 # costs (--replicate) and saves (a lost rank's recovery against recomputing).
 # KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX ("none" skips) and
@@ -91,6 +92,22 @@ if [ "${KVR_BENCH_MOE:-}" != none ]; then
     echo
     echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0 with 8-bit activations (--q8-act)"
     "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
+    echo
+fi
+
+# a hybrid: Qwen3.5-0.8B's layer shapes (kvr-gen --arch qwen35: Gated DeltaNet layers, every 4th
+# gated full attention) in Q8_0, prefill and decode on one rank, then the prefill on 2 ranks by
+# kvr (the states handed down the chain) and ring-kv (the states along the chunks).
+# KVR_BENCH_HYBRID (a kvr-gen qwen35 preset, default qwen3.5-0.8b; "none" skips).
+hybrid=${KVR_BENCH_HYBRID:-qwen3.5-0.8b}
+if [ "$hybrid" != none ]; then
+    hmodel=$dir/$hybrid-q8_0.gguf
+    [ -f "$hmodel" ] || "$build/kvr-gen" --arch qwen35 --preset "$hybrid" --type q8_0 --seed 1 -o "$hmodel"
+    echo "## a hybrid ($hybrid shapes, Q8_0): prefill and decode, single rank, 2 threads"
+    "$build/kvr-bench" -m "$hmodel" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo
+    echo "## a hybrid ($hybrid shapes, Q8_0): prefill on 2 ranks x 1 thread"
+    "$build/kvr-bench" -m "$hmodel" --ctx "${KVR_BENCH_HYBRID_CTX:-2048}" --strategy single,kvr,ring-kv --ranks 2 -t 1 -r 1
     echo
 fi
 

@@ -24,6 +24,13 @@
 //   P/D        prefill on N-1 ranks, decode on the last (every strategy, N = 2..4): the decode rank
 //              receives the whole cache, computes no prompt token, and continues as one rank does
 //              (same ids, logits within 1e-4; chain strategies: bit for bit as without P/D)
+//   hybrid     tiny-qwen35 (SHARED/reference/archs-next; Gated DeltaNet layers keep a state): saved
+//              after a prompt and 3 decoded tokens by single, tsp, kvr, ring-kv and ring-q on 1..3
+//              ranks (ring: gathered and a file per rank), loaded into a new session of the same
+//              kind, continues bit for bit; a gathered file into one rank continues with the same
+//              ids; swap to memory and to a file continues bit for bit; truncation keeps all or
+//              none (anything else refused, naming why); a damaged state is refused, naming it;
+//              streaming, P/D and replication are refused for it
 //   files      a symbolic link planted where a writer could put its temporary (PATH.part, the
 //              name writers once used) redirects neither a save nor a stream: its target is left
 //              as it was; 4 threads saving to one path at once, 30 times: every save succeeds and
@@ -637,6 +644,176 @@ static void test_dist(const struct kvr_model * m) {
     free(scratch);
 }
 
+// kvr_session_interrupt: asked for before an eval, that eval does not start (withdrawn, it does);
+// asked for during a prefill over 3 ranks on a slow emulated link, every rank stops well before
+// the prefill would end (not after --comm-timeout). Either way the session keeps nothing of the batch and its next
+// prefill gives the logits of one never interrupted, bit for bit.
+struct interrupted_eval {
+    struct kvr_session * s;
+    const int32_t      * ids;
+    int                  n;
+    const float        * logits;
+    char                 err[256];
+};
+
+static void * interrupted_eval_run(void * arg) {
+    struct interrupted_eval * e = arg;
+    e->logits = kvr_session_eval(e->s, e->ids, e->n);
+    snprintf(e->err, sizeof(e->err), "%s", e->logits ? "" : kvr_last_error());
+    return NULL;
+}
+
+//
+// a hybrid model: the recurrent layers' states travel with the cache
+//
+
+static void test_hybrid(const struct kvr_model * m) {
+    const int n_vocab = (int)m->hp.n_vocab, N = 6;
+    const enum kvr_strategy strats[] = { KVR_STRATEGY_SINGLE, KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV, KVR_STRATEGY_RING_Q };
+    float * la = malloc(sizeof(float) * (size_t)n_vocab * N), * lb = malloc(sizeof(float) * (size_t)n_vocab * N);
+    float * scratch = malloc(sizeof(float) * (size_t)n_vocab * 8);
+    for (size_t si = 0; si < sizeof(strats) / sizeof(strats[0]); si++) {
+        for (int nr = 1; nr <= 3; nr++) {
+            if (strats[si] == KVR_STRATEGY_SINGLE && nr > 1) continue;
+            const bool ring = strats[si] == KVR_STRATEGY_RING_KV || strats[si] == KVR_STRATEGY_RING_Q;
+            for (int per_rank = 0; per_rank < (ring ? 2 : 1); per_rank++) {
+                set_case("hybrid %s x%d%s: save after prompt + 3, load, continue %d", kvr_strategy_name(strats[si]), nr,
+                         per_rank ? " (a file per rank)" : "", N);
+                struct kvr_session * a = new_dist(m, strats[si], nr);
+                CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+                int32_t pre[3], ia[N], ib[N];
+                CHECK(dist_greedy(a, 3, pre, scratch, n_vocab), "decode: %s", kvr_last_error());
+                const char * path = tmp_path("hybrid.kv");
+                CHECK(kvr_session_kv_save(a, path, per_rank) == KVR_OK, "save: %s", kvr_last_error());
+                struct kvr_session * b = new_dist(m, strats[si], nr);
+                CHECK(kvr_session_eval(b, prompt + 3, 4) != NULL, "b's own tokens first");
+                CHECK(kvr_session_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
+                CHECK(dist_greedy(a, N, ia, la, n_vocab), "a continues: %s", kvr_last_error());
+                CHECK(dist_greedy(b, N, ib, lb, n_vocab), "b continues: %s", kvr_last_error());
+                CHECK(memcmp(ia, ib, sizeof(ia)) == 0, "restored ids differ");
+                CHECK(memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0, "restored logits differ (not bit-identical)");
+                CHECK(kvr_session_eval(b, prompt, 7) != NULL, "a second turn after the restore: %s", kvr_last_error());
+                kvr_session_free(b);
+                if (!per_rank) { // into one rank: the same states, the same ids
+                    struct kvr_session * s1 = new_session(m, 96);
+                    CHECK(kvr_session_kv_load(s1, path) == KVR_OK, "into a session: %s", kvr_last_error());
+                    int32_t is[4];
+                    float * ls = malloc(sizeof(float) * (size_t)n_vocab * 4);
+                    CHECK(run_greedy(s1, 4, is, ls, n_vocab), "the session continues");
+                    CHECK(memcmp(is, ia, sizeof(is)) == 0, "the session's continuation differs");
+                    free(ls);
+                    kvr_session_free(s1);
+                }
+                kvr_session_free(a);
+            }
+        }
+    }
+    set_case("hybrid: swap out and in");
+    for (int k = 0; k < 2; k++) {
+        struct kvr_session * a = new_dist(m, KVR_STRATEGY_RING_KV, 2), * c = new_dist(m, KVR_STRATEGY_RING_KV, 2);
+        CHECK(kvr_session_eval(a, prompt, N_PROMPT) && kvr_session_eval(c, prompt, N_PROMPT), "prefill: %s", kvr_last_error());
+        int32_t ia[N], ic[N];
+        CHECK(kvr_session_kv_swap_out(c, k ? tmp_path("hybrid-swap.kv") : NULL) == KVR_OK, "swap out: %s", kvr_last_error());
+        CHECK(kvr_session_kv_swap_in(c) == KVR_OK, "swap in: %s", kvr_last_error());
+        CHECK(dist_greedy(a, N, ia, la, n_vocab) && dist_greedy(c, N, ic, lb, n_vocab), "continue: %s", kvr_last_error());
+        CHECK(memcmp(ia, ic, sizeof(ia)) == 0 && memcmp(la, lb, sizeof(float) * (size_t)n_vocab * N) == 0,
+              "swap to %s: the continuation differs", k ? "a file" : "memory");
+        kvr_session_free(a);
+        kvr_session_free(c);
+    }
+    set_case("hybrid: truncation keeps all tokens or none");
+    {
+        struct kvr_session * a = new_session(m, 96);
+        const float * l0 = kvr_session_eval(a, prompt, N_PROMPT);
+        CHECK(l0 != NULL, "prefill: %s", kvr_last_error());
+        memcpy(la, l0, sizeof(float) * (size_t)n_vocab);
+        CHECK(kvr_session_truncate(a, 5) == KVR_ERR_UNSUPP && strstr(kvr_last_error(), "recurrent") &&
+              kvr_session_n_past(a) == N_PROMPT, "truncate to 5: %s", kvr_last_error());
+        printf("  hybrid truncate refused as it should: %s\n", kvr_last_error());
+        CHECK(kvr_session_truncate(a, N_PROMPT) == KVR_OK && kvr_session_truncate(a, 0) == KVR_OK, "truncate to all, to none");
+        const float * l1 = kvr_session_eval(a, prompt, N_PROMPT);
+        CHECK(l1 && memcmp(l1, la, sizeof(float) * (size_t)n_vocab) == 0, "after truncating to none the prompt gives other logits");
+        kvr_session_free(a);
+    }
+    set_case("hybrid: a damaged state is refused");
+    {
+        struct kvr_session * a = new_session(m, 96);
+        CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL && kvr_session_kv_save(a, tmp_path("hybrid.kv"), false) == KVR_OK,
+              "save: %s", kvr_last_error());
+        size_t n = 0;
+        uint8_t * b = read_all(tmp_path("hybrid.kv"), &n);
+        // the last state ends before the logits (n_vocab floats and a CRC): one bit of its data
+        const size_t at = n - 4 * (size_t)n_vocab - 4 - 4 - 64;
+        if (b && n > at) {
+            b[at] ^= 0x10;
+            write_all(tmp_path("hybrid-bad.kv"), b, n);
+            struct kvr_session * c = new_session(m, 96);
+            CHECK(kvr_session_kv_load(c, tmp_path("hybrid-bad.kv")) == KVR_ERR_FORMAT && strstr(kvr_last_error(), "recurrent state of layer 2"),
+                  "a flipped bit in the state: %s", kvr_last_error());
+            printf("  hybrid damage refused as it should: %s\n", kvr_last_error());
+            kvr_session_free(c);
+        }
+        free(b);
+        kvr_session_free(a);
+    }
+    set_case("hybrid: a failed eval");
+    {
+        // refused before it computes (past the context): the cache is kept and goes on as before
+        struct kvr_session * a = new_session(m, 32), * b = new_session(m, 32);
+        int32_t ids[40];
+        for (int i = 0; i < 40; i++) ids[i] = prompt[i % N_PROMPT];
+        CHECK(kvr_session_eval(a, prompt, N_PROMPT) && kvr_session_eval(b, prompt, N_PROMPT), "prefill: %s", kvr_last_error());
+        CHECK(kvr_session_eval(b, ids, 40) == NULL && kvr_session_n_past(b) == N_PROMPT, "40 more tokens in a context of 32: %s",
+              kvr_last_error());
+        const float * la1 = kvr_session_eval(a, prompt, 4);
+        if (la1) memcpy(la, la1, sizeof(float) * (size_t)n_vocab);
+        const float * lb1 = kvr_session_eval(b, prompt, 4);
+        CHECK(la1 && lb1 && memcmp(la, lb1, sizeof(float) * (size_t)n_vocab) == 0, "after the refused eval the cache differs");
+        kvr_session_free(a);
+        kvr_session_free(b);
+        // interrupted while it computes a second turn on a slow ring: the states had moved, so the
+        // cache is forgotten, said so, and the prompt again gives the first turn's logits, bit for bit
+        const struct kvr_session_params dp = { .strategy = KVR_STRATEGY_RING_KV, .n_ranks = 2, .n_threads = 1, .n_ctx = 96,
+                                               .link_gbps = 0.002, .timeout_s = 60 };
+        struct kvr_session * s = kvr_session_new(m, &dp);
+        const float * want = s ? kvr_session_eval(s, prompt, N_PROMPT) : NULL;
+        if (want) memcpy(la, want, sizeof(float) * (size_t)n_vocab);
+        CHECK(want != NULL, "the first turn: %s", kvr_last_error());
+        if (want) {
+            struct interrupted_eval e = { .s = s, .ids = ids, .n = 40 };
+            pthread_t th;
+            CHECK(pthread_create(&th, NULL, interrupted_eval_run, &e) == 0, "pthread_create");
+            const struct timespec wait = { 0, 150 * 1000 * 1000 }; // the turn takes about 0.7 s: 9 states at 250 kB/s
+            nanosleep(&wait, NULL);
+            kvr_session_interrupt(s, true);
+            pthread_join(th, NULL);
+            CHECK(e.logits == NULL && strstr(e.err, "interrupted") && strstr(e.err, "forgotten") && kvr_session_n_past(s) == 0,
+                  "the interrupted turn: %s, %d tokens kept", e.logits ? "it ended" : e.err, kvr_session_n_past(s));
+            if (verbose) printf("  %s\n", e.err);
+            const float * got = kvr_session_eval(s, prompt, N_PROMPT);
+            CHECK(got && memcmp(la, got, sizeof(float) * (size_t)n_vocab) == 0, "the prompt after the interrupt differs: %s",
+                  got ? "logits" : kvr_last_error());
+        }
+        kvr_session_free(s);
+    }
+    set_case("hybrid: streaming, P/D and replication refused");
+    {
+        const struct kvr_session_params ps[3] = {
+            { .n_ranks = 2, .strategy = KVR_STRATEGY_KVR, .kv_stream = tmp_path("hybrid-stream.kv") },
+            { .n_ranks = 2, .strategy = KVR_STRATEGY_KVR, .pd = true, .decode_rank = 1 },
+            { .n_ranks = 2, .strategy = KVR_STRATEGY_KVR, .replicate = true },
+        };
+        for (int i = 0; i < 3; i++) {
+            struct kvr_session * d = kvr_session_new(m, &ps[i]);
+            CHECK(d == NULL && strstr(kvr_last_error(), "recurrent layers"), "params %d: accepted, or '%s'", i, kvr_last_error());
+            kvr_session_free(d);
+        }
+    }
+    free(la);
+    free(lb);
+    free(scratch);
+}
+
 //
 // streaming during the prefill, and prefill/decode disaggregation
 //
@@ -780,25 +957,6 @@ static void test_swap_ranks(const struct kvr_model * m) {
         free(lc);
         kvr_session_free(a);
     }
-}
-
-// kvr_session_interrupt: asked for before an eval, that eval does not start (withdrawn, it does);
-// asked for during a prefill over 3 ranks on a slow emulated link, every rank stops well before
-// the prefill would end (not after --comm-timeout). Either way the session keeps nothing of the batch and its next
-// prefill gives the logits of one never interrupted, bit for bit.
-struct interrupted_eval {
-    struct kvr_session * s;
-    const int32_t      * ids;
-    int                  n;
-    const float        * logits;
-    char                 err[256];
-};
-
-static void * interrupted_eval_run(void * arg) {
-    struct interrupted_eval * e = arg;
-    e->logits = kvr_session_eval(e->s, e->ids, e->n);
-    snprintf(e->err, sizeof(e->err), "%s", e->logits ? "" : kvr_last_error());
-    return NULL;
 }
 
 static void test_interrupt(const struct kvr_model * m) {
@@ -1155,6 +1313,11 @@ int main(int argc, char ** argv) {
         test_useful_ranks(m);
         kvr_model_free(m);
     }
+    snprintf(path, sizeof(path), "%s/reference/archs-next/tiny-qwen35.gguf", shared);
+    struct kvr_model * hybrid = access(path, R_OK) == 0 ? kvr_model_load(path, NULL) : NULL;
+    if (!hybrid) skip("%s is missing: the hybrid cases are skipped", path);
+    else test_hybrid(hybrid);
+    kvr_model_free(hybrid);
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmp_dir);

@@ -25,6 +25,10 @@
 // naming what; gpt-oss with every layer global or without YaRN moving the logits, without a
 // layer's sinks refused; the MXFP4 file with 8-bit activations near the twin (llama.cpp: 0.17);
 // a tiny-qwen3moe decode step's expert bytes (kvr_rank_stats) are those of its 2 experts a layer.
+// SHARED/reference/archs-next/tiny-qwen35.* (qwen35: Gated DeltaNet layers 0-2, gated full attention in
+// layer 3) the same way, then: the prompt as three evals on the cache (the recurrent states carry
+// over) within 1e-5 of one eval; full_attention_interval left to its default: the same logits, bit
+// for bit; interval 2, no ssm.conv_kernel, no blk.1.ssm_a: refused, naming what is missing
 // SHARED/reference/tiny-falcon-mqa.* (the Falcon graph, models/falcon.c: 3 layers, width 64, 4
 // query heads, 1 KV head, tied output) the same way, then its variants:
 //   - 40B-style attn_norm_2 with the same weights as attn_norm, zero QKV, attention output and
@@ -687,6 +691,48 @@ static void test_gptoss(const struct kvr_model * m, const int32_t * toks, int n,
     free(base);
 }
 
+// tiny-qwen35: the hybrid layout as llama.cpp reads it, a prompt in two evals (the second on the
+// cache, through the recurrent states) against one, and its key variants.
+static void test_qwen35(const struct kvr_model * m, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    CHECK(hp->arch == KVR_ARCH_QWEN35 && hp->n_recurrent == 3 && !kvr_layer_recurrent(hp, 3) && kvr_layer_recurrent(hp, 0) &&
+          hp->ssm_d_conv == 4 && hp->ssm_d_state == 32 && hp->ssm_n_group == 2 && hp->ssm_dt_rank == 4 && hp->n_rot == 16,
+          "tiny-qwen35: arch %d, %u recurrent layers, conv %u, state %u, groups %u, v heads %u, n_rot %u", (int) hp->arch,
+          hp->n_recurrent, hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_n_group, hp->ssm_dt_rank, hp->n_rot);
+    const int V = (int) hp->n_vocab;
+    float * base = malloc(sizeof(float) * (size_t) V);
+    if (!eval_prompt(m, toks, n, base, "tiny-qwen35")) { free(base); return; }
+    // the prompt in pieces of 1, 2 and the rest: the states carry over, the logits agree
+    const struct kvr_session_params sp = session_params(m, n + 1);
+    struct kvr_session * s = kvr_session_new(m, &sp);
+    const float * lg = s ? kvr_session_eval(s, toks, 1) : NULL;
+    if (lg) lg = kvr_session_eval(s, toks + 1, 2);
+    if (lg) lg = kvr_session_eval(s, toks + 3, n - 3);
+    CHECK(lg != NULL, "tiny-qwen35: the prompt in three evals: %s", kvr_last_error());
+    if (lg) {
+        int at;
+        const double d = max_diff(lg, base, V, &at);
+        printf("tiny-qwen35    the prompt as 1 + 2 + %d tokens: max |logit - one eval| = %.3g\n", n - 3, d);
+        CHECK(d <= 1e-5, "tiny-qwen35: the prompt in three evals differs from one eval by %.3g at id %d", d, at);
+    }
+    kvr_session_free(s);
+    const struct variant same[] = {
+        { .what = "qwen35: full_attention_interval left to its default 4", .drop_key = "qwen35.full_attention_interval" },
+    };
+    variant_logits(m, &same[0], toks, n, base, true, 0.0);
+    const struct variant moved = { .what = "qwen35: full_attention_interval 2", .set_u32_key = "qwen35.full_attention_interval", .set_u32 = 2 };
+    write_variant(m, &moved);
+    struct kvr_model * mv = kvr_model_load(tmp_path, NULL);
+    CHECK(mv == NULL, "qwen35: full_attention_interval 2 loaded, but layer 1 has no attn_q.weight");
+    if (!mv) printf("%-14s refused as it should: %s\n", "qwen35", kvr_last_error());
+    kvr_model_free(mv);
+    const char * conv[] = { "qwen35.ssm.conv_kernel" };
+    variant_refused(m, &(struct variant){ .what = "qwen35 without ssm.conv_kernel", .drop_key = "qwen35.ssm.conv_kernel" }, conv, 1);
+    const char * a_name[] = { "blk.1.ssm_a" };
+    variant_refused(m, &(struct variant){ .what = "qwen35 without blk.1.ssm_a", .drop_tensor = "blk.1.ssm_a" }, a_name, 1);
+    free(base);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * dir = getenv("TMPDIR");
@@ -733,6 +779,12 @@ int main(int argc, char ** argv) {
         if (m && i == 0) test_moe_refused(m);
         if (m && i == 0) test_moe_bytes(m, toks, n);
         if (m && i > 0) test_gptoss(m, toks, n, i == 2);
+        kvr_model_free(m);
+    }
+    {
+        int n = 0;
+        struct kvr_model * m = test_reference(next, "tiny-qwen35", NULL, LOGIT_TOL, toks, &n);
+        if (m) test_qwen35(m, toks, n);
         kvr_model_free(m);
     }
 

@@ -387,6 +387,10 @@ static void tc_output(struct tcase * tc, struct kvr_tensor * t, const char * wha
 
 static void tc_other_backend(struct tcase * tc, struct kvr_graph * g, struct kvr_tensor ** outs, int n_out);
 
+// A leaf the case's ops update in place (GDN's state): the other backend starts from its values
+// before the CPU's compute, and the CPU's result is put back for the case's checks.
+static struct { float * data; const float * init; int64_t n; } g_inplace;
+
 static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) {
     struct kvr_graph * g = kvr_graph_new(tc->ctx, GRAPH_SIZE);
     for (int i = 0; i < n_out; i++) {
@@ -397,7 +401,16 @@ static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) 
         tc_fail(tc, "kvr_graph_compute_cpu returned %d: %s", rc, kvr_last_error());
         return false;
     }
-    if (tc->nt == 1) tc_other_backend(tc, g, outs, n_out); // once per case: threads are the CPU's business
+    if (tc->nt == 1) { // once per case: threads are the CPU's business
+        float * after = NULL;
+        if (g_inplace.data) {
+            after = tc_floats(tc, g_inplace.n);
+            memcpy(after, g_inplace.data, sizeof(float) * (size_t)g_inplace.n);
+            memcpy(g_inplace.data, g_inplace.init, sizeof(float) * (size_t)g_inplace.n);
+        }
+        tc_other_backend(tc, g, outs, n_out);
+        if (after) memcpy(g_inplace.data, after, sizeof(float) * (size_t)g_inplace.n);
+    }
     return true;
 }
 
@@ -921,7 +934,7 @@ static void grp_mul(void) { grp_binary(false); }
 // SCALE, SILU, GELU
 //
 
-enum unary_op { U_SCALE, U_SILU, U_GELU, U_GELU_EXACT, U_SOFTCAP };
+enum unary_op { U_SCALE, U_SILU, U_GELU, U_GELU_EXACT, U_SOFTCAP, U_SIGMOID, U_SOFTPLUS };
 
 // GELU's tanh approximation with no rounding (kvr_gelu_exact's definition)
 static double ref_gelu_exact(double x) {
@@ -929,7 +942,7 @@ static double ref_gelu_exact(double x) {
 }
 
 static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) {
-    static const char * name[] = { "SCALE", "SILU", "GELU", "GELU(exact)", "SOFTCAP" };
+    static const char * name[] = { "SCALE", "SILU", "GELU", "GELU(exact)", "SOFTCAP", "SIGMOID", "SOFTPLUS" };
     struct tcase tc;
     if (op == U_SCALE || op == U_SOFTCAP) {
         tc_begin(&tc, nt, "%s(ne=[%d,%d],%s=%g,x in +-%g)", name[op], n, r, op == U_SCALE ? "s" : "cap", s, amp);
@@ -940,7 +953,9 @@ static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) 
     struct kvr_tensor * y = op == U_SCALE      ? kvr_scale(tc.ctx, a, s)
                           : op == U_SILU       ? kvr_silu(tc.ctx, a)
                           : op == U_GELU       ? kvr_gelu(tc.ctx, a)
-                          : op == U_GELU_EXACT ? kvr_gelu_exact(tc.ctx, a) : kvr_softcap(tc.ctx, a, s);
+                          : op == U_GELU_EXACT ? kvr_gelu_exact(tc.ctx, a)
+                          : op == U_SIGMOID    ? kvr_sigmoid(tc.ctx, a)
+                          : op == U_SOFTPLUS   ? kvr_softplus(tc.ctx, a) : kvr_softcap(tc.ctx, a, s);
     if (tc_shape(&tc, y, KVR_TYPE_F32, n, r, 1, 1)) {
         tc_output(&tc, y, "y");
         if (tc_compute(&tc, &y, 1)) {
@@ -948,10 +963,14 @@ static void t_unary(enum unary_op op, int n, int r, float amp, float s, int nt) 
             const float * A = a->data;
             double * ref = tc_doubles(&tc, N);
             for (int64_t i = 0; i < N; i++) {
-                ref[i] = op == U_SCALE      ? (double) A[i] * s
+                const double x = A[i];
+                ref[i] = op == U_SCALE      ? x * s
                        : op == U_SILU       ? ref_silu(A[i])
                        : op == U_GELU       ? ref_gelu(A[i])
-                       : op == U_GELU_EXACT ? ref_gelu_exact(A[i]) : s * tanh(A[i] / (double) s);
+                       : op == U_GELU_EXACT ? ref_gelu_exact(x)
+                       : op == U_SIGMOID    ? 1.0 / (1.0 + exp(-x))
+                       : op == U_SOFTPLUS   ? (x > 20.0 ? x : log1p(exp(x))) // GGML's: the identity above 20
+                       : s * tanh(x / (double) s);
             }
             tc_check(&tc, "y", tc_read(&tc, y), ref, N, n, op == U_GELU ? TOL_GELU : TOL_ELEM, NULL);
         }
@@ -996,6 +1015,114 @@ static void grp_softcap(void) {
                 for (int nt = 1; nt <= 3; nt += 2) t_unary(U_SOFTCAP, g_un_shapes[i][0], g_un_shapes[i][1], amp[j], cap[c], nt);
             }
         }
+    }
+}
+
+static void grp_sigmoid(void) { grp_act(U_SIGMOID); }
+static void grp_softplus(void) { grp_act(U_SOFTPLUS); }
+
+//
+// GDN: a Gated DeltaNet layer's recurrence (SSM_CONV then GDN, kvr_gdn_segment) over a carried
+// state, in two segments [0, n1) and [n1, T) one after the other on the same state, against a
+// double-precision reference of the whole sequence written from kvr.h's definition: the outputs
+// of both segments and the state after the last token. The state starts from random values (the
+// reference starts from them too) or, fresh, from zero whatever it holds.
+//
+
+struct gdn_case { int d_conv, n_k, d_k, n_v, T, n1; bool fresh; };
+
+static void t_gdn(const struct gdn_case * gc, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "GDN(d_conv=%d,n_k=%d,d=%d,n_v=%d,T=%d,split=%d,fresh=%d)", gc->d_conv, gc->n_k, gc->d_k, gc->n_v,
+             gc->T, gc->n1, gc->fresh);
+    const struct kvr_gdn_shape sh = { .il = 0, .d_conv = gc->d_conv, .n_k = gc->n_k, .d_k = gc->d_k, .n_v = gc->n_v,
+                                      .d_v = gc->d_k, .eps = 1e-6f };
+    const int K = gc->d_conv, D = gc->d_k, Hk = gc->n_k, Hv = gc->n_v, T = gc->T;
+    const int C = 2 * Hk * D + Hv * D;
+    const int64_t NS = kvr_gdn_state_floats(&sh), NC = (int64_t) (K - 1) * C;
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, C, T, 1, 1.0f);
+    struct kvr_tensor * w = tc_input_f32(&tc, 2, K, C, 1, 0.7f);
+    struct kvr_tensor * g = tc_input_f32(&tc, 2, Hv, T, 1, 1.0f);
+    struct kvr_tensor * b = tc_input_f32(&tc, 2, Hv, T, 1, 1.0f);
+    struct kvr_tensor * st = tc_input_f32(&tc, 1, NS, 1, 1, 0.5f);
+    for (int i = 0; i < Hv * T; i++) {
+        ((float *) g->data)[i] = -fabsf(((float *) g->data)[i]) * 0.5f;       // a decay: log of a factor < 1
+        ((float *) b->data)[i] = 0.5f + 0.5f * ((float *) b->data)[i];        // a write strength in (0, 1)
+    }
+    double * S = tc_doubles(&tc, NS); // the reference state, from the initial one
+    for (int64_t i = 0; i < NS; i++) S[i] = gc->fresh ? 0.0 : ((const float *) st->data)[i];
+    float * init = tc_floats(&tc, NS);
+    memcpy(init, st->data, sizeof(float) * (size_t)NS);
+    g_inplace.data = st->data;
+    g_inplace.init = init;
+    g_inplace.n = NS;
+    struct kvr_tensor * blk = kvr_gdn_block(tc.ctx, x, w, g, b, &sh);
+    struct kvr_tensor * y[2];
+    y[0] = kvr_gdn_segment(tc.ctx, blk, 0, gc->n1, st, gc->fresh, NULL);
+    y[1] = kvr_gdn_segment(tc.ctx, blk, gc->n1, T - gc->n1, st, false, y[0]); // on from the first segment's state
+    if (tc_shape(&tc, y[0], KVR_TYPE_F32, D, Hv, gc->n1, 1) && tc_shape(&tc, y[1], KVR_TYPE_F32, D, Hv, T - gc->n1, 1)) {
+        tc_output(&tc, y[0], "y0");
+        tc_output(&tc, y[1], "y1");
+        if (tc_compute(&tc, y, 2)) {
+            const float * X = x->data, * W = w->data, * G = g->data, * B = b->data;
+            double * ref = tc_doubles(&tc, (int64_t) D * Hv * T), * c = tc_doubles(&tc, C), * q = tc_doubles(&tc, D),
+                   * k = tc_doubles(&tc, D);
+            for (int t = 0; t < T; t++) {
+                for (int ch = 0; ch < C; ch++) { // the convolution over the history (rolled below), then SiLU
+                    double sum = 0.0;
+                    for (int j = 0; j < K; j++) {
+                        const double xv = j < K - 1 ? S[(int64_t) ch * (K - 1) + j] : X[(int64_t) t * C + ch];
+                        sum += W[(int64_t) ch * K + j] * xv;
+                    }
+                    c[ch] = sum / (1.0 + exp(-sum));
+                }
+                for (int h = 0; h < Hv; h++) {
+                    const int kh = h % Hk;
+                    double nq = 0.0, nk = 0.0;
+                    for (int i = 0; i < D; i++) {
+                        nq += c[kh * D + i] * c[kh * D + i];
+                        nk += c[Hk * D + kh * D + i] * c[Hk * D + kh * D + i];
+                    }
+                    for (int i = 0; i < D; i++) {
+                        q[i] = c[kh * D + i] / sqrt(nq + 1e-6);
+                        k[i] = c[Hk * D + kh * D + i] / sqrt(nk + 1e-6);
+                    }
+                    const double eg = exp(G[t * Hv + h]), beta = B[t * Hv + h];
+                    for (int j = 0; j < D; j++) { // column j of S (row j as stored)
+                        double * s = S + NC + ((int64_t) h * D + j) * D, kd = 0.0, o = 0.0;
+                        for (int i = 0; i < D; i++) kd += (s[i] *= eg) * k[i];
+                        const double d = beta * (c[2 * Hk * D + h * D + j] - kd);
+                        for (int i = 0; i < D; i++) o += (s[i] += k[i] * d) * q[i];
+                        ref[((int64_t) t * Hv + h) * D + j] = o / sqrt((double) D);
+                    }
+                }
+                for (int ch = 0; ch < C; ch++) { // the history moves on by this token
+                    double * hs = S + (int64_t) ch * (K - 1);
+                    for (int j = 0; j + 1 < K - 1; j++) hs[j] = hs[j + 1];
+                    if (K > 1) hs[K - 2] = X[(int64_t) t * C + ch];
+                }
+            }
+            const int64_t n0 = (int64_t) D * Hv * gc->n1, n1 = (int64_t) D * Hv * T - n0;
+            tc_check(&tc, "y0", tc_read(&tc, y[0]), ref, n0, D, TOL_RED, NULL);
+            tc_check(&tc, "y1", tc_read(&tc, y[1]), ref + n0, n1, D, TOL_RED, NULL);
+            tc_check(&tc, "state", tc_read(&tc, st), S, NS, NS, TOL_RED, NULL);
+        }
+    }
+    memset(&g_inplace, 0, sizeof(g_inplace));
+    tc_end(&tc);
+}
+
+static void grp_gdn(void) {
+    static const struct gdn_case cases[] = {
+        { 4, 2, 32, 4, 9, 4, false },  // tiny-qwen35's heads
+        { 4, 2, 32, 4, 9, 4, true },
+        { 4, 1, 16, 3, 5, 1, false },  // a segment shorter than the convolution's history
+        { 4, 2, 8, 2, 2, 1, true },
+        { 2, 3, 16, 6, 40, 33, false },
+        { 1, 1, 4, 1, 3, 2, false },   // no history at all
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        for (int nt = 1; nt <= 3; nt++) t_gdn(&cases[i], nt);
     }
 }
 
@@ -2589,7 +2716,8 @@ static const struct group {
 } GROUPS[] = {
     { "GET_ROWS", grp_get_rows }, { "ADD", grp_add }, { "MUL", grp_mul }, { "SCALE", grp_scale },
     { "RMS_NORM", grp_rms_norm }, { "NORM", grp_norm }, { "MUL_MAT", grp_mul_mat }, { "ROPE", grp_rope },
-    { "SILU", grp_silu }, { "GELU", grp_gelu }, { "SOFTCAP", grp_softcap }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
+    { "SILU", grp_silu }, { "GELU", grp_gelu }, { "SOFTCAP", grp_softcap }, { "SIGMOID", grp_sigmoid },
+    { "SOFTPLUS", grp_softplus }, { "GDN", grp_gdn }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
     { "PASS", grp_pass }, { "COUNTERS", grp_counters }, { "MOE", grp_moe },
     { "FAST_REF", grp_fast_ref },

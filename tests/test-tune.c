@@ -508,6 +508,7 @@ int main(int argc, char ** argv) {
     test_sim_model();
     test_counters(shared, "models/stories260K.gguf", "stories260K");          // llama, GQA 8/4
     test_counters(shared, "reference/tiny-falcon-mqa.gguf", "tiny-falcon-mqa"); // falcon, MQA 4/1
+    test_counters(shared, "reference/archs-next/tiny-qwen35.gguf", "tiny-qwen35"); // hybrid: 3 recurrent layers, 1 attention
     for (int i = 0; i < g_n_tmp && i < 8; i++) remove(g_tmp[i]);
     printf("test-tune: %.1f s\n", (kvr_time_ms() - t0) / 1e3);
     return check_summary("tune");

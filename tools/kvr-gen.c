@@ -6,7 +6,8 @@
 // exceeds 4096): phi-3.5-mini and tiny; gemma2 (head size of its own, post norms, soft-caps,
 // alternating windows, tied output): gemma-2-2b and tiny; qwen3moe presets (a mixture of experts,
 // head size 128 from attention.key_length): qwen3-30b-a3b (its layer shapes: 128 experts of width
-// 768, 8 a token; --layers makes fewer of them) and tiny.
+// 768, 8 a token; --layers makes fewer of them) and tiny; qwen35 presets (Qwen3.5's hybrid: Gated DeltaNet
+// layers, every 4th layer gated full attention): qwen3.5-0.8b's layer shapes and tiny.
 //
 // Weights are uniform with the spread of a N(0, 1/fan_in) initialisation, so the residual stream
 // and the logits stay of order one through any number of layers; norm weights are 1 plus a little
@@ -40,7 +41,7 @@
 
 static const char * usage_line =
     "usage: kvr-gen --preset NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|...] [--seed S]\n"
-    "               [--vocab GGUF] [--arch llama|falcon|phi3|gemma2|qwen3moe] [--layers N] [--ctx N] [--heads N]\n"
+    "               [--vocab GGUF] [--arch llama|falcon|phi3|gemma2|qwen3moe|qwen35] [--layers N] [--ctx N] [--heads N]\n"
     "               [--kv-heads N] [--embd N] [--ff N] [--vocab-size N] [--threads N] [--quiet]";
 
 static void usage_error(const char * fmt, ...)
@@ -65,32 +66,38 @@ static void usage_error(const char * fmt, ...) {
 
 struct gen_shape {
     const char * name;
-    const char * arch;       // "llama", "falcon", "phi3", "gemma2" or "qwen3moe"
+    const char * arch;       // "llama", "falcon", "phi3", "gemma2", "qwen3moe" or "qwen35"
     uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float    rope_base, norm_eps;
     uint32_t head_dim;       // 0: n_embd / n_head
     uint32_t n_expert, n_expert_used, n_ff_exp; // qwen3moe
+    // qwen35: the rotated dims, and the Gated DeltaNet layers' key heads, value heads and their
+    // size (state_size)
+    uint32_t n_rot, ssm_groups, ssm_v_heads, ssm_state;
 };
 
 static const struct gen_shape presets[] = {
-    // name              arch     embd  layers heads kv  ff     vocab  ctx   rope    eps    head experts used ffn_exp
-    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f, 0, 0, 0, 0 },
-    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f, 0, 0, 0, 0 },
-    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0 },
-    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0 },
-    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0 },
+    // name              arch     embd  layers heads kv  ff     vocab  ctx   rope    eps    head experts used ffn_exp (qwen35 only)
+    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
     // falcon: the vocabulary comes from --vocab (a BPE one: ggml-vocab-falcon.gguf)
-    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f, 0, 0, 0, 0 },
-    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
     // phi3: a context past 4096 brings LongRoPE's factors (Phi-3.5-mini's 128k)
-    { "phi-3.5-mini",   "phi3",   3072, 32,   32,   32, 8192,  32064, 131072, 10000, 1e-5f, 0, 0, 0, 0 },
-    { "tiny",           "phi3",   256,  4,    8,    4,  768,   1024,  131072, 10000, 1e-5f, 0, 0, 0, 0 },
+    { "phi-3.5-mini",   "phi3",   3072, 32,   32,   32, 8192,  32064, 131072, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny",           "phi3",   256,  4,    8,    4,  768,   1024,  131072, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
     // gemma2: the head size (key_length) is not n_embd / n_head
-    { "gemma-2-2b",     "gemma2", 2304, 26,   8,    4,  9216,  256000, 8192, 10000, 1e-6f, 256, 0, 0, 0 },
-    { "tiny",           "gemma2", 256,  4,    8,    4,  768,   1024,  4096, 10000, 1e-6f, 64, 0, 0, 0 },
+    { "gemma-2-2b",     "gemma2", 2304, 26,   8,    4,  9216,  256000, 8192, 10000, 1e-6f, 256, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny",           "gemma2", 256,  4,    8,    4,  768,   1024,  4096, 10000, 1e-6f, 64, 0, 0, 0, 0, 0, 0, 0 },
     // qwen3moe: Qwen3-30B-A3B's layers (48 of them there); n_ff is the file's unused dense width
-    { "qwen3-30b-a3b",  "qwen3moe", 2048, 48, 32,   4,  6144, 151936, 40960, 1e6f, 1e-6f, 128, 128, 8, 768 },
-    { "tiny",           "qwen3moe", 256,  4,  8,    2,  768,   1024,  4096,  1e6f, 1e-6f, 64,  8,   2, 128 },
+    { "qwen3-30b-a3b",  "qwen3moe", 2048, 48, 32,   4,  6144, 151936, 40960, 1e6f, 1e-6f, 128, 128, 8, 768, 0, 0, 0, 0 },
+    { "tiny",           "qwen3moe", 256,  4,  8,    2,  768,   1024,  4096,  1e6f, 1e-6f, 64,  8,   2, 128, 0, 0, 0, 0 },
+    // qwen35: head_dim, then n_rot, key heads, value heads, state size
+    { "qwen3.5-0.8b",   "qwen35", 1024, 24,   8,    2,  3584,  1024,  4096, 1e7f, 1e-6f, 256, 0, 0, 0, 64, 16, 16, 128 },
+    { "tiny",           "qwen35", 256,  4,    4,    2,  768,   1024,  4096, 1e7f, 1e-6f, 64,  0, 0, 0, 16, 2,  4,  32 },
 };
 
 //
@@ -178,6 +185,49 @@ static struct gen_tensor * llama_tensors(const struct gen_shape * s, enum kvr_ty
         add_tensor(&ts, BLK("attn_v.weight"),      wtype, 2, embd, embd_k, matrix_dist(embd));
         add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, embd, embd,   matrix_dist(embd));
         add_tensor(&ts, BLK("ffn_norm.weight"),    KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        add_tensor(&ts, BLK("ffn_gate.weight"),    wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        add_tensor(&ts, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+#undef BLK
+    }
+    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
+    add_tensor(&ts, "output.weight",      wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+    return ts;
+}
+
+// Qwen3.5 (dense hybrid): layer il is gated full attention when (il+1) % 4 == 0 (attn_q gives q and a
+// gate per head), a Gated DeltaNet layer otherwise; the norms are stored as their final multipliers
+// (1 + w, as the converter writes them); ssm_a is -exp(A_log), negative; the output untied (a tied
+// random model keeps predicting its input token).
+static struct gen_tensor * qwen35_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+    struct gen_tensor * ts = NULL;
+    const int64_t embd = s->n_embd, D = s->head_dim, q = D * s->n_head, kv = D * s->n_head_kv;
+    const int64_t d = s->ssm_state, nk = s->ssm_groups, nv = s->ssm_v_heads, C = 2 * nk * d + nv * d;
+    char name[KVR_MAX_NAME];
+
+    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, (struct gen_dist) { 0.0f, 1.0f });
+    for (uint32_t il = 0; il < s->n_layer; il++) {
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
+        add_tensor(&ts, BLK("attn_norm.weight"), KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        if ((il + 1) % 4 == 0) {
+            add_tensor(&ts, BLK("attn_q.weight"),      wtype, 2, embd, 2 * q, matrix_dist(embd));
+            add_tensor(&ts, BLK("attn_k.weight"),      wtype, 2, embd, kv,    matrix_dist(embd));
+            add_tensor(&ts, BLK("attn_v.weight"),      wtype, 2, embd, kv,    matrix_dist(embd));
+            add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, q, embd,     matrix_dist(q));
+            add_tensor(&ts, BLK("attn_q_norm.weight"), KVR_TYPE_F32, 1, D, 1, norm_dist);
+            add_tensor(&ts, BLK("attn_k_norm.weight"), KVR_TYPE_F32, 1, D, 1, norm_dist);
+        } else {
+            add_tensor(&ts, BLK("attn_qkv.weight"),    wtype, 2, embd, C,      matrix_dist(embd));
+            add_tensor(&ts, BLK("attn_gate.weight"),   wtype, 2, embd, nv * d, matrix_dist(embd));
+            add_tensor(&ts, BLK("ssm_conv1d.weight"),  KVR_TYPE_F32, 2, 4, C, matrix_dist(4));
+            add_tensor(&ts, BLK("ssm_dt.bias"),        KVR_TYPE_F32, 1, nv, 1, (struct gen_dist) { 0.0f, 1.0f });
+            add_tensor(&ts, BLK("ssm_a"),              KVR_TYPE_F32, 1, nv, 1, (struct gen_dist) { -1.0f, 0.5f });
+            add_tensor(&ts, BLK("ssm_beta.weight"),    wtype, 2, embd, nv, matrix_dist(embd));
+            add_tensor(&ts, BLK("ssm_alpha.weight"),   wtype, 2, embd, nv, matrix_dist(embd));
+            add_tensor(&ts, BLK("ssm_norm.weight"),    KVR_TYPE_F32, 1, d, 1, norm_dist);
+            add_tensor(&ts, BLK("ssm_out.weight"),     wtype, 2, nv * d, embd, matrix_dist(nv * d));
+        }
+        add_tensor(&ts, BLK("post_attention_norm.weight"), KVR_TYPE_F32, 1, embd, 1, norm_dist);
         add_tensor(&ts, BLK("ffn_gate.weight"),    wtype, 2, embd, s->n_ff, matrix_dist(embd));
         add_tensor(&ts, BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
         add_tensor(&ts, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
@@ -523,15 +573,15 @@ int main(int argc, char ** argv) {
     const struct kvr_cli_flag flags[] = {
         { .name = "--preset", .kind = KVR_CLI_TEXT, .dst = &preset, .meta = "NAME",
           .help = "llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\nfalcon: falcon-7b, tiny (MQA; both need --vocab);\n"
-                  "phi3: phi-3.5-mini, tiny; gemma2: gemma-2-2b, tiny; qwen3moe: qwen3-30b-a3b, tiny" },
+                  "phi3: phi-3.5-mini, tiny; gemma2: gemma-2-2b, tiny; qwen3moe: qwen3-30b-a3b, tiny; qwen35: qwen3.5-0.8b, tiny" },
         { .name = "-o", .alt = "--output", .kind = KVR_CLI_OUT, .dst = &out_path, .meta = "FILE", .help = "the GGUF file to write" },
         { .name = "--type", .kind = KVR_CLI_CUSTOM, .dst = &wtype, .meta = "T", .parse = parse_type_flag,
           .help = "type of the weight matrices (default f32); norms are always f32" },
         { .name = "--seed", .kind = KVR_CLI_U64, .dst = &seed, .meta = "S", .help = "random seed (default 42); the same seed gives the same file" },
         { .name = "--vocab", .kind = KVR_CLI_IN, .dst = &vocab_path, .meta = "GGUF",
           .help = "copy the tokenizer (every tokenizer.* key) from this GGUF and take\nthe vocabulary size from it; without it a byte-fallback SPM\nvocabulary is made up" },
-        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon|phi3|gemma2|qwen3moe",
-          .help = "llama (default), falcon, phi3, gemma2 or qwen3moe (mixture of experts)" },
+        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon|phi3|gemma2|qwen3moe|qwen35",
+          .help = "llama (default), falcon, phi3, gemma2, qwen3moe (mixture of experts) or qwen35 (hybrid)" },
         { .name = "--layers", .kind = KVR_CLI_INT, .dst = &o_layers, .meta = "N", .lo = 1, .hi = 4096, .help = "override the preset's layer count" },
         { .name = "--ctx", .kind = KVR_CLI_INT, .dst = &o_ctx, .meta = "N", .lo = 1, .hi = 1 << 24, .k_suffix = true, .help = "... its trained context length" },
         { .name = "--heads", .kind = KVR_CLI_INT, .dst = &o_heads, .meta = "N", .lo = 1, .hi = 4096, .help = "... its attention heads" },
@@ -549,7 +599,7 @@ int main(int argc, char ** argv) {
     if (prc) {
         return prc < 0 ? 0 : prc;
     }
-    static const char * const archs[5] = { "llama", "falcon", "phi3", "gemma2", "qwen3moe" };
+    static const char * const archs[6] = { "llama", "falcon", "phi3", "gemma2", "qwen3moe", "qwen35" };
     const char * arch = archs[arch_i];
     if (!preset) {
         usage_error("--preset is required");
@@ -558,7 +608,7 @@ int main(int argc, char ** argv) {
         usage_error("-o FILE is required");
     }
     const bool falcon = strcmp(arch, "falcon") == 0, phi3 = strcmp(arch, "phi3") == 0, gemma2 = strcmp(arch, "gemma2") == 0;
-    const bool moe = strcmp(arch, "qwen3moe") == 0;
+    const bool moe = strcmp(arch, "qwen3moe") == 0, qwen35 = strcmp(arch, "qwen35") == 0;
 
     struct gen_shape s = { 0 };
     bool found = false;
@@ -571,7 +621,7 @@ int main(int argc, char ** argv) {
     if (!found) {
         usage_error("unknown %s preset '%s' (%s)", arch, preset,
                     falcon ? "falcon-7b, tiny" : phi3 ? "phi-3.5-mini, tiny" : gemma2 ? "gemma-2-2b, tiny"
-                           : moe ? "qwen3-30b-a3b, tiny" : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
+                           : moe ? "qwen3-30b-a3b, tiny" : qwen35 ? "qwen3.5-0.8b, tiny" : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
     }
     if (falcon && !vocab_path) {
         usage_error("falcon models need --vocab (a BPE vocabulary such as ggml-vocab-falcon.gguf)");
@@ -622,7 +672,7 @@ int main(int argc, char ** argv) {
     if (s.n_head_kv > s.n_head || s.n_head % s.n_head_kv != 0) {
         usage_error("%u heads cannot share %u kv heads", s.n_head, s.n_head_kv);
     }
-    if (s.n_embd % blck != 0 || s.n_ff % blck != 0) {
+    if (s.n_embd % blck != 0 || s.n_ff % blck != 0 || (qwen35 && (s.head_dim * s.n_head % blck != 0 || s.ssm_v_heads * s.ssm_state % blck != 0))) {
         usage_error("type %s needs n_embd (%u) and n_ff (%u) to be multiples of %lld",
                     kvr_type_name(wtype), s.n_embd, s.n_ff, (long long) blck);
     }
@@ -666,7 +716,7 @@ int main(int argc, char ** argv) {
     }
     kvr_gguf_set_u32(w, "general.file_type", file_type_of(wtype));
     kvr_gguf_set_u32(w, ARCH_KEY("vocab_size"), s.n_vocab);
-    kvr_gguf_set_u32(w, ARCH_KEY("rope.dimension_count"), s.head_dim);
+    kvr_gguf_set_u32(w, ARCH_KEY("rope.dimension_count"), qwen35 ? s.n_rot : s.head_dim);
     if (phi3 && s.n_ctx > 4096) { // LongRoPE: the converter's attention factor for the extension
         kvr_gguf_set_u32(w, ARCH_KEY("rope.scaling.original_context_length"), 4096);
         kvr_gguf_set_f32(w, ARCH_KEY("rope.scaling.attn_factor"), sqrtf(1.0f + logf((float) s.n_ctx / 4096.0f) / logf(4096.0f)));
@@ -684,6 +734,19 @@ int main(int argc, char ** argv) {
         kvr_gguf_set_u32(w, ARCH_KEY("expert_count"), s.n_expert);
         kvr_gguf_set_u32(w, ARCH_KEY("expert_used_count"), s.n_expert_used);
         kvr_gguf_set_u32(w, ARCH_KEY("expert_feed_forward_length"), s.n_ff_exp);
+    }
+    if (qwen35) {
+        // the converter's keys: mrope sections (text tokens rotate every pair by their position)
+        const int32_t sections[4] = { 11, 11, 10, 0 };
+        kvr_gguf_set_arr(w, ARCH_KEY("rope.dimension_sections"), KVR_GGUF_INT32, sections, 4);
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.key_length"), s.head_dim);
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.value_length"), s.head_dim);
+        kvr_gguf_set_u32(w, ARCH_KEY("ssm.conv_kernel"), 4);
+        kvr_gguf_set_u32(w, ARCH_KEY("ssm.state_size"), s.ssm_state);
+        kvr_gguf_set_u32(w, ARCH_KEY("ssm.group_count"), s.ssm_groups);
+        kvr_gguf_set_u32(w, ARCH_KEY("ssm.time_step_rank"), s.ssm_v_heads);
+        kvr_gguf_set_u32(w, ARCH_KEY("ssm.inner_size"), s.ssm_v_heads * s.ssm_state);
+        kvr_gguf_set_u32(w, ARCH_KEY("full_attention_interval"), 4);
     }
 #undef ARCH_KEY
 
@@ -707,7 +770,8 @@ int main(int argc, char ** argv) {
 
     // pass 1: the header, every tensor reserved
     struct gen_tensor * ts = falcon ? falcon_tensors(&s, wtype) : phi3 ? phi3_tensors(&s, wtype)
-                           : gemma2 ? gemma2_tensors(&s, wtype) : moe ? qwen3moe_tensors(&s, wtype) : llama_tensors(&s, wtype);
+                           : gemma2 ? gemma2_tensors(&s, wtype) : moe ? qwen3moe_tensors(&s, wtype)
+                           : qwen35 ? qwen35_tensors(&s, wtype) : llama_tensors(&s, wtype);
     const int n_tensors = (int) arrlen(ts);
     for (int i = 0; i < n_tensors; i++) {
         kvr_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);

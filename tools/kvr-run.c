@@ -387,12 +387,13 @@ static void print_stats(const struct kvr_session * d) {
         fprintf(stderr, "{\"rank\":%d,\"strategy\":\"%s\",\"tokens\":%d,\"attn_dot_dense\":%lld,\"attn_dot_causal\":%lld,"
                 "\"kv_rows_sent\":%lld,\"kv_rows_recv\":%lld,\"bytes_sent\":%lld,\"bytes_recv\":%lld,"
                 "\"wait_ms\":%.3f,\"ttft_ms\":%.3f,\"matmul_ms\":%.3f,\"attn_ms\":%.3f,\"compute_ms\":%.3f,"
-                "\"kv_stream_bytes\":%lld,\"replica_bytes\":%lld,\"expert_bytes\":%lld}\n",
+                "\"kv_stream_bytes\":%lld,\"replica_bytes\":%lld,\"expert_bytes\":%lld,\"state_bytes_sent\":%lld,\"state_bytes_recv\":%lld}\n",
                 st[i].rank, kvr_strategy_name(kvr_session_last_strategy(d)), st[i].tokens, (long long)st[i].attn_dot_dense,
                 (long long)st[i].attn_dot_causal, (long long)st[i].kv_rows_sent, (long long)st[i].kv_rows_recv,
                 (long long)st[i].bytes_sent, (long long)st[i].bytes_recv, st[i].wait_ms, st[i].ttft_ms,
                 st[i].matmul_ms, st[i].attn_ms, st[i].compute_ms, (long long)st[i].kv_stream_bytes,
-                (long long)st[i].replica_bytes, (long long)st[i].expert_bytes);
+                (long long)st[i].replica_bytes, (long long)st[i].expert_bytes, (long long)st[i].state_bytes_sent,
+                (long long)st[i].state_bytes_recv);
     }
 }
 
@@ -835,7 +836,13 @@ static int kv_restore(struct kvr_session * d, const struct run_args * a, const i
     while (reuse < n_cached && reuse < n_prompt && cached[reuse] == ids[reuse]) reuse++;
     const bool logits_fit = reuse == n_prompt && n_cached == n_prompt && kvr_session_logits(d) != NULL;
     if (reuse == n_prompt && !logits_fit) reuse--; // the last prompt token again, for its logits
-    if (kvr_session_truncate(d, reuse) != KVR_OK) {
+    int rc = kvr_session_truncate(d, reuse);
+    if (rc == KVR_ERR_UNSUPP) { // a cache that cannot be cut there (recurrent layers' states): the prompt again, whole
+        if (a->verbose && speaker) fprintf(stderr, "session: %s; prefilling the whole prompt\n", kvr_last_error());
+        reuse = 0;
+        rc = kvr_session_truncate(d, 0);
+    }
+    if (rc != KVR_OK) {
         fprintf(stderr, "kvr-run: %s: %s\n", path, kvr_last_error());
         return -1;
     }

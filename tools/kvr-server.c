@@ -517,7 +517,8 @@ static void * sched_main(void * arg) {
     struct kvr_session ** group = malloc(sizeof(*group) * (size_t)S->n_slots);
     struct slot ** gslot = malloc(sizeof(*gslot) * (size_t)S->n_slots);
     int32_t * gtok = malloc(sizeof(int32_t) * (size_t)S->n_slots);
-    KVR_ASSERT(group && gslot && gtok);
+    int * grc = malloc(sizeof(int) * (size_t)S->n_slots); // each slot's decode: KVR_OK or an error
+    KVR_ASSERT(group && gslot && gtok && grc);
     const int n_vocab = kvr_vocab_n_tokens(S->vocab);
     float * scratch = malloc(sizeof(float) * (size_t)n_vocab);
     KVR_ASSERT(scratch != NULL);
@@ -611,15 +612,20 @@ static void * sched_main(void * arg) {
             n++;
         }
         if (n > 0) {
-            // one sequence alone goes through its session's kept decode graph (the same result)
-            const int rc = n == 1 ? (kvr_session_eval(group[0], gtok, 1) ? KVR_OK : KVR_ERR_ARG)
-                                  : kvr_session_eval_batch(group, gtok, n);
+            // one sequence alone goes through its session's kept decode graph (the same result); a
+            // model with recurrent layers decodes its slots one by one (the batch pass has no state)
+            if (n > 1 && !S->model->hp.n_recurrent) {
+                const int rc = kvr_session_eval_batch(group, gtok, n);
+                for (int j = 0; j < n; j++) grc[j] = rc;
+            } else {
+                for (int j = 0; j < n; j++) grc[j] = kvr_session_eval(group[j], &gtok[j], 1) ? KVR_OK : KVR_ERR_ARG;
+            }
             pthread_mutex_lock(&S->mu);
             S->m_batch_steps++;
             S->m_batch_tokens += n;
             for (int j = 0; j < n; j++) {
                 struct slot * sl = gslot[j];
-                if (rc != KVR_OK) {
+                if (grc[j] != KVR_OK) {
                     char msg[256];
                     snprintf(msg, sizeof(msg), "decode failed: %s", kvr_last_error());
                     slot_keep_tokens(sl);
@@ -636,6 +642,7 @@ static void * sched_main(void * arg) {
     pthread_mutex_unlock(&S->mu);
     free(group);
     free(gslot);
+    free(grc);
     free(gtok);
     free(scratch);
     return NULL;
