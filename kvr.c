@@ -611,49 +611,59 @@ static float quant_fit_scale_min(int n, int nmax, const float * x, const float *
     return scale;
 }
 
+// One super-block of Q4_K or Q5_K (nmax 15 or 31): per sub-block of 32 a fitted scale and min,
+// both stored as 6-bit multiples of the block's d and dmin (packed into scales[12] as
+// kvr_k4_scales reads them), then every element requantized against the rounded scales. L gets
+// the 256 quants; the caller packs them in its type's layout.
+static void q_fit_k_super(const float * x, int nmax, uint8_t d[2], uint8_t dmin[2], uint8_t scales[12], uint8_t L[KVR_QK_K]) {
+    uint8_t Laux[32];
+    float   w[32], sc[8], mins[8];
+    float   max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        const float * xs = x + 32*j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+        const float av_x = sqrtf(sum_x2/32);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+        sc[j] = quant_fit_scale_min(32, nmax, xs, w, L + 32*j, &mins[j], Laux, nmax == 15 ? -1.0f : -0.5f, 0.1f, nmax == 15 ? 20 : 15);
+        if (sc[j]   > max_scale) max_scale = sc[j];
+        if (mins[j] > max_min)   max_min   = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f/max_scale : 0.f;
+    const float inv_min   = max_min   > 0 ? 63.f/max_min   : 0.f;
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        uint8_t ls = (uint8_t)q_nearest_int(inv_scale*sc[j]);
+        uint8_t lm = (uint8_t)q_nearest_int(inv_min*mins[j]);
+        ls = ls < 63 ? ls : 63;
+        lm = lm < 63 ? lm : 63;
+        if (j < 4) {
+            scales[j]     = ls;
+            scales[j + 4] = lm;
+        } else {
+            scales[j + 4]  = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
+            scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales[j]     |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    q_set_half(d,    max_scale/63.f);
+    q_set_half(dmin, max_min/63.f);
+    // requantize against the rounded scales that will actually be stored
+    float dl[8], ml[8];
+    kvr_k4_scales_f(scales, kvr_q_half(d), kvr_q_half(dmin), dl, ml);
+    for (int j = 0; j < 8; j++) {
+        if (dl[j] == 0.0f) continue;
+        for (int l = 0; l < 32; l++) {
+            L[32*j + l] = (uint8_t)q_clampi(q_nearest_int((x[32*j + l] + ml[j])/dl[j]), 0, nmax);
+        }
+    }
+}
+
 static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
     struct kvr_block_q4_K * y = dst;
     for (int64_t i = 0; i < n/KVR_QK_K; i++, y++, x += KVR_QK_K) {
-        uint8_t L[KVR_QK_K], Laux[32];
-        float   w[32], scales[8], mins[8];
-        float   max_scale = 0, max_min = 0;
-        for (int j = 0; j < 8; j++) {
-            const float * xs = x + 32*j;
-            float sum_x2 = 0;
-            for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-            const float av_x = sqrtf(sum_x2/32);
-            for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-            scales[j] = quant_fit_scale_min(32, 15, xs, w, L + 32*j, &mins[j], Laux, -1.0f, 0.1f, 20);
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j]   > max_min)   max_min   = mins[j];
-        }
-        const float inv_scale = max_scale > 0 ? 63.f/max_scale : 0.f;
-        const float inv_min   = max_min   > 0 ? 63.f/max_min   : 0.f;
-        for (int j = 0; j < 8; j++) {
-            uint8_t ls = (uint8_t)q_nearest_int(inv_scale*scales[j]);
-            uint8_t lm = (uint8_t)q_nearest_int(inv_min*mins[j]);
-            ls = ls < 63 ? ls : 63;
-            lm = lm < 63 ? lm : 63;
-            if (j < 4) {
-                y->scales[j]     = ls;
-                y->scales[j + 4] = lm;
-            } else {
-                y->scales[j + 4]  = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
-                y->scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
-                y->scales[j]     |= (uint8_t)((lm >> 4) << 6);
-            }
-        }
-        q_set_half(y->d,    max_scale/63.f);
-        q_set_half(y->dmin, max_min/63.f);
-        // requantize against the rounded scales that will actually be stored
-        float dl[8], ml[8];
-        kvr_k4_scales_f(y->scales, kvr_q_half(y->d), kvr_q_half(y->dmin), dl, ml);
-        for (int j = 0; j < 8; j++) {
-            if (dl[j] == 0.0f) continue;
-            for (int l = 0; l < 32; l++) {
-                L[32*j + l] = (uint8_t)q_clampi(q_nearest_int((x[32*j + l] + ml[j])/dl[j]), 0, 15);
-            }
-        }
+        uint8_t L[KVR_QK_K];
+        q_fit_k_super(x, 15, y->d, y->dmin, y->scales, L);
         for (int g = 0; g < 4; g++) {
             for (int l = 0; l < 32; l++) {
                 y->qs[32*g + l] = (uint8_t)(L[64*g + l] | (L[64*g + 32 + l] << 4));
@@ -661,6 +671,24 @@ static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
         }
     }
     return (size_t)(n/KVR_QK_K) * sizeof(struct kvr_block_q4_K);
+}
+
+// Q5_K: Q4_K's low nibbles, and the 5th bit of sub-block j's element l in bit j of qh[l].
+static size_t q_from_float_q5_K(const float * x, void * dst, int64_t n) {
+    struct kvr_block_q5_K * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK_K; i++, y++, x += KVR_QK_K) {
+        uint8_t L[KVR_QK_K];
+        q_fit_k_super(x, 31, y->d, y->dmin, y->scales, L);
+        memset(y->qh, 0, sizeof y->qh);
+        for (int g = 0; g < 4; g++) {
+            for (int l = 0; l < 32; l++) {
+                const uint8_t a = L[64*g + l], b = L[64*g + 32 + l];
+                y->qs[32*g + l] = (uint8_t)((a & 0x0f) | ((b & 0x0f) << 4));
+                y->qh[l] |= (uint8_t)(((a >> 4) << (2*g)) | ((b >> 4) << (2*g + 1)));
+            }
+        }
+    }
+    return (size_t)(n/KVR_QK_K) * sizeof(struct kvr_block_q5_K);
 }
 
 // Symmetric fit x ~ scale*(L - nmax), L in 0..2*nmax-1, weighted by x^2: the naive scale and 18
@@ -770,7 +798,7 @@ static const struct quant_traits {
     { KVR_TYPE_Q2_K, "q2_K", KVR_QK_K, sizeof(struct kvr_block_q2_K), q_to_float_q2_K, NULL },
     { KVR_TYPE_Q3_K, "q3_K", KVR_QK_K, sizeof(struct kvr_block_q3_K), q_to_float_q3_K, NULL },
     { KVR_TYPE_Q4_K, "q4_K", KVR_QK_K, sizeof(struct kvr_block_q4_K), q_to_float_q4_K, q_from_float_q4_K },
-    { KVR_TYPE_Q5_K, "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_K), q_to_float_q5_K, NULL },
+    { KVR_TYPE_Q5_K, "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_K), q_to_float_q5_K, q_from_float_q5_K },
     { KVR_TYPE_Q6_K, "q6_K", KVR_QK_K, sizeof(struct kvr_block_q6_K), q_to_float_q6_K, q_from_float_q6_K },
     { KVR_TYPE_Q8_K, "q8_K", KVR_QK_K, sizeof(struct kvr_block_q8_K), q_to_float_q8_K, NULL },
 };
