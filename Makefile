@@ -5,7 +5,9 @@
 #   make KVR_CUDA=1   the same with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90 plus PTX)
 #   make test         every test (plus a second build under ASan+UBSan, bounded fuzz runs and,
 #                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
-#   make bench        the benchmarks (long: about two hours; not part of make test)
+#   make bench        the benchmarks (long: a few hours; not part of make test), the matrix first
+#   make bench-short  the speed matrix's short form (minutes): real files and one mixture, beside
+#                     llama.cpp's llama-bench when it is on the PATH
 #   make fuzz-cli     kvr-run's command line under libFuzzer for FUZZ_CLI_SECONDS (default 30 min)
 #   make install PREFIX=/usr/local
 
@@ -59,12 +61,12 @@ TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildc
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench install clean help demo mpi cuda-gate cuda-parts FORCE
+.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench bench-short install clean help demo mpi cuda-gate cuda-parts FORCE
 
 all: $(BUILD)/libkvr.a tools
 
 help:
-	@sed -n '1,11p' Makefile
+	@sed -n '1,13p' Makefile
 
 $(BUILD) $(ASAN):
 	mkdir -p $@
@@ -207,9 +209,13 @@ fuzz-cli: $(BUILD)/fuzz-cli
 		-rss_limit_mb=4096 -close_fd_mask=3 -artifact_prefix=$(BUILD)/fuzz-cli- $(BUILD)/fuzz-cli-corpus
 
 bench: all
+	sh tests/bench-matrix.sh $(BUILD)
 	sh tests/bench.sh $(BUILD)
 	python3 tests/paper-tables.py $(BUILD) $(BUILD)/bench/paper-tables.md
 	@echo "the simulated paper setting: $(BUILD)/bench/paper-tables.md"
+
+bench-short: all
+	sh tests/bench-matrix.sh $(BUILD) short
 
 install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
