@@ -2038,8 +2038,36 @@ bool kvr_backend_counters(struct kvr_backend * be, struct kvr_counters * out, bo
 // op when the backend was made with them (KVR_REF=1), else its cpu_op_*.
 //
 
+// The rows of a decode matmul handed out a chunk at a time: each thread takes the next chunk until
+// none is left, so a thread the machine runs late (another process on its core) computes fewer
+// rows instead of keeping the others waiting at the barrier after the node. Which thread computes
+// a row does not change its value.
+struct mm_chunks {
+    atomic_int * next;   // the node's counter, 0 when the graph starts
+    int64_t      rows;   // rows a chunk
+};
+
+// The rows [*r0, *r1) of the next chunk of n rows; false when every chunk is taken.
+static bool mm_chunk_next(const struct mm_chunks * c, int64_t n, int64_t * r0, int64_t * r1) {
+    const int64_t k = atomic_fetch_add_explicit(c->next, 1, memory_order_relaxed);
+    if (k * c->rows >= n) return false;
+    *r0 = k * c->rows;
+    *r1 = *r0 + c->rows < n ? *r0 + c->rows : n;
+    return true;
+}
+
+// Rows a chunk: about four chunks a thread, a multiple of 8 (the integer kernels' row groups). A
+// chunk is then at least tens of KiB of weights in the shapes decode meets, against one atomic
+// increment; a thread stalled in its last chunk holds the others up by an eighth of the node at most
+// (2 threads), not by its whole half.
+static int64_t mm_chunk_rows(int64_t n, int nth) {
+    const int64_t rows = (n + 4 * nth - 1) / (4 * nth);
+    return (rows + 7) & ~(int64_t)7;
+}
+
 struct cpu_params {
     int     ith, nth;
+    atomic_int * chunk; // the node's chunk counter (struct mm_chunks)
     float * wdata;     // this thread's scratch (weight blocks converted to f32, score tiles)
     size_t  wsize;     // floats
     struct kvr_counters * counters; // this thread's, summed after the graph
@@ -3378,26 +3406,9 @@ static void qx_row_dot(enum kvr_type type, int nt, const uint8_t * row, int64_t 
 #endif
 }
 
-// Y[t][n] = W[n] . X[t] for rows n0..n1, every row read once and met by its tokens 4 at a time:
-// decode, and the prefill path without AVX2. scratch holds T tokens' activations.
-static void qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
-                        const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, void * scratch) {
-    const size_t ab = qx_act_bytes(type, K);
-    const int64_t nb = K / kvr_blck_size(type);
-    for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, (uint8_t *)scratch + (size_t)t * ab, K);
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (T == 1 && qx_is_legacy(type)) { // one token: the arrays form, 8 blocks a step
-        struct qx_t1 a1;
-        const uintptr_t at = ((uintptr_t)scratch + ab + 63) & ~(uintptr_t)63;
-        qx_t1_init(type, scratch, nb, (void *)at, &a1);
-        const qx_t1_fn fn = qx_t1_kernel(type);
-        for (int64_t n = n0; n < n1; n++) {
-            const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
-            Y[n] = fn(row, nb, &a1);
-        }
-        return;
-    }
-#endif
+// Rows n0..n1 of W against T quantized tokens (at scratch, ab bytes apart), 4 tokens a pass.
+static void qx_rows_tokens(enum kvr_type type, const void * W, size_t row_bytes, int64_t nb, int64_t n0, int64_t n1,
+                           int64_t T, size_t ab, float * Y, int64_t ldy, const void * scratch) {
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
         for (int64_t t0 = 0; t0 < T; t0 += 4) {
@@ -3409,6 +3420,40 @@ static void qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, in
             for (int k = 0; k < nt; k++) Y[(t0 + k) * ldy + n] = out[k];
         }
     }
+}
+
+// Y[t][n] = W[n] . X[t] for rows n0..n1 (chunks: the chunks of rows 0..n1 this thread takes),
+// every row read once and met by its tokens 4 at a time: decode, and the prefill path without
+// AVX2. scratch holds T tokens' activations. Returns the rows it computed.
+static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                           const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
+                           void * scratch) {
+    const size_t ab = qx_act_bytes(type, K);
+    const int64_t nb = K / kvr_blck_size(type), N = n1;
+    for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, (uint8_t *)scratch + (size_t)t * ab, K);
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    struct qx_t1 a1;
+    qx_t1_fn fn = NULL;
+    if (T == 1 && qx_is_legacy(type)) { // one token: the arrays form, 8 blocks a step
+        const uintptr_t at = ((uintptr_t)scratch + ab + 63) & ~(uintptr_t)63;
+        qx_t1_init(type, scratch, nb, (void *)at, &a1);
+        fn = qx_t1_kernel(type);
+    }
+#endif
+    int64_t done = 0;
+    bool once = true;
+    while (chunks ? mm_chunk_next(chunks, N, &n0, &n1) : once) {
+        once = false;
+        done += n1 > n0 ? n1 - n0 : 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        if (fn) {
+            for (int64_t n = n0; n < n1; n++) Y[n] = fn((const uint8_t *)W + (size_t)n * row_bytes, nb, &a1);
+            continue;
+        }
+#endif
+        qx_rows_tokens(type, W, row_bytes, nb, n0, n1, T, ab, Y, ldy, scratch);
+    }
+    return done;
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -3683,7 +3728,7 @@ static void qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int
         // without 8-row kernels, a long prompt goes through in chunks of the scratch's tokens
         for (int64_t c0 = 0; c0 < T; c0 += QX_ROW_TOKENS) {
             const int64_t nt = T - c0 < QX_ROW_TOKENS ? T - c0 : QX_ROW_TOKENS;
-            qx_mul_rows(type, W, row_bytes, K, n0, n1, X + c0 * ldx, ldx, nt, Y + c0 * ldy, ldy, scratch);
+            qx_mul_rows(type, W, row_bytes, K, n0, n1, NULL, X + c0 * ldx, ldx, nt, Y + c0 * ldy, ldy, scratch);
         }
         return;
     }
@@ -4396,9 +4441,9 @@ static mv_row_fn mv_row_kernel(enum kvr_type t) {
     }
 }
 
-// Y[t][n] = W[n] . X[t] for rows n0..n1 and T <= MV_MAX_TOKENS tokens; scratch holds
-// T * mv_act_floats(K) floats.
-static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+// Y[t][n] = W[n] . X[t] for the chunks of the N rows this thread takes and T <= MV_MAX_TOKENS
+// tokens; scratch holds T * mv_act_floats(K) floats. Returns the rows it computed.
+static int64_t mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t N, const struct mm_chunks * chunks,
                    const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, float * scratch) {
     const mv_row_fn row_fn = mv_row_kernel(type);
     KVR_ASSERT(row_fn && T <= MV_MAX_TOKENS);
@@ -4411,13 +4456,18 @@ static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t
 #endif
     struct mv_act act[MV_MAX_TOKENS];
     for (int64_t t = 0; t < T; t++) mv_act_init(&act[t], type, X + t * ldx, K, scratch + (size_t)t * mv_act_floats(K), den);
-    for (int64_t n = n0; n < n1; n++) {
-        const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
-        for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
+    int64_t n0, n1, done = 0;
+    while (mm_chunk_next(chunks, N, &n0, &n1)) {
+        for (int64_t n = n0; n < n1; n++) {
+            const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
+            for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
+        }
+        done += n1 - n0;
     }
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     if (den && (csr & 0x0040u)) _mm_setcsr(csr);
 #endif
+    return done;
 }
 
 // x.y summed as llama.cpp's CPU backend (built with GGML_LLAMAFILE, its default) sums the F32
@@ -4475,6 +4525,11 @@ struct mm_args {
 // less than interleaving every row twice would.
 static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     int64_t r0, r1;
+    if (m->T <= QX_ROW_TOKENS) { // decode: rows by chunks (struct mm_chunks)
+        KVR_ASSERT(qx_scratch_bytes(m->w->type, m->K, m->T) <= p->wsize * sizeof(float));
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+        return qx_mul_rows(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
+    }
     if (qx_uses_x8(m->w->type, m->T)) {
         int64_t g0, g1;
         row_range((m->N + 7) / 8, p->ith, p->nth, &g0, &g1);
@@ -4507,12 +4562,9 @@ static int64_t mm_dot_llama(const struct cpu_params * p, const struct mm_args * 
 // Decode (a few tokens): every weight row read once in its stored form, no conversion pass over
 // memory and no sgemm packing of one row (see mv_mul).
 static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) {
-    int64_t n0, n1;
-    row_range(m->N, p->ith, p->nth, &n0, &n1);
-    if (n1 <= n0) return 0;
     KVR_ASSERT((size_t)m->T * mv_act_floats(m->K) <= p->wsize);
-    mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
-    return n1 - n0;
+    const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+    return mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
 }
 
 // F32 prefill: sgemm straight from the weights.
@@ -4976,7 +5028,12 @@ struct cpu_backend {
     struct kvr_graph  * graph;
     atomic_int          barrier_count;
     atomic_int          barrier_gen;
+    atomic_int          barrier_sleepers; // threads asleep on bar_cv (cpu_barrier)
+    pthread_mutex_t     bar_mu;
+    pthread_cond_t      bar_cv;
     atomic_int          done_count;
+    atomic_int        * chunks;       // per node of the graph: its chunk counter (struct mm_chunks)
+    int                 chunks_cap;
     float            ** wdata;        // per thread
     size_t              wsize;
     struct kvr_counters counters;
@@ -4992,18 +5049,64 @@ struct cpu_backend {
 };
 
 
+// How long a thread spins at a barrier before it sleeps. On a quiet machine the threads of a node
+// arrive within microseconds of each other and the spin ends first; a thread that is late by more
+// has usually lost its core to another process (a scheduler slice is milliseconds), and a waiter
+// that kept spinning, or yielding (the scheduler keeps a yielding thread runnable and gives it its
+// share), would hold a core the late thread needs. Asleep, it leaves the core to that thread.
+#define CPU_SPIN_US 50.0
+// A sleeper wakes at least this often to look again (a wakeup is never lost, see cpu_barrier;
+// this bounds the wait on anything else).
+#define CPU_SLEEP_SLICE_NS 20000000L
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
+// Wait on cv (with mu held) for at most one slice.
+static void cpu_sleep_slice(pthread_cond_t * cv, pthread_mutex_t * mu) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += CPU_SLEEP_SLICE_NS;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+// The last thread to arrive opens the barrier (a new generation) and wakes the sleepers, if any. A
+// waiter spins for CPU_SPIN_US, then counts itself a sleeper and sleeps until the generation moves.
+// No wakeup is lost: the waiter counts itself and then reads the generation, the last arriver
+// moves the generation and then reads the count (all sequentially consistent), so either the
+// waiter sees the new generation or the arriver sees the sleeper and broadcasts under the mutex,
+// which it cannot take before the waiter is asleep on the condition.
 static void cpu_barrier(struct cpu_backend * cb) {
     if (cb->n_threads == 1) return;
     const int gen = atomic_load(&cb->barrier_gen);
     if (atomic_fetch_add(&cb->barrier_count, 1) == cb->n_threads - 1) {
         atomic_store(&cb->barrier_count, 0);
         atomic_fetch_add(&cb->barrier_gen, 1);
+        if (atomic_load(&cb->barrier_sleepers) > 0) {
+            pthread_mutex_lock(&cb->bar_mu);
+            pthread_cond_broadcast(&cb->bar_cv);
+            pthread_mutex_unlock(&cb->bar_mu);
+        }
         return;
     }
-    // spin briefly (nodes are short), then yield so oversubscribed ranks still progress
-    for (int spins = 0; atomic_load(&cb->barrier_gen) == gen; spins++) {
-        if (spins > 2000) sched_yield();
+    const double until = kvr_time_ms() + CPU_SPIN_US / 1000.0;
+    for (int spins = 1; atomic_load(&cb->barrier_gen) == gen; spins++) {
+        cpu_relax();
+        if (spins % 64 == 0 && kvr_time_ms() > until) break;
     }
+    if (atomic_load(&cb->barrier_gen) != gen) return;
+    pthread_mutex_lock(&cb->bar_mu);
+    atomic_fetch_add(&cb->barrier_sleepers, 1);
+    while (atomic_load(&cb->barrier_gen) == gen) cpu_sleep_slice(&cb->bar_cv, &cb->bar_mu);
+    atomic_fetch_sub(&cb->barrier_sleepers, 1);
+    pthread_mutex_unlock(&cb->bar_mu);
 }
 
 // the layer a node belongs to, from its name ("blk.12.ffn_up"), or -1
@@ -5057,13 +5160,14 @@ static bool node_solo(const struct kvr_tensor * t) {
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
-    struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
+    struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
                             cb->ref };
     struct cpu_params solo = p;
     solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
         if (node_is_noop(t)) continue;
+        p.chunk = solo.chunk = &cb->chunks[i];
         const double t0 = ith == 0 ? kvr_time_ms() : 0.0;
         bool barrier = true;
         if (node_is_comm(t)) {
@@ -5095,9 +5199,10 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
 
 // Between graphs a worker polls for the next one for up to CPU_POLL_MS before it sleeps on the
 // condition variable: decode runs one small graph per token, and the time between two (the
-// sampler, the inputs) is far shorter than waking a sleeping thread takes. Past a few thousand
-// polls it yields each time, as the barrier does, so an oversubscribed machine still progresses.
-#define CPU_POLL_MS 2.0
+// sampler, the inputs) is mostly shorter than waking a sleeping thread takes. It polls with the
+// CPU's pause, not by yielding: a yielding thread stays runnable and keeps its share of a core
+// that the thread preparing the next graph may need on a busy machine.
+#define CPU_POLL_MS 1.0
 
 static void * cpu_worker(void * arg) {
     struct cpu_backend * cb = ((void **)arg)[0];
@@ -5106,14 +5211,13 @@ static void * cpu_worker(void * arg) {
     int seen = 0;
     for (;;) {
         const double until = kvr_time_ms() + CPU_POLL_MS;
-        for (int spins = 0; atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop); spins++) {
-            if (spins < 2000) continue;
-            sched_yield();
-            if (kvr_time_ms() > until) break;
+        for (int spins = 1; atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop); spins++) {
+            cpu_relax();
+            if (spins % 64 == 0 && kvr_time_ms() > until) break;
         }
         pthread_mutex_lock(&cb->mu);
         while (atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop)) {
-            pthread_cond_wait(&cb->cv, &cb->mu);
+            cpu_sleep_slice(&cb->cv, &cb->mu);
         }
         if (atomic_load(&cb->stop)) {
             pthread_mutex_unlock(&cb->mu);
@@ -5187,6 +5291,13 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     atomic_store(&cb->status, KVR_OK);
     cb->span_layer = -1;
     cb->graph = g;
+    if (g->n_nodes > cb->chunks_cap) {
+        free(cb->chunks);
+        cb->chunks = kvr_malloc(sizeof(atomic_int) * (size_t)g->n_nodes);
+        cb->chunks_cap = g->n_nodes;
+    }
+    // before the workers start (the generation's bump publishes it)
+    for (int i = 0; i < g->n_nodes; i++) atomic_init(&cb->chunks[i], 0);
     if (cb->n_threads > 1) {
         atomic_store(&cb->done_count, 0);
         pthread_mutex_lock(&cb->mu);
@@ -5300,9 +5411,12 @@ static void cpu_free(struct kvr_backend * be) {
     for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
     free(cb->wdata);
     free(cb->threads);
+    free(cb->chunks);
     arrfree(cb->spans);
     pthread_mutex_destroy(&cb->mu);
     pthread_cond_destroy(&cb->cv);
+    pthread_mutex_destroy(&cb->bar_mu);
+    pthread_cond_destroy(&cb->bar_cv);
     free(cb);
     free(be);
 }
@@ -5351,6 +5465,8 @@ static struct kvr_backend * cpu_backend_make(int n_threads, bool ref) {
     struct cpu_backend * cb = kvr_calloc(1, sizeof(*cb));
     pthread_mutex_init(&cb->mu, NULL);
     pthread_cond_init(&cb->cv, NULL);
+    pthread_mutex_init(&cb->bar_mu, NULL);
+    pthread_cond_init(&cb->bar_cv, NULL);
     cb->wsize = 1 << 16;
     cb->ref   = ref || cpu_ref_from_env();
     cpu_start_threads(cb, n_threads);
