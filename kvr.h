@@ -1242,6 +1242,8 @@ struct kvr_rank_stats {
     double  compute_ms;       // in all the nodes of its graphs but the transfers' (the rest of it: norms,
                               //   RoPE, copies, ...)
     int64_t replica_bytes;    // cache bytes this rank put into its replica on its successor (--replicate)
+    double  op_ms[KVR_OP_COUNT]; // wall time in the nodes of each op kind (the first thread's view, barriers
+                              //   included): where compute_ms goes
 };
 
 struct kvr_session;
