@@ -3845,8 +3845,8 @@ struct mv_act {
     const float * x;    // K activations
     const float * s16;  // the sum of each 16 of them
     const float * s32;  // the sum of each 32
-    const float * xp;   // Q4_0, Q4_1, Q4_K, Q6_K: x in the order of the lanes' quants, scaled (mv_act_init)
-    const float * xo;   // Q4_0, Q4_1, Q6_K: the sums of x under each lane's quants, scaled as xp
+    const float * xp;   // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K: x in the order of the lanes' quants, scaled (mv_act_init)
+    const float * xo;   // Q4_0, Q4_1, Q5_0, Q5_1, Q6_K: the sums of x under each lane's quants, scaled as xp
     float unscale;      // what those kernels' sums are multiplied by at the end
     bool  den;          // quants read as subnormal floats (see above), not converted
 };
@@ -3974,9 +3974,10 @@ static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, 
     for (int64_t i = 0; i < K / 32; i++) s32[i] = s16[2 * i] + s16[2 * i + 1];
     *a = (struct mv_act) { x, s16, s32, NULL, NULL, 1.0f, den };
     const bool q4 = type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1;
-    if (!q4 && type != KVR_TYPE_Q4_K && type != KVR_TYPE_Q6_K) return;
+    const bool q5 = type == KVR_TYPE_Q5_0 || type == KVR_TYPE_Q5_1;
+    if (!q4 && !q5 && type != KVR_TYPE_Q4_K && type != KVR_TYPE_Q6_K) return;
     float pre, sc[8];
-    mv_scales(x, K, den, type == KVR_TYPE_Q6_K, &pre, sc, &a->unscale);
+    mv_scales(x, K, den, type == KVR_TYPE_Q6_K || q5, &pre, sc, &a->unscale);
     const __m256 vpre = _mm256_set1_ps(pre);
     const float so = 1.0f / a->unscale; // a power of two: exact
     __m256 t[4];
@@ -4002,12 +4003,14 @@ static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, 
             }
         }
     } else {
-        // Q6_K: 32 bytes of 6-bit quants a step: byte j of lane i is element 4i + j; lanes 0-3 are
-        // the first 16 elements (one scale), 4-7 the next; xo: their sums times -32/4 (the offset)
+        // Q6_K, Q5_0, Q5_1: 32 bytes of quants a step: byte j of lane i is element 4i + j. Q6_K: lanes
+        // 0-3 are the first 16 elements (one scale), 4-7 the next; xo: their sums times -32/4 (the
+        // offset). Q5: one block; xo: its sum / 8 in every lane (times -16 or the min, in the kernel)
         for (int64_t m = 0; m < K / 32; m++) {
             mv_gather4(x + 32 * m, x + 32 * m + 16, t);
             for (int j = 0; j < 4; j++) _mm256_storeu_ps(xp + 32 * m + 8 * j, _mm256_mul_ps(_mm256_mul_ps(t[j], vpre), _mm256_set1_ps(sc[j])));
-            _mm256_storeu_ps(xo + 8 * m, _mm256_setr_m128(_mm_set1_ps(-8.0f * s16[2 * m] * so), _mm_set1_ps(-8.0f * s16[2 * m + 1] * so)));
+            _mm256_storeu_ps(xo + 8 * m, q5 ? _mm256_set1_ps(s32[m] * 0.125f * so)
+                                            : _mm256_setr_m128(_mm_set1_ps(-8.0f * s16[2 * m] * so), _mm_set1_ps(-8.0f * s16[2 * m + 1] * so)));
         }
         a->xo = xo;
     }
@@ -4097,29 +4100,43 @@ static inline __attribute__((always_inline)) float mv_q4_1(const void * row, con
 MV_ROW_DEN(q4_0, mv_q4_0)
 MV_ROW_DEN(q4_1, mv_q4_1)
 
-static float mv_row_q5_0(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q5_0 * b = row;
-    const float * x = a->x;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
-        const __m256i q5 = _mm256_or_si256(mv_nibbles32(b[i].qs), mv_bit4_32(kvr_q_u32le(b[i].qh)));
-        acc = _mm256_fmadd_ps(mv_dot32(_mm256_sub_epi8(q5, _mm256_set1_epi8(16)), x), _mm256_set1_ps(mv_half(b[i].d)), acc);
+// Q5_0 (x = d (q - 16)) and Q5_1 (min: x = d q + m): a block's 32 quants built as bytes in element
+// order (nibbles, and the 5th bit from qh), then read as Q6_K reads its bytes (mv_byte, lanes in
+// mv_act's byte order): no widening of int8 to floats, which the shuffle port could not keep up with.
+// The -16 rides as the chain's start, the min in a second accumulator; blocks alternate two chains.
+static inline __attribute__((always_inline)) float mv_q5(const uint8_t * row, const struct mv_act * a, int64_t K, const bool min,
+                                                          const bool den) {
+    const size_t bs = min ? sizeof(struct kvr_block_q5_1) : sizeof(struct kvr_block_q5_0);
+    const size_t qo = min ? offsetof(struct kvr_block_q5_1, qs) : offsetof(struct kvr_block_q5_0, qs);
+    const size_t ho = min ? offsetof(struct kvr_block_q5_1, qh) : offsetof(struct kvr_block_q5_0, qh);
+    __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() }, macc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK; i++) {
+        const uint8_t * b = row + (size_t)i * bs;
+        __m256i q = _mm256_or_si256(mv_nibbles32(b + qo), mv_bit4_32(kvr_q_u32le(b + ho)));
+        const __m256 xo = _mm256_loadu_ps(a->xo + 8 * i);
+        const float * xp = a->xp + 32 * i;
+        __m256 s = min ? _mm256_setzero_ps() : _mm256_mul_ps(xo, _mm256_set1_ps(-16.0f));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            if (den && j == 2) q = _mm256_srli_epi32(q, 16);
+            s = _mm256_fmadd_ps(mv_byte(q, j, den), _mm256_loadu_ps(xp + 8 * j), s);
+        }
+        acc[i & 1] = _mm256_fmadd_ps(s, _mm256_set1_ps(mv_half(b)), acc[i & 1]);
+        if (min) macc = _mm256_fmadd_ps(xo, _mm256_set1_ps(mv_half(b + 2)), macc);
     }
-    return mv_hsum(acc);
+    return mv_hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), macc)) * a->unscale;
 }
 
-static float mv_row_q5_1(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q5_1 * b = row;
-    const float * x = a->x;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
-    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
-        const __m256i q5 = _mm256_or_si256(mv_nibbles32(b[i].qs), mv_bit4_32(kvr_q_u32le(b[i].qh)));
-        acc = _mm256_fmadd_ps(mv_dot32(q5, x), _mm256_set1_ps(mv_half(b[i].d)), acc);
-        mins += mv_half(b[i].m) * a->s32[i];
-    }
-    return mv_hsum(acc) + mins;
+static inline __attribute__((always_inline)) float mv_q5_0(const void * row, const struct mv_act * a, int64_t K, const bool den) {
+    return mv_q5(row, a, K, false, den);
 }
+
+static inline __attribute__((always_inline)) float mv_q5_1(const void * row, const struct mv_act * a, int64_t K, const bool den) {
+    return mv_q5(row, a, K, true, den);
+}
+
+MV_ROW_DEN(q5_0, mv_q5_0)
+MV_ROW_DEN(q5_1, mv_q5_1)
 
 // Q8_0 and Q8_1 differ only in Q8_1's extra sum, which a product with f32 activations does not
 // need: both are (d, 32 quants) blocks, bs bytes apart, the quants at qo. Sign-extended and
