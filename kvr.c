@@ -5124,8 +5124,8 @@ struct cpu_backend {
 #define CPU_SLEEP_SLICE_NS 20000000L
 
 static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    _mm_pause();
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_ia32_pause(); // what _mm_pause is, without immintrin.h (included only for the SIMD kernels)
 #endif
 }
 
