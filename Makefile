@@ -5,7 +5,9 @@
 #   make KVR_CUDA=1   the same with the CUDA backend (nvcc, cuBLAS; sm_80 and sm_90 plus PTX)
 #   make test         every test (plus a second build under ASan+UBSan, bounded fuzz runs and,
 #                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
-#   make bench        the benchmarks (long: about two hours; not part of make test), kvr-server's too
+#   make bench        the benchmarks (long: a few hours; not part of make test): the matrix first, kvr-server's too
+#   make bench-short  the speed matrix's short form (minutes): real files and one mixture, beside
+#                     llama.cpp's llama-bench when it is on the PATH
 #   make gpu-check    on a machine with an NVIDIA GPU: the GPU's tests, kvr-compare on every
 #                     reference model, a speed table (under 8 min; tests/gpu-check.sh). Without one:
 #                     says so, exit 2. make gpu-pack: the folder it runs from (gpu-pack/)
@@ -72,12 +74,12 @@ TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildc
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench install clean help demo mpi cuda-gate cuda-parts gpu-check gpu-pack gpu-pack-parts FORCE
+.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench bench-short install clean help demo mpi cuda-gate cuda-parts gpu-check gpu-pack gpu-pack-parts FORCE
 
 all: $(BUILD)/libkvr.a tools
 
 help:
-	@sed -n '1,14p' Makefile
+	@sed -n '1,16p' Makefile
 
 $(BUILD) $(ASAN):
 	mkdir -p $@
@@ -242,10 +244,14 @@ fuzz-cli: $(BUILD)/fuzz-cli
 		-rss_limit_mb=4096 -close_fd_mask=3 -artifact_prefix=$(BUILD)/fuzz-cli- $(BUILD)/fuzz-cli-corpus
 
 bench: all
+	sh tests/bench-matrix.sh $(BUILD)
 	sh tests/bench.sh $(BUILD)
 	python3 tests/paper-tables.py $(BUILD) $(BUILD)/bench/paper-tables.md
 	@echo "the simulated paper setting: $(BUILD)/bench/paper-tables.md"
 	$(if $(SERVER_OK),python3 tools/server-bench.py $(BUILD) --out $(BUILD)/bench/server.md,@echo "kvr-server is not built: its bench is skipped")
+
+bench-short: all
+	sh tests/bench-matrix.sh $(BUILD) short
 
 install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

@@ -2316,6 +2316,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     dr->comm->st.expert_bytes = cn->expert_bytes;
     dr->comm->st.attn_ms = cn->op_ms[KVR_OP_ATTN];
     dr->comm->st.compute_ms = 0.0;
+    memcpy(dr->comm->st.op_ms, cn->op_ms, sizeof(dr->comm->st.op_ms));
     for (int k = 0; k < KVR_OP_COUNT; k++) {
         const bool comm = k == KVR_OP_SEND || k == KVR_OP_RECV || k == KVR_OP_ALL_GATHER || k == KVR_OP_ALL_TO_ALL;
         if (!comm) dr->comm->st.compute_ms += cn->op_ms[k]; // the transfers' nodes wait: wait_ms

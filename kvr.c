@@ -707,49 +707,59 @@ static float quant_fit_scale_min(int n, int nmax, const float * x, const float *
     return scale;
 }
 
+// One super-block of Q4_K or Q5_K (nmax 15 or 31): per sub-block of 32 a fitted scale and min,
+// both stored as 6-bit multiples of the block's d and dmin (packed into scales[12] as
+// kvr_k4_scales reads them), then every element requantized against the rounded scales. L gets
+// the 256 quants; the caller packs them in its type's layout.
+static void q_fit_k_super(const float * x, int nmax, uint8_t d[2], uint8_t dmin[2], uint8_t scales[12], uint8_t L[KVR_QK_K]) {
+    uint8_t Laux[32];
+    float   w[32], sc[8], mins[8];
+    float   max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        const float * xs = x + 32*j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+        const float av_x = sqrtf(sum_x2/32);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+        sc[j] = quant_fit_scale_min(32, nmax, xs, w, L + 32*j, &mins[j], Laux, nmax == 15 ? -1.0f : -0.5f, 0.1f, nmax == 15 ? 20 : 15);
+        if (sc[j]   > max_scale) max_scale = sc[j];
+        if (mins[j] > max_min)   max_min   = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f/max_scale : 0.f;
+    const float inv_min   = max_min   > 0 ? 63.f/max_min   : 0.f;
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        uint8_t ls = (uint8_t)q_nearest_int(inv_scale*sc[j]);
+        uint8_t lm = (uint8_t)q_nearest_int(inv_min*mins[j]);
+        ls = ls < 63 ? ls : 63;
+        lm = lm < 63 ? lm : 63;
+        if (j < 4) {
+            scales[j]     = ls;
+            scales[j + 4] = lm;
+        } else {
+            scales[j + 4]  = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
+            scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales[j]     |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    q_set_half(d,    max_scale/63.f);
+    q_set_half(dmin, max_min/63.f);
+    // requantize against the rounded scales that will actually be stored
+    float dl[8], ml[8];
+    kvr_k4_scales_f(scales, kvr_q_half(d), kvr_q_half(dmin), dl, ml);
+    for (int j = 0; j < 8; j++) {
+        if (dl[j] == 0.0f) continue;
+        for (int l = 0; l < 32; l++) {
+            L[32*j + l] = (uint8_t)q_clampi(q_nearest_int((x[32*j + l] + ml[j])/dl[j]), 0, nmax);
+        }
+    }
+}
+
 static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
     struct kvr_block_q4_K * y = dst;
     for (int64_t i = 0; i < n/KVR_QK_K; i++, y++, x += KVR_QK_K) {
-        uint8_t L[KVR_QK_K], Laux[32];
-        float   w[32], scales[8], mins[8];
-        float   max_scale = 0, max_min = 0;
-        for (int j = 0; j < 8; j++) {
-            const float * xs = x + 32*j;
-            float sum_x2 = 0;
-            for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-            const float av_x = sqrtf(sum_x2/32);
-            for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-            scales[j] = quant_fit_scale_min(32, 15, xs, w, L + 32*j, &mins[j], Laux, -1.0f, 0.1f, 20);
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j]   > max_min)   max_min   = mins[j];
-        }
-        const float inv_scale = max_scale > 0 ? 63.f/max_scale : 0.f;
-        const float inv_min   = max_min   > 0 ? 63.f/max_min   : 0.f;
-        for (int j = 0; j < 8; j++) {
-            uint8_t ls = (uint8_t)q_nearest_int(inv_scale*scales[j]);
-            uint8_t lm = (uint8_t)q_nearest_int(inv_min*mins[j]);
-            ls = ls < 63 ? ls : 63;
-            lm = lm < 63 ? lm : 63;
-            if (j < 4) {
-                y->scales[j]     = ls;
-                y->scales[j + 4] = lm;
-            } else {
-                y->scales[j + 4]  = (uint8_t)((ls & 0x0f) | ((lm & 0x0f) << 4));
-                y->scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
-                y->scales[j]     |= (uint8_t)((lm >> 4) << 6);
-            }
-        }
-        q_set_half(y->d,    max_scale/63.f);
-        q_set_half(y->dmin, max_min/63.f);
-        // requantize against the rounded scales that will actually be stored
-        float dl[8], ml[8];
-        kvr_k4_scales_f(y->scales, kvr_q_half(y->d), kvr_q_half(y->dmin), dl, ml);
-        for (int j = 0; j < 8; j++) {
-            if (dl[j] == 0.0f) continue;
-            for (int l = 0; l < 32; l++) {
-                L[32*j + l] = (uint8_t)q_clampi(q_nearest_int((x[32*j + l] + ml[j])/dl[j]), 0, 15);
-            }
-        }
+        uint8_t L[KVR_QK_K];
+        q_fit_k_super(x, 15, y->d, y->dmin, y->scales, L);
         for (int g = 0; g < 4; g++) {
             for (int l = 0; l < 32; l++) {
                 y->qs[32*g + l] = (uint8_t)(L[64*g + l] | (L[64*g + 32 + l] << 4));
@@ -757,6 +767,24 @@ static size_t q_from_float_q4_K(const float * x, void * dst, int64_t n) {
         }
     }
     return (size_t)(n/KVR_QK_K) * sizeof(struct kvr_block_q4_K);
+}
+
+// Q5_K: Q4_K's low nibbles, and the 5th bit of sub-block j's element l in bit j of qh[l].
+static size_t q_from_float_q5_K(const float * x, void * dst, int64_t n) {
+    struct kvr_block_q5_K * y = dst;
+    for (int64_t i = 0; i < n/KVR_QK_K; i++, y++, x += KVR_QK_K) {
+        uint8_t L[KVR_QK_K];
+        q_fit_k_super(x, 31, y->d, y->dmin, y->scales, L);
+        memset(y->qh, 0, sizeof y->qh);
+        for (int g = 0; g < 4; g++) {
+            for (int l = 0; l < 32; l++) {
+                const uint8_t a = L[64*g + l], b = L[64*g + 32 + l];
+                y->qs[32*g + l] = (uint8_t)((a & 0x0f) | ((b & 0x0f) << 4));
+                y->qh[l] |= (uint8_t)(((a >> 4) << (2*g)) | ((b >> 4) << (2*g + 1)));
+            }
+        }
+    }
+    return (size_t)(n/KVR_QK_K) * sizeof(struct kvr_block_q5_K);
 }
 
 // Symmetric fit x ~ scale*(L - nmax), L in 0..2*nmax-1, weighted by x^2: the naive scale and 18
@@ -866,7 +894,7 @@ static const struct quant_traits {
     { KVR_TYPE_Q2_K, "q2_K", KVR_QK_K, sizeof(struct kvr_block_q2_K), q_to_float_q2_K, NULL },
     { KVR_TYPE_Q3_K, "q3_K", KVR_QK_K, sizeof(struct kvr_block_q3_K), q_to_float_q3_K, NULL },
     { KVR_TYPE_Q4_K, "q4_K", KVR_QK_K, sizeof(struct kvr_block_q4_K), q_to_float_q4_K, q_from_float_q4_K },
-    { KVR_TYPE_Q5_K, "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_K), q_to_float_q5_K, NULL },
+    { KVR_TYPE_Q5_K, "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_K), q_to_float_q5_K, q_from_float_q5_K },
     { KVR_TYPE_Q6_K, "q6_K", KVR_QK_K, sizeof(struct kvr_block_q6_K), q_to_float_q6_K, q_from_float_q6_K },
     { KVR_TYPE_Q8_K, "q8_K", KVR_QK_K, sizeof(struct kvr_block_q8_K), q_to_float_q8_K, NULL },
     { KVR_TYPE_MXFP4, "mxfp4", KVR_QK, sizeof(struct kvr_block_mxfp4), q_to_float_mxfp4, q_from_float_mxfp4 },
@@ -2389,8 +2417,36 @@ bool kvr_backend_counters(struct kvr_backend * be, struct kvr_counters * out, bo
 // op when the backend was made with them (KVR_REF=1), else its cpu_op_*.
 //
 
+// The rows of a decode matmul handed out a chunk at a time: each thread takes the next chunk until
+// none is left, so a thread the machine runs late (another process on its core) computes fewer
+// rows instead of keeping the others waiting at the barrier after the node. Which thread computes
+// a row does not change its value.
+struct mm_chunks {
+    atomic_int * next;   // the node's counter, 0 when the graph starts
+    int64_t      rows;   // rows a chunk
+};
+
+// The rows [*r0, *r1) of the next chunk of n rows; false when every chunk is taken.
+static bool mm_chunk_next(const struct mm_chunks * c, int64_t n, int64_t * r0, int64_t * r1) {
+    const int64_t k = atomic_fetch_add_explicit(c->next, 1, memory_order_relaxed);
+    if (k * c->rows >= n) return false;
+    *r0 = k * c->rows;
+    *r1 = *r0 + c->rows < n ? *r0 + c->rows : n;
+    return true;
+}
+
+// Rows a chunk: about four chunks a thread, a multiple of 8 (the integer kernels' row groups). A
+// chunk is then at least tens of KiB of weights in the shapes decode meets, against one atomic
+// increment; a thread stalled in its last chunk holds the others up by an eighth of the node at most
+// (2 threads), not by its whole half.
+static int64_t mm_chunk_rows(int64_t n, int nth) {
+    const int64_t rows = (n + 4 * nth - 1) / (4 * nth);
+    return (rows + 7) & ~(int64_t)7;
+}
+
 struct cpu_params {
     int     ith, nth;
+    atomic_int * chunk; // the node's chunk counter (struct mm_chunks)
     float * wdata;     // this thread's scratch (weight blocks converted to f32, score tiles)
     size_t  wsize;     // floats
     struct kvr_counters * counters; // this thread's, summed after the graph
@@ -3886,26 +3942,9 @@ static void qx_row_dot(enum kvr_type type, int nt, const uint8_t * row, int64_t 
 #endif
 }
 
-// Y[t][n] = W[n] . X[t] for rows n0..n1, every row read once and met by its tokens 4 at a time:
-// decode, and the prefill path without AVX2. scratch holds T tokens' activations.
-static void qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
-                        const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, void * scratch) {
-    const size_t ab = qx_act_bytes(type, K);
-    const int64_t nb = K / kvr_blck_size(type);
-    for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, (uint8_t *)scratch + (size_t)t * ab, K);
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (T == 1 && qx_is_legacy(type)) { // one token: the arrays form, 8 blocks a step
-        struct qx_t1 a1;
-        const uintptr_t at = ((uintptr_t)scratch + ab + 63) & ~(uintptr_t)63;
-        qx_t1_init(type, scratch, nb, (void *)at, &a1);
-        const qx_t1_fn fn = qx_t1_kernel(type);
-        for (int64_t n = n0; n < n1; n++) {
-            const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
-            Y[n] = fn(row, nb, &a1);
-        }
-        return;
-    }
-#endif
+// Rows n0..n1 of W against T quantized tokens (at scratch, ab bytes apart), 4 tokens a pass.
+static void qx_rows_tokens(enum kvr_type type, const void * W, size_t row_bytes, int64_t nb, int64_t n0, int64_t n1,
+                           int64_t T, size_t ab, float * Y, int64_t ldy, const void * scratch) {
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
         for (int64_t t0 = 0; t0 < T; t0 += 4) {
@@ -3917,6 +3956,40 @@ static void qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, in
             for (int k = 0; k < nt; k++) Y[(t0 + k) * ldy + n] = out[k];
         }
     }
+}
+
+// Y[t][n] = W[n] . X[t] for rows n0..n1 (chunks: the chunks of rows 0..n1 this thread takes),
+// every row read once and met by its tokens 4 at a time: decode, and the prefill path without
+// AVX2. scratch holds T tokens' activations. Returns the rows it computed.
+static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                           const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
+                           void * scratch) {
+    const size_t ab = qx_act_bytes(type, K);
+    const int64_t nb = K / kvr_blck_size(type), N = n1;
+    for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, (uint8_t *)scratch + (size_t)t * ab, K);
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    struct qx_t1 a1;
+    qx_t1_fn fn = NULL;
+    if (T == 1 && qx_is_legacy(type)) { // one token: the arrays form, 8 blocks a step
+        const uintptr_t at = ((uintptr_t)scratch + ab + 63) & ~(uintptr_t)63;
+        qx_t1_init(type, scratch, nb, (void *)at, &a1);
+        fn = qx_t1_kernel(type);
+    }
+#endif
+    int64_t done = 0;
+    bool once = true;
+    while (chunks ? mm_chunk_next(chunks, N, &n0, &n1) : once) {
+        once = false;
+        done += n1 > n0 ? n1 - n0 : 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        if (fn) {
+            for (int64_t n = n0; n < n1; n++) Y[n] = fn((const uint8_t *)W + (size_t)n * row_bytes, nb, &a1);
+            continue;
+        }
+#endif
+        qx_rows_tokens(type, W, row_bytes, nb, n0, n1, T, ab, Y, ldy, scratch);
+    }
+    return done;
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -4191,7 +4264,7 @@ static void qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int
         // without 8-row kernels, a long prompt goes through in chunks of the scratch's tokens
         for (int64_t c0 = 0; c0 < T; c0 += QX_ROW_TOKENS) {
             const int64_t nt = T - c0 < QX_ROW_TOKENS ? T - c0 : QX_ROW_TOKENS;
-            qx_mul_rows(type, W, row_bytes, K, n0, n1, X + c0 * ldx, ldx, nt, Y + c0 * ldy, ldy, scratch);
+            qx_mul_rows(type, W, row_bytes, K, n0, n1, NULL, X + c0 * ldx, ldx, nt, Y + c0 * ldy, ldy, scratch);
         }
         return;
     }
@@ -4309,8 +4382,8 @@ struct mv_act {
     const float * x;    // K activations
     const float * s16;  // the sum of each 16 of them
     const float * s32;  // the sum of each 32
-    const float * xp;   // Q4_0, Q4_1, Q4_K, Q6_K: x in the order of the lanes' quants, scaled (mv_act_init)
-    const float * xo;   // Q4_0, Q4_1, Q6_K: the sums of x under each lane's quants, scaled as xp
+    const float * xp;   // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K: x in the order of the lanes' quants, scaled (mv_act_init)
+    const float * xo;   // Q4_0, Q4_1, Q5_0, Q5_1, Q6_K: the sums of x under each lane's quants, scaled as xp
     float unscale;      // what those kernels' sums are multiplied by at the end
     bool  den;          // quants read as subnormal floats (see above), not converted
 };
@@ -4438,9 +4511,10 @@ static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, 
     for (int64_t i = 0; i < K / 32; i++) s32[i] = s16[2 * i] + s16[2 * i + 1];
     *a = (struct mv_act) { x, s16, s32, NULL, NULL, 1.0f, den };
     const bool q4 = type == KVR_TYPE_Q4_0 || type == KVR_TYPE_Q4_1;
-    if (!q4 && type != KVR_TYPE_Q4_K && type != KVR_TYPE_Q6_K) return;
+    const bool q5 = type == KVR_TYPE_Q5_0 || type == KVR_TYPE_Q5_1;
+    if (!q4 && !q5 && type != KVR_TYPE_Q4_K && type != KVR_TYPE_Q6_K) return;
     float pre, sc[8];
-    mv_scales(x, K, den, type == KVR_TYPE_Q6_K, &pre, sc, &a->unscale);
+    mv_scales(x, K, den, type == KVR_TYPE_Q6_K || q5, &pre, sc, &a->unscale);
     const __m256 vpre = _mm256_set1_ps(pre);
     const float so = 1.0f / a->unscale; // a power of two: exact
     __m256 t[4];
@@ -4466,12 +4540,14 @@ static void mv_act_init(struct mv_act * a, enum kvr_type type, const float * x, 
             }
         }
     } else {
-        // Q6_K: 32 bytes of 6-bit quants a step: byte j of lane i is element 4i + j; lanes 0-3 are
-        // the first 16 elements (one scale), 4-7 the next; xo: their sums times -32/4 (the offset)
+        // Q6_K, Q5_0, Q5_1: 32 bytes of quants a step: byte j of lane i is element 4i + j. Q6_K: lanes
+        // 0-3 are the first 16 elements (one scale), 4-7 the next; xo: their sums times -32/4 (the
+        // offset). Q5: one block; xo: its sum / 8 in every lane (times -16 or the min, in the kernel)
         for (int64_t m = 0; m < K / 32; m++) {
             mv_gather4(x + 32 * m, x + 32 * m + 16, t);
             for (int j = 0; j < 4; j++) _mm256_storeu_ps(xp + 32 * m + 8 * j, _mm256_mul_ps(_mm256_mul_ps(t[j], vpre), _mm256_set1_ps(sc[j])));
-            _mm256_storeu_ps(xo + 8 * m, _mm256_setr_m128(_mm_set1_ps(-8.0f * s16[2 * m] * so), _mm_set1_ps(-8.0f * s16[2 * m + 1] * so)));
+            _mm256_storeu_ps(xo + 8 * m, q5 ? _mm256_set1_ps(s32[m] * 0.125f * so)
+                                            : _mm256_setr_m128(_mm_set1_ps(-8.0f * s16[2 * m] * so), _mm_set1_ps(-8.0f * s16[2 * m + 1] * so)));
         }
         a->xo = xo;
     }
@@ -4647,29 +4723,43 @@ static inline __attribute__((always_inline)) void mv_q8_tokens(const uint8_t * b
     for (int64_t t = 0; t < T; t++) y[t * ldy] = mv_hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
-static float mv_row_q5_0(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q5_0 * b = row;
-    const float * x = a->x;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
-        const __m256i q5 = _mm256_or_si256(mv_nibbles32(b[i].qs), mv_bit4_32(kvr_q_u32le(b[i].qh)));
-        acc = _mm256_fmadd_ps(mv_dot32(_mm256_sub_epi8(q5, _mm256_set1_epi8(16)), x), _mm256_set1_ps(mv_half(b[i].d)), acc);
+// Q5_0 (x = d (q - 16)) and Q5_1 (min: x = d q + m): a block's 32 quants built as bytes in element
+// order (nibbles, and the 5th bit from qh), then read as Q6_K reads its bytes (mv_byte, lanes in
+// mv_act's byte order): no widening of int8 to floats, which the shuffle port could not keep up with.
+// The -16 rides as the chain's start, the min in a second accumulator; blocks alternate two chains.
+static inline __attribute__((always_inline)) float mv_q5(const uint8_t * row, const struct mv_act * a, int64_t K, const bool min,
+                                                          const bool den) {
+    const size_t bs = min ? sizeof(struct kvr_block_q5_1) : sizeof(struct kvr_block_q5_0);
+    const size_t qo = min ? offsetof(struct kvr_block_q5_1, qs) : offsetof(struct kvr_block_q5_0, qs);
+    const size_t ho = min ? offsetof(struct kvr_block_q5_1, qh) : offsetof(struct kvr_block_q5_0, qh);
+    __m256 acc[2] = { _mm256_setzero_ps(), _mm256_setzero_ps() }, macc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / KVR_QK; i++) {
+        const uint8_t * b = row + (size_t)i * bs;
+        __m256i q = _mm256_or_si256(mv_nibbles32(b + qo), mv_bit4_32(kvr_q_u32le(b + ho)));
+        const __m256 xo = _mm256_loadu_ps(a->xo + 8 * i);
+        const float * xp = a->xp + 32 * i;
+        __m256 s = min ? _mm256_setzero_ps() : _mm256_mul_ps(xo, _mm256_set1_ps(-16.0f));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            if (den && j == 2) q = _mm256_srli_epi32(q, 16);
+            s = _mm256_fmadd_ps(mv_byte(q, j, den), _mm256_loadu_ps(xp + 8 * j), s);
+        }
+        acc[i & 1] = _mm256_fmadd_ps(s, _mm256_set1_ps(mv_half(b)), acc[i & 1]);
+        if (min) macc = _mm256_fmadd_ps(xo, _mm256_set1_ps(mv_half(b + 2)), macc);
     }
-    return mv_hsum(acc);
+    return mv_hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), macc)) * a->unscale;
 }
 
-static float mv_row_q5_1(const void * row, const struct mv_act * a, int64_t K) {
-    const struct kvr_block_q5_1 * b = row;
-    const float * x = a->x;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
-    for (int64_t i = 0; i < K / KVR_QK; i++, x += KVR_QK) {
-        const __m256i q5 = _mm256_or_si256(mv_nibbles32(b[i].qs), mv_bit4_32(kvr_q_u32le(b[i].qh)));
-        acc = _mm256_fmadd_ps(mv_dot32(q5, x), _mm256_set1_ps(mv_half(b[i].d)), acc);
-        mins += mv_half(b[i].m) * a->s32[i];
-    }
-    return mv_hsum(acc) + mins;
+static inline __attribute__((always_inline)) float mv_q5_0(const void * row, const struct mv_act * a, int64_t K, const bool den) {
+    return mv_q5(row, a, K, false, den);
 }
+
+static inline __attribute__((always_inline)) float mv_q5_1(const void * row, const struct mv_act * a, int64_t K, const bool den) {
+    return mv_q5(row, a, K, true, den);
+}
+
+MV_ROW_DEN(q5_0, mv_q5_0)
+MV_ROW_DEN(q5_1, mv_q5_1)
 
 // Q8_0 and Q8_1 differ only in Q8_1's extra sum, which a product with f32 activations does not
 // need: both are (d, 32 quants) blocks, bs bytes apart, the quants at qo. Sign-extended and
@@ -5014,10 +5104,10 @@ static mv_row_fn mv_row_kernel(enum kvr_type t) {
     }
 }
 
-// Y[t][n] = W[n] . X[t] for rows n0..n1 and T <= MV_MAX_TOKENS tokens; scratch holds
-// T * mv_act_floats(K) floats.
-static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
-                   const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, float * scratch) {
+// Y[t][n] = W[n] . X[t] for the chunks of the N rows this thread takes and T <= MV_MAX_TOKENS
+// tokens; scratch holds T * mv_act_floats(K) floats. Returns the rows it computed.
+static int64_t mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t N, const struct mm_chunks * chunks,
+                      int64_t r0, int64_t r1, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, float * scratch) {
     const mv_row_fn row_fn = mv_row_kernel(type);
     KVR_ASSERT(row_fn && T <= MV_BATCH_TOKENS);
     const bool den = mv_den_fast();
@@ -5030,14 +5120,21 @@ static void mv_mul(enum kvr_type type, const void * W, size_t row_bytes, int64_t
     struct mv_act act[MV_BATCH_TOKENS];
     for (int64_t t = 0; t < T; t++) mv_act_init(&act[t], type, X + t * ldx, K, scratch + (size_t)t * mv_act_floats(K), den);
     const mv_tokens_fn tokens_fn = T > 1 ? mv_tokens_kernel(type) : NULL;
-    for (int64_t n = n0; n < n1; n++) {
-        const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
-        if (tokens_fn) tokens_fn(row, act, T, K, Y + n, ldy);
-        else for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
+    int64_t n0 = r0, n1 = r1, done = 0;
+    bool once = true;
+    while (chunks ? mm_chunk_next(chunks, N, &n0, &n1) : once) {
+        once = false;
+        for (int64_t n = n0; n < n1; n++) {
+            const void * row = (const uint8_t *)W + (size_t)n * row_bytes;
+            if (tokens_fn) tokens_fn(row, act, T, K, Y + n, ldy);
+            else for (int64_t t = 0; t < T; t++) Y[t * ldy + n] = row_fn(row, &act[t], K);
+        }
+        done += n1 - n0;
     }
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     if (den && (csr & 0x0040u)) _mm_setcsr(csr);
 #endif
+    return done;
 }
 
 // x.y summed as llama.cpp's CPU backend (built with GGML_LLAMAFILE, its default) sums the F32
@@ -5096,6 +5193,11 @@ struct mm_args {
 // less than interleaving every row twice would.
 static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     int64_t r0, r1;
+    if (m->T <= QX_ROW_TOKENS) { // decode: rows by chunks (struct mm_chunks)
+        KVR_ASSERT(qx_scratch_bytes(m->w->type, m->K, m->T) <= p->wsize * sizeof(float));
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+        return qx_mul_rows(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
+    }
     if (qx_uses_x8(m->w->type, m->T)) {
         int64_t g0, g1;
         row_range((m->N + 7) / 8, p->ith, p->nth, &g0, &g1);
@@ -5128,18 +5230,71 @@ static int64_t mm_dot_llama(const struct cpu_params * p, const struct mm_args * 
 // Decode (a few tokens): every weight row read once in its stored form, no conversion pass over
 // memory and no sgemm packing of one row (see mv_mul).
 static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) {
+    // up to one pass of tokens over the rows (MV_MAX_TOKENS; a decode batch, KVR_MM_ROWS:
+    // MV_BATCH_TOKENS, the row kernels' group there): the rows by chunks (struct mm_chunks); a
+    // larger batch a group at a time over this thread's share of the rows
+    const int64_t G = m->T > MV_MAX_TOKENS ? MV_BATCH_TOKENS : MV_MAX_TOKENS;
+    if (m->T <= G) {
+        KVR_ASSERT((size_t)m->T * mv_act_floats(m->K) <= p->wsize);
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+        return mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, m->N, &c, 0, 0, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
+    }
     int64_t n0, n1;
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
-    // more tokens than one pass over the rows takes (a decode batch, KVR_MM_ROWS: MV_BATCH_TOKENS,
-    // the row kernels' group there; MV_MAX_TOKENS otherwise): a group at a time
-    const int64_t G = m->T > MV_MAX_TOKENS ? MV_BATCH_TOKENS : MV_MAX_TOKENS;
     for (int64_t t0 = 0; t0 < m->T; t0 += G) {
         const int64_t T = m->T - t0 < G ? m->T - t0 : G;
         KVR_ASSERT((size_t)T * mv_act_floats(m->K) <= p->wsize);
-        mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, n0, n1, m->X + t0 * m->lda, m->lda, T, m->Y + t0 * m->N, m->N, p->wdata);
+        mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, m->N, NULL, n0, n1, m->X + t0 * m->lda, m->lda, T, m->Y + t0 * m->N,
+               m->N, p->wdata);
     }
     return n1 - n0;
+}
+
+// Short prompts (MV_MAX_TOKENS < T < MM_PREFILL_ROWS: a chat turn): each weight row converted to f32
+// once into this thread's scratch (it stays in L1/L2), then dotted with 8 tokens at a time, one
+// 8-lane FMA chain a token, the row's 8 floats loaded once for the 8. For so few tokens sgemm's
+// packing of both operands costs more than the products (about 20 GFLOP/s a thread at 8-16 tokens
+// against 50-100 here, busy machine); rows by chunks (struct mm_chunks), as decode.
+#define MM_FEW_TOKENS 8
+
+static int64_t mm_few_tokens(const struct cpu_params * p, const struct mm_args * m) {
+    const int64_t K = m->K, T = m->T;
+    KVR_ASSERT((size_t)K <= p->wsize && K % 8 == 0);
+    const to_float_fn to_float = type_to_float(m->w->type);
+    float * row = p->wdata;
+    const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+    int64_t n0, n1, done = 0;
+    while (mm_chunk_next(&c, m->N, &n0, &n1)) {
+        for (int64_t n = n0; n < n1; n++) {
+            to_float((const uint8_t *)m->w->data + n * m->w->nb[1], row, K);
+            for (int64_t t0 = 0; t0 < T; t0 += MM_FEW_TOKENS) {
+                const int nt = T - t0 < MM_FEW_TOKENS ? (int)(T - t0) : MM_FEW_TOKENS;
+                const float * x[MM_FEW_TOKENS];
+                for (int j = 0; j < MM_FEW_TOKENS; j++) x[j] = m->X + (t0 + (j < nt ? j : nt - 1)) * m->lda; // a short group repeats its last token
+                float out[MM_FEW_TOKENS];
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+                __m256 acc[MM_FEW_TOKENS];
+                for (int j = 0; j < MM_FEW_TOKENS; j++) acc[j] = _mm256_setzero_ps();
+                for (int64_t k = 0; k < K; k += 8) {
+                    const __m256 w = _mm256_loadu_ps(row + k);
+#pragma GCC unroll 8
+                    for (int j = 0; j < MM_FEW_TOKENS; j++) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[j] + k), acc[j]);
+                }
+                for (int j = 0; j < MM_FEW_TOKENS; j++) out[j] = mv_hsum(acc[j]);
+#else
+                for (int j = 0; j < MM_FEW_TOKENS; j++) {
+                    float a = 0.0f;
+                    for (int64_t k = 0; k < K; k++) a = fmaf(row[k], x[j][k], a);
+                    out[j] = a;
+                }
+#endif
+                for (int j = 0; j < nt; j++) m->Y[(t0 + j) * m->N + n] = out[j];
+            }
+        }
+        done += n1 - n0;
+    }
+    return done;
 }
 
 // F32 prefill: sgemm straight from the weights.
@@ -5225,6 +5380,7 @@ static int64_t mm_run(const struct cpu_params * p, const struct mm_args * m) {
     if (p->q8_act && t == KVR_TYPE_MXFP4)                   return mm_mxfp4_q8(p, m);
     if (t == KVR_TYPE_F32 && m->K * m->N <= MM_DOT_MAX_WEIGHTS) return mm_dot_llama(p, m);
     if ((m->T <= MV_MAX_TOKENS || m->by_rows) && mv_row_kernel(t)) return mm_decode(p, m);
+    if (m->T < MM_PREFILL_ROWS && t != KVR_TYPE_F32 && m->K % 8 == 0) return mm_few_tokens(p, m);
     if (t == KVR_TYPE_F32)                                  return mm_sgemm_f32(p, m);
     return mm_sgemm_converted(p, m);
 }
@@ -5290,6 +5446,8 @@ static void cpu_op_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * d
     float * Y = X + T * K;                     // [n_e, rows] the products
     float * row = Y + T * rows;                // [K] one weight row in f32
     struct cpu_params q = *p;                  // one thread's worth of mm_run, on this slice
+    atomic_int q_chunk;                        // its chunks of rows (struct mm_chunks): its own
+    q.chunk = &q_chunk;
     q.ith = 0;
     q.nth = 1;
     q.vec_dot = true;
@@ -5322,6 +5480,7 @@ static void cpu_op_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * d
             ws.ne[1] = rows;
             ws.ne[2] = 1;
             const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y, false };
+            atomic_store_explicit(&q_chunk, 0, memory_order_relaxed);
             mm_run(&q, &m);
         }
         for (int64_t s = 0; s < n_e; s++) {
@@ -5929,7 +6088,12 @@ struct cpu_backend {
     struct kvr_graph  * graph;
     atomic_int          barrier_count;
     atomic_int          barrier_gen;
+    atomic_int          barrier_sleepers; // threads asleep on bar_cv (cpu_barrier)
+    pthread_mutex_t     bar_mu;
+    pthread_cond_t      bar_cv;
     atomic_int          done_count;
+    atomic_int        * chunks;       // per node of the graph: its chunk counter (struct mm_chunks)
+    int                 chunks_cap;
     float            ** wdata;        // per thread
     size_t              wsize;
     struct kvr_counters counters;
@@ -5945,18 +6109,64 @@ struct cpu_backend {
 };
 
 
+// How long a thread spins at a barrier before it sleeps. On a quiet machine the threads of a node
+// arrive within microseconds of each other and the spin ends first; a thread that is late by more
+// has usually lost its core to another process (a scheduler slice is milliseconds), and a waiter
+// that kept spinning, or yielding (the scheduler keeps a yielding thread runnable and gives it its
+// share), would hold a core the late thread needs. Asleep, it leaves the core to that thread.
+#define CPU_SPIN_US 50.0
+// A sleeper wakes at least this often to look again (a wakeup is never lost, see cpu_barrier;
+// this bounds the wait on anything else).
+#define CPU_SLEEP_SLICE_NS 20000000L
+
+static inline void cpu_relax(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    __builtin_ia32_pause(); // what _mm_pause is, without immintrin.h (included only for the SIMD kernels)
+#endif
+}
+
+// Wait on cv (with mu held) for at most one slice.
+static void cpu_sleep_slice(pthread_cond_t * cv, pthread_mutex_t * mu) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += CPU_SLEEP_SLICE_NS;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+// The last thread to arrive opens the barrier (a new generation) and wakes the sleepers, if any. A
+// waiter spins for CPU_SPIN_US, then counts itself a sleeper and sleeps until the generation moves.
+// No wakeup is lost: the waiter counts itself and then reads the generation, the last arriver
+// moves the generation and then reads the count (all sequentially consistent), so either the
+// waiter sees the new generation or the arriver sees the sleeper and broadcasts under the mutex,
+// which it cannot take before the waiter is asleep on the condition.
 static void cpu_barrier(struct cpu_backend * cb) {
     if (cb->n_threads == 1) return;
     const int gen = atomic_load(&cb->barrier_gen);
     if (atomic_fetch_add(&cb->barrier_count, 1) == cb->n_threads - 1) {
         atomic_store(&cb->barrier_count, 0);
         atomic_fetch_add(&cb->barrier_gen, 1);
+        if (atomic_load(&cb->barrier_sleepers) > 0) {
+            pthread_mutex_lock(&cb->bar_mu);
+            pthread_cond_broadcast(&cb->bar_cv);
+            pthread_mutex_unlock(&cb->bar_mu);
+        }
         return;
     }
-    // spin briefly (nodes are short), then yield so oversubscribed ranks still progress
-    for (int spins = 0; atomic_load(&cb->barrier_gen) == gen; spins++) {
-        if (spins > 2000) sched_yield();
+    const double until = kvr_time_ms() + CPU_SPIN_US / 1000.0;
+    for (int spins = 1; atomic_load(&cb->barrier_gen) == gen; spins++) {
+        cpu_relax();
+        if (spins % 64 == 0 && kvr_time_ms() > until) break;
     }
+    if (atomic_load(&cb->barrier_gen) != gen) return;
+    pthread_mutex_lock(&cb->bar_mu);
+    atomic_fetch_add(&cb->barrier_sleepers, 1);
+    while (atomic_load(&cb->barrier_gen) == gen) cpu_sleep_slice(&cb->bar_cv, &cb->bar_mu);
+    atomic_fetch_sub(&cb->barrier_sleepers, 1);
+    pthread_mutex_unlock(&cb->bar_mu);
 }
 
 // the layer a node belongs to, from its name ("blk.12.ffn_up"), or -1
@@ -6010,13 +6220,14 @@ static bool node_solo(const struct kvr_tensor * t) {
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
-    struct cpu_params p = { ith, cb->n_threads, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
+    struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
                             cb->ref };
     struct cpu_params solo = p;
     solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
         if (node_is_noop(t)) continue;
+        p.chunk = solo.chunk = &cb->chunks[i];
         const double t0 = ith == 0 ? kvr_time_ms() : 0.0;
         bool barrier = true;
         if (node_is_comm(t)) {
@@ -6048,9 +6259,10 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
 
 // Between graphs a worker polls for the next one for up to CPU_POLL_MS before it sleeps on the
 // condition variable: decode runs one small graph per token, and the time between two (the
-// sampler, the inputs) is far shorter than waking a sleeping thread takes. Past a few thousand
-// polls it yields each time, as the barrier does, so an oversubscribed machine still progresses.
-#define CPU_POLL_MS 2.0
+// sampler, the inputs) is mostly shorter than waking a sleeping thread takes. It polls with the
+// CPU's pause, not by yielding: a yielding thread stays runnable and keeps its share of a core
+// that the thread preparing the next graph may need on a busy machine.
+#define CPU_POLL_MS 1.0
 
 static void * cpu_worker(void * arg) {
     struct cpu_backend * cb = ((void **)arg)[0];
@@ -6059,14 +6271,13 @@ static void * cpu_worker(void * arg) {
     int seen = 0;
     for (;;) {
         const double until = kvr_time_ms() + CPU_POLL_MS;
-        for (int spins = 0; atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop); spins++) {
-            if (spins < 2000) continue;
-            sched_yield();
-            if (kvr_time_ms() > until) break;
+        for (int spins = 1; atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop); spins++) {
+            cpu_relax();
+            if (spins % 64 == 0 && kvr_time_ms() > until) break;
         }
         pthread_mutex_lock(&cb->mu);
         while (atomic_load(&cb->generation) == seen && !atomic_load(&cb->stop)) {
-            pthread_cond_wait(&cb->cv, &cb->mu);
+            cpu_sleep_slice(&cb->cv, &cb->mu);
         }
         if (atomic_load(&cb->stop)) {
             pthread_mutex_unlock(&cb->mu);
@@ -6136,6 +6347,13 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     atomic_store(&cb->status, KVR_OK);
     cb->span_layer = -1;
     cb->graph = g;
+    if (g->n_nodes > cb->chunks_cap) {
+        free(cb->chunks);
+        cb->chunks = kvr_malloc(sizeof(atomic_int) * (size_t)g->n_nodes);
+        cb->chunks_cap = g->n_nodes;
+    }
+    // before the workers start (the generation's bump publishes it)
+    for (int i = 0; i < g->n_nodes; i++) atomic_init(&cb->chunks[i], 0);
     if (cb->n_threads > 1) {
         atomic_store(&cb->done_count, 0);
         pthread_mutex_lock(&cb->mu);
@@ -6251,9 +6469,12 @@ static void cpu_free(struct kvr_backend * be) {
     for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
     free(cb->wdata);
     free(cb->threads);
+    free(cb->chunks);
     arrfree(cb->spans);
     pthread_mutex_destroy(&cb->mu);
     pthread_cond_destroy(&cb->cv);
+    pthread_mutex_destroy(&cb->bar_mu);
+    pthread_cond_destroy(&cb->bar_cv);
     free(cb);
     free(be);
 }
@@ -6302,6 +6523,8 @@ static struct kvr_backend * cpu_backend_make(int n_threads, bool ref) {
     struct cpu_backend * cb = kvr_calloc(1, sizeof(*cb));
     pthread_mutex_init(&cb->mu, NULL);
     pthread_cond_init(&cb->cv, NULL);
+    pthread_mutex_init(&cb->bar_mu, NULL);
+    pthread_cond_init(&cb->bar_cv, NULL);
     cb->wsize = 1 << 16;
     cb->ref   = ref || cpu_ref_from_env();
     cpu_start_threads(cb, n_threads);
@@ -11319,12 +11542,41 @@ void kvr_sampler_free(struct kvr_sampler * s) {
     memset(s, 0, sizeof(*s));
 }
 
+// The first index of the largest value; NaNs are passed over, and a NaN at 0 is the answer (as the
+// plain loop "if (x[i] > x[best]) best = i" gives). Over a large vocabulary (Gemma's 262k logits) that
+// loop costs ~1 ms a token, one element a dependent compare and reload at a time. Here: the maximum
+// 8 lanes at a time (a NaN never compares greater, so it never enters), then the first index holding
+// it, 8 at a time, which reads the logits again from the cache up to there.
 int32_t kvr_argmax(const float * x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++) {
-        if (x[i] > x[best]) best = i;
+    if (n <= 1 || x[0] != x[0]) return 0;
+    float mx = x[0];
+    int i = 1;
+#if defined(__AVX2__)
+    if (n >= 16) {
+        __m256 m = _mm256_set1_ps(x[0]);
+        for (; i + 8 <= n; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            m = _mm256_blendv_ps(m, v, _mm256_cmp_ps(v, m, _CMP_GT_OQ));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, m);
+        for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
     }
-    return best;
+#endif
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    int k = 0;
+#if defined(__AVX2__)
+    const __m256 vm = _mm256_set1_ps(mx);
+    for (; k + 8 <= n; k += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + k), vm, _CMP_EQ_OQ));
+        if (hit) return k + __builtin_ctz((unsigned)hit);
+    }
+#endif
+    for (; k < n; k++) {
+        if (x[k] == mx) return k;
+    }
+    KVR_ASSERT(!"the maximum is one of the values");
+    return 0;
 }
 
 struct prob_id {

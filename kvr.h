@@ -1476,6 +1476,8 @@ struct kvr_rank_stats {
     int64_t replica_bytes;    // cache bytes this rank put into its replica on its successor (--replicate)
     int64_t state_bytes_sent; // recurrent layers' states handed on (part of bytes_sent): per layer and
     int64_t state_bytes_recv; //   rank boundary a constant, whatever the prompt's length
+    double  op_ms[KVR_OP_COUNT]; // wall time in the nodes of each op kind (the first thread's view, barriers
+                              //   included): where compute_ms goes
 };
 
 struct kvr_session;

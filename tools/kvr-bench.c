@@ -15,7 +15,7 @@
 // with the same threads, over the bytes one step must read (every weight matrix once, the KV cache
 // rows attention reads). A second table splits a decode step's time: matmuls, attention, the other
 // ops, the eval's fixed costs (graph build, planning, placement, starting the threads) and what
-// happens outside the eval (the argmax, the driver).
+// happens outside the eval (the argmax, the driver); a third names the other ops by kind.
 //
 // Prompts are random token ids (seeded), so no tokenizer work is timed. --backend cuda times the
 // GPU instead (make gpu-check's speed table, which puts the GPU's own bounds beside it).
@@ -597,6 +597,7 @@ static double decode_bytes(const struct kvr_model * m, double n_kv) {
 // where a decode step's time goes, ms per step (averages over the timed steps)
 struct step_split {
     double wall, eval, matmul, attn, ops;
+    double op[KVR_OP_COUNT];  // per op kind (ops is their sum)
 };
 
 struct point {
@@ -621,6 +622,36 @@ struct point {
 
 static bool same_series(const struct point * a, const struct point * b) {
     return !strcmp(a->name, b->name) && a->ranks == b->ranks && a->threads == b->threads && a->link == b->link;
+}
+
+// The other ops of a decode step by kind: every kind that takes 1% of the step or more, largest
+// first, the rest in one line, so that no class of op above 5% hides in "other ops".
+static void print_op_split(const struct point * pts, int np) {
+    printf("\nthe other ops of a decode step by kind (ms per token, the median run; kinds under 1%% of the step summed):\n\n");
+    printf("| strategy | ranks | prompt | op | ms | of the step |\n|---|---|---|---|---|---|\n");
+    for (int i = 0; i < np; i++) {
+        const struct point * p = &pts[i];
+        if (!p->ok || p->split.wall <= 0) continue;
+        const struct step_split * s = &p->split;
+        bool shown[KVR_OP_COUNT] = { false };
+        shown[KVR_OP_MUL_MAT] = shown[KVR_OP_ATTN] = true;
+        double rest = 0;
+        for (;;) {
+            int best = -1;
+            for (int k = 0; k < KVR_OP_COUNT; k++) {
+                if (!shown[k] && (best < 0 || s->op[k] > s->op[best])) best = k;
+            }
+            if (best < 0) break;
+            shown[best] = true;
+            if (s->op[best] >= 0.01 * s->wall) {
+                printf("| %s | %d | %d | %s | %.3f | %.1f%% |\n", p->name, p->ranks, p->ctx, kvr_op_name((enum kvr_op)best), s->op[best],
+                       100.0 * s->op[best] / s->wall);
+            } else {
+                rest += s->op[best];
+            }
+        }
+        printf("| %s | %d | %d | (the rest) | %.3f | %.1f%% |\n", p->name, p->ranks, p->ctx, rest, 100.0 * rest / s->wall);
+    }
 }
 
 // TTFT (ms) against prompt length, one polyline per (strategy, ranks, link), with axes, ticks,
@@ -902,6 +933,7 @@ int main(int argc, char ** argv) {
                                 s.matmul += st[w].matmul_ms;
                                 s.attn += st[w].attn_ms;
                                 s.ops += st[w].compute_ms;
+                                for (int k = 0; k < KVR_OP_COUNT; k++) s.op[k] += st[w].op_ms[k];
                             }
                         }
                         const double ms = kvr_time_ms() - d0;
@@ -913,6 +945,7 @@ int main(int argc, char ** argv) {
                         dt[r] = a.decode / (ms / 1e3);
                         s.wall = ms;
                         s.wall /= a.decode; s.eval /= a.decode; s.matmul /= a.decode; s.attn /= a.decode; s.ops /= a.decode;
+                        for (int k = 0; k < KVR_OP_COUNT; k++) s.op[k] /= a.decode;
                         sp[r] = s;
                         fprintf(stderr, "kvr-bench:   then tg %d: %.1f ms, %.2f tok/s\n", a.decode, ms, dt[r]);
                     }
@@ -1033,6 +1066,7 @@ int main(int argc, char ** argv) {
             printf("| %s | %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", p->name, p->ranks, p->ctx, s->wall, s->matmul, s->attn,
                    s->ops - s->matmul - s->attn, s->eval - s->ops, s->wall - s->eval);
         }
+        print_op_split(pts, np);
     }
     if (a.sgemm) {
         for (int c = 0; c < a.n_ctx; c++) {

@@ -1,13 +1,22 @@
 // kvr-gen.c - writes random-weight GGUF models with the shapes of real architectures, for tests
 // and benchmarks: the same tensor names, shapes and metadata keys as llama.cpp's convert script,
-// so the files load in kvr and in llama.cpp alike. Llama presets: tinyllama-1.1b, llama-7b and
-// the few-MB tiny (GQA), tiny-mha, tiny-mqa; falcon presets (7B layout, BPE vocabulary from
-// --vocab): falcon-7b and tiny; phi3 (fused QKV and gate-up; LongRoPE factors when the context
-// exceeds 4096): phi-3.5-mini and tiny; gemma2 (head size of its own, post norms, soft-caps,
-// alternating windows, tied output): gemma-2-2b and tiny; qwen3moe presets (a mixture of experts,
-// head size 128 from attention.key_length): qwen3-30b-a3b (its layer shapes: 128 experts of width
-// 768, 8 a token; --layers makes fewer of them) and tiny; qwen35 presets (Qwen3.5's hybrid: Gated DeltaNet
-// layers, every 4th layer gated full attention): qwen3.5-0.8b's layer shapes and tiny.
+// so the files load in kvr and in llama.cpp alike. Llama presets: tinyllama-1.1b, llama-7b,
+// llama-3.2-1b and the few-MB tiny (GQA), tiny-mha, tiny-mqa; falcon presets (7B layout, BPE
+// vocabulary from --vocab): falcon-7b and tiny; qwen2: qwen2.5-0.5b; qwen3: qwen3-0.6b; gemma3:
+// gemma-3-270m, gemma-3-1b (the real models' shapes: the files people run, with random weights);
+// phi3 (fused QKV and gate-up; LongRoPE factors when the context exceeds 4096): phi-3.5-mini and
+// tiny; gemma2 (head size of its own, post norms, soft-caps, alternating windows, tied output):
+// gemma-2-2b and tiny; qwen3moe (a mixture of experts, head size 128 from attention.key_length):
+// qwen3-30b-a3b (its layer shapes: 128 experts of width 768, 8 a token; --layers makes fewer of
+// them) and tiny; qwen35 (Qwen3.5's hybrid: Gated DeltaNet layers, every 4th layer gated full
+// attention): qwen3.5-0.8b's layer shapes and tiny.
+//
+// --ftype q4_k_m|q5_k_m|q6_k|q8_0 writes the per-tensor mixture llama-quantize makes for that file
+// type (without an importance matrix): the output (and a tied token embedding) in Q6_K, Q6_K for V
+// and the FFN down projection on the layers that get more bits, and for a width that is not a
+// multiple of 256 its fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; the output in Q8_0), so
+// a benchmark sees the types a downloaded file has without llama-quantize (llama, falcon, qwen2,
+// qwen3 and gemma3 layouts).
 //
 // Weights are uniform with the spread of a N(0, 1/fan_in) initialisation, so the residual stream
 // and the logits stay of order one through any number of layers; norm weights are 1 plus a little
@@ -40,9 +49,10 @@
 #include <stb/stb_ds.h>
 
 static const char * usage_line =
-    "usage: kvr-gen --preset NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|...] [--seed S]\n"
-    "               [--vocab GGUF] [--arch llama|falcon|phi3|gemma2|qwen3moe|qwen35] [--layers N] [--ctx N] [--heads N]\n"
-    "               [--kv-heads N] [--embd N] [--ff N] [--vocab-size N] [--threads N] [--quiet]";
+    "usage: kvr-gen --preset NAME -o FILE [--type f32|f16|bf16|q8_0|q4_0|... | --ftype q4_k_m|...]\n"
+    "               [--seed S] [--vocab GGUF] [--arch llama|falcon|qwen2|qwen3|gemma3|phi3|gemma2|qwen3moe|qwen35]\n"
+    "               [--layers N] [--ctx N] [--heads N] [--kv-heads N] [--embd N] [--ff N] [--vocab-size N]\n"
+    "               [--threads N] [--quiet]";
 
 static void usage_error(const char * fmt, ...)
 #if defined(__GNUC__)
@@ -66,10 +76,12 @@ static void usage_error(const char * fmt, ...) {
 
 struct gen_shape {
     const char * name;
-    const char * arch;       // "llama", "falcon", "phi3", "gemma2", "qwen3moe" or "qwen35"
+    const char * arch;       // "llama", "falcon", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen3moe" or "qwen35"
     uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float    rope_base, norm_eps;
     uint32_t head_dim;       // 0: n_embd / n_head
+    bool     tied;           // no output.weight: the token embedding serves as the output
+    uint32_t n_swa;          // gemma3: the sliding window of its local layers
     uint32_t n_expert, n_expert_used, n_ff_exp; // qwen3moe
     // qwen35: the rotated dims, and the Gated DeltaNet layers' key heads, value heads and their
     // size (state_size)
@@ -77,27 +89,32 @@ struct gen_shape {
 };
 
 static const struct gen_shape presets[] = {
-    // name              arch     embd  layers heads kv  ff     vocab  ctx   rope    eps    head experts used ffn_exp (qwen35 only)
-    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000, 2048, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000, 4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,  4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    // name              arch     embd  layers heads kv  ff     vocab   ctx    rope     eps    head tied  swa  experts used ffn_exp (qwen3moe), n_rot groups v_heads state (qwen35)
+    { "tinyllama-1.1b", "llama", 2048, 22,    32,   4,  5632,  32000,  2048,  10000,   1e-5f, 0,   false, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "llama-7b",       "llama", 4096, 32,    32,   32, 11008, 32000,  4096,  10000,   1e-5f, 0,   false, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "llama-3.2-1b",   "llama", 2048, 16,    32,   8,  8192,  128256, 8192,  500000,  1e-5f, 0,   true,  0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny",           "llama", 256,  4,     8,    4,  768,   1024,   4096,  10000,   1e-5f, 0,   false, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny-mha",       "llama", 256,  4,     8,    8,  768,   1024,   4096,  10000,   1e-5f, 0,   false, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny-mqa",       "llama", 256,  4,     8,    1,  768,   1024,   4096,  10000,   1e-5f, 0,   false, 0, 0, 0, 0, 0, 0, 0, 0 },
     // falcon: the vocabulary comes from --vocab (a BPE one: ggml-vocab-falcon.gguf)
-    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024, 2048, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024, 4096, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "falcon-7b",      "falcon", 4544, 32,   71,   1,  18176, 65024,  2048,  10000,   1e-5f, 0,   true,  0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny",           "falcon", 256,  4,    8,    1,  1024,  65024,  4096,  10000,   1e-5f, 0,   true,  0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen2.5-0.5b",   "qwen2", 896,  24,    14,   2,  4864,  151936, 32768, 1000000, 1e-6f, 0,   true,  0, 0, 0, 0, 0, 0, 0, 0 },
+    { "qwen3-0.6b",     "qwen3", 1024, 28,    16,   8,  3072,  151936, 40960, 1000000, 1e-6f, 128, true,  0, 0, 0, 0, 0, 0, 0, 0 },
+    { "gemma-3-270m",   "gemma3", 640, 18,    4,    1,  2048,  262144, 32768, 1000000, 1e-6f, 256, true,  512, 0, 0, 0, 0, 0, 0, 0 },
+    { "gemma-3-1b",     "gemma3", 1152, 26,   4,    1,  6912,  262144, 32768, 1000000, 1e-6f, 256, true,  512, 0, 0, 0, 0, 0, 0, 0 },
     // phi3: a context past 4096 brings LongRoPE's factors (Phi-3.5-mini's 128k)
-    { "phi-3.5-mini",   "phi3",   3072, 32,   32,   32, 8192,  32064, 131072, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
-    { "tiny",           "phi3",   256,  4,    8,    4,  768,   1024,  131072, 10000, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "phi-3.5-mini", "phi3", 3072, 32, 32, 32, 8192, 32064, 131072, 10000, 1e-5f, 0, false, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny", "phi3", 256, 4, 8, 4, 768, 1024, 131072, 10000, 1e-5f, 0, false, 0, 0, 0, 0, 0, 0, 0, 0 },
     // gemma2: the head size (key_length) is not n_embd / n_head
-    { "gemma-2-2b",     "gemma2", 2304, 26,   8,    4,  9216,  256000, 8192, 10000, 1e-6f, 256, 0, 0, 0, 0, 0, 0, 0 },
-    { "tiny",           "gemma2", 256,  4,    8,    4,  768,   1024,  4096, 10000, 1e-6f, 64, 0, 0, 0, 0, 0, 0, 0 },
+    { "gemma-2-2b", "gemma2", 2304, 26, 8, 4, 9216, 256000, 8192, 10000, 1e-6f, 256, true, 0, 0, 0, 0, 0, 0, 0, 0 },
+    { "tiny", "gemma2", 256, 4, 8, 4, 768, 1024, 4096, 10000, 1e-6f, 64, true, 0, 0, 0, 0, 0, 0, 0, 0 },
     // qwen3moe: Qwen3-30B-A3B's layers (48 of them there); n_ff is the file's unused dense width
-    { "qwen3-30b-a3b",  "qwen3moe", 2048, 48, 32,   4,  6144, 151936, 40960, 1e6f, 1e-6f, 128, 128, 8, 768, 0, 0, 0, 0 },
-    { "tiny",           "qwen3moe", 256,  4,  8,    2,  768,   1024,  4096,  1e6f, 1e-6f, 64,  8,   2, 128, 0, 0, 0, 0 },
+    { "qwen3-30b-a3b", "qwen3moe", 2048, 48, 32, 4, 6144, 151936, 40960, 1e6f, 1e-6f, 128, false, 0, 128, 8, 768, 0, 0, 0, 0 },
+    { "tiny", "qwen3moe", 256, 4, 8, 2, 768, 1024, 4096, 1e6f, 1e-6f, 64, false, 0, 8, 2, 128, 0, 0, 0, 0 },
     // qwen35: head_dim, then n_rot, key heads, value heads, state size
-    { "qwen3.5-0.8b",   "qwen35", 1024, 24,   8,    2,  3584,  1024,  4096, 1e7f, 1e-6f, 256, 0, 0, 0, 64, 16, 16, 128 },
-    { "tiny",           "qwen35", 256,  4,    4,    2,  768,   1024,  4096, 1e7f, 1e-6f, 64,  0, 0, 0, 16, 2,  4,  32 },
+    { "qwen3.5-0.8b", "qwen35", 1024, 24, 8, 2, 3584, 1024, 4096, 1e7f, 1e-6f, 256, false, 0, 0, 0, 0, 64, 16, 16, 128 },
+    { "tiny", "qwen35", 256, 4, 4, 2, 768, 1024, 4096, 1e7f, 1e-6f, 64, false, 0, 0, 0, 0, 16, 2, 4, 32 },
 };
 
 //
@@ -170,28 +187,51 @@ static struct gen_dist matrix_dist(int64_t fan_in) {
 static const struct gen_dist norm_dist = { 1.0f, 0.05f };
 static const struct gen_dist bias_dist = { 0.0f, 0.02f };
 
-static struct gen_tensor * llama_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+// What a weight matrix is in a file of a llama-quantize mixture (enum gen_ftype); plain --type
+// files have one type for every matrix.
+enum gen_role { ROLE_TOKEN_EMBD, ROLE_OUTPUT, ROLE_ATTN_V, ROLE_FFN_DOWN, ROLE_ATTN_QKV, ROLE_OTHER };
+
+// The llama-family layers (llama, qwen2, qwen3, gemma3): what differs is which optional pieces a
+// layer has (Q/K/V biases, per-head Q/K norms, norms after attention and FFN) and the head size.
+static struct gen_tensor * llama_tensors(const struct gen_shape * s, enum kvr_type wtype, enum gen_role ** roles) {
     struct gen_tensor * ts = NULL;
     const int64_t embd   = s->n_embd;
-    const int64_t embd_k = (int64_t) s->n_embd / s->n_head * s->n_head_kv;
+    const int64_t hd     = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
+    const int64_t embd_q = hd * s->n_head, embd_k = hd * s->n_head_kv;
+    const bool bias = strcmp(s->arch, "qwen2") == 0;
+    const bool qk_norm = strcmp(s->arch, "qwen3") == 0 || strcmp(s->arch, "gemma3") == 0;
+    const bool post = strcmp(s->arch, "gemma3") == 0;
     char name[KVR_MAX_NAME];
 
-    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, (struct gen_dist) { 0.0f, 1.0f });
+#define ADD(role, ...) (add_tensor(&ts, __VA_ARGS__), arrput(*roles, role))
+    ADD(ROLE_TOKEN_EMBD, "token_embd.weight", wtype, 2, embd, s->n_vocab, (struct gen_dist) { 0.0f, 1.0f });
     for (uint32_t il = 0; il < s->n_layer; il++) {
 #define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
-        add_tensor(&ts, BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
-        add_tensor(&ts, BLK("attn_q.weight"),      wtype, 2, embd, embd,   matrix_dist(embd));
-        add_tensor(&ts, BLK("attn_k.weight"),      wtype, 2, embd, embd_k, matrix_dist(embd));
-        add_tensor(&ts, BLK("attn_v.weight"),      wtype, 2, embd, embd_k, matrix_dist(embd));
-        add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, embd, embd,   matrix_dist(embd));
-        add_tensor(&ts, BLK("ffn_norm.weight"),    KVR_TYPE_F32, 1, embd, 1, norm_dist);
-        add_tensor(&ts, BLK("ffn_gate.weight"),    wtype, 2, embd, s->n_ff, matrix_dist(embd));
-        add_tensor(&ts, BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
-        add_tensor(&ts, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+        ADD(ROLE_OTHER,    BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        ADD(ROLE_OTHER,    BLK("attn_q.weight"),      wtype, 2, embd, embd_q, matrix_dist(embd));
+        ADD(ROLE_OTHER,    BLK("attn_k.weight"),      wtype, 2, embd, embd_k, matrix_dist(embd));
+        ADD(ROLE_ATTN_V,   BLK("attn_v.weight"),      wtype, 2, embd, embd_k, matrix_dist(embd));
+        if (bias) {
+            ADD(ROLE_OTHER, BLK("attn_q.bias"), KVR_TYPE_F32, 1, embd_q, 1, bias_dist);
+            ADD(ROLE_OTHER, BLK("attn_k.bias"), KVR_TYPE_F32, 1, embd_k, 1, bias_dist);
+            ADD(ROLE_OTHER, BLK("attn_v.bias"), KVR_TYPE_F32, 1, embd_k, 1, bias_dist);
+        }
+        if (qk_norm) {
+            ADD(ROLE_OTHER, BLK("attn_q_norm.weight"), KVR_TYPE_F32, 1, hd, 1, norm_dist);
+            ADD(ROLE_OTHER, BLK("attn_k_norm.weight"), KVR_TYPE_F32, 1, hd, 1, norm_dist);
+        }
+        ADD(ROLE_OTHER,    BLK("attn_output.weight"), wtype, 2, embd_q, embd, matrix_dist(embd_q));
+        if (post) ADD(ROLE_OTHER, BLK("post_attention_norm.weight"), KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        ADD(ROLE_OTHER,    BLK("ffn_norm.weight"),    KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        ADD(ROLE_OTHER,    BLK("ffn_gate.weight"),    wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        ADD(ROLE_OTHER,    BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        ADD(ROLE_FFN_DOWN, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+        if (post) ADD(ROLE_OTHER, BLK("post_ffw_norm.weight"), KVR_TYPE_F32, 1, embd, 1, norm_dist);
 #undef BLK
     }
-    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
-    add_tensor(&ts, "output.weight",      wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+    ADD(ROLE_OTHER, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
+    if (!s->tied) ADD(ROLE_OUTPUT, "output.weight", wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+#undef ADD
     return ts;
 }
 
@@ -240,25 +280,27 @@ static struct gen_tensor * qwen35_tensors(const struct gen_shape * s, enum kvr_t
 
 // Falcon (7B layout): parallel attention and MLP after one layer norm, fused QKV, GELU MLP, the
 // output tied to the token embedding (no output.weight, as the convert script writes falcon-7b).
-static struct gen_tensor * falcon_tensors(const struct gen_shape * s, enum kvr_type wtype) {
+static struct gen_tensor * falcon_tensors(const struct gen_shape * s, enum kvr_type wtype, enum gen_role ** roles) {
     struct gen_tensor * ts = NULL;
     const int64_t embd   = s->n_embd;
     const int64_t embd_k = (int64_t) s->n_embd / s->n_head * s->n_head_kv;
     char name[KVR_MAX_NAME];
 
-    add_tensor(&ts, "token_embd.weight", wtype, 2, embd, s->n_vocab, matrix_dist(embd));
+#define ADD(role, ...) (add_tensor(&ts, __VA_ARGS__), arrput(*roles, role))
+    ADD(ROLE_TOKEN_EMBD, "token_embd.weight", wtype, 2, embd, s->n_vocab, matrix_dist(embd));
     for (uint32_t il = 0; il < s->n_layer; il++) {
 #define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, il), name)
-        add_tensor(&ts, BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
-        add_tensor(&ts, BLK("attn_norm.bias"),     KVR_TYPE_F32, 1, embd, 1, bias_dist);
-        add_tensor(&ts, BLK("attn_qkv.weight"),    wtype, 2, embd, embd + 2*embd_k, matrix_dist(embd));
-        add_tensor(&ts, BLK("attn_output.weight"), wtype, 2, embd, embd,    matrix_dist(embd));
-        add_tensor(&ts, BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
-        add_tensor(&ts, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
+        ADD(ROLE_OTHER,    BLK("attn_norm.weight"),   KVR_TYPE_F32, 1, embd, 1, norm_dist);
+        ADD(ROLE_OTHER,    BLK("attn_norm.bias"),     KVR_TYPE_F32, 1, embd, 1, bias_dist);
+        ADD(ROLE_ATTN_QKV, BLK("attn_qkv.weight"),    wtype, 2, embd, embd + 2*embd_k, matrix_dist(embd));
+        ADD(ROLE_OTHER,    BLK("attn_output.weight"), wtype, 2, embd, embd,    matrix_dist(embd));
+        ADD(ROLE_OTHER,    BLK("ffn_up.weight"),      wtype, 2, embd, s->n_ff, matrix_dist(embd));
+        ADD(ROLE_FFN_DOWN, BLK("ffn_down.weight"),    wtype, 2, s->n_ff, embd, matrix_dist(s->n_ff));
 #undef BLK
     }
-    add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
-    add_tensor(&ts, "output_norm.bias",   KVR_TYPE_F32, 1, embd, 1, bias_dist);
+    ADD(ROLE_OTHER, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
+    ADD(ROLE_OTHER, "output_norm.bias",   KVR_TYPE_F32, 1, embd, 1, bias_dist);
+#undef ADD
     return ts;
 }
 
@@ -350,6 +392,53 @@ static struct gen_tensor * gemma2_tensors(const struct gen_shape * s, enum kvr_t
     }
     add_tensor(&ts, "output_norm.weight", KVR_TYPE_F32, 1, embd, 1, norm_dist);
     return ts;
+}
+
+// llama-quantize's file types that kvr-gen writes as mixtures, with llama.cpp's llama_ftype numbers.
+enum gen_ftype { FTYPE_NONE, FTYPE_Q4_K_M, FTYPE_Q5_K_M, FTYPE_Q6_K, FTYPE_Q8_0 };
+static const char * const ftype_names[] = { "", "q4_k_m", "q5_k_m", "q6_k", "q8_0" };
+static const uint32_t ftype_ids[] = { 0, 15, 17, 18, 7 };
+
+// The layers that get more bits in the _M mixtures: the first and last eighth, and every third in between.
+static bool more_bits(int64_t il, int64_t n) {
+    return il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2;
+}
+
+// A type that needs rows of a multiple of 256 falls back, for a narrower or odd width, to the
+// 32-block type llama-quantize picks (and to F16 where even that does not divide the width).
+static enum kvr_type mix_fallback(enum kvr_type t, int64_t ne0) {
+    if (ne0 % kvr_blck_size(t) == 0) return t;
+    switch (t) {
+        case KVR_TYPE_Q2_K: case KVR_TYPE_Q3_K: t = KVR_TYPE_Q4_0; break;
+        case KVR_TYPE_Q4_K: t = KVR_TYPE_Q5_0; break;
+        case KVR_TYPE_Q5_K: t = KVR_TYPE_Q5_1; break;
+        case KVR_TYPE_Q6_K: t = KVR_TYPE_Q8_0; break;
+        default: break;
+    }
+    return ne0 % kvr_blck_size(t) == 0 ? t : KVR_TYPE_F16;
+}
+
+// The type of a weight matrix of layer il (of n) in a file of type ft, as llama-quantize chooses it.
+static enum kvr_type mix_type(enum gen_ftype ft, enum gen_role role, int64_t il, int64_t n, int64_t ne0, bool falcon, bool tied) {
+    static const enum kvr_type base[] = { KVR_TYPE_F32, KVR_TYPE_Q4_K, KVR_TYPE_Q5_K, KVR_TYPE_Q6_K, KVR_TYPE_Q8_0 };
+    enum kvr_type t = base[ft];
+    if (role == ROLE_OUTPUT || (role == ROLE_TOKEN_EMBD && tied)) {
+        // the output: Q6_K, or Q8_0 for falcon and where the width does not fit the base type's blocks
+        if (falcon || ne0 % kvr_blck_size(t) != 0) t = KVR_TYPE_Q8_0;
+        else if (t != KVR_TYPE_Q8_0) t = KVR_TYPE_Q6_K;
+    } else if (role == ROLE_ATTN_V) {
+        if ((ft == FTYPE_Q4_K_M || ft == FTYPE_Q5_K_M) && more_bits(il, n)) t = KVR_TYPE_Q6_K;
+    } else if (role == ROLE_FFN_DOWN) {
+        if (ft == FTYPE_Q4_K_M && falcon) {
+            t = il < n / 16 ? KVR_TYPE_Q6_K : more_bits(il, n) ? KVR_TYPE_Q5_K : KVR_TYPE_Q4_K;
+        } else if ((ft == FTYPE_Q4_K_M || ft == FTYPE_Q5_K_M) && more_bits(il, n)) {
+            t = KVR_TYPE_Q6_K;
+        }
+    } else if (role == ROLE_ATTN_QKV) {
+        if (ft == FTYPE_Q4_K_M) t = KVR_TYPE_Q5_K;
+        else if (ft == FTYPE_Q5_K_M) t = KVR_TYPE_Q6_K;
+    }
+    return mix_fallback(t, ne0);
 }
 
 // llama.cpp's llama_ftype of a file whose matrices are all of one type.
@@ -562,9 +651,23 @@ static int parse_type_flag(const char * v, void * dst, char * why, size_t cap) {
     return -1;
 }
 
+static int parse_ftype_flag(const char * v, void * dst, char * why, size_t cap) {
+    for (int f = 1; f < (int)(sizeof(ftype_names) / sizeof(ftype_names[0])); f++) {
+        bool eq = strlen(v) == strlen(ftype_names[f]);
+        for (size_t i = 0; eq && v[i]; i++) eq = tolower((unsigned char) v[i]) == ftype_names[f][i];
+        if (eq) {
+            *(enum gen_ftype *) dst = (enum gen_ftype) f;
+            return 0;
+        }
+    }
+    snprintf(why, cap, "not a mixture kvr-gen writes (q4_k_m, q5_k_m, q6_k, q8_0)");
+    return -1;
+}
+
 int main(int argc, char ** argv) {
     const char * preset = NULL, * out_path = NULL, * vocab_path = NULL;
     enum kvr_type wtype = KVR_TYPE_F32;
+    enum gen_ftype ftype = FTYPE_NONE;
     int arch_i = 0;
     uint64_t seed = 42;
     int o_layers = 0, o_ctx = 0, o_heads = 0, o_kv_heads = 0, o_embd = 0, o_ff = 0, o_vocab = 0;
@@ -572,16 +675,18 @@ int main(int argc, char ** argv) {
     bool quiet = false;
     const struct kvr_cli_flag flags[] = {
         { .name = "--preset", .kind = KVR_CLI_TEXT, .dst = &preset, .meta = "NAME",
-          .help = "llama: tinyllama-1.1b, llama-7b, tiny (GQA 8/4), tiny-mha, tiny-mqa;\nfalcon: falcon-7b, tiny (MQA; both need --vocab);\n"
+          .help = "llama: tinyllama-1.1b, llama-7b, llama-3.2-1b, tiny (GQA 8/4), tiny-mha,\ntiny-mqa; falcon: falcon-7b, tiny (MQA; both need --vocab);\nqwen2: qwen2.5-0.5b; qwen3: qwen3-0.6b; gemma3: gemma-3-270m, gemma-3-1b;\n"
                   "phi3: phi-3.5-mini, tiny; gemma2: gemma-2-2b, tiny; qwen3moe: qwen3-30b-a3b, tiny; qwen35: qwen3.5-0.8b, tiny" },
         { .name = "-o", .alt = "--output", .kind = KVR_CLI_OUT, .dst = &out_path, .meta = "FILE", .help = "the GGUF file to write" },
         { .name = "--type", .kind = KVR_CLI_CUSTOM, .dst = &wtype, .meta = "T", .parse = parse_type_flag,
           .help = "type of the weight matrices (default f32); norms are always f32" },
+        { .name = "--ftype", .kind = KVR_CLI_CUSTOM, .dst = &ftype, .meta = "F", .parse = parse_ftype_flag,
+          .help = "instead of --type: llama-quantize's mixture of that file type,\nq4_k_m, q5_k_m, q6_k or q8_0 (per tensor, with its fallbacks\nfor widths that are not a multiple of 256)" },
         { .name = "--seed", .kind = KVR_CLI_U64, .dst = &seed, .meta = "S", .help = "random seed (default 42); the same seed gives the same file" },
         { .name = "--vocab", .kind = KVR_CLI_IN, .dst = &vocab_path, .meta = "GGUF",
           .help = "copy the tokenizer (every tokenizer.* key) from this GGUF and take\nthe vocabulary size from it; without it a byte-fallback SPM\nvocabulary is made up" },
-        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon|phi3|gemma2|qwen3moe|qwen35",
-          .help = "llama (default), falcon, phi3, gemma2, qwen3moe (mixture of experts) or qwen35 (hybrid)" },
+        { .name = "--arch", .kind = KVR_CLI_CHOICE, .dst = &arch_i, .meta = "A", .choices = "llama|falcon|qwen2|qwen3|gemma3|phi3|gemma2|qwen3moe|qwen35",
+          .help = "llama (default), falcon, qwen2, qwen3, gemma3, phi3, gemma2,\nqwen3moe (mixture of experts) or qwen35 (hybrid)" },
         { .name = "--layers", .kind = KVR_CLI_INT, .dst = &o_layers, .meta = "N", .lo = 1, .hi = 4096, .help = "override the preset's layer count" },
         { .name = "--ctx", .kind = KVR_CLI_INT, .dst = &o_ctx, .meta = "N", .lo = 1, .hi = 1 << 24, .k_suffix = true, .help = "... its trained context length" },
         { .name = "--heads", .kind = KVR_CLI_INT, .dst = &o_heads, .meta = "N", .lo = 1, .hi = 4096, .help = "... its attention heads" },
@@ -599,7 +704,7 @@ int main(int argc, char ** argv) {
     if (prc) {
         return prc < 0 ? 0 : prc;
     }
-    static const char * const archs[6] = { "llama", "falcon", "phi3", "gemma2", "qwen3moe", "qwen35" };
+    static const char * const archs[] = { "llama", "falcon", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen3moe", "qwen35" };
     const char * arch = archs[arch_i];
     if (!preset) {
         usage_error("--preset is required");
@@ -607,9 +712,6 @@ int main(int argc, char ** argv) {
     if (!out_path) {
         usage_error("-o FILE is required");
     }
-    const bool falcon = strcmp(arch, "falcon") == 0, phi3 = strcmp(arch, "phi3") == 0, gemma2 = strcmp(arch, "gemma2") == 0;
-    const bool moe = strcmp(arch, "qwen3moe") == 0, qwen35 = strcmp(arch, "qwen35") == 0;
-
     struct gen_shape s = { 0 };
     bool found = false;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
@@ -619,9 +721,27 @@ int main(int argc, char ** argv) {
         }
     }
     if (!found) {
-        usage_error("unknown %s preset '%s' (%s)", arch, preset,
-                    falcon ? "falcon-7b, tiny" : phi3 ? "phi-3.5-mini, tiny" : gemma2 ? "gemma-2-2b, tiny"
-                           : moe ? "qwen3-30b-a3b, tiny" : qwen35 ? "qwen3.5-0.8b, tiny" : "tinyllama-1.1b, llama-7b, tiny, tiny-mha, tiny-mqa");
+        // a preset named alone brings its architecture
+        for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]) && arch_i == 0 && !found; i++) {
+            if (strcmp(presets[i].name, preset) == 0 && strcmp(presets[i].arch, "falcon") != 0) {
+                s = presets[i];
+                arch = s.arch;
+                found = true;
+            }
+        }
+    }
+    if (!found) {
+        usage_error("unknown %s preset '%s' (llama: tinyllama-1.1b, llama-7b, llama-3.2-1b, tiny, tiny-mha, tiny-mqa; "
+                    "falcon: falcon-7b, tiny; qwen2.5-0.5b, qwen3-0.6b, gemma-3-270m, gemma-3-1b; phi3: phi-3.5-mini, tiny; "
+                    "gemma2: gemma-2-2b, tiny; qwen3moe: qwen3-30b-a3b, tiny; qwen35: qwen3.5-0.8b, tiny)", arch, preset);
+    }
+    if (ftype != FTYPE_NONE && wtype != KVR_TYPE_F32) {
+        usage_error("--type and --ftype exclude each other");
+    }
+    const bool falcon = strcmp(arch, "falcon") == 0, phi3 = strcmp(arch, "phi3") == 0, gemma2 = strcmp(arch, "gemma2") == 0;
+    const bool moe = strcmp(arch, "qwen3moe") == 0, qwen35 = strcmp(arch, "qwen35") == 0;
+    if (ftype != FTYPE_NONE && (phi3 || gemma2 || moe || qwen35)) {
+        usage_error("--ftype writes the llama, falcon, qwen2, qwen3 and gemma3 layouts, not %s (use --type)", arch);
     }
     if (falcon && !vocab_path) {
         usage_error("falcon models need --vocab (a BPE vocabulary such as ggml-vocab-falcon.gguf)");
@@ -658,29 +778,29 @@ int main(int argc, char ** argv) {
 
     // shape checks: what llama.cpp and kvr need of it
     const int64_t blck = kvr_blck_size(wtype);
-    if (s.head_dim == 0 && (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0)) {
+    if (o_heads) s.head_dim = 0; // other heads: the head size is the width's share (a new width alone keeps a preset's own)
+    const uint32_t head_dim = s.head_dim ? s.head_dim : s.n_head ? s.n_embd / s.n_head : 0;
+    if ((!s.head_dim && s.n_embd % s.n_head != 0) || head_dim % 2 != 0 || head_dim == 0) {
         usage_error("n_embd %u is not an even head size times %u heads", s.n_embd, s.n_head);
     }
-    if (s.head_dim == 0) s.head_dim = s.n_embd / s.n_head;
-    if (s.head_dim % 2 != 0 || ((int64_t) s.head_dim * s.n_head) % blck != 0) {
-        usage_error("head size %u: odd, or %u heads of it not a multiple of %s's block of %lld", s.head_dim, s.n_head,
-                    kvr_type_name(wtype), (long long) blck);
-    }
+    const bool own_head = s.head_dim != 0; // key_length written only where the head is not n_embd / n_head
+    s.head_dim = head_dim;
     if (moe && s.n_ff_exp % blck != 0) {
         usage_error("type %s needs the expert width (%u) to be a multiple of %lld", kvr_type_name(wtype), s.n_ff_exp, (long long) blck);
     }
     if (s.n_head_kv > s.n_head || s.n_head % s.n_head_kv != 0) {
         usage_error("%u heads cannot share %u kv heads", s.n_head, s.n_head_kv);
     }
-    if (s.n_embd % blck != 0 || s.n_ff % blck != 0 || (qwen35 && (s.head_dim * s.n_head % blck != 0 || s.ssm_v_heads * s.ssm_state % blck != 0))) {
+    if (ftype == FTYPE_NONE && (s.n_embd % blck != 0 || s.n_ff % blck != 0 || (head_dim * s.n_head) % blck != 0 ||
+                                (qwen35 && s.ssm_v_heads * s.ssm_state % blck != 0))) {
         usage_error("type %s needs n_embd (%u) and n_ff (%u) to be multiples of %lld",
                     kvr_type_name(wtype), s.n_embd, s.n_ff, (long long) blck);
     }
     {
         float   zeros[256] = { 0 };
         uint8_t probe[512];
-        if (blck > 256 || kvr_type_size(wtype) > sizeof(probe) ||
-            kvr_from_float(wtype, zeros, probe, blck) == 0) {
+        if (ftype == FTYPE_NONE && (blck > 256 || kvr_type_size(wtype) > sizeof(probe) ||
+            kvr_from_float(wtype, zeros, probe, blck) == 0)) {
             fprintf(stderr, "kvr-gen: type %s cannot be written yet\n", kvr_type_name(wtype));
             return 1;
         }
@@ -714,23 +834,27 @@ int main(int argc, char ** argv) {
     } else {
         kvr_gguf_set_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), s.norm_eps);
     }
-    kvr_gguf_set_u32(w, "general.file_type", file_type_of(wtype));
+    if (own_head) {
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.key_length"), head_dim);
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.value_length"), head_dim);
+    }
+    if (s.n_swa) {
+        kvr_gguf_set_u32(w, ARCH_KEY("attention.sliding_window"), s.n_swa);
+        kvr_gguf_set_f32(w, ARCH_KEY("rope.freq_base_swa"), 10000.0f);
+    }
+    kvr_gguf_set_u32(w, "general.file_type", ftype != FTYPE_NONE ? ftype_ids[ftype] : file_type_of(wtype));
     kvr_gguf_set_u32(w, ARCH_KEY("vocab_size"), s.n_vocab);
-    kvr_gguf_set_u32(w, ARCH_KEY("rope.dimension_count"), qwen35 ? s.n_rot : s.head_dim);
+    kvr_gguf_set_u32(w, ARCH_KEY("rope.dimension_count"), qwen35 ? s.n_rot : head_dim);
     if (phi3 && s.n_ctx > 4096) { // LongRoPE: the converter's attention factor for the extension
         kvr_gguf_set_u32(w, ARCH_KEY("rope.scaling.original_context_length"), 4096);
         kvr_gguf_set_f32(w, ARCH_KEY("rope.scaling.attn_factor"), sqrtf(1.0f + logf((float) s.n_ctx / 4096.0f) / logf(4096.0f)));
     }
     if (gemma2) {
-        kvr_gguf_set_u32(w, ARCH_KEY("attention.key_length"), s.head_dim);
-        kvr_gguf_set_u32(w, ARCH_KEY("attention.value_length"), s.head_dim);
         kvr_gguf_set_f32(w, ARCH_KEY("attn_logit_softcapping"), 50.0f);
         kvr_gguf_set_f32(w, ARCH_KEY("final_logit_softcapping"), 30.0f);
         kvr_gguf_set_u32(w, ARCH_KEY("attention.sliding_window"), 4096);
     }
     if (moe) {
-        kvr_gguf_set_u32(w, ARCH_KEY("attention.key_length"), s.head_dim);
-        kvr_gguf_set_u32(w, ARCH_KEY("attention.value_length"), s.head_dim);
         kvr_gguf_set_u32(w, ARCH_KEY("expert_count"), s.n_expert);
         kvr_gguf_set_u32(w, ARCH_KEY("expert_used_count"), s.n_expert_used);
         kvr_gguf_set_u32(w, ARCH_KEY("expert_feed_forward_length"), s.n_ff_exp);
@@ -739,8 +863,6 @@ int main(int argc, char ** argv) {
         // the converter's keys: mrope sections (text tokens rotate every pair by their position)
         const int32_t sections[4] = { 11, 11, 10, 0 };
         kvr_gguf_set_arr(w, ARCH_KEY("rope.dimension_sections"), KVR_GGUF_INT32, sections, 4);
-        kvr_gguf_set_u32(w, ARCH_KEY("attention.key_length"), s.head_dim);
-        kvr_gguf_set_u32(w, ARCH_KEY("attention.value_length"), s.head_dim);
         kvr_gguf_set_u32(w, ARCH_KEY("ssm.conv_kernel"), 4);
         kvr_gguf_set_u32(w, ARCH_KEY("ssm.state_size"), s.ssm_state);
         kvr_gguf_set_u32(w, ARCH_KEY("ssm.group_count"), s.ssm_groups);
@@ -769,10 +891,27 @@ int main(int argc, char ** argv) {
     kvr_gguf_set_u32(w, "general.quantization_version", 2);
 
     // pass 1: the header, every tensor reserved
-    struct gen_tensor * ts = falcon ? falcon_tensors(&s, wtype) : phi3 ? phi3_tensors(&s, wtype)
+    enum gen_role * roles = NULL;
+    struct gen_tensor * ts = falcon ? falcon_tensors(&s, wtype, &roles) : phi3 ? phi3_tensors(&s, wtype)
                            : gemma2 ? gemma2_tensors(&s, wtype) : moe ? qwen3moe_tensors(&s, wtype)
-                           : qwen35 ? qwen35_tensors(&s, wtype) : llama_tensors(&s, wtype);
+                           : qwen35 ? qwen35_tensors(&s, wtype) : llama_tensors(&s, wtype, &roles);
     const int n_tensors = (int) arrlen(ts);
+    int type_count[KVR_TYPE_COUNT] = { 0 };
+    for (int i = 0; i < n_tensors; i++) {
+        unsigned il = 0;
+        if (ftype != FTYPE_NONE && ts[i].n_dims == 2) {
+            sscanf(ts[i].name, "blk.%u.", &il);
+            ts[i].type = mix_type(ftype, roles[i], il, s.n_layer, ts[i].ne[0], falcon, s.tied);
+        }
+        if (ts[i].n_dims == 2) type_count[ts[i].type]++;
+    }
+    arrfree(roles);
+    char types_used[256] = "";
+    for (int t = 0; t < KVR_TYPE_COUNT; t++) {
+        if (type_count[t] == 0) continue;
+        const size_t len = strlen(types_used);
+        snprintf(types_used + len, sizeof(types_used) - len, "%s%d %s", len ? ", " : "", type_count[t], kvr_type_name((enum kvr_type) t));
+    }
     for (int i = 0; i < n_tensors; i++) {
         kvr_gguf_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, NULL);
     }
@@ -902,8 +1041,9 @@ int main(int argc, char ** argv) {
         ok = false;
     } else if (!quiet) {
         const double secs = (kvr_time_ms() - t_start) / 1000.0;
-        fprintf(stderr, "%swrote %s: %s, %d tensors, %.1f MB of weights in %.1f s\n", tty ? "\r\033[K" : "",
-                out_path, kvr_type_name(wtype), n_tensors, (double) total / 1e6, secs);
+        fprintf(stderr, "%swrote %s: %s (matrices: %s), %d tensors, %.1f MB of weights in %.1f s\n", tty ? "\r\033[K" : "",
+                out_path, ftype != FTYPE_NONE ? ftype_names[ftype] : kvr_type_name(wtype), types_used, n_tensors,
+                (double) total / 1e6, secs);
     }
     free(slab);
     free(scratch);
