@@ -360,14 +360,16 @@ static __global__ void k_get_rows(const char * a, int64_t a_nb1, int64_t ne0, in
     }
 }
 
-// ADD, MUL: a block per row; b is one row broadcast over a's rows, or shaped as a
-static __global__ void k_binary(int op, cu_tensor a, cu_tensor b, cu_tensor d, int bcast) {
+// ADD, MUL: a block per row; b is one row broadcast over a's rows, shaped as a, or one value a row
+// (scalar: b [1, rows of a]) spread along that row
+static __global__ void k_binary(int op, cu_tensor a, cu_tensor b, cu_tensor d, int bcast, int scalar) {
     const int64_t r = blockIdx.x;
     const float * x = (const float *)cu_row(a, r);
     const float * y = bcast ? (const float *)b.data : (const float *)cu_row(b, r);
     float * z = (float *)cu_row(d, r);
     for (int64_t i = threadIdx.x; i < a.ne[0]; i += blockDim.x) {
-        z[i] = op == KVR_OP_ADD ? x[i] + y[i] : x[i] * y[i];
+        const float v = y[scalar ? 0 : i];
+        z[i] = op == KVR_OP_ADD ? x[i] + v : x[i] * v;
     }
 }
 
@@ -1587,8 +1589,9 @@ static int op_binary(struct cu_backend * cb, struct kvr_tensor * node) {
     const struct kvr_tensor * a = node->src[0], * b = node->src[1];
     const int64_t rows = kvr_nrows(a);
     if (rows == 0) return KVR_OK;
+    const bool scalar = b->ne[0] != a->ne[0]; // one value a row (kvr_mul's third form)
     k_binary<<<(unsigned)rows, cu_threads_for(a->ne[0]), 0, cb->compute>>>(node->op, cu_t(a), cu_t(b), cu_t(node),
-                                                                            kvr_nrows(b) == 1);
+                                                                            kvr_nrows(b) == 1 && !scalar, scalar);
     CU_LAUNCHED();
     return KVR_OK;
 }
@@ -2064,7 +2067,7 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
         case KVR_OP_ADD:
         case KVR_OP_MUL:
             return a->type == KVR_TYPE_F32 && t->src[1]->type == KVR_TYPE_F32 && a->nb[0] == 4 &&
-                   t->src[1]->nb[0] == 4 && t->src[1]->ne[0] == a->ne[0];
+                   t->src[1]->nb[0] == 4 && (t->src[1]->ne[0] == a->ne[0] || t->src[1]->ne[0] == 1);
         case KVR_OP_SCALE:
         case KVR_OP_SILU:
         case KVR_OP_GELU:

@@ -310,8 +310,9 @@ int kvr_tune_model_from(const struct kvr_model * mdl, struct kvr_tune_model * ou
         }
         if (!l->ffn_gate && !l->ffn_gate_exps) m.n_ffn_mats = 2;
     }
-    // a mixture of experts: a token's FFN is its n_expert_used experts' (FLOPs per token)
-    if (hp->n_expert) m.n_ff = (int)(hp->n_expert_used * hp->n_ff_exp);
+    // a mixture of experts: a token's FFN is its n_expert_used experts' and the shared expert's
+    // (FLOPs per token)
+    if (hp->n_expert) m.n_ff = (int)(hp->n_expert_used * hp->n_ff_exp + hp->n_ff_shexp);
     m.weight_bytes = elems > 0 ? bytes / elems : 0.0;
     // the table key: the file name (general.name is often just the architecture, "llama")
     char name[sizeof(mdl->path)];

@@ -1262,7 +1262,8 @@ struct kvr_tensor * kvr_get_rows(struct kvr_context * ctx, struct kvr_tensor * a
 
 static struct kvr_tensor * binary_op(struct kvr_context * ctx, enum kvr_op op, struct kvr_tensor * a, struct kvr_tensor * b) {
     KVR_ASSERT(a->type == KVR_TYPE_F32 && b->type == KVR_TYPE_F32);
-    KVR_ASSERT(a->ne[0] == b->ne[0] && (kvr_nrows(b) == 1 || kvr_nrows(b) == kvr_nrows(a)));
+    KVR_ASSERT((a->ne[0] == b->ne[0] && (kvr_nrows(b) == 1 || kvr_nrows(b) == kvr_nrows(a))) ||
+               (b->ne[0] == 1 && kvr_nrows(b) == kvr_nrows(a))); // one value a row: along its row
     struct kvr_tensor * t = new_node_like(ctx, op, a);
     t->src[0] = a;
     t->src[1] = b;
@@ -2923,14 +2924,22 @@ static void cpu_op_get_rows(const struct cpu_params * p, struct kvr_tensor * dst
 static void cpu_op_binary(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * a = dst->src[0], * b = dst->src[1];
     const int64_t n = a->ne[0];
-    const bool bcast = kvr_nrows(b) == 1;
+    const bool bcast = kvr_nrows(b) == 1 && b->ne[0] == n;
+    const bool scalar = b->ne[0] != n; // b holds one value a row (binary_op: ne0 1, a's rows)
     int64_t r0, r1;
     row_range(kvr_nrows(a), p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
         const float * x = row_ptr_flat(a, r);
         const float * y = bcast ? (const float *)b->data : (const float *)row_ptr_flat(b, r);
         float * z = row_ptr_flat(dst, r);
-        if (dst->op == KVR_OP_ADD) {
+        if (scalar) {
+            const float v = y[0];
+            if (dst->op == KVR_OP_ADD) {
+                for (int64_t i = 0; i < n; i++) z[i] = x[i] + v;
+            } else {
+                for (int64_t i = 0; i < n; i++) z[i] = x[i] * v;
+            }
+        } else if (dst->op == KVR_OP_ADD) {
             for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
         } else {
             for (int64_t i = 0; i < n; i++) z[i] = x[i] * y[i];
@@ -11052,6 +11061,7 @@ static const struct arch_info arch_table[KVR_ARCH_COUNT] = {
     [KVR_ARCH_QWEN3MOE] = { "qwen3moe", KVR_ARCH_QWEN3MOE, qwen3moe_load, qwen3moe_build },
     [KVR_ARCH_GPTOSS]   = { "gpt-oss",  KVR_ARCH_GPTOSS,   gptoss_load,   gptoss_build   },
     [KVR_ARCH_QWEN35] = { "qwen35", KVR_ARCH_QWEN35, qwen35_load, qwen35_build },
+    [KVR_ARCH_QWEN35MOE] = { "qwen35moe", KVR_ARCH_QWEN35MOE, qwen35moe_load, qwen35moe_build },
 };
 
 // The weight tensors of a model whose hyper-parameters are read, placed in m->weights (at their
@@ -11232,6 +11242,9 @@ void kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap) {
     }
     if (n >= 0 && (size_t)n < cap && hp->n_expert) {
         n += snprintf(buf + n, cap - (size_t)n, ", %u experts (%u a token, ffn %u)", hp->n_expert, hp->n_expert_used, hp->n_ff_exp);
+    }
+    if (n >= 0 && (size_t)n < cap && hp->n_ff_shexp) {
+        n += snprintf(buf + n, cap - (size_t)n, ", a shared expert (ffn %u)", hp->n_ff_shexp);
     }
     if (n >= 0 && (size_t)n < cap && hp->rope_ext_factor != 0.0f) {
         n += snprintf(buf + n, cap - (size_t)n, ", YaRN x%g", (double)(1.0f / hp->rope_freq_scale));

@@ -261,8 +261,8 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
     X(NONE)        /* a leaf: weight, input, cache                                           */ \
     X(VIEW)        /* no compute: another shape over src0's memory                           */ \
     X(GET_ROWS)    /* rows of src0 [n, rows] (any supported type) picked by src1 i32 [T]     */ \
-    X(ADD)         /* src0 + src1, src1 broadcast over rows                                  */ \
-    X(MUL)         /* src0 * src1, src1 broadcast over rows                                  */ \
+    X(ADD)         /* src0 + src1, src1 broadcast over rows, or one value a row over its row */ \
+    X(MUL)         /* src0 * src1, src1 broadcast over rows, or one value a row over its row */ \
     X(SCALE)       /* src0 * s                                                               */ \
     X(RMS_NORM)    /* x / sqrt(mean(x^2) + eps) per row                                      */ \
     X(NORM)        /* (x - mean) / sqrt(var + eps) per row                                   */ \
@@ -313,6 +313,8 @@ enum kvr_attn_mode {
 };
 
 struct kvr_tensor * kvr_get_rows (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * ids);
+// ADD, MUL: b shaped as a, one row [ne0] broadcast over a's rows, or one value a row ([1, rows of a]:
+// a per-token gate, qwen35moe's shared expert) broadcast along its row
 struct kvr_tensor * kvr_add      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 struct kvr_tensor * kvr_mul      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 struct kvr_tensor * kvr_scale    (struct kvr_context * ctx, struct kvr_tensor * a, float s);
@@ -1040,6 +1042,7 @@ enum kvr_arch {
     KVR_ARCH_QWEN3MOE = 7, // qwen3's attention, a mixture-of-experts FFN (softmax, top-k, renormalised)
     KVR_ARCH_GPTOSS   = 8, // gpt-oss: alternating sliding window, attention sinks, YaRN, biases, MoE
     KVR_ARCH_QWEN35   = 9, // Qwen3.5: Gated DeltaNet layers beside gated full-attention layers
+    KVR_ARCH_QWEN35MOE = 10, // qwen35 with a mixture-of-experts FFN and a sigmoid-gated shared expert
     KVR_ARCH_COUNT,
 };
 
@@ -1070,6 +1073,7 @@ struct kvr_hparams {
     uint32_t n_expert;      // expert_count
     uint32_t n_expert_used; // expert_used_count: experts per token
     uint32_t n_ff_exp;      // expert_feed_forward_length: one expert's FFN width
+    uint32_t n_ff_shexp;    // expert_shared_feed_forward_length: the shared expert's width (0: none)
     // Gated DeltaNet layers (qwen35; all 0 in a model without them). Which layers they are:
     // kvr_layer_recurrent. Such a layer keeps a state of kvr_hp_state_floats floats per sequence.
     uint32_t ssm_d_conv;    // ssm.conv_kernel
@@ -1103,6 +1107,9 @@ struct kvr_layer {
     struct kvr_tensor * ffn_gate_inp, * ffn_gate_inp_b;
     struct kvr_tensor * ffn_gate_exps, * ffn_up_exps, * ffn_down_exps;
     struct kvr_tensor * ffn_gate_exps_b, * ffn_up_exps_b, * ffn_down_exps_b; // [out, n_expert] (gpt-oss)
+    // a shared expert every token takes (qwen35moe): its gated FFN, scaled per token by
+    // sigmoid(ffn_gate_inp_shexp . x), a vector [n_embd]
+    struct kvr_tensor * ffn_gate_inp_shexp, * ffn_gate_shexp, * ffn_up_shexp, * ffn_down_shexp;
     // Gated DeltaNet (qwen35): wqkv is the mixed q|k|v projection, ssm_gate the output gate z
     struct kvr_tensor * ssm_gate, * ssm_conv1d, * ssm_dt_b, * ssm_a, * ssm_beta, * ssm_alpha, * ssm_norm, * ssm_out;
     // what differs between layers of one model (gemma3: local and global layers)

@@ -18,6 +18,11 @@
 // Norm weights are used as stored (the converter already added Qwen's 1 to them; ssm_norm has
 // none). qwen35moe is this graph with a mixture-of-experts FFN: qwen35_load_layers and
 // qwen35_graph take the FFN's loader and builder. Compiled as part of kvr.c, over models/build.c.
+//
+// qwen35moe (Qwen3.5-MoE, llama.cpp's qwen35moe graph): every FFN is
+//   moe(x) + sigmoid(ffn_gate_inp_shexp . x) * down_shexp(silu(gate_shexp x) * up_shexp x)
+// routed as qwen3moe (softmax over the experts, the top k, renormalised: llama.cpp passes true for
+// this architecture and the file has no key for it); the shared expert's gate is one value a token.
 
 typedef int (*qwen35_ffn_load_fn)(struct kvr_model * m, uint32_t il);
 typedef struct kvr_tensor * (*qwen35_ffn_build_fn)(struct mb * g, const struct kvr_layer * l, struct kvr_tensor * x, int il);
@@ -179,6 +184,21 @@ static int qwen35_load_layers(struct kvr_model * m, qwen35_ffn_load_fn ffn) {
 
 static int qwen35_load(struct kvr_model * m) { return qwen35_load_layers(m, qwen35_load_ffn_dense); }
 
+// qwen35moe's FFN: the router and experts (the norm is post_attention_norm, loaded above), and the
+// shared expert with its gate vector
+static int qwen35moe_load_ffn(struct kvr_model * m, uint32_t il) {
+    struct kvr_layer * l = &m->layers[il];
+    const int64_t E = m->hp.n_embd, F = m->hp.n_ff_shexp;
+    if (load_layer_moe(m, il, false) ||
+        model_tensor(m, &l->ffn_gate_inp_shexp, true, 1, E, 1, "blk.%u.ffn_gate_inp_shexp.weight", il) ||
+        model_tensor(m, &l->ffn_gate_shexp, true, 2, E, F, "blk.%u.ffn_gate_shexp.weight", il) ||
+        model_tensor(m, &l->ffn_up_shexp, true, 2, E, F, "blk.%u.ffn_up_shexp.weight", il) ||
+        model_tensor(m, &l->ffn_down_shexp, true, 2, F, E, "blk.%u.ffn_down_shexp.weight", il)) {
+        return KVR_ERR_FORMAT;
+    }
+    return KVR_OK;
+}
+
 // the gated full attention of layer il over h
 static struct kvr_tensor * qwen35_attn(struct mb * g, const struct kvr_layer * l, struct kvr_tensor * h, int il) {
     struct kvr_context * ctx = g->ctx;
@@ -237,4 +257,36 @@ static struct kvr_tensor * qwen35_graph(const struct kvr_model * m, const struct
 
 static struct kvr_tensor * qwen35_build(const struct kvr_model * m, const struct kvr_build * b) {
     return qwen35_graph(m, b, qwen35_ffn_dense);
+}
+
+// qwen35moe: the shared expert's width, expert_shared_feed_forward_length (llama.cpp's default:
+// feed_forward_length, which Qwen3.5-MoE files lack), and the routed experts' counts
+static int qwen35moe_load(struct kvr_model * m) {
+    struct kvr_hparams * hp = &m->hp;
+    if (load_moe_hparams(m) || hp_u32(m, "expert_shared_feed_forward_length", &hp->n_ff_shexp, false, hp->n_ff)) {
+        return KVR_ERR_FORMAT;
+    }
+    if (hp->n_ff_shexp == 0) {
+        char ffn[128]; // arch_key's buffer is one: the second key is formatted into it later
+        snprintf(ffn, sizeof(ffn), "%s", arch_key(m, "feed_forward_length"));
+        return kvr_error(KVR_ERR_FORMAT, "%s: metadata '%s' is missing (and '%s' gives no width)", m->path,
+                         arch_key(m, "expert_shared_feed_forward_length"), ffn);
+    }
+    return qwen35_load_layers(m, qwen35moe_load_ffn);
+}
+
+// the routed experts' sum plus the shared expert's output times its per-token gate (a [1, T] row
+// that MUL spreads along each token's row)
+static struct kvr_tensor * qwen35moe_ffn(struct mb * g, const struct kvr_layer * l, struct kvr_tensor * x, int il) {
+    struct kvr_context * ctx = g->ctx;
+    struct kvr_tensor * moe = build_moe(g, l, x, KVR_MOE_SOFTMAX_TOPK_NORM, MB_ACT_SILU, il);
+    struct kvr_tensor * sh = build_ffn(g, x, l->ffn_up_shexp, NULL, l->ffn_gate_shexp, l->ffn_down_shexp, NULL, MB_ACT_SILU, il);
+    struct kvr_tensor * gate = cb(kvr_mul_mat(ctx, l->ffn_gate_inp_shexp, x), "shexp_gate", il);
+    gate = cb(kvr_sigmoid(ctx, gate), "shexp_gate_sigmoid", il);
+    sh = cb(kvr_mul(ctx, sh, gate), "ffn_shexp_gated", il);
+    return cb(kvr_add(ctx, moe, sh), "ffn_moe_shexp", il);
+}
+
+static struct kvr_tensor * qwen35moe_build(const struct kvr_model * m, const struct kvr_build * b) {
+    return qwen35_graph(m, b, qwen35moe_ffn);
 }

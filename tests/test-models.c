@@ -28,7 +28,11 @@
 // SHARED/reference/archs-next/tiny-qwen35.* (qwen35: Gated DeltaNet layers 0-2, gated full attention in
 // layer 3) the same way, then: the prompt as three evals on the cache (the recurrent states carry
 // over) within 1e-5 of one eval; full_attention_interval left to its default: the same logits, bit
-// for bit; interval 2, no ssm.conv_kernel, no blk.1.ssm_a: refused, naming what is missing
+// for bit; interval 2, no ssm.conv_kernel, no blk.1.ssm_a: refused, naming what is missing.
+// SHARED/reference/archs-next/tiny-qwen35moe.* (qwen35moe: that layout with routed experts and a
+// gated shared expert) the same way, then: the prompt as three evals; the shared expert's gate used
+// (layer 0's vector zeroed: the gate is 1/2, the logits move); no shared expert tensor, no expert width
+// for it (the file has no feed_forward_length to fall back on): refused, naming what is missing
 // SHARED/reference/tiny-falcon-mqa.* (the Falcon graph, models/falcon.c: 3 layers, width 64, 4
 // query heads, 1 KV head, tied output) the same way, then its variants:
 //   - 40B-style attn_norm_2 with the same weights as attn_norm, zero QKV, attention output and
@@ -788,6 +792,46 @@ static void test_gemma3_270m(const char * path) {
     kvr_model_free(m);
 }
 
+// tiny-qwen35moe: the hybrid layout with the MoE FFN and its shared expert; the prompt in pieces
+// on the cache; the shared expert's gate counts; what the FFN needs is required
+static void test_qwen35moe(const struct kvr_model * m, const int32_t * toks, int n) {
+    const struct kvr_hparams * hp = &m->hp;
+    const struct kvr_layer * l = m->layers;
+    CHECK(hp->arch == KVR_ARCH_QWEN35MOE && hp->n_recurrent == 3 && !kvr_layer_recurrent(hp, 3) && hp->n_expert == 8 &&
+          hp->n_expert_used == 2 && hp->n_ff_exp == 64 && hp->n_ff_shexp == 64 && l[0].ffn_gate_inp_shexp && l[3].ffn_down_shexp &&
+          l[0].ssm_a && l[3].attn_q_norm,
+          "tiny-qwen35moe: arch %d, %u recurrent layers, %u experts, %u used, expert ffn %u, shared ffn %u", (int)hp->arch,
+          hp->n_recurrent, hp->n_expert, hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp);
+    const int V = (int)hp->n_vocab;
+    float * base = malloc(sizeof(float) * (size_t)V);
+    if (!eval_prompt(m, toks, n, base, "tiny-qwen35moe")) { free(base); return; }
+    const struct kvr_session_params sp = session_params(m, n + 1);
+    struct kvr_session * s = kvr_session_new(m, &sp);
+    const float * lg = s ? kvr_session_eval(s, toks, 1) : NULL;
+    if (lg) lg = kvr_session_eval(s, toks + 1, 2);
+    if (lg) lg = kvr_session_eval(s, toks + 3, n - 3);
+    CHECK(lg != NULL, "tiny-qwen35moe: the prompt in three evals: %s", kvr_last_error());
+    if (lg) {
+        int at;
+        const double d = max_diff(lg, base, V, &at);
+        printf("tiny-qwen35moe the prompt as 1 + 2 + %d tokens: max |logit - one eval| = %.3g\n", n - 3, d);
+        CHECK(d <= 1e-5, "tiny-qwen35moe: the prompt in three evals differs from one eval by %.3g at id %d", d, at);
+    }
+    kvr_session_free(s);
+    // layer 0's gate vector zeroed: sigmoid(0) = 1/2 for every token, the logits move
+    variant_logits(m, &(struct variant){ .what = "qwen35moe with blk.0.ffn_gate_inp_shexp zeroed", .drop_tensor = "blk.0.ffn_gate_inp_shexp.weight",
+                                         .add_tensor = "blk.0.ffn_gate_inp_shexp.weight", .add_n = (int64_t)hp->n_embd },
+                   toks, n, base, false, 0.5);
+    const char * up[] = { "blk.2.ffn_up_shexp.weight", "missing" };
+    variant_refused(m, &(struct variant){ .what = "qwen35moe without blk.2.ffn_up_shexp", .drop_tensor = "blk.2.ffn_up_shexp.weight" }, up, 2);
+    const char * gi[] = { "blk.0.ffn_gate_inp_shexp.weight" };
+    variant_refused(m, &(struct variant){ .what = "qwen35moe without blk.0.ffn_gate_inp_shexp", .drop_tensor = "blk.0.ffn_gate_inp_shexp.weight" }, gi, 1);
+    const char * w[] = { "qwen35moe.expert_shared_feed_forward_length", "qwen35moe.feed_forward_length" };
+    variant_refused(m, &(struct variant){ .what = "qwen35moe without expert_shared_feed_forward_length",
+                                          .drop_key = "qwen35moe.expert_shared_feed_forward_length" }, w, 2);
+    free(base);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * dir = getenv("TMPDIR");
@@ -840,6 +884,12 @@ int main(int argc, char ** argv) {
         int n = 0;
         struct kvr_model * m = test_reference(next, "tiny-qwen35", NULL, LOGIT_TOL, toks, &n);
         if (m) test_qwen35(m, toks, n);
+        kvr_model_free(m);
+    }
+    {
+        int n = 0;
+        struct kvr_model * m = test_reference(next, "tiny-qwen35moe", NULL, LOGIT_TOL, toks, &n);
+        if (m) test_qwen35moe(m, toks, n);
         kvr_model_free(m);
     }
 

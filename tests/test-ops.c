@@ -887,16 +887,18 @@ static void grp_get_rows(void) {
 }
 
 //
-// ADD, MUL: b the same shape as a, or one row ([n] or [n,1]) broadcast over a's rows
+// ADD, MUL: b the same shape as a, one row ([n] or [n,1]) broadcast over a's rows, or one value
+// a row ([1,r,r2]) along its row
 //
 
 static void t_binary(bool add, int n, int r, int r2, int bmode, int nt) {
-    static const char * bname[] = { "same", "[n]", "[n,1]" };
+    static const char * bname[] = { "same", "[n]", "[n,1]", "[1,r]" };
     struct tcase tc;
     tc_begin(&tc, nt, "%s(ne=[%d,%d,%d],b=%s)", add ? "ADD" : "MUL", n, r, r2, bname[bmode]);
     const int nd = r2 > 1 ? 3 : 2;
     struct kvr_tensor * a = tc_input_f32(&tc, nd, n, r, r2, 1.0f);
     struct kvr_tensor * b = bmode == 0 ? tc_input_f32(&tc, nd, n, r, r2, 1.0f)
+                          : bmode == 3 ? tc_input_f32(&tc, nd, 1, r, r2, 1.0f)
                                        : tc_input_f32(&tc, bmode, n, 1, 1, 1.0f);
     struct kvr_tensor * y = add ? kvr_add(tc.ctx, a, b) : kvr_mul(tc.ctx, a, b);
     if (tc_shape(&tc, y, KVR_TYPE_F32, n, r, r2, 1)) {
@@ -906,7 +908,7 @@ static void t_binary(bool add, int n, int r, int r2, int bmode, int nt) {
             const float * A = a->data, * B = b->data;
             double * ref = tc_doubles(&tc, N);
             for (int64_t i = 0; i < N; i++) {
-                const double bv = B[bmode ? i % n : i];
+                const double bv = B[bmode == 3 ? i / n : bmode ? i % n : i];
                 ref[i] = add ? A[i] + bv : A[i] * bv;
             }
             tc_check(&tc, "y", tc_read(&tc, y), ref, N, n, TOL_ELEM, NULL);
@@ -919,7 +921,7 @@ static const int g_bin_shapes[][3] = { {1, 1, 1}, {7, 1, 1}, {1, 7, 1}, {33, 7, 
 
 static void grp_binary(bool add) {
     for (size_t s = 0; s < sizeof(g_bin_shapes) / sizeof(g_bin_shapes[0]); s++) {
-        for (int bmode = 0; bmode < 3; bmode++) {
+        for (int bmode = 0; bmode < 4; bmode++) {
             for (int nt = 1; nt <= 3; nt++) {
                 t_binary(add, g_bin_shapes[s][0], g_bin_shapes[s][1], g_bin_shapes[s][2], bmode, nt);
             }

@@ -24,7 +24,8 @@
 //             sliding-window layer's rows that no later query of a chain rank sees
 //   moe       the same for the mixture-of-experts references (SHARED/reference/archs-next: tiny-qwen3moe,
 //             tiny-gptoss, whose attention sinks must count once in every strategy's softmax)
-//   hybrid    tiny-qwen35 (SHARED/reference/archs-next: Gated DeltaNet layers beside full attention):
+//   hybrid    tiny-qwen35, tiny-qwen35moe (SHARED/reference/archs-next: Gated DeltaNet layers beside full
+//             attention; the second with routed experts and a gated shared expert):
 //             the archs checks for tsp, kvr (even and uneven), ring-kv, ring-q, auto on 2..4 ranks
 //             with prompts of 64, 40+24, 3 (fewer tokens than ring chunks) and 2+5 tokens, plus every
 //             recurrent layer's state after the decode on the ranks that keep it (the last of a
@@ -929,7 +930,7 @@ static void test_archs(const struct tmodel * models, int n_models, const char * 
 }
 
 //
-// 4b'. a hybrid model (tiny-qwen35): its recurrent layers' state goes from rank to rank
+// 4b'. a hybrid model (tiny-qwen35, tiny-qwen35moe): its recurrent layers' state goes from rank to rank
 //
 
 static void test_hybrid(const struct tmodel * tm) {
@@ -1024,8 +1025,8 @@ static void test_hybrid(const struct tmodel * tm) {
         }
     }
     tol_cache = TOL_CACHE;
-    group_end("hybrid", "%d runs (tiny-qwen35; prefill, two turns and short prompts, %d greedy steps; worst passing logits %.1e, "
-              "cache and states %.1e)", runs, N_DECODE, worst_logits, worst_cache);
+    group_end("hybrid", "%d runs (%s; prefill, two turns and short prompts, %d greedy steps; worst passing logits %.1e, "
+              "cache and states %.1e)", runs, tm->name, N_DECODE, worst_logits, worst_cache);
 }
 
 //
@@ -1673,17 +1674,17 @@ int main(int argc, char ** argv) {
         moe[i].m = kvr_model_load(path, NULL);
         CHECK(moe[i].m != NULL, "%s", kvr_last_error());
     }
-    struct tmodel hybrid = { "tiny-qwen35", NULL };
-    {
+    struct tmodel hybrid[2] = { { "tiny-qwen35", NULL }, { "tiny-qwen35moe", NULL } };
+    for (int i = 0; i < 2; i++) {
         char path[700];
-        snprintf(path, sizeof(path), "%s/reference/archs-next/tiny-qwen35.gguf", shared_dir);
+        snprintf(path, sizeof(path), "%s/reference/archs-next/%s.gguf", shared_dir, hybrid[i].name);
         if (!mpi && want_group("hybrid")) {
             if (access(path, R_OK) != 0) {
-                skip("%s is missing: the hybrid cases are skipped", path);
+                skip("%s is missing: its hybrid cases are skipped", path);
             } else {
                 set_case("load %s", path);
-                hybrid.m = kvr_model_load(path, NULL);
-                CHECK(hybrid.m != NULL, "%s", kvr_last_error());
+                hybrid[i].m = kvr_model_load(path, NULL);
+                CHECK(hybrid[i].m != NULL, "%s", kvr_last_error());
             }
         }
     }
@@ -1709,7 +1710,9 @@ int main(int argc, char ** argv) {
         if (want_group("counters")) test_counters(&models[1]);
         if (want_group("archs")) test_archs(archs, N_ARCHS, "archs", "tiny llama3, qwen2, qwen3, gemma3, phi3, gemma2");
         if (want_group("moe")) test_archs(moe, 2, "moe", "tiny qwen3moe, gpt-oss");
-        if (want_group("hybrid") && hybrid.m) test_hybrid(&hybrid);
+        for (int i = 0; i < 2; i++) {
+            if (want_group("hybrid") && hybrid[i].m) test_hybrid(&hybrid[i]);
+        }
         if (want_group("window") && archs[3].m) test_window(&archs[3]);
         // stall and trace: the MQA model and a 64-token prompt
         int32_t prompt[64];
@@ -1727,7 +1730,7 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < 3; i++) kvr_model_free(models[i].m);
     for (int i = 0; i < N_ARCHS; i++) kvr_model_free(archs[i].m);
     for (int i = 0; i < 2; i++) kvr_model_free(moe[i].m);
-    kvr_model_free(hybrid.m);
+    for (int i = 0; i < 2; i++) kvr_model_free(hybrid[i].m);
     rmdir(tmp_dir);
     printf("total time %.1f s%s\n", (kvr_time_ms() - t_start) / 1e3, quick ? " (quick)" : "");
     return check_summary("parallel");
