@@ -6,7 +6,7 @@
 //   load_rows                          rows of a fused weight as a weight of its own (no copy)
 //   load_rope_freqs                    Llama 3's per-pair RoPE frequency divisors, if present
 //   load_rope_longrope                 Phi-3's short and long LongRoPE divisors, if present
-//   load_swa_pattern                   which layers have a sliding window (gemma2, gemma3)
+//   load_swa_layers                    which layers have a sliding window, their window and RoPE base
 //   cb                                 names a node "blk.<il>.<name>" (or "<name>" for il < 0)
 //   build_norm                         RMS or layer norm x weight (+ bias)
 //   build_rope                         RoPE with the model's mode, the layer's base and scale, the
@@ -141,7 +141,7 @@ static int load_rope_longrope(struct kvr_model * m) {
     return KVR_OK;
 }
 
-// Which layers attend over a sliding window (gemma2, gemma3): attention.sliding_window_pattern as one
+// Which layers attend over a sliding window (gemma2, gemma3, gpt-oss): attention.sliding_window_pattern as one
 // bool per layer (true: local), or a period n (every n-th layer global, il % n == n-1; n_default
 // when the key is absent; 0: every layer local), as llama.cpp's load_swa_pattern.
 static int load_swa_pattern(struct kvr_model * m, bool * local, uint32_t n_default) {
@@ -160,6 +160,22 @@ static int load_swa_pattern(struct kvr_model * m, bool * local, uint32_t n_defau
     if (hp_u32(m, "attention.sliding_window_pattern", &n, false, n_default)) return KVR_ERR_FORMAT;
     for (uint32_t il = 0; il < hp->n_layer; il++) local[il] = n == 0 || il % n < n - 1;
     return KVR_OK;
+}
+
+// The sliding-window (local) layers of load_swa_pattern get the window hp->n_swa and the RoPE base
+// base_swa; reset_scale: their RoPE without the global layers' scaling (Gemma's local layers; gpt-oss
+// keeps YaRN on them, as llama.cpp).
+static int load_swa_layers(struct kvr_model * m, uint32_t n_default, float base_swa, bool reset_scale) {
+    bool * local = kvr_calloc(m->hp.n_layer, sizeof(bool));
+    const int rc = load_swa_pattern(m, local, n_default);
+    for (uint32_t il = 0; il < m->hp.n_layer && rc == KVR_OK; il++) {
+        if (!local[il]) continue;
+        m->layers[il].window    = m->hp.n_swa;
+        m->layers[il].rope_base = base_swa;
+        if (reset_scale) m->layers[il].rope_scale = 1.0f;
+    }
+    free(local);
+    return rc;
 }
 
 //

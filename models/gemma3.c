@@ -34,15 +34,7 @@ static int gemma3_load(struct kvr_model * m) {
                          m->path, arch_key(m, "final_logit_softcapping"), softcap);
     }
     if (hp->n_swa > 0) {
-        bool * local = kvr_calloc(hp->n_layer, sizeof(bool));
-        const int rc = load_swa_pattern(m, local, 6);
-        for (uint32_t il = 0; il < hp->n_layer && rc == KVR_OK; il++) {
-            if (!local[il]) continue;
-            m->layers[il].window     = hp->n_swa;
-            m->layers[il].rope_base  = base_swa;
-            m->layers[il].rope_scale = 1.0f;
-        }
-        free(local);
+        const int rc = load_swa_layers(m, 6, base_swa, true);
         if (rc) return rc;
     }
     if (load_embeddings(m, false)) return KVR_ERR_FORMAT;

@@ -64,15 +64,8 @@ static int gptoss_load(struct kvr_model * m) {
         hp_positive(m, "rope.freq_base_swa", base_swa)) {
         return KVR_ERR_FORMAT;
     }
-    if (hp->n_swa > 0) {
-        bool * local = kvr_calloc(hp->n_layer, sizeof(bool));
-        const int rc = load_swa_pattern(m, local, 2);
-        for (uint32_t il = 0; il < hp->n_layer && rc == KVR_OK; il++) {
-            if (!local[il]) continue;
-            m->layers[il].window    = hp->n_swa;
-            m->layers[il].rope_base = base_swa; // the scale stays: llama.cpp's local layers keep YaRN
-        }
-        free(local);
+    if (hp->n_swa > 0) { // the local layers keep YaRN, as llama.cpp's
+        const int rc = load_swa_layers(m, 2, base_swa, false);
         if (rc) return rc;
     }
     if (load_embeddings(m, false)) return KVR_ERR_FORMAT;
