@@ -558,6 +558,7 @@ struct sim {
     struct tok_costs                tc[KVR_TUNE_MAX_RANKS];
     double                          cur[KVR_TUNE_MAX_RANKS];
     double                          kvd;     // K (or V) elements per token
+    double                          kvb;     //   and bytes per element of them on the wire (the cache's type)
     double                          solo;    // the profile's solo_speedup (1: no sharing)
     bool                            first;   // the first pass: every other rank counts as busy
     struct busy                     prev[KVR_TUNE_MAX_RANKS], now[KVR_TUNE_MAX_RANKS];
@@ -619,7 +620,6 @@ static void sim_chain(struct sim * S) {
     const struct kvr_tune_plan * P = S->plan;
     const int N = S->N, L = S->m->n_layer;
     const bool tsp = P->strategy == KVR_STRATEGY_TSP;
-    const double eb = S->hw->elem_bytes;
     int s[KVR_TUNE_MAX_RANKS];
     double at[KVR_TUNE_MAX_RANKS];
     for (int r = 0, acc = 0; r < N; r++) {
@@ -641,8 +641,8 @@ static void sim_chain(struct sim * S) {
             R->kv_rows_sent = r < N - 1 && acc > 0 ? 2LL * acc : 0;
             R->kv_rows_recv = r > 0 && s[r] > 0 ? 2LL * s[r] : 0;
         }
-        R->bytes_sent = (int64_t)(R->kv_rows_sent * S->kvd * eb) * L;
-        R->bytes_recv = (int64_t)(R->kv_rows_recv * S->kvd * eb) * L;
+        R->bytes_sent = (int64_t)(R->kv_rows_sent * S->kvd * S->kvb) * L;
+        R->bytes_recv = (int64_t)(R->kv_rows_recv * S->kvd * S->kvb) * L;
         run_for(S, r, S->tc[r].embed);
     }
     for (int l = 0; l < L; l++) {
@@ -664,7 +664,7 @@ static void sim_chain(struct sim * S) {
                     const int a = order[i];
                     for (int b = 0; b < N; b++) {
                         if (b == a) continue;
-                        done[b] = maxd(done[b], link_xfer(&S->L, S->out, a, b, S->cur[a], S->cnt[a] * S->kvd * eb));
+                        done[b] = maxd(done[b], link_xfer(&S->L, S->out, a, b, S->cur[a], S->cnt[a] * S->kvd * S->kvb));
                     }
                 }
                 for (int r = 0; r < N; r++) wait_until(&S->out->ranks[r], &S->cur[r], done[r]);
@@ -688,7 +688,7 @@ static void sim_chain(struct sim * S) {
                 if (r > 0 && s[r] > 0) wait_until(R, cur, arrive);
                 run_for(S, r, S->tc[r].store);
                 const int e = s[r] + S->cnt[r];
-                if (r < N - 1 && e > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, *cur, 2.0 * e * S->kvd * eb);
+                if (r < N - 1 && e > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, *cur, 2.0 * e * S->kvd * S->kvb);
                 if (layer_full(S, r, l)) {
                     run_for(S, r, S->tc[r].q);
                     run_op(S, r, at[r], true);
@@ -738,8 +738,8 @@ static void sim_ring(struct sim * S) {
             } else {
                 R->kv_rows_sent += 2LL * sent;
                 R->kv_rows_recv += 2LL * got;
-                R->bytes_sent += (int64_t)(2.0 * sent * S->kvd * eb) * L + 4LL * sent;
-                R->bytes_recv += (int64_t)(2.0 * got * S->kvd * eb) * L + 4LL * got;
+                R->bytes_sent += (int64_t)(2.0 * sent * S->kvd * S->kvb) * L + 4LL * sent;
+                R->bytes_recv += (int64_t)(2.0 * got * S->kvd * S->kvb) * L + 4LL * got;
             }
         }
         if (passq) {
@@ -761,7 +761,7 @@ static void sim_ring(struct sim * S) {
         for (int j = 1; j < N; j++) {
             for (int i = 0; i < N; i++) {
                 const int next = (i + 1) % N, rows = S->cnt[(i + N - j + 1) % N];
-                const double bytes = passq ? rows * qd * eb : 2.0 * rows * S->kvd * eb;
+                const double bytes = passq ? rows * qd * eb : 2.0 * rows * S->kvd * S->kvb;
                 ready[next * N + j] = link_xfer(&S->L, S->out, i, next, ready[i * N + j - 1], bytes);
             }
         }
@@ -819,6 +819,13 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
     if (!S) return kvr_error(KVR_ERR_NOMEM, "simulate: out of memory");
     S->m = m; S->hw = hw; S->plan = plan; S->out = out; S->N = N; S->T = T;
     S->kvd = (double)m->n_head_kv * m->head_dim;
+    if ((unsigned)plan->cache_type >= KVR_CACHE_TYPE_COUNT) {
+        free(S);
+        return kvr_error(KVR_ERR_ARG, "simulate: cache type %d", (int)plan->cache_type);
+    }
+    // the bytes of a row of the cache's type: Q8_0 is 34 bytes a block of 32
+    const enum kvr_type ct = kvr_cache_type_elem(plan->cache_type);
+    S->kvb = (double)kvr_type_size(ct) / (double)kvr_blck_size(ct);
     S->L = (struct links) { .hw = hw, .n = N };
     if (hw->links == KVR_TUNE_LINKS_PAIR) {
         S->L.pair = calloc((size_t)N * N, sizeof(double));

@@ -959,29 +959,38 @@ struct kvr_build {
 struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b);
 
 //
-// KV cache: contiguous per-layer K and V, f32, [head_dim*n_head_kv, n_ctx] each, in one buffer of
-// a backend. Read rows with kvr_backend_tensor_get (the data may be device memory).
+// KV cache: contiguous per-layer K and V, [head_dim*n_head_kv, n_ctx] each, in their types (f32,
+// f16, bf16 or q8_0: kvr_cache_type; K and V may differ), in one buffer of a backend. Read rows with
+// kvr_backend_tensor_get (the data may be device memory).
 //
 
 struct kvr_kv_cache {
     int                  n_layer;
     int                  n_ctx;
     int                  kv_dim;
+    enum kvr_type        type_k, type_v;
+    size_t               row_k, row_v;  // bytes of one row (kv_dim values) of K and of V
     struct kvr_context * ctx;        // the tensor structs
     struct kvr_buffer  * buf;        // every layer's K and V, cleared to zero when made
     struct kvr_tensor ** k;
     struct kvr_tensor ** v;
 };
 
-struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be);
+// type_k, type_v: f32, f16, bf16 or q8_0 (q8_0: kv_dim and the head size multiples of 32; asserted).
+struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, enum kvr_type type_k,
+                                       enum kvr_type type_v, struct kvr_backend * be);
 void                  kvr_kv_cache_free(struct kvr_kv_cache * c);
-// Rows [row0, row0 + n) of layer il's K and V (either may be NULL), [kv_dim x n] f32, through the
-// backend that owns the cache: one contiguous transfer for K and one for V.
+// Rows [row0, row0 + n) of layer il's K and V (either may be NULL) as stored, in the cache's types
+// (n * row_k and n * row_v bytes), through the backend that owns the cache: one contiguous transfer
+// for K and one for V. kvr_kv_rows_to_float turns such rows into f32.
 struct kvr_backend;
 void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n,
-                           float * k, float * v);
+                           void * k, void * v);
 void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
-                           const float * k, const float * v);
+                           const void * k, const void * v);
+void kvr_kv_rows_to_float(enum kvr_type type, const void * rows, float * out, int n_rows, int kv_dim);
+// f32 rows into a cache type, as a cache store does (Q8_0: kvr_kv_quant_q8_0, ggml's rule).
+void kvr_kv_rows_from_float(enum kvr_type type, const float * x, void * rows, int n_rows, int kv_dim);
 
 //
 // KV cache files: a cache (or the shards of a sharded one) and its tokens, on disk.
@@ -1158,6 +1167,26 @@ enum kvr_comm_kind {
     KVR_COMM_KIND_COUNT,
 };
 
+// The type K and V are stored in: in every rank's cache, on every transfer between ranks, in
+// replicas, replication logs, KV cache files and the P/D stream. F16 is the default (llama.cpp's):
+// a zeroed kvr_session_params asks for it. Q8_0 (blocks of 32 values, 34 bytes) needs a head size
+// that is a multiple of 32 (as llama.cpp, which refuses a Q8_0 cache otherwise): kvr_session_new
+// refuses it with KVR_ERR_UNSUPP naming the type and the head size. Attention reads K and V in
+// their type (llama.cpp's arithmetic: an F16/BF16 cache rounds the queries and the softmax
+// probabilities to that type, a Q8_0 one quantizes the queries to Q8_0 and runs an online softmax
+// over values dequantized to f32). K and V may differ.
+enum kvr_cache_type {
+    KVR_CACHE_F16 = 0,
+    KVR_CACHE_F32,
+    KVR_CACHE_BF16,
+    KVR_CACHE_Q8_0,
+    KVR_CACHE_TYPE_COUNT,
+};
+
+const char *  kvr_cache_type_name(enum kvr_cache_type t);                      // "f16", ...; "?" if unknown
+int           kvr_cache_type_parse(const char * name, enum kvr_cache_type * out); // KVR_OK or KVR_ERR_ARG
+enum kvr_type kvr_cache_type_elem(enum kvr_cache_type t);                      // its tensor type (F16, ...)
+
 
 // Reading intermediates (tools/kvr-compare): every node named "blk.<layer>.<name>" for a name in
 // names is kept as an output of each eval (its memory is not reused) and handed to got() after
@@ -1181,6 +1210,8 @@ struct kvr_session_params {
     const int        * partition;    // kvr: tokens per rank (n_ranks entries), NULL: even
     const double     * fractions;    // kvr: or fractions of the prompt per rank (sum 1)
     enum kvr_attn_mode attn_mode;
+    enum kvr_cache_type cache_type_k; // K's and V's type in the cache and on the wire (0: F16)
+    enum kvr_cache_type cache_type_v;
     double             timeout_s;    // every wait (0: 60 s)
     double             link_gbps;    // local: emulated link bandwidth (0: none)
     double             link_latency_us;
@@ -1423,7 +1454,7 @@ struct kvr_tune_profile {
     double link_bw;          // bytes/s of one direction of a link (INFINITY: communication is free)
     double link_latency;     // s added to every message
     enum kvr_tune_links links;
-    int    elem_bytes;       // bytes per element of activations and of K/V on the wire (2: fp16, 4: f32)
+    int    elem_bytes;       // bytes per element of activations on the wire (2: fp16, 4: f32); K/V: the plan's cache type
     double weight_bytes;     // bytes per weight element for presets (a GGUF file brings its own types)
     int    attn_tile_q;      // the attention kernel's tile: in causal mode a tile whose keys all lie
     int    attn_tile_k;      //   after its queries is skipped, so computed pairs come in tiles
@@ -1495,6 +1526,8 @@ struct kvr_tune_plan {
     int                n_tokens;   // the prompt (a first prefill: nothing cached)
     const int        * counts;     // kvr: tokens per rank (n_ranks entries, sum n_tokens); NULL: even
     enum kvr_attn_mode attn_mode;
+    enum kvr_cache_type cache_type; // K and V on the wire (0: F16, the sessions' default); queries and
+                                   //   partial outputs are activations (the profile's elem_bytes)
 };
 
 // One rank of a simulated prefill. The counters mean exactly what struct kvr_rank_stats's do:
@@ -1514,7 +1547,7 @@ struct kvr_tune_rank {
     int64_t kv_rows_sent;
     int64_t kv_rows_recv;
     int64_t bytes_sent;        // the whole prefill, as kvr_rank_stats counts them (the ring's position
-    int64_t bytes_recv;        //   messages included); equal to the run's when elem_bytes is 4
+    int64_t bytes_recv;        //   messages included); equal to the run's when elem_bytes is 4 (and the cache types agree)
 };
 
 struct kvr_tune_sim {
@@ -2361,6 +2394,49 @@ static inline KVR_HD void kvr_dequant_block(enum kvr_type type, const void * row
         case KVR_TYPE_Q8_K: kvr_dequant_q8_K((const struct kvr_block_q8_K *)p + i, y); break;
         default: break; // callers check kvr_type_supported first
     }
+}
+
+// The KV cache's element math (kvr_cache_type), shared by the CPU's stores and attention kernels
+// and the GPU's. A Q8_0 block of 32 values by ggml's x86 rule (quantize_row_q8_0, which llama.cpp
+// runs both to store a Q8_0 cache and to quantize the queries its flash attention dots with Q8_0
+// keys): d = amax/127 rounded to fp16, q = x * (127/amax) rounded half to even.
+static inline KVR_HD void kvr_kv_quant_q8_0(const float * KVR_RESTRICT x, struct kvr_block_q8_0 * KVR_RESTRICT y) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const uint16_t d = kvr_f32_to_half(amax / 127.0f);
+    y->d[0] = (uint8_t)(d & 0xff);
+    y->d[1] = (uint8_t)(d >> 8);
+    for (int j = 0; j < 32; j++) y->qs[j] = (int8_t)rintf(x[j] * id);
+}
+
+// What ggml's CPU matrix product does to the f32 operand it meets an F16 or BF16 cache with (the
+// queries against K, the softmax probabilities against V): it converts them to that type first.
+// Other types leave x as it is.
+static inline KVR_HD float kvr_kv_operand_round(enum kvr_type type, float x) {
+    if (type == KVR_TYPE_F16)  return kvr_half_to_f32(kvr_f32_to_half(x));
+    if (type == KVR_TYPE_BF16) return kvr_bfloat_to_f32(kvr_f32_to_bfloat(x));
+    return x;
+}
+
+// The dot product of a Q8_0 row of n values (n a multiple of 32) with a Q8_0-quantized query, in
+// ggml's x86 order (vec_dot_q8_0_q8_0 with AVX2): 8 lanes, lane l of block b the exact integer sum
+// of q*q over values 4l..4l+3, accumulated over blocks by a fused multiply-add with the block's two
+// scales' product, then the lanes added as hsum_float_8 adds them.
+static inline KVR_HD float kvr_kv_dot_q8_0(const struct kvr_block_q8_0 * KVR_RESTRICT k,
+                                           const struct kvr_block_q8_0 * KVR_RESTRICT q, int n) {
+    float acc[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int b = 0; b < n / 32; b++) {
+        const float d = kvr_q_half(k[b].d) * kvr_q_half(q[b].d);
+        for (int l = 0; l < 8; l++) {
+            int32_t si = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) si += (int32_t)k[b].qs[j] * (int32_t)q[b].qs[j];
+            acc[l] = fmaf(d, (float)si, acc[l]);
+        }
+    }
+    float r[4];
+    for (int i = 0; i < 4; i++) r[i] = acc[4 + i] + acc[i];
+    return (r[0] + r[2]) + (r[1] + r[3]);
 }
 
 // RoPE. Pair i of n_rot/2 rotates dims (2i, 2i+1) (normal) or (i, i + n_rot/2) (NeoX) by the

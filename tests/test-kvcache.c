@@ -38,6 +38,9 @@
 #include "kvr.h"
 #include "tests/check.h"
 
+// An F32 KV cache (the default is F16): these tests read and compare cache rows as f32.
+#define KVR_TEST_F32_CACHE .cache_type_k = KVR_CACHE_F32, .cache_type_v = KVR_CACHE_F32
+
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -128,7 +131,7 @@ static const int32_t prompt[] = { 1, 403, 407, 261, 378, 6, 8, 391, 153, 289, 32
 #define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
 
 static struct kvr_session * new_session(const struct kvr_model * m, int n_ctx) {
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_ctx, .n_threads = 1 });
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { KVR_TEST_F32_CACHE, .n_ctx = n_ctx, .n_threads = 1 });
     if (!s) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
     return s;
 }
@@ -528,7 +531,7 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
 //
 
 static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks) {
-    struct kvr_session_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 96, .timeout_s = 30 };
+    struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 96, .timeout_s = 30 };
     struct kvr_session * d = kvr_session_new(m, &p);
     if (!d) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
     return d;
@@ -659,7 +662,7 @@ static void test_stream_pd(const struct kvr_model * m) {
             char sp[640], vp[640];
             snprintf(sp, sizeof(sp), "%s", tmp_path("streamed.kv"));
             snprintf(vp, sizeof(vp), "%s", tmp_path("saved.kv"));
-            struct kvr_session_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+            struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
                                          .kv_stream = sp };
             struct kvr_session * a = kvr_session_new(m, &p);
             CHECK(a != NULL, "dist: %s", kvr_last_error());
@@ -680,7 +683,7 @@ static void test_stream_pd(const struct kvr_model * m) {
         }
         for (int nr = 2; nr <= 4; nr++) {
             set_case("P/D %s: %d prefill ranks, decode on rank %d", kvr_strategy_name(strats[si]), nr - 1, nr - 1);
-            struct kvr_session_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+            struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
                                          .pd = true, .decode_rank = nr - 1 };
             struct kvr_session * a = kvr_session_new(m, &p);
             CHECK(a != NULL, "dist: %s", kvr_last_error());
@@ -720,7 +723,7 @@ static void test_stream_pd(const struct kvr_model * m) {
         }
     }
     set_case("P/D: refused setups");
-    struct kvr_session_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .pd = true, .decode_rank = 1 };
+    struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .pd = true, .decode_rank = 1 };
     CHECK(kvr_session_new(m, &p) == NULL && strstr(kvr_last_error(), "last"), "decode rank 1 of 3: %s", kvr_last_error());
     p.n_ranks = 1;
     p.decode_rank = 0;
@@ -739,7 +742,7 @@ static void test_swap_ranks(const struct kvr_model * m) {
     enum { N = 6 };
     for (size_t si = 0; si < sizeof(strat) / sizeof(strat[0]); si++) {
         set_case("swap with 3 ranks, %s", kvr_strategy_name(strat[si]));
-        const struct kvr_session_params dp = { .strategy = strat[si], .n_ranks = 3, .n_threads = 1, .n_ctx = 64 };
+        const struct kvr_session_params dp = { KVR_TEST_F32_CACHE, .strategy = strat[si], .n_ranks = 3, .n_threads = 1, .n_ctx = 64 };
         struct kvr_session * a = kvr_session_new(m, &dp);
         CHECK(a && kvr_session_eval(a, prompt, N_PROMPT) != NULL, "the reference prefill: %s", kvr_last_error());
         if (!a) continue;
@@ -821,7 +824,7 @@ static void test_interrupt(const struct kvr_model * m) {
     int32_t ids[T];
     for (int i = 0; i < T; i++) ids[i] = prompt[i % N_PROMPT];
     // about 0.1 s a layer's hop: the prefill lasts a second or more, each wait a fraction of it
-    const struct kvr_session_params dp = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .n_threads = 1, .n_ctx = 256,
+    const struct kvr_session_params dp = { KVR_TEST_F32_CACHE, .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .n_threads = 1, .n_ctx = 256,
                                            .link_gbps = 0.004 };
     ref = kvr_session_new(m, &dp);
     double t0 = kvr_time_ms();
@@ -898,7 +901,7 @@ static void test_files(const struct kvr_model * m) {
         snprintf(stream, sizeof(stream), "%s", tmp_path("planted-stream.kv"));
         snprintf(spart, sizeof(spart), "%s.part", stream);
         CHECK(symlink(victim, spart) == 0, "symlink: %s", strerror(errno));
-        struct kvr_session * st = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 64, .n_threads = 1, .kv_stream = stream });
+        struct kvr_session * st = kvr_session_new(m, &(struct kvr_session_params) { KVR_TEST_F32_CACHE, .n_ctx = 64, .n_threads = 1, .kv_stream = stream });
         CHECK(st && kvr_session_eval(st, prompt, N_PROMPT) != NULL, "streamed prefill: %s", kvr_last_error());
         kvr_session_free(st);
         v = read_all(victim, &n);

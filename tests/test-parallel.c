@@ -53,6 +53,9 @@
 #include "kvr.h"
 #include "tests/check.h"
 
+// An F32 KV cache (the default is F16): the matrix reads every cache row as f32 (the typed caches: group cachetype).
+#define KVR_TEST_F32_CACHE .cache_type_k = KVR_CACHE_F32, .cache_type_v = KVR_CACHE_F32
+
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -260,7 +263,7 @@ static void ref_free(struct ref * r) {
 // turns[i] tokens at a time from toks, then n_dec greedy steps
 static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * toks, const int * turns, int n_turns, int n_dec) {
     memset(r, 0, sizeof(*r));
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = N_CTX, .n_threads = 1 });
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ KVR_TEST_F32_CACHE, .n_ctx = N_CTX, .n_threads = 1 });
     if (!s) { CHECK(false, "kvr_session_new: %s", kvr_last_error()); return false; }
     r->n_vocab = (int)m->hp.n_vocab;
     const float * lg = NULL;
@@ -437,7 +440,7 @@ static enum cover cover_of(enum kvr_strategy s, int N, bool first) {
 }
 
 static struct kvr_session_params dist_params(enum kvr_strategy s, int N) {
-    return (struct kvr_session_params){
+    return (struct kvr_session_params){ KVR_TEST_F32_CACHE,
         .strategy = s, .comm = mpi ? KVR_COMM_MPI : KVR_COMM_LOCAL, .n_ranks = mpi ? 0 : N, .n_threads = 1, .n_ctx = N_CTX,
         .timeout_s = 30.0,
     };
@@ -894,7 +897,7 @@ static void test_window(const struct tmodel * tm) {
             const enum kvr_attn_mode mode = N == 3 ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
             const enum kvr_strategy st = k ? KVR_STRATEGY_RING_KV : KVR_STRATEGY_KVR;
             set_case("window %s T=%d %s N=%d%s", tm->name, T, kvr_strategy_name(st), N, mode == KVR_ATTN_DENSE ? " dense" : "");
-            struct kvr_session * d = kvr_session_new(m, &(struct kvr_session_params){ .strategy = st, .n_ranks = N, .n_threads = 1,
+            struct kvr_session * d = kvr_session_new(m, &(struct kvr_session_params){ KVR_TEST_F32_CACHE, .strategy = st, .n_ranks = N, .n_threads = 1,
                                                                            .n_ctx = N_CTX, .timeout_s = 30.0, .attn_mode = mode });
             CHECK(d != NULL, "kvr_session_new: %s", kvr_last_error());
             if (!d) continue;
