@@ -888,7 +888,7 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
 double kvr_tune_objective_sim(const int * counts, int n_ranks, void * user) {
     const struct kvr_tune_sim_objective * o = user;
     const struct kvr_tune_plan plan = { .strategy = KVR_STRATEGY_KVR, .n_ranks = n_ranks, .n_tokens = o->n_tokens,
-                                        .counts = counts, .attn_mode = o->attn_mode };
+                                        .counts = counts, .attn_mode = o->attn_mode, .cache_type = o->cache_type };
     struct kvr_tune_sim * sim = malloc(sizeof(*sim));
     if (!sim) return kvr_error(KVR_ERR_NOMEM, "simulate: out of memory");
     double t = kvr_tune_simulate(o->model, o->hw, &plan, sim) == KVR_OK ? sim->ttft : -1.0;
@@ -1126,7 +1126,7 @@ int kvr_tune_bounds(const struct kvr_tune_model * m, const struct kvr_tune_profi
     struct kvr_tune_profile free_hw = *hw;
     free_hw.link_bw = INFINITY;
     free_hw.link_latency = 0.0;
-    struct kvr_tune_sim_objective o = { m, &free_hw, n_tokens, mode };
+    struct kvr_tune_sim_objective o = { m, &free_hw, n_tokens, mode, KVR_CACHE_F16 }; // the link is free: bytes do not count
     struct kvr_tune_search_params sp = { .n_ranks = n_ranks, .n_tokens = n_tokens, .min_stride = min_stride,
                                          .objective = kvr_tune_objective_sim, .user = &o };
     struct kvr_tune_search_result res;

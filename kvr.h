@@ -1605,6 +1605,7 @@ struct kvr_tune_sim_objective {
     const struct kvr_tune_profile * hw;
     int                             n_tokens;
     enum kvr_attn_mode              attn_mode;
+    enum kvr_cache_type             cache_type; // K/V on the wire (0: F16)
 };
 double kvr_tune_objective_sim(const int * counts, int n_ranks, void * user);
 

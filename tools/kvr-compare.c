@@ -36,6 +36,7 @@ struct cmp_args {
     int          n_threads;
     int          n_ctx;
     int          attn_mode;      // enum kvr_attn_mode, as --attn's choices are ordered
+    struct kvr_cli_cache cache;  // --cache-type, -ctk, -ctv: both runs'
     bool         verbose;
 };
 
@@ -181,7 +182,7 @@ static int run_once(const struct cmp_args * a, const struct kvr_model * model, s
     struct kvr_session_params dp = {
         .strategy = r->strategy, .comm = KVR_COMM_LOCAL, .n_ranks = r->n_ranks, .n_threads = a->n_threads,
         .n_ctx = n_ctx, .attn_mode = (enum kvr_attn_mode)a->attn_mode, .backend = r->backend, .device = r->device,
-        .capture = &cap,
+        .capture = &cap, .cache_type_k = kvr_cli_cache_k(&a->cache), .cache_type_v = kvr_cli_cache_v(&a->cache),
     };
     struct kvr_session * d = kvr_session_new(model, &dp);
     if (!d) {
@@ -241,6 +242,7 @@ static int parse_args(int argc, char ** argv, struct cmp_args * a) {
           .help = "context (default: the prompt and the steps)" },
         { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &a->attn_mode, .meta = "causal|dense", .choices = "causal|dense",
           .help = "attention kernel mode of both runs (default causal)" },
+        KVR_CLI_CACHE_FLAGS(&a->cache),
         { .name = "-v", .alt = "--verbose", .kind = KVR_CLI_SWITCH, .dst = &a->verbose, .help = "every layer's NMSE, not only the worst ones" },
     };
     const struct kvr_cli cli = {
