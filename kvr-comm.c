@@ -2960,7 +2960,7 @@ static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, s
     int rc = KVR_OK;
     if (n_sh > 0) {
         const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
-                                           .shards = sh, .logits = true };
+                                           .shards = sh, .logits = true, .type_k = d->type_k, .type_v = d->type_v };
         char p[4096];
         if (ring && n_sh != d->n_ranks) kvr_session_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
         else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
@@ -4671,7 +4671,7 @@ static int dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node
         return rc == KVR_OK ? rc : comm_fail(c, rc);
     }
     // to the file stream, no peer
-    c->st.kv_stream_bytes += 2 * (int64_t)sizeof(float) * kvr_nelements(node->src[0]); // f32 rows in the file
+    c->st.kv_stream_bytes += (int64_t)(kvr_nbytes(node->src[0]) + kvr_nbytes(node->src[1])); // the rows in the file's (the cache's) types
     const int rc = stream_put(c->dv.stream, c->base.rank, il, node->src[0], node->src[1]);
     return rc == KVR_OK ? rc : comm_fail(c, rc);
 }
@@ -4897,7 +4897,8 @@ static int dist_write(struct kvr_session * d, const char * path, const struct kv
 int kvr_session_kv_save(struct kvr_session * d, const char * path, bool per_rank) {
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
-    struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits };
+    struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits, .type_k = d->type_k,
+                                 .type_v = d->type_v };
     if (d->layout == LAYOUT_CHAIN) {
         struct dist_rank * dr = dist_local(d, N - 1);
         if (!dr) return KVR_OK; // MPI: the process of the last rank writes the file

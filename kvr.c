@@ -9194,7 +9194,7 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
     fp[KVH_LAYERS]     = hp->n_layer;
     fp[KVH_HEADS_KV]   = hp->n_head_kv;
     fp[KVH_HEAD_DIM]   = hp->head_dim;
-    fp[KVH_TYPE]       = KVR_TYPE_F32; // struct kvr_kv_cache's rows
+    fp[KVH_TYPE]       = 0;            // the rows' types (a file: its writer's; a log: 0, f32 and f32)
     fp[KVH_ROT]        = hp->n_rot;
     fp[KVH_ROPE_MODE]  = (uint32_t)hp->rope_mode;
     fp[KVH_ROPE_BASE]  = f32_as_u32(hp->rope_freq_base);
@@ -9209,7 +9209,7 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
 
 // the fingerprint's fields: the model's shape, then the weights and tokenizer hashes
 static const int kvh_fp_fields[] = {
-    KVH_ARCH, KVH_LAYERS, KVH_HEADS_KV, KVH_HEAD_DIM, KVH_TYPE, KVH_ROT, KVH_ROPE_MODE, KVH_ROPE_BASE, KVH_ROPE_SCALE,
+    KVH_ARCH, KVH_LAYERS, KVH_HEADS_KV, KVH_HEAD_DIM, KVH_ROT, KVH_ROPE_MODE, KVH_ROPE_BASE, KVH_ROPE_SCALE,
     KVH_VOCAB, KVH_HASH_LO, KVH_HASH_HI, KVH_TOK_LO, KVH_TOK_HI,
 };
 #define KVH_FP_COUNT ((int)(sizeof(kvh_fp_fields) / sizeof(kvh_fp_fields[0])))
@@ -9235,9 +9235,6 @@ static int kv_check_model(const char * path, const uint8_t * h, const struct kvr
             snprintf(b, sizeof(b), "%016llx", (unsigned long long)fp[i] | (unsigned long long)fp[i + 1] << 32);
             why = w ? " (the weights differ: another model of the same shape, or the file was changed)"
                     : " (the tokenizer differs: the cached ids mean other text)";
-        } else if (i == KVH_TYPE) {
-            snprintf(a, sizeof(a), "%s", kvr_type_name((enum kvr_type)hv[i]));
-            snprintf(b, sizeof(b), "%s", kvr_type_name((enum kvr_type)fp[i]));
         } else {
             snprintf(a, sizeof(a), "%u", hv[i]);
             snprintf(b, sizeof(b), "%u", fp[i]);
@@ -9256,7 +9253,14 @@ void kvr_kv_fingerprint_put(const struct kvr_model * m, uint8_t * h) {
 }
 
 int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
-    return kv_check_model(path, h, m, what);
+    const int rc = kv_check_model(path, h, m, what);
+    if (rc != KVR_OK) return rc;
+    // a log's rows are f32 whatever the cache's type (the session converts): the field says so
+    if (get_u32(h + KVH_OFFSET(KVH_TYPE)) != 0) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the %s's rows are f32 (cache type field 0), the field holds 0x%08x", path,
+                         KVH_OFFSET(KVH_TYPE), what, get_u32(h + KVH_OFFSET(KVH_TYPE)));
+    }
+    return KVR_OK;
 }
 
 struct kvr_kv_writer {
@@ -9264,6 +9268,9 @@ struct kvr_kv_writer {
     FILE    * f;          // its stream
     char    * path;
     int       n_layer, kv_dim, n_shards, chunk_rows;
+    enum kvr_type type_k, type_v; // the rows' types in the file (kvr_kv_writer_layer takes f32)
+    size_t    row_k, row_v;
+    void    * buf;        //   a shard's rows of one kind in that type
     int     * rows;       // per shard
     int       next_layer, next_shard;
     bool      logits;
@@ -9304,6 +9311,7 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
                        const struct kvr_kv_layout * lay) {
     *out = NULL;
     const int kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    KVR_ASSERT(kv_cache_type_ok(lay->type_k) && kv_cache_type_ok(lay->type_v)); // a session's cache types
     if (lay->n_tokens < 0 || lay->n_ranks < 1 || lay->n_ranks > 256 || (lay->n_shards != 1 && lay->n_shards != lay->n_ranks) ||
         lay->ring_next < 0 || lay->ring_next >= lay->n_ranks) {
         return kvr_error(KVR_ERR_ARG, "%s: a cache of %d tokens as %d of %d shards (ring next %d) cannot be written",
@@ -9323,7 +9331,11 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     w->n_layer  = (int)m->hp.n_layer;
     w->kv_dim   = kv_dim;
     w->n_shards = lay->n_shards;
-    w->chunk_rows = lay->chunk_rows > 0 ? lay->chunk_rows : (int)((1 << 20) / ((size_t)kv_dim * sizeof(float)));
+    w->type_k = lay->type_k;
+    w->type_v = lay->type_v;
+    w->row_k  = kvr_row_size(lay->type_k, kv_dim);
+    w->row_v  = kvr_row_size(lay->type_v, kv_dim);
+    w->chunk_rows = lay->chunk_rows > 0 ? lay->chunk_rows : (int)((1 << 20) / (w->row_k > w->row_v ? w->row_k : w->row_v));
     if (w->chunk_rows < 1) w->chunk_rows = 1;
     w->logits   = lay->logits;
     w->n_vocab  = (int)m->hp.n_vocab;
@@ -9340,6 +9352,10 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     fp[KVH_SHARDS]    = (uint32_t)lay->n_shards;
     fp[KVH_CHUNK]     = (uint32_t)w->chunk_rows;
     fp[KVH_RING_NEXT] = (uint32_t)lay->ring_next;
+    fp[KVH_TYPE]      = (uint32_t)lay->type_k | (uint32_t)lay->type_v << 16;
+    int max_rows = 1;
+    for (int s = 0; s < lay->n_shards; s++) max_rows = lay->shards[s].n_rows > max_rows ? lay->shards[s].n_rows : max_rows;
+    w->buf = kvr_malloc((w->row_k > w->row_v ? w->row_k : w->row_v) * (size_t)max_rows);
     for (int i = 0; i < KVH_CRC; i++) put_u32(h + KVH_OFFSET(i), fp[i]);
     put_u32(h + KVH_OFFSET(KVH_CRC), kvr_crc32c(0, h, KVH_OFFSET(KVH_CRC)));
     kvw_write(w, h, sizeof(h));
@@ -9363,8 +9379,11 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     return KVR_OK;
 }
 
-static void kvw_rows(struct kvr_kv_writer * w, int il, int shard, int kind, const float * x) {
+static void kvw_rows(struct kvr_kv_writer * w, int il, int shard, int kind, const float * f) {
     const int n = w->rows[shard];
+    const size_t row = kind ? w->row_v : w->row_k;
+    const uint8_t * x = w->buf;
+    kvr_kv_rows_from_float(kind ? w->type_v : w->type_k, f, w->buf, n, w->kv_dim);
     for (int r0 = 0; r0 < n; r0 += w->chunk_rows) {
         const int c = n - r0 < w->chunk_rows ? n - r0 : w->chunk_rows;
         uint8_t ch[20];
@@ -9373,8 +9392,8 @@ static void kvw_rows(struct kvr_kv_writer * w, int il, int shard, int kind, cons
         put_u32(ch + 8, (uint32_t)kind);
         put_u32(ch + 12, (uint32_t)r0);
         put_u32(ch + 16, (uint32_t)c);
-        const float * data = x + (size_t)r0 * w->kv_dim;
-        const size_t nb = (size_t)c * w->kv_dim * sizeof(float);
+        const uint8_t * data = x + (size_t)r0 * row;
+        const size_t nb = (size_t)c * row;
         kvw_write(w, ch, sizeof(ch));
         kvw_write(w, data, nb);
         kvw_write_crc(w, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), data, nb));
@@ -9397,6 +9416,7 @@ int64_t kvr_kv_writer_bytes(const struct kvr_kv_writer * w) { return w->bytes; }
 void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
     if (!w) return;
     kvr_file_abort(w->file);
+    free(w->buf);
     free(w->rows);
     free(w->path);
     free(w);
@@ -9504,6 +9524,10 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                          "cover the weights' bytes and the tokenizer, so the model it was made with cannot be told; save it again",
                          path, KVR_KV_FILE_VERSION);
     }
+    if (version == 2) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 2 is older than this kvr reads (%d): it was written before KV "
+                         "caches had a type (its rows are f32, no cache type is recorded); save it again", path, KVR_KV_FILE_VERSION);
+    }
     if (version != KVR_KV_FILE_VERSION) return kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr cache version", path, version);
     if (got < sizeof(h)) {
         return kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header at offset 0 needs %d bytes, the file ends after %zu", path, KVR_KV_FILE_HEADER, got);
@@ -9523,6 +9547,18 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
     int rc = kv_check_model(path, h, m, "cache");
     if (rc != KVR_OK) return rc;
+    // the rows' types: K's in the low 16 bits, V's in the high ones, each a KV cache type whose
+    // blocks fit the head size
+    for (int kind = 0; kind < 2; kind++) {
+        const uint32_t t = kind ? hv[KVH_TYPE] >> 16 : hv[KVH_TYPE] & 0xffff;
+        if (t >= KVR_TYPE_COUNT || !kv_cache_type_ok((enum kvr_type)t) || m->hp.head_dim % kvr_blck_size((enum kvr_type)t) != 0) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the cache type field 0x%08x gives %s type %u (%s), not a KV cache type "
+                             "(f32, f16, bf16, q8_0) for a head size of %u", path, KVH_OFFSET(KVH_TYPE), hv[KVH_TYPE], kind ? "V" : "K",
+                             t, t < KVR_TYPE_COUNT ? kvr_type_name((enum kvr_type)t) : "?", m->hp.head_dim);
+        }
+    }
+    f->type_k = (enum kvr_type)(hv[KVH_TYPE] & 0xffff);
+    f->type_v = (enum kvr_type)(hv[KVH_TYPE] >> 16);
     const uint32_t lim[][2] = { { KVH_TOKENS, 1u << 24 }, { KVH_RANKS, 256 }, { KVH_CHUNK, 1u << 24 } };
     for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
         const int fi = (int)lim[i][0];
@@ -9620,7 +9656,7 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     int64_t need = r->off;
     for (int s = 0; s < f->n_shards; s++) {
         const int64_t n = f->shards[s].n_rows, chunks = (n + f->chunk_rows - 1) / f->chunk_rows;
-        need += (int64_t)f->n_layer * 2 * (chunks * 24 + n * f->kv_dim * (int64_t)sizeof(float));
+        need += (int64_t)f->n_layer * (2 * chunks * 24 + n * (int64_t)(kvr_row_size(f->type_k, f->kv_dim) + kvr_row_size(f->type_v, f->kv_dim)));
     }
     if (f->flags & KVR_KV_FILE_LOGITS) need += 4 * (int64_t)m->hp.n_vocab + 4;
     struct stat st;
@@ -9640,6 +9676,9 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
             for (int kind = 0; kind < 2; kind++) {
                 float * x = kvr_malloc(sizeof(float) * (size_t)f->kv_dim * (size_t)sh->n_rows);
                 (kind ? sh->v : sh->k)[il] = x;
+                const enum kvr_type type = kind ? f->type_v : f->type_k;
+                const size_t row = kvr_row_size(type, f->kv_dim);
+                uint8_t * raw = kvr_malloc(row * (size_t)(f->chunk_rows < sh->n_rows ? f->chunk_rows : sh->n_rows) + 1);
                 for (int r0 = 0; r0 < sh->n_rows; r0 += f->chunk_rows) {
                     const int n = sh->n_rows - r0 < f->chunk_rows ? sh->n_rows - r0 : f->chunk_rows;
                     const int64_t at = r->off;
@@ -9647,21 +9686,23 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                     char what[96];
                     snprintf(what, sizeof(what), "the chunk of layer %d, shard %d, %s rows [%d, %d)", il, s, kind ? "V" : "K", r0, r0 + n);
                     rc = kvrd_read(r, ch, sizeof(ch), what);
-                    if (rc != KVR_OK) return rc;
+                    if (rc != KVR_OK) { free(raw); return rc; }
                     const uint32_t want[5] = { (uint32_t)il, (uint32_t)s, (uint32_t)kind, (uint32_t)r0, (uint32_t)n };
                     static const char * const field[5] = { "layer", "shard", "kind (0 K, 1 V)", "first row", "rows" };
                     for (int j = 0; j < 5; j++) {
                         if (get_u32(ch + 4 * j) != want[j]) {
+                            free(raw);
                             return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: %s: %s is %u, %u expected", path, (long long)(at + 4 * j),
                                              what, field[j], get_u32(ch + 4 * j), want[j]);
                         }
                     }
-                    float * data = x + (size_t)r0 * f->kv_dim;
-                    const size_t nb = sizeof(float) * (size_t)n * f->kv_dim;
-                    rc = kvrd_read(r, data, nb, what);
-                    if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), data, nb), what);
-                    if (rc != KVR_OK) return rc;
+                    const size_t nb = row * (size_t)n;
+                    rc = kvrd_read(r, raw, nb, what);
+                    if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), raw, nb), what);
+                    if (rc != KVR_OK) { free(raw); return rc; }
+                    kvr_kv_rows_to_float(type, raw, x + (size_t)r0 * f->kv_dim, n, f->kv_dim);
                 }
+                free(raw);
             }
         }
     }

@@ -1003,10 +1003,12 @@ void kvr_kv_rows_from_float(enum kvr_type type, const float * x, void * rows, in
 //        0      8  magic "KVRCACHE"
 //        8      4  version (KVR_KV_FILE_VERSION)
 //       12      4  flags (enum kvr_kv_file_flag; unknown bits are refused)
-//       16     40  the model's fingerprint: architecture, layers, KV heads, head size, cache type,
-//                  RoPE dims, RoPE mode, RoPE base (f32), RoPE scale (f32), vocabulary size, each
-//                  u32; then (at 56) u64 the weights hash (kvr_model_weights_hash: every tensor's
-//                  name, type, shape and offset, and every byte of the GGUF data section)
+//       16     40  the model's fingerprint: architecture, layers, KV heads, head size, then (at 32)
+//                  the rows' types (K's type id in the low 16 bits, V's in the high 16: f32, f16,
+//                  bf16 or q8_0, the cache's), RoPE dims, RoPE mode, RoPE base (f32), RoPE scale
+//                  (f32), vocabulary size, each u32; then (at 56) u64 the weights hash
+//                  (kvr_model_weights_hash: every tensor's name, type, shape and offset, and every
+//                  byte of the GGUF data section)
 //       64     20  tokens, ranks, shards, rows per chunk, the ring's next decode shard (u32 each)
 //       84      8  the tokenizer hash (u64, kvr_model_vocab_hash), the fingerprint's last field
 //       92      4  CRC32C of bytes [0, 92) (u32)
@@ -1015,14 +1017,16 @@ void kvr_kv_rows_from_float(enum kvr_type type, const float * x, void * rows, in
 //                  one CRC32C over both
 //                  layers: layer by layer, shard by shard, K rows then V rows in chunks of at most
 //                  "rows per chunk" rows: (layer, shard, 0 = K | 1 = V, first row, rows) u32,
-//                  rows x kv_dim f32, then a CRC32C over the chunk's header and data
+//                  rows of kv_dim values in K's or V's type, then a CRC32C over the chunk's header
+//                  and data
 //                  flag LOGITS: the last token's logits, n_vocab f32, then their CRC32C
 //
 // A whole cache has 1 rank and 1 shard whose positions are 0..n_tokens-1. A sharded one (the
 // ring strategies) has n ranks and either every shard (gathered to one file; the positions of
 // all shards together are 0..n_tokens-1, each once) or one rank's shard (each rank its file).
 
-#define KVR_KV_FILE_VERSION 2 // 1: the weights hash covered the tensors' metadata only, no tokenizer hash
+#define KVR_KV_FILE_VERSION 3 // 2: f32 rows, no cache type; 1: the weights hash covered the tensors' metadata
+                              //   only, no tokenizer hash (both refused, saying so)
 #define KVR_KV_FILE_HEADER  96
 
 enum kvr_kv_file_flag {
@@ -1061,11 +1065,14 @@ struct kvr_kv_layout {
     int                         ring_next;  // the shard that stores the next decoded token (ring decode; 0 else)
     bool                        logits;     // a logits section follows the layers
     int                         chunk_rows; // rows per chunk (0: about 1 MiB of a layer's K or V)
+    enum kvr_type               type_k;     // the rows' types in the file (f32, f16, bf16, q8_0: the
+    enum kvr_type               type_v;     //   cache's, so its bytes are the cache's own)
 };
 
 // A file written layer by layer (what streaming during a prefill needs): open writes the header,
 // the tokens and the shard table; then kvr_kv_writer_layer for every layer in order and within a
-// layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous); then
+// layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous, stored in
+// the layout's types: a cache's rows read as f32 go back to the same bytes); then
 // close writes the logits (when the layout has them) and renames the file into place. Until then
 // the file is a temporary beside PATH (kvr_file_create), so a reader never sees half a file under
 // PATH; abort removes it.
@@ -1083,7 +1090,7 @@ struct kvr_kv_file_shard {
     int       rank;
     int       n_rows;
     int32_t * pos;
-    float  ** k;        // per layer: [kv_dim x n_rows] f32
+    float  ** k;        // per layer: [kv_dim x n_rows] f32 (the file's rows turned into f32)
     float  ** v;
 };
 
@@ -1097,13 +1104,17 @@ struct kvr_kv_file {
     int                        chunk_rows;
     int                        n_layer;
     int                        kv_dim;
+    enum kvr_type              type_k, type_v; // the rows' types in the file
     struct kvr_kv_file_shard * shards;
     float                    * logits;  // n_vocab floats, or NULL without the LOGITS flag
     int64_t                    bytes;   // the file's size
 };
 
-// KVR_ERR_IO (cannot open or read), KVR_ERR_FORMAT (malformed, damaged or truncated),
-// KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (a cache of another model); nothing is returned then.
+// KVR_ERR_IO (cannot open or read), KVR_ERR_FORMAT (malformed, damaged or truncated, an older
+// version, a type field that names no KV cache type), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG
+// (a cache of another model); nothing is returned then. A file of another cache type than the
+// session's loads converted (kvr_session_kv_load: its rows into the session's types, Q8_0 by
+// kvr_kv_rows_from_float's rule), as llama.cpp cannot but kvr can: the rows are plain values.
 int  kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out);
 void kvr_kv_file_free(struct kvr_kv_file * f);
 
@@ -1900,14 +1911,16 @@ int               kvr_session_test_replica(struct kvr_session * s, int rank, int
 //        0      8  magic "KVRKVLOG"
 //        8      4  version (KVR_KV_LOG_VERSION)
 //       12      4  flags (enum kvr_kv_log_flag; unknown bits are refused)
-//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64
+//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64, but the
+//                  type field (at 32) is 0: a log's rows are f32 whatever the cache's type
 //       64     16  rank, ranks, strategy (enum kvr_strategy), prompt tokens (u32 each)
 //       80      4  0 (u32)
 //       84      8  the tokenizer hash: the cache file's bytes 84..92
 //       92      4  CRC32C of bytes [0, 92)
 //       96         the prompt's token ids (i32), then their CRC32C
 //                  then records, each starting (type, step) u32:
-//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32
+//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32 (a
+//                                     typed cache's rows as f32; a resume converts them back)
 //                  KVR_KV_LOG_COMMIT: tokens, rows (u32); the step's token ids (i32); the
 //                                     absolute positions of the rank's rows of the step (i32)
 //                  and a CRC32C over the record seeded with the previous record's CRC (the first
