@@ -4711,11 +4711,16 @@ static float expf_ggml(float x) {
 // the padding keys (j >= Tk) multiply zeros as the transposed copy's zeros would. The same
 // operations on the same values in the same order: the same bits, without the transpose (which
 // cost more than the rest at a few thousand keys: its writes stride over D rows).
-static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, int64_t Tk, int64_t Tkp, int64_t D,
-                          float * A, float * out) {
+// A typed cache's value row (vtype not F32) is turned into f32 in vx (D floats) first.
+static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum kvr_type vtype, int64_t Tk, int64_t Tkp, int64_t D,
+                          float * A, float * vx, float * out) {
     for (int64_t i = 0; i < 32 * D; i++) A[i] = 0.0f;
     for (int64_t j = 0; j < Tkp; j++) {
         const float * vj = j < Tk ? (const float *)(V + j * ldv) : NULL;
+        if (vj && vtype != KVR_TYPE_F32) {
+            attn_row_f32(vtype, vj, vx, D);
+            vj = vx;
+        }
         float * a = A + (j % 32) * D;
         int64_t d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -4763,13 +4768,13 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
         k->type == KVR_TYPE_F16 && mm_tinyblas_order(D, Tkp, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
     // In ggml_vec_dot_f32's order (one query, or --vec-dot-order) the values need no transpose:
     // see attn_exact_pv. tinyBLAS's order dots rows of V^T: this KV head's values transposed (and
-    // turned to f32: values of another type are always read so).
-    const bool by_rows = dot_kv == dot_f32_ggml && v->type == KVR_TYPE_F32;
+    // turned to f32 on the way for a typed cache).
+    const bool by_rows = dot_kv == dot_f32_ggml;
     float * VT = p->wdata;                     // [D, Tkp] V^T, or [32, D] attn_exact_pv's sums
     float * P = VT + D * Tkp;                  // [Tkp] one row's probabilities
     KVR_ASSERT((size_t)((D + 1) * Tkp) <= p->wsize); // Tkp >= 32 where a key is seen: room for A too
-    // a typed cache (an F16 or BF16 one; Q8_0 runs cpu_op_attn_online): a rounded query, a key row
-    float * X = p->wdata + p->wsize - attn_typed_floats(D), * qx = X, * kx = X + D;
+    // a typed cache (an F16 or BF16 one; Q8_0 runs cpu_op_attn_online): a rounded query, a key row, a value row
+    float * X = p->wdata + p->wsize - attn_typed_floats(D), * qx = X, * kx = X + D, * vx = X + 2 * D;
     KVR_ASSERT(!attn_typed(dst) || (size_t)((D + 1) * Tkp) + attn_typed_floats(D) <= p->wsize);
 
     int64_t dot_dense = 0, dot_causal = 0;
@@ -4830,7 +4835,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                 // mul_mat(V^T, KQ) with F16 V: the probabilities in F16
                 for (int64_t j = 0; v->type != KVR_TYPE_F32 && j < Tkp; j++) P[j] = kvr_kv_operand_round(v->type, P[j]);
                 if (by_rows) {
-                    attn_exact_pv(P, (const uint8_t *)v->data + g * v->nb[1], v->nb[2], Tk, Tkp, D, VT, out + h * D);
+                    attn_exact_pv(P, (const uint8_t *)v->data + g * v->nb[1], v->nb[2], v->type, Tk, Tkp, D, VT, vx, out + h * D);
                 } else {
                     for (int64_t d = 0; d < D; d++) out[h * D + d] = dot_kv(P, VT + d * Tkp, Tkp);
                 }

@@ -2424,6 +2424,21 @@ static inline KVR_HD void kvr_kv_quant_q8_0(const float * KVR_RESTRICT x, struct
     for (int j = 0; j < 32; j++) y->qs[j] = (int8_t)rintf(x[j] * id);
 }
 
+// Element i of a row of a KV cache type (f32, f16, bf16, q8_0) as f32: the GPU's attention loads its
+// key and value tiles with it, an element per thread; the CPU turns whole rows (kvr_kv_rows_to_float).
+static inline KVR_HD float kvr_kv_elem(enum kvr_type type, const void * row, int64_t i) {
+    const uint8_t * p = (const uint8_t *)row;
+    switch (type) {
+        case KVR_TYPE_F16:  return kvr_half_to_f32((uint16_t)(p[2*i] | (p[2*i + 1] << 8)));
+        case KVR_TYPE_BF16: return kvr_bfloat_to_f32((uint16_t)(p[2*i] | (p[2*i + 1] << 8)));
+        case KVR_TYPE_Q8_0: {
+            const struct kvr_block_q8_0 * b = (const struct kvr_block_q8_0 *)p + i / 32;
+            return kvr_q_half(b->d) * (float)b->qs[i % 32];
+        }
+        default:            return kvr_f32_of_bits(kvr_q_u32le(p + 4*i));
+    }
+}
+
 // What ggml's CPU matrix product does to the f32 operand it meets an F16 or BF16 cache with (the
 // queries against K, the softmax probabilities against V): it converts them to that type first.
 // Other types leave x as it is.

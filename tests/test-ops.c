@@ -28,6 +28,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 
+#define KVR_BUILD // kvr.h's internal part: the KV cache's element math (kvr_kv_elem), which the GPU runs too
 #include "kvr.h"
 #include "tests/check.h"
 
@@ -1329,6 +1330,47 @@ static void t_kv_store(int hd, int Hkv, int H, int n_ctx, int p, int T, int nt) 
     tc_end(&tc);
 }
 
+// KV_STORE into a typed cache (F16, BF16, Q8_0): the stored rows are kvr_kv_rows_from_float's bytes
+// of the same values (one rule for the CPU's store, the GPU's and the files), rows outside untouched;
+// and kvr_kv_elem (the GPU's element reader, kvr.h I5) reads every stored element as
+// kvr_kv_rows_to_float does.
+static void t_kv_store_typed(enum kvr_type type, int kv_dim, int n_ctx, int p, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "KV_STORE(type=%s,kv_dim=%d,n_ctx=%d,rows=[%d,%d))", type_str(type), kv_dim, n_ctx, p, p + T);
+    const size_t row = kvr_row_size(type, kv_dim);
+    struct kvr_tensor * cache = kvr_new_tensor_2d(tc.ctx, type, kv_dim, n_ctx);
+    cache->data = tc_alloc(&tc, row * (size_t) n_ctx, true, 0xFF, "cache");
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, kv_dim, T, 1, 3.0f);
+    struct kvr_tensor * dst = kvr_view_2d(tc.ctx, cache, kv_dim, T, cache->nb[1], (size_t) p * row);
+    struct kvr_tensor * st = kvr_kv_store(tc.ctx, kvr_scale(tc.ctx, x, 0.5f), dst);
+    if (tc_shape(&tc, st, type, kv_dim, T, 1, 1) && tc_compute(&tc, &st, 1)) {
+        float * half = tc_floats(&tc, (int64_t) kv_dim * T), * back = tc_floats(&tc, (int64_t) kv_dim * T);
+        for (int64_t i = 0; i < (int64_t) kv_dim * T; i++) half[i] = 0.5f * ((const float *) x->data)[i];
+        uint8_t * want = tc_alloc(&tc, row * (size_t) T, false, 0, "want");
+        kvr_kv_rows_from_float(type, half, want, T, kv_dim);
+        const uint8_t * c = cache->data;
+        if (memcmp(c + (size_t) p * row, want, row * (size_t) T) != 0) tc_fail(&tc, "the stored rows differ from kvr_kv_rows_from_float's");
+        for (size_t b = 0; b < row * (size_t) n_ctx; b++) {
+            if ((b < (size_t) p * row || b >= (size_t) (p + T) * row) && c[b] != 0xFF) {
+                tc_fail(&tc, "byte %zu outside the stored rows was written", b);
+                break;
+            }
+        }
+        kvr_kv_rows_to_float(type, c + (size_t) p * row, back, T, kv_dim);
+        for (int64_t r = 0; r < T && tc.n_fail == 0; r++) {
+            for (int64_t i = 0; i < kv_dim; i++) {
+                const float e = kvr_kv_elem(type, c + (size_t) (p + r) * row, i), w = back[r * kv_dim + i];
+                if (memcmp(&e, &w, 4) != 0) {
+                    tc_fail(&tc, "kvr_kv_elem of row %lld element %lld: %.9g, kvr_kv_rows_to_float %.9g", (long long) r, (long long) i, e, w);
+                    break;
+                }
+                tc.err = fmax(tc.err, fabs((double) w - half[r * kv_dim + i]));
+            }
+        }
+    }
+    tc_end(&tc);
+}
+
 static void grp_kv_store(void) {
     static const int cases[][6] = {
         // hd, Hkv, H, n_ctx, p, T
@@ -1338,6 +1380,14 @@ static void grp_kv_store(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int nt = 1; nt <= 3; nt++) {
             t_kv_store(cases[c][0], cases[c][1], cases[c][2], cases[c][3], cases[c][4], cases[c][5], nt);
+        }
+    }
+    static const enum kvr_type types[] = { KVR_TYPE_F16, KVR_TYPE_BF16, KVR_TYPE_Q8_0 };
+    for (int t = 0; t < 3; t++) {
+        for (int nt = 1; nt <= 3; nt += 2) {
+            t_kv_store_typed(types[t], 64, 48, 0, 7, nt);
+            t_kv_store_typed(types[t], 192, 130, 40, 33, nt);
+            t_kv_store_typed(types[t], 32, 16, 15, 1, nt);
         }
     }
 }
