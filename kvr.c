@@ -2120,6 +2120,18 @@ static void attn_row_f32(enum kvr_type type, const void * row, float * out, int6
     type_to_float(type)(row, out, D);
 }
 
+// Values rounded to an F16 or BF16 cache's type in place (kvr_kv_operand_round): the tiled kernel's
+// probabilities, a tile at a time; F16C does 8 at once (round to nearest even, as kvr_f32_to_half).
+static void attn_round_to(enum kvr_type type, float * x, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; type == KVR_TYPE_F16 && i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+    }
+#endif
+    for (; i < n; i++) x[i] = kvr_kv_operand_round(type, x[i]);
+}
+
 // A query row as a product with keys of this type sees it (f32 here).
 static void attn_q_as(enum kvr_type type, const float * q, float * out, int64_t D) {
     if (type == KVR_TYPE_Q8_0) {
@@ -5013,9 +5025,7 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
                     for (int64_t d = 0; d < D; d++) o[d] *= corr;
                 }
             }
-            if (typed && v->type != KVR_TYPE_Q8_0) { // F16/BF16 values: the weights in that type
-                for (int64_t e = 0; e < rows * bk; e++) S[e] = kvr_kv_operand_round(v->type, S[e]);
-            }
+            if (v->type == KVR_TYPE_F16 || v->type == KVR_TYPE_BF16) attn_round_to(v->type, S, rows * bk); // the weights in that type
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)D, (int)bk,
                         1.0f, S, (int)bk, Vt, ldvt, 1.0f, O, (int)D);
         }
