@@ -4845,7 +4845,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                 const float inv = (float)(1.0 / sum);
                 for (int64_t j = 0; j < Tkp; j++) P[j] *= inv;
                 // mul_mat(V^T, KQ) with F16 V: the probabilities in F16
-                for (int64_t j = 0; v->type != KVR_TYPE_F32 && j < Tkp; j++) P[j] = kvr_kv_operand_round(v->type, P[j]);
+                if (v->type != KVR_TYPE_F32) attn_round_to(v->type, P, Tkp);
                 if (by_rows) {
                     attn_exact_pv(P, (const uint8_t *)v->data + g * v->nb[1], v->nb[2], v->type, Tk, Tkp, D, VT, vx, out + h * D);
                 } else {
