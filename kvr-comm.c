@@ -63,6 +63,28 @@ int kvr_strategy_parse(const char * name, enum kvr_strategy * out) {
     return kvr_error(KVR_ERR_ARG, "unknown strategy '%s' (single, tsp, kvr, ring-kv, ring-q, auto)", name);
 }
 
+static const char * const cache_type_names[KVR_CACHE_TYPE_COUNT] = { "f16", "f32", "bf16", "q8_0" };
+static const enum kvr_type cache_type_elems[KVR_CACHE_TYPE_COUNT] = { KVR_TYPE_F16, KVR_TYPE_F32, KVR_TYPE_BF16, KVR_TYPE_Q8_0 };
+
+const char * kvr_cache_type_name(enum kvr_cache_type t) {
+    return (unsigned)t < KVR_CACHE_TYPE_COUNT ? cache_type_names[t] : "?";
+}
+
+int kvr_cache_type_parse(const char * name, enum kvr_cache_type * out) {
+    for (int i = 0; i < KVR_CACHE_TYPE_COUNT; i++) {
+        if (strcmp(name, cache_type_names[i]) == 0) {
+            *out = (enum kvr_cache_type)i;
+            return KVR_OK;
+        }
+    }
+    return kvr_error(KVR_ERR_ARG, "unknown cache type '%s' (f16, f32, bf16, q8_0)", name);
+}
+
+enum kvr_type kvr_cache_type_elem(enum kvr_cache_type t) {
+    KVR_ASSERT((unsigned)t < KVR_CACHE_TYPE_COUNT);
+    return cache_type_elems[t];
+}
+
 // chunk c of 2n chunks over T tokens: [T*c/(2n), T*(c+1)/(2n))
 static int chunk_begin(int T, int n_chunks, int c) {
     return (int)((int64_t)T * c / n_chunks);
@@ -1438,6 +1460,7 @@ struct kvr_session {
     struct dejavu            dv;
     bool                     wedged;      // a rank's thread did not stop when told: it may still run,
                                           //   so nothing is freed and no eval runs (join_ranks)
+    enum kvr_type            type_k, type_v; // the caches' types (kvr_session_params.cache_type_k/_v)
 };
 
 static void plan_free(struct eval_plan * pl) {
@@ -1614,7 +1637,7 @@ static struct kvr_tensor * cache_rows(struct pass_ctx * pc, struct kvr_tensor * 
 // a [kv_dim, n] block seen as [head_dim, n_head_kv, n] for attention
 static struct kvr_tensor * as_heads(struct pass_ctx * pc, struct kvr_tensor * t) {
     const struct kvr_hparams * hp = &pc->d->m->hp;
-    return kvr_view_3d(pc->ctx, t, hp->head_dim, hp->n_head_kv, t->ne[1], hp->head_dim * sizeof(float), t->nb[1], 0);
+    return kvr_view_3d(pc->ctx, t, hp->head_dim, hp->n_head_kv, t->ne[1], kvr_row_size(t->type, hp->head_dim), t->nb[1], 0);
 }
 
 // new rows of this eval into this rank's cache; returns the V store (which depends on the K store)
@@ -1657,11 +1680,13 @@ static struct kvr_tensor * merge_all(struct pass_ctx * pc, struct kvr_tensor ** 
 static void pass_tsp(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2], * pos = t->src[3];
     struct kvr_kv_cache * c = pc->dr->cache;
-    const int T = pc->pl->T, n = (int)k->ne[2];
-    struct kvr_tensor * ks = kvr_all_gather(pc->ctx, kvr_reshape_2d(pc->ctx, k, c->kv_dim, n), cache_rows(pc, c->k[il], 0, T),
-                                            pc->N, T, kvr_tag(il, KVR_TAG_K, 0));
-    struct kvr_tensor * vs = kvr_all_gather(pc->ctx, kvr_reshape_2d(pc->ctx, v, c->kv_dim, n), cache_rows(pc, c->v[il], 0, T),
-                                            pc->N, T, kvr_tag(il, KVR_TAG_V, 0));
+    const int T = pc->pl->T, n = (int)k->ne[2], r0 = (int)((int64_t)T * pc->rank / pc->N);
+    KVR_ASSERT(r0 + n == (int)((int64_t)T * (pc->rank + 1) / pc->N)); // the all-gather's own rows
+    // the rank's own rows go into its cache first, in the cache's type, which is what the
+    // all-gather then sends from there (the other ranks' rows arrive in that type too)
+    struct kvr_tensor * vst = store_new(pc, il, k, v, r0), * kst = vst->src[2];
+    struct kvr_tensor * ks = kvr_all_gather(pc->ctx, kst, cache_rows(pc, c->k[il], 0, T), pc->N, T, kvr_tag(il, KVR_TAG_K, 0));
+    struct kvr_tensor * vs = kvr_all_gather(pc->ctx, vst, cache_rows(pc, c->v[il], 0, T), pc->N, T, kvr_tag(il, KVR_TAG_V, 0));
     kvr_set_name(ks, "blk.%d.k_gather", il);
     kvr_set_name(vs, "blk.%d.v_gather", il);
     vs->src[2] = ks;
@@ -1799,8 +1824,8 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         const int rows = pc->d->rows[src] + pc->pl->cnt[src];
         ring_kv_rows(pc, src, j, &a, &b);
         held = a;
-        bk = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, b - a, 1), prev, kvr_tag(il, KVR_TAG_K, j));
-        bv = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, c->kv_dim, b - a, 1), prev, kvr_tag(il, KVR_TAG_V, j));
+        bk = kvr_recv(pc->ctx, recv_buf(pc, c->type_k, c->kv_dim, b - a, 1), prev, kvr_tag(il, KVR_TAG_K, j));
+        bv = kvr_recv(pc->ctx, recv_buf(pc, c->type_v, c->kv_dim, b - a, 1), prev, kvr_tag(il, KVR_TAG_V, j));
         kvr_set_name(bk, "blk.%d.k_recv%d", il, j);
         kvr_set_name(bv, "blk.%d.v_recv%d", il, j);
         // every block that is sent is received, even where only the output would need it
@@ -2091,8 +2116,11 @@ static struct kvr_tensor * layer_final_find(struct pass_ctx * pc, struct kvr_gra
     char a[64], b[64];
     snprintf(a, sizeof(a), "blk.%d.v_store", il);
     snprintf(b, sizeof(b), "blk.%d.v_gather", il);
+    for (int i = 0; i < pc->n_sinks; i++) { // tsp stores its own rows, then gathers everyone's: the gather
+        if (!strcmp(pc->sinks[i]->name, b)) return pc->sinks[i];
+    }
     for (int i = 0; i < pc->n_sinks; i++) {
-        if (!strcmp(pc->sinks[i]->name, a) || !strcmp(pc->sinks[i]->name, b)) return pc->sinks[i];
+        if (!strcmp(pc->sinks[i]->name, a)) return pc->sinks[i];
     }
     for (int i = 0; i < g->n_nodes; i++) { // the single pass: reached from the attention
         if (!strcmp(g->nodes[i]->name, a) || !strcmp(g->nodes[i]->name, b)) return g->nodes[i];
@@ -2154,6 +2182,36 @@ static size_t states_floats(const struct kvr_session * d) {
     return (size_t)d->m->hp.n_layer * (size_t)kvr_hp_state_floats(&d->m->hp);
 }
 
+// Rows of a cache as f32 (what KV cache files, replication logs and replicas hold), turned from and
+// into the cache's types through a host copy of the stored rows.
+static void cache_get_f32(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n, float * k, float * v) {
+    if (n <= 0) return;
+    void * tmp = kvr_malloc((c->row_k > c->row_v ? c->row_k : c->row_v) * (size_t)n);
+    if (k) {
+        kvr_kv_cache_get_rows(be, c, il, row0, n, tmp, NULL);
+        kvr_kv_rows_to_float(c->type_k, tmp, k, n, c->kv_dim);
+    }
+    if (v) {
+        kvr_kv_cache_get_rows(be, c, il, row0, n, NULL, tmp);
+        kvr_kv_rows_to_float(c->type_v, tmp, v, n, c->kv_dim);
+    }
+    free(tmp);
+}
+
+static void cache_set_f32(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n, const float * k, const float * v) {
+    if (n <= 0) return;
+    void * tmp = kvr_malloc((c->row_k > c->row_v ? c->row_k : c->row_v) * (size_t)n);
+    if (k) {
+        kvr_kv_rows_from_float(c->type_k, k, tmp, n, c->kv_dim);
+        kvr_kv_cache_set_rows(be, c, il, row0, n, tmp, NULL);
+    }
+    if (v) {
+        kvr_kv_rows_from_float(c->type_v, v, tmp, n, c->kv_dim);
+        kvr_kv_cache_set_rows(be, c, il, row0, n, NULL, tmp);
+    }
+    free(tmp);
+}
+
 static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows) {
     if (rows <= dr->cache->n_ctx) return KVR_OK;
     if (rows > d->n_ctx) {
@@ -2162,10 +2220,9 @@ static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows)
     int cap = dr->cache->n_ctx > 0 ? dr->cache->n_ctx : RANK_CACHE_MIN;
     while (cap < rows) cap *= 2;
     if (cap > d->n_ctx) cap = d->n_ctx;
-    struct kvr_kv_cache * c = kvr_kv_cache_new(&d->m->hp, cap, dr->be);
+    struct kvr_kv_cache * c = kvr_kv_cache_new(&d->m->hp, cap, d->type_k, d->type_v, dr->be);
     if (!c) return KVR_ERR_NOMEM;
-    const size_t bytes = sizeof(float) * (size_t)c->kv_dim * (size_t)(dr->n_rows + 1);
-    float * k = malloc(bytes), * v = malloc(bytes);
+    void * k = malloc(c->row_k * (size_t)(dr->n_rows + 1)), * v = malloc(c->row_v * (size_t)(dr->n_rows + 1));
     KVR_ASSERT(k && v);
     for (int il = 0; il < c->n_layer && dr->n_rows > 0; il++) {
         kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, k, v);
@@ -2504,6 +2561,24 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         free(d);
         return NULL;
     }
+    const enum kvr_cache_type ct[2] = { p->cache_type_k, p->cache_type_v };
+    for (int i = 0; i < 2; i++) {
+        if ((unsigned)ct[i] >= KVR_CACHE_TYPE_COUNT) {
+            kvr_error(KVR_ERR_ARG, "unknown %s cache type %d", i ? "V" : "K", (int)ct[i]);
+            free(d);
+            return NULL;
+        }
+        const int64_t blk = kvr_blck_size(kvr_cache_type_elem(ct[i]));
+        if (m->hp.head_dim % blk != 0) {
+            kvr_error(KVR_ERR_UNSUPP, "a %s cache of type %s needs a head size that is a multiple of %lld; this model's is %u "
+                      "(as llama.cpp, which refuses it too): use f16, bf16 or f32", i ? "V" : "K",
+                      kvr_cache_type_name(ct[i]), (long long)blk, (unsigned)m->hp.head_dim);
+            free(d);
+            return NULL;
+        }
+    }
+    d->type_k = kvr_cache_type_elem(ct[0]);
+    d->type_v = kvr_cache_type_elem(ct[1]);
     d->layout = strategy_is_ring(p->strategy) && !p->pd ? LAYOUT_RING : LAYOUT_CHAIN; // P/D decodes on one rank
     if (m->hp.n_recurrent > 0 && (p->pd || p->kv_stream || p->replicate || p->replicate_dir)) {
         // those move cache rows layer by layer as they are made; a recurrent layer's state is
@@ -2623,7 +2698,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
                                                .trace = p->trace, .node_times = p->node_times };
         dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;
-        dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx < RANK_CACHE_MIN ? n_ctx : RANK_CACHE_MIN, dr->be) : NULL;
+        dr->cache = dr->model ? kvr_kv_cache_new(&m->hp, n_ctx < RANK_CACHE_MIN ? n_ctx : RANK_CACHE_MIN, d->type_k, d->type_v, dr->be) : NULL;
         if (!dr->cache) {
             kvr_session_free(d);
             return NULL;
@@ -3199,19 +3274,32 @@ static int stream_open(struct kv_stream ** out, const char * path, const struct 
     return KVR_OK;
 }
 
+// a view of a cache's rows (in its type), through the backend (the cache may be device memory), as f32
+static void tensor_get_f32(const struct kvr_tensor * t, float * out) {
+    const size_t nb = kvr_nbytes(t);
+    if (t->type == KVR_TYPE_F32) {
+        kvr_backend_tensor_get(t, out, 0, nb);
+        return;
+    }
+    void * tmp = kvr_malloc(nb ? nb : 1);
+    kvr_backend_tensor_get(t, tmp, 0, nb);
+    kvr_kv_rows_to_float(t->type, tmp, out, (int)t->ne[1], (int)t->ne[0]);
+    free(tmp);
+}
+
 // a rank's rows of layer il (k and v: views of its cache) into the stream
 static int stream_put(struct kv_stream * st, int rank, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
     const int s = st->shard_of[rank];
     KVR_ASSERT(s >= 0 && il >= 0 && il < st->n_layer);
-    const size_t nb = kvr_nbytes(k);
+    const size_t nb = sizeof(float) * (size_t)kvr_nelements(k); // the file's rows are f32
     float * kb = malloc(nb ? nb : 1), * vb = malloc(nb ? nb : 1);
     if (!kb || !vb) {
         free(kb);
         free(vb);
         return kvr_error(KVR_ERR_NOMEM, "stream: cannot buffer %zu KiB of layer %d", nb >> 9, il);
     }
-    kvr_backend_tensor_get(k, kb, 0, nb); // through the backend: the cache may be device memory
-    kvr_backend_tensor_get(v, vb, 0, nb);
+    tensor_get_f32(k, kb);
+    tensor_get_f32(v, vb);
     pthread_mutex_lock(&st->mu);
     st->k[il * st->n_shards + s] = kb;
     st->v[il * st->n_shards + s] = vb;
@@ -3271,7 +3359,7 @@ static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, s
     int rc = KVR_OK;
     if (n_sh > 0) {
         const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
-                                           .shards = sh, .logits = true };
+                                           .shards = sh, .logits = true, .type_k = d->type_k, .type_v = d->type_v };
         char p[4096];
         if (ring && n_sh != d->n_ranks) kvr_session_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
         else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
@@ -3871,9 +3959,9 @@ static int log_put_rows(struct kv_log * lg, int step, int il, int n_rows, const 
         return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, nb >> 9, il);
     }
     if (k) {
-        KVR_ASSERT(kvr_nbytes(k) == nb && kvr_nbytes(v) == nb);
-        kvr_backend_tensor_get(k, it->k, 0, nb); // through the backend: the cache may be device memory
-        kvr_backend_tensor_get(v, it->v, 0, nb);
+        KVR_ASSERT(kvr_nelements(k) * (int64_t)sizeof(float) == (int64_t)nb && kvr_nelements(v) == kvr_nelements(k));
+        tensor_get_f32(k, it->k);
+        tensor_get_f32(v, it->v);
     } else {
         memcpy(it->k, hk, nb);
         memcpy(it->v, hv, nb);
@@ -3996,7 +4084,7 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         float * k = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1)), * v = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1));
         KVR_ASSERT(k && v);
         for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) {
-            kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, nr, k, v);
+            cache_get_f32(dr->be, dr->cache, il, 0, nr, k, v);
             rc = log_put_rows(dr->dv.log, 0, il, nr, NULL, NULL, k, v, kv_dim);
         }
         free(k);
@@ -4042,7 +4130,9 @@ struct replica {
     int               n_layer, kv_dim;
     int               n_rows, cap;   // committed rows, rows allocated per layer
     int32_t         * pos;           // [cap]: their positions (the pending chunk's after them)
-    float          ** k, ** v;       // [n_layer][cap * kv_dim]
+    enum kvr_type     type_k, type_v;// the cache's types: rows are kept as the cache stores them
+    size_t            row_k, row_v;  //   bytes of a row
+    uint8_t        ** k, ** v;       // [n_layer][cap * row_k or row_v]
     int               n_chunks, cap_chunks;
     int             * chunk_row0;    // committed chunks: rows [row0, row0 + n), each eval's
     int             * chunk_n;
@@ -4060,9 +4150,8 @@ struct replica {
 };
 
 static void replica_crc(const struct replica * rp, int il, int row0, int n, uint32_t * ck, uint32_t * cv) {
-    const size_t off = (size_t)row0 * (size_t)rp->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)rp->kv_dim;
-    *ck = kvr_crc32c(0, rp->k[il] + off, bytes);
-    *cv = kvr_crc32c(0, rp->v[il] + off, bytes);
+    *ck = kvr_crc32c(0, rp->k[il] + (size_t)row0 * rp->row_k, (size_t)n * rp->row_k);
+    *cv = kvr_crc32c(0, rp->v[il] + (size_t)row0 * rp->row_v, (size_t)n * rp->row_v);
 }
 
 // the holder's side: check each layer the sender put in, then acknowledge it
@@ -4093,13 +4182,17 @@ static void * replica_thread(void * arg) {
     return NULL;
 }
 
-static struct replica * replica_new(int n_layer, int kv_dim) {
+static struct replica * replica_new(int n_layer, const struct kvr_kv_cache * c) {
     struct replica * rp = calloc(1, sizeof(*rp));
     KVR_ASSERT(rp != NULL);
     rp->n_layer = n_layer;
-    rp->kv_dim = kv_dim;
-    rp->k = calloc((size_t)n_layer, sizeof(float *));
-    rp->v = calloc((size_t)n_layer, sizeof(float *));
+    rp->kv_dim = c->kv_dim;
+    rp->type_k = c->type_k;
+    rp->type_v = c->type_v;
+    rp->row_k = c->row_k;
+    rp->row_v = c->row_v;
+    rp->k = calloc((size_t)n_layer, sizeof(uint8_t *));
+    rp->v = calloc((size_t)n_layer, sizeof(uint8_t *));
     rp->acked = calloc((size_t)n_layer, sizeof(bool));
     rp->pend_crc = calloc((size_t)n_layer * 2, sizeof(uint32_t));
     rp->queue = calloc((size_t)n_layer, sizeof(int));
@@ -4138,10 +4231,9 @@ static void replica_reserve(struct replica * rp, int n) {
     if (rp->n_rows + n <= rp->cap) return;
     int cap = rp->cap ? 2 * rp->cap : 64;
     while (cap < rp->n_rows + n) cap *= 2;
-    const size_t row = sizeof(float) * (size_t)rp->kv_dim;
     for (int il = 0; il < rp->n_layer; il++) {
-        rp->k[il] = realloc(rp->k[il], row * (size_t)cap);
-        rp->v[il] = realloc(rp->v[il], row * (size_t)cap);
+        rp->k[il] = realloc(rp->k[il], rp->row_k * (size_t)cap);
+        rp->v[il] = realloc(rp->v[il], rp->row_v * (size_t)cap);
         KVR_ASSERT(rp->k[il] && rp->v[il]);
     }
     rp->pos = realloc(rp->pos, sizeof(int32_t) * (size_t)cap);
@@ -4171,9 +4263,9 @@ static void replica_queue(struct replica * rp, int il) {
 static void replica_put(struct replica * rp, int il, const struct kvr_tensor * k, const struct kvr_tensor * v) {
     if (rp->pend_n == 0) return; // behind: it takes nothing until it is seeded again
     KVR_ASSERT(k->ne[1] == rp->pend_n && il >= 0 && il < rp->n_layer);
-    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim, nb = kvr_nbytes(k);
-    kvr_backend_tensor_get(k, rp->k[il] + off, 0, nb);
-    kvr_backend_tensor_get(v, rp->v[il] + off, 0, nb);
+    KVR_ASSERT(k->type == rp->type_k && v->type == rp->type_v);
+    kvr_backend_tensor_get(k, rp->k[il] + (size_t)rp->n_rows * rp->row_k, 0, kvr_nbytes(k));
+    kvr_backend_tensor_get(v, rp->v[il] + (size_t)rp->n_rows * rp->row_v, 0, kvr_nbytes(v));
     replica_queue(rp, il);
 }
 
@@ -4182,9 +4274,8 @@ static void replica_put(struct replica * rp, int il, const struct kvr_tensor * k
 static void replica_put_rows(struct replica * rp, struct kvr_backend * be, const struct kvr_kv_cache * c, int row0, int n) {
     if (rp->pend_n == 0) return;
     KVR_ASSERT(n == rp->pend_n);
-    const size_t off = (size_t)rp->n_rows * (size_t)rp->kv_dim;
     for (int il = 0; il < rp->n_layer; il++) {
-        kvr_kv_cache_get_rows(be, c, il, row0, n, rp->k[il] + off, rp->v[il] + off);
+        kvr_kv_cache_get_rows(be, c, il, row0, n, rp->k[il] + (size_t)rp->n_rows * rp->row_k, rp->v[il] + (size_t)rp->n_rows * rp->row_v);
         replica_queue(rp, il);
     }
 }
@@ -4310,7 +4401,7 @@ static void dist_log(struct kvr_session * d, const char * fmt, ...) {
 static struct replica * replica_of(struct kvr_session * d, int i) {
     if (d->n_local < 2) return NULL;
     struct dist_rank * h = &d->ranks[(i + 1) % d->n_local];
-    if (!h->dv.held) h->dv.held = replica_new((int)d->m->hp.n_layer, h->cache->kv_dim);
+    if (!h->dv.held) h->dv.held = replica_new((int)d->m->hp.n_layer, h->cache);
     return h->dv.held;
 }
 
@@ -4359,9 +4450,9 @@ int kvr_session_test_replica(struct kvr_session * d, int rank, int row, bool cut
     if (row < 0 || row >= rp->n_rows) return kvr_error(KVR_ERR_ARG, "the replica of rank %d holds %d rows, not row %d", rank, rp->n_rows, row);
     if (!cut) {
         uint32_t bits;
-        memcpy(&bits, rp->k[0] + (size_t)row * (size_t)rp->kv_dim, sizeof(bits));
+        memcpy(&bits, rp->k[0] + (size_t)row * rp->row_k, sizeof(bits));
         bits ^= 1u << 7;
-        memcpy(rp->k[0] + (size_t)row * (size_t)rp->kv_dim, &bits, sizeof(bits));
+        memcpy(rp->k[0] + (size_t)row * rp->row_k, &bits, sizeof(bits));
         return KVR_OK;
     }
     int ch = 0;
@@ -4382,12 +4473,12 @@ struct row_src {
 static void src_read(const struct kvr_session * d, const struct row_src * s, int il, int n, float * k, float * v) {
     const struct dist_rank * dr = &d->ranks[s->rank];
     if (!s->rep) {
-        kvr_kv_cache_get_rows(dr->be, dr->cache, il, s->row, n, k, v);
+        cache_get_f32(dr->be, dr->cache, il, s->row, n, k, v);
         return;
     }
-    const size_t off = (size_t)s->row * (size_t)dr->dv.held->kv_dim, bytes = sizeof(float) * (size_t)n * (size_t)dr->dv.held->kv_dim;
-    memcpy(k, dr->dv.held->k[il] + off, bytes);
-    memcpy(v, dr->dv.held->v[il] + off, bytes);
+    const struct replica * rp = dr->dv.held;
+    kvr_kv_rows_to_float(rp->type_k, rp->k[il] + (size_t)s->row * rp->row_k, k, n, rp->kv_dim);
+    kvr_kv_rows_to_float(rp->type_v, rp->v[il] + (size_t)s->row * rp->row_v, v, n, rp->kv_dim);
 }
 
 // Write positions [keep, p0) into rank t's cache rows keep.. (chain), reading each run of
@@ -4406,7 +4497,7 @@ static void place_rows(struct kvr_session * d, int t, const struct row_src * src
             src_read(d, &src[p], il, len, k + (size_t)(p - keep) * kv, v + (size_t)(p - keep) * kv);
             p += len;
         }
-        kvr_kv_cache_set_rows(T->be, T->cache, il, keep, n, k, v);
+        cache_set_f32(T->be, T->cache, il, keep, n, k, v);
     }
     for (int p = keep; p < p0; p++) T->cache_pos[p] = p;
     T->n_rows = p0;
@@ -4520,7 +4611,7 @@ static int dist_recover(struct kvr_session * d, const char * cause) {
         }
         KVR_ASSERT(m == nm);
         for (int il = 0; il < n_layer; il++) {
-            if (keep_t) kvr_kv_cache_get_rows(T->be, T->cache, il, 0, keep_t, a, av);
+            if (keep_t) cache_get_f32(T->be, T->cache, il, 0, keep_t, a, av);
             for (int q = 0, i = 0; q < nm; q++) {
                 if (i < keep_t && T->cache_pos[i] == mpos[q]) {
                     memcpy(mk + (size_t)q * kv, a + (size_t)i * kv, sizeof(float) * kv);
@@ -4530,7 +4621,7 @@ static int dist_recover(struct kvr_session * d, const char * cause) {
                     src_read(d, &src[mpos[q]], il, 1, mk + (size_t)q * kv, mv + (size_t)q * kv);
                 }
             }
-            kvr_kv_cache_set_rows(T->be, T->cache, il, 0, nm, mk, mv);
+            cache_set_f32(T->be, T->cache, il, 0, nm, mk, mv);
         }
         memcpy(T->cache_pos, mpos, sizeof(int32_t) * (size_t)nm);
         T->n_rows = nm;
@@ -4791,8 +4882,8 @@ static void dejavu_receive_graph(struct kvr_session * d, struct dist_rank * dr, 
                 const int b = ring ? chunk_begin(pl->T, nc, ch) : 0, e = ring ? chunk_begin(pl->T, nc, ch + 1) : pl->T;
                 if (e == b) continue;
                 for (int kind = 0; kind < 2; kind++) {
-                    struct kvr_tensor * view = kvr_view_2d(ctx, (kind ? c->v : c->k)[il], c->kv_dim, e - b, c->k[il]->nb[1],
-                                                           (size_t)b * c->k[il]->nb[1]);
+                    struct kvr_tensor * ct = (kind ? c->v : c->k)[il];
+                    struct kvr_tensor * view = kvr_view_2d(ctx, ct, c->kv_dim, e - b, ct->nb[1], (size_t)b * ct->nb[1]);
                     struct kvr_tensor * t = kvr_recv(ctx, view, ring ? q : pl->owner, kvr_tag(il, kind ? KVR_TAG_V : KVR_TAG_K, STREAM_STEP + j));
                     kvr_set_name(t, "blk.%d.%s_from_prefill%d", il, kind ? "v" : "k", ring ? q : pl->owner);
                     t->why = "P/D: the decode rank's cache, layer by layer from the prefill";
@@ -4975,7 +5066,7 @@ static int dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node
     const int peer = node->op_params[0], il = kvr_tag_layer(node->op_params[1]);
     if (peer == PEER_KILL) return test_kill(c);
     if (peer == PEER_REPLICA) {
-        c->st.replica_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
+        c->st.replica_bytes += (int64_t)(kvr_nbytes(node->src[0]) + kvr_nbytes(node->src[1]));
         replica_put(c->dv.replica_out, il, node->src[0], node->src[1]);
         return KVR_OK;
     }
@@ -4985,7 +5076,7 @@ static int dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node
         return rc == KVR_OK ? rc : comm_fail(c, rc);
     }
     // to the file stream, no peer
-    c->st.kv_stream_bytes += 2 * (int64_t)kvr_nbytes(node->src[0]);
+    c->st.kv_stream_bytes += (int64_t)(kvr_nbytes(node->src[0]) + kvr_nbytes(node->src[1])); // the rows in the file's (the cache's) types
     const int rc = stream_put(c->dv.stream, c->base.rank, il, node->src[0], node->src[1]);
     return rc == KVR_OK ? rc : comm_fail(c, rc);
 }
@@ -4998,7 +5089,7 @@ static int dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev) {
     if (ev->pass || dr->made == 0) return KVR_OK;
     if (dv->replica_out) {
         replica_put_rows(dv->replica_out, dr->be, dr->cache, dr->made_row0, dr->made);
-        dr->comm->st.replica_bytes += 2 * (int64_t)sizeof(float) * dr->cache->kv_dim * dr->made * n_layer;
+        dr->comm->st.replica_bytes += (int64_t)(dr->cache->row_k + dr->cache->row_v) * dr->made * n_layer;
     }
     if (!dv->log) return KVR_OK;
     // one decoded token's rows, one small transfer per layer, to the log's writer
@@ -5007,7 +5098,7 @@ static int dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev) {
     KVR_ASSERT(k && v);
     int rc = KVR_OK;
     for (int il = 0; il < n_layer && rc == KVR_OK; il++) {
-        kvr_kv_cache_get_rows(dr->be, dr->cache, il, dr->made_row0, dr->made, k, v);
+        cache_get_f32(dr->be, dr->cache, il, dr->made_row0, dr->made, k, v);
         rc = log_put_rows(dv->log, dv->log->step, il, dr->made, NULL, NULL, k, v, dr->cache->kv_dim);
     }
     free(k);
@@ -5197,7 +5288,7 @@ static int dist_write(struct kvr_session * d, const char * path, const struct kv
     KVR_ASSERT(k && v);
     for (int il = 0; il < (int)d->m->hp.n_layer && rc == KVR_OK; il++) {
         for (int s = 0; s < lay->n_shards && rc == KVR_OK; s++) {
-            kvr_kv_cache_get_rows(dr[s]->be, dr[s]->cache, il, 0, lay->shards[s].n_rows, k, v);
+            cache_get_f32(dr[s]->be, dr[s]->cache, il, 0, lay->shards[s].n_rows, k, v);
             rc = kvr_kv_writer_layer(w, il, s, k, v);
         }
     }
@@ -5219,7 +5310,8 @@ static int dist_write(struct kvr_session * d, const char * path, const struct kv
 int kvr_session_kv_save(struct kvr_session * d, const char * path, bool per_rank) {
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
-    struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits };
+    struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits, .type_k = d->type_k,
+                                 .type_v = d->type_v };
     if (d->layout == LAYOUT_CHAIN) {
         struct dist_rank * dr = dist_local(d, N - 1);
         if (!dr) return KVR_OK; // MPI: the process of the last rank writes the file
@@ -5373,10 +5465,10 @@ static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs,
             const struct kvr_kv_file * f = per_rank ? fs[r] : f0;
             for (int il = 0; il < (int)d->m->hp.n_layer; il++) {
                 if (per_rank) {
-                    kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, rows[r], f->shards[0].k[il], f->shards[0].v[il]);
+                    cache_set_f32(dr->be, dr->cache, il, 0, rows[r], f->shards[0].k[il], f->shards[0].v[il]);
                 } else {
                     file_rows_at(f, il, pos[r], rows[r], k, v, slot);
-                    kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, rows[r], k, v);
+                    cache_set_f32(dr->be, dr->cache, il, 0, rows[r], k, v);
                 }
             }
             for (int il = 0; il < (int)d->m->hp.n_layer && f->state; il++) { // every rank's copy of the states
@@ -5816,7 +5908,7 @@ int kvr_session_kv_swap_out(struct kvr_session * d, const char * path) {
                     return kvr_error(KVR_ERR_NOMEM, "swap out: cannot allocate %zu MiB of host memory for rank %d's cache",
                                      (2 * bytes * (size_t)n_layer) >> 20, dr->rank);
                 }
-                kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
+                cache_get_f32(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
             }
         }
         if (d->m->hp.n_recurrent > 0) {
@@ -5846,7 +5938,7 @@ int kvr_session_kv_swap_in(struct kvr_session * d) {
     for (int i = 0; i < d->n_local; i++) {
         struct dist_rank * dr = &d->ranks[i];
         const int cap = dr->n_rows > RANK_CACHE_MIN ? dr->n_rows : RANK_CACHE_MIN; // grows again as needed
-        dr->cache = kvr_kv_cache_new(&d->m->hp, cap < d->n_ctx ? cap : d->n_ctx, dr->be);
+        dr->cache = kvr_kv_cache_new(&d->m->hp, cap < d->n_ctx ? cap : d->n_ctx, d->type_k, d->type_v, dr->be);
         if (!dr->cache) { // still swapped out: nothing is lost, another try may find the memory
             for (int j = 0; j < i; j++) {
                 kvr_kv_cache_free(d->ranks[j].cache);
@@ -5875,7 +5967,7 @@ int kvr_session_kv_swap_in(struct kvr_session * d) {
         for (int i = 0; i < d->n_local; i++) {
             struct dist_rank * dr = &d->ranks[i];
             for (int il = 0; il < n_layer; il++) {
-                kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
+                cache_set_f32(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
             }
             if (d->swap.state) states_set(dr, d->swap.state[i]);
         }

@@ -491,15 +491,21 @@ static __global__ void k_rope(cu_tensor a, cu_tensor d, const int32_t * pos, con
     for (int64_t i = n_rot + threadIdx.x; i < a.ne[0]; i += blockDim.x) y[i] = x[i];
 }
 
-// CPY, KV_STORE: f32 rows into f32 or f16; row by row when the row lengths match, else flat
-// into a contiguous destination
-static __global__ void k_cpy(cu_tensor a, cu_tensor d, int same_rows, int to_f16) {
+// CPY, KV_STORE: f32 rows into f32 or f16 (row by row when the row lengths match, else flat into a
+// contiguous destination), or, a cache store, into bf16 or q8_0 rows (a thread per Q8_0 block,
+// kvr_kv_quant_q8_0 as the CPU's store)
+static __global__ void k_cpy(cu_tensor a, cu_tensor d, int same_rows, int dtype) {
     const int64_t r = blockIdx.x, n = a.ne[0];
     const float * x = (const float *)cu_row(a, r);
-    char * y = same_rows ? cu_row(d, r) : d.data + r * n * (to_f16 ? 2 : 4);
+    char * y = same_rows ? cu_row(d, r) : d.data + r * n * (dtype == KVR_TYPE_F16 ? 2 : 4);
+    if (dtype == KVR_TYPE_Q8_0) {
+        for (int64_t b = threadIdx.x; b < n / 32; b += blockDim.x) kvr_kv_quant_q8_0(x + 32 * b, (struct kvr_block_q8_0 *)y + b);
+        return;
+    }
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        if (to_f16) ((uint16_t *)y)[i] = kvr_f32_to_half(x[i]);
-        else        ((float *)y)[i] = x[i];
+        if (dtype == KVR_TYPE_F16)       ((uint16_t *)y)[i] = kvr_f32_to_half(x[i]);
+        else if (dtype == KVR_TYPE_BF16) ((uint16_t *)y)[i] = kvr_f32_to_bfloat(x[i]);
+        else                             ((float *)y)[i] = x[i];
     }
 }
 
@@ -680,6 +686,7 @@ struct cu_attn_args {
     char * out;
     int64_t out_nb1;
     int D, H, Hkv, Tq, Tk, mode;
+    int ktype, vtype;             // K's and V's types (a KV cache's: f32, f16, bf16, q8_0)
     int64_t window;               // sliding window (0: none)
     float scale;
     float softcap;                // scores soft-capped at this (0: not)
@@ -748,6 +755,15 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
             const int dd = lane + 32 * c;
             qr[c] = active && dd < p.D ? qrow[dd] : 0.0f;
             o[c] = 0.0f;
+            // the query as the keys' type makes it (the CPU's attn_q_as): F16/BF16 rounded; Q8_0
+            // quantized by its 32-value block, which is this warp's 32 lanes
+            if (p.ktype == KVR_TYPE_Q8_0) {
+                const float amax = warp_max(fabsf(qr[c]));
+                const float dq = kvr_half_to_f32(kvr_f32_to_half(amax / 127.0f));
+                qr[c] = dq * rintf(qr[c] * (amax != 0.0f ? 127.0f / amax : 0.0f));
+            } else {
+                qr[c] = kvr_kv_operand_round((enum kvr_type)p.ktype, qr[c]);
+            }
         }
         float M = -INFINITY, L = 0.0f;
         long long seen = 0;
@@ -768,8 +784,8 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
                 for (int e = tid; e < ck * p.D; e += blockDim.x) {
                     const int jj = e / p.D, dd = e % p.D;
                     const int64_t j = j0 + c0 + jj;
-                    Ks[jj * p.D + dd] = ((const float *)(p.k + g * p.k_nb1 + j * p.k_nb2))[dd];
-                    Vs[jj * p.D + dd] = ((const float *)(p.v + g * p.v_nb1 + j * p.v_nb2))[dd];
+                    Ks[jj * p.D + dd] = kvr_kv_elem((enum kvr_type)p.ktype, p.k + g * p.k_nb1 + j * p.k_nb2, dd);
+                    Vs[jj * p.D + dd] = kvr_kv_elem((enum kvr_type)p.vtype, p.v + g * p.v_nb1 + j * p.v_nb2, dd);
                 }
                 __syncthreads();
                 if (!active) continue;
@@ -792,7 +808,8 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
                 const float corr = kvr_softmax_step(&M, &L, m_new, warp_sum(pj));
                 for (int c = 0; c < ND; c++) o[c] *= corr;
                 for (int jj = 0; jj < ck; jj++) {
-                    const float w = __shfl_sync(0xffffffffu, pj, jj);
+                    // F16/BF16 values: the weights in that type (the CPU's tiled kernel does the same)
+                    const float w = kvr_kv_operand_round((enum kvr_type)p.vtype, __shfl_sync(0xffffffffu, pj, jj));
                     for (int c = 0; c < ND; c++) {
                         const int dd = lane + 32 * c;
                         if (dd < p.D) o[c] += w * Vs[jj * p.D + dd];
@@ -1662,7 +1679,7 @@ static int op_cpy(struct cu_backend * cb, struct kvr_tensor * node) {
     const int64_t rows = kvr_nrows(a);
     if (rows == 0) return KVR_OK;
     k_cpy<<<(unsigned)rows, cu_threads_for(a->ne[0]), 0, cb->compute>>>(cu_t(a), cu_t(node), node->ne[0] == a->ne[0],
-                                                                         node->type == KVR_TYPE_F16);
+                                                                         (int)node->type);
     CU_LAUNCHED();
     return KVR_OK;
 }
@@ -1790,6 +1807,7 @@ static int op_attn(struct cu_backend * cb, struct kvr_tensor * node) {
     p.out_nb1 = (int64_t)node->nb[1];
     p.D = (int)q->ne[0]; p.H = (int)q->ne[1]; p.Hkv = (int)k->ne[1];
     p.Tq = (int)q->ne[2]; p.Tk = (int)k->ne[2];
+    p.ktype = (int)k->type; p.vtype = (int)v->type;
     p.mode = node->op_params[0];
     p.window = node->op_params[3];
     memcpy(&p.scale, &node->op_params[2], sizeof(float));
@@ -2096,10 +2114,20 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
                    (!t->src[2] || (t->src[2]->type == KVR_TYPE_F32 && kvr_is_contiguous(t->src[2])));
         case KVR_OP_CPY:
         case KVR_OP_KV_STORE:
+            if (t->type == KVR_TYPE_BF16 || t->type == KVR_TYPE_Q8_0) { // cache stores: whole rows (blocks)
+                return a->type == KVR_TYPE_F32 && a->nb[0] == 4 && t->ne[0] == a->ne[0] && t->nb[0] == kvr_type_size(t->type) &&
+                       t->ne[0] % kvr_blck_size(t->type) == 0;
+            }
             return a->type == KVR_TYPE_F32 && a->nb[0] == 4 && (t->type == KVR_TYPE_F32 || t->type == KVR_TYPE_F16) &&
                    (t->ne[0] == a->ne[0] ? t->nb[0] == kvr_type_size(t->type) : kvr_is_contiguous(t));
-        case KVR_OP_ATTN:
-            return cu_fattn_ok(t) || (a->ne[0] <= CU_ATTN_DMAX && t->src[1]->nb[0] == 4 && t->src[2]->nb[0] == 4);
+        case KVR_OP_ATTN: {
+            const struct kvr_tensor * k = t->src[1], * v = t->src[2];
+            const bool kv_ok = (k->type == KVR_TYPE_F32 || k->type == KVR_TYPE_F16 || k->type == KVR_TYPE_BF16 || k->type == KVR_TYPE_Q8_0) &&
+                               (v->type == KVR_TYPE_F32 || v->type == KVR_TYPE_F16 || v->type == KVR_TYPE_BF16 || v->type == KVR_TYPE_Q8_0);
+            return cu_fattn_ok(t) ||
+                   (a->ne[0] <= CU_ATTN_DMAX && kv_ok && k->nb[0] == kvr_type_size(k->type) && v->nb[0] == kvr_type_size(v->type) &&
+                    (k->type != KVR_TYPE_Q8_0 || a->ne[0] % 32 == 0) && (v->type != KVR_TYPE_Q8_0 || a->ne[0] % 32 == 0));
+        }
         case KVR_OP_MERGE_ATTN:
             return true;
         case KVR_OP_MUL_MAT_ID:

@@ -578,6 +578,7 @@ struct sim {
     struct tok_costs                tc[KVR_TUNE_MAX_RANKS];
     double                          cur[KVR_TUNE_MAX_RANKS];
     double                          kvd;     // K (or V) elements per token
+    double                          kvb;     //   and bytes per element of them on the wire (the cache's type)
     double                          solo;    // the profile's solo_speedup (1: no sharing)
     bool                            first;   // the first pass: every other rank counts as busy
     struct busy                     prev[KVR_TUNE_MAX_RANKS], now[KVR_TUNE_MAX_RANKS];
@@ -646,7 +647,6 @@ static void sim_chain(struct sim * S) {
     const struct kvr_tune_plan * P = S->plan;
     const int N = S->N, L = S->m->n_layer;
     const bool tsp = P->strategy == KVR_STRATEGY_TSP;
-    const double eb = S->hw->elem_bytes;
     int s[KVR_TUNE_MAX_RANKS];
     double at[KVR_TUNE_MAX_RANKS];
     for (int r = 0, acc = 0; r < N; r++) {
@@ -669,8 +669,8 @@ static void sim_chain(struct sim * S) {
             R->kv_rows_recv = r > 0 && s[r] > 0 ? 2LL * s[r] : 0;
         }
         const int La = L - S->m->n_recurrent; // layers with attention and K/V rows
-        R->bytes_sent = (int64_t)(R->kv_rows_sent * S->kvd * eb) * La;
-        R->bytes_recv = (int64_t)(R->kv_rows_recv * S->kvd * eb) * La;
+        R->bytes_sent = (int64_t)(R->kv_rows_sent * S->kvd * S->kvb) * La;
+        R->bytes_recv = (int64_t)(R->kv_rows_recv * S->kvd * S->kvb) * La;
         // the recurrent layers: one state from r-1 and one on to r+1 (a rank without tokens relays it)
         const int64_t sb = (int64_t)(S->m->state_floats * 4) * S->m->n_recurrent;
         if (N > 1 && r < N - 1 && acc > 0) R->bytes_sent += sb;
@@ -710,7 +710,7 @@ static void sim_chain(struct sim * S) {
                     const int a = order[i];
                     for (int b = 0; b < N; b++) {
                         if (b == a) continue;
-                        done[b] = maxd(done[b], link_xfer(&S->L, S->out, a, b, S->cur[a], S->cnt[a] * S->kvd * eb));
+                        done[b] = maxd(done[b], link_xfer(&S->L, S->out, a, b, S->cur[a], S->cnt[a] * S->kvd * S->kvb));
                     }
                 }
                 for (int r = 0; r < N; r++) wait_until(&S->out->ranks[r], &S->cur[r], done[r]);
@@ -734,7 +734,7 @@ static void sim_chain(struct sim * S) {
                 if (r > 0 && s[r] > 0) wait_until(R, cur, arrive);
                 run_for(S, r, S->tc[r].store);
                 const int e = s[r] + S->cnt[r];
-                if (r < N - 1 && e > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, *cur, 2.0 * e * S->kvd * eb);
+                if (r < N - 1 && e > 0) arrive = link_xfer(&S->L, S->out, r, r + 1, *cur, 2.0 * e * S->kvd * S->kvb);
                 if (layer_full(S, r, l)) {
                     run_for(S, r, S->tc[r].q);
                     run_op(S, r, at[r], true);
@@ -786,8 +786,8 @@ static void sim_ring(struct sim * S) {
             } else {
                 R->kv_rows_sent += 2LL * sent;
                 R->kv_rows_recv += 2LL * got;
-                R->bytes_sent += (int64_t)(2.0 * sent * S->kvd * eb) * La + 4LL * sent;
-                R->bytes_recv += (int64_t)(2.0 * got * S->kvd * eb) * La + 4LL * got;
+                R->bytes_sent += (int64_t)(2.0 * sent * S->kvd * S->kvb) * La + 4LL * sent;
+                R->bytes_recv += (int64_t)(2.0 * got * S->kvd * S->kvb) * La + 4LL * got;
             }
         }
         if (passq) {
@@ -850,7 +850,7 @@ static void sim_ring(struct sim * S) {
         for (int j = 1; j < N; j++) {
             for (int i = 0; i < N; i++) {
                 const int next = (i + 1) % N, rows = S->cnt[(i + N - j + 1) % N];
-                const double bytes = passq ? rows * qd * eb : 2.0 * rows * S->kvd * eb;
+                const double bytes = passq ? rows * qd * eb : 2.0 * rows * S->kvd * S->kvb;
                 ready[next * N + j] = link_xfer(&S->L, S->out, i, next, ready[i * N + j - 1], bytes);
             }
         }
@@ -908,6 +908,13 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
     if (!S) return kvr_error(KVR_ERR_NOMEM, "simulate: out of memory");
     S->m = m; S->hw = hw; S->plan = plan; S->out = out; S->N = N; S->T = T;
     S->kvd = (double)m->n_head_kv * m->head_dim;
+    if ((unsigned)plan->cache_type >= KVR_CACHE_TYPE_COUNT) {
+        free(S);
+        return kvr_error(KVR_ERR_ARG, "simulate: cache type %d", (int)plan->cache_type);
+    }
+    // the bytes of a row of the cache's type: Q8_0 is 34 bytes a block of 32
+    const enum kvr_type ct = kvr_cache_type_elem(plan->cache_type);
+    S->kvb = (double)kvr_type_size(ct) / (double)kvr_blck_size(ct);
     S->L = (struct links) { .hw = hw, .n = N };
     if (hw->links == KVR_TUNE_LINKS_PAIR) {
         S->L.pair = calloc((size_t)N * N, sizeof(double));
@@ -970,7 +977,7 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
 double kvr_tune_objective_sim(const int * counts, int n_ranks, void * user) {
     const struct kvr_tune_sim_objective * o = user;
     const struct kvr_tune_plan plan = { .strategy = KVR_STRATEGY_KVR, .n_ranks = n_ranks, .n_tokens = o->n_tokens,
-                                        .counts = counts, .attn_mode = o->attn_mode };
+                                        .counts = counts, .attn_mode = o->attn_mode, .cache_type = o->cache_type };
     struct kvr_tune_sim * sim = malloc(sizeof(*sim));
     if (!sim) return kvr_error(KVR_ERR_NOMEM, "simulate: out of memory");
     double t = kvr_tune_simulate(o->model, o->hw, &plan, sim) == KVR_OK ? sim->ttft : -1.0;
@@ -1208,7 +1215,7 @@ int kvr_tune_bounds(const struct kvr_tune_model * m, const struct kvr_tune_profi
     struct kvr_tune_profile free_hw = *hw;
     free_hw.link_bw = INFINITY;
     free_hw.link_latency = 0.0;
-    struct kvr_tune_sim_objective o = { m, &free_hw, n_tokens, mode };
+    struct kvr_tune_sim_objective o = { m, &free_hw, n_tokens, mode, KVR_CACHE_F16 }; // the link is free: bytes do not count
     struct kvr_tune_search_params sp = { .n_ranks = n_ranks, .n_tokens = n_tokens, .min_stride = min_stride,
                                          .objective = kvr_tune_objective_sim, .user = &o };
     struct kvr_tune_search_result res;

@@ -1433,7 +1433,8 @@ struct kvr_tensor * kvr_moe_sum(struct kvr_context * ctx, struct kvr_tensor * y,
 
 struct kvr_tensor * kvr_cpy(struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b) {
     KVR_ASSERT(kvr_nelements(a) == kvr_nelements(b) && a->type == KVR_TYPE_F32);
-    KVR_ASSERT(b->type == KVR_TYPE_F32 || b->type == KVR_TYPE_F16);
+    KVR_ASSERT(b->type == KVR_TYPE_F32 || b->type == KVR_TYPE_F16 || b->type == KVR_TYPE_BF16 || b->type == KVR_TYPE_Q8_0);
+    KVR_ASSERT(b->type != KVR_TYPE_Q8_0 || (a->ne[0] == b->ne[0] && b->ne[0] % 32 == 0)); // whole blocks per row
     const int64_t ne[4] = { b->ne[0], b->ne[1], b->ne[2], b->ne[3] };
     struct kvr_tensor * t = new_tensor_impl(ctx, b->type, 4, ne, b, 0);
     memcpy(t->nb, b->nb, sizeof(t->nb));
@@ -1502,12 +1503,18 @@ struct kvr_tensor * kvr_attn_sinks_of(const struct kvr_tensor * t) {
 }
 int   kvr_attn_block_window(const struct kvr_tensor * block)  { return block->op_params[1]; }
 
+// the types a KV cache (and so attention's K and V) may have: kvr_cache_type's
+static bool kv_cache_type_ok(enum kvr_type t) {
+    return t == KVR_TYPE_F32 || t == KVR_TYPE_F16 || t == KVR_TYPE_BF16 || t == KVR_TYPE_Q8_0;
+}
+
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
                              struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode) {
-    KVR_ASSERT(q->type == KVR_TYPE_F32 && k->type == KVR_TYPE_F32 && v->type == KVR_TYPE_F32);
+    KVR_ASSERT(q->type == KVR_TYPE_F32 && kv_cache_type_ok(k->type) && kv_cache_type_ok(v->type));
     KVR_ASSERT(q->ne[0] == k->ne[0] && k->ne[0] == v->ne[0] && k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2]);
-    KVR_ASSERT(q->ne[1] % k->ne[1] == 0 && q->nb[0] == 4 && k->nb[0] == 4 && v->nb[0] == 4);
+    KVR_ASSERT(q->ne[1] % k->ne[1] == 0 && q->nb[0] == 4 && k->nb[0] == kvr_type_size(k->type) && v->nb[0] == kvr_type_size(v->type));
+    KVR_ASSERT(k->nb[1] == kvr_row_size(k->type, k->ne[0]) && v->nb[1] == kvr_row_size(v->type, v->ne[0])); // a head's row is whole
     KVR_ASSERT(qpos->type == KVR_TYPE_I32 && kpos->type == KVR_TYPE_I32);
     KVR_ASSERT(qpos->ne[0] == q->ne[2] && kpos->ne[0] == k->ne[2]);
     const int64_t n_head = q->ne[1];
@@ -2015,9 +2022,9 @@ static void pass_single_block(struct kvr_context * ctx, struct kvr_tensor * t, s
     const int64_t D = k->ne[0], Hkv = k->ne[1], T = k->ne[2];
     KVR_ASSERT(D * Hkv == cache->kv_dim && n_past + T <= cache->n_ctx && kpos->ne[0] == n_past + T);
     struct kvr_tensor * kc = cache->k[il], * vc = cache->v[il];
-    const size_t row = kc->nb[1];
+    const size_t row = kc->nb[1], vrow = vc->nb[1]; // K and V may be of different types
     struct kvr_tensor * k_dst = kvr_view_2d(ctx, kc, cache->kv_dim, T, row, (size_t)n_past * row);
-    struct kvr_tensor * v_dst = kvr_view_2d(ctx, vc, cache->kv_dim, T, row, (size_t)n_past * row);
+    struct kvr_tensor * v_dst = kvr_view_2d(ctx, vc, cache->kv_dim, T, vrow, (size_t)n_past * vrow);
     struct kvr_tensor * k_new = kvr_reshape_2d(ctx, k, cache->kv_dim, T);
     struct kvr_tensor * v_new = kvr_reshape_2d(ctx, v, cache->kv_dim, T);
     struct kvr_tensor * ks = kvr_set_name(kvr_kv_store(ctx, k_new, k_dst), "blk.%d.k_store", il);
@@ -2028,8 +2035,8 @@ static void pass_single_block(struct kvr_context * ctx, struct kvr_tensor * t, s
     // a sliding-window layer reads only the rows its first query can still see
     const int W = kvr_attn_block_window(t);
     const int64_t lo = W > 0 && n_past - W + 1 > 0 ? n_past - W + 1 : 0, n = n_past + T - lo;
-    struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
-    struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, D * sizeof(float), row, (size_t)lo * row);
+    struct kvr_tensor * kall = kvr_view_3d(ctx, kc, D, Hkv, n, kvr_row_size(kc->type, D), row, (size_t)lo * row);
+    struct kvr_tensor * vall = kvr_view_3d(ctx, vc, D, Hkv, n, kvr_row_size(vc->type, D), vrow, (size_t)lo * vrow);
     struct kvr_tensor * kp = lo ? kvr_view_1d(ctx, kpos, n, (size_t)lo * sizeof(int32_t)) : kpos;
     struct kvr_tensor * a = kvr_attn_sinks(kvr_attn(ctx, q, kall, vall, pos, kp, vs, kvr_attn_block_scale(t),
                                                     kvr_attn_block_softcap(t), W, mode),
@@ -2525,6 +2532,55 @@ static void attn_count(int mode, const int32_t * qpos, int64_t Tq, int64_t BT, c
     }
 }
 
+// K and V in a cache's type (kvr.h's kvr_cache_type). Every kernel reads them where they lie, a row
+// (one head of one key) at a time, turned into f32 in a few floats of scratch: no converted copy
+// of the cache is made. The query meets K as llama.cpp's products do (kvr_kv_operand_round: F16
+// and BF16 round it to that type; Q8_0 quantizes it to Q8_0, which the kernels that dot in f32
+// see dequantized).
+static bool attn_typed(const struct kvr_tensor * dst) {
+    return dst->src[1]->type != KVR_TYPE_F32 || dst->src[2]->type != KVR_TYPE_F32;
+}
+
+// Floats of scratch a typed attention takes beside a kernel's own: a key tile and a value tile in
+// f32 (the tiled kernel), or a rounded query, a converted key row and value row, the quantized
+// query and the online softmax's output row (the others).
+static size_t attn_typed_floats(int64_t D) {
+    return (size_t)(2 * KVR_ATTN_BK * D + 5 * D + 64);
+}
+
+static inline const void * attn_kv_row(const struct kvr_tensor * t, int64_t g, int64_t j) {
+    return (const uint8_t *)t->data + g * t->nb[1] + j * t->nb[2];
+}
+
+static void attn_row_f32(enum kvr_type type, const void * row, float * out, int64_t D) {
+    type_to_float(type)(row, out, D);
+}
+
+// Values rounded to an F16 or BF16 cache's type in place (kvr_kv_operand_round): the tiled kernel's
+// probabilities, a tile at a time; F16C does 8 at once (round to nearest even, as kvr_f32_to_half).
+static void attn_round_to(enum kvr_type type, float * x, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; type == KVR_TYPE_F16 && i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+    }
+#endif
+    for (; i < n; i++) x[i] = kvr_kv_operand_round(type, x[i]);
+}
+
+// A query row as a product with keys of this type sees it (f32 here).
+static void attn_q_as(enum kvr_type type, const float * q, float * out, int64_t D) {
+    if (type == KVR_TYPE_Q8_0) {
+        for (int64_t b = 0; b < D / 32; b++) {
+            struct kvr_block_q8_0 blk;
+            kvr_kv_quant_q8_0(q + 32 * b, &blk);
+            kvr_dequant_q8_0(&blk, out + 32 * b);
+        }
+        return;
+    }
+    for (int64_t e = 0; e < D; e++) out[e] = kvr_kv_operand_round(type, q[e]);
+}
+
 //
 // The reference kernels. Every op whose kernel below has a fast path (SIMD, BLAS, tiles, decode
 // rows, llama.cpp's summation orders, 8-bit activations) has one here too: a plain loop in the
@@ -2704,14 +2760,17 @@ static void ref_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
     p->counters->matmul_flops += 2 * K * (n1 - n0) * T;
 }
 
-// Floats of scratch a reference ATTN takes: a row of scores and an output row, in double.
+// Floats of scratch a reference ATTN takes: a row of scores and an output row, in double; a typed
+// cache's query, key and value rows in f32 beside them.
 static size_t ref_attn_floats(int64_t D, int64_t Tk) {
-    return 2 * (size_t)(Tk + D);
+    return 2 * (size_t)(Tk + D) + 3 * (size_t)D;
 }
 
 // Every (query token, head) on its own: the scores of the keys it sees, their softmax, the
 // weighted sum of the values, and the log-sum-exp of the scores (kvr.h's ATTN). A row that sees
-// no key has output 0 and log-sum-exp -inf.
+// no key has output 0 and log-sum-exp -inf. A typed cache: the query as the keys' type makes it
+// (attn_q_as), keys and values turned to f32, and for F16/BF16 values the normalized
+// probabilities rounded to that type (llama.cpp's mul_mat of V with them); sums still in double.
 static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
     const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
@@ -2722,34 +2781,42 @@ static void ref_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
     KVR_ASSERT(ref_attn_floats(D, Tk) <= p->wsize);
     double * sc = (double *)p->wdata, * o = sc + Tk;
+    float * qx = (float *)(o + D), * kx = qx + D, * vx = kx + D;
     int64_t r0, r1;
     row_range(Tq * H, p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
         const int64_t i = r / H, h = r % H, g = h / G;
         const float * qr = row_ptr(q, h, i, 0);
         float * out = row_ptr(dst, i, 0, 0);
+        if (k->type != KVR_TYPE_F32) {
+            attn_q_as(k->type, qr, qx, D);
+            qr = qx;
+        }
         double mx = -INFINITY;
         for (int64_t j = 0; j < Tk; j++) {
             sc[j] = -INFINITY;
             if (!kvr_attn_visible(qpos[i], kpos[j], W)) continue;
-            const float * kj = row_ptr(k, g, j, 0);
+            attn_row_f32(k->type, attn_kv_row(k, g, j), kx, D);
             double dot = 0.0;
-            for (int64_t e = 0; e < D; e++) dot += (double)qr[e] * kj[e];
+            for (int64_t e = 0; e < D; e++) dot += (double)qr[e] * kx[e];
             sc[j] = cap > 0.0 ? cap * tanh(dot * scale / cap) : dot * scale;
             if (sc[j] > mx) mx = sc[j];
         }
         // a sink is one more term of the denominator, with no value
         if (sink && sink[h] > mx) mx = sink[h];
         double sum = sink ? exp((double)sink[h] - mx) : 0.0;
+        for (int64_t j = 0; j < Tk && mx > -INFINITY; j++) {
+            if (sc[j] != -INFINITY) sum += exp(sc[j] - mx);
+        }
         for (int64_t e = 0; e < D; e++) o[e] = 0.0;
         for (int64_t j = 0; j < Tk && mx > -INFINITY; j++) {
             if (sc[j] == -INFINITY) continue;
-            const double pj = exp(sc[j] - mx);
-            const float * vj = row_ptr(v, g, j, 0);
-            sum += pj;
-            for (int64_t e = 0; e < D; e++) o[e] += pj * vj[e];
+            double pj = exp(sc[j] - mx) / sum;
+            if (v->type != KVR_TYPE_F32) pj = kvr_kv_operand_round(v->type, (float)pj);
+            attn_row_f32(v->type, attn_kv_row(v, g, j), vx, D);
+            for (int64_t e = 0; e < D; e++) o[e] += pj * vx[e];
         }
-        for (int64_t e = 0; e < D; e++) out[h * D + e] = sum > 0.0 ? (float)(o[e] / sum) : 0.0f;
+        for (int64_t e = 0; e < D; e++) out[h * D + e] = sum > 0.0 ? (float)o[e] : 0.0f;
         out[D * H + h] = sum > 0.0 ? (float)(mx + log(sum)) : -INFINITY;
     }
     if (p->ith == 0) {
@@ -5635,10 +5702,18 @@ static void cpu_op_cpy(const struct cpu_params * p, struct kvr_tensor * dst) {
         for (int64_t r = r0; r < r1; r++) {
             const float * x = row_ptr_flat(a, r);
             void * y = row_ptr_flat(dst, r);
-            if (dst->type == KVR_TYPE_F32) memcpy(y, x, (size_t)n * sizeof(float));
-            else f16_from_float(x, y, n);
+            switch (dst->type) {
+                case KVR_TYPE_F32:  memcpy(y, x, (size_t)n * sizeof(float)); break;
+                case KVR_TYPE_F16:  f16_from_float(x, y, n);  break;
+                case KVR_TYPE_BF16: bf16_from_float(x, y, n); break;
+                case KVR_TYPE_Q8_0:
+                    for (int64_t b = 0; b < n / 32; b++) kvr_kv_quant_q8_0(x + 32 * b, (struct kvr_block_q8_0 *)y + b);
+                    break;
+                default: KVR_ASSERT(!"cpy: no such destination type");
+            }
         }
     } else {
+        KVR_ASSERT(dst->type == KVR_TYPE_F32 || dst->type == KVR_TYPE_F16);
         KVR_ASSERT(kvr_is_contiguous(dst));
         for (int64_t r = r0; r < r1; r++) {
             const float * x = row_ptr_flat(a, r);
@@ -5694,11 +5769,16 @@ static float expf_ggml(float x) {
 // the padding keys (j >= Tk) multiply zeros as the transposed copy's zeros would. The same
 // operations on the same values in the same order: the same bits, without the transpose (which
 // cost more than the rest at a few thousand keys: its writes stride over D rows).
-static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, int64_t Tk, int64_t Tkp, int64_t D,
-                          float * A, float * out) {
+// A typed cache's value row (vtype not F32) is turned into f32 in vx (D floats) first.
+static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum kvr_type vtype, int64_t Tk, int64_t Tkp, int64_t D,
+                          float * A, float * vx, float * out) {
     for (int64_t i = 0; i < 32 * D; i++) A[i] = 0.0f;
     for (int64_t j = 0; j < Tkp; j++) {
         const float * vj = j < Tk ? (const float *)(V + j * ldv) : NULL;
+        if (vj && vtype != KVR_TYPE_F32) {
+            attn_row_f32(vtype, vj, vx, D);
+            vj = vx;
+        }
         float * a = A + (j % 32) * D;
         int64_t d = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -5741,12 +5821,20 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     const int64_t row_len = dst->ne[0], Tkp = attn_exact_keys(Tk);
     const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
     float (* const dot_kv)(const float *, const float *, int64_t) = mm_tinyblas_order(Tkp, D, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    // KQ: one ggml_vec_dot per score (an F32 cache: Q, a permuted view, is no operand tinyBLAS takes);
+    // an F16 cache's product converts Q to F16 first, a contiguous copy, which tinyBLAS takes
+    float (* const dot_kq)(const float *, const float *, int64_t) =
+        k->type == KVR_TYPE_F16 && mm_tinyblas_order(D, Tkp, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
     // In ggml_vec_dot_f32's order (one query, or --vec-dot-order) the values need no transpose:
-    // see attn_exact_pv. tinyBLAS's order dots rows of V^T: this KV head's values transposed.
+    // see attn_exact_pv. tinyBLAS's order dots rows of V^T: this KV head's values transposed (and
+    // turned to f32 on the way for a typed cache).
     const bool by_rows = dot_kv == dot_f32_ggml;
     float * VT = p->wdata;                     // [D, Tkp] V^T, or [32, D] attn_exact_pv's sums
     float * P = VT + D * Tkp;                  // [Tkp] one row's probabilities
     KVR_ASSERT((size_t)((D + 1) * Tkp) <= p->wsize); // Tkp >= 32 where a key is seen: room for A too
+    // a typed cache (an F16 or BF16 one; Q8_0 runs cpu_op_attn_online): a rounded query, a key row, a value row
+    float * X = p->wdata + p->wsize - attn_typed_floats(D), * qx = X, * kx = X + D, * vx = X + 2 * D;
+    KVR_ASSERT(!attn_typed(dst) || (size_t)((D + 1) * Tkp) + attn_typed_floats(D) <= p->wsize);
 
     int64_t dot_dense = 0, dot_causal = 0;
     // the work items: a KV head (V^T is made once for its G query heads) or a query head, of a
@@ -5759,7 +5847,11 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
         const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
         if (hi == 0) attn_count_tile(mode, qpos + i0, bt, kpos, Tk, W, &dot_dense, &dot_causal);
         for (int64_t j = 0; !by_rows && j < Tkp; j++) {
-            const float * vj = j < Tk ? (const float *)((const uint8_t *)v->data + g * v->nb[1] + j * v->nb[2]) : NULL;
+            const float * vj = j < Tk ? (const float *)attn_kv_row(v, g, j) : NULL;
+            if (vj && v->type != KVR_TYPE_F32) {
+                attn_row_f32(v->type, vj, kx, D);
+                vj = kx;
+            }
             for (int64_t d = 0; d < D; d++) VT[d * Tkp + j] = vj ? vj[d] : 0.0f;
         }
         for (int64_t i = i0; i < i0 + bt; i++) {
@@ -5767,12 +5859,20 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
             for (int64_t h = h0; h < h1; h++) {
                 const float * qr = (const float *)((const uint8_t *)q->data + h * q->nb[1] + i * q->nb[2]);
                 float * out = (float *)dst->data + i * row_len;
+                if (k->type != KVR_TYPE_F32) { // llama.cpp's mul_mat(K, Q) with F16 K: Q in F16
+                    attn_q_as(k->type, qr, qx, D);
+                    qr = qx;
+                }
                 float mx = -INFINITY;
                 for (int64_t j = 0; j < Tkp; j++) {
                     P[j] = -INFINITY;
                     if (j >= Tk || !kvr_attn_visible(qp, kpos[j], W)) continue;
-                    const float * kj = (const float *)((const uint8_t *)k->data + g * k->nb[1] + j * k->nb[2]);
-                    P[j] = kvr_softcap_f32(dot_f32_ggml(qr, kj, D) * scale, cap);
+                    const float * kj = (const float *)attn_kv_row(k, g, j);
+                    if (k->type != KVR_TYPE_F32) {
+                        attn_row_f32(k->type, kj, kx, D);
+                        kj = kx;
+                    }
+                    P[j] = kvr_softcap_f32(dot_kq(qr, kj, D) * scale, cap);
                     if (P[j] > mx) mx = P[j];
                 }
                 if (mx == -INFINITY) { // no key visible: O = 0, LSE = -inf (or the sink's logit)
@@ -5794,8 +5894,10 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                 if (sink) sum += (double)expf(sink[h] - mx);
                 const float inv = (float)(1.0 / sum);
                 for (int64_t j = 0; j < Tkp; j++) P[j] *= inv;
+                // mul_mat(V^T, KQ) with F16 V: the probabilities in F16
+                if (v->type != KVR_TYPE_F32) attn_round_to(v->type, P, Tkp);
                 if (by_rows) {
-                    attn_exact_pv(P, (const uint8_t *)v->data + g * v->nb[1], v->nb[2], Tk, Tkp, D, VT, out + h * D);
+                    attn_exact_pv(P, (const uint8_t *)v->data + g * v->nb[1], v->nb[2], v->type, Tk, Tkp, D, VT, vx, out + h * D);
                 } else {
                     for (int64_t d = 0; d < D; d++) out[h * D + d] = dot_kv(P, VT + d * Tkp, Tkp);
                 }
@@ -5805,6 +5907,84 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     }
     p->counters->attn_dot_dense  += dot_dense;
     p->counters->attn_dot_causal += dot_causal;
+}
+
+// Attention of small shapes over a Q8_0 cache (K or V) in llama.cpp's arithmetic for it, its CPU
+// flash attention (which llama.cpp needs for a quantized V): per (query, head) the query quantized
+// to Q8_0 (F16/BF16 keys: rounded to that type), each visible key's score by the Q8_0 dot times
+// the scale, an online softmax key by key (a new maximum rescales the sum and the output by expf of
+// the step), the value row turned to f32 and added with its weight, the output divided by the sum.
+static void cpu_op_attn_online(const struct cpu_params * p, struct kvr_tensor * dst, int64_t Tk) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
+    const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
+    const float scale = get_param_f32(dst, 2), cap = get_param_f32(dst, 4); // cap: soft-capping (0: none)
+    const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
+    const int64_t W = dst->op_params[3];
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], G = H / k->ne[1];
+    KVR_ASSERT(attn_typed_floats(D) <= p->wsize);
+    float * qx = p->wdata, * kx = qx + D, * vx = kx + D, * acc = vx + D;
+    struct kvr_block_q8_0 * qq = (struct kvr_block_q8_0 *)(acc + D); // D/32 blocks: under D floats
+    int64_t r0, r1;
+    row_range(Tq * H, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i = r / H, h = r % H, g = h / G;
+        const float * qr = row_ptr(q, h, i, 0);
+        float * out = row_ptr(dst, i, 0, 0);
+        if (k->type == KVR_TYPE_Q8_0) {
+            for (int64_t b = 0; b < D / 32; b++) kvr_kv_quant_q8_0(qr + 32 * b, qq + b);
+        } else {
+            attn_q_as(k->type, qr, qx, D);
+        }
+        float M = -INFINITY, S = 0.0f;
+        for (int64_t e = 0; e < D; e++) acc[e] = 0.0f;
+        for (int64_t j = 0; j < Tk; j++) {
+            if (!kvr_attn_visible(qpos[i], kpos[j], W)) continue;
+            float sc;
+            if (k->type == KVR_TYPE_Q8_0) {
+                sc = kvr_kv_dot_q8_0(attn_kv_row(k, g, j), qq, (int)D);
+            } else {
+                attn_row_f32(k->type, attn_kv_row(k, g, j), kx, D);
+                sc = 0.0f;
+                for (int64_t e = 0; e < D; e++) sc += qx[e] * kx[e];
+            }
+            sc = kvr_softcap_f32(sc * scale, cap);
+            float ms = 1.0f, vs = 1.0f;
+            if (sc > M) {
+                const float m_old = M;
+                M = sc;
+                ms = expf(m_old - M);
+                for (int64_t e = 0; e < D; e++) acc[e] *= ms;
+            } else {
+                vs = expf(sc - M);
+            }
+            attn_row_f32(v->type, attn_kv_row(v, g, j), vx, D);
+            for (int64_t e = 0; e < D; e++) acc[e] = fmaf(vx[e], vs, acc[e]); // ggml_vec_mad_f32: fused
+            S = fmaf(S, ms, vs); // ggml's S = S*ms + vs, which its build contracts to a fused multiply-add
+        }
+        if (sink) { // the sink's logit: one more term of the denominator, no value (as ggml's, after the keys)
+            float ms = 1.0f, vs = 1.0f;
+            if (sink[h] > M) {
+                ms = expf(M - sink[h]);
+                for (int64_t e = 0; e < D; e++) acc[e] *= ms;
+                M = sink[h];
+            } else {
+                vs = expf(sink[h] - M);
+            }
+            S = fmaf(S, ms, vs);
+        }
+        if (S == 0.0f) { // no key visible: O = 0, LSE = -inf
+            for (int64_t e = 0; e < D; e++) out[h * D + e] = 0.0f;
+            out[D * H + h] = -INFINITY;
+            continue;
+        }
+        const float inv = 1.0f / S;
+        for (int64_t e = 0; e < D; e++) out[h * D + e] = acc[e] * inv;
+        out[D * H + h] = M + logf(S);
+    }
+    if (p->ith == 0) {
+        attn_count(dst->op_params[0], qpos, Tq, kvr_attn_tile_tokens(G), kpos, Tk, W,
+                   &p->counters->attn_dot_dense, &p->counters->attn_dot_causal);
+    }
 }
 
 // Attention of larger shapes, flash-style: per KV head and tile of queries, the scores of a tile of
@@ -5821,7 +6001,7 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
     const int64_t BT = kvr_attn_tile_tokens(G);    // tokens per query tile
     const int64_t row_len = dst->ne[0];        // D*H + H
     const int64_t n_qt = (Tq + BT - 1) / BT;
-    const int ldk = (int)(k->nb[2] / sizeof(float));
+    const int ldk = (int)(k->nb[2] / sizeof(float)); // an f32 cache's (a typed one's tiles: D)
     const int ldv = (int)(v->nb[2] / sizeof(float));
     const int64_t R = BT * G;                  // rows of a tile: (token, head) token-major
     const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
@@ -5832,6 +6012,10 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
     float * M = O + R * D;                     // [R] running max
     float * L = M + R;                         // [R] running sum
     KVR_ASSERT((size_t)(R * (2 * D + KVR_ATTN_BK + 2)) <= p->wsize);
+    // a typed cache: the tile's keys and values turned to f32 (a tile at a time, never the cache)
+    const bool typed = attn_typed(dst);
+    float * Kc = p->wdata + p->wsize - attn_typed_floats(D), * Vc = Kc + KVR_ATTN_BK * D;
+    KVR_ASSERT(!typed || (size_t)(R * (2 * D + KVR_ATTN_BK + 2)) + attn_typed_floats(D) <= p->wsize);
 
     int64_t dot_dense = 0, dot_causal = 0;
     // work items are (KV head, query tile), dealt round-robin so causal tiles of all lengths mix
@@ -5847,6 +6031,7 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
             const float * src = (const float *)((const uint8_t *)q->data + (g * G) * q->nb[1] + (i0 + i) * q->nb[2]);
             for (int64_t hh = 0; hh < G; hh++) {
                 memcpy(Q + (i * G + hh) * D, (const uint8_t *)src + hh * q->nb[1], sizeof(float) * (size_t)D);
+                if (k->type != KVR_TYPE_F32) attn_q_as(k->type, Q + (i * G + hh) * D, Q + (i * G + hh) * D, D);
             }
         }
         for (int64_t r = 0; r < rows; r++) { M[r] = -INFINITY; L[r] = 0.0f; }
@@ -5863,10 +6048,21 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
             const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
             if (tile == 0) continue;
             const bool need_mask = tile == 2;
-            const float * Kt = (const float *)((const uint8_t *)k->data + g * k->nb[1] + j0 * k->nb[2]);
-            const float * Vt = (const float *)((const uint8_t *)v->data + g * v->nb[1] + j0 * v->nb[2]);
+            const float * Kt = (const float *)attn_kv_row(k, g, j0);
+            const float * Vt = (const float *)attn_kv_row(v, g, j0);
+            int ldkt = ldk, ldvt = ldv;
+            if (k->type != KVR_TYPE_F32) {
+                for (int64_t j = 0; j < bk; j++) attn_row_f32(k->type, attn_kv_row(k, g, j0 + j), Kc + j * D, D);
+                Kt = Kc;
+                ldkt = (int)D;
+            }
+            if (v->type != KVR_TYPE_F32) {
+                for (int64_t j = 0; j < bk; j++) attn_row_f32(v->type, attn_kv_row(v, g, j0 + j), Vc + j * D, D);
+                Vt = Vc;
+                ldvt = (int)D;
+            }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)bk, (int)D,
-                        scale, Q, (int)D, Kt, ldk, 0.0f, S, (int)bk);
+                        scale, Q, (int)D, Kt, ldkt, 0.0f, S, (int)bk);
             if (g == 0) dot_dense += bt * bk;
             for (int64_t r = 0; r < rows; r++) {
                 float * s = S + r * bk;
@@ -5893,8 +6089,9 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
                     for (int64_t d = 0; d < D; d++) o[d] *= corr;
                 }
             }
+            if (v->type == KVR_TYPE_F16 || v->type == KVR_TYPE_BF16) attn_round_to(v->type, S, rows * bk); // the weights in that type
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)D, (int)bk,
-                        1.0f, S, (int)bk, Vt, ldv, 1.0f, O, (int)D);
+                        1.0f, S, (int)bk, Vt, ldvt, 1.0f, O, (int)D);
         }
         for (int64_t r = 0; r < rows; r++) {
             const int64_t i = r / G, h = g * G + r % G;
@@ -5924,8 +6121,13 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
 // larger ones tiled (ref_attn is the plain one).
 static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int64_t Tk = attn_keys(dst->src[4]->data, dst->src[1]->ne[2]);
-    if (attn_exact(dst->src[0]->ne[2], Tk)) cpu_op_attn_exact(p, dst, Tk);
-    else                                    cpu_op_attn_tiled(p, dst, Tk);
+    const bool q8 = dst->src[1]->type == KVR_TYPE_Q8_0 || dst->src[2]->type == KVR_TYPE_Q8_0;
+    if (attn_exact(dst->src[0]->ne[2], Tk)) {
+        if (q8) cpu_op_attn_online(p, dst, Tk);
+        else    cpu_op_attn_exact(p, dst, Tk);
+    } else {
+        cpu_op_attn_tiled(p, dst, Tk);
+    }
 }
 
 static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -6322,6 +6524,7 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             size_t n = rows * (size_t)(2 * D + KVR_ATTN_BK + 2) + 1024;
             const int64_t Tq = t->src[0]->ne[2], Tk = t->src[1]->ne[2];
             if (attn_exact(Tq, Tk) && (size_t)((D + 1) * attn_exact_keys(Tk)) > n) n = (size_t)((D + 1) * attn_exact_keys(Tk));
+            if (attn_typed(t)) n += attn_typed_floats(D);
             if (n > need) need = n;
         }
     }
@@ -10003,10 +10206,15 @@ int64_t kvr_hp_state_floats(const struct kvr_hparams * hp) {
     return kvr_gdn_state_floats(&sh);
 }
 
-struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be) {
+struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, enum kvr_type type_k,
+                                       enum kvr_type type_v, struct kvr_backend * be) {
     const int kv_dim = (int)(hp->head_dim * hp->n_head_kv);
+    KVR_ASSERT(kv_cache_type_ok(type_k) && kv_cache_type_ok(type_v));
+    KVR_ASSERT(hp->head_dim % kvr_blck_size(type_k) == 0 && hp->head_dim % kvr_blck_size(type_v) == 0);
+    const size_t row_k = kvr_row_size(type_k, kv_dim), row_v = kvr_row_size(type_v, kv_dim);
+    const size_t row_max = row_k > row_v ? row_k : row_v;
     // every layer's K and V in one buffer, each at an aligned offset, then the recurrent layers' states
-    const size_t one = ((size_t)kv_dim * (size_t)n_ctx * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
+    const size_t one = (row_max * (size_t)n_ctx + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
     const int64_t n_state = kvr_hp_state_floats(hp);
     const size_t one_state = ((size_t)n_state * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
     const size_t bytes = (size_t)2 * hp->n_layer * one + (size_t)hp->n_recurrent * one_state;
@@ -10024,11 +10232,15 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx,
     c->n_layer = (int)hp->n_layer;
     c->n_ctx   = n_ctx;
     c->kv_dim  = kv_dim;
+    c->type_k  = type_k;
+    c->type_v  = type_v;
+    c->row_k   = row_k;
+    c->row_v   = row_v;
     c->k = kvr_calloc(hp->n_layer, sizeof(struct kvr_tensor *));
     c->v = kvr_calloc(hp->n_layer, sizeof(struct kvr_tensor *));
     for (uint32_t il = 0; il < hp->n_layer; il++) {
-        c->k[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, KVR_TYPE_F32, kv_dim, n_ctx), "cache_k.%u", il);
-        c->v[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, KVR_TYPE_F32, kv_dim, n_ctx), "cache_v.%u", il);
+        c->k[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, type_k, kv_dim, n_ctx), "cache_k.%u", il);
+        c->v[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, type_v, kv_dim, n_ctx), "cache_v.%u", il);
         kvr_buffer_place(c->buf, c->k[il], (2 * (size_t)il) * one);
         kvr_buffer_place(c->buf, c->v[il], (2 * (size_t)il + 1) * one);
     }
@@ -10058,21 +10270,19 @@ void kvr_kv_cache_free(struct kvr_kv_cache * c) {
 
 // rows [row0, row0+n) of a layer are contiguous in K and in V: one transfer each, never one per row
 void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n,
-                           float * k, float * v) {
+                           void * k, void * v) {
     KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
-    const size_t row = sizeof(float) * (size_t)c->kv_dim;
     KVR_ASSERT(c->buf->backend == be && "the cache lives on another backend");
-    if (k) kvr_backend_tensor_get(c->k[il], k, row * (size_t)row0, row * (size_t)n);
-    if (v) kvr_backend_tensor_get(c->v[il], v, row * (size_t)row0, row * (size_t)n);
+    if (k) kvr_backend_tensor_get(c->k[il], k, c->row_k * (size_t)row0, c->row_k * (size_t)n);
+    if (v) kvr_backend_tensor_get(c->v[il], v, c->row_v * (size_t)row0, c->row_v * (size_t)n);
 }
 
 void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
-                           const float * k, const float * v) {
+                           const void * k, const void * v) {
     KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
-    const size_t row = sizeof(float) * (size_t)c->kv_dim;
     KVR_ASSERT(c->buf->backend == be && "the cache lives on another backend");
-    if (k) kvr_backend_tensor_set(c->k[il], k, row * (size_t)row0, row * (size_t)n);
-    if (v) kvr_backend_tensor_set(c->v[il], v, row * (size_t)row0, row * (size_t)n);
+    if (k) kvr_backend_tensor_set(c->k[il], k, c->row_k * (size_t)row0, c->row_k * (size_t)n);
+    if (v) kvr_backend_tensor_set(c->v[il], v, c->row_v * (size_t)row0, c->row_v * (size_t)n);
 }
 
 void kvr_kv_cache_get_state(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, float * out) {
@@ -10083,6 +10293,20 @@ void kvr_kv_cache_get_state(struct kvr_backend * be, const struct kvr_kv_cache *
 void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, int il, const float * in) {
     KVR_ASSERT(il >= 0 && il < c->n_layer && c->state && c->state[il] && c->buf->backend == be);
     kvr_backend_tensor_set(c->state[il], in, 0, sizeof(float) * (size_t)c->n_state);
+}
+
+void kvr_kv_rows_to_float(enum kvr_type type, const void * rows, float * out, int n_rows, int kv_dim) {
+    kvr_to_float(type, rows, out, (int64_t)n_rows * kv_dim);
+}
+
+void kvr_kv_rows_from_float(enum kvr_type type, const float * x, void * rows, int n_rows, int kv_dim) {
+    const int64_t n = (int64_t)n_rows * kv_dim;
+    KVR_ASSERT(kv_cache_type_ok(type));
+    if (type == KVR_TYPE_Q8_0) {
+        for (int64_t b = 0; b < n / 32; b++) kvr_kv_quant_q8_0(x + 32 * b, (struct kvr_block_q8_0 *)rows + b);
+    } else {
+        type_from_float(type)(x, rows, n);
+    }
 }
 
 //
@@ -10248,7 +10472,7 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
     fp[KVH_LAYERS]     = hp->n_layer;
     fp[KVH_HEADS_KV]   = hp->n_head_kv;
     fp[KVH_HEAD_DIM]   = hp->head_dim;
-    fp[KVH_TYPE]       = KVR_TYPE_F32; // struct kvr_kv_cache's rows
+    fp[KVH_TYPE]       = 0;            // the rows' types (a file: its writer's; a log: 0, f32 and f32)
     fp[KVH_ROT]        = hp->n_rot;
     fp[KVH_ROPE_MODE]  = (uint32_t)hp->rope_mode;
     fp[KVH_ROPE_BASE]  = f32_as_u32(hp->rope_freq_base);
@@ -10263,7 +10487,7 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
 
 // the fingerprint's fields: the model's shape, then the weights and tokenizer hashes
 static const int kvh_fp_fields[] = {
-    KVH_ARCH, KVH_LAYERS, KVH_HEADS_KV, KVH_HEAD_DIM, KVH_TYPE, KVH_ROT, KVH_ROPE_MODE, KVH_ROPE_BASE, KVH_ROPE_SCALE,
+    KVH_ARCH, KVH_LAYERS, KVH_HEADS_KV, KVH_HEAD_DIM, KVH_ROT, KVH_ROPE_MODE, KVH_ROPE_BASE, KVH_ROPE_SCALE,
     KVH_VOCAB, KVH_HASH_LO, KVH_HASH_HI, KVH_TOK_LO, KVH_TOK_HI,
 };
 #define KVH_FP_COUNT ((int)(sizeof(kvh_fp_fields) / sizeof(kvh_fp_fields[0])))
@@ -10289,9 +10513,6 @@ static int kv_check_model(const char * path, const uint8_t * h, const struct kvr
             snprintf(b, sizeof(b), "%016llx", (unsigned long long)fp[i] | (unsigned long long)fp[i + 1] << 32);
             why = w ? " (the weights differ: another model of the same shape, or the file was changed)"
                     : " (the tokenizer differs: the cached ids mean other text)";
-        } else if (i == KVH_TYPE) {
-            snprintf(a, sizeof(a), "%s", kvr_type_name((enum kvr_type)hv[i]));
-            snprintf(b, sizeof(b), "%s", kvr_type_name((enum kvr_type)fp[i]));
         } else {
             snprintf(a, sizeof(a), "%u", hv[i]);
             snprintf(b, sizeof(b), "%u", fp[i]);
@@ -10310,7 +10531,14 @@ void kvr_kv_fingerprint_put(const struct kvr_model * m, uint8_t * h) {
 }
 
 int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
-    return kv_check_model(path, h, m, what);
+    const int rc = kv_check_model(path, h, m, what);
+    if (rc != KVR_OK) return rc;
+    // a log's rows are f32 whatever the cache's type (the session converts): the field says so
+    if (get_u32(h + KVH_OFFSET(KVH_TYPE)) != 0) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the %s's rows are f32 (cache type field 0), the field holds 0x%08x", path,
+                         KVH_OFFSET(KVH_TYPE), what, get_u32(h + KVH_OFFSET(KVH_TYPE)));
+    }
+    return KVR_OK;
 }
 
 struct kvr_kv_writer {
@@ -10318,6 +10546,9 @@ struct kvr_kv_writer {
     FILE    * f;          // its stream
     char    * path;
     int       n_layer, kv_dim, n_shards, chunk_rows;
+    enum kvr_type type_k, type_v; // the rows' types in the file (kvr_kv_writer_layer takes f32)
+    size_t    row_k, row_v;
+    void    * buf;        //   a shard's rows of one kind in that type
     int     * rows;       // per shard
     int       next_layer, next_shard;
     const struct kvr_hparams * hp; // which layers are recurrent
@@ -10360,6 +10591,7 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
                        const struct kvr_kv_layout * lay) {
     *out = NULL;
     const int kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    KVR_ASSERT(kv_cache_type_ok(lay->type_k) && kv_cache_type_ok(lay->type_v)); // a session's cache types
     if (lay->n_tokens < 0 || lay->n_ranks < 1 || lay->n_ranks > 256 || (lay->n_shards != 1 && lay->n_shards != lay->n_ranks) ||
         lay->ring_next < 0 || lay->ring_next >= lay->n_ranks) {
         return kvr_error(KVR_ERR_ARG, "%s: a cache of %d tokens as %d of %d shards (ring next %d) cannot be written",
@@ -10379,7 +10611,11 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     w->n_layer  = (int)m->hp.n_layer;
     w->kv_dim   = kv_dim;
     w->n_shards = lay->n_shards;
-    w->chunk_rows = lay->chunk_rows > 0 ? lay->chunk_rows : (int)((1 << 20) / ((size_t)kv_dim * sizeof(float)));
+    w->type_k = lay->type_k;
+    w->type_v = lay->type_v;
+    w->row_k  = kvr_row_size(lay->type_k, kv_dim);
+    w->row_v  = kvr_row_size(lay->type_v, kv_dim);
+    w->chunk_rows = lay->chunk_rows > 0 ? lay->chunk_rows : (int)((1 << 20) / (w->row_k > w->row_v ? w->row_k : w->row_v));
     if (w->chunk_rows < 1) w->chunk_rows = 1;
     w->logits   = lay->logits;
     w->n_vocab  = (int)m->hp.n_vocab;
@@ -10399,6 +10635,10 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     fp[KVH_SHARDS]    = (uint32_t)lay->n_shards;
     fp[KVH_CHUNK]     = (uint32_t)w->chunk_rows;
     fp[KVH_RING_NEXT] = (uint32_t)lay->ring_next;
+    fp[KVH_TYPE]      = (uint32_t)lay->type_k | (uint32_t)lay->type_v << 16;
+    int max_rows = 1;
+    for (int s = 0; s < lay->n_shards; s++) max_rows = lay->shards[s].n_rows > max_rows ? lay->shards[s].n_rows : max_rows;
+    w->buf = kvr_malloc((w->row_k > w->row_v ? w->row_k : w->row_v) * (size_t)max_rows);
     for (int i = 0; i < KVH_CRC; i++) put_u32(h + KVH_OFFSET(i), fp[i]);
     put_u32(h + KVH_OFFSET(KVH_CRC), kvr_crc32c(0, h, KVH_OFFSET(KVH_CRC)));
     kvw_write(w, h, sizeof(h));
@@ -10422,8 +10662,11 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     return KVR_OK;
 }
 
-static void kvw_rows(struct kvr_kv_writer * w, int il, int shard, int kind, const float * x) {
+static void kvw_rows(struct kvr_kv_writer * w, int il, int shard, int kind, const float * f) {
     const int n = w->rows[shard];
+    const size_t row = kind ? w->row_v : w->row_k;
+    const uint8_t * x = w->buf;
+    kvr_kv_rows_from_float(kind ? w->type_v : w->type_k, f, w->buf, n, w->kv_dim);
     for (int r0 = 0; r0 < n; r0 += w->chunk_rows) {
         const int c = n - r0 < w->chunk_rows ? n - r0 : w->chunk_rows;
         uint8_t ch[20];
@@ -10432,8 +10675,8 @@ static void kvw_rows(struct kvr_kv_writer * w, int il, int shard, int kind, cons
         put_u32(ch + 8, (uint32_t)kind);
         put_u32(ch + 12, (uint32_t)r0);
         put_u32(ch + 16, (uint32_t)c);
-        const float * data = x + (size_t)r0 * w->kv_dim;
-        const size_t nb = (size_t)c * w->kv_dim * sizeof(float);
+        const uint8_t * data = x + (size_t)r0 * row;
+        const size_t nb = (size_t)c * row;
         kvw_write(w, ch, sizeof(ch));
         kvw_write(w, data, nb);
         kvw_write_crc(w, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), data, nb));
@@ -10469,6 +10712,7 @@ int64_t kvr_kv_writer_bytes(const struct kvr_kv_writer * w) { return w->bytes; }
 void kvr_kv_writer_abort(struct kvr_kv_writer * w) {
     if (!w) return;
     kvr_file_abort(w->file);
+    free(w->buf);
     free(w->rows);
     free(w->path);
     free(w);
@@ -10578,6 +10822,10 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                          "cover the weights' bytes and the tokenizer, so the model it was made with cannot be told; save it again",
                          path, KVR_KV_FILE_VERSION);
     }
+    if (version == 2) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 2 is older than this kvr reads (%d): it was written before KV "
+                         "caches had a type (its rows are f32, no cache type is recorded); save it again", path, KVR_KV_FILE_VERSION);
+    }
     if (version != KVR_KV_FILE_VERSION) return kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr cache version", path, version);
     if (got < sizeof(h)) {
         return kvr_error(KVR_ERR_FORMAT, "%s: truncated: the header at offset 0 needs %d bytes, the file ends after %zu", path, KVR_KV_FILE_HEADER, got);
@@ -10602,6 +10850,18 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
     int rc = kv_check_model(path, h, m, "cache");
     if (rc != KVR_OK) return rc;
+    // the rows' types: K's in the low 16 bits, V's in the high ones, each a KV cache type whose
+    // blocks fit the head size
+    for (int kind = 0; kind < 2; kind++) {
+        const uint32_t t = kind ? hv[KVH_TYPE] >> 16 : hv[KVH_TYPE] & 0xffff;
+        if (t >= KVR_TYPE_COUNT || !kv_cache_type_ok((enum kvr_type)t) || m->hp.head_dim % kvr_blck_size((enum kvr_type)t) != 0) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the cache type field 0x%08x gives %s type %u (%s), not a KV cache type "
+                             "(f32, f16, bf16, q8_0) for a head size of %u", path, KVH_OFFSET(KVH_TYPE), hv[KVH_TYPE], kind ? "V" : "K",
+                             t, t < KVR_TYPE_COUNT ? kvr_type_name((enum kvr_type)t) : "?", m->hp.head_dim);
+        }
+    }
+    f->type_k = (enum kvr_type)(hv[KVH_TYPE] & 0xffff);
+    f->type_v = (enum kvr_type)(hv[KVH_TYPE] >> 16);
     const uint32_t lim[][2] = { { KVH_TOKENS, 1u << 24 }, { KVH_RANKS, 256 }, { KVH_CHUNK, 1u << 24 } };
     for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
         const int fi = (int)lim[i][0];
@@ -10699,7 +10959,7 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     int64_t need = r->off;
     for (int s = 0; s < f->n_shards; s++) {
         const int64_t n = f->shards[s].n_rows, chunks = (n + f->chunk_rows - 1) / f->chunk_rows;
-        need += (int64_t)f->n_layer * 2 * (chunks * 24 + n * f->kv_dim * (int64_t)sizeof(float));
+        need += (int64_t)f->n_layer * (2 * chunks * 24 + n * (int64_t)(kvr_row_size(f->type_k, f->kv_dim) + kvr_row_size(f->type_v, f->kv_dim)));
     }
     if (f->flags & KVR_KV_FILE_LOGITS) need += 4 * (int64_t)m->hp.n_vocab + 4;
     f->n_state = kvr_hp_state_floats(&m->hp);
@@ -10721,6 +10981,9 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
             for (int kind = 0; kind < 2; kind++) {
                 float * x = kvr_malloc(sizeof(float) * (size_t)f->kv_dim * (size_t)sh->n_rows);
                 (kind ? sh->v : sh->k)[il] = x;
+                const enum kvr_type type = kind ? f->type_v : f->type_k;
+                const size_t row = kvr_row_size(type, f->kv_dim);
+                uint8_t * raw = kvr_malloc(row * (size_t)(f->chunk_rows < sh->n_rows ? f->chunk_rows : sh->n_rows) + 1);
                 for (int r0 = 0; r0 < sh->n_rows; r0 += f->chunk_rows) {
                     const int n = sh->n_rows - r0 < f->chunk_rows ? sh->n_rows - r0 : f->chunk_rows;
                     const int64_t at = r->off;
@@ -10728,21 +10991,23 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                     char what[96];
                     snprintf(what, sizeof(what), "the chunk of layer %d, shard %d, %s rows [%d, %d)", il, s, kind ? "V" : "K", r0, r0 + n);
                     rc = kvrd_read(r, ch, sizeof(ch), what);
-                    if (rc != KVR_OK) return rc;
+                    if (rc != KVR_OK) { free(raw); return rc; }
                     const uint32_t want[5] = { (uint32_t)il, (uint32_t)s, (uint32_t)kind, (uint32_t)r0, (uint32_t)n };
                     static const char * const field[5] = { "layer", "shard", "kind (0 K, 1 V)", "first row", "rows" };
                     for (int j = 0; j < 5; j++) {
                         if (get_u32(ch + 4 * j) != want[j]) {
+                            free(raw);
                             return kvr_error(KVR_ERR_FORMAT, "%s: offset %lld: %s: %s is %u, %u expected", path, (long long)(at + 4 * j),
                                              what, field[j], get_u32(ch + 4 * j), want[j]);
                         }
                     }
-                    float * data = x + (size_t)r0 * f->kv_dim;
-                    const size_t nb = sizeof(float) * (size_t)n * f->kv_dim;
-                    rc = kvrd_read(r, data, nb, what);
-                    if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), data, nb), what);
-                    if (rc != KVR_OK) return rc;
+                    const size_t nb = row * (size_t)n;
+                    rc = kvrd_read(r, raw, nb, what);
+                    if (rc == KVR_OK) rc = kvrd_crc(r, kvr_crc32c(kvr_crc32c(0, ch, sizeof(ch)), raw, nb), what);
+                    if (rc != KVR_OK) { free(raw); return rc; }
+                    kvr_kv_rows_to_float(type, raw, x + (size_t)r0 * f->kv_dim, n, f->kv_dim);
                 }
+                free(raw);
             }
         }
     }

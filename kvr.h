@@ -1172,14 +1172,17 @@ struct kvr_build {
 struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b);
 
 //
-// KV cache: contiguous per-layer K and V, f32, [head_dim*n_head_kv, n_ctx] each, in one buffer of
-// a backend. Read rows with kvr_backend_tensor_get (the data may be device memory).
+// KV cache: contiguous per-layer K and V, [head_dim*n_head_kv, n_ctx] each, in their types (f32,
+// f16, bf16 or q8_0: kvr_cache_type; K and V may differ), in one buffer of a backend. Read rows with
+// kvr_backend_tensor_get (the data may be device memory).
 //
 
 struct kvr_kv_cache {
     int                  n_layer;
     int                  n_ctx;
     int                  kv_dim;
+    enum kvr_type        type_k, type_v;
+    size_t               row_k, row_v;  // bytes of one row (kv_dim values) of K and of V
     struct kvr_context * ctx;        // the tensor structs
     struct kvr_buffer  * buf;        // every layer's K and V, cleared to zero when made
     struct kvr_tensor ** k;
@@ -1190,15 +1193,21 @@ struct kvr_kv_cache {
     struct kvr_tensor ** state;
 };
 
-struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, struct kvr_backend * be);
+// type_k, type_v: f32, f16, bf16 or q8_0 (q8_0: kv_dim and the head size multiples of 32; asserted).
+struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx, enum kvr_type type_k,
+                                       enum kvr_type type_v, struct kvr_backend * be);
 void                  kvr_kv_cache_free(struct kvr_kv_cache * c);
-// Rows [row0, row0 + n) of layer il's K and V (either may be NULL), [kv_dim x n] f32, through the
-// backend that owns the cache: one contiguous transfer for K and one for V.
+// Rows [row0, row0 + n) of layer il's K and V (either may be NULL) as stored, in the cache's types
+// (n * row_k and n * row_v bytes), through the backend that owns the cache: one contiguous transfer
+// for K and one for V. kvr_kv_rows_to_float turns such rows into f32.
 struct kvr_backend;
 void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n,
-                           float * k, float * v);
+                           void * k, void * v);
 void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int il, int row0, int n,
-                           const float * k, const float * v);
+                           const void * k, const void * v);
+void kvr_kv_rows_to_float(enum kvr_type type, const void * rows, float * out, int n_rows, int kv_dim);
+// f32 rows into a cache type, as a cache store does (Q8_0: kvr_kv_quant_q8_0, ggml's rule).
+void kvr_kv_rows_from_float(enum kvr_type type, const float * x, void * rows, int n_rows, int kv_dim);
 // A recurrent layer's state (n_state floats) out of and into the cache, through its backend.
 void kvr_kv_cache_get_state(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, float * out);
 void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, int il, const float * in);
@@ -1214,10 +1223,12 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 //        0      8  magic "KVRCACHE"
 //        8      4  version (KVR_KV_FILE_VERSION)
 //       12      4  flags (enum kvr_kv_file_flag; unknown bits are refused)
-//       16     40  the model's fingerprint: architecture, layers, KV heads, head size, cache type,
-//                  RoPE dims, RoPE mode, RoPE base (f32), RoPE scale (f32), vocabulary size, each
-//                  u32; then (at 56) u64 the weights hash (kvr_model_weights_hash: every tensor's
-//                  name, type, shape and offset, and every byte of the GGUF data section)
+//       16     40  the model's fingerprint: architecture, layers, KV heads, head size, then (at 32)
+//                  the rows' types (K's type id in the low 16 bits, V's in the high 16: f32, f16,
+//                  bf16 or q8_0, the cache's), RoPE dims, RoPE mode, RoPE base (f32), RoPE scale
+//                  (f32), vocabulary size, each u32; then (at 56) u64 the weights hash
+//                  (kvr_model_weights_hash: every tensor's name, type, shape and offset, and every
+//                  byte of the GGUF data section)
 //       64     20  tokens, ranks, shards, rows per chunk, the ring's next decode shard (u32 each)
 //       84      8  the tokenizer hash (u64, kvr_model_vocab_hash), the fingerprint's last field
 //       92      4  CRC32C of bytes [0, 92) (u32)
@@ -1226,7 +1237,8 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 //                  one CRC32C over both
 //                  layers: layer by layer, shard by shard, K rows then V rows in chunks of at most
 //                  "rows per chunk" rows: (layer, shard, 0 = K | 1 = V, first row, rows) u32,
-//                  rows x kv_dim f32, then a CRC32C over the chunk's header and data
+//                  rows of kv_dim values in K's or V's type, then a CRC32C over the chunk's header
+//                  and data
 //                  flag STATE: each recurrent layer's state, in layer order: (layer, floats) u32,
 //                  the state f32 (kvr_kv_cache.state: the state after the last token), then a
 //                  CRC32C over the header and the data; the file of a model with recurrent layers
@@ -1237,7 +1249,8 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 // ring strategies) has n ranks and either every shard (gathered to one file; the positions of
 // all shards together are 0..n_tokens-1, each once) or one rank's shard (each rank its file).
 
-#define KVR_KV_FILE_VERSION 2 // 1: the weights hash covered the tensors' metadata only, no tokenizer hash
+#define KVR_KV_FILE_VERSION 3 // 2: f32 rows, no cache type; 1: the weights hash covered the tensors' metadata
+                              //   only, no tokenizer hash (both refused, saying so)
 #define KVR_KV_FILE_HEADER  96
 
 enum kvr_kv_file_flag {
@@ -1277,11 +1290,14 @@ struct kvr_kv_layout {
     int                         ring_next;  // the shard that stores the next decoded token (ring decode; 0 else)
     bool                        logits;     // a logits section follows the layers
     int                         chunk_rows; // rows per chunk (0: about 1 MiB of a layer's K or V)
+    enum kvr_type               type_k;     // the rows' types in the file (f32, f16, bf16, q8_0: the
+    enum kvr_type               type_v;     //   cache's, so its bytes are the cache's own)
 };
 
 // A file written layer by layer (what streaming during a prefill needs): open writes the header,
 // the tokens and the shard table; then kvr_kv_writer_layer for every layer in order and within a
-// layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous); then
+// layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous, stored in
+// the layout's types: a cache's rows read as f32 go back to the same bytes); then
 // close writes the logits (when the layout has them) and renames the file into place. Until then
 // the file is a temporary beside PATH (kvr_file_create), so a reader never sees half a file under
 // PATH; abort removes it.
@@ -1301,7 +1317,7 @@ struct kvr_kv_file_shard {
     int       rank;
     int       n_rows;
     int32_t * pos;
-    float  ** k;        // per layer: [kv_dim x n_rows] f32
+    float  ** k;        // per layer: [kv_dim x n_rows] f32 (the file's rows turned into f32)
     float  ** v;
 };
 
@@ -1315,6 +1331,7 @@ struct kvr_kv_file {
     int                        chunk_rows;
     int                        n_layer;
     int                        kv_dim;
+    enum kvr_type              type_k, type_v; // the rows' types in the file
     struct kvr_kv_file_shard * shards;
     float                    * logits;  // n_vocab floats, or NULL without the LOGITS flag
     int64_t                    bytes;   // the file's size
@@ -1322,8 +1339,11 @@ struct kvr_kv_file {
     float                   ** state;   // per layer: a recurrent layer's state, NULL for the others
 };
 
-// KVR_ERR_IO (cannot open or read), KVR_ERR_FORMAT (malformed, damaged or truncated),
-// KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (a cache of another model); nothing is returned then.
+// KVR_ERR_IO (cannot open or read), KVR_ERR_FORMAT (malformed, damaged or truncated, an older
+// version, a type field that names no KV cache type), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG
+// (a cache of another model); nothing is returned then. A file of another cache type than the
+// session's loads converted (kvr_session_kv_load: its rows into the session's types, Q8_0 by
+// kvr_kv_rows_from_float's rule), as llama.cpp cannot but kvr can: the rows are plain values.
 int  kvr_kv_file_read(const char * path, const struct kvr_model * m, struct kvr_kv_file ** out);
 void kvr_kv_file_free(struct kvr_kv_file * f);
 
@@ -1394,6 +1414,26 @@ enum kvr_comm_kind {
     KVR_COMM_KIND_COUNT,
 };
 
+// The type K and V are stored in: in every rank's cache, on every transfer between ranks, in
+// replicas, replication logs, KV cache files and the P/D stream. F16 is the default (llama.cpp's):
+// a zeroed kvr_session_params asks for it. Q8_0 (blocks of 32 values, 34 bytes) needs a head size
+// that is a multiple of 32 (as llama.cpp, which refuses a Q8_0 cache otherwise): kvr_session_new
+// refuses it with KVR_ERR_UNSUPP naming the type and the head size. Attention reads K and V in
+// their type (llama.cpp's arithmetic: an F16/BF16 cache rounds the queries and the softmax
+// probabilities to that type, a Q8_0 one quantizes the queries to Q8_0 and runs an online softmax
+// over values dequantized to f32). K and V may differ.
+enum kvr_cache_type {
+    KVR_CACHE_F16 = 0,
+    KVR_CACHE_F32,
+    KVR_CACHE_BF16,
+    KVR_CACHE_Q8_0,
+    KVR_CACHE_TYPE_COUNT,
+};
+
+const char *  kvr_cache_type_name(enum kvr_cache_type t);                      // "f16", ...; "?" if unknown
+int           kvr_cache_type_parse(const char * name, enum kvr_cache_type * out); // KVR_OK or KVR_ERR_ARG
+enum kvr_type kvr_cache_type_elem(enum kvr_cache_type t);                      // its tensor type (F16, ...)
+
 
 // Reading intermediates (tools/kvr-compare): every node named "blk.<layer>.<name>" for a name in
 // names is kept as an output of each eval (its memory is not reused) and handed to got() after
@@ -1417,6 +1457,8 @@ struct kvr_session_params {
     const int        * partition;    // kvr: tokens per rank (n_ranks entries), NULL: even
     const double     * fractions;    // kvr: or fractions of the prompt per rank (sum 1)
     enum kvr_attn_mode attn_mode;
+    enum kvr_cache_type cache_type_k; // K's and V's type in the cache and on the wire (0: F16)
+    enum kvr_cache_type cache_type_v;
     double             timeout_s;    // every wait (0: 60 s)
     double             link_gbps;    // local: emulated link bandwidth (0: none)
     double             link_latency_us;
@@ -1683,7 +1725,7 @@ struct kvr_tune_profile {
     double link_bw;          // bytes/s of one direction of a link (INFINITY: communication is free)
     double link_latency;     // s added to every message
     enum kvr_tune_links links;
-    int    elem_bytes;       // bytes per element of activations and of K/V on the wire (2: fp16, 4: f32)
+    int    elem_bytes;       // bytes per element of activations on the wire (2: fp16, 4: f32); K/V: the plan's cache type
     double weight_bytes;     // bytes per weight element for presets (a GGUF file brings its own types)
     int    attn_tile_q;      // the attention kernel's tile: in causal mode a tile whose keys all lie
     int    attn_tile_k;      //   after its queries is skipped, so computed pairs come in tiles
@@ -1761,6 +1803,8 @@ struct kvr_tune_plan {
     int                n_tokens;   // the prompt (a first prefill: nothing cached)
     const int        * counts;     // kvr: tokens per rank (n_ranks entries, sum n_tokens); NULL: even
     enum kvr_attn_mode attn_mode;
+    enum kvr_cache_type cache_type; // K and V on the wire (0: F16, the sessions' default); queries and
+                                   //   partial outputs are activations (the profile's elem_bytes)
 };
 
 // One rank of a simulated prefill. The counters mean exactly what struct kvr_rank_stats's do:
@@ -1780,7 +1824,7 @@ struct kvr_tune_rank {
     int64_t kv_rows_sent;
     int64_t kv_rows_recv;
     int64_t bytes_sent;        // the whole prefill, as kvr_rank_stats counts them (the ring's position
-    int64_t bytes_recv;        //   messages included); equal to the run's when elem_bytes is 4
+    int64_t bytes_recv;        //   messages included); equal to the run's when elem_bytes is 4 (and the cache types agree)
 };
 
 struct kvr_tune_sim {
@@ -1838,6 +1882,7 @@ struct kvr_tune_sim_objective {
     const struct kvr_tune_profile * hw;
     int                             n_tokens;
     enum kvr_attn_mode              attn_mode;
+    enum kvr_cache_type             cache_type; // K/V on the wire (0: F16)
 };
 double kvr_tune_objective_sim(const int * counts, int n_ranks, void * user);
 
@@ -2136,14 +2181,16 @@ int               kvr_session_test_replica(struct kvr_session * s, int rank, int
 //        0      8  magic "KVRKVLOG"
 //        8      4  version (KVR_KV_LOG_VERSION)
 //       12      4  flags (enum kvr_kv_log_flag; unknown bits are refused)
-//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64
+//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64, but the
+//                  type field (at 32) is 0: a log's rows are f32 whatever the cache's type
 //       64     16  rank, ranks, strategy (enum kvr_strategy), prompt tokens (u32 each)
 //       80      4  0 (u32)
 //       84      8  the tokenizer hash: the cache file's bytes 84..92
 //       92      4  CRC32C of bytes [0, 92)
 //       96         the prompt's token ids (i32), then their CRC32C
 //                  then records, each starting (type, step) u32:
-//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32
+//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32 (a
+//                                     typed cache's rows as f32; a resume converts them back)
 //                  KVR_KV_LOG_COMMIT: tokens, rows (u32); the step's token ids (i32); the
 //                                     absolute positions of the rank's rows of the step (i32)
 //                  and a CRC32C over the record seeded with the previous record's CRC (the first
@@ -2810,6 +2857,64 @@ static inline KVR_HD void kvr_dequant8(enum kvr_type type, const void * row, int
         }
         default: break; // callers check kvr_type_supported first
     }
+}
+
+// The KV cache's element math (kvr_cache_type), shared by the CPU's stores and attention kernels
+// and the GPU's. A Q8_0 block of 32 values by ggml's x86 rule (quantize_row_q8_0, which llama.cpp
+// runs both to store a Q8_0 cache and to quantize the queries its flash attention dots with Q8_0
+// keys): d = amax/127 rounded to fp16, q = x * (127/amax) rounded half to even.
+static inline KVR_HD void kvr_kv_quant_q8_0(const float * KVR_RESTRICT x, struct kvr_block_q8_0 * KVR_RESTRICT y) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const uint16_t d = kvr_f32_to_half(amax / 127.0f);
+    y->d[0] = (uint8_t)(d & 0xff);
+    y->d[1] = (uint8_t)(d >> 8);
+    for (int j = 0; j < 32; j++) y->qs[j] = (int8_t)rintf(x[j] * id);
+}
+
+// Element i of a row of a KV cache type (f32, f16, bf16, q8_0) as f32: the GPU's attention loads its
+// key and value tiles with it, an element per thread; the CPU turns whole rows (kvr_kv_rows_to_float).
+static inline KVR_HD float kvr_kv_elem(enum kvr_type type, const void * row, int64_t i) {
+    const uint8_t * p = (const uint8_t *)row;
+    switch (type) {
+        case KVR_TYPE_F16:  return kvr_half_to_f32((uint16_t)(p[2*i] | (p[2*i + 1] << 8)));
+        case KVR_TYPE_BF16: return kvr_bfloat_to_f32((uint16_t)(p[2*i] | (p[2*i + 1] << 8)));
+        case KVR_TYPE_Q8_0: {
+            const struct kvr_block_q8_0 * b = (const struct kvr_block_q8_0 *)p + i / 32;
+            return kvr_q_half(b->d) * (float)b->qs[i % 32];
+        }
+        default:            return kvr_f32_of_bits(kvr_q_u32le(p + 4*i));
+    }
+}
+
+// What ggml's CPU matrix product does to the f32 operand it meets an F16 or BF16 cache with (the
+// queries against K, the softmax probabilities against V): it converts them to that type first.
+// Other types leave x as it is.
+static inline KVR_HD float kvr_kv_operand_round(enum kvr_type type, float x) {
+    if (type == KVR_TYPE_F16)  return kvr_half_to_f32(kvr_f32_to_half(x));
+    if (type == KVR_TYPE_BF16) return kvr_bfloat_to_f32(kvr_f32_to_bfloat(x));
+    return x;
+}
+
+// The dot product of a Q8_0 row of n values (n a multiple of 32) with a Q8_0-quantized query, in
+// ggml's x86 order (vec_dot_q8_0_q8_0 with AVX2): 8 lanes, lane l of block b the exact integer sum
+// of q*q over values 4l..4l+3, accumulated over blocks by a fused multiply-add with the block's two
+// scales' product, then the lanes added as hsum_float_8 adds them.
+static inline KVR_HD float kvr_kv_dot_q8_0(const struct kvr_block_q8_0 * KVR_RESTRICT k,
+                                           const struct kvr_block_q8_0 * KVR_RESTRICT q, int n) {
+    float acc[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f };
+    for (int b = 0; b < n / 32; b++) {
+        const float d = kvr_q_half(k[b].d) * kvr_q_half(q[b].d);
+        for (int l = 0; l < 8; l++) {
+            int32_t si = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) si += (int32_t)k[b].qs[j] * (int32_t)q[b].qs[j];
+            acc[l] = fmaf(d, (float)si, acc[l]);
+        }
+    }
+    float r[4];
+    for (int i = 0; i < 4; i++) r[i] = acc[4 + i] + acc[i];
+    return (r[0] + r[2]) + (r[1] + r[3]);
 }
 
 // RoPE. Pair i of n_rot/2 rotates dims (2i, 2i+1) (normal) or (i, i + n_rot/2) (NeoX) by the

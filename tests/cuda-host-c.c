@@ -28,3 +28,7 @@ int      hd_c_attn_tile(int mode, int32_t qmin, int32_t qmax, int32_t kmin, int3
 }
 bool     hd_c_attn_visible(int32_t qp, int32_t kp, int64_t window) { return kvr_attn_visible(qp, kp, window); }
 int64_t  hd_c_attn_tile_tokens(int64_t group)               { return kvr_attn_tile_tokens(group); }
+void     hd_c_kv_quant_q8_0(const float * x, struct kvr_block_q8_0 * y) { kvr_kv_quant_q8_0(x, y); }
+float    hd_c_kv_operand_round(enum kvr_type t, float x)  { return kvr_kv_operand_round(t, x); }
+float    hd_c_kv_dot_q8_0(const struct kvr_block_q8_0 * k, const struct kvr_block_q8_0 * q, int n) { return kvr_kv_dot_q8_0(k, q, n); }
+float    hd_c_kv_elem(enum kvr_type t, const void * row, int64_t i) { return kvr_kv_elem(t, row, i); }

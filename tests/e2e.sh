@@ -7,6 +7,8 @@
 # embedding (simple); prompts (escapes, special tokens) and the chat
 # (-cnv over a pipe, on every strategy, /exit, a full context); the real SmolLM2 where
 # tools/install-deps.sh installed it. Ends with "N passed, M failed, K skipped".
+# The references were made with an F32 KV cache, and the byte counts checked here are of F32 rows:
+# every kvr-run here asks for an F32 cache (--cache-type f32; the default is F16).
 build=${1:-build}
 shared=${2:-../shared}
 pass=0; fail=0; skip=0
@@ -26,17 +28,17 @@ within() { awk -v d="$1" -v t="$2" 'BEGIN { exit !(d != "n/a" && d + 0 <= t + 0)
 model=$shared/models/stories260K.gguf
 ref=$shared/reference
 if [ -f "$model" ] && [ -f "$ref/stories260K-greedy.txt" ]; then
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --dump-logits "$tmp/logits.txt" > "$tmp/out.txt" 2> "$tmp/err.txt"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --dump-logits "$tmp/logits.txt" > "$tmp/out.txt" 2> "$tmp/err.txt"
     if cmp -s "$tmp/out.txt" "$ref/stories260K-greedy.txt"; then ok "stories260K greedy text equals llama.cpp's"; else bad "stories260K greedy text differs"; fi
     d=$(maxdiff "$tmp/logits.txt" "$ref/stories260K-logits.txt")
     if within "$d" 1e-4; then ok "stories260K logits within 1e-4 (max $d)"; else bad "stories260K logits differ (max $d)"; fi
     grep -q '^timing: prompt_tokens=5 ttft_ms=[0-9.]* prefill_tok_s=[0-9.]* decode_ms_per_tok=[0-9.]*$' "$tmp/err.txt" \
         && ok "timing line" || bad "timing line missing or malformed"
     for s in tsp kvr ring-kv ring-q auto; do
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy "$s" > "$tmp/par.txt" 2>/dev/null
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy "$s" > "$tmp/par.txt" 2>/dev/null
         if cmp -s "$tmp/par.txt" "$ref/stories260K-greedy.txt"; then ok "kvr-run --ranks 3 --strategy $s: same text"; else bad "kvr-run --ranks 3 --strategy $s: text differs"; fi
     done
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 2 --strategy kvr --stats -n 0 > /dev/null 2> "$tmp/stats.txt"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 2 --strategy kvr --stats -n 0 > /dev/null 2> "$tmp/stats.txt"
     [ "$(grep -c '^{"rank":' "$tmp/stats.txt")" -eq 2 ] && ok "--stats prints one JSON object per rank" || bad "--stats output"
     # the time split: matmuls and attention are parts of the compute, the compute part of the TTFT
     if python3 -c '
@@ -48,10 +50,10 @@ for line in open(sys.argv[1]):
     assert s["matmul_ms"] + s["attn_ms"] <= s["compute_ms"] <= s["ttft_ms"], s
 ' "$tmp/stats.txt"; then ok "--stats: matmul + attention <= compute <= TTFT per rank"; else bad "--stats time split"; fi
     # the backend by name: cpu gives the reference text; cuda in a build without it says how to get it
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 2 --backend cpu > "$tmp/be.txt" 2>/dev/null
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 2 --backend cpu > "$tmp/be.txt" 2>/dev/null
     if cmp -s "$tmp/be.txt" "$ref/stories260K-greedy.txt"; then ok "kvr-run --backend cpu: same text"; else bad "kvr-run --backend cpu: text differs"; fi
     if [ "${KVR_CUDA:-0}" != 1 ]; then # make KVR_CUDA=1 test runs with KVR_CUDA=1 in the environment
-        "$build/kvr-run" -m "$model" -p "Once" -n 1 --backend cuda > /dev/null 2> "$tmp/cuda.txt"
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once" -n 1 --backend cuda > /dev/null 2> "$tmp/cuda.txt"
         rc=$?
         if [ $rc -eq 2 ] && grep -q "built without CUDA (build with make KVR_CUDA=1)" "$tmp/cuda.txt"; then
             ok "kvr-run --backend cuda without CUDA: an error that says how to build it"
@@ -60,7 +62,7 @@ for line in open(sys.argv[1]):
         fi
     fi
     start=$(date +%s)
-    KVR_TEST_STALL=1:1 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
+    KVR_TEST_STALL=1:1 "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
     rc=$?; el=$(( $(date +%s) - start ))
     # which gives up first is a race: rank 2 waiting for its K, or the driver waiting for the ranks
     # still out after rank 0 finished (rank 1 first among them); either names rank 1
@@ -73,7 +75,7 @@ for line in open(sys.argv[1]):
     # the chain's last rank stalls after the others finished: nobody waits on a transfer from it, the
     # driver's wait for its thread ends within the timeout, naming it
     start=$(date +%s)
-    KVR_TEST_STALL=2:4 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
+    KVR_TEST_STALL=2:4 "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/stall.txt"
     rc=$?; el=$(( $(date +%s) - start ))
     if [ $rc -eq 1 ] && [ $el -le 3 ] && grep -q "rank 2: timed out after 1.0 s: it did not finish the eval after another rank did" "$tmp/stall.txt"; then
         ok "the last rank stalled after the others finished: the run fails within the timeout, naming it"
@@ -85,7 +87,7 @@ for line in open(sys.argv[1]):
     # neighbour of the lost rank 1 times out first is a race: rank 2 waiting for its K, or rank 0
     # waiting for it to take a later layer's K or V; either names rank 1.
     start=$(date +%s)
-    KVR_TEST_KILL=1:prefill:1 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/kill.txt"
+    KVR_TEST_KILL=1:prefill:1 "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 4 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > /dev/null 2> "$tmp/kill.txt"
     rc=$?; el=$(( $(date +%s) - start ))
     if [ $rc -eq 1 ] && [ $el -le 4 ] && grep -qE "timed out after 1.0 s waiting for (K of layer 1 \(step 0\) from rank 1|rank 1 to take [KV] of layer [0-9]+ \(step 0\))" "$tmp/kill.txt"; then
         ok "KVR_TEST_KILL=1:prefill:1: the run fails (exit 1) within the timeout, naming the lost rank"
@@ -97,7 +99,7 @@ for line in open(sys.argv[1]):
     # decode; kvr, tsp, ring-kv on 3 local ranks; a timeout of 1 s finds the loss)
     for s in kvr tsp ring-kv; do
         for point in 1:prefill:0 2:prefill:2 0:prefill:4 2:decode:10; do
-            KVR_TEST_KILL=$point "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy $s --replicate \
+            KVR_TEST_KILL=$point "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy $s --replicate \
                 --comm-timeout 1 -v > "$tmp/fo.txt" 2> "$tmp/fo.err"
             rc=$?
             lost="failover: rank ${point%%:*} of 3 was lost ("
@@ -116,7 +118,7 @@ for line in open(sys.argv[1]):
     # a rank that stalls (issue 27, finding 5) is found by its peers' timeout, declared lost and
     # recovered as a killed one: the clean run's text
     for s in kvr ring-kv tsp; do
-        KVR_TEST_STALL=1:3 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy $s --replicate \
+        KVR_TEST_STALL=1:3 "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks 3 --strategy $s --replicate \
             --comm-timeout 1 -v > "$tmp/fo.txt" 2> "$tmp/fo.err"
         rc=$?
         if [ $rc -eq 0 ] && cmp -s "$tmp/fo.txt" "$ref/stories260K-greedy.txt" &&
@@ -127,7 +129,7 @@ for line in open(sys.argv[1]):
             bad "--replicate --strategy $s KVR_TEST_STALL=1:3: rc=$rc: $(grep failover "$tmp/fo.err" | head -n 2) $(tail -n 1 "$tmp/fo.err")"
         fi
     done
-    KVR_TEST_KILL=2:decode:3 "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > "$tmp/kill.out" 2> "$tmp/kill.txt"
+    KVR_TEST_KILL=2:decode:3 "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 20 --temp 0 --ranks 3 --strategy kvr --comm-timeout 1 > "$tmp/kill.out" 2> "$tmp/kill.txt"
     rc=$?
     if [ $rc -eq 1 ] && grep -q "rank 2: lost: stopped by the test hook KVR_TEST_KILL at layer 2 of decode step 3" "$tmp/kill.txt"; then
         ok "KVR_TEST_KILL=2:decode:3: the run ends at that step with the rank's error"
@@ -186,11 +188,11 @@ PY
     fi
     # KV cache files: -n 20 saved, then loaded and continued by 30, prints what one -n 50 run does
     # (single, and the sharded caches of kvr and ring-kv on 3 ranks)
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 50 --temp 0 > "$tmp/kv50.txt" 2> /dev/null
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 50 --temp 0 > "$tmp/kv50.txt" 2> /dev/null
     for cfg in "" "--ranks 3 --strategy kvr" "--ranks 3 --strategy ring-kv"; do
         rm -f "$tmp/A"
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --kv-save "$tmp/A" $cfg > "$tmp/kv1.txt" 2> /dev/null
-        "$build/kvr-run" -m "$model" --kv-load "$tmp/A" -n 30 --temp 0 -v $cfg > "$tmp/kv2.txt" 2> "$tmp/kv2.err"
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 20 --temp 0 --kv-save "$tmp/A" $cfg > "$tmp/kv1.txt" 2> /dev/null
+        "$build/kvr-run" --cache-type f32 -m "$model" --kv-load "$tmp/A" -n 30 --temp 0 -v $cfg > "$tmp/kv2.txt" 2> "$tmp/kv2.err"
         if cat "$tmp/kv1.txt" "$tmp/kv2.txt" | cmp -s - "$tmp/kv50.txt" && grep -q "kv-load: restored 25 tokens" "$tmp/kv2.err"; then
             ok "--kv-save -n 20, --kv-load -n 30 = -n 50 ${cfg:-(single)}"
         else
@@ -199,11 +201,11 @@ PY
     done
     # --session: the second, longer prompt prefills only what the first run's tokens do not cover
     p2="Once upon a time, there was a boy named Tim who"
-    "$build/kvr-run" -m "$model" -p "$p2" -n 30 --temp 0 > "$tmp/fresh.txt" 2> /dev/null
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "$p2" -n 30 --temp 0 > "$tmp/fresh.txt" 2> /dev/null
     for cfg in "" "--ranks 3 --strategy ring-kv"; do
         rm -f "$tmp/S"
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 10 --temp 0 --session "$tmp/S" $cfg > /dev/null 2>&1
-        "$build/kvr-run" -m "$model" -p "$p2" -n 30 --temp 0 --session "$tmp/S" -v $cfg > "$tmp/s2.txt" 2> "$tmp/s2.err"
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 10 --temp 0 --session "$tmp/S" $cfg > /dev/null 2>&1
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "$p2" -n 30 --temp 0 --session "$tmp/S" -v $cfg > "$tmp/s2.txt" 2> "$tmp/s2.err"
         if cmp -s "$tmp/s2.txt" "$tmp/fresh.txt" && grep -q "reused 9 of the prompt's 17, prefilling 8" "$tmp/s2.err" &&
            grep -q "prompt_tokens=8 " "$tmp/s2.err"; then
             ok "--session: 9 tokens reused, 8 prefilled, the fresh run's text ${cfg:-(single)}"
@@ -216,15 +218,15 @@ PY
     greedy=$ref/stories260K-greedy.txt
     for cfg in "" "--ranks 3 --strategy kvr" "--ranks 3 --strategy ring-kv"; do
         rm -rf "$tmp/R"
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 20 --temp 0 --replicate-dir "$tmp/R" $cfg > /dev/null 2>&1
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v $cfg > "$tmp/r.txt" 2> "$tmp/r.err"
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 20 --temp 0 --replicate-dir "$tmp/R" $cfg > /dev/null 2>&1
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v $cfg > "$tmp/r.txt" 2> "$tmp/r.err"
         if cmp -s "$tmp/r.txt" "$greedy" && grep -q "^resume: .*restored 24 tokens (steps 0..19" "$tmp/r.err"; then
             ok "--replicate-dir -n 20, --resume -n 48: the clean text ${cfg:-(single)}"
         else
             bad "--replicate-dir/--resume ${cfg:-(single)}: $(tail -n 1 "$tmp/r.err")"
         fi
     done
-    "$build/kvr-run" -m "$model" -n 48 --temp 0 --resume "$tmp/R" --ranks 2 --strategy ring-q -v > "$tmp/r.txt" 2> "$tmp/r.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -n 48 --temp 0 --resume "$tmp/R" --ranks 2 --strategy ring-q -v > "$tmp/r.txt" 2> "$tmp/r.err"
     if cmp -s "$tmp/r.txt" "$greedy" && grep -q "of 3 ranks, ring-kv) onto 2 ranks (ring-q)" "$tmp/r.err"; then
         ok "--resume of ring-kv x3's logs on ring-q x2, without -p (the logs' prompt): the clean text"
     else
@@ -233,21 +235,21 @@ PY
     # a flipped byte in rank 1's log, rank 2's cut short: their good prefixes, said by -v, the clean text
     cp -r "$tmp/R" "$tmp/R2"
     python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[len(b) * 2 // 3] ^= 4; open(sys.argv[1], "wb").write(b)' "$tmp/R/rank-1.kvlog"
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v --ranks 3 --strategy ring-kv > "$tmp/r.txt" 2> "$tmp/r.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v --ranks 3 --strategy ring-kv > "$tmp/r.txt" 2> "$tmp/r.err"
     if cmp -s "$tmp/r.txt" "$greedy" && grep -q "^resume: .*rank-1.kvlog: offset [0-9]*: .*the log is damaged: its steps 0\.\.[0-9]* are whole" "$tmp/r.err"; then
         ok "--resume with a damaged record in a log: its good prefix (-v says where), the clean text"
     else
         bad "--resume, damaged log: $(grep resume "$tmp/r.err" | head -n 2)"
     fi
     head -c 3000 "$tmp/R2/rank-2.kvlog" > "$tmp/cut" && mv "$tmp/cut" "$tmp/R2/rank-2.kvlog"
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R2" -v --ranks 3 --strategy ring-kv > "$tmp/r.txt" 2> "$tmp/r.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R2" -v --ranks 3 --strategy ring-kv > "$tmp/r.txt" 2> "$tmp/r.err"
     if cmp -s "$tmp/r.txt" "$greedy" && grep -q "^resume: .*rank-2.kvlog: offset [0-9]*: cut short" "$tmp/r.err"; then
         ok "--resume with a log cut short: its good prefix (-v says where), the clean text"
     else
         bad "--resume, cut log: $(grep resume "$tmp/r.err" | head -n 2)"
     fi
     # another prompt, another model: refused (status 2) naming the file, offset and field
-    "$build/kvr-run" -m "$model" -p "Once upon a tide" -n 48 --temp 0 --resume "$tmp/R2" --ranks 3 --strategy ring-kv > /dev/null 2> "$tmp/r.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a tide" -n 48 --temp 0 --resume "$tmp/R2" --ranks 3 --strategy ring-kv > /dev/null 2> "$tmp/r.err"
     rc=$?
     if [ $rc -eq 2 ] && grep -q "rank-0.kvlog: offset 112: the logs are of another prompt: its token 4 is" "$tmp/r.err"; then
         ok "--resume with another prompt: refused, naming the file, offset and token"
@@ -255,7 +257,7 @@ PY
         bad "--resume, another prompt: rc=$rc $(tail -n 1 "$tmp/r.err")"
     fi
     if [ -f "$ref/tiny-llama-Q8_0.gguf" ]; then
-        "$build/kvr-run" -m "$ref/tiny-llama-Q8_0.gguf" -p "Once upon a time" -n 8 --temp 0 --resume "$tmp/R2" > /dev/null 2> "$tmp/r.err"
+        "$build/kvr-run" --cache-type f32 -m "$ref/tiny-llama-Q8_0.gguf" -p "Once upon a time" -n 8 --temp 0 --resume "$tmp/R2" > /dev/null 2> "$tmp/r.err"
         rc=$?
         if [ $rc -eq 2 ] && grep -q "rank-0.kvlog: offset 20: the log is of another model: layers 5" "$tmp/r.err"; then
             ok "--resume with another model: refused, naming the file, offset and field"
@@ -265,9 +267,9 @@ PY
     fi
     # resumed into the same logs (--replicate-dir = --resume), stopped again, resumed again
     rm -rf "$tmp/R"
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 10 --temp 0 --replicate-dir "$tmp/R" --ranks 3 --strategy kvr > /dev/null 2>&1
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 30 --temp 0 --replicate-dir "$tmp/R" --resume "$tmp/R" --ranks 3 --strategy kvr > /dev/null 2>&1
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v --ranks 3 --strategy kvr > "$tmp/r.txt" 2> "$tmp/r.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 10 --temp 0 --replicate-dir "$tmp/R" --ranks 3 --strategy kvr > /dev/null 2>&1
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 30 --temp 0 --replicate-dir "$tmp/R" --resume "$tmp/R" --ranks 3 --strategy kvr > /dev/null 2>&1
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --resume "$tmp/R" -v --ranks 3 --strategy kvr > "$tmp/r.txt" 2> "$tmp/r.err"
     if cmp -s "$tmp/r.txt" "$greedy" && grep -q "restored 34 tokens (steps 0..29" "$tmp/r.err"; then
         ok "--resume into the same logs, then --resume again: the clean text"
     else
@@ -275,23 +277,23 @@ PY
     fi
     # a damaged or foreign cache file: status 2 and a message naming what and where
     rm -f "$tmp/A"
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --kv-save "$tmp/A" > /dev/null 2>&1
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 4 --temp 0 --kv-save "$tmp/A" > /dev/null 2>&1
     head -c 1000 "$tmp/A" > "$tmp/A-cut"
     python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[700] ^= 1; open(sys.argv[2], "wb").write(b)' "$tmp/A" "$tmp/A-flip"
     for f in A-cut A-flip; do
-        "$build/kvr-run" -m "$model" --kv-load "$tmp/$f" -n 4 --temp 0 > /dev/null 2> "$tmp/bad.err"
+        "$build/kvr-run" --cache-type f32 -m "$model" --kv-load "$tmp/$f" -n 4 --temp 0 > /dev/null 2> "$tmp/bad.err"
         rc=$?
         if [ $rc -eq 2 ] && grep -q "$f: .*\(truncated\|CRC32C\)" "$tmp/bad.err"; then ok "--kv-load $f: status 2, $(head -c 90 "$tmp/bad.err")"; else bad "--kv-load $f: status $rc: $(cat "$tmp/bad.err")"; fi
     done
     if [ -f "$ref/tiny-llama-Q8_0.gguf" ]; then
-        "$build/kvr-run" -m "$ref/tiny-llama-Q8_0.gguf" --kv-load "$tmp/A" -n 4 --temp 0 > /dev/null 2> "$tmp/bad.err"
+        "$build/kvr-run" --cache-type f32 -m "$ref/tiny-llama-Q8_0.gguf" --kv-load "$tmp/A" -n 4 --temp 0 > /dev/null 2> "$tmp/bad.err"
         rc=$?
         if [ $rc -eq 2 ] && grep -q "the cache is of another model" "$tmp/bad.err"; then ok "--kv-load of another model's cache: status 2"; else bad "--kv-load of another model's cache: status $rc"; fi
     fi
     # --kv-stream: the file written during the prefill is the one --kv-save writes after it
     for cfg in "" "--ranks 3 --strategy kvr" "--ranks 3 --strategy ring-q"; do
         rm -f "$tmp/ST" "$tmp/SV"
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 0 --temp 0 --kv-stream "$tmp/ST" --kv-save "$tmp/SV" $cfg > /dev/null 2>&1
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 0 --temp 0 --kv-stream "$tmp/ST" --kv-save "$tmp/SV" $cfg > /dev/null 2>&1
         if [ -s "$tmp/ST" ] && cmp -s "$tmp/ST" "$tmp/SV"; then ok "--kv-stream file = --kv-save file ${cfg:-(single)}"; else bad "--kv-stream ${cfg:-(single)}"; fi
     done
     # prefill/decode disaggregation: two prefill ranks, the third decodes (single: one prefill rank,
@@ -301,7 +303,7 @@ PY
     cache_bytes=$((2 * 5 * 5 * 32 * 4))
     for s in single tsp kvr ring-kv ring-q auto; do
         d=2; [ $s = single ] && d=1
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks $((d + 1)) --decode-rank $d --strategy "$s" --stats \
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 48 --temp 0 --ranks $((d + 1)) --decode-rank $d --strategy "$s" --stats \
             --trace "$tmp/pd.json" > "$tmp/pd.txt" 2> "$tmp/pd.err"
         if cmp -s "$tmp/pd.txt" "$ref/stories260K-greedy.txt" && grep -q "^{\"decode_rank\":$d,\"kv_stream_bytes\":$cache_bytes,.*prefill_end_to_first_token_ms" "$tmp/pd.err" &&
            python3 -c '
@@ -431,7 +433,7 @@ for lg in "$ref"/*.logits; do
     found=1
     want=$(cat "$ref/$name.greedy")
     n=$(printf '%s' "$want" | tr ',' '\n' | grep -c .)
-    "$build/kvr-run" -m "$ref/$name.gguf" --tokens "$(cat "$ref/$name.tokens")" -n "$n" --temp 0 -v --vec-dot-order \
+    "$build/kvr-run" --cache-type f32 -m "$ref/$name.gguf" --tokens "$(cat "$ref/$name.tokens")" -n "$n" --temp 0 -v --vec-dot-order \
         --dump-logits "$tmp/$name.txt" > /dev/null 2> "$tmp/$name.err"
     d=$(maxdiff "$tmp/$name.txt" "$lg")
     tol=1e-4
@@ -455,7 +457,7 @@ for out in "$ref"/archs/*.logits "$ref/archs-next/tiny-phi3.logits" "$ref/archs-
     found=1
     want=$(cat "${out%.logits}.greedy")
     n=$(printf '%s' "$want" | tr ',' '\n' | grep -c .)
-    "$build/kvr-run" -m "$a.gguf" --tokens "$(cat "$a.tokens")" -n "$n" --temp 0 -v \
+    "$build/kvr-run" --cache-type f32 -m "$a.gguf" --tokens "$(cat "$a.tokens")" -n "$n" --temp 0 -v \
         --dump-logits "$tmp/$name.txt" > /dev/null 2> "$tmp/$name.err"
     d=$(maxdiff "$tmp/$name.txt" "$lg")
     tol=1e-4
@@ -463,7 +465,7 @@ for out in "$ref"/archs/*.logits "$ref/archs-next/tiny-phi3.logits" "$ref/archs-
     got=$(sed -n 's/^generated ids: //p' "$tmp/$name.err")
     if [ "$got" = "$want" ]; then ok "$name: greedy ids"; else bad "$name: greedy ids $got, want $want"; fi
     for s in kvr ring-kv; do
-        "$build/kvr-run" -m "$a.gguf" --tokens "$(cat "$a.tokens")" -n "$n" --temp 0 -v --ranks 3 --strategy $s \
+        "$build/kvr-run" --cache-type f32 -m "$a.gguf" --tokens "$(cat "$a.tokens")" -n "$n" --temp 0 -v --ranks 3 --strategy $s \
             > /dev/null 2> "$tmp/$name-$s.err"
         got=$(sed -n 's/^generated ids: //p' "$tmp/$name-$s.err")
         if [ "$got" = "$want" ]; then ok "$name --ranks 3 --strategy $s: greedy ids"; else bad "$name --ranks 3 --strategy $s: greedy ids $got, want $want: $(tail -n 1 "$tmp/$name-$s.err")"; fi
@@ -477,8 +479,8 @@ done
 q4k=$ref/tiny-llama-Q4_K_M.gguf
 if [ -f "$q4k" ]; then
     p="Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends. One day she saw a big red ball"
-    "$build/kvr-run" -m "$q4k" -p "$p" -n 1 --temp 0 -v --dump-logits "$tmp/q4k-exact.txt" > /dev/null 2> "$tmp/q4k-exact.err"
-    "$build/kvr-run" -m "$q4k" -p "$p" -n 1 --temp 0 -v --q8-act --dump-logits "$tmp/q4k-q8.txt" > /dev/null 2> "$tmp/q4k-q8.err"
+    "$build/kvr-run" --cache-type f32 -m "$q4k" -p "$p" -n 1 --temp 0 -v --dump-logits "$tmp/q4k-exact.txt" > /dev/null 2> "$tmp/q4k-exact.err"
+    "$build/kvr-run" --cache-type f32 -m "$q4k" -p "$p" -n 1 --temp 0 -v --q8-act --dump-logits "$tmp/q4k-q8.txt" > /dev/null 2> "$tmp/q4k-q8.err"
     d=$(maxdiff "$tmp/q4k-exact.txt" "$tmp/q4k-q8.txt")
     if within "$d" 0.3 && ! within "$d" 1e-5; then ok "--q8-act: logits within 0.3 of the exact path and not equal to it (max $d)"; else bad "--q8-act: logits max diff $d"; fi
     a1=$(sed -n 's/^generated ids: //p' "$tmp/q4k-exact.err"); a2=$(sed -n 's/^generated ids: //p' "$tmp/q4k-q8.err")
@@ -497,7 +499,7 @@ for m in "$ref"/tiny-llama-*.gguf; do
     name=$(basename "$m" .gguf)
     [ -f "$ref/$name.tokens" ] && [ -f "$ref/$name.logits" ] && [ -f "$ref/$name.greedy" ] || continue
     found=1
-    "$build/kvr-run" -m "$m" --tokens "$(cat "$ref/$name.tokens")" -n 8 --temp 0 -v --q8-act \
+    "$build/kvr-run" --cache-type f32 -m "$m" --tokens "$(cat "$ref/$name.tokens")" -n 8 --temp 0 -v --q8-act \
         --dump-logits "$tmp/$name-q8.txt" > /dev/null 2> "$tmp/$name-q8.err"
     d=$(maxdiff "$tmp/$name-q8.txt" "$ref/$name.logits")
     if within "$d" 0.3 && ! within "$d" 1e-5; then ok "$name --q8-act: logits within 0.3 of the exact ones, not equal (max $d)"
@@ -518,9 +520,9 @@ if [ ! -f "$model" ]; then
 fi
 if [ -f "$model" ]; then
     printf 'Once\nupon "a" time' > "$tmp/esc.txt"
-    "$build/kvr-run" -m "$model" -p 'Once\nupon \"a\" time' -n 0 -v > /dev/null 2> "$tmp/esc.err"
-    "$build/kvr-run" -m "$model" -f "$tmp/esc.txt" -n 0 -v > /dev/null 2> "$tmp/escf.err"
-    "$build/kvr-run" -m "$model" -p 'Once\nupon \"a\" time' --no-escape -n 0 -v > /dev/null 2> "$tmp/esc0.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p 'Once\nupon \"a\" time' -n 0 -v > /dev/null 2> "$tmp/esc.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -f "$tmp/esc.txt" -n 0 -v > /dev/null 2> "$tmp/escf.err"
+    "$build/kvr-run" --cache-type f32 -m "$model" -p 'Once\nupon \"a\" time' --no-escape -n 0 -v > /dev/null 2> "$tmp/esc0.err"
     a=$(grep '^prompt ids' "$tmp/esc.err"); b=$(grep '^prompt ids' "$tmp/escf.err"); c=$(grep '^prompt ids' "$tmp/esc0.err")
     if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" != "$c" ]; then ok "-p's escapes become characters (--no-escape keeps them)"; else bad "-p escapes: '$a' / file '$b' / --no-escape '$c'"; fi
     s1=$("$build/kvr-tokenize" -m "$model" -p '<s>Once'); s2=$("$build/kvr-tokenize" -m "$model" -p '<s>Once' --no-special)
@@ -529,7 +531,7 @@ if [ -f "$model" ]; then
         *) bad "kvr-tokenize: <s> not parsed as BOS: $s1" ;;
     esac
     # a chat over a pipe: every strategy on 3 ranks answers as one rank does (later turns too)
-    printf 'Once upon a time\nThe dog\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -n 12 > "$tmp/chat1.txt" 2> "$tmp/chat1.err"
+    printf 'Once upon a time\nThe dog\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 -n 12 > "$tmp/chat1.txt" 2> "$tmp/chat1.err"
     rc=$?
     if [ $rc -eq 0 ] && [ -s "$tmp/chat1.txt" ] && grep -q "has no chat template (tokenizer.chat_template): chatml is used" "$tmp/chat1.err"; then
         ok "-cnv over a pipe: two turns answered; a file without a template gets chatml, saying so"
@@ -537,37 +539,37 @@ if [ -f "$model" ]; then
         bad "-cnv over a pipe: rc=$rc $(tail -n 1 "$tmp/chat1.err")"
     fi
     for s in tsp kvr ring-kv ring-q auto; do
-        printf 'Once upon a time\nThe dog\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -n 12 --ranks 3 --strategy "$s" > "$tmp/chat3.txt" 2> /dev/null
+        printf 'Once upon a time\nThe dog\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 -n 12 --ranks 3 --strategy "$s" > "$tmp/chat3.txt" 2> /dev/null
         if cmp -s "$tmp/chat1.txt" "$tmp/chat3.txt"; then ok "-cnv --ranks 3 --strategy $s: the same replies"; else bad "-cnv --ranks 3 --strategy $s: replies differ"; fi
     done
     # /exit ends the chat (the lines after it are not read), so does the end of the input
-    printf 'Once upon a time\n/exit\nThe dog\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -n 12 > "$tmp/chat-exit.txt" 2> /dev/null
+    printf 'Once upon a time\n/exit\nThe dog\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 -n 12 > "$tmp/chat-exit.txt" 2> /dev/null
     rc=$?
-    printf 'Once upon a time\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -n 12 > "$tmp/chat-one.txt" 2> /dev/null
+    printf 'Once upon a time\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 -n 12 > "$tmp/chat-one.txt" 2> /dev/null
     if [ $rc -eq 0 ] && cmp -s "$tmp/chat-exit.txt" "$tmp/chat-one.txt"; then ok "-cnv: /exit ends the chat"; else bad "-cnv /exit: rc=$rc"; fi
-    "$build/kvr-run" -m "$model" -cnv --temp 0 < /dev/null > "$tmp/chat-eof.txt" 2> /dev/null
+    "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 < /dev/null > "$tmp/chat-eof.txt" 2> /dev/null
     rc=$?
     [ $rc -eq 0 ] && [ ! -s "$tmp/chat-eof.txt" ] && ok "-cnv: no input, no reply, exit 0" || bad "-cnv on empty input: rc=$rc"
     # a context that fills up: reported, exit 1, no crash; first when a turn does not fit, then
     # during a reply (the first turn's size, from -v, sets the contexts)
-    n1=$(printf 'Once upon a time\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -n 1 -v 2>&1 > /dev/null | sed -n 's/^turn 1: \([0-9]*\) tokens prefilled.*/\1/p')
+    n1=$(printf 'Once upon a time\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 -n 1 -v 2>&1 > /dev/null | sed -n 's/^turn 1: \([0-9]*\) tokens prefilled.*/\1/p')
     c=$((n1 + 12 + 4))
-    printf 'Once upon a time\nThe dog\nA cat\nThe end\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -n 12 -c $c > /dev/null 2> "$tmp/chat-full.err"
+    printf 'Once upon a time\nThe dog\nA cat\nThe end\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 -n 12 -c $c > /dev/null 2> "$tmp/chat-full.err"
     rc=$?
     if [ -n "$n1" ] && [ $rc -eq 1 ] && grep -q "the context is full: [0-9]* of $c tokens used" "$tmp/chat-full.err"; then ok "-cnv: a turn that does not fit is reported (exit 1)"; else bad "-cnv full context: rc=$rc $(tail -n 1 "$tmp/chat-full.err")"; fi
     c=$((n1 + 4))
-    printf 'Once upon a time\nThe dog\n' | "$build/kvr-run" -m "$model" -cnv --temp 0 -c $c > /dev/null 2> "$tmp/chat-full2.err"
+    printf 'Once upon a time\nThe dog\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --temp 0 -c $c > /dev/null 2> "$tmp/chat-full2.err"
     rc=$?
     if [ $rc -eq 1 ] && grep -q "the context is full ($c tokens): the reply stops here" "$tmp/chat-full2.err"; then ok "-cnv: a context that fills up during a reply is reported (exit 1)"; else bad "-cnv full during a reply: rc=$rc $(tail -n 1 "$tmp/chat-full2.err")"; fi
     # combinations a chat refuses before any work (exit 2, the message names them)
     for args in "-cnv --tokens 1,2" "-cnv --no-special --special-in-turns" "--special-in-turns -p x" "-cnv -n 0" "-cnv --dump-logits $tmp/l.txt" "--system hi -p x" \
                 "--chat-template chatml -p x" "-cnv --partition 3,2 --ranks 2"; do
         # shellcheck disable=SC2086
-        "$build/kvr-run" -m "$model" $args < /dev/null > /dev/null 2> "$tmp/chat-u.err"
+        "$build/kvr-run" --cache-type f32 -m "$model" $args < /dev/null > /dev/null 2> "$tmp/chat-u.err"
         rc=$?
         if [ $rc -eq 2 ] && grep -qE -- "-cnv|chat" "$tmp/chat-u.err"; then ok "refused: kvr-run $args"; else bad "kvr-run $args: rc=$rc $(head -n 1 "$tmp/chat-u.err")"; fi
     done
-    printf 'hi\n' | "$build/kvr-run" -m "$model" -cnv --chat-template bogus > /dev/null 2> "$tmp/chat-t.err"
+    printf 'hi\n' | "$build/kvr-run" --cache-type f32 -m "$model" -cnv --chat-template bogus > /dev/null 2> "$tmp/chat-t.err"
     rc=$?
     if [ $rc -eq 2 ] && grep -q 'unknown chat template "bogus" (known: chatml, ' "$tmp/chat-t.err"; then ok "--chat-template: an unknown name is refused with the known ones"; else bad "--chat-template bogus: rc=$rc $(cat "$tmp/chat-t.err")"; fi
 fi
@@ -577,7 +579,7 @@ fi
 # prefilled on a ring of ranks on top of the first equals the whole conversation prefilled at once
 smol=${KVR_SMOLLM2:-models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
 if [ -f "$smol" ]; then
-    "$build/kvr-run" -m "$smol" -p "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n" -n 16 --temp 0 -v \
+    "$build/kvr-run" --cache-type f32 -m "$smol" -p "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n" -n 16 --temp 0 -v \
         > "$tmp/smol-p.txt" 2> "$tmp/smol-p.err"
     ids=$(sed -n 's/^prompt ids: //p' "$tmp/smol-p.err")
     if [ -f "$ref/smollm2-chat.tokens" ]; then
@@ -588,8 +590,8 @@ if [ -f "$smol" ]; then
     grep -q "Paris" "$tmp/smol-p.txt" && ok "SmolLM2 -p: $(tail -n 1 "$tmp/smol-p.txt")" || bad "SmolLM2 -p: no Paris in $(tail -n 1 "$tmp/smol-p.txt")"
     # --ignore-eos: the reply that ends early (its end-of-turn token) goes on to -n tokens, and its
     # start is the same (greedy: masking tokens that were not picked changes nothing before)
-    "$build/kvr-run" -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v > "$tmp/eos0.txt" 2> "$tmp/eos0.err"
-    "$build/kvr-run" -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v --ignore-eos > "$tmp/eos1.txt" 2> "$tmp/eos1.err"
+    "$build/kvr-run" --cache-type f32 -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v > "$tmp/eos0.txt" 2> "$tmp/eos0.err"
+    "$build/kvr-run" --cache-type f32 -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v --ignore-eos > "$tmp/eos1.txt" 2> "$tmp/eos1.err"
     g0=$(sed -n 's/^generated ids: //p' "$tmp/eos0.err"); g1=$(sed -n 's/^generated ids: //p' "$tmp/eos1.err")
     n0=$(echo "$g0" | tr ',' '\n' | wc -l); n1=$(echo "$g1" | tr ',' '\n' | wc -l)
     case "$g1" in
@@ -601,13 +603,13 @@ if [ -f "$smol" ]; then
     else
         bad "--ignore-eos: $n0 tokens without, $n1 with (same start: $same)"
     fi
-    printf 'What is the capital of France?\n' | "$build/kvr-run" -m "$smol" -cnv --temp 0 > "$tmp/smol-c.txt" 2> "$tmp/smol-c.err"
+    printf 'What is the capital of France?\n' | "$build/kvr-run" --cache-type f32 -m "$smol" -cnv --temp 0 > "$tmp/smol-c.txt" 2> "$tmp/smol-c.err"
     rc=$?
     if [ $rc -eq 0 ] && grep -q "Paris" "$tmp/smol-c.txt" && [ "$(wc -l < "$tmp/smol-c.txt")" -eq 1 ]; then ok "SmolLM2 -cnv: $(cat "$tmp/smol-c.txt")"; else bad "SmolLM2 -cnv: rc=$rc $(cat "$tmp/smol-c.txt")"; fi
-    printf 'What is the capital of France?\nAnd of Germany?\n' | "$build/kvr-run" -m "$smol" -cnv --temp 0 --system "You are a helpful assistant." \
+    printf 'What is the capital of France?\nAnd of Germany?\n' | "$build/kvr-run" --cache-type f32 -m "$smol" -cnv --temp 0 --system "You are a helpful assistant." \
         --ranks 2 --strategy ring-kv > "$tmp/smol-2.txt" 2> "$tmp/smol-2.err"
     r1=$(sed -n 1p "$tmp/smol-2.txt"); r2=$(sed -n 2p "$tmp/smol-2.txt")
-    "$build/kvr-run" -m "$smol" --temp 0 -n 32 -p "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n$r1<|im_end|>\n<|im_start|>user\nAnd of Germany?<|im_end|>\n<|im_start|>assistant\n" > "$tmp/smol-full.txt" 2> /dev/null
+    "$build/kvr-run" --cache-type f32 -m "$smol" --temp 0 -n 32 -p "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n$r1<|im_end|>\n<|im_start|>user\nAnd of Germany?<|im_end|>\n<|im_start|>assistant\n" > "$tmp/smol-full.txt" 2> /dev/null
     whole=$(tail -n 1 "$tmp/smol-full.txt")
     if [ -n "$r2" ] && [ "$whole" = "$r2" ]; then
         ok "SmolLM2 -cnv --ranks 2 --strategy ring-kv: the second turn's reply ($r2) equals the whole conversation's"
@@ -622,7 +624,7 @@ fi
 # build/cuda by make test) on a machine without a GPU fails within the timeout naming what is
 # missing, exit 2. Nothing here runs NCCL: on a machine with a GPU the second check does not apply.
 if [ -f "$model" ]; then
-    "$build/kvr-run" --comm nccl --ranks 2 -m "$model" -p hi > /dev/null 2> "$tmp/nccl.txt"; rc=$?
+    "$build/kvr-run" --cache-type f32 --comm nccl --ranks 2 -m "$model" -p hi > /dev/null 2> "$tmp/nccl.txt"; rc=$?
     if [ $rc -eq 2 ] && grep -q "no NCCL transport (build with make KVR_CUDA=1)" "$tmp/nccl.txt"; then
         ok "--comm nccl in a build without NCCL: exit 2 naming the build to make"
     else
@@ -654,7 +656,7 @@ if [ -f "$model" ]; then
     i=0; : > "$tmp/long.txt"
     while [ $i -lt 40 ]; do printf 'Once upon a time there was a little girl. ' >> "$tmp/long.txt"; i=$((i + 1)); done
     # a slow emulated link stretches the prefill to seconds (the transfers are what take the time)
-    "$build/kvr-run" -m "$model" -f "$tmp/long.txt" -c 512 -n 8 --temp 0 --ranks 2 --strategy kvr --link-gbps 0.001 \
+    "$build/kvr-run" --cache-type f32 -m "$model" -f "$tmp/long.txt" -c 512 -n 8 --temp 0 --ranks 2 --strategy kvr --link-gbps 0.001 \
         --kv-stream "$tmp/sig-stream.kv" --session "$tmp/sig-sess.kv" > /dev/null 2> "$tmp/sig.txt" &
     pid=$!
     sleep 0.5
@@ -671,7 +673,7 @@ if [ -f "$model" ]; then
         # decode over a ring with a high link latency: slow tokens; the session is saved right after
         # the prefill, so its file says when decoding has begun
         rm -f "$tmp/sig-dec.kv" "$tmp/sig-save.kv"
-        "$build/kvr-run" -m "$model" -p "Once upon a time" -c 512 -n 400 --ignore-eos --temp 0 --ranks 2 --strategy ring-kv \
+        "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -c 512 -n 400 --ignore-eos --temp 0 --ranks 2 --strategy ring-kv \
             --link-latency-us 3000 --session "$tmp/sig-dec.kv" --kv-save "$tmp/sig-save.kv" > "$tmp/sig-out.txt" 2> "$tmp/sig.txt" &
         pid=$!
         i=0; while [ ! -f "$tmp/sig-dec.kv" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
@@ -679,8 +681,8 @@ if [ -f "$model" ]; then
         kill -$sig $pid
         wait $pid; rc=$?
         want=130; [ $sig = TERM ] && want=143
-        "$build/kvr-run" -m "$model" --kv-load "$tmp/sig-dec.kv" -n 2 --temp 0 > /dev/null 2> "$tmp/sig-load.txt"; rl=$?
-        "$build/kvr-run" -m "$model" --kv-load "$tmp/sig-save.kv" -n 2 --temp 0 > /dev/null 2>> "$tmp/sig-load.txt" || rl=1
+        "$build/kvr-run" --cache-type f32 -m "$model" --kv-load "$tmp/sig-dec.kv" -n 2 --temp 0 > /dev/null 2> "$tmp/sig-load.txt"; rl=$?
+        "$build/kvr-run" --cache-type f32 -m "$model" --kv-load "$tmp/sig-save.kv" -n 2 --temp 0 > /dev/null 2>> "$tmp/sig-load.txt" || rl=1
         if [ $rc -eq $want ] && [ $rl -eq 0 ] && grep -q 'after [0-9]* generated tokens (the cache saved as asked)' "$tmp/sig.txt"; then
             ok "SIG$sig during decode: exit $want, the session and --kv-save saved and loadable ($(grep -o 'after [0-9]* generated tokens' "$tmp/sig.txt"))"
         else
@@ -706,7 +708,7 @@ if [ -f "$model" ]; then
         bad "a second signal: rc=$rc, temporaries $left then $after: $(tail -n 1 "$tmp/sig.txt")"
     fi
     # a chat: Ctrl-C during the first reply ends it; the second turn is still answered
-    { printf 'Once upon a time\n'; sleep 2; printf 'The end\n'; } | "$build/kvr-run" -m "$model" -cnv -c 512 -n 100 \
+    { printf 'Once upon a time\n'; sleep 2; printf 'The end\n'; } | "$build/kvr-run" --cache-type f32 -m "$model" -cnv -c 512 -n 100 \
         --temp 0 --ranks 2 --strategy ring-kv --link-latency-us 3000 -v > "$tmp/chat-sig.txt" 2> "$tmp/chat-sig-err.txt" &
     pid=$!
     i=0; while [ ! -s "$tmp/chat-sig.txt" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
@@ -728,21 +730,21 @@ if [ -f "$model" ]; then
     cp "$model" "$tmp/same.gguf"; cp "$model" "$tmp/pert.gguf"
     sz=$(wc -c < "$model")
     printf '\377' | dd of="$tmp/pert.gguf" bs=1 seek=$((sz - 100)) conv=notrunc 2> /dev/null
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --kv-save "$tmp/w.kv" > /dev/null 2>&1
-    "$build/kvr-run" -m "$model" -p "Once upon a time" -n 4 --temp 0 --session "$tmp/w.sess" > /dev/null 2>&1
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 4 --temp 0 --kv-save "$tmp/w.kv" > /dev/null 2>&1
+    "$build/kvr-run" --cache-type f32 -m "$model" -p "Once upon a time" -n 4 --temp 0 --session "$tmp/w.sess" > /dev/null 2>&1
     if cmp -s "$model" "$tmp/pert.gguf"; then
         bad "perturbed weights: the copy was not changed"
     else
         for f in "--kv-load $tmp/w.kv" "--session $tmp/w.sess"; do
             # shellcheck disable=SC2086
-            "$build/kvr-run" -m "$tmp/pert.gguf" -p "Once upon a time" -n 4 --temp 0 $f > /dev/null 2> "$tmp/pert.txt"; rc=$?
+            "$build/kvr-run" --cache-type f32 -m "$tmp/pert.gguf" -p "Once upon a time" -n 4 --temp 0 $f > /dev/null 2> "$tmp/pert.txt"; rc=$?
             if [ $rc -eq 2 ] && grep -q "offset 56: the cache is of another model: weights hash" "$tmp/pert.txt"; then
                 ok "perturbed weights: ${f%% *} of the original's file refused (exit 2)"
             else
                 bad "perturbed weights: ${f%% *}: exit $rc: $(tail -n 1 "$tmp/pert.txt")"
             fi
             # shellcheck disable=SC2086
-            "$build/kvr-run" -m "$tmp/same.gguf" -p "Once upon a time" -n 4 --temp 0 $f > /dev/null 2> "$tmp/pert.txt"; rc=$?
+            "$build/kvr-run" --cache-type f32 -m "$tmp/same.gguf" -p "Once upon a time" -n 4 --temp 0 $f > /dev/null 2> "$tmp/pert.txt"; rc=$?
             [ $rc -eq 0 ] && ok "an unchanged copy: ${f%% *} loads" || bad "an unchanged copy: ${f%% *}: exit $rc: $(tail -n 1 "$tmp/pert.txt")"
         done
     fi
@@ -751,9 +753,9 @@ else
 fi
 
 # usage errors: exit 2 and a usage line
-"$build/kvr-run" --bogus > /dev/null 2> "$tmp/u.txt"; rc=$?
+"$build/kvr-run" --cache-type f32 --bogus > /dev/null 2> "$tmp/u.txt"; rc=$?
 [ $rc -eq 2 ] && grep -q usage "$tmp/u.txt" && ok "unknown flag: usage and exit 2" || bad "unknown flag: exit $rc"
-"$build/kvr-run" -m "$tmp/missing.gguf" -p hi > /dev/null 2> "$tmp/u.txt"; rc=$?
+"$build/kvr-run" --cache-type f32 -m "$tmp/missing.gguf" -p hi > /dev/null 2> "$tmp/u.txt"; rc=$?
 [ $rc -eq 2 ] && grep -q "missing.gguf" "$tmp/u.txt" && ok "missing model: message names the file, exit 2" || bad "missing model: exit $rc"
 
 echo "$pass passed, $fail failed, $skip skipped"

@@ -9,6 +9,8 @@
 //    these functions is the same source; only the fused multiply-adds nvcc's device code may form
 //    can move its last bits (that, and the device's expf/sinf/cosf, is what kvr-compare measures
 //    on a GPU).
+//    The KV cache's element math too (kvr_kv_quant_q8_0, kvr_kv_operand_round, kvr_kv_dot_q8_0,
+//    kvr_kv_elem: what the GPU's cache stores and attention tiles run).
 // 2. The attention kernel's tiling: which (query tile, key tile) pairs its blocks visit, counted
 //    with the kernel's own grid and tile functions (kvr_cuda_attn_count), against the counters of
 //    the CPU kernel run on the same positions: contiguous causal blocks, the ring strategies'
@@ -60,6 +62,10 @@ float    hd_c_rope_angle(float theta, const float * freqs, int i, float freq_sca
 int      hd_c_attn_tile(int mode, int32_t qmin, int32_t qmax, int32_t kmin, int32_t kmax, int64_t window);
 bool     hd_c_attn_visible(int32_t qp, int32_t kp, int64_t window);
 int64_t  hd_c_attn_tile_tokens(int64_t group);
+void     hd_c_kv_quant_q8_0(const float * x, struct kvr_block_q8_0 * y);
+float    hd_c_kv_operand_round(enum kvr_type t, float x);
+float    hd_c_kv_dot_q8_0(const struct kvr_block_q8_0 * k, const struct kvr_block_q8_0 * q, int n);
+float    hd_c_kv_elem(enum kvr_type t, const void * row, int64_t i);
 }
 
 static uint64_t rng_state = 0x6b7672637564ull;
@@ -692,9 +698,53 @@ static void test_no_device(void) {
     CHECK(dt < 10e3, "kvr_backend_new(\"cuda\") gave up within 10 s (took %.1f s)", dt / 1e3);
 }
 
+// The KV cache's element math (kvr_cache_type): the Q8_0 store's quantization, the operand rounding
+// of F16/BF16, the Q8_0 dot in ggml's lane order, and the element reader of the GPU's attention
+// tiles, over random rows (with zero blocks and halfway values): nvcc's host build against the C one.
+static void test_kv_types(void) {
+    enum { N = 128 };
+    bool ok_q = true, ok_r = true, ok_d = true, ok_e = true;
+    for (int it = 0; it < 200; it++) {
+        float x[N], y[N];
+        for (int i = 0; i < N; i++) {
+            x[i] = (float)((double)(rng_u64() >> 11) / 9007199254740992.0 * 8.0 - 4.0);
+            y[i] = (float)((double)(rng_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+            if (it % 7 == 0 && i < 32) x[i] = 0.0f;              // an all-zero block
+            if (it % 5 == 0) x[i] = (float)((int)(x[i] * 64)) / 64.0f + 1.0f / 128.0f; // near-ties
+        }
+        struct kvr_block_q8_0 a[N / 32], b[N / 32], qa[N / 32], qb[N / 32];
+        for (int k = 0; k < N / 32; k++) {
+            kvr_kv_quant_q8_0(x + 32 * k, &a[k]);
+            hd_c_kv_quant_q8_0(x + 32 * k, &b[k]);
+            kvr_kv_quant_q8_0(y + 32 * k, &qa[k]);
+            hd_c_kv_quant_q8_0(y + 32 * k, &qb[k]);
+        }
+        ok_q = ok_q && !memcmp(a, b, sizeof(a)) && !memcmp(qa, qb, sizeof(qa));
+        const float d0 = kvr_kv_dot_q8_0(a, qa, N), d1 = hd_c_kv_dot_q8_0(a, qa, N);
+        ok_d = ok_d && !memcmp(&d0, &d1, 4);
+        uint16_t h[N];
+        for (int i = 0; i < N; i++) h[i] = kvr_f32_to_half(x[i]);
+        for (int i = 0; i < N; i++) {
+            for (enum kvr_type t : { KVR_TYPE_F16, KVR_TYPE_BF16, KVR_TYPE_F32 }) {
+                const float r0 = kvr_kv_operand_round(t, x[i]), r1 = hd_c_kv_operand_round(t, x[i]);
+                ok_r = ok_r && !memcmp(&r0, &r1, 4);
+            }
+            const float e0 = kvr_kv_elem(KVR_TYPE_Q8_0, a, i), e1 = hd_c_kv_elem(KVR_TYPE_Q8_0, a, i);
+            const float f0 = kvr_kv_elem(KVR_TYPE_F16, h, i), f1 = hd_c_kv_elem(KVR_TYPE_F16, h, i);
+            const float g0 = kvr_kv_elem(KVR_TYPE_F32, x, i), g1 = hd_c_kv_elem(KVR_TYPE_F32, x, i);
+            ok_e = ok_e && !memcmp(&e0, &e1, 4) && !memcmp(&f0, &f1, 4) && !memcmp(&g0, &g1, 4) && g0 == x[i];
+        }
+    }
+    CHECK(ok_q, "kvr_kv_quant_q8_0 differs");
+    CHECK(ok_r, "kvr_kv_operand_round differs");
+    CHECK(ok_d, "kvr_kv_dot_q8_0 differs");
+    CHECK(ok_e, "kvr_kv_elem differs (or does not read f32 rows as they are)");
+}
+
 int main(int argc, char ** argv) {
     (void)argc;
     (void)argv;
+    test_kv_types();
     test_halves();
     test_dequant();
     test_dequant8();

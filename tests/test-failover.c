@@ -25,6 +25,9 @@
 #include "kvr.h"
 #include "tests/check.h"
 
+// An F32 KV cache (the default is F16): these tests read cache rows as f32 and count f32 replica bytes.
+#define KVR_TEST_F32_CACHE .cache_type_k = KVR_CACHE_F32, .cache_type_v = KVR_CACHE_F32
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +39,7 @@
 #define TIMEOUT_S 1.0 // every case that loses a rank waits this long for it, at most a few times
 
 static struct kvr_session_params dist_params(enum kvr_strategy s, int N) {
-    return (struct kvr_session_params){ .strategy = s, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = 256,
+    return (struct kvr_session_params){ KVR_TEST_F32_CACHE, .strategy = s, .comm = KVR_COMM_LOCAL, .n_ranks = N, .n_threads = 1, .n_ctx = 256,
                                      .timeout_s = TIMEOUT_S };
 }
 
@@ -156,7 +159,7 @@ struct ref {
 
 static bool ref_make(struct ref * r, const struct kvr_model * m, const int32_t * prompt, int n_prompt) {
     memset(r, 0, sizeof(*r));
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = 256, .n_threads = 1 });
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ KVR_TEST_F32_CACHE, .n_ctx = 256, .n_threads = 1 });
     const float * lg = s ? kvr_session_eval(s, prompt, n_prompt) : NULL;
     for (int i = 0; lg && i < N_DEC; i++) {
         r->ids[i] = kvr_argmax(lg, (int)m->hp.n_vocab);

@@ -9,6 +9,9 @@
 //              fail while the cache is out; the swap file is gone once back
 //   shards     a cache written as three ring shards gathered into one file loads into a session
 //              as the whole cache; one rank's shard alone is refused by a session
+//   other type a file of another cache type than the session's: loaded converted (F32 into F16 and
+//              BF16, F16 into F32), the rows the file's in the session's type; F16 files' rows are
+//              half the bytes
 //   malformed  every way a file can be wrong (truncations, bit flips, patched fields with their
 //              CRC mended, another model, a newer version, ...): each refused with KVR_ERR_*,
 //              a message naming what and where, and the session left exactly as it was
@@ -44,6 +47,9 @@
 
 #include "kvr.h"
 #include "tests/check.h"
+
+// An F32 KV cache (the default is F16): these tests read and compare cache rows as f32.
+#define KVR_TEST_F32_CACHE .cache_type_k = KVR_CACHE_F32, .cache_type_v = KVR_CACHE_F32
 
 #include <dirent.h>
 #include <errno.h>
@@ -136,7 +142,7 @@ static const int32_t prompt[] = { 1, 403, 407, 261, 378, 6, 8, 391, 153, 289, 32
 #define N_PROMPT ((int)(sizeof(prompt) / sizeof(prompt[0])))
 
 static struct kvr_session * new_session(const struct kvr_model * m, int n_ctx) {
-    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = n_ctx, .n_threads = 1 });
+    struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params) { KVR_TEST_F32_CACHE, .n_ctx = n_ctx, .n_threads = 1 });
     if (!s) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
     return s;
 }
@@ -413,7 +419,7 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         case 1:  mu = (struct mutation) { "cut in the magic", KVR_ERR_FORMAT, "truncated" }; len = 5; break;
         case 2:  mu = (struct mutation) { "cut in the header", KVR_ERR_FORMAT, "truncated: the header at offset 0" }; len = 50; break;
         case 3:  mu = (struct mutation) { "another magic", KVR_ERR_FORMAT, "not a kvr cache file" }; memcpy(b, "GGUF", 4); break;
-        case 4:  mu = (struct mutation) { "a newer version", KVR_ERR_UNSUPP, "offset 8: version 3 is newer" }; put32(b + OFF_VERSION, KVR_KV_FILE_VERSION + 1); mend_header(b); break;
+        case 4:  mu = (struct mutation) { "a newer version", KVR_ERR_UNSUPP, "offset 8: version 4 is newer" }; put32(b + OFF_VERSION, KVR_KV_FILE_VERSION + 1); mend_header(b); break;
         case 5:  mu = (struct mutation) { "version 0", KVR_ERR_FORMAT, "version 0" }; put32(b + OFF_VERSION, 0); mend_header(b); break;
         case 6:  mu = (struct mutation) { "a bit flipped in the header", KVR_ERR_FORMAT, "offset 92: the header's CRC32C" }; b[30] ^= 0x10; break;
         case 7:  mu = (struct mutation) { "unknown flags", KVR_ERR_FORMAT, "offset 12: flags 0x5" }; put32(b + OFF_FLAGS, 5); mend_header(b); break;
@@ -421,7 +427,9 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         case 9:  mu = (struct mutation) { "other layers", KVR_ERR_ARG, "offset 20: the cache is of another model: layers 9" }; put32(b + OFF_FIELD(1), 9); mend_header(b); break;
         case 10: mu = (struct mutation) { "other KV heads", KVR_ERR_ARG, "offset 24: the cache is of another model: KV heads 7" }; put32(b + OFF_FIELD(2), 7); mend_header(b); break;
         case 11: mu = (struct mutation) { "another head size", KVR_ERR_ARG, "offset 28: the cache is of another model: head size 16" }; put32(b + OFF_FIELD(3), 16); mend_header(b); break;
-        case 12: mu = (struct mutation) { "another cache type", KVR_ERR_ARG, "offset 32: the cache is of another model: cache type f16" }; put32(b + OFF_FIELD(4), KVR_TYPE_F16); mend_header(b); break;
+        case 12: mu = (struct mutation) { "a cache type field naming q5_1", KVR_ERR_FORMAT,
+                                          "offset 32: the cache type field 0x00000007 gives K type 7 (q5_1), not a KV cache type" };
+                 put32(b + OFF_FIELD(4), KVR_TYPE_Q5_1); mend_header(b); break;
         case 13: mu = (struct mutation) { "another RoPE base", KVR_ERR_ARG, "offset 44: the cache is of another model: RoPE base 500000" }; {
                      float x = 500000.0f; uint32_t u; memcpy(&u, &x, 4); put32(b + OFF_FIELD(7), u); mend_header(b); } break;
         case 14: mu = (struct mutation) { "another RoPE mode", KVR_ERR_ARG, "offset 40: the cache is of another model: RoPE mode 2" }; put32(b + OFF_FIELD(6), 2); mend_header(b); break;
@@ -465,8 +473,17 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
                      // the size check is bypassed by a file of the size smaller chunks make: the chunk header tells
                      put32(b + OFF_FIELD(15), 4); mend_header(b); len = n + (size_t)2 * m->hp.n_layer * 3 * 24; memset(b + n, 0, len - n); } break;
         case 39: mu = (struct mutation) { "an older version", KVR_ERR_FORMAT,
-                                          "offset 8: version 1 is older than this kvr reads (2): its fingerprint does not cover the weights' bytes" };
+                                          "offset 8: version 1 is older than this kvr reads (3): its fingerprint does not cover the weights' bytes" };
                  put32(b + OFF_VERSION, 1); mend_header(b); break;
+        case 40: mu = (struct mutation) { "version 2 (f32 rows, no cache type)", KVR_ERR_FORMAT,
+                                          "offset 8: version 2 is older than this kvr reads (3): it was written before KV caches had a type" };
+                 put32(b + OFF_VERSION, 2); mend_header(b); break;
+        case 41: mu = (struct mutation) { "a V type of 99 in the cache type field", KVR_ERR_FORMAT, "gives V type 99 (?), not a KV cache type" };
+                 put32(b + OFF_FIELD(4), 99u << 16); mend_header(b); break;
+        case 42: mu = (struct mutation) { "q8_0 rows for a head size of 8", KVR_ERR_FORMAT, "gives K type 8 (q8_0), not a KV cache type (f32, f16, bf16, q8_0) for a head size of 8" };
+                 put32(b + OFF_FIELD(4), KVR_TYPE_Q8_0); mend_header(b); break;
+        case 43: mu = (struct mutation) { "f16 rows where f32 ones were written", KVR_ERR_FORMAT, "the file has" };
+                 put32(b + OFF_FIELD(4), KVR_TYPE_F16 | KVR_TYPE_F16 << 16); mend_header(b); break;
         default: break;
         }
         if (!mu.name) { free(b); break; }
@@ -536,7 +553,7 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
 //
 
 static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks) {
-    struct kvr_session_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 96, .timeout_s = 30 };
+    struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 96, .timeout_s = 30 };
     struct kvr_session * d = kvr_session_new(m, &p);
     if (!d) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }
     return d;
@@ -837,7 +854,7 @@ static void test_stream_pd(const struct kvr_model * m) {
             char sp[640], vp[640];
             snprintf(sp, sizeof(sp), "%s", tmp_path("streamed.kv"));
             snprintf(vp, sizeof(vp), "%s", tmp_path("saved.kv"));
-            struct kvr_session_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+            struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
                                          .kv_stream = sp };
             struct kvr_session * a = kvr_session_new(m, &p);
             CHECK(a != NULL, "dist: %s", kvr_last_error());
@@ -858,7 +875,7 @@ static void test_stream_pd(const struct kvr_model * m) {
         }
         for (int nr = 2; nr <= 4; nr++) {
             set_case("P/D %s: %d prefill ranks, decode on rank %d", kvr_strategy_name(strats[si]), nr - 1, nr - 1);
-            struct kvr_session_params p = { .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
+            struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = strats[si], .n_ranks = nr, .n_threads = 1, .n_ctx = 96, .timeout_s = 30,
                                          .pd = true, .decode_rank = nr - 1 };
             struct kvr_session * a = kvr_session_new(m, &p);
             CHECK(a != NULL, "dist: %s", kvr_last_error());
@@ -898,7 +915,7 @@ static void test_stream_pd(const struct kvr_model * m) {
         }
     }
     set_case("P/D: refused setups");
-    struct kvr_session_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .pd = true, .decode_rank = 1 };
+    struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .pd = true, .decode_rank = 1 };
     CHECK(kvr_session_new(m, &p) == NULL && strstr(kvr_last_error(), "last"), "decode rank 1 of 3: %s", kvr_last_error());
     p.n_ranks = 1;
     p.decode_rank = 0;
@@ -917,7 +934,7 @@ static void test_swap_ranks(const struct kvr_model * m) {
     enum { N = 6 };
     for (size_t si = 0; si < sizeof(strat) / sizeof(strat[0]); si++) {
         set_case("swap with 3 ranks, %s", kvr_strategy_name(strat[si]));
-        const struct kvr_session_params dp = { .strategy = strat[si], .n_ranks = 3, .n_threads = 1, .n_ctx = 64 };
+        const struct kvr_session_params dp = { KVR_TEST_F32_CACHE, .strategy = strat[si], .n_ranks = 3, .n_threads = 1, .n_ctx = 64 };
         struct kvr_session * a = kvr_session_new(m, &dp);
         CHECK(a && kvr_session_eval(a, prompt, N_PROMPT) != NULL, "the reference prefill: %s", kvr_last_error());
         if (!a) continue;
@@ -980,7 +997,7 @@ static void test_interrupt(const struct kvr_model * m) {
     int32_t ids[T];
     for (int i = 0; i < T; i++) ids[i] = prompt[i % N_PROMPT];
     // about 0.1 s a layer's hop: the prefill lasts a second or more, each wait a fraction of it
-    const struct kvr_session_params dp = { .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .n_threads = 1, .n_ctx = 256,
+    const struct kvr_session_params dp = { KVR_TEST_F32_CACHE, .strategy = KVR_STRATEGY_KVR, .n_ranks = 3, .n_threads = 1, .n_ctx = 256,
                                            .link_gbps = 0.004 };
     ref = kvr_session_new(m, &dp);
     double t0 = kvr_time_ms();
@@ -1210,7 +1227,7 @@ static void test_files(const struct kvr_model * m) {
         snprintf(stream, sizeof(stream), "%s", tmp_path("planted-stream.kv"));
         snprintf(spart, sizeof(spart), "%s.part", stream);
         CHECK(symlink(victim, spart) == 0, "symlink: %s", strerror(errno));
-        struct kvr_session * st = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 64, .n_threads = 1, .kv_stream = stream });
+        struct kvr_session * st = kvr_session_new(m, &(struct kvr_session_params) { KVR_TEST_F32_CACHE, .n_ctx = 64, .n_threads = 1, .kv_stream = stream });
         CHECK(st && kvr_session_eval(st, prompt, N_PROMPT) != NULL, "streamed prefill: %s", kvr_last_error());
         kvr_session_free(st);
         v = read_all(victim, &n);
@@ -1285,6 +1302,59 @@ static void test_files(const struct kvr_model * m) {
     test_dead_writers();
 }
 
+// A file of another cache type than the session's loads converted: an F32 session's file into an
+// F16 and a BF16 session (every row rounded to that type, as a store would), and an F16 session's
+// file into an F32 one (every row widened exactly); each continues with a decode step. The files
+// hold the rows in their session's type: the F16 file's layers are half the F32 one's.
+static void test_other_type(const struct kvr_model * m) {
+    const int kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv), L = (int)m->hp.n_layer;
+    static const enum kvr_cache_type from[3] = { KVR_CACHE_F32, KVR_CACHE_F32, KVR_CACHE_F16 };
+    static const enum kvr_cache_type into[3] = { KVR_CACHE_F16, KVR_CACHE_BF16, KVR_CACHE_F32 };
+    int64_t size[KVR_CACHE_TYPE_COUNT] = { 0 };
+    for (int c = 0; c < 3; c++) {
+        set_case("a %s file into a %s session", kvr_cache_type_name(from[c]), kvr_cache_type_name(into[c]));
+        struct kvr_session * a = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 64, .n_threads = 1,
+                                                     .cache_type_k = from[c], .cache_type_v = from[c] });
+        struct kvr_session * b = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 64, .n_threads = 1,
+                                                     .cache_type_k = into[c], .cache_type_v = into[c] });
+        CHECK(a && b, "sessions: %s", kvr_last_error());
+        if (!a || !b) { kvr_session_free(a); kvr_session_free(b); continue; }
+        const char * path = tmp_path("typed.kv");
+        CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL && kvr_session_kv_save(a, path, false) == KVR_OK, "save: %s", kvr_last_error());
+        size_t n = 0;
+        free(read_all(path, &n));
+        size[from[c]] = (int64_t)n;
+        CHECK(kvr_session_kv_load(b, path) == KVR_OK, "load: %s", kvr_last_error());
+        CHECK(kvr_session_n_past(b) == N_PROMPT, "%d tokens after the load", kvr_session_n_past(b));
+        const struct kvr_kv_cache * ca = one_cache(a), * cb = one_cache(b);
+        float * x = malloc(sizeof(float) * (size_t)kv_dim * N_PROMPT), * y = malloc(sizeof(float) * (size_t)kv_dim * N_PROMPT);
+        uint8_t * raw = malloc(4 * (size_t)kv_dim * N_PROMPT), * want = malloc(4 * (size_t)kv_dim * N_PROMPT);
+        bool same = true;
+        for (int il = 0; il < L; il++) {
+            for (int kind = 0; kind < 2; kind++) {
+                kvr_kv_cache_get_rows(kvr_session_backend(a, 0), ca, il, 0, N_PROMPT, kind ? NULL : raw, kind ? raw : NULL);
+                kvr_kv_rows_to_float(kind ? ca->type_v : ca->type_k, raw, x, N_PROMPT, kv_dim);
+                // what b must hold: a's rows in b's type
+                kvr_kv_rows_from_float(kind ? cb->type_v : cb->type_k, x, want, N_PROMPT, kv_dim);
+                kvr_kv_cache_get_rows(kvr_session_backend(b, 0), cb, il, 0, N_PROMPT, kind ? NULL : raw, kind ? raw : NULL);
+                same = same && memcmp(raw, want, (kind ? cb->row_v : cb->row_k) * N_PROMPT) == 0;
+                kvr_kv_rows_to_float(kind ? cb->type_v : cb->type_k, raw, y, N_PROMPT, kv_dim);
+            }
+        }
+        CHECK(same, "the loaded rows are not the file's rows in the session's type");
+        const int32_t tok = 5;
+        CHECK(kvr_session_eval(b, &tok, 1) != NULL, "a decode step after the load: %s", kvr_last_error());
+        free(x); free(y); free(raw); free(want);
+        kvr_session_free(a);
+        kvr_session_free(b);
+    }
+    set_case("a typed file's size");
+    // the header, tokens, shard table and logits are the same; the rows are half as many bytes
+    const int64_t rows32 = (int64_t)L * 2 * N_PROMPT * kv_dim * 4;
+    CHECK(size[KVR_CACHE_F32] - size[KVR_CACHE_F16] == rows32 / 2, "F32 file %lld bytes, F16 %lld: %lld apart, %lld expected",
+          (long long)size[KVR_CACHE_F32], (long long)size[KVR_CACHE_F16], (long long)(size[KVR_CACHE_F32] - size[KVR_CACHE_F16]), (long long)(rows32 / 2));
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -1311,6 +1381,7 @@ int main(int argc, char ** argv) {
         test_stream_pd(m);
         test_files(m);
         test_useful_ranks(m);
+        test_other_type(m);
         kvr_model_free(m);
     }
     snprintf(path, sizeof(path), "%s/reference/archs-next/tiny-qwen35.gguf", shared);

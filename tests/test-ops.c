@@ -28,6 +28,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 
+#define KVR_BUILD // kvr.h's internal part: the KV cache's element math (kvr_kv_elem), which the GPU runs too
 #include "kvr.h"
 #include "tests/check.h"
 
@@ -162,6 +163,7 @@ static const char * type_str(enum kvr_type t) {
         case KVR_TYPE_F32:  return "f32";
         case KVR_TYPE_F16:  return "f16";
         case KVR_TYPE_BF16: return "bf16";
+        case KVR_TYPE_Q8_0: return "q8_0";
         case KVR_TYPE_I32:  return "i32";
         default:            return "?";
     }
@@ -1536,6 +1538,47 @@ static void t_kv_store(int hd, int Hkv, int H, int n_ctx, int p, int T, int nt) 
     tc_end(&tc);
 }
 
+// KV_STORE into a typed cache (F16, BF16, Q8_0): the stored rows are kvr_kv_rows_from_float's bytes
+// of the same values (one rule for the CPU's store, the GPU's and the files), rows outside untouched;
+// and kvr_kv_elem (the GPU's element reader, kvr.h I5) reads every stored element as
+// kvr_kv_rows_to_float does.
+static void t_kv_store_typed(enum kvr_type type, int kv_dim, int n_ctx, int p, int T, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "KV_STORE(type=%s,kv_dim=%d,n_ctx=%d,rows=[%d,%d))", type_str(type), kv_dim, n_ctx, p, p + T);
+    const size_t row = kvr_row_size(type, kv_dim);
+    struct kvr_tensor * cache = kvr_new_tensor_2d(tc.ctx, type, kv_dim, n_ctx);
+    cache->data = tc_alloc(&tc, row * (size_t) n_ctx, true, 0xFF, "cache");
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, kv_dim, T, 1, 3.0f);
+    struct kvr_tensor * dst = kvr_view_2d(tc.ctx, cache, kv_dim, T, cache->nb[1], (size_t) p * row);
+    struct kvr_tensor * st = kvr_kv_store(tc.ctx, kvr_scale(tc.ctx, x, 0.5f), dst);
+    if (tc_shape(&tc, st, type, kv_dim, T, 1, 1) && tc_compute(&tc, &st, 1)) {
+        float * half = tc_floats(&tc, (int64_t) kv_dim * T), * back = tc_floats(&tc, (int64_t) kv_dim * T);
+        for (int64_t i = 0; i < (int64_t) kv_dim * T; i++) half[i] = 0.5f * ((const float *) x->data)[i];
+        uint8_t * want = tc_alloc(&tc, row * (size_t) T, false, 0, "want");
+        kvr_kv_rows_from_float(type, half, want, T, kv_dim);
+        const uint8_t * c = cache->data;
+        if (memcmp(c + (size_t) p * row, want, row * (size_t) T) != 0) tc_fail(&tc, "the stored rows differ from kvr_kv_rows_from_float's");
+        for (size_t b = 0; b < row * (size_t) n_ctx; b++) {
+            if ((b < (size_t) p * row || b >= (size_t) (p + T) * row) && c[b] != 0xFF) {
+                tc_fail(&tc, "byte %zu outside the stored rows was written", b);
+                break;
+            }
+        }
+        kvr_kv_rows_to_float(type, c + (size_t) p * row, back, T, kv_dim);
+        for (int64_t r = 0; r < T && tc.n_fail == 0; r++) {
+            for (int64_t i = 0; i < kv_dim; i++) {
+                const float e = kvr_kv_elem(type, c + (size_t) (p + r) * row, i), w = back[r * kv_dim + i];
+                if (memcmp(&e, &w, 4) != 0) {
+                    tc_fail(&tc, "kvr_kv_elem of row %lld element %lld: %.9g, kvr_kv_rows_to_float %.9g", (long long) r, (long long) i, e, w);
+                    break;
+                }
+                tc.err = fmax(tc.err, fabs((double) w - half[r * kv_dim + i]));
+            }
+        }
+    }
+    tc_end(&tc);
+}
+
 static void grp_kv_store(void) {
     static const int cases[][6] = {
         // hd, Hkv, H, n_ctx, p, T
@@ -1545,6 +1588,14 @@ static void grp_kv_store(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int nt = 1; nt <= 3; nt++) {
             t_kv_store(cases[c][0], cases[c][1], cases[c][2], cases[c][3], cases[c][4], cases[c][5], nt);
+        }
+    }
+    static const enum kvr_type types[] = { KVR_TYPE_F16, KVR_TYPE_BF16, KVR_TYPE_Q8_0 };
+    for (int t = 0; t < 3; t++) {
+        for (int nt = 1; nt <= 3; nt += 2) {
+            t_kv_store_typed(types[t], 64, 48, 0, 7, nt);
+            t_kv_store_typed(types[t], 192, 130, 40, 33, nt);
+            t_kv_store_typed(types[t], 32, 16, 15, 1, nt);
         }
     }
 }
@@ -2182,7 +2233,8 @@ static void t_pass(int hd, int H, int Hkv, int n_ctx, int T1, int T2, float soft
     hp.norm_eps = 1e-5f;
     // the cache in a CPU backend's buffer (host memory: kvr_graph_compute_cpu's backend reads it)
     struct kvr_backend * cache_be = kvr_backend_cpu_new(1);
-    struct kvr_kv_cache * cache = kvr_kv_cache_new(&hp, n_ctx, cache_be);
+    // F32: the rows are checked against this test's f32 reference (typed caches: FAST_REF ATTN)
+    struct kvr_kv_cache * cache = kvr_kv_cache_new(&hp, n_ctx, KVR_TYPE_F32, KVR_TYPE_F32, cache_be);
     const int64_t kv_dim = (int64_t) hd * Hkv, row = (int64_t) hd * H + H;
     if (!cache) {
         tc_fail(&tc, "kvr_kv_cache_new returned NULL: %s", kvr_last_error());
@@ -2568,14 +2620,28 @@ static void t_fr_mul_mat_id(enum kvr_type type, int K, int N, int E, int k, int 
     tc_end(&tc);
 }
 
-static void t_fr_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt) {
+// K or V of a cache type (kvr_cache_type): f32 values in [-1, 1) stored as that type
+static struct kvr_tensor * tc_kv_input(struct tcase * tc, enum kvr_type type, int hd, int Hkv, int Tk) {
+    float * x = tc_floats(tc, (int64_t) hd * Hkv * Tk);
+    fill(x, (int64_t) hd * Hkv * Tk, -1.0f, 1.0f);
+    const int64_t ne[3] = { hd, Hkv, Tk };
+    struct kvr_tensor * t = kvr_new_tensor(tc->ctx, type, 3, ne);
+    t->data = tc_alloc(tc, kvr_row_size(type, (int64_t) hd * Hkv) * (size_t) Tk, false, 0, "input");
+    t->flags |= KVR_FLAG_INPUT;
+    kvr_kv_rows_from_float(type, x, t->data, Tk, hd * Hkv);
+    return t;
+}
+
+// kt, vt: the types of K and V (an F16, BF16 or Q8_0 cache: the kernels read them as they are)
+static void t_fr_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt, enum kvr_type kt,
+                      enum kvr_type vt) {
     struct tcase tc;
-    tc_begin(&tc, nt, "FAST_REF ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s,window=%d,softcap=%g)", ac->hd, ac->H, ac->Hkv,
-             ac->Tq, ac->Tk, ac->pos, mode_str(mode), window, softcap);
+    tc_begin(&tc, nt, "FAST_REF ATTN(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,pos=%s,mode=%s,window=%d,softcap=%g,k=%s,v=%s)", ac->hd, ac->H,
+             ac->Hkv, ac->Tq, ac->Tk, ac->pos, mode_str(mode), window, softcap, type_str(kt), type_str(vt));
     const int hd = ac->hd, Tq = ac->Tq, Tk = ac->Tk;
     struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, ac->H, Tq, 1.0f);
-    struct kvr_tensor * k = tc_input_f32(&tc, 3, hd, ac->Hkv, Tk, 1.0f);
-    struct kvr_tensor * v = tc_input_f32(&tc, 3, hd, ac->Hkv, Tk, 1.0f);
+    struct kvr_tensor * k = tc_kv_input(&tc, kt, hd, ac->Hkv, Tk);
+    struct kvr_tensor * v = tc_kv_input(&tc, vt, hd, ac->Hkv, Tk);
     int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
     attn_positions(ac->pos, Tq, Tk, qpos, kpos);
     struct kvr_tensor * y = kvr_attn(tc.ctx, q, k, v, tc_input_i32(&tc, Tq, qpos), tc_input_i32(&tc, Tk, kpos), NULL,
@@ -2584,10 +2650,16 @@ static void t_fr_attn(const struct attn_case * ac, int window, float softcap, en
     tc_output(&tc, y, "attn");
     const int64_t n = ((int64_t) hd * ac->H + ac->H) * Tq;
     // the scores are sums of hd products (|q|, |k| <= 1, so they move by hd ulp of hd/sqrt(hd)),
-    // the softmax's and the output's sums run over the keys, the fast exps are a few ulp off
+    // the softmax's and the output's sums run over the keys, the fast exps are a few ulp off. An
+    // F16/BF16 V: the reference rounds the normalized probabilities to that type, the tiled kernel
+    // (above 2^14 scores a head) the running ones, which differ by a unit of the type's rounding
+    // (2^-11, 2^-8) of a weight; an f32 probability on either side of a rounding tie moves one
+    // weight by that unit anywhere.
+    double tol = (2.0 * Tk + hd * sqrt((double) hd) + 16) * ULP;
+    if (vt == KVR_TYPE_F16)  tol += 1.0 / 2048;
+    if (vt == KVR_TYPE_BF16) tol += 1.0 / 256;
     if (tc_compute_fast_ref(&tc, y, &fast, &ref)) {
-        tc_check(&tc, "attn", fast, tc_widen(&tc, ref, n), n, (int64_t) hd * ac->H + ac->H,
-                 (2.0 * Tk + hd * sqrt((double) hd) + 16) * ULP, NULL);
+        tc_check(&tc, "attn", fast, tc_widen(&tc, ref, n), n, (int64_t) hd * ac->H + ac->H, tol, NULL);
     }
     tc_end(&tc);
 }
@@ -2642,9 +2714,19 @@ static void grp_fast_ref(void) {
     };
     for (size_t c = 0; c < sizeof(at) / sizeof(at[0]); c++) {
         for (int m = 0; m < 2; m++) {
-            for (int nt = 1; nt <= 3; nt += 2) {
-                t_fr_attn(&at[c].c, at[c].window, at[c].softcap, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt);
-            }
+            for (int nt = 1; nt <= 3; nt += 2) t_fr_attn(&at[c].c, at[c].window, at[c].softcap, m ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt, KVR_TYPE_F32,
+                                                          KVR_TYPE_F32);
+        }
+    }
+    // a typed cache: every kernel (llama.cpp's arithmetic, its flash attention for Q8_0, tiled)
+    static const enum kvr_type kv_types[][2] = {
+        { KVR_TYPE_F16, KVR_TYPE_F16 }, { KVR_TYPE_BF16, KVR_TYPE_BF16 }, { KVR_TYPE_Q8_0, KVR_TYPE_Q8_0 },
+        { KVR_TYPE_F16, KVR_TYPE_Q8_0 }, { KVR_TYPE_Q8_0, KVR_TYPE_F32 },
+    };
+    for (size_t t = 0; t < sizeof(kv_types) / sizeof(kv_types[0]); t++) {
+        for (size_t c = 0; c < sizeof(at) / sizeof(at[0]); c++) {
+            if (at[c].c.hd % 32 != 0 && (kv_types[t][0] == KVR_TYPE_Q8_0 || kv_types[t][1] == KVR_TYPE_Q8_0)) continue;
+            t_fr_attn(&at[c].c, at[c].window, at[c].softcap, KVR_ATTN_CAUSAL, 1 + (int)(c % 3), kv_types[t][0], kv_types[t][1]);
         }
     }
     static const int id[][5] = { // K, N, E, k, T: llama.cpp's dots; decode rows; sgemm over the grouped tokens

@@ -30,6 +30,9 @@
 #include "kvr.h"
 #include "tests/check.h"
 
+// An F32 KV cache (the default is F16): these tests compare the rows logs hold as f32.
+#define KVR_TEST_F32_CACHE .cache_type_k = KVR_CACHE_F32, .cache_type_v = KVR_CACHE_F32
+
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -312,7 +315,7 @@ static void test_format(const struct kvr_model * m, const char * other_path) {
 //
 
 static struct kvr_session * new_dist(const struct kvr_model * m, enum kvr_strategy st, int n_ranks, const char * dir, FILE * log) {
-    struct kvr_session_params p = { .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 64, .timeout_s = 30,
+    struct kvr_session_params p = { KVR_TEST_F32_CACHE, .strategy = st, .n_ranks = n_ranks, .n_threads = 1, .n_ctx = 64, .timeout_s = 30,
                                  .replicate_dir = dir, .log = log };
     struct kvr_session * d = kvr_session_new(m, &p);
     if (!d) { fprintf(stderr, "kvr_session_new: %s\n", kvr_last_error()); exit(2); }

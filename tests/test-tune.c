@@ -323,7 +323,7 @@ static void test_sim_model(void) {
     rc = kvr_tune_bounds(&m, &hw, p, C, KVR_ATTN_DENSE, 64, &b);
     CHECK(rc == KVR_OK && fabs(b.ttft_star - s1.ttft / 2 * (1.0 / p + 1.0 / (p * p))) < 1e-12,
           "sim: TTFT*(4) = TTFT(1)/2 (1/4 + 1/16) = %.3f s (Eq. 3)", b.ttft_star);
-    struct kvr_tune_sim_objective o = { &m, &hw, C, KVR_ATTN_DENSE };
+    struct kvr_tune_sim_objective o = { &m, &hw, C, KVR_ATTN_DENSE, KVR_CACHE_F16 };
     struct kvr_tune_search_params sp = { .n_ranks = p, .n_tokens = C, .min_stride = 64, .objective = kvr_tune_objective_sim, .user = &o };
     struct kvr_tune_search_result res;
     rc = kvr_tune_search(&sp, &res);
@@ -434,8 +434,9 @@ static void test_counters(const char * shared, const char * rel, const char * wa
         { KVR_STRATEGY_KVR, 4, (const double[]){ 0.350, 0.255, 0.210, 0.185 } },
         { KVR_STRATEGY_RING_KV, 2, NULL }, { KVR_STRATEGY_RING_KV, 3, NULL }, { KVR_STRATEGY_RING_Q, 3, NULL },
     };
-    for (int mode = 0; mode < 2; mode++) {
-        const enum kvr_attn_mode am = mode ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
+    for (int mc = 0; mc < 4; mc++) { // both attention modes, with an F16 cache (the default) and an F32 one
+        const enum kvr_attn_mode am = (mc & 1) ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL;
+        const enum kvr_cache_type ct = mc >= 2 ? KVR_CACHE_F32 : KVR_CACHE_F16;
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
             const int N = cases[i].N;
             int counts[KVR_TUNE_MAX_RANKS];
@@ -445,10 +446,11 @@ static void test_counters(const char * shared, const char * rel, const char * wa
             const bool by_frac = cases[i].frac && N != 3;
             struct kvr_session_params dp = { .strategy = cases[i].s, .n_ranks = N, .n_threads = 1, .n_ctx = T,
                                           .partition = cases[i].frac && !by_frac ? counts : NULL,
-                                          .fractions = by_frac ? cases[i].frac : NULL, .attn_mode = am, .timeout_s = 30 };
+                                          .fractions = by_frac ? cases[i].frac : NULL, .attn_mode = am, .timeout_s = 30,
+                                          .cache_type_k = ct, .cache_type_v = ct };
             char what[128];
-            snprintf(what, sizeof(what), "%s: %s %d ranks %s%s", want_name, kvr_strategy_name(cases[i].s), N, am == KVR_ATTN_DENSE ? "dense" : "causal",
-                     cases[i].frac ? " uneven" : "");
+            snprintf(what, sizeof(what), "%s: %s %d ranks %s%s, %s cache", want_name, kvr_strategy_name(cases[i].s), N, am == KVR_ATTN_DENSE ? "dense" : "causal",
+                     cases[i].frac ? " uneven" : "", kvr_cache_type_name(ct));
             struct kvr_session * d = kvr_session_new(model, &dp);
             const float * logits = d ? kvr_session_eval(d, tokens, T) : NULL;
             if (!logits) {
@@ -460,7 +462,7 @@ static void test_counters(const char * shared, const char * rel, const char * wa
             const int n = kvr_session_stats(d, st, KVR_TUNE_MAX_RANKS);
             static struct kvr_tune_sim sim;
             const struct kvr_tune_plan pl = { .strategy = cases[i].s, .n_ranks = N, .n_tokens = T,
-                                              .counts = cases[i].frac ? counts : NULL, .attn_mode = am };
+                                              .counts = cases[i].frac ? counts : NULL, .attn_mode = am, .cache_type = ct };
             int rc = kvr_tune_simulate(&tm, &hw, &pl, &sim);
             bool ok = rc == KVR_OK && n == N && sim.n_ranks == N;
             char diff[512] = "";
@@ -478,7 +480,7 @@ static void test_counters(const char * shared, const char * rel, const char * wa
             }
             CHECK(ok, "counters %s: the simulator's attn_dot_dense/causal and kv_rows_sent/recv equal the run's%s%s", what,
                   rc ? kvr_last_error() : "", diff);
-            // bytes too, when the simulated elements are f32 like the run's
+            // bytes too: the profile's activations are f32 like the run's, K/V in the cache's type
             bool bok = ok;
             for (int r = 0; bok && r < N; r++) {
                 bok = st[r].bytes_sent == sim.ranks[st[r].rank].bytes_sent && st[r].bytes_recv == sim.ranks[st[r].rank].bytes_recv;

@@ -66,6 +66,8 @@ struct bench_args {
     int          n_kernel_types;
     int          decode;         // decode steps timed after each prefill (0: none)
     enum kvr_attn_mode attn;
+    enum kvr_cache_type caches[KVR_CACHE_TYPE_COUNT]; // --cache-type: the KV cache types to sweep (K and V alike)
+    int          n_caches;
     double       links[8];       // emulated link Gbit/s to sweep (0: none)
     int          n_links;
     double       link_noise;
@@ -104,6 +106,23 @@ static int parse_kernel_types(const char * value, void * dst, char * why, size_t
         }
     }
     return 0;
+}
+
+// --cache-type LIST: KV cache types (f16, f32, bf16, q8_0), each a series of points
+static int parse_caches(const char * value, void * dst, char * why, size_t cap) {
+    struct bench_args * a = dst;
+    a->n_caches = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", value);
+    for (char * save = NULL, * tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        enum kvr_cache_type t;
+        if (kvr_cache_type_parse(tok, &t) != KVR_OK || a->n_caches == KVR_CACHE_TYPE_COUNT) {
+            snprintf(why, cap, "'%s' is not a KV cache type (f16, f32, bf16, q8_0), or one too many", tok);
+            return -1;
+        }
+        a->caches[a->n_caches++] = t;
+    }
+    return a->n_caches > 0 ? 0 : (snprintf(why, cap, "no cache type"), -1);
 }
 
 static int parse_strategy(const char * tok, struct bstrat * b, char * why, size_t cap) {
@@ -162,7 +181,7 @@ static int parse_profile(const char * v, void * dst, char * why, size_t cap) {
 }
 
 static int parse_args(int argc, char ** argv, struct bench_args * a) {
-    *a = (struct bench_args) { .reps = 3, .warmup = 1, .seed = 1, .format = "md" };
+    *a = (struct bench_args) { .reps = 3, .warmup = 1, .seed = 1, .format = "md", .caches = { KVR_CACHE_F16 }, .n_caches = 1 };
     parse_strategy("single", &a->strat[0], NULL, 0); a->n_strat = 1;
     struct kvr_cli_ints ctx = { 2, { 512, 2048 } }, ranks = { 1, { 2 } }, single = { 0, { 0 } };
     struct kvr_cli_reals links = { 1, { 0 } };
@@ -185,6 +204,8 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
           .help = "what runs the model (default cpu; make gpu-check times cuda); another backend than\nthe CPU has no host memory-bandwidth floor: its column stays 0" },
         { .name = "--warmup", .kind = KVR_CLI_INT, .dst = &a->warmup, .meta = "N", .lo = 0, .hi = 100, .help = "untimed prefills before each point's runs (default 1)" },
         { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &attn, .meta = "causal|dense", .choices = "causal|dense", .help = "attention kernel mode (default causal)" },
+        { .name = "--cache-type", .kind = KVR_CLI_CUSTOM, .dst = a, .meta = "LIST", .parse = parse_caches,
+          .help = "KV cache types to sweep, K and V alike: f16,f32,bf16,q8_0 (default f16); each\nis its own series (the simulator's bytes follow it too)" },
         { .name = "--link-gbps", .kind = KVR_CLI_REALS, .dst = &links, .meta = "LIST", .lo = 0, .hi = 1e6, .max_n = 8,
           .help = "emulated links between ranks to sweep, 0 for none (default 0)" },
         { .name = "--link-noise", .kind = KVR_CLI_REAL, .dst = &a->link_noise, .meta = "X", .lo = 1, .hi = 1e6,
@@ -580,8 +601,8 @@ static int run_kernels(const struct bench_args * a, int threads) {
 // Bytes one decode step reads: every weight matrix once (the token embedding only when it is also
 // the output matrix: otherwise one row of it; a mixture of experts' 3-D expert tensors only for the
 // experts the token picks, n_expert_used of n_expert), and the K and V rows of every layer attention
-// reads at n_kv cached tokens (f32).
-static double decode_bytes(const struct kvr_model * m, double n_kv) {
+// reads at n_kv cached tokens (in the cache's type).
+static double decode_bytes(const struct kvr_model * m, double n_kv, enum kvr_cache_type ct) {
     const struct kvr_gguf * g = m->gguf;
     const bool tied = kvr_gguf_get_tensor(g, "output.weight") == NULL;
     double bytes = 0;
@@ -591,7 +612,8 @@ static double decode_bytes(const struct kvr_model * m, double n_kv) {
         bytes += (double)g->tensors[i].size * (experts ? (double)m->hp.n_expert_used / m->hp.n_expert : 1.0);
     }
     const double kv_dim = (double)m->hp.head_dim * m->hp.n_head_kv;
-    return bytes + n_kv * m->hp.n_layer * 2.0 * kv_dim * sizeof(float);
+    const enum kvr_type t = kvr_cache_type_elem(ct);
+    return bytes + n_kv * m->hp.n_layer * 2.0 * kv_dim * (double)kvr_type_size(t) / (double)kvr_blck_size(t);
 }
 
 // where a decode step's time goes, ms per step (averages over the timed steps)
@@ -606,6 +628,7 @@ struct point {
     enum part_src part;
     int    ranks, threads, ctx;
     double link;
+    enum kvr_cache_type cache; // the KV cache's type
     double fractions[16];     // kvr-s / kvr-p: each rank's share
     bool   has_fractions;
     double med, lo, hi;       // TTFT ms
@@ -621,7 +644,7 @@ struct point {
 };
 
 static bool same_series(const struct point * a, const struct point * b) {
-    return !strcmp(a->name, b->name) && a->ranks == b->ranks && a->threads == b->threads && a->link == b->link;
+    return !strcmp(a->name, b->name) && a->ranks == b->ranks && a->threads == b->threads && a->link == b->link && a->cache == b->cache;
 }
 
 // The other ops of a decode step by kind: every kind that takes 1% of the step or more, largest
@@ -805,7 +828,7 @@ static double predict(struct profiles * P, const struct point * p) {
     int counts[16];
     if (p->has_fractions) kvr_tune_counts_from_fractions(p->fractions, p->ranks, p->ctx, counts);
     struct kvr_tune_plan plan = { .strategy = p->strat, .n_ranks = p->ranks, .n_tokens = p->ctx,
-                                  .counts = p->has_fractions ? counts : NULL, .attn_mode = P->attn };
+                                  .counts = p->has_fractions ? counts : NULL, .attn_mode = P->attn, .cache_type = p->cache };
     struct kvr_tune_sim sim;
     if (kvr_tune_simulate(P->shape, &hw, &plan, &sim) != KVR_OK) return -1.0;
     return sim.ttft * 1e3;
@@ -843,13 +866,14 @@ int main(int argc, char ** argv) {
         for (int s = 0; s < a.n_strat; s++) {
             const struct bstrat * bs = &a.strat[s];
             const bool one = bs->strat == KVR_STRATEGY_SINGLE;
-            const int n_var = one ? a.n_single_threads : a.n_ranks * a.n_links;
+            const int n_var = (one ? a.n_single_threads : a.n_ranks * a.n_links) * a.n_caches;
             for (int vi = 0; vi < n_var && np < 1024; vi++) {
-                const int ranks = one ? 1 : a.ranks[vi % a.n_ranks], li = one ? 0 : vi / a.n_ranks;
+                const int ci = vi % a.n_caches, vj = vi / a.n_caches;
+                const int ranks = one ? 1 : a.ranks[vj % a.n_ranks], li = one ? 0 : vj / a.n_ranks;
                 struct point * p = &pts[np++];
                 *p = (struct point) { .name = bs->name, .strat = bs->strat, .part = bs->part, .ranks = ranks, .ctx = T, .ok = true,
-                                      .link = one ? 0 : a.links[li] };
-                p->threads = one ? a.single_threads[vi] : a.threads > 0 ? a.threads : (int)(cores / ranks > 0 ? cores / ranks : 1);
+                                      .link = one ? 0 : a.links[li], .cache = a.caches[ci] };
+                p->threads = one ? a.single_threads[vj] : a.threads > 0 ? a.threads : (int)(cores / ranks > 0 ? cores / ranks : 1);
                 p->flops = prefill_flops(&m->hp, T);
                 if (ranks > 16) { p->ok = false; snprintf(p->err, sizeof(p->err), "more than 16 ranks"); continue; }
                 if (bs->part != PART_EVEN && point_fractions(p, a.tables[a.n_tables > 1 ? li : 0], shape.name) != 0) {
@@ -879,7 +903,8 @@ int main(int argc, char ** argv) {
                                               .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
                                               .timeout_s = 3600, .q8_activations = a.q8_act, .replicate = a.replicate,
-                                              .backend = a.backend };
+                                              .backend = a.backend,
+                                              .cache_type_k = p->cache, .cache_type_v = p->cache };
                 struct kvr_session * d = kvr_session_new(m, &dp);
                 if (!d) {
                     p->ok = false;
@@ -913,8 +938,8 @@ int main(int argc, char ** argv) {
                         p->ok = false;
                         snprintf(p->err, sizeof(p->err), "%s", kvr_last_error());
                     }
-                    fprintf(stderr, "kvr-bench: %s x%d (%d thread%s)%s, %d tokens, run %d/%d: %.1f ms", p->name, p->ranks, p->threads,
-                            p->threads > 1 ? "s" : "", p->link > 0 ? " link" : "", T, r + 1, a.reps, t[r]);
+                    fprintf(stderr, "kvr-bench: %s x%d (%d thread%s)%s, %s cache, %d tokens, run %d/%d: %.1f ms", p->name, p->ranks, p->threads,
+                            p->threads > 1 ? "s" : "", p->link > 0 ? " link" : "", kvr_cache_type_name(p->cache), T, r + 1, a.reps, t[r]);
                     if (p->pred > 0) fprintf(stderr, " (predicted %.1f ms)", p->pred);
                     fputc('\n', stderr);
                     if (a.decode > 0 && p->ok) {
@@ -953,7 +978,7 @@ int main(int argc, char ** argv) {
                 kvr_session_free(d);
                 if (fg) {
                     p->floor = stream_summary(fg, fn, fpinned);
-                    const double bytes = decode_bytes(m, p->ctx + a.decode / 2.0);
+                    const double bytes = decode_bytes(m, p->ctx + a.decode / 2.0, p->cache);
                     p->floor_tok_s = p->floor.best * 1e9 / bytes;
                     p->floor_med_tok_s = p->floor.median * 1e9 / bytes;
                     free(fg);
@@ -991,10 +1016,11 @@ int main(int argc, char ** argv) {
         printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |",
                a.simulate ? "simulated" : "median", pred_col ? " predicted ms | predicted/measured |" : "");
         if (a.decode > 0) printf(" decode tok/s (tg %d, median) | min-max | ms/token | floor tok/s | of floor (of its median pass) |", a.decode);
-        printf("\n|---|---|---|---|---|---|---|---|%s---|---|---|---|%s\n", pred_col ? "---|---|" : "", a.decode > 0 ? "---|---|---|---|---|" : "");
+        printf(" KV cache |");
+        printf("\n|---|---|---|---|---|---|---|---|%s---|---|---|---|%s---|\n", pred_col ? "---|---|" : "", a.decode > 0 ? "---|---|---|---|---|" : "");
     } else if (csv) {
         printf("strategy,ranks,threads,link_gbps,prompt,partition,ttft_ms_median,ttft_ms_min,ttft_ms_max,predicted_ms,tok_s,gflop_s,speedup_single,speedup_tsp,"
-               "decode_n,decode_tok_s,decode_tok_s_min,decode_tok_s_max,floor_tok_s\n");
+               "decode_n,decode_tok_s,decode_tok_s_min,decode_tok_s_max,floor_tok_s,cache_type\n");
     } else {
         printf("[\n");
     }
@@ -1002,7 +1028,7 @@ int main(int argc, char ** argv) {
         const struct point * p = &pts[i];
         double single = 0, tsp = 0;
         for (int j = 0; j < np; j++) { // against the best single and the tsp of the same ranks and link
-            if (pts[j].ctx != p->ctx || !pts[j].ok) continue;
+            if (pts[j].ctx != p->ctx || !pts[j].ok || pts[j].cache != p->cache) continue;
             if (pts[j].strat == KVR_STRATEGY_SINGLE && (single == 0 || pts[j].med < single)) single = pts[j].med;
             if (pts[j].strat == KVR_STRATEGY_TSP && pts[j].ranks == p->ranks && pts[j].link == p->link) tsp = pts[j].med;
         }
@@ -1015,8 +1041,8 @@ int main(int argc, char ** argv) {
             for (int r = 0; r < p->ranks && o < (int)sizeof(part) - 12; r++) o += snprintf(part + o, sizeof(part) - (size_t)o, "%s%.3f", r ? "/" : "", p->fractions[r]);
         }
         if (!p->ok) {
-            if (md) printf("| %s | %d | %d | %s | %d | %s | failed: %s | |%s | | | |%s\n", p->name, p->ranks, p->threads, link, p->ctx, part, p->err, pred_col ? " | |" : "",
-                           a.decode > 0 ? " | | | | |" : "");
+            if (md) printf("| %s | %d | %d | %s | %d | %s | failed: %s | |%s | | | |%s %s |\n", p->name, p->ranks, p->threads, link, p->ctx, part, p->err, pred_col ? " | |" : "",
+                           a.decode > 0 ? " | | | | |" : "", kvr_cache_type_name(p->cache));
             else fprintf(stderr, "kvr-bench: %s x%d %d: %s\n", p->name, p->ranks, p->ctx, p->err);
             continue;
         }
@@ -1030,17 +1056,17 @@ int main(int argc, char ** argv) {
                        p->floor_tok_s > 0 ? 100.0 * p->dec_med / p->floor_tok_s : 0.0,
                        p->floor_med_tok_s > 0 ? 100.0 * p->dec_med / p->floor_med_tok_s : 0.0);
             }
-            printf("\n");
+            printf(" %s |\n", kvr_cache_type_name(p->cache));
         } else if (csv) {
-            printf("%s,%d,%d,%g,%d,%s,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f,%d,%.3f,%.3f,%.3f,%.3f\n", p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi,
+            printf("%s,%d,%d,%g,%d,%s,%.3f,%.3f,%.3f,%.3f,%.2f,%.2f,%.4f,%.4f,%d,%.3f,%.3f,%.3f,%.3f,%s\n", p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi,
                    p->pred, toks, gf, single > 0 ? single / p->med : 0.0, tsp > 0 ? tsp / p->med : 0.0,
-                   a.decode, p->dec_med, p->dec_lo, p->dec_hi, p->floor_tok_s);
+                   a.decode, p->dec_med, p->dec_lo, p->dec_hi, p->floor_tok_s, kvr_cache_type_name(p->cache));
         } else {
             printf("  {\"strategy\":\"%s\",\"ranks\":%d,\"threads\":%d,\"link_gbps\":%g,\"prompt\":%d,\"partition\":\"%s\",\"ttft_ms\":%.3f,\"min_ms\":%.3f,"
                    "\"max_ms\":%.3f,\"predicted_ms\":%.3f,\"tok_s\":%.2f,\"gflop_s\":%.2f,\"decode_n\":%d,\"decode_tok_s\":%.3f,"
-                   "\"decode_tok_s_min\":%.3f,\"decode_tok_s_max\":%.3f,\"floor_tok_s\":%.3f}%s\n",
+                   "\"decode_tok_s_min\":%.3f,\"decode_tok_s_max\":%.3f,\"floor_tok_s\":%.3f,\"cache_type\":\"%s\"}%s\n",
                    p->name, p->ranks, p->threads, p->link, p->ctx, part, p->med, p->lo, p->hi, p->pred, toks, gf,
-                   a.decode, p->dec_med, p->dec_lo, p->dec_hi, p->floor_tok_s, i + 1 < np ? "," : "");
+                   a.decode, p->dec_med, p->dec_lo, p->dec_hi, p->floor_tok_s, kvr_cache_type_name(p->cache), i + 1 < np ? "," : "");
         }
     }
     if (!md && !csv) printf("]\n");
@@ -1055,7 +1081,7 @@ int main(int argc, char ** argv) {
                    p->threads * p->ranks > 1 ? "s" : "", p->floor.pinned ? " pinned one per CPU" : " (not pinned)");
         }
         printf("; a step reads %.1f MB at a prompt of %d (weights once, the KV rows attention reads)\n\n",
-               decode_bytes(m, a.ctx[0] + a.decode / 2.0) / 1e6, a.ctx[0]);
+               decode_bytes(m, a.ctx[0] + a.decode / 2.0, a.caches[0]) / 1e6, a.ctx[0]);
         printf("where a decode step's time goes (ms per token, the median run):\n\n");
         printf("| strategy | ranks | prompt | step | matmuls | attention | other ops | fixed costs of the eval (graph build, plan, place, threads) | outside the eval (argmax, driver) |\n");
         printf("|---|---|---|---|---|---|---|---|---|\n");

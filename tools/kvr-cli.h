@@ -520,6 +520,32 @@ static inline const char * kvr_cli_backend_help(char * buf, size_t cap, const ch
     return buf;
 }
 
+// The KV cache's types (kvr_cache_type): --cache-type T for K and V, -ctk/-ctv (llama.cpp's
+// spellings) for one of them; the choices are in kvr_cache_type's order, F16 first (the default).
+struct kvr_cli_cache {
+    int  all, k, v;
+    bool k_set, v_set;
+};
+
+#define KVR_CLI_CACHE_CHOICES "f16|f32|bf16|q8_0"
+#define KVR_CLI_CACHE_FLAGS(c)                                                                                          \
+    { .name = "--cache-type", .kind = KVR_CLI_CHOICE, .dst = &(c)->all, .meta = KVR_CLI_CACHE_CHOICES,                  \
+      .choices = KVR_CLI_CACHE_CHOICES,                                                                                 \
+      .help = "the KV cache's type, K and V (default f16, as llama.cpp): in memory, on every\n"                         \
+              "transfer between ranks, in replicas; q8_0 needs a head size that is a multiple of 32" },                  \
+    { .name = "-ctk", .alt = "--cache-type-k", .kind = KVR_CLI_CHOICE, .dst = &(c)->k, .meta = KVR_CLI_CACHE_CHOICES,  \
+      .choices = KVR_CLI_CACHE_CHOICES, .given = &(c)->k_set, .help = "K's type alone (default: --cache-type's)" },     \
+    { .name = "-ctv", .alt = "--cache-type-v", .kind = KVR_CLI_CHOICE, .dst = &(c)->v, .meta = KVR_CLI_CACHE_CHOICES,  \
+      .choices = KVR_CLI_CACHE_CHOICES, .given = &(c)->v_set, .help = "V's type alone (default: --cache-type's)" }
+
+static inline enum kvr_cache_type kvr_cli_cache_k(const struct kvr_cli_cache * c) {
+    return (enum kvr_cache_type)(c->k_set ? c->k : c->all);
+}
+
+static inline enum kvr_cache_type kvr_cli_cache_v(const struct kvr_cli_cache * c) {
+    return (enum kvr_cache_type)(c->v_set ? c->v : c->all);
+}
+
 //
 // prompt text
 //

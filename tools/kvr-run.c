@@ -105,6 +105,7 @@ struct run_args {
     bool         stats;
     bool         strategy_set;
     int          attn_mode;      // enum kvr_attn_mode, as --attn's choices are ordered
+    struct kvr_cli_cache cache;  // --cache-type, -ctk, -ctv
     // parallel prefill
     int          n_ranks;
     enum kvr_strategy strategy;
@@ -198,6 +199,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--seed", .kind = KVR_CLI_U64, .dst = &a->seed, .meta = "N", .given = &a->seed_set, .help = "sampling seed (default: random, printed with -v)" },
         { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &a->attn_mode, .meta = "causal|dense", .choices = "causal|dense",
           .help = "attention kernel mode (default causal)" },
+        KVR_CLI_CACHE_FLAGS(&a->cache),
         { .name = "--dump-logits", .kind = KVR_CLI_OUT, .dst = &a->dump_logits, .meta = "FILE", .help = "the last prompt token's logits, one per line" },
         { .name = "--dump-graph", .kind = KVR_CLI_SWITCH, .dst = &a->dump_graph, .help = "print every rank's rewritten graph of the prefill on stderr" },
         { .name = "--mmap", .kind = KVR_CLI_SWITCH, .dst = &a->mmap,
@@ -1053,6 +1055,7 @@ int kvr_run_main(int argc, char ** argv) {
     struct kvr_session_params dp = {
         .strategy = a.strategy, .comm = (enum kvr_comm_kind)a.comm, .n_ranks = a.n_ranks, .n_threads = a.n_threads, .n_ctx = n_ctx,
         .partition = counts, .fractions = fracs, .attn_mode = (enum kvr_attn_mode)a.attn_mode, .timeout_s = a.timeout_s,
+        .cache_type_k = kvr_cli_cache_k(&a.cache), .cache_type_v = kvr_cli_cache_v(&a.cache),
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL, .node_times = a.stats,
         .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act, .vec_dot_order = a.vec_dot_order,

@@ -41,6 +41,7 @@ struct args {
     int          strat[SS_COUNT], n_strat;
     bool         attn_set;
     enum kvr_attn_mode attn;
+    int          cache;          // enum kvr_cache_type, as --cache-type's choices are ordered
     bool         measured;
     int          runs;
     int          threads;
@@ -166,6 +167,8 @@ static int parse_args(int argc, char ** argv, struct args * a) {
         { .name = "--table", .kind = KVR_CLI_IN, .dst = &a->table, .meta = "FILE", .help = "--simulate: the table kvr-p interpolates" },
         { .name = "--attn", .kind = KVR_CLI_CHOICE, .dst = &attn, .meta = "MODE", .choices = "causal|dense", .given = &a->attn_set,
           .help = "causal or dense (default: the profile's kernel; --measured: causal)" },
+        { .name = "--cache-type", .kind = KVR_CLI_CHOICE, .dst = &a->cache, .meta = KVR_CLI_CACHE_CHOICES, .choices = KVR_CLI_CACHE_CHOICES,
+          .help = "the KV cache's type, K and V (default f16): the bytes the simulator moves, and\nthe --measured runs' cache" },
         { .name = "--measured", .kind = KVR_CLI_SWITCH, .dst = &a->measured,
           .help = "the objective is real prefills (kvr_session, strategy kvr), median of RUNS (default 3)" },
         { .name = "-r", .kind = KVR_CLI_INT, .dst = &a->runs, .meta = "RUNS", .lo = 1, .hi = 1000000, .help = "runs per measured point (default 3)" },
@@ -303,6 +306,7 @@ struct measured {
     const int32_t          * tokens;
     int                      T, runs, threads;
     enum kvr_attn_mode       attn;
+    enum kvr_cache_type      cache;
 };
 
 static int cmp_double(const void * x, const void * y) {
@@ -318,7 +322,8 @@ static double measured_objective(const int * counts, int n_ranks, void * user) {
     const int runs = ms->runs < 64 ? ms->runs : 64;
     for (int i = 0; i < runs; i++) {
         struct kvr_session_params p = { .strategy = KVR_STRATEGY_KVR, .n_ranks = n_ranks, .n_threads = ms->threads, .n_ctx = ms->T,
-                                     .partition = counts, .attn_mode = ms->attn, .timeout_s = 120 };
+                                     .partition = counts, .attn_mode = ms->attn, .timeout_s = 120,
+                                     .cache_type_k = ms->cache, .cache_type_v = ms->cache };
         struct kvr_session * d = kvr_session_new(ms->m, &p);
         if (!d) return -1.0;
         const double t0 = kvr_time_ms();
@@ -383,7 +388,7 @@ static int do_search(const struct args * a) {
             const int T = a->ctx[ci];
             const int stride = a->min_stride ? a->min_stride : (T / (a->measured ? 64 : 512) > 0 ? T / (a->measured ? 64 : 512) : 1);
             struct measured me = { 0 };
-            struct kvr_tune_sim_objective mo = { &ms.tm, &hw, T, attn };
+            struct kvr_tune_sim_objective mo = { &ms.tm, &hw, T, attn, (enum kvr_cache_type)a->cache };
             if (a->measured) {
                 free(tokens);
                 tokens = malloc(sizeof(int32_t) * (size_t)T);
@@ -393,7 +398,8 @@ static int do_search(const struct args * a) {
                     tokens[i] = (int32_t)((seed >> 33) % ms.model->hp.n_vocab);
                 }
                 const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-                me = (struct measured) { ms.model, tokens, T, a->runs, a->threads ? a->threads : (int)(cores / N > 0 ? cores / N : 1), attn };
+                me = (struct measured) { ms.model, tokens, T, a->runs, a->threads ? a->threads : (int)(cores / N > 0 ? cores / N : 1), attn,
+                                         (enum kvr_cache_type)a->cache };
             }
             // the paper's advice: seed a search from the partition found for the previous length
             int start[KVR_TUNE_MAX_RANKS];
@@ -487,7 +493,7 @@ static int do_simulate(const struct args * a) {
                 struct row * w = &rows[n_rows];
                 memset(w, 0, sizeof(*w));
                 w->N = N; w->T = T; w->strat = a->strat[si];
-                struct kvr_tune_plan pl = { .n_ranks = N, .n_tokens = T, .attn_mode = attn };
+                struct kvr_tune_plan pl = { .n_ranks = N, .n_tokens = T, .attn_mode = attn, .cache_type = (enum kvr_cache_type)a->cache };
                 switch (w->strat) {
                     case SS_SINGLE:  pl.strategy = KVR_STRATEGY_SINGLE; break;
                     case SS_TSP:     pl.strategy = KVR_STRATEGY_TSP; break;
@@ -498,7 +504,7 @@ static int do_simulate(const struct args * a) {
                 if (w->strat == SS_KVR_S) {
                     char label[160];
                     snprintf(label, sizeof(label), "kvr-s %s %d ranks %d tokens", m->name, N, T);
-                    struct kvr_tune_sim_objective o = { m, &hw, T, attn };
+                    struct kvr_tune_sim_objective o = { m, &hw, T, attn, (enum kvr_cache_type)a->cache };
                     struct kvr_tune_search_params sp = { .n_ranks = N, .n_tokens = T, .min_stride = stride, .grid_half = a->grid_half,
                                                          .objective = kvr_tune_objective_sim, .user = &o, .progress = stderr, .label = label };
                     struct kvr_tune_search_result res;
