@@ -11219,6 +11219,21 @@ static int load_common_hparams(struct kvr_model * m) {
     return KVR_OK;
 }
 
+// A weight found in the file (gt, of the shape its caller checked) as a tensor of the model: its type
+// one kvr computes with, placed at its offset in the weights' buffer.
+static int model_tensor_place(struct kvr_model * m, const struct kvr_gguf_tensor * gt, const char * name, struct kvr_tensor ** out) {
+    if (!kvr_type_supported(gt->type)) {
+        return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' has type %s, which kvr cannot compute with yet",
+                         m->path, name, kvr_type_name(gt->type));
+    }
+    struct kvr_tensor * t = kvr_new_tensor(m->ctx, gt->type, gt->n_dims, gt->ne);
+    kvr_buffer_place(m->weights, t, gt->offset);
+    t->flags = KVR_FLAG_PARAM;
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    *out = t;
+    return KVR_OK;
+}
+
 // Find a weight by name and check its shape; optional weights may be absent (NULL, OK).
 static int model_tensor(struct kvr_model * m, struct kvr_tensor ** out, bool required, int n_dims,
                         int64_t ne0, int64_t ne1, const char * fmt, ...) {
@@ -11240,16 +11255,7 @@ static int model_tensor(struct kvr_model * m, struct kvr_tensor ** out, bool req
         return kvr_error(KVR_ERR_FORMAT, "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 "]",
                          m->path, name, gt->ne[0], gt->ne[1], gt->ne[2], gt->ne[3], ne0, ne1);
     }
-    if (!kvr_type_supported(gt->type)) {
-        return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' has type %s, which kvr cannot compute with yet",
-                         m->path, name, kvr_type_name(gt->type));
-    }
-    struct kvr_tensor * t = kvr_new_tensor(m->ctx, gt->type, gt->n_dims, gt->ne);
-    kvr_buffer_place(m->weights, t, gt->offset);
-    t->flags = KVR_FLAG_PARAM;
-    snprintf(t->name, sizeof(t->name), "%s", name);
-    *out = t;
-    return KVR_OK;
+    return model_tensor_place(m, gt, name, out);
 }
 
 // The same for a 3-D weight [ne0, ne1, ne2] (a mixture of experts' stacked matrices).
@@ -11269,16 +11275,7 @@ static int model_tensor_3d(struct kvr_model * m, struct kvr_tensor ** out, bool 
         return kvr_error(KVR_ERR_FORMAT, "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "], expected [%" PRId64 ", %" PRId64 ", %" PRId64 "]",
                          m->path, name, gt->ne[0], gt->ne[1], gt->ne[2], gt->ne[3], ne0, ne1, ne2);
     }
-    if (!kvr_type_supported(gt->type)) {
-        return kvr_error(KVR_ERR_UNSUPP, "%s: tensor '%s' has type %s, which kvr cannot compute with yet",
-                         m->path, name, kvr_type_name(gt->type));
-    }
-    struct kvr_tensor * t = kvr_new_tensor(m->ctx, gt->type, gt->n_dims, gt->ne);
-    kvr_buffer_place(m->weights, t, gt->offset);
-    t->flags = KVR_FLAG_PARAM;
-    snprintf(t->name, sizeof(t->name), "%s", name);
-    *out = t;
-    return KVR_OK;
+    return model_tensor_place(m, gt, name, out);
 }
 
 // What every architecture's file has around its layers: the token embedding, the final norm

@@ -417,7 +417,8 @@ static bool tc_compute(struct tcase * tc, struct kvr_tensor ** outs, int n_out) 
 }
 
 // A dense copy of an f32 tensor read through its strides.
-// One element of an output as f32: outputs are F32, or F16/BF16 (CPY, KV_STORE into a half cache).
+// One element of an output as f32: outputs are F32, or F16/BF16 (CPY, KV_STORE into a half cache;
+// a Q8_0 cache's rows are read whole: tc_read).
 static float elem_f32(const void * p, enum kvr_type type) {
     uint16_t h;
     float f;
@@ -442,6 +443,11 @@ static float * tc_read(struct tcase * tc, const struct kvr_tensor * t) {
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++) {
                 const char * row = (const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+                if (kvr_blck_size(t->type) > 1) { // a block type (a Q8_0 cache): the row as a whole
+                    kvr_to_float(t->type, row, out + k, t->ne[0]);
+                    k += t->ne[0];
+                    continue;
+                }
                 for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
                     out[k++] = elem_f32(row + i0 * t->nb[0], t->type);
                 }
@@ -545,6 +551,12 @@ static float * tc_read_backend(struct tcase * tc, const struct kvr_tensor * t) {
                 const size_t off = (size_t) (i1 * (int64_t) t->nb[1] + i2 * (int64_t) t->nb[2] + i3 * (int64_t) t->nb[3]);
                 if (t->type == KVR_TYPE_F32 && t->nb[0] == sizeof(float)) {
                     kvr_backend_tensor_get(t, out + k, off, (size_t) t->ne[0] * sizeof(float));
+                    k += t->ne[0];
+                } else if (kvr_blck_size(t->type) > 1) { // a block type (a Q8_0 cache): whole rows
+                    const size_t rb = kvr_row_size(t->type, t->ne[0]);
+                    uint8_t * row = tc_alloc(tc, rb, false, 0, "row");
+                    kvr_backend_tensor_get(t, row, off, rb);
+                    kvr_to_float(t->type, row, out + k, t->ne[0]);
                     k += t->ne[0];
                 } else {
                     for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
