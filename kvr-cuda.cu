@@ -130,6 +130,9 @@ struct cu_backend {
     void            * stage[2];    // pinned host staging
     uint16_t        * gelu_table;  // device copy of the CPU's GELU table (kvr_gelu_half of every fp16)
     void            * w32;  size_t w32_bytes;   // weight tiles expanded to F32 (prefill)
+    void            * moe;  size_t moe_bytes;   // MUL_MAT_ID over a prompt: slots grouped by expert,
+                                                 // their rows of x and their products
+    void            * moe_host; size_t moe_host_bytes; // its slot order and experts' runs on the host
     float           * fd_part;     // flash-decoding's partial results (CU_FD_BYTES, made at start)
     unsigned long long * dcount;   // device: [attn dense, attn causal, bad ids]
     unsigned long long * hcount;   // pinned copy of it
@@ -1554,6 +1557,103 @@ static __global__ void __launch_bounds__(CU_DOT_WARPS * 32) k_mul_mat_id(cu_tens
     if (lane == 0) y[n] = b ? s + ((const float *)(b + e * b_nb1))[n] : s;
 }
 
+// MUL_MAT_ID over a prompt: the (token, expert) slots sorted by expert (order[r] = t * k + j,
+// experts ascending, slots ascending within one: kvr_cuda_moe_group on the host), so that each
+// picked expert's matrix is read once for all its slots, in one cuBLAS product. k_moe_gather puts
+// the slots' rows of x in that order, k_moe_scatter puts the products (+ bias) where each slot's
+// output goes. cu_moe_x_offset is the byte offset of slot (t, j)'s row of x: x [K, T] shared by a
+// token's experts, or [K, k, T].
+static __host__ __device__ inline int64_t cu_moe_x_offset(const int64_t ne[4], const int64_t nb[4], int64_t T, int64_t t,
+                                                          int64_t j) {
+    return ne[2] == 1 && ne[1] == T ? t * nb[1] : j * nb[1] + t * nb[2];
+}
+
+static __global__ void k_moe_gather(cu_tensor x, int64_t k, int64_t T, const int32_t * order, int64_t slots, float * xg) {
+    const int64_t r = blockIdx.x, K = x.ne[0];
+    if (r >= slots) return;
+    const int64_t s = order[r];
+    const float * src = (const float *)(x.data + cu_moe_x_offset(x.ne, x.nb, T, s / k, s % k));
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) xg[r * K + i] = src[i];
+}
+
+static __global__ void k_moe_scatter(const float * yg, const int32_t * order, const int32_t * expert, int64_t slots,
+                                     const char * b, int64_t b_nb1, cu_tensor d) {
+    const int64_t r = blockIdx.x, k = d.ne[1], N = d.ne[0];
+    if (r >= slots) return;
+    const int64_t s = order[r], t = s / k, j = s % k;
+    float * y = (float *)(d.data + j * d.nb[1] + t * d.nb[2]);
+    const float * bias = b ? (const float *)(b + expert[r] * b_nb1) : NULL;
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) y[n] = bias ? yg[r * N + n] + bias[n] : yg[r * N + n];
+}
+
+// The slots of a route (T tokens, k picks each; route rows of ld floats: k weights, then k expert ids)
+// sorted by expert: order[r] the slot t * k + j, offsets[e] .. offsets[e + 1] expert e's run in it,
+// expert[r] the expert of order[r]. A stable counting sort: within an expert, slots ascending.
+// Returns KVR_ERR_ARG naming the slot when an id is not an expert of E.
+int kvr_cuda_moe_group(const float * route, int64_t ld, int64_t T, int64_t k, int64_t E, int32_t * order, int32_t * expert,
+                       int64_t * offsets) {
+    for (int64_t e = 0; e <= E; e++) offsets[e] = 0;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t j = 0; j < k; j++) {
+            const float id = route[t * ld + k + j];
+            if (!(id >= 0.0f && id < (float)E) || id != (float)(int64_t)id)
+                return kvr_error(KVR_ERR_ARG, "MUL_MAT_ID: token %lld's expert %lld is %g, not one of %lld experts", (long long)t,
+                                 (long long)j, (double)id, (long long)E);
+            offsets[(int64_t)id + 1]++;
+        }
+    }
+    for (int64_t e = 0; e < E; e++) offsets[e + 1] += offsets[e];
+    int64_t * next = (int64_t *)malloc((size_t)(E > 0 ? E : 1) * sizeof(int64_t));
+    if (!next) return kvr_error(KVR_ERR_NOMEM, "MUL_MAT_ID: %lld experts' counters", (long long)E);
+    for (int64_t e = 0; e < E; e++) next[e] = offsets[e];
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t e = (int64_t)route[t * ld + k + j], r = next[e]++;
+            order[r] = (int32_t)(t * k + j);
+            expert[r] = (int32_t)e;
+        }
+    }
+    free(next);
+    return KVR_OK;
+}
+
+// MUL_MAT_ID over slots with the grouped kernels' index arithmetic, run on the host with plain f32
+// dot products: y [N, k, T] from w [K, N, E] (f32), x as the op takes it, route [2k, T]. What
+// tests/test-cuda-host.cu compares with every slot computed on its own.
+int kvr_cuda_moe_grouped_emulate(const float * w, int64_t K, int64_t N, int64_t E, const float * x, const int64_t x_ne[4],
+                                 const int64_t x_nb[4], const float * route, int64_t k, int64_t T, const float * bias,
+                                 float * y) {
+    const int64_t slots = k * T;
+    int32_t * order = (int32_t *)malloc((size_t)slots * sizeof(int32_t));
+    int32_t * expert = (int32_t *)malloc((size_t)slots * sizeof(int32_t));
+    int64_t * offsets = (int64_t *)malloc((size_t)(E + 1) * sizeof(int64_t));
+    float * xg = (float *)malloc((size_t)(slots * K) * sizeof(float));
+    float * yg = (float *)malloc((size_t)(slots * N) * sizeof(float));
+    int rc = order && expert && offsets && xg && yg ? KVR_OK : kvr_error(KVR_ERR_NOMEM, "MUL_MAT_ID emulation");
+    if (rc == KVR_OK) rc = kvr_cuda_moe_group(route, 2 * k, T, k, E, order, expert, offsets);
+    if (rc == KVR_OK) {
+        for (int64_t r = 0; r < slots; r++) { // k_moe_gather
+            const int64_t s = order[r];
+            memcpy(xg + r * K, (const char *)x + cu_moe_x_offset(x_ne, x_nb, T, s / k, s % k), (size_t)K * sizeof(float));
+        }
+        for (int64_t e = 0; e < E; e++) { // the product of expert e's run
+            for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
+                for (int64_t n = 0; n < N; n++) {
+                    float acc = 0.0f;
+                    for (int64_t i = 0; i < K; i++) acc += w[(e * N + n) * K + i] * xg[r * K + i];
+                    yg[r * N + n] = acc;
+                }
+            }
+        }
+        for (int64_t r = 0; r < slots; r++) { // k_moe_scatter
+            const int64_t s = order[r], t = s / k, j = s % k;
+            for (int64_t n = 0; n < N; n++) y[(t * k + j) * N + n] = yg[r * N + n] + (bias ? bias[expert[r] * N + n] : 0.0f);
+        }
+    }
+    free(order); free(expert); free(offsets); free(xg); free(yg);
+    return rc;
+}
+
 // MOE_SUM: a block per token; each product rounded, then added in order of the slots (the CPU's)
 static __global__ void k_moe_sum(cu_tensor y, cu_tensor route, cu_tensor d) {
     const int64_t t = blockIdx.x, k = y.ne[1];
@@ -1758,11 +1858,90 @@ static int op_moe_route(struct cu_backend * cb, struct kvr_tensor * node) {
     return KVR_OK;
 }
 
+// MUL_MAT_ID over a prompt (more than CU_DOT_MAX_T tokens): the route comes to the host through a
+// pinned staging buffer, the slots are grouped by expert there (kvr_cuda_moe_group), and each picked
+// expert's matrix is expanded to F32 tiles once and multiplied by all its slots' rows in one cuBLAS
+// product; per slot, a prompt would read an expert's matrix once for every token that picked it.
+// Waits on the host: never inside a captured graph (cu_graph_capturable).
+static int op_mul_mat_id_grouped(struct cu_backend * cb, struct kvr_tensor * node) {
+    const struct kvr_tensor * w = node->src[0], * x = node->src[1], * route = node->src[2], * b = node->src[3];
+    const int64_t K = w->ne[0], N = w->ne[1], E = w->ne[2], k = node->ne[1], T = node->ne[2], slots = k * T;
+    const size_t route_bytes = (size_t)route->nb[1] * (size_t)T;
+    KVR_ASSERT(route->ne[0] == 2 * k && route->nb[0] == sizeof(float));
+    const size_t ids_bytes = 2 * (size_t)slots * sizeof(int32_t);
+    // the staging buffer holds the route, then the order and experts on their way back
+    if (route_bytes > CU_STAGE_BYTES || ids_bytes > CU_STAGE_BYTES)
+        return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: MUL_MAT_ID over %lld tokens (tensor '%s'): more slots than a staging buffer holds",
+                         cb->device, (long long)T, node->name);
+    const size_t host_bytes = ids_bytes + (size_t)(E + 1) * sizeof(int64_t);
+    if (host_bytes > cb->moe_host_bytes) {
+        void * h = realloc(cb->moe_host, host_bytes);
+        if (!h) return kvr_error(KVR_ERR_NOMEM, "cuda:%d: MUL_MAT_ID's slot order (tensor '%s')", cb->device, node->name);
+        cb->moe_host = h;
+        cb->moe_host_bytes = host_bytes;
+    }
+    int64_t * offsets = (int64_t *)cb->moe_host;
+    int32_t * ids = (int32_t *)(offsets + E + 1);
+    CU_TRY(cu_wait(cb, cb->ev_stage[0], "a staging buffer", node));
+    CU(cudaMemcpyAsync(cb->stage[0], route->data, route_bytes, cudaMemcpyDeviceToHost, cb->compute));
+    CU(cudaEventRecord(cb->ev_stage[0], cb->compute));
+    CU_TRY(cu_wait(cb, cb->ev_stage[0], "the experts' route", node));
+    CU_TRY(kvr_cuda_moe_group((const float *)cb->stage[0], (int64_t)(route->nb[1] / sizeof(float)), T, k, E, ids, ids + slots,
+                              offsets));
+    memcpy(cb->stage[0], ids, ids_bytes);
+    CU_TRY(scratch(cb, &cb->moe, &cb->moe_bytes, (size_t)slots * (size_t)(K + N) * sizeof(float) + ids_bytes, node));
+    float * xg = (float *)cb->moe, * yg = xg + slots * K;
+    int32_t * order = (int32_t *)(yg + slots * N), * expert = order + slots;
+    CU(cudaMemcpyAsync(order, cb->stage[0], ids_bytes, cudaMemcpyHostToDevice, cb->compute));
+    CU(cudaEventRecord(cb->ev_stage[0], cb->compute)); // the next user of the buffer waits for this copy
+    k_moe_gather<<<(unsigned)slots, cu_threads_for(K), 0, cb->compute>>>(cu_t(x), k, T, order, slots, xg);
+    CU_LAUNCHED();
+    int64_t tile = w->type == KVR_TYPE_F32 ? N : (int64_t)(CU_W32_TILE / ((size_t)K * 4));
+    if (tile < 1) tile = 1;
+    if (tile > N) tile = N;
+    int rc = w->type != KVR_TYPE_F32 ? scratch(cb, &cb->w32, &cb->w32_bytes, (size_t)(tile * K) * 4, node) : KVR_OK;
+    for (int64_t e = 0; e < E && rc == KVR_OK; e++) {
+        const int64_t r0 = offsets[e], n_e = offsets[e + 1] - offsets[e];
+        if (n_e == 0) continue; // an expert no token picked: its matrix is not read
+        const char * We = (const char *)w->data + e * (int64_t)w->nb[2];
+        for (int64_t n0 = 0; n0 < N && rc == KVR_OK; n0 += tile) {
+            const int64_t rows = n0 + tile <= N ? tile : N - n0;
+            const char * W = We + n0 * (int64_t)w->nb[1];
+            if (w->type == KVR_TYPE_F32) {
+                rc = mm_gemm(cb, node, rows, n_e, K, W, CUDA_R_32F, (int64_t)(w->nb[1] / 4), xg + r0 * K, CUDA_R_32F, K,
+                             yg + r0 * N + n0, N);
+                continue;
+            }
+            const int64_t ng = rows * ((K + 7) / 8);
+            switch (w->type) {
+#define CU_CASE(TYPE) case TYPE: \
+                k_dequant_f32<TYPE><<<cu_blocks(ng, 128), 128, 0, cb->compute>>>(W, (int64_t)w->nb[1], K, rows, (float *)cb->w32); break;
+                CU_WEIGHT_TYPES(CU_CASE)
+#undef CU_CASE
+                default:
+                    return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: MUL_MAT_ID with weights of type %s (tensor '%s')", cb->device,
+                                     kvr_type_name(w->type), node->name);
+            }
+            CU_LAUNCHED();
+            rc = mm_gemm(cb, node, rows, n_e, K, cb->w32, CUDA_R_32F, K, xg + r0 * K, CUDA_R_32F, K, yg + r0 * N + n0, N);
+        }
+    }
+    if (rc != KVR_OK) return rc;
+    k_moe_scatter<<<(unsigned)slots, cu_threads_for(N), 0, cb->compute>>>(yg, order, expert, slots,
+                                                                          b ? (const char *)b->data : NULL,
+                                                                          b ? (int64_t)b->nb[1] : 0, cu_t(node));
+    CU_LAUNCHED();
+    return KVR_OK;
+}
+
+// MUL_MAT_ID: a decode step's few slots each read their expert's rows (k_mul_mat_id); a prompt's
+// slots go grouped by expert through cuBLAS
 static int op_mul_mat_id(struct cu_backend * cb, struct kvr_tensor * node) {
     const struct kvr_tensor * w = node->src[0], * x = node->src[1], * route = node->src[2], * b = node->src[3];
     const int64_t slots = node->ne[1] * node->ne[2];
     if (slots == 0) return KVR_OK;
     cb->counters.matmul_flops += 2 * w->ne[0] * w->ne[1] * slots;
+    if (node->ne[2] > CU_DOT_MAX_T) return op_mul_mat_id_grouped(cb, node);
     const unsigned row_blocks = cu_blocks(w->ne[1], CU_DOT_WARPS);
     if (slots > INT32_MAX || row_blocks > 65535)
         return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: MUL_MAT_ID over %lld slots of %lld rows (tensor '%s'): more than one launch holds",
@@ -2273,8 +2452,8 @@ static int cu_account(struct cu_backend * cb, struct kvr_graph * g, const double
     return KVR_OK;
 }
 
-// Whether a graph can run as one CUDA graph: no transfer (those wait on the host), and no node
-// that may grow a buffer (a prompt's matmul over weights that are not F32 expands them into a
+// Whether a graph can run as one CUDA graph: no transfer (those wait on the host), no node that
+// waits on the host (a prompt's MUL_MAT_ID), and no node that may grow a buffer (a prompt's matmul over weights that are not F32 expands them into a
 // scratch tile, and an allocation may not happen inside a capture). Decode steps qualify.
 static bool cu_graph_capturable(const struct kvr_graph * g) {
     for (int i = 0; i < g->n_nodes; i++) {
@@ -2282,6 +2461,7 @@ static bool cu_graph_capturable(const struct kvr_graph * g) {
         if (node_is_comm(t)) return false;
         if (t->op == KVR_OP_MUL_MAT && t->src[0]->type != KVR_TYPE_F32 &&
             t->src[1]->ne[1] * t->src[1]->ne[2] * t->src[1]->ne[3] > CU_DOT_MAX_T) return false;
+        if (t->op == KVR_OP_MUL_MAT_ID && t->ne[2] > CU_DOT_MAX_T) return false; // waits for its route on the host
     }
     return true;
 }
@@ -2470,6 +2650,7 @@ static void cu_free(struct kvr_backend * be) {
     free(cb->live);
     free(cb->ev_node);
     free(cb->spans);
+    free(cb->moe_host);
     free(cb);
     free(be);
 }

@@ -389,7 +389,8 @@ struct kvr_tensor * kvr_moe_route(struct kvr_context * ctx, struct kvr_tensor * 
 // (every expert of a token reads the same row) or [K, k, T] (each its own); w [K, N, E] any supported
 // type with whole rows per expert. Only the rows of experts some token picked are read: on the CPU
 // tokens are grouped by expert and struct kvr_counters' expert_bytes counts the weight bytes read
-// (the CUDA kernel reads a token's experts' rows per token and counts none). b: optional
+// (CUDA: a decode step's slots each read their expert's rows; a prompt's slots are grouped by expert
+// and each picked expert's matrix goes once through cuBLAS; it counts none). b: optional
 // f32 [N, E], src[3]. result [N, k, T] f32.
 struct kvr_tensor * kvr_mul_mat_id(struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x,
                                    struct kvr_tensor * route, struct kvr_tensor * b);
@@ -3126,6 +3127,17 @@ int  kvr_cuda_fdec_emulate(int D, const float * q, const uint16_t * k, const uin
 void kvr_cuda_fdec_split(int64_t Tk, int n, int s, int64_t * j0, int64_t * j1);
 void kvr_cuda_dot8_emulate(enum kvr_type type, const void * row, int64_t K, const float * x, int64_t ldx, int T,
                            bool w_vec, float * y);
+// kvr-cuda.cu: a prompt's MUL_MAT_ID slots (T tokens, k picks each) sorted by expert from a route
+// (rows of ld floats: k weights, then k expert ids): order[r] = t * k + j, expert[r] its expert,
+// offsets[e] .. offsets[e + 1] expert e's run (E + 1 entries); a stable sort. KVR_ERR_ARG for an id
+// that is not one of the E experts. And the grouped product run on the host with the kernels' index
+// arithmetic (gather, one product per expert's run, scatter): w f32 [E][N][K], x as MUL_MAT_ID takes
+// it (ne, nb in bytes), route [T][2k], bias f32 [E][N] or NULL, y [T][k][N].
+int kvr_cuda_moe_group(const float * route, int64_t ld, int64_t T, int64_t k, int64_t E, int32_t * order, int32_t * expert,
+                       int64_t * offsets);
+int kvr_cuda_moe_grouped_emulate(const float * w, int64_t K, int64_t N, int64_t E, const float * x, const int64_t x_ne[4],
+                                 const int64_t x_nb[4], const float * route, int64_t k, int64_t T, const float * bias,
+                                 float * y);
 #endif
 
 #endif // KVR_BUILD

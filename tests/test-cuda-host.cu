@@ -741,6 +741,70 @@ static void test_kv_types(void) {
     CHECK(ok_e, "kvr_kv_elem differs (or does not read f32 rows as they are)");
 }
 
+// A prompt's MUL_MAT_ID on the GPU groups its slots by expert on the host (kvr_cuda_moe_group) and
+// gathers, multiplies and scatters with k_moe_gather / k_moe_scatter's index arithmetic: the order is
+// a stable sort of the slots by expert, bad ids are refused, and the grouped product emulated on the
+// host equals the CPU's MUL_MAT_ID for x shared by a token's experts and x per slot, with a bias.
+static void test_moe_grouped(void) {
+    const int64_t K = 40, N = 24, E = 6, k = 2;
+    for (int per_slot = 0; per_slot < 2; per_slot++) {
+        for (int64_t T = 1; T <= 33; T += 16) {
+            struct kvr_context * ctx = kvr_init(16u << 20, false);
+            KVR_ASSERT(ctx != NULL);
+            struct kvr_tensor * w = kvr_new_tensor_3d(ctx, KVR_TYPE_F32, K, N, E);
+            struct kvr_tensor * x = per_slot ? kvr_new_tensor_3d(ctx, KVR_TYPE_F32, K, k, T) : kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+            struct kvr_tensor * route = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, 2 * k, T);
+            struct kvr_tensor * b = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, N, E);
+            for (int64_t i = 0; i < K * N * E; i++) ((float *)w->data)[i] = rng_f(-1.0f, 1.0f);
+            for (int64_t i = 0; i < kvr_nelements(x); i++) ((float *)x->data)[i] = rng_f(-1.0f, 1.0f);
+            for (int64_t i = 0; i < N * E; i++) ((float *)b->data)[i] = rng_f(-1.0f, 1.0f);
+            float * rt = (float *)route->data;
+            for (int64_t t = 0; t < T; t++) { // k distinct experts a token, expert 5 never picked
+                const int64_t e0 = (t * 7 + 3) % (E - 1), e1 = (e0 + 1 + t % (E - 2)) % (E - 1);
+                rt[t * 2 * k + 0] = 0.6f; rt[t * 2 * k + 1] = 0.4f;
+                rt[t * 2 * k + 2] = (float)e0; rt[t * 2 * k + 3] = (float)e1;
+            }
+            struct kvr_tensor * y = kvr_mul_mat_id(ctx, w, x, route, b);
+            struct kvr_graph * g = kvr_graph_new(ctx, 16);
+            kvr_graph_expand(g, y);
+            const int rc = kvr_graph_compute_cpu(g, 1);
+            int32_t order[2 * 33], expert[2 * 33];
+            int64_t offsets[7];
+            bool sorted = kvr_cuda_moe_group(rt, 2 * k, T, k, E, order, expert, offsets) == KVR_OK && offsets[0] == 0 &&
+                          offsets[E] == k * T && offsets[E] == offsets[E - 1]; // expert 5: an empty run
+            bool seen[2 * 33] = { false };
+            for (int64_t r = 0; r < k * T && sorted; r++) {
+                const int64_t s = order[r];
+                sorted = s >= 0 && s < k * T && !seen[s] && rt[(s / k) * 2 * k + k + s % k] == (float)expert[r] &&
+                         r >= offsets[expert[r]] && r < offsets[expert[r] + 1] &&
+                         (r == 0 || expert[r - 1] < expert[r] || (expert[r - 1] == expert[r] && order[r - 1] < s));
+                if (sorted) seen[s] = true;
+            }
+            CHECK(sorted, "kvr_cuda_moe_group, T %lld: not a stable sort of the slots by expert", (long long)T);
+            float got[2 * 33 * 24];
+            const int erc = kvr_cuda_moe_grouped_emulate((const float *)w->data, K, N, E, (const float *)x->data, x->ne, (const int64_t *)x->nb,
+                                                         rt, k, T, (const float *)b->data, got);
+            double worst = 0.0;
+            for (int64_t i = 0; i < N * k * T; i++) {
+                const double d = fabs((double)got[i] - ((const float *)y->data)[i]);
+                worst = d > worst ? d : worst;
+            }
+            CHECK(rc == KVR_OK && erc == KVR_OK && worst < 1e-5,
+                  "grouped MUL_MAT_ID emulated, x %s, T %lld: worst |grouped - cpu| %.2e", per_slot ? "per slot" : "shared",
+                  (long long)T, worst);
+            kvr_free(ctx);
+        }
+    }
+    float bad[4] = { 1.0f, 0.0f, 2.0f, 6.0f }; // the second id names a 7th expert of 6
+    int32_t order[2], expert[2];
+    int64_t offsets[7];
+    CHECK(kvr_cuda_moe_group(bad, 4, 1, 2, 6, order, expert, offsets) == KVR_ERR_ARG && strstr(kvr_last_error(), "not one of 6"),
+          "kvr_cuda_moe_group accepted an expert id outside the experts: %s", kvr_last_error());
+    bad[3] = 2.5f;
+    CHECK(kvr_cuda_moe_group(bad, 4, 1, 2, 6, order, expert, offsets) == KVR_ERR_ARG,
+          "kvr_cuda_moe_group accepted a fractional expert id");
+}
+
 int main(int argc, char ** argv) {
     (void)argc;
     (void)argv;
@@ -749,6 +813,7 @@ int main(int argc, char ** argv) {
     test_dequant();
     test_dequant8();
     test_dot8();
+    test_moe_grouped();
     test_rope();
     test_softmax();
     test_tile_rule();
