@@ -3069,10 +3069,6 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
     if (n <= 0 || !s || !tokens) return kvr_error(KVR_ERR_ARG, "eval batch: no sessions");
     if (n > KVR_BATCH_MAX) return kvr_error(KVR_ERR_ARG, "eval batch: %d sessions, at most %d", n, KVR_BATCH_MAX);
     const struct kvr_model * m = s[0]->m;
-    if (m->hp.n_recurrent) { // kvr_pass_batch rewrites attention only: a recurrent layer's state is per sequence
-        return kvr_error(KVR_ERR_UNSUPP, "eval batch: %s has %u Gated DeltaNet layers; their sessions decode one at a time",
-                         m->hp.arch_name, m->hp.n_recurrent);
-    }
     for (int i = 0; i < n; i++) {
         const char * why = s[i] ? batch_refusal(s, n, i) : "it is NULL";
         if (why) return kvr_error(KVR_ERR_ARG, "eval batch: session %d cannot be batched: %s", i, why);
@@ -3143,6 +3139,15 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
     if (rc != KVR_OK && dr0->interrupted) {
         atomic_store(&s[0]->interrupt, 0);
         rc = kvr_error(KVR_ERR_INTERRUPTED, "eval batch: interrupted");
+    }
+    if (rc != KVR_OK && m->hp.n_recurrent > 0) {
+        // the recurrent layers may have moved every session's state on in place: as a single eval
+        // that fails, each session forgets its cached tokens rather than keep states that no
+        // longer belong to them
+        char why[512];
+        snprintf(why, sizeof(why), "%s", kvr_last_error());
+        for (int i = 0; i < n; i++) kvr_session_reset(s[i]);
+        rc = kvr_error(rc, "%s (the recurrent layers' states may have moved on: the %d sessions' cached tokens are forgotten)", why, n);
     }
     if (rc == KVR_OK) {
         for (int i = 0; i < n; i++) {

@@ -2110,9 +2110,32 @@ void kvr_pass_batch(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_k
         all->src[1] = prev;
         kvr_replace_node(t, all, "batch: every sequence's attention over its own cache, one column each");
     }
+    // a recurrent layer: token b's step of the recurrence on from sequence b's own state (conv
+    // window and delta-rule matrix, updated in place), the solo decode's one-token segment
+    for (int i = 0; i < g->n_nodes; i++) {
+        struct kvr_tensor * t = g->nodes[i];
+        if (t->op != KVR_OP_GDN_BLOCK) continue;
+        const int il = t->op_params[0];
+        const int64_t T = t->ne[2];
+        struct kvr_tensor * out = kvr_set_name(kvr_new_tensor_3d(ctx, KVR_TYPE_F32, t->ne[0], t->ne[1], T), "blk.%d.gdn_batch", il);
+        struct kvr_tensor * prev = NULL;
+        for (int64_t b = 0; b < T; b++) {
+            struct kvr_tensor * st = caches[b]->state ? caches[b]->state[il] : NULL;
+            KVR_ASSERT(st != NULL && "a recurrent layer's cache has its state");
+            struct kvr_tensor * seg = kvr_gdn_segment(ctx, t, b, 1, st, n_past[b] == 0, NULL);
+            struct kvr_tensor * col = kvr_view_3d(ctx, out, t->ne[0], t->ne[1], 1, out->nb[1], out->nb[2], (size_t)b * out->nb[2]);
+            struct kvr_tensor * cp = kvr_cpy(ctx, seg, col);
+            cp->src[2] = prev;
+            cp->why = "batch: this sequence's recurrence step into its column";
+            prev = cp;
+        }
+        struct kvr_tensor * all = kvr_view_3d(ctx, out, t->ne[0], t->ne[1], T, out->nb[1], out->nb[2], 0);
+        all->src[1] = prev;
+        kvr_replace_node(t, all, "batch: every sequence's recurrence on from its own state, one column each");
+    }
     // every token through the kernels one token's decode uses: the same sums, however many tokens
     for (int i = 0; i < g->n_nodes; i++) {
-        if (g->nodes[i]->op == KVR_OP_MUL_MAT) g->nodes[i]->op_params[0] = KVR_MM_ROWS;
+        if (g->nodes[i]->op == KVR_OP_MUL_MAT || g->nodes[i]->op == KVR_OP_MUL_MAT_ID) g->nodes[i]->op_params[0] = KVR_MM_ROWS;
     }
     kvr_graph_rebuild(g);
 }
@@ -5288,12 +5311,14 @@ static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
 }
 
 // Small F32 matrices (decode too): one dot per output in llama.cpp's order (mm_tinyblas_order),
-// so that small models give its last bits (see MM_DOT_MAX_WEIGHTS).
+// so that small models give its last bits (see MM_DOT_MAX_WEIGHTS). A decode batch (by_rows) sums
+// each token as one token alone is summed.
 static int64_t mm_dot_llama(const struct cpu_params * p, const struct mm_args * m) {
     int64_t n0, n1;
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
-    float (* const dot)(const float *, const float *, int64_t) = mm_tinyblas_order(m->K, m->N, m->T, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    float (* const dot)(const float *, const float *, int64_t) =
+        mm_tinyblas_order(m->K, m->N, m->by_rows ? 1 : m->T, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
     for (int64_t t = 0; t < m->T; t++) {
         const float * xt = m->X + t * m->lda;
         for (int64_t n = n0; n < n1; n++) {
@@ -5502,9 +5527,10 @@ static size_t mm_id_scratch_floats(const struct kvr_tensor * node, int n_threads
     const int64_t rows = (N + n_threads - 1) / n_threads;
     // an expert meets 1..T tokens, and the paths' scratch is not monotone in the tokens (one token
     // of the integer path keeps a decode layout of its own; a few use the row path)
-    size_t kernel = mm_scratch_floats(w->type, K, rows, T, 1, q8_act, false);
+    const bool by_rows = node->op_params[0] == KVR_MM_ROWS;
+    size_t kernel = mm_scratch_floats(w->type, K, rows, T, 1, q8_act, by_rows);
     for (int64_t t = 1; t < T && t <= QX_ROW_TOKENS + 1; t++) {
-        const size_t n = mm_scratch_floats(w->type, K, rows, t, 1, q8_act, false);
+        const size_t n = mm_scratch_floats(w->type, K, rows, t, 1, q8_act, by_rows);
         if (n > kernel) kernel = n;
     }
     return (size_t)(T + T * K + T * rows + K) + kernel;
@@ -5555,7 +5581,7 @@ static void cpu_op_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * d
             ws.data  = (void *)we;
             ws.ne[1] = rows;
             ws.ne[2] = 1;
-            const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y, false };
+            const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y, dst->op_params[0] == KVR_MM_ROWS };
             atomic_store_explicit(&q_chunk, 0, memory_order_relaxed);
             mm_run(&q, &m);
         }

@@ -327,7 +327,7 @@ struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * 
 // struct kvr_backend_params' vec_dot_order), so small models give llama.cpp's bits; larger ones go
 // through sgemm. The CUDA backend does not
 // follow this rule (its sums are its own at every size).
-// op_params[0] KVR_MM_ROWS (kvr_pass_batch sets it): every token of x through the kernel one
+// op_params[0] KVR_MM_ROWS (kvr_pass_batch sets it, here and on MUL_MAT_ID): every token of x through the kernel one
 // decode token uses, whatever their number, so each token's row of the result is what it would be
 // alone (a decode batch: one read of the weights for several sequences; CPU backend).
 #define KVR_MM_ROWS 1
@@ -580,7 +580,8 @@ void kvr_pass_single(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_
 // own cache: its K/V stored at row n_past[b], attention over rows [0, n_kv[b]) (n_kv[b] > n_past[b];
 // rows past the token carry position INT32_MAX in kpos, which the causal mask hides: the layout of
 // a solo decode's kept graph), the T outputs side by side. kpos holds each sequence's n_kv[b] row
-// positions in turn.
+// positions in turn. Every GDN_BLOCK becomes, per token, one step of the recurrence on from its own
+// cache's state (from the zero state where n_past[b] is 0), updated in place.
 void kvr_pass_batch(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_kv_cache * const * caches,
                     const int * n_past, const int * n_kv, struct kvr_tensor * kpos, enum kvr_attn_mode mode);
 

@@ -612,9 +612,8 @@ static void * sched_main(void * arg) {
             n++;
         }
         if (n > 0) {
-            // one sequence alone goes through its session's kept decode graph (the same result); a
-            // model with recurrent layers decodes its slots one by one (the batch pass has no state)
-            if (n > 1 && !S->model->hp.n_recurrent) {
+            // one sequence alone goes through its session's kept decode graph (the same result)
+            if (n > 1) {
                 const int rc = kvr_session_eval_batch(group, gtok, n);
                 for (int j = 0; j < n; j++) grc[j] = rc;
             } else {
