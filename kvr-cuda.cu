@@ -1799,6 +1799,35 @@ static int mm_gemm(struct cu_backend * cb, struct kvr_tensor * node, int64_t N, 
     return KVR_OK;
 }
 
+// Y [N, T] (ldy) = W . X for N weight rows of `type` nb1 bytes apart and X [K, T] (ldx): F32 rows
+// straight to cuBLAS; others expanded into F32 CU_W32_TILE bytes of rows at a time, one cuBLAS f32
+// product per tile (a prompt's MUL_MAT, each picked expert of a prompt's MUL_MAT_ID)
+static int mm_expand_gemm(struct cu_backend * cb, struct kvr_tensor * node, enum kvr_type type, const char * Wd, int64_t nb1,
+                          int64_t K, int64_t N, int64_t T, const float * X, int64_t ldx, float * Y, int64_t ldy) {
+    if (type == KVR_TYPE_F32) return mm_gemm(cb, node, N, T, K, Wd, CUDA_R_32F, nb1 / 4, X, CUDA_R_32F, ldx, Y, ldy);
+    int64_t tile = (int64_t)(CU_W32_TILE / ((size_t)K * 4));
+    if (tile < 1) tile = 1;
+    if (tile > N) tile = N;
+    CU_TRY(scratch(cb, &cb->w32, &cb->w32_bytes, (size_t)(tile * K) * 4, node));
+    for (int64_t n0 = 0; n0 < N; n0 += tile) {
+        const int64_t rows = n0 + tile <= N ? tile : N - n0;
+        const char * W = Wd + n0 * nb1;
+        const int64_t ng = rows * ((K + 7) / 8);
+        switch (type) {
+#define CU_CASE(TYPE) case TYPE: \
+            k_dequant_f32<TYPE><<<cu_blocks(ng, 128), 128, 0, cb->compute>>>(W, nb1, K, rows, (float *)cb->w32); break;
+            CU_WEIGHT_TYPES(CU_CASE)
+#undef CU_CASE
+            default:
+                return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: %s with weights of type %s (tensor '%s')", cb->device,
+                                 kvr_op_name((enum kvr_op)node->op), kvr_type_name(type), node->name);
+        }
+        CU_LAUNCHED();
+        CU_TRY(mm_gemm(cb, node, rows, T, K, cb->w32, CUDA_R_32F, K, X, CUDA_R_32F, ldx, Y + n0, ldy));
+    }
+    return KVR_OK;
+}
+
 static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
     const struct kvr_tensor * w = node->src[0], * x = node->src[1];
     const int64_t K = w->ne[0], N = w->ne[1], T = x->ne[1] * x->ne[2] * x->ne[3];
@@ -1807,10 +1836,7 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
     float * Y = (float *)node->data;
     if (T == 0 || N == 0) return KVR_OK;
     cb->counters.matmul_flops += 2 * K * N * T;
-    if (w->type == KVR_TYPE_F32) {
-        return mm_gemm(cb, node, N, T, K, w->data, CUDA_R_32F, (int64_t)(w->nb[1] / 4), X, CUDA_R_32F, ldx, Y, N);
-    }
-    if (T <= CU_DOT_MAX_T) { // decode: no tile, the weights read once
+    if (w->type != KVR_TYPE_F32 && T <= CU_DOT_MAX_T) { // decode: no tile, the weights read once
         const bool x_vec = ((uintptr_t)X % 16 == 0) && ldx % 4 == 0;
         const bool w_vec = cu_w_vec(w->type, w->data, (int64_t)w->nb[1]);
         switch (w->type) {
@@ -1826,28 +1852,8 @@ static int op_mul_mat(struct cu_backend * cb, struct kvr_tensor * node) {
         CU_LAUNCHED();
         return KVR_OK;
     }
-    // prefill: a tile of weight rows expanded to F32, then one cuBLAS f32 product per tile
-    int64_t tile = (int64_t)(CU_W32_TILE / ((size_t)K * 4));
-    if (tile < 1) tile = 1;
-    if (tile > N) tile = N;
-    CU_TRY(scratch(cb, &cb->w32, &cb->w32_bytes, (size_t)(tile * K) * 4, node));
-    for (int64_t n0 = 0; n0 < N; n0 += tile) {
-        const int64_t rows = n0 + tile <= N ? tile : N - n0;
-        const char * W = (const char *)w->data + n0 * (int64_t)w->nb[1];
-        const int64_t ng = rows * ((K + 7) / 8);
-        switch (w->type) {
-#define CU_CASE(TYPE) case TYPE: \
-            k_dequant_f32<TYPE><<<cu_blocks(ng, 128), 128, 0, cb->compute>>>(W, (int64_t)w->nb[1], K, rows, (float *)cb->w32); break;
-            CU_WEIGHT_TYPES(CU_CASE)
-#undef CU_CASE
-            default:
-                return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: MUL_MAT with weights of type %s (tensor '%s')", cb->device,
-                                 kvr_type_name(w->type), node->name);
-        }
-        CU_LAUNCHED();
-        CU_TRY(mm_gemm(cb, node, rows, T, K, cb->w32, CUDA_R_32F, K, X, CUDA_R_32F, ldx, Y + n0, N));
-    }
-    return KVR_OK;
+    // F32 weights, and prompts: cuBLAS
+    return mm_expand_gemm(cb, node, w->type, (const char *)w->data, (int64_t)w->nb[1], K, N, T, X, ldx, Y, N);
 }
 
 static int op_moe_route(struct cu_backend * cb, struct kvr_tensor * node) {
@@ -1896,37 +1902,12 @@ static int op_mul_mat_id_grouped(struct cu_backend * cb, struct kvr_tensor * nod
     CU(cudaEventRecord(cb->ev_stage[0], cb->compute)); // the next user of the buffer waits for this copy
     k_moe_gather<<<(unsigned)slots, cu_threads_for(K), 0, cb->compute>>>(cu_t(x), k, T, order, slots, xg);
     CU_LAUNCHED();
-    int64_t tile = w->type == KVR_TYPE_F32 ? N : (int64_t)(CU_W32_TILE / ((size_t)K * 4));
-    if (tile < 1) tile = 1;
-    if (tile > N) tile = N;
-    int rc = w->type != KVR_TYPE_F32 ? scratch(cb, &cb->w32, &cb->w32_bytes, (size_t)(tile * K) * 4, node) : KVR_OK;
-    for (int64_t e = 0; e < E && rc == KVR_OK; e++) {
+    for (int64_t e = 0; e < E; e++) {
         const int64_t r0 = offsets[e], n_e = offsets[e + 1] - offsets[e];
         if (n_e == 0) continue; // an expert no token picked: its matrix is not read
-        const char * We = (const char *)w->data + e * (int64_t)w->nb[2];
-        for (int64_t n0 = 0; n0 < N && rc == KVR_OK; n0 += tile) {
-            const int64_t rows = n0 + tile <= N ? tile : N - n0;
-            const char * W = We + n0 * (int64_t)w->nb[1];
-            if (w->type == KVR_TYPE_F32) {
-                rc = mm_gemm(cb, node, rows, n_e, K, W, CUDA_R_32F, (int64_t)(w->nb[1] / 4), xg + r0 * K, CUDA_R_32F, K,
-                             yg + r0 * N + n0, N);
-                continue;
-            }
-            const int64_t ng = rows * ((K + 7) / 8);
-            switch (w->type) {
-#define CU_CASE(TYPE) case TYPE: \
-                k_dequant_f32<TYPE><<<cu_blocks(ng, 128), 128, 0, cb->compute>>>(W, (int64_t)w->nb[1], K, rows, (float *)cb->w32); break;
-                CU_WEIGHT_TYPES(CU_CASE)
-#undef CU_CASE
-                default:
-                    return kvr_error(KVR_ERR_UNSUPP, "cuda:%d: MUL_MAT_ID with weights of type %s (tensor '%s')", cb->device,
-                                     kvr_type_name(w->type), node->name);
-            }
-            CU_LAUNCHED();
-            rc = mm_gemm(cb, node, rows, n_e, K, cb->w32, CUDA_R_32F, K, xg + r0 * K, CUDA_R_32F, K, yg + r0 * N + n0, N);
-        }
+        CU_TRY(mm_expand_gemm(cb, node, w->type, (const char *)w->data + e * (int64_t)w->nb[2], (int64_t)w->nb[1], K, N, n_e,
+                              xg + r0 * K, K, yg + r0 * N, N));
     }
-    if (rc != KVR_OK) return rc;
     k_moe_scatter<<<(unsigned)slots, cu_threads_for(N), 0, cb->compute>>>(yg, order, expert, slots,
                                                                           b ? (const char *)b->data : NULL,
                                                                           b ? (int64_t)b->nb[1] : 0, cu_t(node));
