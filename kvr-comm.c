@@ -2182,8 +2182,8 @@ static size_t states_floats(const struct kvr_session * d) {
     return (size_t)d->m->hp.n_layer * (size_t)kvr_hp_state_floats(&d->m->hp);
 }
 
-// Rows of a cache as f32 (what KV cache files, replication logs and replicas hold), turned from and
-// into the cache's types through a host copy of the stored rows.
+// Rows of a cache as f32 (what the KV file reader and writer and a recovery's replica rows take),
+// turned from and into the cache's types through a host copy of the stored rows.
 static void cache_get_f32(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n, float * k, float * v) {
     if (n <= 0) return;
     void * tmp = kvr_malloc((c->row_k > c->row_v ? c->row_k : c->row_v) * (size_t)n);
@@ -3390,6 +3390,8 @@ struct kvr_kv_log {
     int       fd;
     char    * path;
     int       n_layer, kv_dim;
+    enum kvr_type type_k, type_v; // the rows' types
+    size_t    row_k, row_v;       //   and their bytes
     uint32_t  crc;        // the chain: the last record's CRC
     int64_t   bytes;
     int       rc;         // the first write error, kept
@@ -3427,7 +3429,8 @@ static int kvl_writev(struct kvr_kv_log * w, struct iovec * iov, int n) {
 // are. Where a log could be planted (a directory others write in), it must not be a door: a
 // symbolic link is not followed (O_NOFOLLOW), anything but a regular file with one name is refused
 // (a FIFO, a device, a hard link to another file), and a new log is emptied only after that check.
-static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, bool create) {
+static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, enum kvr_type type_k, enum kvr_type type_v,
+                    bool create) {
     *out = NULL;
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -3454,6 +3457,10 @@ static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kv
     w->path = strdup(path);
     w->n_layer = (int)m->hp.n_layer;
     w->kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    w->type_k = type_k;
+    w->type_v = type_v;
+    w->row_k = kvr_row_size(type_k, w->kv_dim);
+    w->row_v = kvr_row_size(type_v, w->kv_dim);
     *out = w;
     return KVR_OK;
 }
@@ -3481,13 +3488,13 @@ int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct 
                          h->rank, h->n_ranks, h->strategy, h->n_prompt);
     }
     struct kvr_kv_log * w;
-    int rc = kvl_open(&w, path, m, true);
+    int rc = kvl_open(&w, path, m, h->type_k, h->type_v, true);
     if (rc != KVR_OK) return rc;
     uint8_t hd[KVR_KV_LOG_HEADER] = { 0 };
     memcpy(hd, "KVRKVLOG", 8);
     put_u32(hd + 8, KVR_KV_LOG_VERSION);
     put_u32(hd + 12, h->flags);
-    kvr_kv_fingerprint_put(m, hd);
+    kvr_kv_fingerprint_put(m, h->type_k, h->type_v, hd);
     put_u32(hd + KVL_OFF_RANK, (uint32_t)h->rank);
     put_u32(hd + KVL_OFF_RANKS, (uint32_t)h->n_ranks);
     put_u32(hd + KVL_OFF_STRAT, (uint32_t)h->strategy);
@@ -3511,7 +3518,7 @@ int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct 
 
 int kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_data * d) {
     struct kvr_kv_log * w;
-    int rc = kvl_open(&w, path, m, false);
+    int rc = kvl_open(&w, path, m, d->type_k, d->type_v, false);
     if (rc != KVR_OK) return rc;
     // what follows the acknowledged prefix (a step cut short, damage) goes; the new steps follow it
     if (ftruncate(w->fd, (off_t)d->good) != 0 || lseek(w->fd, (off_t)d->good, SEEK_SET) != (off_t)d->good) {
@@ -3526,17 +3533,17 @@ int kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct 
     return KVR_OK;
 }
 
-int kvr_kv_log_rows(struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v) {
+int kvr_kv_log_rows(struct kvr_kv_log * w, int step, int il, int n_rows, const void * k, const void * v) {
     KVR_ASSERT(step >= 0 && il >= 0 && il < w->n_layer && n_rows > 0);
     uint8_t hd[16], tail[4];
     put_u32(hd, KVR_KV_LOG_ROWS);
     put_u32(hd + 4, (uint32_t)step);
     put_u32(hd + 8, (uint32_t)il);
     put_u32(hd + 12, (uint32_t)n_rows);
-    const size_t nb = sizeof(float) * (size_t)w->kv_dim * (size_t)n_rows;
-    const uint32_t crc = kvr_crc32c(kvr_crc32c(kvr_crc32c(w->crc, hd, sizeof(hd)), k, nb), v, nb);
+    const size_t nk = w->row_k * (size_t)n_rows, nv = w->row_v * (size_t)n_rows;
+    const uint32_t crc = kvr_crc32c(kvr_crc32c(kvr_crc32c(w->crc, hd, sizeof(hd)), k, nk), v, nv);
     put_u32(tail, crc);
-    struct iovec iov[4] = { { hd, sizeof(hd) }, { (void *)k, nb }, { (void *)v, nb }, { tail, 4 } };
+    struct iovec iov[4] = { { hd, sizeof(hd) }, { (void *)k, nk }, { (void *)v, nv }, { tail, 4 } };
     const int rc = kvl_writev(w, iov, 4);
     if (rc == KVR_OK) w->crc = crc;
     return rc;
@@ -3594,8 +3601,7 @@ void kvr_kv_log_free(struct kvr_kv_log_data * d) {
 static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int64_t size, int64_t off, uint32_t crc,
                               const struct kvr_model * m) {
     const int L = d->n_layer;
-    const size_t row = sizeof(float) * (size_t)d->kv_dim;
-    float ** k = kvr_calloc((size_t)L, sizeof(float *)), ** v = kvr_calloc((size_t)L, sizeof(float *));
+    uint8_t ** k = kvr_calloc((size_t)L, sizeof(uint8_t *)), ** v = kvr_calloc((size_t)L, sizeof(uint8_t *));
     int layers = 0, rows = 0, cap = 0;     // the step being read: its ROWS records so far
     int64_t step_off = off;
     d->good = off;
@@ -3640,7 +3646,7 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
                          (long long)off, what, c, a, layers, layers > 0 ? " with as many rows as layer 0" : "");
                 break;
             }
-            need = 16 + 2 * (int64_t)row * c + 4;
+            need = 16 + (int64_t)(d->row_k + d->row_v) * c + 4;
         } else {
             snprintf(what, sizeof(what), "the commit of step %u", step);
             if (a > (1u << 24) || c > (1u << 24)) {
@@ -3662,8 +3668,8 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
             break;
         }
         if (type == KVR_KV_LOG_ROWS) {
-            k[layers] = (float *)(b + off + 16);
-            v[layers] = (float *)(b + off + 16 + row * c);
+            k[layers] = (uint8_t *)(b + off + 16);
+            v[layers] = (uint8_t *)(b + off + 16 + d->row_k * c);
             rows = (int)c;
             layers++;
         } else {
@@ -3699,12 +3705,12 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
             struct kvr_kv_log_step * s = &d->steps[d->n_steps++];
             *s = (struct kvr_kv_log_step) { .step = (int)step, .n_tokens = (int)a, .tokens = (int32_t *)t, .n_rows = (int)c,
                                             .pos = (int32_t *)(t + 4 * (size_t)a), .end = off + need, .crc = want };
-            // the values are little-endian in the file; the reader's host is too (kvr writes f32 rows as they are)
+            // the values are little-endian in the file; the reader's host is too (kvr writes rows as they are)
             if (c) {
                 s->k = k;
                 s->v = v;
-                k = kvr_calloc((size_t)L, sizeof(float *));
-                v = kvr_calloc((size_t)L, sizeof(float *));
+                k = kvr_calloc((size_t)L, sizeof(uint8_t *));
+                v = kvr_calloc((size_t)L, sizeof(uint8_t *));
             }
             layers = rows = 0;
             d->good = off + need;
@@ -3749,6 +3755,11 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
     } else if (get_u32(b + 8) == 1) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 1 is older than this kvr reads (%d): its fingerprint does not cover "
                        "the weights' bytes and the tokenizer, so the model it was made with cannot be told", path, KVR_KV_LOG_VERSION);
+    } else if (get_u32(b + 8) == 2) {
+        // its rows are f32 whatever the cache was: reading them as such would do, but continuing
+        // the log would append rows of the cache's type behind a header that says none
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 2 is older than this kvr reads (%d): its rows are f32 and it records no "
+                       "cache type; resume it with the kvr that wrote it, or run the prompt again", path, KVR_KV_LOG_VERSION);
     } else if (get_u32(b + 8) != KVR_KV_LOG_VERSION) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr log version", path, get_u32(b + 8));
     } else if (size < KVR_KV_LOG_HEADER) {
@@ -3760,7 +3771,7 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
     } else if (get_u32(b + 12) & ~(uint32_t)KVR_KV_LOG_BASE) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know", path, get_u32(b + 12));
     }
-    if (rc == KVR_OK) rc = kvr_kv_fingerprint_check(path, b, m, "log");
+    if (rc == KVR_OK) rc = kvr_kv_fingerprint_check(path, b, m, "log", &d->type_k, &d->type_v);
     if (rc == KVR_OK) {
         d->flags    = get_u32(b + 12);
         d->rank     = (int)get_u32(b + KVL_OFF_RANK);
@@ -3769,6 +3780,8 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
         d->n_prompt = (int)get_u32(b + KVL_OFF_PROMPT);
         d->n_layer  = (int)m->hp.n_layer;
         d->kv_dim   = (int)(m->hp.head_dim * m->hp.n_head_kv);
+        d->row_k    = kvr_row_size(d->type_k, d->kv_dim);
+        d->row_v    = kvr_row_size(d->type_v, d->kv_dim);
         const struct { int off; uint32_t v, hi; } lim[] = {
             { KVL_OFF_RANKS, (uint32_t)d->n_ranks, 256 }, { KVL_OFF_RANK, (uint32_t)d->rank, (uint32_t)d->n_ranks - 1 },
             { KVL_OFF_STRAT, (uint32_t)d->strategy, KVR_STRATEGY_COUNT - 1 }, { KVL_OFF_PROMPT, (uint32_t)d->n_prompt, 1u << 24 },
@@ -3833,7 +3846,7 @@ struct log_item {
     struct log_item * next;
     int               commit;    // 0: a layer's rows, 1: the step's commit
     int               step, il, n_rows, n_tokens;
-    float           * k, * v;    // rows: [kv_dim x n_rows] each
+    void            * k, * v;    // rows: n_rows rows each, in the log's types
     int32_t         * tokens;    // commit: the step's tokens, then the rows' positions
     int64_t           bytes;
 };
@@ -3944,32 +3957,33 @@ static int log_queue(struct kv_log * lg, struct log_item * it) {
     return rc;
 }
 
-// a layer's rows of this rank: k and v views of its cache, or (k NULL) host rows hk and hv
+// a layer's rows of this rank, in the cache's (the log's) types: k and v views of its cache, or
+// (k NULL) the rows read from cache c on backend be, row0 on
 static int log_put_rows(struct kv_log * lg, int step, int il, int n_rows, const struct kvr_tensor * k, const struct kvr_tensor * v,
-                        const float * hk, const float * hv, int kv_dim) {
-    const size_t nb = sizeof(float) * (size_t)kv_dim * (size_t)n_rows;
+                        struct kvr_backend * be, const struct kvr_kv_cache * c, int row0) {
+    const size_t nk = lg->w->row_k * (size_t)n_rows, nv = lg->w->row_v * (size_t)n_rows;
     struct log_item * it = calloc(1, sizeof(*it));
     KVR_ASSERT(it != NULL);
-    it->k = malloc(nb);
-    it->v = malloc(nb);
+    it->k = malloc(nk);
+    it->v = malloc(nv);
     if (!it->k || !it->v) {
         free(it->k);
         free(it->v);
         free(it);
-        return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, nb >> 9, il);
+        return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, (nk + nv) >> 10, il);
     }
     if (k) {
-        KVR_ASSERT(kvr_nelements(k) * (int64_t)sizeof(float) == (int64_t)nb && kvr_nelements(v) == kvr_nelements(k));
-        tensor_get_f32(k, it->k);
-        tensor_get_f32(v, it->v);
+        KVR_ASSERT(k->type == lg->w->type_k && v->type == lg->w->type_v && kvr_nbytes(k) == nk && kvr_nbytes(v) == nv);
+        kvr_backend_tensor_get(k, it->k, 0, nk);
+        kvr_backend_tensor_get(v, it->v, 0, nv);
     } else {
-        memcpy(it->k, hk, nb);
-        memcpy(it->v, hv, nb);
+        KVR_ASSERT(c->type_k == lg->w->type_k && c->type_v == lg->w->type_v);
+        kvr_kv_cache_get_rows(be, c, il, row0, n_rows, it->k, it->v);
     }
     it->step = step;
     it->il = il;
     it->n_rows = n_rows;
-    it->bytes = 2 * (int64_t)nb;
+    it->bytes = (int64_t)(nk + nv);
     return log_queue(lg, it);
 }
 
@@ -4062,7 +4076,7 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         return kvr_error(KVR_ERR_ARG, "--replicate-dir %s: %s", dir, S_ISLNK(st.st_mode) ? "a symbolic link, not a directory" : "not a directory");
     }
     const bool base = d->n_past > 0;
-    const int kv_dim = (int)(d->m->hp.head_dim * d->m->hp.n_head_kv), n_layer = (int)d->m->hp.n_layer;
+    const int n_layer = (int)d->m->hp.n_layer;
     int rc = KVR_OK;
     for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
         struct dist_rank * dr = &d->ranks[i];
@@ -4070,7 +4084,7 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         kvr_session_log_path(dir, dr->rank, path, sizeof(path));
         const struct kvr_kv_log_head h = { .rank = dr->rank, .n_ranks = d->n_ranks, .strategy = (int)d->p.strategy,
                                            .n_prompt = base ? d->n_past : n, .prompt = base ? d->seq : tokens,
-                                           .flags = base ? KVR_KV_LOG_BASE : 0 };
+                                           .flags = base ? KVR_KV_LOG_BASE : 0, .type_k = d->type_k, .type_v = d->type_v };
         struct kvr_kv_log * w;
         rc = kvr_kv_log_create(&w, path, d->m, &h);
         if (rc != KVR_OK) break;
@@ -4081,14 +4095,7 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         }
         if (!base) continue;
         const int nr = dr->n_rows;
-        float * k = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1)), * v = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1));
-        KVR_ASSERT(k && v);
-        for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) {
-            cache_get_f32(dr->be, dr->cache, il, 0, nr, k, v);
-            rc = log_put_rows(dr->dv.log, 0, il, nr, NULL, NULL, k, v, kv_dim);
-        }
-        free(k);
-        free(v);
+        for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) rc = log_put_rows(dr->dv.log, 0, il, nr, NULL, NULL, dr->be, dr->cache, 0);
         if (rc == KVR_OK) rc = log_put_commit(dr->dv.log, 0, d->seq, d->n_past, dr->cache_pos, nr);
     }
     if (rc != KVR_OK) {
@@ -5071,8 +5078,7 @@ static int dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node
         return KVR_OK;
     }
     if (peer == PEER_LOG) {
-        const int rc = log_put_rows(c->dv.log, c->dv.log->step, il, (int)node->src[0]->ne[1], node->src[0], node->src[1], NULL, NULL,
-                                    (int)node->src[0]->ne[0]);
+        const int rc = log_put_rows(c->dv.log, c->dv.log->step, il, (int)node->src[0]->ne[1], node->src[0], node->src[1], NULL, NULL, 0);
         return rc == KVR_OK ? rc : comm_fail(c, rc);
     }
     // to the file stream, no peer
@@ -5093,16 +5099,8 @@ static int dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev) {
     }
     if (!dv->log) return KVR_OK;
     // one decoded token's rows, one small transfer per layer, to the log's writer
-    const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->made;
-    float * k = malloc(bytes), * v = malloc(bytes);
-    KVR_ASSERT(k && v);
     int rc = KVR_OK;
-    for (int il = 0; il < n_layer && rc == KVR_OK; il++) {
-        cache_get_f32(dr->be, dr->cache, il, dr->made_row0, dr->made, k, v);
-        rc = log_put_rows(dv->log, dv->log->step, il, dr->made, NULL, NULL, k, v, dr->cache->kv_dim);
-    }
-    free(k);
-    free(v);
+    for (int il = 0; il < n_layer && rc == KVR_OK; il++) rc = log_put_rows(dv->log, dv->log->step, il, dr->made, NULL, NULL, dr->be, dr->cache, dr->made_row0);
     if (rc != KVR_OK) dr->comm->tr->fail(dr->comm->tr, dr->rank, kvr_last_error());
     return rc;
 }
@@ -5611,10 +5609,12 @@ static int resume_gather(struct kvr_kv_log_data ** L, int NL, int S, const char 
                     *holder = r;
                     continue;
                 }
+                // as f32, the form a cache file's rows take too: the restore turns them back into
+                // the cache's types, the same bytes where the log's types are the cache's
+                const struct kvr_kv_log_data * x = L[r];
                 for (int il = 0; il < n_layer; il++) {
-                    const size_t row = sizeof(float) * (size_t)kv_dim;
-                    memcpy(sh->k[il] + (size_t)sh->n_rows * kv_dim, st->k[il] + (size_t)i * kv_dim, row);
-                    memcpy(sh->v[il] + (size_t)sh->n_rows * kv_dim, st->v[il] + (size_t)i * kv_dim, row);
+                    kvr_kv_rows_to_float(x->type_k, st->k[il] + (size_t)i * x->row_k, sh->k[il] + (size_t)sh->n_rows * kv_dim, 1, kv_dim);
+                    kvr_kv_rows_to_float(x->type_v, st->v[il] + (size_t)i * x->row_v, sh->v[il] + (size_t)sh->n_rows * kv_dim, 1, kv_dim);
                 }
                 sh->pos[sh->n_rows++] = p;
             }
@@ -5663,8 +5663,9 @@ int kvr_session_resume(struct kvr_session * d, const char * dir, const int32_t *
         const struct { int off; int a, b; const char * name; } same[] = {
             { 64, x->rank, r, "rank" }, { 68, x->n_ranks, NL, "ranks" }, { 72, x->strategy, L0->strategy, "strategy" },
             { 12, (int)x->flags, (int)L0->flags, "flags" }, { 76, x->n_prompt, L0->n_prompt, "prompt tokens" },
+            { 32, (int)(x->type_k | x->type_v << 16), (int)(L0->type_k | L0->type_v << 16), "cache type field" },
         };
-        for (int i = 0; i < 5 && rc == KVR_OK; i++) {
+        for (int i = 0; i < 6 && rc == KVR_OK; i++) {
             if (same[i].a != same[i].b) {
                 rc = kvr_error(KVR_ERR_ARG, "%s: offset %d: %s %d, but %s has %d (%s): logs of different runs in %s", path, same[i].off,
                                same[i].name, same[i].a, i == 0 ? "its name" : path0, same[i].b, i == 0 ? "rank-R.kvlog" : "rank 0's log", dir);
@@ -5706,6 +5707,16 @@ int kvr_session_resume(struct kvr_session * d, const char * dir, const int32_t *
         rc = kvr_error(KVR_ERR_ARG, "--replicate-dir %s: the logs there are of %d ranks (%s); this run has %d (%s): they cannot go on "
                        "there, give --replicate-dir another directory", dir, NL, kvr_strategy_name((enum kvr_strategy)L0->strategy),
                        d->n_ranks, kvr_strategy_name(d->p.strategy));
+    }
+    const bool converted = rc == KVR_OK && (L0->type_k != d->type_k || L0->type_v != d->type_v);
+    if (append && converted) {
+        rc = kvr_error(KVR_ERR_ARG, "--replicate-dir %s: the logs there hold %s K and %s V rows; this run's cache is %s and %s: they "
+                       "cannot go on there (their rows would change type), give --replicate-dir another directory", dir,
+                       kvr_type_name(L0->type_k), kvr_type_name(L0->type_v), kvr_type_name(d->type_k), kvr_type_name(d->type_v));
+    }
+    if (converted && rc == KVR_OK) {
+        resume_note(d, "%s: the logs hold %s K and %s V rows, this session's cache is %s and %s: the rows are converted", dir,
+                    kvr_type_name(L0->type_k), kvr_type_name(L0->type_v), kvr_type_name(d->type_k), kvr_type_name(d->type_v));
     }
     if (rc == KVR_OK) rc = resume_agree(d, &S);
     struct kvr_kv_file f = { 0 };

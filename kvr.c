@@ -10472,7 +10472,7 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
     fp[KVH_LAYERS]     = hp->n_layer;
     fp[KVH_HEADS_KV]   = hp->n_head_kv;
     fp[KVH_HEAD_DIM]   = hp->head_dim;
-    fp[KVH_TYPE]       = 0;            // the rows' types (a file: its writer's; a log: 0, f32 and f32)
+    fp[KVH_TYPE]       = 0;            // the rows' types: not the model's (its writer puts them)
     fp[KVH_ROT]        = hp->n_rot;
     fp[KVH_ROPE_MODE]  = (uint32_t)hp->rope_mode;
     fp[KVH_ROPE_BASE]  = f32_as_u32(hp->rope_freq_base);
@@ -10523,22 +10523,36 @@ static int kv_check_model(const char * path, const uint8_t * h, const struct kvr
     return KVR_OK;
 }
 
+// the rows' types of a header's field at 32: K's in the low 16 bits, V's in the high ones, each a
+// KV cache type whose blocks fit the head size
+static int kv_types_read(const char * path, const uint8_t * h, const struct kvr_model * m, enum kvr_type * type_k, enum kvr_type * type_v) {
+    const uint32_t f = get_u32(h + KVH_OFFSET(KVH_TYPE));
+    for (int kind = 0; kind < 2; kind++) {
+        const uint32_t t = kind ? f >> 16 : f & 0xffff;
+        if (t >= KVR_TYPE_COUNT || !kv_cache_type_ok((enum kvr_type)t) || m->hp.head_dim % kvr_blck_size((enum kvr_type)t) != 0) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the cache type field 0x%08x gives %s type %u (%s), not a KV cache type "
+                             "(f32, f16, bf16, q8_0) for a head size of %u", path, KVH_OFFSET(KVH_TYPE), f, kind ? "V" : "K",
+                             t, t < KVR_TYPE_COUNT ? kvr_type_name((enum kvr_type)t) : "?", m->hp.head_dim);
+        }
+    }
+    *type_k = (enum kvr_type)(f & 0xffff);
+    *type_v = (enum kvr_type)(f >> 16);
+    return KVR_OK;
+}
+
 // the fingerprint for the replication logs' header (kvr-comm.c), which shares bytes 16..64 and 84..92
-void kvr_kv_fingerprint_put(const struct kvr_model * m, uint8_t * h) {
+void kvr_kv_fingerprint_put(const struct kvr_model * m, enum kvr_type type_k, enum kvr_type type_v, uint8_t * h) {
+    KVR_ASSERT(kv_cache_type_ok(type_k) && kv_cache_type_ok(type_v));
     uint32_t fp[KVH_COUNT] = { 0 };
     kv_fingerprint(m, fp);
     for (int fi = 0; fi < KVH_FP_COUNT; fi++) put_u32(h + KVH_OFFSET(kvh_fp_fields[fi]), fp[kvh_fp_fields[fi]]);
+    put_u32(h + KVH_OFFSET(KVH_TYPE), (uint32_t)type_k | (uint32_t)type_v << 16);
 }
 
-int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
+int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what,
+                             enum kvr_type * type_k, enum kvr_type * type_v) {
     const int rc = kv_check_model(path, h, m, what);
-    if (rc != KVR_OK) return rc;
-    // a log's rows are f32 whatever the cache's type (the session converts): the field says so
-    if (get_u32(h + KVH_OFFSET(KVH_TYPE)) != 0) {
-        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the %s's rows are f32 (cache type field 0), the field holds 0x%08x", path,
-                         KVH_OFFSET(KVH_TYPE), what, get_u32(h + KVH_OFFSET(KVH_TYPE)));
-    }
-    return KVR_OK;
+    return rc != KVR_OK ? rc : kv_types_read(path, h, m, type_k, type_v);
 }
 
 struct kvr_kv_writer {
@@ -10850,18 +10864,8 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
     int rc = kv_check_model(path, h, m, "cache");
     if (rc != KVR_OK) return rc;
-    // the rows' types: K's in the low 16 bits, V's in the high ones, each a KV cache type whose
-    // blocks fit the head size
-    for (int kind = 0; kind < 2; kind++) {
-        const uint32_t t = kind ? hv[KVH_TYPE] >> 16 : hv[KVH_TYPE] & 0xffff;
-        if (t >= KVR_TYPE_COUNT || !kv_cache_type_ok((enum kvr_type)t) || m->hp.head_dim % kvr_blck_size((enum kvr_type)t) != 0) {
-            return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the cache type field 0x%08x gives %s type %u (%s), not a KV cache type "
-                             "(f32, f16, bf16, q8_0) for a head size of %u", path, KVH_OFFSET(KVH_TYPE), hv[KVH_TYPE], kind ? "V" : "K",
-                             t, t < KVR_TYPE_COUNT ? kvr_type_name((enum kvr_type)t) : "?", m->hp.head_dim);
-        }
-    }
-    f->type_k = (enum kvr_type)(hv[KVH_TYPE] & 0xffff);
-    f->type_v = (enum kvr_type)(hv[KVH_TYPE] >> 16);
+    rc = kv_types_read(path, h, m, &f->type_k, &f->type_v);
+    if (rc != KVR_OK) return rc;
     const uint32_t lim[][2] = { { KVH_TOKENS, 1u << 24 }, { KVH_RANKS, 256 }, { KVH_CHUNK, 1u << 24 } };
     for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
         const int fi = (int)lim[i][0];

@@ -2181,16 +2181,17 @@ int               kvr_session_test_replica(struct kvr_session * s, int rank, int
 //        0      8  magic "KVRKVLOG"
 //        8      4  version (KVR_KV_LOG_VERSION)
 //       12      4  flags (enum kvr_kv_log_flag; unknown bits are refused)
-//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64, but the
-//                  type field (at 32) is 0: a log's rows are f32 whatever the cache's type
+//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64, with
+//                  (at 32) the rows' types as there: K's type id in the low 16 bits, V's in the
+//                  high 16 (f32, f16, bf16 or q8_0: the cache's, so a row is logged as its bytes)
 //       64     16  rank, ranks, strategy (enum kvr_strategy), prompt tokens (u32 each)
 //       80      4  0 (u32)
 //       84      8  the tokenizer hash: the cache file's bytes 84..92
 //       92      4  CRC32C of bytes [0, 92)
 //       96         the prompt's token ids (i32), then their CRC32C
 //                  then records, each starting (type, step) u32:
-//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32 (a
-//                                     typed cache's rows as f32; a resume converts them back)
+//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows of kv_dim values
+//                                     in K's and V's type (kvr_row_size bytes each)
 //                  KVR_KV_LOG_COMMIT: tokens, rows (u32); the step's token ids (i32); the
 //                                     absolute positions of the rank's rows of the step (i32)
 //                  and a CRC32C over the record seeded with the previous record's CRC (the first
@@ -2201,7 +2202,12 @@ int               kvr_session_test_replica(struct kvr_session * s, int rank, int
 // step, also those it made no rows in. A reader keeps the acknowledged steps and ignores what
 // follows the last whole COMMIT (a record cut short or with a bad CRC ends the log's good prefix).
 
-#define KVR_KV_LOG_VERSION 2 // 1: the weights hash covered the tensors' metadata only, no tokenizer hash
+// A resume into a session whose cache types are the log's puts the logged bytes back as they were;
+// into one of other types it converts the rows (through f32, as a KV file of another type loads)
+// and says so in a note, but does not go on appending to those logs (their rows would change type
+// mid-file): that is refused, naming both types. Older versions are refused, saying why.
+#define KVR_KV_LOG_VERSION 3 // 2: f32 rows, no cache type; 1: the weights hash covered the tensors' metadata
+                             //   only, no tokenizer hash
 #define KVR_KV_LOG_HEADER  96
 
 enum kvr_kv_log_flag {
@@ -2219,6 +2225,7 @@ struct kvr_kv_log_head {
     int             n_prompt;  // the tokens of step 0
     const int32_t * prompt;
     uint32_t        flags;
+    enum kvr_type   type_k, type_v; // the rows' types (the cache's); zeroed: f32
 };
 
 // The writer: each call writes one record with one write(2) (no buffering in the process, so a
@@ -2231,7 +2238,7 @@ int     kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const str
                           const struct kvr_kv_log_head * h);
 int     kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
                           const struct kvr_kv_log_data * d);
-int     kvr_kv_log_rows  (struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v);
+int     kvr_kv_log_rows  (struct kvr_kv_log * w, int step, int il, int n_rows, const void * k, const void * v); // in the log's types
 int     kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens,
                           const int32_t * pos, int n_rows);
 int     kvr_kv_log_sync  (struct kvr_kv_log * w);
@@ -2245,8 +2252,8 @@ struct kvr_kv_log_step {
     int32_t * tokens;
     int       n_rows;
     int32_t * pos;        // the rows' absolute positions
-    float  ** k;          // per layer: [kv_dim x n_rows] f32 (NULL when n_rows is 0)
-    float  ** v;
+    uint8_t ** k;         // per layer: n_rows rows of kv_dim values in the log's K type (NULL when
+    uint8_t ** v;         //   n_rows is 0); V's likewise
     int64_t   end;        // the offset after the step's COMMIT
     uint32_t  crc;        //   and the chain's CRC there
 };
@@ -2257,6 +2264,8 @@ struct kvr_kv_log_data {
     int                      n_prompt;
     int32_t                * prompt;
     int                      n_layer, kv_dim;
+    enum kvr_type            type_k, type_v; // the rows' types (header offset 32)
+    size_t                   row_k, row_v;   //   and a row's bytes in each
     int                      n_steps;   // acknowledged steps 0 .. n_steps-1
     struct kvr_kv_log_step * steps;
     int64_t                  good;      // where the acknowledged prefix ends (the header's end without steps)
@@ -2268,15 +2277,18 @@ struct kvr_kv_log_data {
 };
 
 // The header is checked whole: KVR_ERR_IO (cannot open), KVR_ERR_FORMAT (not a log, a damaged
-// header or prompt), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (another model: the message names
-// the field); then the records are read up to the first damage, which is no error (see damage).
+// header or prompt, a type field that is no cache type for the model's head size, an older
+// version), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (another model: the message names the field); then the records are read up to the first damage, which is no error (see damage).
 int  kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out);
 void kvr_kv_log_free(struct kvr_kv_log_data * d);
 
-// The model's fingerprint, bytes 16..64 and 84..92 of a cache file's or a log's header h: written,
-// or checked (KVR_ERR_ARG naming the first field of another model; what: "cache", "log")
-void kvr_kv_fingerprint_put  (const struct kvr_model * m, uint8_t * h);
-int  kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what);
+// The model's fingerprint and the rows' types, bytes 16..64 and 84..92 of a cache file's or a log's
+// header h: written, or checked (KVR_ERR_ARG naming the first field of another model; KVR_ERR_FORMAT
+// for a type field that holds no KV cache type for the model's head size; what: "cache", "log"),
+// the types read into *type_k and *type_v
+void kvr_kv_fingerprint_put  (const struct kvr_model * m, enum kvr_type type_k, enum kvr_type type_v, uint8_t * h);
+int  kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what,
+                              enum kvr_type * type_k, enum kvr_type * type_v);
 
 //
 // I5. element math: one element or one block
