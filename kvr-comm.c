@@ -127,18 +127,24 @@ int kvr_useful_ranks(enum kvr_strategy s, int T, int n_ranks, bool pd) {
 }
 
 enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
+                                enum kvr_cache_type type_k, enum kvr_cache_type type_v,
                                 double flops, double bw, char * why, size_t cap) {
-    (void)head_dim; // D cancels in both sides of the paper's inequalities
-    const double N = n_ranks, e = sizeof(float);
-    const double t_min = N * flops * n_head_kv * e / (2.0 * n_head * bw);
+    // D cancels in both sides of the inequalities; it only sizes a row of the cache's types
+    KVR_ASSERT((unsigned)type_k < KVR_CACHE_TYPE_COUNT && (unsigned)type_v < KVR_CACHE_TYPE_COUNT && head_dim > 0);
+    const enum kvr_type tk = kvr_cache_type_elem(type_k), tv = kvr_cache_type_elem(type_v);
+    const double e_kv = (double)(kvr_row_size(tk, head_dim) + kvr_row_size(tv, head_dim)) / (2.0 * head_dim);
+    const double e_q = sizeof(float);
+    const double N = n_ranks;
+    const double t_min = N * flops * n_head_kv * e_kv / (2.0 * n_head * bw);
     const double miss = (double)T / (double)(T + P);
-    const double miss_min = 2.0 * n_head_kv / n_head - 4.0 * T * bw / (N * flops * e);
+    const double miss_min = 2.0 * n_head_kv * e_kv / (n_head * e_q) - 4.0 * T * bw / (N * flops * e_q);
     const enum kvr_strategy pick = (T >= t_min || miss >= miss_min) ? KVR_STRATEGY_RING_KV : KVR_STRATEGY_RING_Q;
     if (why) {
-        snprintf(why, cap, "auto: %s (Algorithm 5: T=%d >= %.0f is %s; T/(T+P)=%.4f >= 2*NKV/NH - 4*T*BW/(N*C*e) = %.4f is %s;"
-                 " N=%d NH=%d NKV=%d C=%.3g FLOP/s BW=%.3g B/s e=4)",
+        snprintf(why, cap, "auto: %s (Algorithm 5: T=%d >= %.0f is %s; T/(T+P)=%.4f >= 2*NKV*e_kv/(NH*e_q) - 4*T*BW/(N*C*e_q) = %.4f is %s;"
+                 " N=%d NH=%d NKV=%d C=%.3g FLOP/s BW=%.3g B/s e_kv=%.4g (%s K, %s V) e_q=4)",
                  kvr_strategy_name(pick), T, t_min, T >= t_min ? "true" : "false", miss, miss_min,
-                 miss >= miss_min ? "true" : "false", n_ranks, n_head, n_head_kv, flops, bw);
+                 miss >= miss_min ? "true" : "false", n_ranks, n_head, n_head_kv, flops, bw, e_kv, kvr_cache_type_name(type_k),
+                 kvr_cache_type_name(type_v));
     }
     return pick;
 }
@@ -1566,8 +1572,8 @@ static int plan_eval(struct kvr_session * d, int T) {
                 const struct kvr_hparams * hp = &d->m->hp;
                 char why[512];
                 const double bw = d->p.auto_bw > 0 ? d->p.auto_bw : d->p.link_gbps > 0 ? d->p.link_gbps * 1e9 / 8 : 1e10;
-                pl->strat = kvr_auto_pick(T, pl->P, N, (int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim,
-                                          d->p.auto_flops > 0 ? d->p.auto_flops : 1e11, bw, why, sizeof(why));
+                pl->strat = kvr_auto_pick(T, pl->P, N, (int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim, d->p.cache_type_k,
+                                          d->p.cache_type_v, d->p.auto_flops > 0 ? d->p.auto_flops : 1e11, bw, why, sizeof(why));
                 if (d->p.log && kvr_session_rank(d) == 0) fprintf(d->p.log, "%s\n", why);
             }
             for (int r = 0; r < N; r++) {

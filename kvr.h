@@ -1399,12 +1399,6 @@ int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos);
 // could use (KVR_ERR_ARG, but single and a given partition); fewer tokens leave ranks idle.
 int kvr_useful_ranks(enum kvr_strategy s, int T, int n_ranks, bool pd);
 
-// The choice of auto (the CP paper's Algorithm 5): pass-KV if T >= N*C*NKV*e/(2*NH*BW) or
-// T/(T+P) >= 2*NKV/NH - 4*T*BW/(N*C*e), else pass-Q. C: attention FLOP/s of one rank, BW: link
-// bytes/s, e: bytes per element. why (may be NULL) receives the rule with the numbers.
-enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
-                                double flops, double bw, char * why, size_t cap);
-
 enum kvr_comm_kind {
     KVR_COMM_LOCAL = 0, // ranks are threads of this process (the default)
     KVR_COMM_MPI   = 1, // ranks are MPI processes (build with make KVR_MPI=1, run under mpirun)
@@ -1434,6 +1428,16 @@ const char *  kvr_cache_type_name(enum kvr_cache_type t);                      /
 int           kvr_cache_type_parse(const char * name, enum kvr_cache_type * out); // KVR_OK or KVR_ERR_ARG
 enum kvr_type kvr_cache_type_elem(enum kvr_cache_type t);                      // its tensor type (F16, ...)
 
+// The choice of auto (the CP paper's Algorithm 5, with the bytes of K/V and of Q apart): pass-KV if
+// T >= N*C*NKV*e_kv/(2*NH*BW) (the K/V of a ring step cross the link within its attention) or
+// T/(T+P) >= 2*NKV*e_kv/(NH*e_q) - 4*T*BW/(N*C*e_q) (the K/V exposed beyond the attention cost less
+// than the queries pass-Q sends), else pass-Q. C: attention FLOP/s of one rank, BW: link bytes/s,
+// e_kv: bytes per K/V element on the wire (the cache's types, K's and V's averaged: 4 f32, 2 f16
+// and bf16, 34/32 q8_0), e_q: bytes per query element (4: ring-q sends f32 queries). With
+// e_kv = e_q both rules are the paper's. why (may be NULL) receives the rule with the numbers.
+enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
+                                enum kvr_cache_type type_k, enum kvr_cache_type type_v,
+                                double flops, double bw, char * why, size_t cap);
 
 // Reading intermediates (tools/kvr-compare): every node named "blk.<layer>.<name>" for a name in
 // names is kept as an output of each eval (its memory is not reused) and handed to got() after
