@@ -3365,7 +3365,8 @@ static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, s
     int rc = KVR_OK;
     if (n_sh > 0) {
         const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
-                                           .shards = sh, .logits = true, .type_k = d->type_k, .type_v = d->type_v };
+                                           .shards = sh, .logits = true, .type_k = d->type_k, .type_v = d->type_v,
+                                           .rope_long = kvr_model_rope_long(d->m, d->n_ctx) };
         char p[4096];
         if (ring && n_sh != d->n_ranks) kvr_session_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
         else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
@@ -3489,7 +3490,8 @@ static void kvl_sync_dir(const char * path) {
 int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_head * h) {
     *out = NULL;
     if (h->n_ranks < 1 || h->n_ranks > 256 || h->rank < 0 || h->rank >= h->n_ranks || h->n_prompt < 0 || h->n_prompt > (1 << 24) ||
-        h->strategy < 0 || h->strategy >= KVR_STRATEGY_COUNT || (h->flags & ~(uint32_t)KVR_KV_LOG_BASE)) {
+        h->strategy < 0 || h->strategy >= KVR_STRATEGY_COUNT || (h->flags & ~(uint32_t)(KVR_KV_LOG_BASE | KVR_KV_LOG_ROPE_LONG)) ||
+        ((h->flags & KVR_KV_LOG_ROPE_LONG) && !m->rope_long)) {
         return kvr_error(KVR_ERR_ARG, "%s: a log of rank %d of %d ranks, strategy %d, %d prompt tokens cannot be written", path,
                          h->rank, h->n_ranks, h->strategy, h->n_prompt);
     }
@@ -3774,8 +3776,11 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
     } else if (get_u32(b + KVL_OFF_CRC) != kvr_crc32c(0, b, KVL_OFF_CRC)) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the header's CRC32C is 0x%08x, the header gives 0x%08x: the header is damaged",
                        path, KVL_OFF_CRC, get_u32(b + KVL_OFF_CRC), kvr_crc32c(0, b, KVL_OFF_CRC));
-    } else if (get_u32(b + 12) & ~(uint32_t)KVR_KV_LOG_BASE) {
+    } else if (get_u32(b + 12) & ~(uint32_t)(KVR_KV_LOG_BASE | KVR_KV_LOG_ROPE_LONG)) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know", path, get_u32(b + 12));
+    } else if ((get_u32(b + 12) & KVR_KV_LOG_ROPE_LONG) && !m->rope_long) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the log's keys took long LongRoPE factors (flag 0x%x), the model %s has none",
+                       path, KVR_KV_LOG_ROPE_LONG, m->path);
     }
     if (rc == KVR_OK) rc = kvr_kv_fingerprint_check(path, b, m, "log", &d->type_k, &d->type_v);
     if (rc == KVR_OK) {
@@ -4090,7 +4095,9 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         kvr_session_log_path(dir, dr->rank, path, sizeof(path));
         const struct kvr_kv_log_head h = { .rank = dr->rank, .n_ranks = d->n_ranks, .strategy = (int)d->p.strategy,
                                            .n_prompt = base ? d->n_past : n, .prompt = base ? d->seq : tokens,
-                                           .flags = base ? KVR_KV_LOG_BASE : 0, .type_k = d->type_k, .type_v = d->type_v };
+                                           .flags = (base ? KVR_KV_LOG_BASE : 0) |
+                                                    (kvr_model_rope_long(d->m, d->n_ctx) ? KVR_KV_LOG_ROPE_LONG : 0),
+                                           .type_k = d->type_k, .type_v = d->type_v };
         struct kvr_kv_log * w;
         rc = kvr_kv_log_create(&w, path, d->m, &h);
         if (rc != KVR_OK) break;
@@ -5315,7 +5322,7 @@ int kvr_session_kv_save(struct kvr_session * d, const char * path, bool per_rank
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
     struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits, .type_k = d->type_k,
-                                 .type_v = d->type_v };
+                                 .type_v = d->type_v, .rope_long = kvr_model_rope_long(d->m, d->n_ctx) };
     if (d->layout == LAYOUT_CHAIN) {
         struct dist_rank * dr = dist_local(d, N - 1);
         if (!dr) return KVR_OK; // MPI: the process of the last rank writes the file
@@ -5378,6 +5385,18 @@ static void file_rows_at(const struct kvr_kv_file * f, int il, const int32_t * w
 
 static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path);
 
+// A cache's keys rotated with one set of Phi-3's LongRoPE factors (file_long: the long ones) are
+// not those of a session whose context takes the other set: KVR_ERR_ARG naming both
+static int rope_factors_check(const struct kvr_session * d, const char * path, const char * what, bool file_long) {
+    const bool want = kvr_model_rope_long(d->m, d->n_ctx);
+    if (file_long == want) return KVR_OK;
+    const unsigned orig = d->m->hp.rope_n_ctx_orig;
+    return kvr_error(KVR_ERR_ARG, "%s: the %s's keys took %s's %s LongRoPE factors (a context %s %u tokens); this session's context of %d "
+                     "tokens takes the %s ones, so its keys would differ: use a context %s %u tokens, or compute the prompt again", path, what,
+                     d->m->hp.arch_name, file_long ? "long" : "short", file_long ? "past" : "of at most", orig, d->n_ctx,
+                     want ? "long" : "short", file_long ? "past" : "of at most", orig);
+}
+
 int kvr_session_kv_load(struct kvr_session * d, const char * path) {
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
@@ -5406,6 +5425,11 @@ int kvr_session_kv_load(struct kvr_session * d, const char * path) {
                 rc = kvr_error(KVR_ERR_ARG, "%s: holds the shard of rank %d of a cache over %d ranks; load every rank's file (%s.R)",
                                path, fs[0]->shards[0].rank, fs[0]->n_ranks, path);
         }
+    }
+    for (int r = 0; r < (per_rank ? N : 1) && rc == KVR_OK; r++) {
+        if (!per_rank) snprintf(p, sizeof(p), "%s", path);
+        else kvr_session_kv_shard_path(path, r, p, sizeof(p));
+        rc = rope_factors_check(d, p, "cache", fs[r]->flags & KVR_KV_FILE_ROPE_LONG);
     }
     if (rc == KVR_OK && per_rank && d->layout != LAYOUT_RING && N > 1) {
         rc = kvr_error(KVR_ERR_ARG, "%s.R: a ring cache saved rank by rank loads into a ring strategy of %d ranks; this one is %s",
@@ -5685,6 +5709,7 @@ int kvr_session_resume(struct kvr_session * d, const char * dir, const int32_t *
         }
         if (x->n_steps - 1 < S) S = x->n_steps - 1;
     }
+    if (rc == KVR_OK) rc = rope_factors_check(d, path0, "log", L0->flags & KVR_KV_LOG_ROPE_LONG);
     // this run's prompt: the logs' (of a log that began with a prompt), or where the logs began
     // with a base, the start of what they hold
     for (int i = 0; rc == KVR_OK && prompt && i < (n_prompt < L0->n_prompt ? n_prompt : L0->n_prompt); i++) {

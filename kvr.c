@@ -10641,7 +10641,9 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     uint8_t h[KVR_KV_FILE_HEADER] = { 0 };
     memcpy(h, "KVRCACHE", 8);
     put_u32(h + 8, KVR_KV_FILE_VERSION);
-    put_u32(h + 12, (lay->logits ? KVR_KV_FILE_LOGITS : 0) | (m->hp.n_recurrent ? KVR_KV_FILE_STATE : 0));
+    KVR_ASSERT(!lay->rope_long || m->rope_long);
+    put_u32(h + 12, (lay->logits ? KVR_KV_FILE_LOGITS : 0) | (m->hp.n_recurrent ? KVR_KV_FILE_STATE : 0) |
+                    (lay->rope_long ? KVR_KV_FILE_ROPE_LONG : 0));
     uint32_t fp[KVH_COUNT] = { 0 };
     kv_fingerprint(m, fp);
     fp[KVH_TOKENS]    = (uint32_t)lay->n_tokens;
@@ -10851,10 +10853,14 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                          path, KVH_OFFSET(KVH_CRC), get_u32(h + KVH_OFFSET(KVH_CRC)), crc);
     }
     f->flags = get_u32(h + 12);
-    const uint32_t known = KVR_KV_FILE_LOGITS | KVR_KV_FILE_STATE;
+    const uint32_t known = KVR_KV_FILE_LOGITS | KVR_KV_FILE_STATE | KVR_KV_FILE_ROPE_LONG;
     if (f->flags & ~known) {
         return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know (0x%x)", path, f->flags,
                          f->flags & ~known);
+    }
+    if ((f->flags & KVR_KV_FILE_ROPE_LONG) && !m->rope_long) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the file's keys took long LongRoPE factors (flag 0x%x), the model %s has none",
+                         path, KVR_KV_FILE_ROPE_LONG, m->path);
     }
     if (!(f->flags & KVR_KV_FILE_STATE) != !m->hp.n_recurrent) {
         return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the file %s recurrent states, the model %s has %u recurrent layers", path,

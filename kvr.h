@@ -1170,6 +1170,10 @@ struct kvr_build {
 // Build the forward graph up to the logits [n_vocab, n_outputs] (or the final hidden state when
 // n_outputs is 0). Attention is left as ATTN_BLOCK nodes for a strategy pass to rewrite.
 struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b);
+// Whether keys rotated in a context of n_ctx tokens take Phi-3's long LongRoPE factors: a model
+// with them, n_ctx rounded up to a multiple of 256 past hp.rope_n_ctx_orig (llama.cpp's rule). A
+// cache made with one set of factors is not the cache of a context that takes the other.
+bool kvr_model_rope_long(const struct kvr_model * m, int n_ctx);
 
 //
 // KV cache: contiguous per-layer K and V, [head_dim*n_head_kv, n_ctx] each, in their types (f32,
@@ -1256,6 +1260,9 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 enum kvr_kv_file_flag {
     KVR_KV_FILE_LOGITS = 1, // the logits of the last token follow the layers
     KVR_KV_FILE_STATE  = 2, // the recurrent layers' states follow the layers (an older kvr refuses the bit)
+    KVR_KV_FILE_ROPE_LONG = 4, // the keys were rotated with Phi-3's long LongRoPE factors (kvr_model_rope_long
+                               //   of the saving session's context): a session whose context takes the
+                               //   other set refuses the file, naming both; a model without them refuses the bit
 };
 
 // CRC32C (Castagnoli), the checksum of the file's sections: crc = kvr_crc32c(0, data, n), or
@@ -1292,6 +1299,7 @@ struct kvr_kv_layout {
     int                         chunk_rows; // rows per chunk (0: about 1 MiB of a layer's K or V)
     enum kvr_type               type_k;     // the rows' types in the file (f32, f16, bf16, q8_0: the
     enum kvr_type               type_v;     //   cache's, so its bytes are the cache's own)
+    bool                        rope_long;  // the keys took Phi-3's long LongRoPE factors (flag ROPE_LONG)
 };
 
 // A file written layer by layer (what streaming during a prefill needs): open writes the header,
@@ -2217,6 +2225,7 @@ int               kvr_session_test_replica(struct kvr_session * s, int rank, int
 enum kvr_kv_log_flag {
     KVR_KV_LOG_BASE = 1, // step 0 holds every row the rank had when the log started (after a load,
                          //   a truncation or a resume into another directory), not a prompt's
+    KVR_KV_LOG_ROPE_LONG = 2, // the keys took Phi-3's long LongRoPE factors, as the cache file's flag
 };
 
 enum kvr_kv_log_record {
