@@ -1433,8 +1433,8 @@ struct dejavu {
 struct dist_swap {
     bool     out;
     char   * path;   // the file (NULL: host memory)
-    float ** k;      // [n_local * n_layer]: rank i's rows of layer il at [i * n_layer + il]
-    float ** v;
+    void  ** k;      // [n_local * n_layer]: rank i's rows of layer il at [i * n_layer + il], as the
+    void  ** v;      //   cache stores them (its types); NULL for a recurrent layer
     float ** state;  // [n_local]: rank i's recurrent states (states_get; NULL without)
 };
 
@@ -2231,6 +2231,7 @@ static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows)
     void * k = malloc(c->row_k * (size_t)(dr->n_rows + 1)), * v = malloc(c->row_v * (size_t)(dr->n_rows + 1));
     KVR_ASSERT(k && v);
     for (int il = 0; il < c->n_layer && dr->n_rows > 0; il++) {
+        if (!c->k[il]) continue; // a recurrent layer: its state goes along below
         kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, k, v);
         kvr_kv_cache_set_rows(dr->be, c, il, 0, dr->n_rows, k, v);
     }
@@ -4511,6 +4512,7 @@ static void place_rows(struct kvr_session * d, int t, const struct row_src * src
     float * k = malloc(sizeof(float) * (size_t)n * (size_t)kv), * v = malloc(sizeof(float) * (size_t)n * (size_t)kv);
     KVR_ASSERT(k && v);
     for (int il = 0; il < (int)d->m->hp.n_layer; il++) {
+        if (!T->cache->k[il]) continue; // recurrent: no rows
         for (int p = keep; p < p0;) {
             int len = 1;
             while (p + len < p0 && src[p + len].rank == src[p].rank && src[p + len].rep == src[p].rep && src[p + len].row == src[p].row + len) len++;
@@ -4631,6 +4633,7 @@ static int dist_recover(struct kvr_session * d, const char * cause) {
         }
         KVR_ASSERT(m == nm);
         for (int il = 0; il < n_layer; il++) {
+            if (!T->cache->k[il]) continue; // recurrent: no rows
             if (keep_t) cache_get_f32(T->be, T->cache, il, 0, keep_t, a, av);
             for (int q = 0, i = 0; q < nm; q++) {
                 if (i < keep_t && T->cache_pos[i] == mpos[q]) {
@@ -5298,6 +5301,7 @@ static int dist_write(struct kvr_session * d, const char * path, const struct kv
     float * k = malloc(bytes), * v = malloc(bytes);
     KVR_ASSERT(k && v);
     for (int il = 0; il < (int)d->m->hp.n_layer && rc == KVR_OK; il++) {
+        if (kvr_layer_recurrent(&d->m->hp, il)) continue; // no K and V: its state follows the layers
         for (int s = 0; s < lay->n_shards && rc == KVR_OK; s++) {
             cache_get_f32(dr[s]->be, dr[s]->cache, il, 0, lay->shards[s].n_rows, k, v);
             rc = kvr_kv_writer_layer(w, il, s, k, v);
@@ -5492,6 +5496,7 @@ static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs,
             const int r = dr->rank;
             const struct kvr_kv_file * f = per_rank ? fs[r] : f0;
             for (int il = 0; il < (int)d->m->hp.n_layer; il++) {
+                if (!dr->cache->k[il]) continue; // recurrent: its state below
                 if (per_rank) {
                     cache_set_f32(dr->be, dr->cache, il, 0, rows[r], f->shards[0].k[il], f->shards[0].v[il]);
                 } else {
@@ -5935,22 +5940,23 @@ int kvr_session_kv_swap_out(struct kvr_session * d, const char * path) {
         KVR_ASSERT(d->swap.path != NULL);
         strcpy(d->swap.path, path);
     } else {
-        d->swap.k = calloc((size_t)(d->n_local * n_layer), sizeof(float *));
-        d->swap.v = calloc((size_t)(d->n_local * n_layer), sizeof(float *));
+        d->swap.k = calloc((size_t)(d->n_local * n_layer), sizeof(void *));
+        d->swap.v = calloc((size_t)(d->n_local * n_layer), sizeof(void *));
         KVR_ASSERT(d->swap.k && d->swap.v);
         for (int i = 0; i < d->n_local; i++) {
             const struct dist_rank * dr = &d->ranks[i];
-            const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->n_rows;
+            const size_t bk = dr->cache->row_k * (size_t)dr->n_rows, bv = dr->cache->row_v * (size_t)dr->n_rows;
             for (int il = 0; il < n_layer; il++) {
-                float ** k = &d->swap.k[i * n_layer + il], ** v = &d->swap.v[i * n_layer + il];
-                *k = malloc(bytes ? bytes : 1);
-                *v = malloc(bytes ? bytes : 1);
+                if (!dr->cache->k[il]) continue; // recurrent: its state below
+                void ** k = &d->swap.k[i * n_layer + il], ** v = &d->swap.v[i * n_layer + il];
+                *k = malloc(bk ? bk : 1);
+                *v = malloc(bv ? bv : 1);
                 if (!*k || !*v) {
                     swap_drop(d);
                     return kvr_error(KVR_ERR_NOMEM, "swap out: cannot allocate %zu MiB of host memory for rank %d's cache",
-                                     (2 * bytes * (size_t)n_layer) >> 20, dr->rank);
+                                     ((bk + bv) * (size_t)n_layer) >> 20, dr->rank);
                 }
-                cache_get_f32(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
+                kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
             }
         }
         if (d->m->hp.n_recurrent > 0) {
@@ -6009,7 +6015,8 @@ int kvr_session_kv_swap_in(struct kvr_session * d) {
         for (int i = 0; i < d->n_local; i++) {
             struct dist_rank * dr = &d->ranks[i];
             for (int il = 0; il < n_layer; il++) {
-                cache_set_f32(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
+                if (!dr->cache->k[il]) continue;
+                kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
             }
             if (d->swap.state) states_set(dr, d->swap.state[i]);
         }

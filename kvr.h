@@ -1176,7 +1176,8 @@ struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr
 bool kvr_model_rope_long(const struct kvr_model * m, int n_ctx);
 
 //
-// KV cache: contiguous per-layer K and V, [head_dim*n_head_kv, n_ctx] each, in their types (f32,
+// KV cache: contiguous per-layer K and V, [head_dim*n_head_kv, n_ctx] each (attention layers only:
+// a hybrid model's recurrent layers keep a state instead), in their types (f32,
 // f16, bf16 or q8_0: kvr_cache_type; K and V may differ), in one buffer of a backend. Read rows with
 // kvr_backend_tensor_get (the data may be device memory).
 //
@@ -1188,11 +1189,11 @@ struct kvr_kv_cache {
     enum kvr_type        type_k, type_v;
     size_t               row_k, row_v;  // bytes of one row (kv_dim values) of K and of V
     struct kvr_context * ctx;        // the tensor structs
-    struct kvr_buffer  * buf;        // every layer's K and V, cleared to zero when made
-    struct kvr_tensor ** k;
+    struct kvr_buffer  * buf;        // every attention layer's K and V, cleared to zero when made
+    struct kvr_tensor ** k;          // per layer (NULL for a recurrent one)
     struct kvr_tensor ** v;
     // recurrent layers (kvr_layer_recurrent): each its state [n_state] f32 in buf (NULL for the
-    // others), the state after the last cached token; their K and V are never written
+    // others), the state after the last cached token; they have no K and V (k[il], v[il] NULL)
     int64_t              n_state;    // kvr_hp_state_floats (0: no recurrent layer)
     struct kvr_tensor ** state;
 };
@@ -1239,7 +1240,8 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 //       96         tokens: n_tokens i32, then their CRC32C
 //                  shards: (rank, rows) u32 pairs, then each shard's row positions (i32), then
 //                  one CRC32C over both
-//                  layers: layer by layer, shard by shard, K rows then V rows in chunks of at most
+//                  layers: layer by layer (the attention layers alone with flag ATTN_ONLY: a recurrent
+//                  layer has no K and V), shard by shard, K rows then V rows in chunks of at most
 //                  "rows per chunk" rows: (layer, shard, 0 = K | 1 = V, first row, rows) u32,
 //                  rows of kv_dim values in K's or V's type, then a CRC32C over the chunk's header
 //                  and data
@@ -1263,6 +1265,9 @@ enum kvr_kv_file_flag {
     KVR_KV_FILE_ROPE_LONG = 4, // the keys were rotated with Phi-3's long LongRoPE factors (kvr_model_rope_long
                                //   of the saving session's context): a session whose context takes the
                                //   other set refuses the file, naming both; a model without them refuses the bit
+    KVR_KV_FILE_ATTN_ONLY = 8, // the layers section holds the attention layers alone: a hybrid model's
+                               //   recurrent layers have no K and V (kvr writes it for every hybrid model;
+                               //   a hybrid file without it, with rows of every layer, loads, those skipped)
 };
 
 // CRC32C (Castagnoli), the checksum of the file's sections: crc = kvr_crc32c(0, data, n), or
@@ -1303,7 +1308,8 @@ struct kvr_kv_layout {
 };
 
 // A file written layer by layer (what streaming during a prefill needs): open writes the header,
-// the tokens and the shard table; then kvr_kv_writer_layer for every layer in order and within a
+// the tokens and the shard table; then kvr_kv_writer_layer for every attention layer (every layer
+// but a hybrid model's recurrent ones) in order and within a
 // layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous, stored in
 // the layout's types: a cache's rows read as f32 go back to the same bytes); then
 // close writes the logits (when the layout has them) and renames the file into place. Until then
@@ -1325,8 +1331,8 @@ struct kvr_kv_file_shard {
     int       rank;
     int       n_rows;
     int32_t * pos;
-    float  ** k;        // per layer: [kv_dim x n_rows] f32 (the file's rows turned into f32)
-    float  ** v;
+    float  ** k;        // per layer: [kv_dim x n_rows] f32 (the file's rows turned into f32); NULL
+    float  ** v;        //   for a recurrent layer
 };
 
 struct kvr_kv_file {

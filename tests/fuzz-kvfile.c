@@ -118,6 +118,8 @@ static void check_cache(const struct kvr_kv_file * f) {
         FUZZ_CHECK(sh->n_rows >= 0 && sh->n_rows <= f->n_tokens);
         for (int i = 0; i < sh->n_rows; i++) FUZZ_CHECK(sh->pos[i] >= 0 && sh->pos[i] < f->n_tokens);
         for (int il = 0; il < f->n_layer; il++) {
+            FUZZ_CHECK(!sh->k[il] == kvr_layer_recurrent(&model->hp, il) && !sh->v[il] == !sh->k[il]); // a recurrent layer has no rows
+            if (!sh->k[il]) continue;
             touch(sh->k[il], sizeof(float) * (size_t)f->kv_dim * sh->n_rows);
             touch(sh->v[il], sizeof(float) * (size_t)f->kv_dim * sh->n_rows);
         }
