@@ -127,18 +127,24 @@ int kvr_useful_ranks(enum kvr_strategy s, int T, int n_ranks, bool pd) {
 }
 
 enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
+                                enum kvr_cache_type type_k, enum kvr_cache_type type_v,
                                 double flops, double bw, char * why, size_t cap) {
-    (void)head_dim; // D cancels in both sides of the paper's inequalities
-    const double N = n_ranks, e = sizeof(float);
-    const double t_min = N * flops * n_head_kv * e / (2.0 * n_head * bw);
+    // D cancels in both sides of the inequalities; it only sizes a row of the cache's types
+    KVR_ASSERT((unsigned)type_k < KVR_CACHE_TYPE_COUNT && (unsigned)type_v < KVR_CACHE_TYPE_COUNT && head_dim > 0);
+    const enum kvr_type tk = kvr_cache_type_elem(type_k), tv = kvr_cache_type_elem(type_v);
+    const double e_kv = (double)(kvr_row_size(tk, head_dim) + kvr_row_size(tv, head_dim)) / (2.0 * head_dim);
+    const double e_q = sizeof(float);
+    const double N = n_ranks;
+    const double t_min = N * flops * n_head_kv * e_kv / (2.0 * n_head * bw);
     const double miss = (double)T / (double)(T + P);
-    const double miss_min = 2.0 * n_head_kv / n_head - 4.0 * T * bw / (N * flops * e);
+    const double miss_min = 2.0 * n_head_kv * e_kv / (n_head * e_q) - 4.0 * T * bw / (N * flops * e_q);
     const enum kvr_strategy pick = (T >= t_min || miss >= miss_min) ? KVR_STRATEGY_RING_KV : KVR_STRATEGY_RING_Q;
     if (why) {
-        snprintf(why, cap, "auto: %s (Algorithm 5: T=%d >= %.0f is %s; T/(T+P)=%.4f >= 2*NKV/NH - 4*T*BW/(N*C*e) = %.4f is %s;"
-                 " N=%d NH=%d NKV=%d C=%.3g FLOP/s BW=%.3g B/s e=4)",
+        snprintf(why, cap, "auto: %s (Algorithm 5: T=%d >= %.0f is %s; T/(T+P)=%.4f >= 2*NKV*e_kv/(NH*e_q) - 4*T*BW/(N*C*e_q) = %.4f is %s;"
+                 " N=%d NH=%d NKV=%d C=%.3g FLOP/s BW=%.3g B/s e_kv=%.4g (%s K, %s V) e_q=4)",
                  kvr_strategy_name(pick), T, t_min, T >= t_min ? "true" : "false", miss, miss_min,
-                 miss >= miss_min ? "true" : "false", n_ranks, n_head, n_head_kv, flops, bw);
+                 miss >= miss_min ? "true" : "false", n_ranks, n_head, n_head_kv, flops, bw, e_kv, kvr_cache_type_name(type_k),
+                 kvr_cache_type_name(type_v));
     }
     return pick;
 }
@@ -1427,8 +1433,8 @@ struct dejavu {
 struct dist_swap {
     bool     out;
     char   * path;   // the file (NULL: host memory)
-    float ** k;      // [n_local * n_layer]: rank i's rows of layer il at [i * n_layer + il]
-    float ** v;
+    void  ** k;      // [n_local * n_layer]: rank i's rows of layer il at [i * n_layer + il], as the
+    void  ** v;      //   cache stores them (its types); NULL for a recurrent layer
     float ** state;  // [n_local]: rank i's recurrent states (states_get; NULL without)
 };
 
@@ -1566,8 +1572,8 @@ static int plan_eval(struct kvr_session * d, int T) {
                 const struct kvr_hparams * hp = &d->m->hp;
                 char why[512];
                 const double bw = d->p.auto_bw > 0 ? d->p.auto_bw : d->p.link_gbps > 0 ? d->p.link_gbps * 1e9 / 8 : 1e10;
-                pl->strat = kvr_auto_pick(T, pl->P, N, (int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim,
-                                          d->p.auto_flops > 0 ? d->p.auto_flops : 1e11, bw, why, sizeof(why));
+                pl->strat = kvr_auto_pick(T, pl->P, N, (int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim, d->p.cache_type_k,
+                                          d->p.cache_type_v, d->p.auto_flops > 0 ? d->p.auto_flops : 1e11, bw, why, sizeof(why));
                 if (d->p.log && kvr_session_rank(d) == 0) fprintf(d->p.log, "%s\n", why);
             }
             for (int r = 0; r < N; r++) {
@@ -2182,8 +2188,8 @@ static size_t states_floats(const struct kvr_session * d) {
     return (size_t)d->m->hp.n_layer * (size_t)kvr_hp_state_floats(&d->m->hp);
 }
 
-// Rows of a cache as f32 (what KV cache files, replication logs and replicas hold), turned from and
-// into the cache's types through a host copy of the stored rows.
+// Rows of a cache as f32 (what the KV file reader and writer and a recovery's replica rows take),
+// turned from and into the cache's types through a host copy of the stored rows.
 static void cache_get_f32(struct kvr_backend * be, const struct kvr_kv_cache * c, int il, int row0, int n, float * k, float * v) {
     if (n <= 0) return;
     void * tmp = kvr_malloc((c->row_k > c->row_v ? c->row_k : c->row_v) * (size_t)n);
@@ -2225,6 +2231,7 @@ static int rank_reserve(struct kvr_session * d, struct dist_rank * dr, int rows)
     void * k = malloc(c->row_k * (size_t)(dr->n_rows + 1)), * v = malloc(c->row_v * (size_t)(dr->n_rows + 1));
     KVR_ASSERT(k && v);
     for (int il = 0; il < c->n_layer && dr->n_rows > 0; il++) {
+        if (!c->k[il]) continue; // a recurrent layer: its state goes along below
         kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, k, v);
         kvr_kv_cache_set_rows(dr->be, c, il, 0, dr->n_rows, k, v);
     }
@@ -3364,7 +3371,8 @@ static int stream_start(struct kvr_session * d, const int32_t * tokens, int n, s
     int rc = KVR_OK;
     if (n_sh > 0) {
         const struct kvr_kv_layout lay = { .n_tokens = n, .tokens = tokens, .n_ranks = ring ? d->n_ranks : 1, .n_shards = n_sh,
-                                           .shards = sh, .logits = true, .type_k = d->type_k, .type_v = d->type_v };
+                                           .shards = sh, .logits = true, .type_k = d->type_k, .type_v = d->type_v,
+                                           .rope_long = kvr_model_rope_long(d->m, d->n_ctx) };
         char p[4096];
         if (ring && n_sh != d->n_ranks) kvr_session_kv_shard_path(d->p.kv_stream, d->ranks[0].rank, p, sizeof(p));
         else snprintf(p, sizeof(p), "%s", d->p.kv_stream);
@@ -3395,6 +3403,8 @@ struct kvr_kv_log {
     int       fd;
     char    * path;
     int       n_layer, kv_dim;
+    enum kvr_type type_k, type_v; // the rows' types
+    size_t    row_k, row_v;       //   and their bytes
     uint32_t  crc;        // the chain: the last record's CRC
     int64_t   bytes;
     int       rc;         // the first write error, kept
@@ -3432,7 +3442,8 @@ static int kvl_writev(struct kvr_kv_log * w, struct iovec * iov, int n) {
 // are. Where a log could be planted (a directory others write in), it must not be a door: a
 // symbolic link is not followed (O_NOFOLLOW), anything but a regular file with one name is refused
 // (a FIFO, a device, a hard link to another file), and a new log is emptied only after that check.
-static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, bool create) {
+static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, enum kvr_type type_k, enum kvr_type type_v,
+                    bool create) {
     *out = NULL;
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -3459,6 +3470,10 @@ static int kvl_open(struct kvr_kv_log ** out, const char * path, const struct kv
     w->path = strdup(path);
     w->n_layer = (int)m->hp.n_layer;
     w->kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    w->type_k = type_k;
+    w->type_v = type_v;
+    w->row_k = kvr_row_size(type_k, w->kv_dim);
+    w->row_v = kvr_row_size(type_v, w->kv_dim);
     *out = w;
     return KVR_OK;
 }
@@ -3481,18 +3496,19 @@ static void kvl_sync_dir(const char * path) {
 int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_head * h) {
     *out = NULL;
     if (h->n_ranks < 1 || h->n_ranks > 256 || h->rank < 0 || h->rank >= h->n_ranks || h->n_prompt < 0 || h->n_prompt > (1 << 24) ||
-        h->strategy < 0 || h->strategy >= KVR_STRATEGY_COUNT || (h->flags & ~(uint32_t)KVR_KV_LOG_BASE)) {
+        h->strategy < 0 || h->strategy >= KVR_STRATEGY_COUNT || (h->flags & ~(uint32_t)(KVR_KV_LOG_BASE | KVR_KV_LOG_ROPE_LONG)) ||
+        ((h->flags & KVR_KV_LOG_ROPE_LONG) && !m->rope_long)) {
         return kvr_error(KVR_ERR_ARG, "%s: a log of rank %d of %d ranks, strategy %d, %d prompt tokens cannot be written", path,
                          h->rank, h->n_ranks, h->strategy, h->n_prompt);
     }
     struct kvr_kv_log * w;
-    int rc = kvl_open(&w, path, m, true);
+    int rc = kvl_open(&w, path, m, h->type_k, h->type_v, true);
     if (rc != KVR_OK) return rc;
     uint8_t hd[KVR_KV_LOG_HEADER] = { 0 };
     memcpy(hd, "KVRKVLOG", 8);
     put_u32(hd + 8, KVR_KV_LOG_VERSION);
     put_u32(hd + 12, h->flags);
-    kvr_kv_fingerprint_put(m, hd);
+    kvr_kv_fingerprint_put(m, h->type_k, h->type_v, hd);
     put_u32(hd + KVL_OFF_RANK, (uint32_t)h->rank);
     put_u32(hd + KVL_OFF_RANKS, (uint32_t)h->n_ranks);
     put_u32(hd + KVL_OFF_STRAT, (uint32_t)h->strategy);
@@ -3516,7 +3532,7 @@ int kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const struct 
 
 int kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m, const struct kvr_kv_log_data * d) {
     struct kvr_kv_log * w;
-    int rc = kvl_open(&w, path, m, false);
+    int rc = kvl_open(&w, path, m, d->type_k, d->type_v, false);
     if (rc != KVR_OK) return rc;
     // what follows the acknowledged prefix (a step cut short, damage) goes; the new steps follow it
     if (ftruncate(w->fd, (off_t)d->good) != 0 || lseek(w->fd, (off_t)d->good, SEEK_SET) != (off_t)d->good) {
@@ -3531,17 +3547,17 @@ int kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct 
     return KVR_OK;
 }
 
-int kvr_kv_log_rows(struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v) {
+int kvr_kv_log_rows(struct kvr_kv_log * w, int step, int il, int n_rows, const void * k, const void * v) {
     KVR_ASSERT(step >= 0 && il >= 0 && il < w->n_layer && n_rows > 0);
     uint8_t hd[16], tail[4];
     put_u32(hd, KVR_KV_LOG_ROWS);
     put_u32(hd + 4, (uint32_t)step);
     put_u32(hd + 8, (uint32_t)il);
     put_u32(hd + 12, (uint32_t)n_rows);
-    const size_t nb = sizeof(float) * (size_t)w->kv_dim * (size_t)n_rows;
-    const uint32_t crc = kvr_crc32c(kvr_crc32c(kvr_crc32c(w->crc, hd, sizeof(hd)), k, nb), v, nb);
+    const size_t nk = w->row_k * (size_t)n_rows, nv = w->row_v * (size_t)n_rows;
+    const uint32_t crc = kvr_crc32c(kvr_crc32c(kvr_crc32c(w->crc, hd, sizeof(hd)), k, nk), v, nv);
     put_u32(tail, crc);
-    struct iovec iov[4] = { { hd, sizeof(hd) }, { (void *)k, nb }, { (void *)v, nb }, { tail, 4 } };
+    struct iovec iov[4] = { { hd, sizeof(hd) }, { (void *)k, nk }, { (void *)v, nv }, { tail, 4 } };
     const int rc = kvl_writev(w, iov, 4);
     if (rc == KVR_OK) w->crc = crc;
     return rc;
@@ -3599,8 +3615,7 @@ void kvr_kv_log_free(struct kvr_kv_log_data * d) {
 static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int64_t size, int64_t off, uint32_t crc,
                               const struct kvr_model * m) {
     const int L = d->n_layer;
-    const size_t row = sizeof(float) * (size_t)d->kv_dim;
-    float ** k = kvr_calloc((size_t)L, sizeof(float *)), ** v = kvr_calloc((size_t)L, sizeof(float *));
+    uint8_t ** k = kvr_calloc((size_t)L, sizeof(uint8_t *)), ** v = kvr_calloc((size_t)L, sizeof(uint8_t *));
     int layers = 0, rows = 0, cap = 0;     // the step being read: its ROWS records so far
     int64_t step_off = off;
     d->good = off;
@@ -3645,7 +3660,7 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
                          (long long)off, what, c, a, layers, layers > 0 ? " with as many rows as layer 0" : "");
                 break;
             }
-            need = 16 + 2 * (int64_t)row * c + 4;
+            need = 16 + (int64_t)(d->row_k + d->row_v) * c + 4;
         } else {
             snprintf(what, sizeof(what), "the commit of step %u", step);
             if (a > (1u << 24) || c > (1u << 24)) {
@@ -3667,8 +3682,8 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
             break;
         }
         if (type == KVR_KV_LOG_ROWS) {
-            k[layers] = (float *)(b + off + 16);
-            v[layers] = (float *)(b + off + 16 + row * c);
+            k[layers] = (uint8_t *)(b + off + 16);
+            v[layers] = (uint8_t *)(b + off + 16 + d->row_k * c);
             rows = (int)c;
             layers++;
         } else {
@@ -3704,12 +3719,12 @@ static void kvl_parse_records(struct kvr_kv_log_data * d, const uint8_t * b, int
             struct kvr_kv_log_step * s = &d->steps[d->n_steps++];
             *s = (struct kvr_kv_log_step) { .step = (int)step, .n_tokens = (int)a, .tokens = (int32_t *)t, .n_rows = (int)c,
                                             .pos = (int32_t *)(t + 4 * (size_t)a), .end = off + need, .crc = want };
-            // the values are little-endian in the file; the reader's host is too (kvr writes f32 rows as they are)
+            // the values are little-endian in the file; the reader's host is too (kvr writes rows as they are)
             if (c) {
                 s->k = k;
                 s->v = v;
-                k = kvr_calloc((size_t)L, sizeof(float *));
-                v = kvr_calloc((size_t)L, sizeof(float *));
+                k = kvr_calloc((size_t)L, sizeof(uint8_t *));
+                v = kvr_calloc((size_t)L, sizeof(uint8_t *));
             }
             layers = rows = 0;
             d->good = off + need;
@@ -3754,6 +3769,11 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
     } else if (get_u32(b + 8) == 1) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 1 is older than this kvr reads (%d): its fingerprint does not cover "
                        "the weights' bytes and the tokenizer, so the model it was made with cannot be told", path, KVR_KV_LOG_VERSION);
+    } else if (get_u32(b + 8) == 2) {
+        // its rows are f32 whatever the cache was: reading them as such would do, but continuing
+        // the log would append rows of the cache's type behind a header that says none
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version 2 is older than this kvr reads (%d): its rows are f32 and it records no "
+                       "cache type; resume it with the kvr that wrote it, or run the prompt again", path, KVR_KV_LOG_VERSION);
     } else if (get_u32(b + 8) != KVR_KV_LOG_VERSION) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 8: version %u is not a kvr log version", path, get_u32(b + 8));
     } else if (size < KVR_KV_LOG_HEADER) {
@@ -3762,10 +3782,13 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
     } else if (get_u32(b + KVL_OFF_CRC) != kvr_crc32c(0, b, KVL_OFF_CRC)) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the header's CRC32C is 0x%08x, the header gives 0x%08x: the header is damaged",
                        path, KVL_OFF_CRC, get_u32(b + KVL_OFF_CRC), kvr_crc32c(0, b, KVL_OFF_CRC));
-    } else if (get_u32(b + 12) & ~(uint32_t)KVR_KV_LOG_BASE) {
+    } else if (get_u32(b + 12) & ~(uint32_t)(KVR_KV_LOG_BASE | KVR_KV_LOG_ROPE_LONG)) {
         rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know", path, get_u32(b + 12));
+    } else if ((get_u32(b + 12) & KVR_KV_LOG_ROPE_LONG) && !m->rope_long) {
+        rc = kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the log's keys took long LongRoPE factors (flag 0x%x), the model %s has none",
+                       path, KVR_KV_LOG_ROPE_LONG, m->path);
     }
-    if (rc == KVR_OK) rc = kvr_kv_fingerprint_check(path, b, m, "log");
+    if (rc == KVR_OK) rc = kvr_kv_fingerprint_check(path, b, m, "log", &d->type_k, &d->type_v);
     if (rc == KVR_OK) {
         d->flags    = get_u32(b + 12);
         d->rank     = (int)get_u32(b + KVL_OFF_RANK);
@@ -3774,6 +3797,8 @@ int kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv
         d->n_prompt = (int)get_u32(b + KVL_OFF_PROMPT);
         d->n_layer  = (int)m->hp.n_layer;
         d->kv_dim   = (int)(m->hp.head_dim * m->hp.n_head_kv);
+        d->row_k    = kvr_row_size(d->type_k, d->kv_dim);
+        d->row_v    = kvr_row_size(d->type_v, d->kv_dim);
         const struct { int off; uint32_t v, hi; } lim[] = {
             { KVL_OFF_RANKS, (uint32_t)d->n_ranks, 256 }, { KVL_OFF_RANK, (uint32_t)d->rank, (uint32_t)d->n_ranks - 1 },
             { KVL_OFF_STRAT, (uint32_t)d->strategy, KVR_STRATEGY_COUNT - 1 }, { KVL_OFF_PROMPT, (uint32_t)d->n_prompt, 1u << 24 },
@@ -3838,7 +3863,7 @@ struct log_item {
     struct log_item * next;
     int               commit;    // 0: a layer's rows, 1: the step's commit
     int               step, il, n_rows, n_tokens;
-    float           * k, * v;    // rows: [kv_dim x n_rows] each
+    void            * k, * v;    // rows: n_rows rows each, in the log's types
     int32_t         * tokens;    // commit: the step's tokens, then the rows' positions
     int64_t           bytes;
 };
@@ -3949,32 +3974,33 @@ static int log_queue(struct kv_log * lg, struct log_item * it) {
     return rc;
 }
 
-// a layer's rows of this rank: k and v views of its cache, or (k NULL) host rows hk and hv
+// a layer's rows of this rank, in the cache's (the log's) types: k and v views of its cache, or
+// (k NULL) the rows read from cache c on backend be, row0 on
 static int log_put_rows(struct kv_log * lg, int step, int il, int n_rows, const struct kvr_tensor * k, const struct kvr_tensor * v,
-                        const float * hk, const float * hv, int kv_dim) {
-    const size_t nb = sizeof(float) * (size_t)kv_dim * (size_t)n_rows;
+                        struct kvr_backend * be, const struct kvr_kv_cache * c, int row0) {
+    const size_t nk = lg->w->row_k * (size_t)n_rows, nv = lg->w->row_v * (size_t)n_rows;
     struct log_item * it = calloc(1, sizeof(*it));
     KVR_ASSERT(it != NULL);
-    it->k = malloc(nb);
-    it->v = malloc(nb);
+    it->k = malloc(nk);
+    it->v = malloc(nv);
     if (!it->k || !it->v) {
         free(it->k);
         free(it->v);
         free(it);
-        return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, nb >> 9, il);
+        return kvr_error(KVR_ERR_NOMEM, "%s: cannot buffer %zu KiB of layer %d", lg->path, (nk + nv) >> 10, il);
     }
     if (k) {
-        KVR_ASSERT(kvr_nelements(k) * (int64_t)sizeof(float) == (int64_t)nb && kvr_nelements(v) == kvr_nelements(k));
-        tensor_get_f32(k, it->k);
-        tensor_get_f32(v, it->v);
+        KVR_ASSERT(k->type == lg->w->type_k && v->type == lg->w->type_v && kvr_nbytes(k) == nk && kvr_nbytes(v) == nv);
+        kvr_backend_tensor_get(k, it->k, 0, nk);
+        kvr_backend_tensor_get(v, it->v, 0, nv);
     } else {
-        memcpy(it->k, hk, nb);
-        memcpy(it->v, hv, nb);
+        KVR_ASSERT(c->type_k == lg->w->type_k && c->type_v == lg->w->type_v);
+        kvr_kv_cache_get_rows(be, c, il, row0, n_rows, it->k, it->v);
     }
     it->step = step;
     it->il = il;
     it->n_rows = n_rows;
-    it->bytes = 2 * (int64_t)nb;
+    it->bytes = (int64_t)(nk + nv);
     return log_queue(lg, it);
 }
 
@@ -4067,7 +4093,7 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         return kvr_error(KVR_ERR_ARG, "--replicate-dir %s: %s", dir, S_ISLNK(st.st_mode) ? "a symbolic link, not a directory" : "not a directory");
     }
     const bool base = d->n_past > 0;
-    const int kv_dim = (int)(d->m->hp.head_dim * d->m->hp.n_head_kv), n_layer = (int)d->m->hp.n_layer;
+    const int n_layer = (int)d->m->hp.n_layer;
     int rc = KVR_OK;
     for (int i = 0; i < d->n_local && rc == KVR_OK; i++) {
         struct dist_rank * dr = &d->ranks[i];
@@ -4075,7 +4101,9 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         kvr_session_log_path(dir, dr->rank, path, sizeof(path));
         const struct kvr_kv_log_head h = { .rank = dr->rank, .n_ranks = d->n_ranks, .strategy = (int)d->p.strategy,
                                            .n_prompt = base ? d->n_past : n, .prompt = base ? d->seq : tokens,
-                                           .flags = base ? KVR_KV_LOG_BASE : 0 };
+                                           .flags = (base ? KVR_KV_LOG_BASE : 0) |
+                                                    (kvr_model_rope_long(d->m, d->n_ctx) ? KVR_KV_LOG_ROPE_LONG : 0),
+                                           .type_k = d->type_k, .type_v = d->type_v };
         struct kvr_kv_log * w;
         rc = kvr_kv_log_create(&w, path, d->m, &h);
         if (rc != KVR_OK) break;
@@ -4086,14 +4114,7 @@ static int replog_start(struct kvr_session * d, const int32_t * tokens, int n) {
         }
         if (!base) continue;
         const int nr = dr->n_rows;
-        float * k = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1)), * v = malloc(sizeof(float) * (size_t)kv_dim * (size_t)(nr + 1));
-        KVR_ASSERT(k && v);
-        for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) {
-            cache_get_f32(dr->be, dr->cache, il, 0, nr, k, v);
-            rc = log_put_rows(dr->dv.log, 0, il, nr, NULL, NULL, k, v, kv_dim);
-        }
-        free(k);
-        free(v);
+        for (int il = 0; il < n_layer && rc == KVR_OK && nr > 0; il++) rc = log_put_rows(dr->dv.log, 0, il, nr, NULL, NULL, dr->be, dr->cache, 0);
         if (rc == KVR_OK) rc = log_put_commit(dr->dv.log, 0, d->seq, d->n_past, dr->cache_pos, nr);
     }
     if (rc != KVR_OK) {
@@ -4496,6 +4517,7 @@ static void place_rows(struct kvr_session * d, int t, const struct row_src * src
     float * k = malloc(sizeof(float) * (size_t)n * (size_t)kv), * v = malloc(sizeof(float) * (size_t)n * (size_t)kv);
     KVR_ASSERT(k && v);
     for (int il = 0; il < (int)d->m->hp.n_layer; il++) {
+        if (!T->cache->k[il]) continue; // recurrent: no rows
         for (int p = keep; p < p0;) {
             int len = 1;
             while (p + len < p0 && src[p + len].rank == src[p].rank && src[p + len].rep == src[p].rep && src[p + len].row == src[p].row + len) len++;
@@ -4616,6 +4638,7 @@ static int dist_recover(struct kvr_session * d, const char * cause) {
         }
         KVR_ASSERT(m == nm);
         for (int il = 0; il < n_layer; il++) {
+            if (!T->cache->k[il]) continue; // recurrent: no rows
             if (keep_t) cache_get_f32(T->be, T->cache, il, 0, keep_t, a, av);
             for (int q = 0, i = 0; q < nm; q++) {
                 if (i < keep_t && T->cache_pos[i] == mpos[q]) {
@@ -5076,8 +5099,7 @@ static int dejavu_comm_exec(struct rank_comm * c, const struct kvr_tensor * node
         return KVR_OK;
     }
     if (peer == PEER_LOG) {
-        const int rc = log_put_rows(c->dv.log, c->dv.log->step, il, (int)node->src[0]->ne[1], node->src[0], node->src[1], NULL, NULL,
-                                    (int)node->src[0]->ne[0]);
+        const int rc = log_put_rows(c->dv.log, c->dv.log->step, il, (int)node->src[0]->ne[1], node->src[0], node->src[1], NULL, NULL, 0);
         return rc == KVR_OK ? rc : comm_fail(c, rc);
     }
     // to the file stream, no peer
@@ -5098,16 +5120,8 @@ static int dejavu_rank_done(struct dist_rank * dr, const struct kvr_eval * ev) {
     }
     if (!dv->log) return KVR_OK;
     // one decoded token's rows, one small transfer per layer, to the log's writer
-    const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->made;
-    float * k = malloc(bytes), * v = malloc(bytes);
-    KVR_ASSERT(k && v);
     int rc = KVR_OK;
-    for (int il = 0; il < n_layer && rc == KVR_OK; il++) {
-        cache_get_f32(dr->be, dr->cache, il, dr->made_row0, dr->made, k, v);
-        rc = log_put_rows(dv->log, dv->log->step, il, dr->made, NULL, NULL, k, v, dr->cache->kv_dim);
-    }
-    free(k);
-    free(v);
+    for (int il = 0; il < n_layer && rc == KVR_OK; il++) rc = log_put_rows(dv->log, dv->log->step, il, dr->made, NULL, NULL, dr->be, dr->cache, dr->made_row0);
     if (rc != KVR_OK) dr->comm->tr->fail(dr->comm->tr, dr->rank, kvr_last_error());
     return rc;
 }
@@ -5292,6 +5306,7 @@ static int dist_write(struct kvr_session * d, const char * path, const struct kv
     float * k = malloc(bytes), * v = malloc(bytes);
     KVR_ASSERT(k && v);
     for (int il = 0; il < (int)d->m->hp.n_layer && rc == KVR_OK; il++) {
+        if (kvr_layer_recurrent(&d->m->hp, il)) continue; // no K and V: its state follows the layers
         for (int s = 0; s < lay->n_shards && rc == KVR_OK; s++) {
             cache_get_f32(dr[s]->be, dr[s]->cache, il, 0, lay->shards[s].n_rows, k, v);
             rc = kvr_kv_writer_layer(w, il, s, k, v);
@@ -5316,7 +5331,7 @@ int kvr_session_kv_save(struct kvr_session * d, const char * path, bool per_rank
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
     struct kvr_kv_layout lay = { .n_tokens = d->n_past, .tokens = d->seq, .logits = d->has_logits, .type_k = d->type_k,
-                                 .type_v = d->type_v };
+                                 .type_v = d->type_v, .rope_long = kvr_model_rope_long(d->m, d->n_ctx) };
     if (d->layout == LAYOUT_CHAIN) {
         struct dist_rank * dr = dist_local(d, N - 1);
         if (!dr) return KVR_OK; // MPI: the process of the last rank writes the file
@@ -5379,6 +5394,18 @@ static void file_rows_at(const struct kvr_kv_file * f, int il, const int32_t * w
 
 static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs, bool per_rank, bool shards_fit, const char * path);
 
+// A cache's keys rotated with one set of Phi-3's LongRoPE factors (file_long: the long ones) are
+// not those of a session whose context takes the other set: KVR_ERR_ARG naming both
+static int rope_factors_check(const struct kvr_session * d, const char * path, const char * what, bool file_long) {
+    const bool want = kvr_model_rope_long(d->m, d->n_ctx);
+    if (file_long == want) return KVR_OK;
+    const unsigned orig = d->m->hp.rope_n_ctx_orig;
+    return kvr_error(KVR_ERR_ARG, "%s: the %s's keys took %s's %s LongRoPE factors (a context %s %u tokens); this session's context of %d "
+                     "tokens takes the %s ones, so its keys would differ: use a context %s %u tokens, or compute the prompt again", path, what,
+                     d->m->hp.arch_name, file_long ? "long" : "short", file_long ? "past" : "of at most", orig, d->n_ctx,
+                     want ? "long" : "short", file_long ? "past" : "of at most", orig);
+}
+
 int kvr_session_kv_load(struct kvr_session * d, const char * path) {
     if (d->swap.out) return kvr_error(KVR_ERR_ARG, "%s: the cache is swapped out (kvr_session_kv_swap_in first)", path);
     const int N = d->n_ranks;
@@ -5407,6 +5434,11 @@ int kvr_session_kv_load(struct kvr_session * d, const char * path) {
                 rc = kvr_error(KVR_ERR_ARG, "%s: holds the shard of rank %d of a cache over %d ranks; load every rank's file (%s.R)",
                                path, fs[0]->shards[0].rank, fs[0]->n_ranks, path);
         }
+    }
+    for (int r = 0; r < (per_rank ? N : 1) && rc == KVR_OK; r++) {
+        if (!per_rank) snprintf(p, sizeof(p), "%s", path);
+        else kvr_session_kv_shard_path(path, r, p, sizeof(p));
+        rc = rope_factors_check(d, p, "cache", fs[r]->flags & KVR_KV_FILE_ROPE_LONG);
     }
     if (rc == KVR_OK && per_rank && d->layout != LAYOUT_RING && N > 1) {
         rc = kvr_error(KVR_ERR_ARG, "%s.R: a ring cache saved rank by rank loads into a ring strategy of %d ranks; this one is %s",
@@ -5469,6 +5501,7 @@ static int dist_restore(struct kvr_session * d, struct kvr_kv_file * const * fs,
             const int r = dr->rank;
             const struct kvr_kv_file * f = per_rank ? fs[r] : f0;
             for (int il = 0; il < (int)d->m->hp.n_layer; il++) {
+                if (!dr->cache->k[il]) continue; // recurrent: its state below
                 if (per_rank) {
                     cache_set_f32(dr->be, dr->cache, il, 0, rows[r], f->shards[0].k[il], f->shards[0].v[il]);
                 } else {
@@ -5616,10 +5649,12 @@ static int resume_gather(struct kvr_kv_log_data ** L, int NL, int S, const char 
                     *holder = r;
                     continue;
                 }
+                // as f32, the form a cache file's rows take too: the restore turns them back into
+                // the cache's types, the same bytes where the log's types are the cache's
+                const struct kvr_kv_log_data * x = L[r];
                 for (int il = 0; il < n_layer; il++) {
-                    const size_t row = sizeof(float) * (size_t)kv_dim;
-                    memcpy(sh->k[il] + (size_t)sh->n_rows * kv_dim, st->k[il] + (size_t)i * kv_dim, row);
-                    memcpy(sh->v[il] + (size_t)sh->n_rows * kv_dim, st->v[il] + (size_t)i * kv_dim, row);
+                    kvr_kv_rows_to_float(x->type_k, st->k[il] + (size_t)i * x->row_k, sh->k[il] + (size_t)sh->n_rows * kv_dim, 1, kv_dim);
+                    kvr_kv_rows_to_float(x->type_v, st->v[il] + (size_t)i * x->row_v, sh->v[il] + (size_t)sh->n_rows * kv_dim, 1, kv_dim);
                 }
                 sh->pos[sh->n_rows++] = p;
             }
@@ -5668,8 +5703,9 @@ int kvr_session_resume(struct kvr_session * d, const char * dir, const int32_t *
         const struct { int off; int a, b; const char * name; } same[] = {
             { 64, x->rank, r, "rank" }, { 68, x->n_ranks, NL, "ranks" }, { 72, x->strategy, L0->strategy, "strategy" },
             { 12, (int)x->flags, (int)L0->flags, "flags" }, { 76, x->n_prompt, L0->n_prompt, "prompt tokens" },
+            { 32, (int)(x->type_k | x->type_v << 16), (int)(L0->type_k | L0->type_v << 16), "cache type field" },
         };
-        for (int i = 0; i < 5 && rc == KVR_OK; i++) {
+        for (int i = 0; i < 6 && rc == KVR_OK; i++) {
             if (same[i].a != same[i].b) {
                 rc = kvr_error(KVR_ERR_ARG, "%s: offset %d: %s %d, but %s has %d (%s): logs of different runs in %s", path, same[i].off,
                                same[i].name, same[i].a, i == 0 ? "its name" : path0, same[i].b, i == 0 ? "rank-R.kvlog" : "rank 0's log", dir);
@@ -5683,6 +5719,7 @@ int kvr_session_resume(struct kvr_session * d, const char * dir, const int32_t *
         }
         if (x->n_steps - 1 < S) S = x->n_steps - 1;
     }
+    if (rc == KVR_OK) rc = rope_factors_check(d, path0, "log", L0->flags & KVR_KV_LOG_ROPE_LONG);
     // this run's prompt: the logs' (of a log that began with a prompt), or where the logs began
     // with a base, the start of what they hold
     for (int i = 0; rc == KVR_OK && prompt && i < (n_prompt < L0->n_prompt ? n_prompt : L0->n_prompt); i++) {
@@ -5711,6 +5748,16 @@ int kvr_session_resume(struct kvr_session * d, const char * dir, const int32_t *
         rc = kvr_error(KVR_ERR_ARG, "--replicate-dir %s: the logs there are of %d ranks (%s); this run has %d (%s): they cannot go on "
                        "there, give --replicate-dir another directory", dir, NL, kvr_strategy_name((enum kvr_strategy)L0->strategy),
                        d->n_ranks, kvr_strategy_name(d->p.strategy));
+    }
+    const bool converted = rc == KVR_OK && (L0->type_k != d->type_k || L0->type_v != d->type_v);
+    if (append && converted) {
+        rc = kvr_error(KVR_ERR_ARG, "--replicate-dir %s: the logs there hold %s K and %s V rows; this run's cache is %s and %s: they "
+                       "cannot go on there (their rows would change type), give --replicate-dir another directory", dir,
+                       kvr_type_name(L0->type_k), kvr_type_name(L0->type_v), kvr_type_name(d->type_k), kvr_type_name(d->type_v));
+    }
+    if (converted && rc == KVR_OK) {
+        resume_note(d, "%s: the logs hold %s K and %s V rows, this session's cache is %s and %s: the rows are converted", dir,
+                    kvr_type_name(L0->type_k), kvr_type_name(L0->type_v), kvr_type_name(d->type_k), kvr_type_name(d->type_v));
     }
     if (rc == KVR_OK) rc = resume_agree(d, &S);
     struct kvr_kv_file f = { 0 };
@@ -5898,22 +5945,23 @@ int kvr_session_kv_swap_out(struct kvr_session * d, const char * path) {
         KVR_ASSERT(d->swap.path != NULL);
         strcpy(d->swap.path, path);
     } else {
-        d->swap.k = calloc((size_t)(d->n_local * n_layer), sizeof(float *));
-        d->swap.v = calloc((size_t)(d->n_local * n_layer), sizeof(float *));
+        d->swap.k = calloc((size_t)(d->n_local * n_layer), sizeof(void *));
+        d->swap.v = calloc((size_t)(d->n_local * n_layer), sizeof(void *));
         KVR_ASSERT(d->swap.k && d->swap.v);
         for (int i = 0; i < d->n_local; i++) {
             const struct dist_rank * dr = &d->ranks[i];
-            const size_t bytes = sizeof(float) * (size_t)dr->cache->kv_dim * (size_t)dr->n_rows;
+            const size_t bk = dr->cache->row_k * (size_t)dr->n_rows, bv = dr->cache->row_v * (size_t)dr->n_rows;
             for (int il = 0; il < n_layer; il++) {
-                float ** k = &d->swap.k[i * n_layer + il], ** v = &d->swap.v[i * n_layer + il];
-                *k = malloc(bytes ? bytes : 1);
-                *v = malloc(bytes ? bytes : 1);
+                if (!dr->cache->k[il]) continue; // recurrent: its state below
+                void ** k = &d->swap.k[i * n_layer + il], ** v = &d->swap.v[i * n_layer + il];
+                *k = malloc(bk ? bk : 1);
+                *v = malloc(bv ? bv : 1);
                 if (!*k || !*v) {
                     swap_drop(d);
                     return kvr_error(KVR_ERR_NOMEM, "swap out: cannot allocate %zu MiB of host memory for rank %d's cache",
-                                     (2 * bytes * (size_t)n_layer) >> 20, dr->rank);
+                                     ((bk + bv) * (size_t)n_layer) >> 20, dr->rank);
                 }
-                cache_get_f32(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
+                kvr_kv_cache_get_rows(dr->be, dr->cache, il, 0, dr->n_rows, *k, *v);
             }
         }
         if (d->m->hp.n_recurrent > 0) {
@@ -5972,7 +6020,8 @@ int kvr_session_kv_swap_in(struct kvr_session * d) {
         for (int i = 0; i < d->n_local; i++) {
             struct dist_rank * dr = &d->ranks[i];
             for (int il = 0; il < n_layer; il++) {
-                cache_set_f32(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
+                if (!dr->cache->k[il]) continue;
+                kvr_kv_cache_set_rows(dr->be, dr->cache, il, 0, dr->n_rows, d->swap.k[i * n_layer + il], d->swap.v[i * n_layer + il]);
             }
             if (d->swap.state) states_set(dr, d->swap.state[i]);
         }

@@ -477,7 +477,8 @@ static double ffn_time(const struct kvr_tune_model * m, const struct kvr_tune_pr
     return elem_time(hw, T * (7.0 * m->n_embd + 5.0 * m->n_ff)) + m->n_ffn_mats * mm_time(m, hw, T, m->n_embd, m->n_ff);
 }
 
-static void token_costs(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, int tokens, struct tok_costs * c) {
+// kvb: bytes per element of the cache's type, which the store writes
+static void token_costs(const struct kvr_tune_model * m, const struct kvr_tune_profile * hw, int tokens, double kvb, struct tok_costs * c) {
     const double T = tokens, E = m->n_embd;
     const double qd = (double)m->n_head * m->head_dim, kvd = (double)m->n_head_kv * m->head_dim;
     memset(c, 0, sizeof(*c));
@@ -486,7 +487,7 @@ static void token_costs(const struct kvr_tune_model * m, const struct kvr_tune_p
     if (tokens <= 0) return;
     c->embed  = elem_time(hw, 2 * T * E);
     c->pre_kv = elem_time(hw, T * (4 * E + 2 * kvd)) + 2 * mm_time(m, hw, T, E, kvd);
-    c->store  = elem_time(hw, 4 * T * kvd);
+    c->store  = elem_time(hw, 2 * T * kvd) + 2 * T * kvd * kvb / hw->mem_bw; // activations in, rows out in the cache's type
     c->q      = mm_time(m, hw, T, E, qd) + elem_time(hw, 2 * T * qd);
     c->oproj  = mm_time(m, hw, T, qd, E) + elem_time(hw, 3 * T * E);
     c->ffn    = ffn_time(m, hw, T);
@@ -942,7 +943,7 @@ int kvr_tune_simulate(const struct kvr_tune_model * m, const struct kvr_tune_pro
             const struct runs sh = runs_ring(T, N, r);
             if (ring ? sh.n > 0 && runs_pos(&sh, runs_total(&sh) - 1) == T - 1 : S->cnt[r] > 0) S->owner = r;
         }
-        for (int r = 0; r < N; r++) token_costs(m, hw, S->cnt[r], &S->tc[r]);
+        for (int r = 0; r < N; r++) token_costs(m, hw, S->cnt[r], S->kvb, &S->tc[r]);
         S->solo = hw->solo_speedup > 1.0 ? hw->solo_speedup : 1.0;
         const int passes = S->solo > 1.0 && N > 1 ? SIM_PASSES : 1;
         for (int pass = 0; pass < passes; pass++) {

@@ -2022,6 +2022,7 @@ static void pass_single_block(struct kvr_context * ctx, struct kvr_tensor * t, s
     const int64_t D = k->ne[0], Hkv = k->ne[1], T = k->ne[2];
     KVR_ASSERT(D * Hkv == cache->kv_dim && n_past + T <= cache->n_ctx && kpos->ne[0] == n_past + T);
     struct kvr_tensor * kc = cache->k[il], * vc = cache->v[il];
+    KVR_ASSERT(kc && vc); // an attention layer's
     const size_t row = kc->nb[1], vrow = vc->nb[1]; // K and V may be of different types
     struct kvr_tensor * k_dst = kvr_view_2d(ctx, kc, cache->kv_dim, T, row, (size_t)n_past * row);
     struct kvr_tensor * v_dst = kvr_view_2d(ctx, vc, cache->kv_dim, T, vrow, (size_t)n_past * vrow);
@@ -10239,11 +10240,13 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx,
     KVR_ASSERT(hp->head_dim % kvr_blck_size(type_k) == 0 && hp->head_dim % kvr_blck_size(type_v) == 0);
     const size_t row_k = kvr_row_size(type_k, kv_dim), row_v = kvr_row_size(type_v, kv_dim);
     const size_t row_max = row_k > row_v ? row_k : row_v;
-    // every layer's K and V in one buffer, each at an aligned offset, then the recurrent layers' states
+    // the attention layers' K and V in one buffer, each at an aligned offset, then the recurrent
+    // layers' states (a recurrent layer has no K and V: its planes are NULL)
     const size_t one = (row_max * (size_t)n_ctx + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
     const int64_t n_state = kvr_hp_state_floats(hp);
     const size_t one_state = ((size_t)n_state * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
-    const size_t bytes = (size_t)2 * hp->n_layer * one + (size_t)hp->n_recurrent * one_state;
+    const size_t n_attn = hp->n_layer - hp->n_recurrent;
+    const size_t bytes = (size_t)2 * n_attn * one + (size_t)hp->n_recurrent * one_state;
     struct kvr_kv_cache * c = kvr_calloc(1, sizeof(*c));
     c->ctx = kvr_init((size_t)(3 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), true);
     c->buf = c->ctx ? kvr_backend_alloc_buffer(be, bytes) : NULL;
@@ -10264,15 +10267,18 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx,
     c->row_v   = row_v;
     c->k = kvr_calloc(hp->n_layer, sizeof(struct kvr_tensor *));
     c->v = kvr_calloc(hp->n_layer, sizeof(struct kvr_tensor *));
+    size_t at = 0;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
+        if (kvr_layer_recurrent(hp, (int)il)) continue;
         c->k[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, type_k, kv_dim, n_ctx), "cache_k.%u", il);
         c->v[il] = kvr_set_name(kvr_new_tensor_2d(c->ctx, type_v, kv_dim, n_ctx), "cache_v.%u", il);
-        kvr_buffer_place(c->buf, c->k[il], (2 * (size_t)il) * one);
-        kvr_buffer_place(c->buf, c->v[il], (2 * (size_t)il + 1) * one);
+        kvr_buffer_place(c->buf, c->k[il], at);
+        kvr_buffer_place(c->buf, c->v[il], at + one);
+        at += 2 * one;
     }
+    KVR_ASSERT(at == 2 * n_attn * one);
     c->n_state = n_state;
     c->state = n_state ? kvr_calloc(hp->n_layer, sizeof(struct kvr_tensor *)) : NULL;
-    size_t at = (size_t)2 * hp->n_layer * one;
     for (uint32_t il = 0; il < hp->n_layer && n_state; il++) {
         if (!kvr_layer_recurrent(hp, (int)il)) continue;
         c->state[il] = kvr_set_name(kvr_new_tensor_1d(c->ctx, KVR_TYPE_F32, n_state), "cache_state.%u", il);
@@ -10299,6 +10305,7 @@ void kvr_kv_cache_get_rows(struct kvr_backend * be, const struct kvr_kv_cache * 
                            void * k, void * v) {
     KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
     KVR_ASSERT(c->buf->backend == be && "the cache lives on another backend");
+    KVR_ASSERT(c->k[il] && "a recurrent layer has no K and V rows");
     if (k) kvr_backend_tensor_get(c->k[il], k, c->row_k * (size_t)row0, c->row_k * (size_t)n);
     if (v) kvr_backend_tensor_get(c->v[il], v, c->row_v * (size_t)row0, c->row_v * (size_t)n);
 }
@@ -10307,6 +10314,7 @@ void kvr_kv_cache_set_rows(struct kvr_backend * be, struct kvr_kv_cache * c, int
                            const void * k, const void * v) {
     KVR_ASSERT(il >= 0 && il < c->n_layer && row0 >= 0 && n >= 0 && row0 + n <= c->n_ctx);
     KVR_ASSERT(c->buf->backend == be && "the cache lives on another backend");
+    KVR_ASSERT(c->k[il] && "a recurrent layer has no K and V rows");
     if (k) kvr_backend_tensor_set(c->k[il], k, c->row_k * (size_t)row0, c->row_k * (size_t)n);
     if (v) kvr_backend_tensor_set(c->v[il], v, c->row_v * (size_t)row0, c->row_v * (size_t)n);
 }
@@ -10498,7 +10506,7 @@ static void kv_fingerprint(const struct kvr_model * m, uint32_t * fp) {
     fp[KVH_LAYERS]     = hp->n_layer;
     fp[KVH_HEADS_KV]   = hp->n_head_kv;
     fp[KVH_HEAD_DIM]   = hp->head_dim;
-    fp[KVH_TYPE]       = 0;            // the rows' types (a file: its writer's; a log: 0, f32 and f32)
+    fp[KVH_TYPE]       = 0;            // the rows' types: not the model's (its writer puts them)
     fp[KVH_ROT]        = hp->n_rot;
     fp[KVH_ROPE_MODE]  = (uint32_t)hp->rope_mode;
     fp[KVH_ROPE_BASE]  = f32_as_u32(hp->rope_freq_base);
@@ -10549,22 +10557,36 @@ static int kv_check_model(const char * path, const uint8_t * h, const struct kvr
     return KVR_OK;
 }
 
+// the rows' types of a header's field at 32: K's in the low 16 bits, V's in the high ones, each a
+// KV cache type whose blocks fit the head size
+static int kv_types_read(const char * path, const uint8_t * h, const struct kvr_model * m, enum kvr_type * type_k, enum kvr_type * type_v) {
+    const uint32_t f = get_u32(h + KVH_OFFSET(KVH_TYPE));
+    for (int kind = 0; kind < 2; kind++) {
+        const uint32_t t = kind ? f >> 16 : f & 0xffff;
+        if (t >= KVR_TYPE_COUNT || !kv_cache_type_ok((enum kvr_type)t) || m->hp.head_dim % kvr_blck_size((enum kvr_type)t) != 0) {
+            return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the cache type field 0x%08x gives %s type %u (%s), not a KV cache type "
+                             "(f32, f16, bf16, q8_0) for a head size of %u", path, KVH_OFFSET(KVH_TYPE), f, kind ? "V" : "K",
+                             t, t < KVR_TYPE_COUNT ? kvr_type_name((enum kvr_type)t) : "?", m->hp.head_dim);
+        }
+    }
+    *type_k = (enum kvr_type)(f & 0xffff);
+    *type_v = (enum kvr_type)(f >> 16);
+    return KVR_OK;
+}
+
 // the fingerprint for the replication logs' header (kvr-comm.c), which shares bytes 16..64 and 84..92
-void kvr_kv_fingerprint_put(const struct kvr_model * m, uint8_t * h) {
+void kvr_kv_fingerprint_put(const struct kvr_model * m, enum kvr_type type_k, enum kvr_type type_v, uint8_t * h) {
+    KVR_ASSERT(kv_cache_type_ok(type_k) && kv_cache_type_ok(type_v));
     uint32_t fp[KVH_COUNT] = { 0 };
     kv_fingerprint(m, fp);
     for (int fi = 0; fi < KVH_FP_COUNT; fi++) put_u32(h + KVH_OFFSET(kvh_fp_fields[fi]), fp[kvh_fp_fields[fi]]);
+    put_u32(h + KVH_OFFSET(KVH_TYPE), (uint32_t)type_k | (uint32_t)type_v << 16);
 }
 
-int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what) {
+int kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what,
+                             enum kvr_type * type_k, enum kvr_type * type_v) {
     const int rc = kv_check_model(path, h, m, what);
-    if (rc != KVR_OK) return rc;
-    // a log's rows are f32 whatever the cache's type (the session converts): the field says so
-    if (get_u32(h + KVH_OFFSET(KVH_TYPE)) != 0) {
-        return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the %s's rows are f32 (cache type field 0), the field holds 0x%08x", path,
-                         KVH_OFFSET(KVH_TYPE), what, get_u32(h + KVH_OFFSET(KVH_TYPE)));
-    }
-    return KVR_OK;
+    return rc != KVR_OK ? rc : kv_types_read(path, h, m, type_k, type_v);
 }
 
 struct kvr_kv_writer {
@@ -10649,11 +10671,15 @@ int kvr_kv_writer_open(struct kvr_kv_writer ** out, const char * path, const str
     w->hp       = &m->hp;
     w->next_state = 0;
     while (w->next_state < w->n_layer && !kvr_layer_recurrent(w->hp, w->next_state)) w->next_state++;
+    w->next_layer = 0; // the first attention layer: a recurrent one has no K and V
+    while (w->next_layer < w->n_layer && kvr_layer_recurrent(w->hp, w->next_layer)) w->next_layer++;
 
     uint8_t h[KVR_KV_FILE_HEADER] = { 0 };
     memcpy(h, "KVRCACHE", 8);
     put_u32(h + 8, KVR_KV_FILE_VERSION);
-    put_u32(h + 12, (lay->logits ? KVR_KV_FILE_LOGITS : 0) | (m->hp.n_recurrent ? KVR_KV_FILE_STATE : 0));
+    KVR_ASSERT(!lay->rope_long || m->rope_long);
+    put_u32(h + 12, (lay->logits ? KVR_KV_FILE_LOGITS : 0) | (m->hp.n_recurrent ? KVR_KV_FILE_STATE | KVR_KV_FILE_ATTN_ONLY : 0) |
+                    (lay->rope_long ? KVR_KV_FILE_ROPE_LONG : 0));
     uint32_t fp[KVH_COUNT] = { 0 };
     kv_fingerprint(m, fp);
     fp[KVH_TOKENS]    = (uint32_t)lay->n_tokens;
@@ -10715,7 +10741,7 @@ int kvr_kv_writer_layer(struct kvr_kv_writer * w, int il, int shard, const float
     kvw_rows(w, il, shard, 1, v);
     if (++w->next_shard == w->n_shards) {
         w->next_shard = 0;
-        w->next_layer++;
+        do w->next_layer++; while (w->next_layer < w->n_layer && kvr_layer_recurrent(w->hp, w->next_layer));
     }
     return w->rc;
 }
@@ -10863,10 +10889,14 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                          path, KVH_OFFSET(KVH_CRC), get_u32(h + KVH_OFFSET(KVH_CRC)), crc);
     }
     f->flags = get_u32(h + 12);
-    const uint32_t known = KVR_KV_FILE_LOGITS | KVR_KV_FILE_STATE;
+    const uint32_t known = KVR_KV_FILE_LOGITS | KVR_KV_FILE_STATE | KVR_KV_FILE_ROPE_LONG | KVR_KV_FILE_ATTN_ONLY;
     if (f->flags & ~known) {
         return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: flags 0x%x have bits this version does not know (0x%x)", path, f->flags,
                          f->flags & ~known);
+    }
+    if ((f->flags & KVR_KV_FILE_ROPE_LONG) && !m->rope_long) {
+        return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the file's keys took long LongRoPE factors (flag 0x%x), the model %s has none",
+                         path, KVR_KV_FILE_ROPE_LONG, m->path);
     }
     if (!(f->flags & KVR_KV_FILE_STATE) != !m->hp.n_recurrent) {
         return kvr_error(KVR_ERR_FORMAT, "%s: offset 12: the file %s recurrent states, the model %s has %u recurrent layers", path,
@@ -10876,18 +10906,8 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     for (int i = 0; i < KVH_COUNT; i++) hv[i] = get_u32(h + KVH_OFFSET(i));
     int rc = kv_check_model(path, h, m, "cache");
     if (rc != KVR_OK) return rc;
-    // the rows' types: K's in the low 16 bits, V's in the high ones, each a KV cache type whose
-    // blocks fit the head size
-    for (int kind = 0; kind < 2; kind++) {
-        const uint32_t t = kind ? hv[KVH_TYPE] >> 16 : hv[KVH_TYPE] & 0xffff;
-        if (t >= KVR_TYPE_COUNT || !kv_cache_type_ok((enum kvr_type)t) || m->hp.head_dim % kvr_blck_size((enum kvr_type)t) != 0) {
-            return kvr_error(KVR_ERR_FORMAT, "%s: offset %d: the cache type field 0x%08x gives %s type %u (%s), not a KV cache type "
-                             "(f32, f16, bf16, q8_0) for a head size of %u", path, KVH_OFFSET(KVH_TYPE), hv[KVH_TYPE], kind ? "V" : "K",
-                             t, t < KVR_TYPE_COUNT ? kvr_type_name((enum kvr_type)t) : "?", m->hp.head_dim);
-        }
-    }
-    f->type_k = (enum kvr_type)(hv[KVH_TYPE] & 0xffff);
-    f->type_v = (enum kvr_type)(hv[KVH_TYPE] >> 16);
+    rc = kv_types_read(path, h, m, &f->type_k, &f->type_v);
+    if (rc != KVR_OK) return rc;
     const uint32_t lim[][2] = { { KVH_TOKENS, 1u << 24 }, { KVH_RANKS, 256 }, { KVH_CHUNK, 1u << 24 } };
     for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
         const int fi = (int)lim[i][0];
@@ -10981,11 +11001,15 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
     free(pos_off);
     if (rc != KVR_OK) return rc;
 
+    // the layers whose rows the file holds: every one, or (ATTN_ONLY) the attention layers; the
+    // rows of a recurrent layer an older file holds are read and dropped
+    const bool attn_only = f->flags & KVR_KV_FILE_ATTN_ONLY;
+    const int64_t file_layers = f->n_layer - (attn_only ? (int64_t)m->hp.n_recurrent : 0);
     // the size the rest must have: refuse a truncated or overlong file before reading its rows
     int64_t need = r->off;
     for (int s = 0; s < f->n_shards; s++) {
         const int64_t n = f->shards[s].n_rows, chunks = (n + f->chunk_rows - 1) / f->chunk_rows;
-        need += (int64_t)f->n_layer * (2 * chunks * 24 + n * (int64_t)(kvr_row_size(f->type_k, f->kv_dim) + kvr_row_size(f->type_v, f->kv_dim)));
+        need += file_layers * (2 * chunks * 24 + n * (int64_t)(kvr_row_size(f->type_k, f->kv_dim) + kvr_row_size(f->type_v, f->kv_dim)));
     }
     if (f->flags & KVR_KV_FILE_LOGITS) need += 4 * (int64_t)m->hp.n_vocab + 4;
     f->n_state = kvr_hp_state_floats(&m->hp);
@@ -11002,6 +11026,8 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
         f->shards[s].v = kvr_calloc((size_t)f->n_layer, sizeof(float *));
     }
     for (int il = 0; il < f->n_layer; il++) {
+        const bool recurrent = kvr_layer_recurrent(&m->hp, il);
+        if (recurrent && attn_only) continue;
         for (int s = 0; s < f->n_shards; s++) {
             struct kvr_kv_file_shard * sh = &f->shards[s];
             for (int kind = 0; kind < 2; kind++) {
@@ -11034,6 +11060,10 @@ static int kv_file_parse(struct kvr_reader * r, const struct kvr_model * m, stru
                     kvr_kv_rows_to_float(type, raw, x + (size_t)r0 * f->kv_dim, n, f->kv_dim);
                 }
                 free(raw);
+                if (recurrent) { // checked, and no cache has a place for them
+                    free(x);
+                    (kind ? sh->v : sh->k)[il] = NULL;
+                }
             }
         }
     }
@@ -11676,8 +11706,8 @@ static int eval_reuse_build(struct kvr_eval * ev, int n_kv) {
     r->model      = ev->model;
     r->backend    = ev->backend;
     r->cache      = ev->cache;
-    r->cache_buf  = ev->cache->k[0]->buffer;
-    r->cache_base = ev->cache->k[0]->buffer->base;
+    r->cache_buf  = ev->cache->buf;
+    r->cache_base = ev->cache->buf->base;
     r->buf        = *ev->compute;
     r->buf_base   = (*ev->compute)->base;
     r->buf_size   = (*ev->compute)->size;
@@ -11698,7 +11728,7 @@ static int eval_run_reused(struct kvr_eval * ev) {
     int n_kv = (ev->n_past / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS;
     if (n_kv > n_ctx) n_kv = n_ctx;
     const bool same = r->ctx && r->n_kv == n_kv && r->model == ev->model && r->backend == ev->backend &&
-                      r->cache == ev->cache && r->cache_buf == ev->cache->k[0]->buffer && r->cache_base == ev->cache->k[0]->buffer->base && r->buf == *ev->compute &&
+                      r->cache == ev->cache && r->cache_buf == ev->cache->buf && r->cache_base == ev->cache->buf->base && r->buf == *ev->compute &&
                       r->buf_base == (*ev->compute)->base && r->buf_size == (*ev->compute)->size &&
                       r->n_outputs == ev->n_outputs && r->attn_mode == ev->attn_mode && r->n_ctx == ev->n_ctx;
     if (!same) {

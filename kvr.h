@@ -1172,9 +1172,14 @@ struct kvr_build {
 // Build the forward graph up to the logits [n_vocab, n_outputs] (or the final hidden state when
 // n_outputs is 0). Attention is left as ATTN_BLOCK nodes for a strategy pass to rewrite.
 struct kvr_tensor * kvr_model_build(const struct kvr_model * m, const struct kvr_build * b);
+// Whether keys rotated in a context of n_ctx tokens take Phi-3's long LongRoPE factors: a model
+// with them, n_ctx rounded up to a multiple of 256 past hp.rope_n_ctx_orig (llama.cpp's rule). A
+// cache made with one set of factors is not the cache of a context that takes the other.
+bool kvr_model_rope_long(const struct kvr_model * m, int n_ctx);
 
 //
-// KV cache: contiguous per-layer K and V, [head_dim*n_head_kv, n_ctx] each, in their types (f32,
+// KV cache: contiguous per-layer K and V, [head_dim*n_head_kv, n_ctx] each (attention layers only:
+// a hybrid model's recurrent layers keep a state instead), in their types (f32,
 // f16, bf16 or q8_0: kvr_cache_type; K and V may differ), in one buffer of a backend. Read rows with
 // kvr_backend_tensor_get (the data may be device memory).
 //
@@ -1186,11 +1191,11 @@ struct kvr_kv_cache {
     enum kvr_type        type_k, type_v;
     size_t               row_k, row_v;  // bytes of one row (kv_dim values) of K and of V
     struct kvr_context * ctx;        // the tensor structs
-    struct kvr_buffer  * buf;        // every layer's K and V, cleared to zero when made
-    struct kvr_tensor ** k;
+    struct kvr_buffer  * buf;        // every attention layer's K and V, cleared to zero when made
+    struct kvr_tensor ** k;          // per layer (NULL for a recurrent one)
     struct kvr_tensor ** v;
     // recurrent layers (kvr_layer_recurrent): each its state [n_state] f32 in buf (NULL for the
-    // others), the state after the last cached token; their K and V are never written
+    // others), the state after the last cached token; they have no K and V (k[il], v[il] NULL)
     int64_t              n_state;    // kvr_hp_state_floats (0: no recurrent layer)
     struct kvr_tensor ** state;
 };
@@ -1237,7 +1242,8 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 //       96         tokens: n_tokens i32, then their CRC32C
 //                  shards: (rank, rows) u32 pairs, then each shard's row positions (i32), then
 //                  one CRC32C over both
-//                  layers: layer by layer, shard by shard, K rows then V rows in chunks of at most
+//                  layers: layer by layer (the attention layers alone with flag ATTN_ONLY: a recurrent
+//                  layer has no K and V), shard by shard, K rows then V rows in chunks of at most
 //                  "rows per chunk" rows: (layer, shard, 0 = K | 1 = V, first row, rows) u32,
 //                  rows of kv_dim values in K's or V's type, then a CRC32C over the chunk's header
 //                  and data
@@ -1258,6 +1264,12 @@ void kvr_kv_cache_set_state(struct kvr_backend * be, struct kvr_kv_cache * c, in
 enum kvr_kv_file_flag {
     KVR_KV_FILE_LOGITS = 1, // the logits of the last token follow the layers
     KVR_KV_FILE_STATE  = 2, // the recurrent layers' states follow the layers (an older kvr refuses the bit)
+    KVR_KV_FILE_ROPE_LONG = 4, // the keys were rotated with Phi-3's long LongRoPE factors (kvr_model_rope_long
+                               //   of the saving session's context): a session whose context takes the
+                               //   other set refuses the file, naming both; a model without them refuses the bit
+    KVR_KV_FILE_ATTN_ONLY = 8, // the layers section holds the attention layers alone: a hybrid model's
+                               //   recurrent layers have no K and V (kvr writes it for every hybrid model;
+                               //   a hybrid file without it, with rows of every layer, loads, those skipped)
 };
 
 // CRC32C (Castagnoli), the checksum of the file's sections: crc = kvr_crc32c(0, data, n), or
@@ -1294,10 +1306,12 @@ struct kvr_kv_layout {
     int                         chunk_rows; // rows per chunk (0: about 1 MiB of a layer's K or V)
     enum kvr_type               type_k;     // the rows' types in the file (f32, f16, bf16, q8_0: the
     enum kvr_type               type_v;     //   cache's, so its bytes are the cache's own)
+    bool                        rope_long;  // the keys took Phi-3's long LongRoPE factors (flag ROPE_LONG)
 };
 
 // A file written layer by layer (what streaming during a prefill needs): open writes the header,
-// the tokens and the shard table; then kvr_kv_writer_layer for every layer in order and within a
+// the tokens and the shard table; then kvr_kv_writer_layer for every attention layer (every layer
+// but a hybrid model's recurrent ones) in order and within a
 // layer every shard in order (k and v: that shard's rows, [kv_dim x n_rows] f32 contiguous, stored in
 // the layout's types: a cache's rows read as f32 go back to the same bytes); then
 // close writes the logits (when the layout has them) and renames the file into place. Until then
@@ -1319,8 +1333,8 @@ struct kvr_kv_file_shard {
     int       rank;
     int       n_rows;
     int32_t * pos;
-    float  ** k;        // per layer: [kv_dim x n_rows] f32 (the file's rows turned into f32)
-    float  ** v;
+    float  ** k;        // per layer: [kv_dim x n_rows] f32 (the file's rows turned into f32); NULL
+    float  ** v;        //   for a recurrent layer
 };
 
 struct kvr_kv_file {
@@ -1401,12 +1415,6 @@ int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos);
 // could use (KVR_ERR_ARG, but single and a given partition); fewer tokens leave ranks idle.
 int kvr_useful_ranks(enum kvr_strategy s, int T, int n_ranks, bool pd);
 
-// The choice of auto (the CP paper's Algorithm 5): pass-KV if T >= N*C*NKV*e/(2*NH*BW) or
-// T/(T+P) >= 2*NKV/NH - 4*T*BW/(N*C*e), else pass-Q. C: attention FLOP/s of one rank, BW: link
-// bytes/s, e: bytes per element. why (may be NULL) receives the rule with the numbers.
-enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
-                                double flops, double bw, char * why, size_t cap);
-
 enum kvr_comm_kind {
     KVR_COMM_LOCAL = 0, // ranks are threads of this process (the default)
     KVR_COMM_MPI   = 1, // ranks are MPI processes (build with make KVR_MPI=1, run under mpirun)
@@ -1436,6 +1444,16 @@ const char *  kvr_cache_type_name(enum kvr_cache_type t);                      /
 int           kvr_cache_type_parse(const char * name, enum kvr_cache_type * out); // KVR_OK or KVR_ERR_ARG
 enum kvr_type kvr_cache_type_elem(enum kvr_cache_type t);                      // its tensor type (F16, ...)
 
+// The choice of auto (the CP paper's Algorithm 5, with the bytes of K/V and of Q apart): pass-KV if
+// T >= N*C*NKV*e_kv/(2*NH*BW) (the K/V of a ring step cross the link within its attention) or
+// T/(T+P) >= 2*NKV*e_kv/(NH*e_q) - 4*T*BW/(N*C*e_q) (the K/V exposed beyond the attention cost less
+// than the queries pass-Q sends), else pass-Q. C: attention FLOP/s of one rank, BW: link bytes/s,
+// e_kv: bytes per K/V element on the wire (the cache's types, K's and V's averaged: 4 f32, 2 f16
+// and bf16, 34/32 q8_0), e_q: bytes per query element (4: ring-q sends f32 queries). With
+// e_kv = e_q both rules are the paper's. why (may be NULL) receives the rule with the numbers.
+enum kvr_strategy kvr_auto_pick(int T, int P, int n_ranks, int n_head, int n_head_kv, int head_dim,
+                                enum kvr_cache_type type_k, enum kvr_cache_type type_v,
+                                double flops, double bw, char * why, size_t cap);
 
 // Reading intermediates (tools/kvr-compare): every node named "blk.<layer>.<name>" for a name in
 // names is kept as an output of each eval (its memory is not reused) and handed to got() after
@@ -2183,16 +2201,17 @@ int               kvr_session_test_replica(struct kvr_session * s, int rank, int
 //        0      8  magic "KVRKVLOG"
 //        8      4  version (KVR_KV_LOG_VERSION)
 //       12      4  flags (enum kvr_kv_log_flag; unknown bits are refused)
-//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64, but the
-//                  type field (at 32) is 0: a log's rows are f32 whatever the cache's type
+//       16     48  the model's fingerprint and weights hash: the cache file's bytes 16..64, with
+//                  (at 32) the rows' types as there: K's type id in the low 16 bits, V's in the
+//                  high 16 (f32, f16, bf16 or q8_0: the cache's, so a row is logged as its bytes)
 //       64     16  rank, ranks, strategy (enum kvr_strategy), prompt tokens (u32 each)
 //       80      4  0 (u32)
 //       84      8  the tokenizer hash: the cache file's bytes 84..92
 //       92      4  CRC32C of bytes [0, 92)
 //       96         the prompt's token ids (i32), then their CRC32C
 //                  then records, each starting (type, step) u32:
-//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows x kv_dim f32 (a
-//                                     typed cache's rows as f32; a resume converts them back)
+//                  KVR_KV_LOG_ROWS:   layer, rows (u32); K rows then V rows, rows of kv_dim values
+//                                     in K's and V's type (kvr_row_size bytes each)
 //                  KVR_KV_LOG_COMMIT: tokens, rows (u32); the step's token ids (i32); the
 //                                     absolute positions of the rank's rows of the step (i32)
 //                  and a CRC32C over the record seeded with the previous record's CRC (the first
@@ -2203,12 +2222,18 @@ int               kvr_session_test_replica(struct kvr_session * s, int rank, int
 // step, also those it made no rows in. A reader keeps the acknowledged steps and ignores what
 // follows the last whole COMMIT (a record cut short or with a bad CRC ends the log's good prefix).
 
-#define KVR_KV_LOG_VERSION 2 // 1: the weights hash covered the tensors' metadata only, no tokenizer hash
+// A resume into a session whose cache types are the log's puts the logged bytes back as they were;
+// into one of other types it converts the rows (through f32, as a KV file of another type loads)
+// and says so in a note, but does not go on appending to those logs (their rows would change type
+// mid-file): that is refused, naming both types. Older versions are refused, saying why.
+#define KVR_KV_LOG_VERSION 3 // 2: f32 rows, no cache type; 1: the weights hash covered the tensors' metadata
+                             //   only, no tokenizer hash
 #define KVR_KV_LOG_HEADER  96
 
 enum kvr_kv_log_flag {
     KVR_KV_LOG_BASE = 1, // step 0 holds every row the rank had when the log started (after a load,
                          //   a truncation or a resume into another directory), not a prompt's
+    KVR_KV_LOG_ROPE_LONG = 2, // the keys took Phi-3's long LongRoPE factors, as the cache file's flag
 };
 
 enum kvr_kv_log_record {
@@ -2221,6 +2246,7 @@ struct kvr_kv_log_head {
     int             n_prompt;  // the tokens of step 0
     const int32_t * prompt;
     uint32_t        flags;
+    enum kvr_type   type_k, type_v; // the rows' types (the cache's); zeroed: f32
 };
 
 // The writer: each call writes one record with one write(2) (no buffering in the process, so a
@@ -2233,7 +2259,7 @@ int     kvr_kv_log_create(struct kvr_kv_log ** out, const char * path, const str
                           const struct kvr_kv_log_head * h);
 int     kvr_kv_log_append(struct kvr_kv_log ** out, const char * path, const struct kvr_model * m,
                           const struct kvr_kv_log_data * d);
-int     kvr_kv_log_rows  (struct kvr_kv_log * w, int step, int il, int n_rows, const float * k, const float * v);
+int     kvr_kv_log_rows  (struct kvr_kv_log * w, int step, int il, int n_rows, const void * k, const void * v); // in the log's types
 int     kvr_kv_log_commit(struct kvr_kv_log * w, int step, const int32_t * tokens, int n_tokens,
                           const int32_t * pos, int n_rows);
 int     kvr_kv_log_sync  (struct kvr_kv_log * w);
@@ -2247,8 +2273,8 @@ struct kvr_kv_log_step {
     int32_t * tokens;
     int       n_rows;
     int32_t * pos;        // the rows' absolute positions
-    float  ** k;          // per layer: [kv_dim x n_rows] f32 (NULL when n_rows is 0)
-    float  ** v;
+    uint8_t ** k;         // per layer: n_rows rows of kv_dim values in the log's K type (NULL when
+    uint8_t ** v;         //   n_rows is 0); V's likewise
     int64_t   end;        // the offset after the step's COMMIT
     uint32_t  crc;        //   and the chain's CRC there
 };
@@ -2259,6 +2285,8 @@ struct kvr_kv_log_data {
     int                      n_prompt;
     int32_t                * prompt;
     int                      n_layer, kv_dim;
+    enum kvr_type            type_k, type_v; // the rows' types (header offset 32)
+    size_t                   row_k, row_v;   //   and a row's bytes in each
     int                      n_steps;   // acknowledged steps 0 .. n_steps-1
     struct kvr_kv_log_step * steps;
     int64_t                  good;      // where the acknowledged prefix ends (the header's end without steps)
@@ -2270,15 +2298,18 @@ struct kvr_kv_log_data {
 };
 
 // The header is checked whole: KVR_ERR_IO (cannot open), KVR_ERR_FORMAT (not a log, a damaged
-// header or prompt), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (another model: the message names
-// the field); then the records are read up to the first damage, which is no error (see damage).
+// header or prompt, a type field that is no cache type for the model's head size, an older
+// version), KVR_ERR_UNSUPP (a newer version), KVR_ERR_ARG (another model: the message names the field); then the records are read up to the first damage, which is no error (see damage).
 int  kvr_kv_log_read(const char * path, const struct kvr_model * m, struct kvr_kv_log_data ** out);
 void kvr_kv_log_free(struct kvr_kv_log_data * d);
 
-// The model's fingerprint, bytes 16..64 and 84..92 of a cache file's or a log's header h: written,
-// or checked (KVR_ERR_ARG naming the first field of another model; what: "cache", "log")
-void kvr_kv_fingerprint_put  (const struct kvr_model * m, uint8_t * h);
-int  kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what);
+// The model's fingerprint and the rows' types, bytes 16..64 and 84..92 of a cache file's or a log's
+// header h: written, or checked (KVR_ERR_ARG naming the first field of another model; KVR_ERR_FORMAT
+// for a type field that holds no KV cache type for the model's head size; what: "cache", "log"),
+// the types read into *type_k and *type_v
+void kvr_kv_fingerprint_put  (const struct kvr_model * m, enum kvr_type type_k, enum kvr_type type_v, uint8_t * h);
+int  kvr_kv_fingerprint_check(const char * path, const uint8_t * h, const struct kvr_model * m, const char * what,
+                              enum kvr_type * type_k, enum kvr_type * type_v);
 
 //
 // I5. element math: one element or one block

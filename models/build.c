@@ -200,10 +200,13 @@ static struct kvr_tensor * build_norm(struct mb * g, struct kvr_tensor * x, stru
 // The per-pair frequency divisors of this build: Llama 3's, or Phi-3's LongRoPE ones chosen by the
 // context as llama.cpp chooses them (its n_ctx, rounded up to a multiple of 256, past
 // original_context_length: the long factors; the prompt's length does not count), or none.
+bool kvr_model_rope_long(const struct kvr_model * m, int n_ctx) {
+    return m->rope_long && ((int64_t)n_ctx + 255) / 256 * 256 > (int64_t)m->hp.rope_n_ctx_orig;
+}
+
 static struct kvr_tensor * build_rope_factors(const struct mb * g) {
     if (!g->m->rope_long) return g->m->rope_freqs;
-    const int64_t n_ctx = ((int64_t)g->b->n_ctx + 255) / 256 * 256;
-    return n_ctx > (int64_t)g->hp->rope_n_ctx_orig ? g->m->rope_long : g->m->rope_short;
+    return kvr_model_rope_long(g->m, g->b->n_ctx) ? g->m->rope_long : g->m->rope_short;
 }
 
 // x: [head_dim, heads, T], rotated at the batch's positions with the layer's parameters

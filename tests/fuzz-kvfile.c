@@ -87,14 +87,22 @@ static void mend_cache(uint8_t * b, size_t n) {
 static void mend_log(uint8_t * b, size_t n) {
     if (n < KVR_KV_LOG_HEADER) return;
     mend(b, n, 0, 92, 0);
-    const uint64_t n_prompt = rd32(b + 76), row = 4 * (uint64_t)model->hp.head_dim * model->hp.n_head_kv;
+    // the rows' sizes by the type field (a damaged one is refused before the records are read)
+    const uint32_t types = rd32(b + 32), tk = types & 0xffff, tv = types >> 16;
+    for (int i = 0; i < 2; i++) {
+        const uint32_t t = i ? tv : tk;
+        if (t != KVR_TYPE_F32 && t != KVR_TYPE_F16 && t != KVR_TYPE_BF16 && t != KVR_TYPE_Q8_0) return;
+        if (model->hp.head_dim % kvr_blck_size((enum kvr_type)t) != 0) return;
+    }
+    const uint64_t kv_dim = (uint64_t)model->hp.head_dim * model->hp.n_head_kv;
+    const uint64_t n_prompt = rd32(b + 76), row2 = kvr_row_size((enum kvr_type)tk, (int64_t)kv_dim) + kvr_row_size((enum kvr_type)tv, (int64_t)kv_dim);
     uint64_t off = KVR_KV_LOG_HEADER + 4 * n_prompt;
     if (n_prompt > n || off + 4 > n) return;
     uint32_t crc = mend(b, n, KVR_KV_LOG_HEADER, off, 0);
     off += 4;
     while (off + 16 <= n) {
         const uint32_t type = rd32(b + off), a = rd32(b + off + 8), c = rd32(b + off + 12);
-        const uint64_t need = type == KVR_KV_LOG_ROWS ? 16 + 2 * row * c + 4 : 16 + 4 * ((uint64_t)a + c) + 4;
+        const uint64_t need = type == KVR_KV_LOG_ROWS ? 16 + row2 * c + 4 : 16 + 4 * ((uint64_t)a + c) + 4;
         if (need > n || off + need > n) return;
         crc = mend(b, n, off, off + need - 4, crc);
         off += need;
@@ -110,6 +118,8 @@ static void check_cache(const struct kvr_kv_file * f) {
         FUZZ_CHECK(sh->n_rows >= 0 && sh->n_rows <= f->n_tokens);
         for (int i = 0; i < sh->n_rows; i++) FUZZ_CHECK(sh->pos[i] >= 0 && sh->pos[i] < f->n_tokens);
         for (int il = 0; il < f->n_layer; il++) {
+            FUZZ_CHECK(!sh->k[il] == kvr_layer_recurrent(&model->hp, il) && !sh->v[il] == !sh->k[il]); // a recurrent layer has no rows
+            if (!sh->k[il]) continue;
             touch(sh->k[il], sizeof(float) * (size_t)f->kv_dim * sh->n_rows);
             touch(sh->v[il], sizeof(float) * (size_t)f->kv_dim * sh->n_rows);
         }
@@ -127,8 +137,8 @@ static void check_log(const struct kvr_kv_log_data * d) {
         for (int i = 0; i < s->n_tokens; i++) FUZZ_CHECK(s->tokens[i] >= 0 && (uint32_t)s->tokens[i] < model->hp.n_vocab);
         touch(s->pos, sizeof(int32_t) * (size_t)s->n_rows);
         for (int il = 0; s->n_rows && il < d->n_layer; il++) {
-            touch(s->k[il], sizeof(float) * (size_t)d->kv_dim * s->n_rows);
-            touch(s->v[il], sizeof(float) * (size_t)d->kv_dim * s->n_rows);
+            touch(s->k[il], d->row_k * (size_t)s->n_rows);
+            touch(s->v[il], d->row_v * (size_t)s->n_rows);
         }
     }
     FUZZ_CHECK(memchr(d->damage, 0, sizeof(d->damage)) != NULL);
@@ -194,6 +204,16 @@ static void write_seeds(const char * dir) {
     FUZZ_CHECK(kvr_kv_log_commit(w, 1, prompt + 3, 1, &pos1, 1) == KVR_OK);
     FUZZ_CHECK(kvr_kv_log_close(w) == KVR_OK);
     seed(dir, "log", 1, p, 0);
+    // the same steps with f16 K and q8_0 V rows (the bytes of the f32 values: any bits are rows)
+    const struct kvr_kv_log_head h16 = { .rank = 0, .n_ranks = 1, .strategy = KVR_STRATEGY_SINGLE, .n_prompt = 3, .prompt = prompt,
+                                         .type_k = KVR_TYPE_F16, .type_v = model->hp.head_dim % 32 ? KVR_TYPE_BF16 : KVR_TYPE_Q8_0 };
+    FUZZ_CHECK(kvr_kv_log_create(&w, p, model, &h16) == KVR_OK);
+    for (int il = 0; il < (int)model->hp.n_layer; il++) FUZZ_CHECK(kvr_kv_log_rows(w, 0, il, 3, k, v) == KVR_OK);
+    FUZZ_CHECK(kvr_kv_log_commit(w, 0, prompt, 3, pos, 3) == KVR_OK);
+    for (int il = 0; il < (int)model->hp.n_layer; il++) FUZZ_CHECK(kvr_kv_log_rows(w, 1, il, 1, k, v) == KVR_OK);
+    FUZZ_CHECK(kvr_kv_log_commit(w, 1, prompt + 3, 1, &pos1, 1) == KVR_OK);
+    FUZZ_CHECK(kvr_kv_log_close(w) == KVR_OK);
+    seed(dir, "log-typed", 1, p, 0);
     seed(dir, "log", 3, p, 0);
     // and cut before its last commit: a step with every layer's rows and no commit, one record short
     // of the checks on a layer past the last

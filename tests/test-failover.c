@@ -359,20 +359,27 @@ static void test_recover(const struct kvr_model * m, const int32_t * prompt, int
     set_case("replicate ring-kv N=3, nothing lost");
     run_case(m, &r, prompt, n_prompt, &none, NULL);
     struct kvr_session_params p = dist_params(KVR, 3);
-    p.replicate = true;
-    struct kvr_session * d = kvr_session_new(m, &p);
-    set_case("replicate kvr N=3: the bytes");
-    if (d && kvr_session_eval(d, prompt, n_prompt)) {
-        struct kvr_rank_stats st[4];
-        const int ns = kvr_session_stats(d, st, 4);
-        int64_t bytes = 0;
-        for (int i = 0; i < ns; i++) bytes += st[i].replica_bytes;
-        CHECK(bytes == (int64_t)n_prompt * r.kv_dim * 4 * 2 * r.n_layer, "%lld bytes replicated, the prompt's rows are %lld", (long long)bytes,
-              (long long)n_prompt * r.kv_dim * 4 * 2 * r.n_layer);
-    } else {
-        CHECK(false, "%s", kvr_last_error());
+    struct kvr_session * d = NULL;
+    // the replicas hold the cache's rows as they are: an F16 cache's are half an F32 one's bytes
+    for (int f16 = 0; f16 < 2; f16++) {
+        p = dist_params(KVR, 3);
+        p.replicate = true;
+        if (f16) p.cache_type_k = p.cache_type_v = KVR_CACHE_F16;
+        const int64_t elem = f16 ? 2 : 4;
+        d = kvr_session_new(m, &p);
+        set_case("replicate kvr N=3: the bytes, %s cache", f16 ? "F16" : "F32");
+        if (d && kvr_session_eval(d, prompt, n_prompt)) {
+            struct kvr_rank_stats st[4];
+            const int ns = kvr_session_stats(d, st, 4);
+            int64_t bytes = 0;
+            for (int i = 0; i < ns; i++) bytes += st[i].replica_bytes;
+            CHECK(bytes == (int64_t)n_prompt * r.kv_dim * elem * 2 * r.n_layer, "%lld bytes replicated, the prompt's rows are %lld",
+                  (long long)bytes, (long long)n_prompt * r.kv_dim * elem * 2 * r.n_layer);
+        } else {
+            CHECK(false, "%s", kvr_last_error());
+        }
+        kvr_session_free(d);
     }
-    kvr_session_free(d);
     // what --replicate does not do
     set_case("replicate refused");
     p = dist_params(KVR, 1);

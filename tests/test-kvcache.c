@@ -33,7 +33,12 @@
 //              kind, continues bit for bit; a gathered file into one rank continues with the same
 //              ids; swap to memory and to a file continues bit for bit; truncation keeps all or
 //              none (anything else refused, naming why); a damaged state is refused, naming it;
-//              streaming, P/D and replication are refused for it
+//              streaming, P/D and replication are refused for it; the recurrent layers have no K
+//              and V (the cache's buffer and a file hold the attention layers' rows alone), and a
+//              file of an older kvr with rows for every layer loads and continues the same
+//   LongRoPE   tiny-phi3 (SHARED/reference/archs-next): a cache or a replication log made in a
+//              context that takes the short factors is refused by a session whose context takes
+//              the long ones, naming both, and the other way round; one of the same choice loads
 //   files      a symbolic link planted where a writer could put its temporary (PATH.part, the
 //              name writers once used) redirects neither a save nor a stream: its target is left
 //              as it was; 4 threads saving to one path at once, 30 times: every save succeeds and
@@ -422,7 +427,7 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
         case 4:  mu = (struct mutation) { "a newer version", KVR_ERR_UNSUPP, "offset 8: version 4 is newer" }; put32(b + OFF_VERSION, KVR_KV_FILE_VERSION + 1); mend_header(b); break;
         case 5:  mu = (struct mutation) { "version 0", KVR_ERR_FORMAT, "version 0" }; put32(b + OFF_VERSION, 0); mend_header(b); break;
         case 6:  mu = (struct mutation) { "a bit flipped in the header", KVR_ERR_FORMAT, "offset 92: the header's CRC32C" }; b[30] ^= 0x10; break;
-        case 7:  mu = (struct mutation) { "unknown flags", KVR_ERR_FORMAT, "offset 12: flags 0x5" }; put32(b + OFF_FLAGS, 5); mend_header(b); break;
+        case 7:  mu = (struct mutation) { "unknown flags", KVR_ERR_FORMAT, "offset 12: flags 0x11" }; put32(b + OFF_FLAGS, 0x11); mend_header(b); break;
         case 8:  mu = (struct mutation) { "another architecture", KVR_ERR_ARG, "offset 16: the cache is of another model: architecture 1" }; put32(b + OFF_FIELD(0), 1); mend_header(b); break;
         case 9:  mu = (struct mutation) { "other layers", KVR_ERR_ARG, "offset 20: the cache is of another model: layers 9" }; put32(b + OFF_FIELD(1), 9); mend_header(b); break;
         case 10: mu = (struct mutation) { "other KV heads", KVR_ERR_ARG, "offset 24: the cache is of another model: KV heads 7" }; put32(b + OFF_FIELD(2), 7); mend_header(b); break;
@@ -484,6 +489,9 @@ static void test_malformed(const struct kvr_model * m, const char * other_model_
                  put32(b + OFF_FIELD(4), KVR_TYPE_Q8_0); mend_header(b); break;
         case 43: mu = (struct mutation) { "f16 rows where f32 ones were written", KVR_ERR_FORMAT, "the file has" };
                  put32(b + OFF_FIELD(4), KVR_TYPE_F16 | KVR_TYPE_F16 << 16); mend_header(b); break;
+        case 44: mu = (struct mutation) { "long LongRoPE factors for a model without them", KVR_ERR_FORMAT,
+                                          "offset 12: the file's keys took long LongRoPE factors (flag 0x4), the model" };
+                 put32(b + OFF_FLAGS, get32(b + OFF_FLAGS) | KVR_KV_FILE_ROPE_LONG); mend_header(b); break;
         default: break;
         }
         if (!mu.name) { free(b); break; }
@@ -750,6 +758,76 @@ static void test_hybrid(const struct kvr_model * m) {
         CHECK(kvr_session_truncate(a, N_PROMPT) == KVR_OK && kvr_session_truncate(a, 0) == KVR_OK, "truncate to all, to none");
         const float * l1 = kvr_session_eval(a, prompt, N_PROMPT);
         CHECK(l1 && memcmp(l1, la, sizeof(float) * (size_t)n_vocab) == 0, "after truncating to none the prompt gives other logits");
+        kvr_session_free(a);
+    }
+    // K and V only where attention runs: the recurrent layers have no planes, the buffer holds the
+    // attention layers' rows and the states, a file's layers section the attention layers' rows
+    set_case("hybrid: K and V rows for the attention layers alone");
+    {
+        const int L = (int)m->hp.n_layer, n_rec = (int)m->hp.n_recurrent, n_attn = L - n_rec;
+        struct kvr_session * a = new_session(m, 512);
+        CHECK(kvr_session_eval(a, prompt, N_PROMPT) != NULL, "prefill: %s", kvr_last_error());
+        const struct kvr_kv_cache * c = one_cache(a);
+        bool planes = c != NULL;
+        for (int il = 0; c && il < L; il++) planes = planes && !c->k[il] == kvr_layer_recurrent(&m->hp, il) && !c->v[il] == !c->k[il];
+        CHECK(n_rec > 0 && n_attn > 0 && planes, "K/V planes: recurrent layers must have none, attention layers both");
+        if (c) {
+            const size_t rows = (c->row_k > c->row_v ? c->row_k : c->row_v) * (size_t)c->n_ctx;
+            const size_t lo = 2 * (size_t)n_attn * rows + (size_t)n_rec * sizeof(float) * (size_t)c->n_state;
+            const size_t hi = lo + (2 * (size_t)n_attn + (size_t)n_rec) * 64; // each plane and state aligned
+            CHECK(c->buf->size >= lo && c->buf->size <= hi, "the cache's buffer has %zu bytes; %d attention layers' K/V of %d rows and %d "
+                  "states make %zu to %zu", c->buf->size, n_attn, c->n_ctx, n_rec, lo, hi);
+            if (verbose) printf("  hybrid cache: %zu bytes for %d rows (%d of %d layers with K/V)\n", c->buf->size, c->n_ctx, n_attn, L);
+        }
+        const char * path = tmp_path("hybrid-attn.kv");
+        CHECK(kvr_session_kv_save(a, path, false) == KVR_OK, "save: %s", kvr_last_error());
+        size_t n = 0;
+        uint8_t * b = read_all(path, &n);
+        const int64_t T = N_PROMPT, row = (int64_t)(c ? c->row_k + c->row_v : 0);
+        const int64_t want = 96 + (4 * T + 4) + (8 + 4 * T + 4) + (int64_t)n_attn * (2 * 24 + T * row) +
+                             (int64_t)n_rec * (12 + 4 * (c ? c->n_state : 0)) + (4 * (int64_t)n_vocab + 4);
+        CHECK(b && (int64_t)n == want && (get32(b + OFF_FLAGS) & KVR_KV_FILE_ATTN_ONLY), "the file has %zu bytes (flags 0x%x), the attention "
+              "layers' rows, the states and the logits make %lld", n, b ? get32(b + OFF_FLAGS) : 0, (long long)want);
+        // a file of an older kvr: rows (zeros) for the recurrent layers too, no ATTN_ONLY flag; it
+        // loads, those rows skipped, and continues as the file of the attention layers does
+        set_case("hybrid: an older file with rows for every layer");
+        if (b && (int64_t)n == want && c) {
+            const int64_t layers_at = 96 + (4 * T + 4) + (8 + 4 * T + 4);
+            const size_t chunk = 24 + (size_t)T * c->row_k; // the K and the V chunk alike: same types here
+            KVR_ASSERT(c->row_k == c->row_v);
+            uint8_t * o = calloc(n + (size_t)n_rec * 2 * chunk, 1);
+            size_t at = (size_t)layers_at;
+            memcpy(o, b, at);
+            put32(o + OFF_FLAGS, get32(o + OFF_FLAGS) & ~(uint32_t)KVR_KV_FILE_ATTN_ONLY);
+            mend_header(o);
+            size_t from = (size_t)layers_at;
+            for (int il = 0; il < L; il++) {
+                if (!kvr_layer_recurrent(&m->hp, il)) { // this layer's K and V chunks as they are
+                    memcpy(o + at, b + from, 2 * chunk);
+                    at += 2 * chunk;
+                    from += 2 * chunk;
+                    continue;
+                }
+                for (int kind = 0; kind < 2; kind++, at += chunk) {
+                    const uint32_t ch[5] = { (uint32_t)il, 0, (uint32_t)kind, 0, (uint32_t)T };
+                    for (int j = 0; j < 5; j++) put32(o + at + 4 * j, ch[j]);
+                    put32(o + at + chunk - 4, kvr_crc32c(0, o + at, chunk - 4));
+                }
+            }
+            memcpy(o + at, b + from, n - from);
+            at += n - from;
+            write_all(tmp_path("hybrid-old.kv"), o, at);
+            free(o);
+            struct kvr_session * x = new_session(m, 96), * y = new_session(m, 96);
+            CHECK(kvr_session_kv_load(x, path) == KVR_OK, "the new file: %s", kvr_last_error());
+            CHECK(kvr_session_kv_load(y, tmp_path("hybrid-old.kv")) == KVR_OK, "the older file: %s", kvr_last_error());
+            int32_t ix[4], iy[4];
+            CHECK(run_greedy(x, 4, ix, la, n_vocab) && run_greedy(y, 4, iy, lb, n_vocab) && !memcmp(ix, iy, sizeof(ix)) &&
+                  !memcmp(la, lb, sizeof(float) * (size_t)n_vocab * 4), "the older file continues otherwise than the new one");
+            kvr_session_free(x);
+            kvr_session_free(y);
+        }
+        free(b);
         kvr_session_free(a);
     }
     set_case("hybrid: a damaged state is refused");
@@ -1355,6 +1433,56 @@ static void test_other_type(const struct kvr_model * m) {
           (long long)size[KVR_CACHE_F32], (long long)size[KVR_CACHE_F16], (long long)(size[KVR_CACHE_F32] - size[KVR_CACHE_F16]), (long long)(rows32 / 2));
 }
 
+// tiny-phi3 (original context 4096): a cache saved in a context of 4096 (short factors) is refused
+// by a session of 8192 (long ones) and loads into one of 1024; one saved at 8192 is refused at 4096
+// and loads at 4097 (rounded up to 4352, past 4096: long); a replication log likewise
+static void test_rope_factors(const struct kvr_model * m) {
+    const int ctx[4] = { 4096, 8192, 1024, 4097 };
+    struct kvr_session * s[4];
+    for (int i = 0; i < 4; i++) s[i] = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = ctx[i], .n_threads = 1 });
+    set_case("tiny-phi3: a cache of short LongRoPE factors into a context of long ones");
+    CHECK(s[0] && s[1] && s[2] && s[3], "sessions: %s", kvr_last_error());
+    if (!s[0] || !s[1] || !s[2] || !s[3]) { for (int i = 0; i < 4; i++) kvr_session_free(s[i]); return; }
+    CHECK(!kvr_model_rope_long(m, 4096) && kvr_model_rope_long(m, 4097) && kvr_model_rope_long(m, 8192), "the factors' choice by context");
+    const char * short_path = tmp_path("phi3-4096.kv"), * long_path = tmp_path("phi3-8192.kv");
+    CHECK(kvr_session_eval(s[0], prompt, N_PROMPT) && kvr_session_kv_save(s[0], short_path, false) == KVR_OK, "save at 4096: %s",
+          kvr_last_error());
+    CHECK(kvr_session_eval(s[1], prompt, N_PROMPT) && kvr_session_kv_save(s[1], long_path, false) == KVR_OK, "save at 8192: %s",
+          kvr_last_error());
+    // the two caches do differ: the same prompt's last logits under either set of factors
+    const float * la = kvr_session_logits(s[0]), * lb = kvr_session_logits(s[1]);
+    CHECK(la && lb && memcmp(la, lb, sizeof(float) * m->hp.n_vocab) != 0, "the factors change nothing");
+    kvr_session_truncate(s[1], 0);
+    int rc = kvr_session_kv_load(s[1], short_path);
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "phi3-4096.kv: the cache's keys took phi3's short LongRoPE factors (a context of at "
+          "most 4096 tokens); this session's context of 8192 tokens takes the long ones") && kvr_session_n_past(s[1]) == 0,
+          "short into long: %d %s", rc, kvr_last_error());
+    CHECK(kvr_session_kv_load(s[2], short_path) == KVR_OK && kvr_session_n_past(s[2]) == N_PROMPT, "short into 1024: %s", kvr_last_error());
+    set_case("tiny-phi3: a cache of long LongRoPE factors into a context of short ones");
+    kvr_session_truncate(s[0], 0);
+    rc = kvr_session_kv_load(s[0], long_path);
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "the cache's keys took phi3's long LongRoPE factors (a context past 4096 tokens); "
+          "this session's context of 4096 tokens takes the short ones") && kvr_session_n_past(s[0]) == 0, "long into short: %d %s", rc,
+          kvr_last_error());
+    CHECK(kvr_session_kv_load(s[3], long_path) == KVR_OK && kvr_session_n_past(s[3]) == N_PROMPT, "long into 4097: %s", kvr_last_error());
+    for (int i = 0; i < 4; i++) kvr_session_free(s[i]);
+    set_case("tiny-phi3: a replication log of short LongRoPE factors resumed in a context of long ones");
+    const char * dir = tmp_path("phi3-logs");
+    struct kvr_session * w = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 4096, .n_threads = 1, .replicate_dir = dir });
+    CHECK(w && kvr_session_eval(w, prompt, N_PROMPT), "logged run: %s", kvr_last_error());
+    kvr_session_free(w);
+    struct kvr_session * r = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 8192, .n_threads = 1 });
+    struct kvr_resume_info ri;
+    rc = r ? kvr_session_resume(r, dir, prompt, N_PROMPT, &ri) : KVR_OK;
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "rank-0.kvlog: the log's keys took phi3's short LongRoPE factors") &&
+          kvr_session_n_past(r) == 0, "resume: %d %s", rc, kvr_last_error());
+    kvr_session_free(r);
+    r = kvr_session_new(m, &(struct kvr_session_params) { .n_ctx = 2048, .n_threads = 1 });
+    CHECK(r && kvr_session_resume(r, dir, prompt, N_PROMPT, &ri) == KVR_OK && kvr_session_n_past(r) == N_PROMPT, "resume at 2048: %s",
+          kvr_last_error());
+    kvr_session_free(r);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = "../shared";
     for (int i = 1; i < argc; i++) {
@@ -1389,6 +1517,11 @@ int main(int argc, char ** argv) {
     if (!hybrid) skip("%s is missing: the hybrid cases are skipped", path);
     else test_hybrid(hybrid);
     kvr_model_free(hybrid);
+    snprintf(path, sizeof(path), "%s/reference/archs-next/tiny-phi3.gguf", shared);
+    struct kvr_model * phi3 = access(path, R_OK) == 0 ? kvr_model_load(path, NULL) : NULL;
+    if (!phi3) skip("%s is missing: the LongRoPE cases are skipped", path);
+    else test_rope_factors(phi3);
+    kvr_model_free(phi3);
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmp_dir);

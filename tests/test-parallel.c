@@ -316,6 +316,7 @@ static bool ref_run(struct ref * r, const struct kvr_model * m, const int32_t * 
         kvr_kv_cache_get_state(kvr_session_backend(s, 0), c, il, r->state[il]);
     }
     for (int il = 0; il < c->n_layer; il++) {
+        if (!c->k[il]) continue; // a recurrent layer: no K and V (its state is compared instead)
         r->k[il] = xcalloc((size_t)r->n_total * (size_t)c->kv_dim, sizeof(float));
         r->v[il] = xcalloc((size_t)r->n_total * (size_t)c->kv_dim, sizeof(float));
         // through the backend: the cache may be device memory
@@ -398,6 +399,7 @@ static void check_cache(const struct kvr_session * d, const struct ref * r, int 
                 if (!n_dup++ && !first_bad[0]) snprintf(first_bad, sizeof(first_bad), "rank %d holds position %d twice", q, p);
             }
             for (int il = 0; il < c->n_layer; il++) {
+                if (!c->k[il]) continue; // a recurrent layer: no rows (check_states compares its state)
                 // a chain's rows out of every later query's window need not have been handed down
                 // (kvr_session_cache); a ring's shard rows are the rank's own, all of them checked
                 if (cov != COVER_PARTITION && r->window[il] > 0 && p <= last - r->window[il]) continue;

@@ -18,6 +18,10 @@
 //   fewer     logs of ring-kv x3 resumed on ring-q x2, kvr x2 and one rank: the clean ids
 //   refused   another model, another prompt, logs of two runs in one directory, no logs at all:
 //             refused with the file and the field named; nothing restored
+//   typed     an F16 cache's log holds f16 rows (its type field says so); resumed into an F16
+//             session the cache saved is the first session's byte for byte; into an F32 one the
+//             rows are converted with a note, and appending to the F16 logs is refused; a type
+//             field naming no cache type is refused
 //   again     resumed into the same directory (replicate_dir = the resumed one), killed again,
 //             resumed again: the clean ids
 //
@@ -181,7 +185,7 @@ static void test_format(const struct kvr_model * m, const char * other_path) {
         }
         kvr_kv_log_free(c);
     }
-    set_case("format: a newer version, another model");
+    set_case("format: a newer or older version, another model");
     {
         uint8_t * b = malloc(n);
         memcpy(b, g, n);
@@ -194,7 +198,13 @@ static void test_format(const struct kvr_model * m, const char * other_path) {
         put32(b + 92, kvr_crc32c(0, b, 92));
         write_all(tmp_path("old.kvlog"), b, n);
         CHECK(kvr_kv_log_read(tmp_path("old.kvlog"), m, &c) == KVR_ERR_FORMAT &&
-              strstr(kvr_last_error(), "offset 8: version 1 is older than this kvr reads (2): its fingerprint does not cover the weights' bytes"),
+              strstr(kvr_last_error(), "offset 8: version 1 is older than this kvr reads (3): its fingerprint does not cover the weights' bytes"),
+              "%s", kvr_last_error());
+        put32(b + 8, 2);
+        put32(b + 92, kvr_crc32c(0, b, 92));
+        write_all(tmp_path("old2.kvlog"), b, n);
+        CHECK(kvr_kv_log_read(tmp_path("old2.kvlog"), m, &c) == KVR_ERR_FORMAT &&
+              strstr(kvr_last_error(), "offset 8: version 2 is older than this kvr reads (3): its rows are f32 and it records no cache type"),
               "%s", kvr_last_error());
         memcpy(b, g, n);
         b[88] ^= 0x20; // the tokenizer hash
@@ -525,6 +535,86 @@ static void test_linked_dir(const struct kvr_model * m) {
     kvr_session_free(d);
 }
 
+// A log of an F16 cache: its rows are the cache's f16 bytes (the type field says so, a row is
+// 2 bytes a value), a resume into an F16 session puts back the very cache (its saved file is the
+// first session's byte for byte); into an F32 one it converts, saying so, and does not append to
+// the F16 logs; a type field that names no cache type is refused.
+static void test_typed(const struct kvr_model * m) {
+    const int n_vocab = (int)m->hp.n_vocab, kv_dim = (int)(m->hp.head_dim * m->hp.n_head_kv);
+    const char * dir = tmp_path("typed");
+    char file_a[700], file_b[700], log0[700];
+    snprintf(file_a, sizeof(file_a), "%s", tmp_path("typed-a.kvc"));
+    snprintf(file_b, sizeof(file_b), "%s", tmp_path("typed-b.kvc"));
+    kvr_session_log_path(dir, 0, log0, sizeof(log0));
+    set_case("typed: an F16 log replays to the same cache bytes");
+    struct kvr_session_params p = { .cache_type_k = KVR_CACHE_F16, .cache_type_v = KVR_CACHE_F16, .n_ranks = 1, .n_threads = 1,
+                                    .n_ctx = 64, .timeout_s = 30, .replicate_dir = dir };
+    struct kvr_session * d = kvr_session_new(m, &p);
+    int32_t ids[N_GEN];
+    const bool ran = d && kvr_session_eval(d, prompt, N_PROMPT) && greedy_to(d, 4, ids, NULL, n_vocab) &&
+                     kvr_session_kv_save(d, file_a, false) == KVR_OK;
+    CHECK(ran, "the F16 run: %s", kvr_last_error());
+    kvr_session_free(d);
+    if (!ran) return;
+    struct kvr_kv_log_data * L = NULL;
+    CHECK(kvr_kv_log_read(log0, m, &L) == KVR_OK, "read: %s", kvr_last_error());
+    if (L) {
+        CHECK(L->type_k == KVR_TYPE_F16 && L->type_v == KVR_TYPE_F16 && L->row_k == 2 * (size_t)kv_dim && L->row_v == 2 * (size_t)kv_dim,
+              "the log's types %s/%s, rows of %zu/%zu bytes (f16, %d expected)", kvr_type_name(L->type_k), kvr_type_name(L->type_v),
+              L->row_k, L->row_v, 2 * kv_dim);
+        CHECK(L->n_steps == 4 && L->steps[0].n_rows == N_PROMPT, "%d steps, step 0 of %d rows", L->n_steps, L->n_steps ? L->steps[0].n_rows : -1);
+    }
+    kvr_kv_log_free(L);
+    p.replicate_dir = NULL;
+    d = kvr_session_new(m, &p);
+    struct kvr_resume_info ri;
+    CHECK(d && kvr_session_resume(d, dir, prompt, N_PROMPT, &ri) == KVR_OK && ri.step == 3, "resume: %s", kvr_last_error());
+    CHECK(d && kvr_session_kv_save(d, file_b, false) == KVR_OK, "save: %s", kvr_last_error());
+    kvr_session_free(d);
+    size_t na = 0, nb = 0;
+    uint8_t * a = read_all(file_a, &na), * b = read_all(file_b, &nb);
+    CHECK(a && b && na == nb && !memcmp(a, b, na), "the resumed session's cache file (%zu bytes) differs from the first one's (%zu)", nb, na);
+    free(a);
+    free(b);
+
+    set_case("typed: an F16 log into an F32 session");
+    char * notes = NULL;
+    size_t notes_len = 0;
+    FILE * log = open_memstream(&notes, &notes_len);
+    p.cache_type_k = p.cache_type_v = KVR_CACHE_F32;
+    p.log = log;
+    d = kvr_session_new(m, &p);
+    int rc = d ? kvr_session_resume(d, dir, prompt, N_PROMPT, &ri) : KVR_ERR_ARG;
+    fflush(log);
+    CHECK(rc == KVR_OK && ri.step == 3 && notes && strstr(notes, "the logs hold f16 K and f16 V rows, this session's cache is f32 and f32: "
+          "the rows are converted"), "resume: %d %s; notes '%s'", rc, kvr_last_error(), notes ? notes : "");
+    kvr_session_free(d);
+    p.replicate_dir = dir; // going on in the F16 logs
+    d = kvr_session_new(m, &p);
+    rc = d ? kvr_session_resume(d, dir, prompt, N_PROMPT, &ri) : KVR_OK;
+    CHECK(rc == KVR_ERR_ARG && strstr(kvr_last_error(), "f16 K and f16 V rows; this run's cache is f32 and f32: they cannot go on there"),
+          "appending F32 rows to F16 logs: %d %s", rc, kvr_last_error());
+    kvr_session_free(d);
+    fclose(log);
+    free(notes);
+
+    set_case("typed: a damaged type field");
+    size_t n = 0;
+    uint8_t * g = read_all(log0, &n);
+    const uint32_t bad[] = { KVR_TYPE_F16 | 0xffu << 16, KVR_TYPE_Q4_0 | (uint32_t)KVR_TYPE_F16 << 16, 0x7777 };
+    for (int i = 0; g && i < 3; i++) {
+        put32(g + 32, bad[i]);
+        put32(g + 92, kvr_crc32c(0, g, 92));
+        write_all(tmp_path("type.kvlog"), g, n);
+        struct kvr_kv_log_data * c = NULL;
+        rc = kvr_kv_log_read(tmp_path("type.kvlog"), m, &c);
+        CHECK(rc == KVR_ERR_FORMAT && strstr(kvr_last_error(), "type.kvlog: offset 32: the cache type field") &&
+              strstr(kvr_last_error(), "not a KV cache type"), "type field 0x%08x: %d %s", bad[i], rc, kvr_last_error());
+        kvr_kv_log_free(c);
+    }
+    free(g);
+}
+
 static void test_refused(const struct kvr_model * m, const char * other_path) {
     const char * dir = tmp_path("refused");
     CHECK(child_run(m, KVR_STRATEGY_KVR, 2, dir, 3, false, NULL), "the child failed");
@@ -621,6 +711,7 @@ int main(int argc, char ** argv) {
         test_damage(m);
         test_fewer(m);
         test_refused(m, o);
+        test_typed(m);
         test_linked_dir(m);
         test_again(m);
         kvr_model_free(m);

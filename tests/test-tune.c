@@ -402,6 +402,37 @@ static void test_sim_model(void) {
 }
 
 //
+// auto's choice prices K/V at the cache's bytes
+//
+
+// Algorithm 5 over a slow link (BW 1e8 B/s, C 1e11 FLOP/s, 2 ranks, 8 heads of 8 K/V heads, head
+// size 64): pass-KV hides its rows under the attention from T = N*C*NKV*e_kv/(2*NH*BW) = 1000*e_kv
+// tokens on; with a long cached prefix (the miss rate rule false) T = 2900 picks pass-Q for an F32
+// cache (4000), pass-KV for F16 and BF16 (2000) and Q8_0 (1062.5), pass-Q for f16 K beside f32 V
+// (3000). Counted at 4 bytes an element whatever the cache, every one would be pass-Q.
+static void test_auto_pick(void) {
+    const struct { enum kvr_cache_type k, v; enum kvr_strategy want; double t_min; } cases[] = {
+        { KVR_CACHE_F32, KVR_CACHE_F32, KVR_STRATEGY_RING_Q, 4000 }, { KVR_CACHE_F16, KVR_CACHE_F16, KVR_STRATEGY_RING_KV, 2000 },
+        { KVR_CACHE_BF16, KVR_CACHE_BF16, KVR_STRATEGY_RING_KV, 2000 }, { KVR_CACHE_Q8_0, KVR_CACHE_Q8_0, KVR_STRATEGY_RING_KV, 1062.5 },
+        { KVR_CACHE_F16, KVR_CACHE_F32, KVR_STRATEGY_RING_Q, 3000 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char why[512], want[64];
+        const enum kvr_strategy got = kvr_auto_pick(2900, 100000, 2, 8, 8, 64, cases[i].k, cases[i].v, 1e11, 1e8, why, sizeof(why));
+        snprintf(want, sizeof(want), "T=2900 >= %.0f is", cases[i].t_min);
+        CHECK(got == cases[i].want && strstr(why, want), "auto with %s K, %s V: %s, %s expected (%s)", kvr_cache_type_name(cases[i].k),
+              kvr_cache_type_name(cases[i].v), kvr_strategy_name(got), kvr_strategy_name(cases[i].want), why);
+    }
+    // the miss-rate rule alone (T = 200 under both types' T_min, 1000 and 265.6, with 2 of 8 K/V
+    // heads): pass-KV when T/(T+P) >= 2*NKV*e_kv/(NH*e_q) - 4*T*BW/(N*C*e_q), f32 0.5 - 0.1, q8_0
+    // 0.1328 - 0.1; at T/(T+P) = 0.2 f32 passes the queries, q8_0 its rows
+    const enum kvr_strategy f32 = kvr_auto_pick(200, 800, 2, 8, 2, 64, KVR_CACHE_F32, KVR_CACHE_F32, 1e11, 1e8, NULL, 0);
+    const enum kvr_strategy q8 = kvr_auto_pick(200, 800, 2, 8, 2, 64, KVR_CACHE_Q8_0, KVR_CACHE_Q8_0, 1e11, 1e8, NULL, 0);
+    CHECK(f32 == KVR_STRATEGY_RING_Q && q8 == KVR_STRATEGY_RING_KV, "auto at T/(T+P) = 0.2: f32 %s (ring-q expected), q8_0 %s (ring-kv)",
+          kvr_strategy_name(f32), kvr_strategy_name(q8));
+}
+
+//
 // the simulator's counters against a real run
 //
 
@@ -508,6 +539,7 @@ int main(int argc, char ** argv) {
     test_table();
     test_profiles();
     test_sim_model();
+    test_auto_pick();
     test_counters(shared, "models/stories260K.gguf", "stories260K");          // llama, GQA 8/4
     test_counters(shared, "reference/tiny-falcon-mqa.gguf", "tiny-falcon-mqa"); // falcon, MQA 4/1
     test_counters(shared, "reference/archs-next/tiny-qwen35.gguf", "tiny-qwen35"); // hybrid: 3 recurrent layers, 1 attention

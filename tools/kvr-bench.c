@@ -613,7 +613,9 @@ static double decode_bytes(const struct kvr_model * m, double n_kv, enum kvr_cac
     }
     const double kv_dim = (double)m->hp.head_dim * m->hp.n_head_kv;
     const enum kvr_type t = kvr_cache_type_elem(ct);
-    return bytes + n_kv * m->hp.n_layer * 2.0 * kv_dim * (double)kvr_type_size(t) / (double)kvr_blck_size(t);
+    // the attention layers' K and V (a hybrid model's recurrent layers hold none)
+    const double kv_layers = (double)m->hp.n_layer - m->hp.n_recurrent;
+    return bytes + n_kv * kv_layers * 2.0 * kv_dim * (double)kvr_type_size(t) / (double)kvr_blck_size(t);
 }
 
 // where a decode step's time goes, ms per step (averages over the timed steps)
