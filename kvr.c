@@ -5293,7 +5293,10 @@ static int64_t mm_dot_llama(const struct cpu_params * p, const struct mm_args * 
     int64_t n0, n1;
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
-    float (* const dot)(const float *, const float *, int64_t) = mm_tinyblas_order(m->K, m->N, m->T, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    // a decode batch (by_rows) sums every token in the order a one-token product uses, so that each
+    // token gets what its solo decode gets to the last bit
+    const int64_t T_order = m->by_rows ? 1 : m->T;
+    float (* const dot)(const float *, const float *, int64_t) = mm_tinyblas_order(m->K, m->N, T_order, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
     for (int64_t t = 0; t < m->T; t++) {
         const float * xt = m->X + t * m->lda;
         for (int64_t n = n0; n < n1; n++) {
