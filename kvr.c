@@ -6498,8 +6498,8 @@ static bool node_solo(const struct kvr_tensor * t) {
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
-    struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot, cb->lanes16,
-                            cb->ref };
+    struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
+                            cb->lanes16, cb->ref };
     struct cpu_params solo = p;
     solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {

@@ -226,8 +226,8 @@ static struct kvr_model * test_reference(const char * dir, const char * name, co
 // into as much as the cache itself moves them); and the Q8_0 references of tiny-qwen3 and
 // tiny-gemma3, whose llama.cpp attention is not the attention of their Q8_0 cache: with it (flash
 // attention, head size 64 from attention.key_length, not n_embd/n_head) the first token's output
-// is 2.4 to 3.6 from its own value row, which its F16 and F32 caches and tiny-llama3's Q8_0 one give to
-// the cache's rounding (1e-2); kvr computes the cache's attention and lands 0.25 from them.
+// is 2.4 to 3.6 from its own value row, which its F16 and F32 caches and tiny-llama3's Q8_0 one
+// give to the cache's rounding (1e-2); kvr computes the cache's attention, 0.25 from them.
 #define KV_F16_TOL 2e-3
 static void test_kv_reference(const char * kvdir, const char * name, const char * gguf, const char * f32_logits,
                               enum kvr_cache_type ct, bool loose) {
