@@ -2702,6 +2702,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
 #endif
         const struct kvr_backend_params bp = { .n_threads = n_threads, .device = device, .node_rank = node_rank,
                                                .q8_activations = p->q8_activations, .vec_dot_order = p->vec_dot_order,
+                                               .avx512_order = p->avx512_order,
                                                .trace = p->trace, .node_times = p->node_times };
         dr->be = kvr_backend_new(p->backend ? p->backend : "cpu", &bp);
         dr->model = dr->be ? kvr_model_to_backend(m, dr->be) : NULL;

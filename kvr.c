@@ -2484,6 +2484,7 @@ struct cpu_params {
     struct kvr_counters * counters; // this thread's, summed after the graph
     bool    q8_act;    // prefill matmuls over Q4_K quantize the activations (integer path)
     bool    vec_dot;   // small F32 sums of a batch in ggml_vec_dot_f32's order, not tinyBLAS's
+    bool    lanes16;   // those sums in an AVX-512 build's 16 lanes, not AVX2's 8 (avx512_order)
     bool    ref;       // the reference kernels, not the fast ones (KVR_REF=1: see below)
 };
 
@@ -5257,12 +5258,55 @@ static float dot_f32_tinyblas(const float * x, const float * y, int64_t n) {
     return (h[0] + h[2]) + (h[1] + h[3]);
 }
 
+// The sums above as a llama.cpp built for AVX-512 makes them (kvr_backend_params.avx512_order):
+// 16-lane vectors. _mm512_reduce_add_ps's tree first: the 256-bit halves added, then the 128-bit
+// halves, then (lane 0 + lane 2) + (lane 1 + lane 3).
+static float reduce_add16(const float * a) {
+    float h[8], q[4];
+    for (int j = 0; j < 8; j++) h[j] = a[8 + j] + a[j];
+    for (int j = 0; j < 4; j++) q[j] = h[4 + j] + h[j];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+// ggml_vec_dot_f32 with 16-lane vectors: four accumulators over blocks of 64, added (0+2, 1+3),
+// then the two, reduced as above, then the tail one product at a time in float.
+static float dot_f32_ggml16(const float * x, const float * y, int64_t n) {
+    const int64_t np = n & ~(int64_t)63;
+    float acc[4][16] = { { 0 } };
+    for (int64_t i = 0; i < np; i += 64) {
+        for (int r = 0; r < 4; r++) {
+            for (int j = 0; j < 16; j++) acc[r][j] = fmaf(x[i + 16 * r + j], y[i + 16 * r + j], acc[r][j]);
+        }
+    }
+    for (int j = 0; j < 16; j++) acc[0][j] = (acc[0][j] + acc[2][j]) + (acc[1][j] + acc[3][j]);
+    float sum = reduce_add16(acc[0]);
+    for (int64_t i = np; i < n; i++) sum += x[i] * y[i];
+    return sum;
+}
+
+// tinyBLAS with 16-lane vectors: one accumulator (lane i gets products i, i+16, ...), reduced as above.
+static float dot_f32_tinyblas16(const float * x, const float * y, int64_t n) {
+    float acc[16] = { 0 };
+    for (int64_t i = 0; i < n; i += 16) {
+        for (int j = 0; j < 16; j++) acc[j] = fmaf(x[i + j], y[i + j], acc[j]);
+    }
+    return reduce_add16(acc);
+}
+
 // Which of the two orders llama.cpp's CPU backend sums a small F32 matmul in: tinyBLAS's for a
-// batch (T >= 2 rows of x) when its kernel takes the shape (K % 8 == 0, N % 4 == 0), otherwise
+// batch (T >= 2 rows of x) when its kernel takes the shape (K a multiple of its lanes, N % 4 == 0), otherwise
 // ggml_vec_dot_f32's (a single token, as in decoding, or another shape). A llama.cpp built
 // without GGML_LLAMAFILE sums everything in the second (vec_dot: the CPU's vec_dot_order).
-static bool mm_tinyblas_order(int64_t K, int64_t N, int64_t T, bool vec_dot) {
-    return !vec_dot && T >= 2 && K % 8 == 0 && N % 4 == 0;
+static bool mm_tinyblas_order(int64_t K, int64_t N, int64_t T, const struct cpu_params * p) {
+    return !p->vec_dot && T >= 2 && K % (p->lanes16 ? 16 : 8) == 0 && N % 4 == 0;
+}
+
+typedef float (* dot_f32_fn)(const float *, const float *, int64_t);
+
+// The dot of one output of such a product, in the order of the build the backend follows.
+static dot_f32_fn mm_dot_order(int64_t K, int64_t N, int64_t T, const struct cpu_params * p) {
+    if (mm_tinyblas_order(K, N, T, p)) return p->lanes16 ? dot_f32_tinyblas16 : dot_f32_tinyblas;
+    return p->lanes16 ? dot_f32_ggml16 : dot_f32_ggml;
 }
 
 static size_t mm_block_bytes(int64_t T) {
@@ -5318,8 +5362,10 @@ static int64_t mm_dot_llama(const struct cpu_params * p, const struct mm_args * 
     int64_t n0, n1;
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
-    float (* const dot)(const float *, const float *, int64_t) =
-        mm_tinyblas_order(m->K, m->N, m->by_rows ? 1 : m->T, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    // a decode batch (by_rows) sums every token in the order a one-token product uses, so that each
+    // token gets what its solo decode gets to the last bit
+    const int64_t T_order = m->by_rows ? 1 : m->T;
+    const dot_f32_fn dot = mm_dot_order(m->K, m->N, T_order, p);
     for (int64_t t = 0; t < m->T; t++) {
         const float * xt = m->X + t * m->lda;
         for (int64_t n = n0; n < n1; n++) {
@@ -5789,6 +5835,20 @@ static float expf_ggml(float x) {
     return fmaf(s2, j, s2) * s1;
 }
 
+// expf as ggml_v_expf computes it on AVX-512 (kvr_backend_params.avx512_order): the same range
+// reduction and polynomial, but the polynomial's last step adds the 1 itself and 2^n scales the
+// result exactly (_mm512_scalef_ps); |n| > 192 gives 0 or infinity.
+static float expf_ggml16(float x) {
+    const float shift = 0x1.8p23f;
+    const float n = fmaf(x, 0x1.715476p+0f, shift) - shift;
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    return ldexpf(j, (int)n);
+}
+
 // out[d] = dot_f32_ggml(P, V^T row d, Tkp) for every d, bit for bit, without transposing V: that
 // dot keeps 32 running sums, element j going to sum j % 32 by a fused multiply-add in the order of
 // j, then adds them up in a fixed tree. Here the 32 sums of every d are kept at once (A[c][d], c =
@@ -5847,11 +5907,10 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     const int64_t G = H / Hkv, BT = kvr_attn_tile_tokens(G), n_qt = (Tq + BT - 1) / BT;
     const int64_t row_len = dst->ne[0], Tkp = attn_exact_keys(Tk);
     const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
-    float (* const dot_kv)(const float *, const float *, int64_t) = mm_tinyblas_order(Tkp, D, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    const dot_f32_fn dot_kv = mm_dot_order(Tkp, D, Tq, p);
     // KQ: one ggml_vec_dot per score (an F32 cache: Q, a permuted view, is no operand tinyBLAS takes);
     // an F16 cache's product converts Q to F16 first, a contiguous copy, which tinyBLAS takes
-    float (* const dot_kq)(const float *, const float *, int64_t) =
-        k->type == KVR_TYPE_F16 && mm_tinyblas_order(D, Tkp, Tq, p->vec_dot) ? dot_f32_tinyblas : dot_f32_ggml;
+    const dot_f32_fn dot_kq = mm_dot_order(D, Tkp, k->type == KVR_TYPE_F16 ? Tq : 1, p);
     // In ggml_vec_dot_f32's order (one query, or --vec-dot-order) the values need no transpose:
     // see attn_exact_pv. tinyBLAS's order dots rows of V^T: this KV head's values transposed (and
     // turned to f32 on the way for a typed cache).
@@ -5910,7 +5969,13 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                 // a sink joins the max and the denominator, as ggml's soft_max with sinks
                 if (sink && sink[h] > mx) mx = sink[h];
                 double sum = 0.0;
-                for (int64_t j0 = 0; j0 < Tkp; j0 += 8) {
+                for (int64_t j0 = 0; j0 < Tkp && p->lanes16; j0 += 16) { // Tkp: a multiple of 32
+                    float e[16];
+                    for (int l = 0; l < 16; l++) e[l] = P[j0 + l] == -INFINITY ? 0.0f : expf_ggml16(P[j0 + l] - mx);
+                    sum += (double)reduce_add16(e);
+                    memcpy(P + j0, e, sizeof(e));
+                }
+                for (int64_t j0 = 0; j0 < Tkp && !p->lanes16; j0 += 8) {
                     float e[8];
                     for (int l = 0; l < 8; l++) e[l] = P[j0 + l] == -INFINITY ? 0.0f : expf_ggml(P[j0 + l] - mx);
                     float h4[4];
@@ -6341,6 +6406,7 @@ struct cpu_backend {
     bool                trace;
     bool                q8_act;       // kvr_backend_params' q8_activations
     bool                vec_dot;      // kvr_backend_params' vec_dot_order
+    bool                lanes16;      // kvr_backend_params' avx512_order
     bool                ref;          // the reference kernels (KVR_REF=1, kvr_backend_params.ref_kernels)
     struct kvr_span   * spans;        // stb_ds array
     int                 span_layer;   // layer of the open compute span (-1: none)
@@ -6459,7 +6525,7 @@ static bool node_solo(const struct kvr_tensor * t) {
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
     struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
-                            cb->ref };
+                            cb->lanes16, cb->ref };
     struct cpu_params solo = p;
     solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -6796,6 +6862,7 @@ static struct kvr_backend * cpu_backend_new(const struct kvr_backend_params * p)
     struct cpu_backend * cb = be->context;
     cb->q8_act  = p->q8_activations;
     cb->vec_dot = p->vec_dot_order;
+    cb->lanes16 = p->avx512_order;
     return be;
 }
 

@@ -740,6 +740,11 @@ struct kvr_backend_params {
     // them (tiny-falcon-mqa: without; the archs/ and SmolLM2 ones: with). Either way the results
     // are exact to rounding; only the last bits differ.
     bool vec_dot_order;
+    // cpu: those sums (and the exact attention kernel's softmax) as a llama.cpp CPU backend built
+    // for AVX-512 makes them, 16 lanes at a time, rather than AVX2's 8 (off). Only the last bits
+    // differ, but an F16 or Q8_0 cache rounds them into whole steps: the kv/ references were made
+    // by an AVX-512 build, the archs/ and SmolLM2 ones by sums in AVX2's order.
+    bool avx512_order;
     bool trace;          // record spans (kvr_backend_spans)
     bool node_times;     // cuda: time every node by events (the counters' op_ms; trace implies it).
                          // Off, a graph without transfers or growing buffers runs as one CUDA graph
@@ -1491,6 +1496,7 @@ struct kvr_session_params {
                                      //   off, decode steps run as replayed CUDA graphs, those times 0
     bool               q8_activations; // see struct kvr_backend_params (off: exact)
     bool               vec_dot_order;  // see struct kvr_backend_params (off: llama.cpp's default build)
+    bool               avx512_order;   // see struct kvr_backend_params (off: AVX2's 8 lanes)
     const char *       backend;      // every rank's: a registered name (NULL: "cpu"); a rank's GPU is
                                      //   kvr_rank_gpu of its index on its node, from device
     int                device;       // cuda: the first GPU of a node's ranks (0 by default)

@@ -216,13 +216,18 @@ static struct kvr_model * test_reference(const char * dir, const char * name, co
 // kvdir, the model at gguf, the F32-cache reference's logits at f32_logits. With that cache type:
 // the greedy ids equal; F16: the logits within KV_F16_TOL; Q8_0: nearer to the Q8_0 reference than
 // to the F32-cache one (both distances printed). Rounding to F16 or to Q8_0 turns a last-bit
-// difference before it into a whole step of that type, so these hold only where kvr computes what
-// llama.cpp does bit for bit up to the cache. They do not everywhere yet (measured on this
-// machine): SmolLM2 runs its Q4_1 file against references of the dequantized twin (4e-5 apart with
-// an F32 cache), so F16 lands 5e-3 to 2e-2 from llama.cpp and Q8_0 as far from it as from the F32
-// reference; tiny-gemma3's F16 lands 5e-3 away, and tiny-qwen3's and tiny-gemma3's Q8_0 0.23-0.25
-// (nearer the F32 one) for a cause not found yet. Those cases (loose) are held to what they
-// measure, with room, so a change that moves them further fails; the others to the acceptance.
+// difference before it into a whole step of that type, so these hold only where kvr sums as the
+// llama.cpp that made them did, bit for bit up to the cache: these were made by a build whose CPU
+// kernels run 16 lanes (AVX-512; the archs/ references: 8, AVX2), so the sessions here ask for
+// that order (kvr_session_params.avx512_order); without it tiny-gemma3's F16 lands 5e-3 away.
+// Held loosely (loose: within what they measure, with room, so that a change moving them further
+// fails): SmolLM2, whose Q4_1 file runs against references of its dequantized F32 twin (4e-5
+// apart with an F32 cache, which the F16 cache's roundings turn into 5e-3 to 1.3e-2, and Q8_0's
+// into as much as the cache itself moves them); and the Q8_0 references of tiny-qwen3 and
+// tiny-gemma3, whose llama.cpp attention is not the attention of their Q8_0 cache: with it (flash
+// attention, head size 64 from attention.key_length, not n_embd/n_head) the first token's output
+// is 2.4 to 3.6 from its own value row, which its F16 and F32 caches and tiny-llama3's Q8_0 one
+// give to the cache's rounding (1e-2); kvr computes the cache's attention, 0.25 from them.
 #define KV_F16_TOL 2e-3
 static void test_kv_reference(const char * kvdir, const char * name, const char * gguf, const char * f32_logits,
                               enum kvr_cache_type ct, bool loose) {
@@ -252,6 +257,7 @@ static void test_kv_reference(const char * kvdir, const char * name, const char 
     CHECK(n_want == V && n_f32 == V, "%s-kv%s: the logits files have %d and %d values, the vocabulary %d", name, tn, n_want, n_f32, V);
     struct kvr_session_params sp = session_params(m, n_toks + n_greedy + 1);
     sp.cache_type_k = sp.cache_type_v = ct;
+    sp.avx512_order = true;
     struct kvr_session * s = kvr_session_new(m, &sp);
     CHECK(s != NULL, "%s-kv%s: session: %s", name, tn, kvr_last_error());
     const float * lg = s ? kvr_session_eval(s, toks, n_toks) : NULL;
@@ -262,7 +268,7 @@ static void test_kv_reference(const char * kvdir, const char * name, const char 
         printf("%-14s %s cache: max |kvr - llama.cpp %s cache| = %.3g at id %d; to the F32-cache reference %.3g\n", name, tn, tn,
                d, at, d32);
         if (loose) {
-            const double bound = ct == KVR_CACHE_F16 ? 3e-2 : 0.8;
+            const double bound = ct == KVR_CACHE_F16 ? 2e-2 : 0.8;
             printf("%-14s %s cache: not yet at the acceptance (see test_kv_reference); held within %g\n", name, tn, bound);
             CHECK(d <= bound, "%s-kv%s: logits: max difference %.3g at id %d exceeds %g", name, tn, d, at, bound);
         } else if (ct == KVR_CACHE_F16) {
@@ -307,7 +313,7 @@ static void test_kv_references(const char * shared, const char * smol) {
             snprintf(gguf, sizeof gguf, "%s/reference/archs/%s.gguf", shared, archs[i]);
             snprintf(f32, sizeof f32, "%s/reference/archs/%s.logits", shared, archs[i]);
             if (ct == KVR_CACHE_Q8_0 && i == 1) continue;
-            test_kv_reference(kvdir, archs[i], gguf, f32, ct, i == 3 || (i == 2 && ct == KVR_CACHE_Q8_0));
+            test_kv_reference(kvdir, archs[i], gguf, f32, ct, ct == KVR_CACHE_Q8_0 && i >= 2);
         }
         for (int i = 0; i < 3 && file_exists(smol); i++) {
             if (SANITIZED && i > 0) continue; // as in main: the chat prompt only

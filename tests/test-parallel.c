@@ -36,7 +36,7 @@
 //             fewer than whole blocks; the logits equal one rank's (dense attention on 3 ranks)
 //   cachetype the KV cache in F16 and Q8_0 (tiny-llama3, head size 64): every strategy (tsp, kvr,
 //             ring-kv, ring-q) on 2..4 ranks against one rank with the same cache type, a 64-token
-//             prompt: logits within 1e-4 (F16 rings: 2e-2, see test_cachetype), the same 16-token
+//             prompt: logits within 1e-4 (F16 rings: 1e-2, see test_cachetype), the same 16-token
 //             greedy continuation; --stats bytes: the
 //             K/V rows in the cache's type (what is not K/V: ring positions, ring-q's queries and
 //             partials, the same as with an F32 cache), so F16's are half of F32's, Q8_0's 34/128
@@ -1647,11 +1647,14 @@ static void test_cachetype(const struct tmodel * tm) {
                         for (int i = 0; i < V; i++) d_max = fmax(d_max, fabs((double)lg0[i] - ref[i]));
                         worst = fmax(worst, d_max);
                         // An F16 cache rounds the softmax's probabilities to F16 after normalizing them over
-                        // all the keys (llama.cpp's plain path); the ring strategies normalize over a
-                        // block's keys and merge by log-sum-exp, so their probabilities round elsewhere:
-                        // measured 4e-3 to 7.5e-3 here (greedy ids equal). tsp and kvr compute the same.
+                        // all the keys (llama.cpp's plain path; without that rounding its -kvf16 references
+                        // are 2.5e-3 to 5e-3 away, test-models). The ring strategies normalize over a
+                        // block's keys and merge by log-sum-exp, so their probabilities round at another
+                        // scale: measured 4e-3 to 7.5e-3 here (greedy ids equal). Equal logits would take the
+                        // row's global max and sum before the product with V (a second pass over the
+                        // blocks). tsp and kvr compute the same as one rank.
                         const bool ring = strats[si] == KVR_STRATEGY_RING_KV || strats[si] == KVR_STRATEGY_RING_Q;
-                        const double tol = ring && ct == KVR_CACHE_F16 ? 2e-2 : 1e-4;
+                        const double tol = ring && ct == KVR_CACHE_F16 ? 1e-2 : 1e-4;
                         CHECK(d_max <= tol, "logits %.3g from one rank's with the same cache (tolerance %g)", d_max, tol);
                         int bad = -1;
                         for (int g = 0; g < NG && dl && bad < 0; g++) {

@@ -100,6 +100,7 @@ struct run_args {
     bool         q8_act;
     bool         mmap;         // --mmap: weights left in the file's mapping
     bool         vec_dot_order;
+    bool         avx512_order;
     const char * backend;      // a registered backend's name (NULL: cpu)
     int          device;       // cuda: the (first rank's) GPU
     bool         stats;
@@ -211,6 +212,9 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--vec-dot-order", .kind = KVR_CLI_SWITCH, .dst = &a->vec_dot_order,
           .help = "small F32 sums in the order of a llama.cpp built without GGML_LLAMAFILE\n"
                   "(its last bits; default: its default build's)" },
+        { .name = "--avx512-order", .kind = KVR_CLI_SWITCH, .dst = &a->avx512_order,
+          .help = "those sums and the small attention's softmax as a llama.cpp built for AVX-512\n"
+                  "sums them, 16 lanes at a time (its last bits; default: AVX2's 8 lanes)" },
         { .name = "--backend", .kind = KVR_CLI_CUSTOM, .dst = &a->backend, .meta = "NAME", .parse = kvr_cli_backend,
           .help = kvr_cli_backend_help(backend_help, sizeof(backend_help), "what runs the model (default cpu), one of:") },
         { .name = "--device", .kind = KVR_CLI_INT, .dst = &a->device, .meta = "N", .lo = 0, .hi = 1023,
@@ -1059,6 +1063,7 @@ int kvr_run_main(int argc, char ** argv) {
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL, .node_times = a.stats,
         .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act, .vec_dot_order = a.vec_dot_order,
+        .avx512_order = a.avx512_order,
         .backend = a.backend, .device = a.device,
         .log = a.verbose ? stderr : NULL,
         .kv_stream = a.kv_stream, .pd = a.pd, .decode_rank = a.decode_rank,
