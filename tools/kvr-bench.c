@@ -1012,7 +1012,8 @@ int main(int argc, char ** argv) {
     const bool pred_col = a.predict && !a.simulate;
     if (md) {
         printf("model: %s%s%s%s\n\n", desc, a.simulate ? "; simulated with profile " : "", a.simulate ? a.simulate : "",
-               kvr_cli_q8(&a.arith) ? "; 8-bit activations, integer products (the default; --exact: f32)" : "; exact arithmetic (--exact)");
+               a.backend && strcmp(a.backend, "cpu") ? "" // another backend computes in its own arithmetic
+               : kvr_cli_q8(&a.arith) ? "; 8-bit activations, integer products (the default; --exact: f32)" : "; exact arithmetic (--exact)");
         printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |",
                a.simulate ? "simulated" : "median", pred_col ? " predicted ms | predicted/measured |" : "");
         if (a.decode > 0) printf(" decode tok/s (tg %d, median) | min-max | ms/token | floor tok/s | of floor (of its median pass) |", a.decode);
