@@ -568,7 +568,8 @@ struct kvr_cli_arith {
     { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &(c)->q8,                                                       \
       .help = "the default: every quantized weight type (Q4_0 ... Q8_0, Q2_K ... Q6_K), prefill\n"                      \
               "and decode, 8-bit activations and integer products, as llama.cpp does (logits\n"                           \
-              "move up to ~0.1 from the exact math). CPU only; the CUDA backend stays exact" }
+              "move from the exact math: ~0.1 on tiny Llamas, ~1 on Gemma 3 270M). CPU only;\n"                           \
+              "the CUDA backend stays exact" }
 
 // 0, or 2 after a message when both were given.
 static inline int kvr_cli_arith_check(const struct kvr_cli * cli, const struct kvr_cli_arith * c) {
