@@ -3523,15 +3523,23 @@ static size_t qx_t1_bytes(int64_t nb) {
 // Byte l of the result: val where bit `bit` of byte l of v is set, else 0.
 static inline __m256i qx_bit(__m256i v, int bit, int val) {
     const __m256i m = _mm256_set1_epi8((char)(1 << bit));
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8(_mm256_test_epi8_mask(v, m), _mm256_set1_epi8((char)val)); // the bits as a mask register
+#else
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, m), m), _mm256_set1_epi8((char)val));
+#endif
 }
 
 // Byte l of the result: 0x10 if bit l of bits is set (the 5th bit of Q5_0/Q5_1 element l).
 static inline __m256i qx_bits32(uint32_t bits) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10)); // the 32 bits are a byte mask as they are
+#else
     const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
     const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), sel);
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
+#endif
 }
 
 // The 16 bytes of a legacy block's nibbles as its 32 quants (low nibbles: elements 0..15).
@@ -3660,6 +3668,27 @@ QX_INLINE void qx_k_scales_v(enum kvr_type t, const uint8_t * blk, float * d, fl
     }
 }
 
+// acc + the sums of 4 products of u's unsigned bytes and s's signed ones, per 32-bit lane: one
+// instruction with VNNI (AVX512-VNNI with VL, or AVX-VNNI), else vpmaddubsw then vpmaddwd. The
+// same integers either way wherever the kernels use it: vpmaddubsw's int16 pairs never saturate
+// there (|q| <= 31 against |y| <= 127, or the 8-bit types' |q| <= 128 against signed y: at most
+// 2 * 128 * 127 = 32512).
+static inline __m256i qx_dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define QX_VNNI 1
+#else
+#define QX_VNNI 0
+#endif
+
 static inline float qx_hsum(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -3673,7 +3702,6 @@ QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, in
     const size_t bs = qx_block_bytes(type);
     const bool sgn = qx_signed(type);
     const int off = qx_offset(type);
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4];
     float mins[4];
     QX_UNROLL
@@ -3692,7 +3720,7 @@ QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, in
             const struct qx_q8 * ab = a[t] + b;
             __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
             if (sgn) y = _mm256_sign_epi8(y, q);
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qa, y), ones);
+            __m256i p = qx_dpbusd(_mm256_setzero_si256(), qa, y);
             if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * ab->sum)));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab->d), acc[t]);
             if (qx_has_min(type)) mins[t] += m * ab->s;
@@ -3799,7 +3827,7 @@ QX_INLINE float qx_row_t1(enum kvr_type type, const uint8_t * row, int64_t nb, c
                 const __m256i q = qx_chunk(type, blk + k * bs, 0);
                 __m256i v = _mm256_loadu_si256((const __m256i *)(y + KVR_QK * k));
                 if (sgn) v = _mm256_sign_epi8(v, q);
-                p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(sgn ? _mm256_sign_epi8(q, q) : q, v), ones);
+                p[k] = qx_dpbusd(_mm256_setzero_si256(), sgn ? _mm256_sign_epi8(q, q) : q, v);
             }
             // X: blocks 0-3, the sums of their lanes 0-3 | of 4-7; Y: blocks 4-7 the same
             const __m256i X = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
@@ -3821,7 +3849,7 @@ QX_INLINE float qx_row_t1(enum kvr_type type, const uint8_t * row, int64_t nb, c
         const __m256i q = qx_chunk(type, blk, 0);
         __m256i v = _mm256_loadu_si256((const __m256i *)(a->qs + KVR_QK * b));
         if (sgn) v = _mm256_sign_epi8(v, q);
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(sgn ? _mm256_sign_epi8(q, q) : q, v), ones);
+        __m256i p = qx_dpbusd(_mm256_setzero_si256(), sgn ? _mm256_sign_epi8(q, q) : q, v);
         if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * a->sum[b])));
         sum += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a->d[b]) + m * a->s[b];
     }
@@ -4201,7 +4229,18 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
         __m256i s32[4];
         QX_UNROLL
         for (int t = 0; t < 4; t++) s32[t] = _mm256_setzero_si256();
-        for (int g0 = 0; g0 < 8; g0 += F) {
+        if (QX_VNNI) { // each group's products straight into the int32 sums: no int16 stage to flush
+            for (int g = 0; g < 8; g++) {
+                const __m256i wq = _mm256_loadu_si256((const __m256i *)wb->q[g]);
+                const __m256i ws = sgn ? _mm256_loadu_si256((const __m256i *)wb->s[g]) : wq;
+                QX_UNROLL
+                for (int t = 0; t < 4; t++) {
+                    __m256i y = qx_bcast4(a[t][b].qs + 4 * g);
+                    if (sgn) y = _mm256_sign_epi8(y, ws);
+                    s32[t] = qx_dpbusd(s32[t], wq, y);
+                }
+            }
+        } else for (int g0 = 0; g0 < 8; g0 += F) {
             __m256i p[4];
             QX_UNROLL
             for (int t = 0; t < 4; t++) p[t] = _mm256_setzero_si256();

@@ -731,7 +731,8 @@ struct kvr_backend_params {
     // multiply in integers, as llama.cpp's CPU backend does: faster, but the logits move by up to
     // ~0.1 against the exact math of the file, which the default (off) computes: f32 activations
     // times the weights' exact values. F16/BF16/F32 weights always take the exact path. CUDA stays
-    // exact.
+    // exact. kvr-run and kvr-bench turn it on unless given --exact (per thread the exact path runs
+    // every quantized type at about half the speed); kvr-server takes --q8-act; kvr-compare is exact.
     bool q8_activations;
     // cpu: small F32 matmuls and the KQV of small attention (kvr_mul_mat, kvr_attn) are summed as
     // llama.cpp's CPU backend sums them, which depends on how it was built: with GGML_LLAMAFILE

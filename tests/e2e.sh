@@ -425,7 +425,8 @@ fi
 
 # every other reference model (quantized tiny Llamas, the tiny Falcon): logits of the prompt's
 # last token within 1e-4 of llama.cpp's (of the dequantized twin for quantized files) and the
-# same greedy continuation. These were made by a llama.cpp whose batched F32 matmuls sum in
+# same greedy continuation, in the exact arithmetic (--exact; the tools' default multiplies quantized
+# weights by 8-bit activations). These were made by a llama.cpp whose batched F32 matmuls sum in
 # ggml_vec_dot_f32's order (see LOGIT_TOL in tests/test-models.c), hence --vec-dot-order
 found=0
 for lg in "$ref"/*.logits; do
@@ -435,7 +436,7 @@ for lg in "$ref"/*.logits; do
     found=1
     want=$(cat "$ref/$name.greedy")
     n=$(printf '%s' "$want" | tr ',' '\n' | grep -c .)
-    "$build/kvr-run" --cache-type f32 -m "$ref/$name.gguf" --tokens "$(cat "$ref/$name.tokens")" -n "$n" --temp 0 -v --vec-dot-order \
+    "$build/kvr-run" --cache-type f32 -m "$ref/$name.gguf" --tokens "$(cat "$ref/$name.tokens")" -n "$n" --temp 0 -v --vec-dot-order --exact \
         --dump-logits "$tmp/$name.txt" > /dev/null 2> "$tmp/$name.err"
     d=$(maxdiff "$tmp/$name.txt" "$lg")
     tol=1e-4
@@ -475,16 +476,21 @@ for out in "$ref"/archs/*.logits "$ref/archs-next/tiny-phi3.logits" "$ref/archs-
 done
 [ $found -eq 1 ] || skp "architecture references ($ref/archs missing)"
 
-# --q8-act (8-bit activations) on a Q4_K prompt long enough for the prefill kernels (> 4 tokens):
-# the logits leave the exact math by the activations' rounding (llama.cpp's own quantized run
-# differs from the exact twin by up to ~0.1), no more, and the next token is the same
+# --q8-act (8-bit activations, the tools' default: named here) against --exact on a Q4_K prompt long
+# enough for the prefill kernels (> 4 tokens): the logits leave the exact math by the activations'
+# rounding (llama.cpp's own quantized run differs from the exact twin by up to ~0.1), no more, and
+# the next token is the same; without either flag the logits are --q8-act's
 q4k=$ref/tiny-llama-Q4_K_M.gguf
 if [ -f "$q4k" ]; then
     p="Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends. One day she saw a big red ball"
-    "$build/kvr-run" --cache-type f32 -m "$q4k" -p "$p" -n 1 --temp 0 -v --dump-logits "$tmp/q4k-exact.txt" > /dev/null 2> "$tmp/q4k-exact.err"
+    "$build/kvr-run" --cache-type f32 -m "$q4k" -p "$p" -n 1 --temp 0 -v --exact --dump-logits "$tmp/q4k-exact.txt" > /dev/null 2> "$tmp/q4k-exact.err"
     "$build/kvr-run" --cache-type f32 -m "$q4k" -p "$p" -n 1 --temp 0 -v --q8-act --dump-logits "$tmp/q4k-q8.txt" > /dev/null 2> "$tmp/q4k-q8.err"
     d=$(maxdiff "$tmp/q4k-exact.txt" "$tmp/q4k-q8.txt")
     if within "$d" 0.3 && ! within "$d" 1e-5; then ok "--q8-act: logits within 0.3 of the exact path and not equal to it (max $d)"; else bad "--q8-act: logits max diff $d"; fi
+    "$build/kvr-run" --cache-type f32 -m "$q4k" -p "$p" -n 1 --temp 0 --dump-logits "$tmp/q4k-default.txt" > /dev/null 2>&1
+    if cmp -s "$tmp/q4k-default.txt" "$tmp/q4k-q8.txt"; then ok "the default arithmetic is --q8-act's"; else bad "the default arithmetic: logits differ from --q8-act's"; fi
+    "$build/kvr-run" --cache-type f32 -m "$q4k" -p "$p" -n 1 --temp 0 --exact --q8-act > /dev/null 2> "$tmp/q4k-both.err"; rc=$?
+    if [ $rc -eq 2 ] && grep -q "^kvr-run: --q8-act and --exact exclude each other" "$tmp/q4k-both.err"; then ok "--exact with --q8-act: refused, exit 2"; else bad "--exact with --q8-act: rc=$rc $(head -n 1 "$tmp/q4k-both.err")"; fi
     a1=$(sed -n 's/^generated ids: //p' "$tmp/q4k-exact.err"); a2=$(sed -n 's/^generated ids: //p' "$tmp/q4k-q8.err")
     if [ -n "$a1" ] && [ "$a1" = "$a2" ]; then ok "--q8-act: same next token ($a1)"; else bad "--q8-act: next token $a2, exact $a1"; fi
 else
@@ -591,9 +597,11 @@ if [ -f "$smol" ]; then
     fi
     grep -q "Paris" "$tmp/smol-p.txt" && ok "SmolLM2 -p: $(tail -n 1 "$tmp/smol-p.txt")" || bad "SmolLM2 -p: no Paris in $(tail -n 1 "$tmp/smol-p.txt")"
     # --ignore-eos: the reply that ends early (its end-of-turn token) goes on to -n tokens, and its
-    # start is the same (greedy: masking tokens that were not picked changes nothing before)
-    "$build/kvr-run" --cache-type f32 -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v > "$tmp/eos0.txt" 2> "$tmp/eos0.err"
-    "$build/kvr-run" --cache-type f32 -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v --ignore-eos > "$tmp/eos1.txt" 2> "$tmp/eos1.err"
+    # start is the same (greedy: masking tokens that were not picked changes nothing before). In the
+    # exact arithmetic, whose reply to this prompt ends after ~25 tokens (8-bit activations' goes on
+    # past 64)
+    "$build/kvr-run" --cache-type f32 -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v --exact > "$tmp/eos0.txt" 2> "$tmp/eos0.err"
+    "$build/kvr-run" --cache-type f32 -m "$smol" -p "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n" -n 64 --temp 0 -v --exact --ignore-eos > "$tmp/eos1.txt" 2> "$tmp/eos1.err"
     g0=$(sed -n 's/^generated ids: //p' "$tmp/eos0.err"); g1=$(sed -n 's/^generated ids: //p' "$tmp/eos1.err")
     n0=$(echo "$g0" | tr ',' '\n' | wc -l); n1=$(echo "$g1" | tr ',' '\n' | wc -l)
     case "$g1" in

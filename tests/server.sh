@@ -65,13 +65,14 @@ stop_server() {
     wait "$1"
 }
 
-# what kvr-run answers, greedy, for the turns the client sends (the same threads as the server)
+# what kvr-run answers, greedy, for the turns the client sends (the same threads as the server, and
+# its arithmetic: exact, kvr-server's default; kvr-run's is 8-bit activations)
 threads=2
 python3 - "$build" "$smol" "$threads" > "$tmp/expected.json" <<'PY' || { bad "kvr-run's reference answers"; summary; }
 import json, subprocess, sys
 build, model, threads = sys.argv[1:]
 def run(args):
-    r = subprocess.run([build + "/kvr-run", "-m", model, "--temp", "0", "-t", threads, "-c", "2048"] + args,
+    r = subprocess.run([build + "/kvr-run", "-m", model, "--temp", "0", "-t", threads, "-c", "2048", "--exact"] + args,
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     if r.returncode != 0:
         sys.exit("kvr-run %s: %s" % (args, r.stderr.decode()[-500:]))

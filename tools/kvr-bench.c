@@ -58,7 +58,7 @@ struct bench_args {
     int          reps, warmup;
     uint64_t     seed;
     bool         sgemm;
-    bool         q8_act;         // quantized matmuls with 8-bit activations (prefill and decode)
+    struct kvr_cli_arith arith;  // --exact, --q8-act: quantized matmuls' arithmetic (prefill and decode)
     bool         mmap;           // weights left in the file's mapping (kvr_model_params.mmap)
     const char * backend;        // what runs the model (NULL: the CPU)
     bool         replicate;      // --replicate: each rank's new rows also go to its successor's replica
@@ -219,8 +219,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
         { .name = "--svg", .kind = KVR_CLI_OUT, .dst = &a->svg, .meta = "FILE", .help = "draw TTFT against prompt length, one line per strategy (and ranks, link)" },
         { .name = "--mmap", .kind = KVR_CLI_SWITCH, .dst = &a->mmap,
           .help = "leave the weights where the file is mapped (no copy, pages shared with other\nprocesses) instead of reading them into memory of 2 MiB pages, which decode reads faster" },
-        { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
-          .help = "quantized weights, prefill and decode: quantize the activations to 8 bits and\nmultiply in integers, as llama.cpp does (faster; logits move up to ~0.1 from the\nexact math)" },
+        KVR_CLI_ARITH_FLAGS(&a->arith),
         { .name = "--replicate", .kind = KVR_CLI_SWITCH, .dst = &a->replicate,
           .help = "ranks: every rank's new cache rows also go to a replica in its ring\nsuccessor's memory, as kvr-run --replicate (what failover costs)" },
         { .name = "--sgemm", .kind = KVR_CLI_SWITCH, .dst = &a->sgemm, .help = "also measure OpenBLAS sgemm on the model's shapes and report the fraction" },
@@ -246,6 +245,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
     a->attn = (enum kvr_attn_mode)attn;
     if (a->profile) a->predict = true;
     if (!a->model && a->n_kernel_types == 0) return kvr_cli_fail(&cli, "no model: give -m FILE (or --kernels TYPES)");
+    if (kvr_cli_arith_check(&cli, &a->arith)) return 2;
     for (int s = 0; s < a->n_strat; s++) {
         if (a->strat[s].part != PART_EVEN && a->n_tables == 0) {
             return kvr_cli_fail(&cli, "%s takes its partitions from a table: give --table FILE (kvr-tune --search writes one)", a->strat[s].name);
@@ -567,7 +567,7 @@ static int run_kernels(const struct bench_args * a, int threads) {
     const int64_t K = 2048;
     const struct stream_bw floor = stream_read_gbps(threads, false);
     printf("decode matmul kernels: one token times a %lld-wide matrix; GB/s of weights%s\n\n", (long long)K,
-           a->q8_act ? "; 8-bit activations, integer products (--q8-act)" : "; exact (f32 activations)");
+           kvr_cli_q8(&a->arith) ? "; 8-bit activations, integer products (the default; --exact: f32)" : "; exact (f32 activations, --exact)");
     printf("| type | bytes/weight | threads | in cache: GB/s a thread (CPU time) | in cache: GB/s (wall) | out of cache: GB/s (wall) | out of cache: GB/s a thread (CPU time) | of the floor |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     int rc = KVR_OK;
@@ -579,8 +579,8 @@ static int run_kernels(const struct bench_args * a, int threads) {
             const int nt = tl[j];
             struct kern_time in = { 0 }, out = { 0 };
             const int64_t n_in = (int64_t)(((size_t)256 << 10) * (size_t)nt / rb), n_out = (int64_t)(STREAM_BYTES / rb);
-            rc = kern_run(type, K, n_in > 0 ? n_in : 1, 16, nt, a->q8_act, 20, 300.0, &in);
-            if (rc == KVR_OK) rc = kern_run(type, K, n_out, 1, nt, a->q8_act, 5, 500.0, &out);
+            rc = kern_run(type, K, n_in > 0 ? n_in : 1, 16, nt, kvr_cli_q8(&a->arith), 20, 300.0, &in);
+            if (rc == KVR_OK) rc = kern_run(type, K, n_out, 1, nt, kvr_cli_q8(&a->arith), 5, 500.0, &out);
             if (rc != KVR_OK) break;
             const double floor_gbps = nt == threads ? floor.best : 0.0;
             printf("| %s | %.4f | %d | %.1f | %.1f | %.1f | %.1f |", kvr_type_name(type), (double)rb / (double)K, nt, in.gbps_cpu, in.gbps_wall, out.gbps_wall, out.gbps_cpu);
@@ -904,7 +904,7 @@ int main(int argc, char ** argv) {
                                               .n_ctx = T + a.decode + 16, .attn_mode = attn, .link_gbps = p->link,
                                               .fractions = p->has_fractions ? p->fractions : NULL,
                                               .link_noise = p->link > 0 ? a.link_noise : 0, .link_seed = 1,
-                                              .timeout_s = 3600, .q8_activations = a.q8_act, .replicate = a.replicate,
+                                              .timeout_s = 3600, .q8_activations = kvr_cli_q8(&a.arith), .replicate = a.replicate,
                                               .backend = a.backend,
                                               .cache_type_k = p->cache, .cache_type_v = p->cache };
                 struct kvr_session * d = kvr_session_new(m, &dp);
@@ -1014,7 +1014,8 @@ int main(int argc, char ** argv) {
     const bool pred_col = a.predict && !a.simulate;
     if (md) {
         printf("model: %s%s%s%s\n\n", desc, a.simulate ? "; simulated with profile " : "", a.simulate ? a.simulate : "",
-               a.q8_act ? "; 8-bit activations, integer products (--q8-act)" : "");
+               a.backend && strcmp(a.backend, "cpu") ? "" // another backend computes in its own arithmetic
+               : kvr_cli_q8(&a.arith) ? "; 8-bit activations, integer products (the default; --exact: f32)" : "; exact arithmetic (--exact)");
         printf("| strategy | ranks | threads/rank | link | prompt | partition | TTFT ms (%s) | min-max |%s prefill tok/s | GFLOP/s | vs single | vs tsp |",
                a.simulate ? "simulated" : "median", pred_col ? " predicted ms | predicted/measured |" : "");
         if (a.decode > 0) printf(" decode tok/s (tg %d, median) | min-max | ms/token | floor tok/s | of floor (of its median pass) |", a.decode);

@@ -547,6 +547,41 @@ static inline enum kvr_cache_type kvr_cli_cache_v(const struct kvr_cli_cache * c
 }
 
 //
+// the arithmetic of quantized matmuls
+//
+
+// kvr-run and kvr-bench multiply quantized weights as llama.cpp's CPU backend does unless told
+// --exact: 8-bit activations and integer products (kvr_backend_params.q8_activations). Per thread
+// the exact path runs every quantized type's decode rows at about half the speed (kvr-bench
+// --kernels) and loses to llama.cpp on the files people download; exact stays what the C API gives
+// by default, what kvr-compare and the reference tests check, and kvr-server's default (there a
+// request's tokens must not depend on the requests decoded beside it, and the integer kernels'
+// float sums follow the number of tokens a matmul takes). --q8-act names the default.
+struct kvr_cli_arith {
+    bool q8, exact;
+};
+
+#define KVR_CLI_ARITH_FLAGS(c)                                                                                          \
+    { .name = "--exact", .kind = KVR_CLI_SWITCH, .dst = &(c)->exact,                                                     \
+      .help = "quantized weights in exact arithmetic: f32 activations times the weights' exact\n"                        \
+              "values (the CPU reference; about half the speed of the default)" },                                       \
+    { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &(c)->q8,                                                       \
+      .help = "the default: every quantized weight type (Q4_0 ... Q8_0, Q2_K ... Q6_K), prefill\n"                      \
+              "and decode, 8-bit activations and integer products, as llama.cpp does (logits\n"                           \
+              "move from the exact math: ~0.1 on tiny Llamas, ~1 on Gemma 3 270M). CPU only;\n"                           \
+              "the CUDA backend stays exact" }
+
+// 0, or 2 after a message when both were given.
+static inline int kvr_cli_arith_check(const struct kvr_cli * cli, const struct kvr_cli_arith * c) {
+    if (c->q8 && c->exact) return kvr_cli_fail(cli, "--q8-act and --exact exclude each other: give one");
+    return 0;
+}
+
+static inline bool kvr_cli_q8(const struct kvr_cli_arith * c) {
+    return !c->exact;
+}
+
+//
 // prompt text
 //
 

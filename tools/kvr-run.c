@@ -97,7 +97,7 @@ struct run_args {
     struct kvr_test_kill kill[16]; // the test hook KVR_TEST_KILL, parsed once by parse_args
     int          n_kill;
     bool         dump_graph;
-    bool         q8_act;
+    struct kvr_cli_arith arith; // --exact, --q8-act
     bool         mmap;         // --mmap: weights left in the file's mapping
     bool         vec_dot_order;
     bool         avx512_order;
@@ -205,10 +205,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--dump-graph", .kind = KVR_CLI_SWITCH, .dst = &a->dump_graph, .help = "print every rank's rewritten graph of the prefill on stderr" },
         { .name = "--mmap", .kind = KVR_CLI_SWITCH, .dst = &a->mmap,
           .help = "leave the weights where the file is mapped (no copy, pages shared with other\nprocesses) instead of reading them into memory of 2 MiB pages, which decode reads faster" },
-        { .name = "--q8-act", .kind = KVR_CLI_SWITCH, .dst = &a->q8_act,
-          .help = "every quantized weight type (Q4_0 ... Q8_0, Q2_K ... Q6_K), prefill and decode:\n"
-                  "8-bit activations and integer products, as llama.cpp does (faster; logits\n"
-                  "move up to ~0.1 from the exact math). CPU only; the CUDA backend stays exact" },
+        KVR_CLI_ARITH_FLAGS(&a->arith),
         { .name = "--vec-dot-order", .kind = KVR_CLI_SWITCH, .dst = &a->vec_dot_order,
           .help = "small F32 sums in the order of a llama.cpp built without GGML_LLAMAFILE\n"
                   "(its last bits; default: its default build's)" },
@@ -315,6 +312,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         }
     }
     if (a->conversation && a->ignore_eos) return kvr_cli_fail(&cli, "-cnv: --ignore-eos would never end a reply");
+    if (kvr_cli_arith_check(&cli, &a->arith)) return 2;
     if (a->conversation && (a->kv_save || a->kv_load || a->session || a->kv_stream || a->pd || a->replicate_dir || a->resume)) {
         return kvr_cli_fail(&cli, "-cnv: --kv-save, --kv-load, --session, --kv-stream, --decode-rank, --replicate-dir and --resume are for one prompt's run");
     }
@@ -1062,7 +1060,7 @@ int kvr_run_main(int argc, char ** argv) {
         .cache_type_k = kvr_cli_cache_k(&a.cache), .cache_type_v = kvr_cli_cache_v(&a.cache),
         .link_gbps = a.link_gbps, .link_latency_us = a.link_latency_us,
         .link_noise = a.link_noise, .link_seed = a.seed_set ? a.seed : 1, .trace = a.trace != NULL, .node_times = a.stats,
-        .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = a.q8_act, .vec_dot_order = a.vec_dot_order,
+        .graph_out = a.dump_graph ? stderr : NULL, .q8_activations = kvr_cli_q8(&a.arith), .vec_dot_order = a.vec_dot_order,
         .avx512_order = a.avx512_order,
         .backend = a.backend, .device = a.device,
         .log = a.verbose ? stderr : NULL,

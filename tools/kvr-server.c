@@ -118,6 +118,7 @@ struct srv {
     int          port, n_slots, n_ctx, n_threads, chunk, queue_max, max_body, verbose;
     int          n_ranks, ranks_min;      // --ranks, --ranks-min: long prompts prefilled on ranks
     enum kvr_strategy strategy;
+    bool         q8;                      // --q8-act: quantized matmuls with 8-bit activations (default: exact)
     double       timeout_s, drain_s, swap_idle_s, read_timeout_s;
     // the model
     struct kvr_model * model;
@@ -1198,6 +1199,10 @@ static void usage(FILE * f) {
         "  --timeout S            longest a request may run (default 600)\n"
         "  --drain S              on SIGTERM, time left to running requests (default 30)\n"
         "  --chat-template NAME   the chat template family instead of the model's\n"
+        "  --q8-act               quantized weights with 8-bit activations and integer products, as llama.cpp\n"
+        "                         (about twice the speed; a request's tokens may then depend on the others\n"
+        "                         decoded beside it)\n"
+        "  --exact                the default: f32 activations, each request's tokens those of its solo run\n"
         "  -v, --verbose          log requests and slots on stderr\n");
 }
 
@@ -1240,6 +1245,7 @@ static int parse_args(int argc, char ** argv) {
     S->n_ranks = 1;
     S->ranks_min = 1024;
     S->strategy = KVR_STRATEGY_KVR;
+    bool exact_named = false;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i];
         const char * v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1270,6 +1276,8 @@ static int parse_args(int argc, char ** argv) {
         else if (!strcmp(a, "--drain")) rc = parse_num(a, v, 0, 3600, &S->drain_s);
         else if (!strcmp(a, "--chat-template")) S->chat_template = v;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { S->verbose = 1; takes = false; }
+        else if (!strcmp(a, "--q8-act")) { S->q8 = true; takes = false; }
+        else if (!strcmp(a, "--exact")) { exact_named = true; takes = false; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
             fprintf(stderr, "kvr-server: unknown option '%s'\n", a);
@@ -1284,6 +1292,10 @@ static int parse_args(int argc, char ** argv) {
             }
             i++;
         }
+    }
+    if (exact_named && S->q8) {
+        fprintf(stderr, "kvr-server: --q8-act and --exact exclude each other: give one\n");
+        return -1;
     }
     if (!S->model_path) {
         fprintf(stderr, "kvr-server: -m MODEL.gguf is required\n");
@@ -1333,7 +1345,7 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < S->n_slots; i++) {
         struct slot * sl = &S->slots[i];
         sl->id = i;
-        sl->s = kvr_session_new(S->model, &(struct kvr_session_params){ .n_ctx = S->n_ctx, .n_threads = S->n_threads });
+        sl->s = kvr_session_new(S->model, &(struct kvr_session_params){ .n_ctx = S->n_ctx, .n_threads = S->n_threads, .q8_activations = S->q8 });
         if (!sl->s) {
             fprintf(stderr, "kvr-server: slot %d: %s\n", i, kvr_last_error());
             return 1;
@@ -1344,7 +1356,8 @@ int main(int argc, char ** argv) {
     pthread_cond_init(&S->out, NULL);
     pthread_cond_init(&S->pf_cv, NULL);
     if (S->n_ranks > 1) {
-        S->pf = kvr_session_new(S->model, &(struct kvr_session_params){ .n_ranks = S->n_ranks, .strategy = S->strategy, .n_ctx = S->n_ctx });
+        S->pf = kvr_session_new(S->model, &(struct kvr_session_params){ .n_ranks = S->n_ranks, .strategy = S->strategy, .n_ctx = S->n_ctx,
+                                                                .q8_activations = S->q8 });
         if (!S->pf) {
             fprintf(stderr, "kvr-server: --ranks %d --strategy %s: %s\n", S->n_ranks, kvr_strategy_name(S->strategy), kvr_last_error());
             return 1;
