@@ -11,6 +11,7 @@
 # the same point: kvr-bench --warmup 1, llama-bench's own warm-up).
 # The caller sets: build (kvr's build directory), lb (llama-bench, empty for none), pair_threads,
 # pair_log (where llama-bench's errors go).
+# shellcheck disable=SC2154 # build, pair_threads, pair_log: the caller's
 
 # the middle of the numbers on stdin (the mean of the two middle ones for an even count); "-" for none
 pair_median() {
@@ -55,7 +56,7 @@ pair_point() { # MODEL FIGURE RUNS [kvr-bench flags...]
         [ -n "$lb" ] && pl="$pl $(pair_llama_once "$pm" "$pf")"
         pi=$((pi + 1))
     done
-    echo "$(echo $pk | tr ' ' '\n' | grep . | pair_median) $(echo $pl | tr ' ' '\n' | grep . | pair_median)"
+    echo "$(echo "$pk" | tr ' ' '\n' | grep . | pair_median) $(echo "$pl" | tr ' ' '\n' | grep . | pair_median)"
 }
 
 # one table row: "| LABEL | FIGURE | kvr | llama.cpp | ratio |" from pair_point's two medians

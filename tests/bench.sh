@@ -36,7 +36,9 @@ lb=${LLAMA_BENCH:-$(command -v llama-bench 2>/dev/null || true)}
 . tests/bench-pair.sh
 pair_threads=2
 pair_log=$dir/bench-llama-bench.log
+: > "$pair_log"
 pair_runs=${KVR_BENCH_PAIR_RUNS:-3}
+t_start=$(date +%s)
 
 # LABEL MODEL: the model's prefill at each of the decode lengths and tg 64 after the first, beside
 # llama-bench (default flags of both, 2 threads), pair_runs alternating pairs a point
@@ -153,7 +155,10 @@ if [ "$hybrid" != none ]; then
         echo
     fi
 fi
-[ "$form" = archs ] && exit 0 # only the MoE and hybrid rows
+if [ "$form" = archs ]; then # only the MoE and hybrid rows
+    echo "bench archs: wall time $(( $(date +%s) - t_start )) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    exit 0
+fi
 
 model=$dir/tinyllama-1.1b-f32.gguf
 [ -f "$model" ] || "$build/kvr-gen" --preset tinyllama-1.1b --type f32 --seed 1 -o "$model"
