@@ -6,8 +6,9 @@
 #   make test         every test (plus a second build under ASan+UBSan, bounded fuzz runs and,
 #                     where nvcc is installed, the CUDA build in build/cuda as a compile gate)
 #   make bench        the benchmarks (long: a few hours; not part of make test): the matrix first, kvr-server's too
-#   make bench-short  the speed matrix's short form (minutes): real files and one mixture, beside
-#                     llama.cpp's llama-bench when it is on the PATH
+#   make bench-short  the speed matrix's short form (about 10 min): real files and one mixture, beside
+#                     llama.cpp's llama-bench when it is on the PATH (or at LLAMA_BENCH)
+#   make bench-archs  make bench's MoE and hybrid rows alone, beside llama-bench likewise
 #   make gpu-check    on a machine with an NVIDIA GPU: the GPU's tests, kvr-compare on every
 #                     reference model, a speed table (under 8 min; tests/gpu-check.sh). Without one:
 #                     says so, exit 2. make gpu-pack: the folder it runs from (gpu-pack/)
@@ -74,12 +75,12 @@ TESTS     := $(patsubst tests/%.c,$(BUILD)/%,$(filter-out tests/fuzz-%.c,$(wildc
 ASAN_TESTS:= $(patsubst tests/%.c,$(ASAN)/%,$(filter-out tests/fuzz-%.c,$(wildcard tests/test-*.c)))
 SANFLAGS  := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench bench-short install clean help demo mpi cuda-gate cuda-parts gpu-check gpu-pack gpu-pack-parts FORCE
+.PHONY: all tools tests test test-fast test-asan fuzz fuzz-cli bench bench-short bench-archs install clean help demo mpi cuda-gate cuda-parts gpu-check gpu-pack gpu-pack-parts FORCE
 
 all: $(BUILD)/libkvr.a tools
 
 help:
-	@sed -n '1,16p' Makefile
+	@sed -n '1,17p' Makefile
 
 $(BUILD) $(ASAN):
 	mkdir -p $@
@@ -252,6 +253,9 @@ bench: all
 
 bench-short: all
 	sh tests/bench-matrix.sh $(BUILD) short
+
+bench-archs: all
+	sh tests/bench.sh $(BUILD) archs
 
 install: all
 	mkdir -p $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

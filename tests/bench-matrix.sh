@@ -5,23 +5,27 @@
 # them in models/gguf; skipped, saying so, where not) and on kvr-gen models in real shapes
 # (qwen2.5-0.5b, llama-3.2-1b, qwen3-0.6b, gemma-3-1b; random weights, written once into
 # BUILD/bench/) in llama-quantize's mixtures (Q4_K_M, Q5_K_M, Q6_K, Q8_0).
-# Where llama.cpp's llama-bench is on the PATH (or at $LLAMA_BENCH) it runs on the same file
-# right after kvr, point by point, and the table shows both and their ratio; its decode figure is
-# tg 64 on an empty cache (llama-bench's own), kvr's is after the 16-token prompt.
-# `short` (make bench-short, minutes): the two real files and qwen2.5-0.5b Q4_K_M, prompts of 16,
-# 64 and 512, 2 runs a point. KVR_MATRIX_RUNS (default 3), KVR_MATRIX_MODELS (kvr-gen presets; none),
-# KVR_MATRIX_FTYPES and KVR_MATRIX_CTX choose otherwise; the table goes to stdout and to
-# BUILD/bench/matrix.md. Absolute numbers only mean something on a quiet machine.
+# Where llama.cpp's llama-bench is on the PATH (or at $LLAMA_BENCH) it runs on the same file,
+# point by point, its runs alternating with kvr's (tests/bench-pair.sh): each side's median of
+# RUNS, and their ratio. Decode is tg 64 after a 16-token prompt on both (llama-bench -d 16: the
+# depth prefilled untimed); both with their default flags (F16 caches; llama.cpp's flash
+# attention on auto). Every run is its own process with one untimed warm-up of the point.
+# `short` (make bench-short, about 10 minutes on 2 quiet cores): the two real files and
+# qwen2.5-0.5b Q4_K_M at every point, 3 pairs a point. KVR_MATRIX_RUNS (default 3),
+# KVR_MATRIX_MODELS (kvr-gen presets; none), KVR_MATRIX_FTYPES and KVR_MATRIX_CTX choose otherwise;
+# the table goes to stdout and to BUILD/bench/matrix.md (each row also to stderr as it comes),
+# with the wall time and the load.
+# Absolute numbers only mean something on a quiet machine.
 set -e
 build=${1:-build}
 form=${2:-full}
 dir=$build/bench
 mkdir -p "$dir"
 if [ "$form" = short ]; then
-    runs=${KVR_MATRIX_RUNS:-2}
+    runs=${KVR_MATRIX_RUNS:-3}
     presets=${KVR_MATRIX_MODELS:-qwen2.5-0.5b}
     ftypes=${KVR_MATRIX_FTYPES:-q4_k_m}
-    ctx=${KVR_MATRIX_CTX:-16,64,512}
+    ctx=${KVR_MATRIX_CTX:-16,64,512,2048}
 else
     runs=${KVR_MATRIX_RUNS:-3}
     presets=${KVR_MATRIX_MODELS:-qwen2.5-0.5b llama-3.2-1b qwen3-0.6b gemma-3-1b}
@@ -52,45 +56,33 @@ for p in $presets; do
     done
 done
 
-# kvr: prefill at every length (the median of $runs), decode after a 16-token prompt
-kvr_points() { # MODEL -> "figure tok/s" lines
-    "$build/kvr-bench" -m "$1" --ctx "$ctx" -t 2 -r "$runs" -o csv 2>/dev/null < /dev/null |
-        awk -F, 'NR > 1 { printf "pp%s %s\n", $5, $11 }'
-    "$build/kvr-bench" -m "$1" --ctx 16 --decode 64 -t 2 -r "$runs" -o csv 2>/dev/null < /dev/null |
-        awk -F, 'NR > 1 { printf "tg64 %s\n", $16 }'
-}
-
-# llama-bench: the same lengths, tg 64; its markdown rows end in "| test | t/s ± sd |"
-llama_points() {
-    "$lb" -m "$1" -t 2 -p "$ctx" -n 64 -r "$runs" -o md 2>/dev/null < /dev/null |
-        awk -F'|' '/ (pp|tg)[0-9]+ / { t = $(NF - 2); s = $(NF - 1); gsub(/ /, "", t); split(s, a, "±"); gsub(/ /, "", a[1]); print t, a[1] }'
-}
+. tests/bench-pair.sh
+pair_threads=2
+pair_log=$dir/matrix-llama-bench.log
+: > "$pair_log"
+points="$(echo "$ctx" | tr ',' '\n' | sed 's/^/pp/') tg64@d16"
 
 {
-    echo "## kvr$( [ -n "$lb" ] && echo " beside llama.cpp ($lb)") - 2 threads, default flags, tok/s (median of $runs)"
+    echo "## kvr$( [ -n "$lb" ] && echo " beside llama.cpp (llama-bench, same file)") - 2 threads, default flags, tok/s (median of $runs$( [ -n "$lb" ] && echo " alternating pairs"))"
     echo
-    if [ -n "$lb" ]; then
-        echo "| model | figure | kvr | llama.cpp | ratio |"
-        echo "|---|---|---:|---:|---:|"
-    else
-        echo "| model | figure | kvr |"
-        echo "|---|---|---:|"
-    fi
+    echo "ppN: prefill of N tokens; tg64 @ d16: 64 decode steps after a 16-token prompt (llama-bench -d 16)."
+    echo
+    echo "| model | figure | kvr | llama.cpp | ratio |"
+    echo "|---|---|---:|---:|---:|"
 } > "$out"
+t0=$(date +%s)
 while IFS='|' read -r label path; do
     echo "bench-matrix: $label" >&2
-    kvr_points "$path" > "$tmp/kvr"
-    : > "$tmp/llama"
-    [ -n "$lb" ] && llama_points "$path" > "$tmp/llama"
-    sort -V "$tmp/kvr" | while read -r fig v; do
-        if [ -n "$lb" ]; then
-            l=$(awk -v f="$fig" '$1 == f { print $2 }' "$tmp/llama")
-            awk -v m="$label" -v f="$fig" -v k="$v" -v l="$l" 'BEGIN {
-                lv = l == "" ? "-" : sprintf("%.1f", l); r = (l + 0 > 0) ? sprintf("%.2fx", k / l) : "-"
-                printf "| %s | %s | %.1f | %s | %s |\n", m, f, k, lv, r }'
-        else
-            awk -v m="$label" -v f="$fig" -v k="$v" 'BEGIN { printf "| %s | %s | %.1f |\n", m, f, k }'
-        fi
-    done >> "$out"
+    for f in $points; do
+        # shellcheck disable=SC2046 # two medians
+        set -- $(pair_point "$path" "$f" "$runs")
+        pair_row "$label" "$(echo "$f" | sed 's/@d/ @ d/')" "$1" "$2" | tee -a "$out" >&2
+    done
 done < "$tmp/models"
+{
+    echo
+    echo "wall time $(( $(date +%s) - t0 )) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    if [ -z "$lb" ]; then echo "(llama-bench is not on the PATH nor at \$LLAMA_BENCH: kvr alone)"; fi
+    if [ -s "$pair_log" ]; then echo "(llama-bench printed errors: $pair_log)"; fi
+} >> "$out"
 cat "$out"

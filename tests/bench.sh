@@ -19,10 +19,51 @@
 # KVR_BENCH_TYPES (default "f32"; "none" skips), KVR_BENCH_CTX, KVR_BENCH_PAR_CTX ("none" skips) and
 # KVR_BENCH_PAR_RUNS (runs a point; default 3 up to 4k, 1 beyond) choose what runs;
 # KVR_BENCH_PAR_OUT (default BUILD/bench/parallel.md) collects the parallel table.
+# Where llama.cpp's llama-bench is on the PATH (or at $LLAMA_BENCH), the MoE and hybrid rows also
+# run it on the same file, alternating with kvr point by point (tests/bench-pair.sh), and show both
+# medians and their ratio. `tests/bench.sh BUILD archs` runs only those two rows (the MoE, then the
+# hybrid with its 2-rank prefill; KVR_BENCH_HYBRID_CTX=none leaves that out).
 set -e
 build=${1:-build}
+form=${2:-full}
 dir=$build/bench
 mkdir -p "$dir"
+if [ "$form" = archs ]; then
+    KVR_BENCH_TYPES=none
+    KVR_BENCH_DECODE_TYPES=none
+fi
+lb=${LLAMA_BENCH:-$(command -v llama-bench 2>/dev/null || true)}
+. tests/bench-pair.sh
+pair_threads=2
+pair_log=$dir/bench-llama-bench.log
+: > "$pair_log"
+pair_runs=${KVR_BENCH_PAIR_RUNS:-3}
+t_start=$(date +%s)
+
+# LABEL MODEL: the model's prefill at each of the decode lengths and tg 64 after the first, beside
+# llama-bench (default flags of both, 2 threads), pair_runs alternating pairs a point
+beside_llama() {
+    bl=$1; bm=$2
+    if [ -z "$lb" ]; then
+        echo "(llama-bench is not on the PATH nor at \$LLAMA_BENCH: no llama.cpp column for $bl)"
+        echo
+        return 0
+    fi
+    bt=$(date +%s)
+    echo "## $bl beside llama.cpp ($lb, same file): 2 threads, default flags, tok/s (median of $pair_runs alternating pairs)"
+    echo
+    echo "| model | figure | kvr | llama.cpp | ratio |"
+    echo "|---|---|---:|---:|---:|"
+    for f in $(echo "$dec_ctx" | tr ',' '\n' | sed 's/^/pp/') "tg64@d${dec_ctx%%,*}"; do
+        # shellcheck disable=SC2046 # two medians
+        set -- $(pair_point "$bm" "$f" "$pair_runs")
+        pair_row "$bl" "$(echo "$f" | sed 's/@d/ @ d/')" "$1" "$2"
+    done
+    echo
+    echo "wall time $(( $(date +%s) - bt )) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    if [ -s "$pair_log" ]; then echo "(llama-bench printed errors: $pair_log)"; fi
+    echo
+}
 types=${KVR_BENCH_TYPES:-f32}
 [ "$types" = none ] && types=
 ctx=${KVR_BENCH_CTX:-512,2048}
@@ -94,6 +135,7 @@ if [ "${KVR_BENCH_MOE:-}" != none ]; then
     echo "## decode beside prefill, single rank, 2 threads, qwen3-30b-a3b layers (2 of 48) q8_0 with 8-bit activations (the default, --q8-act)"
     "$build/kvr-bench" -m "$model" --ctx "$dec_ctx" --decode 64 -t 2 -r 3 --q8-act
     echo
+    beside_llama "qwen3-30b-a3b layers (2 of 48) q8_0" "$model"
 fi
 
 # a hybrid: Qwen3.5-0.8B's layer shapes (kvr-gen --arch qwen35: Gated DeltaNet layers, every 4th
@@ -107,9 +149,16 @@ if [ "$hybrid" != none ]; then
     echo "## a hybrid ($hybrid shapes, Q8_0): prefill and decode, single rank, 2 threads"
     "$build/kvr-bench" -m "$hmodel" --ctx "$dec_ctx" --decode 64 -t 2 -r 3
     echo
-    echo "## a hybrid ($hybrid shapes, Q8_0): prefill on 2 ranks x 1 thread"
-    "$build/kvr-bench" -m "$hmodel" --ctx "${KVR_BENCH_HYBRID_CTX:-2048}" --strategy single,kvr,ring-kv --ranks 2 -t 1 -r 1
-    echo
+    beside_llama "$hybrid shapes (qwen35) q8_0" "$hmodel"
+    if [ "${KVR_BENCH_HYBRID_CTX:-}" != none ]; then
+        echo "## a hybrid ($hybrid shapes, Q8_0): prefill on 2 ranks x 1 thread"
+        "$build/kvr-bench" -m "$hmodel" --ctx "${KVR_BENCH_HYBRID_CTX:-2048}" --strategy single,kvr,ring-kv --ranks 2 -t 1 -r 1
+        echo
+    fi
+fi
+if [ "$form" = archs ]; then # only the MoE and hybrid rows
+    echo "bench archs: wall time $(( $(date +%s) - t_start )) s; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    exit 0
 fi
 
 model=$dir/tinyllama-1.1b-f32.gguf
