@@ -232,5 +232,7 @@ out += ["", "wall time %.0f s" % (time.time() - t_begin)]
 text = "\n".join(out) + "\n"
 print(text)
 if a.out:
+    if os.path.dirname(a.out):
+        os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         f.write(text)
