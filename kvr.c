@@ -4735,6 +4735,15 @@ static inline __m256i mv_bit4_32(uint32_t bits) {
     static float mv_row_##name(const void * row, const struct mv_act * a, int64_t K) { \
         return a->den ? kernel(row, a, K, true) : kernel(row, a, K, false); \
     }
+// The _0 and _1 types of a legacy pair (Q4, Q5) from one kernel mv_<base>(row, a, K, min, den):
+// min, the _1 types' block minimum, a constant in each
+#define MV_ROW_PAIR(base) \
+    static float mv_row_##base##_0(const void * row, const struct mv_act * a, int64_t K) { \
+        return a->den ? mv_##base(row, a, K, false, true) : mv_##base(row, a, K, false, false); \
+    } \
+    static float mv_row_##base##_1(const void * row, const struct mv_act * a, int64_t K) { \
+        return a->den ? mv_##base(row, a, K, true, true) : mv_##base(row, a, K, true, false); \
+    }
 
 // One step of Q4_0 / Q4_1 (min): the pair of blocks i, i + 1 (two false: block i alone). Two
 // chains (even and odd nibbles): one chain of 8 FMAs would wait on their latency.
@@ -4766,16 +4775,7 @@ static inline __attribute__((always_inline)) float mv_q4(const uint8_t * row, co
     return mv_hsum(acc) * a->unscale;
 }
 
-static inline __attribute__((always_inline)) float mv_q4_0(const void * row, const struct mv_act * a, int64_t K, const bool den) {
-    return mv_q4(row, a, K, false, den);
-}
-
-static inline __attribute__((always_inline)) float mv_q4_1(const void * row, const struct mv_act * a, int64_t K, const bool den) {
-    return mv_q4(row, a, K, true, den);
-}
-
-MV_ROW_DEN(q4_0, mv_q4_0)
-MV_ROW_DEN(q4_1, mv_q4_1)
+MV_ROW_PAIR(q4)
 
 // mv_q4 of one row for T <= MV_BATCH_TOKENS tokens at once (a decode batch): the row's nibbles and
 // scales are unpacked once and used by every token, and each token's sums are made by the same
@@ -4890,16 +4890,7 @@ static inline __attribute__((always_inline)) float mv_q5(const uint8_t * row, co
     return mv_hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), macc)) * a->unscale;
 }
 
-static inline __attribute__((always_inline)) float mv_q5_0(const void * row, const struct mv_act * a, int64_t K, const bool den) {
-    return mv_q5(row, a, K, false, den);
-}
-
-static inline __attribute__((always_inline)) float mv_q5_1(const void * row, const struct mv_act * a, int64_t K, const bool den) {
-    return mv_q5(row, a, K, true, den);
-}
-
-MV_ROW_DEN(q5_0, mv_q5_0)
-MV_ROW_DEN(q5_1, mv_q5_1)
+MV_ROW_PAIR(q5)
 
 // Q8_0 and Q8_1 differ only in Q8_1's extra sum, which a product with f32 activations does not
 // need: both are (d, 32 quants) blocks, bs bytes apart, the quants at qo. Sign-extended and
