@@ -133,6 +133,9 @@ struct cu_backend {
     void            * moe;  size_t moe_bytes;   // MUL_MAT_ID over a prompt: slots grouped by expert,
                                                  // their rows of x and their products
     void            * moe_host; size_t moe_host_bytes; // its slot order and experts' runs on the host
+    void            * moe_ids;  size_t moe_ids_bytes;  // the slot order and experts on the device
+    const struct kvr_tensor * moe_route;             // the route they were made from in this graph (NULL:
+                                                     // none): a layer's gate, up and down share it
     float           * fd_part;     // flash-decoding's partial results (CU_FD_BYTES, made at start)
     unsigned long long * dcount;   // device: [attn dense, attn causal, bad ids]
     unsigned long long * hcount;   // pinned copy of it
@@ -1885,21 +1888,27 @@ static int op_mul_mat_id_grouped(struct cu_backend * cb, struct kvr_tensor * nod
         if (!h) return kvr_error(KVR_ERR_NOMEM, "cuda:%d: MUL_MAT_ID's slot order (tensor '%s')", cb->device, node->name);
         cb->moe_host = h;
         cb->moe_host_bytes = host_bytes;
+        cb->moe_route = NULL;
     }
     int64_t * offsets = (int64_t *)cb->moe_host;
-    int32_t * ids = (int32_t *)(offsets + E + 1);
-    CU_TRY(cu_wait(cb, cb->ev_stage[0], "a staging buffer", node));
-    CU(cudaMemcpyAsync(cb->stage[0], route->data, route_bytes, cudaMemcpyDeviceToHost, cb->compute));
-    CU(cudaEventRecord(cb->ev_stage[0], cb->compute));
-    CU_TRY(cu_wait(cb, cb->ev_stage[0], "the experts' route", node));
-    CU_TRY(kvr_cuda_moe_group((const float *)cb->stage[0], (int64_t)(route->nb[1] / sizeof(float)), T, k, E, ids, ids + slots,
-                              offsets));
-    memcpy(cb->stage[0], ids, ids_bytes);
-    CU_TRY(scratch(cb, &cb->moe, &cb->moe_bytes, (size_t)slots * (size_t)(K + N) * sizeof(float) + ids_bytes, node));
+    if (cb->moe_route != route) { // the first of the layer's products: group its slots
+        cb->moe_route = NULL;
+        int32_t * ids = (int32_t *)(offsets + E + 1);
+        CU_TRY(cu_wait(cb, cb->ev_stage[0], "a staging buffer", node));
+        CU(cudaMemcpyAsync(cb->stage[0], route->data, route_bytes, cudaMemcpyDeviceToHost, cb->compute));
+        CU(cudaEventRecord(cb->ev_stage[0], cb->compute));
+        CU_TRY(cu_wait(cb, cb->ev_stage[0], "the experts' route", node));
+        CU_TRY(kvr_cuda_moe_group((const float *)cb->stage[0], (int64_t)(route->nb[1] / sizeof(float)), T, k, E, ids, ids + slots,
+                                  offsets));
+        memcpy(cb->stage[0], ids, ids_bytes);
+        CU_TRY(scratch(cb, &cb->moe_ids, &cb->moe_ids_bytes, ids_bytes, node));
+        CU(cudaMemcpyAsync(cb->moe_ids, cb->stage[0], ids_bytes, cudaMemcpyHostToDevice, cb->compute));
+        CU(cudaEventRecord(cb->ev_stage[0], cb->compute)); // the next user of the buffer waits for this copy
+        cb->moe_route = route;
+    }
+    const int32_t * order = (const int32_t *)cb->moe_ids, * expert = order + slots;
+    CU_TRY(scratch(cb, &cb->moe, &cb->moe_bytes, (size_t)slots * (size_t)(K + N) * sizeof(float), node));
     float * xg = (float *)cb->moe, * yg = xg + slots * K;
-    int32_t * order = (int32_t *)(yg + slots * N), * expert = order + slots;
-    CU(cudaMemcpyAsync(order, cb->stage[0], ids_bytes, cudaMemcpyHostToDevice, cb->compute));
-    CU(cudaEventRecord(cb->ev_stage[0], cb->compute)); // the next user of the buffer waits for this copy
     k_moe_gather<<<(unsigned)slots, cu_threads_for(K), 0, cb->compute>>>(cu_t(x), k, T, order, slots, xg);
     CU_LAUNCHED();
     for (int64_t e = 0; e < E; e++) {
@@ -2503,6 +2512,7 @@ static int cu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     struct kvr_tensor * node = NULL;
     CU(cudaSetDevice(cb->device));
     CU_TRY(cu_unstick(cb)); // an upload before this graph failed
+    cb->moe_route = NULL;   // a route of an earlier graph: its node and memory are another's now
     // refuse, before anything runs, a graph with a node this backend cannot run or read
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
