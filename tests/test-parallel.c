@@ -587,6 +587,15 @@ static void make_partition(int kind, int T, int N, int * counts, double * fr) {
     }
 }
 
+// dist_params with partition kind `part` of T tokens (make_partition's; counts and fr its storage)
+static struct kvr_session_params partition_params(enum kvr_strategy s, int N, int part, int T, int * counts, double * fr) {
+    make_partition(part, T, N, counts, fr);
+    struct kvr_session_params p = dist_params(s, N);
+    if (part == 1 || part == 2) p.partition = counts;
+    if (part == 3) p.fractions = fr;
+    return p;
+}
+
 static bool want_group(const char * name) {
     if (!only) return true;
     const size_t n = strlen(name);
@@ -655,10 +664,7 @@ static void test_matrix(const struct tmodel * models, int n_models) {
                         if (quick && part > 0 && T != 64) continue;
                         int counts[MAX_RANKS];
                         double fr[MAX_RANKS];
-                        make_partition(part, T, N, counts, fr);
-                        struct kvr_session_params p = dist_params(s, N);
-                        if (part == 1 || part == 2) p.partition = counts;
-                        if (part == 3) p.fractions = fr;
+                        struct kvr_session_params p = partition_params(s, N, part, T, counts, fr);
                         set_case("matrix %s T=%d %s N=%d%s%s", tm->name, T, kvr_strategy_name(s), N,
                                  s == KVR_STRATEGY_KVR ? " partition " : "", s == KVR_STRATEGY_KVR ? part_names[part] : "");
                         const double t0 = kvr_time_ms();
@@ -907,10 +913,7 @@ static void test_archs(const struct tmodel * models, int n_models, const char * 
                     for (int part = 0; part < n_parts; part++) {
                         int counts[MAX_RANKS];
                         double fr[MAX_RANKS];
-                        make_partition(part, turns[0], N, counts, fr);
-                        struct kvr_session_params p = dist_params(st, N);
-                        if (part == 1 || part == 2) p.partition = counts;
-                        if (part == 3) p.fractions = fr;
+                        struct kvr_session_params p = partition_params(st, N, part, turns[0], counts, fr);
                         set_case("%s %s %s %s N=%d%s%s", group, tm->name, shape ? "40+24" : "64", kvr_strategy_name(st), N,
                                  st == KVR_STRATEGY_KVR ? " partition " : "", st == KVR_STRATEGY_KVR ? part_names[part] : "");
                         const int f0 = n_fail;
@@ -973,10 +976,7 @@ static void test_hybrid(const struct tmodel * tm) {
                 for (int part = 0; part < n_parts; part++) {
                     int counts[MAX_RANKS];
                     double fr[MAX_RANKS];
-                    make_partition(part, turns[0], N, counts, fr);
-                    struct kvr_session_params p = dist_params(st, N);
-                    if (part == 1 || part == 2) p.partition = counts;
-                    if (part == 3) p.fractions = fr;
+                    struct kvr_session_params p = partition_params(st, N, part, turns[0], counts, fr);
                     char shape[32];
                     snprintf(shape, sizeof(shape), n_turns > 1 ? "%d+%d" : "%d", turns[0], turns[1]);
                     set_case("hybrid %s %s %s N=%d%s%s", tm->name, shape,
