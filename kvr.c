@@ -3513,9 +3513,9 @@ QX_INLINE int qx_flush(enum kvr_type t) {
 }
 
 // Bytes of a single token's activations in the arrays of the legacy decode kernel (struct qx_t1,
-// below), after its qx_q8 blocks in the scratch (64: room to start them on a cache line).
+// below), a whole number of cache lines, so that each token's arrays start on one.
 static size_t qx_t1_bytes(int64_t nb) {
-    return (size_t)nb * (KVR_QK + 3 * 4) + 64;
+    return ((size_t)nb * (KVR_QK + 3 * 4) + 63) & ~(size_t)63;
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -3696,40 +3696,6 @@ static inline float qx_hsum(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 
-// out[t] = row . token t over nb legacy blocks, for nt (1 or 4) tokens.
-QX_INLINE void qx_row_legacy(enum kvr_type type, int nt, const uint8_t * row, int64_t nb,
-                             const struct qx_q8 * const a[4], float out[4]) {
-    const size_t bs = qx_block_bytes(type);
-    const bool sgn = qx_signed(type);
-    const int off = qx_offset(type);
-    __m256 acc[4];
-    float mins[4];
-    QX_UNROLL
-    for (int t = 0; t < nt; t++) {
-        acc[t] = _mm256_setzero_ps();
-        mins[t] = 0.0f;
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t * blk = row + (size_t)b * bs;
-        float d, m;
-        qx_legacy_dm(type, blk, &d, &m);
-        const __m256i q = qx_chunk(type, blk, 0);
-        const __m256i qa = sgn ? _mm256_sign_epi8(q, q) : q;
-        QX_UNROLL
-        for (int t = 0; t < nt; t++) {
-            const struct qx_q8 * ab = a[t] + b;
-            __m256i y = _mm256_loadu_si256((const __m256i *)ab->qs);
-            if (sgn) y = _mm256_sign_epi8(y, q);
-            __m256i p = qx_dpbusd(_mm256_setzero_si256(), qa, y);
-            if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * ab->sum)));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * ab->d), acc[t]);
-            if (qx_has_min(type)) mins[t] += m * ab->s;
-        }
-    }
-    QX_UNROLL
-    for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) + mins[t];
-}
-
 // A single token's activations for the decode kernel of the legacy types (qx_row_t1), as arrays:
 // the quants, then each block's d, s and sum (struct qx_q8's fields), so 8 blocks' scales are one
 // load. For the 4-bit types, the quants of each two blocks 2p, 2p+1 (of the first nb - nb % 8) trade
@@ -3746,11 +3712,22 @@ struct qx_t1 {
 // 512: 32, 2048 and 4096: 27-29) and Q4_0 from 24 to 28-30, where its arithmetic is the limit.
 #define QX_PREFETCH 1024
 
+// Tokens a pass of the decode kernels over a row: a decode batch (KVR_MM_ROWS) goes through them
+// this many at a time (their sums then live in registers), each token summed as one token alone.
+#define QX_BATCH_GROUP 4
+
 QX_INLINE bool qx_pairs(enum kvr_type t) {
     return t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1;
 }
 
-static void qx_t1_init(enum kvr_type type, const struct qx_q8 * a, int64_t nb, void * mem, struct qx_t1 * t) {
+// The arrays of one token at mem (qx_t1_bytes(nb) bytes), as qx_t1_init leaves them.
+static struct qx_t1 qx_t1_at(void * mem, int64_t nb) {
+    int8_t * qs = mem;
+    float * d = (float *)(qs + nb * KVR_QK), * s = d + nb;
+    return (struct qx_t1){ qs, d, s, (const int32_t *)(s + nb) };
+}
+
+static void qx_t1_init(enum kvr_type type, const struct qx_q8 * a, int64_t nb, void * mem) {
     int8_t * qs = mem;
     float * d = (float *)(qs + nb * KVR_QK), * s = d + nb;
     int32_t * sum = (int32_t *)(s + nb);
@@ -3767,7 +3744,6 @@ static void qx_t1_init(enum kvr_type type, const struct qx_q8 * a, int64_t nb, v
         s[b] = a[b].s;
         sum[b] = a[b].sum;
     }
-    *t = (struct qx_t1){ qs, d, s, sum };
 }
 
 // eight fp16 fields bs bytes apart as 8 floats
@@ -3783,81 +3759,116 @@ static inline __m256 qx_half8(const uint8_t * p, size_t bs) {
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)u[1], (long long)u[0]));
 }
 
-// row . token over nb legacy blocks for a single token (decode), 8 blocks a step: their integer sums
-// meet in one vector (horizontal adds), so the scales, offsets and mins go 8 at a time from the
-// qx_t1 arrays, and the 4-bit types take two blocks' nibbles per vector. The integers are those of
-// qx_row_legacy (sum(q y) - off sum(y) per block, exact), only the order of the f32 sums differs.
-QX_INLINE float qx_row_t1(enum kvr_type type, const uint8_t * row, int64_t nb, const struct qx_t1 * a) {
+// row . token t over nb legacy blocks for nt tokens (1..QX_BATCH_GROUP; a[t]: token t's arrays),
+// 8 blocks a step: their integer sums meet in one vector (horizontal adds), so the scales, offsets
+// and mins go 8 at a time from the qx_t1 arrays, and the 4-bit types take two blocks' nibbles per
+// vector. One token is a decode; more are a decode batch (KVR_MM_ROWS), where the row's loads,
+// nibbles, high bits and fp16 scales are taken once for all of them and each token then runs the
+// very operations one token alone runs, in the same order: out[t] is the one-token result to the
+// last bit. The integers are sum(q y) - off sum(y) per block, exact; the f32 sums go in 8 lanes,
+// one horizontal sum, then the last nb % 8 blocks in element order.
+QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_t nb, const struct qx_t1 * a, float * out) {
     const size_t bs = qx_block_bytes(type);
     const bool sgn = qx_signed(type);
     const int off = qx_offset(type);
     const size_t qs_off = type == KVR_TYPE_Q4_0 ? offsetof(struct kvr_block_q4_0, qs) : offsetof(struct kvr_block_q4_1, qs);
     const size_t m_off = type == KVR_TYPE_Q4_1 ? offsetof(struct kvr_block_q4_1, m) : offsetof(struct kvr_block_q5_1, m);
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 acc[QX_BATCH_GROUP], accm[QX_BATCH_GROUP];
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     const int64_t n8 = nb - nb % 8;
     for (int64_t b = 0; b < n8; b += 8) {
         const uint8_t * blk = row + (size_t)b * bs;
-        const int8_t * y = a->qs + KVR_QK * b;
         // software prefetch QX_PREFETCH bytes ahead (into the next rows at a row's end): the one
         // stream of a thread keeps more lines in flight than the hardware prefetchers alone
         for (size_t o = 0; o < 8 * bs; o += 64) _mm_prefetch((const char *)blk + QX_PREFETCH + o, _MM_HINT_T0);
-        __m256i h;
+        const __m256 dw = qx_half8(blk, bs);
+        const __m256 mw = qx_has_min(type) ? qx_half8(blk + m_off, bs) : _mm256_setzero_ps();
+        __m256i h[QX_BATCH_GROUP];
         if (qx_pairs(type)) {
-            __m256i P[4];
+            __m256i lo[4], hi[4];
             QX_UNROLL
             for (int pr = 0; pr < 4; pr++) {
                 const uint8_t * x0 = blk + 2 * pr * bs;
                 const __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(x0 + qs_off))),
                                                           _mm_loadu_si128((const __m128i *)(x0 + bs + qs_off)), 1);
-                const __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y + 64 * pr))),
-                                                     _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 64 * pr + 32))));
-                P[pr] = s16; // int16 lanes 0-7: block 2pr, 8-15: block 2pr+1
+                lo[pr] = _mm256_and_si256(w, m4);
+                hi[pr] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
             }
-            // two int16 pairwise adds (a lane then sums 16 products: |lane| <= 16 * 15 * 127 =
-            // 30480 < 2^15; ggml's activations are within +-127), then to int32: the sums of blocks
-            // 0 2 4 6 | 1 3 5 7, put in order
-            h = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(P[0], P[1]), _mm256_hadd_epi16(P[2], P[3])), ones);
-            h = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        } else {
-            __m256i p[8];
             QX_UNROLL
-            for (int k = 0; k < 8; k++) {
-                const __m256i q = qx_chunk(type, blk + k * bs, 0);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(y + KVR_QK * k));
-                if (sgn) v = _mm256_sign_epi8(v, q);
-                p[k] = qx_dpbusd(_mm256_setzero_si256(), sgn ? _mm256_sign_epi8(q, q) : q, v);
+            for (int t = 0; t < nt; t++) {
+                const int8_t * y = a[t].qs + KVR_QK * b;
+                __m256i P[4];
+                QX_UNROLL
+                for (int pr = 0; pr < 4; pr++) { // int16 lanes 0-7: block 2pr, 8-15: block 2pr+1
+                    P[pr] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[pr], _mm256_loadu_si256((const __m256i *)(y + 64 * pr))),
+                                             _mm256_maddubs_epi16(hi[pr], _mm256_loadu_si256((const __m256i *)(y + 64 * pr + 32))));
+                }
+                // two int16 pairwise adds (a lane then sums 16 products: |lane| <= 16 * 15 * 127 =
+                // 30480 < 2^15; ggml's activations are within +-127), then to int32: the sums of
+                // blocks 0 2 4 6 | 1 3 5 7, put in order
+                h[t] = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(P[0], P[1]), _mm256_hadd_epi16(P[2], P[3])), ones);
+                h[t] = _mm256_permutevar8x32_epi32(h[t], _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             }
-            // X: blocks 0-3, the sums of their lanes 0-3 | of 4-7; Y: blocks 4-7 the same
-            const __m256i X = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            const __m256i Y = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-            h = _mm256_add_epi32(_mm256_permute2x128_si256(X, Y, 0x20), _mm256_permute2x128_si256(X, Y, 0x31));
+        } else {
+            __m256i q[8];
+            QX_UNROLL
+            for (int k = 0; k < 8; k++) q[k] = qx_chunk(type, blk + k * bs, 0);
+            QX_UNROLL
+            for (int t = 0; t < nt; t++) {
+                const int8_t * y = a[t].qs + KVR_QK * b;
+                __m256i p[8];
+                QX_UNROLL
+                for (int k = 0; k < 8; k++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(y + KVR_QK * k));
+                    if (sgn) v = _mm256_sign_epi8(v, q[k]);
+                    p[k] = qx_dpbusd(_mm256_setzero_si256(), sgn ? _mm256_sign_epi8(q[k], q[k]) : q[k], v);
+                }
+                // X: blocks 0-3, the sums of their lanes 0-3 | of 4-7; Y: blocks 4-7 the same
+                const __m256i X = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                const __m256i Y = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+                h[t] = _mm256_add_epi32(_mm256_permute2x128_si256(X, Y, 0x20), _mm256_permute2x128_si256(X, Y, 0x31));
+            }
         }
-        // the offsets of Q4_0/Q5_0 leave each block's integer sum exactly (ggml's q - 8 / q - 16)
-        if (off) h = _mm256_sub_epi32(h, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a->sum + b)), off == 8 ? 3 : 4));
-        const __m256 dd = _mm256_mul_ps(qx_half8(blk, bs), _mm256_loadu_ps(a->d + b));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), dd, acc);
-        if (qx_has_min(type)) accm = _mm256_fmadd_ps(qx_half8(blk + m_off, bs), _mm256_loadu_ps(a->s + b), accm);
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) {
+            // the offsets of Q4_0/Q5_0 leave each block's integer sum exactly (ggml's q - 8 / q - 16)
+            if (off) h[t] = _mm256_sub_epi32(h[t], _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a[t].sum + b)), off == 8 ? 3 : 4));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h[t]), _mm256_mul_ps(dw, _mm256_loadu_ps(a[t].d + b)), acc[t]);
+            if (qx_has_min(type)) accm[t] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a[t].s + b), accm[t]);
+        }
     }
-    float sum = qx_hsum(_mm256_add_ps(acc, accm));
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) out[t] = qx_hsum(_mm256_add_ps(acc[t], accm[t]));
     // the last nb % 8 blocks one at a time (in element order)
     for (int64_t b = n8; b < nb; b++) {
         const uint8_t * blk = row + (size_t)b * bs;
         float d, m;
         qx_legacy_dm(type, blk, &d, &m);
         const __m256i q = qx_chunk(type, blk, 0);
-        __m256i v = _mm256_loadu_si256((const __m256i *)(a->qs + KVR_QK * b));
-        if (sgn) v = _mm256_sign_epi8(v, q);
-        __m256i p = qx_dpbusd(_mm256_setzero_si256(), sgn ? _mm256_sign_epi8(q, q) : q, v);
-        if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * a->sum[b])));
-        sum += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a->d[b]) + m * a->s[b];
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(a[t].qs + KVR_QK * b));
+            if (sgn) v = _mm256_sign_epi8(v, q);
+            __m256i p = qx_dpbusd(_mm256_setzero_si256(), sgn ? _mm256_sign_epi8(q, q) : q, v);
+            if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * a[t].sum[b])));
+            out[t] += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a[t].d[b]) + m * a[t].s[b];
+        }
     }
-    return sum;
 }
 
-typedef float (*qx_t1_fn)(const uint8_t * row, int64_t nb, const struct qx_t1 * a);
-#define QX_T1(name, T) static float qx_row_t1_##name(const uint8_t * row, int64_t nb, const struct qx_t1 * a) { return qx_row_t1(T, row, nb, a); }
+// A type's legacy kernel for 1..QX_BATCH_GROUP tokens, each count its own unrolled copy.
+typedef void (*qx_t1_fn)(const uint8_t * row, int64_t nb, const struct qx_t1 * a, int nt, float * out);
+#define QX_T1(name, T)                                                                                      \
+    static void qx_row_t1_##name(const uint8_t * row, int64_t nb, const struct qx_t1 * a, int nt, float * out) { \
+        switch (nt) {                                                                                       \
+            case 1:  qx_row_t1(T, 1, row, nb, a, out); break;                                               \
+            case 2:  qx_row_t1(T, 2, row, nb, a, out); break;                                               \
+            case 3:  qx_row_t1(T, 3, row, nb, a, out); break;                                               \
+            default: qx_row_t1(T, 4, row, nb, a, out); break;                                               \
+        }                                                                                                   \
+    }
 QX_T1(q4_0, KVR_TYPE_Q4_0) QX_T1(q4_1, KVR_TYPE_Q4_1) QX_T1(q5_0, KVR_TYPE_Q5_0) QX_T1(q5_1, KVR_TYPE_Q5_1)
 QX_T1(q8_0, KVR_TYPE_Q8_0) QX_T1(q8_1, KVR_TYPE_Q8_1)
 #undef QX_T1
@@ -3873,45 +3884,64 @@ static qx_t1_fn qx_t1_kernel(enum kvr_type t) {
     }
 }
 
-// row . token over nb Q4_K super-blocks for a single token (decode): the k-quants' kernel
-// (qx_row_k) cut to what Q4_K needs, one scale per 32 values: d and dmin converted together, the
-// mins met by the activations' sums of 32 in 128-bit integers, the 8 scales widened once into both
-// halves of a vector, from which each 32 values take theirs by an in-lane shuffle. In cache 5-7%
-// faster than qx_row_k with one token.
-static float qx_row_q4_K_1(const uint8_t * row, int64_t nb, const struct qx_q8K * a) {
+// row . token t over nb Q4_K super-blocks for nt tokens (1..QX_BATCH_GROUP: a decode, or a decode
+// batch's tokens, each summed as one token alone is, to the last bit; see qx_row_t1): the k-quants'
+// kernel (qx_row_k) cut to what Q4_K needs, one scale per 32 values: d and dmin converted together,
+// the mins met by the activations' sums of 32 in 128-bit integers, the 8 scales widened once into
+// both halves of a vector, from which each 32 values take theirs by an in-lane shuffle. In cache
+// 5-7% faster than qx_row_k with one token.
+QX_INLINE void qx_row_q4_K(int nt, const uint8_t * row, int64_t nb, const struct qx_q8K * const a[QX_BATCH_GROUP], float * out) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    __m256 acc[QX_BATCH_GROUP];
+    __m128 accm[QX_BATCH_GROUP];
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) {
+        acc[t] = _mm256_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
     for (int64_t b = 0; b < nb; b++) {
         const struct kvr_block_q4_K * x = (const void *)(row + (size_t)b * sizeof(struct kvr_block_q4_K));
-        const struct qx_q8K * y = a + b;
         for (size_t o = 0; o < sizeof(*x); o += 64) _mm_prefetch((const char *)x + QX_PREFETCH + o, _MM_HINT_T0);
         const __m128i sm = qx_k4_scales(x->scales);
         uint32_t dm;
         memcpy(&dm, x->d, 4); // d, then dmin (fp16 each)
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)), _mm_set1_ps(y->d));
-        // the mins: over the 8 runs of 32, mn_j times the activations' sum over run j
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsum), _mm_loadu_si128((const __m128i *)(y->bsum + 8)));
-        const __m128i ms = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), bs);
-        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_shuffle_ps(dd, dd, 0x55), accm);
+        const __m128 dmf = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
+        const __m128i mn = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+        __m128 dd[QX_BATCH_GROUP];
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) {
+            const struct qx_q8K * y = a[t] + b;
+            dd[t] = _mm_mul_ps(dmf, _mm_set1_ps(y->d));
+            // the mins: over the 8 runs of 32, mn_j times the activations' sum over run j
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsum), _mm_loadu_si128((const __m128i *)(y->bsum + 8)));
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn, bs)), _mm_shuffle_ps(dd[t], dd[t], 0x55), accm[t]);
+        }
         const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); // int16 lane j (and 8 + j): scale j
-        __m256i sumi = _mm256_setzero_si256();
+        __m256i sumi[QX_BATCH_GROUP];
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) sumi[t] = _mm256_setzero_si256();
         QX_UNROLL
         for (int c = 0; c < 4; c++) { // 64 values: the low nibbles of 32 bytes are run 2c, the high ones 2c + 1
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
             const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c)));
-            const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32)));
             const __m256i slo = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)(4 * c | (4 * c + 1) << 8)));
             const __m256i shi = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)((4 * c + 2) | (4 * c + 3) << 8)));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+            QX_UNROLL
+            for (int t = 0; t < nt; t++) {
+                const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(a[t][b].qs + 64 * c)));
+                const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a[t][b].qs + 64 * c + 32)));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(_mm_cvtss_f32(dd)), acc);
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(_mm_cvtss_f32(dd[t])), acc[t]);
     }
-    return qx_hsum(acc) - qx_hsum(_mm256_zextps128_ps256(accm));
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) - qx_hsum(_mm256_zextps128_ps256(accm[t]));
 }
 
-// out[t] = row . token t over nb super-blocks, for nt (1 or 4) tokens.
+// out[t] = row . token t over nb super-blocks, for nt (1..QX_BATCH_GROUP) tokens; each token's
+// operations are the same whatever nt, so a decode batch's tokens get their one-token sums.
 QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t nb,
                         const struct qx_q8K * const a[4], float out[4]) {
     const size_t bs = qx_block_bytes(type);
@@ -3962,6 +3992,34 @@ QX_INLINE void qx_row_k(enum kvr_type type, int nt, const uint8_t * row, int64_t
     }
     QX_UNROLL
     for (int t = 0; t < nt; t++) out[t] = qx_hsum(acc[t]) - qx_hsum(accm[t]);
+}
+
+// A k-quant type's kernel for 1..QX_BATCH_GROUP tokens, each count its own unrolled copy.
+typedef void (*qx_k_fn)(const uint8_t * row, int64_t nb, const struct qx_q8K * const a[QX_BATCH_GROUP], int nt, float * out);
+#define QX_KN_CALL(T, n) (T == KVR_TYPE_Q4_K ? qx_row_q4_K(n, row, nb, a, out) : qx_row_k(T, n, row, nb, a, out))
+#define QX_KN(name, T)                                                                                      \
+    static void qx_row_kn_##name(const uint8_t * row, int64_t nb, const struct qx_q8K * const a[QX_BATCH_GROUP], int nt, float * out) { \
+        switch (nt) {                                                                                       \
+            case 1:  QX_KN_CALL(T, 1); break;                                                               \
+            case 2:  QX_KN_CALL(T, 2); break;                                                               \
+            case 3:  QX_KN_CALL(T, 3); break;                                                               \
+            default: QX_KN_CALL(T, 4); break;                                                               \
+        }                                                                                                   \
+    }
+QX_KN(q2_K, KVR_TYPE_Q2_K) QX_KN(q3_K, KVR_TYPE_Q3_K) QX_KN(q4_K, KVR_TYPE_Q4_K) QX_KN(q5_K, KVR_TYPE_Q5_K)
+QX_KN(q6_K, KVR_TYPE_Q6_K) QX_KN(q8_K, KVR_TYPE_Q8_K)
+#undef QX_KN
+#undef QX_KN_CALL
+
+static qx_k_fn qx_k_kernel(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_Q2_K: return qx_row_kn_q2_K;
+        case KVR_TYPE_Q3_K: return qx_row_kn_q3_K;
+        case KVR_TYPE_Q4_K: return qx_row_kn_q4_K;
+        case KVR_TYPE_Q5_K: return qx_row_kn_q5_K;
+        case KVR_TYPE_Q6_K: return qx_row_kn_q6_K;
+        default:            return qx_row_kn_q8_K;
+    }
 }
 
 #else
@@ -4050,73 +4108,73 @@ struct qx_x8_fns {
     size_t tile_bytes; // of one interleaved block of 8 rows
 };
 
-// out[t] = row . token t for nt <= 4 tokens (a[t]: their activations, nb blocks of the type's).
-static void qx_row_dot(enum kvr_type type, int nt, const uint8_t * row, int64_t nb, const void * const a[4], float out[4]) {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    // one kernel for a single token (decode), one for 4 (a shorter tile repeats its last token)
-    const struct qx_q8 * const al[4] = { a[0], a[1], a[2], a[3] };
-    const struct qx_q8K * const ak[4] = { a[0], a[1], a[2], a[3] };
-#define QX_L(T) case T: if (nt == 1) qx_row_legacy(T, 1, row, nb, al, out);  else qx_row_legacy(T, 4, row, nb, al, out); break;
-#define QX_K(T) case T: if (nt == 1) qx_row_k(T, 1, row, nb, ak, out);      else qx_row_k(T, 4, row, nb, ak, out);      break;
-    switch (type) {
-        QX_L(KVR_TYPE_Q4_0) QX_L(KVR_TYPE_Q4_1) QX_L(KVR_TYPE_Q5_0) QX_L(KVR_TYPE_Q5_1) QX_L(KVR_TYPE_Q8_0) QX_L(KVR_TYPE_Q8_1)
-        case KVR_TYPE_Q4_K: if (nt == 1) out[0] = qx_row_q4_K_1(row, nb, ak[0]); else qx_row_k(KVR_TYPE_Q4_K, 4, row, nb, ak, out); break;
-        QX_K(KVR_TYPE_Q2_K) QX_K(KVR_TYPE_Q3_K) QX_K(KVR_TYPE_Q5_K) QX_K(KVR_TYPE_Q6_K) QX_K(KVR_TYPE_Q8_K)
-        default: KVR_ASSERT(!"qx_row_dot: not a quantized type");
-    }
-#undef QX_L
-#undef QX_K
-#else
-    qx_row_c(type, nt, row, nb, a, out);
-#endif
+// Rows a block of qx_mul_rows: each group of tokens of a decode batch passes over a block's rows
+// while they are in the nearest caches (16 rows of 576 Q4_K values: 5 KiB).
+#define QX_BATCH_ROWS 16
+
+// Bytes of scratch qx_mul_rows needs for T tokens over K values: their activations, and for the
+// legacy types each token's arrays of the decode kernel (struct qx_t1) from a cache line on.
+static size_t qx_rows_bytes(enum kvr_type t, int64_t K, int64_t T) {
+    const size_t arrays = qx_is_legacy(t) ? (size_t)T * qx_t1_bytes(K / KVR_QK) + 64 : 0;
+    return (size_t)T * qx_act_bytes(t, K) + arrays;
 }
 
-// Rows n0..n1 of W against T quantized tokens (at scratch, ab bytes apart), 4 tokens a pass.
-static void qx_rows_tokens(enum kvr_type type, const void * W, size_t row_bytes, int64_t nb, int64_t n0, int64_t n1,
-                           int64_t T, size_t ab, float * Y, int64_t ldy, const void * scratch) {
-    for (int64_t n = n0; n < n1; n++) {
-        const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
-        for (int64_t t0 = 0; t0 < T; t0 += 4) {
-            const int nt = T - t0 < 4 ? (int)(T - t0) : 4;
-            const void * a[4];
-            for (int k = 0; k < 4; k++) a[k] = (const uint8_t *)scratch + (size_t)(t0 + (k < nt ? k : nt - 1)) * ab;
-            float out[4];
-            qx_row_dot(type, nt == 1 ? 1 : 4, row, nb, a, out);
-            for (int k = 0; k < nt; k++) Y[(t0 + k) * ldy + n] = out[k];
-        }
-    }
-}
-
-// Y[t][n] = W[n] . X[t] for rows n0..n1 (chunks: the chunks of rows 0..n1 this thread takes),
-// every row read once and met by its tokens 4 at a time: decode, and the prefill path without
-// AVX2. scratch holds T tokens' activations. Returns the rows it computed.
+// Y[t][n] = W[n] . X[t] for rows n0..n1 (chunks: the chunks of rows 0..n1 this thread takes) and
+// all T tokens: decode, a decode batch, and the prefill path of the types without 8-row kernels.
+// Each row is read from memory once; the tokens meet each block of QX_BATCH_ROWS rows
+// QX_BATCH_GROUP at a time, every token through the operations of the one-token kernel, so that
+// each token's row of Y is what it would be alone, to the last bit, however many tokens came
+// with it. scratch: qx_rows_bytes(type, K, T). Returns the rows it computed.
 static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
                            const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
                            void * scratch) {
     const size_t ab = qx_act_bytes(type, K);
     const int64_t nb = K / kvr_blck_size(type), N = n1;
-    for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, (uint8_t *)scratch + (size_t)t * ab, K);
+    uint8_t * act = scratch;
+    for (int64_t t = 0; t < T; t++) qx_quantize(type, X + t * ldx, act + (size_t)t * ab, K);
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    struct qx_t1 a1;
-    qx_t1_fn fn = NULL;
-    if (T == 1 && qx_is_legacy(type)) { // one token: the arrays form, 8 blocks a step
-        const uintptr_t at = ((uintptr_t)scratch + ab + 63) & ~(uintptr_t)63;
-        qx_t1_init(type, scratch, nb, (void *)at, &a1);
-        fn = qx_t1_kernel(type);
-    }
+    // the legacy types: each token's activations as the arrays of their kernel (8 blocks a step)
+    const bool legacy = qx_is_legacy(type);
+    const size_t t1 = qx_t1_bytes(nb);
+    uint8_t * arrays = (uint8_t *)(((uintptr_t)(act + (size_t)T * ab) + 63) & ~(uintptr_t)63);
+    for (int64_t t = 0; legacy && t < T; t++) qx_t1_init(type, (const struct qx_q8 *)(act + (size_t)t * ab), nb, arrays + (size_t)t * t1);
+    const qx_t1_fn fl = legacy ? qx_t1_kernel(type) : NULL;
+    const qx_k_fn fk = legacy ? NULL : qx_k_kernel(type);
 #endif
     int64_t done = 0;
     bool once = true;
     while (chunks ? mm_chunk_next(chunks, N, &n0, &n1) : once) {
         once = false;
         done += n1 > n0 ? n1 - n0 : 0;
+        for (int64_t r0 = n0; r0 < n1; r0 += QX_BATCH_ROWS) {
+            const int64_t r1 = n1 - r0 < QX_BATCH_ROWS ? n1 : r0 + QX_BATCH_ROWS;
+            for (int64_t t0 = 0; t0 < T; t0 += QX_BATCH_GROUP) {
+                const int nt = T - t0 < QX_BATCH_GROUP ? (int)(T - t0) : QX_BATCH_GROUP;
+                float out[QX_BATCH_GROUP];
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-        if (fn) {
-            for (int64_t n = n0; n < n1; n++) Y[n] = fn((const uint8_t *)W + (size_t)n * row_bytes, nb, &a1);
-            continue;
-        }
+                struct qx_t1 g1[QX_BATCH_GROUP];
+                const struct qx_q8K * gk[QX_BATCH_GROUP];
+                for (int k = 0; k < QX_BATCH_GROUP; k++) {
+                    const int64_t t = t0 + (k < nt ? k : nt - 1);
+                    if (legacy) g1[k] = qx_t1_at(arrays + (size_t)t * t1, nb);
+                    else        gk[k] = (const struct qx_q8K *)(act + (size_t)t * ab);
+                }
+#else
+                const void * g[QX_BATCH_GROUP];
+                for (int k = 0; k < QX_BATCH_GROUP; k++) g[k] = act + (size_t)(t0 + (k < nt ? k : nt - 1)) * ab;
 #endif
-        qx_rows_tokens(type, W, row_bytes, nb, n0, n1, T, ab, Y, ldy, scratch);
+                for (int64_t n = r0; n < r1; n++) {
+                    const uint8_t * row = (const uint8_t *)W + (size_t)n * row_bytes;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+                    if (legacy) fl(row, nb, g1, nt, out);
+                    else        fk(row, nb, gk, nt, out);
+#else
+                    qx_row_c(type, nt, row, nb, g, out);
+#endif
+                    for (int k = 0; k < nt; k++) Y[(t0 + k) * ldy + n] = out[k];
+                }
+            }
+        }
     }
     return done;
 }
@@ -4384,8 +4442,7 @@ static bool qx_uses_x8(enum kvr_type t, int64_t T) {
 // Bytes of scratch the integer path needs for a matmul of T tokens over K values.
 static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
     struct qx_x8_fns f;
-    if (T == 1 && qx_is_legacy(t)) return qx_act_bytes(t, K) + qx_t1_bytes(K / KVR_QK);
-    if (!qx_uses_x8(t, T)) return (size_t)(T < QX_ROW_TOKENS ? T : QX_ROW_TOKENS) * qx_act_bytes(t, K);
+    if (!qx_uses_x8(t, T)) return qx_rows_bytes(t, K, T < QX_ROW_TOKENS ? T : QX_ROW_TOKENS);
     qx_x8_get(t, &f);
     const int64_t nb = K / kvr_blck_size(t);
     return (size_t)QX_MM_TOKENS * qx_act_bytes(t, K) + (size_t)(QX_MM_ROWS / 8 * nb) * f.tile_bytes;
@@ -5364,11 +5421,12 @@ struct mm_args {
 // 8-bit activations and integer products, when asked for (kvr_backend_params.q8_activations): what
 // llama.cpp's CPU backend computes, and faster than the exact paths. Threads split the rows, in
 // groups of 8 for a prefill (the kernel's interleave); each quantizes all the tokens, which costs
-// less than interleaving every row twice would.
+// less than interleaving every row twice would. A decode batch (by_rows) takes the row kernels
+// whatever its size: each token gets what its solo decode gets.
 static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     int64_t r0, r1;
-    if (m->T <= QX_ROW_TOKENS) { // decode: rows by chunks (struct mm_chunks)
-        KVR_ASSERT(qx_scratch_bytes(m->w->type, m->K, m->T) <= p->wsize * sizeof(float));
+    if (m->T <= QX_ROW_TOKENS || m->by_rows) { // decode: rows by chunks (struct mm_chunks)
+        KVR_ASSERT(qx_rows_bytes(m->w->type, m->K, m->T) <= p->wsize * sizeof(float));
         const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
         return qx_mul_rows(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
     }
@@ -5583,7 +5641,9 @@ static size_t mm_scratch_floats(enum kvr_type type, int64_t K, int64_t N, int64_
     if (rows > cap) rows = cap > 0 ? cap : 1;
     size_t n = type == KVR_TYPE_F32 ? 0 : (size_t)(rows * K);
     if ((size_t)K * 2 > n) n = (size_t)K * 2;
-    if (q8_act && (qx_is_legacy(type) || qx_is_k(type))) n = qx_scratch_bytes(type, K, T) / sizeof(float) + 1;
+    if (q8_act && (qx_is_legacy(type) || qx_is_k(type))) {
+        n = (by_rows ? qx_rows_bytes(type, K, T) : qx_scratch_bytes(type, K, T)) / sizeof(float) + 1;
+    }
     if (q8_act && type == KVR_TYPE_MXFP4 && mm_mxfp4_q8_bytes(K) / sizeof(float) + 1 > n) n = mm_mxfp4_q8_bytes(K) / sizeof(float) + 1;
     // the row kernels take a decode batch MV_BATCH_TOKENS tokens a pass
     const int64_t Tr = T <= MV_MAX_TOKENS ? T : T < MV_BATCH_TOKENS ? T : MV_BATCH_TOKENS;

@@ -1079,6 +1079,89 @@ static void test_fast_vs_ref(void) {
            worst_id[0], worst_id[1]);
 }
 
+// A decode batch (op_params[0] KVR_MM_ROWS, as kvr_pass_batch marks a batch's matmuls) of 1..9
+// tokens, exact and with 8-bit activations, MUL_MAT and MUL_MAT_ID (4 experts, 2 a token), every
+// quantized type and MXFP4: each token's row of the result must be the bits the same token gives
+// alone (T = 1, the decode kernels), whatever the tokens beside it; 1 and 3 threads. K of 29
+// legacy blocks (the one-token kernel's steps of 8 and a tail of 5) or 3 super-blocks, 37 rows.
+static float * batch_rows_run(const struct qtype * qt, bool q8, bool moe, int nth, const uint8_t * wq, const float * xs,
+                              const float * lg, int64_t T) {
+    const bool kq = qt->blck == 256;
+    const int64_t K = kq ? 768 : 928, N = 37, E = 4, k = 2, nb = K / qt->blck;
+    struct kvr_context * ctx = kvr_init(8u << 20, false);
+    const int64_t ne[3] = { K, N, moe ? E : 1 };
+    struct kvr_tensor * w = kvr_new_tensor(ctx, qt->type, moe ? 3 : 2, ne);
+    struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+    memcpy(w->data, wq, (size_t)(nb * N * (moe ? E : 1) * qt->size));
+    memcpy(x->data, xs, sizeof(float) * (size_t)(K * T));
+    struct kvr_tensor * y;
+    if (moe) {
+        struct kvr_tensor * l = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, E, T);
+        memcpy(l->data, lg, sizeof(float) * (size_t)(E * T));
+        y = kvr_mul_mat_id(ctx, w, x, kvr_moe_route(ctx, l, (int)k, KVR_MOE_SOFTMAX_TOPK_NORM), NULL);
+    } else {
+        y = kvr_mul_mat(ctx, w, x);
+    }
+    y->op_params[0] = KVR_MM_ROWS;
+    y->flags |= KVR_FLAG_OUTPUT;
+    struct kvr_graph * g = kvr_graph_new(ctx, 16);
+    kvr_graph_expand(g, y);
+    struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nth, .q8_activations = q8 });
+    struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
+    KVR_ASSERT(be && buf);
+    kvr_graph_place(g, buf);
+    const int rc = kvr_backend_graph_compute(be, g);
+    CHECK(rc == KVR_OK, "%s batch rows%s%s T=%lld: compute returned %d (%s)", qt->name, q8 ? " (q8)" : "", moe ? " (experts)" : "",
+          (long long)T, rc, kvr_last_error());
+    const size_t n_out = (size_t)(N * (moe ? k : 1) * T);
+    float * out = malloc(sizeof(float) * n_out);
+    memcpy(out, y->data, sizeof(float) * n_out);
+    kvr_buffer_free(buf);
+    kvr_backend_free(be);
+    kvr_free(ctx);
+    return out;
+}
+
+static void test_batch_rows_type(const struct qtype * qt) {
+    const bool kq = qt->blck == 256;
+    const int64_t K = kq ? 768 : 928, N = 37, E = 4, k = 2, nb = K / qt->blck, T_max = 9;
+    uint8_t * wq = malloc((size_t)(nb * N * E * qt->size));
+    float * xs = malloc(sizeof(float) * (size_t)(K * T_max)), * lg = malloc(sizeof(float) * (size_t)(E * T_max));
+    random_blocks(qt, wq, (int)(nb * N * E));
+    for (int64_t i = 0; i < K * T_max; i++) xs[i] = rng_normal();
+    for (int64_t i = 0; i < E * T_max; i++) lg[i] = rng_normal();
+    for (int q8 = 0; q8 < 2; q8++) {
+        for (int moe = 0; moe < 2; moe++) {
+            const int64_t per = N * (moe ? k : 1); // one token's outputs
+            float * solo[9];
+            for (int64_t t = 0; t < T_max; t++) solo[t] = batch_rows_run(qt, q8, moe, 1, wq, xs + t * K, lg + t * E, 1);
+            for (int nth = 1; nth <= 3; nth += 2) {
+                for (int64_t T = 1; T <= T_max; T++) {
+                    // the batch's tokens start at token 9 - T: each count puts a token in another lane of a group
+                    const int64_t t0 = T_max - T;
+                    float * got = batch_rows_run(qt, q8, moe, nth, wq, xs + t0 * K, lg + t0 * E, T);
+                    int64_t bad = -1;
+                    for (int64_t t = 0; t < T && bad < 0; t++) {
+                        if (memcmp(got + t * per, solo[t0 + t], sizeof(float) * (size_t)per) != 0) bad = t;
+                    }
+                    CHECK(bad < 0, "%s batch rows%s%s T=%lld, %d threads: token %lld differs from its solo product", qt->name,
+                          q8 ? " (q8)" : "", moe ? " (experts)" : "", (long long)T, nth, (long long)bad);
+                    free(got);
+                }
+            }
+            for (int64_t t = 0; t < T_max; t++) free(solo[t]);
+        }
+    }
+    free(wq);
+    free(xs);
+    free(lg);
+}
+
+static void test_batch_rows(void) {
+    for (int i = 0; i < N_QTYPES; i++) test_batch_rows_type(&qtypes[i]);
+    test_batch_rows_type(&qtype_mxfp4);
+}
+
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
 // tensor must match the Q8_0 file's copy within its format's error (a wrong bit layout gives an
 // error near sqrt(2)), and the Q4_0/Q5_0/Q8_0/Q4_K blocks llama.cpp wrote must come back byte for
@@ -1301,6 +1384,7 @@ int main(int argc, char ** argv) {
     test_mul_vec();
     test_mul_q8(); // after the exact checks, which keep their random inputs
     test_fast_vs_ref();
+    test_batch_rows();
     test_tiny_llama(shared);
 #endif
 
