@@ -3512,6 +3512,10 @@ QX_INLINE int qx_flush(enum kvr_type t) {
     }
 }
 
+// Tokens a pass of the decode kernels over a row: a decode batch (KVR_MM_ROWS) goes through them
+// this many at a time (their sums then live in registers), each token summed as one token alone.
+#define QX_BATCH_GROUP 4
+
 // Bytes of a single token's activations in the arrays of the legacy decode kernel (struct qx_t1,
 // below), a whole number of cache lines, so that each token's arrays start on one.
 static size_t qx_t1_bytes(int64_t nb) {
@@ -3711,10 +3715,6 @@ struct qx_t1 {
 // q4_0,q8_0 --q8-act` out of cache with 2 threads took Q8_0 from 25 to 34 GB/s at 1024 (256: 28,
 // 512: 32, 2048 and 4096: 27-29) and Q4_0 from 24 to 28-30, where its arithmetic is the limit.
 #define QX_PREFETCH 1024
-
-// Tokens a pass of the decode kernels over a row: a decode batch (KVR_MM_ROWS) goes through them
-// this many at a time (their sums then live in registers), each token summed as one token alone.
-#define QX_BATCH_GROUP 4
 
 QX_INLINE bool qx_pairs(enum kvr_type t) {
     return t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1;
@@ -4430,7 +4430,7 @@ static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
 // MiB), so the scratch stays bounded however long the prompt.
 #define QX_MM_ROWS   32
 #define QX_MM_TOKENS 512
-#define QX_ROW_TOKENS 4   // up to this many tokens go row by row (decode: each row read once)
+#define QX_ROW_TOKENS KVR_ROW_TOKENS // up to this many tokens go row by row (decode: each row read once)
 
 // Which way the integer path multiplies T tokens: row by row (decode: each row read once) or
 // through 8 interleaved rows (prefill).

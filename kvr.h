@@ -331,6 +331,11 @@ struct kvr_tensor * kvr_norm     (struct kvr_context * ctx, struct kvr_tensor * 
 // decode token uses, whatever their number, so each token's row of the result is what it would be
 // alone (a decode batch: one read of the weights for several sequences; CPU backend).
 #define KVR_MM_ROWS 1
+// Unmarked, with q8_activations, a matmul of at most KVR_ROW_TOKENS tokens takes those decode
+// kernels and a longer one the prefill kernels, which sum in another order (a token's bits there do
+// not depend on how many tokens came with it): a prompt prefilled in pieces gives a one-piece
+// prefill's bits when no piece of it is that short (kvr-server keeps to this; CPU backend).
+#define KVR_ROW_TOKENS 4
 struct kvr_tensor * kvr_mul_mat  (struct kvr_context * ctx, struct kvr_tensor * w, struct kvr_tensor * x);
 // a: [head_dim, n_head, T] f32; pos: [T] i32 absolute positions. Rotates the first n_rot dims:
 // pair i turns by the angle freq_scale * pos * freq_base^(-2i/n_rot) / freqs[i], its cosine and
@@ -732,7 +737,7 @@ struct kvr_backend_params {
     // ~0.1 against the exact math of the file, which the default (off) computes: f32 activations
     // times the weights' exact values. F16/BF16/F32 weights always take the exact path. CUDA stays
     // exact. kvr-run and kvr-bench turn it on unless given --exact (per thread the exact path runs
-    // every quantized type at about half the speed); kvr-server takes --q8-act; kvr-compare is exact.
+    // every quantized type at about half the speed), and kvr-server too; kvr-compare is exact.
     bool q8_activations;
     // cpu: small F32 matmuls and the KQV of small attention (kvr_mul_mat, kvr_attn) are summed as
     // llama.cpp's CPU backend sums them, which depends on how it was built: with GGML_LLAMAFILE
@@ -1577,7 +1582,8 @@ const float *     kvr_session_eval(struct kvr_session * s, const int32_t * token
 // One decode token for each of n sessions of one model, in one graph: one pass over the weights
 // for all of them (a server's continuous batching). Session i gets tokens[i] as
 // kvr_session_eval(s[i], &tokens[i], 1) would give it (the same ids greedy; logits equal to
-// rounding: the matrix products see n rows), its logits then in kvr_session_logits(s[i]). Every
+// rounding exact, to the last bit with q8_activations on the CPU: each token's matmuls take the
+// one-token kernels' operations), its logits then in kvr_session_logits(s[i]). Every
 // session must be one local rank of the single pass on a backend of session 0's kind, over the same
 // model, with nothing of DejaVu (replicate, logs, streams, captures, test hooks) and its cache in;
 // at most KVR_BATCH_MAX of them, each once. The batch runs on session 0's backend and threads;

@@ -66,13 +66,13 @@ stop_server() {
 }
 
 # what kvr-run answers, greedy, for the turns the client sends (the same threads as the server, and
-# its arithmetic: exact, kvr-server's default; kvr-run's is 8-bit activations)
+# the same arithmetic: 8-bit activations, the default of both)
 threads=2
 python3 - "$build" "$smol" "$threads" > "$tmp/expected.json" <<'PY' || { bad "kvr-run's reference answers"; summary; }
 import json, subprocess, sys
 build, model, threads = sys.argv[1:]
 def run(args):
-    r = subprocess.run([build + "/kvr-run", "-m", model, "--temp", "0", "-t", threads, "-c", "2048", "--exact"] + args,
+    r = subprocess.run([build + "/kvr-run", "-m", model, "--temp", "0", "-t", threads, "-c", "2048"] + args,
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     if r.returncode != 0:
         sys.exit("kvr-run %s: %s" % (args, r.stderr.decode()[-500:]))
@@ -171,7 +171,9 @@ if start_server cache "$build/kvr-server" -np 2 -c 2048 -t $threads --cache-dir 
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:])
 assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"], (a, b)
-assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"] - 1, b["usage"]
+# all of it but a last piece that takes the prefill kernels (KVR_ROW_TOKENS + 1 = 5 tokens with
+# 8-bit activations: see kvr-server's prefill_piece), so that the bits are a one-piece prefill's
+assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"] - 5, b["usage"]
 PY
     curl -s --max-time 10 "$url/metrics" | grep -q '^kvr_swaps_total{dir="in"} [1-9]' && ok "--cache-dir: swapped back in" || bad "--cache-dir: no swap in counted"
     stop_server "$pid" 30 && ok "--cache-dir server: exit 0" || bad "--cache-dir server: exit $?"

@@ -11,7 +11,12 @@
 // SmolLM2 and stories260K run with an F32 cache and with the default F16 one, held to the same bound:
 // the F16 cache rounds K, V, the query and the probabilities, which turns a last-bit difference
 // before them into a whole F16 step (the batch's small F32 products once summed in another order
-// than a solo decode's gave ~3e-3 here).
+// than a solo decode's gave ~3e-3 here). Every model runs twice: exact (f32 activations), and with
+// 8-bit activations (kvr-server's and kvr-run's default), where each session's logits must be its
+// solo decode's to the last bit (memcmp): the batch's matmuls take each token through the one-token
+// kernels. And the batch must be one graph on the first session's backend: the spans the backends
+// trace are all there, none on the other sessions' backends (a batch made of solo evals, each on
+// its session's backend, would pass the rest).
 //
 //   test-batch [SHARED]
 
@@ -45,10 +50,21 @@ static float max_diff(const float * a, const float * b, int n) {
 
 #define BATCH_TOL 1e-5f
 static enum kvr_cache_type g_cache; // this pass's cache type
+static bool g_q8;                   // this pass's arithmetic: 8-bit activations, else exact
+
+// the spans a session's backend traced since the last call (which turns its trace on and clears them)
+static int spans_since(const struct kvr_session * s) {
+    struct kvr_backend * be = kvr_session_backend(s, 0);
+    int n;
+    kvr_backend_set_trace(be, true);
+    kvr_backend_spans(be, &n, true);
+    return n;
+}
 
 static struct kvr_session * prefilled(const struct kvr_model * m, const char * text) {
     struct kvr_session * s = kvr_session_new(m, &(struct kvr_session_params){ .n_ctx = 256, .n_threads = 2,
-                                                                              .cache_type_k = g_cache, .cache_type_v = g_cache });
+                                                                              .cache_type_k = g_cache, .cache_type_v = g_cache,
+                                                                              .q8_activations = g_q8 });
     if (!s) return NULL;
     int32_t ids[256];
     const int n = kvr_tokenize(kvr_model_vocab(m), text, ids, 256, kvr_vocab_add_bos(kvr_model_vocab(m)), false);
@@ -96,21 +112,33 @@ static void check_model(const char * name, const char * path) {
             const int32_t solo_tok = kvr_argmax(kvr_session_logits(solo[i]), n_vocab);
             CHECK(toks[j] == solo_tok, "sequence %d: the batch's next id %d, solo's %d", i, toks[j], solo_tok);
         }
+        for (int j = 0; j < n; j++) spans_since(group[j]);
         const int rc = kvr_session_eval_batch(group, toks, n);
         CHECK(rc == KVR_OK, "a batch of %d: %s", n, kvr_last_error());
         if (rc != KVR_OK) break;
+        const int batch_spans = spans_since(group[0]);
+        int others = 0;
+        for (int j = 1; j < n; j++) others += spans_since(group[j]);
         for (int j = 0; j < n; j++) {
             const int i = members[step][1 + j];
             const float * lg = kvr_session_eval(solo[i], &toks[j], 1);
+
             CHECK(lg != NULL, "sequence %d solo: %s", i, kvr_last_error());
             if (!lg) continue;
             const float d = max_diff(kvr_session_logits(batch[i]), lg, n_vocab);
-            CHECK(d <= BATCH_TOL, "sequence %d: logits differ by %g from its solo decode", i, (double)d);
+            if (g_q8) {
+                CHECK(memcmp(kvr_session_logits(batch[i]), lg, sizeof(float) * (size_t)n_vocab) == 0,
+                      "sequence %d: logits differ from its solo decode's bits (by up to %g)", i, (double)d);
+            } else {
+                CHECK(d <= BATCH_TOL, "sequence %d: logits differ by %g from its solo decode", i, (double)d);
+            }
             CHECK(kvr_session_n_past(batch[i]) == kvr_session_n_past(solo[i]), "sequence %d: n_past %d, solo %d", i,
                   kvr_session_n_past(batch[i]), kvr_session_n_past(solo[i]));
             CHECK(memcmp(kvr_session_tokens(batch[i]), kvr_session_tokens(solo[i]), sizeof(int32_t) * (size_t)kvr_session_n_past(solo[i])) == 0,
                   "sequence %d: the cached tokens are the solo decode's", i);
         }
+        CHECK(batch_spans > 0 && others == 0, "one graph: %d spans on the first session's backend, %d on the others'",
+              batch_spans, others);
     }
 
     // refusals: nothing changes
@@ -143,7 +171,7 @@ static void check_model(const char * name, const char * path) {
         for (int j = 0; j < 2; j++) {
             const float * lg = kvr_session_eval(solo[1 + j], &toks[j], 1);
             const float d = lg ? max_diff(kvr_session_logits(batch[1 + j]), lg, n_vocab) : INFINITY;
-            CHECK(d <= BATCH_TOL, "sequence %d after the refusals: logits differ by %g", 1 + j, (double)d);
+            CHECK(g_q8 ? d == 0.0f : d <= BATCH_TOL, "sequence %d after the refusals: logits differ by %g", 1 + j, (double)d);
         }
     }
 out:
@@ -160,21 +188,28 @@ int main(int argc, char ** argv) {
     const char * smol = getenv("KVR_SMOLLM2");
     if (!smol || !*smol) smol = "models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
     char path[4096];
-    snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
-    for (int pass = 0; pass < 2; pass++) {
-        g_cache = pass ? KVR_CACHE_F16 : KVR_CACHE_F32;
-        check_model(pass ? "SmolLM2 (F16 cache)" : "SmolLM2", smol);
-        check_model(pass ? "stories260K (F16 cache)" : "stories260K", path);
-    }
-    // more architectures, F16 (default) cache: sliding windows and soft-capping (gemma3, gemma2),
-    // experts (qwen3moe; gpt-oss with sinks and windows), and the hybrids, whose Gated DeltaNet
-    // layers step each session's own recurrent state (qwen35, qwen35moe)
-    g_cache = KVR_CACHE_F16;
-    static const char * const more[] = { "archs/tiny-gemma3", "archs-next/tiny-gemma2", "archs-next/tiny-qwen3moe",
-                                         "archs-next/tiny-gptoss", "archs-next/tiny-qwen35", "archs-next/tiny-qwen35moe" };
-    for (size_t h = 0; h < sizeof(more) / sizeof(more[0]); h++) {
-        snprintf(path, sizeof(path), "%s/reference/%s.gguf", shared, more[h]);
-        check_model(strchr(more[h], '/') + 1, path);
+    for (int q8 = 0; q8 < 2; q8++) {
+        g_q8 = q8;
+        char name[128];
+        for (int pass = 0; pass < 2; pass++) {
+            g_cache = pass ? KVR_CACHE_F16 : KVR_CACHE_F32;
+            snprintf(path, sizeof(path), "%s/models/stories260K.gguf", shared);
+            snprintf(name, sizeof(name), "SmolLM2%s%s", pass ? " (F16 cache)" : "", q8 ? " q8" : "");
+            check_model(name, smol);
+            snprintf(name, sizeof(name), "stories260K%s%s", pass ? " (F16 cache)" : "", q8 ? " q8" : "");
+            check_model(name, path);
+        }
+        // more architectures, F16 (default) cache: sliding windows and soft-capping (gemma3, gemma2),
+        // experts (qwen3moe; gpt-oss with sinks and windows), and the hybrids, whose Gated DeltaNet
+        // layers step each session's own recurrent state (qwen35, qwen35moe)
+        g_cache = KVR_CACHE_F16;
+        static const char * const more[] = { "archs/tiny-gemma3", "archs-next/tiny-gemma2", "archs-next/tiny-qwen3moe",
+                                             "archs-next/tiny-gptoss", "archs-next/tiny-qwen35", "archs-next/tiny-qwen35moe" };
+        for (size_t h = 0; h < sizeof(more) / sizeof(more[0]); h++) {
+            snprintf(path, sizeof(path), "%s/reference/%s.gguf", shared, more[h]);
+            snprintf(name, sizeof(name), "%s%s", strchr(more[h], '/') + 1, q8 ? " q8" : "");
+            check_model(name, path);
+        }
     }
     return check_summary("test-batch");
 }

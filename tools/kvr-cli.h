@@ -554,9 +554,9 @@ static inline enum kvr_cache_type kvr_cli_cache_v(const struct kvr_cli_cache * c
 // --exact: 8-bit activations and integer products (kvr_backend_params.q8_activations). Per thread
 // the exact path runs every quantized type's decode rows at about half the speed (kvr-bench
 // --kernels) and loses to llama.cpp on the files people download; exact stays what the C API gives
-// by default, what kvr-compare and the reference tests check, and kvr-server's default (there a
-// request's tokens must not depend on the requests decoded beside it, and the integer kernels'
-// float sums follow the number of tokens a matmul takes). --q8-act names the default.
+// by default and what kvr-compare and the reference tests check. kvr-server takes the same default
+// and --exact (its own parser): a decode batch's tokens go through the one-token kernels, so a
+// request's tokens do not depend on the requests decoded beside it. --q8-act names the default.
 struct kvr_cli_arith {
     bool q8, exact;
 };

@@ -30,7 +30,7 @@
 //
 //   kvr-server -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-np N] [-c N] [-t N] [--chunk N]
 //              [--queue N] [--api-key KEY] [--cache-dir DIR] [--swap-idle S] [--max-body BYTES]
-//              [--timeout S] [--drain S] [--chat-template NAME] [-v]
+//              [--timeout S] [--drain S] [--chat-template NAME] [--exact] [-v]
 
 #define _GNU_SOURCE
 #define KVR_BUILD
@@ -118,7 +118,7 @@ struct srv {
     int          port, n_slots, n_ctx, n_threads, chunk, queue_max, max_body, verbose;
     int          n_ranks, ranks_min;      // --ranks, --ranks-min: long prompts prefilled on ranks
     enum kvr_strategy strategy;
-    bool         q8;                      // --q8-act: quantized matmuls with 8-bit activations (default: exact)
+    bool         q8;                      // quantized matmuls with 8-bit activations (the default; --exact: f32)
     double       timeout_s, drain_s, swap_idle_s, read_timeout_s;
     // the model
     struct kvr_model * model;
@@ -403,8 +403,13 @@ static void admit_locked(void) {
         r->state = RS_RUNNING;
         best->r = r;
         best->state = SLOT_PREFILL;
-        // at least the prompt's last token is evaluated again: its logits start the reply
+        // at least the prompt's last token is evaluated again: its logits start the reply; with
+        // 8-bit activations at least a whole piece (prefill_piece) of a longer prompt, so that the
+        // bits are a one-piece prefill's (kvr-run's)
         int keep = best_len < r->n_prompt ? best_len : r->n_prompt - 1;
+        if (g_srv.q8 && r->n_prompt > KVR_ROW_TOKENS && r->n_prompt - keep <= KVR_ROW_TOKENS) {
+            keep = r->n_prompt - (KVR_ROW_TOKENS + 1);
+        }
         if (best->swapped) {
             if (kvr_session_kv_swap_in(best->s) == KVR_OK) {
                 g_srv.m_swaps_in++;
@@ -512,6 +517,20 @@ static void handoff_finish_locked(float * scratch, int n_vocab) {
     if (slot_emit_locked(sl, id)) slot_keep_tokens(sl);
 }
 
+// The tokens of a slot's next prefill piece, `rest` of its prompt left and `budget` of this step's
+// --chunk: at most the budget; 0 to wait for the next step. With 8-bit activations a piece of at
+// most KVR_ROW_TOKENS tokens takes the decode kernels, which sum otherwise than the prefill ones:
+// so no piece of a longer rest is that short (the last one is left longer, a short budget waits
+// for a whole step), and each token gets kvr-run's bits, whose prefill is one piece. A --chunk
+// under 2 (KVR_ROW_TOKENS + 1) may still end a long prompt with a short piece.
+static int prefill_piece(int rest, int budget) {
+    int n = rest < budget ? rest : budget;
+    if (!g_srv.q8 || n == rest) return n;
+    if (rest - n <= KVR_ROW_TOKENS) n = rest - (KVR_ROW_TOKENS + 1);
+    if (n <= KVR_ROW_TOKENS) return budget < g_srv.chunk ? 0 : budget;
+    return n;
+}
+
 static void * sched_main(void * arg) {
     (void)arg;
     struct srv * S = &g_srv;
@@ -580,8 +599,8 @@ static void * sched_main(void * arg) {
             struct slot * sl = &S->slots[i];
             if (sl->state != SLOT_PREFILL) continue;
             struct req * r = sl->r; // the slot's reference keeps it
-            int n = r->n_prompt - sl->n_done;
-            if (n > budget) n = budget;
+            const int n = prefill_piece(r->n_prompt - sl->n_done, budget);
+            if (n == 0) continue;
             const float * lg = kvr_session_eval(sl->s, r->prompt + sl->n_done, n);
             pthread_mutex_lock(&S->mu);
             if (!lg) {
@@ -1199,10 +1218,10 @@ static void usage(FILE * f) {
         "  --timeout S            longest a request may run (default 600)\n"
         "  --drain S              on SIGTERM, time left to running requests (default 30)\n"
         "  --chat-template NAME   the chat template family instead of the model's\n"
-        "  --q8-act               quantized weights with 8-bit activations and integer products, as llama.cpp\n"
-        "                         (about twice the speed; a request's tokens may then depend on the others\n"
-        "                         decoded beside it)\n"
-        "  --exact                the default: f32 activations, each request's tokens those of its solo run\n"
+        "  --exact                quantized weights in exact arithmetic: f32 activations times the weights'\n"
+        "                         exact values (the CPU reference; about half the speed of the default)\n"
+        "  --q8-act               the default, as kvr-run's: 8-bit activations and integer products, as\n"
+        "                         llama.cpp does. Either way a request's tokens are those of its solo run\n"
         "  -v, --verbose          log requests and slots on stderr\n");
 }
 
@@ -1245,7 +1264,7 @@ static int parse_args(int argc, char ** argv) {
     S->n_ranks = 1;
     S->ranks_min = 1024;
     S->strategy = KVR_STRATEGY_KVR;
-    bool exact_named = false;
+    bool exact_named = false, q8_named = false;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i];
         const char * v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1276,7 +1295,7 @@ static int parse_args(int argc, char ** argv) {
         else if (!strcmp(a, "--drain")) rc = parse_num(a, v, 0, 3600, &S->drain_s);
         else if (!strcmp(a, "--chat-template")) S->chat_template = v;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) { S->verbose = 1; takes = false; }
-        else if (!strcmp(a, "--q8-act")) { S->q8 = true; takes = false; }
+        else if (!strcmp(a, "--q8-act")) { q8_named = true; takes = false; }
         else if (!strcmp(a, "--exact")) { exact_named = true; takes = false; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
@@ -1293,10 +1312,11 @@ static int parse_args(int argc, char ** argv) {
             i++;
         }
     }
-    if (exact_named && S->q8) {
+    if (exact_named && q8_named) {
         fprintf(stderr, "kvr-server: --q8-act and --exact exclude each other: give one\n");
         return -1;
     }
+    S->q8 = !exact_named;
     if (!S->model_path) {
         fprintf(stderr, "kvr-server: -m MODEL.gguf is required\n");
         usage(stderr);
