@@ -4109,7 +4109,7 @@ struct qx_x8_fns {
 };
 
 // Rows a block of qx_mul_rows: each group of tokens of a decode batch passes over a block's rows
-// while they are in the nearest caches (16 rows of 576 Q4_K values: 5 KiB).
+// while they are in the nearest caches (16 rows of 576 Q4_1 values: 5.6 KiB).
 #define QX_BATCH_ROWS 16
 
 // Bytes of scratch qx_mul_rows needs for T tokens over K values: their activations, and for the

@@ -16,7 +16,7 @@
 # cached, so a "no cache" figure that was not one shows.
 #
 #   server-bench.py BUILD [MODEL.gguf] [--threads N] [--doc-tokens N] [--tokens N] [--streams 1,2,4,8]
-#                   [--rounds 3] [--ctx 4096] [--llama-server PATH|none] [--out FILE.md]
+#                   [--rounds 3] [--ctx 4096] [--llama-server PATH|none] [--kvr-args=ARGS] [--out FILE.md]
 
 import argparse
 import concurrent.futures
@@ -40,6 +40,7 @@ ap.add_argument("--streams", default="1,2,4,8", help="concurrent stream counts; 
 ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the stream counts; the best of each is kept")
 ap.add_argument("--ctx", type=int, default=4096, help="context of each slot in tokens")
 ap.add_argument("--llama-server", default=None, help="llama-server to run beside (default: the one on the PATH; none: skip)")
+ap.add_argument("--kvr-args", default="", help="more kvr-server arguments, one string (e.g. --kvr-args=--exact)")
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
 if not os.path.exists(a.model):
@@ -58,7 +59,7 @@ if llama and not os.access(llama, os.X_OK):
 def command(name, slots):
     """The server's command line for SLOTS slots of a.ctx tokens each (the port is added by start)."""
     if name == "kvr-server":
-        return [os.path.join(a.build, "kvr-server"), "-m", a.model, "-t", str(a.threads), "-np", str(slots), "-c", str(a.ctx)]
+        return [os.path.join(a.build, "kvr-server"), "-m", a.model, "-t", str(a.threads), "-np", str(slots), "-c", str(a.ctx)] + a.kvr_args.split()
     return [llama, "-m", a.model, "-t", str(a.threads), "-np", str(slots), "-c", str(slots * a.ctx), "--no-kv-unified",
             "--cont-batching", "--cache-prompt", "--cache-ram", "0", "--host", "127.0.0.1"]
 
@@ -205,8 +206,8 @@ with open("/proc/loadavg") as f:
     load = " ".join(f.read().split()[:3])
 base = levels[0]
 ratio_at = 4 if 4 in levels else levels[-1]
-out = ["## kvr-server beside llama-server: %s, %d threads, %d slots of %d tokens, greedy; %d-core machine, load %s at the end"
-       % (os.path.basename(a.model), a.threads, max(levels), a.ctx, os.cpu_count(), load), "",
+out = ["## kvr-server%s beside llama-server: %s, %d threads, %d slots of %d tokens, greedy; %d-core machine, load %s at the end"
+       % (" " + a.kvr_args if a.kvr_args else "", os.path.basename(a.model), a.threads, max(levels), a.ctx, os.cpu_count(), load), "",
        "Aggregate decode rate (%d tokens a stream; wall clock, best of %d interleaved rounds: the load of the machine moves it)" % (a.tokens, a.rounds),
        "and tokens per CPU second (what batching saves: one pass over the weights for every stream; less moved by the load):", "",
        "| server | " + " | ".join("%d stream%s" % (n, "s" if n > 1 else "") for n in levels) + " | %d vs %d |" % (ratio_at, base),
