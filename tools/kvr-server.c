@@ -19,14 +19,17 @@
 // back first), prefill at most --chunk prompt tokens in all (one slot's next chunk at a time),
 // then one decode step for every generating slot in ONE batch (kvr_session_eval_batch: one pass
 // over the weights). So a stream waits between two of its tokens at most one chunk's prefill plus
-// one batch step: the bound a long prompt puts on running streams. With --ranks, a prompt of at
-// least --ranks-min uncached tokens is prefilled instead by a thread of its own on local ranks
-// (kvr-run's strategies) beside the batch, and its cache handed to the slot through a KV cache
-// file: the streams then wait, once, for that file's load (its size: the prompt's rows, no
-// compute), and share the cores with the ranks meanwhile. A client that goes away
-// (its socket hung up, or a write failed) cancels its request at the next step; its slot is free
-// again. SIGTERM (or SIGINT) stops accepting, lets running requests finish (at most --drain
-// seconds) and exits.
+// one batch step: the bound a long prompt puts on running streams. Quantized matmuls take 8-bit
+// activations, as kvr-run's (--exact: f32), and a request's logits are then its solo run's bit for
+// bit: the batch takes every token through the one-token kernels (KVR_MM_ROWS), and no prefill
+// piece of a longer prompt is short enough for those (KVR_ROW_TOKENS): a prompt gets kvr-run's
+// bits. With --ranks, a prompt of at least --ranks-min uncached tokens is prefilled instead by a
+// thread of its own on local ranks (kvr-run's strategies) beside the batch, and its cache handed
+// to the slot through a KV cache file: the streams then wait, once, for that file's load (its
+// size: the prompt's rows, no compute), and share the cores with the ranks meanwhile. A client
+// that goes away (its socket hung up, or a write failed) cancels its request at the next step; its
+// slot is free again. SIGTERM (or SIGINT) stops accepting, lets running requests finish (at most
+// --drain seconds) and exits.
 //
 //   kvr-server -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [-np N] [-c N] [-t N] [--chunk N]
 //              [--queue N] [--api-key KEY] [--cache-dir DIR] [--swap-idle S] [--max-body BYTES]
