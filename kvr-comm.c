@@ -1751,15 +1751,20 @@ static struct kvr_tensor * recv_buf(struct pass_ctx * pc, enum kvr_type type, in
 }
 
 // With an F16 or BF16 V one rank's ATTN rounds each probability to that type after normalising it
-// over every key; partials that each normalise over their own block round at other scales, and
-// merged by log-sum-exp they land 4e-3 to 7e-3 from one rank's logits (tiny-llama3, 64 tokens).
-// The rings then find each query's max and sum over every block first (ATTN_STATS, folded
-// block by block or shared by an all-gather) and round at that scale (ATTN_NORMED), whose
-// partials MERGE_ATTN merges as before. Q8_0 K runs the online kernel, which rounds nothing; a
-// backend that runs neither op (CUDA: its ATTN rounds tiles of unnormalised weights) keeps ATTN.
+// over every key (where it runs llama.cpp's arithmetic: kvr_attn_cpu_exact of the eval's new
+// tokens over every key, which every decode step up to 16k of context takes); partials that each
+// normalise over their own block round at other scales, and merged by log-sum-exp they land 4e-3
+// to 7e-3 from one rank's logits (tiny-llama3, 64 tokens). The rings then find each query's max
+// and sum over every block first (ATTN_STATS, folded block by block or shared by an all-gather)
+// and round at that scale (ATTN_NORMED), whose partials MERGE_ATTN merges as before. Longer
+// prompts keep ATTN's partials: one rank's tiled kernel rounds running, unnormalised weights a
+// tile at a time, which no split of the keys reproduces, and ATTN_NORMED is made for small shapes.
+// Q8_0 K runs the online kernel, which rounds nothing; a backend that runs neither op (CUDA: its
+// ATTN rounds tiles of unnormalised weights) keeps ATTN.
 static bool ring_exact(const struct pass_ctx * pc) {
     const struct kvr_kv_cache * c = pc->dr->cache;
     if (c->type_k == KVR_TYPE_Q8_0 || (c->type_v != KVR_TYPE_F16 && c->type_v != KVR_TYPE_BF16)) return false;
+    if (!kvr_attn_cpu_exact(pc->pl->T, (int64_t)pc->pl->P + pc->pl->T)) return false;
     const struct kvr_tensor stats = { .op = KVR_OP_ATTN_STATS }, normed = { .op = KVR_OP_ATTN_NORMED };
     return kvr_backend_supports_op(pc->dr->be, &stats) && kvr_backend_supports_op(pc->dr->be, &normed);
 }

@@ -5885,6 +5885,10 @@ static bool attn_exact(int64_t Tq, int64_t Tk) {
     return Tq * Tk <= KVR_ATTN_EXACT_MAX_SCORES;
 }
 
+bool kvr_attn_cpu_exact(int64_t Tq, int64_t Tk) {
+    return attn_exact(Tq, Tk);
+}
+
 static int64_t attn_exact_keys(int64_t Tk) {
     return (Tk + 31) & ~(int64_t)31;
 }

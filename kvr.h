@@ -456,6 +456,9 @@ struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * 
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
                              struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode);
+// Whether the CPU runs an ATTN of Tq queries over Tk keys in llama.cpp's arithmetic (the small
+// shapes above), not tiled: where it rounds F16/BF16 probabilities after normalising them.
+bool kvr_attn_cpu_exact(int64_t Tq, int64_t Tk);
 // Merge n partial ATTN results of the same queries (same layout as kvr_attn's result):
 // O = sum_i exp(lse_i - lse) O_i, lse = log(sum_i exp(lse_i)). Empty partials (lse -inf) drop out.
 struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head);
@@ -477,7 +480,9 @@ struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor *
 //     the block's visible keys; merged (with the sinks on the merge), the output is sum_b O_b: the
 //     probabilities one rank's ATTN over every key takes, to the float rounding of the sums (a
 //     row that sees no key of the block: O 0, LSE -inf, as ATTN). The CPU backend runs both (F32,
-//     F16 or BF16 K and V); CUDA runs neither (its ATTN rounds tiles of unnormalised weights).
+//     F16 or BF16 K and V; every score by its own dot, in the order of the exact ATTN kernel: made
+//     for the shapes kvr_attn_cpu_exact takes, not for long prompts); CUDA runs neither (its ATTN
+//     rounds tiles of unnormalised weights).
 struct kvr_tensor * kvr_attn_stats(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                                    struct kvr_tensor * qpos, struct kvr_tensor * kpos, struct kvr_tensor * prev,
                                    struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode);
