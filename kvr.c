@@ -6377,12 +6377,12 @@ static bool attn_part_scores(const struct cpu_params * p, const struct kvr_tenso
 static void attn_stats_fold(const struct kvr_tensor * st, int64_t i, int64_t h, float * m, double * s) {
     const int64_t H = st->ne[0] / 2;
     float mx = *m;
-    for (int64_t b = 0; st && b < st->ne[2]; b++) {
+    for (int64_t b = 0; b < st->ne[2]; b++) {
         const float mb = ((const float *)row_ptr(st, i, b, 0))[h];
         mx = mb > mx ? mb : mx;
     }
     double sum = *s > 0.0 ? *s * exp((double)*m - (double)mx) : 0.0;
-    for (int64_t b = 0; st && b < st->ne[2]; b++) {
+    for (int64_t b = 0; b < st->ne[2]; b++) {
         const float * sb = row_ptr(st, i, b, 0);
         if (sb[H + h] > 0.0f) sum += (double)sb[H + h] * exp((double)sb[h] - (double)mx);
     }
