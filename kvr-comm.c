@@ -1750,6 +1750,38 @@ static struct kvr_tensor * recv_buf(struct pass_ctx * pc, enum kvr_type type, in
     return b;
 }
 
+// With an F16 or BF16 V one rank's ATTN rounds each probability to that type after normalising it
+// over every key (where it runs llama.cpp's arithmetic: kvr_attn_cpu_exact of the eval's new
+// tokens over every key, which every decode step up to 16k of context takes); partials that each
+// normalise over their own block round at other scales, and merged by log-sum-exp they land 4e-3
+// to 7e-3 from one rank's logits (tiny-llama3, 64 tokens). The rings then find each query's max
+// and sum over every block first (ATTN_STATS, folded block by block or shared by an all-gather)
+// and round at that scale (ATTN_NORMED), whose partials MERGE_ATTN merges as before. Longer
+// prompts keep ATTN's partials: one rank's tiled kernel rounds running, unnormalised weights a
+// tile at a time, which no split of the keys reproduces, and ATTN_NORMED is made for small shapes.
+// Q8_0 K runs the online kernel, which rounds nothing; a backend that runs neither op (CUDA: its
+// ATTN rounds tiles of unnormalised weights) keeps ATTN.
+static bool ring_exact(const struct pass_ctx * pc) {
+    const struct kvr_kv_cache * c = pc->dr->cache;
+    if (c->type_k == KVR_TYPE_Q8_0 || (c->type_v != KVR_TYPE_F16 && c->type_v != KVR_TYPE_BF16)) return false;
+    if (!kvr_attn_cpu_exact(pc->pl->T, (int64_t)pc->pl->P + pc->pl->T)) return false;
+    const struct kvr_tensor stats = { .op = KVR_OP_ATTN_STATS }, normed = { .op = KVR_OP_ATTN_NORMED };
+    return kvr_backend_supports_op(pc->dr->be, &stats) && kvr_backend_supports_op(pc->dr->be, &normed);
+}
+
+// The partial of a ring's block (ring_exact): ATTN_NORMED over k/v with the statistics st of every
+// block; the layer's attention sinks join its denominator (MERGE_ATTN adds them to the output).
+static struct kvr_tensor * normed_part(struct pass_ctx * pc, struct kvr_tensor * q, struct kvr_tensor * k, struct kvr_tensor * v,
+                                       struct kvr_tensor * qpos, struct kvr_tensor * kpos, struct kvr_tensor * st,
+                                       struct kvr_tensor * dep) {
+    return kvr_attn_normed(pc->ctx, q, k, v, qpos, kpos, st, pc->attn_sinks, dep, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
+}
+
+static struct kvr_tensor * stats_part(struct pass_ctx * pc, struct kvr_tensor * q, struct kvr_tensor * k, struct kvr_tensor * qpos,
+                                      struct kvr_tensor * kpos, struct kvr_tensor * prev, struct kvr_tensor * dep) {
+    return kvr_attn_stats(pc->ctx, q, k, qpos, kpos, prev, dep, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
+}
+
 // Ring-KV with a sliding window W: which rows of rank s's block travel on hop j (from rank s+j-1
 // to rank s+j): those some query of the ranks still ahead, s+j .. s+N-1, can see, as one range
 // [*a, *b) of the block (its cache rows: the old ones, then this eval's new ones, in position
@@ -1796,9 +1828,22 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * vs = store_new(pc, il, k, v, pc->n_old);
     struct kvr_tensor * parts[256];
     struct kvr_tensor * bk = cache_rows(pc, c->k[il], 0, n_i), * bv = cache_rows(pc, c->v[il], 0, n_i), * bp = pc->kpos;
-    parts[0] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
-    kvr_set_name(parts[0], "blk.%d.attn_part0", il);
-    parts[0]->why = "ring-kv: partial attention over this rank's own K/V";
+    // exact: parts[] are each block's statistics, folded into the ones before (ATTN_STATS's prev);
+    // the blocks stay (receive buffers are never reused) for the partials once the last is in
+    const bool exact = ring_exact(pc);
+    struct kvr_tensor * blk_k[256], * blk_v[256], * blk_p[256];
+    blk_k[0] = bk;
+    blk_v[0] = bv;
+    blk_p[0] = bp;
+    if (exact) {
+        parts[0] = stats_part(pc, q, as_heads(pc, bk), pos, bp, NULL, vs);
+        kvr_set_name(parts[0], "blk.%d.attn_stats0", il);
+        parts[0]->why = "ring-kv: softmax statistics over this rank's own K";
+    } else {
+        parts[0] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, bp, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
+        kvr_set_name(parts[0], "blk.%d.attn_part0", il);
+        parts[0]->why = "ring-kv: partial attention over this rank's own K/V";
+    }
     int held = 0; // the block held now is rows [held, ...) of its origin's block
     for (int j = 1; j < N; j++) {
         // step j: pass on (the part still needed of) the block held at step j-1, take the block of
@@ -1824,7 +1869,8 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         // this send and the next receive, so the transfer overlaps it (not in the last layer of
         // a rank without the output: nothing reads those partials)
         if (il < (int)pc->d->m->hp.n_layer - 1 || pc->rank == pc->pl->owner) {
-            sink(pc, parts[j - 1], "ring-kv: partial attention over the block held at this step");
+            sink(pc, parts[j - 1], exact ? "ring-kv: softmax statistics of the block held at this step, folded"
+                                         : "ring-kv: partial attention over the block held at this step");
         }
         const int src = (i + N - j) % N;
         const int rows = pc->d->rows[src] + pc->pl->cnt[src];
@@ -1844,9 +1890,26 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
         }
         bp = pc->step_pos[j];
         struct kvr_tensor * kp = a == 0 && b == rows ? bp : kvr_view_1d(pc->ctx, bp, b - a, (size_t)a * sizeof(int32_t));
+        blk_k[j] = bk;
+        blk_v[j] = bv;
+        blk_p[j] = kp;
+        if (exact) {
+            parts[j] = stats_part(pc, q, as_heads(pc, bk), pos, kp, parts[j - 1], NULL);
+            kvr_set_name(parts[j], "blk.%d.attn_stats%d", il, j);
+            parts[j]->why = "ring-kv: softmax statistics of the visiting K block, folded";
+            continue;
+        }
         parts[j] = kvr_attn(pc->ctx, q, as_heads(pc, bk), as_heads(pc, bv), pos, kp, NULL, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
         kvr_set_name(parts[j], "blk.%d.attn_part%d", il, j);
         parts[j]->why = "ring-kv: partial attention over the visiting K/V block";
+    }
+    if (exact) { // every block's statistics are in: the partials, rounded at the whole softmax's scale
+        struct kvr_tensor * st = parts[N - 1];
+        for (int j = 0; j < N; j++) {
+            parts[j] = normed_part(pc, q, as_heads(pc, blk_k[j]), as_heads(pc, blk_v[j]), pos, blk_p[j], st, j == 0 ? vs : NULL);
+            kvr_set_name(parts[j], "blk.%d.attn_part%d", il, j);
+            parts[j]->why = "ring-kv: partial attention over a K/V block, its probabilities those of the whole softmax";
+        }
     }
     kvr_replace_node(t, merge_all(pc, parts, N, H, il), "ring-kv: partials merged by log-sum-exp");
 }
@@ -1866,6 +1929,13 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * last = NULL;
     struct kvr_tensor * bq = q, * bp = pos;
     struct kvr_tensor * prev_cp = NULL;
+    // exact (ring_exact): the steps compute each visiting query's statistics over this rank's K, in
+    // slice s of sst; one all-gather hands every rank's sst to every rank, where a query's slices of
+    // all of them fold into its whole softmax's; then the partials, from the queries kept
+    const bool exact = ring_exact(pc);
+    const int srow = 2 * H;
+    struct kvr_tensor * sst = exact ? kvr_new_tensor_3d(pc->ctx, KVR_TYPE_F32, srow, rows_max, N) : NULL;
+    struct kvr_tensor * step_q[256], * step_p[256];
     for (int j = 0; j < N; j++) {
         const int s = (i + N - j) % N, cs = pc->pl->cnt[s];
         if (j > 0) {
@@ -1878,7 +1948,8 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
                 sink(pc, sp, "ring-q: positions of the queries (once, all layers share them)");
             }
             // the partial of the queries held now runs between this send and the next receive
-            if (prev_cp) sink(pc, prev_cp, "ring-q: partial attention of the queries held at this step");
+            if (prev_cp) sink(pc, prev_cp, exact ? "ring-q: softmax statistics of the queries held at this step"
+                                                 : "ring-q: partial attention of the queries held at this step");
             bq = kvr_recv(pc->ctx, recv_buf(pc, KVR_TYPE_F32, D, H, cs), prev, kvr_tag(il, KVR_TAG_Q, j));
             kvr_set_name(bq, "blk.%d.q_recv%d", il, j);
             sink(pc, bq, "ring-q: queries of rank (i-j) mod N from the previous rank");
@@ -1888,6 +1959,21 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
                 sink(pc, pc->step_pos[j], "ring-q: positions of the visiting queries");
             }
             bp = pc->step_pos[j];
+        }
+        step_q[j] = bq;
+        step_p[j] = bp;
+        if (exact) {
+            struct kvr_tensor * sp = stats_part(pc, bq, kl, bp, pc->kpos, NULL, vs);
+            kvr_set_name(sp, "blk.%d.attn_stats%d", il, j);
+            sp->why = "ring-q: softmax statistics of the visiting queries over this rank's K";
+            prev_cp = NULL;
+            if (cs > 0) {
+                struct kvr_tensor * cp = kvr_cpy(pc->ctx, sp, kvr_view_2d(pc->ctx, sst, srow, cs, sst->nb[1], (size_t)s * sst->nb[2]));
+                cp->src[2] = last;
+                last = cp;
+                prev_cp = cp;
+            }
+            continue;
         }
         struct kvr_tensor * part = kvr_attn(pc->ctx, bq, kl, vl, bp, pc->kpos, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
         kvr_set_name(part, "blk.%d.attn_part%d", il, j);
@@ -1899,6 +1985,28 @@ static void pass_ring_q(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
             cp->src[2] = last;
             last = cp;
             prev_cp = cp;
+        }
+    }
+    if (exact) {
+        const int64_t len = (int64_t)srow * rows_max * N;
+        struct kvr_tensor * all = recv_buf(pc, KVR_TYPE_F32, len, N, 1);
+        struct kvr_tensor * g = kvr_all_gather(pc->ctx, kvr_reshape_2d(pc->ctx, sst, len, 1), kvr_view_2d(pc->ctx, all, len, N, all->nb[1], 0),
+                                               N, N, kvr_tag(il, KVR_TAG_STATS, 0));
+        g->src[2] = last; // after every slice is in
+        kvr_set_name(g, "blk.%d.stats_gather", il);
+        sink(pc, g, "ring-q: every rank's softmax statistics of every query, to every rank");
+        last = NULL;
+        for (int j = 0; j < N; j++) {
+            const int s = (i + N - j) % N, cs = pc->pl->cnt[s];
+            if (cs == 0) continue;
+            // the statistics of rank s's queries over the K/V of each rank r: [srow, cs, N]
+            struct kvr_tensor * st = kvr_view_3d(pc->ctx, g, srow, cs, N, sst->nb[1], g->nb[1], (size_t)s * sst->nb[2]);
+            struct kvr_tensor * part = normed_part(pc, step_q[j], kl, vl, step_p[j], pc->kpos, st, vs);
+            kvr_set_name(part, "blk.%d.attn_part%d", il, j);
+            part->why = "ring-q: partial attention of the visiting queries over this rank's K/V, its probabilities those of the whole softmax";
+            struct kvr_tensor * cp = kvr_cpy(pc->ctx, part, kvr_view_2d(pc->ctx, stack, row, cs, stack->nb[1], (size_t)s * stack->nb[2]));
+            cp->src[2] = last;
+            last = cp;
         }
     }
     struct kvr_tensor * a2a = kvr_all_to_all(pc->ctx, stack, N, pc->pl->T, kvr_tag(il, KVR_TAG_PARTIAL, 0));
@@ -1922,11 +2030,24 @@ static void pass_ring_decode(struct pass_ctx * pc, struct kvr_tensor * t, int il
     const bool keep = pc->rank == pc->pl->store;
     const int n_i = pc->n_old + (keep ? 1 : 0);
     struct kvr_tensor * vs = keep ? store_new(pc, il, k, v, pc->n_old) : NULL;
-    struct kvr_tensor * part = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, n_i)),
-                                        as_heads(pc, cache_rows(pc, c->v[il], 0, n_i)), pos, pc->kpos, vs, pc->scale, pc->softcap, pc->window,
-                                        pc->d->p.attn_mode);
+    struct kvr_tensor * ks = as_heads(pc, cache_rows(pc, c->k[il], 0, n_i)), * vls = as_heads(pc, cache_rows(pc, c->v[il], 0, n_i));
+    struct kvr_tensor * part;
+    if (ring_exact(pc)) { // every shard's statistics to every rank first: 2 floats a head
+        struct kvr_tensor * sp = kvr_set_name(stats_part(pc, q, ks, pos, pc->kpos, NULL, vs), "blk.%d.attn_stats", il);
+        sp->why = "ring decode: softmax statistics of the token over this rank's shard";
+        struct kvr_tensor * all = recv_buf(pc, KVR_TYPE_F32, 2 * H, N, 1);
+        struct kvr_tensor * gs = kvr_all_gather(pc->ctx, sp, kvr_view_2d(pc->ctx, all, 2 * H, N, all->nb[1], 0), N, N,
+                                                kvr_tag(il, KVR_TAG_STATS, 0));
+        kvr_set_name(gs, "blk.%d.stats_gather", il);
+        sink(pc, gs, "ring decode: every rank's softmax statistics to every rank");
+        struct kvr_tensor * st = kvr_view_3d(pc->ctx, gs, 2 * H, 1, N, gs->nb[1], gs->nb[1], 0);
+        part = normed_part(pc, q, ks, vls, pos, pc->kpos, st, vs);
+        part->why = "ring decode: partial attention of the token over this rank's shard, its probabilities those of the whole softmax";
+    } else {
+        part = kvr_attn(pc->ctx, q, ks, vls, pos, pc->kpos, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
+        part->why = "ring decode: partial attention of the token over this rank's shard";
+    }
     kvr_set_name(part, "blk.%d.attn_part", il);
-    part->why = "ring decode: partial attention of the token over this rank's shard";
     struct kvr_tensor * all = recv_buf(pc, KVR_TYPE_F32, row, N, 1);
     struct kvr_tensor * g = kvr_all_gather(pc->ctx, part, kvr_view_2d(pc->ctx, all, row, N, all->nb[1], 0), N, N,
                                            kvr_tag(il, KVR_TAG_PARTIAL, 0));
@@ -2378,7 +2499,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     dr->comm->st.attn_dot_causal = attn_layers ? cn->attn_dot_causal / attn_layers : 0;
     dr->comm->st.matmul_ms = cn->op_ms[KVR_OP_MUL_MAT] + cn->op_ms[KVR_OP_MUL_MAT_ID];
     dr->comm->st.expert_bytes = cn->expert_bytes;
-    dr->comm->st.attn_ms = cn->op_ms[KVR_OP_ATTN];
+    dr->comm->st.attn_ms = cn->op_ms[KVR_OP_ATTN] + cn->op_ms[KVR_OP_ATTN_STATS] + cn->op_ms[KVR_OP_ATTN_NORMED];
     dr->comm->st.compute_ms = 0.0;
     memcpy(dr->comm->st.op_ms, cn->op_ms, sizeof(dr->comm->st.op_ms));
     for (int k = 0; k < KVR_OP_COUNT; k++) {

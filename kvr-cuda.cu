@@ -2307,6 +2307,9 @@ static bool cu_supports_op(struct kvr_backend * be, const struct kvr_tensor * t)
         }
         case KVR_OP_MERGE_ATTN:
             return true;
+        case KVR_OP_ATTN_STATS:  // the rings' exact F16 rounding: this backend's ATTN rounds its own way, so
+        case KVR_OP_ATTN_NORMED: //   the passes keep ATTN + MERGE_ATTN here (kvr-comm.c: ring_exact)
+            return false;
         case KVR_OP_MUL_MAT_ID:
             return cu_type_ok(a->type) && t->src[1]->type == KVR_TYPE_F32 && t->src[1]->nb[0] == 4 &&
                    a->ne[0] % kvr_blck_size(a->type) == 0;
@@ -2364,6 +2367,8 @@ static int cu_compute_node(struct cu_backend * cb, struct kvr_tensor * t) {
         case KVR_OP_RECV:
         case KVR_OP_ALL_GATHER:
         case KVR_OP_ALL_TO_ALL:
+        case KVR_OP_ATTN_STATS: // refused by cu_supports_op
+        case KVR_OP_ATTN_NORMED:
         case KVR_OP_ATTN_BLOCK:
         case KVR_OP_GDN_BLOCK:
         case KVR_OP_COUNT:      break;

@@ -1508,9 +1508,11 @@ static bool kv_cache_type_ok(enum kvr_type t) {
     return t == KVR_TYPE_F32 || t == KVR_TYPE_F16 || t == KVR_TYPE_BF16 || t == KVR_TYPE_Q8_0;
 }
 
-struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
-                             struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
-                             struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode) {
+// ATTN and its relatives (ATTN_STATS, ATTN_NORMED): the same sources and op_params, rows of ne0
+static struct kvr_tensor * attn_node(struct kvr_context * ctx, enum kvr_op op, int64_t ne0, struct kvr_tensor * q,
+                                     struct kvr_tensor * k, struct kvr_tensor * v, struct kvr_tensor * qpos,
+                                     struct kvr_tensor * kpos, struct kvr_tensor * dep, float scale, float softcap, int window,
+                                     enum kvr_attn_mode mode) {
     KVR_ASSERT(q->type == KVR_TYPE_F32 && kv_cache_type_ok(k->type) && kv_cache_type_ok(v->type));
     KVR_ASSERT(q->ne[0] == k->ne[0] && k->ne[0] == v->ne[0] && k->ne[1] == v->ne[1] && k->ne[2] == v->ne[2]);
     KVR_ASSERT(q->ne[1] % k->ne[1] == 0 && q->nb[0] == 4 && k->nb[0] == kvr_type_size(k->type) && v->nb[0] == kvr_type_size(v->type));
@@ -1518,7 +1520,7 @@ struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, st
     KVR_ASSERT(qpos->type == KVR_TYPE_I32 && kpos->type == KVR_TYPE_I32);
     KVR_ASSERT(qpos->ne[0] == q->ne[2] && kpos->ne[0] == k->ne[2]);
     const int64_t n_head = q->ne[1];
-    struct kvr_tensor * t = new_node(ctx, KVR_OP_ATTN, KVR_TYPE_F32, q->ne[0] * n_head + n_head, q->ne[2], 1, 1);
+    struct kvr_tensor * t = new_node(ctx, op, KVR_TYPE_F32, ne0, q->ne[2], 1, 1);
     t->src[0] = q;
     t->src[1] = k;
     t->src[2] = v;
@@ -1533,6 +1535,12 @@ struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, st
     return t;
 }
 
+struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
+                             struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
+                             struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode) {
+    return attn_node(ctx, KVR_OP_ATTN, q->ne[0] * q->ne[1] + q->ne[1], q, k, v, qpos, kpos, dep, scale, softcap, window, mode);
+}
+
 struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head) {
     KVR_ASSERT(n >= 1 && n <= KVR_MAX_SRC);
     struct kvr_tensor * t = new_node(ctx, KVR_OP_MERGE_ATTN, KVR_TYPE_F32, parts[0]->ne[0], parts[0]->ne[1], 1, 1);
@@ -1542,6 +1550,32 @@ struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor *
     }
     t->op_params[0] = n;
     t->op_params[1] = n_head;
+    return t;
+}
+
+struct kvr_tensor * kvr_attn_stats(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
+                                   struct kvr_tensor * qpos, struct kvr_tensor * kpos, struct kvr_tensor * prev,
+                                   struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode) {
+    KVR_ASSERT(!prev || (prev->type == KVR_TYPE_F32 && prev->ne[0] == 2 * q->ne[1] && prev->ne[1] == q->ne[2] &&
+                         prev->ne[3] == 1 && prev->nb[0] == sizeof(float)));
+    // ATTN's checks and parameters, with k standing in for the values it does not read
+    struct kvr_tensor * t = attn_node(ctx, KVR_OP_ATTN_STATS, 2 * q->ne[1], q, k, k, qpos, kpos, dep, scale, softcap, window, mode);
+    t->src[2] = prev;
+    return t;
+}
+
+struct kvr_tensor * kvr_attn_normed(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
+                                    struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
+                                    struct kvr_tensor * stats, struct kvr_tensor * sinks, struct kvr_tensor * dep,
+                                    float scale, float softcap, int window, enum kvr_attn_mode mode) {
+    KVR_ASSERT(k->type != KVR_TYPE_Q8_0 && v->type != KVR_TYPE_Q8_0);
+    KVR_ASSERT(stats->type == KVR_TYPE_F32 && stats->ne[0] == 2 * q->ne[1] && stats->ne[1] == q->ne[2] && stats->ne[3] == 1);
+    KVR_ASSERT(stats->nb[0] == sizeof(float));
+    KVR_ASSERT(!sinks || (sinks->type == KVR_TYPE_F32 && kvr_nelements(sinks) >= q->ne[1]));
+    struct kvr_tensor * t = attn_node(ctx, KVR_OP_ATTN_NORMED, q->ne[0] * q->ne[1] + q->ne[1], q, k, v, qpos, kpos, dep, scale,
+                                      softcap, window, mode);
+    t->src[6] = sinks;
+    t->src[7] = stats;
     return t;
 }
 
@@ -1636,6 +1670,7 @@ struct kvr_tensor * kvr_gdn_segment(struct kvr_context * ctx, const struct kvr_t
 
 static const char * const tag_kind_names[KVR_TAG_KIND_COUNT] = {
     "K", "V", "key positions", "Q", "query positions", "partial attention", "logits", "recurrent state",
+    "softmax statistics",
 };
 
 const char * kvr_tag_kind_name(int kind) {
@@ -2573,6 +2608,14 @@ static size_t attn_typed_floats(int64_t D) {
     return (size_t)(2 * KVR_ATTN_BK * D + 5 * D + 64);
 }
 
+// Floats of scratch ATTN_STATS or ATTN_NORMED takes (their kernels follow MERGE_ATTN's): G queries
+// as K's type makes them, a key (or value) row, G output rows, the G rows of scores, and each
+// head's max, sums (double) and 1/sum.
+static size_t attn_part_floats(const struct kvr_tensor * t) {
+    const int64_t D = t->src[0]->ne[0], G = t->src[0]->ne[1] / t->src[1]->ne[1], Tk = t->src[1]->ne[2];
+    return (size_t)(2 * G * D + D + G * Tk + 6 * G + 64);
+}
+
 static inline const void * attn_kv_row(const struct kvr_tensor * t, int64_t g, int64_t j) {
     return (const uint8_t *)t->data + g * t->nb[1] + j * t->nb[2];
 }
@@ -2996,6 +3039,7 @@ static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
         if (t->op == KVR_OP_ATTN)    n = ref_attn_floats(t->src[0]->ne[0], t->src[1]->ne[2]);
         if (t->op == KVR_OP_MUL_MAT_ID) n = ref_mul_mat_id_floats(t->src[0]->ne[0], q8_act && ref_quantized(t->src[0]->type));
         if (t->op == KVR_OP_GDN)     n = 4 * (size_t)t->src[0]->ne[0];
+        if (t->op == KVR_OP_ATTN_STATS || t->op == KVR_OP_ATTN_NORMED) n = attn_part_floats(t);
         if (n > need) need = n;
     }
     return need;
@@ -5901,6 +5945,10 @@ static bool attn_exact(int64_t Tq, int64_t Tk) {
     return Tq * Tk <= KVR_ATTN_EXACT_MAX_SCORES;
 }
 
+bool kvr_attn_cpu_exact(int64_t Tq, int64_t Tk) {
+    return attn_exact(Tq, Tk);
+}
+
 static int64_t attn_exact_keys(int64_t Tk) {
     return (Tk + 31) & ~(int64_t)31;
 }
@@ -6350,6 +6398,154 @@ static void cpu_op_merge_attn(const struct cpu_params * p, struct kvr_tensor * d
     }
 }
 
+// ATTN_STATS and ATTN_NORMED (kvr.h): a query's softmax spread over blocks of keys, rounded as
+// one rank's ATTN rounds it (cpu_op_attn_exact: e^(s - M) by ggml's expf with the max M of every
+// key, times (float)(1/S), to V's type). One kernel each, which the reference mode runs too.
+// Threads take (query row, KV head) items; each key row is turned to f32 once for the G query
+// heads that share it, and their scores over the block are kept ([G, Tk] floats of scratch).
+
+// Query row i's scores with the keys of KV head g, sc[hh * Tk + j] for its heads g*G + hh (-inf
+// where the key is hidden); the scores as cpu_op_attn_exact makes them. Returns whether any key is seen.
+static bool attn_part_scores(const struct cpu_params * p, const struct kvr_tensor * dst, int64_t i, int64_t g, int64_t Tk,
+                             float * qx, float * kx, float * sc) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1];
+    const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
+    const float scale = get_param_f32(dst, 2), cap = get_param_f32(dst, 4);
+    const int64_t W = dst->op_params[3];
+    const int64_t D = q->ne[0], G = q->ne[1] / k->ne[1];
+    const dot_f32_fn dot = mm_dot_order(D, attn_exact_keys(Tk), k->type == KVR_TYPE_F16 ? q->ne[2] : 1, p);
+    for (int64_t hh = 0; hh < G; hh++) attn_q_as(k->type, row_ptr(q, g * G + hh, i, 0), qx + hh * D, D);
+    bool seen = false;
+    for (int64_t j = 0; j < Tk; j++) {
+        if (!kvr_attn_visible(qpos[i], kpos[j], W)) {
+            for (int64_t hh = 0; hh < G; hh++) sc[hh * Tk + j] = -INFINITY;
+            continue;
+        }
+        const float * kj = (const float *)attn_kv_row(k, g, j);
+        if (k->type != KVR_TYPE_F32) {
+            attn_row_f32(k->type, kj, kx, D);
+            kj = kx;
+        }
+        for (int64_t hh = 0; hh < G; hh++) sc[hh * Tk + j] = kvr_softcap_f32(dot(qx + hh * D, kj, D) * scale, cap);
+        seen = true;
+    }
+    return seen;
+}
+
+// Head h of query row i: the statistics (*m, *s) of some keys and the n blocks' of st [2H, Tq, n]
+// folded into the max and the sum of them all (a block that saw no key has max -inf and sum 0)
+static void attn_stats_fold(const struct kvr_tensor * st, int64_t i, int64_t h, float * m, double * s) {
+    const int64_t H = st->ne[0] / 2;
+    float mx = *m;
+    for (int64_t b = 0; b < st->ne[2]; b++) {
+        const float mb = ((const float *)row_ptr(st, i, b, 0))[h];
+        mx = mb > mx ? mb : mx;
+    }
+    double sum = *s > 0.0 ? *s * exp((double)*m - (double)mx) : 0.0;
+    for (int64_t b = 0; b < st->ne[2]; b++) {
+        const float * sb = row_ptr(st, i, b, 0);
+        if (sb[H + h] > 0.0f) sum += (double)sb[H + h] * exp((double)sb[h] - (double)mx);
+    }
+    *m = mx;
+    *s = sum;
+}
+
+static void cpu_op_attn_stats(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1];
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], G = H / Hkv;
+    const int64_t Tk = attn_keys(dst->src[4]->data, k->ne[2]);
+    float (*const ex)(float) = p->lanes16 ? expf_ggml16 : expf_ggml;
+    KVR_ASSERT(attn_part_floats(dst) <= p->wsize);
+    float * qx = p->wdata, * kx = qx + G * D, * sc = kx + D;
+    for (int64_t item = p->ith; item < Tq * Hkv; item += p->nth) {
+        const int64_t i = item / Hkv, g = item % Hkv;
+        float * out = row_ptr(dst, i, 0, 0);
+        attn_part_scores(p, dst, i, g, Tk, qx, kx, sc);
+        for (int64_t hh = 0; hh < G; hh++) {
+            const float * s = sc + hh * Tk;
+            float m = -INFINITY;
+            for (int64_t j = 0; j < Tk; j++) m = s[j] > m ? s[j] : m;
+            double sum = 0.0;
+            for (int64_t j = 0; j < Tk && m > -INFINITY; j++) sum += s[j] == -INFINITY ? 0.0 : (double)ex(s[j] - m);
+            if (dst->src[2]) attn_stats_fold(dst->src[2], i, g * G + hh, &m, &sum);
+            out[g * G + hh] = m;
+            out[H + g * G + hh] = (float)sum;
+        }
+    }
+}
+
+static void cpu_op_attn_normed(const struct cpu_params * p, struct kvr_tensor * dst) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2], * st = dst->src[7];
+    const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
+    const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL;
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], G = H / Hkv;
+    const int64_t Tk = attn_keys(kpos, k->ne[2]);
+    const bool round = v->type == KVR_TYPE_F16 || v->type == KVR_TYPE_BF16;
+    float (*const ex)(float) = p->lanes16 ? expf_ggml16 : expf_ggml;
+    KVR_ASSERT(attn_part_floats(dst) <= p->wsize);
+    double * S = (double *)p->wdata, * Sb = S + G; // the doubles first: the scratch's alignment is theirs
+    float * M = (float *)(Sb + G), * inv = M + G, * qx = inv + G, * kx = qx + G * D, * sc = kx + D, * acc = sc + G * Tk;
+    for (int64_t item = p->ith; item < Tq * Hkv; item += p->nth) {
+        const int64_t i = item / Hkv, g = item % Hkv;
+        float * out = row_ptr(dst, i, 0, 0);
+        const bool seen = attn_part_scores(p, dst, i, g, Tk, qx, kx, sc);
+        for (int64_t hh = 0; hh < G; hh++) {
+            const int64_t h = g * G + hh;
+            // the whole softmax's max and sum: the blocks' statistics folded, and the sink (as
+            // cpu_op_attn_exact adds it: to the max, then e^(sink - max) to the sum)
+            float m = -INFINITY;
+            double sum = 0.0;
+            attn_stats_fold(st, i, h, &m, &sum);
+            if (sink && m > -INFINITY) {
+                if (sink[h] > m) {
+                    sum *= exp((double)m - (double)sink[h]);
+                    m = sink[h];
+                }
+                sum += (double)expf(sink[h] - m);
+            }
+            M[hh] = m;
+            S[hh] = sum;
+            Sb[hh] = 0.0;
+            inv[hh] = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+            for (int64_t e = 0; e < D; e++) acc[hh * D + e] = 0.0f;
+        }
+        for (int64_t j = 0; j < Tk && seen; j++) {
+            if (!kvr_attn_visible(qpos[i], kpos[j], dst->op_params[3])) continue;
+            const float * vj = (const float *)attn_kv_row(v, g, j);
+            if (v->type != KVR_TYPE_F32) {
+                attn_row_f32(v->type, vj, kx, D);
+                vj = kx;
+            }
+            for (int64_t hh = 0; hh < G; hh++) {
+                const float s = sc[hh * Tk + j];
+                if (s == -INFINITY || M[hh] == -INFINITY) continue;
+                const float e = ex(s - M[hh]);
+                float w = e * inv[hh];
+                if (round) w = kvr_kv_operand_round(v->type, w);
+                Sb[hh] += (double)e;
+                float * a = acc + hh * D;
+                for (int64_t d = 0; d < D; d++) a[d] = fmaf(w, vj[d], a[d]);
+            }
+        }
+        for (int64_t hh = 0; hh < G; hh++) {
+            const int64_t h = g * G + hh;
+            if (!(Sb[hh] > 0.0)) { // no key of this block seen (or all of them 0 at this scale)
+                for (int64_t d = 0; d < D; d++) out[h * D + d] = 0.0f;
+                out[D * H + h] = -INFINITY;
+                continue;
+            }
+            // MERGE_ATTN weighs this block by S_b / S: the output it takes is O_b * S / S_b
+            const float f = (float)(S[hh] / Sb[hh]);
+            for (int64_t d = 0; d < D; d++) out[h * D + d] = acc[hh * D + d] * f;
+            out[D * H + h] = (float)((double)M[hh] + log(Sb[hh]));
+        }
+    }
+    if (p->ith == 0) {
+        attn_count(dst->op_params[0], qpos, Tq, kvr_attn_tile_tokens(G), kpos, Tk, dst->op_params[3],
+                   &p->counters->attn_dot_dense, &p->counters->attn_dot_causal);
+    }
+}
+
 // SSM_CONV: threads take channels; each channel's window of K inputs slides over its history
 // (the state, or zeros when fresh) and then the batch, summed in GGML's order (oldest tap first,
 // f32), then SiLU; the last K-1 inputs become the channel's state.
@@ -6454,6 +6650,8 @@ static void cpu_compute_node(const struct cpu_params * p, struct kvr_tensor * t)
         case KVR_OP_KV_STORE:   cpu_op_cpy(p, t);        break;
         case KVR_OP_ATTN:       if (p->ref) ref_attn(p, t);    else cpu_op_attn(p, t);    break;
         case KVR_OP_MERGE_ATTN: cpu_op_merge_attn(p, t); break;
+        case KVR_OP_ATTN_STATS: cpu_op_attn_stats(p, t); break; // one kernel, both modes
+        case KVR_OP_ATTN_NORMED: cpu_op_attn_normed(p, t); break;
         case KVR_OP_NONE:
         case KVR_OP_VIEW:                                break;
         case KVR_OP_SEND:
@@ -6609,7 +6807,7 @@ static void trace_node(struct cpu_backend * cb, const struct kvr_tensor * t, dou
 
 static bool node_solo(const struct kvr_tensor * t) {
     return !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_MUL_MAT_ID &&
-           t->op != KVR_OP_ATTN && kvr_nelements(t) <= CPU_SOLO_ELEMS;
+           t->op != KVR_OP_ATTN && t->op != KVR_OP_ATTN_STATS && t->op != KVR_OP_ATTN_NORMED && kvr_nelements(t) <= CPU_SOLO_ELEMS;
 }
 
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
@@ -6701,6 +6899,7 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             if (n > need) need = n;
         }
         if (t->op == KVR_OP_GDN && (size_t)(2 * t->src[0]->ne[0]) > need) need = (size_t)(2 * t->src[0]->ne[0]);
+        if ((t->op == KVR_OP_ATTN_STATS || t->op == KVR_OP_ATTN_NORMED) && attn_part_floats(t) > need) need = attn_part_floats(t);
         if (t->op == KVR_OP_ATTN) {
             const int64_t D = t->src[0]->ne[0], G = t->src[0]->ne[1] / t->src[1]->ne[1];
             const size_t rows = (size_t)(kvr_attn_tile_tokens(G) * G);
@@ -11796,7 +11995,7 @@ static int eval_attn_layers(const struct kvr_graph * g) {
     int n = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct kvr_tensor * t = g->nodes[i];
-        if (t->op != KVR_OP_ATTN || strncmp(t->name, "blk.", 4) != 0) continue;
+        if ((t->op != KVR_OP_ATTN && t->op != KVR_OP_ATTN_NORMED) || strncmp(t->name, "blk.", 4) != 0) continue;
         const int il = atoi(t->name + 4);
         if (il >= 0 && il < 4096 && !seen[il]) { seen[il] = true; n++; }
     }

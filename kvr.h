@@ -284,6 +284,9 @@ struct kvr_tensor * kvr_reshape_2d(struct kvr_context * ctx, struct kvr_tensor *
     X(KV_STORE)    /* write new K or V rows (src0) into the cache view src1                  */ \
     X(ATTN)        /* attention of q over k/v at absolute positions; output O and LSE        */ \
     X(MERGE_ATTN)  /* combine partial attention outputs by their log-sum-exp                 */ \
+    X(ATTN_STATS)  /* per query and head: the max of its scores over keys and sum(e^(s-max)) */ \
+    X(ATTN_NORMED) /* ATTN over a block of keys, its probabilities those of a softmax whose  */ \
+                   /* max and sum (ATTN_STATS) span every block: rounded as one rank's are   */ \
     X(GDN_BLOCK)   /* high level: a Gated DeltaNet layer's recurrence over this batch, its   */ \
                    /* state left to a strategy pass (which rewrites it); never on a backend  */ \
     X(SSM_CONV)    /* short causal depthwise convolution + SiLU over a carried state         */ \
@@ -458,9 +461,40 @@ struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * 
 struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
                              struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
                              struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode);
+// Whether the CPU runs an ATTN of Tq queries over Tk keys in llama.cpp's arithmetic (the small
+// shapes above), not tiled: where it rounds F16/BF16 probabilities after normalising them.
+bool kvr_attn_cpu_exact(int64_t Tq, int64_t Tk);
 // Merge n partial ATTN results of the same queries (same layout as kvr_attn's result):
 // O = sum_i exp(lse_i - lse) O_i, lse = log(sum_i exp(lse_i)). Empty partials (lse -inf) drop out.
 struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head);
+// The softmax of a query spread over blocks of keys (the ring strategies), with an F16 or BF16 V:
+// one rank's ATTN rounds each probability to V's type after normalising it over every key, so a
+// block's rounding needs the max and the sum of the whole softmax before it, not the block's own.
+//   kvr_attn_stats: [2*n_head, Tq] f32: per query row, each head's max score over the keys of k it
+//     sees ([h]; -INFINITY where none), then the sum of e^(score - max) over them ([n_head + h], in
+//     double, stored f32; 0 where none). prev (optional, src[2]): [2*n_head, Tq, n] statistics of
+//     other keys, folded in (the max of all, each sum scaled to it). Arguments and op_params as
+//     kvr_attn's (no v, no sinks).
+//   kvr_attn_normed: kvr_attn's result for the block k/v, from probabilities normalised by the
+//     statistics of every key: stats [2*n_head, Tq, n] holds n ATTN_STATS results (of disjoint
+//     blocks, this one among them) that fold into the max M and the sum S of the whole softmax
+//     (sinks, optional: each head's sink logit joins M and S, as kvr_attn_sinks'). Key j's
+//     probability is p_j = e^(s_j - M) * (float)(1/S), rounded to V's type where V is F16 or BF16
+//     (the query to K's, as kvr_attn), and O_b = sum_j p_j v_j. The result is what MERGE_ATTN
+//     merges: O_b * S / S_b and the block's log-sum-exp M + log(S_b), S_b = sum_j e^(s_j - M) over
+//     the block's visible keys; merged (with the sinks on the merge), the output is sum_b O_b: the
+//     probabilities one rank's ATTN over every key takes, to the float rounding of the sums (a
+//     row that sees no key of the block: O 0, LSE -inf, as ATTN). The CPU backend runs both (F32,
+//     F16 or BF16 K and V; every score by its own dot, in the order of the exact ATTN kernel: made
+//     for the shapes kvr_attn_cpu_exact takes, not for long prompts); CUDA runs neither (its ATTN
+//     rounds tiles of unnormalised weights).
+struct kvr_tensor * kvr_attn_stats(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
+                                   struct kvr_tensor * qpos, struct kvr_tensor * kpos, struct kvr_tensor * prev,
+                                   struct kvr_tensor * dep, float scale, float softcap, int window, enum kvr_attn_mode mode);
+struct kvr_tensor * kvr_attn_normed(struct kvr_context * ctx, struct kvr_tensor * q, struct kvr_tensor * k,
+                                    struct kvr_tensor * v, struct kvr_tensor * qpos, struct kvr_tensor * kpos,
+                                    struct kvr_tensor * stats, struct kvr_tensor * sinks, struct kvr_tensor * dep,
+                                    float scale, float softcap, int window, enum kvr_attn_mode mode);
 // The output part of an ATTN or MERGE_ATTN result: a view [head_dim*n_head, Tq].
 struct kvr_tensor * kvr_attn_out(struct kvr_context * ctx, struct kvr_tensor * attn, int n_head);
 
@@ -527,6 +561,7 @@ struct kvr_tensor * kvr_all_to_all(struct kvr_context * ctx, struct kvr_tensor *
 enum kvr_tag_kind {
     KVR_TAG_K = 0, KVR_TAG_V, KVR_TAG_KPOS, KVR_TAG_Q, KVR_TAG_QPOS, KVR_TAG_PARTIAL, KVR_TAG_LOGITS,
     KVR_TAG_STATE, // a recurrent layer's state (kvr_kv_cache.state) handed on
+    KVR_TAG_STATS, // softmax statistics (ATTN_STATS) a ring shares before it rounds probabilities
     KVR_TAG_KIND_COUNT,
 };
 static inline int kvr_tag(int layer, enum kvr_tag_kind kind, int step) { return (layer << 12) | ((int)kind << 8) | (step & 0xff); }
@@ -1400,6 +1435,12 @@ void kvr_kv_file_free(struct kvr_kv_file * f);
 // After a prefill, tsp and kvr continue (decode, later turns) on the last rank, which holds the
 // whole cache; ring-kv, ring-q and auto keep the cache sharded: later turns use the ring again
 // and decode attends over every shard (each rank computes a partial, ALL_GATHER, merge).
+// With an F16 or BF16 cache, where one rank rounds each probability after normalising it over
+// every key (kvr_attn_cpu_exact: short prompts, every decode step), the rings first find each
+// query's softmax max and sum over all the blocks (ATTN_STATS) and round at that scale
+// (ATTN_NORMED): ring-kv folds them over its K trip (its transfers stay the same), ring-q
+// all-gathers every rank's statistics of every query, and the ring decode its shard's, one
+// collective more a layer (2 floats a head a query: KVR_TAG_STATS, counted in bytes_sent).
 
 enum kvr_strategy {
     KVR_STRATEGY_SINGLE = 0,

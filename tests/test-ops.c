@@ -2644,6 +2644,116 @@ static struct kvr_tensor * tc_kv_input(struct tcase * tc, enum kvr_type type, in
     return t;
 }
 
+//
+// ATTN_STATS, ATTN_NORMED: a ring's blocks of keys, rounded at the whole softmax's scale, merged
+//
+
+// The Tq last of Tk keys as queries; the keys split as a ring's shards over n ranks (block b holds
+// chunks b and 2n-1-b of 2n, its rows together: the K/V are stored block after block). Each block's
+// statistics (ATTN_STATS), folded one into the next (chain: ring-kv) or each on its own in a stack
+// [2H, Tq, n] (ring-q, the ring decode), then ATTN_NORMED per block, merged: against ATTN over all
+// keys (Tq*Tk within its llama.cpp kernel, cpu_op_attn_exact, which rounds F16/BF16 probabilities
+// after normalising them). Both sum e^(s - M) in another order, so 1/S may move by an ulp and an
+// f32 probability on a rounding tie of the type may round the other way: a rare one-unit step
+// (2^-11, 2^-8 of a weight) on top of the f32 sums' few ulp. (Plain ATTN partials merged, each
+// rounding at its block's scale, miss by 1e-3 here: what the rings did before.)
+static void t_attn_normed(int hd, int H, int Hkv, int Tq, int Tk, int n, bool chain, enum kvr_type type, float softcap, int window,
+                          bool sinks, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "ATTN_NORMED(hd=%d,H=%d,Hkv=%d,Tq=%d,Tk=%d,blocks=%d,%s,kv=%s,softcap=%g,window=%d%s)", hd, H, Hkv, Tq, Tk, n,
+             chain ? "chain" : "stack", type_str(type), softcap, window, sinks ? ",sinks" : "");
+    int32_t * qpos = (int32_t *) tc_floats(&tc, Tq), * kpos = (int32_t *) tc_floats(&tc, Tk);
+    int b0[KVR_MAX_SRC + 1];
+    int j = 0;
+    for (int b = 0; b < n; b++) { // block b: chunks b and 2n-1-b
+        b0[b] = j;
+        for (int c = 0; c < 2 * n; c++) {
+            if (c != b && c != 2 * n - 1 - b) continue;
+            for (int p = Tk * c / (2 * n); p < Tk * (c + 1) / (2 * n); p++) kpos[j++] = p;
+        }
+    }
+    b0[n] = Tk;
+    for (int i = 0; i < Tq; i++) qpos[i] = Tk - Tq + i;
+    struct kvr_tensor * q = tc_input_f32(&tc, 3, hd, H, Tq, 1.0f);
+    struct kvr_tensor * k = tc_kv_input(&tc, type, hd, Hkv, Tk), * v = tc_kv_input(&tc, type, hd, Hkv, Tk);
+    struct kvr_tensor * qp = tc_input_i32(&tc, Tq, qpos), * kp = tc_input_i32(&tc, Tk, kpos);
+    struct kvr_tensor * sk = sinks ? tc_input_f32(&tc, 1, H, 1, 1, 3.0f) : NULL;
+    const float scale = 1.0f / sqrtf((float) hd);
+    struct kvr_tensor * kb[KVR_MAX_SRC], * vb[KVR_MAX_SRC], * pb[KVR_MAX_SRC], * parts[KVR_MAX_SRC], * deps[KVR_MAX_SRC];
+    int n_deps = 0;
+    for (int b = 0; b < n; b++) {
+        const int nb = b0[b + 1] - b0[b];
+        kb[b] = kvr_view_3d(tc.ctx, k, hd, Hkv, nb, k->nb[1], k->nb[2], (size_t) b0[b] * k->nb[2]);
+        vb[b] = kvr_view_3d(tc.ctx, v, hd, Hkv, nb, v->nb[1], v->nb[2], (size_t) b0[b] * v->nb[2]);
+        pb[b] = kvr_view_1d(tc.ctx, kp, nb, (size_t) b0[b] * sizeof(int32_t));
+    }
+    struct kvr_tensor * st = NULL;
+    if (chain) {
+        for (int b = 0; b < n; b++) st = kvr_attn_stats(tc.ctx, q, kb[b], qp, pb[b], st, NULL, scale, softcap, window, KVR_ATTN_CAUSAL);
+    } else {
+        st = tc_input(&tc, KVR_TYPE_F32, 3, 2 * H, Tq, n);
+        for (int b = 0; b < n; b++) {
+            struct kvr_tensor * sb = kvr_attn_stats(tc.ctx, q, kb[b], qp, pb[b], NULL, NULL, scale, softcap, window, KVR_ATTN_CAUSAL);
+            deps[n_deps++] = kvr_cpy(tc.ctx, sb, kvr_view_2d(tc.ctx, st, 2 * H, Tq, st->nb[1], (size_t) b * st->nb[2]));
+        }
+    }
+    for (int b = 0; b < n; b++) {
+        parts[b] = kvr_attn_normed(tc.ctx, q, kb[b], vb[b], qp, pb[b], st, sk, NULL, scale, softcap, window, KVR_ATTN_CAUSAL);
+    }
+    struct kvr_tensor * y = kvr_merge_attn(tc.ctx, parts, n, H);
+    if (sk) kvr_attn_sinks(y, sk);
+    struct kvr_tensor * all = kvr_attn_sinks(kvr_attn(tc.ctx, q, k, v, qp, kp, NULL, scale, softcap, window, KVR_ATTN_CAUSAL), sk);
+    const int64_t row = (int64_t) hd * H + H;
+    if (tc_shape(&tc, y, KVR_TYPE_F32, row, Tq, 1, 1) && tc_shape(&tc, st, KVR_TYPE_F32, 2 * H, Tq, chain ? 1 : n, 1)) {
+        tc_output(&tc, y, "merged");
+        tc_output(&tc, all, "attn");
+        struct kvr_graph * g = kvr_graph_new(tc.ctx, GRAPH_SIZE);
+        for (int i = 0; i < n_deps; i++) kvr_graph_expand(g, deps[i]); // the stack's slices first
+        kvr_graph_expand(g, y);
+        kvr_graph_expand(g, all);
+        const int rc = kvr_graph_compute_cpu(g, nt);
+        if (rc != KVR_OK) {
+            tc_fail(&tc, "kvr_graph_compute_cpu returned %d: %s", rc, kvr_last_error());
+        } else {
+            double tol = (2.0 * Tk + hd * sqrt((double) hd) + 16) * ULP;
+            // the rare probability on a tie: one unit of the type's rounding of one weight
+            double * extra = tc_doubles(&tc, row * Tq);
+            const float * want = tc_read(&tc, all);
+            int ties = 0;
+            for (int64_t i = 0; i < row * Tq; i++) extra[i] = 0.0;
+            const float * got = tc_read(&tc, y);
+            for (int64_t i = 0; i < row * Tq; i++) {
+                const double unit = type == KVR_TYPE_F16 ? 1.0 / 2048 : type == KVR_TYPE_BF16 ? 1.0 / 256 : 0.0;
+                if (fabs((double) got[i] - want[i]) > tol * fmax(1.0, fabs((double) want[i])) && ties < 2) {
+                    extra[i] = unit;
+                    ties++;
+                }
+            }
+            tc_check(&tc, "merged", got, tc_widen(&tc, want, row * Tq), row * Tq, row, tol, extra);
+        }
+    }
+    tc_end(&tc);
+}
+
+static void grp_attn_normed(void) {
+    static const enum kvr_type types[] = { KVR_TYPE_F16, KVR_TYPE_BF16, KVR_TYPE_F32 };
+    static const struct { int hd, H, Hkv, Tq, Tk, n; float softcap; int window; bool sinks; } cases[] = {
+        { 64, 4, 2, 33, 67, 2, 0.0f, 0, false }, { 64, 4, 2, 40, 80, 3, 0.0f, 0, false }, { 64, 8, 2, 64, 64, 4, 0.0f, 0, false },
+        { 64, 4, 2, 1, 130, 3, 0.0f, 0, false },  // a decode step over three shards
+        { 32, 4, 1, 33, 67, 2, 2.0f, 0, false },  // soft-capped scores
+        { 32, 4, 4, 48, 96, 3, 0.0f, 20, false }, // a sliding window: blocks some queries see nothing of
+        { 64, 4, 2, 33, 67, 3, 0.0f, 0, true },   // sinks: in the denominator the probabilities round at
+    };
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            for (int chain = 0; chain < 2; chain++) {
+                t_attn_normed(cases[c].hd, cases[c].H, cases[c].Hkv, cases[c].Tq, cases[c].Tk, cases[c].n, chain, types[t], cases[c].softcap,
+                              cases[c].window, cases[c].sinks, 1 + (int) ((c + chain) % 3));
+            }
+        }
+    }
+}
+
 // kt, vt: the types of K and V (an F16, BF16 or Q8_0 cache: the kernels read them as they are)
 static void t_fr_attn(const struct attn_case * ac, int window, float softcap, enum kvr_attn_mode mode, int nt, enum kvr_type kt,
                       enum kvr_type vt) {
@@ -2863,7 +2973,7 @@ static const struct group {
     { "SOFTPLUS", grp_softplus }, { "GDN", grp_gdn }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
     { "PASS", grp_pass }, { "COUNTERS", grp_counters }, { "MOE", grp_moe }, { "ARGMAX", grp_argmax },
-    { "FAST_REF", grp_fast_ref },
+    { "FAST_REF", grp_fast_ref }, { "ATTN_NORMED", grp_attn_normed },
 };
 
 // Whether name is in the comma-separated list (case-insensitive).
