@@ -1760,8 +1760,11 @@ static struct kvr_tensor * recv_buf(struct pass_ctx * pc, enum kvr_type type, in
 // prompts keep ATTN's partials: one rank's tiled kernel rounds running, unnormalised weights a
 // tile at a time, which no split of the keys reproduces, and ATTN_NORMED is made for small shapes.
 // Q8_0 K runs the online kernel, which rounds nothing; a backend that runs neither op (CUDA: its
-// ATTN rounds tiles of unnormalised weights) keeps ATTN.
+// ATTN rounds tiles of unnormalised weights) keeps ATTN. It is the exact arithmetic's: a ring decode
+// pays about twice one rank's attention for it (the scores twice, one all-gather a layer), which 8-bit
+// activations (q8_activations, kvr-run's default), whose logits are 1e-2 away anyway, do not buy.
 static bool ring_exact(const struct pass_ctx * pc) {
+    if (pc->d->p.q8_activations) return false;
     const struct kvr_kv_cache * c = pc->dr->cache;
     if (c->type_k == KVR_TYPE_Q8_0 || (c->type_v != KVR_TYPE_F16 && c->type_v != KVR_TYPE_BF16)) return false;
     if (!kvr_attn_cpu_exact(pc->pl->T, (int64_t)pc->pl->P + pc->pl->T)) return false;

@@ -1435,8 +1435,8 @@ void kvr_kv_file_free(struct kvr_kv_file * f);
 // After a prefill, tsp and kvr continue (decode, later turns) on the last rank, which holds the
 // whole cache; ring-kv, ring-q and auto keep the cache sharded: later turns use the ring again
 // and decode attends over every shard (each rank computes a partial, ALL_GATHER, merge).
-// With an F16 or BF16 cache, where one rank rounds each probability after normalising it over
-// every key (kvr_attn_cpu_exact: short prompts, every decode step), the rings first find each
+// Under exact arithmetic (no q8_activations) with an F16 or BF16 cache, where one rank rounds each
+// probability after normalising it over every key (kvr_attn_cpu_exact: short prompts, every decode step), the rings first find each
 // query's softmax max and sum over all the blocks (ATTN_STATS) and round at that scale
 // (ATTN_NORMED): ring-kv folds them over its K trip (its transfers stay the same), ring-q
 // all-gathers every rank's statistics of every query, and the ring decode its shard's, one

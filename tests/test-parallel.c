@@ -1710,6 +1710,20 @@ static void test_cachetype(const struct tmodel * tm, bool strict) {
                     for (int s = 0; s < N; s++) rows_max = kvr_ring_shard(T, 0, N, s, NULL) > rows_max ? kvr_ring_shard(T, 0, N, s, NULL) : rows_max;
                     stats = (int64_t)(N - 1) * 2 * (int64_t)m->hp.n_head * rows_max * N * 4 * L;
                 }
+                // 8-bit activations keep the one-pass partials (ring_exact): no statistics on the link
+                if (stats > 0 && ct == KVR_CACHE_F16) {
+                    struct kvr_session_params p = { .strategy = strats[si], .n_ranks = N, .n_threads = 1, .n_ctx = N_CTX, .timeout_s = 30,
+                                                    .cache_type_k = ct, .cache_type_v = ct, .q8_activations = true };
+                    struct kvr_session * d = kvr_session_new(m, &p);
+                    const float * dl = d ? kvr_session_eval(d, prompt, T) : NULL;
+                    CHECK(dl != NULL, "8-bit activations: %s", kvr_last_error());
+                    struct kvr_rank_stats st[4];
+                    const int ns = dl ? kvr_session_stats(d, st, 4) : 0;
+                    for (int r = 0; r < ns; r++)
+                        CHECK(st[r].bytes_sent == sent[0][st[r].rank] - stats, "rank %d, 8-bit activations: %lld bytes sent, want %lld (no statistics)",
+                              st[r].rank, (long long)st[r].bytes_sent, (long long)(sent[0][st[r].rank] - stats));
+                    kvr_session_free(d);
+                }
                 for (int r = 0; r < N; r++) {
                     CHECK(rows[0][r] == rows[1][r], "rank %d: %lld K/V rows sent, %lld with an F32 cache", r, (long long)rows[0][r], (long long)rows[1][r]);
                     const int64_t other = sent[1][r] - rows[1][r] * row32 + stats;
