@@ -3015,6 +3015,30 @@ static void cpu_op_get_rows(const struct cpu_params * p, struct kvr_tensor * dst
     }
 }
 
+// z = x + y or x * y element by element, y[0] for every element where one is true: the plain
+// loop's values. z may be x or y (in place); GCC's -O2 leaves such loops scalar (vectorizing them
+// needs a check that the arrays do not overlap), so the vectors are spelled out here.
+static void vec_binary(bool add, const float * x, const float * y, bool one, float * z, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 y1 = _mm512_set1_ps(one ? y[0] : 0.0f);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 a = _mm512_loadu_ps(x + i), b = one ? y1 : _mm512_loadu_ps(y + i);
+        _mm512_storeu_ps(z + i, add ? _mm512_add_ps(a, b) : _mm512_mul_ps(a, b));
+    }
+#elif defined(__AVX__)
+    const __m256 y1 = _mm256_set1_ps(one ? y[0] : 0.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = one ? y1 : _mm256_loadu_ps(y + i);
+        _mm256_storeu_ps(z + i, add ? _mm256_add_ps(a, b) : _mm256_mul_ps(a, b));
+    }
+#endif
+    for (; i < n; i++) {
+        const float b = one ? y[0] : y[i];
+        z[i] = add ? x[i] + b : x[i] * b;
+    }
+}
+
 static void cpu_op_binary(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * a = dst->src[0], * b = dst->src[1];
     const int64_t n = a->ne[0];
@@ -3025,19 +3049,7 @@ static void cpu_op_binary(const struct cpu_params * p, struct kvr_tensor * dst) 
     for (int64_t r = r0; r < r1; r++) {
         const float * x = row_ptr_flat(a, r);
         const float * y = bcast ? (const float *)b->data : (const float *)row_ptr_flat(b, r);
-        float * z = row_ptr_flat(dst, r);
-        if (scalar) {
-            const float v = y[0];
-            if (dst->op == KVR_OP_ADD) {
-                for (int64_t i = 0; i < n; i++) z[i] = x[i] + v;
-            } else {
-                for (int64_t i = 0; i < n; i++) z[i] = x[i] * v;
-            }
-        } else if (dst->op == KVR_OP_ADD) {
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
-        } else {
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] * y[i];
-        }
+        vec_binary(dst->op == KVR_OP_ADD, x, y, scalar, row_ptr_flat(dst, r), n);
     }
 }
 
@@ -3127,6 +3139,26 @@ static void gelu_table_init(void) {
     for (uint32_t i = 0; i < (1u << 16); i++) gelu_table[i] = kvr_gelu_half((uint16_t)i);
 }
 
+// kvr_gelu_ggml over n values with the table, 16 at a time where AVX-512 converts to and from fp16
+// (round to nearest even, subnormals kept: kvr_f32_to_half's and kvr_half_to_f32's bits; a NaN's
+// payload may differ, which the table's entry for it does not see) and the rest one by one.
+static void vec_gelu_ggml(const float * x, float * y, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        uint16_t h[16];
+        _mm256_storeu_si256((__m256i *)h, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int k = 0; k < 16; k++) h[k] = gelu_table[h[k]];
+        __m512 g = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        g = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(v, _mm512_set1_ps(10.0f), _CMP_GE_OQ), v);
+        g = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(v, _mm512_set1_ps(-10.0f), _CMP_LE_OQ), _mm512_setzero_ps());
+        _mm512_storeu_ps(y + i, g);
+    }
+#endif
+    for (; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
+}
+
 static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
     if (dst->op == KVR_OP_GELU && !dst->op_params[0]) pthread_once(&gelu_table_once, gelu_table_init);
     const struct kvr_tensor * a = dst->src[0];
@@ -3146,7 +3178,7 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 break;
             case KVR_OP_GELU:
                 if (dst->op_params[0]) for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_tanh(x[i]);
-                else                   for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
+                else                   vec_gelu_ggml(x, y, n);
                 break;
             case KVR_OP_SOFTCAP:
                 for (int64_t i = 0; i < n; i++) y[i] = kvr_softcap_f32(x[i], s);
@@ -3163,22 +3195,37 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
 }
 
+#define RMS_NORM_ROWS 8
+
 static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * a = dst->src[0];
     const int64_t n = a->ne[0];
     const float eps = get_param_f32(dst, 0);
     int64_t r0, r1;
     row_range(kvr_nrows(a), p->ith, p->nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
+    // RMS_NORM: each row's sum of squares in double, element after element, as GGML does, so long
+    // rows agree with llama.cpp to the last bits. One such chain waits on each add's latency; the
+    // sums of RMS_NORM_ROWS rows run side by side, each still in its own order.
+    for (int64_t r = r0; dst->op == KVR_OP_RMS_NORM && r < r1; r += RMS_NORM_ROWS) {
+        const int64_t nr = r1 - r < RMS_NORM_ROWS ? r1 - r : RMS_NORM_ROWS;
+        const float * x[RMS_NORM_ROWS];
+        double sum[RMS_NORM_ROWS];
+        for (int64_t k = 0; k < RMS_NORM_ROWS; k++) {
+            x[k] = row_ptr_flat(a, r + (k < nr ? k : 0));
+            sum[k] = 0.0;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t k = 0; k < RMS_NORM_ROWS; k++) sum[k] += (double)(x[k][i] * x[k][i]);
+        }
+        for (int64_t k = 0; k < nr; k++) {
+            const float scale = 1.0f / sqrtf((float)(sum[k] / n) + eps);
+            vec_binary(false, x[k], &scale, true, row_ptr_flat(dst, r + k), n);
+        }
+    }
+    for (int64_t r = r0; dst->op == KVR_OP_NORM && r < r1; r++) {
         const float * x = row_ptr_flat(a, r);
         float * y = row_ptr_flat(dst, r);
-        // sums in double, as GGML does, so long rows agree with llama.cpp to the last bits
-        if (dst->op == KVR_OP_RMS_NORM) {
-            double sum = 0.0;
-            for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-            const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
-        } else {
+        {
             // GGML's order: the mean is a float division of the rounded sum; the squares are
             // summed in float by groups of 8 lanes (lane i with i+4, then (0+2)+(1+3)) and the
             // group sums in double, the tail one by one
