@@ -3019,22 +3019,23 @@ static void cpu_op_get_rows(const struct cpu_params * p, struct kvr_tensor * dst
 // loop's values. z may be x or y (in place); GCC's -O2 leaves such loops scalar (vectorizing them
 // needs a check that the arrays do not overlap), so the vectors are spelled out here.
 static void vec_binary(bool add, const float * x, const float * y, bool one, float * z, int64_t n) {
+    const float y0 = one ? y[0] : 0.0f; // read before z, which may be y, is written
     int64_t i = 0;
 #if defined(__AVX512F__)
-    const __m512 y1 = _mm512_set1_ps(one ? y[0] : 0.0f);
+    const __m512 y1 = _mm512_set1_ps(y0);
     for (; i + 16 <= n; i += 16) {
         const __m512 a = _mm512_loadu_ps(x + i), b = one ? y1 : _mm512_loadu_ps(y + i);
         _mm512_storeu_ps(z + i, add ? _mm512_add_ps(a, b) : _mm512_mul_ps(a, b));
     }
 #elif defined(__AVX__)
-    const __m256 y1 = _mm256_set1_ps(one ? y[0] : 0.0f);
+    const __m256 y1 = _mm256_set1_ps(y0);
     for (; i + 8 <= n; i += 8) {
         const __m256 a = _mm256_loadu_ps(x + i), b = one ? y1 : _mm256_loadu_ps(y + i);
         _mm256_storeu_ps(z + i, add ? _mm256_add_ps(a, b) : _mm256_mul_ps(a, b));
     }
 #endif
     for (; i < n; i++) {
-        const float b = one ? y[0] : y[i];
+        const float b = one ? y0 : y[i];
         z[i] = add ? x[i] + b : x[i] * b;
     }
 }
