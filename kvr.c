@@ -2527,7 +2527,9 @@ struct cpu_params {
 // Attention tiles (kvr.h's KVR_ATTN_ROWS, KVR_ATTN_BK, kvr_attn_tile_tokens: the CUDA kernel uses
 // the same). The query heads that share one KV head (GQA/MQA) are processed together, so each key
 // tile is multiplied by up to KVR_ATTN_ROWS query rows at once (one sgemm) and read once per group
-// instead of once per head. A query tile is KVR_ATTN_ROWS / group tokens.
+// instead of once per head. A query tile is KVR_ATTN_ROWS / group tokens. An AVX-512 build computes
+// in smaller blocks of its own (cpu_op_attn_lanes) and still counts in these tiles, so the counters
+// (and the simulator calibrated on them) do not depend on the build.
 
 
 static inline void row_range(int64_t n, int ith, int nth, int64_t * r0, int64_t * r1) {
@@ -3057,6 +3059,31 @@ static void cpu_op_get_rows(const struct cpu_params * p, struct kvr_tensor * dst
     }
 }
 
+// z = x + y or x * y element by element, y[0] for every element where one is true: the plain
+// loop's values. z may be x or y (in place); GCC's -O2 leaves such loops scalar (vectorizing them
+// needs a check that the arrays do not overlap), so the vectors are spelled out here.
+static void vec_binary(bool add, const float * x, const float * y, bool one, float * z, int64_t n) {
+    const float y0 = one ? y[0] : 0.0f; // read before z, which may be y, is written
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 y1 = _mm512_set1_ps(y0);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 a = _mm512_loadu_ps(x + i), b = one ? y1 : _mm512_loadu_ps(y + i);
+        _mm512_storeu_ps(z + i, add ? _mm512_add_ps(a, b) : _mm512_mul_ps(a, b));
+    }
+#elif defined(__AVX__)
+    const __m256 y1 = _mm256_set1_ps(y0);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = one ? y1 : _mm256_loadu_ps(y + i);
+        _mm256_storeu_ps(z + i, add ? _mm256_add_ps(a, b) : _mm256_mul_ps(a, b));
+    }
+#endif
+    for (; i < n; i++) {
+        const float b = one ? y0 : y[i];
+        z[i] = add ? x[i] + b : x[i] * b;
+    }
+}
+
 static void cpu_op_binary(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * a = dst->src[0], * b = dst->src[1];
     const int64_t n = a->ne[0];
@@ -3067,19 +3094,7 @@ static void cpu_op_binary(const struct cpu_params * p, struct kvr_tensor * dst) 
     for (int64_t r = r0; r < r1; r++) {
         const float * x = row_ptr_flat(a, r);
         const float * y = bcast ? (const float *)b->data : (const float *)row_ptr_flat(b, r);
-        float * z = row_ptr_flat(dst, r);
-        if (scalar) {
-            const float v = y[0];
-            if (dst->op == KVR_OP_ADD) {
-                for (int64_t i = 0; i < n; i++) z[i] = x[i] + v;
-            } else {
-                for (int64_t i = 0; i < n; i++) z[i] = x[i] * v;
-            }
-        } else if (dst->op == KVR_OP_ADD) {
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
-        } else {
-            for (int64_t i = 0; i < n; i++) z[i] = x[i] * y[i];
-        }
+        vec_binary(dst->op == KVR_OP_ADD, x, y, scalar, row_ptr_flat(dst, r), n);
     }
 }
 
@@ -3107,6 +3122,7 @@ static inline __m256 exp256(__m256 x) {
 }
 #endif
 
+#if !defined(__AVX512F__) // the sgemm-tiled attention's (AVX-512 builds run cpu_op_attn_lanes)
 // s[j] = exp(s[j] - m); returns the sum (in f32, in order of 8-lane partial sums)
 static float vec_exp_sub_sum(float * s, int64_t n, float m) {
     int64_t j = 0;
@@ -3143,6 +3159,7 @@ static float vec_max(const float * s, int64_t n) {
     for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
     return mx;
 }
+#endif
 
 static void vec_silu(const float * x, float * y, int64_t n) {
     int64_t i = 0;
@@ -3167,6 +3184,26 @@ static void gelu_table_init(void) {
     for (uint32_t i = 0; i < (1u << 16); i++) gelu_table[i] = kvr_gelu_half((uint16_t)i);
 }
 
+// kvr_gelu_ggml over n values with the table, 16 at a time where AVX-512 converts to and from fp16
+// (round to nearest even, subnormals kept: kvr_f32_to_half's and kvr_half_to_f32's bits; a NaN's
+// payload may differ, which the table's entry for it does not see) and the rest one by one.
+static void vec_gelu_ggml(const float * x, float * y, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        uint16_t h[16];
+        _mm256_storeu_si256((__m256i *)h, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int k = 0; k < 16; k++) h[k] = gelu_table[h[k]];
+        __m512 g = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        g = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(v, _mm512_set1_ps(10.0f), _CMP_GE_OQ), v);
+        g = _mm512_mask_mov_ps(g, _mm512_cmp_ps_mask(v, _mm512_set1_ps(-10.0f), _CMP_LE_OQ), _mm512_setzero_ps());
+        _mm512_storeu_ps(y + i, g);
+    }
+#endif
+    for (; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
+}
+
 static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
     if (dst->op == KVR_OP_GELU && !dst->op_params[0]) pthread_once(&gelu_table_once, gelu_table_init);
     const struct kvr_tensor * a = dst->src[0];
@@ -3186,7 +3223,7 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 break;
             case KVR_OP_GELU:
                 if (dst->op_params[0]) for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_tanh(x[i]);
-                else                   for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_ggml(x[i], gelu_table);
+                else                   vec_gelu_ggml(x, y, n);
                 break;
             case KVR_OP_SOFTCAP:
                 for (int64_t i = 0; i < n; i++) y[i] = kvr_softcap_f32(x[i], s);
@@ -3203,22 +3240,37 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
 }
 
+#define RMS_NORM_ROWS 8
+
 static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * a = dst->src[0];
     const int64_t n = a->ne[0];
     const float eps = get_param_f32(dst, 0);
     int64_t r0, r1;
     row_range(kvr_nrows(a), p->ith, p->nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
+    // RMS_NORM: each row's sum of squares in double, element after element, as GGML does, so long
+    // rows agree with llama.cpp to the last bits. One such chain waits on each add's latency; the
+    // sums of RMS_NORM_ROWS rows run side by side, each still in its own order.
+    for (int64_t r = r0; dst->op == KVR_OP_RMS_NORM && r < r1; r += RMS_NORM_ROWS) {
+        const int64_t nr = r1 - r < RMS_NORM_ROWS ? r1 - r : RMS_NORM_ROWS;
+        const float * x[RMS_NORM_ROWS];
+        double sum[RMS_NORM_ROWS];
+        for (int64_t k = 0; k < RMS_NORM_ROWS; k++) {
+            x[k] = row_ptr_flat(a, r + (k < nr ? k : 0));
+            sum[k] = 0.0;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t k = 0; k < RMS_NORM_ROWS; k++) sum[k] += (double)(x[k][i] * x[k][i]);
+        }
+        for (int64_t k = 0; k < nr; k++) {
+            const float scale = 1.0f / sqrtf((float)(sum[k] / n) + eps);
+            vec_binary(false, x[k], &scale, true, row_ptr_flat(dst, r + k), n);
+        }
+    }
+    for (int64_t r = r0; dst->op == KVR_OP_NORM && r < r1; r++) {
         const float * x = row_ptr_flat(a, r);
         float * y = row_ptr_flat(dst, r);
-        // sums in double, as GGML does, so long rows agree with llama.cpp to the last bits
-        if (dst->op == KVR_OP_RMS_NORM) {
-            double sum = 0.0;
-            for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-            const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
-            for (int64_t i = 0; i < n; i++) y[i] = x[i] * scale;
-        } else {
+        {
             // GGML's order: the mean is a float division of the rounded sum; the squares are
             // summed in float by groups of 8 lanes (lane i with i+4, then (0+2)+(1+3)) and the
             // group sums in double, the tail one by one
@@ -6217,6 +6269,7 @@ static void cpu_op_attn_online(const struct cpu_params * p, struct kvr_tensor * 
     }
 }
 
+#if !defined(__AVX512F__)
 // Attention of larger shapes, flash-style: per KV head and tile of queries, the scores of a tile of
 // keys by one sgemm, an online softmax (kvr_softmax_*), the output by a second sgemm; tiles no
 // query sees are skipped (kvr_attn_tile).
@@ -6347,6 +6400,252 @@ static void cpu_op_attn_tiled(const struct cpu_params * p, struct kvr_tensor * d
     p->counters->attn_dot_causal += dot_causal;
 }
 
+#endif
+
+#if defined(__AVX512F__)
+// The prefill attention on AVX-512: the tiled kernel's arithmetic (scores of the rounded queries
+// times the keys, scaled; an online softmax over blocks of keys; the unnormalized probabilities
+// rounded to an F16/BF16 V's type; the output divided by the sum at the end) with the queries in
+// the lanes. A work item is one KV head and ATTN_LANES_TOKENS(G) tokens: its R = tokens x G rows
+// (token, head) are 16-lane vectors, held transposed (Qt [D][R], the running output Ot [D][R]), so
+// the softmax's max, exp, sum and rescaling of a block run down the lanes with no horizontal step,
+// and both products are register-tiled FMAs of a broadcast value with 16 rows at once: scores
+// St [key][R] = K_block Q^T, then Ot += V_block^T P. K and V are turned into f32 a block of
+// ATTN_LANES_BK keys at a time, once for all the G heads and the tokens of the item. A block of
+// keys no query of the item sees is skipped (kvr_attn_tile over the item's and the block's
+// positions), so a causal diagonal or a sliding window (Gemma 3's 512) computes little more than
+// the pairs it needs. Items are taken from the node's counter, the longest (the last queries of a
+// causal prompt) first, so a thread that runs late does fewer. Summation order: each score is one
+// chain of FMAs over d, each output value one over the keys of a block; the result moves from the
+// sgemm's by rounding only (test-ops' FAST_REF tolerances).
+#define ATTN_LANES_BK 32
+#define ATTN_LANES_RM 4  // rows of a register tile (keys of St, values d of Ot)
+#define ATTN_LANES_RN 4  // 16-lane vectors of a register tile (64 query rows)
+
+static int64_t attn_lanes_tokens(int64_t G) {
+    return G >= 4 ? 16 : 16 * (4 / G); // R = tokens x G: a multiple of 16, 48 to 64 rows for G <= 4
+}
+
+// Floats of scratch the lanes kernel takes (rows R rounded up to 16 lanes).
+static size_t attn_lanes_floats(int64_t D, int64_t G) {
+    const int64_t R = attn_lanes_tokens(G) * G;
+    return (size_t)(R * (2 * D + ATTN_LANES_BK + 4) + 2 * ATTN_LANES_BK * D + 64);
+}
+
+// e^x of 16 values, exp256's steps and constants; x below -87.3 (and -inf) gives 0.
+static inline __m512 exp512(__m512 x) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365478515625f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3365478515625f)), _mm512_set1_ps(88.3762626647949f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+// One register tile: for RM rows m and RN vectors n of 16 lanes, over k < K,
+//   acc[m][n] = sum_k A[m*am + k*ak] * B[k*ldb + 16n]   (one FMA chain, in the order of k)
+// then C[m*ldc + 16n] = acc * s (cs NULL), or C = C * cs[16n] + acc (the running output, rescaled).
+static inline __attribute__((always_inline)) void attn_lanes_tile(const int RM, const int RN, int64_t K, const float * A,
+                                                                  int64_t am, int64_t ak, const float * B, int64_t ldb,
+                                                                  float * C, int64_t ldc, const float * cs, float s) {
+    __m512 acc[ATTN_LANES_RM][ATTN_LANES_RN];
+#pragma GCC unroll 4
+    for (int m = 0; m < RM; m++) {
+#pragma GCC unroll 4
+        for (int n = 0; n < RN; n++) {
+            acc[m][n] = cs ? _mm512_mul_ps(_mm512_loadu_ps(C + m * ldc + 16 * n), _mm512_loadu_ps(cs + 16 * n)) : _mm512_setzero_ps();
+        }
+    }
+    for (int64_t k = 0; k < K; k++) {
+        __m512 b[ATTN_LANES_RN];
+#pragma GCC unroll 4
+        for (int n = 0; n < RN; n++) b[n] = _mm512_loadu_ps(B + k * ldb + 16 * n);
+#pragma GCC unroll 4
+        for (int m = 0; m < RM; m++) {
+            const __m512 a = _mm512_set1_ps(A[m * am + k * ak]);
+#pragma GCC unroll 4
+            for (int n = 0; n < RN; n++) acc[m][n] = _mm512_fmadd_ps(a, b[n], acc[m][n]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < RM; m++) {
+#pragma GCC unroll 4
+        for (int n = 0; n < RN; n++) {
+            _mm512_storeu_ps(C + m * ldc + 16 * n, cs ? acc[m][n] : _mm512_mul_ps(acc[m][n], _mm512_set1_ps(s)));
+        }
+    }
+}
+
+// C [M][R] (row stride ldc) from A and B as attn_lanes_tile says, for every m < M and all R lanes
+// (nv vectors), in register tiles of ATTN_LANES_RM x ATTN_LANES_RN.
+static void attn_lanes_gemm(int64_t M, int64_t nv, int64_t K, const float * A, int64_t am, int64_t ak, const float * B,
+                            int64_t ldb, float * C, int64_t ldc, const float * cs, float s) {
+    for (int64_t v0 = 0; v0 < nv; v0 += ATTN_LANES_RN) {
+        const int64_t rn = nv - v0 < ATTN_LANES_RN ? nv - v0 : ATTN_LANES_RN;
+        const float * Bv = B + 16 * v0, * csv = cs ? cs + 16 * v0 : NULL;
+        float * Cv = C + 16 * v0;
+        int64_t m = 0;
+        for (; m + ATTN_LANES_RM <= M; m += ATTN_LANES_RM) {
+            const float * Am = A + m * am;
+            float * Cm = Cv + m * ldc;
+            switch (rn) {
+                case 1:  attn_lanes_tile(ATTN_LANES_RM, 1, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+                case 2:  attn_lanes_tile(ATTN_LANES_RM, 2, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+                case 3:  attn_lanes_tile(ATTN_LANES_RM, 3, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+                default: attn_lanes_tile(ATTN_LANES_RM, 4, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+            }
+        }
+        for (; m < M; m++) {
+            const float * Am = A + m * am;
+            float * Cm = Cv + m * ldc;
+            switch (rn) {
+                case 1:  attn_lanes_tile(1, 1, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+                case 2:  attn_lanes_tile(1, 2, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+                case 3:  attn_lanes_tile(1, 3, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+                default: attn_lanes_tile(1, 4, K, Am, am, ak, Bv, ldb, Cm, ldc, csv, s); break;
+            }
+        }
+    }
+}
+
+static void cpu_op_attn_lanes(const struct cpu_params * p, struct kvr_tensor * dst, int64_t Tk) {
+    const struct kvr_tensor * q = dst->src[0], * k = dst->src[1], * v = dst->src[2];
+    const int32_t * qpos = dst->src[3]->data, * kpos = dst->src[4]->data;
+    const int mode = dst->op_params[0];
+    const float scale = get_param_f32(dst, 2), cap = get_param_f32(dst, 4); // cap: soft-capping (0: none)
+    const int64_t W = dst->op_params[3];       // sliding window (0: none): key j seen iff qp-W < kp <= qp
+    const int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], Hkv = k->ne[1], G = H / Hkv;
+    const int64_t BT = attn_lanes_tokens(G), R = BT * G, nv = R / 16, row_len = dst->ne[0];
+    const int64_t n_qt = (Tq + BT - 1) / BT;
+    const float * sink = dst->src[6] ? (const float *)dst->src[6]->data : NULL; // kvr_attn_sinks
+    const bool round_p = v->type == KVR_TYPE_F16 || v->type == KVR_TYPE_BF16;
+    KVR_ASSERT(R % 16 == 0 && attn_lanes_floats(D, G) <= p->wsize);
+
+    float * Qt = p->wdata;                     // [D][R] the item's queries, rounded as K's type needs
+    float * Ot = Qt + D * R;                   // [D][R] running output
+    float * St = Ot + D * R;                   // [BK][R] scores, then probabilities
+    float * M = St + ATTN_LANES_BK * R;        // [R] running max
+    float * L = M + R;                         // [R] running sum
+    float * C = L + R;                         // [R] this block's rescaling of Ot
+    int32_t * qp = (int32_t *)(C + R);         // [R] each row's position
+    float * Kb = (float *)(qp + R);            // [BK][D] the block's keys in f32
+    float * Vb = Kb + ATTN_LANES_BK * D;       // [BK][D] its values
+
+    // the counters are the tiled kernel's (kvr.h's tiles), shared among the threads
+    const int64_t BTc = kvr_attn_tile_tokens(G);
+    for (int64_t i0 = p->ith * BTc; i0 < Tq; i0 += p->nth * BTc) {
+        attn_count_tile(mode, qpos + i0, i0 + BTc <= Tq ? BTc : Tq - i0, kpos, Tk, W,
+                        &p->counters->attn_dot_dense, &p->counters->attn_dot_causal);
+    }
+    const struct mm_chunks items = { p->chunk, 1 };
+    int64_t item, item1;
+    while (mm_chunk_next(&items, Hkv * n_qt, &item, &item1)) {
+        const int64_t g = item % Hkv, qt = n_qt - 1 - item / Hkv; // the last (causal: longest) query tiles first
+        const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
+        int32_t qmin = INT32_MAX, qmax = INT32_MIN;
+        for (int64_t i = 0; i < bt; i++) {
+            if (qpos[i0 + i] < qmin) qmin = qpos[i0 + i];
+            if (qpos[i0 + i] > qmax) qmax = qpos[i0 + i];
+        }
+        // a query row, rounded, spread into Qt's column; the rows past a short last tile are zeros
+        // of position 0: lanes of their own, computed and never written out
+        float * qx = Kb;
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t i = r / G, h = g * G + r % G;
+            M[r] = -INFINITY;
+            L[r] = 0.0f;
+            qp[r] = i < bt ? qpos[i0 + i] : 0;
+            if (i < bt) {
+                memcpy(qx, row_ptr(q, h, i0 + i, 0), sizeof(float) * (size_t)D);
+                if (k->type == KVR_TYPE_Q8_0) attn_q_as(k->type, qx, qx, D);
+                else if (k->type != KVR_TYPE_F32) attn_round_to(k->type, qx, D);
+            } else {
+                memset(qx, 0, sizeof(float) * (size_t)D);
+            }
+            for (int64_t d = 0; d < D; d++) Qt[d * R + r] = qx[d];
+        }
+        memset(Ot, 0, sizeof(float) * (size_t)(D * R));
+        for (int64_t j0 = 0; j0 < Tk; j0 += ATTN_LANES_BK) {
+            const int64_t bk = (j0 + ATTN_LANES_BK <= Tk) ? ATTN_LANES_BK : Tk - j0;
+            int32_t kmin = INT32_MAX, kmax = INT32_MIN;
+            for (int64_t j = 0; j < bk; j++) {
+                if (kpos[j0 + j] < kmin) kmin = kpos[j0 + j];
+                if (kpos[j0 + j] > kmax) kmax = kpos[j0 + j];
+            }
+            const int tile = kvr_attn_tile(mode, qmin, qmax, kmin, kmax, W);
+            if (tile == 0) continue;
+            const bool need_mask = tile == 2;
+            for (int64_t j = 0; j < bk; j++) {
+                attn_row_f32(k->type, attn_kv_row(k, g, j0 + j), Kb + j * D, D);
+                attn_row_f32(v->type, attn_kv_row(v, g, j0 + j), Vb + j * D, D);
+            }
+            attn_lanes_gemm(bk, nv, D, Kb, D, 1, Qt, R, St, R, NULL, scale);
+            if (cap > 0.0f) for (int64_t e = 0; e < bk * R; e++) St[e] = kvr_softcap_f32(St[e], cap);
+            for (int64_t c = 0; c < nv; c++) {
+                const __m512i qv = _mm512_loadu_si512(qp + 16 * c);
+                __m512 mx = _mm512_set1_ps(-INFINITY);
+                for (int64_t j = 0; j < bk; j++) {
+                    float * s = St + j * R + 16 * c;
+                    __m512 x = _mm512_loadu_ps(s);
+                    if (need_mask) {
+                        // kp <= qp and, with a window, qp - kp < W (the difference of two int32
+                        // with kp <= qp fits an unsigned 32-bit compare)
+                        const __m512i kv = _mm512_set1_epi32(kpos[j0 + j]);
+                        __mmask16 vis = _mm512_cmple_epi32_mask(kv, qv);
+                        if (W > 0) vis = _mm512_mask_cmplt_epu32_mask(vis, _mm512_sub_epi32(qv, kv), _mm512_set1_epi32((int32_t)W));
+                        x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis, x);
+                        _mm512_storeu_ps(s, x);
+                    }
+                    mx = _mm512_max_ps(mx, x);
+                }
+                const __m512 m_old = _mm512_loadu_ps(M + 16 * c);
+                const __m512 m_new = _mm512_max_ps(m_old, mx);
+                // rows that have seen nothing yet subtract 0: their scores are -inf, e^-inf = 0
+                const __mmask16 none = _mm512_cmp_ps_mask(m_new, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+                const __m512 m_sub = _mm512_mask_mov_ps(m_new, none, _mm512_setzero_ps());
+                const __m512 corr = exp512(_mm512_sub_ps(m_old, m_sub)); // 0 while m_old was -inf
+                __m512 sum = _mm512_setzero_ps();
+                for (int64_t j = 0; j < bk; j++) {
+                    float * s = St + j * R + 16 * c;
+                    __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s), m_sub));
+                    sum = _mm512_add_ps(sum, e);
+                    if (round_p && v->type == KVR_TYPE_F16) {
+                        e = _mm512_cvtph_ps(_mm512_cvtps_ph(e, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                    }
+                    _mm512_storeu_ps(s, e);
+                }
+                _mm512_storeu_ps(L + 16 * c, _mm512_fmadd_ps(_mm512_loadu_ps(L + 16 * c), corr, sum));
+                _mm512_storeu_ps(M + 16 * c, m_new);
+                _mm512_storeu_ps(C + 16 * c, corr);
+            }
+            if (round_p && v->type == KVR_TYPE_BF16) attn_round_to(v->type, St, bk * R);
+            attn_lanes_gemm(D, nv, bk, Vb, 1, D, St, R, Ot, R, C, 1.0f);
+        }
+        for (int64_t r = 0; r < bt * G; r++) {
+            const int64_t i = r / G, h = g * G + r % G;
+            float * out = (float *)dst->data + (i0 + i) * row_len;
+            float corr = 1.0f, inv;
+            if (sink) { // the sink's logit as one more key with no value
+                corr = kvr_softmax_step(&M[r], &L[r], kvr_softmax_max(M[r], sink[h]), 0.0f);
+                L[r] += expf(sink[h] - M[r]);
+            }
+            kvr_softmax_finish(M[r], L[r], &inv, out + D * H + h); // a row that saw no key: O = 0, LSE = -inf
+            for (int64_t d = 0; d < D; d++) out[h * D + d] = inv != 0.0f ? Ot[d * R + r] * corr * inv : 0.0f;
+        }
+    }
+}
+#endif
+
 // The fast ATTN: small shapes in llama.cpp's arithmetic (their references agree to the last bits),
 // larger ones tiled (ref_attn is the plain one).
 static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
@@ -6356,7 +6655,11 @@ static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
         if (q8) cpu_op_attn_online(p, dst, Tk);
         else    cpu_op_attn_exact(p, dst, Tk);
     } else {
+#if defined(__AVX512F__)
+        cpu_op_attn_lanes(p, dst, Tk);
+#else
         cpu_op_attn_tiled(p, dst, Tk);
+#endif
     }
 }
 
@@ -6907,6 +7210,9 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             const int64_t Tq = t->src[0]->ne[2], Tk = t->src[1]->ne[2];
             if (attn_exact(Tq, Tk) && (size_t)((D + 1) * attn_exact_keys(Tk)) > n) n = (size_t)((D + 1) * attn_exact_keys(Tk));
             if (attn_typed(t)) n += attn_typed_floats(D);
+#if defined(__AVX512F__)
+            if (attn_lanes_floats(D, G) > n) n = attn_lanes_floats(D, G);
+#endif
             if (n > need) need = n;
         }
     }

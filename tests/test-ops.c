@@ -2851,6 +2851,29 @@ static void grp_fast_ref(void) {
             t_fr_attn(&at[c].c, at[c].window, at[c].softcap, KVR_ATTN_CAUSAL, 1 + (int)(c % 3), kv_types[t][0], kv_types[t][1]);
         }
     }
+    // prefill shapes of the tiled kernel (AVX-512: cpu_op_attn_lanes, queries in the lanes): head
+    // sizes 64 to 256, GQA 7:1 and 8:1, MHA, G = 3 (48 rows an item), a cached prefix (the queries
+    // are the last of the keys), Gemma 3's head 256 with a sliding window, query counts that leave a
+    // partial tile (padding rows), keys in blocks that end mid-block, shuffled positions
+    static const struct { struct attn_case c; int window; float softcap; } pf[] = {
+        { { 256, 4, 1, 150, 150, "causal", false, false }, 0, 0.0f },
+        { { 256, 4, 1, 150, 150, "causal", false, false }, 40, 0.0f },
+        { { 64, 14, 2, 130, 130, "causal", false, false }, 0, 0.0f },
+        { { 80, 6, 2, 37, 600, "causal", false, false }, 0, 0.0f },
+        { { 96, 4, 4, 140, 140, "mid", false, false }, 0, 0.0f },
+        { { 128, 8, 1, 50, 400, "causal", false, false }, 100, 0.0f },
+        { { 64, 3, 1, 150, 150, "shuffled", false, false }, 0, 0.0f },
+        { { 64, 2, 2, 131, 131, "causal", false, false }, 7, 2.0f },
+    };
+    static const enum kvr_type pf_types[] = { KVR_TYPE_F32, KVR_TYPE_F16, KVR_TYPE_BF16, KVR_TYPE_Q8_0 };
+    for (size_t t = 0; t < sizeof(pf_types) / sizeof(pf_types[0]); t++) {
+        for (size_t c = 0; c < sizeof(pf) / sizeof(pf[0]); c++) {
+            if (pf[c].c.hd % 32 != 0 && pf_types[t] == KVR_TYPE_Q8_0) continue;
+            for (int nt = 1; nt <= 3; nt += 2) {
+                t_fr_attn(&pf[c].c, pf[c].window, pf[c].softcap, c % 2 ? KVR_ATTN_DENSE : KVR_ATTN_CAUSAL, nt, pf_types[t], pf_types[t]);
+            }
+        }
+    }
     static const int id[][5] = { // K, N, E, k, T: llama.cpp's dots; decode rows; sgemm over the grouped tokens
         { 64, 36, 8, 2, 5 }, { 544, 520, 4, 2, 1 }, { 544, 520, 4, 2, 9 }, { 1040, 300, 6, 3, 40 },
     };
