@@ -69,8 +69,10 @@
 #include <immintrin.h>
 #endif
 
-// OpenBLAS exposes this; we set it to 1 so each of our threads runs its own sgemm on its slice.
-extern void openblas_set_num_threads(int n);
+// OpenBLAS exposes these; we set it to 1 so each of our threads runs its own sgemm on its slice,
+// and ask which kernels it picked (kvr_blas_reexec).
+extern void   openblas_set_num_threads(int n);
+extern char * openblas_get_corename(void);
 
 //
 // 1. errors
@@ -7407,6 +7409,34 @@ static void cpu_counters(struct kvr_backend * be, struct kvr_counters * out, boo
 
 // KVR_REF=1 (any value but empty or 0) in the environment: every CPU backend made from then on
 // runs the reference kernels (section "CPU kernels").
+const char * kvr_blas_core_for(const char * core, bool avx512, bool avx2_fma) {
+    // OpenBLAS's core types whose kernels use AVX2 (or AVX-512); anything else, "Prescott",
+    // "Core2", "Nehalem", "Sandybridge", an unknown name, leaves vector units of this CPU idle
+    static const char * const vector[] = { "haswell", "skylakex", "cooperlake", "sapphirerapids", "zen", "excavator",
+                                           "steamroller", "atom", "cortex", "neoverse", "armv8", "power", "loongson" };
+    if (!core) return NULL;
+    for (size_t i = 0; i < sizeof(vector) / sizeof(vector[0]); i++)
+        if (strncasecmp(core, vector[i], strlen(vector[i])) == 0) return NULL;
+    return avx512 ? "SkylakeX" : avx2_fma ? "Haswell" : NULL;
+}
+
+void kvr_blas_reexec(char ** argv) {
+#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
+    if (getenv("OPENBLAS_CORETYPE") || !argv || !argv[0]) return;
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const char * want = kvr_blas_core_for(openblas_get_corename(), avx512, avx2_fma);
+    if (!want || setenv("OPENBLAS_CORETYPE", want, 1) != 0) return;
+    fflush(NULL);
+    execv("/proc/self/exe", argv);
+    // the program goes on as it is; the variable stays set, so nothing below tries again
+#else
+    (void)argv;
+#endif
+}
+
 static bool cpu_ref_from_env(void) {
     const char * v = getenv("KVR_REF");
     return v && v[0] && strcmp(v, "0") != 0;

@@ -803,6 +803,18 @@ struct kvr_backend_params {
 // < 1: -1 (there is no GPU); first < 0 counts as 0.
 int kvr_rank_gpu(int node_rank, int first, int visible);
 
+// OpenBLAS older than the CPU (Debian 12's 0.3.21 on a Xeon of 2023 and later) does not know it and
+// runs its SSE3 "Prescott" kernels: every sgemm (the exact path's prompts, F16 and F32 weights,
+// long prompts' attention without AVX-512) at a third of the speed. It picks its kernels once, as
+// it is loaded, and reads OPENBLAS_CORETYPE then. kvr_blas_core_for says which core type to name:
+// for OpenBLAS's core name core ("Prescott") on a CPU with AVX-512 (F, BW, DQ, VL) or AVX2 + FMA,
+// "SkylakeX" or "Haswell" when core runs kernels without AVX2, else NULL. kvr_blas_reexec is for
+// programs, first thing in main: where that gives a type and OPENBLAS_CORETYPE is not set, it sets
+// it and executes the program again with argv (Linux; pid, descriptors and arguments kept); it
+// returns only when nothing is to be done or the exec failed (then the slow kernels run).
+const char * kvr_blas_core_for(const char * core, bool avx512, bool avx2_fma);
+void         kvr_blas_reexec(char ** argv);
+
 // The registry: every backend kvr knows, whether this build has it or not, "cpu" first. A tool
 // lists these in its help and its errors; kvr_backend_new looks names up here.
 struct kvr_backend_info {

@@ -286,5 +286,20 @@ fi
 rm -f "$tmp/s.kv.part" "$tmp/g.gguf.part" # the planted links
 if ls "$tmp" | grep -q '\.part$'; then bad "temporaries left: $(ls "$tmp" | grep '\.part$' | tr '\n' ' ')"; else ok; echo "ok   no temporary left"; fi
 
+# an OpenBLAS that does not know this CPU runs its SSE3 kernels; the tools name a vector core type
+# before it loads them (kvr_blas_reexec): the last core OpenBLAS reports is not one without AVX2
+cores=$(OPENBLAS_VERBOSE=2 "$build/kvr-run" -m "$model" -p "Once" -n 1 2>&1 >/dev/null | sed -n 's/^Core: //p')
+if [ -z "$cores" ] || ! grep -q ' avx2 ' /proc/cpuinfo 2>/dev/null; then
+    skip=$((skip + 1)); echo "skip OpenBLAS's core type: no OpenBLAS report or no AVX2 here"
+else
+    last=$(echo "$cores" | tail -n 1)
+    case $last in
+        Prescott|Core2|Penryn|Dunnington|Nehalem|Sandybridge|Unknown) bad "OpenBLAS runs $last's kernels (reported: $(echo $cores))" ;;
+        *) ok; echo "ok   OpenBLAS core $(echo $cores | tr ' ' '>')" ;;
+    esac
+    if OPENBLAS_VERBOSE=2 OPENBLAS_CORETYPE=Prescott "$build/kvr-run" -m "$model" -p "Once" -n 1 2>&1 >/dev/null | grep -q '^Core: Prescott$'; then ok
+    else bad "OPENBLAS_CORETYPE given by the user was not kept"; fi
+fi
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -8,7 +8,8 @@
 // finished after it ends, and the first error must stop the graph and be the one reported.
 // Last, kvr_rank_gpu (the GPU of a rank) over launch shapes: one process driving several ranks,
 // one rank a process with every GPU of the node visible or one GPU each (CUDA_VISIBLE_DEVICES per
-// rank), several nodes with block and round-robin placement.
+// rank), several nodes with block and round-robin placement. And kvr_blas_core_for: which
+// OpenBLAS core type a CPU should name when its OpenBLAS does not know it.
 //
 // usage: test-backend [SHARED_DIR (default ../shared)]
 
@@ -481,6 +482,22 @@ static void test_rank_gpu(void) {
     // 2 nodes of 2 GPUs it put world ranks 0 and 2, both on node 0, on GPU 0)
 }
 
+static void test_blas_core(void) {
+    // kernels without AVX2 on a CPU that has it: the type its vector units take
+    CHECK(kvr_blas_core_for("Prescott", true, true) && strcmp(kvr_blas_core_for("Prescott", true, true), "SkylakeX") == 0,
+          "Prescott on an AVX-512 CPU: SkylakeX");
+    CHECK(kvr_blas_core_for("Nehalem", false, true) && strcmp(kvr_blas_core_for("Nehalem", false, true), "Haswell") == 0,
+          "Nehalem on an AVX2 CPU: Haswell");
+    CHECK(kvr_blas_core_for("Sandybridge", true, true) != NULL && kvr_blas_core_for("Unknown", false, true) != NULL,
+          "Sandybridge (AVX, no FMA) and an unknown core on newer CPUs: named");
+    // kernels that fit, a CPU without AVX2, or no name: nothing to do
+    static const char * const fit[] = { "Haswell", "SkylakeX", "Cooperlake", "SapphireRapids", "Zen", "skylakex" };
+    for (size_t i = 0; i < sizeof(fit) / sizeof(fit[0]); i++)
+        CHECK(kvr_blas_core_for(fit[i], true, true) == NULL, "%s already runs vector kernels", fit[i]);
+    CHECK(kvr_blas_core_for("Prescott", false, false) == NULL, "a CPU without AVX2: Prescott's kernels are its own");
+    CHECK(kvr_blas_core_for(NULL, true, true) == NULL, "no core name: nothing");
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     test_registry();
@@ -491,5 +508,6 @@ int main(int argc, char ** argv) {
     test_foreign_memory();
     test_model_to_backend(shared);
     test_rank_gpu();
+    test_blas_core();
     return check_summary("backend");
 }

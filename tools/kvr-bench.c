@@ -837,6 +837,7 @@ static double predict(struct profiles * P, const struct point * p) {
 }
 
 int main(int argc, char ** argv) {
+    kvr_blas_reexec(argv); // an OpenBLAS older than this CPU: its vector kernels, named before it loads them
     struct bench_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;

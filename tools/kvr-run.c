@@ -1298,6 +1298,7 @@ done:
 
 #ifndef KVR_RUN_NO_MAIN
 int main(int argc, char ** argv) {
+    kvr_blas_reexec(argv); // an OpenBLAS older than this CPU: its vector kernels, named before it loads them
     // no SA_RESTART: a read of the next chat turn returns at the signal
     struct sigaction sa = { .sa_handler = on_signal };
     sigemptyset(&sa.sa_mask);

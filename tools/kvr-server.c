@@ -1336,6 +1336,7 @@ static int parse_args(int argc, char ** argv) {
 }
 
 int main(int argc, char ** argv) {
+    kvr_blas_reexec(argv); // an OpenBLAS older than this CPU: its vector kernels, named before it loads them
     struct srv * S = &g_srv;
     if (parse_args(argc, argv) != 0) return 2;
     struct sockaddr_in addr = { .sin_family = AF_INET, .sin_port = htons((uint16_t)S->port) };

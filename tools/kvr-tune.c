@@ -576,6 +576,7 @@ static int do_simulate(const struct args * a) {
 }
 
 int main(int argc, char ** argv) {
+    kvr_blas_reexec(argv); // an OpenBLAS older than this CPU: its vector kernels, named before it loads them
     struct args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
