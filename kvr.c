@@ -4123,20 +4123,46 @@ static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes,
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
+// The legacy 8-row kernel in 512-bit vectors (AVX-512BW and VNNI): each vector of weights holds 8
+// bytes of each of the 8 rows, so a block is 4 loads and each token's 8 bytes one broadcast; 16
+// int32 lanes, two a row, summed pairwise once a block. In half the instructions of the 256-bit
+// kernel, whose sums of 4 bytes a lane need 8 vectors a block.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define QX_L512 1
+#else
+#define QX_L512 0
+#endif
+
 // One legacy block (32 values) of 8 rows, interleaved.
+#if QX_L512
+struct qx_l_x8 {
+    float   d[16], m[16];    // row i's scale and min (0 without one), in lanes 2i and 2i+1
+    uint8_t q[4][64];        // step s: bytes 8i..8i+7 are row i's quants 8s..8s+7 plus qx_x8_off
+};
+#else
 struct qx_l_x8 {
     float   d[8], m[8];      // row i's scale and min (0 without one)
     uint8_t q[8][32];        // group g: bytes 4i..4i+3 are row i's quants 4g..4g+3 (|q| for the 8-bit types)
     uint8_t s[8][32];        // the 8-bit types: the quants themselves, whose signs the products take
 };
+#endif
 
 // One super-block (256 values) of 8 rows, interleaved.
+#if QX_L512
+struct qx_k_x8 {
+    float   d[8], dmin[8];
+    int32_t sc[16][16];      // run r: lanes 2i and 2i+1 hold row i's scale
+    int16_t mn[8][16];       // runs 2p, 2p+1: lanes 2i, 2i+1 hold row i's mins of the two
+    uint8_t q[8][4][64];     // chunk j, step s: bytes 8i..8i+7 are row i's quants 32j+8s..+7
+};
+#else
 struct qx_k_x8 {
     float   d[8], dmin[8];
     int16_t sc[16][16];      // run r: lanes 2i and 2i+1 hold row i's scale
     int16_t mn[8][16];       // runs 2p, 2p+1: lanes 2i, 2i+1 hold row i's mins of the two
     uint8_t q[8][8][32];     // chunk j, group g: bytes 4i..4i+3 are row i's quants 32j+4g..+3
 };
+#endif
 
 // out[g] = the g-th 4-byte group of v[0], ..., v[7]: an 8x8 transpose of 32-bit elements
 static inline void qx_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
@@ -4158,6 +4184,52 @@ static inline void qx_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
     }
 }
 
+#if QX_L512
+// What the 512-bit kernel adds to a legacy type's quants to make them unsigned bytes (VNNI
+// multiplies unsigned by signed bytes): the 8-bit types' sign bit flipped, q + 128; the products
+// then lose off * (the token's sum) a block, which starts each block's int32 sums.
+QX_INLINE int qx_x8_off(enum kvr_type t) {
+    return qx_signed(t) ? 128 : qx_offset(t);
+}
+
+// out[s] = the s-th 8-byte piece of v[0], ..., v[7]: an 8x4 transpose of 64-bit elements.
+static inline void qx_transpose8x64(const __m256i v[8], uint8_t out[4][64]) {
+    // z[k]: rows 2k, 2k+1 as pieces p0..p3 each; unpacking z0, z1 gives
+    // lo = r0p0 r2p0 r0p2 r2p2 r1p0 r3p0 r1p2 r3p2 (hi: the same of p1, p3), and z2, z3 rows 4-7
+    const __m512i even = _mm512_setr_epi64(0, 4, 1, 5, 8, 12, 9, 13), odd = _mm512_setr_epi64(2, 6, 3, 7, 10, 14, 11, 15);
+    __m512i z[4];
+    for (int k = 0; k < 4; k++) z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * k]), v[2 * k + 1], 1);
+    const __m512i lo01 = _mm512_unpacklo_epi64(z[0], z[1]), hi01 = _mm512_unpackhi_epi64(z[0], z[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi64(z[2], z[3]), hi23 = _mm512_unpackhi_epi64(z[2], z[3]);
+    _mm512_storeu_si512(out[0], _mm512_permutex2var_epi64(lo01, even, lo23));
+    _mm512_storeu_si512(out[1], _mm512_permutex2var_epi64(hi01, even, hi23));
+    _mm512_storeu_si512(out[2], _mm512_permutex2var_epi64(lo01, odd, lo23));
+    _mm512_storeu_si512(out[3], _mm512_permutex2var_epi64(hi01, odd, hi23));
+}
+
+// Rows r0..r0+7 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
+QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
+                                    int64_t nb, struct qx_l_x8 * restrict out) {
+    const size_t bs = qx_block_bytes(type);
+    for (int64_t b = 0; b < nb; b++) {
+        struct qx_l_x8 * o = out + b;
+        __m256i v[8];
+        for (int i = 0; i < 8; i++) {
+            float d = 0.0f, m = 0.0f;
+            v[i] = _mm256_setzero_si256();
+            if (r0 + i < n_rows) {
+                const uint8_t * blk = w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs;
+                qx_legacy_dm(type, blk, &d, &m);
+                v[i] = qx_chunk(type, blk, 0);
+                if (qx_signed(type)) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
+            }
+            o->d[2 * i] = o->d[2 * i + 1] = d;
+            o->m[2 * i] = o->m[2 * i + 1] = m;
+        }
+        qx_transpose8x64(v, o->q);
+    }
+}
+#else
 // Rows r0..r0+7 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
 QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                     int64_t nb, struct qx_l_x8 * restrict out) {
@@ -4181,6 +4253,35 @@ QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_
     }
 }
 
+#endif
+
+#if QX_L512
+QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
+                               int64_t nb, struct qx_k_x8 * restrict out) {
+    const size_t bs = qx_block_bytes(type);
+    for (int64_t b = 0; b < nb; b++) {
+        struct qx_k_x8 * o = out + b;
+        const uint8_t * blk[8];
+        for (int i = 0; i < 8; i++) {
+            blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
+            struct qx_sc s = { 0 };
+            if (blk[i]) qx_k_scales(type, blk[i], &s);
+            o->d[i] = s.d;
+            o->dmin[i] = s.dmin;
+            for (int r = 0; r < 16; r++) o->sc[r][2 * i] = o->sc[r][2 * i + 1] = s.sc[r];
+            for (int p = 0; p < 8; p++) {
+                o->mn[p][2 * i]     = s.mn[2 * p];
+                o->mn[p][2 * i + 1] = s.mn[2 * p + 1];
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            __m256i v[8];
+            for (int i = 0; i < 8; i++) v[i] = blk[i] ? qx_chunk(type, blk[i], j) : _mm256_setzero_si256();
+            qx_transpose8x64(v, o->q[j]);
+        }
+    }
+}
+#else
 QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                int64_t nb, struct qx_k_x8 * restrict out) {
     const size_t bs = qx_block_bytes(type);
@@ -4206,6 +4307,7 @@ QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row
         }
     }
 }
+#endif
 
 // 4 bytes of a token's quants, in every lane
 static inline __m256i qx_bcast4(const int8_t * q) {
@@ -4214,6 +4316,47 @@ static inline __m256i qx_bcast4(const int8_t * q) {
     return _mm256_set1_epi32(v);
 }
 
+#if QX_L512
+// out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens: the same integers
+// (a block's sum exact in int32) and the same float operations as the row kernels'.
+QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
+                            int64_t nb, float out[4][8]) {
+    const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };
+    const int off = qx_x8_off(type);
+    __m512 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_l_x8 * restrict wb = w + b;
+        __m512i s32[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) { // -off * sum in each row's first lane
+            s32[t] = off ? _mm512_set1_epi64((long long)(uint32_t)(-off * a[t][b].sum)) : _mm512_setzero_si512();
+        }
+        QX_UNROLL
+        for (int st = 0; st < 4; st++) {
+            const __m512i wq = _mm512_loadu_si512(wb->q[st]);
+            QX_UNROLL
+            for (int t = 0; t < 4; t++) {
+                long long y;
+                memcpy(&y, a[t][b].qs + 8 * st, 8);
+                s32[t] = _mm512_dpbusd_epi32(s32[t], wq, _mm512_set1_epi64(y));
+            }
+        }
+        const __m512 dw = _mm512_loadu_ps(wb->d);
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) {
+            // lane 2i: row i's whole block (lane 2i + 1 is summed too, and never read)
+            const __m512i si = _mm512_add_epi32(s32[t], _mm512_srli_epi64(s32[t], 32));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
+            if (qx_has_min(type)) acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(wb->m), _mm512_set1_ps(a[t][b].s), acc[t]);
+        }
+    }
+    const __m512i lanes = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], _mm512_castps512_ps256(_mm512_permutexvar_ps(lanes, acc[t])));
+}
+#else
 // out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens.
 QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
                             int64_t nb, float out[4][8]) {
@@ -4271,6 +4414,81 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
     for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
 }
 
+#endif
+
+#if QX_L512
+// Values a scale of the type covers: a run (16; 32 for Q4_K and Q5_K, whose runs pair up).
+QX_INLINE int qx_k_run(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_K || t == KVR_TYPE_Q5_K ? 32 : 16;
+}
+
+// out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: each run's products
+// summed in int32 (VNNI), times the run's scale (vpmulld), its mins as int16 pairs (vpdpwssd); the
+// same integers as the row kernels' and, from the super-block's sums on, the same float operations.
+QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, const void * const act[4],
+                       int64_t nb, float out[4][8]) {
+    const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
+    const int R = qx_k_run(type) / 8; // steps of 8 bytes a run
+    __m256 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_k_x8 * restrict wb = w + b;
+        __m512i s32[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) s32[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            QX_UNROLL
+            for (int s0 = 0; s0 < 4; s0 += R) {
+                __m512i p[4];
+                QX_UNROLL
+                for (int t = 0; t < 4; t++) p[t] = _mm512_setzero_si512();
+                QX_UNROLL
+                for (int st = s0; st < s0 + R; st++) {
+                    const __m512i wq = _mm512_loadu_si512(wb->q[j][st]);
+                    QX_UNROLL
+                    for (int t = 0; t < 4; t++) {
+                        long long y;
+                        memcpy(&y, a[t][b].qs + 32 * j + 8 * st, 8);
+                        p[t] = _mm512_dpbusd_epi32(p[t], wq, _mm512_set1_epi64(y));
+                    }
+                }
+                const __m512i sc = _mm512_loadu_si512(wb->sc[2 * j + s0 / 2]);
+                QX_UNROLL
+                for (int t = 0; t < 4; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_mullo_epi32(p[t], sc));
+            }
+        }
+        // the mins: sum_r mn_r * (the token's sum of run r), two runs a product
+        __m256i m[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) m[t] = _mm256_setzero_si256();
+        for (int pp = 0; pp < 8; pp++) {
+            const __m256i mn = _mm256_loadu_si256((const __m256i *)wb->mn[pp]);
+            QX_UNROLL
+            for (int t = 0; t < 4; t++) {
+                int32_t v;
+                memcpy(&v, a[t][b].bsum + 2 * pp, 4);
+                m[t] = _mm256_dpwssd_epi32(m[t], mn, _mm256_set1_epi32(v));
+            }
+        }
+        const __m256 dw = _mm256_loadu_ps(wb->d), dm = _mm256_loadu_ps(wb->dmin);
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) {
+            // lane 2i + lane 2i + 1: row i's sum, the low half of 64-bit lane i
+            const __m256i si = _mm512_cvtepi64_epi32(_mm512_add_epi32(s32[t], _mm512_srli_epi64(s32[t], 32)));
+            const __m256 da = _mm256_set1_ps(a[t][b].d);
+            if (qx_k_offset(type)) {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(si, m[t])), _mm256_mul_ps(dw, da), acc[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, da), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(dm, da), acc[t]);
+            }
+        }
+    }
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
+}
+#else
 // out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: 4 int16 sums of a
 // flush and 4 int32 sums of a super-block take 8 of AVX2's 16 registers; each weight vector loaded
 // serves all 4 tokens.
@@ -4329,6 +4547,7 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, co
     QX_UNROLL
     for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
 }
+#endif
 
 // One type's interleave and 8-row kernel, as functions (the kernels above are inlined into them).
 #define QX_X8_FNS(name, T, kind) \
