@@ -4192,6 +4192,40 @@ QX_INLINE int qx_x8_off(enum kvr_type t) {
     return qx_signed(t) ? 128 : qx_offset(t);
 }
 
+// The blocks of rows past the end of a matrix: zero quants and scales (longer than any legacy block).
+static const uint8_t qx_zero_block[64];
+
+// The fp16 fields at offset off of 8 blocks, as 8 floats.
+static inline __m256 qx_half8p(const uint8_t * const blk[8], size_t off) {
+    uint64_t u[2] = { 0, 0 };
+    QX_UNROLL
+    for (int k = 0; k < 8; k++) {
+        uint16_t h;
+        memcpy(&h, blk[k] + off, 2);
+        u[k / 4] |= (uint64_t)h << (16 * (k % 4));
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)u[1], (long long)u[0]));
+}
+
+// The 32-bit elements of 8 vectors transposed: out[g] gets element g of v[0], ..., v[7].
+static inline void qx_transpose8x32v(const __m256i v[8], __m256i out[8]) {
+    __m256i a[8], b[8];
+    for (int k = 0; k < 4; k++) {
+        a[2 * k]     = _mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]);
+        a[2 * k + 1] = _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int h = 0; h < 2; h++) {
+            b[4 * k + 2 * h]     = _mm256_unpacklo_epi64(a[4 * k + h], a[4 * k + 2 + h]);
+            b[4 * k + 2 * h + 1] = _mm256_unpackhi_epi64(a[4 * k + h], a[4 * k + 2 + h]);
+        }
+    }
+    for (int g = 0; g < 4; g++) {
+        out[g]     = _mm256_permute2x128_si256(b[g], b[4 + g], 0x20);
+        out[g + 4] = _mm256_permute2x128_si256(b[g], b[4 + g], 0x31);
+    }
+}
+
 // out[s] = the s-th 8-byte piece of v[0], ..., v[7]: an 8x4 transpose of 64-bit elements.
 static inline void qx_transpose8x64(const __m256i v[8], uint8_t out[4][64]) {
     // z[k]: rows 2k, 2k+1 as pieces p0..p3 each; unpacking z0, z1 gives
@@ -4211,22 +4245,20 @@ static inline void qx_transpose8x64(const __m256i v[8], uint8_t out[4][64]) {
 QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                     int64_t nb, struct qx_l_x8 * restrict out) {
     const size_t bs = qx_block_bytes(type);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t b = 0; b < nb; b++) {
         struct qx_l_x8 * o = out + b;
+        const uint8_t * blk[8];
+        for (int i = 0; i < 8; i++) blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : qx_zero_block;
         __m256i v[8];
         for (int i = 0; i < 8; i++) {
-            float d = 0.0f, m = 0.0f;
-            v[i] = _mm256_setzero_si256();
-            if (r0 + i < n_rows) {
-                const uint8_t * blk = w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs;
-                qx_legacy_dm(type, blk, &d, &m);
-                v[i] = qx_chunk(type, blk, 0);
-                if (qx_signed(type)) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
-            }
-            o->d[2 * i] = o->d[2 * i + 1] = d;
-            o->m[2 * i] = o->m[2 * i + 1] = m;
+            v[i] = qx_chunk(type, blk[i], 0);
+            if (qx_signed(type)) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
         }
         qx_transpose8x64(v, o->q);
+        // d is every legacy block's first field, m (Q4_1, Q5_1) its second; a type without m never reads it
+        _mm512_storeu_ps(o->d, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(qx_half8p(blk, 0))));
+        if (qx_has_min(type)) _mm512_storeu_ps(o->m, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(qx_half8p(blk, 2))));
     }
 }
 #else
@@ -4262,18 +4294,25 @@ QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row
     for (int64_t b = 0; b < nb; b++) {
         struct qx_k_x8 * o = out + b;
         const uint8_t * blk[8];
+        __m256i sc_lo[8], sc_hi[8], mn[8];
         for (int i = 0; i < 8; i++) {
             blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
-            struct qx_sc s = { 0 };
-            if (blk[i]) qx_k_scales(type, blk[i], &s);
-            o->d[i] = s.d;
-            o->dmin[i] = s.dmin;
-            for (int r = 0; r < 16; r++) o->sc[r][2 * i] = o->sc[r][2 * i + 1] = s.sc[r];
-            for (int p = 0; p < 8; p++) {
-                o->mn[p][2 * i]     = s.mn[2 * p];
-                o->mn[p][2 * i + 1] = s.mn[2 * p + 1];
-            }
+            __m256i sc = _mm256_setzero_si256();
+            mn[i] = sc;
+            o->d[i] = o->dmin[i] = 0.0f;
+            if (blk[i]) qx_k_scales_v(type, blk[i], &o->d[i], &o->dmin[i], &sc, &mn[i]);
+            // each run's scale twice (a 32-bit lane): runs 0-3 and 8-11, then 4-7 and 12-15
+            sc_lo[i] = _mm256_unpacklo_epi16(sc, sc);
+            sc_hi[i] = _mm256_unpackhi_epi16(sc, sc);
         }
+        // transposed: lane i of run r's vector is row i's; the mins' 32-bit lanes are run pairs already
+        __m256i t[8];
+        qx_transpose8x32v(sc_lo, t);
+        for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->sc[g % 4 + 8 * (g / 4)], _mm512_cvtepi16_epi32(t[g]));
+        qx_transpose8x32v(sc_hi, t);
+        for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->sc[4 + g % 4 + 8 * (g / 4)], _mm512_cvtepi16_epi32(t[g]));
+        qx_transpose8x32v(mn, t);
+        for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)o->mn[p], t[p]);
         for (int j = 0; j < 8; j++) {
             __m256i v[8];
             for (int i = 0; i < 8; i++) v[i] = blk[i] ? qx_chunk(type, blk[i], j) : _mm256_setzero_si256();
@@ -4610,6 +4649,17 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
     return (size_t)QX_MM_TOKENS * qx_act_bytes(t, K) + (size_t)(QX_MM_ROWS / 8 * nb) * f.tile_bytes;
 }
 
+// Part `part` of `parts` of the bytes of rows r0..r1 (contiguous, row_bytes apart) into L2: the
+// rows' blocks are read 8 rows at a time, a few bytes of each, which the hardware's prefetchers
+// follow badly (a short prompt's interleave waited on memory as long as its products took).
+static void qx_prefetch_rows(const void * W, size_t row_bytes, int64_t r0, int64_t r1, int64_t part, int64_t parts) {
+    if (r1 <= r0) return;
+    const size_t lines = ((size_t)(r1 - r0) * row_bytes + 63) / 64, l0 = lines * (size_t)part / (size_t)parts,
+                 l1 = lines * (size_t)(part + 1) / (size_t)parts;
+    const char * p = (const char *)W + (size_t)r0 * row_bytes;
+    for (size_t l = l0; l < l1; l++) __builtin_prefetch(p + 64 * l, 0, 2); // 2: to L2 (prefetcht1)
+}
+
 // Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (K values a row, row_bytes apart) and all T
 // tokens, with 8-bit activations. Row by row for a few tokens; otherwise, per chunk of tokens:
 // quantize them, then for each block of 32 rows interleave it once and let every 4 tokens meet
@@ -4634,18 +4684,24 @@ static void qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int
     uint8_t * wx = act + QX_MM_TOKENS * ab;
     for (int64_t c0 = 0; c0 < T; c0 += QX_MM_TOKENS) {
         const int64_t nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
+        qx_prefetch_rows(W, row_bytes, n0, n0 + QX_MM_ROWS < n1 ? n0 + QX_MM_ROWS : n1, 0, 1);
         for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
         for (int64_t r0 = n0; r0 < n1; r0 += QX_MM_ROWS) {
             const int64_t groups = (n1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (n1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
             for (int64_t gi = 0; gi < groups; gi++) {
                 f.interleave(W, row_bytes, r0 + 8 * gi, n1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
             }
+            // the next block's rows come in while this one's products run, a share each 8 rows x 4 tokens
+            const int64_t p0 = r0 + QX_MM_ROWS < n1 ? r0 + QX_MM_ROWS : n1, p1 = p0 + QX_MM_ROWS < n1 ? p0 + QX_MM_ROWS : n1;
+            const int64_t calls = (nt + 3) / 4 * groups;
+            int64_t call = 0;
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
                 const void * a[4];
                 for (int k = 0; k < 4; k++) a[k] = act + (size_t)(t + (k < n ? k : n - 1)) * ab; // a short tile repeats its last token
-                for (int64_t gi = 0; gi < groups; gi++) {
+                for (int64_t gi = 0; gi < groups; gi++, call++) {
                     float out[4][8];
+                    qx_prefetch_rows(W, row_bytes, p0, p1, call, calls);
                     f.dot(wx + (size_t)(gi * nb) * f.tile_bytes, a, nb, out);
                     const int64_t r = r0 + 8 * gi, rows = n1 - r < 8 ? n1 - r : 8;
                     for (int k = 0; k < n; k++) memcpy(Y + (c0 + t + k) * ldy + r, out[k], (size_t)rows * sizeof(float));
