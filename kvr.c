@@ -4121,17 +4121,18 @@ static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes,
     return done;
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-
-// The legacy 8-row kernel in 512-bit vectors (AVX-512BW and VNNI): each vector of weights holds 8
-// bytes of each of the 8 rows, so a block is 4 loads and each token's 8 bytes one broadcast; 16
-// int32 lanes, two a row, summed pairwise once a block. In half the instructions of the 256-bit
-// kernel, whose sums of 4 bytes a lane need 8 vectors a block.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// The 8-row kernels in 512-bit vectors (AVX-512BW, VL and VNNI): each vector of weights holds 8
+// bytes of each of the 8 rows, so 32 bytes are 4 loads and each token's 8 bytes one broadcast; 16
+// int32 lanes, two a row, summed pairwise once a block or run. In half the instructions of the
+// 256-bit kernels, whose sums of 4 bytes a lane need 8 vectors for 32 bytes.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define QX_L512 1
 #else
 #define QX_L512 0
 #endif
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 // One legacy block (32 values) of 8 rows, interleaved.
 #if QX_L512
@@ -4239,6 +4240,13 @@ static inline void qx_transpose8x64(const __m256i v[8], uint8_t out[4][64]) {
     _mm512_storeu_si512(out[1], _mm512_permutex2var_epi64(hi01, even, hi23));
     _mm512_storeu_si512(out[2], _mm512_permutex2var_epi64(lo01, odd, lo23));
     _mm512_storeu_si512(out[3], _mm512_permutex2var_epi64(hi01, odd, hi23));
+}
+
+// The legacy kernel's start of each block's sums, -off * sum, into the blocks' pad fields (n of
+// them): one broadcast a block and token in the kernel instead of five instructions.
+static void qx_x8_prepare(enum kvr_type type, struct qx_q8 * a, int64_t n) {
+    const int off = qx_x8_off(type);
+    for (int64_t i = 0; i < n; i++) a[i].pad = -off * a[i].sum;
 }
 
 // Rows r0..r0+7 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
@@ -4369,8 +4377,8 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
         const struct qx_l_x8 * restrict wb = w + b;
         __m512i s32[4];
         QX_UNROLL
-        for (int t = 0; t < 4; t++) { // -off * sum in each row's first lane
-            s32[t] = off ? _mm512_set1_epi64((long long)(uint32_t)(-off * a[t][b].sum)) : _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) { // -off * sum (qx_x8_prepare) in each row's first lane
+            s32[t] = off ? _mm512_maskz_set1_epi32(0x5555, a[t][b].pad) : _mm512_setzero_si512();
         }
         QX_UNROLL
         for (int st = 0; st < 4; st++) {
@@ -4649,17 +4657,6 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
     return (size_t)QX_MM_TOKENS * qx_act_bytes(t, K) + (size_t)(QX_MM_ROWS / 8 * nb) * f.tile_bytes;
 }
 
-// Part `part` of `parts` of the bytes of rows r0..r1 (contiguous, row_bytes apart) into L2: the
-// rows' blocks are read 8 rows at a time, a few bytes of each, which the hardware's prefetchers
-// follow badly (a short prompt's interleave waited on memory as long as its products took).
-static void qx_prefetch_rows(const void * W, size_t row_bytes, int64_t r0, int64_t r1, int64_t part, int64_t parts) {
-    if (r1 <= r0) return;
-    const size_t lines = ((size_t)(r1 - r0) * row_bytes + 63) / 64, l0 = lines * (size_t)part / (size_t)parts,
-                 l1 = lines * (size_t)(part + 1) / (size_t)parts;
-    const char * p = (const char *)W + (size_t)r0 * row_bytes;
-    for (size_t l = l0; l < l1; l++) __builtin_prefetch(p + 64 * l, 0, 2); // 2: to L2 (prefetcht1)
-}
-
 // Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (K values a row, row_bytes apart) and all T
 // tokens, with 8-bit activations. Row by row for a few tokens; otherwise, per chunk of tokens:
 // quantize them, then for each block of 32 rows interleave it once and let every 4 tokens meet
@@ -4684,24 +4681,21 @@ static void qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int
     uint8_t * wx = act + QX_MM_TOKENS * ab;
     for (int64_t c0 = 0; c0 < T; c0 += QX_MM_TOKENS) {
         const int64_t nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
-        qx_prefetch_rows(W, row_bytes, n0, n0 + QX_MM_ROWS < n1 ? n0 + QX_MM_ROWS : n1, 0, 1);
         for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
+#if QX_L512
+        if (qx_is_legacy(type)) qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
+#endif
         for (int64_t r0 = n0; r0 < n1; r0 += QX_MM_ROWS) {
             const int64_t groups = (n1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (n1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
             for (int64_t gi = 0; gi < groups; gi++) {
                 f.interleave(W, row_bytes, r0 + 8 * gi, n1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
             }
-            // the next block's rows come in while this one's products run, a share each 8 rows x 4 tokens
-            const int64_t p0 = r0 + QX_MM_ROWS < n1 ? r0 + QX_MM_ROWS : n1, p1 = p0 + QX_MM_ROWS < n1 ? p0 + QX_MM_ROWS : n1;
-            const int64_t calls = (nt + 3) / 4 * groups;
-            int64_t call = 0;
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
                 const void * a[4];
                 for (int k = 0; k < 4; k++) a[k] = act + (size_t)(t + (k < n ? k : n - 1)) * ab; // a short tile repeats its last token
-                for (int64_t gi = 0; gi < groups; gi++, call++) {
+                for (int64_t gi = 0; gi < groups; gi++) {
                     float out[4][8];
-                    qx_prefetch_rows(W, row_bytes, p0, p1, call, calls);
                     f.dot(wx + (size_t)(gi * nb) * f.tile_bytes, a, nb, out);
                     const int64_t r = r0 + 8 * gi, rows = n1 - r < 8 ? n1 - r : 8;
                     for (int k = 0; k < n; k++) memcpy(Y + (c0 + t + k) * ldy + r, out[k], (size_t)rows * sizeof(float));
