@@ -4660,49 +4660,70 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
 // Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (K values a row, row_bytes apart) and all T
 // tokens, with 8-bit activations. Row by row for a few tokens; otherwise, per chunk of tokens:
 // quantize them, then for each block of 32 rows interleave it once and let every 4 tokens meet
-// every 8 rows of the block.
-static void qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
-                       const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, void * scratch, size_t scratch_bytes) {
-    if (n1 <= n0) return;
+// every 8 rows of the block. With chunks (8-row kernels only), the rows n0..n1 go a chunk at a time
+// to whichever thread asks next (struct mm_chunks), each chunk of tokens in turn: a thread the
+// machine runs late computes fewer rows instead of keeping the others waiting at the node's
+// barrier. Returns the rows this thread computed (on average over the tokens).
+static int64_t qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                          const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
+                          void * scratch, size_t scratch_bytes) {
+    if (n1 <= n0) return 0;
     KVR_ASSERT(qx_scratch_bytes(type, K, T) <= scratch_bytes);
     struct qx_x8_fns f;
     if (!qx_uses_x8(type, T)) {
+        KVR_ASSERT(chunks == NULL);
         // without 8-row kernels, a long prompt goes through in chunks of the scratch's tokens
         for (int64_t c0 = 0; c0 < T; c0 += QX_ROW_TOKENS) {
             const int64_t nt = T - c0 < QX_ROW_TOKENS ? T - c0 : QX_ROW_TOKENS;
             qx_mul_rows(type, W, row_bytes, K, n0, n1, NULL, X + c0 * ldx, ldx, nt, Y + c0 * ldy, ldy, scratch);
         }
-        return;
+        return n1 - n0;
     }
     qx_x8_get(type, &f);
     const int64_t nb = K / kvr_blck_size(type);
     const size_t ab = qx_act_bytes(type, K);
     uint8_t * act = scratch;
     uint8_t * wx = act + QX_MM_TOKENS * ab;
-    for (int64_t c0 = 0; c0 < T; c0 += QX_MM_TOKENS) {
-        const int64_t nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
-        for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
+    // work item k: rows chunk k % per of token chunk k / per (one item a token chunk without chunks)
+    const int64_t per = chunks ? (n1 - n0 + chunks->rows - 1) / chunks->rows : 1;
+    const int64_t items = per * ((T + QX_MM_TOKENS - 1) / QX_MM_TOKENS);
+    int64_t quantized = -1, done = 0;
+    for (int64_t k = 0; k < items; k++) {
+        if (chunks) {
+            const int64_t next = atomic_fetch_add_explicit(chunks->next, 1, memory_order_relaxed);
+            if (next >= items) break;
+            k = next;
+        }
+        const int64_t c0 = k / per * QX_MM_TOKENS, nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
+        const int64_t m0 = chunks ? n0 + k % per * chunks->rows : n0;
+        const int64_t m1 = chunks && m0 + chunks->rows < n1 ? m0 + chunks->rows : n1;
+        if (quantized != c0) {
+            for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
 #if QX_L512
-        if (qx_is_legacy(type)) qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
+            if (qx_is_legacy(type)) qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
 #endif
-        for (int64_t r0 = n0; r0 < n1; r0 += QX_MM_ROWS) {
-            const int64_t groups = (n1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (n1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
+            quantized = c0;
+        }
+        done += (m1 - m0) * nt;
+        for (int64_t r0 = m0; r0 < m1; r0 += QX_MM_ROWS) {
+            const int64_t groups = (m1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (m1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
             for (int64_t gi = 0; gi < groups; gi++) {
-                f.interleave(W, row_bytes, r0 + 8 * gi, n1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
+                f.interleave(W, row_bytes, r0 + 8 * gi, m1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
             }
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
                 const void * a[4];
-                for (int k = 0; k < 4; k++) a[k] = act + (size_t)(t + (k < n ? k : n - 1)) * ab; // a short tile repeats its last token
+                for (int j = 0; j < 4; j++) a[j] = act + (size_t)(t + (j < n ? j : n - 1)) * ab; // a short tile repeats its last token
                 for (int64_t gi = 0; gi < groups; gi++) {
                     float out[4][8];
                     f.dot(wx + (size_t)(gi * nb) * f.tile_bytes, a, nb, out);
-                    const int64_t r = r0 + 8 * gi, rows = n1 - r < 8 ? n1 - r : 8;
-                    for (int k = 0; k < n; k++) memcpy(Y + (c0 + t + k) * ldy + r, out[k], (size_t)rows * sizeof(float));
+                    const int64_t r = r0 + 8 * gi, rows = m1 - r < 8 ? m1 - r : 8;
+                    for (int j = 0; j < n; j++) memcpy(Y + (c0 + t + j) * ldy + r, out[j], (size_t)rows * sizeof(float));
                 }
             }
         }
     }
+    return done / T;
 }
 
 
@@ -5631,9 +5652,9 @@ struct mm_args {
 };
 
 // 8-bit activations and integer products, when asked for (kvr_backend_params.q8_activations): what
-// llama.cpp's CPU backend computes, and faster than the exact paths. Threads split the rows, in
-// groups of 8 for a prefill (the kernel's interleave); each quantizes all the tokens, which costs
-// less than interleaving every row twice would.
+// llama.cpp's CPU backend computes, and faster than the exact paths. Threads take the rows by
+// chunks, in groups of 8 for a prefill (the kernel's interleave); each quantizes all the tokens,
+// which costs less than interleaving every row twice would.
 static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     int64_t r0, r1;
     if (m->T <= QX_ROW_TOKENS) { // decode: rows by chunks (struct mm_chunks)
@@ -5641,17 +5662,14 @@ static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
         const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
         return qx_mul_rows(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
     }
-    if (qx_uses_x8(m->w->type, m->T)) {
-        int64_t g0, g1;
-        row_range((m->N + 7) / 8, p->ith, p->nth, &g0, &g1);
-        r0 = 8 * g0;
-        r1 = 8 * g1 < m->N ? 8 * g1 : m->N;
-    } else {
-        row_range(m->N, p->ith, p->nth, &r0, &r1);
+    if (qx_uses_x8(m->w->type, m->T)) { // rows by chunks (struct mm_chunks), 8-row groups
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+        return qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
+                          p->wsize * sizeof(float));
     }
-    qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, r0, r1, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
-               p->wsize * sizeof(float));
-    return r1 > r0 ? r1 - r0 : 0;
+    row_range(m->N, p->ith, p->nth, &r0, &r1);
+    return qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, r0, r1, NULL, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
+                      p->wsize * sizeof(float));
 }
 
 // Small F32 matrices (decode too): one dot per output in llama.cpp's order (mm_tinyblas_order),
