@@ -4365,7 +4365,7 @@ static inline __m256i qx_bcast4(const int8_t * q) {
 
 #if QX_L512
 // out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens: the same integers
-// (a block's sum exact in int32) and the same float operations as the row kernels'.
+// (a block's sum exact in int32) and the same float operations as the 256-bit kernel's.
 QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
                             int64_t nb, float out[4][8]) {
     const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };
@@ -4470,8 +4470,8 @@ QX_INLINE int qx_k_run(enum kvr_type t) {
 }
 
 // out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: each run's products
-// summed in int32 (VNNI), times the run's scale (vpmulld), its mins as int16 pairs (vpdpwssd); the
-// same integers as the row kernels' and, from the super-block's sums on, the same float operations.
+// summed in int32 (VNNI), times the run's scale (vpmulld), its mins as int16 pairs (vpdpwssd): the
+// same integers and float operations as the 256-bit kernel's.
 QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, const void * const act[4],
                        int64_t nb, float out[4][8]) {
     const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
