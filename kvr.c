@@ -4277,22 +4277,49 @@ static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes,
     return done;
 }
 
+// The 8-row kernels in 512-bit vectors (AVX-512BW, VL and VNNI): each vector of weights holds 8
+// bytes of each of the 8 rows, so 32 bytes are 4 loads and each token's 8 bytes one broadcast; 16
+// int32 lanes, two a row, summed pairwise once a block or run. In half the instructions of the
+// 256-bit kernels, whose sums of 4 bytes a lane need 8 vectors for 32 bytes.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QX_L512 1
+#else
+#define QX_L512 0
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 // One legacy block (32 values) of 8 rows, interleaved.
+#if QX_L512
+struct qx_l_x8 {
+    float   d[16], m[16];    // row i's scale and min (0 without one), in lanes 2i and 2i+1
+    uint8_t q[4][64];        // step s: bytes 8i..8i+7 are row i's quants 8s..8s+7 plus qx_x8_off
+};
+#else
 struct qx_l_x8 {
     float   d[8], m[8];      // row i's scale and min (0 without one)
     uint8_t q[8][32];        // group g: bytes 4i..4i+3 are row i's quants 4g..4g+3 (|q| for the 8-bit types)
     uint8_t s[8][32];        // the 8-bit types: the quants themselves, whose signs the products take
 };
+#endif
 
 // One super-block (256 values) of 8 rows, interleaved.
+#if QX_L512
+struct qx_k_x8 {
+    float   d[8], dmin[8];
+    int32_t sc[16][16];      // run r: lanes 2i and 2i+1 hold row i's scale
+    int16_t mn[8][16];       // runs 2p, 2p+1: lanes 2i, 2i+1 hold row i's mins of the two
+    uint8_t q[8][4][64];     // chunk j, step s: bytes 8i..8i+7 are row i's quants 32j+8s..+7
+};
+#else
 struct qx_k_x8 {
     float   d[8], dmin[8];
     int16_t sc[16][16];      // run r: lanes 2i and 2i+1 hold row i's scale
     int16_t mn[8][16];       // runs 2p, 2p+1: lanes 2i, 2i+1 hold row i's mins of the two
     uint8_t q[8][8][32];     // chunk j, group g: bytes 4i..4i+3 are row i's quants 32j+4g..+3
 };
+#endif
 
 // out[g] = the g-th 4-byte group of v[0], ..., v[7]: an 8x8 transpose of 32-bit elements
 static inline void qx_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
@@ -4314,6 +4341,91 @@ static inline void qx_transpose8x32(const __m256i v[8], uint8_t out[8][32]) {
     }
 }
 
+#if QX_L512
+// What the 512-bit kernel adds to a legacy type's quants to make them unsigned bytes (VNNI
+// multiplies unsigned by signed bytes): the 8-bit types' sign bit flipped, q + 128; the products
+// then lose off * (the token's sum) a block, which starts each block's int32 sums.
+QX_INLINE int qx_x8_off(enum kvr_type t) {
+    return qx_signed(t) ? 128 : qx_offset(t);
+}
+
+// The blocks of rows past the end of a matrix: zero quants and scales (longer than any legacy block).
+static const uint8_t qx_zero_block[64];
+
+// The fp16 fields at offset off of 8 blocks, as 8 floats.
+static inline __m256 qx_half8p(const uint8_t * const blk[8], size_t off) {
+    uint64_t u[2] = { 0, 0 };
+    QX_UNROLL
+    for (int k = 0; k < 8; k++) {
+        uint16_t h;
+        memcpy(&h, blk[k] + off, 2);
+        u[k / 4] |= (uint64_t)h << (16 * (k % 4));
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)u[1], (long long)u[0]));
+}
+
+// The 32-bit elements of 8 vectors transposed: out[g] gets element g of v[0], ..., v[7].
+static inline void qx_transpose8x32v(const __m256i v[8], __m256i out[8]) {
+    __m256i a[8], b[8];
+    for (int k = 0; k < 4; k++) {
+        a[2 * k]     = _mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]);
+        a[2 * k + 1] = _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int h = 0; h < 2; h++) {
+            b[4 * k + 2 * h]     = _mm256_unpacklo_epi64(a[4 * k + h], a[4 * k + 2 + h]);
+            b[4 * k + 2 * h + 1] = _mm256_unpackhi_epi64(a[4 * k + h], a[4 * k + 2 + h]);
+        }
+    }
+    for (int g = 0; g < 4; g++) {
+        out[g]     = _mm256_permute2x128_si256(b[g], b[4 + g], 0x20);
+        out[g + 4] = _mm256_permute2x128_si256(b[g], b[4 + g], 0x31);
+    }
+}
+
+// out[s] = the s-th 8-byte piece of v[0], ..., v[7]: an 8x4 transpose of 64-bit elements.
+static inline void qx_transpose8x64(const __m256i v[8], uint8_t out[4][64]) {
+    // z[k]: rows 2k, 2k+1 as pieces p0..p3 each; unpacking z0, z1 gives
+    // lo = r0p0 r2p0 r0p2 r2p2 r1p0 r3p0 r1p2 r3p2 (hi: the same of p1, p3), and z2, z3 rows 4-7
+    const __m512i even = _mm512_setr_epi64(0, 4, 1, 5, 8, 12, 9, 13), odd = _mm512_setr_epi64(2, 6, 3, 7, 10, 14, 11, 15);
+    __m512i z[4];
+    for (int k = 0; k < 4; k++) z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * k]), v[2 * k + 1], 1);
+    const __m512i lo01 = _mm512_unpacklo_epi64(z[0], z[1]), hi01 = _mm512_unpackhi_epi64(z[0], z[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi64(z[2], z[3]), hi23 = _mm512_unpackhi_epi64(z[2], z[3]);
+    _mm512_storeu_si512(out[0], _mm512_permutex2var_epi64(lo01, even, lo23));
+    _mm512_storeu_si512(out[1], _mm512_permutex2var_epi64(hi01, even, hi23));
+    _mm512_storeu_si512(out[2], _mm512_permutex2var_epi64(lo01, odd, lo23));
+    _mm512_storeu_si512(out[3], _mm512_permutex2var_epi64(hi01, odd, hi23));
+}
+
+// The legacy kernel's start of each block's sums, -off * sum, into the blocks' pad fields (n of
+// them): one broadcast a block and token in the kernel instead of five instructions.
+static void qx_x8_prepare(enum kvr_type type, struct qx_q8 * a, int64_t n) {
+    const int off = qx_x8_off(type);
+    for (int64_t i = 0; i < n; i++) a[i].pad = -off * a[i].sum;
+}
+
+// Rows r0..r0+7 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
+QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
+                                    int64_t nb, struct qx_l_x8 * restrict out) {
+    const size_t bs = qx_block_bytes(type);
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int64_t b = 0; b < nb; b++) {
+        struct qx_l_x8 * o = out + b;
+        const uint8_t * blk[8];
+        for (int i = 0; i < 8; i++) blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : qx_zero_block;
+        __m256i v[8];
+        for (int i = 0; i < 8; i++) {
+            v[i] = qx_chunk(type, blk[i], 0);
+            if (qx_signed(type)) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
+        }
+        qx_transpose8x64(v, o->q);
+        // d is every legacy block's first field, m (Q4_1, Q5_1) its second; a type without m never reads it
+        _mm512_storeu_ps(o->d, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(qx_half8p(blk, 0))));
+        if (qx_has_min(type)) _mm512_storeu_ps(o->m, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(qx_half8p(blk, 2))));
+    }
+}
+#else
 // Rows r0..r0+7 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
 QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                     int64_t nb, struct qx_l_x8 * restrict out) {
@@ -4337,6 +4449,42 @@ QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_
     }
 }
 
+#endif
+
+#if QX_L512
+QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
+                               int64_t nb, struct qx_k_x8 * restrict out) {
+    const size_t bs = qx_block_bytes(type);
+    for (int64_t b = 0; b < nb; b++) {
+        struct qx_k_x8 * o = out + b;
+        const uint8_t * blk[8];
+        __m256i sc_lo[8], sc_hi[8], mn[8];
+        for (int i = 0; i < 8; i++) {
+            blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
+            __m256i sc = _mm256_setzero_si256();
+            mn[i] = sc;
+            o->d[i] = o->dmin[i] = 0.0f;
+            if (blk[i]) qx_k_scales_v(type, blk[i], &o->d[i], &o->dmin[i], &sc, &mn[i]);
+            // each run's scale twice (a 32-bit lane): runs 0-3 and 8-11, then 4-7 and 12-15
+            sc_lo[i] = _mm256_unpacklo_epi16(sc, sc);
+            sc_hi[i] = _mm256_unpackhi_epi16(sc, sc);
+        }
+        // transposed: lane i of run r's vector is row i's; the mins' 32-bit lanes are run pairs already
+        __m256i t[8];
+        qx_transpose8x32v(sc_lo, t);
+        for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->sc[g % 4 + 8 * (g / 4)], _mm512_cvtepi16_epi32(t[g]));
+        qx_transpose8x32v(sc_hi, t);
+        for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->sc[4 + g % 4 + 8 * (g / 4)], _mm512_cvtepi16_epi32(t[g]));
+        qx_transpose8x32v(mn, t);
+        for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)o->mn[p], t[p]);
+        for (int j = 0; j < 8; j++) {
+            __m256i v[8];
+            for (int i = 0; i < 8; i++) v[i] = blk[i] ? qx_chunk(type, blk[i], j) : _mm256_setzero_si256();
+            qx_transpose8x64(v, o->q[j]);
+        }
+    }
+}
+#else
 QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                int64_t nb, struct qx_k_x8 * restrict out) {
     const size_t bs = qx_block_bytes(type);
@@ -4362,6 +4510,7 @@ QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row
         }
     }
 }
+#endif
 
 // 4 bytes of a token's quants, in every lane
 static inline __m256i qx_bcast4(const int8_t * q) {
@@ -4370,6 +4519,47 @@ static inline __m256i qx_bcast4(const int8_t * q) {
     return _mm256_set1_epi32(v);
 }
 
+#if QX_L512
+// out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens: the same integers
+// (a block's sum exact in int32) and the same float operations as the 256-bit kernel's.
+QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
+                            int64_t nb, float out[4][8]) {
+    const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };
+    const int off = qx_x8_off(type);
+    __m512 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_l_x8 * restrict wb = w + b;
+        __m512i s32[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) { // -off * sum (qx_x8_prepare) in each row's first lane
+            s32[t] = off ? _mm512_maskz_set1_epi32(0x5555, a[t][b].pad) : _mm512_setzero_si512();
+        }
+        QX_UNROLL
+        for (int st = 0; st < 4; st++) {
+            const __m512i wq = _mm512_loadu_si512(wb->q[st]);
+            QX_UNROLL
+            for (int t = 0; t < 4; t++) {
+                long long y;
+                memcpy(&y, a[t][b].qs + 8 * st, 8);
+                s32[t] = _mm512_dpbusd_epi32(s32[t], wq, _mm512_set1_epi64(y));
+            }
+        }
+        const __m512 dw = _mm512_loadu_ps(wb->d);
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) {
+            // lane 2i: row i's whole block (lane 2i + 1 is summed too, and never read)
+            const __m512i si = _mm512_add_epi32(s32[t], _mm512_srli_epi64(s32[t], 32));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
+            if (qx_has_min(type)) acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(wb->m), _mm512_set1_ps(a[t][b].s), acc[t]);
+        }
+    }
+    const __m512i lanes = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], _mm512_castps512_ps256(_mm512_permutexvar_ps(lanes, acc[t])));
+}
+#else
 // out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens.
 QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
                             int64_t nb, float out[4][8]) {
@@ -4427,6 +4617,81 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
     for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
 }
 
+#endif
+
+#if QX_L512
+// Values a scale of the type covers: a run (16; 32 for Q4_K and Q5_K, whose runs pair up).
+QX_INLINE int qx_k_run(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_K || t == KVR_TYPE_Q5_K ? 32 : 16;
+}
+
+// out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: each run's products
+// summed in int32 (VNNI), times the run's scale (vpmulld), its mins as int16 pairs (vpdpwssd): the
+// same integers and float operations as the 256-bit kernel's.
+QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, const void * const act[4],
+                       int64_t nb, float out[4][8]) {
+    const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
+    const int R = qx_k_run(type) / 8; // steps of 8 bytes a run
+    __m256 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_k_x8 * restrict wb = w + b;
+        __m512i s32[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) s32[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            QX_UNROLL
+            for (int s0 = 0; s0 < 4; s0 += R) {
+                __m512i p[4];
+                QX_UNROLL
+                for (int t = 0; t < 4; t++) p[t] = _mm512_setzero_si512();
+                QX_UNROLL
+                for (int st = s0; st < s0 + R; st++) {
+                    const __m512i wq = _mm512_loadu_si512(wb->q[j][st]);
+                    QX_UNROLL
+                    for (int t = 0; t < 4; t++) {
+                        long long y;
+                        memcpy(&y, a[t][b].qs + 32 * j + 8 * st, 8);
+                        p[t] = _mm512_dpbusd_epi32(p[t], wq, _mm512_set1_epi64(y));
+                    }
+                }
+                const __m512i sc = _mm512_loadu_si512(wb->sc[2 * j + s0 / 2]);
+                QX_UNROLL
+                for (int t = 0; t < 4; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_mullo_epi32(p[t], sc));
+            }
+        }
+        // the mins: sum_r mn_r * (the token's sum of run r), two runs a product
+        __m256i m[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) m[t] = _mm256_setzero_si256();
+        for (int pp = 0; pp < 8; pp++) {
+            const __m256i mn = _mm256_loadu_si256((const __m256i *)wb->mn[pp]);
+            QX_UNROLL
+            for (int t = 0; t < 4; t++) {
+                int32_t v;
+                memcpy(&v, a[t][b].bsum + 2 * pp, 4);
+                m[t] = _mm256_dpwssd_epi32(m[t], mn, _mm256_set1_epi32(v));
+            }
+        }
+        const __m256 dw = _mm256_loadu_ps(wb->d), dm = _mm256_loadu_ps(wb->dmin);
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) {
+            // lane 2i + lane 2i + 1: row i's sum, the low half of 64-bit lane i
+            const __m256i si = _mm512_cvtepi64_epi32(_mm512_add_epi32(s32[t], _mm512_srli_epi64(s32[t], 32)));
+            const __m256 da = _mm256_set1_ps(a[t][b].d);
+            if (qx_k_offset(type)) {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(si, m[t])), _mm256_mul_ps(dw, da), acc[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, da), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(dm, da), acc[t]);
+            }
+        }
+    }
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
+}
+#else
 // out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: 4 int16 sums of a
 // flush and 4 int32 sums of a super-block take 8 of AVX2's 16 registers; each weight vector loaded
 // serves all 4 tokens.
@@ -4485,6 +4750,7 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, co
     QX_UNROLL
     for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
 }
+#endif
 
 // One type's interleave and 8-row kernel, as functions (the kernels above are inlined into them).
 #define QX_X8_FNS(name, T, kind) \
@@ -4549,46 +4815,70 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
 // Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (K values a row, row_bytes apart) and all T
 // tokens, with 8-bit activations. Row by row for a few tokens; otherwise, per chunk of tokens:
 // quantize them, then for each block of 32 rows interleave it once and let every 4 tokens meet
-// every 8 rows of the block.
-static void qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
-                       const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy, void * scratch, size_t scratch_bytes) {
-    if (n1 <= n0) return;
+// every 8 rows of the block. With chunks (8-row kernels only), the rows n0..n1 go a chunk at a time
+// to whichever thread asks next (struct mm_chunks), each chunk of tokens in turn: a thread the
+// machine runs late computes fewer rows instead of keeping the others waiting at the node's
+// barrier. Returns the rows this thread computed (on average over the tokens).
+static int64_t qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, int64_t K, int64_t n0, int64_t n1,
+                          const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
+                          void * scratch, size_t scratch_bytes) {
+    if (n1 <= n0) return 0;
     KVR_ASSERT(qx_scratch_bytes(type, K, T) <= scratch_bytes);
     struct qx_x8_fns f;
     if (!qx_uses_x8(type, T)) {
+        KVR_ASSERT(chunks == NULL);
         // without 8-row kernels, a long prompt goes through in chunks of the scratch's tokens
         for (int64_t c0 = 0; c0 < T; c0 += QX_ROW_TOKENS) {
             const int64_t nt = T - c0 < QX_ROW_TOKENS ? T - c0 : QX_ROW_TOKENS;
             qx_mul_rows(type, W, row_bytes, K, n0, n1, NULL, X + c0 * ldx, ldx, nt, Y + c0 * ldy, ldy, scratch);
         }
-        return;
+        return n1 - n0;
     }
     qx_x8_get(type, &f);
     const int64_t nb = K / kvr_blck_size(type);
     const size_t ab = qx_act_bytes(type, K);
     uint8_t * act = scratch;
     uint8_t * wx = act + QX_MM_TOKENS * ab;
-    for (int64_t c0 = 0; c0 < T; c0 += QX_MM_TOKENS) {
-        const int64_t nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
-        for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
-        for (int64_t r0 = n0; r0 < n1; r0 += QX_MM_ROWS) {
-            const int64_t groups = (n1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (n1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
+    // work item k: rows chunk k % per of token chunk k / per (one item a token chunk without chunks)
+    const int64_t per = chunks ? (n1 - n0 + chunks->rows - 1) / chunks->rows : 1;
+    const int64_t items = per * ((T + QX_MM_TOKENS - 1) / QX_MM_TOKENS);
+    int64_t quantized = -1, done = 0;
+    for (int64_t k = 0; k < items; k++) {
+        if (chunks) {
+            const int64_t next = atomic_fetch_add_explicit(chunks->next, 1, memory_order_relaxed);
+            if (next >= items) break;
+            k = next;
+        }
+        const int64_t c0 = k / per * QX_MM_TOKENS, nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
+        const int64_t m0 = chunks ? n0 + k % per * chunks->rows : n0;
+        const int64_t m1 = chunks && m0 + chunks->rows < n1 ? m0 + chunks->rows : n1;
+        if (quantized != c0) {
+            for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
+#if QX_L512
+            if (qx_is_legacy(type)) qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
+#endif
+            quantized = c0;
+        }
+        done += (m1 - m0) * nt;
+        for (int64_t r0 = m0; r0 < m1; r0 += QX_MM_ROWS) {
+            const int64_t groups = (m1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (m1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
             for (int64_t gi = 0; gi < groups; gi++) {
-                f.interleave(W, row_bytes, r0 + 8 * gi, n1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
+                f.interleave(W, row_bytes, r0 + 8 * gi, m1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
             }
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
                 const void * a[4];
-                for (int k = 0; k < 4; k++) a[k] = act + (size_t)(t + (k < n ? k : n - 1)) * ab; // a short tile repeats its last token
+                for (int j = 0; j < 4; j++) a[j] = act + (size_t)(t + (j < n ? j : n - 1)) * ab; // a short tile repeats its last token
                 for (int64_t gi = 0; gi < groups; gi++) {
                     float out[4][8];
                     f.dot(wx + (size_t)(gi * nb) * f.tile_bytes, a, nb, out);
-                    const int64_t r = r0 + 8 * gi, rows = n1 - r < 8 ? n1 - r : 8;
-                    for (int k = 0; k < n; k++) memcpy(Y + (c0 + t + k) * ldy + r, out[k], (size_t)rows * sizeof(float));
+                    const int64_t r = r0 + 8 * gi, rows = m1 - r < 8 ? m1 - r : 8;
+                    for (int j = 0; j < n; j++) memcpy(Y + (c0 + t + j) * ldy + r, out[j], (size_t)rows * sizeof(float));
                 }
             }
         }
     }
+    return done / T;
 }
 
 
@@ -5517,10 +5807,10 @@ struct mm_args {
 };
 
 // 8-bit activations and integer products, when asked for (kvr_backend_params.q8_activations): what
-// llama.cpp's CPU backend computes, and faster than the exact paths. Threads split the rows, in
-// groups of 8 for a prefill (the kernel's interleave); each quantizes all the tokens, which costs
-// less than interleaving every row twice would. A decode batch (by_rows) takes the row kernels
-// whatever its size: each token gets what its solo decode gets.
+// llama.cpp's CPU backend computes, and faster than the exact paths. Threads take the rows by
+// chunks, in groups of 8 for a prefill (the kernel's interleave); each quantizes all the tokens,
+// which costs less than interleaving every row twice would. A decode batch (by_rows) takes the row
+// kernels whatever its size: each token gets what its solo decode gets.
 static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     int64_t r0, r1;
     if (m->T <= QX_ROW_TOKENS || m->by_rows) { // decode: rows by chunks (struct mm_chunks)
@@ -5528,17 +5818,14 @@ static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
         const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
         return qx_mul_rows(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
     }
-    if (qx_uses_x8(m->w->type, m->T)) {
-        int64_t g0, g1;
-        row_range((m->N + 7) / 8, p->ith, p->nth, &g0, &g1);
-        r0 = 8 * g0;
-        r1 = 8 * g1 < m->N ? 8 * g1 : m->N;
-    } else {
-        row_range(m->N, p->ith, p->nth, &r0, &r1);
+    if (qx_uses_x8(m->w->type, m->T)) { // rows by chunks (struct mm_chunks), 8-row groups
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+        return qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
+                          p->wsize * sizeof(float));
     }
-    qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, r0, r1, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
-               p->wsize * sizeof(float));
-    return r1 > r0 ? r1 - r0 : 0;
+    row_range(m->N, p->ith, p->nth, &r0, &r1);
+    return qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, r0, r1, NULL, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
+                      p->wsize * sizeof(float));
 }
 
 // Small F32 matrices (decode too): one dot per output in llama.cpp's order (mm_tinyblas_order),

@@ -725,7 +725,8 @@ static void test_mul_mat_q8(void) {
 //   k-quants: d*d_a * sum(sc*q*a) - dmin*d_a * sum(mn*a)      (Q3_K/Q6_K: q includes the -4/-32)
 // with the integer sums exact. K = 928 (29 legacy blocks: the single-token kernel's three steps of
 // 8 and 5 blocks alone) or 768 (3 super-blocks), 37 rows (threads
-// split them unevenly, the 8-row groups end short), 1 and 3 threads. Then the extremes the kernels'
+// split them unevenly, the 8-row groups end short), 1 and 3 threads; up to 515 tokens (the
+// prefill quantizes 512 at a time: a second chunk of 3). Then the extremes the kernels'
 // int16 sums must hold: every quant byte 0xff (the largest quants; -1 for the 8-bit types) against
 // activations that all quantize to +-127.
 struct ref_ints { int q, sc, mn; };
@@ -800,7 +801,7 @@ static void ref_act_q8_0(const float * x, int8_t * q, float * d, float * s) {
 static void test_mul_q8_type(const struct qtype * qt, bool extreme) {
     const bool kq = qt->blck == 256;
     const int64_t K = kq ? 768 : 928, N = 37, nb = K / qt->blck;
-    static const int Ts_random[] = { 1, 2, 3, 4, 5, 13, 36 }, Ts_extreme[] = { 1, 13 };
+    static const int Ts_random[] = { 1, 2, 3, 4, 5, 13, 36, 515 }, Ts_extreme[] = { 1, 13 };
     const int * Ts = extreme ? Ts_extreme : Ts_random;
     const size_t n_T = extreme ? sizeof Ts_extreme / sizeof Ts_extreme[0] : sizeof Ts_random / sizeof Ts_random[0];
     struct ref_ints * wi = malloc(sizeof(*wi) * (size_t)(K * N));
@@ -809,7 +810,7 @@ static void test_mul_q8_type(const struct qtype * qt, bool extreme) {
     float * da = malloc(sizeof(float) * (size_t)(2 * nb));
     for (size_t ti = 0; ti < n_T; ti++) {
         const int T = Ts[ti];
-        for (int nth = 1; nth <= (extreme ? 1 : 3); nth += 2) {
+        for (int nth = T > 64 ? 3 : 1; nth <= (extreme ? 1 : 3); nth += 2) { // the long prompt: threads' chunks
             struct kvr_context * ctx = kvr_init(8u << 20, false);
             struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
             struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
