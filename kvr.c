@@ -3261,8 +3261,14 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
             x[k] = row_ptr_flat(a, r + (k < nr ? k : 0));
             sum[k] = 0.0;
         }
-        for (int64_t i = 0; i < n; i++) {
-            for (int64_t k = 0; k < RMS_NORM_ROWS; k++) sum[k] += (double)(x[k][i] * x[k][i]);
+        if (nr == RMS_NORM_ROWS) {
+            for (int64_t i = 0; i < n; i++) {
+                for (int64_t k = 0; k < RMS_NORM_ROWS; k++) sum[k] += (double)(x[k][i] * x[k][i]);
+            }
+        } else { // fewer rows (a decode's one): each alone, not 8 chains of which most repeat a row
+            for (int64_t k = 0; k < nr; k++) {
+                for (int64_t i = 0; i < n; i++) sum[k] += (double)(x[k][i] * x[k][i]);
+            }
         }
         for (int64_t k = 0; k < nr; k++) {
             const float scale = 1.0f / sqrtf((float)(sum[k] / n) + eps);
