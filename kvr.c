@@ -3943,8 +3943,11 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
             if (qx_has_min(type)) accm[t] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a[t].s + b), accm[t]);
         }
     }
+    // the sums stay in registers through the tail: a store to out (a float *) could alias row, so
+    // the compiler would reload after every block
+    float sum[QX_BATCH_GROUP];
     QX_UNROLL
-    for (int t = 0; t < nt; t++) out[t] = qx_hsum(_mm256_add_ps(acc[t], accm[t]));
+    for (int t = 0; t < nt; t++) sum[t] = qx_hsum(_mm256_add_ps(acc[t], accm[t]));
     // the last nb % 8 blocks one at a time (in element order)
     for (int64_t b = n8; b < nb; b++) {
         const uint8_t * blk = row + (size_t)b * bs;
@@ -3957,9 +3960,11 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
             if (sgn) v = _mm256_sign_epi8(v, q);
             __m256i p = qx_dpbusd(_mm256_setzero_si256(), sgn ? _mm256_sign_epi8(q, q) : q, v);
             if (off) p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(off * a[t].sum[b])));
-            out[t] += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a[t].d[b]) + m * a[t].s[b];
+            sum[t] += qx_hsum(_mm256_cvtepi32_ps(p)) * (d * a[t].d[b]) + m * a[t].s[b];
         }
     }
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) out[t] = sum[t];
 }
 
 // A type's legacy kernel for 1..QX_BATCH_GROUP tokens, each count its own unrolled copy.
