@@ -410,7 +410,10 @@ static int local_wait(struct transport * t, struct tr_req * r, double deadline, 
             rc = kvr_error(KVR_ERR_COMM, "%s%s", msg, chain);
         }
     }
-    if (r->tag >= 0 && !r->is_send) w->wait_peer[r->me] = -1;
+    // a rank that gave up still points at its peer until the eval ends (local_reset): between
+    // its timeout and its fail() another rank's timeout may walk the chain, and must pass
+    // through it to the rank that stopped rather than blame it for waiting for nobody
+    if (r->tag >= 0 && !r->is_send && (rc == KVR_OK || w->failed)) w->wait_peer[r->me] = -1;
     const double ready = r->ready_at;
     pthread_mutex_unlock(&w->mu);
     if (rc == KVR_OK && !r->is_send) {
