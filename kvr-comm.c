@@ -1392,6 +1392,8 @@ struct dist_rank {
     struct rank_comm    * comm;
     struct kvr_buffer   * buf;        // activations, kept from eval to eval
     struct kvr_eval_reuse * reuse;    // the single pass's decode graph, kept between tokens
+    struct kvr_eval_reuse * batch_reuse; // the graph of the decode batches this session led (its
+                                      //   first), kept between steps while the batch stays the same
     float               * logits;
     struct kvr_span     * spans;      // every eval's spans, times relative to the session's start
     int                   n_spans, cap_spans;
@@ -2860,6 +2862,7 @@ struct kvr_session * kvr_session_new(const struct kvr_model * m, const struct kv
         dr->be->interrupted_user = dr;
         dr->logits = calloc(m->hp.n_vocab, sizeof(float));
         dr->reuse = kvr_eval_reuse_new();
+        dr->batch_reuse = kvr_eval_reuse_new();
     }
     d->last = p->strategy;
     return d;
@@ -2912,7 +2915,14 @@ int kvr_session_stats(const struct kvr_session * d, struct kvr_rank_stats * out,
     int n = 0;
     for (int i = 0; i < d->n_local && n < cap; i++) {
         if (!d->plan.active[d->ranks[i].rank]) continue;
-        out[n++] = d->ranks[i].comm->st;
+        out[n] = d->ranks[i].comm->st;
+        const struct kvr_eval_reuse * r[2] = { d->ranks[i].reuse, d->ranks[i].batch_reuse };
+        out[n].graphs_built = out[n].graphs_reused = 0;
+        for (int k = 0; k < 2; k++) {
+            out[n].graphs_built  += r[k] ? r[k]->builds : 0;
+            out[n].graphs_reused += r[k] ? r[k]->reuses : 0;
+        }
+        n++;
     }
     return n;
 }
@@ -3170,16 +3180,8 @@ const float * kvr_session_eval(struct kvr_session * d, const int32_t * tokens, i
 // on the first session's backend, each token's attention over its own session's cache
 // (kvr_pass_batch). The sessions are plain ones (one local rank of the chain layout, nothing of
 // DejaVu on), so nothing but their cache, rows, tokens and logits changes, as in a single eval.
-struct batch_pass {
-    struct kvr_kv_cache ** caches;
-    const int            * n_past, * n_kv;
-    enum kvr_attn_mode     mode;
-};
-
-static void batch_pass(void * user, struct kvr_pass_args * a) {
-    const struct batch_pass * bp = user;
-    kvr_pass_batch(a->ctx, a->g, bp->caches, bp->n_past, bp->n_kv, a->kpos, bp->mode);
-}
+// The first session keeps the batch's graph (its batch_reuse) while the same sessions come in the
+// same order and no token crosses its KVR_REUSE_ROWS: a server's steady state builds none.
 
 // Why session i of a batch cannot take part (NULL: it can).
 static const char * batch_refusal(struct kvr_session * const * s, int n, int i) {
@@ -3249,7 +3251,7 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
         return kvr_error(KVR_ERR_NOMEM, "eval batch: cannot allocate the logits of %d sessions", n);
     }
     struct dist_rank * dr0 = &s[0]->ranks[0];
-    struct batch_pass bp = { .caches = caches, .n_past = n_past, .n_kv = n_kv, .mode = s[0]->p.attn_mode };
+    const struct kvr_eval_batch eb = { .n = n, .caches = caches, .n_past = n_past, .n_kv = n_kv };
     local_reset(s[0]->tr);
     dr0->interrupted = false;
     struct kvr_eval ev = {
@@ -3263,8 +3265,8 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
         .n_kpos     = n_kpos,
         .n_outputs  = n,
         .attn_mode  = s[0]->p.attn_mode,
-        .pass       = batch_pass,
-        .pass_user  = &bp,
+        .batch      = &eb,
+        .reuse      = dr0->batch_reuse, // kept while the same sessions come in the same order
         .graph_size = (int)m->hp.n_layer * (48 + 16 * n) + 256,
         .name       = "eval batch",
         .compute    = &dr0->buf,
@@ -4662,6 +4664,7 @@ static void place_rows(struct kvr_session * d, int t, const struct row_src * src
 
 static void dist_rank_free(struct dist_rank * dr) {
     kvr_eval_reuse_free(dr->reuse);
+    kvr_eval_reuse_free(dr->batch_reuse);
     kvr_kv_cache_free(dr->cache);
     free(dr->cache_pos);
     kvr_buffer_free(dr->buf);

@@ -4953,6 +4953,39 @@ static float dot_f32_ggml(const float * x, const float * y, int64_t n) {
     return sum;
 }
 
+// dot_f32_ggml(x, the f32 values of the F16 row y, n), bit for bit: the row widened in registers
+// (an F16 cache's key row in the exact attention, without a converted copy).
+static float dot_f32_f16_ggml(const float * x, const uint16_t * y, int64_t n) {
+    const int64_t np = n & ~(int64_t)31;
+    float sum;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVR_H8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i < np; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i),      KVR_H8(y + i),      s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8),  KVR_H8(y + i + 8),  s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), KVR_H8(y + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), KVR_H8(y + i + 24), s3);
+    }
+#undef KVR_H8
+    s0 = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_hadd_ps(h, h);
+    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+#else
+    float acc[32] = { 0 };
+    for (int64_t i = 0; i < np; i += 32) {
+        for (int j = 0; j < 32; j++) acc[j] = fmaf(x[i + j], kvr_half_to_f32(y[i + j]), acc[j]);
+    }
+    float l[8];
+    for (int j = 0; j < 8; j++) l[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j]);
+    const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
+    sum = (h0 + h1) + (h2 + h3);
+#endif
+    for (int64_t i = np; i < n; i++) sum += x[i] * kvr_half_to_f32(y[i]);
+    return sum;
+}
+
 // Matrix-vector products for decode (a few tokens): each weight row is read once, in its stored
 // form; a block is widened to f32 in registers and multiplied with the f32 activations, so there is
 // no dequantize pass over memory and no sgemm packing of one row. The products stay exact (f32
@@ -6362,7 +6395,27 @@ static float expf_ggml16(float x) {
 static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum kvr_type vtype, int64_t Tk, int64_t Tkp, int64_t D,
                           float * A, float * vx, float * out) {
     for (int64_t i = 0; i < 32 * D; i++) A[i] = 0.0f;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    // an F16 cache's row widened in registers (the same values attn_row_f32 would store)
+    for (int64_t j = 0; vtype == KVR_TYPE_F16 && j < Tk; j++) {
+        const uint16_t * vh = (const uint16_t *)(V + j * ldv);
+        float * a = A + (j % 32) * D;
+        const __m256 pj = _mm256_set1_ps(P[j]);
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+            const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + d)));
+            _mm256_storeu_ps(a + d, _mm256_fmadd_ps(pj, vv, _mm256_loadu_ps(a + d)));
+        }
+        for (; d < D; d++) a[d] = fmaf(P[j], kvr_half_to_f32(vh[d]), a[d]);
+    }
+    for (int64_t j = Tk; vtype == KVR_TYPE_F16 && j < Tkp; j++) { // padding: P[j] times zeros
+        float * a = A + (j % 32) * D;
+        for (int64_t d = 0; d < D; d++) a[d] = fmaf(P[j], 0.0f, a[d]);
+    }
+    for (int64_t j = 0; vtype != KVR_TYPE_F16 && j < Tkp; j++) {
+#else
     for (int64_t j = 0; j < Tkp; j++) {
+#endif
         const float * vj = j < Tk ? (const float *)(V + j * ldv) : NULL;
         if (vj && vtype != KVR_TYPE_F32) {
             attn_row_f32(vtype, vj, vx, D);
@@ -6456,11 +6509,17 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     P[j] = -INFINITY;
                     if (j >= Tk || !kvr_attn_visible(qp, kpos[j], W)) continue;
                     const float * kj = (const float *)attn_kv_row(k, g, j);
-                    if (k->type != KVR_TYPE_F32) {
-                        attn_row_f32(k->type, kj, kx, D);
-                        kj = kx;
+                    float sc;
+                    if (k->type == KVR_TYPE_F16 && dot_kq == dot_f32_ggml) {
+                        sc = dot_f32_f16_ggml(qr, (const uint16_t *)kj, D);
+                    } else {
+                        if (k->type != KVR_TYPE_F32) {
+                            attn_row_f32(k->type, kj, kx, D);
+                            kj = kx;
+                        }
+                        sc = dot_kq(qr, kj, D);
                     }
-                    P[j] = kvr_softcap_f32(dot_kq(qr, kj, D) * scale, cap);
+                    P[j] = kvr_softcap_f32(sc * scale, cap);
                     if (P[j] > mx) mx = P[j];
                 }
                 if (mx == -INFINITY) { // no key visible: O = 0, LSE = -inf (or the sink's logit)
@@ -11249,7 +11308,9 @@ struct kvr_kv_cache * kvr_kv_cache_new(const struct kvr_hparams * hp, int n_ctx,
     const size_t one_state = ((size_t)n_state * sizeof(float) + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1);
     const size_t n_attn = hp->n_layer - hp->n_recurrent;
     const size_t bytes = (size_t)2 * n_attn * one + (size_t)hp->n_recurrent * one_state;
+    static _Atomic uint64_t serials;
     struct kvr_kv_cache * c = kvr_calloc(1, sizeof(*c));
+    c->serial = atomic_fetch_add(&serials, 1) + 1;
     c->ctx = kvr_init((size_t)(3 * hp->n_layer + 4) * (sizeof(struct kvr_tensor) + 128), true);
     c->buf = c->ctx ? kvr_backend_alloc_buffer(be, bytes) : NULL;
     if (!c->buf) {
@@ -12601,7 +12662,12 @@ struct kvr_eval_reuse * kvr_eval_reuse_new(void) {
 static void eval_reuse_drop(struct kvr_eval_reuse * r) {
     kvr_free(r->ctx);
     free(r->stores);
+    free(r->store_seq);
     free(r->kpos_host);
+    free(r->cache_serials);
+    free(r->cache_bufs);
+    free(r->cache_bases);
+    free(r->seq_kv);
     const int64_t builds = r->builds, reuses = r->reuses;
     memset(r, 0, sizeof(*r));
     r->builds = builds;
@@ -12664,52 +12730,90 @@ static int eval_compute_buffer(struct kvr_eval * ev, struct kvr_graph * g, size_
 
 // Whether an eval is one token of the plain single pass (see kvr_eval_reuse in kvr.h).
 static bool eval_reusable(const struct kvr_eval * ev) {
-    if (!ev->reuse || ev->pass || ev->no_model || ev->graph_out || ev->capture || ev->n_tokens != 1 || ev->n_kpos != ev->n_past + 1) return false;
+    if (!ev->reuse || ev->pass || ev->no_model || ev->graph_out || ev->capture) return false;
+    const struct kvr_eval_batch * bt = ev->batch;
+    if (bt ? ev->n_tokens != bt->n : ev->n_tokens != 1 || ev->n_kpos != ev->n_past + 1) return false;
     // a recurrent layer's first token starts from the zero state, which a kept graph does not
-    if (ev->n_past == 0 && ev->model->hp.n_recurrent > 0) return false;
+    for (int b = 0; b < (bt ? bt->n : 1); b++) {
+        if ((bt ? bt->n_past[b] : ev->n_past) == 0 && ev->model->hp.n_recurrent > 0) return false;
+    }
     for (uint32_t il = 0; il < ev->model->hp.n_layer; il++) {
         if (ev->model->layers[il].window > 0) return false;
     }
     return true;
 }
 
-// Build and plan the kept graph for n_kv cache rows: the single pass as if the token sat at row
-// n_kv - 1 (attention over every row of the layout); the stores are moved per token.
-static int eval_reuse_build(struct kvr_eval * ev, int n_kv) {
+// The sequences of an eval: the single pass's one, or a decode batch's.
+static int eval_seqs(const struct kvr_eval * ev) {
+    return ev->batch ? ev->batch->n : 1;
+}
+
+static struct kvr_kv_cache * eval_seq_cache(const struct kvr_eval * ev, int b) {
+    return ev->batch ? ev->batch->caches[b] : ev->cache;
+}
+
+// Build and plan the kept graph for seq_kv[b] cache rows of each sequence: the single pass (or the
+// batch's) as if each token sat at row seq_kv[b] - 1 of its cache (attention over every row of
+// the layout); the stores are moved per token.
+static int eval_reuse_build(struct kvr_eval * ev, const int * seq_kv) {
     struct kvr_eval_reuse * r = ev->reuse;
     const struct kvr_model * m = ev->model;
     const char * name = ev->name ? ev->name : "eval";
+    const int ns = eval_seqs(ev);
     eval_reuse_drop(r);
+    int n_kv = 0;
+    for (int i = 0; i < ns; i++) n_kv += seq_kv[i];
     const int gsize = ev->graph_size > 0 ? ev->graph_size : (int)(m->hp.n_layer * 48 + 64);
     r->ctx = kvr_init(graph_ctx_size(gsize), true);
     if (!r->ctx) return kvr_error(KVR_ERR_NOMEM, "%s: cannot allocate the graph context", name);
     struct kvr_build b;
     r->g   = kvr_graph_new(r->ctx, gsize);
-    r->out = eval_model_build(ev, r->ctx, r->g, 1, n_kv, &b, &r->kpos);
+    r->out = eval_model_build(ev, r->ctx, r->g, ev->n_tokens, n_kv, &b, &r->kpos);
     r->tokens = b.tokens;
     r->pos    = b.pos;
-    kvr_pass_single(r->ctx, r->g, ev->cache, n_kv - 1, r->kpos, ev->attn_mode);
+    if (ev->batch) {
+        kvr_pass_batch(r->ctx, r->g, ev->batch->caches, ev->batch->n_past, seq_kv, r->kpos, ev->attn_mode);
+    } else {
+        kvr_pass_single(r->ctx, r->g, ev->cache, n_kv - 1, r->kpos, ev->attn_mode);
+    }
     for (int i = 0; i < r->g->n_nodes; i++) {
         struct kvr_tensor * t = r->g->nodes[i];
         if (t->op != KVR_OP_KV_STORE) continue;
         r->stores = realloc(r->stores, sizeof(*r->stores) * (size_t)(r->n_stores + 2));
-        KVR_ASSERT(r->stores && t->view_src && t->src[1]->view_src == t->view_src);
+        r->store_seq = realloc(r->store_seq, sizeof(int) * (size_t)(r->n_stores + 2));
+        KVR_ASSERT(r->stores && r->store_seq && t->view_src && t->src[1]->view_src == t->view_src);
+        int seq = -1; // the sequence whose cache the store writes
+        for (int j = 0; j < ns && seq < 0; j++) {
+            if (t->view_src->buffer == eval_seq_cache(ev, j)->buf) seq = j;
+        }
+        KVR_ASSERT(seq >= 0 && "a store writes one of the eval's caches");
+        r->store_seq[r->n_stores] = r->store_seq[r->n_stores + 1] = seq;
         r->stores[r->n_stores++] = t;
         r->stores[r->n_stores++] = t->src[1];
     }
     r->n_attn_layers = eval_attn_layers(r->g);
-    const int rc = eval_compute_buffer(ev, r->g, kvr_graph_plan(r->g), "one token");
+    const int rc = eval_compute_buffer(ev, r->g, kvr_graph_plan(r->g), ev->batch ? "a decode batch" : "one token");
     if (rc != KVR_OK) {
         eval_reuse_drop(r);
         return rc;
     }
     kvr_graph_place(r->g, *ev->compute);
-    r->kpos_host  = kvr_malloc(sizeof(int32_t) * (size_t)n_kv);
+    r->kpos_host   = kvr_malloc(sizeof(int32_t) * (size_t)n_kv);
+    r->cache_serials = kvr_malloc(sizeof(*r->cache_serials) * (size_t)ns);
+    r->cache_bufs  = kvr_malloc(sizeof(*r->cache_bufs) * (size_t)ns);
+    r->cache_bases = kvr_malloc(sizeof(*r->cache_bases) * (size_t)ns);
+    r->seq_kv      = kvr_malloc(sizeof(int) * (size_t)ns);
+    for (int i = 0; i < ns; i++) {
+        const struct kvr_kv_cache * c = eval_seq_cache(ev, i);
+        r->cache_serials[i] = c->serial;
+        r->cache_bufs[i]  = c->buf;
+        r->cache_bases[i] = c->buf->base;
+        r->seq_kv[i]      = seq_kv[i];
+    }
+    r->n_seq      = ns;
+    r->batch      = ev->batch != NULL;
     r->model      = ev->model;
     r->backend    = ev->backend;
-    r->cache      = ev->cache;
-    r->cache_buf  = ev->cache->buf;
-    r->cache_base = ev->cache->buf->base;
     r->buf        = *ev->compute;
     r->buf_base   = (*ev->compute)->base;
     r->buf_size   = (*ev->compute)->size;
@@ -12721,38 +12825,47 @@ static int eval_reuse_build(struct kvr_eval * ev, int n_kv) {
     return KVR_OK;
 }
 
-// One token through the kept graph (built first if the layout changed).
+// One token (or a decode batch's tokens) through the kept graph, built first if the layout changed.
 static int eval_run_reused(struct kvr_eval * ev) {
     const double t0 = kvr_time_ms();
     struct kvr_eval_reuse * r = ev->reuse;
     const struct kvr_model * m = ev->model;
-    const int n_ctx = ev->cache->n_ctx;
-    int n_kv = (ev->n_past / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS;
-    if (n_kv > n_ctx) n_kv = n_ctx;
-    const bool same = r->ctx && r->n_kv == n_kv && r->model == ev->model && r->backend == ev->backend &&
-                      r->cache == ev->cache && r->cache_buf == ev->cache->buf && r->cache_base == ev->cache->buf->base && r->buf == *ev->compute &&
-                      r->buf_base == (*ev->compute)->base && r->buf_size == (*ev->compute)->size &&
-                      r->n_outputs == ev->n_outputs && r->attn_mode == ev->attn_mode && r->n_ctx == ev->n_ctx;
+    const int ns = eval_seqs(ev);
+    int one_kv = (ev->n_past / KVR_REUSE_ROWS + 1) * KVR_REUSE_ROWS;
+    if (one_kv > ev->cache->n_ctx) one_kv = ev->cache->n_ctx;
+    const int * seq_kv = ev->batch ? ev->batch->n_kv : &one_kv;
+    bool same = r->ctx && r->n_seq == ns && r->batch == (ev->batch != NULL) && r->model == ev->model && r->backend == ev->backend &&
+                r->buf == *ev->compute && r->buf_base == (*ev->compute)->base && r->buf_size == (*ev->compute)->size &&
+                r->n_outputs == ev->n_outputs && r->attn_mode == ev->attn_mode && r->n_ctx == ev->n_ctx;
+    for (int i = 0; same && i < ns; i++) {
+        const struct kvr_kv_cache * c = eval_seq_cache(ev, i);
+        same = r->cache_serials[i] == c->serial && r->cache_bufs[i] == c->buf && r->cache_bases[i] == c->buf->base && r->seq_kv[i] == seq_kv[i];
+    }
     if (!same) {
-        int rc = eval_reuse_build(ev, n_kv);
+        int rc = eval_reuse_build(ev, seq_kv);
         if (rc != KVR_OK) return rc;
     } else {
         r->reuses++;
     }
-    // the stores write row n_past; rows past it are hidden from the token by their position
-    for (int i = 0; i < r->n_stores; i++) graph_view_move(r->stores[i], (size_t)ev->n_past * r->stores[i]->nb[1]);
+    // the stores write each sequence's row n_past; rows past it are hidden from its token by their position
+    for (int i = 0; i < r->n_stores; i++) {
+        const int n_past = ev->batch ? ev->batch->n_past[r->store_seq[i]] : ev->n_past;
+        graph_view_move(r->stores[i], (size_t)n_past * r->stores[i]->nb[1]);
+    }
+    KVR_ASSERT(ev->n_kpos <= r->n_kv);
     memcpy(r->kpos_host, ev->kpos, sizeof(int32_t) * (size_t)ev->n_kpos);
-    for (int i = ev->n_kpos; i < n_kv; i++) r->kpos_host[i] = INT32_MAX;
-    kvr_backend_tensor_set(r->tokens, ev->tokens, 0, sizeof(int32_t));
-    kvr_backend_tensor_set(r->pos, ev->pos, 0, sizeof(int32_t));
-    kvr_backend_tensor_set(r->kpos, r->kpos_host, 0, sizeof(int32_t) * (size_t)n_kv);
+    for (int i = ev->n_kpos; i < r->n_kv; i++) r->kpos_host[i] = INT32_MAX;
+    kvr_backend_tensor_set(r->tokens, ev->tokens, 0, sizeof(int32_t) * (size_t)ev->n_tokens);
+    kvr_backend_tensor_set(r->pos, ev->pos, 0, sizeof(int32_t) * (size_t)ev->n_tokens);
+    kvr_backend_tensor_set(r->kpos, r->kpos_host, 0, sizeof(int32_t) * (size_t)r->n_kv);
     ev->n_attn_layers = r->n_attn_layers;
     ev->setup_ms = kvr_time_ms() - t0;
     kvr_backend_counters(ev->backend, NULL, true);
     int rc = kvr_backend_graph_compute(ev->backend, r->g);
     if (rc == KVR_OK) rc = kvr_backend_synchronize(ev->backend);
     if (rc == KVR_OK && ev->n_outputs) {
-        kvr_backend_tensor_get(r->out, ev->logits, kvr_nbytes(r->out) - sizeof(float) * m->hp.n_vocab, sizeof(float) * m->hp.n_vocab);
+        const size_t nb = sizeof(float) * m->hp.n_vocab * (size_t)ev->n_outputs;
+        kvr_backend_tensor_get(r->out, ev->logits, kvr_nbytes(r->out) - nb, nb);
     }
     kvr_backend_counters(ev->backend, &ev->counters, true);
     return rc;
@@ -12782,8 +12895,11 @@ int kvr_eval_run(struct kvr_eval * ev) {
         out = eval_model_build(ev, ctx, g, n, ev->n_kpos, &b, &kpos);
     }
 
-    // the pass: the single-rank one, or the caller's strategy
-    if (!ev->pass) {
+    // the pass: the single-rank one, a decode batch's, or the caller's strategy
+    if (ev->batch) {
+        KVR_ASSERT(!ev->pass && ev->batch->n == n);
+        kvr_pass_batch(ctx, g, ev->batch->caches, ev->batch->n_past, ev->batch->n_kv, kpos, ev->attn_mode);
+    } else if (!ev->pass) {
         kvr_pass_single(ctx, g, ev->cache, ev->n_past, kpos, ev->attn_mode);
     } else {
         struct kvr_pass_args a = { .ctx = ctx, .g = g, .kpos = kpos };

@@ -1243,6 +1243,7 @@ bool kvr_model_rope_long(const struct kvr_model * m, int n_ctx);
 //
 
 struct kvr_kv_cache {
+    uint64_t             serial;     // no other cache of this process had it (what kept graphs know it by)
     int                  n_layer;
     int                  n_ctx;
     int                  kv_dim;
@@ -1612,6 +1613,9 @@ struct kvr_rank_stats {
     int64_t state_bytes_recv; //   rank boundary a constant, whatever the prompt's length
     double  op_ms[KVR_OP_COUNT]; // wall time in the nodes of each op kind (the first thread's view, barriers
                               //   included): where compute_ms goes
+    // since the session began: decode graphs built and kept ones run again (kvr_eval_reuse), the
+    // single pass's and those of the batches this session led (kvr_session_eval_batch's session 0)
+    int64_t graphs_built, graphs_reused;
 };
 
 struct kvr_session;
@@ -2071,6 +2075,16 @@ struct kvr_pass_args {
 };
 
 
+// A decode batch (kvr_session_eval_batch): token b of the eval is the next one of sequence b, whose
+// attention reads only its own cache (kvr_pass_batch), rows [0, n_kv[b]) with the token's row at
+// n_past[b]. The eval's cache is then the activations' owner only (caches[0]).
+struct kvr_eval_batch {
+    int                    n;        // sequences (= the eval's n_tokens)
+    struct kvr_kv_cache ** caches;
+    const int            * n_past;   // rows each cache held before the token
+    const int            * n_kv;     // rows its attention reads (the eval's kpos: n_kv[0] + n_kv[1] + ...)
+};
+
 struct kvr_eval {
     // what to run
     const struct kvr_model * model;     // its weights on backend (kvr_model_to_backend)
@@ -2086,6 +2100,7 @@ struct kvr_eval {
     int                      n_ctx;     // the sequence's context (kvr_build.n_ctx; 0: the cache's rows)
     enum kvr_attn_mode       attn_mode;
     void                  (* pass)(void * user, struct kvr_pass_args * a); // NULL: kvr_pass_single
+    const struct kvr_eval_batch * batch; // a decode batch (no pass): kvr_pass_batch (NULL: none)
     bool                     no_model;  // no model graph, no inputs, no outputs: the pass builds the
                                         //   whole graph into a->g (P/D's decode rank only receives)
     void                   * pass_user;
@@ -2112,26 +2127,33 @@ int kvr_eval_run(struct kvr_eval * ev);
 // rows [0, n_kv), n_kv the next multiple of KVR_REUSE_ROWS past the token (at most the context);
 // rows not written yet carry position INT32_MAX, which the causal mask hides; every layer's two
 // stores are moved to the token's row. A new layout is built when the token crosses n_kv, when
-// the compute buffer or the cache moved, or when the caller asks for something else.
+// the compute buffer or the cache moved, or when the caller asks for something else. A decode
+// batch (kvr_eval.batch) is kept the same way, per sequence: the same sessions in the same order,
+// each cache where it was and each n_kv unchanged (its caller rounds them as above).
 #define KVR_REUSE_ROWS 256
 
 struct kvr_eval_reuse {
     struct kvr_context     * ctx;        // the kept graph's tensors (NULL: none kept)
     struct kvr_graph       * g;
     struct kvr_tensor      * tokens, * pos, * kpos, * out;
-    struct kvr_tensor     ** stores;     // per layer: the K store, its view, the V store, its view
+    struct kvr_tensor     ** stores;     // per layer and sequence: the K store, its view, the V store, its view
+    int                    * store_seq;  //   and the sequence each belongs to
     int                      n_stores;
-    int32_t                * kpos_host;  // n_kv positions
-    // the layout it was built for
+    int32_t                * kpos_host;  // n_kv positions (a batch: every sequence's, one after another)
+    // the layout it was built for: per sequence (one, or a batch's) its cache, where that was, and
+    // the rows its attention reads
     const struct kvr_model * model;
     struct kvr_backend     * backend;
-    struct kvr_kv_cache    * cache;
-    struct kvr_buffer      * cache_buf;  // the cache's buffer then, and its memory (a moved cache: rebuild)
-    void                   * cache_base;
+    int                      n_seq;
+    bool                     batch;
+    uint64_t               * cache_serials; // each cache (a freed one's memory may come back as another's),
+    struct kvr_buffer     ** cache_bufs; //   its buffer then, and its memory (a moved cache: rebuild)
+    void                  ** cache_bases;
+    int                    * seq_kv;
     struct kvr_buffer      * buf;        // the compute buffer it is placed in
     void                   * buf_base;
     size_t                   buf_size;
-    int                      n_kv, n_outputs, n_attn_layers, n_ctx;
+    int                      n_kv, n_outputs, n_attn_layers, n_ctx;  // n_kv: the sum over the sequences
     enum kvr_attn_mode       attn_mode;
     // what happened (tests, benchmarks)
     int64_t                  builds, reuses;

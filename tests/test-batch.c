@@ -29,7 +29,7 @@
 #include <string.h>
 
 #define N_SEQ   5
-#define N_STEPS 6
+#define N_STEPS 9
 
 static const char * const prompts[N_SEQ] = {
     "The capital of France is",
@@ -98,8 +98,13 @@ static void check_model(const char * name, const char * path) {
 
     // the batches of each step: all five, then fewer in another order, one alone, and so on
     static const int members[N_STEPS][N_SEQ + 1] = {
-        { 5, 0, 1, 2, 3, 4 }, { 3, 4, 2, 0 }, { 1, 3 }, { 5, 4, 3, 2, 1, 0 }, { 2, 1, 0 }, { 5, 2, 0, 4, 1, 3 },
+        { 5, 0, 1, 2, 3, 4 }, { 5, 0, 1, 2, 3, 4 }, { 3, 4, 2, 0 }, { 3, 4, 2, 0 }, { 1, 3 }, { 5, 4, 3, 2, 1, 0 },
+        { 2, 1, 0 }, { 2, 1, 0 }, { 5, 2, 0, 4, 1, 3 },
     };
+    // a step with the sessions of the step before, in the same order, runs the graph its first
+    // session kept (no layer with a sliding window: those build every step, as a solo decode does)
+    bool windows = false;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) windows |= m->layers[il].window > 0;
     for (int step = 0; step < N_STEPS; step++) {
         set_case("%s step %d", name, step);
         const int n = members[step][0];
@@ -113,9 +118,20 @@ static void check_model(const char * name, const char * path) {
             CHECK(toks[j] == solo_tok, "sequence %d: the batch's next id %d, solo's %d", i, toks[j], solo_tok);
         }
         for (int j = 0; j < n; j++) spans_since(group[j]);
+        struct kvr_rank_stats st0, st1;
+        kvr_session_stats(group[0], &st0, 1);
         const int rc = kvr_session_eval_batch(group, toks, n);
         CHECK(rc == KVR_OK, "a batch of %d: %s", n, kvr_last_error());
         if (rc != KVR_OK) break;
+        kvr_session_stats(group[0], &st1, 1);
+        const bool again = step > 0 && memcmp(members[step], members[step - 1], sizeof(members[step])) == 0;
+        const int64_t built = st1.graphs_built - st0.graphs_built, reused = st1.graphs_reused - st0.graphs_reused;
+        if (windows) {
+            CHECK(built == 0 && reused == 0, "sliding windows: no graph kept (%lld built, %lld reused)", (long long)built, (long long)reused);
+        } else {
+            CHECK(built == !again && reused == again, "%s: %lld graphs built, %lld reused", again ? "the sessions of the step before" :
+                  "other sessions than the step before", (long long)built, (long long)reused);
+        }
         const int batch_spans = spans_since(group[0]);
         int others = 0;
         for (int j = 1; j < n; j++) others += spans_since(group[j]);
