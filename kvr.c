@@ -2620,6 +2620,14 @@ static size_t attn_part_floats(const struct kvr_tensor * t) {
     return (size_t)(2 * G * D + D + G * Tk + 6 * G + 64);
 }
 
+#if defined(__SSE__)
+// A cache row a few keys ahead, asked for now: a decode's rows are a stride apart (the other KV
+// heads between them), and the loads of each would wait for memory
+static inline void attn_prefetch(const void * row, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)row + o, _MM_HINT_T0);
+}
+#endif
+
 static inline const void * attn_kv_row(const struct kvr_tensor * t, int64_t g, int64_t j) {
     return (const uint8_t *)t->data + g * t->nb[1] + j * t->nb[2];
 }
@@ -3890,6 +3898,7 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
     const size_t qs_off = type == KVR_TYPE_Q4_0 ? offsetof(struct kvr_block_q4_0, qs) : offsetof(struct kvr_block_q4_1, qs);
     const size_t m_off = type == KVR_TYPE_Q4_1 ? offsetof(struct kvr_block_q4_1, m) : offsetof(struct kvr_block_q5_1, m);
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0f);
+    (void)ones; // not with VNNI
     __m256 acc[QX_BATCH_GROUP], accm[QX_BATCH_GROUP];
     QX_UNROLL
     for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm256_setzero_ps();
@@ -3899,8 +3908,17 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
         // software prefetch QX_PREFETCH bytes ahead (into the next rows at a row's end): the one
         // stream of a thread keeps more lines in flight than the hardware prefetchers alone
         for (size_t o = 0; o < 8 * bs; o += 64) _mm_prefetch((const char *)blk + QX_PREFETCH + o, _MM_HINT_T0);
+#if defined(__AVX512VL__) && defined(__AVX512BW__)
+        // the 8 blocks' first 4 bytes in one gather: d (and the min m right after it, Q4_1/Q5_1)
+        const __m256i dm = _mm256_i32gather_epi32((const int *)blk, _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                                                         _mm256_set1_epi32((int)bs)), 1);
+        const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm));
+        const __m256 mw = qx_has_min(type) ? _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))) : _mm256_setzero_ps();
+        (void)m_off;
+#else
         const __m256 dw = qx_half8(blk, bs);
         const __m256 mw = qx_has_min(type) ? qx_half8(blk + m_off, bs) : _mm256_setzero_ps();
+#endif
         __m256i h[QX_BATCH_GROUP];
         if (qx_pairs(type)) {
             __m256i lo[4], hi[4];
@@ -3915,6 +3933,18 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
             QX_UNROLL
             for (int t = 0; t < nt; t++) {
                 const int8_t * y = a[t].qs + KVR_QK * b;
+#if defined(QX_VNNI)
+                // int32 lanes 0-3: block 2pr's sums of 8 products, 4-7: block 2pr+1's; three
+                // horizontal adds leave the sums of blocks 0 2 4 6 | 1 3 5 7, put in order
+                __m256i P[4];
+                QX_UNROLL
+                for (int pr = 0; pr < 4; pr++) {
+                    P[pr] = qx_dpbusd(qx_dpbusd(_mm256_setzero_si256(), lo[pr], _mm256_loadu_si256((const __m256i *)(y + 64 * pr))),
+                                      hi[pr], _mm256_loadu_si256((const __m256i *)(y + 64 * pr + 32)));
+                }
+                h[t] = _mm256_hadd_epi32(_mm256_hadd_epi32(P[0], P[1]), _mm256_hadd_epi32(P[2], P[3]));
+                h[t] = _mm256_permutevar8x32_epi32(h[t], _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+#else
                 __m256i P[4];
                 QX_UNROLL
                 for (int pr = 0; pr < 4; pr++) { // int16 lanes 0-7: block 2pr, 8-15: block 2pr+1
@@ -3926,6 +3956,7 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
                 // blocks 0 2 4 6 | 1 3 5 7, put in order
                 h[t] = _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(P[0], P[1]), _mm256_hadd_epi16(P[2], P[3])), ones);
                 h[t] = _mm256_permutevar8x32_epi32(h[t], _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+#endif
             }
         } else {
             __m256i q[8];
@@ -6399,6 +6430,7 @@ static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum k
     // an F16 cache's row widened in registers (the same values attn_row_f32 would store)
     for (int64_t j = 0; vtype == KVR_TYPE_F16 && j < Tk; j++) {
         const uint16_t * vh = (const uint16_t *)(V + j * ldv);
+        if (j + 8 < Tk) attn_prefetch(V + (j + 8) * ldv, sizeof(uint16_t) * (size_t)D);
         float * a = A + (j % 32) * D;
         const __m256 pj = _mm256_set1_ps(P[j]);
         int64_t d = 0;
@@ -6481,7 +6513,14 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
     // the work items: a KV head (V^T is made once for its G query heads) or a query head, of a
     // tile of queries; the counters are the tiled kernel's (what its tiles would compute)
     const int64_t n_heads = by_rows ? H : Hkv;
-    for (int64_t item = p->ith; item < n_heads * n_qt; item += p->nth) {
+    // by query head, a thread takes a run of heads: those of one KV head read its rows from memory
+    // once and from its cache after (strided, every thread would read every KV head's rows)
+    int64_t it0 = p->ith, it1 = n_heads * n_qt, step = p->nth;
+    if (by_rows) {
+        row_range(n_heads * n_qt, p->ith, p->nth, &it0, &it1);
+        step = 1;
+    }
+    for (int64_t item = it0; item < it1; item += step) {
         const int64_t hi = item % n_heads, qt = item / n_heads;
         const int64_t g = by_rows ? hi / G : hi;
         const int64_t h0 = by_rows ? hi : g * G, h1 = by_rows ? hi + 1 : (g + 1) * G;
@@ -6509,6 +6548,9 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     P[j] = -INFINITY;
                     if (j >= Tk || !kvr_attn_visible(qp, kpos[j], W)) continue;
                     const float * kj = (const float *)attn_kv_row(k, g, j);
+#if defined(__SSE__)
+                    if (j + 8 < Tk) attn_prefetch(attn_kv_row(k, g, j + 8), (size_t)k->nb[0] * (size_t)D);
+#endif
                     float sc;
                     if (k->type == KVR_TYPE_F16 && dot_kq == dot_f32_ggml) {
                         sc = dot_f32_f16_ggml(qr, (const uint16_t *)kj, D);
