@@ -2620,7 +2620,7 @@ static size_t attn_part_floats(const struct kvr_tensor * t) {
     return (size_t)(2 * G * D + D + G * Tk + 6 * G + 64);
 }
 
-#if defined(__SSE__)
+#if defined(__AVX2__)
 // A cache row a few keys ahead, asked for now: a decode's rows are a stride apart (the other KV
 // heads between them), and the loads of each would wait for memory
 static inline void attn_prefetch(const void * row, size_t bytes) {
@@ -6548,7 +6548,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     P[j] = -INFINITY;
                     if (j >= Tk || !kvr_attn_visible(qp, kpos[j], W)) continue;
                     const float * kj = (const float *)attn_kv_row(k, g, j);
-#if defined(__SSE__)
+#if defined(__AVX2__)
                     if (j + 8 < Tk) attn_prefetch(attn_kv_row(k, g, j + 8), (size_t)k->nb[0] * (size_t)D);
 #endif
                     float sc;
