@@ -1705,6 +1705,7 @@ static void pass_tsp(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     sink(pc, vs, "tsp: every rank's V rows into every rank's cache");
     struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], 0, T)), as_heads(pc, cache_rows(pc, c->v[il], 0, T)),
                                      pos, pc->kpos, vs, pc->scale, pc->softcap, pc->window, pc->d->p.attn_mode);
+    kvr_attn_kernel_as(a, T, (int64_t)pc->pl->P + T); // the single pass's kernel: its bits, query by query
     kvr_replace_node(t, kvr_attn_sinks(a, pc->attn_sinks), "tsp: attention over the gathered cache");
 }
 
@@ -1744,6 +1745,7 @@ static void pass_kvr(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     struct kvr_tensor * a = kvr_attn(pc->ctx, q, as_heads(pc, cache_rows(pc, c->k[il], lo_in, e - lo_in)),
                                      as_heads(pc, cache_rows(pc, c->v[il], lo_in, e - lo_in)), pos, kp, vs, pc->scale, pc->softcap, W,
                                      pc->d->p.attn_mode);
+    kvr_attn_kernel_as(a, pc->pl->T, (int64_t)pc->pl->P + pc->pl->T); // the single pass's kernel: its bits, query by query
     kvr_replace_node(t, kvr_attn_sinks(a, pc->attn_sinks), W ? "kvr: sliding-window attention over cache [s_r-W+1, e_r)" : "kvr: attention over cache [0, e_r)");
 }
 

@@ -6373,6 +6373,17 @@ static bool attn_exact(int64_t Tq, int64_t Tk) {
     return Tq * Tk <= KVR_ATTN_EXACT_MAX_SCORES;
 }
 
+// What an ATTN node of Tq queries over Tk keys runs: as its shape says, or as kvr_attn_kernel_as set
+static bool attn_node_exact(const struct kvr_tensor * t, int64_t Tq, int64_t Tk) {
+    return t->op_params[5] ? t->op_params[5] == 1 : attn_exact(Tq, Tk);
+}
+
+struct kvr_tensor * kvr_attn_kernel_as(struct kvr_tensor * t, int64_t tq, int64_t tk) {
+    KVR_ASSERT(t->op == KVR_OP_ATTN);
+    t->op_params[5] = attn_exact(tq, tk) ? 1 : 2;
+    return t;
+}
+
 bool kvr_attn_cpu_exact(int64_t Tq, int64_t Tk) {
     return attn_exact(Tq, Tk);
 }
@@ -7064,7 +7075,7 @@ static void cpu_op_attn_lanes(const struct cpu_params * p, struct kvr_tensor * d
 static void cpu_op_attn(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int64_t Tk = attn_keys(dst->src[4]->data, dst->src[1]->ne[2]);
     const bool q8 = dst->src[1]->type == KVR_TYPE_Q8_0 || dst->src[2]->type == KVR_TYPE_Q8_0;
-    if (attn_exact(dst->src[0]->ne[2], Tk)) {
+    if (attn_node_exact(dst, dst->src[0]->ne[2], Tk)) {
         if (q8) cpu_op_attn_online(p, dst, Tk);
         else    cpu_op_attn_exact(p, dst, Tk);
     } else {
@@ -7621,7 +7632,7 @@ static size_t cpu_scratch_floats(const struct kvr_graph * g, int n_threads, bool
             const size_t rows = (size_t)(kvr_attn_tile_tokens(G) * G);
             size_t n = rows * (size_t)(2 * D + KVR_ATTN_BK + 2) + 1024;
             const int64_t Tq = t->src[0]->ne[2], Tk = t->src[1]->ne[2];
-            if (attn_exact(Tq, Tk) && (size_t)((D + 1) * attn_exact_keys(Tk)) > n) n = (size_t)((D + 1) * attn_exact_keys(Tk));
+            if (attn_node_exact(t, Tq, Tk) && (size_t)((D + 1) * attn_exact_keys(Tk)) > n) n = (size_t)((D + 1) * attn_exact_keys(Tk));
             if (attn_typed(t)) n += attn_typed_floats(D);
 #if defined(__AVX512F__)
             if (attn_lanes_floats(D, G) > n) n = attn_lanes_floats(D, G);

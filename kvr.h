@@ -447,7 +447,7 @@ struct kvr_tensor * kvr_kv_store (struct kvr_context * ctx, struct kvr_tensor * 
 //        before the mask and the softmax (Gemma 2's attention logit soft-capping; kvr_softcap_f32),
 //        0 leaves it; window: 0 for full causal attention
 // op_params (a device kernel reads the same): [0] mode, [1] n_head, [2] scale (f32 bits), [3] window,
-// [4] softcap (f32 bits).
+// [4] softcap (f32 bits), [5] the CPU kernel (kvr_attn_kernel_as; 0: by its own shape).
 // In causal mode a tile is skipped when every key is after every query or, with a window, more
 // than window-1 positions before every query; the counters count the pairs the mask lets through.
 // result: [head_dim*n_head + n_head, Tq] f32: per query row, the output of each head, then the
@@ -464,6 +464,11 @@ struct kvr_tensor * kvr_attn(struct kvr_context * ctx, struct kvr_tensor * q, st
 // Whether the CPU runs an ATTN of Tq queries over Tk keys in llama.cpp's arithmetic (the small
 // shapes above), not tiled: where it rounds F16/BF16 probabilities after normalising them.
 bool kvr_attn_cpu_exact(int64_t Tq, int64_t Tk);
+// An ATTN that is a rank's part of what one ATTN of tq queries over tk keys computes in the single
+// pass (the rank's queries, each over the keys it sees, from the first) takes the CPU kernel that
+// one would take, not the one its own shape picks: every query's row then has the single pass's
+// bits. Returns attn.
+struct kvr_tensor * kvr_attn_kernel_as(struct kvr_tensor * attn, int64_t tq, int64_t tk);
 // Merge n partial ATTN results of the same queries (same layout as kvr_attn's result):
 // O = sum_i exp(lse_i - lse) O_i, lse = log(sum_i exp(lse_i)). Empty partials (lse -inf) drop out.
 struct kvr_tensor * kvr_merge_attn(struct kvr_context * ctx, struct kvr_tensor ** parts, int n, int n_head);

@@ -1630,6 +1630,57 @@ static double cachetype_tol(bool strict, enum kvr_strategy s, enum kvr_cache_typ
 // greedy ids with cache type ct, against every strategy on 2..4 ranks with it (cachetype_tol);
 // their stats bytes against the same run's with an F32 cache. strict: the random Llamas (their
 // head size of 8 takes no Q8_0 cache).
+// tsp and kvr: every rank attends to the cache from its first row, as the single pass does, and
+// runs the single pass's attention kernel for it (kvr_attn_kernel_as) even where its own smaller
+// shape would pick another: the logits equal the single pass's to the last bit. A 160-token
+// prompt on 4 ranks is such a case (one rank, 25,600 scores a head, takes the tiled kernel; a
+// rank of 40 queries would take llama.cpp's arithmetic), with an F32 and an F16 cache.
+static void test_bits(const struct tmodel * tm) {
+    group_begin();
+    const struct kvr_model * m = tm->m;
+    enum { T = 160 };
+    const int V = (int)m->hp.n_vocab;
+    int32_t prompt[T];
+    make_prompt(prompt, T, V, 1717);
+    static const enum kvr_strategy strats[] = { KVR_STRATEGY_TSP, KVR_STRATEGY_KVR };
+    static const enum kvr_cache_type types[] = { KVR_CACHE_F32, KVR_CACHE_F16 };
+    float * ref = malloc(sizeof(float) * (size_t)V);
+    int runs = 0;
+    for (int ti = 0; ti < 2; ti++) {
+        const enum kvr_cache_type ct = types[ti];
+        set_case("bits %s: one rank", kvr_cache_type_name(ct));
+        struct kvr_session_params sp = { .n_ctx = N_CTX, .n_threads = 1, .cache_type_k = ct, .cache_type_v = ct };
+        struct kvr_session * one = kvr_session_new(m, &sp);
+        const float * lg = one ? kvr_session_eval(one, prompt, T) : NULL;
+        CHECK(lg != NULL, "one rank: %s", kvr_last_error());
+        if (lg) memcpy(ref, lg, sizeof(float) * (size_t)V);
+        kvr_session_free(one);
+        if (!lg) continue;
+        for (int si = 0; si < 2; si++) {
+            for (int N = 2; N <= 4; N++) {
+                set_case("bits %s: %s on %d ranks", kvr_cache_type_name(ct), kvr_strategy_name(strats[si]), N);
+                struct kvr_session_params p = sp;
+                p.strategy = strats[si];
+                p.n_ranks = N;
+                p.timeout_s = 30;
+                struct kvr_session * d = kvr_session_new(m, &p);
+                const float * dl = d ? kvr_session_eval(d, prompt, T) : NULL;
+                CHECK(dl != NULL, "%s", kvr_last_error());
+                if (dl) {
+                    int at;
+                    const double dd = max_abs_diff(dl, ref, V, &at);
+                    CHECK(memcmp(dl, ref, sizeof(float) * (size_t)V) == 0, "logits differ from one rank's (by up to %.3g at id %d)", dd, at);
+                    runs++;
+                }
+                kvr_session_free(d);
+            }
+        }
+    }
+    free(ref);
+    group_end("bits", "%d runs (%s, a %d-token prompt; tsp and kvr on 2..4 ranks, F32 and F16 caches: one rank's logits to the bit)",
+              runs, tm->name, T);
+}
+
 static void test_cachetype(const struct tmodel * tm, bool strict) {
     group_begin();
     const struct kvr_model * m = tm->m;
@@ -1877,6 +1928,7 @@ int main(int argc, char ** argv) {
         if (want_group("window") && archs[3].m) test_window(&archs[3]);
         if (want_group("cachetype") && archs[0].m) test_cachetype(&archs[0], false);
         for (int i = 1; i < 3 && want_group("cachetype"); i++) test_cachetype(&models[i], true);
+        for (int i = 1; i < 3 && want_group("bits"); i++) test_bits(&models[i]);
         // stall and trace: the MQA model and a 64-token prompt
         int32_t prompt[64];
         make_prompt(prompt, 64, (int)models[2].m->hp.n_vocab, 4242);
