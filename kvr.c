@@ -3640,6 +3640,15 @@ QX_INLINE int qx_flush(enum kvr_type t) {
 // this many at a time (their sums then live in registers), each token summed as one token alone.
 #define QX_BATCH_GROUP 4
 
+// 512-bit vectors with AVX-512BW, VL and VNNI: the prompt kernels' 8 rows side by side, and the
+// decode kernels' pairs of tokens side by side
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QX_L512 1
+#else
+#define QX_L512 0
+#endif
+
 // Bytes of a single token's activations in the arrays of the legacy decode kernel (struct qx_t1,
 // below), a whole number of cache lines, so that each token's arrays start on one.
 static size_t qx_t1_bytes(int64_t nb) {
@@ -3833,7 +3842,32 @@ struct qx_t1 {
     const int8_t  * qs;
     const float   * d, * s;
     const int32_t * sum;
+    const uint8_t * pair; // QX_L512, Q4_0/Q4_1: this token's and the next one's arrays side by side
+                          //   (qx_t2_init; NULL: none, the token goes alone)
 };
+
+// Two tokens' arrays side by side for the 4-bit types' first nb - nb % 8 blocks (QX_L512): per 8
+// blocks, the 8 chunks of 32 quants the kernel loads (y + 64 pr, y + 64 pr + 32), each the first
+// token's then the second's (64 bytes), then their d, s and sum, 8 of the first and 8 of the second.
+#define QX_T2_GROUP (8 * 64 + 3 * 64)
+static size_t qx_t2_bytes(int64_t nb) {
+    return ((size_t)(nb / 8) * QX_T2_GROUP + 63) & ~(size_t)63;
+}
+
+static void qx_t2_init(const struct qx_t1 * a, const struct qx_t1 * b, int64_t nb, uint8_t * mem) {
+    for (int64_t b8 = 0; b8 < nb / 8; b8++) {
+        uint8_t * g = mem + (size_t)b8 * QX_T2_GROUP;
+        for (int c = 0; c < 8; c++) {
+            memcpy(g + 64 * c, a->qs + KVR_QK * 8 * b8 + 32 * c, 32);
+            memcpy(g + 64 * c + 32, b->qs + KVR_QK * 8 * b8 + 32 * c, 32);
+        }
+        const void * src[3][2] = { { a->d + 8 * b8, b->d + 8 * b8 }, { a->s + 8 * b8, b->s + 8 * b8 }, { a->sum + 8 * b8, b->sum + 8 * b8 } };
+        for (int f = 0; f < 3; f++) {
+            memcpy(g + 512 + 64 * f, src[f][0], 32);
+            memcpy(g + 512 + 64 * f + 32, src[f][1], 32);
+        }
+    }
+}
 
 // How far ahead of its reads a decode kernel prefetches its row, in bytes: `kvr-bench --kernels
 // q4_0,q8_0 --q8-act` out of cache with 2 threads took Q8_0 from 25 to 34 GB/s at 1024 (256: 28,
@@ -3848,7 +3882,7 @@ QX_INLINE bool qx_pairs(enum kvr_type t) {
 static struct qx_t1 qx_t1_at(void * mem, int64_t nb) {
     int8_t * qs = mem;
     float * d = (float *)(qs + nb * KVR_QK), * s = d + nb;
-    return (struct qx_t1){ qs, d, s, (const int32_t *)(s + nb) };
+    return (struct qx_t1){ qs, d, s, (const int32_t *)(s + nb), NULL };
 }
 
 static void qx_t1_init(enum kvr_type type, const struct qx_q8 * a, int64_t nb, void * mem) {
@@ -3883,6 +3917,15 @@ static inline __m256 qx_half8(const uint8_t * p, size_t bs) {
     return _mm256_cvtph_ps(_mm_set_epi64x((long long)u[1], (long long)u[0]));
 }
 
+#if QX_L512
+// _mm256_hadd_epi32 in each 256-bit half: per 128-bit lane a0+a1, a2+a3, b0+b1, b2+b3
+static inline __m512i qx_hadd512(__m512i a, __m512i b) {
+    const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
+    return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, _MM_SHUFFLE(2, 0, 2, 0))),
+                            _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+#endif
+
 // row . token t over nb legacy blocks for nt tokens (1..QX_BATCH_GROUP; a[t]: token t's arrays),
 // 8 blocks a step: their integer sums meet in one vector (horizontal adds), so the scales, offsets
 // and mins go 8 at a time from the qx_t1 arrays, and the 4-bit types take two blocks' nibbles per
@@ -3903,6 +3946,14 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
     QX_UNROLL
     for (int t = 0; t < nt; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     const int64_t n8 = nb - nb % 8;
+#if QX_L512
+    // two tokens side by side (a[t].pair, qx_t2_init) for the 4-bit types: one 512-bit vector holds
+    // both tokens' integer sums and float steps, each half lane for lane what the token alone runs
+    const bool two = qx_pairs(type) && nt >= 2;
+    __m512 acc2[QX_BATCH_GROUP / 2], accm2[QX_BATCH_GROUP / 2];
+    QX_UNROLL
+    for (int tp = 0; tp < QX_BATCH_GROUP / 2; tp++) acc2[tp] = accm2[tp] = _mm512_setzero_ps();
+#endif
     for (int64_t b = 0; b < n8; b += 8) {
         const uint8_t * blk = row + (size_t)b * bs;
         // software prefetch QX_PREFETCH bytes ahead (into the next rows at a row's end): the one
@@ -3920,6 +3971,53 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
         const __m256 mw = qx_has_min(type) ? qx_half8(blk + m_off, bs) : _mm256_setzero_ps();
 #endif
         __m256i h[QX_BATCH_GROUP];
+#if QX_L512
+        if (two) {
+            const __m512i m4x = _mm512_set1_epi8(0x0f);
+            __m512i lo2[4], hi2[4];
+            QX_UNROLL
+            for (int pr = 0; pr < 4; pr++) { // both 256-bit halves: block 2pr's quants, then 2pr+1's
+                const uint8_t * x0 = blk + 2 * pr * bs;
+                const __m512i w = _mm512_mask_blend_epi32(0xF0F0, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x0 + qs_off))),
+                                                          _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x0 + bs + qs_off))));
+                lo2[pr] = _mm512_and_si512(w, m4x);
+                hi2[pr] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4x);
+            }
+            const __m512 dw2 = _mm512_insertf32x8(_mm512_castps256_ps512(dw), dw, 1);
+            const __m512 mw2 = _mm512_insertf32x8(_mm512_castps256_ps512(mw), mw, 1);
+            const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+            QX_UNROLL
+            for (int tp = 0; tp + 1 < nt; tp += 2) {
+                const uint8_t * g = a[tp].pair + (size_t)(b / 8) * QX_T2_GROUP;
+                __m512i P[4];
+                QX_UNROLL
+                for (int pr = 0; pr < 4; pr++) {
+                    P[pr] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo2[pr], _mm512_loadu_si512(g + 128 * pr)),
+                                                hi2[pr], _mm512_loadu_si512(g + 128 * pr + 64));
+                }
+                __m512i h2 = _mm512_permutexvar_epi32(order, qx_hadd512(qx_hadd512(P[0], P[1]), qx_hadd512(P[2], P[3])));
+                if (off) h2 = _mm512_sub_epi32(h2, _mm512_slli_epi32(_mm512_loadu_si512(g + 512 + 128), off == 8 ? 3 : 4));
+                acc2[tp / 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h2), _mm512_mul_ps(dw2, _mm512_loadu_ps((const float *)(g + 512))), acc2[tp / 2]);
+                if (qx_has_min(type)) accm2[tp / 2] = _mm512_fmadd_ps(mw2, _mm512_loadu_ps((const float *)(g + 512 + 64)), accm2[tp / 2]);
+            }
+            if (nt % 2) { // the last token alone
+                const int t = nt - 1;
+                const int8_t * y = a[t].qs + KVR_QK * b;
+                __m256i P[4];
+                QX_UNROLL
+                for (int pr = 0; pr < 4; pr++) {
+                    P[pr] = qx_dpbusd(qx_dpbusd(_mm256_setzero_si256(), _mm512_castsi512_si256(lo2[pr]), _mm256_loadu_si256((const __m256i *)(y + 64 * pr))),
+                                      _mm512_castsi512_si256(hi2[pr]), _mm256_loadu_si256((const __m256i *)(y + 64 * pr + 32)));
+                }
+                __m256i ht = _mm256_hadd_epi32(_mm256_hadd_epi32(P[0], P[1]), _mm256_hadd_epi32(P[2], P[3]));
+                ht = _mm256_permutevar8x32_epi32(ht, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                if (off) ht = _mm256_sub_epi32(ht, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a[t].sum + b)), off == 8 ? 3 : 4));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ht), _mm256_mul_ps(dw, _mm256_loadu_ps(a[t].d + b)), acc[t]);
+                if (qx_has_min(type)) accm[t] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a[t].s + b), accm[t]);
+            }
+            continue;
+        }
+#endif
         if (qx_pairs(type)) {
             __m256i lo[4], hi[4];
             QX_UNROLL
@@ -3986,6 +4084,14 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
             if (qx_has_min(type)) accm[t] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a[t].s + b), accm[t]);
         }
     }
+#if QX_L512
+    for (int tp = 0; two && tp + 1 < nt; tp += 2) {
+        acc[tp] = _mm512_castps512_ps256(acc2[tp / 2]);
+        acc[tp + 1] = _mm512_extractf32x8_ps(acc2[tp / 2], 1);
+        accm[tp] = _mm512_castps512_ps256(accm2[tp / 2]);
+        accm[tp + 1] = _mm512_extractf32x8_ps(accm2[tp / 2], 1);
+    }
+#endif
     // the sums stay in registers through the tail: a store to out (a float *) could alias row, so
     // the compiler would reload after every block
     float sum[QX_BATCH_GROUP];
@@ -4267,7 +4373,8 @@ struct qx_x8_fns {
 // Bytes of scratch qx_mul_rows needs for T tokens over K values: their activations, and for the
 // legacy types each token's arrays of the decode kernel (struct qx_t1) from a cache line on.
 static size_t qx_rows_bytes(enum kvr_type t, int64_t K, int64_t T) {
-    const size_t arrays = qx_is_legacy(t) ? (size_t)T * qx_t1_bytes(K / KVR_QK) + 64 : 0;
+    size_t arrays = qx_is_legacy(t) ? (size_t)T * qx_t1_bytes(K / KVR_QK) + 64 : 0;
+    if (QX_L512 && qx_pairs(t)) arrays += (size_t)(T / 2) * qx_t2_bytes(K / KVR_QK); // their pairs
     return (size_t)T * qx_act_bytes(t, K) + arrays;
 }
 
@@ -4290,6 +4397,14 @@ static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes,
     const size_t t1 = qx_t1_bytes(nb);
     uint8_t * arrays = (uint8_t *)(((uintptr_t)(act + (size_t)T * ab) + 63) & ~(uintptr_t)63);
     for (int64_t t = 0; legacy && t < T; t++) qx_t1_init(type, (const struct qx_q8 *)(act + (size_t)t * ab), nb, arrays + (size_t)t * t1);
+    // QX_L512: the 4-bit types' tokens 2p and 2p + 1 side by side (qx_row_t1 takes them together)
+    uint8_t * pairs = arrays + (size_t)T * t1;
+    const size_t t2 = qx_t2_bytes(nb);
+    const bool paired = QX_L512 && qx_pairs(type) && T >= 2;
+    for (int64_t t = 0; paired && t + 1 < T; t += 2) {
+        const struct qx_t1 x = qx_t1_at(arrays + (size_t)t * t1, nb), y = qx_t1_at(arrays + (size_t)(t + 1) * t1, nb);
+        qx_t2_init(&x, &y, nb, pairs + (size_t)(t / 2) * t2);
+    }
     const qx_t1_fn fl = legacy ? qx_t1_kernel(type) : NULL;
     const qx_k_fn fk = legacy ? NULL : qx_k_kernel(type);
 #endif
@@ -4310,6 +4425,8 @@ static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes,
                     const int64_t t = t0 + (k < nt ? k : nt - 1);
                     if (legacy) g1[k] = qx_t1_at(arrays + (size_t)t * t1, nb);
                     else        gk[k] = (const struct qx_q8K *)(act + (size_t)t * ab);
+                    // a pair starts at an even token of the group (QX_BATCH_GROUP is even)
+                    if (legacy && paired && k % 2 == 0 && k + 1 < nt) g1[k].pair = pairs + (size_t)((t0 + k) / 2) * t2;
                 }
 #else
                 const void * g[QX_BATCH_GROUP];
@@ -4331,16 +4448,10 @@ static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes,
     return done;
 }
 
-// The 8-row kernels in 512-bit vectors (AVX-512BW, VL and VNNI): each vector of weights holds 8
-// bytes of each of the 8 rows, so 32 bytes are 4 loads and each token's 8 bytes one broadcast; 16
-// int32 lanes, two a row, summed pairwise once a block or run. In half the instructions of the
-// 256-bit kernels, whose sums of 4 bytes a lane need 8 vectors for 32 bytes.
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
-    defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define QX_L512 1
-#else
-#define QX_L512 0
-#endif
+// The 8-row kernels in 512-bit vectors (QX_L512, defined with the decode kernels): each vector of
+// weights holds 8 bytes of each of the 8 rows, so 32 bytes are 4 loads and each token's 8 bytes one
+// broadcast; 16 int32 lanes, two a row, summed pairwise once a block or run. In half the
+// instructions of the 256-bit kernels, whose sums of 4 bytes a lane need 8 vectors for 32 bytes.
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
