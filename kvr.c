@@ -3183,6 +3183,18 @@ static float vec_max(const float * s, int64_t n) {
 }
 #endif
 
+static float expf_ggml16(float x); // the attention's (below)
+
+// SiLU as a llama.cpp built for AVX-512 computes it (kvr_backend_params.avx512_order), in its SILU
+// and SWIGLU alike: x / (1 + ggml_v_expf(0 - x)) 16 lanes at a time, one value at a time here (the
+// same operations: the same bits), and past the last multiple of 16 x / (1 + expf(-x)) with libm's
+// expf (ggml_silu_f32).
+static void vec_silu_ggml16(const float * x, float * y, int64_t n) {
+    const int64_t nv = n & ~(int64_t)15;
+    for (int64_t i = 0; i < nv; i++) y[i] = x[i] / (1.0f + expf_ggml16(0.0f - x[i]));
+    for (int64_t i = nv; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
 static void vec_silu(const float * x, float * y, int64_t n) {
     int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -3241,7 +3253,8 @@ static void cpu_op_unary(const struct cpu_params * p, struct kvr_tensor * dst) {
                 for (int64_t i = 0; i < n; i++) y[i] = x[i] * s;
                 break;
             case KVR_OP_SILU:
-                vec_silu(x, y, n);
+                if (p->lanes16) vec_silu_ggml16(x, y, n);
+                else            vec_silu(x, y, n);
                 break;
             case KVR_OP_GELU:
                 if (dst->op_params[0]) for (int64_t i = 0; i < n; i++) y[i] = kvr_gelu_tanh(x[i]);
@@ -5941,10 +5954,32 @@ static float reduce_add16(const float * a) {
     return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
+#if defined(__AVX512F__)
+// reduce_add16 on a register
+static inline float hsum16(__m512 v) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    const __m256 h = _mm256_add_ps(hi, _mm512_castps512_ps256(v));
+    const __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+    float f[4];
+    _mm_storeu_ps(f, q);
+    return (f[0] + f[2]) + (f[1] + f[3]);
+}
+#endif
+
 // ggml_vec_dot_f32 with 16-lane vectors: four accumulators over blocks of 64, added (0+2, 1+3),
-// then the two, reduced as above, then the tail one product at a time in float.
+// then the two, reduced as above, then the tail past the last 64 one product at a time in float,
+// as GCC 12 -O3 compiles its loop (the build that made the kv/ references: its object code sums
+// the tail's products 16, then 8 at a time, each rounded and then added in order, and the last
+// n % 8 by fused multiply-adds).
 static float dot_f32_ggml16(const float * x, const float * y, int64_t n) {
     const int64_t np = n & ~(int64_t)63;
+#if defined(__AVX512F__)
+    __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    for (int64_t i = 0; i < np; i += 64) {
+        for (int r = 0; r < 4; r++) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * r), _mm512_loadu_ps(y + i + 16 * r), acc[r]);
+    }
+    float sum = hsum16(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+#else
     float acc[4][16] = { { 0 } };
     for (int64_t i = 0; i < np; i += 64) {
         for (int r = 0; r < 4; r++) {
@@ -5953,17 +5988,26 @@ static float dot_f32_ggml16(const float * x, const float * y, int64_t n) {
     }
     for (int j = 0; j < 16; j++) acc[0][j] = (acc[0][j] + acc[2][j]) + (acc[1][j] + acc[3][j]);
     float sum = reduce_add16(acc[0]);
-    for (int64_t i = np; i < n; i++) sum += x[i] * y[i];
+#endif
+    const int64_t nf = n - (n - np) % 8;
+    for (int64_t i = np; i < nf; i++) sum += x[i] * y[i];
+    for (int64_t i = nf; i < n; i++) sum = fmaf(x[i], y[i], sum);
     return sum;
 }
 
 // tinyBLAS with 16-lane vectors: one accumulator (lane i gets products i, i+16, ...), reduced as above.
 static float dot_f32_tinyblas16(const float * x, const float * y, int64_t n) {
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
+    return hsum16(acc);
+#else
     float acc[16] = { 0 };
     for (int64_t i = 0; i < n; i += 16) {
         for (int j = 0; j < 16; j++) acc[j] = fmaf(x[i + j], y[i + j], acc[j]);
     }
     return reduce_add16(acc);
+#endif
 }
 
 // Which of the two orders llama.cpp's CPU backend sums a small F32 matmul in: tinyBLAS's for a
@@ -6042,6 +6086,116 @@ static int64_t mm_dot_llama(const struct cpu_params * p, const struct mm_args * 
         for (int64_t n = n0; n < n1; n++) {
             m->Y[t * m->N + n] = dot((const float *)((const uint8_t *)m->w->data + n * m->w->nb[1]), xt, m->K);
         }
+    }
+    return n1 - n0;
+}
+
+// A batch in tinyBLAS's 16-lane order (avx512_order, exact arithmetic): what a llama.cpp built for
+// AVX-512 computes for an F32 matmul of two or more tokens that its llamafile sgemm takes
+// (mm_tinyblas_order), and for a quantized file what it computes on the file's dequantized F32
+// twin. Every output is dot_f32_tinyblas16's sum to the bit (one 16-lane FMA chain, then
+// reduce_add16's tree); only the loads are shared. A tile of MM_TB_ROWS weight rows by
+// MM_TB_TOKENS tokens keeps its 24 accumulators in registers (zmm: 32), so each 16 floats of a row
+// or a token are loaded once a tile, not once an output. The rows go through scratch in f32
+// MM_TB_BLOCK at a time (F32: read in place) and every token tile walks them while they sit in L2.
+// It serves this ordering mode only (no blocking over the tokens beyond that).
+#define MM_TB_ROWS   4
+#define MM_TB_TOKENS 6
+#define MM_TB_BLOCK  16
+
+#if defined(__AVX512F__)
+// Y[j][i] (j < rn tokens, i < rm rows) for rm, rn constants of each copy (mm_tb_tile)
+static inline __attribute__((always_inline)) void mm_tb_tile_n(const float * W, int64_t ldw, const float * X, int64_t ldx, float * Y,
+                                                                 int64_t ldy, int64_t K, const int rm, const int rn) {
+    __m512 acc[MM_TB_TOKENS][MM_TB_ROWS];
+#pragma GCC unroll 6
+    for (int j = 0; j < rn; j++) {
+#pragma GCC unroll 4
+        for (int i = 0; i < rm; i++) acc[j][i] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 w[MM_TB_ROWS];
+#pragma GCC unroll 4
+        for (int i = 0; i < rm; i++) w[i] = _mm512_loadu_ps(W + i * ldw + k);
+#pragma GCC unroll 6
+        for (int j = 0; j < rn; j++) {
+            const __m512 x = _mm512_loadu_ps(X + j * ldx + k);
+#pragma GCC unroll 4
+            for (int i = 0; i < rm; i++) acc[j][i] = _mm512_fmadd_ps(w[i], x, acc[j][i]);
+        }
+    }
+    for (int j = 0; j < rn; j++) {
+        for (int i = 0; i < rm; i++) Y[j * ldy + i] = hsum16(acc[j][i]);
+    }
+}
+#endif
+
+// One tile: rm (MM_TB_ROWS or 1) rows of W, rn (1..MM_TB_TOKENS) tokens of X, into Y[j * ldy + i].
+static void mm_tb_tile(const float * W, int64_t ldw, const float * X, int64_t ldx, float * Y, int64_t ldy, int64_t K, int rm,
+                       int rn) {
+    KVR_ASSERT((rm == MM_TB_ROWS || rm == 1) && rn >= 1 && rn <= MM_TB_TOKENS && K % 16 == 0);
+#if defined(__AVX512F__)
+#define MM_TB_CASE(r, c) case (r) * 8 + (c): mm_tb_tile_n(W, ldw, X, ldx, Y, ldy, K, r, c); break;
+    switch (rm * 8 + rn) {
+        MM_TB_CASE(MM_TB_ROWS, 1) MM_TB_CASE(MM_TB_ROWS, 2) MM_TB_CASE(MM_TB_ROWS, 3)
+        MM_TB_CASE(MM_TB_ROWS, 4) MM_TB_CASE(MM_TB_ROWS, 5) MM_TB_CASE(MM_TB_ROWS, 6)
+        MM_TB_CASE(1, 1) MM_TB_CASE(1, 2) MM_TB_CASE(1, 3) MM_TB_CASE(1, 4) MM_TB_CASE(1, 5) MM_TB_CASE(1, 6)
+        default: KVR_ASSERT(false);
+    }
+#undef MM_TB_CASE
+#else
+    for (int j = 0; j < rn; j++) {
+        for (int i = 0; i < rm; i++) Y[j * ldy + i] = dot_f32_tinyblas16(W + i * ldw, X + j * ldx, K);
+    }
+#endif
+}
+
+static int64_t mm_tinyblas16(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t n0, n1;
+    row_range(m->N, p->ith, p->nth, &n0, &n1);
+    if (n1 <= n0) return 0;
+    const int64_t K = m->K;
+    const bool f32 = m->w->type == KVR_TYPE_F32;
+    const to_float_fn to_float = type_to_float(m->w->type);
+    // the scratch holds two rows at least (mm_scratch_floats)
+    const int64_t block = f32 ? MM_TB_BLOCK : (int64_t)p->wsize / K < MM_TB_BLOCK ? (int64_t)p->wsize / K : MM_TB_BLOCK;
+    KVR_ASSERT(to_float && block >= 1);
+    for (int64_t b0 = n0; b0 < n1; b0 += block) {
+        const int64_t nb = n1 - b0 < block ? n1 - b0 : block;
+        const float * W = p->wdata;
+        int64_t ldw = K;
+        if (f32) {
+            W = (const float *)((const uint8_t *)m->w->data + b0 * m->w->nb[1]);
+            ldw = (int64_t)(m->w->nb[1] / sizeof(float));
+        } else {
+            for (int64_t r = 0; r < nb; r++) to_float((const uint8_t *)m->w->data + (b0 + r) * m->w->nb[1], p->wdata + r * K, K);
+        }
+        for (int64_t t0 = 0; t0 < m->T; t0 += MM_TB_TOKENS) {
+            const int rn = m->T - t0 < MM_TB_TOKENS ? (int)(m->T - t0) : MM_TB_TOKENS;
+            for (int64_t r = 0; r < nb;) {
+                const int rm = nb - r >= MM_TB_ROWS ? MM_TB_ROWS : 1;
+                mm_tb_tile(W + r * ldw, ldw, m->X + t0 * m->lda, m->lda, m->Y + t0 * m->N + b0 + r, m->N, K, rm, rn);
+                r += rm;
+            }
+        }
+    }
+    return n1 - n0;
+}
+
+// avx512_order's other products over weights of another type than F32 (F32: mm_dot_llama): each
+// row in f32 (the dequantized twin's), then one dot an output in the order mm_dot_llama takes
+// (ggml_vec_dot_f32's on 16 lanes: a single token, a decode batch's tokens each as alone, shapes
+// tinyBLAS does not take).
+static int64_t mm_dot_converted(const struct cpu_params * p, const struct mm_args * m) {
+    int64_t n0, n1;
+    row_range(m->N, p->ith, p->nth, &n0, &n1);
+    if (n1 <= n0) return 0;
+    const dot_f32_fn dot = mm_dot_order(m->K, m->N, m->by_rows ? 1 : m->T, p);
+    const to_float_fn to_float = type_to_float(m->w->type);
+    KVR_ASSERT(to_float && (size_t)m->K <= p->wsize);
+    for (int64_t n = n0; n < n1; n++) {
+        to_float((const uint8_t *)m->w->data + n * m->w->nb[1], p->wdata, m->K);
+        for (int64_t t = 0; t < m->T; t++) m->Y[t * m->N + n] = dot(p->wdata, m->X + t * m->lda, m->K);
     }
     return n1 - n0;
 }
@@ -6197,6 +6351,12 @@ static int64_t mm_run(const struct cpu_params * p, const struct mm_args * m) {
     const enum kvr_type t = m->w->type;
     if (mm_uses_q8(m->w, p->q8_act))                        return mm_q8(p, m);
     if (p->q8_act && t == KVR_TYPE_MXFP4)                   return mm_mxfp4_q8(p, m);
+    // avx512_order (exact arithmetic): every product as a llama.cpp built for AVX-512 sums it on
+    // the weights' F32 twin (the kv/ references' bits): slower than the paths below
+    if (p->lanes16 && type_to_float(t)) {
+        if (!m->by_rows && mm_tinyblas_order(m->K, m->N, m->T, p)) return mm_tinyblas16(p, m);
+        return t == KVR_TYPE_F32 ? mm_dot_llama(p, m) : mm_dot_converted(p, m);
+    }
     if (t == KVR_TYPE_F32 && m->K * m->N <= MM_DOT_MAX_WEIGHTS) return mm_dot_llama(p, m);
     if ((m->T <= MV_MAX_TOKENS || m->by_rows) && mv_row_kernel(t)) return mm_decode(p, m);
     if (m->T < MM_PREFILL_ROWS && t != KVR_TYPE_F32 && m->K % 8 == 0) return mm_few_tokens(p, m);

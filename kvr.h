@@ -787,9 +787,12 @@ struct kvr_backend_params {
     // are exact to rounding; only the last bits differ.
     bool vec_dot_order;
     // cpu: those sums (and the exact attention kernel's softmax) as a llama.cpp CPU backend built
-    // for AVX-512 makes them, 16 lanes at a time, rather than AVX2's 8 (off). Only the last bits
-    // differ, but an F16 or Q8_0 cache rounds them into whole steps: the kv/ references were made
-    // by an AVX-512 build, the archs/ and SmolLM2 ones by sums in AVX2's order.
+    // for AVX-512 makes them, 16 lanes at a time, rather than AVX2's 8 (off); and SiLU with its
+    // exp, and every matmul not on 8-bit activations (q8_activations), whatever its size and
+    // weight type, as that build computes it on the weights' F32 twin (tinyBLAS's order for a
+    // batch it takes, ggml_vec_dot_f32's otherwise). Only the last bits differ, but an F16 or
+    // Q8_0 cache rounds them into whole steps: the kv/ references were made by an AVX-512 build,
+    // the archs/ and SmolLM2 ones by sums in AVX2's order. Slower: its kernels serve this only.
     bool avx512_order;
     bool trace;          // record spans (kvr_backend_spans)
     bool node_times;     // cuda: time every node by events (the counters' op_ms; trace implies it).

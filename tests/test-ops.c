@@ -164,6 +164,7 @@ static const char * type_str(enum kvr_type t) {
         case KVR_TYPE_F16:  return "f16";
         case KVR_TYPE_BF16: return "bf16";
         case KVR_TYPE_Q8_0: return "q8_0";
+        case KVR_TYPE_Q4_1: return "q4_1";
         case KVR_TYPE_I32:  return "i32";
         default:            return "?";
     }
@@ -2983,6 +2984,175 @@ static void grp_moe(void) {
 }
 
 //
+// ORDER16: a CPU backend with avx512_order (exact arithmetic) against a scalar model, written here
+// from llama.cpp's source, of how its CPU backend built for AVX-512 sums on the weights' F32 twin,
+// compared bit for bit (memcmp): MUL_MAT's batches that its llamafile sgemm takes (two or more
+// tokens, K % 16 == 0, N % 4 == 0: tinyBLAS<16>, one 16-lane FMA chain an output, then
+// _mm512_reduce_add_ps's tree) and the rest (one token, a decode batch's tokens each alone, other
+// shapes: ggml_vec_dot_f32, four 16-lane chains over blocks of 64, then the tail one product at a
+// time, as its AVX-512 build compiles it); F32, Q4_1 and Q8_0 weights (the quantized ones as their dequantized values, kvr_to_float);
+// shapes whose rows and tokens end mid-tile; and SILU (ggml_v_silu on 16 lanes, libm's expf past
+// the last multiple of 16).
+//
+
+// _mm512_reduce_add_ps: the 256-bit halves added, then the 128-bit halves, then (0 + 2) + (1 + 3)
+static float model_reduce16(const float * a) {
+    float h[8], q[4];
+    for (int j = 0; j < 8; j++) h[j] = a[j] + a[8 + j];
+    for (int j = 0; j < 4; j++) q[j] = h[j] + h[4 + j];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+static float model_tinyblas16(const float * w, const float * x, int K) {
+    float acc[16] = { 0 };
+    for (int k = 0; k < K; k++) acc[k % 16] = fmaf(w[k], x[k], acc[k % 16]);
+    return model_reduce16(acc);
+}
+
+static float model_vec_dot16(const float * w, const float * x, int K) {
+    const int np = K - K % 64;
+    float acc[4][16] = { { 0 } }, s[16];
+    for (int k = 0; k < np; k++) acc[(k / 16) % 4][k % 16] = fmaf(w[k], x[k], acc[(k / 16) % 4][k % 16]);
+    for (int j = 0; j < 16; j++) s[j] = (acc[0][j] + acc[2][j]) + (acc[1][j] + acc[3][j]);
+    float sum = model_reduce16(s);
+    for (int k = np; k < K; k++) { // GCC 12's object code of the loop: the last K % 8 fused
+        const float p = w[k] * x[k];
+        sum = k < K - (K - np) % 8 ? sum + p : fmaf(w[k], x[k], sum);
+    }
+    return sum;
+}
+
+// ggml_v_expf on AVX-512 (ggml-cpu/vec.h), one lane
+static float model_expf16(float x) {
+    const float z = fmaf(x, 0x1.715476p+0f, 0x1.8p23f);
+    const float n = z - 0x1.8p23f;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                         fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    return ldexpf(j, (int) n);
+}
+
+// y by a CPU backend with avx512_order on nt threads; false (and the case failed) on an error
+static bool tc_compute_order16(struct tcase * tc, struct kvr_tensor * y, float ** got) {
+    struct kvr_graph * g = kvr_graph_new(tc->ctx, GRAPH_SIZE);
+    kvr_graph_expand(g, y);
+    const struct kvr_backend_params bp = { .n_threads = tc->nt, .avx512_order = true };
+    struct kvr_backend * be = kvr_backend_new("cpu", &bp);
+    struct kvr_buffer * buf = be ? kvr_backend_alloc_buffer(be, kvr_graph_plan(g)) : NULL;
+    int rc = KVR_ERR_NOMEM;
+    if (buf) {
+        kvr_graph_place(g, buf);
+        rc = kvr_backend_graph_compute(be, g);
+        *got = tc_read(tc, y);
+    }
+    if (rc != KVR_OK) tc_fail(tc, "no CPU backend, buffer or compute (%d): %s", rc, kvr_last_error());
+    kvr_buffer_free(buf);
+    kvr_backend_free(be);
+    return rc == KVR_OK;
+}
+
+// got against want, n floats, bit for bit; the first difference is the failure
+static void tc_check_bits(struct tcase * tc, const float * got, const float * want, int64_t n, int64_t row) {
+    for (int64_t i = 0; i < n; i++) {
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+            tc_fail(tc, "element [%lld, %lld] is %.9g, the model %.9g (not the same bits)", (long long) (i % row),
+                    (long long) (i / row), got[i], want[i]);
+            return;
+        }
+    }
+}
+
+// rows: the product a decode batch (KVR_MM_ROWS: each token as alone)
+static void t_order16_mul_mat(enum kvr_type type, int K, int N, int T, bool rows, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "ORDER16 MUL_MAT(type=%s,K=%d,N=%d,T=%d%s)", type_str(type), K, N, T, rows ? ",rows" : "");
+    const int64_t ne[2] = { K, N };
+    struct kvr_tensor * w = kvr_new_tensor(tc.ctx, type, 2, ne);
+    w->data = tc_alloc(&tc, kvr_row_size(type, K) * (size_t) N, false, 0, "weights");
+    w->flags |= KVR_FLAG_INPUT;
+    float * twin = tc_floats(&tc, (int64_t) K * N);
+    fill(twin, (int64_t) K * N, -1.0f, 1.0f);
+    for (int n = 0; n < N; n++) {
+        if (kvr_from_float(type, twin + (size_t) n * K, (uint8_t *) w->data + (size_t) n * w->nb[1], K) == 0) {
+            tc_fail(&tc, "kvr_from_float cannot write %s", type_str(type));
+        }
+    }
+    kvr_to_float(type, w->data, twin, (int64_t) K * N); // the weights' values: the F32 twin llama.cpp would run
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, K, T, 1, 1.0f);
+    struct kvr_tensor * y = kvr_mul_mat(tc.ctx, w, x);
+    if (rows) y->op_params[0] = KVR_MM_ROWS;
+    tc_output(&tc, y, "y");
+    float * got;
+    if (tc.n_fail == 0 && tc_compute_order16(&tc, y, &got)) {
+        const bool tinyblas = T >= 2 && !rows && K % 16 == 0 && N % 4 == 0;
+        float * want = tc_floats(&tc, (int64_t) N * T);
+        for (int t = 0; t < T; t++) {
+            const float * xt = (const float *) x->data + (size_t) t * K;
+            for (int n = 0; n < N; n++) {
+                const float * wn = twin + (size_t) n * K;
+                want[(size_t) t * N + n] = tinyblas ? model_tinyblas16(wn, xt, K) : model_vec_dot16(wn, xt, K);
+            }
+        }
+        tc_check_bits(&tc, got, want, (int64_t) N * T, N);
+    }
+    tc_end(&tc);
+}
+
+static void t_order16_silu(int n, int rows, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "ORDER16 SILU(n=%d,rows=%d)", n, rows);
+    struct kvr_tensor * x = tc_input_f32(&tc, 2, n, rows, 1, 20.0f);
+    struct kvr_tensor * y = kvr_silu(tc.ctx, x);
+    tc_output(&tc, y, "y");
+    float * got;
+    if (tc_compute_order16(&tc, y, &got)) {
+        float * want = tc_floats(&tc, (int64_t) n * rows);
+        const float * xv = x->data;
+        for (int r = 0; r < rows; r++) {
+            for (int i = 0; i < n; i++) {
+                const float v = xv[r * n + i];
+                want[r * n + i] = i < n - n % 16 ? v / (1.0f + model_expf16(0.0f - v)) : v / (1.0f + expf(-v));
+            }
+        }
+        tc_check_bits(&tc, got, want, (int64_t) n * rows, n);
+    }
+    tc_end(&tc);
+}
+
+static void grp_order16(void) {
+    const char * env = getenv("KVR_REF");
+    if (env && *env && strcmp(env, "0") != 0) {
+        printf("ORDER16: not run: KVR_REF=1 puts every CPU backend on the reference kernels\n");
+        return;
+    }
+    static const struct { int K, N, T; bool rows; } mm[] = {
+        { 64, 4, 2, false }, { 576, 196, 7, false },  // SmolLM2's width; 16-row blocks and 6-token tiles that end partway
+        { 576, 580, 7, false },                        // F32 above MM_DOT_MAX_WEIGHTS (else sgemm's order)
+        { 96, 52, 13, false }, { 1536, 20, 6, false }, { 32, 8, 31, false },
+        { 576, 196, 1, false }, { 96, 10, 3, false },  // one token; N % 4 != 0 (and K's tail past 64): vec_dot
+        { 224, 6, 2, false },                          // a tail of 32 + 0 fused
+        { 576, 36, 5, true },                          // a decode batch: each token as alone
+    };
+    static const enum kvr_type types[] = { KVR_TYPE_F32, KVR_TYPE_Q4_1, KVR_TYPE_Q8_0 };
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        for (size_t s = 0; s < sizeof(mm) / sizeof(mm[0]); s++) {
+            for (int nt = 1; nt <= 3; nt++) t_order16_mul_mat(types[ti], mm[s].K, mm[s].N, mm[s].T, mm[s].rows, nt);
+        }
+    }
+    for (int nt = 1; nt <= 3; nt++) {
+        t_order16_mul_mat(KVR_TYPE_F32, 72, 8, 3, false, nt);   // K % 16 != 0: vec_dot, a tail of 8 (none fused)
+        t_order16_mul_mat(KVR_TYPE_F32, 172, 64, 5, false, nt); // a tail of 32 + 8 + 4 fused (stories260K's FFN)
+        t_order16_mul_mat(KVR_TYPE_F32, 13, 4, 1, false, nt);   // no block of 64, 8 + 5 fused
+    }
+    for (int nt = 1; nt <= 3; nt += 2) {
+        t_order16_silu(1536, 5, nt);
+        t_order16_silu(37, 3, nt); // a tail past the last 16
+    }
+}
+
+//
 // main
 //
 
@@ -2996,7 +3166,7 @@ static const struct group {
     { "SOFTPLUS", grp_softplus }, { "GDN", grp_gdn }, { "CPY", grp_cpy }, { "KV_STORE", grp_kv_store },
     { "ATTN", grp_attn }, { "MERGE_ATTN", grp_merge_attn }, { "VIEW", grp_view }, { "GRAPH", grp_graph },
     { "PASS", grp_pass }, { "COUNTERS", grp_counters }, { "MOE", grp_moe }, { "ARGMAX", grp_argmax },
-    { "FAST_REF", grp_fast_ref }, { "ATTN_NORMED", grp_attn_normed },
+    { "FAST_REF", grp_fast_ref }, { "ATTN_NORMED", grp_attn_normed }, { "ORDER16", grp_order16 },
 };
 
 // Whether name is in the comma-separated list (case-insensitive).

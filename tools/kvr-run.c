@@ -211,7 +211,8 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
                   "(its last bits; default: its default build's)" },
         { .name = "--avx512-order", .kind = KVR_CLI_SWITCH, .dst = &a->avx512_order,
           .help = "those sums and the small attention's softmax as a llama.cpp built for AVX-512\n"
-                  "sums them, 16 lanes at a time (its last bits; default: AVX2's 8 lanes)" },
+                  "sums them, 16 lanes at a time (its last bits; default: AVX2's 8 lanes), and\n"
+                  "SiLU and every matmul not on 8-bit activations, on the weights' F32 twin (slower)" },
         { .name = "--backend", .kind = KVR_CLI_CUSTOM, .dst = &a->backend, .meta = "NAME", .parse = kvr_cli_backend,
           .help = kvr_cli_backend_help(backend_help, sizeof(backend_help), "what runs the model (default cpu), one of:") },
         { .name = "--device", .kind = KVR_CLI_INT, .dst = &a->device, .meta = "N", .lo = 0, .hi = 1023,
