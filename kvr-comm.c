@@ -1394,6 +1394,8 @@ struct dist_rank {
     struct kvr_eval_reuse * reuse;    // the single pass's decode graph, kept between tokens
     struct kvr_eval_reuse * batch_reuse; // the graph of the decode batches this session led (its
                                       //   first), kept between steps while the batch stays the same
+    float               * batch_logits; //   and their logits (batch_cap sessions' worth): a step's
+    int                   batch_cap;      //   new buffer would be fresh pages every step
     float               * logits;
     struct kvr_span     * spans;      // every eval's spans, times relative to the session's start
     int                   n_spans, cap_spans;
@@ -3247,12 +3249,17 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
         for (int j = dr->n_rows + 1; j < n_kv[i]; j++) kpos[at + j] = INT32_MAX;
         at += n_kv[i];
     }
-    float * logits = malloc(sizeof(float) * m->hp.n_vocab * (size_t)n);
-    if (!logits) {
-        free(caches); free(n_past); free(pos); free(kpos);
-        return kvr_error(KVR_ERR_NOMEM, "eval batch: cannot allocate the logits of %d sessions", n);
-    }
     struct dist_rank * dr0 = &s[0]->ranks[0];
+    if (dr0->batch_cap < n) {
+        float * grown = realloc(dr0->batch_logits, sizeof(float) * m->hp.n_vocab * (size_t)n);
+        if (!grown) {
+            free(caches); free(n_past); free(pos); free(kpos);
+            return kvr_error(KVR_ERR_NOMEM, "eval batch: cannot allocate the logits of %d sessions", n);
+        }
+        dr0->batch_logits = grown;
+        dr0->batch_cap = n;
+    }
+    float * logits = dr0->batch_logits;
     const struct kvr_eval_batch eb = { .n = n, .caches = caches, .n_past = n_past, .n_kv = n_kv };
     local_reset(s[0]->tr);
     dr0->interrupted = false;
@@ -3301,7 +3308,6 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
             d->has_logits = true;
         }
     }
-    free(logits);
     free(caches);
     free(n_past);
     free(pos);
@@ -4667,6 +4673,7 @@ static void place_rows(struct kvr_session * d, int t, const struct row_src * src
 static void dist_rank_free(struct dist_rank * dr) {
     kvr_eval_reuse_free(dr->reuse);
     kvr_eval_reuse_free(dr->batch_reuse);
+    free(dr->batch_logits);
     kvr_kv_cache_free(dr->cache);
     free(dr->cache_pos);
     kvr_buffer_free(dr->buf);
