@@ -12987,6 +12987,7 @@ static void eval_reuse_drop(struct kvr_eval_reuse * r) {
     kvr_free(r->ctx);
     free(r->stores);
     free(r->store_seq);
+    free(r->windows);
     free(r->kpos_host);
     free(r->cache_serials);
     free(r->cache_bufs);
@@ -13061,7 +13062,8 @@ static bool eval_reusable(const struct kvr_eval * ev) {
     for (int b = 0; b < (bt ? bt->n : 1); b++) {
         if ((bt ? bt->n_past[b] : ev->n_past) == 0 && ev->model->hp.n_recurrent > 0) return false;
     }
-    for (uint32_t il = 0; il < ev->model->hp.n_layer; il++) {
+    // a batch's sliding windows (its caller reads exactly the rows each token sees) are built every step
+    for (uint32_t il = 0; bt && il < ev->model->hp.n_layer; il++) {
         if (ev->model->layers[il].window > 0) return false;
     }
     return true;
@@ -13114,6 +13116,18 @@ static int eval_reuse_build(struct kvr_eval * ev, const int * seq_kv) {
         r->store_seq[r->n_stores] = r->store_seq[r->n_stores + 1] = seq;
         r->stores[r->n_stores++] = t;
         r->stores[r->n_stores++] = t->src[1];
+    }
+    // the sliding windows shorter than the layout: K, V and positions views of W rows (built at
+    // row n_kv - W), moved with each token
+    for (int i = 0; !ev->batch && i < r->g->n_nodes; i++) {
+        struct kvr_tensor * t = r->g->nodes[i];
+        if (t->op != KVR_OP_ATTN || t->op_params[3] <= 0 || t->op_params[3] >= n_kv) continue;
+        KVR_ASSERT(t->src[1]->view_src && t->src[2]->view_src && t->src[4]->view_src && t->src[1]->ne[2] == t->op_params[3]);
+        r->windows = realloc(r->windows, sizeof(*r->windows) * (size_t)(r->n_windows + 3));
+        KVR_ASSERT(r->windows);
+        r->windows[r->n_windows++] = t->src[1];
+        r->windows[r->n_windows++] = t->src[2];
+        r->windows[r->n_windows++] = t->src[4];
     }
     r->n_attn_layers = eval_attn_layers(r->g);
     const int rc = eval_compute_buffer(ev, r->g, kvr_graph_plan(r->g), ev->batch ? "a decode batch" : "one token");
@@ -13175,6 +13189,13 @@ static int eval_run_reused(struct kvr_eval * ev) {
     for (int i = 0; i < r->n_stores; i++) {
         const int n_past = ev->batch ? ev->batch->n_past[r->store_seq[i]] : ev->n_past;
         graph_view_move(r->stores[i], (size_t)n_past * r->stores[i]->nb[1]);
+    }
+    // a window's W rows from the first the token sees (the rows past it hidden by their positions)
+    for (int i = 0; i < r->n_windows; i += 3) {
+        const int W = (int)r->windows[i]->ne[2], lo = ev->n_past - W + 1 > 0 ? ev->n_past - W + 1 : 0;
+        graph_view_move(r->windows[i], (size_t)lo * r->windows[i]->nb[2]);
+        graph_view_move(r->windows[i + 1], (size_t)lo * r->windows[i + 1]->nb[2]);
+        graph_view_move(r->windows[i + 2], (size_t)lo * sizeof(int32_t));
     }
     KVR_ASSERT(ev->n_kpos <= r->n_kv);
     memcpy(r->kpos_host, ev->kpos, sizeof(int32_t) * (size_t)ev->n_kpos);

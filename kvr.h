@@ -2129,12 +2129,13 @@ struct kvr_eval {
 // Run one eval; KVR_OK or an error code with kvr_last_error() set.
 int kvr_eval_run(struct kvr_eval * ev);
 
-// Graph reuse for decode. One token of the single pass (no strategy pass, no sliding window, no capture, no
-// graph printed) differs from the next only in its inputs and in the cache row its stores write,
-// so the road builds and plans its graph once per layout and reuses it: attention reads the cache
-// rows [0, n_kv), n_kv the next multiple of KVR_REUSE_ROWS past the token (at most the context);
-// rows not written yet carry position INT32_MAX, which the causal mask hides; every layer's two
-// stores are moved to the token's row. A new layout is built when the token crosses n_kv, when
+// Graph reuse for decode. One token of the single pass (no strategy pass, no capture, no graph
+// printed) differs from the next only in its inputs and in the cache row its stores write, so the
+// road builds and plans its graph once per layout and reuses it: attention reads the cache rows
+// [0, n_kv), n_kv the next multiple of KVR_REUSE_ROWS past the token (at most the context); rows
+// not written yet carry position INT32_MAX, which the causal mask hides; every layer's two stores
+// are moved to the token's row. A sliding-window layer whose window W is shorter than n_kv reads W
+// rows from the first its token can see, moved with the token as the stores are. A new layout is built when the token crosses n_kv, when
 // the compute buffer or the cache moved, or when the caller asks for something else. A decode
 // batch (kvr_eval.batch) is kept the same way, per sequence: the same sessions in the same order,
 // each cache where it was and each n_kv unchanged (its caller rounds them as above).
@@ -2147,6 +2148,8 @@ struct kvr_eval_reuse {
     struct kvr_tensor     ** stores;     // per layer and sequence: the K store, its view, the V store, its view
     int                    * store_seq;  //   and the sequence each belongs to
     int                      n_stores;
+    struct kvr_tensor     ** windows;    // per sliding-window layer shorter than n_kv: its ATTN's K, V and key
+    int                      n_windows;  //   positions, W rows each (one sequence: the single pass's)
     int32_t                * kpos_host;  // n_kv positions (a batch: every sequence's, one after another)
     // the layout it was built for: per sequence (one, or a batch's) its cache, where that was, and
     // the rows its attention reads

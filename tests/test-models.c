@@ -687,7 +687,9 @@ static void test_falcon(const struct kvr_model * m, const int32_t * toks, int n)
 // every graph and the other keeping them. The logits agree within 1e-5 of their largest magnitude
 // at every step (the kept graph attends over padded rows that the mask hides, so sums may differ
 // in the last bits) and the greedy ids are the same; the kept graph was built once per layout and
-// reused for every other token. A model with sliding-window layers is never reused.
+// reused for every other token. A model with sliding-window layers keeps its graph too: a window
+// shorter than the layout reads its W rows from the first the token sees, moved with each token
+// (tiny-gemma3's and tiny-gemma2's windows of 16: every step moves them).
 static void test_reuse(const struct kvr_model * m, const int32_t * toks, int n, const char * name, bool windowed) {
     enum { STEPS = 300 };
     const int n_ctx = n + STEPS + 1, n_vocab = (int)m->hp.n_vocab;
@@ -735,13 +737,8 @@ static void test_reuse(const struct kvr_model * m, const int32_t * toks, int n, 
     if (ok) {
         CHECK(worst <= 1e-5, "%s reuse: logits of the kept graph within %.2g of the built one's (relative to the largest)", name, worst);
         CHECK(same_ids, "%s reuse: the same greedy ids over %d tokens", name, STEPS);
-        if (windowed) {
-            CHECK(r->builds == 0 && r->reuses == 0, "%s reuse: sliding-window layers: never kept (%lld builds, %lld reuses)", name,
-                  (long long)r->builds, (long long)r->reuses);
-        } else {
-            CHECK(r->builds == layouts && r->reuses == STEPS - layouts, "%s reuse: %lld builds (%d layouts) and %lld reuses of %d tokens",
-                  name, (long long)r->builds, layouts, (long long)r->reuses, STEPS);
-        }
+        CHECK(r->builds == layouts && r->reuses == STEPS - layouts, "%s reuse: %lld builds (%d layouts) and %lld reuses of %d tokens%s",
+              name, (long long)r->builds, layouts, (long long)r->reuses, STEPS, windowed ? " (sliding windows)" : "");
     }
     kvr_eval_reuse_free(r);
     for (int k = 0; k < 2; k++) { kvr_buffer_free(buf[k]); kvr_kv_cache_free(c[k]); free(lg[k]); }
