@@ -4387,7 +4387,9 @@ struct qx_x8_fns {
 // legacy types each token's arrays of the decode kernel (struct qx_t1) from a cache line on.
 static size_t qx_rows_bytes(enum kvr_type t, int64_t K, int64_t T) {
     size_t arrays = qx_is_legacy(t) ? (size_t)T * qx_t1_bytes(K / KVR_QK) + 64 : 0;
-    if (QX_L512 && qx_pairs(t)) arrays += (size_t)(T / 2) * qx_t2_bytes(K / KVR_QK); // their pairs
+#if QX_L512
+    if (qx_pairs(t)) arrays += (size_t)(T / 2) * qx_t2_bytes(K / KVR_QK); // their pairs
+#endif
     return (size_t)T * qx_act_bytes(t, K) + arrays;
 }
 
@@ -5076,6 +5078,24 @@ static int64_t qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, 
 // last-bit difference into a whole fp16 step.
 #define MM_DOT_MAX_WEIGHTS ((int64_t)1 << 18)
 
+// ggml_vec_dot_f32's AVX2 reduction of its four 8-lane sums (0+2, 1+3, then the two, the 128-bit
+// halves, two horizontal adds), and the same of its 32 sums kept as floats
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float dot_ggml_reduce(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+    s0 = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_hadd_ps(h, h));
+}
+#else
+static inline float dot_ggml_reduce32(const float acc[32]) {
+    float l[8];
+    for (int j = 0; j < 8; j++) l[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j]);
+    const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
+    return (h0 + h1) + (h2 + h3);
+}
+#endif
+
 // x.y summed as ggml_vec_dot_f32 sums on AVX2: four 8-lane FMA accumulators over blocks of 32,
 // added pairwise (0+2, 1+3, then the two), the 128-bit halves added, two horizontal adds, then the
 // tail (n mod 32) one product at a time in float.
@@ -5090,19 +5110,13 @@ static float dot_f32_ggml(const float * x, const float * y, int64_t n) {
         s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);
     }
-    s0 = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    h = _mm_hadd_ps(h, h);
-    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+    sum = dot_ggml_reduce(s0, s1, s2, s3);
 #else
     float acc[32] = { 0 };
     for (int64_t i = 0; i < np; i += 32) {
         for (int j = 0; j < 32; j++) acc[j] = fmaf(x[i + j], y[i + j], acc[j]);
     }
-    float l[8];
-    for (int j = 0; j < 8; j++) l[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j]);
-    const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
-    sum = (h0 + h1) + (h2 + h3);
+    sum = dot_ggml_reduce32(acc);
 #endif
     for (int64_t i = np; i < n; i++) sum += x[i] * y[i];
     return sum;
@@ -5123,19 +5137,13 @@ static float dot_f32_f16_ggml(const float * x, const uint16_t * y, int64_t n) {
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), KVR_H8(y + i + 24), s3);
     }
 #undef KVR_H8
-    s0 = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    h = _mm_hadd_ps(h, h);
-    sum = _mm_cvtss_f32(_mm_hadd_ps(h, h));
+    sum = dot_ggml_reduce(s0, s1, s2, s3);
 #else
     float acc[32] = { 0 };
     for (int64_t i = 0; i < np; i += 32) {
         for (int j = 0; j < 32; j++) acc[j] = fmaf(x[i + j], kvr_half_to_f32(y[i + j]), acc[j]);
     }
-    float l[8];
-    for (int j = 0; j < 8; j++) l[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j]);
-    const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
-    sum = (h0 + h1) + (h2 + h3);
+    sum = dot_ggml_reduce32(acc);
 #endif
     for (int64_t i = np; i < n; i++) sum += x[i] * kvr_half_to_f32(y[i]);
     return sum;
