@@ -1434,8 +1434,8 @@ struct kvr_tensor * kvr_moe_sum(struct kvr_context * ctx, struct kvr_tensor * y,
 }
 
 struct kvr_tensor * kvr_cpy(struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b) {
-    KVR_ASSERT(kvr_nelements(a) == kvr_nelements(b) && a->type == KVR_TYPE_F32);
-    KVR_ASSERT(b->type == KVR_TYPE_F32 || b->type == KVR_TYPE_F16 || b->type == KVR_TYPE_BF16 || b->type == KVR_TYPE_Q8_0);
+    KVR_ASSERT(kvr_nelements(a) == kvr_nelements(b) && (a->type == KVR_TYPE_F32 || (a->type == b->type && a->ne[0] == b->ne[0])));
+    KVR_ASSERT(a->type != KVR_TYPE_F32 || b->type == KVR_TYPE_F32 || b->type == KVR_TYPE_F16 || b->type == KVR_TYPE_BF16 || b->type == KVR_TYPE_Q8_0);
     KVR_ASSERT(b->type != KVR_TYPE_Q8_0 || (a->ne[0] == b->ne[0] && b->ne[0] % 32 == 0)); // whole blocks per row
     const int64_t ne[4] = { b->ne[0], b->ne[1], b->ne[2], b->ne[3] };
     struct kvr_tensor * t = new_tensor_impl(ctx, b->type, 4, ne, b, 0);
@@ -6610,6 +6610,10 @@ static void cpu_op_cpy(const struct cpu_params * p, struct kvr_tensor * dst) {
     const int64_t n = a->ne[0];
     int64_t r0, r1;
     row_range(kvr_nrows(a), p->ith, p->nth, &r0, &r1);
+    if (a->type == dst->type && a->type != KVR_TYPE_F32) { // rows of a typed tensor, as they are
+        for (int64_t r = r0; r < r1; r++) memcpy(row_ptr_flat(dst, r), row_ptr_flat(a, r), kvr_row_size(a->type, n));
+        return;
+    }
     // dst may have another shape with the same element count: copy element by element when the
     // row lengths differ, row by row (the common case: cache stores) when they match
     if (dst->ne[0] == n) {

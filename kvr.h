@@ -406,6 +406,8 @@ struct kvr_tensor * kvr_mul_mat_id(struct kvr_context * ctx, struct kvr_tensor *
 struct kvr_tensor * kvr_moe_sum(struct kvr_context * ctx, struct kvr_tensor * y, struct kvr_tensor * route);
 struct kvr_tensor * kvr_sigmoid  (struct kvr_context * ctx, struct kvr_tensor * a);
 struct kvr_tensor * kvr_softplus (struct kvr_context * ctx, struct kvr_tensor * a);
+// a (f32) into b (f32, f16, bf16 or q8_0: converted), or rows of a into rows of b of the same type
+// and row length (any type: the bytes as they are; CPU backend)
 struct kvr_tensor * kvr_cpy      (struct kvr_context * ctx, struct kvr_tensor * a, struct kvr_tensor * b);
 // a contiguous f32 copy of a (for instance of a strided view into a fused QKV projection)
 struct kvr_tensor * kvr_cont     (struct kvr_context * ctx, struct kvr_tensor * a);

@@ -1634,7 +1634,8 @@ static double cachetype_tol(bool strict, enum kvr_strategy s, enum kvr_cache_typ
 // runs the single pass's attention kernel for it (kvr_attn_kernel_as) even where its own smaller
 // shape would pick another: the logits equal the single pass's to the last bit. A 160-token
 // prompt on 4 ranks is such a case (one rank, 25,600 scores a head, takes the tiled kernel; a
-// rank of 40 queries would take llama.cpp's arithmetic), with an F32 and an F16 cache.
+// rank of 40 queries would take llama.cpp's arithmetic), with an F32 and an F16 cache. Under
+// 8-bit activations ring-kv gathers the blocks and attends once (ring_gather): its prompt too.
 static void test_bits(const struct tmodel * tm) {
     group_begin();
     const struct kvr_model * m = tm->m;
@@ -1642,23 +1643,24 @@ static void test_bits(const struct tmodel * tm) {
     const int V = (int)m->hp.n_vocab;
     int32_t prompt[T];
     make_prompt(prompt, T, V, 1717);
-    static const enum kvr_strategy strats[] = { KVR_STRATEGY_TSP, KVR_STRATEGY_KVR };
+    static const enum kvr_strategy strats[] = { KVR_STRATEGY_TSP, KVR_STRATEGY_KVR, KVR_STRATEGY_RING_KV };
     static const enum kvr_cache_type types[] = { KVR_CACHE_F32, KVR_CACHE_F16 };
     float * ref = malloc(sizeof(float) * (size_t)V);
     int runs = 0;
-    for (int ti = 0; ti < 2; ti++) {
-        const enum kvr_cache_type ct = types[ti];
-        set_case("bits %s: one rank", kvr_cache_type_name(ct));
-        struct kvr_session_params sp = { .n_ctx = N_CTX, .n_threads = 1, .cache_type_k = ct, .cache_type_v = ct };
+    for (int ti = 0; ti < 4; ti++) {
+        const enum kvr_cache_type ct = types[ti % 2];
+        const bool q8 = ti >= 2;
+        set_case("bits %s%s: one rank", kvr_cache_type_name(ct), q8 ? ", 8-bit activations" : "");
+        struct kvr_session_params sp = { .n_ctx = N_CTX, .n_threads = 1, .cache_type_k = ct, .cache_type_v = ct, .q8_activations = q8 };
         struct kvr_session * one = kvr_session_new(m, &sp);
         const float * lg = one ? kvr_session_eval(one, prompt, T) : NULL;
         CHECK(lg != NULL, "one rank: %s", kvr_last_error());
         if (lg) memcpy(ref, lg, sizeof(float) * (size_t)V);
         kvr_session_free(one);
         if (!lg) continue;
-        for (int si = 0; si < 2; si++) {
+        for (int si = 0; si < (q8 ? 3 : 2); si++) {
             for (int N = 2; N <= 4; N++) {
-                set_case("bits %s: %s on %d ranks", kvr_cache_type_name(ct), kvr_strategy_name(strats[si]), N);
+                set_case("bits %s%s: %s on %d ranks", kvr_cache_type_name(ct), q8 ? ", 8-bit activations" : "", kvr_strategy_name(strats[si]), N);
                 struct kvr_session_params p = sp;
                 p.strategy = strats[si];
                 p.n_ranks = N;
@@ -1677,7 +1679,8 @@ static void test_bits(const struct tmodel * tm) {
         }
     }
     free(ref);
-    group_end("bits", "%d runs (%s, a %d-token prompt; tsp and kvr on 2..4 ranks, F32 and F16 caches: one rank's logits to the bit)",
+    group_end("bits", "%d runs (%s, a %d-token prompt; tsp and kvr on 2..4 ranks, F32 and F16 caches, and ring-kv under 8-bit "
+              "activations: one rank's logits to the bit)",
               runs, tm->name, T);
 }
 
