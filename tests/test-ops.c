@@ -1458,7 +1458,38 @@ static void t_cpy(enum kvr_type type, int n, int r, bool into_view, int nt) {
     tc_end(&tc);
 }
 
+// CPY of typed rows into rows of the same type (ring-kv's gathered blocks): the bytes as they are,
+// into rows [2, 2 + r) of a larger leaf, the rows around untouched
+static void t_cpy_rows(enum kvr_type type, int n, int r, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "CPY(%s->%s,ne=[%d,%d],b=view)", type_str(type), type_str(type), n, r);
+    const size_t row = kvr_row_size(type, n);
+    struct kvr_tensor * a = kvr_new_tensor_2d(tc.ctx, type, n, r);
+    uint8_t * A = tc_alloc(&tc, row * (size_t) r, true, 0, "cpy src");
+    for (size_t i = 0; i < row * (size_t) r; i++) A[i] = (uint8_t) (i * 37 + 11);
+    a->data = A;
+    struct kvr_tensor * big = kvr_new_tensor_2d(tc.ctx, type, n, r + 3);
+    big->data = tc_alloc(&tc, row * (size_t) (r + 3), true, 0x5A, "cpy dst");
+    struct kvr_tensor * y = kvr_cpy(tc.ctx, a, kvr_view_2d(tc.ctx, big, n, r, big->nb[1], 2 * row));
+    if (tc_shape(&tc, y, type, n, r, 1, 1)) {
+        y->flags |= KVR_FLAG_OUTPUT;
+        if (tc_compute(&tc, &y, 1)) {
+            const uint8_t * B = big->data;
+            for (int64_t i = 0; i < (int64_t) (row * (size_t) (r + 3)) && tc.n_fail == 0; i++) {
+                const int64_t ri = i / (int64_t) row;
+                const uint8_t want = ri >= 2 && ri < 2 + r ? A[i - 2 * (int64_t) row] : 0x5A;
+                if (B[i] != want) tc_fail(&tc, "byte %lld of row %lld: 0x%02x, expected 0x%02x", (long long) (i % (int64_t) row), (long long) ri, B[i], want);
+            }
+        }
+    }
+    tc_end(&tc);
+}
+
 static void grp_cpy(void) {
+    static const enum kvr_type typed[] = { KVR_TYPE_F16, KVR_TYPE_BF16, KVR_TYPE_Q8_0, KVR_TYPE_I32 };
+    for (size_t ti = 0; ti < sizeof(typed) / sizeof(typed[0]); ti++) {
+        for (int nt = 1; nt <= 3; nt += 2) t_cpy_rows(typed[ti], 64, 5, nt);
+    }
     static const int shapes[][2] = { {1, 1}, {7, 7}, {33, 33}, {130, 7} };
     for (int f16 = 0; f16 < 2; f16++) {
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
