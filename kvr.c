@@ -3963,9 +3963,12 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
     // two tokens side by side (a[t].pair, qx_t2_init) for the 4-bit types: one 512-bit vector holds
     // both tokens' integer sums and float steps, each half lane for lane what the token alone runs
     const bool two = qx_pairs(type) && nt >= 2;
+    const int t_alone = two ? nt - nt % 2 : 0;
     __m512 acc2[QX_BATCH_GROUP / 2], accm2[QX_BATCH_GROUP / 2];
     QX_UNROLL
     for (int tp = 0; tp < QX_BATCH_GROUP / 2; tp++) acc2[tp] = accm2[tp] = _mm512_setzero_ps();
+#else
+    const int t_alone = 0;
 #endif
     for (int64_t b = 0; b < n8; b += 8) {
         const uint8_t * blk = row + (size_t)b * bs;
@@ -4013,24 +4016,10 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
                 acc2[tp / 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h2), _mm512_mul_ps(dw2, _mm512_loadu_ps((const float *)(g + 512))), acc2[tp / 2]);
                 if (qx_has_min(type)) accm2[tp / 2] = _mm512_fmadd_ps(mw2, _mm512_loadu_ps((const float *)(g + 512 + 64)), accm2[tp / 2]);
             }
-            if (nt % 2) { // the last token alone
-                const int t = nt - 1;
-                const int8_t * y = a[t].qs + KVR_QK * b;
-                __m256i P[4];
-                QX_UNROLL
-                for (int pr = 0; pr < 4; pr++) {
-                    P[pr] = qx_dpbusd(qx_dpbusd(_mm256_setzero_si256(), _mm512_castsi512_si256(lo2[pr]), _mm256_loadu_si256((const __m256i *)(y + 64 * pr))),
-                                      _mm512_castsi512_si256(hi2[pr]), _mm256_loadu_si256((const __m256i *)(y + 64 * pr + 32)));
-                }
-                __m256i ht = _mm256_hadd_epi32(_mm256_hadd_epi32(P[0], P[1]), _mm256_hadd_epi32(P[2], P[3]));
-                ht = _mm256_permutevar8x32_epi32(ht, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                if (off) ht = _mm256_sub_epi32(ht, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a[t].sum + b)), off == 8 ? 3 : 4));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ht), _mm256_mul_ps(dw, _mm256_loadu_ps(a[t].d + b)), acc[t]);
-                if (qx_has_min(type)) accm[t] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(a[t].s + b), accm[t]);
-            }
-            continue;
+            if (t_alone == nt) continue;
         }
 #endif
+        // the tokens from t_alone on, one at a time (with pairs: the last of an odd count)
         if (qx_pairs(type)) {
             __m256i lo[4], hi[4];
             QX_UNROLL
@@ -4042,7 +4031,7 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
                 hi[pr] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
             }
             QX_UNROLL
-            for (int t = 0; t < nt; t++) {
+            for (int t = t_alone; t < nt; t++) {
                 const int8_t * y = a[t].qs + KVR_QK * b;
 #if defined(QX_VNNI)
                 // int32 lanes 0-3: block 2pr's sums of 8 products, 4-7: block 2pr+1's; three
@@ -4074,7 +4063,7 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
             QX_UNROLL
             for (int k = 0; k < 8; k++) q[k] = qx_chunk(type, blk + k * bs, 0);
             QX_UNROLL
-            for (int t = 0; t < nt; t++) {
+            for (int t = t_alone; t < nt; t++) {
                 const int8_t * y = a[t].qs + KVR_QK * b;
                 __m256i p[8];
                 QX_UNROLL
@@ -4090,7 +4079,7 @@ QX_INLINE void qx_row_t1(enum kvr_type type, int nt, const uint8_t * row, int64_
             }
         }
         QX_UNROLL
-        for (int t = 0; t < nt; t++) {
+        for (int t = t_alone; t < nt; t++) {
             // the offsets of Q4_0/Q5_0 leave each block's integer sum exactly (ggml's q - 8 / q - 16)
             if (off) h[t] = _mm256_sub_epi32(h[t], _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(a[t].sum + b)), off == 8 ? 3 : 4));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h[t]), _mm256_mul_ps(dw, _mm256_loadu_ps(a[t].d + b)), acc[t]);
