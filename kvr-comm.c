@@ -1766,8 +1766,9 @@ static struct kvr_tensor * recv_buf(struct pass_ctx * pc, enum kvr_type type, in
 // to 7e-3 from one rank's logits (tiny-llama3, 64 tokens). The rings then find each query's max
 // and sum over every block first (ATTN_STATS, folded block by block or shared by an all-gather)
 // and round at that scale (ATTN_NORMED), whose partials MERGE_ATTN merges as before. Longer
-// prompts keep ATTN's partials: one rank's tiled kernel rounds running, unnormalised weights a
-// tile at a time, which no split of the keys reproduces, and ATTN_NORMED is made for small shapes.
+// prompts keep ATTN's partials (ring-kv's first prompt gathers instead: ring_gather): one rank's
+// tiled kernel rounds running, unnormalised weights a tile at a time, which no split of the keys
+// reproduces, and ATTN_NORMED is made for small shapes.
 // Q8_0 K runs the online kernel, which rounds nothing; a backend that runs neither op (CUDA: its
 // ATTN rounds tiles of unnormalised weights) keeps ATTN. It is the exact arithmetic's: a ring decode
 // pays about twice one rank's attention for it (the scores twice, one all-gather a layer), which 8-bit
@@ -1833,14 +1834,18 @@ static void ring_kv_rows(const struct pass_ctx * pc, int s, int j, int * a, int 
 
 // Under 8-bit activations the attention's output is rounded to 8 bits before the output
 // projection, which turns the last bits that merging partials by log-sum-exp changes into whole
-// 8-bit steps (0.6 to 0.9 of a logit on SmolLM2 at 395 tokens). A first prompt without a window
-// then has each ring-kv rank keep the blocks that pass by and attend once over them all, put back
-// in position order, with one rank's kernel (kvr_attn_kernel_as): one rank's bits, the transfers
-// the ring's, the attention after the last block rather than beside the transfers. A backend that
-// cannot copy typed rows (CUDA, which runs no 8-bit activations) keeps the partials.
+// 8-bit steps (0.6 to 0.9 of a logit on SmolLM2 at 395 tokens). In the exact arithmetic an F16 or
+// BF16 V past ring_exact's shapes meets one rank's tiled kernel, whose roundings of running weights
+// no split of the keys reproduces (4e-3 to 9e-3 of a logit). A first prompt without a window then
+// has each ring-kv rank keep the blocks that pass by and attend once over them all, put back in
+// position order, with one rank's kernel (kvr_attn_kernel_as): one rank's bits, the transfers the
+// ring's, the attention after the last block rather than beside the transfers. A backend that
+// cannot copy typed rows (CUDA) keeps the partials.
 static bool ring_gather(const struct pass_ctx * pc) {
-    if (!pc->d->p.q8_activations || pc->n_old != 0 || pc->pl->P != 0 || pc->window != 0) return false;
+    if (pc->n_old != 0 || pc->pl->P != 0 || pc->window != 0) return false;
     const struct kvr_kv_cache * c = pc->dr->cache;
+    const bool rounds = c->type_k != KVR_TYPE_Q8_0 && (c->type_v == KVR_TYPE_F16 || c->type_v == KVR_TYPE_BF16);
+    if (!pc->d->p.q8_activations && !rounds) return false;
     struct kvr_tensor rk = { .type = c->type_k, .ne = { c->kv_dim, 1, 1, 1 } }, rv = { .type = c->type_v, .ne = { c->kv_dim, 1, 1, 1 } };
     struct kvr_tensor ck = { .op = KVR_OP_CPY, .type = c->type_k, .ne = { c->kv_dim, 1, 1, 1 }, .src = { &rk } };
     struct kvr_tensor cv = { .op = KVR_OP_CPY, .type = c->type_v, .ne = { c->kv_dim, 1, 1, 1 }, .src = { &rv } };
@@ -2475,6 +2480,33 @@ static void rank_pass(void * user, struct kvr_pass_args * a) {
     a->n_sinks = pc->n_sinks;
 }
 
+// Rank r's stats of the eval ev it ran (c new tokens, from t0 on): the backend's counters beside
+// the transfers' figures its comm counted. Attention pairs are reported per layer: divided by the
+// layers whose attention ran here (a rank without the output skips the last layer's).
+static void rank_stats_of(struct dist_rank * dr, const struct kvr_eval * ev, const struct kvr_model * m, int r, int c, double t0) {
+    const struct kvr_counters * cn = &ev->counters;
+    struct kvr_rank_stats * st = &dr->comm->st;
+    const int attn_layers = ev->n_attn_layers, n_layer = (int)m->hp.n_layer;
+    st->rank = r;
+    st->tokens = c;
+    st->attn_dot_dense  = attn_layers ? cn->attn_dot_dense / attn_layers : 0;
+    st->attn_dot_causal = attn_layers ? cn->attn_dot_causal / attn_layers : 0;
+    st->matmul_ms = cn->op_ms[KVR_OP_MUL_MAT] + cn->op_ms[KVR_OP_MUL_MAT_ID];
+    st->expert_bytes = cn->expert_bytes;
+    st->attn_ms = cn->op_ms[KVR_OP_ATTN] + cn->op_ms[KVR_OP_ATTN_STATS] + cn->op_ms[KVR_OP_ATTN_NORMED];
+    st->compute_ms = 0.0;
+    memcpy(st->op_ms, cn->op_ms, sizeof(st->op_ms));
+    for (int k = 0; k < KVR_OP_COUNT; k++) {
+        const bool comm = k == KVR_OP_SEND || k == KVR_OP_RECV || k == KVR_OP_ALL_GATHER || k == KVR_OP_ALL_TO_ALL;
+        if (!comm) st->compute_ms += cn->op_ms[k]; // the transfers' nodes wait: wait_ms
+    }
+    // rows are per layer that moves them: a recurrent layer moves its state instead
+    const int kv_layers = n_layer - (int)m->hp.n_recurrent > 0 ? n_layer - (int)m->hp.n_recurrent : 1;
+    st->kv_rows_sent /= kv_layers;
+    st->kv_rows_recv /= kv_layers;
+    st->ttft_ms = kvr_time_ms() - t0;
+}
+
 static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
     const struct kvr_model * m = d->m;
     struct eval_plan * pl = &d->plan;
@@ -2568,28 +2600,7 @@ static int rank_eval(struct kvr_session * d, struct dist_rank * dr) {
         }
         dr->n_rows = n_final;
     }
-    // attention pairs are reported per layer: divided by the layers whose attention ran here (a
-    // rank without the output skips the last layer's)
-    const struct kvr_counters * cn = &ev.counters;
-    const int attn_layers = ev.n_attn_layers;
-    dr->comm->st.rank = r;
-    dr->comm->st.tokens = c;
-    dr->comm->st.attn_dot_dense  = attn_layers ? cn->attn_dot_dense / attn_layers : 0;
-    dr->comm->st.attn_dot_causal = attn_layers ? cn->attn_dot_causal / attn_layers : 0;
-    dr->comm->st.matmul_ms = cn->op_ms[KVR_OP_MUL_MAT] + cn->op_ms[KVR_OP_MUL_MAT_ID];
-    dr->comm->st.expert_bytes = cn->expert_bytes;
-    dr->comm->st.attn_ms = cn->op_ms[KVR_OP_ATTN] + cn->op_ms[KVR_OP_ATTN_STATS] + cn->op_ms[KVR_OP_ATTN_NORMED];
-    dr->comm->st.compute_ms = 0.0;
-    memcpy(dr->comm->st.op_ms, cn->op_ms, sizeof(dr->comm->st.op_ms));
-    for (int k = 0; k < KVR_OP_COUNT; k++) {
-        const bool comm = k == KVR_OP_SEND || k == KVR_OP_RECV || k == KVR_OP_ALL_GATHER || k == KVR_OP_ALL_TO_ALL;
-        if (!comm) dr->comm->st.compute_ms += cn->op_ms[k]; // the transfers' nodes wait: wait_ms
-    }
-    // rows are per layer that moves them: a recurrent layer moves its state instead
-    const int kv_layers = n_layer - (int)m->hp.n_recurrent > 0 ? n_layer - (int)m->hp.n_recurrent : 1;
-    dr->comm->st.kv_rows_sent /= kv_layers;
-    dr->comm->st.kv_rows_recv /= kv_layers;
-    dr->comm->st.ttft_ms = kvr_time_ms() - t0;
+    rank_stats_of(dr, &ev, m, r, c, t0);
     if (d->p.trace) {
         int ns;
         const struct kvr_span * sp = kvr_backend_spans(dr->be, &ns, false);
@@ -3329,6 +3340,8 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
     float * logits = dr0->batch_logits;
     const struct kvr_eval_batch eb = { .n = n, .caches = caches, .n_past = n_past, .n_kv = n_kv };
     local_reset(s[0]->tr);
+    const double t0 = kvr_time_ms();
+    memset(&dr0->comm->st, 0, sizeof(dr0->comm->st)); // session 0's stats: the batch's
     dr0->interrupted = false;
     struct kvr_eval ev = {
         .model      = dr0->model,
@@ -3349,6 +3362,7 @@ int kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * token
         .logits     = logits,
     };
     int rc = kvr_eval_run(&ev);
+    rank_stats_of(dr0, &ev, m, 0, n, t0);
     if (rc != KVR_OK && dr0->interrupted) {
         atomic_store(&s[0]->interrupt, 0);
         rc = kvr_error(KVR_ERR_INTERRUPTED, "eval batch: interrupted");

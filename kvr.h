@@ -1655,7 +1655,8 @@ const float *     kvr_session_eval(struct kvr_session * s, const int32_t * token
 // model, with nothing of DejaVu (replicate, logs, streams, captures, test hooks) and its cache in;
 // at most KVR_BATCH_MAX of them, each once. The batch runs on session 0's backend and threads;
 // kvr_session_interrupt of any of them before, or of session 0 during it, stops it. All or nothing:
-// on an error (KVR_ERR_ARG naming the session and why) no session has changed.
+// on an error (KVR_ERR_ARG naming the session and why) no session has changed. Session 0's
+// kvr_session_stats then describe the batch (tokens: n; the times those of its graph).
 #define KVR_BATCH_MAX 256
 int               kvr_session_eval_batch(struct kvr_session * const * s, const int32_t * tokens, int n);
 // Forget every cached token (a new conversation); buffers and threads stay.

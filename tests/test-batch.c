@@ -124,6 +124,10 @@ static void check_model(const char * name, const char * path) {
         CHECK(rc == KVR_OK, "a batch of %d: %s", n, kvr_last_error());
         if (rc != KVR_OK) break;
         kvr_session_stats(group[0], &st1, 1);
+        // session 0's stats are the batch's: its tokens, its graph's times
+        CHECK(st1.tokens == n && st1.matmul_ms > 0 && st1.attn_ms > 0 && st1.matmul_ms + st1.attn_ms <= st1.compute_ms &&
+              st1.compute_ms <= st1.ttft_ms, "session 0's stats after a batch of %d: %d tokens, matmul %g ms, attention %g ms, "
+              "compute %g ms, eval %g ms", n, st1.tokens, st1.matmul_ms, st1.attn_ms, st1.compute_ms, st1.ttft_ms);
         const bool again = step > 0 && memcmp(members[step], members[step - 1], sizeof(members[step])) == 0;
         const int64_t built = st1.graphs_built - st0.graphs_built, reused = st1.graphs_reused - st0.graphs_reused;
         if (windows) {

@@ -1635,7 +1635,8 @@ static double cachetype_tol(bool strict, enum kvr_strategy s, enum kvr_cache_typ
 // shape would pick another: the logits equal the single pass's to the last bit. A 160-token
 // prompt on 4 ranks is such a case (one rank, 25,600 scores a head, takes the tiled kernel; a
 // rank of 40 queries would take llama.cpp's arithmetic), with an F32 and an F16 cache. Under
-// 8-bit activations ring-kv gathers the blocks and attends once (ring_gather): its prompt too.
+// 8-bit activations, and with an F16 cache, ring-kv gathers the blocks and attends once
+// (ring_gather): its prompt too.
 static void test_bits(const struct tmodel * tm) {
     group_begin();
     const struct kvr_model * m = tm->m;
@@ -1658,7 +1659,7 @@ static void test_bits(const struct tmodel * tm) {
         if (lg) memcpy(ref, lg, sizeof(float) * (size_t)V);
         kvr_session_free(one);
         if (!lg) continue;
-        for (int si = 0; si < (q8 ? 3 : 2); si++) {
+        for (int si = 0; si < (q8 || ct == KVR_CACHE_F16 ? 3 : 2); si++) {
             for (int N = 2; N <= 4; N++) {
                 set_case("bits %s%s: %s on %d ranks", kvr_cache_type_name(ct), q8 ? ", 8-bit activations" : "", kvr_strategy_name(strats[si]), N);
                 struct kvr_session_params p = sp;
@@ -1679,8 +1680,8 @@ static void test_bits(const struct tmodel * tm) {
         }
     }
     free(ref);
-    group_end("bits", "%d runs (%s, a %d-token prompt; tsp and kvr on 2..4 ranks, F32 and F16 caches, and ring-kv under 8-bit "
-              "activations: one rank's logits to the bit)",
+    group_end("bits", "%d runs (%s, a %d-token prompt; tsp and kvr on 2..4 ranks, F32 and F16 caches, and ring-kv with F16 or "
+              "under 8-bit activations: one rank's logits to the bit)",
               runs, tm->name, T);
 }
 
