@@ -760,14 +760,23 @@ static void sim_ring(struct sim * S) {
     double * at = calloc((size_t)N * N, sizeof(double));
     double * ready = calloc((size_t)N * N, sizeof(double)); // [i*N + j]: step j's block is at rank i
     KVR_ASSERT(at && ready);
+    // pass-KV over an F16/BF16 cache past one rank's small-shape kernel (kvr-comm.c's ring_gather in
+    // the exact arithmetic the simulator times): each rank keeps the blocks and, once the last is
+    // in, attends with its queries over every key at once
+    const bool gather = !passq && (P->cache_type == KVR_CACHE_F16 || P->cache_type == KVR_CACHE_BF16) && !kvr_attn_cpu_exact(T, T);
+    const struct runs all = runs_range(0, T);
     for (int i = 0; i < N; i++) {
         struct kvr_tune_rank * R = &S->out->ranks[i];
         int64_t dsum = 0, csum = 0;
         for (int j = 0; j < N; j++) {
             const int src = (i + N - j) % N;
-            int64_t d, c;
-            attn_pairs(passq ? &sh[src] : &sh[i], passq ? &sh[i] : &sh[src], tile_tokens(S->m, S->hw), S->hw->attn_tile_k,
-                       P->attn_mode, &d, &c);
+            int64_t d = 0, c = 0;
+            if (gather) {
+                if (j == N - 1) attn_pairs(&sh[i], &all, tile_tokens(S->m, S->hw), S->hw->attn_tile_k, P->attn_mode, &d, &c);
+            } else {
+                attn_pairs(passq ? &sh[src] : &sh[i], passq ? &sh[i] : &sh[src], tile_tokens(S->m, S->hw), S->hw->attn_tile_k,
+                           P->attn_mode, &d, &c);
+            }
             dsum += d;
             csum += c;
             at[i * N + j] = attn_time(S->m, S->hw, d);
