@@ -4633,7 +4633,7 @@ QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row
             // eight streams from memory: each row's reads prefetched ahead, as the decode kernels do
             // (a prompt of 16 tokens of a 1B Q4_K_M: the interleave took 1.09-1.12 of the 8-row
             // kernel's time, 1.01-1.02 with it)
-            for (size_t o = 0; blk[i] && o < bs; o += 64) _mm_prefetch((const char *)blk[i] + QX_PREFETCH + o, _MM_HINT_T0);
+            for (size_t at = 0; blk[i] && at < bs; at += 64) _mm_prefetch((const char *)blk[i] + QX_PREFETCH + at, _MM_HINT_T0);
             __m256i sc = _mm256_setzero_si256();
             mn[i] = sc;
             o->d[i] = o->dmin[i] = 0.0f;
