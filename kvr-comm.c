@@ -1836,16 +1836,21 @@ static void ring_kv_rows(const struct pass_ctx * pc, int s, int j, int * a, int 
 // projection, which turns the last bits that merging partials by log-sum-exp changes into whole
 // 8-bit steps (0.6 to 0.9 of a logit on SmolLM2 at 395 tokens). In the exact arithmetic an F16 or
 // BF16 V past ring_exact's shapes meets one rank's tiled kernel, whose roundings of running weights
-// no split of the keys reproduces (4e-3 to 9e-3 of a logit). A first prompt without a window then
-// has each ring-kv rank keep the blocks that pass by and attend once over them all, put back in
-// position order, with one rank's kernel (kvr_attn_kernel_as): one rank's bits, the transfers the
-// ring's, the attention after the last block rather than beside the transfers. A backend that
-// cannot copy typed rows (CUDA) keeps the partials.
+// no split of the keys reproduces (4e-3 to 9e-3 of a logit). There each ring-kv rank of a first
+// prompt keeps the blocks that pass by and attends once over them all, put back in position order,
+// with one rank's kernel (kvr_attn_kernel_as): one rank's bits, the transfers the ring's, the
+// attention after the last block rather than beside the transfers.
+bool kvr_ring_kv_gathers(enum kvr_type type_k, enum kvr_type type_v, bool q8_activations, int T, int P, int window) {
+    if (P != 0 || window != 0) return false;
+    const bool rounds = type_k != KVR_TYPE_Q8_0 && (type_v == KVR_TYPE_F16 || type_v == KVR_TYPE_BF16);
+    return q8_activations || (rounds && !kvr_attn_cpu_exact(T, T));
+}
+
+// kvr_ring_kv_gathers on this rank's backend: a backend that cannot copy typed rows (CUDA) keeps
+// the partials.
 static bool ring_gather(const struct pass_ctx * pc) {
-    if (pc->n_old != 0 || pc->pl->P != 0 || pc->window != 0) return false;
     const struct kvr_kv_cache * c = pc->dr->cache;
-    const bool rounds = c->type_k != KVR_TYPE_Q8_0 && (c->type_v == KVR_TYPE_F16 || c->type_v == KVR_TYPE_BF16);
-    if (!pc->d->p.q8_activations && !rounds) return false;
+    if (pc->n_old != 0 || !kvr_ring_kv_gathers(c->type_k, c->type_v, pc->d->p.q8_activations, pc->pl->T, pc->pl->P, pc->window)) return false;
     struct kvr_tensor rk = { .type = c->type_k, .ne = { c->kv_dim, 1, 1, 1 } }, rv = { .type = c->type_v, .ne = { c->kv_dim, 1, 1, 1 } };
     struct kvr_tensor ck = { .op = KVR_OP_CPY, .type = c->type_k, .ne = { c->kv_dim, 1, 1, 1 }, .src = { &rk } };
     struct kvr_tensor cv = { .op = KVR_OP_CPY, .type = c->type_v, .ne = { c->kv_dim, 1, 1, 1 }, .src = { &rv } };
@@ -1907,7 +1912,8 @@ static void pass_ring_kv(struct pass_ctx * pc, struct kvr_tensor * t, int il) {
     // exact: parts[] are each block's statistics, folded into the ones before (ATTN_STATS's prev);
     // the blocks stay (receive buffers are never reused) for the partials once the last is in;
     // gather: no partials, the blocks gathered once the last is in
-    const bool exact = ring_exact(pc), gather = !exact && ring_gather(pc);
+    const bool exact = ring_exact(pc), gather = ring_gather(pc);
+    KVR_ASSERT(!(exact && gather)); // exact: prompts kvr_attn_cpu_exact takes; gather: past them, or 8-bit
     struct kvr_tensor * blk_k[256], * blk_v[256], * blk_p[256];
     blk_k[0] = bk;
     blk_v[0] = bv;

@@ -760,10 +760,10 @@ static void sim_ring(struct sim * S) {
     double * at = calloc((size_t)N * N, sizeof(double));
     double * ready = calloc((size_t)N * N, sizeof(double)); // [i*N + j]: step j's block is at rank i
     KVR_ASSERT(at && ready);
-    // pass-KV over an F16/BF16 cache past one rank's small-shape kernel (kvr-comm.c's ring_gather in
-    // the exact arithmetic the simulator times): each rank keeps the blocks and, once the last is
-    // in, attends with its queries over every key at once
-    const bool gather = !passq && (P->cache_type == KVR_CACHE_F16 || P->cache_type == KVR_CACHE_BF16) && !kvr_attn_cpu_exact(T, T);
+    // pass-KV that gathers (kvr_ring_kv_gathers, in the exact arithmetic the simulator times): each
+    // rank keeps the blocks and, once the last is in, attends with its queries over every key at once
+    const enum kvr_type ct = kvr_cache_type_elem(P->cache_type);
+    const bool gather = !passq && kvr_ring_kv_gathers(ct, ct, false, T, 0, 0);
     const struct runs all = runs_range(0, T);
     for (int i = 0; i < N; i++) {
         struct kvr_tune_rank * R = &S->out->ranks[i];

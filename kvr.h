@@ -1482,6 +1482,13 @@ int          kvr_strategy_parse(const char * name, enum kvr_strategy * out); // 
 // differ by at most one), rank i takes chunks i and 2n-1-i. Writes rank i's absolute positions
 // in order into pos (may be NULL) and returns their count.
 int kvr_ring_shard(int T, int P, int n_ranks, int rank, int32_t * pos);
+// Whether ring-kv's prefill of T tokens after P cached ones gathers the blocks that pass by and
+// attends once over them all in position order (one rank's bits), rather than merging partials:
+// a first prompt (P 0) without a sliding window, under 8-bit activations or, in the exact
+// arithmetic, with an F16/BF16 V and a K other than Q8_0 past the shapes kvr_attn_cpu_exact takes
+// (one rank's rounding there is of running weights, which partials cannot reproduce). On a
+// backend that copies typed rows (the CPU's); the simulator (kvr-tune) follows the same rule.
+bool kvr_ring_kv_gathers(enum kvr_type type_k, enum kvr_type type_v, bool q8_activations, int T, int P, int window);
 
 // How many of n_ranks ranks a first prefill of T tokens gives work to with strategy s (its even
 // split; a given partition is the caller's): the most that each get a token of the prompt. tsp,
