@@ -2504,13 +2504,13 @@ static bool mm_chunk_next(const struct mm_chunks * c, int64_t n, int64_t * r0, i
     return true;
 }
 
-// Rows a chunk: about four chunks a thread, a multiple of 8 (the integer kernels' row groups). A
-// chunk is then at least tens of KiB of weights in the shapes decode meets, against one atomic
-// increment; a thread stalled in its last chunk holds the others up by an eighth of the node at most
-// (2 threads), not by its whole half.
-static int64_t mm_chunk_rows(int64_t n, int nth) {
+// Rows a chunk: about four chunks a thread, a multiple of g (8 or 16: the integer kernels' row
+// groups). A chunk is then at least tens of KiB of weights in the shapes decode meets, against one
+// atomic increment; a thread stalled in its last chunk holds the others up by an eighth of the node
+// at most (2 threads), not by its whole half.
+static int64_t mm_chunk_rows(int64_t n, int nth, int64_t g) {
     const int64_t rows = (n + 4 * nth - 1) / (4 * nth);
-    return (rows + 7) & ~(int64_t)7;
+    return (rows + g - 1) / g * g;
 }
 
 struct cpu_params {
@@ -4361,11 +4361,14 @@ static void qx_row_c(enum kvr_type type, int nt, const uint8_t * row, int64_t nb
 
 #endif
 
-// A type's prefill kernels: the interleave of 8 rows and the 8-row kernel (below).
+// A type's prefill kernels: the interleave of a tile of rows (8, or 16 for the 512-bit K-quant
+// kernel) and the tile kernel (below), which meets 4 tokens at a time.
+#define QX_TILE_MAX 16
 struct qx_x8_fns {
     void (*interleave)(const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows, int64_t nb, void * out);
-    void (*dot)(const void * w, const void * const a[4], int64_t nb, float out[4][8]);
-    size_t tile_bytes; // of one interleaved block of 8 rows
+    void (*dot)(const void * w, const void * const a[4], int64_t nb, float out[4][QX_TILE_MAX]);
+    size_t tile_bytes; // of one interleaved block of the tile's rows
+    int    rows;       // a tile's rows
 };
 
 // Rows a block of qx_mul_rows: each group of tokens of a decode batch passes over a block's rows
@@ -4473,16 +4476,21 @@ struct qx_l_x8 {
 };
 #endif
 
-// One super-block (256 values) of 8 rows, interleaved.
+// One super-block (256 values) of QX_K_ROWS rows, interleaved. The 512-bit kernel takes 16 rows,
+// 4 bytes of each a vector: a vector of products is one lane a row, so each run's vpmulld by the
+// scales and each pair of runs' mins serve 16 rows (with 8 rows of 8 bytes, two lanes a row, they
+// served 8 and were a third of the kernel's multiplier port).
 #if QX_L512
-struct qx_k_x8 {
-    float   d[8], dmin[8];
-    int32_t sc[16][16];      // run r: lanes 2i and 2i+1 hold row i's scale
-    int16_t mn[8][16];       // runs 2p, 2p+1: lanes 2i, 2i+1 hold row i's mins of the two
-    uint8_t q[8][4][64];     // chunk j, step s: bytes 8i..8i+7 are row i's quants 32j+8s..+7
+#define QX_K_ROWS 16
+struct qx_k_tile {
+    float   d[16], dmin[16];
+    int32_t sc[16][16];      // run r (16 values): lane i is row i's scale
+    int32_t mn[8][16];       // runs 2p, 2p+1: lane i is row i's two mins, int16 each (run 2p low)
+    uint8_t q[8][8][64];     // chunk j, group g: bytes 4i..4i+3 are row i's quants 32j+4g..+3
 };
 #else
-struct qx_k_x8 {
+#define QX_K_ROWS 8
+struct qx_k_tile {
     float   d[8], dmin[8];
     int16_t sc[16][16];      // run r: lanes 2i and 2i+1 hold row i's scale
     int16_t mn[8][16];       // runs 2p, 2p+1: lanes 2i, 2i+1 hold row i's mins of the two
@@ -4622,47 +4630,49 @@ QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_
 
 #if QX_L512
 QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
-                               int64_t nb, struct qx_k_x8 * restrict out) {
+                               int64_t nb, struct qx_k_tile * restrict out) {
     const size_t bs = qx_block_bytes(type);
     for (int64_t b = 0; b < nb; b++) {
-        struct qx_k_x8 * o = out + b;
-        const uint8_t * blk[8];
-        __m256i sc_lo[8], sc_hi[8], mn[8];
-        for (int i = 0; i < 8; i++) {
+        struct qx_k_tile * o = out + b;
+        const uint8_t * blk[16];
+        __m256i sc[16], mn[16];
+        for (int i = 0; i < 16; i++) {
             blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
-            // eight streams from memory: each row's reads prefetched ahead, as the decode kernels do
-            // (a prompt of 16 tokens of a 1B Q4_K_M: the interleave took 1.09-1.12 of the 8-row
+            // sixteen streams from memory: each row's reads prefetched ahead, as the decode kernels do
+            // (a prompt of 16 tokens of a 1B Q4_K_M: the interleave took 1.09-1.12 of the tile
             // kernel's time, 1.01-1.02 with it)
             for (size_t at = 0; blk[i] && at < bs; at += 64) _mm_prefetch((const char *)blk[i] + QX_PREFETCH + at, _MM_HINT_T0);
-            __m256i sc = _mm256_setzero_si256();
-            mn[i] = sc;
+            sc[i] = mn[i] = _mm256_setzero_si256();
             o->d[i] = o->dmin[i] = 0.0f;
-            if (blk[i]) qx_k_scales_v(type, blk[i], &o->d[i], &o->dmin[i], &sc, &mn[i]);
-            // each run's scale twice (a 32-bit lane): runs 0-3 and 8-11, then 4-7 and 12-15
-            sc_lo[i] = _mm256_unpacklo_epi16(sc, sc);
-            sc_hi[i] = _mm256_unpackhi_epi16(sc, sc);
+            if (blk[i]) qx_k_scales_v(type, blk[i], &o->d[i], &o->dmin[i], &sc[i], &mn[i]);
         }
-        // transposed: lane i of run r's vector is row i's; the mins' 32-bit lanes are run pairs already
-        __m256i t[8];
-        qx_transpose8x32v(sc_lo, t);
-        for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->sc[g % 4 + 8 * (g / 4)], _mm512_cvtepi16_epi32(t[g]));
-        qx_transpose8x32v(sc_hi, t);
-        for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->sc[4 + g % 4 + 8 * (g / 4)], _mm512_cvtepi16_epi32(t[g]));
-        qx_transpose8x32v(mn, t);
-        for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)o->mn[p], t[p]);
+        // 8 rows at a time transposed: lane i of 32-bit element p is row i's runs 2p (low) and 2p + 1
+        for (int h = 0; h < 2; h++) {
+            __m256i t[8];
+            qx_transpose8x32v(sc + 8 * h, t);
+            for (int p = 0; p < 8; p++) {
+                _mm256_storeu_si256((__m256i *)&o->sc[2 * p][8 * h], _mm256_srai_epi32(_mm256_slli_epi32(t[p], 16), 16));
+                _mm256_storeu_si256((__m256i *)&o->sc[2 * p + 1][8 * h], _mm256_srai_epi32(t[p], 16));
+            }
+            qx_transpose8x32v(mn + 8 * h, t);
+            for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)&o->mn[p][8 * h], t[p]);
+        }
         for (int j = 0; j < 8; j++) {
-            __m256i v[8];
-            for (int i = 0; i < 8; i++) v[i] = blk[i] ? qx_chunk(type, blk[i], j) : _mm256_setzero_si256();
-            qx_transpose8x64(v, o->q[j]);
+            for (int h = 0; h < 2; h++) {
+                __m256i v[8], t[8];
+                for (int i = 0; i < 8; i++) v[i] = blk[8 * h + i] ? qx_chunk(type, blk[8 * h + i], j) : _mm256_setzero_si256();
+                qx_transpose8x32v(v, t);
+                for (int g = 0; g < 8; g++) _mm256_storeu_si256((__m256i *)&o->q[j][g][32 * h], t[g]);
+            }
         }
     }
 }
 #else
 QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
-                               int64_t nb, struct qx_k_x8 * restrict out) {
+                               int64_t nb, struct qx_k_tile * restrict out) {
     const size_t bs = qx_block_bytes(type);
     for (int64_t b = 0; b < nb; b++) {
-        struct qx_k_x8 * o = out + b;
+        struct qx_k_tile * o = out + b;
         const uint8_t * blk[8];
         for (int i = 0; i < 8; i++) {
             blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
@@ -4696,7 +4706,7 @@ static inline __m256i qx_bcast4(const int8_t * q) {
 // out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens: the same integers
 // (a block's sum exact in int32) and the same float operations as the 256-bit kernel's.
 QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
-                            int64_t nb, float out[4][8]) {
+                            int64_t nb, float out[4][QX_TILE_MAX]) {
     const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };
     const int off = qx_x8_off(type);
     __m512 acc[4];
@@ -4735,7 +4745,7 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
 #else
 // out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens.
 QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
-                            int64_t nb, float out[4][8]) {
+                            int64_t nb, float out[4][QX_TILE_MAX]) {
     const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };
     const int F = qx_flush(type), off = qx_offset(type);
     const bool sgn = qx_signed(type);
@@ -4798,85 +4808,83 @@ QX_INLINE int qx_k_run(enum kvr_type t) {
     return t == KVR_TYPE_Q4_K || t == KVR_TYPE_Q5_K ? 32 : 16;
 }
 
-// out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: each run's products
-// summed in int32 (VNNI), times the run's scale (vpmulld), its mins as int16 pairs (vpdpwssd): the
-// same integers and float operations as the 256-bit kernel's.
-QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, const void * const act[4],
-                       int64_t nb, float out[4][8]) {
+// out[t][i] = row i . token t over nb interleaved super-blocks of 16 rows, for 4 tokens: each run's
+// products summed in int32 (VNNI), times the run's scale (vpmulld), its mins as int16 pairs
+// (vpdpwssd): the same integers and float operations as the 256-bit kernel's.
+QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_tile * restrict w, const void * const act[4],
+                       int64_t nb, float out[4][QX_TILE_MAX]) {
     const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
-    const int R = qx_k_run(type) / 8; // steps of 8 bytes a run
-    __m256 acc[4];
+    const int G = qx_k_run(type) / 4; // groups of 4 bytes a run
+    __m512 acc[4];
     QX_UNROLL
-    for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < 4; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const struct qx_k_x8 * restrict wb = w + b;
+        const struct qx_k_tile * restrict wb = w + b;
         __m512i s32[4];
         QX_UNROLL
         for (int t = 0; t < 4; t++) s32[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             QX_UNROLL
-            for (int s0 = 0; s0 < 4; s0 += R) {
+            for (int g0 = 0; g0 < 8; g0 += G) {
                 __m512i p[4];
                 QX_UNROLL
                 for (int t = 0; t < 4; t++) p[t] = _mm512_setzero_si512();
                 QX_UNROLL
-                for (int st = s0; st < s0 + R; st++) {
-                    const __m512i wq = _mm512_loadu_si512(wb->q[j][st]);
+                for (int g = g0; g < g0 + G; g++) {
+                    const __m512i wq = _mm512_loadu_si512(wb->q[j][g]);
                     QX_UNROLL
                     for (int t = 0; t < 4; t++) {
-                        long long y;
-                        memcpy(&y, a[t][b].qs + 32 * j + 8 * st, 8);
-                        p[t] = _mm512_dpbusd_epi32(p[t], wq, _mm512_set1_epi64(y));
+                        int32_t y;
+                        memcpy(&y, a[t][b].qs + 32 * j + 4 * g, 4);
+                        p[t] = _mm512_dpbusd_epi32(p[t], wq, _mm512_set1_epi32(y));
                     }
                 }
-                const __m512i sc = _mm512_loadu_si512(wb->sc[2 * j + s0 / 2]);
+                const __m512i sc = _mm512_loadu_si512(wb->sc[2 * j + g0 / 4]);
                 QX_UNROLL
                 for (int t = 0; t < 4; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_mullo_epi32(p[t], sc));
             }
         }
         // the mins: sum_r mn_r * (the token's sum of run r), two runs a product
-        __m256i m[4];
+        __m512i m[4];
         QX_UNROLL
-        for (int t = 0; t < 4; t++) m[t] = _mm256_setzero_si256();
+        for (int t = 0; t < 4; t++) m[t] = _mm512_setzero_si512();
         for (int pp = 0; pp < 8; pp++) {
-            const __m256i mn = _mm256_loadu_si256((const __m256i *)wb->mn[pp]);
+            const __m512i mn = _mm512_loadu_si512(wb->mn[pp]);
             QX_UNROLL
             for (int t = 0; t < 4; t++) {
                 int32_t v;
                 memcpy(&v, a[t][b].bsum + 2 * pp, 4);
-                m[t] = _mm256_dpwssd_epi32(m[t], mn, _mm256_set1_epi32(v));
+                m[t] = _mm512_dpwssd_epi32(m[t], mn, _mm512_set1_epi32(v));
             }
         }
-        const __m256 dw = _mm256_loadu_ps(wb->d), dm = _mm256_loadu_ps(wb->dmin);
+        const __m512 dw = _mm512_loadu_ps(wb->d), dm = _mm512_loadu_ps(wb->dmin);
         QX_UNROLL
         for (int t = 0; t < 4; t++) {
-            // lane 2i + lane 2i + 1: row i's sum, the low half of 64-bit lane i
-            const __m256i si = _mm512_cvtepi64_epi32(_mm512_add_epi32(s32[t], _mm512_srli_epi64(s32[t], 32)));
-            const __m256 da = _mm256_set1_ps(a[t][b].d);
+            const __m512 da = _mm512_set1_ps(a[t][b].d);
             if (qx_k_offset(type)) {
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(si, m[t])), _mm256_mul_ps(dw, da), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s32[t], m[t])), _mm512_mul_ps(dw, da), acc[t]);
             } else {
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, da), acc[t]);
-                acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m[t]), _mm256_mul_ps(dm, da), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[t]), _mm512_mul_ps(dw, da), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m[t]), _mm512_mul_ps(dm, da), acc[t]);
             }
         }
     }
     QX_UNROLL
-    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], acc[t]);
+    for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
 }
 #else
 // out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: 4 int16 sums of a
 // flush and 4 int32 sums of a super-block take 8 of AVX2's 16 registers; each weight vector loaded
 // serves all 4 tokens.
-QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, const void * const act[4],
-                       int64_t nb, float out[4][8]) {
+QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_tile * restrict w, const void * const act[4],
+                       int64_t nb, float out[4][QX_TILE_MAX]) {
     const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
     const int F = qx_flush(type);
     __m256 acc[4];
     QX_UNROLL
     for (int t = 0; t < 4; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const struct qx_k_x8 * restrict wb = w + b;
+        const struct qx_k_tile * restrict wb = w + b;
         __m256i s32[4];
         QX_UNROLL
         for (int t = 0; t < 4; t++) s32[t] = _mm256_setzero_si256();
@@ -4930,7 +4938,7 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_x8 * restrict w, co
     static void qx_il_##name(const uint8_t * w, size_t rb, int64_t r0, int64_t n, int64_t nb, void * out) { \
         qx_interleave_##kind(T, w, rb, r0, n, nb, out); \
     } \
-    static void qx_dot_##name(const void * w, const void * const a[4], int64_t nb, float out[4][8]) { \
+    static void qx_dot_##name(const void * w, const void * const a[4], int64_t nb, float out[4][QX_TILE_MAX]) { \
         qx_x8_##kind(T, w, a, nb, out); \
     }
 QX_X8_FNS(q4_0, KVR_TYPE_Q4_0, legacy) QX_X8_FNS(q4_1, KVR_TYPE_Q4_1, legacy) QX_X8_FNS(q5_0, KVR_TYPE_Q5_0, legacy)
@@ -4942,11 +4950,13 @@ QX_X8_FNS(q5_K, KVR_TYPE_Q5_K, k) QX_X8_FNS(q6_K, KVR_TYPE_Q6_K, k)
 // The 8-row kernels of a type; false for a type without (Q8_K: its products go row by row).
 static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
     switch (t) {
-#define QX_CASE(T, name, tile) case T: *f = (struct qx_x8_fns){ qx_il_##name, qx_dot_##name, sizeof(struct tile) }; return true;
-        QX_CASE(KVR_TYPE_Q4_0, q4_0, qx_l_x8) QX_CASE(KVR_TYPE_Q4_1, q4_1, qx_l_x8) QX_CASE(KVR_TYPE_Q5_0, q5_0, qx_l_x8)
-        QX_CASE(KVR_TYPE_Q5_1, q5_1, qx_l_x8) QX_CASE(KVR_TYPE_Q8_0, q8_0, qx_l_x8) QX_CASE(KVR_TYPE_Q8_1, q8_1, qx_l_x8)
-        QX_CASE(KVR_TYPE_Q2_K, q2_K, qx_k_x8) QX_CASE(KVR_TYPE_Q3_K, q3_K, qx_k_x8) QX_CASE(KVR_TYPE_Q4_K, q4_K, qx_k_x8)
-        QX_CASE(KVR_TYPE_Q5_K, q5_K, qx_k_x8) QX_CASE(KVR_TYPE_Q6_K, q6_K, qx_k_x8)
+#define QX_CASE(T, name, tile, rows) \
+        case T: *f = (struct qx_x8_fns){ qx_il_##name, qx_dot_##name, sizeof(struct tile), rows }; return true;
+        QX_CASE(KVR_TYPE_Q4_0, q4_0, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q4_1, q4_1, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q5_0, q5_0, qx_l_x8, 8)
+        QX_CASE(KVR_TYPE_Q5_1, q5_1, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q8_0, q8_0, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q8_1, q8_1, qx_l_x8, 8)
+        QX_CASE(KVR_TYPE_Q2_K, q2_K, qx_k_tile, QX_K_ROWS) QX_CASE(KVR_TYPE_Q3_K, q3_K, qx_k_tile, QX_K_ROWS)
+        QX_CASE(KVR_TYPE_Q4_K, q4_K, qx_k_tile, QX_K_ROWS) QX_CASE(KVR_TYPE_Q5_K, q5_K, qx_k_tile, QX_K_ROWS)
+        QX_CASE(KVR_TYPE_Q6_K, q6_K, qx_k_tile, QX_K_ROWS)
 #undef QX_CASE
         default: return false;
     }
@@ -4956,7 +4966,7 @@ static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
 
 static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
     (void)t;
-    *f = (struct qx_x8_fns){ NULL, NULL, 0 };
+    *f = (struct qx_x8_fns){ NULL, NULL, 0, 8 };
     return false;
 }
 
@@ -4982,13 +4992,13 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
     if (!qx_uses_x8(t, T)) return qx_rows_bytes(t, K, T < QX_ROW_TOKENS ? T : QX_ROW_TOKENS);
     qx_x8_get(t, &f);
     const int64_t nb = K / kvr_blck_size(t);
-    return (size_t)QX_MM_TOKENS * qx_act_bytes(t, K) + (size_t)(QX_MM_ROWS / 8 * nb) * f.tile_bytes;
+    return (size_t)QX_MM_TOKENS * qx_act_bytes(t, K) + (size_t)(QX_MM_ROWS / f.rows * nb) * f.tile_bytes;
 }
 
 // Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (K values a row, row_bytes apart) and all T
 // tokens, with 8-bit activations. Row by row for a few tokens; otherwise, per chunk of tokens:
 // quantize them, then for each block of 32 rows interleave it once and let every 4 tokens meet
-// every 8 rows of the block. With chunks (8-row kernels only), the rows n0..n1 go a chunk at a time
+// every tile (8 or 16 rows) of the block. With chunks (tile kernels only), the rows n0..n1 go a chunk at a time
 // to whichever thread asks next (struct mm_chunks), each chunk of tokens in turn: a thread the
 // machine runs late computes fewer rows instead of keeping the others waiting at the node's
 // barrier. Returns the rows this thread computed (on average over the tokens).
@@ -5034,18 +5044,18 @@ static int64_t qx_mul_mat(enum kvr_type type, const void * W, size_t row_bytes, 
         }
         done += (m1 - m0) * nt;
         for (int64_t r0 = m0; r0 < m1; r0 += QX_MM_ROWS) {
-            const int64_t groups = (m1 - r0 + 7) / 8 < QX_MM_ROWS / 8 ? (m1 - r0 + 7) / 8 : QX_MM_ROWS / 8;
+            const int64_t R = f.rows, groups = (m1 - r0 + R - 1) / R < QX_MM_ROWS / R ? (m1 - r0 + R - 1) / R : QX_MM_ROWS / R;
             for (int64_t gi = 0; gi < groups; gi++) {
-                f.interleave(W, row_bytes, r0 + 8 * gi, m1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
+                f.interleave(W, row_bytes, r0 + R * gi, m1, nb, wx + (size_t)(gi * nb) * f.tile_bytes);
             }
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
                 const void * a[4];
                 for (int j = 0; j < 4; j++) a[j] = act + (size_t)(t + (j < n ? j : n - 1)) * ab; // a short tile repeats its last token
                 for (int64_t gi = 0; gi < groups; gi++) {
-                    float out[4][8];
+                    float out[4][QX_TILE_MAX];
                     f.dot(wx + (size_t)(gi * nb) * f.tile_bytes, a, nb, out);
-                    const int64_t r = r0 + 8 * gi, rows = m1 - r < 8 ? m1 - r : 8;
+                    const int64_t r = r0 + R * gi, rows = m1 - r < R ? m1 - r : R;
                     for (int j = 0; j < n; j++) memcpy(Y + (c0 + t + j) * ldy + r, out[j], (size_t)rows * sizeof(float));
                 }
             }
@@ -6058,11 +6068,12 @@ static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     int64_t r0, r1;
     if (m->T <= QX_ROW_TOKENS || m->by_rows) { // decode: rows by chunks (struct mm_chunks)
         KVR_ASSERT(qx_rows_bytes(m->w->type, m->K, m->T) <= p->wsize * sizeof(float));
-        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, 8) };
         return qx_mul_rows(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
     }
-    if (qx_uses_x8(m->w->type, m->T)) { // rows by chunks (struct mm_chunks), 8-row groups
-        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+    struct qx_x8_fns f;
+    if (qx_uses_x8(m->w->type, m->T) && qx_x8_get(m->w->type, &f)) { // rows by chunks (struct mm_chunks), whole tiles
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, f.rows) };
         return qx_mul_mat(m->w->type, m->w->data, m->w->nb[1], m->K, 0, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
                           p->wsize * sizeof(float));
     }
@@ -6210,7 +6221,7 @@ static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) 
     const int64_t G = m->T > MV_MAX_TOKENS ? MV_BATCH_TOKENS : MV_MAX_TOKENS;
     if (m->T <= G) {
         KVR_ASSERT((size_t)m->T * mv_act_floats(m->K) <= p->wsize);
-        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, 8) };
         return mv_mul(m->w->type, m->w->data, m->w->nb[1], m->K, m->N, &c, 0, 0, m->X, m->lda, m->T, m->Y, m->N, p->wdata);
     }
     int64_t n0, n1;
@@ -6237,7 +6248,7 @@ static int64_t mm_few_tokens(const struct cpu_params * p, const struct mm_args *
     KVR_ASSERT((size_t)K <= p->wsize && K % 8 == 0);
     const to_float_fn to_float = type_to_float(m->w->type);
     float * row = p->wdata;
-    const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth) };
+    const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, 8) };
     int64_t n0, n1, done = 0;
     while (mm_chunk_next(&c, m->N, &n0, &n1)) {
         for (int64_t n = n0; n < n1; n++) {
