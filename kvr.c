@@ -4462,13 +4462,17 @@ static int64_t qx_mul_rows(enum kvr_type type, const void * W, size_t row_bytes,
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
-// One legacy block (32 values) of 8 rows, interleaved.
+// One legacy block (32 values) of QX_L_ROWS rows, interleaved: 16 rows of 4 bytes a vector in the
+// 512-bit kernel, as the K-quants' (a block's int32 sums then need no pairing of lanes, and one
+// conversion and one FMA a token serve 16 rows).
 #if QX_L512
+#define QX_L_ROWS 16
 struct qx_l_x8 {
-    float   d[16], m[16];    // row i's scale and min (0 without one), in lanes 2i and 2i+1
-    uint8_t q[4][64];        // step s: bytes 8i..8i+7 are row i's quants 8s..8s+7 plus qx_x8_off
+    float   d[16], m[16];    // row i's scale and min (0 without one)
+    uint8_t q[8][64];        // group g: bytes 4i..4i+3 are row i's quants 4g..4g+3 plus qx_x8_off
 };
 #else
+#define QX_L_ROWS 8
 struct qx_l_x8 {
     float   d[8], m[8];      // row i's scale and min (0 without one)
     uint8_t q[8][32];        // group g: bytes 4i..4i+3 are row i's quants 4g..4g+3 (|q| for the 8-bit types)
@@ -4560,21 +4564,6 @@ static inline void qx_transpose8x32v(const __m256i v[8], __m256i out[8]) {
     }
 }
 
-// out[s] = the s-th 8-byte piece of v[0], ..., v[7]: an 8x4 transpose of 64-bit elements.
-static inline void qx_transpose8x64(const __m256i v[8], uint8_t out[4][64]) {
-    // z[k]: rows 2k, 2k+1 as pieces p0..p3 each; unpacking z0, z1 gives
-    // lo = r0p0 r2p0 r0p2 r2p2 r1p0 r3p0 r1p2 r3p2 (hi: the same of p1, p3), and z2, z3 rows 4-7
-    const __m512i even = _mm512_setr_epi64(0, 4, 1, 5, 8, 12, 9, 13), odd = _mm512_setr_epi64(2, 6, 3, 7, 10, 14, 11, 15);
-    __m512i z[4];
-    for (int k = 0; k < 4; k++) z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * k]), v[2 * k + 1], 1);
-    const __m512i lo01 = _mm512_unpacklo_epi64(z[0], z[1]), hi01 = _mm512_unpackhi_epi64(z[0], z[1]);
-    const __m512i lo23 = _mm512_unpacklo_epi64(z[2], z[3]), hi23 = _mm512_unpackhi_epi64(z[2], z[3]);
-    _mm512_storeu_si512(out[0], _mm512_permutex2var_epi64(lo01, even, lo23));
-    _mm512_storeu_si512(out[1], _mm512_permutex2var_epi64(hi01, even, hi23));
-    _mm512_storeu_si512(out[2], _mm512_permutex2var_epi64(lo01, odd, lo23));
-    _mm512_storeu_si512(out[3], _mm512_permutex2var_epi64(hi01, odd, hi23));
-}
-
 // The legacy kernel's start of each block's sums, -off * sum, into the blocks' pad fields (n of
 // them): one broadcast a block and token in the kernel instead of five instructions.
 static void qx_x8_prepare(enum kvr_type type, struct qx_q8 * a, int64_t n) {
@@ -4582,24 +4571,29 @@ static void qx_x8_prepare(enum kvr_type type, struct qx_q8 * a, int64_t n) {
     for (int64_t i = 0; i < n; i++) a[i].pad = -off * a[i].sum;
 }
 
-// Rows r0..r0+7 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
+// Rows r0..r0+15 of a legacy matrix (rows at or past n_rows are zero) into nb interleaved blocks.
 QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                     int64_t nb, struct qx_l_x8 * restrict out) {
     const size_t bs = qx_block_bytes(type);
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     for (int64_t b = 0; b < nb; b++) {
         struct qx_l_x8 * o = out + b;
-        const uint8_t * blk[8];
-        for (int i = 0; i < 8; i++) blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : qx_zero_block;
-        __m256i v[8];
-        for (int i = 0; i < 8; i++) {
-            v[i] = qx_chunk(type, blk[i], 0);
-            if (qx_signed(type)) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
+        for (int h = 0; h < 2; h++) {
+            const uint8_t * blk[8];
+            for (int i = 0; i < 8; i++) {
+                const int64_t r = r0 + 8 * h + i;
+                blk[i] = r < n_rows ? w + (size_t)r * row_bytes + (size_t)b * bs : qx_zero_block;
+            }
+            __m256i v[8], t[8];
+            for (int i = 0; i < 8; i++) {
+                v[i] = qx_chunk(type, blk[i], 0);
+                if (qx_signed(type)) v[i] = _mm256_xor_si256(v[i], _mm256_set1_epi8((char)0x80));
+            }
+            qx_transpose8x32v(v, t);
+            for (int g = 0; g < 8; g++) _mm256_storeu_si256((__m256i *)&o->q[g][32 * h], t[g]);
+            // d is every legacy block's first field, m (Q4_1, Q5_1) its second; a type without m never reads it
+            _mm256_storeu_ps(o->d + 8 * h, qx_half8p(blk, 0));
+            if (qx_has_min(type)) _mm256_storeu_ps(o->m + 8 * h, qx_half8p(blk, 2));
         }
-        qx_transpose8x64(v, o->q);
-        // d is every legacy block's first field, m (Q4_1, Q5_1) its second; a type without m never reads it
-        _mm512_storeu_ps(o->d, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(qx_half8p(blk, 0))));
-        if (qx_has_min(type)) _mm512_storeu_ps(o->m, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(qx_half8p(blk, 2))));
     }
 }
 #else
@@ -4703,8 +4697,8 @@ static inline __m256i qx_bcast4(const int8_t * q) {
 }
 
 #if QX_L512
-// out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens: the same integers
-// (a block's sum exact in int32) and the same float operations as the 256-bit kernel's.
+// out[t][i] = row i . token t over nb interleaved legacy blocks of 16 rows, for 4 tokens: the same
+// integers (a block's sum exact in int32) and the same float operations as the 256-bit kernel's.
 QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
                             int64_t nb, float out[4][QX_TILE_MAX]) {
     const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };
@@ -4716,31 +4710,26 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
         const struct qx_l_x8 * restrict wb = w + b;
         __m512i s32[4];
         QX_UNROLL
-        for (int t = 0; t < 4; t++) { // -off * sum (qx_x8_prepare) in each row's first lane
-            s32[t] = off ? _mm512_maskz_set1_epi32(0x5555, a[t][b].pad) : _mm512_setzero_si512();
-        }
+        for (int t = 0; t < 4; t++) s32[t] = off ? _mm512_set1_epi32(a[t][b].pad) : _mm512_setzero_si512(); // -off * sum
         QX_UNROLL
-        for (int st = 0; st < 4; st++) {
-            const __m512i wq = _mm512_loadu_si512(wb->q[st]);
+        for (int g = 0; g < 8; g++) {
+            const __m512i wq = _mm512_loadu_si512(wb->q[g]);
             QX_UNROLL
             for (int t = 0; t < 4; t++) {
-                long long y;
-                memcpy(&y, a[t][b].qs + 8 * st, 8);
-                s32[t] = _mm512_dpbusd_epi32(s32[t], wq, _mm512_set1_epi64(y));
+                int32_t y;
+                memcpy(&y, a[t][b].qs + 4 * g, 4);
+                s32[t] = _mm512_dpbusd_epi32(s32[t], wq, _mm512_set1_epi32(y));
             }
         }
         const __m512 dw = _mm512_loadu_ps(wb->d);
         QX_UNROLL
         for (int t = 0; t < 4; t++) {
-            // lane 2i: row i's whole block (lane 2i + 1 is summed too, and never read)
-            const __m512i si = _mm512_add_epi32(s32[t], _mm512_srli_epi64(s32[t], 32));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
             if (qx_has_min(type)) acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(wb->m), _mm512_set1_ps(a[t][b].s), acc[t]);
         }
     }
-    const __m512i lanes = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
     QX_UNROLL
-    for (int t = 0; t < 4; t++) _mm256_storeu_ps(out[t], _mm512_castps512_ps256(_mm512_permutexvar_ps(lanes, acc[t])));
+    for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
 }
 #else
 // out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens.
@@ -4952,8 +4941,9 @@ static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
     switch (t) {
 #define QX_CASE(T, name, tile, rows) \
         case T: *f = (struct qx_x8_fns){ qx_il_##name, qx_dot_##name, sizeof(struct tile), rows }; return true;
-        QX_CASE(KVR_TYPE_Q4_0, q4_0, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q4_1, q4_1, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q5_0, q5_0, qx_l_x8, 8)
-        QX_CASE(KVR_TYPE_Q5_1, q5_1, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q8_0, q8_0, qx_l_x8, 8) QX_CASE(KVR_TYPE_Q8_1, q8_1, qx_l_x8, 8)
+        QX_CASE(KVR_TYPE_Q4_0, q4_0, qx_l_x8, QX_L_ROWS) QX_CASE(KVR_TYPE_Q4_1, q4_1, qx_l_x8, QX_L_ROWS)
+        QX_CASE(KVR_TYPE_Q5_0, q5_0, qx_l_x8, QX_L_ROWS) QX_CASE(KVR_TYPE_Q5_1, q5_1, qx_l_x8, QX_L_ROWS)
+        QX_CASE(KVR_TYPE_Q8_0, q8_0, qx_l_x8, QX_L_ROWS) QX_CASE(KVR_TYPE_Q8_1, q8_1, qx_l_x8, QX_L_ROWS)
         QX_CASE(KVR_TYPE_Q2_K, q2_K, qx_k_tile, QX_K_ROWS) QX_CASE(KVR_TYPE_Q3_K, q3_K, qx_k_tile, QX_K_ROWS)
         QX_CASE(KVR_TYPE_Q4_K, q4_K, qx_k_tile, QX_K_ROWS) QX_CASE(KVR_TYPE_Q5_K, q5_K, qx_k_tile, QX_K_ROWS)
         QX_CASE(KVR_TYPE_Q6_K, q6_K, qx_k_tile, QX_K_ROWS)
