@@ -4492,6 +4492,17 @@ struct qx_k_tile {
     int32_t mn[8][16];       // runs 2p, 2p+1: lane i is row i's two mins, int16 each (run 2p low)
     uint8_t q[8][8][64];     // chunk j, group g: bytes 4i..4i+3 are row i's quants 32j+4g..+3
 };
+// Q4_K's tile keeps the nibbles packed as the file has them: half the bytes to interleave and no
+// unpacking (a short prompt's interleave costs as much as its products). The kernel takes a run's
+// low nibbles as q & 0x0f and the next run's high ones as q & 0xf0, 16 times the quant: the low
+// runs' scales are stored times 16 too, and the super-block's sum divided by 16 (exact: every
+// product is a multiple of 16, and 16 times the largest sum, 8 * 63 * 32 * 15 * 128 * 16, < 2^31).
+struct qx_q4k_tile {
+    float   d[16], dmin[16];
+    int32_t sc[8][16];       // run r (32 values): lane i is row i's scale, times 16 for even r
+    int32_t mn[8][16];       // as qx_k_tile's
+    uint8_t q[4][8][64];     // runs 2k and 2k+1, group g: bytes 4i..4i+3 are row i's qs bytes 32k+4g..+3
+};
 #else
 #define QX_K_ROWS 8
 struct qx_k_tile {
@@ -4658,6 +4669,49 @@ QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row
                 for (int i = 0; i < 8; i++) v[i] = blk[8 * h + i] ? qx_chunk(type, blk[8 * h + i], j) : _mm256_setzero_si256();
                 qx_transpose8x32v(v, t);
                 for (int g = 0; g < 8; g++) _mm256_storeu_si256((__m256i *)&o->q[j][g][32 * h], t[g]);
+            }
+        }
+    }
+}
+
+// Rows r0..r0+15 of a Q4_K matrix (rows at or past n_rows are zero) into nb packed tiles.
+static void qx_interleave_q4k(const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows, int64_t nb,
+                              struct qx_q4k_tile * restrict out) {
+    for (int64_t b = 0; b < nb; b++) {
+        struct qx_q4k_tile * o = out + b;
+        const struct kvr_block_q4_K * blk[16];
+        __m256i sc[16], mn[16];
+        for (int i = 0; i < 16; i++) {
+            blk[i] = r0 + i < n_rows ? (const void *)(w + (size_t)(r0 + i) * row_bytes + (size_t)b * sizeof(struct kvr_block_q4_K)) : NULL;
+            // the next tile's same blocks (see qx_interleave_k)
+            for (size_t at = 0; blk[i] && at < sizeof(struct kvr_block_q4_K); at += 64) {
+                _mm_prefetch((const char *)blk[i] + 16 * row_bytes + at, _MM_HINT_T0);
+            }
+            sc[i] = mn[i] = _mm256_setzero_si256();
+            o->d[i] = o->dmin[i] = 0.0f;
+            if (blk[i]) qx_k_scales_v(KVR_TYPE_Q4_K, (const uint8_t *)blk[i], &o->d[i], &o->dmin[i], &sc[i], &mn[i]);
+        }
+        // transposed 8 rows at a time: lane i of 32-bit element p is row i's runs of 16 2p and 2p + 1,
+        // whose scale is the same (run p of 32), and whose mins go as they are
+        for (int h = 0; h < 2; h++) {
+            __m256i t[8];
+            qx_transpose8x32v(sc + 8 * h, t);
+            for (int p = 0; p < 8; p++) {
+                const __m256i s = _mm256_srai_epi32(_mm256_slli_epi32(t[p], 16), 16);
+                _mm256_storeu_si256((__m256i *)&o->sc[p][8 * h], p % 2 ? s : _mm256_slli_epi32(s, 4));
+            }
+            qx_transpose8x32v(mn + 8 * h, t);
+            for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)&o->mn[p][8 * h], t[p]);
+        }
+        for (int k = 0; k < 4; k++) {
+            for (int h = 0; h < 2; h++) {
+                __m256i v[8], t[8];
+                for (int i = 0; i < 8; i++) {
+                    const struct kvr_block_q4_K * x = blk[8 * h + i];
+                    v[i] = x ? _mm256_loadu_si256((const __m256i *)(x->qs + 32 * k)) : _mm256_setzero_si256();
+                }
+                qx_transpose8x32v(v, t);
+                for (int g = 0; g < 8; g++) _mm256_storeu_si256((__m256i *)&o->q[k][g][32 * h], t[g]);
             }
         }
     }
@@ -4862,6 +4916,66 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_tile * restrict w, 
     QX_UNROLL
     for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
 }
+
+// qx_x8_k over packed Q4_K tiles (struct qx_q4k_tile): the same integers, so the same floats.
+static void qx_x8_q4k(const struct qx_q4k_tile * restrict w, const void * const act[4], int64_t nb,
+                      float out[4][QX_TILE_MAX]) {
+    const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };
+    const __m512i lo = _mm512_set1_epi8(0x0f), hi = _mm512_set1_epi8((char)0xf0);
+    __m512 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const struct qx_q4k_tile * restrict wb = w + b;
+        __m512i s32[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) s32[t] = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+            __m512i pl[4], ph[4];
+            QX_UNROLL
+            for (int t = 0; t < 4; t++) pl[t] = ph[t] = _mm512_setzero_si512();
+            QX_UNROLL
+            for (int g = 0; g < 8; g++) {
+                const __m512i q = _mm512_loadu_si512(wb->q[k][g]);
+                const __m512i ql = _mm512_and_si512(q, lo), qh = _mm512_and_si512(q, hi);
+                QX_UNROLL
+                for (int t = 0; t < 4; t++) {
+                    int32_t yl, yh;
+                    memcpy(&yl, a[t][b].qs + 64 * k + 4 * g, 4);
+                    memcpy(&yh, a[t][b].qs + 64 * k + 32 + 4 * g, 4);
+                    pl[t] = _mm512_dpbusd_epi32(pl[t], ql, _mm512_set1_epi32(yl));
+                    ph[t] = _mm512_dpbusd_epi32(ph[t], qh, _mm512_set1_epi32(yh));
+                }
+            }
+            const __m512i sl = _mm512_loadu_si512(wb->sc[2 * k]), sh = _mm512_loadu_si512(wb->sc[2 * k + 1]);
+            QX_UNROLL
+            for (int t = 0; t < 4; t++) {
+                s32[t] = _mm512_add_epi32(s32[t], _mm512_add_epi32(_mm512_mullo_epi32(pl[t], sl), _mm512_mullo_epi32(ph[t], sh)));
+            }
+        }
+        __m512i m[4];
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) m[t] = _mm512_setzero_si512();
+        for (int pp = 0; pp < 8; pp++) {
+            const __m512i mn = _mm512_loadu_si512(wb->mn[pp]);
+            QX_UNROLL
+            for (int t = 0; t < 4; t++) {
+                int32_t v;
+                memcpy(&v, a[t][b].bsum + 2 * pp, 4);
+                m[t] = _mm512_dpwssd_epi32(m[t], mn, _mm512_set1_epi32(v));
+            }
+        }
+        const __m512 dw = _mm512_loadu_ps(wb->d), dm = _mm512_loadu_ps(wb->dmin);
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) {
+            const __m512 da = _mm512_set1_ps(a[t][b].d);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(s32[t], 4)), _mm512_mul_ps(dw, da), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m[t]), _mm512_mul_ps(dm, da), acc[t]);
+        }
+    }
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
+}
 #else
 // out[t][i] = row i . token t over nb interleaved super-blocks, for 4 tokens: 4 int16 sums of a
 // flush and 4 int32 sums of a super-block take 8 of AVX2's 16 registers; each weight vector loaded
@@ -4933,21 +5047,39 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_tile * restrict w, 
     }
 QX_X8_FNS(q4_0, KVR_TYPE_Q4_0, legacy) QX_X8_FNS(q4_1, KVR_TYPE_Q4_1, legacy) QX_X8_FNS(q5_0, KVR_TYPE_Q5_0, legacy)
 QX_X8_FNS(q5_1, KVR_TYPE_Q5_1, legacy) QX_X8_FNS(q8_0, KVR_TYPE_Q8_0, legacy) QX_X8_FNS(q8_1, KVR_TYPE_Q8_1, legacy)
-QX_X8_FNS(q2_K, KVR_TYPE_Q2_K, k) QX_X8_FNS(q3_K, KVR_TYPE_Q3_K, k) QX_X8_FNS(q4_K, KVR_TYPE_Q4_K, k)
-QX_X8_FNS(q5_K, KVR_TYPE_Q5_K, k) QX_X8_FNS(q6_K, KVR_TYPE_Q6_K, k)
+QX_X8_FNS(q2_K, KVR_TYPE_Q2_K, k) QX_X8_FNS(q3_K, KVR_TYPE_Q3_K, k) QX_X8_FNS(q5_K, KVR_TYPE_Q5_K, k)
+QX_X8_FNS(q6_K, KVR_TYPE_Q6_K, k)
 #undef QX_X8_FNS
+#if QX_L512
+static void qx_il_q4_K(const uint8_t * w, size_t rb, int64_t r0, int64_t n, int64_t nb, void * out) {
+    qx_interleave_q4k(w, rb, r0, n, nb, out);
+}
+static void qx_dot_q4_K(const void * w, const void * const a[4], int64_t nb, float out[4][QX_TILE_MAX]) {
+    qx_x8_q4k(w, a, nb, out);
+}
+#define QX_Q4_K_TILE sizeof(struct qx_q4k_tile)
+#else
+static void qx_il_q4_K(const uint8_t * w, size_t rb, int64_t r0, int64_t n, int64_t nb, void * out) {
+    qx_interleave_k(KVR_TYPE_Q4_K, w, rb, r0, n, nb, out);
+}
+static void qx_dot_q4_K(const void * w, const void * const a[4], int64_t nb, float out[4][QX_TILE_MAX]) {
+    qx_x8_k(KVR_TYPE_Q4_K, w, a, nb, out);
+}
+#define QX_Q4_K_TILE sizeof(struct qx_k_tile)
+#endif
 
 // The 8-row kernels of a type; false for a type without (Q8_K: its products go row by row).
 static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
     switch (t) {
-#define QX_CASE(T, name, tile, rows) \
-        case T: *f = (struct qx_x8_fns){ qx_il_##name, qx_dot_##name, sizeof(struct tile), rows }; return true;
-        QX_CASE(KVR_TYPE_Q4_0, q4_0, qx_l_x8, QX_L_ROWS) QX_CASE(KVR_TYPE_Q4_1, q4_1, qx_l_x8, QX_L_ROWS)
-        QX_CASE(KVR_TYPE_Q5_0, q5_0, qx_l_x8, QX_L_ROWS) QX_CASE(KVR_TYPE_Q5_1, q5_1, qx_l_x8, QX_L_ROWS)
-        QX_CASE(KVR_TYPE_Q8_0, q8_0, qx_l_x8, QX_L_ROWS) QX_CASE(KVR_TYPE_Q8_1, q8_1, qx_l_x8, QX_L_ROWS)
-        QX_CASE(KVR_TYPE_Q2_K, q2_K, qx_k_tile, QX_K_ROWS) QX_CASE(KVR_TYPE_Q3_K, q3_K, qx_k_tile, QX_K_ROWS)
-        QX_CASE(KVR_TYPE_Q4_K, q4_K, qx_k_tile, QX_K_ROWS) QX_CASE(KVR_TYPE_Q5_K, q5_K, qx_k_tile, QX_K_ROWS)
-        QX_CASE(KVR_TYPE_Q6_K, q6_K, qx_k_tile, QX_K_ROWS)
+#define QX_CASE(T, name, ...) case T: *f = (struct qx_x8_fns){ qx_il_##name, qx_dot_##name, __VA_ARGS__ }; return true; // bytes, rows
+#define QX_L sizeof(struct qx_l_x8), QX_L_ROWS
+#define QX_K sizeof(struct qx_k_tile), QX_K_ROWS
+        QX_CASE(KVR_TYPE_Q4_0, q4_0, QX_L) QX_CASE(KVR_TYPE_Q4_1, q4_1, QX_L) QX_CASE(KVR_TYPE_Q5_0, q5_0, QX_L)
+        QX_CASE(KVR_TYPE_Q5_1, q5_1, QX_L) QX_CASE(KVR_TYPE_Q8_0, q8_0, QX_L) QX_CASE(KVR_TYPE_Q8_1, q8_1, QX_L)
+        QX_CASE(KVR_TYPE_Q2_K, q2_K, QX_K) QX_CASE(KVR_TYPE_Q3_K, q3_K, QX_K) QX_CASE(KVR_TYPE_Q4_K, q4_K, QX_Q4_K_TILE, QX_K_ROWS)
+        QX_CASE(KVR_TYPE_Q5_K, q5_K, QX_K) QX_CASE(KVR_TYPE_Q6_K, q6_K, QX_K)
+#undef QX_L
+#undef QX_K
 #undef QX_CASE
         default: return false;
     }
