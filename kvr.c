@@ -5095,7 +5095,7 @@ static bool qx_x8_get(enum kvr_type t, struct qx_x8_fns * f) {
 
 #endif
 
-// Rows per interleaved block: 4 groups of 8, tens of KiB per 1024 values of K, so a block stays in
+// Rows per interleaved block: two tiles of 16 rows (four of 8), tens of KiB per 1024 values of K, so a block stays in
 // L2 while every token of the chunk passes over it. Tokens are quantized a chunk at a time (a few
 // MiB), so the scratch stays bounded however long the prompt.
 #define QX_MM_ROWS   32
