@@ -4635,6 +4635,61 @@ QX_INLINE void qx_interleave_legacy(enum kvr_type type, const uint8_t * w, size_
 #endif
 
 #if QX_L512
+// 32 bytes at off of each of 16 rows (zeros for a NULL row) transposed: vector g holds bytes
+// off+4g..off+4g+3 of row i at 4i.
+static inline void qx_t16(const uint8_t * const row[16], size_t off, __m512i out[8]) {
+    __m256i v[8], lo[8], hi[8];
+    for (int i = 0; i < 8; i++) v[i] = row[i] ? _mm256_loadu_si256((const __m256i *)(row[i] + off)) : _mm256_setzero_si256();
+    qx_transpose8x32v(v, lo);
+    for (int i = 0; i < 8; i++) v[i] = row[8 + i] ? _mm256_loadu_si256((const __m256i *)(row[8 + i] + off)) : _mm256_setzero_si256();
+    qx_transpose8x32v(v, hi);
+    for (int g = 0; g < 8; g++) out[g] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[g]), hi[g], 1);
+}
+
+// The bytes of v shifted left by n (right for n < 0), 16 bits at a time: bits that cross into the
+// next byte are masked off by the caller.
+static inline __m512i qx_shl16(__m512i v, int n) {
+    return n >= 0 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(n)) : _mm512_srl_epi16(v, _mm_cvtsi32_si128(-n));
+}
+
+// qx_interleave_k's quants for Q5_K and Q6_K, unpacked after the transpose: the packed bytes of 16
+// rows are transposed once (a third fewer bytes than the quants) and each vector unpacks 16 rows at
+// a time; each byte's quant comes from the same position of its source, so the bytes are qx_chunk's.
+static void qx_interleave_q56(enum kvr_type type, const uint8_t * const blk[16], struct qx_k_tile * restrict o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512i h[8], l[8];
+    if (type == KVR_TYPE_Q5_K) { // element 64k + 32s + l: nibble s of qs[32k + l], 5th bit: bit 2k + s of qh[l]
+        qx_t16(blk, offsetof(struct kvr_block_q5_K, qh), h);
+        for (int k = 0; k < 4; k++) {
+            qx_t16(blk, offsetof(struct kvr_block_q5_K, qs) + 32 * (size_t)k, l);
+            for (int s = 0; s < 2; s++) {
+                const int j = 2 * k + s;
+                for (int g = 0; g < 8; g++) {
+                    const __m512i lo = _mm512_and_si512(s ? _mm512_srli_epi16(l[g], 4) : l[g], m4);
+                    const __m512i hi = _mm512_and_si512(qx_shl16(h[g], 4 - j), _mm512_set1_epi8(0x10));
+                    _mm512_storeu_si512(o->q[j][g], _mm512_or_si512(lo, hi));
+                }
+            }
+        }
+        return;
+    }
+    KVR_ASSERT(type == KVR_TYPE_Q6_K);
+    for (int hh = 0; hh < 2; hh++) { // element 128h + 32k + l: ql[64h + 32(k&1) + l] (high nibble if k >= 2), qh[32h + l] >> 2k
+        qx_t16(blk, offsetof(struct kvr_block_q6_K, qh) + 32 * (size_t)hh, h);
+        for (int k1 = 0; k1 < 2; k1++) {
+            qx_t16(blk, offsetof(struct kvr_block_q6_K, ql) + 64 * (size_t)hh + 32 * (size_t)k1, l);
+            for (int k2 = 0; k2 < 2; k2++) {
+                const int k = 2 * k2 + k1;
+                for (int g = 0; g < 8; g++) {
+                    const __m512i lo = _mm512_and_si512(k2 ? _mm512_srli_epi16(l[g], 4) : l[g], m4);
+                    const __m512i hi = _mm512_and_si512(qx_shl16(h[g], 4 - 2 * k), _mm512_set1_epi8(0x30));
+                    _mm512_storeu_si512(o->q[4 * hh + k][g], _mm512_or_si512(lo, hi));
+                }
+            }
+        }
+    }
+}
+
 QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                int64_t nb, struct qx_k_tile * restrict out) {
     const size_t bs = qx_block_bytes(type);
@@ -4646,7 +4701,8 @@ QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row
             blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
             // the next tile's same blocks prefetched (16 rows on): a tile starts on rows the stream
             // prefetchers have not seen (a prompt of 16 tokens of a 1B Q4_K_M: the interleave took
-            // 1.32-1.41 of the tile kernel's time with each row's next KiB prefetched, 1.05-1.06 so)
+            // 1.32-1.41 of the tile kernel's time with each row's next KiB prefetched, 1.05-1.06 so;
+            // 32 rows on, the next block's, measured no better)
             for (size_t at = 0; blk[i] && at < bs; at += 64) _mm_prefetch((const char *)blk[i] + 16 * row_bytes + at, _MM_HINT_T0);
             sc[i] = mn[i] = _mm256_setzero_si256();
             o->d[i] = o->dmin[i] = 0.0f;
@@ -4662,6 +4718,10 @@ QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row
             }
             qx_transpose8x32v(mn + 8 * h, t);
             for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)&o->mn[p][8 * h], t[p]);
+        }
+        if (type == KVR_TYPE_Q5_K || type == KVR_TYPE_Q6_K) {
+            qx_interleave_q56(type, blk, o);
+            continue;
         }
         for (int j = 0; j < 8; j++) {
             for (int h = 0; h < 2; h++) {
