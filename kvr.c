@@ -4912,6 +4912,35 @@ QX_INLINE int qx_k_run(enum kvr_type t) {
     return t == KVR_TYPE_Q4_K || t == KVR_TYPE_Q5_K ? 32 : 16;
 }
 
+// A super-block's end in the 512-bit K kernels: the mins, sum_r mn_r * (the token's sum of run r)
+// (two runs a product), then each token's sums s32 and mins into acc.
+QX_INLINE void qx_k16_end(enum kvr_type type, const int32_t mn[8][16], const float * d, const float * dmin,
+                          const struct qx_q8K * const a[4], int64_t b, const __m512i s32[4], __m512 acc[4]) {
+    __m512i m[4];
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) m[t] = _mm512_setzero_si512();
+    for (int pp = 0; pp < 8; pp++) {
+        const __m512i v = _mm512_loadu_si512(mn[pp]);
+        QX_UNROLL
+        for (int t = 0; t < 4; t++) {
+            int32_t s;
+            memcpy(&s, a[t][b].bsum + 2 * pp, 4);
+            m[t] = _mm512_dpwssd_epi32(m[t], v, _mm512_set1_epi32(s));
+        }
+    }
+    const __m512 dw = _mm512_loadu_ps(d), dm = _mm512_loadu_ps(dmin);
+    QX_UNROLL
+    for (int t = 0; t < 4; t++) {
+        const __m512 da = _mm512_set1_ps(a[t][b].d);
+        if (qx_k_offset(type)) {
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s32[t], m[t])), _mm512_mul_ps(dw, da), acc[t]);
+        } else {
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[t]), _mm512_mul_ps(dw, da), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m[t]), _mm512_mul_ps(dm, da), acc[t]);
+        }
+    }
+}
+
 // out[t][i] = row i . token t over nb interleaved super-blocks of 16 rows, for 4 tokens: each run's
 // products summed in int32 (VNNI), times the run's scale (vpmulld), its mins as int16 pairs
 // (vpdpwssd): the same integers and float operations as the 256-bit kernel's.
@@ -4948,30 +4977,7 @@ QX_INLINE void qx_x8_k(enum kvr_type type, const struct qx_k_tile * restrict w, 
                 for (int t = 0; t < 4; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_mullo_epi32(p[t], sc));
             }
         }
-        // the mins: sum_r mn_r * (the token's sum of run r), two runs a product
-        __m512i m[4];
-        QX_UNROLL
-        for (int t = 0; t < 4; t++) m[t] = _mm512_setzero_si512();
-        for (int pp = 0; pp < 8; pp++) {
-            const __m512i mn = _mm512_loadu_si512(wb->mn[pp]);
-            QX_UNROLL
-            for (int t = 0; t < 4; t++) {
-                int32_t v;
-                memcpy(&v, a[t][b].bsum + 2 * pp, 4);
-                m[t] = _mm512_dpwssd_epi32(m[t], mn, _mm512_set1_epi32(v));
-            }
-        }
-        const __m512 dw = _mm512_loadu_ps(wb->d), dm = _mm512_loadu_ps(wb->dmin);
-        QX_UNROLL
-        for (int t = 0; t < 4; t++) {
-            const __m512 da = _mm512_set1_ps(a[t][b].d);
-            if (qx_k_offset(type)) {
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s32[t], m[t])), _mm512_mul_ps(dw, da), acc[t]);
-            } else {
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[t]), _mm512_mul_ps(dw, da), acc[t]);
-                acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m[t]), _mm512_mul_ps(dm, da), acc[t]);
-            }
-        }
+        qx_k16_end(type, wb->mn, wb->d, wb->dmin, a, b, s32, acc);
     }
     QX_UNROLL
     for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
@@ -5013,25 +5019,9 @@ static void qx_x8_q4k(const struct qx_q4k_tile * restrict w, const void * const 
                 s32[t] = _mm512_add_epi32(s32[t], _mm512_add_epi32(_mm512_mullo_epi32(pl[t], sl), _mm512_mullo_epi32(ph[t], sh)));
             }
         }
-        __m512i m[4];
         QX_UNROLL
-        for (int t = 0; t < 4; t++) m[t] = _mm512_setzero_si512();
-        for (int pp = 0; pp < 8; pp++) {
-            const __m512i mn = _mm512_loadu_si512(wb->mn[pp]);
-            QX_UNROLL
-            for (int t = 0; t < 4; t++) {
-                int32_t v;
-                memcpy(&v, a[t][b].bsum + 2 * pp, 4);
-                m[t] = _mm512_dpwssd_epi32(m[t], mn, _mm512_set1_epi32(v));
-            }
-        }
-        const __m512 dw = _mm512_loadu_ps(wb->d), dm = _mm512_loadu_ps(wb->dmin);
-        QX_UNROLL
-        for (int t = 0; t < 4; t++) {
-            const __m512 da = _mm512_set1_ps(a[t][b].d);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(s32[t], 4)), _mm512_mul_ps(dw, da), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m[t]), _mm512_mul_ps(dm, da), acc[t]);
-        }
+        for (int t = 0; t < 4; t++) s32[t] = _mm512_srai_epi32(s32[t], 4);
+        qx_k16_end(KVR_TYPE_Q4_K, wb->mn, wb->d, wb->dmin, a, b, s32, acc);
     }
     QX_UNROLL
     for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
