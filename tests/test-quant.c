@@ -715,17 +715,18 @@ static void test_mul_mat_q8(void) {
 }
 
 // The integer path (kvr_backend_params' q8_activations) for every quantized type, decode (1-4
-// tokens: row by row) and prefill (more: the interleaved 8-row kernels), against a reference written
-// here from the bit layout. The activations are quantized by ggml's x86 rules: Q8_0 blocks of 32
-// for Q4_0, Q5_0, Q8_0 and Q8_1 weights (d = amax/127 rounded to fp16, q = x*127/amax rounded half
-// to even), Q8_1 for Q4_1 and Q5_1 (also s = d*sum(q) rounded to fp16), Q8_K super-blocks of 256
-// for the k-quants (ref_act_q8). Each weight element is split into its integers (quant q, scale sc,
-// min mn) and the block's floats (d, dmin or m): a block contributes
+// tokens: row by row) and prefill (more: interleaved tiles of 16 rows, 8 without AVX-512), against
+// a reference written here from the bit layout. The activations are quantized by ggml's x86 rules:
+// Q8_0 blocks of 32 for Q4_0, Q5_0, Q8_0 and Q8_1 weights (d = amax/127 rounded to fp16,
+// q = x*127/amax rounded half to even), Q8_1 for Q4_1 and Q5_1 (also s = d*sum(q) rounded to
+// fp16), Q8_K super-blocks of 256 for the k-quants (ref_act_q8). Each weight element is split
+// into its integers (quant q, scale sc, min mn) and the block's floats (d, dmin or m): a block
+// contributes
 //   legacy:   d*d_a * sum(q*a) + m*s_a                        (Q4_0/Q5_0: q includes the -8/-16)
 //   k-quants: d*d_a * sum(sc*q*a) - dmin*d_a * sum(mn*a)      (Q3_K/Q6_K: q includes the -4/-32)
 // with the integer sums exact. K = 928 (29 legacy blocks: the single-token kernel's three steps of
 // 8 and 5 blocks alone) or 768 (3 super-blocks), 37 rows (threads
-// split them unevenly, the 8-row groups end short), 1 and 3 threads; up to 515 tokens (the
+// split them unevenly, the row tiles end short), 1 and 3 threads; up to 515 tokens (the
 // prefill quantizes 512 at a time: a second chunk of 3). Then the extremes the kernels'
 // int16 sums must hold: every quant byte 0xff (the largest quants; -1 for the 8-bit types) against
 // activations that all quantize to +-127.
@@ -901,8 +902,8 @@ static void test_mul_q8(void) {
 // The fast MUL_MAT paths against the CPU backend's plain reference kernels
 // (kvr_backend_params.ref_kernels) for every quantized type, exact and with 8-bit activations:
 // 1 token (the decode rows; the integer path's one-token kernels), 2 and 4 (decode rows), 5 and
-// 13 (sgemm on converted rows; the integer path's interleave of 8 rows with a short tile of
-// tokens), 64 (a prefill); 37 rows (the 8-row groups end short, threads split them unevenly); K
+// 13 (sgemm on converted rows; the integer path's interleave of a row tile with a short tile of
+// tokens), 64 (a prefill); 37 rows (the row tiles end short, threads split them unevenly); K
 // of 29 legacy blocks (steps of 8 and a tail) or 3 super-blocks; 1 and 3 threads. Both sides
 // multiply the same values (the reference rounds the activations by the same rules); only the
 // order of the f32 sums differs, and the fast paths sum a block's scale, offset and min
