@@ -4652,6 +4652,31 @@ static inline __m512i qx_shl16(__m512i v, int n) {
     return n >= 0 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(n)) : _mm512_srl_epi16(v, _mm_cvtsi32_si128(-n));
 }
 
+// The start of super-block b of 16 rows r0..r0+15 (rows at or past n_rows are NULL in blk): each
+// row's block, the next tile's same blocks prefetched (16 rows on: a tile starts on rows the stream
+// prefetchers have not seen; a 16-token prompt of a 1B Q4_K_M: the interleave took 1.32-1.41 of the
+// tile kernel's time with each row's next KiB prefetched, 1.05-1.06 so; 32 rows on, the next
+// block's, measured no better), d and dmin, the mins as the tiles keep them, and the scales
+// transposed: lane i of sc[h][p] is row 8h + i's runs (of 16) 2p, low half, and 2p + 1.
+QX_INLINE void qx_k16_head(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows, int64_t b,
+                      const uint8_t * blk[16], float d[16], float dmin[16], int32_t mn[8][16], __m256i sc[2][8]) {
+    const size_t bs = qx_block_bytes(type);
+    __m256i s[16], m[16];
+    for (int i = 0; i < 16; i++) {
+        blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
+        for (size_t at = 0; blk[i] && at < bs; at += 64) _mm_prefetch((const char *)blk[i] + 16 * row_bytes + at, _MM_HINT_T0);
+        s[i] = m[i] = _mm256_setzero_si256();
+        d[i] = dmin[i] = 0.0f;
+        if (blk[i]) qx_k_scales_v(type, blk[i], &d[i], &dmin[i], &s[i], &m[i]);
+    }
+    for (int h = 0; h < 2; h++) {
+        __m256i t[8];
+        qx_transpose8x32v(s + 8 * h, sc[h]);
+        qx_transpose8x32v(m + 8 * h, t);
+        for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)&mn[p][8 * h], t[p]);
+    }
+}
+
 // qx_interleave_k's quants for Q5_K and Q6_K, unpacked after the transpose: the packed bytes of 16
 // rows are transposed once (a third fewer bytes than the quants) and each vector unpacks 16 rows at
 // a time; each byte's quant comes from the same position of its source, so the bytes are qx_chunk's.
@@ -4692,32 +4717,16 @@ static void qx_interleave_q56(enum kvr_type type, const uint8_t * const blk[16],
 
 QX_INLINE void qx_interleave_k(enum kvr_type type, const uint8_t * w, size_t row_bytes, int64_t r0, int64_t n_rows,
                                int64_t nb, struct qx_k_tile * restrict out) {
-    const size_t bs = qx_block_bytes(type);
     for (int64_t b = 0; b < nb; b++) {
         struct qx_k_tile * o = out + b;
         const uint8_t * blk[16];
-        __m256i sc[16], mn[16];
-        for (int i = 0; i < 16; i++) {
-            blk[i] = r0 + i < n_rows ? w + (size_t)(r0 + i) * row_bytes + (size_t)b * bs : NULL;
-            // the next tile's same blocks prefetched (16 rows on): a tile starts on rows the stream
-            // prefetchers have not seen (a prompt of 16 tokens of a 1B Q4_K_M: the interleave took
-            // 1.32-1.41 of the tile kernel's time with each row's next KiB prefetched, 1.05-1.06 so;
-            // 32 rows on, the next block's, measured no better)
-            for (size_t at = 0; blk[i] && at < bs; at += 64) _mm_prefetch((const char *)blk[i] + 16 * row_bytes + at, _MM_HINT_T0);
-            sc[i] = mn[i] = _mm256_setzero_si256();
-            o->d[i] = o->dmin[i] = 0.0f;
-            if (blk[i]) qx_k_scales_v(type, blk[i], &o->d[i], &o->dmin[i], &sc[i], &mn[i]);
-        }
-        // 8 rows at a time transposed: lane i of 32-bit element p is row i's runs 2p (low) and 2p + 1
+        __m256i sc[2][8];
+        qx_k16_head(type, w, row_bytes, r0, n_rows, b, blk, o->d, o->dmin, o->mn, sc);
         for (int h = 0; h < 2; h++) {
-            __m256i t[8];
-            qx_transpose8x32v(sc + 8 * h, t);
             for (int p = 0; p < 8; p++) {
-                _mm256_storeu_si256((__m256i *)&o->sc[2 * p][8 * h], _mm256_srai_epi32(_mm256_slli_epi32(t[p], 16), 16));
-                _mm256_storeu_si256((__m256i *)&o->sc[2 * p + 1][8 * h], _mm256_srai_epi32(t[p], 16));
+                _mm256_storeu_si256((__m256i *)&o->sc[2 * p][8 * h], _mm256_srai_epi32(_mm256_slli_epi32(sc[h][p], 16), 16));
+                _mm256_storeu_si256((__m256i *)&o->sc[2 * p + 1][8 * h], _mm256_srai_epi32(sc[h][p], 16));
             }
-            qx_transpose8x32v(mn + 8 * h, t);
-            for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)&o->mn[p][8 * h], t[p]);
         }
         if (type == KVR_TYPE_Q5_K || type == KVR_TYPE_Q6_K) {
             qx_interleave_q56(type, blk, o);
@@ -4739,40 +4748,20 @@ static void qx_interleave_q4k(const uint8_t * w, size_t row_bytes, int64_t r0, i
                               struct qx_q4k_tile * restrict out) {
     for (int64_t b = 0; b < nb; b++) {
         struct qx_q4k_tile * o = out + b;
-        const struct kvr_block_q4_K * blk[16];
-        __m256i sc[16], mn[16];
-        for (int i = 0; i < 16; i++) {
-            blk[i] = r0 + i < n_rows ? (const void *)(w + (size_t)(r0 + i) * row_bytes + (size_t)b * sizeof(struct kvr_block_q4_K)) : NULL;
-            // the next tile's same blocks (see qx_interleave_k)
-            for (size_t at = 0; blk[i] && at < sizeof(struct kvr_block_q4_K); at += 64) {
-                _mm_prefetch((const char *)blk[i] + 16 * row_bytes + at, _MM_HINT_T0);
-            }
-            sc[i] = mn[i] = _mm256_setzero_si256();
-            o->d[i] = o->dmin[i] = 0.0f;
-            if (blk[i]) qx_k_scales_v(KVR_TYPE_Q4_K, (const uint8_t *)blk[i], &o->d[i], &o->dmin[i], &sc[i], &mn[i]);
-        }
-        // transposed 8 rows at a time: lane i of 32-bit element p is row i's runs of 16 2p and 2p + 1,
-        // whose scale is the same (run p of 32), and whose mins go as they are
+        const uint8_t * blk[16];
+        __m256i sc[2][8];
+        qx_k16_head(KVR_TYPE_Q4_K, w, row_bytes, r0, n_rows, b, blk, o->d, o->dmin, o->mn, sc);
+        // runs of 16 2p and 2p + 1 share run p of 32's scale
         for (int h = 0; h < 2; h++) {
-            __m256i t[8];
-            qx_transpose8x32v(sc + 8 * h, t);
             for (int p = 0; p < 8; p++) {
-                const __m256i s = _mm256_srai_epi32(_mm256_slli_epi32(t[p], 16), 16);
+                const __m256i s = _mm256_srai_epi32(_mm256_slli_epi32(sc[h][p], 16), 16);
                 _mm256_storeu_si256((__m256i *)&o->sc[p][8 * h], p % 2 ? s : _mm256_slli_epi32(s, 4));
             }
-            qx_transpose8x32v(mn + 8 * h, t);
-            for (int p = 0; p < 8; p++) _mm256_storeu_si256((__m256i *)&o->mn[p][8 * h], t[p]);
         }
         for (int k = 0; k < 4; k++) {
-            for (int h = 0; h < 2; h++) {
-                __m256i v[8], t[8];
-                for (int i = 0; i < 8; i++) {
-                    const struct kvr_block_q4_K * x = blk[8 * h + i];
-                    v[i] = x ? _mm256_loadu_si256((const __m256i *)(x->qs + 32 * k)) : _mm256_setzero_si256();
-                }
-                qx_transpose8x32v(v, t);
-                for (int g = 0; g < 8; g++) _mm256_storeu_si256((__m256i *)&o->q[k][g][32 * h], t[g]);
-            }
+            __m512i t[8];
+            qx_t16(blk, offsetof(struct kvr_block_q4_K, qs) + 32 * (size_t)k, t);
+            for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->q[k][g], t[g]);
         }
     }
 }
