@@ -1975,8 +1975,19 @@ size_t kvr_graph_plan(struct kvr_graph * g) {
             if (e) e->readers++;
         }
     }
+    // A run of nodes in lanes (kvr_tensor.lane) may run side by side, so memory its nodes free is
+    // held until the run ends: a later node of the run must not write where an earlier one of
+    // another lane may still read.
+    size_t * held = NULL; // offset, size pairs
+    bool in_run = false;
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
+        if (in_run && t->lane == 0 && t->op != KVR_OP_NONE && t->op != KVR_OP_VIEW) {
+            for (ptrdiff_t k = 0; k < arrlen(held); k += 2) plan_release(&ps, held[k], held[k + 1]);
+            arrsetlen(held, 0);
+            in_run = false;
+        }
+        in_run |= t->lane > 0;
         if (needs_alloc(t) && !(t->flags & KVR_FLAG_INPUT)) {
             plan_find(&ps, t)->offs = plan_alloc(&ps, kvr_nbytes(t));
         }
@@ -1988,10 +1999,16 @@ size_t kvr_graph_plan(struct kvr_graph * g) {
             if (!e || o->op == KVR_OP_NONE || plan_pinned(o)) continue;
             // a tensor read twice by the same node is counted twice above; release once at zero
             if (--e->readers == 0) {
-                plan_release(&ps, e->offs, kvr_nbytes(o));
+                if (in_run) {
+                    arrput(held, e->offs);
+                    arrput(held, kvr_nbytes(o));
+                } else {
+                    plan_release(&ps, e->offs, kvr_nbytes(o));
+                }
             }
         }
     }
+    arrfree(held);
     arrfree(ps.free);
     if (g->plan) free(g->plan);
     // keep the placements for kvr_graph_place: a count, then the entries
@@ -2141,6 +2158,10 @@ void kvr_pass_batch(struct kvr_context * ctx, struct kvr_graph * g, struct kvr_k
             struct kvr_tensor * cp = kvr_cpy(ctx, blk, col);
             cp->src[2] = prev; // the copies run in order, each before the view that reads them all
             cp->why = "batch: this sequence's attention into its column";
+            // the sequence's stores, attention and copy read only the layer's Q, K, V and its own
+            // cache, and write only its own rows and column: its lane (the copies' order is no
+            // data dependency), so a backend runs the sequences side by side
+            ks->lane = vs->lane = blk->lane = cp->lane = (int)b + 1;
             prev = cp;
         }
         KVR_ASSERT(k0 == kpos->ne[0]);
@@ -2544,6 +2565,127 @@ static inline void * row_ptr(const struct kvr_tensor * t, int64_t i1, int64_t i2
     return (uint8_t *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
 }
 
+// Weights in tiles (KVR_FLAG_TILED, made at load by model_tile): the 16 rows 16g..16g+15 of a 2D
+// Q4_0, Q4_1 or Q8_0 matrix keep their bytes (16 rows from g * 16 * nb[1] on), block by block: block
+// b of the 16 rows, 16 times the block's bytes from b * 16 * block bytes on, holds the 16 fp16 d, for
+// Q4_1 the 16 fp16 m, then the quants in vectors of 64 bytes, bytes 4i..4i+3 of vector j being row
+// i's qs bytes 4j..4j+3: 4 vectors for the 4-bit types (a byte holds elements j and j + 16, as in
+// the file), 8 for Q8_0, whose quants have the sign bit flipped (q + 128: the unsigned operand of
+// VNNI). One load then holds 4 bytes of each of 16 rows, the integer kernels' operand (qx_tile_dot).
+#define KVR_TILE_ROWS 16
+
+// The builds with the kernels that read tiles (qx_tile_dot, in 512-bit vectors): AVX-512BW, VL and
+// VNNI. They are also the builds of the other 512-bit integer kernels (QX_L512).
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QX_TILES 1
+#else
+#define QX_TILES 0
+#endif
+
+static bool tile_type(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1 || t == KVR_TYPE_Q8_0;
+}
+
+// Bytes before the quants in a tiled block: the d (and m) of the 16 rows.
+static size_t tile_head_bytes(enum kvr_type t) {
+    return t == KVR_TYPE_Q4_1 ? 64 : 32;
+}
+
+// Block b of row n of a tiled matrix (data, rows of row_bytes), in the file's layout, into blk.
+static void tile_block_get(enum kvr_type t, const uint8_t * data, size_t row_bytes, int64_t n, int64_t b, uint8_t * blk) {
+    const size_t bs = kvr_row_size(t, KVR_QK);
+    const uint8_t * tb = data + (size_t)(n / KVR_TILE_ROWS) * KVR_TILE_ROWS * row_bytes + (size_t)b * KVR_TILE_ROWS * bs;
+    const int i = (int)(n % KVR_TILE_ROWS), nq = t == KVR_TYPE_Q8_0 ? KVR_QK : KVR_QK / 2;
+    const size_t qs = t == KVR_TYPE_Q4_1 ? offsetof(struct kvr_block_q4_1, qs)
+                    : t == KVR_TYPE_Q4_0 ? offsetof(struct kvr_block_q4_0, qs) : offsetof(struct kvr_block_q8_0, qs);
+    memcpy(blk, tb + 2 * i, 2);
+    if (t == KVR_TYPE_Q4_1) memcpy(blk + offsetof(struct kvr_block_q4_1, m), tb + 32 + 2 * i, 2);
+    const uint8_t * q = tb + tile_head_bytes(t);
+    const uint8_t flip = t == KVR_TYPE_Q8_0 ? 0x80 : 0;
+    for (int j = 0; j < nq / 4; j++) {
+        for (int k = 0; k < 4; k++) blk[qs + 4 * j + k] = q[64 * j + 4 * i + k] ^ flip;
+    }
+}
+
+// The 16 rows at base (row_bytes each, nb blocks) into tiles, in place; tmp: 16 * row_bytes.
+static void tile_rows(enum kvr_type t, uint8_t * base, size_t row_bytes, int64_t nb, uint8_t * tmp) {
+    const size_t bs = kvr_row_size(t, KVR_QK), qs = bs - (t == KVR_TYPE_Q8_0 ? KVR_QK : KVR_QK / 2);
+    const int nq = t == KVR_TYPE_Q8_0 ? KVR_QK : KVR_QK / 2;
+    const uint8_t flip = t == KVR_TYPE_Q8_0 ? 0x80 : 0;
+    memcpy(tmp, base, KVR_TILE_ROWS * row_bytes);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t * tb = base + (size_t)b * KVR_TILE_ROWS * bs, * q = tb + tile_head_bytes(t);
+        for (int i = 0; i < KVR_TILE_ROWS; i++) {
+            const uint8_t * blk = tmp + (size_t)i * row_bytes + (size_t)b * bs;
+            memcpy(tb + 2 * i, blk, 2);
+            if (t == KVR_TYPE_Q4_1) memcpy(tb + 32 + 2 * i, blk + 2, 2);
+            for (int j = 0; j < nq / 4; j++) {
+                for (int k = 0; k < 4; k++) q[64 * j + 4 * i + k] = blk[qs + 4 * j + k] ^ flip;
+            }
+        }
+    }
+}
+
+// The inverse of tile_rows: 16 rows of tiles at base back to the file's rows, in place.
+static void untile_rows(enum kvr_type t, uint8_t * base, size_t row_bytes, int64_t nb, uint8_t * tmp) {
+    const size_t bs = kvr_row_size(t, KVR_QK);
+    memcpy(tmp, base, KVR_TILE_ROWS * row_bytes);
+    for (int i = 0; i < KVR_TILE_ROWS; i++) {
+        for (int64_t b = 0; b < nb; b++) tile_block_get(t, tmp, row_bytes, i, b, base + (size_t)i * row_bytes + (size_t)b * bs);
+    }
+}
+
+// Whether this build tiles weight w (kvr_weight_tile).
+static bool weight_tiles(const struct kvr_tensor * w) {
+    return QX_TILES && tile_type(w->type) && w->ne[2] == 1 && w->ne[3] == 1 && w->ne[1] % KVR_TILE_ROWS == 0 &&
+           !(w->flags & KVR_FLAG_TILED);
+}
+
+bool kvr_weight_tile(struct kvr_tensor * w) {
+    if (!weight_tiles(w)) return false;
+    KVR_ASSERT(w->data && tensor_is_host(w) && !w->view_src);
+    uint8_t * tmp = kvr_malloc(KVR_TILE_ROWS * w->nb[1]);
+    for (int64_t r = 0; r < w->ne[1]; r += KVR_TILE_ROWS) {
+        tile_rows(w->type, (uint8_t *)w->data + (size_t)r * w->nb[1], w->nb[1], w->ne[0] / KVR_QK, tmp);
+    }
+    free(tmp);
+    w->flags |= KVR_FLAG_TILED;
+    return true;
+}
+
+void kvr_weight_untile(struct kvr_tensor * w) {
+    if (!(w->flags & KVR_FLAG_TILED)) return;
+    uint8_t * tmp = kvr_malloc(KVR_TILE_ROWS * w->nb[1]);
+    for (int64_t r = 0; r < w->ne[1]; r += KVR_TILE_ROWS) {
+        untile_rows(w->type, (uint8_t *)w->data + (size_t)r * w->nb[1], w->nb[1], w->ne[0] / KVR_QK, tmp);
+    }
+    free(tmp);
+    w->flags &= ~KVR_FLAG_TILED;
+}
+
+// Row n of weight w (2D) as f32: from the file's row, or gathered block by block from its tiles.
+static void w_row_f32(const struct kvr_tensor * w, int64_t n, float * out) {
+    const to_float_fn to_float = type_to_float(w->type);
+    if (!(w->flags & KVR_FLAG_TILED)) {
+        to_float((const uint8_t *)w->data + n * w->nb[1], out, w->ne[0]);
+        return;
+    }
+    uint8_t blk[64];
+    for (int64_t b = 0; b < w->ne[0] / KVR_QK; b++) {
+        tile_block_get(w->type, w->data, w->nb[1], n, b, blk);
+        to_float(blk, out + b * KVR_QK, KVR_QK);
+    }
+}
+
+// Row n of weight w (2D) in the file's layout: where it is, or (tiled) gathered into buf (nb[1] bytes).
+static const void * w_row(const struct kvr_tensor * w, int64_t n, void * buf) {
+    if (!(w->flags & KVR_FLAG_TILED)) return (const uint8_t *)w->data + n * w->nb[1];
+    const size_t bs = kvr_row_size(w->type, KVR_QK);
+    for (int64_t b = 0; b < w->ne[0] / KVR_QK; b++) tile_block_get(w->type, w->data, w->nb[1], n, b, (uint8_t *)buf + b * bs);
+    return buf;
+}
+
 // the flat row index r of t as (i1, i2, i3)
 static inline void * row_ptr_flat(const struct kvr_tensor * t, int64_t r) {
     const int64_t i1 = r % t->ne[1];
@@ -2731,7 +2873,7 @@ static bool ref_quantized(enum kvr_type t) {
 // Floats of scratch a reference MUL_MAT takes: one weight row, and with 8-bit activations
 // REF_Q8_TOKENS tokens' quants (as floats) with a scale and Q8_1's s per block of 32.
 static size_t ref_mul_mat_floats(int64_t K, bool q8) {
-    return (size_t)K + (q8 ? (size_t)REF_Q8_TOKENS * (size_t)(K + 2 * (K / KVR_QK)) : 0);
+    return (size_t)K + (q8 ? (size_t)REF_Q8_TOKENS * (size_t)(K + 2 * (K / KVR_QK)) + (size_t)K : 0);
 }
 
 // One token's activations rounded to 8 bits by ggml's rules, as the integer path below does
@@ -2789,6 +2931,7 @@ static void ref_mul_mat_q8(const struct cpu_params * p, struct kvr_tensor * dst)
     KVR_ASSERT(ref_mul_mat_floats(K, true) <= p->wsize);
     const to_float_fn to_float = type_to_float(w->type);
     float * row = p->wdata, * q = row + K, * d = q + REF_Q8_TOKENS * K, * s = d + REF_Q8_TOKENS * nb;
+    float * gather = s + REF_Q8_TOKENS * nb; // a tiled row in the file's layout (at most 4 bytes a value)
     int64_t n0, n1;
     row_range(N, p->ith, p->nth, &n0, &n1);
     for (int64_t t0 = 0; t0 < T && n1 > n0; t0 += REF_Q8_TOKENS) {
@@ -2797,7 +2940,7 @@ static void ref_mul_mat_q8(const struct cpu_params * p, struct kvr_tensor * dst)
             ref_quantize_act(w->type, row_ptr_flat(x, t0 + t), K, q + t * K, d + t * nb, s + t * nb);
         }
         for (int64_t n = n0; n < n1; n++) {
-            const void * wr = row_ptr(w, n, 0, 0);
+            const void * wr = w_row(w, n, gather);
             to_float(wr, row, K);
             for (int64_t t = 0; t < nt; t++) {
                 double sum = 0.0;
@@ -2828,8 +2971,9 @@ static void ref_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
     float * row = p->wdata;
     int64_t n0, n1;
     row_range(N, p->ith, p->nth, &n0, &n1);
+    (void)to_float;
     for (int64_t n = n0; n < n1; n++) {
-        to_float(row_ptr(w, n, 0, 0), row, K);
+        w_row_f32(w, n, row);
         for (int64_t t = 0; t < T; t++) {
             const float * xt = row_ptr_flat(x, t);
             double sum = 0.0;
@@ -3065,7 +3209,8 @@ static void cpu_op_get_rows(const struct cpu_params * p, struct kvr_tensor * dst
     for (int64_t i = r0; i < r1; i++) {
         const int32_t id = ((const int32_t *)ids->data)[i];
         KVR_ASSERT(id >= 0 && id < a->ne[1]); // token ids are checked against n_vocab at eval
-        to_float(row_ptr(a, id, 0, 0), row_ptr(dst, i, 0, 0), a->ne[0]);
+        if (a->flags & KVR_FLAG_TILED) w_row_f32(a, id, row_ptr(dst, i, 0, 0));
+        else to_float(row_ptr(a, id, 0, 0), row_ptr(dst, i, 0, 0), a->ne[0]);
     }
 }
 
@@ -3655,12 +3800,7 @@ QX_INLINE int qx_flush(enum kvr_type t) {
 
 // 512-bit vectors with AVX-512BW, VL and VNNI: the prompt kernels' 8 rows side by side, and the
 // decode kernels' pairs of tokens side by side
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
-    defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define QX_L512 1
-#else
-#define QX_L512 0
-#endif
+#define QX_L512 QX_TILES
 
 // Bytes of a single token's activations in the arrays of the legacy decode kernel (struct qx_t1,
 // below), a whole number of cache lines, so that each token's arrays start on one.
@@ -4835,6 +4975,97 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
     QX_UNROLL
     for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
 }
+
+// out[t][i] = row i . token t over nb blocks of a tiled matrix (KVR_FLAG_TILED) for the nt tokens
+// a[0..nt): the integers and float steps of qx_x8_legacy, each token alone in its accumulators, so
+// a token's result does not depend on nt or on the tokens beside it, and a tiled matrix gives the
+// bits the interleaved prompt kernel gives the file's rows. The 4-bit types keep their nibbles
+// packed: a vector's low nibbles are elements 4j..4j+3 of each row, its high ones, taken as
+// q & 0xf0 (16 times the quant), elements 16+4j..16+4j+3, whose sum goes apart and is divided by 16
+// (exact) before it joins. The next blocks are prefetched QX_PREFETCH bytes ahead: a tile is one
+// stream of memory, as a row is.
+QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict w, const struct qx_q8 * const a[4],
+                           int64_t nb, float out[4][QX_TILE_MAX]) {
+    const size_t tb = KVR_TILE_ROWS * qx_block_bytes(type), qo = tile_head_bytes(type);
+    const bool q8 = type == KVR_TYPE_Q8_0;
+    const int off = qx_x8_off(type);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m4h = _mm512_set1_epi8((char)0xf0);
+    __m512 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * restrict tp = w + (size_t)b * tb;
+        for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)tp + QX_PREFETCH + o, _MM_HINT_T0);
+        __m512i s32[4], hi32[4];
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) {
+            s32[t] = off ? _mm512_set1_epi32(a[t][b].pad) : _mm512_setzero_si512(); // -off * sum
+            hi32[t] = _mm512_setzero_si512();
+        }
+        if (q8) {
+            QX_UNROLL
+            for (int g = 0; g < 8; g++) {
+                const __m512i wq = _mm512_loadu_si512(tp + qo + 64 * g);
+                QX_UNROLL
+                for (int t = 0; t < nt; t++) {
+                    int32_t y;
+                    memcpy(&y, a[t][b].qs + 4 * g, 4);
+                    s32[t] = _mm512_dpbusd_epi32(s32[t], wq, _mm512_set1_epi32(y));
+                }
+            }
+        } else {
+            QX_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const __m512i wq = _mm512_loadu_si512(tp + qo + 64 * j);
+                const __m512i lo = _mm512_and_si512(wq, m4), hi = _mm512_and_si512(wq, m4h);
+                QX_UNROLL
+                for (int t = 0; t < nt; t++) {
+                    int32_t yl, yh;
+                    memcpy(&yl, a[t][b].qs + 4 * j, 4);
+                    memcpy(&yh, a[t][b].qs + 16 + 4 * j, 4);
+                    s32[t] = _mm512_dpbusd_epi32(s32[t], lo, _mm512_set1_epi32(yl));
+                    hi32[t] = _mm512_dpbusd_epi32(hi32[t], hi, _mm512_set1_epi32(yh));
+                }
+            }
+            QX_UNROLL
+            for (int t = 0; t < nt; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_srai_epi32(hi32[t], 4));
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tp));
+        const __m512 mw = qx_has_min(type) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + 32))) : _mm512_setzero_ps();
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
+            if (qx_has_min(type)) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[t][b].s), acc[t]);
+        }
+    }
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(out[t], acc[t]);
+}
+
+// A tiled type's kernel for 1..4 tokens, each count its own unrolled copy.
+typedef void (*qx_tile_fn)(const uint8_t * w, const struct qx_q8 * const a[4], int nt, int64_t nb, float out[4][QX_TILE_MAX]);
+#define QX_TILE_FN(name, T)                                                                                   \
+    static void qx_tile_##name(const uint8_t * w, const struct qx_q8 * const a[4], int nt, int64_t nb,       \
+                               float out[4][QX_TILE_MAX]) {                                                   \
+        switch (nt) {                                                                                         \
+            case 1:  qx_tile_dot(T, 1, w, a, nb, out); break;                                                 \
+            case 2:  qx_tile_dot(T, 2, w, a, nb, out); break;                                                 \
+            case 3:  qx_tile_dot(T, 3, w, a, nb, out); break;                                                 \
+            default: qx_tile_dot(T, 4, w, a, nb, out); break;                                                 \
+        }                                                                                                     \
+    }
+QX_TILE_FN(q4_0, KVR_TYPE_Q4_0) QX_TILE_FN(q4_1, KVR_TYPE_Q4_1) QX_TILE_FN(q8_0, KVR_TYPE_Q8_0)
+#undef QX_TILE_FN
+
+static qx_tile_fn qx_tile_kernel(enum kvr_type t) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: return qx_tile_q4_0;
+        case KVR_TYPE_Q4_1: return qx_tile_q4_1;
+        case KVR_TYPE_Q8_0: return qx_tile_q8_0;
+        default:            KVR_ASSERT(!"a tiled type"); return NULL;
+    }
+}
+
 #else
 // out[t][i] = row i . token t over nb interleaved legacy blocks, for 4 tokens.
 QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict w, const void * const act[4],
@@ -5156,6 +5387,52 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
     const int64_t nb = K / kvr_blck_size(t);
     return (size_t)QX_MM_TOKENS * qx_act_bytes(t, K) + (size_t)(QX_MM_ROWS / f.rows * nb) * f.tile_bytes;
 }
+
+#if QX_L512
+// Y[t][n] = W[n] . X[t] over a tiled matrix (KVR_FLAG_TILED; N a multiple of 16) for all T tokens,
+// rows by chunks of whole tiles (struct mm_chunks): decode, a decode batch and a prompt alike. The
+// tokens go a chunk of QX_MM_TOKENS at a time (quantized by each thread: the scratch holds one
+// chunk's activations), and each tile meets every 4 of them while it is in the nearest caches.
+// scratch: min(T, QX_MM_TOKENS) tokens' activations. Returns the rows this thread computed (on
+// average over the tokens).
+static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_bytes, int64_t K, int64_t N,
+                            const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
+                            void * scratch, size_t scratch_bytes) {
+    const int64_t nb = K / KVR_QK;
+    const size_t ab = qx_act_bytes(type, K);
+    KVR_ASSERT(N % KVR_TILE_ROWS == 0 && chunks->rows % KVR_TILE_ROWS == 0);
+    KVR_ASSERT((size_t)(T < QX_MM_TOKENS ? T : QX_MM_TOKENS) * ab <= scratch_bytes);
+    const qx_tile_fn f = qx_tile_kernel(type);
+    uint8_t * act = scratch;
+    // work item k: rows chunk k % per of token chunk k / per
+    const int64_t per = (N + chunks->rows - 1) / chunks->rows, items = per * ((T + QX_MM_TOKENS - 1) / QX_MM_TOKENS);
+    int64_t quantized = -1, done = 0;
+    for (;;) {
+        const int64_t k = atomic_fetch_add_explicit(chunks->next, 1, memory_order_relaxed);
+        if (k >= items) break;
+        const int64_t c0 = k / per * QX_MM_TOKENS, nt = T - c0 < QX_MM_TOKENS ? T - c0 : QX_MM_TOKENS;
+        const int64_t m0 = k % per * chunks->rows, m1 = m0 + chunks->rows < N ? m0 + chunks->rows : N;
+        if (quantized != c0) {
+            for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
+            qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
+            quantized = c0;
+        }
+        done += (m1 - m0) * nt;
+        for (int64_t r = m0; r < m1; r += KVR_TILE_ROWS) {
+            const uint8_t * tile = W + (size_t)r * row_bytes;
+            for (int64_t t = 0; t < nt; t += 4) {
+                const int n = nt - t >= 4 ? 4 : (int)(nt - t);
+                const struct qx_q8 * a[4];
+                for (int j = 0; j < 4; j++) a[j] = (const struct qx_q8 *)(act + (size_t)(t + (j < n ? j : n - 1)) * ab);
+                float out[4][QX_TILE_MAX];
+                f(tile, a, n, nb, out);
+                for (int j = 0; j < n; j++) memcpy(Y + (c0 + t + j) * ldy + r, out[j], KVR_TILE_ROWS * sizeof(float));
+            }
+        }
+    }
+    return done / T;
+}
+#endif
 
 // Y[t][n] = sum_k W[n][k] X[t][k] for rows n0..n1 of W (K values a row, row_bytes apart) and all T
 // tokens, with 8-bit activations. Row by row for a few tokens; otherwise, per chunk of tokens:
@@ -6228,6 +6505,13 @@ struct mm_args {
 // kernels whatever its size: each token gets what its solo decode gets.
 static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     int64_t r0, r1;
+#if QX_L512
+    if (m->w->flags & KVR_FLAG_TILED) { // every count of tokens: rows by chunks of whole tiles
+        const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, KVR_TILE_ROWS) };
+        return qx_mul_tiles(m->w->type, m->w->data, m->w->nb[1], m->K, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
+                            p->wsize * sizeof(float));
+    }
+#endif
     if (m->T <= QX_ROW_TOKENS || m->by_rows) { // decode: rows by chunks (struct mm_chunks)
         KVR_ASSERT(qx_rows_bytes(m->w->type, m->K, m->T) <= p->wsize * sizeof(float));
         const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, 8) };
@@ -6342,7 +6626,7 @@ static int64_t mm_tinyblas16(const struct cpu_params * p, const struct mm_args *
             W = (const float *)((const uint8_t *)m->w->data + b0 * m->w->nb[1]);
             ldw = (int64_t)(m->w->nb[1] / sizeof(float));
         } else {
-            for (int64_t r = 0; r < nb; r++) to_float((const uint8_t *)m->w->data + (b0 + r) * m->w->nb[1], p->wdata + r * K, K);
+            for (int64_t r = 0; r < nb; r++) w_row_f32(m->w, b0 + r, p->wdata + r * K);
         }
         for (int64_t t0 = 0; t0 < m->T; t0 += MM_TB_TOKENS) {
             const int rn = m->T - t0 < MM_TB_TOKENS ? (int)(m->T - t0) : MM_TB_TOKENS;
@@ -6368,7 +6652,7 @@ static int64_t mm_dot_converted(const struct cpu_params * p, const struct mm_arg
     const to_float_fn to_float = type_to_float(m->w->type);
     KVR_ASSERT(to_float && (size_t)m->K <= p->wsize);
     for (int64_t n = n0; n < n1; n++) {
-        to_float((const uint8_t *)m->w->data + n * m->w->nb[1], p->wdata, m->K);
+        w_row_f32(m->w, n, p->wdata);
         for (int64_t t = 0; t < m->T; t++) m->Y[t * m->N + n] = dot(p->wdata, m->X + t * m->lda, m->K);
     }
     return n1 - n0;
@@ -6408,13 +6692,12 @@ static int64_t mm_decode(const struct cpu_params * p, const struct mm_args * m) 
 static int64_t mm_few_tokens(const struct cpu_params * p, const struct mm_args * m) {
     const int64_t K = m->K, T = m->T;
     KVR_ASSERT((size_t)K <= p->wsize && K % 8 == 0);
-    const to_float_fn to_float = type_to_float(m->w->type);
     float * row = p->wdata;
     const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, 8) };
     int64_t n0, n1, done = 0;
     while (mm_chunk_next(&c, m->N, &n0, &n1)) {
         for (int64_t n = n0; n < n1; n++) {
-            to_float((const uint8_t *)m->w->data + n * m->w->nb[1], row, K);
+            w_row_f32(m->w, n, row);
             for (int64_t t0 = 0; t0 < T; t0 += MM_FEW_TOKENS) {
                 const int nt = T - t0 < MM_FEW_TOKENS ? (int)(T - t0) : MM_FEW_TOKENS;
                 const float * x[MM_FEW_TOKENS];
@@ -6462,7 +6745,6 @@ static int64_t mm_sgemm_converted(const struct cpu_params * p, const struct mm_a
     row_range(m->N, p->ith, p->nth, &n0, &n1);
     if (n1 <= n0) return 0;
     const int64_t K = m->K;
-    const to_float_fn to_float = type_to_float(m->w->type);
     int64_t rows = (int64_t)(mm_block_bytes(m->T) / ((size_t)K * sizeof(float)));
     if (rows < 1) rows = 1;
     if ((size_t)(rows * K) > p->wsize) rows = (int64_t)p->wsize / K;
@@ -6470,7 +6752,7 @@ static int64_t mm_sgemm_converted(const struct cpu_params * p, const struct mm_a
     for (int64_t b0 = n0; b0 < n1; b0 += rows) {
         const int64_t nb = b0 + rows <= n1 ? rows : n1 - b0;
         for (int64_t r = 0; r < nb; r++) {
-            to_float((const uint8_t *)m->w->data + (b0 + r) * m->w->nb[1], p->wdata + r * K, K);
+            w_row_f32(m->w, b0 + r, p->wdata + r * K);
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m->T, (int)nb, (int)K,
                     1.0f, m->X, m->lda, p->wdata, (int)K, 0.0f, m->Y + b0, (int)m->N);
@@ -6532,7 +6814,7 @@ static int64_t mm_run(const struct cpu_params * p, const struct mm_args * m) {
         return t == KVR_TYPE_F32 ? mm_dot_llama(p, m) : mm_dot_converted(p, m);
     }
     if (t == KVR_TYPE_F32 && m->K * m->N <= MM_DOT_MAX_WEIGHTS) return mm_dot_llama(p, m);
-    if ((m->T <= MV_MAX_TOKENS || m->by_rows) && mv_row_kernel(t)) return mm_decode(p, m);
+    if ((m->T <= MV_MAX_TOKENS || m->by_rows) && mv_row_kernel(t) && !(m->w->flags & KVR_FLAG_TILED)) return mm_decode(p, m);
     if (m->T < MM_PREFILL_ROWS && t != KVR_TYPE_F32 && m->K % 8 == 0) return mm_few_tokens(p, m);
     if (t == KVR_TYPE_F32)                                  return mm_sgemm_f32(p, m);
     return mm_sgemm_converted(p, m);
@@ -6900,7 +7182,10 @@ static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum k
         }
         for (; d < D; d++) a[d] = fmaf(P[j], kvr_half_to_f32(vh[d]), a[d]);
     }
-    for (int64_t j = Tk; vtype == KVR_TYPE_F16 && j < Tkp; j++) { // padding: P[j] times zeros
+    // padding: P[j] times zeros, which leaves a sum as it is where P[j] is 0 (a sum that starts at
+    // +0 never becomes -0), as it is for every key past Tk (the softmax gives them 0)
+    for (int64_t j = Tk; vtype == KVR_TYPE_F16 && j < Tkp; j++) {
+        if (P[j] == 0.0f) continue;
         float * a = A + (j % 32) * D;
         for (int64_t d = 0; d < D; d++) a[d] = fmaf(P[j], 0.0f, a[d]);
     }
@@ -6984,6 +7269,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
         const int64_t hi = item % n_heads, qt = item / n_heads;
         const int64_t g = by_rows ? hi / G : hi;
         const int64_t h0 = by_rows ? hi : g * G, h1 = by_rows ? hi + 1 : (g + 1) * G;
+        const bool lead = !by_rows || hi % G == 0 || item == it0; // the first of its KV head's query heads here
         const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
         if (hi == 0) attn_count_tile(mode, qpos + i0, bt, kpos, Tk, W, &dot_dense, &dot_causal);
         for (int64_t j = 0; !by_rows && j < Tkp; j++) {
@@ -7009,7 +7295,8 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     if (j >= Tk || !kvr_attn_visible(qp, kpos[j], W)) continue;
                     const float * kj = (const float *)attn_kv_row(k, g, j);
 #if defined(__AVX2__)
-                    if (j + 8 < Tk) attn_prefetch(attn_kv_row(k, g, j + 8), (size_t)k->nb[0] * (size_t)D);
+                    // the KV head's first query head brings its rows in; the others find them in cache
+                    if (lead && h == h0 && j + 8 < Tk) attn_prefetch(attn_kv_row(k, g, j + 8), (size_t)k->nb[0] * (size_t)D);
 #endif
                     float sc;
                     if (k->type == KVR_TYPE_F16 && dot_kq == dot_f32_ggml) {
@@ -7982,7 +8269,7 @@ static void trace_node(struct cpu_backend * cb, const struct kvr_tensor * t, dou
 #define CPU_SOLO_ELEMS 16384
 
 static bool node_solo(const struct kvr_tensor * t) {
-    return !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_MUL_MAT_ID &&
+    return t->lane == 0 && !node_is_noop(t) && !node_is_comm(t) && t->op != KVR_OP_MUL_MAT && t->op != KVR_OP_MUL_MAT_ID &&
            t->op != KVR_OP_ATTN && t->op != KVR_OP_ATTN_STATS && t->op != KVR_OP_ATTN_NORMED && kvr_nelements(t) <= CPU_SOLO_ELEMS;
 }
 
@@ -7990,7 +8277,8 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
     struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
                             cb->lanes16, cb->ref };
-    struct cpu_params solo = p;
+    struct cpu_params solo = p; // this thread alone: its own scratch and counters
+    solo.ith = 0;
     solo.nth = 1;
     for (int i = 0; i < g->n_nodes; i++) {
         struct kvr_tensor * t = g->nodes[i];
@@ -8004,6 +8292,15 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
                 int rc = kvr_backend_comm_node(cb->be, t);
                 if (rc != KVR_OK) atomic_store(&cb->status, rc);
             }
+        } else if (cb->n_threads > 1 && t->lane > 0) {
+            // a run of nodes in lanes (a decode batch's sequences, kvr_pass_batch): thread
+            // (lane - 1) mod n runs a lane's nodes alone, in order, and the lanes go side by side,
+            // one barrier after the run; one sequence's attention split over the threads would
+            // cost a barrier each and leave a thread idle where the KV heads do not divide evenly
+            if ((t->lane - 1) % cb->n_threads == ith) cpu_compute_node(&solo, t);
+            int j = i + 1;
+            while (j < g->n_nodes && node_is_noop(g->nodes[j])) j++;
+            barrier = j == g->n_nodes || g->nodes[j]->lane == 0;
         } else if (cb->n_threads > 1 && node_solo(t)) {
             if (ith == 0) cpu_compute_node(&solo, t);
             int j = i + 1;
@@ -8113,6 +8410,8 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
                 return kvr_error(KVR_ERR_ARG, "the CPU backend cannot run node '%s': '%s' is in %s memory", t->name, s->name,
                                  kvr_backend_name(s->buffer->backend));
             }
+            // a weight in tiles is read by the matmul and get-rows kernels only
+            KVR_ASSERT(j != 0 || !s || !(s->flags & KVR_FLAG_TILED) || t->op == KVR_OP_MUL_MAT || t->op == KVR_OP_GET_ROWS);
         }
     }
     cpu_ensure_scratch(cb, cb->ref ? ref_scratch_floats(g, cb->q8_act) : cpu_scratch_floats(g, cb->n_threads, cb->q8_act));
@@ -12021,8 +12320,16 @@ static uint64_t weights_hash(const struct kvr_model * m) {
         h = kvr_hash64(h, t->name, strlen(t->name) + 1);
         h = kvr_hash64(h, f, sizeof(f));
     }
-    const uint8_t * d = m->weights ? (const uint8_t *)m->weights->base : g->base + g->data_offset;
-    return kvr_hash64(h, d, g->size - g->data_offset);
+    // tiled weights (KVR_FLAG_TILED) hash as the file has them: from its mapping, whose pages the
+    // process then gives back again (weights_read)
+    const uint8_t * d = m->weights && m->n_tiled == 0 ? (const uint8_t *)m->weights->base : g->base + g->data_offset;
+    h = kvr_hash64(h, d, g->size - g->data_offset);
+    if (m->n_tiled > 0 && g->mapped) {
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        const uintptr_t d0 = ((uintptr_t)d + page - 1) & ~(uintptr_t)(page - 1), d1 = ((uintptr_t)g->base + g->size) & ~(uintptr_t)(page - 1);
+        if (d1 > d0) madvise((void *)d0, d1 - d0, MADV_DONTNEED);
+    }
+    return h;
 }
 
 // Made on the first call, under one lock for every model: saves and loads are rare, and ranks
@@ -12851,6 +13158,21 @@ static int model_tensor_place(struct kvr_model * m, const struct kvr_gguf_tensor
     kvr_buffer_place(m->weights, t, gt->offset);
     t->flags = KVR_FLAG_PARAM;
     snprintf(t->name, sizeof(t->name), "%s", name);
+    if (m->tiles && weight_tiles(t)) {
+        // (a tensor may be placed twice, as tied embeddings are: its bytes are tiled once)
+        const struct kvr_model * owner = m->parent ? m->parent : m;
+        bool tiled = false;
+        for (int i = 0; i < owner->n_tiled && !tiled; i++) tiled = owner->tiled[i] == gt->offset;
+        if (!tiled && !m->parent) {
+            size_t * offs = realloc(m->tiled, sizeof(size_t) * (size_t)(m->n_tiled + 1));
+            if (!offs) return kvr_error(KVR_ERR_NOMEM, "%s: no memory to tile tensor '%s'", m->path, name);
+            m->tiled = offs;
+            m->tiled[m->n_tiled++] = gt->offset;
+            tiled = kvr_weight_tile(t);
+            KVR_ASSERT(tiled);
+        }
+        if (tiled) t->flags |= KVR_FLAG_TILED;
+    }
     *out = t;
     return KVR_OK;
 }
@@ -13053,11 +13375,33 @@ struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_para
         if (!p) goto fail;
         m->weights->base = p;
     }
+    // tiles (kvr_model_params.no_tiles) in memory of our own, for the CPU's kernels that read them
+    m->tiles = QX_TILES && m->weights_read && !(params && params->no_tiles);
     if (model_load_weights(m)) goto fail;
     return m;
 fail:
     kvr_model_free(m);
     return NULL;
+}
+
+// m's weights with every tiled one back in the file's rows, into plain (m->weights->size bytes);
+// false when out of memory.
+static bool model_untile(const struct kvr_model * m, uint8_t * plain) {
+    memcpy(plain, m->weights->base, m->weights->size);
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+        const struct kvr_gguf_tensor * gt = &m->gguf->tensors[i];
+        bool tiled = false;
+        for (int j = 0; j < m->n_tiled && !tiled; j++) tiled = m->tiled[j] == gt->offset;
+        if (!tiled) continue;
+        const size_t rb = kvr_row_size(gt->type, gt->ne[0]);
+        uint8_t * tmp = malloc(KVR_TILE_ROWS * rb);
+        if (!tmp) return false;
+        for (int64_t r = 0; r < gt->ne[1]; r += KVR_TILE_ROWS) {
+            untile_rows(gt->type, plain + gt->offset + (size_t)r * rb, rb, gt->ne[0] / KVR_QK, tmp);
+        }
+        free(tmp);
+    }
+    return true;
 }
 
 struct kvr_model * kvr_model_to_backend(const struct kvr_model * m, struct kvr_backend * be) {
@@ -13068,7 +13412,20 @@ struct kvr_model * kvr_model_to_backend(const struct kvr_model * m, struct kvr_b
     w->vocab  = m->vocab;
     w->parent = m;
     snprintf(w->path, sizeof(w->path), "%s", m->path);
-    w->weights = kvr_backend_buffer_from_host(be, m->weights->base, m->weights->size);
+    // the CPU wraps the tiled weights as they are; a device gets the file's rows (its kernels read no tiles)
+    w->tiles = m->tiles && be->iface.buf_from_host == cpu_buf_from_host;
+    uint8_t * plain = NULL;
+    if (m->n_tiled > 0 && !w->tiles) {
+        plain = malloc(m->weights->size);
+        if (!plain || !model_untile(m, plain)) {
+            free(plain);
+            free(w);
+            kvr_error(KVR_ERR_NOMEM, "%s: no memory for a copy of the weights' rows (%zu MiB)", m->path, m->weights->size >> 20);
+            return NULL;
+        }
+    }
+    w->weights = kvr_backend_buffer_from_host(be, plain ? plain : m->weights->base, m->weights->size);
+    free(plain);
     if (!w->weights) {
         char msg[sizeof(kvr_errbuf)];
         snprintf(msg, sizeof(msg), "%s", kvr_errbuf);
@@ -13087,6 +13444,7 @@ struct kvr_model * kvr_model_to_backend(const struct kvr_model * m, struct kvr_b
 void kvr_model_free(struct kvr_model * m) {
     if (!m) return;
     if (!m->parent) { // a copy borrows the file and the vocabulary
+        free(m->tiled);
         kvr_vocab_free(m->vocab);
         kvr_gguf_close(m->gguf);
         if (m->weights_read) munmap(m->weights->base, m->weights_read);
@@ -13131,6 +13489,10 @@ void kvr_model_describe(const struct kvr_model * m, char * buf, size_t cap) {
     }
     if (n >= 0 && (size_t)n < cap && hp->rope_ext_factor != 0.0f) {
         n += snprintf(buf + n, cap - (size_t)n, ", YaRN x%g", (double)(1.0f / hp->rope_freq_scale));
+    }
+    const int n_tiled = m->tiles ? (m->parent ? m->parent->n_tiled : m->n_tiled) : 0;
+    if (n >= 0 && (size_t)n < cap && n_tiled) {
+        n += snprintf(buf + n, cap - (size_t)n, ", %d matrices in tiles", n_tiled);
     }
     if (n >= 0 && (size_t)n < cap && hp->n_recurrent) {
         n += snprintf(buf + n, cap - (size_t)n, ", %u of %u layers Gated DeltaNet (state %lld floats each)", hp->n_recurrent,

@@ -189,6 +189,9 @@ enum kvr_tensor_flag {
     KVR_FLAG_INPUT  = 1, // filled by the caller before compute (token ids, positions)
     KVR_FLAG_OUTPUT = 2, // read by the caller after compute: its memory is never reused
     KVR_FLAG_PARAM  = 4, // a weight: data lives in the model's weights buffer
+    KVR_FLAG_TILED  = 8, // a weight whose rows lie in tiles of 16 (kvr_model_params.no_tiles): only
+                         //   the CPU backend's kernels read it; kvr_model_to_backend gives a device
+                         //   the file's rows
 };
 
 struct kvr_tensor {
@@ -211,6 +214,9 @@ struct kvr_tensor {
                                           //   CUDA); NULL until placed. Only backend code
                                           //   dereferences it: see "backends"
     void * extra;                         // backend-private
+    int    lane;                          // 0, or 1 + the batch sequence this node serves alone
+                                          //   (kvr_pass_batch): a backend may run the nodes of
+                                          //   different lanes side by side, one thread each
     const char * why;                     // for nodes a pass inserted: the reason (--dump-graph)
     char   name[KVR_MAX_NAME];
 };
@@ -1199,6 +1205,10 @@ struct kvr_model {
     const struct kvr_model * parent; // kvr_model_to_backend: the model whose file and vocab these are
     uint64_t             fp_hash[2];   // the fingerprint's weights and tokenizer hashes, made on first use
     bool                 fp_done;      //   (kvr_model_weights_hash, under a lock; a copy asks its parent)
+    bool                 tiles;        // its 2D Q4_0/Q4_1/Q8_0 weights in tiles (KVR_FLAG_TILED): made
+                                       //   at load, or the parent's shared by a CPU copy
+    size_t             * tiled;        // the data offsets of the weights in tiles (the loaded model's)
+    int                  n_tiled;
     struct kvr_tensor  * tok_embd;
     struct kvr_tensor  * output_norm, * output_norm_b;
     struct kvr_tensor  * output;     // tok_embd when the file ties them
@@ -1214,6 +1224,12 @@ struct kvr_model_params {
     bool mmap;            // leave the weights where the file is mapped: no copy, pages shared with other
                           //   processes of the file. Default: read into memory of 2 MiB pages (transparent
                           //   huge pages, where the kernel has them), which decode reads faster
+    bool no_tiles;        // keep every weight's rows as the file has them. Default, for weights read into
+                          //   memory on a CPU with AVX-512 VNNI: the 2D Q4_0, Q4_1 and Q8_0 matrices of a
+                          //   multiple of 16 rows rearranged in place into tiles of 16 rows (KVR_FLAG_TILED),
+                          //   which the 8-bit-activation kernels read for decode, batches and prompts
+                          //   alike: no per-matmul interleave, and a token gets the same bits alone or
+                          //   with others. Same memory; the exact paths convert rows from the tiles
 };
 
 struct kvr_model * kvr_model_load(const char * path, const struct kvr_model_params * params);
@@ -1226,6 +1242,12 @@ void               kvr_model_describe(const struct kvr_model * m, char * buf, si
 // mapping, zero-copy; a device uploads it once). Sessions and ranks build their graphs over it.
 // Free it with kvr_model_free, before m and be. NULL + kvr_last_error() on failure.
 struct kvr_model * kvr_model_to_backend(const struct kvr_model * m, struct kvr_backend * be);
+// A host weight rearranged into tiles of 16 rows in place and flagged KVR_FLAG_TILED, as
+// kvr_model_load does (kvr_model_params.no_tiles): a 2D Q4_0, Q4_1 or Q8_0 matrix of a multiple of
+// 16 rows, on a build whose CPU kernels read tiles (AVX-512 VNNI); false, untouched, otherwise.
+// kvr_weight_untile puts the file's rows back and clears the flag.
+bool kvr_weight_tile(struct kvr_tensor * w);
+void kvr_weight_untile(struct kvr_tensor * w);
 
 // What an architecture's builder is given: the tokens of this batch and where their positions are.
 struct kvr_build {

@@ -102,6 +102,13 @@ static struct kvr_tensor * load_rows(struct kvr_model * m, const struct kvr_tens
                                      const char * name, int il) {
     const struct kvr_gguf_tensor * gt = kvr_gguf_get_tensor(m->gguf, fused->name); // where the file has it
     KVR_ASSERT(gt && fused->buffer == m->weights && row0 >= 0 && n > 0 && row0 + n <= fused->ne[1]);
+    if (fused->flags & KVR_FLAG_TILED) { // the parts are rows of the file's layout: the fused weight goes back to it
+        KVR_ASSERT(!m->parent);
+        kvr_weight_untile((struct kvr_tensor *)fused);
+        for (int i = 0; i < m->n_tiled; i++) {
+            if (m->tiled[i] == gt->offset) m->tiled[i--] = m->tiled[--m->n_tiled];
+        }
+    }
     const int64_t ne[2] = { fused->ne[0], n };
     struct kvr_tensor * t = kvr_new_tensor(m->ctx, fused->type, 2, ne);
     kvr_buffer_place(m->weights, t, gt->offset + (size_t)row0 * fused->nb[1]);

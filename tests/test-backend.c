@@ -409,6 +409,32 @@ static void test_model_to_backend(const char * shared) {
     }
     kvr_model_free(wd);
     kvr_model_free(w);
+    // a model whose matrices are in tiles (kvr_model_params.no_tiles): the device gets the file's
+    // rows, the whole data section byte for byte, and no tensor of its copy is flagged tiled
+    snprintf(path, sizeof(path), "%s/reference/tiny-llama-Q4_0.gguf", shared);
+    struct kvr_model * mt = kvr_model_load(path, NULL);
+    if (mt && mt->n_tiled > 0) {
+        struct kvr_model * wt = kvr_model_to_backend(mt, dev);
+        CHECK(wt != NULL, "dev: a tiled model: %s", kvr_last_error());
+        const size_t n = mt->weights->size;
+        uint8_t * got = malloc(n);
+        if (wt && got) {
+            struct kvr_context * ctx = kvr_init(1u << 12, true);
+            const int64_t ne[1] = { (int64_t)n };
+            struct kvr_tensor * all = kvr_new_tensor(ctx, KVR_TYPE_I8, 1, ne);
+            kvr_buffer_place(wt->weights, all, 0);
+            kvr_backend_tensor_get(all, got, 0, n);
+            CHECK(memcmp(got, mt->gguf->base + mt->gguf->data_offset, n) == 0 && !wt->tiles &&
+                  !(wt->layers[0].wq->flags & KVR_FLAG_TILED) && (mt->layers[0].wq->flags & KVR_FLAG_TILED),
+                  "dev: a tiled model's upload is not the file's rows");
+            kvr_free(ctx);
+        }
+        free(got);
+        kvr_model_free(wt);
+    } else {
+        skip("dev: a tiled model (%s)", mt ? "not tiled here" : kvr_last_error());
+    }
+    kvr_model_free(mt);
     kvr_backend_free(dev);
     kvr_backend_free(cpu);
     kvr_model_free(m);

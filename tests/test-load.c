@@ -299,6 +299,93 @@ static void test_weights_memory(const char * path) {
     kvr_model_free(mm);
 }
 
+// Weights in tiles (kvr_model_params.no_tiles): on a build whose CPU kernels read them, a model
+// read into memory has its 2D Q4_0 matrices tiled (kvr_model_describe counts them); each one,
+// untiled, is the file's bytes, and every other byte is the file's. The fingerprint's weights hash
+// is the same tiled, untiled and mapped; untiled and mapped give the same logits to the bit, tiled
+// within 1e-4 of them (other kernels' sums) and the same greedy ids. A device copy
+// (kvr_model_to_backend) gets the file's rows; a CPU copy shares the tiles.
+static void test_tiles(const char * path) {
+    struct kvr_model * mt = kvr_model_load(path, NULL);
+    struct kvr_model * mu = kvr_model_load(path, &(struct kvr_model_params){ .no_tiles = true });
+    struct kvr_model * mm = kvr_model_load(path, &(struct kvr_model_params){ .mmap = true });
+    CHECK(mt && mu && mm, "%s does not load: %s", path, kvr_last_error());
+    if (!mt || !mu || !mm) goto done;
+    if (mt->n_tiled == 0) {
+        skip("tiles: %s was not tiled here (no huge pages, or no AVX-512 VNNI build)", path);
+        goto done;
+    }
+    char desc[512];
+    kvr_model_describe(mt, desc, sizeof(desc));
+    CHECK(mu->n_tiled == 0 && mm->n_tiled == 0 && strstr(desc, "matrices in tiles"), "tiles: %d tiled, %d with no_tiles, %d mapped; '%s'",
+          mt->n_tiled, mu->n_tiled, mm->n_tiled, desc);
+    const size_t n = mt->weights->size;
+    uint8_t * want = malloc(n), * got = malloc(n);
+    FILE * g = fopen(path, "rb");
+    const bool ok = want && got && g && fseek(g, (long)mt->gguf->data_offset, SEEK_SET) == 0 && fread(want, 1, n, g) == n;
+    if (g) fclose(g);
+    CHECK(ok, "tiles: cannot read %s", path);
+    if (ok) {
+        memcpy(got, mt->weights->base, n);
+        int untiled = 0;
+        struct kvr_context * ctx = kvr_init(1u << 16, true);
+        for (uint64_t i = 0; i < mt->gguf->n_tensors; i++) {
+            const struct kvr_gguf_tensor * gt = &mt->gguf->tensors[i];
+            bool tiled = false;
+            for (int j = 0; j < mt->n_tiled; j++) tiled |= mt->tiled[j] == gt->offset;
+            if (!tiled) continue;
+            struct kvr_tensor * w = kvr_new_tensor(ctx, gt->type, gt->n_dims, gt->ne);
+            w->data = got + gt->offset;
+            w->flags = KVR_FLAG_PARAM | KVR_FLAG_TILED;
+            CHECK(memcmp(got + gt->offset, want + gt->offset, gt->size) != 0, "tiles: '%s' kept the file's bytes", gt->name);
+            kvr_weight_untile(w);
+            untiled++;
+        }
+        kvr_free(ctx);
+        CHECK(untiled == mt->n_tiled && memcmp(got, want, n) == 0 && memcmp(mu->weights->base, want, n) == 0,
+              "tiles: the %d tiled matrices, untiled, and every other byte are not the file's", untiled);
+    }
+    free(want);
+    free(got);
+    CHECK(kvr_model_weights_hash(mt) == kvr_model_weights_hash(mu) && kvr_model_weights_hash(mt) == kvr_model_weights_hash(mm),
+          "tiles: the weights hash differs tiled, untiled and mapped");
+    float lg[3][512];
+    const int32_t toks[5] = { 1, 403, 407, 42, 99 };
+    struct kvr_model * ms[3] = { mt, mu, mm };
+    bool ran = true;
+    for (int k = 0; k < 3; k++) {
+        struct kvr_session * s = kvr_session_new(ms[k], &(struct kvr_session_params){ .n_ctx = 16, .n_threads = 2, .q8_activations = true });
+        const float * e = s ? kvr_session_eval(s, toks, 3) : NULL;
+        if (e) e = kvr_session_eval(s, toks + 3, 1); // a decode step
+        if (e) memcpy(lg[k], e, sizeof(lg[k]));
+        ran &= e != NULL;
+        kvr_session_free(s);
+    }
+    CHECK(ran && mt->hp.n_vocab == 512, "tiles: the three loads' sessions: %s", kvr_last_error());
+    if (ran) {
+        float worst = 0.0f, big = 0.0f;
+        for (int i = 0; i < 512; i++) {
+            worst = fmaxf(worst, fabsf(lg[0][i] - lg[1][i]));
+            big = fmaxf(big, fabsf(lg[1][i]));
+        }
+        CHECK(memcmp(lg[1], lg[2], sizeof(lg[1])) == 0, "tiles: untiled and mapped weights: the logits differ");
+        CHECK(worst <= 1e-4f * big && kvr_argmax(lg[0], 512) == kvr_argmax(lg[1], 512),
+              "tiles: tiled weights' logits %g from the untiled ones' (largest %g), argmax %d and %d", (double)worst, (double)big,
+              kvr_argmax(lg[0], 512), kvr_argmax(lg[1], 512));
+    }
+    struct kvr_backend * cpu = kvr_backend_cpu_new(1);
+    struct kvr_model * wc = cpu ? kvr_model_to_backend(mt, cpu) : NULL;
+    CHECK(wc && wc->tiles && wc->layers[0].wq->data == mt->layers[0].wq->data &&
+          (wc->layers[0].wq->flags & KVR_FLAG_TILED) == (mt->layers[0].wq->flags & KVR_FLAG_TILED) &&
+          (mt->layers[0].wq->flags & KVR_FLAG_TILED), "tiles: a CPU copy shares the tiles (%s)", wc ? "made" : kvr_last_error());
+    kvr_model_free(wc);
+    kvr_backend_free(cpu);
+done:
+    kvr_model_free(mt);
+    kvr_model_free(mu);
+    kvr_model_free(mm);
+}
+
 int main(int argc, char ** argv) {
     const char * shared = argc > 1 ? argv[1] : "../shared";
     const char * tmp = getenv("TMPDIR");
@@ -318,6 +405,10 @@ int main(int argc, char ** argv) {
     if (stories) test_values(stories);
     if (stories) test_weights_memory(stories_path);
     kvr_gguf_close(stories);
+    char tiny_path[1024];
+    snprintf(tiny_path, sizeof(tiny_path), "%s/reference/tiny-llama-Q4_0.gguf", shared);
+    if (access(tiny_path, R_OK) == 0) test_tiles(tiny_path);
+    else skip("%s missing: the tiled weights' load is skipped", tiny_path);
     rmdir(base_dir);
     return check_summary("load");
 }

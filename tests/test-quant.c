@@ -1164,6 +1164,152 @@ static void test_batch_rows(void) {
     test_batch_rows_type(&qtype_mxfp4);
 }
 
+// Weights in tiles (kvr_weight_tile, what kvr_model_load does on a CPU with AVX-512 VNNI): Q4_0,
+// Q4_1 and Q8_0, 48 rows (3 tiles) of 29 blocks. The tiles' bytes against the layout kvr.h and kvr.c
+// describe, computed here from the file's blocks; untiling gives the file's bytes back. Through
+// kvr_mul_mat with 8-bit activations every count of tokens (1..9, and a prompt of 37) gives each
+// token the bits it gets alone, on 1 and 3 threads, and a prompt the bits of the file's rows
+// through the interleaving prompt kernel (the same integers and float steps); one token is within
+// 1e-5 of the file's row kernel. The exact paths, the reference kernels (exact and 8-bit) and
+// get-rows give the file's rows' bits (the decode of one token: within 1e-5, another kernel).
+static float * tile_run(enum kvr_type type, const uint8_t * wq, bool tiled, const float * xs, int64_t T, int nth, bool q8, bool ref,
+                        bool rows) {
+    const int64_t K = 928, N = 48;
+    struct kvr_context * ctx = kvr_init(8u << 20, false);
+    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, type, K, N);
+    memcpy(w->data, wq, kvr_nbytes(w));
+    if (tiled) KVR_ASSERT(kvr_weight_tile(w));
+    struct kvr_tensor * y;
+    if (rows) {
+        struct kvr_tensor * ids = kvr_new_tensor_1d(ctx, KVR_TYPE_I32, T);
+        for (int64_t t = 0; t < T; t++) ((int32_t *)ids->data)[t] = (int32_t)((t * 7 + 3) % N);
+        y = kvr_get_rows(ctx, w, ids);
+    } else {
+        struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+        memcpy(x->data, xs, sizeof(float) * (size_t)(K * T));
+        y = kvr_mul_mat(ctx, w, x);
+    }
+    y->flags |= KVR_FLAG_OUTPUT;
+    struct kvr_graph * g = kvr_graph_new(ctx, 16);
+    kvr_graph_expand(g, y);
+    struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nth, .q8_activations = q8,
+                                                                                    .ref_kernels = ref });
+    struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
+    KVR_ASSERT(be && buf);
+    kvr_graph_place(g, buf);
+    const int rc = kvr_backend_graph_compute(be, g);
+    CHECK(rc == KVR_OK, "tiles %s T=%lld: compute returned %d (%s)", kvr_type_name(type), (long long)T, rc, kvr_last_error());
+    const size_t n_out = (size_t)(rows ? K : N) * (size_t)T;
+    float * out = malloc(sizeof(float) * n_out);
+    memcpy(out, y->data, sizeof(float) * n_out);
+    kvr_buffer_free(buf);
+    kvr_backend_free(be);
+    kvr_free(ctx);
+    return out;
+}
+
+// the largest difference relative to the largest value of b
+static double tile_rel(const float * a, const float * b, size_t n) {
+    double worst = 0.0, big = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs((double)a[i] - b[i]) > worst) worst = fabs((double)a[i] - b[i]);
+        if (fabs((double)b[i]) > big) big = fabs((double)b[i]);
+    }
+    return big > 0.0 ? worst / big : worst;
+}
+
+static void test_tiles_type(const struct qtype * qt) {
+    const int64_t K = 928, N = 48, nb = K / 32, T_max = 9, T_long = 37;
+    const size_t rb = (size_t)(nb * qt->size), bytes = rb * (size_t)N;
+    uint8_t * wq = malloc(bytes), * tl = malloc(bytes);
+    float * xs = malloc(sizeof(float) * (size_t)(K * T_long));
+    random_blocks(qt, wq, (int)(nb * N));
+    for (int64_t i = 0; i < K * T_long; i++) xs[i] = rng_normal();
+    // the layout, from the blocks: block b of tile g at g 16 rb + b 16 size; d (and m), then the quants
+    struct kvr_context * ctx = kvr_init(1u << 20, false);
+    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
+    memcpy(w->data, wq, bytes);
+    if (!kvr_weight_tile(w)) {
+        skip("tiles %s: this build's CPU kernels read no tiles", qt->name);
+        kvr_free(ctx);
+        free(wq), free(tl), free(xs);
+        return;
+    }
+    CHECK((w->flags & KVR_FLAG_TILED) && !kvr_weight_tile(w), "tiles %s: flagged, and not tiled twice", qt->name);
+    memcpy(tl, w->data, bytes);
+    const bool q8 = qt->type == KVR_TYPE_Q8_0, min = qt->type == KVR_TYPE_Q4_1;
+    const int qs = min ? 4 : 2, nq = q8 ? 32 : 16, head = min ? 64 : 32;
+    int64_t bad = 0;
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t * blk = wq + (size_t)n * rb + (size_t)b * (size_t)qt->size;
+            const uint8_t * tb = tl + (size_t)(n / 16) * 16 * rb + (size_t)b * 16 * (size_t)qt->size;
+            const int i = (int)(n % 16);
+            bad += memcmp(tb + 2 * i, blk, 2) != 0;
+            if (min) bad += memcmp(tb + 32 + 2 * i, blk + 2, 2) != 0;
+            for (int e = 0; e < nq; e++) bad += tb[head + 64 * (e / 4) + 4 * i + e % 4] != (uint8_t)(blk[qs + e] ^ (q8 ? 0x80 : 0));
+        }
+    }
+    CHECK(bad == 0, "tiles %s: %lld fields not where the layout puts them", qt->name, (long long)bad);
+    kvr_weight_untile(w);
+    CHECK(!(w->flags & KVR_FLAG_TILED) && memcmp(w->data, wq, bytes) == 0, "tiles %s: untiled, the file's bytes", qt->name);
+    kvr_free(ctx);
+
+    // 8-bit activations: each token alone, and with others, on the tiles
+    float * solo[9];
+    for (int64_t t = 0; t < T_max; t++) solo[t] = tile_run(qt->type, wq, true, xs + t * K, 1, 1, true, false, false);
+    for (int nth = 1; nth <= 3; nth += 2) {
+        for (int64_t T = 1; T <= T_max; T++) {
+            const int64_t t0 = T_max - T;
+            float * got = tile_run(qt->type, wq, true, xs + t0 * K, T, nth, true, false, false);
+            int64_t diff = -1;
+            for (int64_t t = 0; t < T && diff < 0; t++) {
+                if (memcmp(got + t * N, solo[t0 + t], sizeof(float) * (size_t)N) != 0) diff = t;
+            }
+            CHECK(diff < 0, "tiles %s (q8) T=%lld, %d threads: token %lld differs from its solo product", qt->name, (long long)T, nth,
+                  (long long)diff);
+            free(got);
+        }
+    }
+    float * plain1 = tile_run(qt->type, wq, false, xs, 1, 1, true, false, false);
+    const double d1 = tile_rel(solo[0], plain1, (size_t)N);
+    CHECK(d1 < 1e-5, "tiles %s (q8): one token within 1e-5 of the file's row kernel (%g)", qt->name, d1);
+    free(plain1);
+    for (int64_t t = 0; t < T_max; t++) free(solo[t]);
+    float * tp = tile_run(qt->type, wq, true, xs, T_long, 2, true, false, false);
+    float * pp = tile_run(qt->type, wq, false, xs, T_long, 2, true, false, false);
+    CHECK(memcmp(tp, pp, sizeof(float) * (size_t)(N * T_long)) == 0, "tiles %s (q8): a prompt of %lld gets the prompt kernel's bits "
+          "(%g)", qt->name, (long long)T_long, tile_rel(tp, pp, (size_t)(N * T_long)));
+    free(tp), free(pp);
+    // the exact paths, the reference kernels and get-rows: the file's rows
+    const struct { bool q8, ref, rows; int64_t T; } cs[] = {
+        { false, false, false, 1 }, { false, false, false, 6 }, { false, false, false, T_long },
+        { false, true, false, 3 },  { true, true, false, 3 },   { false, false, true, 5 },
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        float * a = tile_run(qt->type, wq, true, xs, cs[c].T, 2, cs[c].q8, cs[c].ref, cs[c].rows);
+        float * b = tile_run(qt->type, wq, false, xs, cs[c].T, 2, cs[c].q8, cs[c].ref, cs[c].rows);
+        const size_t n = (size_t)(cs[c].rows ? K : N) * (size_t)cs[c].T;
+        const bool decode = !cs[c].q8 && !cs[c].ref && !cs[c].rows && cs[c].T == 1; // the file's one-token row kernel
+        if (decode) {
+            CHECK(tile_rel(a, b, n) < 1e-5, "tiles %s exact T=1: within 1e-5 of the file's rows (%g)", qt->name, tile_rel(a, b, n));
+        } else {
+            CHECK(memcmp(a, b, sizeof(float) * n) == 0, "tiles %s %s%s%s T=%lld: the file's rows' bits (%g)", qt->name,
+                  cs[c].rows ? "get-rows" : cs[c].q8 ? "q8" : "exact", cs[c].ref ? " (reference kernels)" : "", "",
+                  (long long)cs[c].T, tile_rel(a, b, n));
+        }
+        free(a), free(b);
+    }
+    free(wq), free(tl), free(xs);
+}
+
+static void test_tiles(void) {
+    for (int i = 0; i < N_QTYPES; i++) {
+        const enum kvr_type t = qtypes[i].type;
+        if (t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1 || t == KVR_TYPE_Q8_0) test_tiles_type(&qtypes[i]);
+    }
+}
+
 // The tiny-llama files hold one set of random weights quantized to several types: each quantized
 // tensor must match the Q8_0 file's copy within its format's error (a wrong bit layout gives an
 // error near sqrt(2)), and the Q4_0/Q5_0/Q8_0/Q4_K blocks llama.cpp wrote must come back byte for
@@ -1387,6 +1533,7 @@ int main(int argc, char ** argv) {
     test_mul_q8(); // after the exact checks, which keep their random inputs
     test_fast_vs_ref();
     test_batch_rows();
+    test_tiles();
     test_tiny_llama(shared);
 #endif
 
