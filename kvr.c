@@ -7270,6 +7270,7 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
         const int64_t g = by_rows ? hi / G : hi;
         const int64_t h0 = by_rows ? hi : g * G, h1 = by_rows ? hi + 1 : (g + 1) * G;
         const bool lead = !by_rows || hi % G == 0 || item == it0; // the first of its KV head's query heads here
+        (void)lead; // (a prefetch of the AVX2 build's)
         const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
         if (hi == 0) attn_count_tile(mode, qpos + i0, bt, kpos, Tk, W, &dot_dense, &dot_causal);
         for (int64_t j = 0; !by_rows && j < Tkp; j++) {
