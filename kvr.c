@@ -2565,13 +2565,15 @@ static inline void * row_ptr(const struct kvr_tensor * t, int64_t i1, int64_t i2
     return (uint8_t *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
 }
 
-// Weights in tiles (KVR_FLAG_TILED, made at load by model_tile): the 16 rows 16g..16g+15 of a 2D
-// Q4_0, Q4_1 or Q8_0 matrix keep their bytes (16 rows from g * 16 * nb[1] on), block by block: block
-// b of the 16 rows, 16 times the block's bytes from b * 16 * block bytes on, holds the 16 fp16 d, for
-// Q4_1 the 16 fp16 m, then the quants in vectors of 64 bytes, bytes 4i..4i+3 of vector j being row
-// i's qs bytes 4j..4j+3: 4 vectors for the 4-bit types (a byte holds elements j and j + 16, as in
-// the file), 8 for Q8_0, whose quants have the sign bit flipped (q + 128: the unsigned operand of
-// VNNI). One load then holds 4 bytes of each of 16 rows, the integer kernels' operand (qx_tile_dot).
+// Weights in tiles (KVR_FLAG_TILED, made at load: kvr_weight_tile): the 16 rows 16g..16g+15 of a 2D
+// matrix keep their bytes (16 rows from g * 16 * nb[1] on), block by block: block b of the 16 rows
+// lies where the file has the 16 rows' bytes b * 16 * block bytes on, its fields in the file's
+// order, each the 16 rows' values of that field: a 2-byte field (an fp16 d, dmin or m) as 16 values,
+// row i's at 2i; a field of 4m bytes (quants, high bits, scales) as m vectors of 64 bytes, bytes
+// 4i..4i+3 of vector j being row i's bytes 4j..4j+3 of the field. One load then holds 4 bytes of
+// each of 16 rows, the integer kernels' operand (qx_tile_dot, qx_tile_k). Q8_0's quants have the
+// sign bit flipped (q + 128: the unsigned operand of VNNI). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
+// and Q6_K: the types of llama-quantize's Q4_K_M .. Q8_0 mixtures but Q2_K and Q3_K.
 #define KVR_TILE_ROWS 16
 
 // The builds with the kernels that read tiles (qx_tile_dot, in 512-bit vectors): AVX-512BW, VL and
@@ -2583,45 +2585,77 @@ static inline void * row_ptr(const struct kvr_tensor * t, int64_t i1, int64_t i2
 #define QX_TILES 0
 #endif
 
-static bool tile_type(enum kvr_type t) {
-    return t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1 || t == KVR_TYPE_Q8_0;
+// A tiled type's block: its fields' sizes in bytes, in the file's order (a 0 ends the list), and
+// which field's bytes the tiles flip (Q8_0's quants; -1: none).
+struct tile_fmt {
+    uint8_t size[6];
+    int     flip;
+};
+
+static bool tile_fmt_of(enum kvr_type t, struct tile_fmt * f) {
+    switch (t) {
+        case KVR_TYPE_Q4_0: *f = (struct tile_fmt){ { 2, 16 }, -1 }; return true;        // d, qs
+        case KVR_TYPE_Q4_1: *f = (struct tile_fmt){ { 2, 2, 16 }, -1 }; return true;     // d, m, qs
+        case KVR_TYPE_Q5_0: *f = (struct tile_fmt){ { 2, 4, 16 }, -1 }; return true;     // d, qh, qs
+        case KVR_TYPE_Q5_1: *f = (struct tile_fmt){ { 2, 2, 4, 16 }, -1 }; return true;  // d, m, qh, qs
+        case KVR_TYPE_Q8_0: *f = (struct tile_fmt){ { 2, 32 }, 1 }; return true;         // d, qs
+        case KVR_TYPE_Q4_K: *f = (struct tile_fmt){ { 2, 2, 12, 128 }, -1 }; return true; // d, dmin, scales, qs
+        case KVR_TYPE_Q5_K: *f = (struct tile_fmt){ { 2, 2, 12, 32, 128 }, -1 }; return true; // d, dmin, scales, qh, qs
+        case KVR_TYPE_Q6_K: *f = (struct tile_fmt){ { 128, 64, 16, 2 }, -1 }; return true; // ql, qh, scales, d
+        default: return false;
+    }
 }
 
-// Bytes before the quants in a tiled block: the d (and m) of the 16 rows.
-static size_t tile_head_bytes(enum kvr_type t) {
-    return t == KVR_TYPE_Q4_1 ? 64 : 32;
+static bool tile_type(enum kvr_type t) {
+    struct tile_fmt f;
+    return tile_fmt_of(t, &f);
+}
+
+// Field k's offset in the tiled block of a type (16 times its offset in the file's block).
+static size_t tile_field(enum kvr_type t, int k) {
+    struct tile_fmt f;
+    KVR_ASSERT(tile_fmt_of(t, &f));
+    size_t o = 0;
+    for (int j = 0; j < k; j++) o += KVR_TILE_ROWS * (size_t)f.size[j];
+    return o;
+}
+
+// Row i's field of `size` bytes between the file's block (blk) and the tiled block's field (tf),
+// either way; flip XORs the bytes.
+static void tile_field_copy(uint8_t * blk, uint8_t * tf, int i, int size, uint8_t flip, bool to_tile) {
+    for (int j = 0; j < size; j++) {
+        uint8_t * tp = size == 2 ? tf + 2 * i + j : tf + 64 * (j / 4) + 4 * i + j % 4;
+        if (to_tile) *tp = blk[j] ^ flip;
+        else         blk[j] = *tp ^ flip;
+    }
 }
 
 // Block b of row n of a tiled matrix (data, rows of row_bytes), in the file's layout, into blk.
 static void tile_block_get(enum kvr_type t, const uint8_t * data, size_t row_bytes, int64_t n, int64_t b, uint8_t * blk) {
-    const size_t bs = kvr_row_size(t, KVR_QK);
-    const uint8_t * tb = data + (size_t)(n / KVR_TILE_ROWS) * KVR_TILE_ROWS * row_bytes + (size_t)b * KVR_TILE_ROWS * bs;
-    const int i = (int)(n % KVR_TILE_ROWS), nq = t == KVR_TYPE_Q8_0 ? KVR_QK : KVR_QK / 2;
-    const size_t qs = t == KVR_TYPE_Q4_1 ? offsetof(struct kvr_block_q4_1, qs)
-                    : t == KVR_TYPE_Q4_0 ? offsetof(struct kvr_block_q4_0, qs) : offsetof(struct kvr_block_q8_0, qs);
-    memcpy(blk, tb + 2 * i, 2);
-    if (t == KVR_TYPE_Q4_1) memcpy(blk + offsetof(struct kvr_block_q4_1, m), tb + 32 + 2 * i, 2);
-    const uint8_t * q = tb + tile_head_bytes(t);
-    const uint8_t flip = t == KVR_TYPE_Q8_0 ? 0x80 : 0;
-    for (int j = 0; j < nq / 4; j++) {
-        for (int k = 0; k < 4; k++) blk[qs + 4 * j + k] = q[64 * j + 4 * i + k] ^ flip;
+    struct tile_fmt f;
+    KVR_ASSERT(tile_fmt_of(t, &f));
+    const size_t bs = kvr_row_size(t, kvr_blck_size(t));
+    uint8_t * tb = (uint8_t *)data + (size_t)(n / KVR_TILE_ROWS) * KVR_TILE_ROWS * row_bytes + (size_t)b * KVR_TILE_ROWS * bs;
+    for (int k = 0; k < 6 && f.size[k]; k++) {
+        tile_field_copy(blk, tb, (int)(n % KVR_TILE_ROWS), f.size[k], k == f.flip ? 0x80 : 0, false);
+        blk += f.size[k];
+        tb += KVR_TILE_ROWS * (size_t)f.size[k];
     }
 }
 
 // The 16 rows at base (row_bytes each, nb blocks) into tiles, in place; tmp: 16 * row_bytes.
 static void tile_rows(enum kvr_type t, uint8_t * base, size_t row_bytes, int64_t nb, uint8_t * tmp) {
-    const size_t bs = kvr_row_size(t, KVR_QK), qs = bs - (t == KVR_TYPE_Q8_0 ? KVR_QK : KVR_QK / 2);
-    const int nq = t == KVR_TYPE_Q8_0 ? KVR_QK : KVR_QK / 2;
-    const uint8_t flip = t == KVR_TYPE_Q8_0 ? 0x80 : 0;
+    struct tile_fmt f;
+    KVR_ASSERT(tile_fmt_of(t, &f));
+    const size_t bs = kvr_row_size(t, kvr_blck_size(t));
     memcpy(tmp, base, KVR_TILE_ROWS * row_bytes);
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t * tb = base + (size_t)b * KVR_TILE_ROWS * bs, * q = tb + tile_head_bytes(t);
         for (int i = 0; i < KVR_TILE_ROWS; i++) {
-            const uint8_t * blk = tmp + (size_t)i * row_bytes + (size_t)b * bs;
-            memcpy(tb + 2 * i, blk, 2);
-            if (t == KVR_TYPE_Q4_1) memcpy(tb + 32 + 2 * i, blk + 2, 2);
-            for (int j = 0; j < nq / 4; j++) {
-                for (int k = 0; k < 4; k++) q[64 * j + 4 * i + k] = blk[qs + 4 * j + k] ^ flip;
+            uint8_t * blk = tmp + (size_t)i * row_bytes + (size_t)b * bs, * tb = base + (size_t)b * KVR_TILE_ROWS * bs;
+            for (int k = 0; k < 6 && f.size[k]; k++) {
+                tile_field_copy(blk, tb, i, f.size[k], k == f.flip ? 0x80 : 0, true);
+                blk += f.size[k];
+                tb += KVR_TILE_ROWS * (size_t)f.size[k];
             }
         }
     }
@@ -2629,7 +2663,7 @@ static void tile_rows(enum kvr_type t, uint8_t * base, size_t row_bytes, int64_t
 
 // The inverse of tile_rows: 16 rows of tiles at base back to the file's rows, in place.
 static void untile_rows(enum kvr_type t, uint8_t * base, size_t row_bytes, int64_t nb, uint8_t * tmp) {
-    const size_t bs = kvr_row_size(t, KVR_QK);
+    const size_t bs = kvr_row_size(t, kvr_blck_size(t));
     memcpy(tmp, base, KVR_TILE_ROWS * row_bytes);
     for (int i = 0; i < KVR_TILE_ROWS; i++) {
         for (int64_t b = 0; b < nb; b++) tile_block_get(t, tmp, row_bytes, i, b, base + (size_t)i * row_bytes + (size_t)b * bs);
@@ -2647,7 +2681,7 @@ bool kvr_weight_tile(struct kvr_tensor * w) {
     KVR_ASSERT(w->data && tensor_is_host(w) && !w->view_src);
     uint8_t * tmp = kvr_malloc(KVR_TILE_ROWS * w->nb[1]);
     for (int64_t r = 0; r < w->ne[1]; r += KVR_TILE_ROWS) {
-        tile_rows(w->type, (uint8_t *)w->data + (size_t)r * w->nb[1], w->nb[1], w->ne[0] / KVR_QK, tmp);
+        tile_rows(w->type, (uint8_t *)w->data + (size_t)r * w->nb[1], w->nb[1], w->ne[0] / kvr_blck_size(w->type), tmp);
     }
     free(tmp);
     w->flags |= KVR_FLAG_TILED;
@@ -2658,7 +2692,7 @@ void kvr_weight_untile(struct kvr_tensor * w) {
     if (!(w->flags & KVR_FLAG_TILED)) return;
     uint8_t * tmp = kvr_malloc(KVR_TILE_ROWS * w->nb[1]);
     for (int64_t r = 0; r < w->ne[1]; r += KVR_TILE_ROWS) {
-        untile_rows(w->type, (uint8_t *)w->data + (size_t)r * w->nb[1], w->nb[1], w->ne[0] / KVR_QK, tmp);
+        untile_rows(w->type, (uint8_t *)w->data + (size_t)r * w->nb[1], w->nb[1], w->ne[0] / kvr_blck_size(w->type), tmp);
     }
     free(tmp);
     w->flags &= ~KVR_FLAG_TILED;
@@ -2671,18 +2705,21 @@ static void w_row_f32(const struct kvr_tensor * w, int64_t n, float * out) {
         to_float((const uint8_t *)w->data + n * w->nb[1], out, w->ne[0]);
         return;
     }
-    uint8_t blk[64];
-    for (int64_t b = 0; b < w->ne[0] / KVR_QK; b++) {
+    uint8_t blk[256]; // the largest tiled block
+    const int64_t bk = kvr_blck_size(w->type);
+    KVR_ASSERT(kvr_row_size(w->type, bk) <= sizeof(blk));
+    for (int64_t b = 0; b < w->ne[0] / bk; b++) {
         tile_block_get(w->type, w->data, w->nb[1], n, b, blk);
-        to_float(blk, out + b * KVR_QK, KVR_QK);
+        to_float(blk, out + b * bk, bk);
     }
 }
 
 // Row n of weight w (2D) in the file's layout: where it is, or (tiled) gathered into buf (nb[1] bytes).
 static const void * w_row(const struct kvr_tensor * w, int64_t n, void * buf) {
     if (!(w->flags & KVR_FLAG_TILED)) return (const uint8_t *)w->data + n * w->nb[1];
-    const size_t bs = kvr_row_size(w->type, KVR_QK);
-    for (int64_t b = 0; b < w->ne[0] / KVR_QK; b++) tile_block_get(w->type, w->data, w->nb[1], n, b, (uint8_t *)buf + b * bs);
+    const int64_t bk = kvr_blck_size(w->type);
+    const size_t bs = kvr_row_size(w->type, bk);
+    for (int64_t b = 0; b < w->ne[0] / bk; b++) tile_block_get(w->type, w->data, w->nb[1], n, b, (uint8_t *)buf + b * bs);
     return buf;
 }
 
@@ -4976,20 +5013,34 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
     for (int t = 0; t < 4; t++) _mm512_storeu_ps(out[t], acc[t]);
 }
 
+// vpshufb indices that put byte b of each 32-bit lane into the lane's 4 bytes
+static const uint8_t qx_byte_of_lane_bytes[4][64] = {
+#define QX_BL(b) { 0+b,0+b,0+b,0+b, 4+b,4+b,4+b,4+b, 8+b,8+b,8+b,8+b, 12+b,12+b,12+b,12+b, \
+                   0+b,0+b,0+b,0+b, 4+b,4+b,4+b,4+b, 8+b,8+b,8+b,8+b, 12+b,12+b,12+b,12+b, \
+                   0+b,0+b,0+b,0+b, 4+b,4+b,4+b,4+b, 8+b,8+b,8+b,8+b, 12+b,12+b,12+b,12+b, \
+                   0+b,0+b,0+b,0+b, 4+b,4+b,4+b,4+b, 8+b,8+b,8+b,8+b, 12+b,12+b,12+b,12+b }
+    QX_BL(0), QX_BL(1), QX_BL(2), QX_BL(3)
+#undef QX_BL
+};
+#define qx_byte_of_lane ((const __m512i *)qx_byte_of_lane_bytes)
+
 // out[t][i] = row i . token t over nb blocks of a tiled matrix (KVR_FLAG_TILED) for the nt tokens
 // a[0..nt): the integers and float steps of qx_x8_legacy, each token alone in its accumulators, so
 // a token's result does not depend on nt or on the tokens beside it, and a tiled matrix gives the
 // bits the interleaved prompt kernel gives the file's rows. The 4-bit types keep their nibbles
 // packed: a vector's low nibbles are elements 4j..4j+3 of each row, its high ones, taken as
 // q & 0xf0 (16 times the quant), elements 16+4j..16+4j+3, whose sum goes apart and is divided by 16
-// (exact) before it joins. The next blocks are prefetched QX_PREFETCH bytes ahead: a tile is one
+// (exact) before it joins. The 5-bit types add each nibble's 5th bit from the rows' qh. The next blocks are prefetched QX_PREFETCH bytes ahead: a tile is one
 // stream of memory, as a row is.
 QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict w, const struct qx_q8 * const a[4],
                            int64_t nb, float out[4][QX_TILE_MAX]) {
-    const size_t tb = KVR_TILE_ROWS * qx_block_bytes(type), qo = tile_head_bytes(type);
-    const bool q8 = type == KVR_TYPE_Q8_0;
+    // the fields (tile_fmt_of): d first, then m (Q4_1, Q5_1), qh (Q5_0, Q5_1), the quants last
+    const bool q8 = type == KVR_TYPE_Q8_0, q5 = type == KVR_TYPE_Q5_0 || type == KVR_TYPE_Q5_1;
+    const int nf = 2 + qx_has_min(type) + q5;
+    const size_t tb = KVR_TILE_ROWS * qx_block_bytes(type), qo = tile_field(type, nf - 1), mo = tile_field(type, 1);
+    const size_t qho = tile_field(type, nf - 2);
     const int off = qx_x8_off(type);
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m4h = _mm512_set1_epi8((char)0xf0);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m4h = _mm512_set1_epi8((char)0xf0), c16 = _mm512_set1_epi8(16);
     __m512 acc[4];
     QX_UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
@@ -5013,6 +5064,28 @@ QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict 
                     s32[t] = _mm512_dpbusd_epi32(s32[t], wq, _mm512_set1_epi32(y));
                 }
             }
+        } else if (q5) {
+            // the 5th bits: byte k of lane i of vector j (element 4j + k, and 16 + 4j + k) takes bit
+            // 4j + k (16 + 4j + k) of row i's qh: its byte broadcast to the lane's 4 bytes, tested
+            // against bit k of the nibble, adds 16
+            const __m512i qh = _mm512_loadu_si512(tp + qho);
+            QX_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const __m512i wq = _mm512_loadu_si512(tp + qo + 64 * j);
+                const __m512i bit = _mm512_set1_epi32(j % 2 ? (int)0x80402010 : 0x08040201);
+                const __mmask64 hl = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, qx_byte_of_lane[j / 2]), bit);
+                const __mmask64 hh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, qx_byte_of_lane[2 + j / 2]), bit);
+                const __m512i lo = _mm512_mask_add_epi8(_mm512_and_si512(wq, m4), hl, _mm512_and_si512(wq, m4), c16);
+                const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(wq, 4), m4);
+                const __m512i hi = _mm512_mask_add_epi8(hi4, hh, hi4, c16);
+                QX_UNROLL
+                for (int t = 0; t < nt; t++) {
+                    int32_t yl, yh;
+                    memcpy(&yl, a[t][b].qs + 4 * j, 4);
+                    memcpy(&yh, a[t][b].qs + 16 + 4 * j, 4);
+                    s32[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s32[t], lo, _mm512_set1_epi32(yl)), hi, _mm512_set1_epi32(yh));
+                }
+            }
         } else {
             QX_UNROLL
             for (int j = 0; j < 4; j++) {
@@ -5031,7 +5104,7 @@ QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict 
             for (int t = 0; t < nt; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_srai_epi32(hi32[t], 4));
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tp));
-        const __m512 mw = qx_has_min(type) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + 32))) : _mm512_setzero_ps();
+        const __m512 mw = qx_has_min(type) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + mo))) : _mm512_setzero_ps();
         QX_UNROLL
         for (int t = 0; t < nt; t++) {
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32[t]), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
@@ -5042,11 +5115,174 @@ QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict 
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(out[t], acc[t]);
 }
 
-// A tiled type's kernel for 1..4 tokens, each count its own unrolled copy.
-typedef void (*qx_tile_fn)(const uint8_t * w, const struct qx_q8 * const a[4], int nt, int64_t nb, float out[4][QX_TILE_MAX]);
+// qx_tile_dot for Q4_K's and Q5_K's tiles (fields d, dmin, the 12 scale bytes, Q5_K's qh, qs): per
+// super-block the 16 rows' 6-bit scales and mins come out of the scale bytes in the lanes
+// (kvr_k4_scales' rule), and then the integers and float steps are the interleaved prompt
+// kernels': Q4_K qx_x8_q4k's (a run's low nibbles times 16 times its scale, the next run's high
+// nibbles, q & 0xf0, times its scale, the sum divided by 16), Q5_K qx_x8_k's (5-bit quants, each
+// run times its scale); the mins by vpdpwssd with the token's sums of 16 (qx_k16_end's). So a
+// tiled matrix gives the prompt kernel's bits, and a token its bits alone or with others.
+QX_INLINE void qx_tile_k45(bool q5, int nt, const uint8_t * restrict w, const struct qx_q8K * const a[4], int64_t nb,
+                           float out[4][QX_TILE_MAX]) {
+    // d at 0, dmin at 32, the scale bytes at 64, Q5_K's qh (8 vectors) at 256, the quants after
+    const size_t tb = KVR_TILE_ROWS * (q5 ? sizeof(struct kvr_block_q5_K) : sizeof(struct kvr_block_q4_K));
+    const size_t so = 64, ho = 256, qo = q5 ? 256 + 512 : 256;
+    const __m512i one = _mm512_set1_epi8(1);
+    const __m512i lo = _mm512_set1_epi8(0x0f), hi = _mm512_set1_epi8((char)0xf0);
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    __m512 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * restrict tp = w + (size_t)b * tb;
+        for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)tp + QX_PREFETCH + o, _MM_HINT_T0);
+        // scale bytes 0-3, 4-7, 8-11 of each row; run j's scale and min (j < 4: bytes j, j + 4;
+        // else the low or high nibble of byte j + 4 and the top 2 bits of byte j - 4 or j)
+        const __m512i v0 = _mm512_loadu_si512(tp + so), v1 = _mm512_loadu_si512(tp + so + 64), v2 = _mm512_loadu_si512(tp + so + 128);
+        __m512i sc[8], mn[8];
+        QX_UNROLL
+        for (int j = 0; j < 4; j++) {
+            sc[j] = _mm512_and_si512(_mm512_srli_epi32(v0, 8 * j), m6);
+            mn[j] = _mm512_and_si512(_mm512_srli_epi32(v1, 8 * j), m6);
+            sc[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j), m4),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v0, 8 * j + 6), m2), 4));
+            mn[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j + 4), m4),
+                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v1, 8 * j + 6), m2), 4));
+        }
+        __m512i s32[4], m32[4];
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) s32[t] = m32[t] = _mm512_setzero_si512();
+        for (int k = 0; k < 4; k++) {
+            __m512i pl[4], ph[4];
+            QX_UNROLL
+            for (int t = 0; t < nt; t++) pl[t] = ph[t] = _mm512_setzero_si512();
+            QX_UNROLL
+            for (int g = 0; g < 8; g++) {
+                const __m512i q = _mm512_loadu_si512(tp + qo + 64 * (8 * k + g));
+                __m512i ql = _mm512_and_si512(q, lo), qh = _mm512_and_si512(q, hi);
+                if (q5) { // element 64k + 32s + l's 5th bit: bit 2k + s of qh[l]; each quant whole (no 16x)
+                    const __m512i h = _mm512_loadu_si512(tp + ho + 64 * g);
+                    ql = _mm512_or_si512(ql, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * k), one), 4));
+                    qh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), lo),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * k + 1), one), 4));
+                }
+                QX_UNROLL
+                for (int t = 0; t < nt; t++) {
+                    int32_t yl, yh;
+                    memcpy(&yl, a[t][b].qs + 64 * k + 4 * g, 4);
+                    memcpy(&yh, a[t][b].qs + 64 * k + 32 + 4 * g, 4);
+                    pl[t] = _mm512_dpbusd_epi32(pl[t], ql, _mm512_set1_epi32(yl));
+                    ph[t] = _mm512_dpbusd_epi32(ph[t], qh, _mm512_set1_epi32(yh));
+                }
+            }
+            const __m512i sl = q5 ? sc[2 * k] : _mm512_slli_epi32(sc[2 * k], 4), sh = sc[2 * k + 1];
+            QX_UNROLL
+            for (int t = 0; t < nt; t++) {
+                s32[t] = _mm512_add_epi32(s32[t], _mm512_add_epi32(_mm512_mullo_epi32(pl[t], sl), _mm512_mullo_epi32(ph[t], sh)));
+            }
+        }
+        // the mins: runs of 16 2pp and 2pp + 1 share run pp of 32's min
+        QX_UNROLL
+        for (int pp = 0; pp < 8; pp++) {
+            const __m512i v = _mm512_or_si512(mn[pp], _mm512_slli_epi32(mn[pp], 16));
+            QX_UNROLL
+            for (int t = 0; t < nt; t++) {
+                int32_t s;
+                memcpy(&s, a[t][b].bsum + 2 * pp, 4);
+                m32[t] = _mm512_dpwssd_epi32(m32[t], v, _mm512_set1_epi32(s));
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tp));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + 32)));
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) {
+            const __m512 da = _mm512_set1_ps(a[t][b].d);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q5 ? s32[t] : _mm512_srai_epi32(s32[t], 4)), _mm512_mul_ps(dw, da), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m32[t]), _mm512_mul_ps(dm, da), acc[t]);
+        }
+    }
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(out[t], acc[t]);
+}
+
+// qx_tile_dot for Q6_K's tiles (fields ql, qh, the 16 int8 scales, d): element 128h + 32s + l of a
+// row is nibble s / 2 of ql[64h + 32 (s % 2) + l] with bits 2s, 2s + 1 of qh[32h + l] above it
+// (ggml's layout), unpacked in the registers 16 rows at a time; then qx_x8_k's integers (each run
+// of 16 times its scale) and qx_k16_end's float steps (the offset 32 as mins of 32 times the
+// scale): the interleaved prompt kernel's bits, and a token's bits alone or with others.
+QX_INLINE void qx_tile_k6(int nt, const uint8_t * restrict w, const struct qx_q8K * const a[4], int64_t nb,
+                          float out[4][QX_TILE_MAX]) {
+    const size_t tb = KVR_TILE_ROWS * sizeof(struct kvr_block_q6_K), lo = 0, ho = 2048, so = 3072, dof = 3328;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3), low16 = _mm512_set1_epi32(0xffff);
+    __m512 acc[4];
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * restrict tp = w + (size_t)b * tb;
+        for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)tp + QX_PREFETCH + o, _MM_HINT_T0);
+        __m512i sv[4];
+        QX_UNROLL
+        for (int v = 0; v < 4; v++) sv[v] = _mm512_loadu_si512(tp + so + 64 * v);
+        __m512i s32[4], m32[4];
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) s32[t] = m32[t] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            for (int s = 0; s < 4; s++) {
+                __m512i p[2][4]; // the two runs of 16 of elements 128h + 32s ..
+                QX_UNROLL
+                for (int t = 0; t < nt; t++) p[0][t] = p[1][t] = _mm512_setzero_si512();
+                QX_UNROLL
+                for (int g = 0; g < 8; g++) {
+                    const __m512i l = _mm512_loadu_si512(tp + lo + 64 * (16 * h + 8 * (s % 2) + g));
+                    const __m512i hb = _mm512_loadu_si512(tp + ho + 64 * (8 * h + g));
+                    const __m512i q = _mm512_or_si512(_mm512_and_si512(s / 2 ? _mm512_srli_epi16(l, 4) : l, m4),
+                                                      _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * s), m2), 4));
+                    QX_UNROLL
+                    for (int t = 0; t < nt; t++) {
+                        int32_t y;
+                        memcpy(&y, a[t][b].qs + 128 * h + 32 * s + 4 * g, 4);
+                        p[g / 4][t] = _mm512_dpbusd_epi32(p[g / 4][t], q, _mm512_set1_epi32(y));
+                    }
+                }
+                QX_UNROLL
+                for (int u = 0; u < 2; u++) {
+                    const int r = 8 * h + 2 * s + u; // the run of 16: scale byte r % 4 of vector r / 4, sign-extended
+                    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sv[r / 4], 24 - 8 * (r % 4)), 24);
+                    QX_UNROLL
+                    for (int t = 0; t < nt; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_mullo_epi32(p[u][t], sc));
+                }
+            }
+        }
+        // the offset: 32 times each run's scale, as int16 pairs of runs 2pp, 2pp + 1, against the token's sums of 16
+        QX_UNROLL
+        for (int pp = 0; pp < 8; pp++) {
+            const __m512i s0 = _mm512_srai_epi32(_mm512_slli_epi32(sv[pp / 2], 24 - 8 * (2 * pp % 4)), 24);
+            const __m512i s1 = _mm512_srai_epi32(_mm512_slli_epi32(sv[pp / 2], 24 - 8 * ((2 * pp + 1) % 4)), 24);
+            const __m512i v = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(s0, 5), low16), _mm512_slli_epi32(s1, 21));
+            QX_UNROLL
+            for (int t = 0; t < nt; t++) {
+                int32_t x;
+                memcpy(&x, a[t][b].bsum + 2 * pp, 4);
+                m32[t] = _mm512_dpwssd_epi32(m32[t], v, _mm512_set1_epi32(x));
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + dof)));
+        QX_UNROLL
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s32[t], m32[t])), _mm512_mul_ps(dw, _mm512_set1_ps(a[t][b].d)), acc[t]);
+        }
+    }
+    QX_UNROLL
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(out[t], acc[t]);
+}
+
+// A tiled type's kernel for 1..4 tokens (their activations: struct qx_q8, or qx_q8K for the
+// K-quants), each count its own unrolled copy.
+typedef void (*qx_tile_fn)(const uint8_t * w, const void * const a[4], int nt, int64_t nb, float out[4][QX_TILE_MAX]);
 #define QX_TILE_FN(name, T)                                                                                   \
-    static void qx_tile_##name(const uint8_t * w, const struct qx_q8 * const a[4], int nt, int64_t nb,       \
+    static void qx_tile_##name(const uint8_t * w, const void * const act[4], int nt, int64_t nb,             \
                                float out[4][QX_TILE_MAX]) {                                                   \
+        const struct qx_q8 * const a[4] = { act[0], act[1], act[2], act[3] };                                 \
         switch (nt) {                                                                                         \
             case 1:  qx_tile_dot(T, 1, w, a, nb, out); break;                                                 \
             case 2:  qx_tile_dot(T, 2, w, a, nb, out); break;                                                 \
@@ -5054,14 +5290,111 @@ typedef void (*qx_tile_fn)(const uint8_t * w, const struct qx_q8 * const a[4], i
             default: qx_tile_dot(T, 4, w, a, nb, out); break;                                                 \
         }                                                                                                     \
     }
-QX_TILE_FN(q4_0, KVR_TYPE_Q4_0) QX_TILE_FN(q4_1, KVR_TYPE_Q4_1) QX_TILE_FN(q8_0, KVR_TYPE_Q8_0)
+#define QX_TILE_KFN(name, kernel)                                                                             \
+    static void qx_tile_##name(const uint8_t * w, const void * const act[4], int nt, int64_t nb,             \
+                               float out[4][QX_TILE_MAX]) {                                                   \
+        const struct qx_q8K * const a[4] = { act[0], act[1], act[2], act[3] };                                \
+        switch (nt) {                                                                                         \
+            case 1:  kernel(1, w, a, nb, out); break;                                                         \
+            case 2:  kernel(2, w, a, nb, out); break;                                                         \
+            case 3:  kernel(3, w, a, nb, out); break;                                                         \
+            default: kernel(4, w, a, nb, out); break;                                                         \
+        }                                                                                                     \
+    }
+#define qx_tile_k4(nt, w, a, nb, out) qx_tile_k45(false, nt, w, a, nb, out)
+#define qx_tile_k5(nt, w, a, nb, out) qx_tile_k45(true, nt, w, a, nb, out)
+QX_TILE_KFN(q4_K, qx_tile_k4) QX_TILE_KFN(q5_K, qx_tile_k5) QX_TILE_KFN(q6_K, qx_tile_k6)
+#undef qx_tile_k4
+#undef qx_tile_k5
+#undef QX_TILE_KFN
+QX_TILE_FN(q4_0, KVR_TYPE_Q4_0) QX_TILE_FN(q4_1, KVR_TYPE_Q4_1) QX_TILE_FN(q5_0, KVR_TYPE_Q5_0) QX_TILE_FN(q5_1, KVR_TYPE_Q5_1)
+QX_TILE_FN(q8_0, KVR_TYPE_Q8_0)
 #undef QX_TILE_FN
+
+// A K-quant tile's super-block b into the interleaved prompt kernels' form (struct qx_q4k_tile for
+// Q4_K, qx_k_tile for Q5_K and Q6_K), the scales decoded and the quants unpacked once, as the tile
+// kernels do for every 4 tokens: a long prompt's tokens then meet the prompt kernel (the same
+// integers and float steps, so the same bits) instead of unpacking a tile again every 4 tokens.
+static void qx_tile_unpack_k(enum kvr_type type, const uint8_t * restrict tile, int64_t b, void * restrict out) {
+    const __m512i m6 = _mm512_set1_epi32(63), m4d = _mm512_set1_epi32(15), m2d = _mm512_set1_epi32(3);
+    const __m512i lo = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), m2 = _mm512_set1_epi8(3), low16 = _mm512_set1_epi32(0xffff);
+    if (type == KVR_TYPE_Q6_K) {
+        const size_t tb = KVR_TILE_ROWS * sizeof(struct kvr_block_q6_K);
+        const uint8_t * tp = tile + (size_t)b * tb;
+        struct qx_k_tile * o = out;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + 3328)));
+        _mm512_storeu_ps(o->d, d);
+        _mm512_storeu_ps(o->dmin, d);
+        __m512i sc[16];
+        for (int r = 0; r < 16; r++) {
+            sc[r] = _mm512_srai_epi32(_mm512_slli_epi32(_mm512_loadu_si512(tp + 3072 + 64 * (r / 4)), 24 - 8 * (r % 4)), 24);
+            _mm512_storeu_si512(o->sc[r], sc[r]);
+        }
+        for (int pp = 0; pp < 8; pp++) {
+            _mm512_storeu_si512(o->mn[pp], _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(sc[2 * pp], 5), low16),
+                                                           _mm512_slli_epi32(sc[2 * pp + 1], 21)));
+        }
+        for (int h = 0; h < 2; h++) {
+            for (int s = 0; s < 4; s++) {
+                for (int g = 0; g < 8; g++) {
+                    const __m512i l = _mm512_loadu_si512(tp + 64 * (16 * h + 8 * (s % 2) + g));
+                    const __m512i hb = _mm512_loadu_si512(tp + 2048 + 64 * (8 * h + g));
+                    _mm512_storeu_si512(o->q[4 * h + s][g], _mm512_or_si512(_mm512_and_si512(s / 2 ? _mm512_srli_epi16(l, 4) : l, lo),
+                                                                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * s), m2), 4)));
+                }
+            }
+        }
+        return;
+    }
+    const bool q5 = type == KVR_TYPE_Q5_K;
+    const size_t tb = KVR_TILE_ROWS * (q5 ? sizeof(struct kvr_block_q5_K) : sizeof(struct kvr_block_q4_K)), qo = q5 ? 768 : 256;
+    const uint8_t * tp = tile + (size_t)b * tb;
+    const __m512i v0 = _mm512_loadu_si512(tp + 64), v1 = _mm512_loadu_si512(tp + 128), v2 = _mm512_loadu_si512(tp + 192);
+    __m512i sc[8], mn[8];
+    for (int j = 0; j < 4; j++) {
+        sc[j] = _mm512_and_si512(_mm512_srli_epi32(v0, 8 * j), m6);
+        mn[j] = _mm512_and_si512(_mm512_srli_epi32(v1, 8 * j), m6);
+        sc[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j), m4d),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v0, 8 * j + 6), m2d), 4));
+        mn[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j + 4), m4d),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v1, 8 * j + 6), m2d), 4));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tp)), dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + 32)));
+    if (!q5) {
+        struct qx_q4k_tile * o = out;
+        _mm512_storeu_ps(o->d, d);
+        _mm512_storeu_ps(o->dmin, dmin);
+        for (int r = 0; r < 8; r++) _mm512_storeu_si512(o->sc[r], r % 2 ? sc[r] : _mm512_slli_epi32(sc[r], 4));
+        for (int pp = 0; pp < 8; pp++) _mm512_storeu_si512(o->mn[pp], _mm512_or_si512(mn[pp], _mm512_slli_epi32(mn[pp], 16)));
+        memcpy(o->q, tp + qo, sizeof(o->q));
+        return;
+    }
+    struct qx_k_tile * o = out;
+    _mm512_storeu_ps(o->d, d);
+    _mm512_storeu_ps(o->dmin, dmin);
+    for (int r = 0; r < 16; r++) _mm512_storeu_si512(o->sc[r], sc[r / 2]);
+    for (int pp = 0; pp < 8; pp++) _mm512_storeu_si512(o->mn[pp], _mm512_or_si512(mn[pp], _mm512_slli_epi32(mn[pp], 16)));
+    for (int k = 0; k < 4; k++) {
+        for (int g = 0; g < 8; g++) {
+            const __m512i q = _mm512_loadu_si512(tp + qo + 64 * (8 * k + g)), h = _mm512_loadu_si512(tp + 256 + 64 * g);
+            for (int s = 0; s < 2; s++) {
+                const __m512i n4 = _mm512_and_si512(s ? _mm512_srli_epi16(q, 4) : q, lo);
+                _mm512_storeu_si512(o->q[2 * k + s][g], _mm512_or_si512(n4, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * k + s), one), 4)));
+            }
+        }
+    }
+}
 
 static qx_tile_fn qx_tile_kernel(enum kvr_type t) {
     switch (t) {
         case KVR_TYPE_Q4_0: return qx_tile_q4_0;
         case KVR_TYPE_Q4_1: return qx_tile_q4_1;
+        case KVR_TYPE_Q5_0: return qx_tile_q5_0;
+        case KVR_TYPE_Q5_1: return qx_tile_q5_1;
         case KVR_TYPE_Q8_0: return qx_tile_q8_0;
+        case KVR_TYPE_Q4_K: return qx_tile_q4_K;
+        case KVR_TYPE_Q5_K: return qx_tile_q5_K;
+        case KVR_TYPE_Q6_K: return qx_tile_q6_K;
         default:            KVR_ASSERT(!"a tiled type"); return NULL;
     }
 }
@@ -5395,15 +5728,22 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
 // chunk's activations), and each tile meets every 4 of them while it is in the nearest caches.
 // scratch: min(T, QX_MM_TOKENS) tokens' activations. Returns the rows this thread computed (on
 // average over the tokens).
+#define QX_TILE_UNPACK_TOKENS 8 // a K-quant tile met by this many tokens is unpacked once (qx_tile_unpack_k)
+
 static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_bytes, int64_t K, int64_t N,
                             const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
                             void * scratch, size_t scratch_bytes) {
-    const int64_t nb = K / KVR_QK;
+    const int64_t nb = K / kvr_blck_size(type);
     const size_t ab = qx_act_bytes(type, K);
     KVR_ASSERT(N % KVR_TILE_ROWS == 0 && chunks->rows % KVR_TILE_ROWS == 0);
     KVR_ASSERT((size_t)(T < QX_MM_TOKENS ? T : QX_MM_TOKENS) * ab <= scratch_bytes);
     const qx_tile_fn f = qx_tile_kernel(type);
     uint8_t * act = scratch;
+    // the prompt kernel of a K-quant (qx_tile_unpack_k) and its tile's bytes after the activations
+    struct qx_x8_fns px = { 0 };
+    if (qx_is_k(type)) qx_x8_get(type, &px);
+    const size_t px_bytes = (size_t)nb * px.tile_bytes;
+    uint8_t * px_tile = act + (size_t)(T < QX_MM_TOKENS ? T : QX_MM_TOKENS) * ab;
     // work item k: rows chunk k % per of token chunk k / per
     const int64_t per = (N + chunks->rows - 1) / chunks->rows, items = per * ((T + QX_MM_TOKENS - 1) / QX_MM_TOKENS);
     int64_t quantized = -1, done = 0;
@@ -5414,18 +5754,22 @@ static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_by
         const int64_t m0 = k % per * chunks->rows, m1 = m0 + chunks->rows < N ? m0 + chunks->rows : N;
         if (quantized != c0) {
             for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
-            qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
+            if (qx_is_legacy(type)) qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
             quantized = c0;
         }
         done += (m1 - m0) * nt;
         for (int64_t r = m0; r < m1; r += KVR_TILE_ROWS) {
             const uint8_t * tile = W + (size_t)r * row_bytes;
+            // a K-quant tile that many tokens meet: unpacked once into the prompt kernel's form
+            const bool unpack = px.dot && nt >= QX_TILE_UNPACK_TOKENS && px_bytes <= scratch_bytes - (size_t)nt * ab;
+            for (int64_t b = 0; unpack && b < nb; b++) qx_tile_unpack_k(type, tile, b, px_tile + (size_t)b * px.tile_bytes);
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
-                const struct qx_q8 * a[4];
-                for (int j = 0; j < 4; j++) a[j] = (const struct qx_q8 *)(act + (size_t)(t + (j < n ? j : n - 1)) * ab);
+                const void * a[4];
+                for (int j = 0; j < 4; j++) a[j] = act + (size_t)(t + (j < n ? j : n - 1)) * ab;
                 float out[4][QX_TILE_MAX];
-                f(tile, a, n, nb, out);
+                if (unpack) px.dot(px_tile, a, nb, out);
+                else        f(tile, a, n, nb, out);
                 for (int j = 0; j < n; j++) memcpy(Y + (c0 + t + j) * ldy + r, out[j], KVR_TILE_ROWS * sizeof(float));
             }
         }
@@ -13398,7 +13742,7 @@ static bool model_untile(const struct kvr_model * m, uint8_t * plain) {
         uint8_t * tmp = malloc(KVR_TILE_ROWS * rb);
         if (!tmp) return false;
         for (int64_t r = 0; r < gt->ne[1]; r += KVR_TILE_ROWS) {
-            untile_rows(gt->type, plain + gt->offset + (size_t)r * rb, rb, gt->ne[0] / KVR_QK, tmp);
+            untile_rows(gt->type, plain + gt->offset + (size_t)r * rb, rb, gt->ne[0] / kvr_blck_size(gt->type), tmp);
         }
         free(tmp);
     }

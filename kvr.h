@@ -1225,7 +1225,7 @@ struct kvr_model_params {
                           //   processes of the file. Default: read into memory of 2 MiB pages (transparent
                           //   huge pages, where the kernel has them), which decode reads faster
     bool no_tiles;        // keep every weight's rows as the file has them. Default, for weights read into
-                          //   memory on a CPU with AVX-512 VNNI: the 2D Q4_0, Q4_1 and Q8_0 matrices of a
+                          //   memory on a CPU with AVX-512 VNNI: the 2D Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices of a
                           //   multiple of 16 rows rearranged in place into tiles of 16 rows (KVR_FLAG_TILED),
                           //   which the 8-bit-activation kernels read for decode, batches and prompts
                           //   alike: no per-matmul interleave, and a token gets the same bits alone or
@@ -1243,7 +1243,7 @@ void               kvr_model_describe(const struct kvr_model * m, char * buf, si
 // Free it with kvr_model_free, before m and be. NULL + kvr_last_error() on failure.
 struct kvr_model * kvr_model_to_backend(const struct kvr_model * m, struct kvr_backend * be);
 // A host weight rearranged into tiles of 16 rows in place and flagged KVR_FLAG_TILED, as
-// kvr_model_load does (kvr_model_params.no_tiles): a 2D Q4_0, Q4_1 or Q8_0 matrix of a multiple of
+// kvr_model_load does (kvr_model_params.no_tiles): a 2D Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrix of a multiple of
 // 16 rows, on a build whose CPU kernels read tiles (AVX-512 VNNI); false, untouched, otherwise.
 // kvr_weight_untile puts the file's rows back and clears the flag.
 bool kvr_weight_tile(struct kvr_tensor * w);

@@ -1165,7 +1165,8 @@ static void test_batch_rows(void) {
 }
 
 // Weights in tiles (kvr_weight_tile, what kvr_model_load does on a CPU with AVX-512 VNNI): Q4_0,
-// Q4_1 and Q8_0, 48 rows (3 tiles) of 29 blocks. The tiles' bytes against the layout kvr.h and kvr.c
+// Q4_1, Q5_0, Q5_1 and Q8_0, 48 rows (3 tiles) of 29 blocks, and Q4_K, Q5_K and Q6_K, 48 rows of
+// 3 super-blocks. The tiles' bytes against the layout kvr.h and kvr.c
 // describe, computed here from the file's blocks; untiling gives the file's bytes back. Through
 // kvr_mul_mat with 8-bit activations every count of tokens (1..9, and a prompt of 37) gives each
 // token the bits it gets alone, on 1 and 3 threads, and a prompt the bits of the file's rows
@@ -1174,7 +1175,7 @@ static void test_batch_rows(void) {
 // get-rows give the file's rows' bits (the decode of one token: within 1e-5, another kernel).
 static float * tile_run(enum kvr_type type, const uint8_t * wq, bool tiled, const float * xs, int64_t T, int nth, bool q8, bool ref,
                         bool rows) {
-    const int64_t K = 928, N = 48;
+    const int64_t K = kvr_blck_size(type) == 256 ? 768 : 928, N = 48;
     struct kvr_context * ctx = kvr_init(8u << 20, false);
     struct kvr_tensor * w = kvr_new_tensor_2d(ctx, type, K, N);
     memcpy(w->data, wq, kvr_nbytes(w));
@@ -1219,13 +1220,12 @@ static double tile_rel(const float * a, const float * b, size_t n) {
 }
 
 static void test_tiles_type(const struct qtype * qt) {
-    const int64_t K = 928, N = 48, nb = K / 32, T_max = 9, T_long = 37;
+    const int64_t K = qt->blck == 256 ? 768 : 928, N = 48, nb = K / qt->blck, T_max = 9, T_long = 37;
     const size_t rb = (size_t)(nb * qt->size), bytes = rb * (size_t)N;
     uint8_t * wq = malloc(bytes), * tl = malloc(bytes);
     float * xs = malloc(sizeof(float) * (size_t)(K * T_long));
     random_blocks(qt, wq, (int)(nb * N));
     for (int64_t i = 0; i < K * T_long; i++) xs[i] = rng_normal();
-    // the layout, from the blocks: block b of tile g at g 16 rb + b 16 size; d (and m), then the quants
     struct kvr_context * ctx = kvr_init(1u << 20, false);
     struct kvr_tensor * w = kvr_new_tensor_2d(ctx, qt->type, K, N);
     memcpy(w->data, wq, bytes);
@@ -1237,17 +1237,32 @@ static void test_tiles_type(const struct qtype * qt) {
     }
     CHECK((w->flags & KVR_FLAG_TILED) && !kvr_weight_tile(w), "tiles %s: flagged, and not tiled twice", qt->name);
     memcpy(tl, w->data, bytes);
-    const bool q8 = qt->type == KVR_TYPE_Q8_0, min = qt->type == KVR_TYPE_Q4_1;
-    const int qs = min ? 4 : 2, nq = q8 ? 32 : 16, head = min ? 64 : 32;
+    // the layout: block b of tile g at g 16 rb + b 16 size holds the block's fields in the file's
+    // order, each for the 16 rows: a 2-byte field row i's at 2i, a field of 4m bytes as m vectors of
+    // 64 bytes, row i's bytes 4j..4j+3 at 64j + 4i; Q8_0's quants with the sign bit flipped
+    static const struct { enum kvr_type type; int size[5]; } fields[] = {
+        { KVR_TYPE_Q4_0, { 2, 16 } },        { KVR_TYPE_Q4_1, { 2, 2, 16 } },      { KVR_TYPE_Q5_0, { 2, 4, 16 } },
+        { KVR_TYPE_Q5_1, { 2, 2, 4, 16 } }, { KVR_TYPE_Q8_0, { 2, 32 } },         { KVR_TYPE_Q4_K, { 2, 2, 12, 128 } },
+        { KVR_TYPE_Q5_K, { 2, 2, 12, 32, 128 } }, { KVR_TYPE_Q6_K, { 128, 64, 16, 2 } },
+    };
+    const int * size = NULL;
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) if (fields[f].type == qt->type) size = fields[f].size;
+    CHECK(size != NULL, "tiles %s: a type the test has no layout of", qt->name);
     int64_t bad = 0;
-    for (int64_t n = 0; n < N; n++) {
+    for (int64_t n = 0; size && n < N; n++) {
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t * blk = wq + (size_t)n * rb + (size_t)b * (size_t)qt->size;
-            const uint8_t * tb = tl + (size_t)(n / 16) * 16 * rb + (size_t)b * 16 * (size_t)qt->size;
+            const uint8_t * tf = tl + (size_t)(n / 16) * 16 * rb + (size_t)b * 16 * (size_t)qt->size;
             const int i = (int)(n % 16);
-            bad += memcmp(tb + 2 * i, blk, 2) != 0;
-            if (min) bad += memcmp(tb + 32 + 2 * i, blk + 2, 2) != 0;
-            for (int e = 0; e < nq; e++) bad += tb[head + 64 * (e / 4) + 4 * i + e % 4] != (uint8_t)(blk[qs + e] ^ (q8 ? 0x80 : 0));
+            for (int k = 0; k < 5 && size[k]; k++) {
+                const uint8_t flip = qt->type == KVR_TYPE_Q8_0 && k == 1 ? 0x80 : 0;
+                for (int j = 0; j < size[k]; j++) {
+                    const uint8_t got = size[k] == 2 ? tf[2 * i + j] : tf[64 * (j / 4) + 4 * i + j % 4];
+                    bad += got != (uint8_t)(blk[j] ^ flip);
+                }
+                blk += size[k];
+                tf += 16 * size[k];
+            }
         }
     }
     CHECK(bad == 0, "tiles %s: %lld fields not where the layout puts them", qt->name, (long long)bad);
@@ -1306,7 +1321,9 @@ static void test_tiles_type(const struct qtype * qt) {
 static void test_tiles(void) {
     for (int i = 0; i < N_QTYPES; i++) {
         const enum kvr_type t = qtypes[i].type;
-        if (t == KVR_TYPE_Q4_0 || t == KVR_TYPE_Q4_1 || t == KVR_TYPE_Q8_0) test_tiles_type(&qtypes[i]);
+        if ((t != KVR_TYPE_Q8_1 && qtypes[i].blck == 32) || t == KVR_TYPE_Q4_K || t == KVR_TYPE_Q5_K || t == KVR_TYPE_Q6_K) {
+            test_tiles_type(&qtypes[i]);
+        }
     }
 }
 

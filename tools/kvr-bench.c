@@ -218,7 +218,7 @@ static int parse_args(int argc, char ** argv, struct bench_args * a) {
           .help = "run nothing: the simulator with profile P (a file or a built-in name) fills the table" },
         { .name = "--svg", .kind = KVR_CLI_OUT, .dst = &a->svg, .meta = "FILE", .help = "draw TTFT against prompt length, one line per strategy (and ranks, link)" },
         { .name = "--mmap", .kind = KVR_CLI_SWITCH, .dst = &a->mmap,
-          .help = "leave the weights where the file is mapped (no copy, pages shared with other\nprocesses) instead of reading them into memory of 2 MiB pages, which decode reads faster" },
+          .help = "leave the weights where the file is mapped (no copy, pages shared with other\nprocesses, rows as the file has them) instead of reading them into memory of 2 MiB\npages, the quantized matrices in tiles of 16 rows, which the kernels read faster" },
         KVR_CLI_ARITH_FLAGS(&a->arith),
         { .name = "--replicate", .kind = KVR_CLI_SWITCH, .dst = &a->replicate,
           .help = "ranks: every rank's new cache rows also go to a replica in its ring\nsuccessor's memory, as kvr-run --replicate (what failover costs)" },

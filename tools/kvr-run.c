@@ -204,7 +204,7 @@ static int parse_args(int argc, char ** argv, struct run_args * a) {
         { .name = "--dump-logits", .kind = KVR_CLI_OUT, .dst = &a->dump_logits, .meta = "FILE", .help = "the last prompt token's logits, one per line" },
         { .name = "--dump-graph", .kind = KVR_CLI_SWITCH, .dst = &a->dump_graph, .help = "print every rank's rewritten graph of the prefill on stderr" },
         { .name = "--mmap", .kind = KVR_CLI_SWITCH, .dst = &a->mmap,
-          .help = "leave the weights where the file is mapped (no copy, pages shared with other\nprocesses) instead of reading them into memory of 2 MiB pages, which decode reads faster" },
+          .help = "leave the weights where the file is mapped (no copy, pages shared with other\nprocesses, rows as the file has them) instead of reading them into memory of 2 MiB\npages, the quantized matrices in tiles of 16 rows, which the kernels read faster" },
         KVR_CLI_ARITH_FLAGS(&a->arith),
         { .name = "--vec-dot-order", .kind = KVR_CLI_SWITCH, .dst = &a->vec_dot_order,
           .help = "small F32 sums in the order of a llama.cpp built without GGML_LLAMAFILE\n"

@@ -21,9 +21,9 @@
 // over the weights). So a stream waits between two of its tokens at most one chunk's prefill plus
 // one batch step: the bound a long prompt puts on running streams. Quantized matmuls take 8-bit
 // activations, as kvr-run's (--exact: f32), and a request's logits are then its solo run's bit for
-// bit: the batch takes every token through the one-token kernels (KVR_MM_ROWS), and no prefill
-// piece of a longer prompt is short enough for those (KVR_ROW_TOKENS): a prompt gets kvr-run's
-// bits. With --ranks, a prompt of at least --ranks-min uncached tokens is prefilled instead by a
+// bit: a matrix in tiles (KVR_FLAG_TILED) meets every count of tokens through one kernel, and the
+// others take every token of a batch through the one-token kernels (KVR_MM_ROWS), where no prefill
+// piece of a longer prompt is short enough for those (KVR_ROW_TOKENS): a prompt gets kvr-run's bits. With --ranks, a prompt of at least --ranks-min uncached tokens is prefilled instead by a
 // thread of its own on local ranks (kvr-run's strategies) beside the batch, and its cache handed
 // to the slot through a KV cache file: the streams then wait, once, for that file's load (its
 // size: the prompt's rows, no compute), and share the cores with the ranks meanwhile. A client
@@ -316,7 +316,9 @@ static void slot_fail_locked(struct slot * sl, int status, const char * msg) {
     slot_finish_locked(sl, "error");
 }
 
-// A token the slot sampled: its text out to the request; true when the request ends with it.
+// A token the slot sampled: its text out to the request; true when the request ends with it. The
+// caller wakes the connections (g_srv.out) once for all the tokens of a step: a broadcast a token
+// would wake every stream's thread once for each of them.
 static bool slot_emit_locked(struct slot * sl, int32_t id) {
     struct req * r = sl->r;
     if (r->n_gen == 0) {
@@ -346,7 +348,6 @@ static bool slot_emit_locked(struct slot * sl, int32_t id) {
         slot_finish_locked(sl, "stop");
         return true;
     }
-    pthread_cond_broadcast(&g_srv.out);
     if ((r->max_tokens >= 0 && r->n_gen >= r->max_tokens) || kvr_session_n_past(sl->s) + 1 > g_srv.n_ctx) {
         slot_finish_locked(sl, "length");
         return true;
@@ -518,6 +519,7 @@ static void handoff_finish_locked(float * scratch, int n_vocab) {
     sl->state = SLOT_DECODE;
     const int32_t id = slot_sample(sl, kvr_session_logits(sl->s), n_vocab, scratch);
     if (slot_emit_locked(sl, id)) slot_keep_tokens(sl);
+    pthread_cond_broadcast(&g_srv.out);
 }
 
 // The tokens of a slot's next prefill piece, `rest` of its prompt left and `budget` of this step's
@@ -619,6 +621,7 @@ static void * sched_main(void * arg) {
                     sl->state = SLOT_DECODE;
                     const int32_t id = slot_sample(sl, lg, n_vocab, scratch);
                     if (slot_emit_locked(sl, id)) slot_keep_tokens(sl);
+                    pthread_cond_broadcast(&S->out);
                 }
             }
             pthread_mutex_unlock(&S->mu);
@@ -657,6 +660,7 @@ static void * sched_main(void * arg) {
                 const int32_t id = slot_sample(sl, kvr_session_logits(sl->s), n_vocab, scratch);
                 if (slot_emit_locked(sl, id)) slot_keep_tokens(sl);
             }
+            pthread_cond_broadcast(&S->out);
             pthread_mutex_unlock(&S->mu);
         }
         pthread_mutex_lock(&S->mu);
