@@ -2571,7 +2571,7 @@ static inline void * row_ptr(const struct kvr_tensor * t, int64_t i1, int64_t i2
 // order, each the 16 rows' values of that field: a 2-byte field (an fp16 d, dmin or m) as 16 values,
 // row i's at 2i; a field of 4m bytes (quants, high bits, scales) as m vectors of 64 bytes, bytes
 // 4i..4i+3 of vector j being row i's bytes 4j..4j+3 of the field. One load then holds 4 bytes of
-// each of 16 rows, the integer kernels' operand (qx_tile_dot, qx_tile_k). Q8_0's quants have the
+// each of 16 rows, the integer kernels' operand (qx_tile_dot, qx_tile_k45, qx_tile_k6). Q8_0's quants have the
 // sign bit flipped (q + 128: the unsigned operand of VNNI). Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
 // and Q6_K: the types of llama-quantize's Q4_K_M .. Q8_0 mixtures but Q2_K and Q3_K.
 #define KVR_TILE_ROWS 16
@@ -2621,12 +2621,19 @@ static size_t tile_field(enum kvr_type t, int k) {
 }
 
 // Row i's field of `size` bytes between the file's block (blk) and the tiled block's field (tf),
-// either way; flip XORs the bytes.
-static void tile_field_copy(uint8_t * blk, uint8_t * tf, int i, int size, uint8_t flip, bool to_tile) {
-    for (int j = 0; j < size; j++) {
-        uint8_t * tp = size == 2 ? tf + 2 * i + j : tf + 64 * (j / 4) + 4 * i + j % 4;
-        if (to_tile) *tp = blk[j] ^ flip;
-        else         blk[j] = *tp ^ flip;
+// either way, 4 bytes at a time; flip XORs each byte with 0x80.
+static void tile_field_copy(uint8_t * blk, uint8_t * tf, int i, int size, bool flip, bool to_tile) {
+    if (size == 2) {
+        if (to_tile) memcpy(tf + 2 * i, blk, 2);
+        else         memcpy(blk, tf + 2 * i, 2);
+        return;
+    }
+    for (int j = 0; j < size; j += 4) {
+        uint8_t * tp = tf + 16 * j + 4 * i; // vector j / 4, row i's lane
+        uint32_t v;
+        memcpy(&v, to_tile ? blk + j : tp, 4);
+        if (flip) v ^= 0x80808080u;
+        memcpy(to_tile ? tp : blk + j, &v, 4);
     }
 }
 
@@ -2637,7 +2644,7 @@ static void tile_block_get(enum kvr_type t, const uint8_t * data, size_t row_byt
     const size_t bs = kvr_row_size(t, kvr_blck_size(t));
     uint8_t * tb = (uint8_t *)data + (size_t)(n / KVR_TILE_ROWS) * KVR_TILE_ROWS * row_bytes + (size_t)b * KVR_TILE_ROWS * bs;
     for (int k = 0; k < 6 && f.size[k]; k++) {
-        tile_field_copy(blk, tb, (int)(n % KVR_TILE_ROWS), f.size[k], k == f.flip ? 0x80 : 0, false);
+        tile_field_copy(blk, tb, (int)(n % KVR_TILE_ROWS), f.size[k], k == f.flip, false);
         blk += f.size[k];
         tb += KVR_TILE_ROWS * (size_t)f.size[k];
     }
@@ -2653,7 +2660,7 @@ static void tile_rows(enum kvr_type t, uint8_t * base, size_t row_bytes, int64_t
         for (int i = 0; i < KVR_TILE_ROWS; i++) {
             uint8_t * blk = tmp + (size_t)i * row_bytes + (size_t)b * bs, * tb = base + (size_t)b * KVR_TILE_ROWS * bs;
             for (int k = 0; k < 6 && f.size[k]; k++) {
-                tile_field_copy(blk, tb, i, f.size[k], k == f.flip ? 0x80 : 0, true);
+                tile_field_copy(blk, tb, i, f.size[k], k == f.flip, true);
                 blk += f.size[k];
                 tb += KVR_TILE_ROWS * (size_t)f.size[k];
             }
@@ -3004,11 +3011,9 @@ static void ref_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst) {
     }
     const int64_t K = w->ne[0], N = w->ne[1], T = x->ne[1] * x->ne[2] * x->ne[3];
     KVR_ASSERT(ref_mul_mat_floats(K, false) <= p->wsize);
-    const to_float_fn to_float = type_to_float(w->type);
     float * row = p->wdata;
     int64_t n0, n1;
     row_range(N, p->ith, p->nth, &n0, &n1);
-    (void)to_float;
     for (int64_t n = n0; n < n1; n++) {
         w_row_f32(w, n, row);
         for (int64_t t = 0; t < T; t++) {
@@ -3240,14 +3245,12 @@ static size_t ref_scratch_floats(const struct kvr_graph * g, bool q8_act) {
 
 static void cpu_op_get_rows(const struct cpu_params * p, struct kvr_tensor * dst) {
     const struct kvr_tensor * a = dst->src[0], * ids = dst->src[1];
-    const to_float_fn to_float = type_to_float(a->type);
     int64_t r0, r1;
     row_range(ids->ne[0], p->ith, p->nth, &r0, &r1);
     for (int64_t i = r0; i < r1; i++) {
         const int32_t id = ((const int32_t *)ids->data)[i];
         KVR_ASSERT(id >= 0 && id < a->ne[1]); // token ids are checked against n_vocab at eval
-        if (a->flags & KVR_FLAG_TILED) w_row_f32(a, id, row_ptr(dst, i, 0, 0));
-        else to_float(row_ptr(a, id, 0, 0), row_ptr(dst, i, 0, 0), a->ne[0]);
+        w_row_f32(a, id, row_ptr(dst, i, 0, 0)); // (a row of the file's, or gathered from tiles)
     }
 }
 
@@ -5030,8 +5033,8 @@ static const uint8_t qx_byte_of_lane_bytes[4][64] = {
 // bits the interleaved prompt kernel gives the file's rows. The 4-bit types keep their nibbles
 // packed: a vector's low nibbles are elements 4j..4j+3 of each row, its high ones, taken as
 // q & 0xf0 (16 times the quant), elements 16+4j..16+4j+3, whose sum goes apart and is divided by 16
-// (exact) before it joins. The 5-bit types add each nibble's 5th bit from the rows' qh. The next blocks are prefetched QX_PREFETCH bytes ahead: a tile is one
-// stream of memory, as a row is.
+// (exact) before it joins. The 5-bit types add each nibble's 5th bit from the rows' qh. The next
+// blocks are prefetched QX_PREFETCH bytes ahead: a tile is one stream of memory, as a row is.
 QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict w, const struct qx_q8 * const a[4],
                            int64_t nb, float out[4][QX_TILE_MAX]) {
     // the fields (tile_fmt_of): d first, then m (Q4_1, Q5_1), qh (Q5_0, Q5_1), the quants last
