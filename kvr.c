@@ -2611,6 +2611,7 @@ static bool tile_type(enum kvr_type t) {
     return tile_fmt_of(t, &f);
 }
 
+#if QX_TILES
 // Field k's offset in the tiled block of a type (16 times its offset in the file's block).
 static size_t tile_field(enum kvr_type t, int k) {
     struct tile_fmt f;
@@ -2619,6 +2620,7 @@ static size_t tile_field(enum kvr_type t, int k) {
     for (int j = 0; j < k; j++) o += KVR_TILE_ROWS * (size_t)f.size[j];
     return o;
 }
+#endif
 
 // Row i's field of `size` bytes between the file's block (blk) and the tiled block's field (tf),
 // either way, 4 bytes at a time; flip XORs each byte with 0x80.
@@ -5118,6 +5120,47 @@ QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict 
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(out[t], acc[t]);
 }
 
+// The 6-bit scales and mins of runs 0..7 (of 32) of 16 rows from their 12 scale bytes as a Q4_K
+// or Q5_K tile keeps them (3 vectors at s: bytes 4v..4v+3 of row i at 64v + 4i): kvr_k4_scales'
+// rule in the lanes, run j < 4 from bytes j and j + 4, the others from the low or high nibble of
+// byte j + 4 and the top 2 bits of byte j - 4 or j.
+static inline void qx_tile_k4_scales(const uint8_t * s, __m512i sc[8], __m512i mn[8]) {
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    const __m512i v0 = _mm512_loadu_si512(s), v1 = _mm512_loadu_si512(s + 64), v2 = _mm512_loadu_si512(s + 128);
+    QX_UNROLL
+    for (int j = 0; j < 4; j++) {
+        sc[j] = _mm512_and_si512(_mm512_srli_epi32(v0, 8 * j), m6);
+        mn[j] = _mm512_and_si512(_mm512_srli_epi32(v1, 8 * j), m6);
+        sc[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j), m4),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v0, 8 * j + 6), m2), 4));
+        mn[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j + 4), m4),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v1, 8 * j + 6), m2), 4));
+    }
+}
+
+// Q6_K's tile: run r's (of 16) int8 scale of the 16 rows, sign-extended (byte r % 4 of vector r / 4 of sv).
+static inline __m512i qx_tile_k6_scale(const __m512i sv[4], int r) {
+    return _mm512_srai_epi32(_mm512_slli_epi32(sv[r / 4], 24 - 8 * (r % 4)), 24);
+}
+
+// Q6_K's tile: the quants of elements 128h + 32s + 4g..+3 of the 16 rows (unsigned, 0..63), from the
+// low nibbles (ql) and the 2 high bits (qh) of the tile at tp.
+static inline __m512i qx_tile_k6_quants(const uint8_t * tp, int h, int s, int g) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3);
+    const __m512i l = _mm512_loadu_si512(tp + 64 * (16 * h + 8 * (s % 2) + g));
+    const __m512i hb = _mm512_loadu_si512(tp + 2048 + 64 * (8 * h + g));
+    return _mm512_or_si512(_mm512_and_si512(s / 2 ? _mm512_srli_epi16(l, 4) : l, m4),
+                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * s), m2), 4));
+}
+
+// Q5_K's tile: the quants of elements 64k + 32s + 4g..+3 of the 16 rows (0..31): the nibble of qs
+// (vector 8k + g) and bit 2k + s of qh (vector g) as the 5th.
+static inline __m512i qx_tile_k5_quants(const uint8_t * qs, const uint8_t * qh, int k, int s, int g) {
+    const __m512i q = _mm512_loadu_si512(qs + 64 * (8 * k + g)), h = _mm512_loadu_si512(qh + 64 * g);
+    return _mm512_or_si512(_mm512_and_si512(s ? _mm512_srli_epi16(q, 4) : q, _mm512_set1_epi8(0x0f)),
+                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * k + s), _mm512_set1_epi8(1)), 4));
+}
+
 // qx_tile_dot for Q4_K's and Q5_K's tiles (fields d, dmin, the 12 scale bytes, Q5_K's qh, qs): per
 // super-block the 16 rows' 6-bit scales and mins come out of the scale bytes in the lanes
 // (kvr_k4_scales' rule), and then the integers and float steps are the interleaved prompt
@@ -5130,28 +5173,15 @@ QX_INLINE void qx_tile_k45(bool q5, int nt, const uint8_t * restrict w, const st
     // d at 0, dmin at 32, the scale bytes at 64, Q5_K's qh (8 vectors) at 256, the quants after
     const size_t tb = KVR_TILE_ROWS * (q5 ? sizeof(struct kvr_block_q5_K) : sizeof(struct kvr_block_q4_K));
     const size_t so = 64, ho = 256, qo = q5 ? 256 + 512 : 256;
-    const __m512i one = _mm512_set1_epi8(1);
     const __m512i lo = _mm512_set1_epi8(0x0f), hi = _mm512_set1_epi8((char)0xf0);
-    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
     __m512 acc[4];
     QX_UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t * restrict tp = w + (size_t)b * tb;
         for (size_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)tp + QX_PREFETCH + o, _MM_HINT_T0);
-        // scale bytes 0-3, 4-7, 8-11 of each row; run j's scale and min (j < 4: bytes j, j + 4;
-        // else the low or high nibble of byte j + 4 and the top 2 bits of byte j - 4 or j)
-        const __m512i v0 = _mm512_loadu_si512(tp + so), v1 = _mm512_loadu_si512(tp + so + 64), v2 = _mm512_loadu_si512(tp + so + 128);
         __m512i sc[8], mn[8];
-        QX_UNROLL
-        for (int j = 0; j < 4; j++) {
-            sc[j] = _mm512_and_si512(_mm512_srli_epi32(v0, 8 * j), m6);
-            mn[j] = _mm512_and_si512(_mm512_srli_epi32(v1, 8 * j), m6);
-            sc[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j), m4),
-                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v0, 8 * j + 6), m2), 4));
-            mn[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j + 4), m4),
-                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v1, 8 * j + 6), m2), 4));
-        }
+        qx_tile_k4_scales(tp + so, sc, mn);
         __m512i s32[4], m32[4];
         QX_UNROLL
         for (int t = 0; t < nt; t++) s32[t] = m32[t] = _mm512_setzero_si512();
@@ -5162,13 +5192,9 @@ QX_INLINE void qx_tile_k45(bool q5, int nt, const uint8_t * restrict w, const st
             QX_UNROLL
             for (int g = 0; g < 8; g++) {
                 const __m512i q = _mm512_loadu_si512(tp + qo + 64 * (8 * k + g));
-                __m512i ql = _mm512_and_si512(q, lo), qh = _mm512_and_si512(q, hi);
-                if (q5) { // element 64k + 32s + l's 5th bit: bit 2k + s of qh[l]; each quant whole (no 16x)
-                    const __m512i h = _mm512_loadu_si512(tp + ho + 64 * g);
-                    ql = _mm512_or_si512(ql, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * k), one), 4));
-                    qh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), lo),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * k + 1), one), 4));
-                }
+                // Q5_K: each quant whole, its 5th bit from qh (no 16x)
+                const __m512i ql = q5 ? qx_tile_k5_quants(tp + qo, tp + ho, k, 0, g) : _mm512_and_si512(q, lo);
+                const __m512i qh = q5 ? qx_tile_k5_quants(tp + qo, tp + ho, k, 1, g) : _mm512_and_si512(q, hi);
                 QX_UNROLL
                 for (int t = 0; t < nt; t++) {
                     int32_t yl, yh;
@@ -5215,8 +5241,8 @@ QX_INLINE void qx_tile_k45(bool q5, int nt, const uint8_t * restrict w, const st
 // scale): the interleaved prompt kernel's bits, and a token's bits alone or with others.
 QX_INLINE void qx_tile_k6(int nt, const uint8_t * restrict w, const struct qx_q8K * const a[4], int64_t nb,
                           float out[4][QX_TILE_MAX]) {
-    const size_t tb = KVR_TILE_ROWS * sizeof(struct kvr_block_q6_K), lo = 0, ho = 2048, so = 3072, dof = 3328;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3), low16 = _mm512_set1_epi32(0xffff);
+    const size_t tb = KVR_TILE_ROWS * sizeof(struct kvr_block_q6_K), so = 3072, dof = 3328; // ql at 0, qh at 2048
+    const __m512i low16 = _mm512_set1_epi32(0xffff);
     __m512 acc[4];
     QX_UNROLL
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
@@ -5236,10 +5262,7 @@ QX_INLINE void qx_tile_k6(int nt, const uint8_t * restrict w, const struct qx_q8
                 for (int t = 0; t < nt; t++) p[0][t] = p[1][t] = _mm512_setzero_si512();
                 QX_UNROLL
                 for (int g = 0; g < 8; g++) {
-                    const __m512i l = _mm512_loadu_si512(tp + lo + 64 * (16 * h + 8 * (s % 2) + g));
-                    const __m512i hb = _mm512_loadu_si512(tp + ho + 64 * (8 * h + g));
-                    const __m512i q = _mm512_or_si512(_mm512_and_si512(s / 2 ? _mm512_srli_epi16(l, 4) : l, m4),
-                                                      _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * s), m2), 4));
+                    const __m512i q = qx_tile_k6_quants(tp, h, s, g);
                     QX_UNROLL
                     for (int t = 0; t < nt; t++) {
                         int32_t y;
@@ -5249,8 +5272,7 @@ QX_INLINE void qx_tile_k6(int nt, const uint8_t * restrict w, const struct qx_q8
                 }
                 QX_UNROLL
                 for (int u = 0; u < 2; u++) {
-                    const int r = 8 * h + 2 * s + u; // the run of 16: scale byte r % 4 of vector r / 4, sign-extended
-                    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sv[r / 4], 24 - 8 * (r % 4)), 24);
+                    const __m512i sc = qx_tile_k6_scale(sv, 8 * h + 2 * s + u);
                     QX_UNROLL
                     for (int t = 0; t < nt; t++) s32[t] = _mm512_add_epi32(s32[t], _mm512_mullo_epi32(p[u][t], sc));
                 }
@@ -5259,9 +5281,8 @@ QX_INLINE void qx_tile_k6(int nt, const uint8_t * restrict w, const struct qx_q8
         // the offset: 32 times each run's scale, as int16 pairs of runs 2pp, 2pp + 1, against the token's sums of 16
         QX_UNROLL
         for (int pp = 0; pp < 8; pp++) {
-            const __m512i s0 = _mm512_srai_epi32(_mm512_slli_epi32(sv[pp / 2], 24 - 8 * (2 * pp % 4)), 24);
-            const __m512i s1 = _mm512_srai_epi32(_mm512_slli_epi32(sv[pp / 2], 24 - 8 * ((2 * pp + 1) % 4)), 24);
-            const __m512i v = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(s0, 5), low16), _mm512_slli_epi32(s1, 21));
+            const __m512i v = _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(qx_tile_k6_scale(sv, 2 * pp), 5), low16),
+                                              _mm512_slli_epi32(qx_tile_k6_scale(sv, 2 * pp + 1), 21));
             QX_UNROLL
             for (int t = 0; t < nt; t++) {
                 int32_t x;
@@ -5319,32 +5340,23 @@ QX_TILE_FN(q8_0, KVR_TYPE_Q8_0)
 // kernels do for every 4 tokens: a long prompt's tokens then meet the prompt kernel (the same
 // integers and float steps, so the same bits) instead of unpacking a tile again every 4 tokens.
 static void qx_tile_unpack_k(enum kvr_type type, const uint8_t * restrict tile, int64_t b, void * restrict out) {
-    const __m512i m6 = _mm512_set1_epi32(63), m4d = _mm512_set1_epi32(15), m2d = _mm512_set1_epi32(3);
-    const __m512i lo = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), m2 = _mm512_set1_epi8(3), low16 = _mm512_set1_epi32(0xffff);
+    const __m512i low16 = _mm512_set1_epi32(0xffff);
     if (type == KVR_TYPE_Q6_K) {
-        const size_t tb = KVR_TILE_ROWS * sizeof(struct kvr_block_q6_K);
-        const uint8_t * tp = tile + (size_t)b * tb;
+        const uint8_t * tp = tile + (size_t)b * KVR_TILE_ROWS * sizeof(struct kvr_block_q6_K);
         struct qx_k_tile * o = out;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + 3328)));
         _mm512_storeu_ps(o->d, d);
         _mm512_storeu_ps(o->dmin, d);
-        __m512i sc[16];
-        for (int r = 0; r < 16; r++) {
-            sc[r] = _mm512_srai_epi32(_mm512_slli_epi32(_mm512_loadu_si512(tp + 3072 + 64 * (r / 4)), 24 - 8 * (r % 4)), 24);
-            _mm512_storeu_si512(o->sc[r], sc[r]);
-        }
+        __m512i sv[4];
+        for (int v = 0; v < 4; v++) sv[v] = _mm512_loadu_si512(tp + 3072 + 64 * v);
+        for (int r = 0; r < 16; r++) _mm512_storeu_si512(o->sc[r], qx_tile_k6_scale(sv, r));
         for (int pp = 0; pp < 8; pp++) {
-            _mm512_storeu_si512(o->mn[pp], _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(sc[2 * pp], 5), low16),
-                                                           _mm512_slli_epi32(sc[2 * pp + 1], 21)));
+            _mm512_storeu_si512(o->mn[pp], _mm512_or_si512(_mm512_and_si512(_mm512_slli_epi32(qx_tile_k6_scale(sv, 2 * pp), 5), low16),
+                                                           _mm512_slli_epi32(qx_tile_k6_scale(sv, 2 * pp + 1), 21)));
         }
         for (int h = 0; h < 2; h++) {
             for (int s = 0; s < 4; s++) {
-                for (int g = 0; g < 8; g++) {
-                    const __m512i l = _mm512_loadu_si512(tp + 64 * (16 * h + 8 * (s % 2) + g));
-                    const __m512i hb = _mm512_loadu_si512(tp + 2048 + 64 * (8 * h + g));
-                    _mm512_storeu_si512(o->q[4 * h + s][g], _mm512_or_si512(_mm512_and_si512(s / 2 ? _mm512_srli_epi16(l, 4) : l, lo),
-                                                                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * s), m2), 4)));
-                }
+                for (int g = 0; g < 8; g++) _mm512_storeu_si512(o->q[4 * h + s][g], qx_tile_k6_quants(tp, h, s, g));
             }
         }
         return;
@@ -5352,38 +5364,26 @@ static void qx_tile_unpack_k(enum kvr_type type, const uint8_t * restrict tile, 
     const bool q5 = type == KVR_TYPE_Q5_K;
     const size_t tb = KVR_TILE_ROWS * (q5 ? sizeof(struct kvr_block_q5_K) : sizeof(struct kvr_block_q4_K)), qo = q5 ? 768 : 256;
     const uint8_t * tp = tile + (size_t)b * tb;
-    const __m512i v0 = _mm512_loadu_si512(tp + 64), v1 = _mm512_loadu_si512(tp + 128), v2 = _mm512_loadu_si512(tp + 192);
     __m512i sc[8], mn[8];
-    for (int j = 0; j < 4; j++) {
-        sc[j] = _mm512_and_si512(_mm512_srli_epi32(v0, 8 * j), m6);
-        mn[j] = _mm512_and_si512(_mm512_srli_epi32(v1, 8 * j), m6);
-        sc[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j), m4d),
-                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v0, 8 * j + 6), m2d), 4));
-        mn[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 8 * j + 4), m4d),
-                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v1, 8 * j + 6), m2d), 4));
-    }
+    qx_tile_k4_scales(tp + 64, sc, mn);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tp)), dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tp + 32)));
+    float * od = q5 ? ((struct qx_k_tile *)out)->d : ((struct qx_q4k_tile *)out)->d;
+    float * odm = q5 ? ((struct qx_k_tile *)out)->dmin : ((struct qx_q4k_tile *)out)->dmin;
+    int32_t (*omn)[16] = q5 ? ((struct qx_k_tile *)out)->mn : ((struct qx_q4k_tile *)out)->mn;
+    _mm512_storeu_ps(od, d);
+    _mm512_storeu_ps(odm, dmin);
+    for (int pp = 0; pp < 8; pp++) _mm512_storeu_si512(omn[pp], _mm512_or_si512(mn[pp], _mm512_slli_epi32(mn[pp], 16)));
     if (!q5) {
         struct qx_q4k_tile * o = out;
-        _mm512_storeu_ps(o->d, d);
-        _mm512_storeu_ps(o->dmin, dmin);
         for (int r = 0; r < 8; r++) _mm512_storeu_si512(o->sc[r], r % 2 ? sc[r] : _mm512_slli_epi32(sc[r], 4));
-        for (int pp = 0; pp < 8; pp++) _mm512_storeu_si512(o->mn[pp], _mm512_or_si512(mn[pp], _mm512_slli_epi32(mn[pp], 16)));
         memcpy(o->q, tp + qo, sizeof(o->q));
         return;
     }
     struct qx_k_tile * o = out;
-    _mm512_storeu_ps(o->d, d);
-    _mm512_storeu_ps(o->dmin, dmin);
     for (int r = 0; r < 16; r++) _mm512_storeu_si512(o->sc[r], sc[r / 2]);
-    for (int pp = 0; pp < 8; pp++) _mm512_storeu_si512(o->mn[pp], _mm512_or_si512(mn[pp], _mm512_slli_epi32(mn[pp], 16)));
     for (int k = 0; k < 4; k++) {
         for (int g = 0; g < 8; g++) {
-            const __m512i q = _mm512_loadu_si512(tp + qo + 64 * (8 * k + g)), h = _mm512_loadu_si512(tp + 256 + 64 * g);
-            for (int s = 0; s < 2; s++) {
-                const __m512i n4 = _mm512_and_si512(s ? _mm512_srli_epi16(q, 4) : q, lo);
-                _mm512_storeu_si512(o->q[2 * k + s][g], _mm512_or_si512(n4, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * k + s), one), 4)));
-            }
+            for (int s = 0; s < 2; s++) _mm512_storeu_si512(o->q[2 * k + s][g], qx_tile_k5_quants(tp + qo, tp + 256, k, s, g));
         }
     }
 }
