@@ -5019,7 +5019,7 @@ QX_INLINE void qx_x8_legacy(enum kvr_type type, const struct qx_l_x8 * restrict 
 }
 
 // vpshufb indices that put byte b of each 32-bit lane into the lane's 4 bytes
-static const uint8_t qx_byte_of_lane_bytes[4][64] = {
+static const uint8_t qx_byte_of_lane[4][64] = {
 #define QX_BL(b) { 0+b,0+b,0+b,0+b, 4+b,4+b,4+b,4+b, 8+b,8+b,8+b,8+b, 12+b,12+b,12+b,12+b, \
                    0+b,0+b,0+b,0+b, 4+b,4+b,4+b,4+b, 8+b,8+b,8+b,8+b, 12+b,12+b,12+b,12+b, \
                    0+b,0+b,0+b,0+b, 4+b,4+b,4+b,4+b, 8+b,8+b,8+b,8+b, 12+b,12+b,12+b,12+b, \
@@ -5027,7 +5027,6 @@ static const uint8_t qx_byte_of_lane_bytes[4][64] = {
     QX_BL(0), QX_BL(1), QX_BL(2), QX_BL(3)
 #undef QX_BL
 };
-#define qx_byte_of_lane ((const __m512i *)qx_byte_of_lane_bytes)
 
 // out[t][i] = row i . token t over nb blocks of a tiled matrix (KVR_FLAG_TILED) for the nt tokens
 // a[0..nt): the integers and float steps of qx_x8_legacy, each token alone in its accumulators, so
@@ -5078,8 +5077,8 @@ QX_INLINE void qx_tile_dot(enum kvr_type type, int nt, const uint8_t * restrict 
             for (int j = 0; j < 4; j++) {
                 const __m512i wq = _mm512_loadu_si512(tp + qo + 64 * j);
                 const __m512i bit = _mm512_set1_epi32(j % 2 ? (int)0x80402010 : 0x08040201);
-                const __mmask64 hl = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, qx_byte_of_lane[j / 2]), bit);
-                const __mmask64 hh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, qx_byte_of_lane[2 + j / 2]), bit);
+                const __mmask64 hl = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_loadu_si512(qx_byte_of_lane[j / 2])), bit);
+                const __mmask64 hh = _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, _mm512_loadu_si512(qx_byte_of_lane[2 + j / 2])), bit);
                 const __m512i lo = _mm512_mask_add_epi8(_mm512_and_si512(wq, m4), hl, _mm512_and_si512(wq, m4), c16);
                 const __m512i hi4 = _mm512_and_si512(_mm512_srli_epi16(wq, 4), m4);
                 const __m512i hi = _mm512_mask_add_epi8(hi4, hh, hi4, c16);
