@@ -5737,15 +5737,16 @@ static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_by
                             void * scratch, size_t scratch_bytes) {
     const int64_t nb = K / kvr_blck_size(type);
     const size_t ab = qx_act_bytes(type, K);
-    KVR_ASSERT(N % KVR_TILE_ROWS == 0 && chunks->rows % KVR_TILE_ROWS == 0);
-    KVR_ASSERT((size_t)(T < QX_MM_TOKENS ? T : QX_MM_TOKENS) * ab <= scratch_bytes);
+    const size_t act_bytes = (size_t)(T < QX_MM_TOKENS ? T : QX_MM_TOKENS) * ab;
+    KVR_ASSERT(N % KVR_TILE_ROWS == 0 && chunks->rows % KVR_TILE_ROWS == 0 && act_bytes <= scratch_bytes);
     const qx_tile_fn f = qx_tile_kernel(type);
     uint8_t * act = scratch;
-    // the prompt kernel of a K-quant (qx_tile_unpack_k) and its tile's bytes after the activations
+    // the prompt kernel of a K-quant (qx_tile_unpack_k) and its tile's bytes after the activations,
+    // where the scratch has room (a prompt's has; a decode batch's may not)
     struct qx_x8_fns px = { 0 };
     if (qx_is_k(type)) qx_x8_get(type, &px);
-    const size_t px_bytes = (size_t)nb * px.tile_bytes;
-    uint8_t * px_tile = act + (size_t)(T < QX_MM_TOKENS ? T : QX_MM_TOKENS) * ab;
+    uint8_t * px_tile = act + act_bytes;
+    const bool px_room = px.dot && act_bytes + (size_t)nb * px.tile_bytes <= scratch_bytes;
     // work item k: rows chunk k % per of token chunk k / per
     const int64_t per = (N + chunks->rows - 1) / chunks->rows, items = per * ((T + QX_MM_TOKENS - 1) / QX_MM_TOKENS);
     int64_t quantized = -1, done = 0;
@@ -5763,7 +5764,7 @@ static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_by
         for (int64_t r = m0; r < m1; r += KVR_TILE_ROWS) {
             const uint8_t * tile = W + (size_t)r * row_bytes;
             // a K-quant tile that many tokens meet: unpacked once into the prompt kernel's form
-            const bool unpack = px.dot && nt >= QX_TILE_UNPACK_TOKENS && px_bytes <= scratch_bytes - (size_t)nt * ab;
+            const bool unpack = px_room && nt >= QX_TILE_UNPACK_TOKENS;
             for (int64_t b = 0; unpack && b < nb; b++) qx_tile_unpack_k(type, tile, b, px_tile + (size_t)b * px.tile_bytes);
             for (int64_t t = 0; t < nt; t += 4) {
                 const int n = nt - t >= 4 ? 4 : (int)(nt - t);
