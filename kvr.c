@@ -2534,6 +2534,34 @@ static int64_t mm_chunk_rows(int64_t n, int nth, int64_t g) {
     return (rows + g - 1) / g * g;
 }
 
+// A thread's 8-bit activations of one matmul input kept for the next matmul of the same input: a
+// decode step's q, k and v (and gate and up) read one normed vector, which each thread would
+// otherwise quantize again for every weight (and every thread for every token). Keyed by the input
+// tensor (not its address: the planner reuses memory within a graph) and the graph's run, and by
+// the activations' form (Q8_K, or Q8_0 blocks with the weight type's offset folded in).
+#define QX_ACACHE_BYTES ((size_t)256 << 10)
+struct qx_act_cache {
+    uint8_t    * buf;  // QX_ACACHE_BYTES
+    const void * key;  // the input tensor cached, or NULL
+    uint64_t     run;
+    int64_t      K, T;
+    int          form;
+};
+
+// A thread's cosines and sines of its last RoPE node's rows, for the next RoPE node at the same
+// positions with the same parameters: every layer's q and k rotate by the same angles, and the
+// cosf/sinf of a few tokens cost more than the rotations. Keyed as struct qx_act_cache is (the
+// positions' tensor and the graph's run), and by every parameter the angles depend on.
+#define ROPE_CACHE_FLOATS 16384
+struct rope_cache {
+    float      * cs;   // ROPE_CACHE_FLOATS: per token, n_rot/2 pairs (cos, sin)
+    const void * pos;  // the positions' tensor, or NULL
+    const void * ff;   // the frequency factors' tensor, or NULL
+    uint64_t     run;
+    int64_t      r0, r1;
+    float        par[7]; // freq_base, freq_scale, ext_factor, mscale, corr_lo, corr_hi, n_rot
+};
+
 struct cpu_params {
     int     ith, nth;
     atomic_int * chunk; // the node's chunk counter (struct mm_chunks)
@@ -2544,6 +2572,9 @@ struct cpu_params {
     bool    vec_dot;   // small F32 sums of a batch in ggml_vec_dot_f32's order, not tinyBLAS's
     bool    lanes16;   // those sums in an AVX-512 build's 16 lanes, not AVX2's 8 (avx512_order)
     bool    ref;       // the reference kernels, not the fast ones (KVR_REF=1: see below)
+    struct qx_act_cache * acache; // this thread's (NULL: none)
+    struct rope_cache   * rcache; // this thread's (NULL: none)
+    uint64_t run;      // the graph's number (cpu_backend.runs): what the caches above are valid for
 };
 
 
@@ -2846,7 +2877,8 @@ static void attn_q_as(enum kvr_type type, const float * q, float * out, int64_t 
         }
         return;
     }
-    for (int64_t e = 0; e < D; e++) out[e] = kvr_kv_operand_round(type, q[e]);
+    memcpy(out, q, sizeof(float) * (size_t)D);
+    attn_round_to(type, out, D);
 }
 
 //
@@ -3485,8 +3517,23 @@ static void cpu_op_norm(const struct cpu_params * p, struct kvr_tensor * dst) {
             for (int64_t i = 0; i < n; i++) {
                 for (int64_t k = 0; k < RMS_NORM_ROWS; k++) sum[k] += (double)(x[k][i] * x[k][i]);
             }
-        } else { // fewer rows (a decode's one): each alone, not 8 chains of which most repeat a row
-            for (int64_t k = 0; k < nr; k++) {
+        } else { // fewer rows (a decode's one, a batch's few): 4 side by side, then each alone
+            int64_t k = 0;
+            for (; k + 4 <= nr; k += 4) {
+                double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+                const float * x0 = x[k], * x1 = x[k + 1], * x2 = x[k + 2], * x3 = x[k + 3];
+                for (int64_t i = 0; i < n; i++) {
+                    s0 += (double)(x0[i] * x0[i]);
+                    s1 += (double)(x1[i] * x1[i]);
+                    s2 += (double)(x2[i] * x2[i]);
+                    s3 += (double)(x3[i] * x3[i]);
+                }
+                sum[k] = s0;
+                sum[k + 1] = s1;
+                sum[k + 2] = s2;
+                sum[k + 3] = s3;
+            }
+            for (; k < nr; k++) {
                 for (int64_t i = 0; i < n; i++) sum[k] += (double)(x[k][i] * x[k][i]);
             }
         }
@@ -3587,14 +3634,28 @@ static size_t qx_act_bytes(enum kvr_type t, int64_t K) {
 }
 
 static float qx_round_half(float v) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT)); // the same rounding, one instruction each way
+#else
     return kvr_half_to_f32(kvr_f32_to_half(v));
+#endif
 }
 
 static void qx_quantize_q8(const float * restrict x, struct qx_q8 * restrict y, int64_t n) {
     for (int64_t b = 0; b < n / KVR_QK; b++, x += KVR_QK, y++) {
         float amax = 0.0f;
         int32_t sum = 0;
-#if defined(__AVX2__)
+#if defined(__AVX512F__)
+        // the AVX2 steps below in two 16-lane vectors: a max and an integer sum are the same in any order
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        const __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        _mm_storeu_si128((__m128i *)y->qs, _mm512_cvtepi32_epi8(q0)); // |q| <= 127: no saturation to need
+        _mm_storeu_si128((__m128i *)(y->qs + 16), _mm512_cvtepi32_epi8(q1));
+#elif defined(__AVX2__)
         __m256 v[4];
         const __m256 sign = _mm256_set1_ps(-0.0f);
         __m256 vm = _mm256_setzero_ps();
@@ -5734,22 +5795,29 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
 
 static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_bytes, int64_t K, int64_t N,
                             const struct mm_chunks * chunks, const float * X, int64_t ldx, int64_t T, float * Y, int64_t ldy,
-                            void * scratch, size_t scratch_bytes) {
+                            void * scratch, size_t scratch_bytes, struct qx_act_cache * ac, const void * xkey, uint64_t run) {
     const int64_t nb = K / kvr_blck_size(type);
     const size_t ab = qx_act_bytes(type, K);
     const size_t act_bytes = (size_t)(T < QX_MM_TOKENS ? T : QX_MM_TOKENS) * ab;
     KVR_ASSERT(N % KVR_TILE_ROWS == 0 && chunks->rows % KVR_TILE_ROWS == 0 && act_bytes <= scratch_bytes);
     const qx_tile_fn f = qx_tile_kernel(type);
     uint8_t * act = scratch;
+    int64_t quantized = -1, done = 0;
+    // one chunk of tokens from a graph's tensor: its activations from the thread's cache, if they are there
+    const int form = qx_is_k(type) ? -1 : qx_x8_off(type);
+    const bool cached = ac && xkey && T <= QX_MM_TOKENS && act_bytes <= QX_ACACHE_BYTES;
+    if (cached) {
+        act = ac->buf;
+        if (ac->key == xkey && ac->run == run && ac->K == K && ac->T == T && ac->form == form) quantized = 0;
+    }
     // the prompt kernel of a K-quant (qx_tile_unpack_k) and its tile's bytes after the activations,
     // where the scratch has room (a prompt's has; a decode batch's may not)
     struct qx_x8_fns px = { 0 };
     if (qx_is_k(type)) qx_x8_get(type, &px);
-    uint8_t * px_tile = act + act_bytes;
+    uint8_t * px_tile = (uint8_t *)scratch + act_bytes;
     const bool px_room = px.dot && act_bytes + (size_t)nb * px.tile_bytes <= scratch_bytes;
     // work item k: rows chunk k % per of token chunk k / per
     const int64_t per = (N + chunks->rows - 1) / chunks->rows, items = per * ((T + QX_MM_TOKENS - 1) / QX_MM_TOKENS);
-    int64_t quantized = -1, done = 0;
     for (;;) {
         const int64_t k = atomic_fetch_add_explicit(chunks->next, 1, memory_order_relaxed);
         if (k >= items) break;
@@ -5759,6 +5827,7 @@ static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_by
             for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
             if (qx_is_legacy(type)) qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
             quantized = c0;
+            if (cached) *ac = (struct qx_act_cache){ ac->buf, xkey, run, K, T, form };
         }
         done += (m1 - m0) * nt;
         for (int64_t r = m0; r < m1; r += KVR_TILE_ROWS) {
@@ -6843,6 +6912,7 @@ struct mm_args {
     int           lda;
     float       * Y;
     bool          by_rows; // a decode batch (KVR_MM_ROWS): every token through the row kernels
+    const void  * xkey;    // the graph tensor X is (its activations may be cached: struct qx_act_cache), or NULL
 };
 
 // 8-bit activations and integer products, when asked for (kvr_backend_params.q8_activations): what
@@ -6856,7 +6926,7 @@ static int64_t mm_q8(const struct cpu_params * p, const struct mm_args * m) {
     if (m->w->flags & KVR_FLAG_TILED) { // every count of tokens: rows by chunks of whole tiles
         const struct mm_chunks c = { p->chunk, mm_chunk_rows(m->N, p->nth, KVR_TILE_ROWS) };
         return qx_mul_tiles(m->w->type, m->w->data, m->w->nb[1], m->K, m->N, &c, m->X, m->lda, m->T, m->Y, m->N, p->wdata,
-                            p->wsize * sizeof(float));
+                            p->wsize * sizeof(float), p->acache, m->xkey, p->run);
     }
 #endif
     if (m->T <= QX_ROW_TOKENS || m->by_rows) { // decode: rows by chunks (struct mm_chunks)
@@ -7175,7 +7245,7 @@ static void cpu_op_mul_mat(const struct cpu_params * p, struct kvr_tensor * dst)
     KVR_ASSERT(x->ne[2] == 1 || x->nb[2] == x->nb[1] * (size_t)x->ne[1]);
     KVR_ASSERT(x->ne[3] == 1 || x->nb[3] == x->nb[2] * (size_t)x->ne[2]);
     KVR_ASSERT(kvr_is_contiguous(dst));
-    const struct mm_args m = { w, K, N, T, x->data, (int)(x->nb[1] / sizeof(float)), dst->data, dst->op_params[0] == KVR_MM_ROWS };
+    const struct mm_args m = { w, K, N, T, x->data, (int)(x->nb[1] / sizeof(float)), dst->data, dst->op_params[0] == KVR_MM_ROWS, x };
     p->counters->matmul_flops += 2 * K * mm_run(p, &m) * T;
 }
 
@@ -7264,7 +7334,7 @@ static void cpu_op_mul_mat_id(const struct cpu_params * p, struct kvr_tensor * d
             ws.data  = (void *)we;
             ws.ne[1] = rows;
             ws.ne[2] = 1;
-            const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y, dst->op_params[0] == KVR_MM_ROWS };
+            const struct mm_args m = { &ws, K, rows, n_e, X, (int)K, Y, dst->op_params[0] == KVR_MM_ROWS, NULL };
             atomic_store_explicit(&q_chunk, 0, memory_order_relaxed);
             mm_run(&q, &m);
         }
@@ -7378,11 +7448,18 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     const float theta_scale = kvr_rope_theta_scale(freq_base, n_rot);
     int64_t r0, r1;
     row_range(T, p->ith, p->nth, &r0, &r1);
-    float cs[2 * 512];
+    float cs_row[2 * 512];
     KVR_ASSERT(n_rot <= 1024);
+    // the angles of rows r0..r1 from the thread's cache where the last RoPE node made them
+    struct rope_cache * rc = p->rcache;
+    const float par[7] = { freq_base, freq_scale, ext_factor, mscale, corr_lo, corr_hi, (float)n_rot };
+    const bool cache = rc && rc->cs && (r1 - r0) * n_rot <= ROPE_CACHE_FLOATS;
+    const bool hit = cache && rc->pos == pos && rc->ff == dst->src[2] && rc->run == p->run && rc->r0 == r0 && rc->r1 == r1 &&
+                     memcmp(rc->par, par, sizeof(par)) == 0;
     for (int64_t t = r0; t < r1; t++) {
+        float * cs = cache ? rc->cs + (t - r0) * n_rot : cs_row;
         float theta = (float)((const int32_t *)pos->data)[t];
-        for (int i = 0; i < n_rot / 2; i++) {
+        for (int i = 0; !hit && i < n_rot / 2; i++) {
             kvr_rope_yarn_cs(ff ? theta / ff[i] : theta, freq_scale, ext_factor, mscale, corr_lo, corr_hi, i,
                              &cs[2 * i], &cs[2 * i + 1]);
             theta *= theta_scale;
@@ -7390,13 +7467,44 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
         for (int64_t h = 0; h < H; h++) {
             const float * x = row_ptr(a, h, t, 0);
             float * y = row_ptr(dst, h, t, 0);
-            for (int i = 0; i < n_rot / 2; i++) {
+            int i = 0;
+#if defined(__AVX512F__)
+            // kvr_rope_rotate on 8 adjacent pairs (16 split halves) at once, the same operations:
+            // -(x1 s) as x1 times s with its sign flipped (exactly the same value, zeros included)
+            const __m512i flip_even = _mm512_set1_epi64((long long)0x80000000u);
+            for (; mode == KVR_ROPE_NORM && i + 8 <= n_rot / 2; i += 8) {
+                // y = x0 (c, s) + x1 (-s, c), pair by pair
+                const __m512 v = _mm512_loadu_ps(x + 2 * i), c = _mm512_loadu_ps(cs + 2 * i);
+                const __m512 sn = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_permute_ps(c, 0xb1)), flip_even));
+                _mm512_storeu_ps(y + 2 * i, _mm512_fmadd_ps(_mm512_moveldup_ps(v), c, _mm512_mul_ps(_mm512_movehdup_ps(v), sn)));
+            }
+            const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+            const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+            for (; mode == KVR_ROPE_NEOX && i + 16 <= n_rot / 2; i += 16) {
+                const __m512 c0 = _mm512_loadu_ps(cs + 2 * i), c1 = _mm512_loadu_ps(cs + 2 * i + 16);
+                const __m512 c = _mm512_permutex2var_ps(c0, even, c1), sv = _mm512_permutex2var_ps(c0, odd, c1);
+                const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + n_rot / 2);
+                const __m512 nx1s = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(x1, sv)), sign));
+                _mm512_storeu_ps(y + i, _mm512_fmadd_ps(x0, c, nx1s));
+                _mm512_storeu_ps(y + i + n_rot / 2, _mm512_fmadd_ps(x0, sv, _mm512_mul_ps(x1, c)));
+            }
+#endif
+            for (; i < n_rot / 2; i++) {
                 int i0, i1;
                 kvr_rope_dims(mode, n_rot, i, &i0, &i1);
                 kvr_rope_rotate(x[i0], x[i1], cs[2 * i], cs[2 * i + 1], &y[i0], &y[i1]);
             }
             for (int64_t i = n_rot; i < D; i++) y[i] = x[i];
         }
+    }
+    if (cache && !hit) {
+        rc->pos = pos;
+        rc->ff = dst->src[2];
+        rc->run = p->run;
+        rc->r0 = r0;
+        rc->r1 = r1;
+        memcpy(rc->par, par, sizeof(par));
     }
 }
 
@@ -8498,6 +8606,9 @@ struct cpu_backend {
     int                 chunks_cap;
     float            ** wdata;        // per thread
     size_t              wsize;
+    struct qx_act_cache acache[KVR_MAX_THREADS]; // each thread's caches (cpu_params)
+    struct rope_cache   rcache[KVR_MAX_THREADS];
+    uint64_t            runs;         // graphs computed (the activations caches' clock)
     struct kvr_counters counters;
     struct kvr_counters thread_counters[KVR_MAX_THREADS];
     struct kvr_backend * be;          // the backend this is the context of (for comm nodes)
@@ -8624,7 +8735,8 @@ static bool node_solo(const struct kvr_tensor * t) {
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
     struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
-                            cb->lanes16, cb->ref };
+                            cb->lanes16, cb->ref, cb->acache[ith].buf ? &cb->acache[ith] : NULL,
+                            cb->rcache[ith].cs ? &cb->rcache[ith] : NULL, cb->runs };
     struct cpu_params solo = p; // this thread alone: its own scratch and counters
     solo.ith = 0;
     solo.nth = 1;
@@ -8774,6 +8886,7 @@ static int cpu_graph_compute(struct kvr_backend * be, struct kvr_graph * g) {
     }
     // before the workers start (the generation's bump publishes it)
     for (int i = 0; i < g->n_nodes; i++) atomic_init(&cb->chunks[i], 0);
+    cb->runs++;
     if (cb->n_threads > 1) {
         atomic_store(&cb->done_count, 0);
         pthread_mutex_lock(&cb->mu);
@@ -8872,6 +8985,8 @@ static void cpu_start_threads(struct cpu_backend * cb, int n_threads) {
     KVR_ASSERT(cb->threads && cb->wdata);
     for (int i = 0; i < n_threads; i++) {
         cb->wdata[i] = kvr_malloc(cb->wsize * sizeof(float));
+        cb->acache[i] = (struct qx_act_cache){ .buf = QX_TILES ? kvr_malloc(QX_ACACHE_BYTES) : NULL };
+        cb->rcache[i] = (struct rope_cache){ .cs = kvr_malloc(ROPE_CACHE_FLOATS * sizeof(float)) };
     }
     atomic_store(&cb->generation, 0);
     for (int i = 1; i < n_threads; i++) {
@@ -8886,7 +9001,11 @@ static void cpu_start_threads(struct cpu_backend * cb, int n_threads) {
 static void cpu_free(struct kvr_backend * be) {
     struct cpu_backend * cb = be->context;
     cpu_stop_threads(cb);
-    for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
+    for (int i = 0; i < cb->n_threads; i++) {
+        free(cb->wdata[i]);
+        free(cb->acache[i].buf);
+        free(cb->rcache[i].cs);
+    }
     free(cb->wdata);
     free(cb->threads);
     free(cb->chunks);
@@ -8904,7 +9023,11 @@ static void cpu_set_threads(struct kvr_backend * be, int n_threads) {
     if (n_threads > KVR_MAX_THREADS) n_threads = KVR_MAX_THREADS;
     if (n_threads <= 0 || n_threads == cb->n_threads) return;
     cpu_stop_threads(cb);
-    for (int i = 0; i < cb->n_threads; i++) free(cb->wdata[i]);
+    for (int i = 0; i < cb->n_threads; i++) {
+        free(cb->wdata[i]);
+        free(cb->acache[i].buf);
+        free(cb->rcache[i].cs);
+    }
     cpu_start_threads(cb, n_threads);
 }
 

@@ -1341,7 +1341,88 @@ static void t_rope_yarn(const struct rope_case * rc, enum kvr_rope_mode mode, bo
     tc_end(&tc);
 }
 
+// A ROPE node's values as kvr.h's functions give them in float (kvr_rope_yarn_cs pair by pair, the
+// angle stepped by kvr_rope_theta_scale, kvr_rope_rotate), from the node's own parameters: what
+// the CPU kernel must give bit for bit, its vector paths included.
+static void rope_want(const struct kvr_tensor * node, const float * x, float * y, int hd, int H, int T, const int32_t * pos) {
+    const int n_rot = node->op_params[0], mode = node->op_params[1];
+    float par[6];
+    for (int k = 0; k < 6; k++) memcpy(&par[k], &node->op_params[2 + k], sizeof(float));
+    const float ts = kvr_rope_theta_scale(par[0], n_rot);
+    for (int t = 0; t < T; t++) {
+        float theta = (float) pos[t];
+        for (int i = 0; i < n_rot / 2; i++) {
+            float c, s;
+            kvr_rope_yarn_cs(theta, par[1], par[2], par[3], par[4], par[5], i, &c, &s);
+            theta *= ts;
+            for (int h = 0; h < H; h++) {
+                int i0, i1;
+                kvr_rope_dims(mode, n_rot, i, &i0, &i1);
+                const size_t r = ((size_t) t * H + h) * hd;
+                kvr_rope_rotate(x[r + i0], x[r + i1], c, s, &y[r + i0], &y[r + i1]);
+            }
+        }
+        for (int h = 0; h < H; h++) {
+            for (int i = n_rot; i < hd; i++) y[((size_t) t * H + h) * hd + i] = x[((size_t) t * H + h) * hd + i];
+        }
+    }
+}
+
+// Every layer's q and k rope at the same positions, and the CPU backend keeps a thread's angles
+// for the next such node (struct rope_cache): four nodes over one positions tensor, two with
+// another base and scale between them (the cache must not serve that), computed twice on one backend with
+// the positions changed between (nor a graph's earlier run), each node bit for bit as rope_want.
+static void t_rope_bits(int hd, int H, int T, int n_rot, enum kvr_rope_mode mode, int nt) {
+    struct tcase tc;
+    tc_begin(&tc, nt, "ROPE bits and angle cache(hd=%d,H=%d,T=%d,n_rot=%d,mode=%s)", hd, H, T, n_rot,
+             mode == KVR_ROPE_NEOX ? "neox" : "norm");
+    struct kvr_tensor * a = tc_input_f32(&tc, 3, hd, H, T, 2.0f), * b = tc_input_f32(&tc, 3, hd, H, T, 2.0f);
+    int32_t * pos = (int32_t *) tc_floats(&tc, T);
+    for (int t = 0; t < T; t++) pos[t] = 17 + 5 * t;
+    struct kvr_tensor * pt = tc_input_i32(&tc, T, pos);
+    struct kvr_tensor * y[4] = {
+        kvr_rope(tc.ctx, a, pt, NULL, n_rot, mode, 10000.0f, 1.0f, 1.0f),
+        kvr_rope(tc.ctx, b, pt, NULL, n_rot, mode, 10000.0f, 1.0f, 1.0f),
+        kvr_rope(tc.ctx, a, pt, NULL, n_rot, mode, 1e6f, 0.5f, 1.0f),
+        kvr_rope(tc.ctx, b, pt, NULL, n_rot, mode, 10000.0f, 1.0f, 1.0f),
+    };
+    struct kvr_graph * g = kvr_graph_new(tc.ctx, GRAPH_SIZE);
+    for (int k = 0; k < 4; k++) kvr_graph_expand(g, y[k]);
+    struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nt });
+    struct kvr_buffer * buf = be ? kvr_backend_alloc_buffer(be, kvr_graph_plan(g)) : NULL;
+    const int64_t N = (int64_t) hd * H * T;
+    float * want = tc_floats(&tc, N);
+    if (!buf) tc_fail(&tc, "no backend or buffer: %s", kvr_last_error());
+    else      kvr_graph_place(g, buf);
+    for (int run = 0; buf && run < 2; run++) {
+        if (run) {
+            for (int t = 0; t < T; t++) ((int32_t *) pt->data)[t] = 4000 - 3 * t;
+        }
+        const int rc = kvr_backend_graph_compute(be, g);
+        if (rc != KVR_OK) {
+            tc_fail(&tc, "compute returned %d: %s", rc, kvr_last_error());
+            break;
+        }
+        for (int k = 0; k < 4; k++) {
+            rope_want(y[k], k % 2 ? b->data : a->data, want, hd, H, T, pt->data);
+            if (memcmp(want, y[k]->data, sizeof(float) * (size_t) N) != 0) {
+                tc_fail(&tc, "run %d, node %d: not kvr_rope_rotate's bits", run, k);
+            }
+        }
+    }
+    kvr_buffer_free(buf);
+    kvr_backend_free(be);
+    tc_end(&tc);
+}
+
 static void grp_rope(void) {
+    for (int nt = 1; nt <= 2; nt++) {
+        t_rope_bits(64, 9, 4, 64, KVR_ROPE_NORM, nt);
+        t_rope_bits(64, 9, 4, 64, KVR_ROPE_NEOX, nt);
+        t_rope_bits(96, 3, 7, 80, KVR_ROPE_NORM, nt);  // 40 pairs: vectors of 8 and 16 with a tail, dims past n_rot
+        t_rope_bits(96, 3, 7, 80, KVR_ROPE_NEOX, nt);
+        t_rope_bits(32, 2, 1, 20, KVR_ROPE_NEOX, nt);  // no whole vector
+    }
     static const struct rope_case cases[] = {
         { 16, 1, 1, 16, 10000.0f, 1.0f, "seq", false, 1.0f },
         { 64, 4, 7, 64, 10000.0f, 1.0f, "seq", false, 1.0f },

@@ -1318,7 +1318,89 @@ static void test_tiles_type(const struct qtype * qt) {
     free(wq), free(tl), free(xs);
 }
 
+// One tiled matmul alone on a backend of its own: what a node of a bigger graph must give.
+static float * tile_alone(enum kvr_type type, const uint8_t * wq, int64_t K, int64_t N, const float * xs, int64_t T, int nth) {
+    struct kvr_context * ctx = kvr_init(8u << 20, false);
+    struct kvr_tensor * w = kvr_new_tensor_2d(ctx, type, K, N), * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+    memcpy(w->data, wq, kvr_nbytes(w));
+    KVR_ASSERT(kvr_weight_tile(w));
+    memcpy(x->data, xs, sizeof(float) * (size_t)(K * T));
+    struct kvr_tensor * y = kvr_mul_mat(ctx, w, x);
+    struct kvr_graph * g = kvr_graph_new(ctx, 8);
+    kvr_graph_expand(g, y);
+    struct kvr_backend * be = kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nth, .q8_activations = true });
+    struct kvr_buffer * buf = kvr_backend_alloc_buffer(be, kvr_graph_plan(g));
+    KVR_ASSERT(be && buf);
+    kvr_graph_place(g, buf);
+    CHECK(kvr_backend_graph_compute(be, g) == KVR_OK, "tiles alone %s: %s", kvr_type_name(type), kvr_last_error());
+    float * out = malloc(sizeof(float) * (size_t)(N * T));
+    memcpy(out, y->data, sizeof(float) * (size_t)(N * T));
+    kvr_buffer_free(buf);
+    kvr_backend_free(be);
+    kvr_free(ctx);
+    return out;
+}
+
+// A decode step's q, k and v (and gate and up) read one input, and each thread keeps that input's
+// 8-bit activations for the next matmul of the same input (struct qx_act_cache): seven matmuls in
+// one graph over two inputs of one shape, with weights of types whose activations differ (Q4_1,
+// Q5_0 and Q8_0 blocks with their offsets folded in, Q4_K's super-blocks) and types that share
+// them, run twice on one backend with the inputs changed between: every product the bits of the
+// same matmul alone.
+static void test_tiles_shared_input(void) {
+    static const enum kvr_type types[] = { KVR_TYPE_Q4_1, KVR_TYPE_Q4_1, KVR_TYPE_Q5_0, KVR_TYPE_Q4_K, KVR_TYPE_Q4_1, KVR_TYPE_Q8_0,
+                                           KVR_TYPE_Q4_1 };
+    enum { NW = sizeof(types) / sizeof(types[0]) };
+    const int64_t K = 768, N = 48;
+    for (int nth = 1; nth <= 3; nth += 2) {
+        for (int64_t T = 1; T <= 9; T += 4) {
+            struct kvr_context * ctx = kvr_init(16u << 20, false);
+            struct kvr_tensor * x = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T), * z = kvr_new_tensor_2d(ctx, KVR_TYPE_F32, K, T);
+            uint8_t * wq[NW];
+            struct kvr_tensor * y[NW];
+            bool tiled = true;
+            for (int i = 0; i < NW; i++) {
+                const struct qtype * qt = NULL;
+                for (int q = 0; q < N_QTYPES; q++) if (qtypes[q].type == types[i]) qt = &qtypes[q];
+                KVR_ASSERT(qt != NULL);
+                struct kvr_tensor * w = kvr_new_tensor_2d(ctx, types[i], K, N);
+                wq[i] = malloc(kvr_nbytes(w));
+                random_blocks(qt, wq[i], (int)(K / qt->blck * N));
+                memcpy(w->data, wq[i], kvr_nbytes(w));
+                tiled = tiled && kvr_weight_tile(w);
+                y[i] = kvr_mul_mat(ctx, w, i == 4 ? z : x); // the fifth: the other input, of the same shape
+            }
+            struct kvr_graph * g = kvr_graph_new(ctx, 32);
+            for (int i = 0; i < NW; i++) kvr_graph_expand(g, y[i]);
+            struct kvr_backend * be = tiled ? kvr_backend_new("cpu", &(struct kvr_backend_params) { .n_threads = nth, .q8_activations = true }) : NULL;
+            struct kvr_buffer * buf = be ? kvr_backend_alloc_buffer(be, kvr_graph_plan(g)) : NULL;
+            if (!tiled) skip("tiles, one input for several matmuls: this build's CPU kernels read no tiles");
+            else        kvr_graph_place(g, buf);
+            for (int run = 0; buf && run < 2; run++) {
+                for (int64_t e = 0; e < K * T; e++) {
+                    ((float *)x->data)[e] = rng_normal();
+                    ((float *)z->data)[e] = rng_normal();
+                }
+                const int rc = kvr_backend_graph_compute(be, g);
+                CHECK(rc == KVR_OK, "tiles, one input: compute returned %d (%s)", rc, kvr_last_error());
+                for (int i = 0; rc == KVR_OK && i < NW; i++) {
+                    float * want = tile_alone(types[i], wq[i], K, N, i == 4 ? z->data : x->data, T, nth);
+                    CHECK(memcmp(want, y[i]->data, sizeof(float) * (size_t)(N * T)) == 0,
+                          "tiles, one input for several matmuls: %s matmul %d of the graph, T=%lld, %d threads, run %d: not its bits alone",
+                          kvr_type_name(types[i]), i, (long long)T, nth, run);
+                    free(want);
+                }
+            }
+            kvr_buffer_free(buf);
+            kvr_backend_free(be);
+            for (int i = 0; i < NW; i++) free(wq[i]);
+            kvr_free(ctx);
+        }
+    }
+}
+
 static void test_tiles(void) {
+    test_tiles_shared_input();
     for (int i = 0; i < N_QTYPES; i++) {
         const enum kvr_type t = qtypes[i].type;
         if ((t != KVR_TYPE_Q8_1 && qtypes[i].blck == 32) || t == KVR_TYPE_Q4_K || t == KVR_TYPE_Q5_K || t == KVR_TYPE_Q6_K) {
