@@ -3363,6 +3363,29 @@ static inline __m256 exp256(__m256 x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// e^x of 16 values, exp256's steps and constants; x below -87.3 (and -inf) gives 0 (the same
+// bits as exp256, lane for lane).
+static inline __m512 exp512(__m512 x) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+#endif
+
 #if !defined(__AVX512F__) // the sgemm-tiled attention's (AVX-512 builds run cpu_op_attn_lanes)
 // s[j] = exp(s[j] - m); returns the sum (in f32, in order of 8-lane partial sums)
 static float vec_exp_sub_sum(float * s, int64_t n, float m) {
@@ -3416,6 +3439,13 @@ static void vec_silu_ggml16(const float * x, float * y, int64_t n) {
 
 static void vec_silu(const float * x, float * y, int64_t n) {
     int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) { // the 8-lane loop's operations, 16 at a time: the same bits
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), v));
+        _mm512_storeu_ps(y + i, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= n; i += 8) {
@@ -7598,6 +7628,27 @@ static float expf_ggml(float x) {
     return fmaf(s2, j, s2) * s1;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// expf_ggml of 8 values: the same operations lane by lane (fnmadd is the fmaf of -n), so the same
+// bits; *slow has bit l set where lane l needs the scaling past 2^126 (|n| > 126), which this
+// leaves to the scalar function.
+static inline __m256 expf_ggml8(__m256 x, int * slow) {
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 n = _mm256_sub_ps(z, shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(z), 23),
+                                                          _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                                                     _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+                                     u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    const __m256 an = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    *slow = _mm256_movemask_ps(_mm256_cmp_ps(an, _mm256_set1_ps(126.0f), _CMP_NLE_UQ)); // !(|n| <= 126), NaN too
+    return _mm256_fmadd_ps(j, k, k);
+}
+#endif
+
 // expf as ggml_v_expf computes it on AVX-512 (kvr_backend_params.avx512_order): the same range
 // reduction and polynomial, but the polynomial's last step adds the 1 itself and 2^n scales the
 // result exactly (_mm512_scalef_ps); |n| > 192 gives 0 or infinity.
@@ -7622,7 +7673,17 @@ static float expf_ggml16(float x) {
 // A typed cache's value row (vtype not F32) is turned into f32 in vx (D floats) first.
 static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum kvr_type vtype, int64_t Tk, int64_t Tkp, int64_t D,
                           float * A, float * vx, float * out) {
-    for (int64_t i = 0; i < 32 * D; i++) A[i] = 0.0f;
+    // the sums a key reaches: with fewer than 32 keys (an F16 cache's, no padding key weighted) the
+    // sums from Tk on stay +0 and are neither cleared nor read: x + +0 is x for every x a sum can
+    // be (one that starts at +0 is never -0), so the tree below gives the same bits without them
+    int64_t rows = 32;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (vtype == KVR_TYPE_F16 && Tk < 32) {
+        rows = Tk;
+        for (int64_t j = Tk; j < Tkp; j++) rows = P[j] != 0.0f ? 32 : rows;
+    }
+#endif
+    for (int64_t i = 0; i < rows * D; i++) A[i] = 0.0f;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     // an F16 cache's row widened in registers (the same values attn_row_f32 would store)
     for (int64_t j = 0; vtype == KVR_TYPE_F16 && j < Tk; j++) {
@@ -7666,19 +7727,22 @@ static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum k
     int64_t d = 0;
 #if defined(__AVX2__)
     // the same sums in the same order for 8 values of d at once (each lane one d)
+#define KVR_A8(c) ((c) < rows ? _mm256_loadu_ps(A + (c) * D + d) : _mm256_setzero_ps())
     for (; d + 8 <= D; d += 8) {
         __m256 l[8];
         for (int c = 0; c < 8; c++) {
-            l[c] = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(A + c * D + d), _mm256_loadu_ps(A + (16 + c) * D + d)),
-                                 _mm256_add_ps(_mm256_loadu_ps(A + (8 + c) * D + d), _mm256_loadu_ps(A + (24 + c) * D + d)));
+            l[c] = _mm256_add_ps(_mm256_add_ps(KVR_A8(c), KVR_A8(16 + c)), _mm256_add_ps(KVR_A8(8 + c), KVR_A8(24 + c)));
         }
+#undef KVR_A8
         const __m256 h0 = _mm256_add_ps(l[0], l[4]), h1 = _mm256_add_ps(l[1], l[5]), h2 = _mm256_add_ps(l[2], l[6]), h3 = _mm256_add_ps(l[3], l[7]);
         _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_add_ps(h0, h1), _mm256_add_ps(h2, h3)));
     }
 #endif
     for (; d < D; d++) {
         float l[8];
-        for (int c = 0; c < 8; c++) l[c] = (A[c * D + d] + A[(16 + c) * D + d]) + (A[(8 + c) * D + d] + A[(24 + c) * D + d]);
+#define KVR_A1(c) ((c) < rows ? A[(c) * D + d] : 0.0f)
+        for (int c = 0; c < 8; c++) l[c] = (KVR_A1(c) + KVR_A1(16 + c)) + (KVR_A1(8 + c) + KVR_A1(24 + c));
+#undef KVR_A1
         const float h0 = l[0] + l[4], h1 = l[1] + l[5], h2 = l[2] + l[6], h3 = l[3] + l[7];
         out[d] = (h0 + h1) + (h2 + h3);
     }
@@ -7728,6 +7792,9 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
         (void)lead; // (a prefetch of the AVX2 build's)
         const int64_t i0 = qt * BT, bt = (i0 + BT <= Tq) ? BT : Tq - i0;
         if (hi == 0) attn_count_tile(mode, qpos + i0, bt, kpos, Tk, W, &dot_dense, &dot_causal);
+#if defined(__AVX2__)
+        for (int64_t j = 0; lead && j < 8 && j < Tk; j++) attn_prefetch(attn_kv_row(k, g, j), (size_t)k->nb[0] * (size_t)D); // the first keys
+#endif
         for (int64_t j = 0; !by_rows && j < Tkp; j++) {
             const float * vj = j < Tk ? (const float *)attn_kv_row(v, g, j) : NULL;
             if (vj && v->type != KVR_TYPE_F32) {
@@ -7752,7 +7819,9 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     const float * kj = (const float *)attn_kv_row(k, g, j);
 #if defined(__AVX2__)
                     // the KV head's first query head brings its rows in; the others find them in cache
+                    // (and the value rows, which the products read after the softmax)
                     if (lead && h == h0 && j + 8 < Tk) attn_prefetch(attn_kv_row(k, g, j + 8), (size_t)k->nb[0] * (size_t)D);
+                    if (lead && h == h0 && by_rows) attn_prefetch(attn_kv_row(v, g, j), (size_t)v->nb[0] * (size_t)D);
 #endif
                     float sc;
                     if (k->type == KVR_TYPE_F16 && dot_kq == dot_f32_ggml) {
@@ -7783,7 +7852,18 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                 }
                 for (int64_t j0 = 0; j0 < Tkp && !p->lanes16; j0 += 8) {
                     float e[8];
+                    int slow = 1;
+#if defined(__AVX2__) && defined(__FMA__)
+                    const __m256 pv = _mm256_loadu_ps(P + j0), masked = _mm256_cmp_ps(pv, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+                    const __m256 ev = expf_ggml8(_mm256_sub_ps(pv, _mm256_set1_ps(mx)), &slow);
+                    _mm256_storeu_ps(e, _mm256_andnot_ps(masked, ev)); // a masked key (-inf) gives 0
+                    slow &= ~_mm256_movemask_ps(masked);
+                    if (slow) { // a seen key past the fast scaling's range: all 8 one by one
+#endif
                     for (int l = 0; l < 8; l++) e[l] = P[j0 + l] == -INFINITY ? 0.0f : expf_ggml(P[j0 + l] - mx);
+#if defined(__AVX2__) && defined(__FMA__)
+                    }
+#endif
                     float h4[4];
                     for (int l = 0; l < 4; l++) h4[l] = e[l + 4] + e[l];
                     sum += (double)((h4[0] + h4[2]) + (h4[1] + h4[3]));
@@ -8048,25 +8128,6 @@ static size_t attn_lanes_floats(int64_t D, int64_t G) {
     return (size_t)(R * (2 * D + ATTN_LANES_BK + 4) + 2 * ATTN_LANES_BK * D + 64);
 }
 
-// e^x of 16 values, exp256's steps and constants; x below -87.3 (and -inf) gives 0.
-static inline __m512 exp512(__m512 x) {
-    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps((__mmask16)~under, y);
-}
 
 // One register tile: for RM rows m and RN vectors n of 16 lanes, over k < K,
 //   acc[m][n] = sum_k A[m*am + k*ak] * B[k*ldb + 16n]   (one FMA chain, in the order of k)

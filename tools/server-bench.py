@@ -107,7 +107,7 @@ def stop(p):
 
 def stream(port, path, body):
     """One streamed request: (seconds to the first text, seconds to the end, text chunks, start
-    time, usage of the final chunk or None)."""
+    time, usage of the final chunk or None, the arrival time of each text chunk)."""
     t0 = time.time()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", path, json.dumps(dict(body, stream=True, stream_options={"include_usage": True})),
@@ -115,7 +115,7 @@ def stream(port, path, body):
     r = c.getresponse()
     if r.status != 200:
         raise SystemExit("server-bench: %s answered %d: %s" % (path, r.status, r.read()[:300]))
-    first, n, usage = None, 0, None
+    first, n, usage, times = None, 0, None, []
     while True:
         line = r.readline()
         if not line:
@@ -129,10 +129,11 @@ def stream(port, path, body):
         for ch in ev.get("choices") or []: # the usage chunk may come with no choice
             if ch.get("text") or (ch.get("delta") or {}).get("content"):
                 n += 1
+                times.append(time.time())
                 if first is None:
-                    first = time.time()
+                    first = times[-1]
     c.close()
-    return (first or time.time()) - t0, time.time() - t0, n, t0, usage
+    return (first or time.time()) - t0, time.time() - t0, n, t0, usage, times
 
 
 def cpu_seconds(pid):
@@ -142,17 +143,25 @@ def cpu_seconds(pid):
 
 
 def decode_rate(port, pid, n_streams):
-    """(aggregate decode tok/s from the first token of any stream to the end of the last, generated
-    tokens per CPU second of the server)"""
+    """(aggregate decode tok/s while all n_streams decode, the same from the first token of any
+    stream to the last of any, generated tokens per CPU second of the server). The requests start
+    together, but a server admits and prefills them one after another, and they end as they began:
+    the first rate is taken from the moment the last stream has its first token to the moment the
+    first stream has its last, each stream's tokens in that window counted between its first and
+    last there (so a stream contributes its steps, not its steps plus one)."""
     c0 = cpu_seconds(pid)
     bodies = [{"prompt": "%d, %d, %d," % (i * 100, i * 100 + 1, i * 100 + 2), "max_tokens": a.tokens, "temperature": 0,
                "ignore_eos": True} for i in range(n_streams)]
     with concurrent.futures.ThreadPoolExecutor(n_streams) as ex:
         res = list(ex.map(lambda b: stream(port, "/v1/completions", b), bodies))
-    t_first = min(r[3] + r[0] for r in res)
-    t_end = max(r[3] + r[1] for r in res)
-    toks = sum(r[2] - 1 for r in res)
-    return toks / (t_end - t_first), sum(r[2] for r in res) / (cpu_seconds(pid) - c0)
+    t_first = min(r[5][0] for r in res)
+    t_end = max(r[5][-1] for r in res)
+    span = sum(r[2] - 1 for r in res) / (t_end - t_first)
+    w0, w1 = max(r[5][0] for r in res), min(r[5][-1] for r in res)
+    inside = sum(len([t for t in r[5] if w0 <= t <= w1]) - 1 for r in res)
+    # streams that barely overlap have no such window: the span's rate stands for it
+    steady = inside / (w1 - w0) if w1 - w0 > 0.05 * (t_end - t_first) and inside > 0 else span
+    return steady, span, sum(r[2] for r in res) / (cpu_seconds(pid) - c0)
 
 
 def ttft_pair(port):
@@ -191,8 +200,8 @@ for name in names:
         rate = {}
         for _ in range(a.rounds):
             for n in levels:
-                w, c = decode_rate(port, p.pid, n)
-                rate[n] = (max(w, rate.get(n, (0, 0))[0]), max(c, rate.get(n, (0, 0))[1]))
+                got = decode_rate(port, p.pid, n)
+                rate[n] = tuple(max(v, w) for v, w in zip(got, rate.get(n, (0, 0, 0))))
         results[name] = {"rate": rate}
     finally:
         stop(p)
@@ -208,14 +217,17 @@ base = levels[0]
 ratio_at = 4 if 4 in levels else levels[-1]
 out = ["## kvr-server%s beside llama-server: %s, %d threads, %d slots of %d tokens, greedy; %d-core machine, load %s at the end"
        % (" " + a.kvr_args if a.kvr_args else "", os.path.basename(a.model), a.threads, max(levels), a.ctx, os.cpu_count(), load), "",
-       "Aggregate decode rate (%d tokens a stream; wall clock, best of %d interleaved rounds: the load of the machine moves it)" % (a.tokens, a.rounds),
-       "and tokens per CPU second (what batching saves: one pass over the weights for every stream; less moved by the load):", "",
+       "Aggregate decode rate (%d tokens a stream; wall clock, best of %d interleaved rounds: the load of the machine moves it):" % (a.tokens, a.rounds),
+       "while all N streams decode (from the last stream's first token to the first stream's last); over the requests' whole",
+       "span (from the first token of any to the last of any: the admissions and prefills one after another, and the streams'",
+       "ends, are in it); and tokens per CPU second of the server (what batching saves: one pass over the weights for every",
+       "stream; less moved by the load):", "",
        "| server | " + " | ".join("%d stream%s" % (n, "s" if n > 1 else "") for n in levels) + " | %d vs %d |" % (ratio_at, base),
        "|---|" + "---|" * (len(levels) + 1)]
 for name, r in results.items():
     rt = r["rate"]
-    out.append("| %s decode tok/s | " % name + " | ".join("%.1f" % rt[n][0] for n in levels) + " | %.2fx |" % (rt[ratio_at][0] / rt[base][0]))
-    out.append("| %s tok per CPU-s | " % name + " | ".join("%.1f" % rt[n][1] for n in levels) + " | %.2fx |" % (rt[ratio_at][1] / rt[base][1]))
+    for k, what in enumerate(["decode tok/s", "span tok/s", "tok per CPU-s"]):
+        out.append("| %s %s | " % (name, what) + " | ".join("%.1f" % rt[n][k] for n in levels) + " | %.2fx |" % (rt[ratio_at][k] / rt[base][k]))
 if len(results) == 2:
     k, l = results["kvr-server"]["rate"], results["llama-server"]["rate"]
     out.append("| kvr / llama decode | " + " | ".join("%.2fx" % (k[n][0] / l[n][0]) for n in levels) + " | |")
