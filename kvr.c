@@ -2538,10 +2538,13 @@ static int64_t mm_chunk_rows(int64_t n, int nth, int64_t g) {
 // decode step's q, k and v (and gate and up) read one normed vector, which each thread would
 // otherwise quantize again for every weight (and every thread for every token). Keyed by the input
 // tensor (not its address: the planner reuses memory within a graph) and the graph's run, and by
-// the activations' form (Q8_K, or Q8_0 blocks with the weight type's offset folded in).
-#define QX_ACACHE_BYTES ((size_t)256 << 10)
+// the activations' form (Q8_K, or Q8_0 blocks with the weight type's offset folded in). A prompt's
+// (up to QX_MM_TOKENS tokens: one chunk) is kept too, where it fits QX_ACACHE_MAX: the buffer grows
+// to the largest asked for, by its thread.
+#define QX_ACACHE_MAX ((size_t)16 << 20)
 struct qx_act_cache {
-    uint8_t    * buf;  // QX_ACACHE_BYTES
+    uint8_t    * buf;  // cap bytes
+    size_t       cap;
     const void * key;  // the input tensor cached, or NULL
     uint64_t     run;
     int64_t      K, T;
@@ -5835,7 +5838,14 @@ static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_by
     int64_t quantized = -1, done = 0;
     // one chunk of tokens from a graph's tensor: its activations from the thread's cache, if they are there
     const int form = qx_is_k(type) ? -1 : qx_x8_off(type);
-    const bool cached = ac && xkey && T <= QX_MM_TOKENS && act_bytes <= QX_ACACHE_BYTES;
+    bool cached = ac && xkey && T <= QX_MM_TOKENS && act_bytes <= QX_ACACHE_MAX;
+    if (cached && act_bytes > ac->cap) {
+        free(ac->buf);
+        ac->buf = malloc(act_bytes);
+        ac->cap = ac->buf ? act_bytes : 0;
+        ac->key = NULL;
+        cached = ac->buf != NULL; // without it, the scratch as before
+    }
     if (cached) {
         act = ac->buf;
         if (ac->key == xkey && ac->run == run && ac->K == K && ac->T == T && ac->form == form) quantized = 0;
@@ -5857,7 +5867,7 @@ static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_by
             for (int64_t t = 0; t < nt; t++) qx_quantize(type, X + (c0 + t) * ldx, act + (size_t)t * ab, K);
             if (qx_is_legacy(type)) qx_x8_prepare(type, (struct qx_q8 *)act, nt * nb);
             quantized = c0;
-            if (cached) *ac = (struct qx_act_cache){ ac->buf, xkey, run, K, T, form };
+            if (cached) *ac = (struct qx_act_cache){ ac->buf, ac->cap, xkey, run, K, T, form };
         }
         done += (m1 - m0) * nt;
         for (int64_t r = m0; r < m1; r += KVR_TILE_ROWS) {
@@ -8796,7 +8806,7 @@ static bool node_solo(const struct kvr_tensor * t) {
 static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
     struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
-                            cb->lanes16, cb->ref, cb->acache[ith].buf ? &cb->acache[ith] : NULL,
+                            cb->lanes16, cb->ref, QX_TILES ? &cb->acache[ith] : NULL,
                             cb->rcache[ith].cs ? &cb->rcache[ith] : NULL, cb->runs };
     struct cpu_params solo = p; // this thread alone: its own scratch and counters
     solo.ith = 0;
@@ -9046,7 +9056,7 @@ static void cpu_start_threads(struct cpu_backend * cb, int n_threads) {
     KVR_ASSERT(cb->threads && cb->wdata);
     for (int i = 0; i < n_threads; i++) {
         cb->wdata[i] = kvr_malloc(cb->wsize * sizeof(float));
-        cb->acache[i] = (struct qx_act_cache){ .buf = QX_TILES ? kvr_malloc(QX_ACACHE_BYTES) : NULL };
+        cb->acache[i] = (struct qx_act_cache){ .buf = NULL };
         cb->rcache[i] = (struct rope_cache){ .cs = kvr_malloc(ROPE_CACHE_FLOATS * sizeof(float)) };
     }
     atomic_store(&cb->generation, 0);
