@@ -5822,8 +5822,9 @@ static size_t qx_scratch_bytes(enum kvr_type t, int64_t K, int64_t T) {
 // rows by chunks of whole tiles (struct mm_chunks): decode, a decode batch and a prompt alike. The
 // tokens go a chunk of QX_MM_TOKENS at a time (quantized by each thread: the scratch holds one
 // chunk's activations), and each tile meets every 4 of them while it is in the nearest caches.
-// scratch: min(T, QX_MM_TOKENS) tokens' activations. Returns the rows this thread computed (on
-// average over the tokens).
+// scratch: min(T, QX_MM_TOKENS) tokens' activations. A single chunk of the graph tensor xkey (NULL:
+// none) is quantized into the thread's cache ac instead, or found there (struct qx_act_cache).
+// Returns the rows this thread computed (on average over the tokens).
 #define QX_TILE_UNPACK_TOKENS 8 // a K-quant tile met by this many tokens is unpacked once (qx_tile_unpack_k)
 
 static int64_t qx_mul_tiles(enum kvr_type type, const uint8_t * W, size_t row_bytes, int64_t K, int64_t N,
@@ -7868,12 +7869,10 @@ static void cpu_op_attn_exact(const struct cpu_params * p, struct kvr_tensor * d
                     const __m256 ev = expf_ggml8(_mm256_sub_ps(pv, _mm256_set1_ps(mx)), &slow);
                     _mm256_storeu_ps(e, _mm256_andnot_ps(masked, ev)); // a masked key (-inf) gives 0
                     slow &= ~_mm256_movemask_ps(masked);
-                    if (slow) { // a seen key past the fast scaling's range: all 8 one by one
 #endif
-                    for (int l = 0; l < 8; l++) e[l] = P[j0 + l] == -INFINITY ? 0.0f : expf_ggml(P[j0 + l] - mx);
-#if defined(__AVX2__) && defined(__FMA__)
+                    if (slow) { // a seen key past the fast scaling's range (or no vectors): all 8 one by one
+                        for (int l = 0; l < 8; l++) e[l] = P[j0 + l] == -INFINITY ? 0.0f : expf_ggml(P[j0 + l] - mx);
                     }
-#endif
                     float h4[4];
                     for (int l = 0; l < 4; l++) h4[l] = e[l + 4] + e[l];
                     sum += (double)((h4[0] + h4[2]) + (h4[1] + h4[3]));
