@@ -2576,7 +2576,7 @@ struct cpu_params {
     bool    lanes16;   // those sums in an AVX-512 build's 16 lanes, not AVX2's 8 (avx512_order)
     bool    ref;       // the reference kernels, not the fast ones (KVR_REF=1: see below)
     struct qx_act_cache * acache; // this thread's (NULL: none)
-    struct rope_cache   * rcache; // this thread's (NULL: none)
+    struct rope_cache   * rcache; // this thread's
     uint64_t run;      // the graph's number (cpu_backend.runs): what the caches above are valid for
 };
 
@@ -7494,7 +7494,7 @@ static void cpu_op_rope(const struct cpu_params * p, struct kvr_tensor * dst) {
     // the angles of rows r0..r1 from the thread's cache where the last RoPE node made them
     struct rope_cache * rc = p->rcache;
     const float par[7] = { freq_base, freq_scale, ext_factor, mscale, corr_lo, corr_hi, (float)n_rot };
-    const bool cache = rc && rc->cs && (r1 - r0) * n_rot <= ROPE_CACHE_FLOATS;
+    const bool cache = (r1 - r0) * n_rot <= ROPE_CACHE_FLOATS;
     const bool hit = cache && rc->pos == pos && rc->ff == dst->src[2] && rc->run == p->run && rc->r0 == r0 && rc->r1 == r1 &&
                      memcmp(rc->par, par, sizeof(par)) == 0;
     for (int64_t t = r0; t < r1; t++) {
@@ -7699,7 +7699,6 @@ static void attn_exact_pv(const float * P, const uint8_t * V, size_t ldv, enum k
     // an F16 cache's row widened in registers (the same values attn_row_f32 would store)
     for (int64_t j = 0; vtype == KVR_TYPE_F16 && j < Tk; j++) {
         const uint16_t * vh = (const uint16_t *)(V + j * ldv);
-        if (j + 8 < Tk) attn_prefetch(V + (j + 8) * ldv, sizeof(uint16_t) * (size_t)D);
         float * a = A + (j % 32) * D;
         const __m256 pj = _mm256_set1_ps(P[j]);
         int64_t d = 0;
@@ -8806,7 +8805,7 @@ static void cpu_run_graph(struct cpu_backend * cb, int ith) {
     struct kvr_graph * g = cb->graph;
     struct cpu_params p = { ith, cb->n_threads, NULL, cb->wdata[ith], cb->wsize, &cb->thread_counters[ith], cb->q8_act, cb->vec_dot,
                             cb->lanes16, cb->ref, QX_TILES ? &cb->acache[ith] : NULL,
-                            cb->rcache[ith].cs ? &cb->rcache[ith] : NULL, cb->runs };
+                            &cb->rcache[ith], cb->runs };
     struct cpu_params solo = p; // this thread alone: its own scratch and counters
     solo.ith = 0;
     solo.nth = 1;

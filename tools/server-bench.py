@@ -154,6 +154,8 @@ def decode_rate(port, pid, n_streams):
                "ignore_eos": True} for i in range(n_streams)]
     with concurrent.futures.ThreadPoolExecutor(n_streams) as ex:
         res = list(ex.map(lambda b: stream(port, "/v1/completions", b), bodies))
+    if min(len(r[5]) for r in res) < 2:
+        raise SystemExit("server-bench: a stream of %d gave fewer than 2 text chunks (--tokens %d)" % (n_streams, a.tokens))
     t_first = min(r[5][0] for r in res)
     t_end = max(r[5][-1] for r in res)
     span = sum(r[2] - 1 for r in res) / (t_end - t_first)
